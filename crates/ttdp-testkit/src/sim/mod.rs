@@ -1,0 +1,1 @@
+//! Simulated cluster: DaemonSet controller stand-in and simulated nodes (placeholder).
