@@ -1,0 +1,206 @@
+//! The running kernel: its release, the compiler it was built with, and its build tree (headers).
+
+use std::path::PathBuf;
+
+use crate::HostRoot;
+use crate::error::{ProbeError, read_optional};
+
+/// Host path of the kernel release file.
+pub const OSRELEASE_PATH: &str = "/proc/sys/kernel/osrelease";
+/// Host path of the kernel version banner.
+pub const PROC_VERSION_PATH: &str = "/proc/version";
+
+/// The host's running kernel release (`uname -r` on the host, e.g. `6.8.0-111-generic`).
+///
+/// Read from `/proc/sys/kernel/osrelease` under the host root, falling back to the third word of
+/// `/proc/version`. Never the container's own `uname`.
+pub fn kernel_release(host: &HostRoot) -> Result<String, ProbeError> {
+    let osrelease = host.path(OSRELEASE_PATH);
+    if let Some(text) = read_optional(&osrelease)? {
+        let release = text.trim();
+        if !release.is_empty() {
+            return Ok(release.to_string());
+        }
+    }
+    let version = host.path(PROC_VERSION_PATH);
+    if let Some(banner) = read_optional(&version)?
+        && let Some(release) = release_from_banner(&banner)
+    {
+        return Ok(release);
+    }
+    Err(ProbeError::NoKernelRelease { osrelease, version })
+}
+
+/// The release in a `/proc/version` banner: `Linux version <release> (...`.
+fn release_from_banner(banner: &str) -> Option<String> {
+    let mut words = banner.split_whitespace();
+    match (words.next(), words.next(), words.next()) {
+        (Some("Linux"), Some("version"), Some(release)) => Some(release.to_string()),
+        _ => None,
+    }
+}
+
+/// The compiler the running kernel was built with, from `/proc/version`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KernelCompiler {
+    /// The whole compiler description, e.g. `x86_64-linux-gnu-gcc-12 (Debian 12.2.0-14) 12.2.0`.
+    pub description: String,
+    /// Its first word, usually the compiler command, e.g. `x86_64-linux-gnu-gcc-12`.
+    pub command: String,
+}
+
+/// The compiler named in the host's `/proc/version`, `None` when the file or the field is missing.
+pub fn kernel_compiler(host: &HostRoot) -> Result<Option<KernelCompiler>, ProbeError> {
+    Ok(read_optional(&host.path(PROC_VERSION_PATH))?
+        .and_then(|banner| compiler_from_banner(&banner)))
+}
+
+/// Parses `Linux version R (builder) (COMPILER, LINKER) #1 ...`: the second parenthesised group,
+/// up to its first top-level comma.
+fn compiler_from_banner(banner: &str) -> Option<KernelCompiler> {
+    let mut depth = 0usize;
+    let mut group = 0usize;
+    let mut start = None;
+    for (i, c) in banner.char_indices() {
+        match c {
+            '(' => {
+                if depth == 0 {
+                    group += 1;
+                    if group == 2 {
+                        start = Some(i + 1);
+                    }
+                }
+                depth += 1;
+            }
+            ')' | ',' if depth == 1 && group == 2 => {
+                let description = banner[start?..i].trim().to_string();
+                let command = description.split_whitespace().next()?.to_string();
+                return Some(KernelCompiler {
+                    description,
+                    command,
+                });
+            }
+            ')' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The kernel's build tree, needed to build out-of-tree modules (`make -C <tree> M=<src> modules`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BuildTree {
+    /// The host path `/lib/modules/<release>/build`.
+    pub host_path: PathBuf,
+    /// Where the tree is visible from here, with symbolic links followed inside the host root;
+    /// `None` when it does not exist (headers not installed).
+    pub local_path: Option<PathBuf>,
+    /// Whether the tree has a `Makefile` (a usable tree, not a dangling or empty directory).
+    pub has_makefile: bool,
+}
+
+impl BuildTree {
+    /// The local directory to pass to `make -C`, when the tree is usable.
+    pub fn usable_dir(&self) -> Option<&std::path::Path> {
+        match (&self.local_path, self.has_makefile) {
+            (Some(dir), true) => Some(dir),
+            _ => None,
+        }
+    }
+}
+
+/// Finds `/lib/modules/<release>/build` for `release` under the host root.
+pub fn build_tree(host: &HostRoot, release: &str) -> BuildTree {
+    let host_path = PathBuf::from(format!("/lib/modules/{release}/build"));
+    let local_path = host.resolve(&host_path).ok().filter(|p| p.is_dir());
+    let has_makefile = local_path
+        .as_ref()
+        .is_some_and(|dir| dir.join("Makefile").is_file());
+    BuildTree {
+        host_path,
+        local_path,
+        has_makefile,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEBIAN: &str = "Linux version 6.1.0-31-amd64 (debian-kernel@lists.debian.org) (x86_64-linux-gnu-gcc-12 (Debian 12.2.0-14) 12.2.0, GNU ld (GNU Binutils for Debian) 2.40) #1 SMP PREEMPT_DYNAMIC Debian 6.1.128-1 (2025-02-07)\n";
+    const CLANG: &str = "Linux version 6.6.30-android15 (build-user@build-host) (Android (11368308, +pgo) clang version 18.0.1, LLD 18.0.1) #1 SMP PREEMPT\n";
+
+    fn root_with(files: &[(&str, &str)]) -> (tempfile::TempDir, HostRoot) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = HostRoot::new(dir.path());
+        for (path, text) in files {
+            let p = root.path(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        (dir, root)
+    }
+
+    #[test]
+    fn release_prefers_osrelease_then_falls_back_to_banner() {
+        let (_d, root) = root_with(&[
+            (OSRELEASE_PATH, "6.8.0-111-generic\n"),
+            (PROC_VERSION_PATH, DEBIAN),
+        ]);
+        assert_eq!(kernel_release(&root).unwrap(), "6.8.0-111-generic");
+        let (_d, root) = root_with(&[(PROC_VERSION_PATH, DEBIAN)]);
+        assert_eq!(kernel_release(&root).unwrap(), "6.1.0-31-amd64");
+    }
+
+    #[test]
+    fn release_missing_is_an_error_naming_both_files() {
+        let (_d, root) = root_with(&[(PROC_VERSION_PATH, "garbage")]);
+        let err = kernel_release(&root).unwrap_err().to_string();
+        assert!(
+            err.contains("osrelease") && err.contains("proc/version"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn compiler_is_read_from_the_banner() {
+        let (_d, root) = root_with(&[(PROC_VERSION_PATH, DEBIAN)]);
+        let gcc = kernel_compiler(&root).unwrap().unwrap();
+        assert_eq!(
+            gcc.description,
+            "x86_64-linux-gnu-gcc-12 (Debian 12.2.0-14) 12.2.0"
+        );
+        assert_eq!(gcc.command, "x86_64-linux-gnu-gcc-12");
+        let clang = compiler_from_banner(CLANG).unwrap();
+        assert_eq!(
+            clang.description,
+            "Android (11368308, +pgo) clang version 18.0.1"
+        );
+        assert_eq!(compiler_from_banner("Linux version 1.0"), None);
+        let (_d, empty) = root_with(&[]);
+        assert_eq!(kernel_compiler(&empty).unwrap(), None);
+    }
+
+    #[test]
+    fn build_tree_follows_the_headers_link_and_needs_a_makefile() {
+        let (_d, root) = root_with(&[("/usr/src/linux-headers-6.8.0-1/Makefile", "all:\n")]);
+        std::fs::create_dir_all(root.path("/lib/modules/6.8.0-1")).unwrap();
+        std::os::unix::fs::symlink(
+            "/usr/src/linux-headers-6.8.0-1",
+            root.path("/lib/modules/6.8.0-1/build"),
+        )
+        .unwrap();
+        let tree = build_tree(&root, "6.8.0-1");
+        assert_eq!(tree.host_path, PathBuf::from("/lib/modules/6.8.0-1/build"));
+        assert_eq!(
+            tree.usable_dir(),
+            Some(root.path("/usr/src/linux-headers-6.8.0-1").as_path())
+        );
+
+        std::fs::create_dir_all(root.path("/lib/modules/6.8.0-2/build")).unwrap();
+        let empty = build_tree(&root, "6.8.0-2");
+        assert!(empty.local_path.is_some() && !empty.has_makefile && empty.usable_dir().is_none());
+        let missing = build_tree(&root, "6.8.0-3");
+        assert_eq!(missing.local_path, None);
+    }
+}
