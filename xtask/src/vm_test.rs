@@ -1,7 +1,237 @@
-//! `cargo xtask vm-test`: the real-kernel tests (owned by the VM harness work).
+//! `cargo xtask vm-test`: runs the real-kernel tests inside a Debian 12 kernel booted under QEMU.
+//!
+//! What it does, in order (each step prints its time):
+//! 1. checks the host tools and fails with the exact install command when one is missing (it never
+//!    skips): `bash .ci/vm-deps` installs them all on Debian 12;
+//! 2. takes the newest installed `linux-headers-6.1.0-<abi>-amd64` and fetches the matching
+//!    `linux-image-6.1.0-<abi>-amd64` with `apt-get download` (only `boot/vmlinuz-*` is unpacked),
+//!    cached under `<target dir>/vm/kernel/`;
+//! 3. builds the stub `tenstorrent` module (`tests/vm/stub-module/`) against those headers at every
+//!    version in [`STUB_MODULES`] (one of them fails its init on purpose), cached under
+//!    `<target dir>/vm/modules/` and rebuilt only when its source changes;
+//! 4. builds each scenario's test and binary targets as static executables;
+//! 5. packs one gzip initramfs per scenario (busybox, `tests/vm/init.sh` as `/init`, the `.ko`
+//!    files, the executables, the scenario script) and boots it with
+//!    `qemu-system-x86_64 -accel tcg` (never KVM), no network, under `timeout`;
+//! 6. prints each scenario's output and fails when a scenario failed, timed out, or ran no test.
+//!
+//! Usage: `cargo xtask vm-test [--scenario NAME]... [--timeout SECS] [--list] [-- ARGS...]`.
+//! `ARGS` go to the scenario script inside the VM (for the test scenarios: to the libtest harness,
+//! e.g. `-- swap --nocapture`).
+//!
+//! # The guest
+//! `/init` mounts proc, sysfs, devtmpfs and tmpfs, sources `/etc/ttdp-vm.env` and runs
+//! `/scenario.sh ARGS` with its output on the second serial port; the third serial port gets its
+//! exit status; then `poweroff -f`. Inside the VM (host root `/`):
+//! - `TTDP_VM_KO_DIR` (`/ko`) holds `<version>/tenstorrent.ko` for each stub version;
+//! - `TTDP_VM_KO_VERSIONS` lists the versions that load (space separated, oldest first) and
+//!   `TTDP_VM_KO_BROKEN_VERSION` the one whose init fails with EINVAL;
+//! - test targets are at `/tests/<package>/<test>`, binary targets at `/usr/local/bin/<bin>`;
+//! - `TTDP_VM_KERNEL_RELEASE` is the running release (the one the modules were built for).
+//!
+//! # Adding a scenario (for example the agent of issue 6)
+//! Add a [`Scenario`] to [`SCENARIOS`]: its integration tests (`tests`) and binaries (`bins`) are
+//! built static and copied in, `files` are copied from the repository to the given guest paths,
+//! and `script` (a busybox `sh` script under `tests/vm/scenarios/`) is the workload. The script's
+//! exit status decides, and it must report what ran: either libtest's `test result:` lines or a
+//! plain `N passed, N failed` line of its own; a scenario that reports no passed test fails.
+//! The VM has no network: give a binary its inputs as files and let it write results to stdout.
 
-use anyhow::{Result, bail};
+#[path = "vm_boot.rs"]
+mod vm_boot;
+#[path = "vm_host_tools.rs"]
+mod vm_host_tools;
+#[path = "vm_initramfs.rs"]
+mod vm_initramfs;
+#[path = "vm_kernel.rs"]
+mod vm_kernel;
+#[path = "vm_static_build.rs"]
+mod vm_static_build;
+#[path = "vm_stub_module.rs"]
+mod vm_stub_module;
+#[path = "vm_test_report.rs"]
+mod vm_test_report;
 
-pub fn run(_args: &[String]) -> Result<()> {
-    bail!("vm-test is not implemented yet")
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// One VM boot: what goes into its initramfs and what runs there.
+#[derive(Debug)]
+pub struct Scenario {
+    /// Name used on the command line and in the output.
+    pub name: &'static str,
+    /// What the scenario proves, for `--list`.
+    pub description: &'static str,
+    /// Integration-test targets (package, test target name), built static, at `/tests/<package>/<test>`.
+    pub tests: &'static [(&'static str, &'static str)],
+    /// Binary targets (package, bin name), built static, at `/usr/local/bin/<bin>`.
+    pub bins: &'static [(&'static str, &'static str)],
+    /// Extra files: (path relative to the repository root, absolute path in the guest).
+    pub files: &'static [(&'static str, &'static str)],
+    /// The workload: a script relative to `tests/vm/scenarios/`, run as `/scenario.sh`.
+    pub script: &'static str,
+    /// Wall-clock limit for the whole boot-run-poweroff cycle under TCG.
+    pub timeout: Duration,
+}
+
+/// Every scenario, run in this order by default.
+pub const SCENARIOS: &[Scenario] = &[Scenario {
+    name: "kmod",
+    description: "ttdp-kmod against a real kernel: status, load, unload, busy unload and holders, \
+                  force unload, swap, rollback, .ko cache",
+    tests: &[("ttdp-kmod", "real_kernel")],
+    bins: &[],
+    files: &[],
+    script: "kmod.sh",
+    timeout: Duration::from_secs(240),
+}];
+
+/// One build of the stub `tenstorrent` module.
+#[derive(Debug)]
+pub struct StubModule {
+    /// `MODULE_VERSION`, also the directory name under `/ko` in the guest.
+    pub version: &'static str,
+    /// Built with `TT_STUB_FAIL_INIT=1`: its init returns -EINVAL, so loading it fails.
+    pub fail_init: bool,
+}
+
+/// The stub module versions every scenario gets.
+pub const STUB_MODULES: &[StubModule] = &[
+    StubModule { version: "1.0.0", fail_init: false },
+    StubModule { version: "2.0.0", fail_init: false },
+    StubModule { version: "3.0.0", fail_init: true },
+];
+
+/// Parsed `cargo xtask vm-test` arguments.
+#[derive(Debug, Default)]
+struct Args {
+    scenarios: Vec<String>,
+    timeout: Option<Duration>,
+    list: bool,
+    guest_args: Vec<String>,
+}
+
+const USAGE: &str = "usage: cargo xtask vm-test [--scenario NAME]... [--timeout SECS] [--list] [-- ARGS...]
+  --scenario NAME  run only this scenario (repeatable; default: all)
+  --timeout SECS   override every scenario's boot timeout
+  --list           list the scenarios and exit
+  -- ARGS          passed to the scenario inside the VM (test name filter, --nocapture, ...)";
+
+fn parse_args(args: &[String]) -> Result<Args> {
+    let mut parsed = Args::default();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        match arg.as_str() {
+            "--scenario" => {
+                let name = iter.next().context("--scenario needs a name")?;
+                parsed.scenarios.push(name.clone());
+            }
+            "--timeout" => {
+                let secs = iter.next().context("--timeout needs a number of seconds")?;
+                let secs: u64 = secs.parse().with_context(|| format!("--timeout {secs:?} is not a number of seconds"))?;
+                parsed.timeout = Some(Duration::from_secs(secs));
+            }
+            "--list" => parsed.list = true,
+            "--" => {
+                parsed.guest_args = iter.cloned().collect();
+                break;
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown vm-test argument {other:?}\n\n{USAGE}"),
+        }
+    }
+    Ok(parsed)
+}
+
+fn selected_scenarios(names: &[String]) -> Result<Vec<&'static Scenario>> {
+    if names.is_empty() {
+        return Ok(SCENARIOS.iter().collect());
+    }
+    names
+        .iter()
+        .map(|name| {
+            SCENARIOS.iter().find(|s| s.name == name).with_context(|| {
+                let known: Vec<_> = SCENARIOS.iter().map(|s| s.name).collect();
+                format!("unknown scenario {name:?}; known: {}", known.join(", "))
+            })
+        })
+        .collect()
+}
+
+/// The repository root (the parent of the xtask crate).
+fn repo_root() -> Result<PathBuf> {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask's manifest directory has no parent")
+}
+
+/// `<target dir>/vm`, honouring `CARGO_TARGET_DIR`.
+fn vm_cache_dir(root: &Path) -> Result<PathBuf> {
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => std::env::current_dir().context("reading the current directory")?.join(dir),
+        None => root.join("target"),
+    };
+    Ok(target.join("vm"))
+}
+
+fn step<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let start = Instant::now();
+    println!("vm-test: {what} ...");
+    let value = f()?;
+    println!("vm-test: {what}: done in {:.1} s", start.elapsed().as_secs_f64());
+    Ok(value)
+}
+
+/// Entry point of `cargo xtask vm-test`.
+pub fn run(args: &[String]) -> Result<()> {
+    let args = parse_args(args)?;
+    if args.list {
+        for s in SCENARIOS {
+            println!("{:<10} {}", s.name, s.description);
+        }
+        return Ok(());
+    }
+    let scenarios = selected_scenarios(&args.scenarios)?;
+    let started = Instant::now();
+    let root = repo_root()?;
+    let cache = vm_cache_dir(&root)?;
+
+    let host = step("checking host tools", vm_host_tools::check)?;
+    let kernel = step("fetching the kernel image", || vm_kernel::ensure(&cache, &host.headers))?;
+    println!("vm-test: kernel {} ({})", kernel.release, kernel.vmlinuz.display());
+    let modules = step("building the stub tenstorrent module", || {
+        vm_stub_module::build_all(&root, &cache, &host.headers)
+    })?;
+
+    let mut reports = Vec::new();
+    for scenario in scenarios {
+        let executables = step(&format!("[{}] building static executables", scenario.name), || {
+            vm_static_build::build(&root, scenario)
+        })?;
+        let initrd = step(&format!("[{}] packing the initramfs", scenario.name), || {
+            vm_initramfs::pack(&vm_initramfs::Contents {
+                root: &root,
+                cache: &cache,
+                scenario,
+                busybox: &host.busybox,
+                kernel_release: &kernel.release,
+                modules: &modules,
+                executables: &executables,
+                guest_args: &args.guest_args,
+            })
+        })?;
+        let timeout = args.timeout.unwrap_or(scenario.timeout);
+        let run_dir = cache.join("runs").join(scenario.name);
+        let boot = step(&format!("[{}] booting the VM (timeout {} s)", scenario.name, timeout.as_secs()), || {
+            vm_boot::boot(&kernel.vmlinuz, &initrd, &run_dir, timeout)
+        })?;
+        reports.push(vm_test_report::ScenarioReport::new(scenario.name, boot));
+    }
+    vm_test_report::print_and_judge(&reports, started.elapsed())
 }

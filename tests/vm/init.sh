@@ -1,0 +1,41 @@
+#!/bin/sh
+# PID 1 of the `cargo xtask vm-test` guest (busybox sh on a Debian kernel, no network).
+#
+# Serial ports (set up by the host as separate `-serial file:` ports):
+#   ttyS0  kernel console and this script's own messages
+#   ttyS1  the scenario's output (the test harness output the host prints and counts)
+#   ttyS2  one line "TTDP_VM_EXIT=<code>": the scenario's exit status
+# The host writes /etc/ttdp-vm.env (scenario name, .ko locations, test harness args).
+# Whatever happens, this script ends with `poweroff -f`; if it dies instead, the kernel panics,
+# `panic=-1` reboots and QEMU's `-no-reboot` turns that into an exit.
+
+/bin/busybox mkdir -p /proc /sys /dev /tmp /run /bin /sbin /usr/bin /usr/sbin
+/bin/busybox --install -s
+export PATH=/usr/local/bin:/bin:/sbin:/usr/bin:/usr/sbin
+export HOME=/root
+
+mount -t devtmpfs devtmpfs /dev
+exec 0</dev/console 1>/dev/console 2>&1
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+
+for port in /dev/ttyS1 /dev/ttyS2; do
+  stty -F "$port" raw -echo
+done
+
+. /etc/ttdp-vm.env
+export TTDP_VM TTDP_VM_SCENARIO TTDP_VM_KO_DIR TTDP_VM_KO_VERSIONS TTDP_VM_KO_BROKEN_VERSION TTDP_VM_KERNEL_RELEASE
+export RUST_BACKTRACE=1
+
+echo "ttdp-vm: scenario $TTDP_VM_SCENARIO on $(uname -r)"
+eval "set -- $TTDP_VM_TEST_ARGS"
+/scenario.sh "$@" >/dev/ttyS1 2>&1
+status=$?
+echo "ttdp-vm: scenario $TTDP_VM_SCENARIO exited with $status"
+
+# Closing a serial port waits until its output has been sent, so nothing is lost at poweroff.
+echo "TTDP_VM_EXIT=$status" >/dev/ttyS2
+sync
+poweroff -f

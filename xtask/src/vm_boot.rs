@@ -1,0 +1,93 @@
+//! One boot-run-poweroff cycle: `qemu-system-x86_64 -accel tcg` (KVM cannot run a stock kernel on
+//! these machines), no network, three serial ports written to files in `run_dir` (console, the
+//! scenario's output, its exit status), always under `timeout`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+/// What one boot produced.
+#[derive(Debug)]
+pub struct Boot {
+    /// The scenario's exit status as reported by `/init`; `None` if the VM never reported one.
+    pub exit_code: Option<i32>,
+    /// `timeout` had to stop QEMU.
+    pub timed_out: bool,
+    /// QEMU's own exit status and stderr when it failed.
+    pub qemu_error: Option<String>,
+    /// The scenario's output (second serial port).
+    pub output: String,
+    /// The kernel console (first serial port).
+    pub console: String,
+    /// Where the serial port files are.
+    pub run_dir: PathBuf,
+    /// Wall-clock time of the cycle.
+    pub elapsed: Duration,
+}
+
+/// Exit status of `timeout` when it had to stop the command.
+const TIMED_OUT: i32 = 124;
+
+/// Boots `vmlinuz` with `initrd` and waits for it to power off (or for `limit`).
+pub fn boot(vmlinuz: &Path, initrd: &Path, run_dir: &Path, limit: Duration) -> Result<Boot> {
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let console = run_dir.join("console.log");
+    let output = run_dir.join("output.log");
+    let status_file = run_dir.join("status.log");
+    for file in [&console, &output, &status_file] {
+        // QEMU appends to nothing: it truncates; removing also clears a previous run's files.
+        if file.exists() {
+            std::fs::remove_file(file).with_context(|| format!("removing {}", file.display()))?;
+        }
+    }
+    let serial = |path: &Path| format!("file:{}", path.display());
+
+    let start = Instant::now();
+    let result = Command::new("timeout")
+        .args(["--kill-after=10", &limit.as_secs().to_string(), "qemu-system-x86_64"])
+        .args(["-accel", "tcg", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
+        .args(["-m", "1024", "-smp", "2", "-nic", "none"])
+        .arg("-kernel")
+        .arg(vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=3"])
+        .args(["-serial", &serial(&console), "-serial", &serial(&output), "-serial", &serial(&status_file)])
+        .output()
+        .context("running qemu-system-x86_64 under timeout")?;
+    let elapsed = start.elapsed();
+
+    let read = |path: &Path| std::fs::read(path).map(|b| String::from_utf8_lossy(&b).replace("\r\n", "\n")).unwrap_or_default();
+    let timed_out = result.status.code() == Some(TIMED_OUT) || result.status.code() == Some(128 + 9);
+    let qemu_error = (!result.status.success() && !timed_out)
+        .then(|| format!("qemu exited with {}: {}", result.status, String::from_utf8_lossy(&result.stderr).trim()));
+    Ok(Boot {
+        exit_code: parse_exit_code(&read(&status_file)),
+        timed_out,
+        qemu_error,
+        output: read(&output),
+        console: read(&console),
+        run_dir: run_dir.to_path_buf(),
+        elapsed,
+    })
+}
+
+/// Reads `TTDP_VM_EXIT=<code>` written by `/init`.
+fn parse_exit_code(status: &str) -> Option<i32> {
+    status.lines().find_map(|line| line.trim().strip_prefix("TTDP_VM_EXIT=")?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_code_is_read_from_the_status_port() {
+        assert_eq!(parse_exit_code("TTDP_VM_EXIT=0\r\n"), Some(0));
+        assert_eq!(parse_exit_code("noise\nTTDP_VM_EXIT=101\n"), Some(101));
+        assert_eq!(parse_exit_code(""), None);
+        assert_eq!(parse_exit_code("TTDP_VM_EXIT="), None);
+    }
+}

@@ -1,0 +1,182 @@
+//! Packs a scenario's gzip initramfs: a staging tree under `<cache>/initramfs/<scenario>/root`
+//! archived with `cpio -H newc` (owner root) and `gzip -1`. One archive, so the "appended cpio must
+//! start 4-byte aligned" pitfall cannot happen.
+
+use std::fmt::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use super::Scenario;
+use super::vm_static_build::Executable;
+use super::vm_stub_module::BuiltModule;
+
+/// The guest directory holding `<version>/tenstorrent.ko`.
+const GUEST_KO_DIR: &str = "/ko";
+
+/// Everything that goes into one scenario's initramfs.
+#[derive(Debug)]
+pub struct Contents<'a> {
+    /// Repository root (for `tests/vm/` and the scenario's files).
+    pub root: &'a Path,
+    /// `<target dir>/vm`.
+    pub cache: &'a Path,
+    /// The scenario being packed.
+    pub scenario: &'a Scenario,
+    /// A static busybox.
+    pub busybox: &'a Path,
+    /// The release the guest runs.
+    pub kernel_release: &'a str,
+    /// The stub modules, at `/ko/<version>/tenstorrent.ko`.
+    pub modules: &'a [BuiltModule],
+    /// The scenario's static executables.
+    pub executables: &'a [Executable],
+    /// Arguments for `/scenario.sh`.
+    pub guest_args: &'a [String],
+}
+
+/// Builds the initramfs and returns its path.
+pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
+    let dir = contents.cache.join("initramfs").join(contents.scenario.name);
+    let stage = dir.join("root");
+    if stage.exists() {
+        std::fs::remove_dir_all(&stage).with_context(|| format!("removing {}", stage.display()))?;
+    }
+    for sub in ["bin", "sbin", "usr/bin", "usr/sbin", "usr/local/bin", "etc", "root", "tmp", "var/cache"] {
+        let path = stage.join(sub);
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+    }
+
+    let vm_dir = contents.root.join("tests/vm");
+    copy(contents.busybox, &stage, "/bin/busybox", 0o755)?;
+    std::os::unix::fs::symlink("busybox", stage.join("bin/sh")).context("linking /bin/sh to busybox")?;
+    copy(&vm_dir.join("init.sh"), &stage, "/init", 0o755)?;
+    copy(&vm_dir.join("scenarios").join(contents.scenario.script), &stage, "/scenario.sh", 0o755)?;
+    for built in contents.modules {
+        copy(&built.ko, &stage, &format!("{GUEST_KO_DIR}/{}/tenstorrent.ko", built.module.version), 0o644)?;
+    }
+    for executable in contents.executables {
+        copy(&executable.host, &stage, &executable.guest, 0o755)?;
+    }
+    for (host, guest) in contents.scenario.files {
+        copy(&contents.root.join(host), &stage, guest, 0o644)?;
+    }
+    let env = guest_env(contents);
+    std::fs::write(stage.join("etc/ttdp-vm.env"), env).context("writing /etc/ttdp-vm.env")?;
+
+    let initrd = dir.join("initramfs.cpio.gz");
+    let status = Command::new("bash")
+        .args([
+            "-c",
+            r#"set -euo pipefail; cd "$1"; find . -print0 | LC_ALL=C sort -z | cpio --null --quiet -o -H newc -R 0:0 | gzip -1 > "$2""#,
+            "pack",
+        ])
+        .arg(&stage)
+        .arg(&initrd)
+        .status()
+        .context("running cpio | gzip")?;
+    if !status.success() {
+        bail!("packing {} into {} failed ({status})", stage.display(), initrd.display());
+    }
+    Ok(initrd)
+}
+
+/// `/etc/ttdp-vm.env`, sourced by `/init`.
+fn guest_env(contents: &Contents<'_>) -> String {
+    let good: Vec<&str> =
+        contents.modules.iter().filter(|m| !m.module.fail_init).map(|m| m.module.version).collect();
+    let broken: Vec<&str> =
+        contents.modules.iter().filter(|m| m.module.fail_init).map(|m| m.module.version).collect();
+    let args: Vec<String> = contents.guest_args.iter().map(|a| shell_quote(a)).collect();
+    let mut env = String::new();
+    for (key, value) in [
+        ("TTDP_VM", "1".to_string()),
+        ("TTDP_VM_SCENARIO", contents.scenario.name.to_string()),
+        ("TTDP_VM_KERNEL_RELEASE", contents.kernel_release.to_string()),
+        ("TTDP_VM_KO_DIR", GUEST_KO_DIR.to_string()),
+        ("TTDP_VM_KO_VERSIONS", good.join(" ")),
+        ("TTDP_VM_KO_BROKEN_VERSION", broken.join(" ")),
+        // Quoted twice: /init runs `eval "set -- $TTDP_VM_TEST_ARGS"`.
+        ("TTDP_VM_TEST_ARGS", args.join(" ")),
+    ] {
+        let _ = writeln!(env, "{key}={}", shell_quote(&value));
+    }
+    env
+}
+
+/// Quotes `s` as one POSIX shell word.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Copies `host` to `stage` + `guest` with `mode`, creating parent directories.
+fn copy(host: &Path, stage: &Path, guest: &str, mode: u32) -> Result<()> {
+    let target = stage.join(guest.trim_start_matches('/'));
+    if let Some(parent) = target.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::copy(host, &target).with_context(|| format!("copying {} to {}", host.display(), target.display()))?;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", target.display()))?;
+    Ok(())
+}
+
+/// True for an ELF file without a program interpreter (`PT_INTERP`): it runs without a libc.
+pub fn is_static_elf(bytes: &[u8]) -> bool {
+    const PT_INTERP: u32 = 3;
+    let u16_at = |at: usize| bytes.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
+    let u32_at = |at: usize| bytes.get(at..at + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let u64_at = |at: usize| {
+        bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).and_then(|v| usize::try_from(v).ok())
+    };
+    // 64-bit little-endian ELF only (what x86_64 produces).
+    if bytes.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
+        return false;
+    }
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38)) else {
+        return false;
+    };
+    (0..phnum).all(|i| u32_at(phoff + i * phentsize).is_some_and(|kind| kind != PT_INTERP))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_quote_survives_single_quotes() {
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    /// A 64-bit little-endian ELF header followed by program headers of the given types.
+    fn elf_with_program_headers(types: &[u32]) -> Vec<u8> {
+        let mut elf = vec![0u8; 64];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&(types.len() as u16).to_le_bytes());
+        for kind in types {
+            let mut header = vec![0u8; 56];
+            header[..4].copy_from_slice(&kind.to_le_bytes());
+            elf.extend(header);
+        }
+        elf
+    }
+
+    #[test]
+    fn an_executable_with_an_interpreter_is_not_static() {
+        assert!(is_static_elf(&elf_with_program_headers(&[6, 1, 1])));
+        assert!(!is_static_elf(&elf_with_program_headers(&[6, 3, 1])));
+    }
+
+    #[test]
+    fn non_elf_and_truncated_files_are_not_static() {
+        assert!(!is_static_elf(b"#!/bin/sh\n"));
+        let mut truncated = elf_with_program_headers(&[1, 1]);
+        truncated.truncate(64 + 56);
+        assert!(!is_static_elf(&truncated));
+    }
+}

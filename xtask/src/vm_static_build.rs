@@ -1,0 +1,77 @@
+//! Builds a scenario's test and binary targets as static executables (the guest has no libc):
+//! `--target x86_64-unknown-linux-gnu` with `-C target-feature=+crt-static`, located through
+//! cargo's JSON messages.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+use super::Scenario;
+
+const TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Where a built executable goes in the guest.
+#[derive(Debug)]
+pub struct Executable {
+    /// The static executable on the host.
+    pub host: PathBuf,
+    /// Its absolute path in the guest.
+    pub guest: String,
+}
+
+/// Builds every target of `scenario`.
+pub fn build(root: &Path, scenario: &Scenario) -> Result<Vec<Executable>> {
+    let mut executables = Vec::new();
+    for (package, test) in scenario.tests {
+        let host = cargo_build(root, &["test", "--no-run", "-p", package, "--test", test], "test", test)?;
+        executables.push(Executable { host, guest: format!("/tests/{package}/{test}") });
+    }
+    for (package, bin) in scenario.bins {
+        let host = cargo_build(root, &["build", "-p", package, "--bin", bin], "bin", bin)?;
+        executables.push(Executable { host, guest: format!("/usr/local/bin/{bin}") });
+    }
+    Ok(executables)
+}
+
+/// Runs one cargo build and returns the executable of the target `name` of kind `kind`.
+fn cargo_build(root: &Path, args: &[&str], kind: &str, name: &str) -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut rustflags = std::env::var("RUSTFLAGS").unwrap_or_default();
+    rustflags.push_str(" -C target-feature=+crt-static");
+    let mut child = Command::new(&cargo)
+        .args(args)
+        .args(["--target", TARGET, "--message-format=json-render-diagnostics"])
+        .env("RUSTFLAGS", rustflags.trim())
+        .current_dir(root)
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {cargo}"))?;
+    let stdout = child.stdout.take().context("cargo has no stdout")?;
+    let mut found = None;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo's output")?;
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        if message["reason"] != "compiler-artifact" || message["target"]["name"] != name {
+            continue;
+        }
+        let kinds = message["target"]["kind"].as_array();
+        if !kinds.is_some_and(|kinds| kinds.iter().any(|k| k == kind)) {
+            continue;
+        }
+        if let Some(executable) = message["executable"].as_str() {
+            found = Some(PathBuf::from(executable));
+        }
+    }
+    let status = child.wait().context("waiting for cargo")?;
+    if !status.success() {
+        bail!("`cargo {}` for the VM failed ({status})", args.join(" "));
+    }
+    let executable = found.with_context(|| format!("`cargo {}` built no {kind} executable named {name}", args.join(" ")))?;
+    let bytes = std::fs::read(&executable).with_context(|| format!("reading {}", executable.display()))?;
+    if !super::vm_initramfs::is_static_elf(&bytes) {
+        bail!("{} is dynamically linked; the VM has no libc (is RUSTFLAGS overriding +crt-static?)", executable.display());
+    }
+    Ok(executable)
+}
