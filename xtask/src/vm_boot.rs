@@ -46,23 +46,52 @@ pub fn boot(vmlinuz: &Path, initrd: &Path, run_dir: &Path, limit: Duration) -> R
 
     let start = Instant::now();
     let result = Command::new("timeout")
-        .args(["--kill-after=10", &limit.as_secs().to_string(), "qemu-system-x86_64"])
-        .args(["-accel", "tcg", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
+        .args([
+            "--kill-after=10",
+            &limit.as_secs().to_string(),
+            "qemu-system-x86_64",
+        ])
+        .args([
+            "-accel",
+            "tcg",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+        ])
         .args(["-m", "1024", "-smp", "2", "-nic", "none"])
         .arg("-kernel")
         .arg(vmlinuz)
         .arg("-initrd")
         .arg(initrd)
         .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=3"])
-        .args(["-serial", &serial(&console), "-serial", &serial(&output), "-serial", &serial(&status_file)])
+        .args([
+            "-serial",
+            &serial(&console),
+            "-serial",
+            &serial(&output),
+            "-serial",
+            &serial(&status_file),
+        ])
         .output()
         .context("running qemu-system-x86_64 under timeout")?;
     let elapsed = start.elapsed();
 
-    let read = |path: &Path| std::fs::read(path).map(|b| String::from_utf8_lossy(&b).replace("\r\n", "\n")).unwrap_or_default();
-    let timed_out = result.status.code() == Some(TIMED_OUT) || result.status.code() == Some(128 + 9);
-    let qemu_error = (!result.status.success() && !timed_out)
-        .then(|| format!("qemu exited with {}: {}", result.status, String::from_utf8_lossy(&result.stderr).trim()));
+    let read = |path: &Path| {
+        std::fs::read(path)
+            .map(|b| String::from_utf8_lossy(&b).replace("\r\n", "\n"))
+            .unwrap_or_default()
+    };
+    let timed_out =
+        result.status.code() == Some(TIMED_OUT) || result.status.code() == Some(128 + 9);
+    let qemu_error = (!result.status.success() && !timed_out).then(|| {
+        format!(
+            "qemu exited with {}: {}",
+            result.status,
+            String::from_utf8_lossy(&result.stderr).trim()
+        )
+    });
     Ok(Boot {
         exit_code: parse_exit_code(&read(&status_file)),
         timed_out,
@@ -76,7 +105,9 @@ pub fn boot(vmlinuz: &Path, initrd: &Path, run_dir: &Path, limit: Duration) -> R
 
 /// Reads `TTDP_VM_EXIT=<code>` written by `/init`.
 fn parse_exit_code(status: &str) -> Option<i32> {
-    status.lines().find_map(|line| line.trim().strip_prefix("TTDP_VM_EXIT=")?.parse().ok())
+    status
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("TTDP_VM_EXIT=")?.parse().ok())
 }
 
 #[cfg(test)]

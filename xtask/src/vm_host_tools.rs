@@ -50,21 +50,31 @@ pub fn check() -> Result<HostTools> {
     let busybox = PathBuf::from(BUSYBOX);
     match std::fs::read(&busybox) {
         Ok(bytes) if super::vm_initramfs::is_static_elf(&bytes) => {}
-        Ok(_) => missing.push((format!("{BUSYBOX} (it is dynamically linked)"), "busybox-static".into())),
+        Ok(_) => missing.push((
+            format!("{BUSYBOX} (it is dynamically linked)"),
+            "busybox-static".into(),
+        )),
         Err(_) => missing.push((BUSYBOX.into(), "busybox-static".into())),
     }
 
     let headers = newest_installed_headers();
     if headers.is_none() {
-        let package = offered_headers_package().unwrap_or_else(|| "linux-headers-6.1.0-<abi>-amd64".into());
+        let package =
+            offered_headers_package().unwrap_or_else(|| "linux-headers-6.1.0-<abi>-amd64".into());
         missing.push((format!("/usr/src/{package}"), package));
     }
 
     match (missing.is_empty(), headers) {
         (true, Some(headers)) => Ok(HostTools { busybox, headers }),
         _ => {
-            let what: Vec<String> = missing.iter().map(|(thing, package)| format!("  {thing} (package {package})")).collect();
-            let mut packages: Vec<&str> = missing.iter().map(|(_, package)| package.as_str()).collect();
+            let what: Vec<String> = missing
+                .iter()
+                .map(|(thing, package)| format!("  {thing} (package {package})"))
+                .collect();
+            let mut packages: Vec<&str> = missing
+                .iter()
+                .map(|(_, package)| package.as_str())
+                .collect();
             packages.sort_unstable();
             packages.dedup();
             bail!(
@@ -79,7 +89,9 @@ pub fn check() -> Result<HostTools> {
 
 fn find_on_path(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|candidate| is_executable(candidate))
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| is_executable(candidate))
 }
 
 fn is_executable(path: &Path) -> bool {
@@ -89,7 +101,11 @@ fn is_executable(path: &Path) -> bool {
 
 /// The ABI number in `6.1.0-<abi>-amd64`.
 fn abi_of(release: &str) -> Option<u32> {
-    release.strip_prefix("6.1.0-")?.strip_suffix("-amd64")?.parse().ok()
+    release
+        .strip_prefix("6.1.0-")?
+        .strip_suffix("-amd64")?
+        .parse()
+        .ok()
 }
 
 /// `/usr/src/linux-headers-6.1.0-<abi>-amd64` with a Makefile, highest ABI first.
@@ -101,7 +117,15 @@ fn newest_installed_headers() -> Option<Headers> {
             let name = entry.file_name().into_string().ok()?;
             let release = name.strip_prefix("linux-headers-")?.to_string();
             let abi = abi_of(&release)?;
-            entry.path().join("Makefile").is_file().then(|| (abi, Headers { release, dir: entry.path() }))
+            entry.path().join("Makefile").is_file().then(|| {
+                (
+                    abi,
+                    Headers {
+                        release,
+                        dir: entry.path(),
+                    },
+                )
+            })
         })
         .max_by_key(|(abi, _)| *abi)
         .map(|(_, headers)| headers)
@@ -109,11 +133,18 @@ fn newest_installed_headers() -> Option<Headers> {
 
 /// The `linux-headers-6.1.0-<abi>-amd64` package apt would install now, if apt knows.
 fn offered_headers_package() -> Option<String> {
-    let output = Command::new("apt-cache").args(["depends", "linux-headers-amd64"]).output().ok()?;
+    let output = Command::new("apt-cache")
+        .args(["depends", "linux-headers-amd64"])
+        .output()
+        .ok()?;
     String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|line| line.trim().strip_prefix("Depends: "))
-        .find(|dep| dep.strip_prefix("linux-headers-").and_then(abi_of).is_some())
+        .find(|dep| {
+            dep.strip_prefix("linux-headers-")
+                .and_then(abi_of)
+                .is_some()
+        })
         .map(str::to_string)
 }
 

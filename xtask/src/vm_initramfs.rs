@@ -39,23 +39,47 @@ pub struct Contents<'a> {
 
 /// Builds the initramfs and returns its path.
 pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
-    let dir = contents.cache.join("initramfs").join(contents.scenario.name);
+    let dir = contents
+        .cache
+        .join("initramfs")
+        .join(contents.scenario.name);
     let stage = dir.join("root");
     if stage.exists() {
         std::fs::remove_dir_all(&stage).with_context(|| format!("removing {}", stage.display()))?;
     }
-    for sub in ["bin", "sbin", "usr/bin", "usr/sbin", "usr/local/bin", "etc", "root", "tmp", "var/cache"] {
+    for sub in [
+        "bin",
+        "sbin",
+        "usr/bin",
+        "usr/sbin",
+        "usr/local/bin",
+        "etc",
+        "root",
+        "tmp",
+        "var/cache",
+    ] {
         let path = stage.join(sub);
         std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
     }
 
     let vm_dir = contents.root.join("tests/vm");
     copy(contents.busybox, &stage, "/bin/busybox", 0o755)?;
-    std::os::unix::fs::symlink("busybox", stage.join("bin/sh")).context("linking /bin/sh to busybox")?;
+    std::os::unix::fs::symlink("busybox", stage.join("bin/sh"))
+        .context("linking /bin/sh to busybox")?;
     copy(&vm_dir.join("init.sh"), &stage, "/init", 0o755)?;
-    copy(&vm_dir.join("scenarios").join(contents.scenario.script), &stage, "/scenario.sh", 0o755)?;
+    copy(
+        &vm_dir.join("scenarios").join(contents.scenario.script),
+        &stage,
+        "/scenario.sh",
+        0o755,
+    )?;
     for built in contents.modules {
-        copy(&built.ko, &stage, &format!("{GUEST_KO_DIR}/{}/tenstorrent.ko", built.module.version), 0o644)?;
+        copy(
+            &built.ko,
+            &stage,
+            &format!("{GUEST_KO_DIR}/{}/tenstorrent.ko", built.module.version),
+            0o644,
+        )?;
     }
     for executable in contents.executables {
         copy(&executable.host, &stage, &executable.guest, 0o755)?;
@@ -78,23 +102,38 @@ pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
         .status()
         .context("running cpio | gzip")?;
     if !status.success() {
-        bail!("packing {} into {} failed ({status})", stage.display(), initrd.display());
+        bail!(
+            "packing {} into {} failed ({status})",
+            stage.display(),
+            initrd.display()
+        );
     }
     Ok(initrd)
 }
 
 /// `/etc/ttdp-vm.env`, sourced by `/init`.
 fn guest_env(contents: &Contents<'_>) -> String {
-    let good: Vec<&str> =
-        contents.modules.iter().filter(|m| !m.module.fail_init).map(|m| m.module.version).collect();
-    let broken: Vec<&str> =
-        contents.modules.iter().filter(|m| m.module.fail_init).map(|m| m.module.version).collect();
+    let good: Vec<&str> = contents
+        .modules
+        .iter()
+        .filter(|m| !m.module.fail_init)
+        .map(|m| m.module.version)
+        .collect();
+    let broken: Vec<&str> = contents
+        .modules
+        .iter()
+        .filter(|m| m.module.fail_init)
+        .map(|m| m.module.version)
+        .collect();
     let args: Vec<String> = contents.guest_args.iter().map(|a| shell_quote(a)).collect();
     let mut env = String::new();
     for (key, value) in [
         ("TTDP_VM", "1".to_string()),
         ("TTDP_VM_SCENARIO", contents.scenario.name.to_string()),
-        ("TTDP_VM_KERNEL_RELEASE", contents.kernel_release.to_string()),
+        (
+            "TTDP_VM_KERNEL_RELEASE",
+            contents.kernel_release.to_string(),
+        ),
         ("TTDP_VM_KO_DIR", GUEST_KO_DIR.to_string()),
         ("TTDP_VM_KO_VERSIONS", good.join(" ")),
         ("TTDP_VM_KO_BROKEN_VERSION", broken.join(" ")),
@@ -115,9 +154,11 @@ fn shell_quote(s: &str) -> String {
 fn copy(host: &Path, stage: &Path, guest: &str, mode: u32) -> Result<()> {
     let target = stage.join(guest.trim_start_matches('/'));
     if let Some(parent) = target.parent() {
-        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
     }
-    std::fs::copy(host, &target).with_context(|| format!("copying {} to {}", host.display(), target.display()))?;
+    std::fs::copy(host, &target)
+        .with_context(|| format!("copying {} to {}", host.display(), target.display()))?;
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("setting the mode of {}", target.display()))?;
     Ok(())
@@ -126,16 +167,29 @@ fn copy(host: &Path, stage: &Path, guest: &str, mode: u32) -> Result<()> {
 /// True for an ELF file without a program interpreter (`PT_INTERP`): it runs without a libc.
 pub fn is_static_elf(bytes: &[u8]) -> bool {
     const PT_INTERP: u32 = 3;
-    let u16_at = |at: usize| bytes.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
-    let u32_at = |at: usize| bytes.get(at..at + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let u16_at = |at: usize| {
+        bytes
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+    };
+    let u32_at = |at: usize| {
+        bytes
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
     let u64_at = |at: usize| {
-        bytes.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).and_then(|v| usize::try_from(v).ok())
+        bytes
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+            .and_then(|v| usize::try_from(v).ok())
     };
     // 64-bit little-endian ELF only (what x86_64 produces).
     if bytes.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
         return false;
     }
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38)) else {
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
         return false;
     };
     (0..phnum).all(|i| u32_at(phoff + i * phentsize).is_some_and(|kind| kind != PT_INTERP))

@@ -29,12 +29,22 @@ pub fn ensure(cache: &Path, headers: &Headers) -> Result<Kernel> {
 
     let download = dir.join("download");
     if download.exists() {
-        std::fs::remove_dir_all(&download).with_context(|| format!("removing {}", download.display()))?;
+        std::fs::remove_dir_all(&download)
+            .with_context(|| format!("removing {}", download.display()))?;
     }
-    std::fs::create_dir_all(&download).with_context(|| format!("creating {}", download.display()))?;
+    std::fs::create_dir_all(&download)
+        .with_context(|| format!("creating {}", download.display()))?;
     let package = format!("linux-image-{release}");
     let status = Command::new("timeout")
-        .args(["600", "apt-get", "-q", "-o", "APT::Sandbox::User=root", "download", &package])
+        .args([
+            "600",
+            "apt-get",
+            "-q",
+            "-o",
+            "APT::Sandbox::User=root",
+            "download",
+            &package,
+        ])
         .current_dir(&download)
         .status()
         .context("running apt-get download")?;
@@ -67,9 +77,14 @@ pub fn ensure(cache: &Path, headers: &Headers) -> Result<Kernel> {
         .context("running tar")?;
     let unpack_status = unpack.wait().context("waiting for dpkg-deb")?;
     if !unpack_status.success() || !tar_status.success() {
-        bail!("could not unpack boot/vmlinuz-{release} from {}", deb.display());
+        bail!(
+            "could not unpack boot/vmlinuz-{release} from {}",
+            deb.display()
+        );
     }
-    std::fs::rename(&partial, &vmlinuz).with_context(|| format!("renaming to {}", vmlinuz.display()))?;
-    std::fs::remove_dir_all(&download).with_context(|| format!("removing {}", download.display()))?;
+    std::fs::rename(&partial, &vmlinuz)
+        .with_context(|| format!("renaming to {}", vmlinuz.display()))?;
+    std::fs::remove_dir_all(&download)
+        .with_context(|| format!("removing {}", download.display()))?;
     Ok(Kernel { release, vmlinuz })
 }

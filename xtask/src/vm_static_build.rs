@@ -25,12 +25,23 @@ pub struct Executable {
 pub fn build(root: &Path, scenario: &Scenario) -> Result<Vec<Executable>> {
     let mut executables = Vec::new();
     for (package, test) in scenario.tests {
-        let host = cargo_build(root, &["test", "--no-run", "-p", package, "--test", test], "test", test)?;
-        executables.push(Executable { host, guest: format!("/tests/{package}/{test}") });
+        let host = cargo_build(
+            root,
+            &["test", "--no-run", "-p", package, "--test", test],
+            "test",
+            test,
+        )?;
+        executables.push(Executable {
+            host,
+            guest: format!("/tests/{package}/{test}"),
+        });
     }
     for (package, bin) in scenario.bins {
         let host = cargo_build(root, &["build", "-p", package, "--bin", bin], "bin", bin)?;
-        executables.push(Executable { host, guest: format!("/usr/local/bin/{bin}") });
+        executables.push(Executable {
+            host,
+            guest: format!("/usr/local/bin/{bin}"),
+        });
     }
     Ok(executables)
 }
@@ -42,7 +53,11 @@ fn cargo_build(root: &Path, args: &[&str], kind: &str, name: &str) -> Result<Pat
     rustflags.push_str(" -C target-feature=+crt-static");
     let mut child = Command::new(&cargo)
         .args(args)
-        .args(["--target", TARGET, "--message-format=json-render-diagnostics"])
+        .args([
+            "--target",
+            TARGET,
+            "--message-format=json-render-diagnostics",
+        ])
         .env("RUSTFLAGS", rustflags.trim())
         .current_dir(root)
         .stdout(Stdio::piped())
@@ -52,7 +67,9 @@ fn cargo_build(root: &Path, args: &[&str], kind: &str, name: &str) -> Result<Pat
     let mut found = None;
     for line in std::io::BufReader::new(stdout).lines() {
         let line = line.context("reading cargo's output")?;
-        let Ok(message) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
         if message["reason"] != "compiler-artifact" || message["target"]["name"] != name {
             continue;
         }
@@ -68,10 +85,19 @@ fn cargo_build(root: &Path, args: &[&str], kind: &str, name: &str) -> Result<Pat
     if !status.success() {
         bail!("`cargo {}` for the VM failed ({status})", args.join(" "));
     }
-    let executable = found.with_context(|| format!("`cargo {}` built no {kind} executable named {name}", args.join(" ")))?;
-    let bytes = std::fs::read(&executable).with_context(|| format!("reading {}", executable.display()))?;
+    let executable = found.with_context(|| {
+        format!(
+            "`cargo {}` built no {kind} executable named {name}",
+            args.join(" ")
+        )
+    })?;
+    let bytes =
+        std::fs::read(&executable).with_context(|| format!("reading {}", executable.display()))?;
     if !super::vm_initramfs::is_static_elf(&bytes) {
-        bail!("{} is dynamically linked; the VM has no libc (is RUSTFLAGS overriding +crt-static?)", executable.display());
+        bail!(
+            "{} is dynamically linked; the VM has no libc (is RUSTFLAGS overriding +crt-static?)",
+            executable.display()
+        );
     }
     Ok(executable)
 }

@@ -29,7 +29,10 @@ pub fn build_all(root: &Path, cache: &Path, headers: &Headers) -> Result<Vec<Bui
     STUB_MODULES
         .iter()
         .map(|module| {
-            let dir = cache.join("modules").join(&headers.release).join(module.version);
+            let dir = cache
+                .join("modules")
+                .join(&headers.release)
+                .join(module.version);
             let ko = build(&source_dir, &dir, headers, module)?;
             Ok(BuiltModule { module, ko })
         })
@@ -41,12 +44,14 @@ fn build(source_dir: &Path, dir: &Path, headers: &Headers, module: &StubModule) 
     let mut up_to_date = ko.is_file();
     for name in SOURCES {
         let source = source_dir.join(name);
-        let wanted = std::fs::read(&source).with_context(|| format!("reading {}", source.display()))?;
+        let wanted =
+            std::fs::read(&source).with_context(|| format!("reading {}", source.display()))?;
         let copy = dir.join(name);
         if std::fs::read(&copy).ok().as_deref() != Some(wanted.as_slice()) {
             up_to_date = false;
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            std::fs::write(&copy, &wanted).with_context(|| format!("writing {}", copy.display()))?;
+            std::fs::write(&copy, &wanted)
+                .with_context(|| format!("writing {}", copy.display()))?;
         }
     }
     if up_to_date {
@@ -79,7 +84,11 @@ fn build(source_dir: &Path, dir: &Path, headers: &Headers, module: &StubModule) 
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    let status = Command::new("strip").arg("--strip-debug").arg(&ko).status().context("running strip")?;
+    let status = Command::new("strip")
+        .arg("--strip-debug")
+        .arg(&ko)
+        .status()
+        .context("running strip")?;
     if !status.success() {
         bail!("strip --strip-debug {} failed ({status})", ko.display());
     }

@@ -99,9 +99,18 @@ pub struct StubModule {
 
 /// The stub module versions every scenario gets.
 pub const STUB_MODULES: &[StubModule] = &[
-    StubModule { version: "1.0.0", fail_init: false },
-    StubModule { version: "2.0.0", fail_init: false },
-    StubModule { version: "3.0.0", fail_init: true },
+    StubModule {
+        version: "1.0.0",
+        fail_init: false,
+    },
+    StubModule {
+        version: "2.0.0",
+        fail_init: false,
+    },
+    StubModule {
+        version: "3.0.0",
+        fail_init: true,
+    },
 ];
 
 /// Parsed `cargo xtask vm-test` arguments.
@@ -113,7 +122,8 @@ struct Args {
     guest_args: Vec<String>,
 }
 
-const USAGE: &str = "usage: cargo xtask vm-test [--scenario NAME]... [--timeout SECS] [--list] [-- ARGS...]
+const USAGE: &str =
+    "usage: cargo xtask vm-test [--scenario NAME]... [--timeout SECS] [--list] [-- ARGS...]
   --scenario NAME  run only this scenario (repeatable; default: all)
   --timeout SECS   override every scenario's boot timeout
   --list           list the scenarios and exit
@@ -130,7 +140,9 @@ fn parse_args(args: &[String]) -> Result<Args> {
             }
             "--timeout" => {
                 let secs = iter.next().context("--timeout needs a number of seconds")?;
-                let secs: u64 = secs.parse().with_context(|| format!("--timeout {secs:?} is not a number of seconds"))?;
+                let secs: u64 = secs
+                    .parse()
+                    .with_context(|| format!("--timeout {secs:?} is not a number of seconds"))?;
                 parsed.timeout = Some(Duration::from_secs(secs));
             }
             "--list" => parsed.list = true,
@@ -174,7 +186,9 @@ fn repo_root() -> Result<PathBuf> {
 /// `<target dir>/vm`, honouring `CARGO_TARGET_DIR`.
 fn vm_cache_dir(root: &Path) -> Result<PathBuf> {
     let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => std::env::current_dir().context("reading the current directory")?.join(dir),
+        Some(dir) => std::env::current_dir()
+            .context("reading the current directory")?
+            .join(dir),
         None => root.join("target"),
     };
     Ok(target.join("vm"))
@@ -184,7 +198,10 @@ fn step<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let start = Instant::now();
     println!("vm-test: {what} ...");
     let value = f()?;
-    println!("vm-test: {what}: done in {:.1} s", start.elapsed().as_secs_f64());
+    println!(
+        "vm-test: {what}: done in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
     Ok(value)
 }
 
@@ -203,34 +220,49 @@ pub fn run(args: &[String]) -> Result<()> {
     let cache = vm_cache_dir(&root)?;
 
     let host = step("checking host tools", vm_host_tools::check)?;
-    let kernel = step("fetching the kernel image", || vm_kernel::ensure(&cache, &host.headers))?;
-    println!("vm-test: kernel {} ({})", kernel.release, kernel.vmlinuz.display());
+    let kernel = step("fetching the kernel image", || {
+        vm_kernel::ensure(&cache, &host.headers)
+    })?;
+    println!(
+        "vm-test: kernel {} ({})",
+        kernel.release,
+        kernel.vmlinuz.display()
+    );
     let modules = step("building the stub tenstorrent module", || {
         vm_stub_module::build_all(&root, &cache, &host.headers)
     })?;
 
     let mut reports = Vec::new();
     for scenario in scenarios {
-        let executables = step(&format!("[{}] building static executables", scenario.name), || {
-            vm_static_build::build(&root, scenario)
-        })?;
-        let initrd = step(&format!("[{}] packing the initramfs", scenario.name), || {
-            vm_initramfs::pack(&vm_initramfs::Contents {
-                root: &root,
-                cache: &cache,
-                scenario,
-                busybox: &host.busybox,
-                kernel_release: &kernel.release,
-                modules: &modules,
-                executables: &executables,
-                guest_args: &args.guest_args,
-            })
-        })?;
+        let executables = step(
+            &format!("[{}] building static executables", scenario.name),
+            || vm_static_build::build(&root, scenario),
+        )?;
+        let initrd = step(
+            &format!("[{}] packing the initramfs", scenario.name),
+            || {
+                vm_initramfs::pack(&vm_initramfs::Contents {
+                    root: &root,
+                    cache: &cache,
+                    scenario,
+                    busybox: &host.busybox,
+                    kernel_release: &kernel.release,
+                    modules: &modules,
+                    executables: &executables,
+                    guest_args: &args.guest_args,
+                })
+            },
+        )?;
         let timeout = args.timeout.unwrap_or(scenario.timeout);
         let run_dir = cache.join("runs").join(scenario.name);
-        let boot = step(&format!("[{}] booting the VM (timeout {} s)", scenario.name, timeout.as_secs()), || {
-            vm_boot::boot(&kernel.vmlinuz, &initrd, &run_dir, timeout)
-        })?;
+        let boot = step(
+            &format!(
+                "[{}] booting the VM (timeout {} s)",
+                scenario.name,
+                timeout.as_secs()
+            ),
+            || vm_boot::boot(&kernel.vmlinuz, &initrd, &run_dir, timeout),
+        )?;
         reports.push(vm_test_report::ScenarioReport::new(scenario.name, boot));
     }
     vm_test_report::print_and_judge(&reports, started.elapsed())

@@ -35,14 +35,21 @@ impl ScenarioReport {
     fn failure(&self) -> Option<String> {
         let boot = &self.boot;
         if boot.timed_out {
-            return Some(format!("timed out after {:.0} s", boot.elapsed.as_secs_f64()));
+            return Some(format!(
+                "timed out after {:.0} s",
+                boot.elapsed.as_secs_f64()
+            ));
         }
         if let Some(error) = &boot.qemu_error {
             return Some(error.clone());
         }
         match boot.exit_code {
-            None => Some("the VM reported no exit status (crash or panic? see the console above)".into()),
-            Some(0) if self.counts.failed > 0 => Some(format!("{} tests failed", self.counts.failed)),
+            None => Some(
+                "the VM reported no exit status (crash or panic? see the console above)".into(),
+            ),
+            Some(0) if self.counts.failed > 0 => {
+                Some(format!("{} tests failed", self.counts.failed))
+            }
             Some(0) if self.counts.passed == 0 => Some("no test ran".into()),
             Some(0) => None,
             Some(code) => Some(format!("exited with status {code}")),
@@ -63,9 +70,14 @@ pub fn count_tests(output: &str) -> Counts {
         } else {
             continue;
         };
-        let words: Vec<&str> = body.split([' ', ';', ',']).filter(|w| !w.is_empty()).collect();
+        let words: Vec<&str> = body
+            .split([' ', ';', ','])
+            .filter(|w| !w.is_empty())
+            .collect();
         for pair in words.windows(2) {
-            let Ok(n) = pair[0].parse::<u64>() else { continue };
+            let Ok(n) = pair[0].parse::<u64>() else {
+                continue;
+            };
             match pair[1] {
                 "passed" => counts.passed += n,
                 "failed" => counts.failed += n,
@@ -95,7 +107,10 @@ pub fn print_and_judge(reports: &[ScenarioReport], total: Duration) -> Result<()
         print!("{}", report.boot.output);
         let failure = report.failure();
         if failure.is_some() {
-            println!("\n----- vm-test scenario {}: kernel console -----", report.name);
+            println!(
+                "\n----- vm-test scenario {}: kernel console -----",
+                report.name
+            );
             print!("{}", report.boot.console);
         }
         println!(
@@ -129,13 +144,25 @@ mod tests {
         let output = "running 3 tests\ntest a ... ok\n\
                       test result: ok. 3 passed; 0 failed; 2 ignored; 0 measured; 1 filtered out; finished in 0.10s\n\
                       test result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1s\n";
-        assert_eq!(count_tests(output), Counts { passed: 4, failed: 2 });
+        assert_eq!(
+            count_tests(output),
+            Counts {
+                passed: 4,
+                failed: 2
+            }
+        );
     }
 
     #[test]
     fn plain_summaries_count_but_other_lines_do_not() {
         let output = "agent: 5 passed, 1 failed\n7 passed, 0 failed\nwe passed 3 checkpoints\nlog: 9 passed\n";
-        assert_eq!(count_tests(output), Counts { passed: 12, failed: 1 });
+        assert_eq!(
+            count_tests(output),
+            Counts {
+                passed: 12,
+                failed: 1
+            }
+        );
     }
 
     #[test]
