@@ -1,4 +1,70 @@
 //! Linux kernel-module status, build, cache, load, unload and holder discovery, without Kubernetes.
 //!
-//! Not yet implemented: this crate is a placeholder until its issue lands.
+//! What it is for: everything a node agent does to the tt-kmd module (`tenstorrent`), on a host
+//! seen through a [`HostRoot`] (`/host` in a pod, a temporary directory in tests):
+//!
+//! - [`ModuleStatus`]: loaded or not, version, refcnt, initstate, dependent modules, and the
+//!   processes holding `/dev/tenstorrent` ([`find_device_holders`], a `/proc/*/fd` walk);
+//! - [`build_module`]: fetch tag `ttkmd-<version>` from a git repository ([`BuildOptions`]) and
+//!   `make -C /lib/modules/<release>/build M=<src> modules` with a job count and a timeout;
+//! - [`KoCache`]: `/var/cache/tt-kmd/<release>/<version>/tenstorrent.ko`, atomic writes, verified
+//!   hits, a lock serialising agents;
+//! - [`ModuleInstaller`]: ensure the `.ko`, unload (optionally killing holders), load, and
+//!   [`ModuleInstaller::swap`] which does all three with rollback;
+//! - the [`Kernel`] trait: [`RealKernel`] (`finit_module`, `delete_module`, `kill` through nix) and
+//!   [`SimKernel`] (a kernel simulated in files, shared by processes), with [`SimHost`] and
+//!   [`SimKmdRepo`] to create simulated hosts and tt-kmd repositories for tests and demos.
+//!
+//! What it must not do: depend on Kubernetes or an async runtime; touch a host path outside the
+//! host root; unload a working module before the replacement `.ko` is built and verified; load an
+//! unverified cache entry; decide whether a host is DKMS-managed (callers check
+//! `ttdp_hostprobe::detect_host_install` first and leave such hosts alone).
+//!
+//! ```no_run
+//! use ttdp_kmod::{HostRoot, InstallerConfig, ModuleInstaller, RealKernel, SwapOptions};
+//! let host = HostRoot::new("/host");
+//! let installer = ModuleInstaller::new(host.clone(), RealKernel::new(host), InstallerConfig::default())?;
+//! let report = installer.swap("2.8.0", &SwapOptions::default())?;
+//! println!("{report:?}");
+//! # Ok::<(), ttdp_kmod::KmodError>(())
+//! ```
 #![deny(missing_docs)]
+
+mod error;
+mod file_lock;
+mod holders;
+mod install_report;
+mod installer;
+mod kernel;
+mod ko_cache;
+mod modinfo;
+mod sim_host;
+mod sim_kernel;
+mod sim_source;
+mod source_build;
+mod status;
+mod timed_command;
+mod version;
+
+pub use error::KmodError;
+pub use file_lock::FileLock;
+pub use holders::{DeviceHolder, chrdev_major, find_device_holders};
+pub use install_report::{CacheOutcome, EnsuredKo, SwapOptions, SwapOutcome, SwapReport, UnloadOptions, UnloadReport};
+pub use installer::{InstallerConfig, ModuleInstaller};
+pub use kernel::{Kernel, RealKernel};
+pub use ko_cache::{CACHE_DIR, CacheLookup, CachedKo, KoCache, KoRecord, RECORD_FILE_NAME};
+pub use modinfo::ModInfo;
+pub use sim_host::SimHost;
+pub use sim_kernel::{SIM_STATE_DIR, SimKernel};
+pub use sim_source::SimKmdRepo;
+pub use source_build::{BuildOptions, BuiltModule, DEFAULT_REPOSITORY, build_module, fetch_source};
+pub use status::ModuleStatus;
+pub use ttdp_hostprobe::HostRoot;
+pub use version::{release_tag, validate_version};
+
+/// The tt-kmd module name.
+pub const MODULE_NAME: &str = "tenstorrent";
+/// Host directory of tt-kmd's device nodes.
+pub const DEVICE_DIR: &str = "/dev/tenstorrent";
+/// File name of the built module.
+pub const KO_FILE_NAME: &str = "tenstorrent.ko";

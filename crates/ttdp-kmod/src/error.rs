@@ -1,0 +1,302 @@
+//! [`KmodError`]: every way managing the module can fail, each naming the module, the version and
+//! what to do next.
+
+use std::path::PathBuf;
+
+use crate::holders::DeviceHolder;
+
+/// Something went wrong while inspecting, building, caching, loading or unloading the module.
+#[derive(Debug, thiserror::Error)]
+pub enum KmodError {
+    /// The requested version is not `MAJOR.MINOR.PATCH`.
+    #[error("invalid tt-kmd version {version:?}: expected MAJOR.MINOR.PATCH such as 2.8.0 (the release tag without its ttkmd- prefix)")]
+    InvalidVersion {
+        /// The rejected version text.
+        version: String,
+    },
+    /// The host's kernel release could not be read.
+    #[error(transparent)]
+    Probe(#[from] ttdp_hostprobe::ProbeError),
+    /// The module is in use: the kernel refuses to unload it (EAGAIN/EWOULDBLOCK).
+    #[error(
+        "module {module} {} is in use (refcnt {refcnt}; {}); drain the workloads using the device or enable force unload",
+        shown(.version), holder_list(.holders)
+    )]
+    InUse {
+        /// Module name.
+        module: String,
+        /// Loaded version, when sysfs reports one.
+        version: Option<String>,
+        /// Reference count at the time of the failure.
+        refcnt: u32,
+        /// Processes found holding the device.
+        holders: Vec<DeviceHolder>,
+    },
+    /// Unloading a module that is not loaded (ENOENT).
+    #[error("module {module} is not loaded, so there is nothing to unload; load the wanted version directly")]
+    NotLoaded {
+        /// Module name.
+        module: String,
+    },
+    /// Loading while the module is already loaded (EEXIST).
+    #[error("cannot load {module} {wanted}: module {module} {} is already loaded; unload it first", shown(.loaded))]
+    AlreadyLoaded {
+        /// Module name.
+        module: String,
+        /// The version already loaded, when sysfs reports one.
+        loaded: Option<String>,
+        /// The version we tried to load.
+        wanted: String,
+    },
+    /// The kernel refused the operation for lack of privilege (EPERM).
+    #[error("permission denied to {action} module {module} {}; run privileged with CAP_SYS_MODULE (and, to kill holders, in the host PID namespace)", shown(.version))]
+    PermissionDenied {
+        /// `load`, `unload` or `kill`.
+        action: &'static str,
+        /// Module name.
+        module: String,
+        /// Version concerned.
+        version: Option<String>,
+    },
+    /// The kernel requires signed modules (sig_enforce or lockdown) and refused ours.
+    #[error("kernel refused unsigned module {module} {version} ({source}); module signing is enforced (sig_enforce=Y or lockdown): sign the module with the host's key or disable enforcement")]
+    SignatureRejected {
+        /// Module name.
+        module: String,
+        /// Version concerned.
+        version: String,
+        /// The kernel's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kernel refused the module file as invalid for this kernel (ENOEXEC, EINVAL).
+    #[error("kernel rejected {} as module {module} {version} for kernel {release} (vermagic {}): {source}; rebuild it against the running kernel's headers (the cached copy is not trusted any more)", .path.display(), shown(.vermagic))]
+    BadModule {
+        /// Module name.
+        module: String,
+        /// Version concerned.
+        version: String,
+        /// The running kernel release.
+        release: String,
+        /// The `.ko` file.
+        path: PathBuf,
+        /// The file's vermagic, when readable.
+        vermagic: Option<String>,
+        /// The kernel's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another system call failure.
+    #[error("{action} of module {module} {} failed: {source}; check the kernel log (dmesg) on the node", shown(.version))]
+    Syscall {
+        /// `load`, `unload` or `kill`.
+        action: &'static str,
+        /// Module name.
+        module: String,
+        /// Version concerned.
+        version: Option<String>,
+        /// The kernel's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Force unload killed what it could but the reference count did not reach 0 in time.
+    #[error("module {module} {} is still in use after force unload (refcnt {refcnt}; killed pids {killed:?}; still holding: {}); find what else holds it (lsof /dev/tenstorrent*, dependent modules) and stop it", shown(.version), holder_list(.left))]
+    HoldersRemain {
+        /// Module name.
+        module: String,
+        /// Loaded version.
+        version: Option<String>,
+        /// Reference count at the end of the wait.
+        refcnt: u32,
+        /// Pids sent SIGKILL.
+        killed: Vec<i32>,
+        /// Holders still found at the end of the wait.
+        left: Vec<DeviceHolder>,
+    },
+    /// The module loaded but sysfs reports another version.
+    #[error("loaded module {module} reports version {} instead of {expected}; the .ko does not carry the version its tag promises: check the tt-kmd source at tag ttkmd-{expected}", shown(.found))]
+    VersionAfterLoad {
+        /// Module name.
+        module: String,
+        /// The version we loaded.
+        expected: String,
+        /// What `/sys/module/<module>/version` says.
+        found: Option<String>,
+    },
+    /// The kernel build tree (headers) for the running kernel is missing.
+    #[error("kernel build tree {} for kernel {release} not found (no Makefile); install linux-headers-{release} on the node (and mount /lib/modules and /usr/src into the agent)", .host_path.display())]
+    HeadersMissing {
+        /// Running kernel release.
+        release: String,
+        /// The host path looked at.
+        host_path: PathBuf,
+    },
+    /// Fetching the source tag failed.
+    #[error("fetching tag ttkmd-{version} from {repository} failed ({status}): {log_tail}; check that the version exists as a release tag and that the repository is reachable from the node")]
+    Fetch {
+        /// Version requested.
+        version: String,
+        /// Repository URL or path.
+        repository: String,
+        /// Exit status text.
+        status: String,
+        /// The end of git's output.
+        log_tail: String,
+    },
+    /// `make modules` failed.
+    #[error("building tt-kmd {version} for kernel {release} failed ({status}); last build output:\n{log_tail}\ncheck that linux-headers-{release} and the compiler the kernel was built with are installed on the node")]
+    Build {
+        /// Version built.
+        version: String,
+        /// Kernel release built against.
+        release: String,
+        /// Exit status text.
+        status: String,
+        /// The end of the build log.
+        log_tail: String,
+    },
+    /// A fetch or build did not finish in time and was killed.
+    #[error("{action} timed out after {seconds} s and was killed; last output:\n{log_tail}\nraise the timeout or check the node's network and load")]
+    Timeout {
+        /// What was running, e.g. `building tt-kmd 2.8.0 for kernel 6.8.0-111-generic`.
+        action: String,
+        /// The timeout.
+        seconds: u64,
+        /// The end of its output.
+        log_tail: String,
+    },
+    /// A helper program (git, make) could not be started.
+    #[error("cannot run {program}: {source}; install {program} in the agent image")]
+    Spawn {
+        /// Program name.
+        program: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The build produced a module for another version or kernel than asked.
+    #[error("tag ttkmd-{version} built a module reporting version {} and vermagic {} instead of {version} for kernel {release}; check the tag's sources", shown(.found_version), shown(.found_vermagic))]
+    BuiltWrongModule {
+        /// Version asked for.
+        version: String,
+        /// Kernel release asked for.
+        release: String,
+        /// Version in the built module.
+        found_version: Option<String>,
+        /// Vermagic in the built module.
+        found_vermagic: Option<String>,
+    },
+    /// The `.ko` file is not a readable ELF module with a `.modinfo` section.
+    #[error("{} is not a usable kernel module: {reason}; rebuild it", .path.display())]
+    Modinfo {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A version wanted for rollback is not in the cache.
+    #[error("no verified tenstorrent.ko {version} for kernel {release} in the cache; install {version} again (it will be rebuilt)")]
+    NotCached {
+        /// Version looked up.
+        version: String,
+        /// Kernel release.
+        release: String,
+    },
+    /// A file operation failed.
+    #[error("cannot {action} {}: {source}; check that the host root is mounted read-write and has space", .path.display())]
+    Io {
+        /// What was being done, e.g. `write`.
+        action: &'static str,
+        /// The local path.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A lock file stayed locked by someone else for too long.
+    #[error("{} is still locked by another installer after {seconds} s; another agent may be building on this node: retry later", .path.display())]
+    LockTimeout {
+        /// The lock file.
+        path: PathBuf,
+        /// How long we waited.
+        seconds: u64,
+    },
+    /// Loading the new version failed; the previous version was loaded back.
+    #[error("loading {module} {version} failed and {module} {previous} was loaded back: {load_error}")]
+    RolledBack {
+        /// Module name.
+        module: String,
+        /// Version that failed to load.
+        version: String,
+        /// Version now loaded again.
+        previous: String,
+        /// Why loading `version` failed.
+        #[source]
+        load_error: Box<KmodError>,
+    },
+    /// Loading the new version failed and the previous version could not be loaded back either:
+    /// no version of the module is loaded now.
+    #[error("loading {module} {version} failed ({load_error}) and loading the previous version {} back failed too ({rollback_error}); no {module} module is loaded on this node now: fix the first error and install again", shown(.previous))]
+    RollbackFailed {
+        /// Module name.
+        module: String,
+        /// Version that failed to load.
+        version: String,
+        /// The version that was loaded before, when known.
+        previous: Option<String>,
+        /// Why loading `version` failed.
+        #[source]
+        load_error: Box<KmodError>,
+        /// Why loading `previous` back failed.
+        rollback_error: Box<KmodError>,
+    },
+}
+
+impl KmodError {
+    /// A short stable name for the error kind (for logs, metrics and condition reasons).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidVersion { .. } => "InvalidVersion",
+            Self::Probe(_) => "HostProbeFailed",
+            Self::InUse { .. } => "ModuleInUse",
+            Self::NotLoaded { .. } => "ModuleNotLoaded",
+            Self::AlreadyLoaded { .. } => "ModuleAlreadyLoaded",
+            Self::PermissionDenied { .. } => "PermissionDenied",
+            Self::SignatureRejected { .. } => "SignatureRejected",
+            Self::BadModule { .. } => "BadModule",
+            Self::Syscall { .. } => "SyscallFailed",
+            Self::HoldersRemain { .. } => "HoldersRemain",
+            Self::VersionAfterLoad { .. } => "VersionMismatchAfterLoad",
+            Self::HeadersMissing { .. } => "HeadersMissing",
+            Self::Fetch { .. } => "FetchFailed",
+            Self::Build { .. } => "BuildFailed",
+            Self::Timeout { .. } => "Timeout",
+            Self::Spawn { .. } => "ToolMissing",
+            Self::BuiltWrongModule { .. } => "BuiltWrongModule",
+            Self::Modinfo { .. } => "InvalidModuleFile",
+            Self::NotCached { .. } => "NotCached",
+            Self::Io { .. } => "IoError",
+            Self::LockTimeout { .. } => "LockTimeout",
+            Self::RolledBack { .. } => "LoadFailedRolledBack",
+            Self::RollbackFailed { .. } => "LoadFailedRollbackFailed",
+        }
+    }
+
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io { action, path: path.into(), source }
+    }
+}
+
+/// `2.8.0`, or `(unknown version)`.
+fn shown(version: &Option<String>) -> &str {
+    version.as_deref().unwrap_or("(unknown version)")
+}
+
+/// `holders: pid 12 (python3), pid 40 (tt-smi)` or `no holding process found`.
+fn holder_list(holders: &[DeviceHolder]) -> String {
+    if holders.is_empty() {
+        return "no holding process found".to_string();
+    }
+    let list: Vec<String> = holders.iter().map(|h| format!("pid {} ({})", h.pid, h.comm)).collect();
+    format!("holders: {}", list.join(", "))
+}

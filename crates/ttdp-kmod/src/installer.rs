@@ -1,0 +1,321 @@
+//! [`ModuleInstaller`]: status, ensure-`.ko`, unload, load and swap for one module on one host.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use ttdp_hostprobe::{HostRoot, kernel_release, signing_facts};
+
+use crate::install_report::{
+    CacheOutcome, EnsuredKo, SwapOptions, SwapOutcome, SwapReport, UnloadOptions, UnloadReport,
+};
+use crate::kernel::Kernel;
+use crate::ko_cache::{CacheLookup, CachedKo, KoCache};
+use crate::modinfo::ModInfo;
+use crate::source_build::{BuildOptions, build_module, millis};
+use crate::status::ModuleStatus;
+use crate::version::validate_version;
+use crate::{DEVICE_DIR, KmodError, MODULE_NAME};
+
+/// How often unload re-reads refcnt while waiting for it to reach 0.
+const REFCNT_POLL: Duration = Duration::from_millis(50);
+
+/// Settings of a [`ModuleInstaller`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallerConfig {
+    /// Module name (`tenstorrent`).
+    pub module: String,
+    /// Host directory of the module's device nodes (`/dev/tenstorrent`).
+    pub device_dir: PathBuf,
+    /// Where and how to fetch and build.
+    pub build: BuildOptions,
+    /// How long to wait for the cache lock (another agent building on the same node).
+    pub cache_lock_timeout: Duration,
+}
+
+impl Default for InstallerConfig {
+    fn default() -> Self {
+        Self {
+            module: MODULE_NAME.to_string(),
+            device_dir: PathBuf::from(DEVICE_DIR),
+            build: BuildOptions::default(),
+            cache_lock_timeout: Duration::from_secs(20 * 60),
+        }
+    }
+}
+
+/// Manages one module on one host through a [`Kernel`].
+///
+/// It does not check for a host-managed (DKMS) install: callers do that first with
+/// `ttdp_hostprobe::detect_host_install` and leave such hosts alone.
+#[derive(Debug)]
+pub struct ModuleInstaller<K> {
+    host: HostRoot,
+    kernel: K,
+    release: String,
+    cache: KoCache,
+    config: InstallerConfig,
+}
+
+impl<K: Kernel> ModuleInstaller<K> {
+    /// An installer for the host at `host`, reading its kernel release now.
+    pub fn new(host: HostRoot, kernel: K, config: InstallerConfig) -> Result<Self, KmodError> {
+        let release = kernel_release(&host)?;
+        let cache = KoCache::new(&host);
+        Ok(Self { host, kernel, release, cache, config })
+    }
+
+    /// The host root.
+    pub fn host(&self) -> &HostRoot {
+        &self.host
+    }
+
+    /// The kernel used for system calls.
+    pub fn kernel(&self) -> &K {
+        &self.kernel
+    }
+
+    /// The running kernel release the installer builds for.
+    pub fn release(&self) -> &str {
+        &self.release
+    }
+
+    /// The `.ko` cache.
+    pub fn cache(&self) -> &KoCache {
+        &self.cache
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &InstallerConfig {
+        &self.config
+    }
+
+    /// The module's current status.
+    pub fn status(&self) -> Result<ModuleStatus, KmodError> {
+        ModuleStatus::read(&self.host, &self.config.module, &self.config.device_dir)
+    }
+
+    /// Makes sure a verified `.ko` for `version` is in the cache: a verified hit is used as is; a
+    /// missing entry is fetched and built; an entry failing verification is removed and rebuilt.
+    /// Holds the cache lock throughout, so two agents on one node never build over each other.
+    /// Never touches the loaded module.
+    pub fn ensure_ko(&self, version: &str) -> Result<EnsuredKo, KmodError> {
+        validate_version(version)?;
+        let started = Instant::now();
+        let _lock = self.cache.lock(self.config.cache_lock_timeout)?;
+        let cache = match self.cache.lookup(&self.release, version)? {
+            CacheLookup::Hit(ko) => {
+                return Ok(EnsuredKo {
+                    ko,
+                    cache: CacheOutcome::Hit,
+                    fetch_ms: 0,
+                    build_ms: 0,
+                    elapsed_ms: millis(started.elapsed()),
+                });
+            }
+            CacheLookup::Miss => CacheOutcome::Miss,
+            CacheLookup::Invalid { reason } => {
+                self.cache.evict(&self.release, version)?;
+                CacheOutcome::Rebuilt { reason }
+            }
+        };
+        let built = build_module(&self.host, &self.release, version, &self.config.build)?;
+        let ko = self.cache.store(&built)?;
+        Ok(EnsuredKo { ko, cache, fetch_ms: built.fetch_ms, build_ms: built.build_ms, elapsed_ms: millis(started.elapsed()) })
+    }
+
+    /// Unloads the module. With holders: waits up to `options.wait` for refcnt 0, first sending
+    /// SIGKILL to every holder found in `/proc/*/fd` when `options.force`; fails with
+    /// [`KmodError::InUse`] (not forced) or [`KmodError::HoldersRemain`] (forced) if it stays in use.
+    pub fn unload(&self, options: &UnloadOptions) -> Result<UnloadReport, KmodError> {
+        let module = self.config.module.clone();
+        let status = self.status()?;
+        if !status.loaded {
+            return Err(KmodError::NotLoaded { module });
+        }
+        let version = status.version.clone();
+        let mut killed = Vec::new();
+        let started = Instant::now();
+        if status.in_use() && options.force {
+            for holder in &status.device_holders {
+                match self.kernel.kill(holder.pid) {
+                    Ok(()) => killed.push(holder.clone()),
+                    Err(e) if e.raw_os_error() == Some(Errno::ESRCH as i32) => {} // already gone
+                    Err(e) if e.raw_os_error() == Some(Errno::EPERM as i32) || e.kind() == io::ErrorKind::PermissionDenied => {
+                        return Err(KmodError::PermissionDenied { action: "kill holders of", module, version });
+                    }
+                    Err(source) => {
+                        return Err(KmodError::Syscall { action: "kill holders", module, version, source });
+                    }
+                }
+            }
+        }
+        let mut status = status;
+        while status.in_use() && started.elapsed() < options.wait {
+            std::thread::sleep(REFCNT_POLL.min(options.wait.saturating_sub(started.elapsed())));
+            status = self.status()?;
+        }
+        let killed_pids: Vec<i32> = killed.iter().map(|h| h.pid).collect();
+        let in_use_error = |status: ModuleStatus| {
+            if options.force {
+                KmodError::HoldersRemain {
+                    module: status.name,
+                    version: status.version,
+                    refcnt: status.refcnt.unwrap_or(0),
+                    killed: killed_pids.clone(),
+                    left: status.device_holders,
+                }
+            } else {
+                KmodError::InUse {
+                    module: status.name,
+                    version: status.version,
+                    refcnt: status.refcnt.unwrap_or(0),
+                    holders: status.device_holders,
+                }
+            }
+        };
+        if status.in_use() {
+            return Err(in_use_error(status));
+        }
+        let waited_ms = millis(started.elapsed());
+        match self.kernel.unload(&module) {
+            Ok(()) => Ok(UnloadReport { version, killed, waited_ms }),
+            Err(e) => Err(match errno(&e) {
+                Some(Errno::EAGAIN) => in_use_error(self.status()?),
+                Some(Errno::ENOENT) => KmodError::NotLoaded { module },
+                Some(Errno::EPERM) => KmodError::PermissionDenied { action: "unload", module, version },
+                _ => KmodError::Syscall { action: "unload", module, version, source: e },
+            }),
+        }
+    }
+
+    /// Loads a cached `.ko` with `params` and checks that sysfs then reports its version. A `.ko`
+    /// the kernel rejects as invalid is removed from the cache so the next attempt rebuilds it.
+    pub fn load(&self, ko: &CachedKo, params: &str) -> Result<(), KmodError> {
+        self.load_file(&ko.path, &ko.record.version, params).inspect_err(|e| {
+            if matches!(e, KmodError::BadModule { .. }) {
+                let _ = self.cache.evict(&self.release, &ko.record.version);
+            }
+        })
+    }
+
+    /// Loads the module file at `path`, expected to be `version`, and verifies the loaded version.
+    pub fn load_file(&self, path: &Path, version: &str, params: &str) -> Result<(), KmodError> {
+        let module = self.config.module.clone();
+        if let Err(e) = self.kernel.load(path, params) {
+            return Err(match errno(&e) {
+                Some(Errno::EEXIST) => KmodError::AlreadyLoaded {
+                    module,
+                    loaded: self.status().ok().and_then(|s| s.version),
+                    wanted: version.to_string(),
+                },
+                Some(Errno::ENOEXEC | Errno::EINVAL) => KmodError::BadModule {
+                    module,
+                    version: version.to_string(),
+                    release: self.release.clone(),
+                    path: path.to_path_buf(),
+                    vermagic: ModInfo::from_file(path).ok().and_then(|i| i.vermagic().map(str::to_string)),
+                    source: e,
+                },
+                Some(Errno::EKEYREJECTED | Errno::ENOKEY | Errno::EBADMSG) => {
+                    KmodError::SignatureRejected { module, version: version.to_string(), source: e }
+                }
+                Some(Errno::EPERM) => {
+                    let enforced = signing_facts(&self.host).is_ok_and(|f| !f.unsigned_modules_load());
+                    if enforced {
+                        KmodError::SignatureRejected { module, version: version.to_string(), source: e }
+                    } else {
+                        KmodError::PermissionDenied { action: "load", module, version: Some(version.to_string()) }
+                    }
+                }
+                _ => KmodError::Syscall { action: "load", module, version: Some(version.to_string()), source: e },
+            });
+        }
+        let found = self.status()?.loaded_version().map(str::to_string);
+        if found.as_deref() != Some(version) {
+            return Err(KmodError::VersionAfterLoad { module, expected: version.to_string(), found });
+        }
+        Ok(())
+    }
+
+    /// Makes `version` the loaded module: ensures its `.ko` first (so a failed build never unloads
+    /// a working module), then unloads the old module (see [`ModuleInstaller::unload`]) and loads
+    /// the new one. If loading fails, the previous version is loaded back from the cache and the
+    /// error reports both outcomes ([`KmodError::RolledBack`] or [`KmodError::RollbackFailed`]).
+    pub fn swap(&self, version: &str, options: &SwapOptions) -> Result<SwapReport, KmodError> {
+        validate_version(version)?;
+        let started = Instant::now();
+        let status = self.status()?;
+        let probe_ms = millis(started.elapsed());
+        let previous = status.loaded_version().map(str::to_string);
+        let mut report = SwapReport {
+            version: version.to_string(),
+            previous: previous.clone(),
+            outcome: SwapOutcome::AlreadyLoaded,
+            cache: None,
+            killed: Vec::new(),
+            probe_ms,
+            build_ms: 0,
+            unload_ms: 0,
+            load_ms: 0,
+            total_ms: 0,
+        };
+        if previous.as_deref() == Some(version) {
+            report.total_ms = millis(started.elapsed());
+            return Ok(report);
+        }
+
+        let step = Instant::now();
+        let ensured = self.ensure_ko(version)?;
+        report.build_ms = millis(step.elapsed());
+        report.cache = Some(ensured.cache.clone());
+
+        let step = Instant::now();
+        report.outcome = if status.loaded {
+            report.killed = self.unload(&options.unload)?.killed;
+            SwapOutcome::Replaced
+        } else {
+            SwapOutcome::Installed
+        };
+        report.unload_ms = millis(step.elapsed());
+
+        let step = Instant::now();
+        if let Err(load_error) = self.load(&ensured.ko, &options.params) {
+            return Err(self.roll_back(version, previous, load_error, &options.params));
+        }
+        report.load_ms = millis(step.elapsed());
+        report.total_ms = millis(started.elapsed());
+        Ok(report)
+    }
+
+    /// After `version` failed to load: loads `previous` back from the cache, and says what happened.
+    fn roll_back(&self, version: &str, previous: Option<String>, load_error: KmodError, params: &str) -> KmodError {
+        let module = self.config.module.clone();
+        let load_error = Box::new(load_error);
+        let Some(previous_version) = previous.clone() else {
+            // nothing was loaded before: there is nothing to roll back to
+            return *load_error;
+        };
+        let rollback = match self.cache.lookup(&self.release, &previous_version) {
+            Ok(CacheLookup::Hit(ko)) => self.load(&ko, params),
+            Ok(_) => Err(KmodError::NotCached { version: previous_version.clone(), release: self.release.clone() }),
+            Err(e) => Err(e),
+        };
+        match rollback {
+            Ok(()) => KmodError::RolledBack { module, version: version.to_string(), previous: previous_version, load_error },
+            Err(rollback_error) => KmodError::RollbackFailed {
+                module,
+                version: version.to_string(),
+                previous,
+                load_error,
+                rollback_error: Box::new(rollback_error),
+            },
+        }
+    }
+}
+
+/// The errno carried by a kernel error.
+fn errno(e: &io::Error) -> Option<Errno> {
+    e.raw_os_error().map(Errno::from_raw)
+}

@@ -1,0 +1,206 @@
+//! [`KoCache`]: built modules kept at `/var/cache/tt-kmd/<release>/<version>/tenstorrent.ko`,
+//! written atomically, with a sidecar `tenstorrent.ko.json` ([`KoRecord`]) that lets every hit be
+//! verified before it is trusted.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use ttdp_hostprobe::HostRoot;
+
+use crate::file_lock::FileLock;
+use crate::modinfo::ModInfo;
+use crate::source_build::BuiltModule;
+use crate::version::validate_version;
+use crate::{KO_FILE_NAME, KmodError};
+
+/// Host path of the cache.
+pub const CACHE_DIR: &str = "/var/cache/tt-kmd";
+/// Sidecar file name, next to the `.ko`.
+pub const RECORD_FILE_NAME: &str = "tenstorrent.ko.json";
+/// Lock file name, at the top of the cache.
+const LOCK_FILE_NAME: &str = ".lock";
+
+/// What the cache knows about one `.ko`: its checksum and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KoRecord {
+    /// tt-kmd version.
+    pub version: String,
+    /// Kernel release it was built for.
+    pub kernel_release: String,
+    /// Hex sha256 of the `.ko`.
+    pub sha256: String,
+    /// The `.ko`'s vermagic.
+    pub vermagic: String,
+    /// The `.ko`'s srcversion, when it has one.
+    pub srcversion: Option<String>,
+    /// Repository the sources came from.
+    pub source_repository: String,
+    /// Commit of tag `ttkmd-<version>` that was built.
+    pub source_commit: String,
+    /// When it was built.
+    pub built_at: jiff::Timestamp,
+}
+
+/// A verified cache entry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CachedKo {
+    /// Local path of the `.ko`.
+    pub path: PathBuf,
+    /// Its sidecar record.
+    pub record: KoRecord,
+}
+
+/// The result of a cache lookup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheLookup {
+    /// A verified entry: checksum, version and vermagic all match.
+    Hit(CachedKo),
+    /// Nothing cached for this release and version.
+    Miss,
+    /// Something is cached but must not be loaded; `reason` says why.
+    Invalid {
+        /// What failed verification.
+        reason: String,
+    },
+}
+
+/// The `.ko` cache under a host root.
+#[derive(Debug, Clone)]
+pub struct KoCache {
+    dir: PathBuf,
+}
+
+impl KoCache {
+    /// The cache at [`CACHE_DIR`] under `host`.
+    pub fn new(host: &HostRoot) -> Self {
+        Self { dir: host.path(CACHE_DIR) }
+    }
+
+    /// The local cache directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Local path of the `.ko` for `release` and `version` (whether or not it exists).
+    pub fn ko_path(&self, release: &str, version: &str) -> PathBuf {
+        self.entry_dir(release, version).join(KO_FILE_NAME)
+    }
+
+    fn entry_dir(&self, release: &str, version: &str) -> PathBuf {
+        self.dir.join(release).join(version)
+    }
+
+    /// Takes the cache's exclusive lock, waiting at most `timeout` (another agent may be building).
+    pub fn lock(&self, timeout: Duration) -> Result<FileLock, KmodError> {
+        FileLock::acquire(&self.dir.join(LOCK_FILE_NAME), timeout)
+    }
+
+    /// Looks up and verifies the entry for `release` and `version`.
+    pub fn lookup(&self, release: &str, version: &str) -> Result<CacheLookup, KmodError> {
+        validate_version(version)?;
+        let ko = self.ko_path(release, version);
+        let record_path = self.entry_dir(release, version).join(RECORD_FILE_NAME);
+        let (ko_exists, record_exists) = (ko.exists(), record_path.exists());
+        if !ko_exists && !record_exists {
+            return Ok(CacheLookup::Miss);
+        }
+        let invalid = |reason: String| Ok(CacheLookup::Invalid { reason });
+        if !ko_exists {
+            return invalid(format!("{} is missing", ko.display()));
+        }
+        if !record_exists {
+            return invalid(format!("{} is missing", record_path.display()));
+        }
+        let text = std::fs::read_to_string(&record_path).map_err(|e| KmodError::io("read", &record_path, e))?;
+        let record: KoRecord = match serde_json::from_str(&text) {
+            Ok(record) => record,
+            Err(e) => return invalid(format!("{} is not a valid record: {e}", record_path.display())),
+        };
+        let bytes = std::fs::read(&ko).map_err(|e| KmodError::io("read", &ko, e))?;
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        if sha256 != record.sha256 {
+            return invalid(format!("checksum mismatch: file has sha256 {sha256}, record says {}", record.sha256));
+        }
+        let info = match ModInfo::parse(&bytes) {
+            Ok(info) => info,
+            Err(reason) => return invalid(format!("{}: {reason}", ko.display())),
+        };
+        if info.version() != Some(version) || record.version != version {
+            return invalid(format!("module declares version {:?}, expected {version}", info.version()));
+        }
+        if info.vermagic_release() != Some(release) || record.kernel_release != release {
+            return invalid(format!("module vermagic {:?} does not match kernel {release}", info.vermagic()));
+        }
+        Ok(CacheLookup::Hit(CachedKo { path: ko, record }))
+    }
+
+    /// Stores a freshly built module atomically (temporary file, fsync, rename; the record last)
+    /// and returns the new entry. Callers hold [`KoCache::lock`].
+    pub fn store(&self, built: &BuiltModule) -> Result<CachedKo, KmodError> {
+        validate_version(&built.version)?;
+        let bytes = std::fs::read(&built.ko_path).map_err(|e| KmodError::io("read", &built.ko_path, e))?;
+        let record = KoRecord {
+            version: built.version.clone(),
+            kernel_release: built.release.clone(),
+            sha256: hex::encode(Sha256::digest(&bytes)),
+            vermagic: built.modinfo.vermagic().unwrap_or_default().to_string(),
+            srcversion: built.modinfo.srcversion().map(str::to_string),
+            source_repository: built.repository.clone(),
+            source_commit: built.source_commit.clone(),
+            built_at: jiff::Timestamp::now(),
+        };
+        let dir = self.entry_dir(&built.release, &built.version);
+        std::fs::create_dir_all(&dir).map_err(|e| KmodError::io("create", &dir, e))?;
+        // a stale record must never describe the new file, even for a moment
+        remove_if_present(&dir.join(RECORD_FILE_NAME))?;
+        write_atomically(&dir, KO_FILE_NAME, &bytes)?;
+        let json = serde_json::to_vec_pretty(&record)
+            .map_err(|e| KmodError::io("encode", dir.join(RECORD_FILE_NAME), std::io::Error::other(e)))?;
+        write_atomically(&dir, RECORD_FILE_NAME, &json)?;
+        std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| KmodError::io("sync", &dir, e))?;
+        Ok(CachedKo { path: dir.join(KO_FILE_NAME), record })
+    }
+
+    /// Removes the entry for `release` and `version` (used for entries that failed verification).
+    pub fn evict(&self, release: &str, version: &str) -> Result<(), KmodError> {
+        validate_version(version)?;
+        let dir = self.entry_dir(release, version);
+        remove_if_present(&dir.join(RECORD_FILE_NAME))?;
+        remove_if_present(&dir.join(KO_FILE_NAME))
+    }
+
+    /// Versions with a `.ko` cached for `release` (verified or not), sorted.
+    pub fn versions(&self, release: &str) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join(release)) else { return Vec::new() };
+        let mut versions: Vec<String> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.path().join(KO_FILE_NAME).is_file())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        versions.sort();
+        versions
+    }
+}
+
+/// Writes `dir/name` through a temporary file in `dir`, fsynced, then renamed over the target.
+fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), KmodError> {
+    let target = dir.join(name);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .tempfile_in(dir)
+        .map_err(|e| KmodError::io("create a temporary file in", dir, e))?;
+    tmp.write_all(bytes).and_then(|()| tmp.as_file().sync_all()).map_err(|e| KmodError::io("write", tmp.path(), e))?;
+    tmp.persist(&target).map_err(|e| KmodError::io("rename into", &target, e.error))?;
+    Ok(())
+}
+
+fn remove_if_present(path: &Path) -> Result<(), KmodError> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(KmodError::io("remove", path, e)),
+        _ => Ok(()),
+    }
+}

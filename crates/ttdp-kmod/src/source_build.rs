@@ -1,0 +1,197 @@
+//! Fetching a tt-kmd release tag and building it against the host's kernel build tree.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use ttdp_hostprobe::{HostRoot, build_tree};
+
+use crate::modinfo::ModInfo;
+use crate::timed_command::{log_tail, run_logged};
+use crate::version::{release_tag, validate_version};
+use crate::{KO_FILE_NAME, KmodError};
+
+/// The public tt-kmd repository.
+pub const DEFAULT_REPOSITORY: &str = "https://github.com/tenstorrent/tt-kmd.git";
+/// How many log lines an error message quotes.
+const LOG_TAIL_LINES: usize = 25;
+
+/// Where to fetch sources from and how to build them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildOptions {
+    /// Git repository URL or local path (`file://` URLs and plain paths work).
+    pub repository: String,
+    /// `make -j` job count.
+    pub jobs: usize,
+    /// Limit for `git clone`.
+    pub fetch_timeout: Duration,
+    /// Limit for `make modules`.
+    pub build_timeout: Duration,
+    /// Extra `make` arguments, e.g. `CC=x86_64-linux-gnu-gcc-12`.
+    pub make_args: Vec<String>,
+    /// Where to create the temporary source directory (`None`: the system temporary directory).
+    pub work_dir: Option<PathBuf>,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        Self {
+            repository: DEFAULT_REPOSITORY.to_string(),
+            jobs: std::thread::available_parallelism().map(usize::from).unwrap_or(1),
+            fetch_timeout: Duration::from_secs(300),
+            build_timeout: Duration::from_secs(900),
+            make_args: Vec::new(),
+            work_dir: None,
+        }
+    }
+}
+
+/// A freshly built module, in a temporary directory removed on drop.
+#[derive(Debug)]
+pub struct BuiltModule {
+    /// The tt-kmd version built.
+    pub version: String,
+    /// The kernel release built against.
+    pub release: String,
+    /// The built `.ko`.
+    pub ko_path: PathBuf,
+    /// Its `.modinfo`.
+    pub modinfo: ModInfo,
+    /// The repository fetched from.
+    pub repository: String,
+    /// The commit the tag pointed at.
+    pub source_commit: String,
+    /// git's and make's output.
+    pub log: String,
+    /// Time spent fetching, in milliseconds.
+    pub fetch_ms: u64,
+    /// Time spent building, in milliseconds.
+    pub build_ms: u64,
+    _work: tempfile::TempDir,
+}
+
+/// Clones tag `ttkmd-<version>` of `repository` (depth 1) into `dest`, which must not exist, and
+/// returns the commit it points at plus git's output.
+pub fn fetch_source(
+    repository: &str,
+    version: &str,
+    dest: &Path,
+    timeout: Duration,
+) -> Result<(String, String), KmodError> {
+    validate_version(version)?;
+    let mut clone = Command::new("git");
+    clone
+        .args(["clone", "--quiet", "--depth", "1", "--branch", &release_tag(version), "--", repository])
+        .arg(dest)
+        .env("GIT_TERMINAL_PROMPT", "0");
+    let run = run_logged(clone, "git", timeout)?;
+    if run.timed_out {
+        return Err(KmodError::Timeout {
+            action: format!("fetching tag {} from {repository}", release_tag(version)),
+            seconds: timeout.as_secs(),
+            log_tail: log_tail(&run.log, LOG_TAIL_LINES),
+        });
+    }
+    if !run.success {
+        return Err(KmodError::Fetch {
+            version: version.to_string(),
+            repository: repository.to_string(),
+            status: run.status,
+            log_tail: log_tail(&run.log, LOG_TAIL_LINES),
+        });
+    }
+    let mut rev_parse = Command::new("git");
+    rev_parse.arg("-C").arg(dest).args(["rev-parse", "HEAD"]);
+    let head = run_logged(rev_parse, "git", timeout)?;
+    if !head.success {
+        return Err(KmodError::Fetch {
+            version: version.to_string(),
+            repository: repository.to_string(),
+            status: head.status,
+            log_tail: log_tail(&head.log, LOG_TAIL_LINES),
+        });
+    }
+    Ok((head.log.trim().to_string(), run.log))
+}
+
+/// Fetches tag `ttkmd-<version>` and runs `make -C <build tree> M=<source> -j<jobs> modules`
+/// against the host's build tree for `release` (never the source's own Makefile, which would ask
+/// the container's `uname -r`). Checks that the result declares `version` and was built for
+/// `release`.
+pub fn build_module(
+    host: &HostRoot,
+    release: &str,
+    version: &str,
+    options: &BuildOptions,
+) -> Result<BuiltModule, KmodError> {
+    validate_version(version)?;
+    let tree = build_tree(host, release);
+    let Some(tree_dir) = tree.usable_dir() else {
+        return Err(KmodError::HeadersMissing { release: release.to_string(), host_path: tree.host_path });
+    };
+    let work = match &options.work_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| KmodError::io("create", dir, e))?;
+            tempfile::Builder::new().prefix("tt-kmd-build-").tempdir_in(dir)
+        }
+        None => tempfile::Builder::new().prefix("tt-kmd-build-").tempdir(),
+    }
+    .map_err(|e| KmodError::io("create a temporary directory in", options.work_dir.clone().unwrap_or_default(), e))?;
+    let src = work.path().join("tt-kmd");
+    let started = std::time::Instant::now();
+    let (commit, fetch_log) = fetch_source(&options.repository, version, &src, options.fetch_timeout)?;
+    let fetch_ms = millis(started.elapsed());
+
+    let mut make = Command::new("make");
+    make.arg("-C")
+        .arg(tree_dir)
+        .arg(format!("M={}", src.display()))
+        .arg(format!("-j{}", options.jobs.max(1)))
+        .args(&options.make_args)
+        .arg("modules");
+    let run = run_logged(make, "make", options.build_timeout)?;
+    let log = format!("{fetch_log}{}", run.log);
+    if run.timed_out {
+        return Err(KmodError::Timeout {
+            action: format!("building tt-kmd {version} for kernel {release}"),
+            seconds: options.build_timeout.as_secs(),
+            log_tail: log_tail(&run.log, LOG_TAIL_LINES),
+        });
+    }
+    let ko_path = src.join(KO_FILE_NAME);
+    if !run.success || !ko_path.is_file() {
+        let status = if run.success { format!("no {KO_FILE_NAME} produced") } else { run.status };
+        return Err(KmodError::Build {
+            version: version.to_string(),
+            release: release.to_string(),
+            status,
+            log_tail: log_tail(&run.log, LOG_TAIL_LINES),
+        });
+    }
+    let modinfo = ModInfo::from_file(&ko_path)?;
+    if modinfo.version() != Some(version) || modinfo.vermagic_release() != Some(release) {
+        return Err(KmodError::BuiltWrongModule {
+            version: version.to_string(),
+            release: release.to_string(),
+            found_version: modinfo.version().map(str::to_string),
+            found_vermagic: modinfo.vermagic().map(str::to_string),
+        });
+    }
+    Ok(BuiltModule {
+        version: version.to_string(),
+        release: release.to_string(),
+        ko_path,
+        modinfo,
+        repository: options.repository.clone(),
+        source_commit: commit,
+        log,
+        fetch_ms,
+        build_ms: millis(run.elapsed),
+        _work: work,
+    })
+}
+
+/// Whole milliseconds, saturating.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,140 @@
+//! [`ModuleStatus`]: what sysfs and `/proc` say about a module right now.
+
+use std::path::{Path, PathBuf};
+
+use ttdp_hostprobe::HostRoot;
+
+use crate::KmodError;
+use crate::holders::{DeviceHolder, find_device_holders};
+
+/// The state of one module, read from `/sys/module/<name>/` and `/proc/*/fd` under the host root.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleStatus {
+    /// Module name, e.g. `tenstorrent`.
+    pub name: String,
+    /// Whether the module is loaded (sysfs has its `initstate`).
+    pub loaded: bool,
+    /// `version`, when the module declares one.
+    pub version: Option<String>,
+    /// `srcversion`, when present.
+    pub srcversion: Option<String>,
+    /// `refcnt`: open references (each open device file counts).
+    pub refcnt: Option<u32>,
+    /// `initstate`: `live`, `coming` or `going`.
+    pub initstate: Option<String>,
+    /// Modules that depend on this one (`holders/`).
+    pub module_holders: Vec<String>,
+    /// Processes holding the module's device nodes open.
+    pub device_holders: Vec<DeviceHolder>,
+}
+
+impl ModuleStatus {
+    /// Reads the status of module `name`, looking for holders of files under `device_dir`
+    /// (the device's character-device name is taken to be the module name).
+    pub fn read(host: &HostRoot, name: &str, device_dir: &Path) -> Result<Self, KmodError> {
+        let dir = host.path(format!("/sys/module/{name}"));
+        let field = |file: &str| read_field(&dir.join(file));
+        let initstate = field("initstate")?;
+        let refcnt = match field("refcnt")? {
+            Some(text) => Some(text.parse::<u32>().map_err(|e| KmodError::Io {
+                action: "parse",
+                path: dir.join("refcnt"),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            })?),
+            None => None,
+        };
+        let module_holders = match std::fs::read_dir(dir.join("holders")) {
+            Ok(entries) => {
+                let mut names: Vec<String> =
+                    entries.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+                names.sort();
+                names
+            }
+            Err(_) => Vec::new(),
+        };
+        Ok(Self {
+            name: name.to_string(),
+            loaded: initstate.is_some(),
+            version: field("version")?,
+            srcversion: field("srcversion")?,
+            refcnt,
+            initstate,
+            module_holders,
+            device_holders: find_device_holders(host, device_dir, name),
+        })
+    }
+
+    /// Whether something holds the module (refcnt above 0, a dependent module or a device holder).
+    pub fn in_use(&self) -> bool {
+        self.refcnt.unwrap_or(0) > 0 || !self.module_holders.is_empty() || !self.device_holders.is_empty()
+    }
+
+    /// The loaded version, `None` when not loaded.
+    pub fn loaded_version(&self) -> Option<&str> {
+        if self.loaded { self.version.as_deref() } else { None }
+    }
+}
+
+/// A trimmed sysfs attribute, `None` when the file does not exist.
+fn read_field(path: &PathBuf) -> Result<Option<String>, KmodError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text.trim().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(KmodError::io("read", path, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(root: &HostRoot, path: &str, text: &str) {
+        let p = root.path(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn a_loaded_module_reports_version_refcnt_and_holders() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = HostRoot::new(dir.path());
+        write(&root, "/sys/module/tenstorrent/version", "2.8.0\n");
+        write(&root, "/sys/module/tenstorrent/srcversion", "ABCDEF\n");
+        write(&root, "/sys/module/tenstorrent/refcnt", "1\n");
+        write(&root, "/sys/module/tenstorrent/initstate", "live\n");
+        std::fs::create_dir_all(root.path("/sys/module/tenstorrent/holders/tt_helper")).unwrap();
+        write(&root, "/proc/77/comm", "train\n");
+        std::fs::create_dir_all(root.path("/proc/77/fd")).unwrap();
+        std::os::unix::fs::symlink("/dev/tenstorrent/0", root.path("/proc/77/fd/4")).unwrap();
+
+        let status = ModuleStatus::read(&root, "tenstorrent", Path::new("/dev/tenstorrent")).unwrap();
+        assert!(status.loaded && status.in_use());
+        assert_eq!(status.loaded_version(), Some("2.8.0"));
+        assert_eq!(status.srcversion.as_deref(), Some("ABCDEF"));
+        assert_eq!(status.refcnt, Some(1));
+        assert_eq!(status.initstate.as_deref(), Some("live"));
+        assert_eq!(status.module_holders, vec!["tt_helper".to_string()]);
+        assert_eq!(status.device_holders.len(), 1);
+        assert_eq!((status.device_holders[0].pid, status.device_holders[0].comm.as_str()), (77, "train"));
+    }
+
+    #[test]
+    fn an_absent_module_is_not_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let status =
+            ModuleStatus::read(&HostRoot::new(dir.path()), "tenstorrent", Path::new("/dev/tenstorrent")).unwrap();
+        assert!(!status.loaded && !status.in_use());
+        assert_eq!(status.loaded_version(), None);
+    }
+
+    #[test]
+    fn a_garbled_refcnt_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = HostRoot::new(dir.path());
+        write(&root, "/sys/module/tenstorrent/initstate", "live\n");
+        write(&root, "/sys/module/tenstorrent/refcnt", "many\n");
+        let err = ModuleStatus::read(&root, "tenstorrent", Path::new("/dev/tenstorrent")).unwrap_err();
+        assert!(err.to_string().contains("sys/module/tenstorrent/refcnt"), "{err}");
+    }
+}
