@@ -1,0 +1,3 @@
+//! The `driver.tenstorrent.com` API group, one file per version.
+
+pub mod v1alpha1;

@@ -1,0 +1,497 @@
+//! `driver.tenstorrent.com/v1alpha1`: the `TenstorrentDriverPolicy` custom resource.
+//!
+//! Defaults live both here (serde) and in the generated schema, so `kubectl get ttdp -o yaml`
+//! shows them. Validation rules are CEL (`x-kubernetes-validations`) in the schema; the one
+//! thing CEL cannot check, the `podSelectorLabel` grammar, is checked by
+//! [`TenstorrentDriverPolicySpec::validate`] and reported by the controller as `InvalidSpec`.
+
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::selector::{Selector, SelectorError};
+
+/// Regular expression (RE2, as used in the CEL rules) for a label key.
+pub const LABEL_KEY_PATTERN: &str = "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+/// Regular expression (RE2) for a label value.
+pub const LABEL_VALUE_PATTERN: &str = "^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$";
+/// Regular expression for `spec.version`.
+pub const VERSION_PATTERN: &str = "^[0-9]+[.][0-9]+[.][0-9]+$";
+
+/// Desired state: which tt-kmd version runs on which Tenstorrent nodes, and how to get there.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "driver.tenstorrent.com",
+    version = "v1alpha1",
+    kind = "TenstorrentDriverPolicy",
+    plural = "tenstorrentdriverpolicies",
+    singular = "tenstorrentdriverpolicy",
+    shortname = "ttdp",
+    category = "tenstorrent",
+    status = "TenstorrentDriverPolicyStatus",
+    derive = "PartialEq",
+    doc = "Installs and upgrades the tt-kmd kernel driver on the Tenstorrent nodes it selects.",
+    printcolumn(name = "Version", type_ = "string", json_path = ".spec.version"),
+    printcolumn(name = "Matched", type_ = "integer", json_path = ".status.summary.matched"),
+    printcolumn(name = "UpToDate", type_ = "integer", json_path = ".status.summary.upToDate"),
+    printcolumn(name = "InProgress", type_ = "integer", json_path = ".status.summary.inProgress"),
+    printcolumn(name = "Failed", type_ = "integer", json_path = ".status.summary.failed"),
+    printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.paused"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("size(self.metadata.name) <= 57").message(
+        "metadata.name must be at most 57 characters: the DaemonSet ttdrv-<name> must fit in 63"
+    ),
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.nodeAffinity) != has(self.nodeSelector)").message(
+    "set exactly one of spec.nodeAffinity and spec.nodeSelector (a deprecated alias); use nodeAffinity: {} to select every Tenstorrent node"
+))]
+pub struct TenstorrentDriverPolicySpec {
+    /// tt-kmd release tag without the `ttkmd-` prefix, e.g. `2.8.0`.
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+[.][0-9]+[.][0-9]+$')").message(
+        "spec.version must be a tt-kmd release like 2.8.0 (MAJOR.MINOR.PATCH, without the ttkmd- prefix)"
+    ))]
+    pub version: String,
+
+    /// Which nodes to manage, a standard label selector (`matchLabels` and/or
+    /// `matchExpressions`). `{}` selects all nodes; it is always ANDed with the Node Feature
+    /// Discovery label of Tenstorrent devices and with "no `driver.tenstorrent.com/skip` label".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "label_selector_schema")]
+    pub node_affinity: Option<metav1::LabelSelector>,
+
+    /// Deprecated alias of `nodeAffinity` (same shape). Set one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "label_selector_schema")]
+    pub node_selector: Option<metav1::LabelSelector>,
+
+    /// Soft stop: no node starts a new upgrade step; steps in flight finish; the DaemonSet keeps
+    /// running.
+    #[serde(default)]
+    pub paused: bool,
+
+    /// How upgrades proceed node by node.
+    #[serde(default)]
+    pub upgrade_policy: UpgradePolicy,
+
+    /// Builder (agent) image overrides.
+    #[serde(default)]
+    pub installer: Installer,
+}
+
+/// How a version change is rolled out.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradePolicy {
+    /// Cordon and drain before swapping the module.
+    #[serde(default)]
+    pub drain: DrainPolicy,
+
+    /// Last resort: SIGKILL every process still holding `/dev/tenstorrent` after the drain,
+    /// before unloading the module.
+    #[serde(default)]
+    pub force_unload: bool,
+
+    /// How many nodes may be between Cordoning and Uncordoning at once: an integer >= 1 or a
+    /// percentage of matched nodes such as `"25%"` (rounded down, at least 1).
+    #[serde(default = "default_max_unavailable")]
+    #[x_kube(validation = Rule::new("string(self).matches('^([1-9][0-9]*|([1-9][0-9]?|100)%)$')").message(
+        "spec.upgradePolicy.maxUnavailable must be an integer >= 1 or a percentage from 1% to 100% such as \"25%\""
+    ))]
+    pub max_unavailable: IntOrString,
+}
+
+/// The two-pass drain before a node's module is swapped.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainPolicy {
+    /// Pass 1: cordon and evict pods that use `/dev/tenstorrent`. `false` skips Cordoning and
+    /// Draining entirely.
+    #[serde(default = "yes")]
+    pub enable: bool,
+
+    /// Pass 2: full `kubectl drain` semantics on the cordoned node (every pod not managed by a
+    /// DaemonSet), which catches containers that reach the device without a hostPath mount.
+    #[serde(default = "yes")]
+    pub full_node: bool,
+
+    /// Restricts pass 2 to pods matching this label selector (`key=value`, `key`,
+    /// `key notin (a,b)`, ...). Empty: every pod.
+    #[serde(default)]
+    #[schemars(length(max = 1024))]
+    pub pod_selector_label: String,
+
+    /// Evict bare pods (no controller) instead of refusing to drain. Applies to both passes.
+    #[serde(default)]
+    pub force: bool,
+
+    /// Pass 2 evicts pods with `emptyDir` volumes (their data is lost).
+    #[serde(default = "yes")]
+    pub delete_empty_dir: bool,
+
+    /// Per-node drain deadline in seconds.
+    #[serde(default = "default_timeout_seconds")]
+    #[x_kube(validation = Rule::new("self >= 1").message(
+        "spec.upgradePolicy.drain.timeoutSeconds must be at least 1"
+    ))]
+    pub timeout_seconds: i64,
+}
+
+/// Per-policy override of the builder (agent) image.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Installer {
+    /// The builder image; the chart's `driver.image` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+
+    /// `Always`, `IfNotPresent` or `Never`.
+    #[serde(default = "default_pull_policy")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self in ['Always', 'IfNotPresent', 'Never']").message(
+        "spec.installer.imagePullPolicy must be one of Always, IfNotPresent, Never"
+    ))]
+    pub image_pull_policy: String,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_timeout_seconds() -> i64 {
+    600
+}
+fn default_max_unavailable() -> IntOrString {
+    IntOrString::Int(1)
+}
+fn default_pull_policy() -> String {
+    "IfNotPresent".to_owned()
+}
+
+impl Default for UpgradePolicy {
+    fn default() -> Self {
+        Self {
+            drain: DrainPolicy::default(),
+            force_unload: false,
+            max_unavailable: default_max_unavailable(),
+        }
+    }
+}
+
+impl Default for DrainPolicy {
+    fn default() -> Self {
+        Self {
+            enable: true,
+            full_node: true,
+            pod_selector_label: String::new(),
+            force: false,
+            delete_empty_dir: true,
+            timeout_seconds: default_timeout_seconds(),
+        }
+    }
+}
+
+impl Default for Installer {
+    fn default() -> Self {
+        Self {
+            image: None,
+            image_pull_policy: default_pull_policy(),
+        }
+    }
+}
+
+/// The OpenAPI schema of a `metav1.LabelSelector`, bounded (so the API server can estimate the
+/// cost of the CEL rules) and with rules that every key, value and operator is well formed.
+fn label_selector_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let key_rule = format!("self.matches('{LABEL_KEY_PATTERN}')");
+    let value_rule = format!("self.matches('{LABEL_VALUE_PATTERN}')");
+    let key_msg = "label keys must be an optional DNS-subdomain prefix and '/', then 1-63 alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric";
+    let value_msg = "label values must be at most 63 alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric";
+    let value = serde_json::json!({"type": "string", "maxLength": 63,
+        "x-kubernetes-validations": [{"rule": value_rule, "message": value_msg}]});
+    schemars::json_schema!({
+        "description": "A label selector: matchLabels AND matchExpressions. {} selects everything.",
+        "type": "object",
+        "properties": {
+            "matchLabels": {
+                "type": "object",
+                "maxProperties": 64,
+                "additionalProperties": value,
+                "x-kubernetes-validations": [{
+                    "rule": format!("self.all(k, k.matches('{LABEL_KEY_PATTERN}'))"),
+                    "message": key_msg,
+                }],
+            },
+            "matchExpressions": {
+                "type": "array",
+                "maxItems": 32,
+                "items": {
+                    "type": "object",
+                    "required": ["key", "operator"],
+                    "properties": {
+                        "key": {"type": "string", "maxLength": 317,
+                            "x-kubernetes-validations": [{"rule": key_rule, "message": key_msg}]},
+                        "operator": {"type": "string", "maxLength": 16,
+                            "x-kubernetes-validations": [{
+                                "rule": "self in ['In', 'NotIn', 'Exists', 'DoesNotExist']",
+                                "message": "operator must be one of In, NotIn, Exists, DoesNotExist",
+                            }]},
+                        "values": {"type": "array", "maxItems": 64, "items": value},
+                    },
+                    "x-kubernetes-validations": [{
+                        "rule": "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : (!has(self.values) || size(self.values) == 0)",
+                        "message": "operators In and NotIn need at least one value; Exists and DoesNotExist take none",
+                    }],
+                },
+            },
+        },
+    })
+}
+
+/// Observed state, written by the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TenstorrentDriverPolicyStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Ready`, `Progressing`, `Degraded`, `Paused` and `InvalidSpec`, merged by type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<metav1::Condition>,
+
+    /// Counts over every matched node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Summary>,
+
+    /// Per-node state. On very large fleets only nodes that are not Done are listed (see
+    /// `summary.nodesOmitted`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// Counts of matched nodes by state.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    /// Nodes the policy selects (including host-managed and conflicting ones).
+    #[serde(default)]
+    pub matched: i32,
+    /// Nodes running the target version (Done).
+    #[serde(default)]
+    pub up_to_date: i32,
+    /// Nodes between Cordoning and Uncordoning.
+    #[serde(default)]
+    pub in_progress: i32,
+    /// Nodes waiting for their turn.
+    #[serde(default)]
+    pub pending: i32,
+    /// Nodes whose upgrade failed.
+    #[serde(default)]
+    pub failed: i32,
+    /// Nodes whose driver the host manages (DKMS).
+    #[serde(default)]
+    pub host_managed: i32,
+    /// Nodes also selected by an older policy, left to it.
+    #[serde(default)]
+    pub conflicts: i32,
+    /// Done nodes left out of `status.nodes` to keep the object small (large fleets only).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nodes_omitted: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
+/// One node's place in the rollout. Optional fields are omitted when empty to keep the status
+/// small at fleet scale.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// The node's name.
+    pub name: String,
+    /// Where the node is in the rollout.
+    pub state: NodeState,
+    /// The version the node reports loaded (its `kmd-version` label); absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    /// The version being installed, when it differs from `spec.version` or the node is not Done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_version: Option<String>,
+    /// `container` or `host`, as the node's agent reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_mode: Option<String>,
+    /// UpperCamelCase reason for the state (e.g. `DrainTimeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What is happening or what went wrong, and what to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the node entered `state`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<metav1::Time>,
+    /// When the node's current upgrade started (entered Cordoning, or Upgrading without drain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_start_time: Option<metav1::Time>,
+    /// Failed attempts so far in this rollout (retries back off exponentially).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<i32>,
+}
+
+/// The per-node upgrade state machine:
+/// `Pending → Cordoning → Draining → Upgrading → Uncordoning → Done`, any step `→ Failed`,
+/// plus `HostManaged` and `Conflict`.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+pub enum NodeState {
+    /// Waiting for a slot (or for the policy to be unpaused).
+    Pending,
+    /// Being cordoned; deploy gates being closed.
+    Cordoning,
+    /// Pods that use the device (and, with fullNode, every other pod) being evicted.
+    Draining,
+    /// The agent pod is being replaced and the module swapped.
+    Upgrading,
+    /// Deploy gates being reopened; cordon being lifted.
+    Uncordoning,
+    /// Running the target version.
+    Done,
+    /// The upgrade failed; see reason and message. Retried with back-off.
+    Failed,
+    /// The host manages the driver (DKMS); ttdp only observes.
+    HostManaged,
+    /// Also selected by an older policy, which owns the node.
+    Conflict,
+}
+
+impl NodeState {
+    /// Every state, in rollout order.
+    pub const ALL: [NodeState; 9] = [
+        NodeState::Pending,
+        NodeState::Cordoning,
+        NodeState::Draining,
+        NodeState::Upgrading,
+        NodeState::Uncordoning,
+        NodeState::Done,
+        NodeState::Failed,
+        NodeState::HostManaged,
+        NodeState::Conflict,
+    ];
+
+    /// Whether the node holds one of the `maxUnavailable` slots (Cordoning to Uncordoning).
+    pub fn is_in_flight(self) -> bool {
+        matches!(
+            self,
+            NodeState::Cordoning
+                | NodeState::Draining
+                | NodeState::Upgrading
+                | NodeState::Uncordoning
+        )
+    }
+
+    /// The state's name as written in the status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Pending => "Pending",
+            NodeState::Cordoning => "Cordoning",
+            NodeState::Draining => "Draining",
+            NodeState::Upgrading => "Upgrading",
+            NodeState::Uncordoning => "Uncordoning",
+            NodeState::Done => "Done",
+            NodeState::Failed => "Failed",
+            NodeState::HostManaged => "HostManaged",
+            NodeState::Conflict => "Conflict",
+        }
+    }
+}
+
+impl fmt::Display for NodeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Condition types and reasons of `status.conditions`.
+pub mod condition {
+    /// Every matched node is Done or HostManaged.
+    pub const READY: &str = "Ready";
+    /// A rollout is under way.
+    pub const PROGRESSING: &str = "Progressing";
+    /// Nodes failed; with more failures than `maxUnavailable` the rollout is halted.
+    pub const DEGRADED: &str = "Degraded";
+    /// `spec.paused` is true.
+    pub const PAUSED: &str = "Paused";
+    /// The spec cannot be acted on (e.g. `podSelectorLabel` does not parse).
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+}
+
+/// A spec problem the schema cannot express.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// `upgradePolicy.drain.podSelectorLabel` is not a label selector.
+    #[error("spec.upgradePolicy.drain.podSelectorLabel: {0}")]
+    PodSelectorLabel(#[source] SelectorError),
+    /// `nodeAffinity`/`nodeSelector` is not a valid selector.
+    #[error("spec.nodeAffinity: {0}")]
+    NodeAffinity(#[source] SelectorError),
+    /// `maxUnavailable` is neither a positive integer nor a percentage.
+    #[error(
+        "spec.upgradePolicy.maxUnavailable {0:?} must be an integer >= 1 or a percentage such as \"25%\""
+    )]
+    MaxUnavailable(String),
+}
+
+impl TenstorrentDriverPolicySpec {
+    /// The user's node selector: `nodeAffinity`, else the deprecated `nodeSelector`, else `{}`.
+    pub fn user_selector(&self) -> metav1::LabelSelector {
+        self.node_affinity
+            .clone()
+            .or_else(|| self.node_selector.clone())
+            .unwrap_or_default()
+    }
+
+    /// The parsed `podSelectorLabel` (empty selects every pod).
+    pub fn pod_selector(&self) -> Result<Selector, SpecError> {
+        Selector::parse(&self.upgrade_policy.drain.pod_selector_label)
+            .map_err(SpecError::PodSelectorLabel)
+    }
+
+    /// How many nodes may be in flight at once when `matched` nodes are selected: an integer
+    /// as given, a percentage of `matched` rounded down; never less than 1.
+    pub fn max_unavailable(&self, matched: usize) -> Result<usize, SpecError> {
+        match &self.upgrade_policy.max_unavailable {
+            IntOrString::Int(n) if *n >= 1 => Ok(*n as usize),
+            IntOrString::String(s) if !s.ends_with('%') => s
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| SpecError::MaxUnavailable(s.clone())),
+            IntOrString::String(s) => {
+                let pct = s
+                    .strip_suffix('%')
+                    .and_then(|p| p.parse::<usize>().ok())
+                    .filter(|p| (1..=100).contains(p))
+                    .ok_or_else(|| SpecError::MaxUnavailable(s.clone()))?;
+                Ok((matched * pct / 100).max(1))
+            }
+            IntOrString::Int(n) => Err(SpecError::MaxUnavailable(n.to_string())),
+        }
+    }
+
+    /// Checks what the schema cannot: everything the controller needs to act on the spec.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        self.pod_selector()?;
+        Selector::from_label_selector(&self.user_selector()).map_err(SpecError::NodeAffinity)?;
+        self.max_unavailable(1)?;
+        Ok(())
+    }
+}

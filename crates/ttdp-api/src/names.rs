@@ -1,0 +1,121 @@
+//! Every label, annotation, environment variable, finalizer and object name ttdp uses.
+//!
+//! Other crates use these constants instead of string literals, so a key is spelled once.
+
+/// The API group of ttdp's custom resources.
+pub const GROUP: &str = "driver.tenstorrent.com";
+/// The kernel module's name, as in `/sys/module/tenstorrent`.
+pub const MODULE_NAME: &str = "tenstorrent";
+/// Prefix of tt-kmd release tags: version `2.8.0` is tag `ttkmd-2.8.0`.
+pub const KMD_TAG_PREFIX: &str = "ttkmd-";
+/// The default tt-kmd source repository.
+pub const DEFAULT_KMD_REPOSITORY: &str = "https://github.com/tenstorrent/tt-kmd.git";
+/// The device directory workloads open; holding a file under it raises the module's refcnt.
+pub const DEVICE_PATH: &str = "/dev/tenstorrent";
+/// Extended resources whose name starts with this prefix use the device.
+pub const DEVICE_RESOURCE_PREFIX: &str = "tenstorrent.com/";
+/// The finalizer the controller puts on each policy, so deletion can uncordon and clean up.
+pub const FINALIZER: &str = "driver.tenstorrent.com/cleanup";
+/// Field manager of the controller's server-side applies.
+pub const CONTROLLER_MANAGER: &str = "ttdp-controller";
+/// Field manager of the agent's writes.
+pub const AGENT_MANAGER: &str = "ttdp-agent";
+/// The chart's default operator namespace.
+pub const DEFAULT_NAMESPACE: &str = "tt-k8s-driver-manager-system";
+/// The default deploy gate (`controller.deployGates` in the chart).
+pub const DEFAULT_DEPLOY_GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
+/// The value a deploy gate label is set to while its node is being upgraded.
+pub const DEPLOY_GATE_CLOSED: &str = "false";
+/// Prefix of each policy's DaemonSet name.
+pub const DAEMONSET_PREFIX: &str = "ttdrv-";
+/// Prefix of the cordon owner string the controller records on nodes it cordons.
+pub const CORDON_OWNER_PREFIX: &str = "ttdp/";
+/// Name of the agent container in the DaemonSet pods.
+pub const AGENT_CONTAINER: &str = "agent";
+/// The longest policy name: `ttdrv-<name>` must be a DNS label (63 characters) and the name is
+/// also a label value on the agent pods.
+pub const MAX_POLICY_NAME_LEN: usize = 63 - DAEMONSET_PREFIX.len();
+
+/// The DaemonSet name of the policy called `policy`: `ttdrv-<policy>`.
+pub fn daemonset_name(policy: &str) -> String {
+    format!("{DAEMONSET_PREFIX}{policy}")
+}
+
+/// The owner string the controller records when it cordons a node for `policy`: `ttdp/<policy>`.
+pub fn cordon_owner(policy: &str) -> String {
+    format!("{CORDON_OWNER_PREFIX}{policy}")
+}
+
+/// Node labels.
+pub mod labels {
+    /// The running module's version, from `/sys/module/tenstorrent/version`; set by the agent.
+    pub const KMD_VERSION: &str = "driver.tenstorrent.com/kmd-version";
+    /// The version of the tt-smi binary the agent copied to the host.
+    pub const TT_SMI_VERSION: &str = "tt-smi.driver.tenstorrent.com/version";
+    /// `container` or `host`: who manages the node's driver.
+    pub const INSTALL_MODE: &str = "driver.tenstorrent.com/install-mode";
+    /// Any value opts the node out of ttdp entirely.
+    pub const SKIP: &str = "driver.tenstorrent.com/skip";
+    /// Set by Node Feature Discovery on nodes with a Tenstorrent PCI device (vendor 0x1e52,
+    /// class 0x1200).
+    pub const NFD_TENSTORRENT: &str = "feature.node.kubernetes.io/pci-1200_1e52.present";
+    /// The value of [`NFD_TENSTORRENT`] on Tenstorrent nodes.
+    pub const NFD_PRESENT: &str = "true";
+    /// On agent pods: the name of the policy whose DaemonSet made them.
+    pub const POLICY: &str = "driver.tenstorrent.com/policy";
+    /// On agent pods and DaemonSets: `app.kubernetes.io/name`.
+    pub const APP_NAME: &str = "app.kubernetes.io/name";
+    /// The value of [`APP_NAME`] on agent pods.
+    pub const APP_NAME_AGENT: &str = "ttdp-agent";
+    /// `app.kubernetes.io/managed-by` on objects the controller creates.
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+}
+
+/// Values of the [`labels::INSTALL_MODE`] label.
+pub mod install_mode {
+    /// ttdp builds and loads the module in its container.
+    pub const CONTAINER: &str = "container";
+    /// The host manages the module (DKMS); ttdp only observes.
+    pub const HOST: &str = "host";
+}
+
+/// Annotations.
+pub mod annotations {
+    /// On the DaemonSet pod template: sha256 of the rendered template.
+    pub const TEMPLATE_HASH: &str = "driver.tenstorrent.com/template-hash";
+    /// On nodes: the owner (`ttdp/<policy>`) that cordoned the node.
+    pub const CORDONED_BY: &str = "driver.tenstorrent.com/cordoned-by";
+    /// On nodes: when the cordon in [`CORDONED_BY`] was placed (RFC 3339).
+    pub const CORDONED_AT: &str = "driver.tenstorrent.com/cordoned-at";
+    /// On nodes: the deploy gate keys the controller set to `false`, comma-separated.
+    pub const DEPLOY_GATES: &str = "driver.tenstorrent.com/deploy-gates";
+    /// On agent pods: the agent's latest report (JSON of `AgentReport`).
+    pub const AGENT_REPORT: &str = "driver.tenstorrent.com/agent-report";
+    /// On nodes: set by `kubectl tt driver retry` (any value, usually a timestamp) to ask the
+    /// controller to retry the node's Failed upgrade now; the controller removes it.
+    pub const RETRY: &str = "driver.tenstorrent.com/retry";
+}
+
+/// Environment variables of the agent container.
+pub mod env {
+    /// The tt-kmd version the agent must make loaded.
+    pub const TT_KMD_VERSION: &str = "TT_KMD_VERSION";
+    /// The node the agent runs on (downward API `spec.nodeName`).
+    pub const NODE_NAME: &str = "NODE_NAME";
+    /// The agent pod's name (downward API).
+    pub const POD_NAME: &str = "POD_NAME";
+    /// The agent pod's namespace (downward API).
+    pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
+    /// `true`: SIGKILL processes holding the device before unloading.
+    pub const TT_FORCE_UNLOAD: &str = "TT_FORCE_UNLOAD";
+    /// The version of the tt-smi binary bundled in the builder image.
+    pub const TT_SMI_VERSION: &str = "TT_SMI_VERSION";
+    /// The git repository tt-kmd is fetched from.
+    pub const TT_KMD_REPOSITORY: &str = "TT_KMD_REPOSITORY";
+    /// Where the host's root filesystem is mounted in the agent container.
+    pub const HOST_ROOT: &str = "TTDP_HOST_ROOT";
+    /// `real` (the default) or `sim`: which kernel the agent talks to.
+    pub const KERNEL: &str = "TTDP_KERNEL";
+    /// `json` or `text`.
+    pub const LOG_FORMAT: &str = "TTDP_LOG_FORMAT";
+}

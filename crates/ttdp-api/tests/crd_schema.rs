@@ -1,0 +1,338 @@
+//! The generated CRD: the spec's examples are accepted, every bad input is rejected with a
+//! message that says what is wrong (CEL rules evaluated locally by kube's `cel` support, as the
+//! API server evaluates them), and the committed YAML is what the types generate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use kube::core::cel::Validator;
+use serde_json::{Value, json};
+use ttdp_api::TenstorrentDriverPolicy;
+
+fn schema() -> Value {
+    let crd = ttdp_api::crd();
+    let version = &crd.spec.versions[0];
+    serde_json::to_value(
+        version
+            .schema
+            .as_ref()
+            .unwrap()
+            .open_api_v3_schema
+            .as_ref()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+fn check(object: &Value) -> Result<(), String> {
+    Validator::new()
+        .validate(&schema(), object, None)
+        .map_err(|e| e.to_string())
+}
+
+fn policy(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "driver.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentDriverPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    })
+}
+
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple(text).unwrap()
+}
+
+/// Every CR example in spec/driver-management.md, verbatim.
+const SPEC_EXAMPLES: &str = r#"
+apiVersion: driver.tenstorrent.com/v1alpha1
+kind: TenstorrentDriverPolicy
+metadata:
+  name: default
+spec:
+  version: "2.8.0"
+  nodeAffinity: {}
+---
+apiVersion: driver.tenstorrent.com/v1alpha1
+kind: TenstorrentDriverPolicy
+metadata:
+  name: fleet
+spec:
+  version: "2.8.0"
+  nodeAffinity: {}
+---
+apiVersion: driver.tenstorrent.com/v1alpha1
+kind: TenstorrentDriverPolicy
+metadata: { name: prod }
+spec:
+  version: "2.7.0"
+  nodeAffinity: { matchLabels: { tt.tenstorrent.com/pool: prod } }
+---
+apiVersion: driver.tenstorrent.com/v1alpha1
+kind: TenstorrentDriverPolicy
+metadata: { name: canary }
+spec:
+  version: "2.8.0"
+  nodeAffinity: { matchLabels: { tt.tenstorrent.com/pool: canary } }
+"#;
+
+#[test]
+fn spec_examples_are_accepted_and_defaulted() {
+    for doc in yaml_docs(SPEC_EXAMPLES) {
+        check(&doc).unwrap_or_else(|e| panic!("{doc}: {e}"));
+        let p: TenstorrentDriverPolicy = serde_json::from_value(doc).unwrap();
+        p.spec.validate().unwrap();
+        let drain = &p.spec.upgrade_policy.drain;
+        assert!(drain.enable && drain.full_node && drain.delete_empty_dir && !drain.force);
+        assert_eq!(drain.timeout_seconds, 600);
+        assert!(!p.spec.paused && !p.spec.upgrade_policy.force_unload);
+        assert_eq!(p.spec.installer.image_pull_policy, "IfNotPresent");
+        assert_eq!(p.spec.max_unavailable(10).unwrap(), 1);
+    }
+    // The canary snippet (`spec.installer`) and the pause patch, applied to the minimum CR.
+    let canary = policy(
+        "default",
+        json!({"version": "2.8.0", "nodeAffinity": {}, "paused": true, "installer": {
+            "image": "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:sha-abc1234",
+            "imagePullPolicy": "Always"}}),
+    );
+    check(&canary).unwrap();
+    // The deprecated alias alone is accepted.
+    check(&policy(
+        "old",
+        json!({"version": "2.7.0", "nodeSelector": {"matchLabels": {"a": "b"}}}),
+    ))
+    .unwrap();
+}
+
+#[test]
+fn schema_carries_the_defaults() {
+    let s = schema();
+    let spec = &s["properties"]["spec"]["properties"];
+    let drain = &spec["upgradePolicy"]["properties"]["drain"]["properties"];
+    assert_eq!(drain["enable"]["default"], json!(true));
+    assert_eq!(drain["fullNode"]["default"], json!(true));
+    assert_eq!(drain["podSelectorLabel"]["default"], json!(""));
+    assert_eq!(drain["force"]["default"], json!(false));
+    assert_eq!(drain["deleteEmptyDir"]["default"], json!(true));
+    assert_eq!(drain["timeoutSeconds"]["default"], json!(600));
+    assert_eq!(
+        spec["upgradePolicy"]["properties"]["forceUnload"]["default"],
+        json!(false)
+    );
+    assert_eq!(
+        spec["upgradePolicy"]["properties"]["maxUnavailable"]["default"],
+        json!(1)
+    );
+    assert_eq!(spec["paused"]["default"], json!(false));
+    assert_eq!(
+        spec["installer"]["properties"]["imagePullPolicy"]["default"],
+        json!("IfNotPresent")
+    );
+}
+
+#[test]
+fn bad_inputs_are_rejected_with_their_message() {
+    let ok = json!({"version": "2.8.0", "nodeAffinity": {}});
+    let with = |path: &[&str], value: Value| {
+        let mut spec = ok.clone();
+        let mut cur = &mut spec;
+        for p in &path[..path.len() - 1] {
+            cur = cur.as_object_mut().unwrap().entry(*p).or_insert(json!({}));
+        }
+        cur[path[path.len() - 1]] = value;
+        spec
+    };
+    let long_name = "n".repeat(58);
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "default",
+            with(&["version"], json!("v2.8.0")),
+            "spec.version must be a tt-kmd release like 2.8.0",
+        ),
+        (
+            "default",
+            with(&["version"], json!("ttkmd-2.8.0")),
+            "without the ttkmd- prefix",
+        ),
+        (
+            "default",
+            with(&["version"], json!("2.8")),
+            "MAJOR.MINOR.PATCH",
+        ),
+        (
+            "default",
+            with(&["version"], json!("2.8.0-rc1")),
+            "MAJOR.MINOR.PATCH",
+        ),
+        (
+            "default",
+            json!({"version": "2.8.0"}),
+            "set exactly one of spec.nodeAffinity and spec.nodeSelector",
+        ),
+        (
+            "default",
+            with(&["nodeSelector"], json!({})),
+            "set exactly one of spec.nodeAffinity and spec.nodeSelector",
+        ),
+        (
+            "default",
+            with(&["upgradePolicy", "drain", "timeoutSeconds"], json!(0)),
+            "timeoutSeconds must be at least 1",
+        ),
+        (
+            "default",
+            with(&["upgradePolicy", "maxUnavailable"], json!(0)),
+            "maxUnavailable must be an integer >= 1 or a percentage",
+        ),
+        (
+            "default",
+            with(&["upgradePolicy", "maxUnavailable"], json!("0%")),
+            "from 1% to 100%",
+        ),
+        (
+            "default",
+            with(&["upgradePolicy", "maxUnavailable"], json!("101%")),
+            "from 1% to 100%",
+        ),
+        (
+            "default",
+            with(&["upgradePolicy", "maxUnavailable"], json!("two")),
+            "such as \"25%\"",
+        ),
+        (
+            "default",
+            with(&["installer", "imagePullPolicy"], json!("Sometimes")),
+            "imagePullPolicy must be one of Always, IfNotPresent, Never",
+        ),
+        (
+            "default",
+            with(&["nodeAffinity"], json!({"matchLabels": {"-bad": "x"}})),
+            "label keys must be",
+        ),
+        (
+            "default",
+            with(
+                &["nodeAffinity"],
+                json!({"matchLabels": {"pool": "has space"}}),
+            ),
+            "label values must be",
+        ),
+        (
+            "default",
+            with(
+                &["nodeAffinity"],
+                json!({"matchExpressions": [{"key": "Bad_Prefix.COM/x", "operator": "Exists"}]}),
+            ),
+            "label keys must be",
+        ),
+        (
+            "default",
+            with(
+                &["nodeAffinity"],
+                json!({"matchExpressions": [{"key": "pool", "operator": "Within", "values": ["a"]}]}),
+            ),
+            "operator must be one of In, NotIn, Exists, DoesNotExist",
+        ),
+        (
+            "default",
+            with(
+                &["nodeAffinity"],
+                json!({"matchExpressions": [{"key": "pool", "operator": "In"}]}),
+            ),
+            "In and NotIn need at least one value",
+        ),
+        (
+            "default",
+            with(
+                &["nodeAffinity"],
+                json!({"matchExpressions": [{"key": "pool", "operator": "Exists", "values": ["a"]}]}),
+            ),
+            "Exists and DoesNotExist take none",
+        ),
+        (
+            "default",
+            with(
+                &["nodeAffinity"],
+                json!({"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ok", "not ok"]}]}),
+            ),
+            "label values must be",
+        ),
+        (
+            &long_name,
+            ok.clone(),
+            "metadata.name must be at most 57 characters",
+        ),
+    ];
+    for (name, spec, want) in cases {
+        let obj = policy(name, spec.clone());
+        let err = check(&obj)
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {spec}"));
+        assert!(err.contains(want), "{spec}: want {want:?}, got: {err}");
+    }
+    // The longest allowed name is accepted.
+    check(&policy(&"n".repeat(57), ok.clone())).unwrap();
+    // Percentages and integers that are allowed.
+    for v in [json!(1), json!(7), json!("1%"), json!("25%"), json!("100%")] {
+        check(&policy(
+            "default",
+            with(&["upgradePolicy", "maxUnavailable"], v.clone()),
+        ))
+        .unwrap_or_else(|e| panic!("{v}: {e}"));
+    }
+}
+
+#[test]
+fn pod_selector_label_is_checked_by_the_controller_side_validation() {
+    let mut p: TenstorrentDriverPolicy = serde_json::from_value(policy(
+        "default",
+        json!({"version": "2.8.0", "nodeAffinity": {},
+               "upgradePolicy": {"drain": {"podSelectorLabel": "app in (web"}}}),
+    ))
+    .unwrap();
+    let err = p.spec.validate().unwrap_err().to_string();
+    assert!(
+        err.starts_with("spec.upgradePolicy.drain.podSelectorLabel:"),
+        "{err}"
+    );
+    assert!(err.contains("missing ')'"), "{err}");
+    for ok in [
+        "",
+        "app=web",
+        "app",
+        "!legacy",
+        "tier notin (db,cache)",
+        "a==b,c!=d",
+    ] {
+        p.spec.upgrade_policy.drain.pod_selector_label = ok.into();
+        p.spec.validate().unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+}
+
+#[test]
+fn max_unavailable_resolves_percentages() {
+    let mut p: TenstorrentDriverPolicy = serde_json::from_value(policy(
+        "x",
+        json!({"version": "2.8.0", "nodeAffinity": {}, "upgradePolicy": {"maxUnavailable": "25%"}}),
+    ))
+    .unwrap();
+    assert_eq!(p.spec.max_unavailable(8).unwrap(), 2);
+    assert_eq!(p.spec.max_unavailable(7).unwrap(), 1, "rounded down");
+    assert_eq!(p.spec.max_unavailable(2).unwrap(), 1, "at least 1");
+    p.spec.upgrade_policy.max_unavailable =
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(3);
+    assert_eq!(p.spec.max_unavailable(100).unwrap(), 3);
+}
+
+#[test]
+fn committed_crd_is_up_to_date() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/helm/tt-k8s-driver-manager/crds/tenstorrentdriverpolicies.driver.tenstorrent.com.yaml"
+    );
+    let committed: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let generated = serde_json::to_value(ttdp_api::crd()).unwrap();
+    assert!(
+        committed == generated,
+        "the committed CRD is stale: run `cargo xtask crd` and commit the result"
+    );
+}
