@@ -2,12 +2,13 @@
 //!
 //! What it is for: the CRD types with their defaults and CEL validation rules
 //! ([`driver::v1alpha1`]), every label, annotation, env var and name ttdp uses ([`names`]), the
-//! label-selector grammar ([`selector`]), the effective node selection of a policy
+//! agent-to-controller report ([`agent_report`]), the label-selector grammar ([`selector`]), the effective node selection of a policy
 //! ([`node_selection`]) and the condition helper ([`condition`]).
 //!
 //! What it must not do: talk to a cluster. Everything here is types and pure functions.
 #![deny(missing_docs)]
 
+pub mod agent_report;
 pub mod condition;
 pub mod driver;
 pub mod names;

@@ -1,0 +1,104 @@
+//! What a node's agent tells the controller (and users) about its work, as JSON in the
+//! [`AGENT_REPORT`](crate::names::annotations::AGENT_REPORT) annotation on its own pod.
+
+use serde::{Deserialize, Serialize};
+
+/// Where the agent is in its flow.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentPhase {
+    /// Reading host facts and the loaded module.
+    Probing,
+    /// Fetching and building the target `.ko` (cache miss).
+    Building,
+    /// The module is held by processes and `forceUnload` is off: waiting for them to go.
+    WaitingForHolders,
+    /// Unloading the old module and loading the target.
+    Swapping,
+    /// The target version is loaded (container mode).
+    Ready,
+    /// The host manages the driver; the agent only observes.
+    HostManaged,
+    /// The last attempt failed; the agent retries with back-off.
+    Failed,
+}
+
+/// A process holding the device open.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// Process id on the host.
+    pub pid: i32,
+    /// Command name (`/proc/<pid>/comm`).
+    pub comm: String,
+}
+
+/// The agent's latest report.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentReport {
+    /// Where the agent is.
+    pub phase: AgentPhase,
+    /// The version the agent is making loaded (`TT_KMD_VERSION`).
+    pub target_version: String,
+    /// The version loaded right now (`/sys/module/tenstorrent/version`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loaded_version: Option<String>,
+    /// `container` or `host`.
+    pub install_mode: String,
+    /// Processes holding `/dev/tenstorrent` (while `WaitingForHolders`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<Holder>,
+    /// UpperCamelCase reason when `Failed` or waiting (e.g. `BuildFailed`, `DeviceHeld`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// A human-readable account: what happened and what to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl AgentReport {
+    /// "held by pid 1234 (python3), pid 1240 (tt-smi)", or `None` without holders.
+    pub fn holders_text(&self) -> Option<String> {
+        (!self.holders.is_empty()).then(|| {
+            let list: Vec<String> = self
+                .holders
+                .iter()
+                .map(|h| format!("pid {} ({})", h.pid, h.comm))
+                .collect();
+            format!("held by {}", list.join(", "))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holders_read_like_the_spec() {
+        let r = AgentReport {
+            phase: AgentPhase::WaitingForHolders,
+            target_version: "2.8.0".into(),
+            loaded_version: Some("2.7.0".into()),
+            install_mode: "container".into(),
+            holders: vec![
+                Holder {
+                    pid: 1234,
+                    comm: "python3".into(),
+                },
+                Holder {
+                    pid: 1240,
+                    comm: "tt-smi".into(),
+                },
+            ],
+            reason: Some("DeviceHeld".into()),
+            message: None,
+        };
+        assert_eq!(
+            r.holders_text().unwrap(),
+            "held by pid 1234 (python3), pid 1240 (tt-smi)"
+        );
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains("\"phase\":\"WaitingForHolders\""), "{json}");
+        assert_eq!(serde_json::from_str::<AgentReport>(&json).unwrap(), r);
+    }
+}
