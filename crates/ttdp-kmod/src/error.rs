@@ -9,7 +9,9 @@ use crate::holders::DeviceHolder;
 #[derive(Debug, thiserror::Error)]
 pub enum KmodError {
     /// The requested version is not `MAJOR.MINOR.PATCH`.
-    #[error("invalid tt-kmd version {version:?}: expected MAJOR.MINOR.PATCH such as 2.8.0 (the release tag without its ttkmd- prefix)")]
+    #[error(
+        "invalid tt-kmd version {version:?}: expected MAJOR.MINOR.PATCH such as 2.8.0 (the release tag without its ttkmd- prefix)"
+    )]
     InvalidVersion {
         /// The rejected version text.
         version: String,
@@ -33,7 +35,9 @@ pub enum KmodError {
         holders: Vec<DeviceHolder>,
     },
     /// Unloading a module that is not loaded (ENOENT).
-    #[error("module {module} is not loaded, so there is nothing to unload; load the wanted version directly")]
+    #[error(
+        "module {module} is not loaded, so there is nothing to unload; load the wanted version directly"
+    )]
     NotLoaded {
         /// Module name.
         module: String,
@@ -59,7 +63,9 @@ pub enum KmodError {
         version: Option<String>,
     },
     /// The kernel requires signed modules (sig_enforce or lockdown) and refused ours.
-    #[error("kernel refused unsigned module {module} {version} ({source}); module signing is enforced (sig_enforce=Y or lockdown): sign the module with the host's key or disable enforcement")]
+    #[error(
+        "kernel refused unsigned module {module} {version} ({source}); module signing is enforced (sig_enforce=Y or lockdown): sign the module with the host's key or disable enforcement"
+    )]
     SignatureRejected {
         /// Module name.
         module: String,
@@ -132,7 +138,9 @@ pub enum KmodError {
         host_path: PathBuf,
     },
     /// Fetching the source tag failed.
-    #[error("fetching tag ttkmd-{version} from {repository} failed ({status}): {log_tail}; check that the version exists as a release tag and that the repository is reachable from the node")]
+    #[error(
+        "fetching tag ttkmd-{version} from {repository} failed ({status}): {log_tail}; check that the version exists as a release tag and that the repository is reachable from the node"
+    )]
     Fetch {
         /// Version requested.
         version: String,
@@ -144,7 +152,9 @@ pub enum KmodError {
         log_tail: String,
     },
     /// `make modules` failed.
-    #[error("building tt-kmd {version} for kernel {release} failed ({status}); last build output:\n{log_tail}\ncheck that linux-headers-{release} and the compiler the kernel was built with are installed on the node")]
+    #[error(
+        "building tt-kmd {version} for kernel {release} failed ({status}); last build output:\n{log_tail}\ncheck that linux-headers-{release} and the compiler the kernel was built with are installed on the node"
+    )]
     Build {
         /// Version built.
         version: String,
@@ -156,7 +166,9 @@ pub enum KmodError {
         log_tail: String,
     },
     /// A fetch or build did not finish in time and was killed.
-    #[error("{action} timed out after {seconds} s and was killed; last output:\n{log_tail}\nraise the timeout or check the node's network and load")]
+    #[error(
+        "{action} timed out after {seconds} s and was killed; last output:\n{log_tail}\nraise the timeout or check the node's network and load"
+    )]
     Timeout {
         /// What was running, e.g. `building tt-kmd 2.8.0 for kernel 6.8.0-111-generic`.
         action: String,
@@ -195,7 +207,9 @@ pub enum KmodError {
         reason: String,
     },
     /// A version wanted for rollback is not in the cache.
-    #[error("no verified tenstorrent.ko {version} for kernel {release} in the cache; install {version} again (it will be rebuilt)")]
+    #[error(
+        "no verified tenstorrent.ko {version} for kernel {release} in the cache; install {version} again (it will be rebuilt)"
+    )]
     NotCached {
         /// Version looked up.
         version: String,
@@ -222,7 +236,9 @@ pub enum KmodError {
         seconds: u64,
     },
     /// Loading the new version failed; the previous version was loaded back.
-    #[error("loading {module} {version} failed and {module} {previous} was loaded back: {load_error}")]
+    #[error(
+        "loading {module} {version} failed and {module} {previous} was loaded back: {load_error}"
+    )]
     RolledBack {
         /// Module name.
         module: String,
@@ -282,8 +298,16 @@ impl KmodError {
         }
     }
 
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { action, path: path.into(), source }
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        Self::Io {
+            action,
+            path: path.into(),
+            source,
+        }
     }
 }
 
@@ -297,6 +321,9 @@ fn holder_list(holders: &[DeviceHolder]) -> String {
     if holders.is_empty() {
         return "no holding process found".to_string();
     }
-    let list: Vec<String> = holders.iter().map(|h| format!("pid {} ({})", h.pid, h.comm)).collect();
+    let list: Vec<String> = holders
+        .iter()
+        .map(|h| format!("pid {} ({})", h.pid, h.comm))
+        .collect();
     format!("holders: {}", list.join(", "))
 }

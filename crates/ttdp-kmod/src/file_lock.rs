@@ -31,13 +31,21 @@ impl FileLock {
                 .open(path)
                 .map_err(|e| KmodError::io("open", path, e))?;
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-                Ok(lock) => return Ok(Self { _lock: lock, path: path.to_path_buf() }),
+                Ok(lock) => {
+                    return Ok(Self {
+                        _lock: lock,
+                        path: path.to_path_buf(),
+                    });
+                }
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) if started.elapsed() < timeout => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(100));
                 }
                 Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                    return Err(KmodError::LockTimeout { path: path.to_path_buf(), seconds: timeout.as_secs() });
+                    return Err(KmodError::LockTimeout {
+                        path: path.to_path_buf(),
+                        seconds: timeout.as_secs(),
+                    });
                 }
                 Err((_, errno)) => return Err(KmodError::io("lock", path, errno.into())),
             }

@@ -25,10 +25,16 @@ pub struct DeviceHolder {
 /// `/dev`, when it is a character device whose major number is the one `/proc/devices` lists for
 /// `chrdev_name` (this catches containers that see the device under another path). Processes that
 /// vanish or cannot be read during the walk are skipped.
-pub fn find_device_holders(host: &HostRoot, device_dir: &Path, chrdev_name: &str) -> Vec<DeviceHolder> {
+pub fn find_device_holders(
+    host: &HostRoot,
+    device_dir: &Path,
+    chrdev_name: &str,
+) -> Vec<DeviceHolder> {
     let proc_dir = host.path("/proc");
     let major = chrdev_major(host, chrdev_name);
-    let Ok(entries) = std::fs::read_dir(&proc_dir) else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(&proc_dir) else {
+        return Vec::new();
+    };
     let mut holders: Vec<DeviceHolder> = entries
         .filter_map(Result::ok)
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
@@ -49,14 +55,17 @@ pub fn find_device_holders(host: &HostRoot, device_dir: &Path, chrdev_name: &str
 
 /// The device paths one process holds, in fd order.
 fn held_paths(process_dir: &Path, device_dir: &Path, major: Option<u64>) -> Vec<PathBuf> {
-    let Ok(fds) = std::fs::read_dir(process_dir.join("fd")) else { return Vec::new() };
+    let Ok(fds) = std::fs::read_dir(process_dir.join("fd")) else {
+        return Vec::new();
+    };
     let mut found: Vec<(u64, PathBuf)> = fds
         .filter_map(Result::ok)
         .filter_map(|fd| {
             let number = fd.file_name().to_str()?.parse::<u64>().ok()?;
             let target = std::fs::read_link(fd.path()).ok()?;
             let holds = target.starts_with(device_dir)
-                || (target.starts_with("/dev") && major.is_some_and(|m| is_char_device_of(&fd.path(), m)));
+                || (target.starts_with("/dev")
+                    && major.is_some_and(|m| is_char_device_of(&fd.path(), m)));
             holds.then_some((number, target))
         })
         .collect();
@@ -73,7 +82,11 @@ fn is_char_device_of(fd_link: &Path, major: u64) -> bool {
 /// The character-device major number registered under `name` in the host's `/proc/devices`.
 pub fn chrdev_major(host: &HostRoot, name: &str) -> Option<u64> {
     let devices = procfs::Devices::from_file(host.path("/proc/devices")).ok()?;
-    devices.char_devices.iter().find(|d| d.name == name).map(|d| u64::from(d.major))
+    devices
+        .char_devices
+        .iter()
+        .find(|d| d.name == name)
+        .map(|d| u64::from(d.major))
 }
 
 #[cfg(test)]
@@ -93,16 +106,38 @@ mod tests {
     fn holders_are_processes_with_fds_under_the_device_dir() {
         let dir = tempfile::tempdir().unwrap();
         let root = HostRoot::new(dir.path());
-        process(&root, 300, "python3", &[(0, "/dev/null"), (7, "/dev/tenstorrent/1"), (5, "/dev/tenstorrent/0")]);
+        process(
+            &root,
+            300,
+            "python3",
+            &[
+                (0, "/dev/null"),
+                (7, "/dev/tenstorrent/1"),
+                (5, "/dev/tenstorrent/0"),
+            ],
+        );
         process(&root, 20, "tt-smi", &[(3, "/dev/tenstorrent")]);
-        process(&root, 40, "bash", &[(0, "/dev/pts/0"), (1, "/dev/tenstorrentx"), (2, "socket:[1234]")]);
+        process(
+            &root,
+            40,
+            "bash",
+            &[
+                (0, "/dev/pts/0"),
+                (1, "/dev/tenstorrentx"),
+                (2, "socket:[1234]"),
+            ],
+        );
         std::fs::create_dir_all(root.path("/proc/sys/kernel")).unwrap();
         std::fs::write(root.path("/proc/self"), "not a pid").unwrap();
         let found = find_device_holders(&root, Path::new("/dev/tenstorrent"), "tenstorrent");
         assert_eq!(
             found,
             vec![
-                DeviceHolder { pid: 20, comm: "tt-smi".into(), paths: vec!["/dev/tenstorrent".into()] },
+                DeviceHolder {
+                    pid: 20,
+                    comm: "tt-smi".into(),
+                    paths: vec!["/dev/tenstorrent".into()]
+                },
                 DeviceHolder {
                     pid: 300,
                     comm: "python3".into(),
@@ -115,7 +150,14 @@ mod tests {
     #[test]
     fn no_proc_means_no_holders() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(find_device_holders(&HostRoot::new(dir.path()), Path::new("/dev/tenstorrent"), "tenstorrent").is_empty());
+        assert!(
+            find_device_holders(
+                &HostRoot::new(dir.path()),
+                Path::new("/dev/tenstorrent"),
+                "tenstorrent"
+            )
+            .is_empty()
+        );
     }
 
     #[test]

@@ -17,7 +17,10 @@ pub struct UnloadOptions {
 
 impl Default for UnloadOptions {
     fn default() -> Self {
-        Self { force: false, wait: Duration::from_secs(30) }
+        Self {
+            force: false,
+            wait: Duration::from_secs(30),
+        }
     }
 }
 

@@ -63,7 +63,13 @@ impl<K: Kernel> ModuleInstaller<K> {
     pub fn new(host: HostRoot, kernel: K, config: InstallerConfig) -> Result<Self, KmodError> {
         let release = kernel_release(&host)?;
         let cache = KoCache::new(&host);
-        Ok(Self { host, kernel, release, cache, config })
+        Ok(Self {
+            host,
+            kernel,
+            release,
+            cache,
+            config,
+        })
     }
 
     /// The host root.
@@ -122,7 +128,13 @@ impl<K: Kernel> ModuleInstaller<K> {
         };
         let built = build_module(&self.host, &self.release, version, &self.config.build)?;
         let ko = self.cache.store(&built)?;
-        Ok(EnsuredKo { ko, cache, fetch_ms: built.fetch_ms, build_ms: built.build_ms, elapsed_ms: millis(started.elapsed()) })
+        Ok(EnsuredKo {
+            ko,
+            cache,
+            fetch_ms: built.fetch_ms,
+            build_ms: built.build_ms,
+            elapsed_ms: millis(started.elapsed()),
+        })
     }
 
     /// Unloads the module. With holders: waits up to `options.wait` for refcnt 0, first sending
@@ -142,11 +154,23 @@ impl<K: Kernel> ModuleInstaller<K> {
                 match self.kernel.kill(holder.pid) {
                     Ok(()) => killed.push(holder.clone()),
                     Err(e) if e.raw_os_error() == Some(Errno::ESRCH as i32) => {} // already gone
-                    Err(e) if e.raw_os_error() == Some(Errno::EPERM as i32) || e.kind() == io::ErrorKind::PermissionDenied => {
-                        return Err(KmodError::PermissionDenied { action: "kill holders of", module, version });
+                    Err(e)
+                        if e.raw_os_error() == Some(Errno::EPERM as i32)
+                            || e.kind() == io::ErrorKind::PermissionDenied =>
+                    {
+                        return Err(KmodError::PermissionDenied {
+                            action: "kill holders of",
+                            module,
+                            version,
+                        });
                     }
                     Err(source) => {
-                        return Err(KmodError::Syscall { action: "kill holders", module, version, source });
+                        return Err(KmodError::Syscall {
+                            action: "kill holders",
+                            module,
+                            version,
+                            source,
+                        });
                     }
                 }
             }
@@ -180,12 +204,25 @@ impl<K: Kernel> ModuleInstaller<K> {
         }
         let waited_ms = millis(started.elapsed());
         match self.kernel.unload(&module) {
-            Ok(()) => Ok(UnloadReport { version, killed, waited_ms }),
+            Ok(()) => Ok(UnloadReport {
+                version,
+                killed,
+                waited_ms,
+            }),
             Err(e) => Err(match errno(&e) {
                 Some(Errno::EAGAIN) => in_use_error(self.status()?),
                 Some(Errno::ENOENT) => KmodError::NotLoaded { module },
-                Some(Errno::EPERM) => KmodError::PermissionDenied { action: "unload", module, version },
-                _ => KmodError::Syscall { action: "unload", module, version, source: e },
+                Some(Errno::EPERM) => KmodError::PermissionDenied {
+                    action: "unload",
+                    module,
+                    version,
+                },
+                _ => KmodError::Syscall {
+                    action: "unload",
+                    module,
+                    version,
+                    source: e,
+                },
             }),
         }
     }
@@ -193,11 +230,12 @@ impl<K: Kernel> ModuleInstaller<K> {
     /// Loads a cached `.ko` with `params` and checks that sysfs then reports its version. A `.ko`
     /// the kernel rejects as invalid is removed from the cache so the next attempt rebuilds it.
     pub fn load(&self, ko: &CachedKo, params: &str) -> Result<(), KmodError> {
-        self.load_file(&ko.path, &ko.record.version, params).inspect_err(|e| {
-            if matches!(e, KmodError::BadModule { .. }) {
-                let _ = self.cache.evict(&self.release, &ko.record.version);
-            }
-        })
+        self.load_file(&ko.path, &ko.record.version, params)
+            .inspect_err(|e| {
+                if matches!(e, KmodError::BadModule { .. }) {
+                    let _ = self.cache.evict(&self.release, &ko.record.version);
+                }
+            })
     }
 
     /// Loads the module file at `path`, expected to be `version`, and verifies the loaded version.
@@ -215,26 +253,50 @@ impl<K: Kernel> ModuleInstaller<K> {
                     version: version.to_string(),
                     release: self.release.clone(),
                     path: path.to_path_buf(),
-                    vermagic: ModInfo::from_file(path).ok().and_then(|i| i.vermagic().map(str::to_string)),
+                    vermagic: ModInfo::from_file(path)
+                        .ok()
+                        .and_then(|i| i.vermagic().map(str::to_string)),
                     source: e,
                 },
                 Some(Errno::EKEYREJECTED | Errno::ENOKEY | Errno::EBADMSG) => {
-                    KmodError::SignatureRejected { module, version: version.to_string(), source: e }
-                }
-                Some(Errno::EPERM) => {
-                    let enforced = signing_facts(&self.host).is_ok_and(|f| !f.unsigned_modules_load());
-                    if enforced {
-                        KmodError::SignatureRejected { module, version: version.to_string(), source: e }
-                    } else {
-                        KmodError::PermissionDenied { action: "load", module, version: Some(version.to_string()) }
+                    KmodError::SignatureRejected {
+                        module,
+                        version: version.to_string(),
+                        source: e,
                     }
                 }
-                _ => KmodError::Syscall { action: "load", module, version: Some(version.to_string()), source: e },
+                Some(Errno::EPERM) => {
+                    let enforced =
+                        signing_facts(&self.host).is_ok_and(|f| !f.unsigned_modules_load());
+                    if enforced {
+                        KmodError::SignatureRejected {
+                            module,
+                            version: version.to_string(),
+                            source: e,
+                        }
+                    } else {
+                        KmodError::PermissionDenied {
+                            action: "load",
+                            module,
+                            version: Some(version.to_string()),
+                        }
+                    }
+                }
+                _ => KmodError::Syscall {
+                    action: "load",
+                    module,
+                    version: Some(version.to_string()),
+                    source: e,
+                },
             });
         }
         let found = self.status()?.loaded_version().map(str::to_string);
         if found.as_deref() != Some(version) {
-            return Err(KmodError::VersionAfterLoad { module, expected: version.to_string(), found });
+            return Err(KmodError::VersionAfterLoad {
+                module,
+                expected: version.to_string(),
+                found,
+            });
         }
         Ok(())
     }
@@ -290,7 +352,13 @@ impl<K: Kernel> ModuleInstaller<K> {
     }
 
     /// After `version` failed to load: loads `previous` back from the cache, and says what happened.
-    fn roll_back(&self, version: &str, previous: Option<String>, load_error: KmodError, params: &str) -> KmodError {
+    fn roll_back(
+        &self,
+        version: &str,
+        previous: Option<String>,
+        load_error: KmodError,
+        params: &str,
+    ) -> KmodError {
         let module = self.config.module.clone();
         let load_error = Box::new(load_error);
         let Some(previous_version) = previous.clone() else {
@@ -299,11 +367,19 @@ impl<K: Kernel> ModuleInstaller<K> {
         };
         let rollback = match self.cache.lookup(&self.release, &previous_version) {
             Ok(CacheLookup::Hit(ko)) => self.load(&ko, params),
-            Ok(_) => Err(KmodError::NotCached { version: previous_version.clone(), release: self.release.clone() }),
+            Ok(_) => Err(KmodError::NotCached {
+                version: previous_version.clone(),
+                release: self.release.clone(),
+            }),
             Err(e) => Err(e),
         };
         match rollback {
-            Ok(()) => KmodError::RolledBack { module, version: version.to_string(), previous: previous_version, load_error },
+            Ok(()) => KmodError::RolledBack {
+                module,
+                version: version.to_string(),
+                previous: previous_version,
+                load_error,
+            },
             Err(rollback_error) => KmodError::RollbackFailed {
                 module,
                 version: version.to_string(),

@@ -40,21 +40,27 @@ impl RealKernel {
 impl Kernel for RealKernel {
     fn load(&self, ko: &Path, params: &str) -> io::Result<()> {
         let file = std::fs::File::open(ko)?;
-        let params = CString::new(params).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        nix::kmod::finit_module(&file, &params, nix::kmod::ModuleInitFlags::empty()).map_err(io::Error::from)
+        let params =
+            CString::new(params).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        nix::kmod::finit_module(&file, &params, nix::kmod::ModuleInitFlags::empty())
+            .map_err(io::Error::from)
     }
 
     fn unload(&self, name: &str) -> io::Result<()> {
-        let name = CString::new(name).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        nix::kmod::delete_module(&name, nix::kmod::DeleteModuleFlags::O_NONBLOCK).map_err(io::Error::from)
+        let name =
+            CString::new(name).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        nix::kmod::delete_module(&name, nix::kmod::DeleteModuleFlags::O_NONBLOCK)
+            .map_err(io::Error::from)
     }
 
     fn kill(&self, pid: i32) -> io::Result<()> {
         if !self.host.is_system() {
             let start = |proc_dir: &Path| {
-                procfs::process::Stat::from_file(proc_dir.join(pid.to_string()).join("stat")).map(|s| s.starttime)
+                procfs::process::Stat::from_file(proc_dir.join(pid.to_string()).join("stat"))
+                    .map(|s| s.starttime)
             };
-            let host_start = start(&self.host.path("/proc")).map_err(|_| io::Error::from_raw_os_error(libc_esrch()))?;
+            let host_start = start(&self.host.path("/proc"))
+                .map_err(|_| io::Error::from_raw_os_error(libc_esrch()))?;
             match start(Path::new("/proc")) {
                 Ok(own) if own == host_start => {}
                 _ => {
@@ -68,8 +74,11 @@ impl Kernel for RealKernel {
                 }
             }
         }
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
-            .map_err(io::Error::from)
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .map_err(io::Error::from)
     }
 }
 
@@ -99,7 +108,9 @@ mod tests {
 
     #[test]
     fn real_kernel_load_reports_a_missing_file() {
-        let err = RealKernel::new(HostRoot::system()).load(Path::new("/nonexistent/x.ko"), "").unwrap_err();
+        let err = RealKernel::new(HostRoot::system())
+            .load(Path::new("/nonexistent/x.ko"), "")
+            .unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
     }
 }

@@ -77,7 +77,9 @@ pub struct KoCache {
 impl KoCache {
     /// The cache at [`CACHE_DIR`] under `host`.
     pub fn new(host: &HostRoot) -> Self {
-        Self { dir: host.path(CACHE_DIR) }
+        Self {
+            dir: host.path(CACHE_DIR),
+        }
     }
 
     /// The local cache directory.
@@ -115,25 +117,40 @@ impl KoCache {
         if !record_exists {
             return invalid(format!("{} is missing", record_path.display()));
         }
-        let text = std::fs::read_to_string(&record_path).map_err(|e| KmodError::io("read", &record_path, e))?;
+        let text = std::fs::read_to_string(&record_path)
+            .map_err(|e| KmodError::io("read", &record_path, e))?;
         let record: KoRecord = match serde_json::from_str(&text) {
             Ok(record) => record,
-            Err(e) => return invalid(format!("{} is not a valid record: {e}", record_path.display())),
+            Err(e) => {
+                return invalid(format!(
+                    "{} is not a valid record: {e}",
+                    record_path.display()
+                ));
+            }
         };
         let bytes = std::fs::read(&ko).map_err(|e| KmodError::io("read", &ko, e))?;
         let sha256 = hex::encode(Sha256::digest(&bytes));
         if sha256 != record.sha256 {
-            return invalid(format!("checksum mismatch: file has sha256 {sha256}, record says {}", record.sha256));
+            return invalid(format!(
+                "checksum mismatch: file has sha256 {sha256}, record says {}",
+                record.sha256
+            ));
         }
         let info = match ModInfo::parse(&bytes) {
             Ok(info) => info,
             Err(reason) => return invalid(format!("{}: {reason}", ko.display())),
         };
         if info.version() != Some(version) || record.version != version {
-            return invalid(format!("module declares version {:?}, expected {version}", info.version()));
+            return invalid(format!(
+                "module declares version {:?}, expected {version}",
+                info.version()
+            ));
         }
         if info.vermagic_release() != Some(release) || record.kernel_release != release {
-            return invalid(format!("module vermagic {:?} does not match kernel {release}", info.vermagic()));
+            return invalid(format!(
+                "module vermagic {:?} does not match kernel {release}",
+                info.vermagic()
+            ));
         }
         Ok(CacheLookup::Hit(CachedKo { path: ko, record }))
     }
@@ -142,7 +159,8 @@ impl KoCache {
     /// and returns the new entry. Callers hold [`KoCache::lock`].
     pub fn store(&self, built: &BuiltModule) -> Result<CachedKo, KmodError> {
         validate_version(&built.version)?;
-        let bytes = std::fs::read(&built.ko_path).map_err(|e| KmodError::io("read", &built.ko_path, e))?;
+        let bytes =
+            std::fs::read(&built.ko_path).map_err(|e| KmodError::io("read", &built.ko_path, e))?;
         let record = KoRecord {
             version: built.version.clone(),
             kernel_release: built.release.clone(),
@@ -158,11 +176,21 @@ impl KoCache {
         // a stale record must never describe the new file, even for a moment
         remove_if_present(&dir.join(RECORD_FILE_NAME))?;
         write_atomically(&dir, KO_FILE_NAME, &bytes)?;
-        let json = serde_json::to_vec_pretty(&record)
-            .map_err(|e| KmodError::io("encode", dir.join(RECORD_FILE_NAME), std::io::Error::other(e)))?;
+        let json = serde_json::to_vec_pretty(&record).map_err(|e| {
+            KmodError::io(
+                "encode",
+                dir.join(RECORD_FILE_NAME),
+                std::io::Error::other(e),
+            )
+        })?;
         write_atomically(&dir, RECORD_FILE_NAME, &json)?;
-        std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| KmodError::io("sync", &dir, e))?;
-        Ok(CachedKo { path: dir.join(KO_FILE_NAME), record })
+        std::fs::File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| KmodError::io("sync", &dir, e))?;
+        Ok(CachedKo {
+            path: dir.join(KO_FILE_NAME),
+            record,
+        })
     }
 
     /// Removes the entry for `release` and `version` (used for entries that failed verification).
@@ -175,7 +203,9 @@ impl KoCache {
 
     /// Versions with a `.ko` cached for `release` (verified or not), sorted.
     pub fn versions(&self, release: &str) -> Vec<String> {
-        let Ok(entries) = std::fs::read_dir(self.dir.join(release)) else { return Vec::new() };
+        let Ok(entries) = std::fs::read_dir(self.dir.join(release)) else {
+            return Vec::new();
+        };
         let mut versions: Vec<String> = entries
             .filter_map(Result::ok)
             .filter(|e| e.path().join(KO_FILE_NAME).is_file())
@@ -193,8 +223,11 @@ fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), KmodErro
         .prefix(&format!(".{name}."))
         .tempfile_in(dir)
         .map_err(|e| KmodError::io("create a temporary file in", dir, e))?;
-    tmp.write_all(bytes).and_then(|()| tmp.as_file().sync_all()).map_err(|e| KmodError::io("write", tmp.path(), e))?;
-    tmp.persist(&target).map_err(|e| KmodError::io("rename into", &target, e.error))?;
+    tmp.write_all(bytes)
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(|e| KmodError::io("write", tmp.path(), e))?;
+    tmp.persist(&target)
+        .map_err(|e| KmodError::io("rename into", &target, e.error))?;
     Ok(())
 }
 

@@ -29,6 +29,9 @@
 //! # Ok::<(), ttdp_kmod::KmodError>(())
 //! ```
 #![deny(missing_docs)]
+// Errors carry the module, version, paths and holders for their messages; they occur at most once
+// per operation that itself takes milliseconds to minutes, so their size does not matter.
+#![allow(clippy::result_large_err)]
 
 mod error;
 mod file_lock;
@@ -49,7 +52,9 @@ mod version;
 pub use error::KmodError;
 pub use file_lock::FileLock;
 pub use holders::{DeviceHolder, chrdev_major, find_device_holders};
-pub use install_report::{CacheOutcome, EnsuredKo, SwapOptions, SwapOutcome, SwapReport, UnloadOptions, UnloadReport};
+pub use install_report::{
+    CacheOutcome, EnsuredKo, SwapOptions, SwapOutcome, SwapReport, UnloadOptions, UnloadReport,
+};
 pub use installer::{InstallerConfig, ModuleInstaller};
 pub use kernel::{Kernel, RealKernel};
 pub use ko_cache::{CACHE_DIR, CacheLookup, CachedKo, KoCache, KoRecord, RECORD_FILE_NAME};

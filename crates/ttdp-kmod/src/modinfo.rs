@@ -18,7 +18,10 @@ impl ModInfo {
     /// Reads and parses the `.modinfo` section of the `.ko` at `path`.
     pub fn from_file(path: &Path) -> Result<Self, KmodError> {
         let bytes = std::fs::read(path).map_err(|e| KmodError::io("read", path, e))?;
-        Self::parse(&bytes).map_err(|reason| KmodError::Modinfo { path: path.to_path_buf(), reason })
+        Self::parse(&bytes).map_err(|reason| KmodError::Modinfo {
+            path: path.to_path_buf(),
+            reason,
+        })
     }
 
     /// Parses an ELF64 module image. The error says what is wrong with it.
@@ -38,7 +41,10 @@ impl ModInfo {
 
     /// The first value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.fields
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// `version=` (what `/sys/module/<name>/version` shows once loaded).
@@ -76,7 +82,10 @@ struct Reader<'a> {
 impl Reader<'_> {
     fn take<const N: usize>(&self, at: usize) -> Result<[u8; N], String> {
         let end = at.checked_add(N).ok_or("offset overflow")?;
-        let slice = self.bytes.get(at..end).ok_or_else(|| format!("truncated ELF file (needs byte {end})"))?;
+        let slice = self
+            .bytes
+            .get(at..end)
+            .ok_or_else(|| format!("truncated ELF file (needs byte {end})"))?;
         let mut out = [0u8; N];
         out.copy_from_slice(slice);
         if self.big_endian {
@@ -108,7 +117,10 @@ fn modinfo_section(elf: &[u8]) -> Result<&[u8], String> {
         Some(2) => true,
         _ => return Err("unknown ELF byte order".to_string()),
     };
-    let r = Reader { bytes: elf, big_endian };
+    let r = Reader {
+        bytes: elf,
+        big_endian,
+    };
     let shoff = r.u64(0x28)?;
     let shentsize = r.u16(0x3a)?;
     let shnum = r.u16(0x3c)?;
@@ -117,12 +129,15 @@ fn modinfo_section(elf: &[u8]) -> Result<&[u8], String> {
         return Err("no usable ELF section header table".to_string());
     }
     let header = |i: usize| -> Result<(usize, usize, usize), String> {
-        let at = shoff.checked_add(i.checked_mul(shentsize).ok_or("offset overflow")?).ok_or("offset overflow")?;
+        let at = shoff
+            .checked_add(i.checked_mul(shentsize).ok_or("offset overflow")?)
+            .ok_or("offset overflow")?;
         Ok((r.u32(at)?, r.u64(at + 24)?, r.u64(at + 32)?))
     };
     let slice = |offset: usize, size: usize| -> Result<&[u8], String> {
         let end = offset.checked_add(size).ok_or("offset overflow")?;
-        elf.get(offset..end).ok_or_else(|| "ELF section outside the file".to_string())
+        elf.get(offset..end)
+            .ok_or_else(|| "ELF section outside the file".to_string())
     };
     let (_, names_offset, names_size) = header(shstrndx)?;
     let names = slice(names_offset, names_size)?;
@@ -143,9 +158,27 @@ pub(crate) mod tests {
 
     /// Builds a minimal ELF64 object with a `.shstrtab` and the given `.modinfo` bytes.
     pub(crate) fn elf_with_modinfo(modinfo: &[u8], big_endian: bool) -> Vec<u8> {
-        let put16 = |v: u16| if big_endian { v.to_be_bytes().to_vec() } else { v.to_le_bytes().to_vec() };
-        let put32 = |v: u32| if big_endian { v.to_be_bytes().to_vec() } else { v.to_le_bytes().to_vec() };
-        let put64 = |v: u64| if big_endian { v.to_be_bytes().to_vec() } else { v.to_le_bytes().to_vec() };
+        let put16 = |v: u16| {
+            if big_endian {
+                v.to_be_bytes().to_vec()
+            } else {
+                v.to_le_bytes().to_vec()
+            }
+        };
+        let put32 = |v: u32| {
+            if big_endian {
+                v.to_be_bytes().to_vec()
+            } else {
+                v.to_le_bytes().to_vec()
+            }
+        };
+        let put64 = |v: u64| {
+            if big_endian {
+                v.to_be_bytes().to_vec()
+            } else {
+                v.to_le_bytes().to_vec()
+            }
+        };
         let shstrtab = b"\0.shstrtab\0.modinfo\0".to_vec();
         let mut out = vec![0x7f, b'E', b'L', b'F', 2, if big_endian { 2 } else { 1 }, 1];
         out.resize(64, 0);
@@ -191,7 +224,10 @@ pub(crate) mod tests {
     #[test]
     fn broken_files_are_rejected_with_a_reason() {
         assert_eq!(ModInfo::parse(b"hello").unwrap_err(), "not an ELF file");
-        assert_eq!(ModInfo::parse(b"\x7fELF\x01\x01").unwrap_err(), "not a 64-bit ELF file");
+        assert_eq!(
+            ModInfo::parse(b"\x7fELF\x01\x01").unwrap_err(),
+            "not a 64-bit ELF file"
+        );
         let good = elf_with_modinfo(b"version=1.0.0\0", false);
         let truncated = &good[..good.len() - 40];
         assert!(ModInfo::parse(truncated).unwrap_err().contains("truncated"));
@@ -207,7 +243,10 @@ pub(crate) mod tests {
         let path = dir.path().join("tenstorrent.ko");
         std::fs::write(&path, b"garbage").unwrap();
         let err = ModInfo::from_file(&path).unwrap_err().to_string();
-        assert!(err.contains("tenstorrent.ko") && err.contains("not an ELF file"), "{err}");
+        assert!(
+            err.contains("tenstorrent.ko") && err.contains("not an ELF file"),
+            "{err}"
+        );
         let err = ModInfo::from_file(&dir.path().join("missing.ko")).unwrap_err();
         assert_eq!(err.reason(), "IoError");
     }

@@ -63,7 +63,10 @@ impl SimHost {
     /// headers installed, one Wormhole device at `0000:01:00.0`, no DKMS install, module signing
     /// not enforced and no module loaded.
     pub fn create(dir: impl Into<PathBuf>, release: &str) -> io::Result<Self> {
-        let sim = Self { host: HostRoot::new(dir.into()), release: release.to_string() };
+        let sim = Self {
+            host: HostRoot::new(dir.into()),
+            release: release.to_string(),
+        };
         sim.write("/proc/sys/kernel/osrelease", &format!("{release}\n"))?;
         sim.write(
             "/proc/version",
@@ -72,7 +75,10 @@ impl SimHost {
             ),
         )?;
         sim.write("/sys/module/module/parameters/sig_enforce", "N\n")?;
-        sim.write("/sys/kernel/security/lockdown", "[none] integrity confidentiality\n")?;
+        sim.write(
+            "/sys/kernel/security/lockdown",
+            "[none] integrity confidentiality\n",
+        )?;
         std::fs::create_dir_all(sim.host.path("/var/cache"))?;
         sim.install_headers()?;
         sim.add_pci_device("0000:01:00.0", 0x401e)?;
@@ -104,9 +110,14 @@ impl SimHost {
     /// Installs (again) the kernel headers: the fake build tree and its `/lib/modules` link.
     pub fn install_headers(&self) -> io::Result<()> {
         let headers = format!("/usr/src/linux-headers-{}", self.release);
-        self.write(&format!("{headers}/Makefile"), &SIM_MAKEFILE.replace("@RELEASE@", &self.release))?;
+        self.write(
+            &format!("{headers}/Makefile"),
+            &SIM_MAKEFILE.replace("@RELEASE@", &self.release),
+        )?;
         self.write(&format!("{headers}/scripts/sim-kbuild.sh"), SIM_KBUILD)?;
-        let link = self.host.path(format!("/lib/modules/{}/build", self.release));
+        let link = self
+            .host
+            .path(format!("/lib/modules/{}/build", self.release));
         std::fs::create_dir_all(link.parent().unwrap_or(Path::new("/")))?;
         if std::fs::symlink_metadata(&link).is_err() {
             std::os::unix::fs::symlink(&headers, &link)?;
@@ -116,13 +127,22 @@ impl SimHost {
 
     /// Removes the kernel headers, as on a node without `linux-headers-<release>`.
     pub fn remove_headers(&self) -> io::Result<()> {
-        std::fs::remove_dir_all(self.host.path(format!("/usr/src/linux-headers-{}", self.release)))?;
-        std::fs::remove_file(self.host.path(format!("/lib/modules/{}/build", self.release)))
+        std::fs::remove_dir_all(
+            self.host
+                .path(format!("/usr/src/linux-headers-{}", self.release)),
+        )?;
+        std::fs::remove_file(
+            self.host
+                .path(format!("/lib/modules/{}/build", self.release)),
+        )
     }
 
     /// Makes every later `make modules` against this host's build tree fail (`fail = true`) or not.
     pub fn fail_builds(&self, fail: bool) -> io::Result<()> {
-        let marker = self.host.path(format!("/usr/src/linux-headers-{}/.sim-fail-build", self.release));
+        let marker = self.host.path(format!(
+            "/usr/src/linux-headers-{}/.sim-fail-build",
+            self.release
+        ));
         if fail {
             std::fs::write(marker, "")
         } else {
@@ -135,15 +155,24 @@ impl SimHost {
 
     /// Adds a Tenstorrent PCI function (`device_id` e.g. `0x401e` Wormhole, `0xb140` Blackhole).
     pub fn add_pci_device(&self, address: &str, device_id: u16) -> io::Result<()> {
-        self.write(&format!("/sys/bus/pci/devices/{address}/vendor"), "0x1e52\n")?;
-        self.write(&format!("/sys/bus/pci/devices/{address}/device"), &format!("0x{device_id:04x}\n"))
+        self.write(
+            &format!("/sys/bus/pci/devices/{address}/vendor"),
+            "0x1e52\n",
+        )?;
+        self.write(
+            &format!("/sys/bus/pci/devices/{address}/device"),
+            &format!("0x{device_id:04x}\n"),
+        )
     }
 
     /// Simulates a DKMS-managed install: `/var/lib/dkms/tenstorrent/<v>/` for each version.
     pub fn add_dkms_state(&self, versions: &[&str]) -> io::Result<()> {
         std::fs::create_dir_all(self.host.path("/var/lib/dkms/tenstorrent"))?;
         for version in versions {
-            std::fs::create_dir_all(self.host.path(format!("/var/lib/dkms/tenstorrent/{version}")))?;
+            std::fs::create_dir_all(
+                self.host
+                    .path(format!("/var/lib/dkms/tenstorrent/{version}")),
+            )?;
         }
         Ok(())
     }

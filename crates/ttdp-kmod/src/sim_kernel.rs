@@ -58,12 +58,15 @@ impl SimKernel {
         }
         let process = self.host.path(format!("/proc/{pid}"));
         std::fs::create_dir_all(process.join("fd"))?;
-        std::fs::write(process.join("comm"), format!("{comm}\n"))?;
+        write_atomically(&process.join("comm"), &format!("{comm}\n"))?;
         let mut fd = 3;
         while std::fs::symlink_metadata(process.join("fd").join(fd.to_string())).is_ok() {
             fd += 1;
         }
-        std::os::unix::fs::symlink(Path::new(DEVICE_DIR).join("0"), process.join("fd").join(fd.to_string()))?;
+        std::os::unix::fs::symlink(
+            Path::new(DEVICE_DIR).join("0"),
+            process.join("fd").join(fd.to_string()),
+        )?;
         self.refresh_refcnt()
     }
 
@@ -100,11 +103,18 @@ impl SimKernel {
     }
 
     fn fail_load_marker(&self, version: &str) -> PathBuf {
-        self.host.path(SIM_STATE_DIR).join("fail-load").join(version)
+        self.host
+            .path(SIM_STATE_DIR)
+            .join("fail-load")
+            .join(version)
     }
 
     fn lock(&self) -> io::Result<FileLock> {
-        FileLock::acquire(&self.host.path(SIM_STATE_DIR).join("lock"), SIM_LOCK_TIMEOUT).map_err(io::Error::other)
+        FileLock::acquire(
+            &self.host.path(SIM_STATE_DIR).join("lock"),
+            SIM_LOCK_TIMEOUT,
+        )
+        .map_err(io::Error::other)
     }
 
     fn module_dir(&self, name: &str) -> PathBuf {
@@ -113,13 +123,16 @@ impl SimKernel {
 
     /// Open device descriptors across all simulated processes.
     fn device_refs(&self) -> usize {
-        find_device_holders(&self.host, Path::new(DEVICE_DIR), MODULE_NAME).iter().map(|h| h.paths.len()).sum()
+        find_device_holders(&self.host, Path::new(DEVICE_DIR), MODULE_NAME)
+            .iter()
+            .map(|h| h.paths.len())
+            .sum()
     }
 
     fn refresh_refcnt(&self) -> io::Result<()> {
         let dir = self.module_dir(MODULE_NAME);
         if dir.join("initstate").exists() {
-            std::fs::write(dir.join("refcnt"), format!("{}\n", self.device_refs()))?;
+            write_atomically(&dir.join("refcnt"), &format!("{}\n", self.device_refs()))?;
         }
         Ok(())
     }
@@ -132,11 +145,15 @@ impl Kernel for SimKernel {
         let info = ModInfo::from_file(ko).map_err(|_| io::Error::from(Errno::ENOEXEC))?;
         let version = info.version().unwrap_or_default();
         let release = kernel_release(&self.host).map_err(io::Error::other)?;
-        if info.vermagic_release() != Some(release.as_str()) || self.fail_load_marker(version).exists() {
+        if info.vermagic_release() != Some(release.as_str())
+            || self.fail_load_marker(version).exists()
+        {
             return Err(Errno::ENOEXEC.into());
         }
         let name = info.name().map(str::to_string).unwrap_or_else(|| {
-            ko.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+            ko.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
         });
         let dir = self.module_dir(&name);
         if dir.join("initstate").exists() {
@@ -145,17 +162,20 @@ impl Kernel for SimKernel {
         std::fs::create_dir_all(dir.join("holders"))?;
         std::fs::create_dir_all(dir.join("parameters"))?;
         for (key, value) in params.split_whitespace().filter_map(|p| p.split_once('=')) {
-            std::fs::write(dir.join("parameters").join(key), format!("{value}\n"))?;
+            write_atomically(&dir.join("parameters").join(key), &format!("{value}\n"))?;
         }
         if !version.is_empty() {
-            std::fs::write(dir.join("version"), format!("{version}\n"))?;
+            write_atomically(&dir.join("version"), &format!("{version}\n"))?;
         }
         if let Some(srcversion) = info.srcversion() {
-            std::fs::write(dir.join("srcversion"), format!("{srcversion}\n"))?;
+            write_atomically(&dir.join("srcversion"), &format!("{srcversion}\n"))?;
         }
-        std::fs::write(dir.join("refcnt"), "0\n")?;
+        write_atomically(&dir.join("refcnt"), "0\n")?;
         if name == MODULE_NAME {
-            let devices = tenstorrent_devices(&self.host).map_err(io::Error::other)?.len().max(1);
+            let devices = tenstorrent_devices(&self.host)
+                .map_err(io::Error::other)?
+                .len()
+                .max(1);
             let dev = self.host.path(DEVICE_DIR);
             std::fs::create_dir_all(&dev)?;
             for n in 0..devices {
@@ -163,7 +183,7 @@ impl Kernel for SimKernel {
             }
         }
         // initstate last: it is what makes the module count as loaded
-        std::fs::write(dir.join("initstate"), "live\n")?;
+        write_atomically(&dir.join("initstate"), "live\n")?;
         self.refresh_refcnt()
     }
 
@@ -196,4 +216,15 @@ impl Kernel for SimKernel {
         std::fs::remove_dir_all(process)?;
         self.refresh_refcnt()
     }
+}
+
+/// Replaces a simulated sysfs file in one step (readers take no lock and must never see it empty).
+fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(tmp, path)
 }

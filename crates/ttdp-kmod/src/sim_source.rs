@@ -71,7 +71,13 @@ impl SimKmdRepo {
     fn commit_tag(&self, version: &str, source: &str) -> io::Result<()> {
         std::fs::write(self.dir.join("module.c"), source)?;
         self.git(&["add", "-A"])?;
-        self.git(&["commit", "-q", "--allow-empty", "-m", &format!("tt-kmd {version}")])?;
+        self.git(&[
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            &format!("tt-kmd {version}"),
+        ])?;
         self.git(&["tag", &format!("ttkmd-{version}")])
     }
 
@@ -79,7 +85,12 @@ impl SimKmdRepo {
         let output = Command::new("git")
             .arg("-C")
             .arg(&self.dir)
-            .args(["-c", "user.name=ttdp sim", "-c", "user.email=sim@ttdp.invalid"])
+            .args([
+                "-c",
+                "user.name=ttdp sim",
+                "-c",
+                "user.email=sim@ttdp.invalid",
+            ])
             .args(["-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false"])
             .args(args)
             .output()?;

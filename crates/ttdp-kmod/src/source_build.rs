@@ -37,7 +37,9 @@ impl Default for BuildOptions {
     fn default() -> Self {
         Self {
             repository: DEFAULT_REPOSITORY.to_string(),
-            jobs: std::thread::available_parallelism().map(usize::from).unwrap_or(1),
+            jobs: std::thread::available_parallelism()
+                .map(usize::from)
+                .unwrap_or(1),
             fetch_timeout: Duration::from_secs(300),
             build_timeout: Duration::from_secs(900),
             make_args: Vec::new(),
@@ -81,7 +83,16 @@ pub fn fetch_source(
     validate_version(version)?;
     let mut clone = Command::new("git");
     clone
-        .args(["clone", "--quiet", "--depth", "1", "--branch", &release_tag(version), "--", repository])
+        .args([
+            "clone",
+            "--quiet",
+            "--depth",
+            "1",
+            "--branch",
+            &release_tag(version),
+            "--",
+            repository,
+        ])
         .arg(dest)
         .env("GIT_TERMINAL_PROMPT", "0");
     let run = run_logged(clone, "git", timeout)?;
@@ -127,19 +138,31 @@ pub fn build_module(
     validate_version(version)?;
     let tree = build_tree(host, release);
     let Some(tree_dir) = tree.usable_dir() else {
-        return Err(KmodError::HeadersMissing { release: release.to_string(), host_path: tree.host_path });
+        return Err(KmodError::HeadersMissing {
+            release: release.to_string(),
+            host_path: tree.host_path,
+        });
     };
     let work = match &options.work_dir {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| KmodError::io("create", dir, e))?;
-            tempfile::Builder::new().prefix("tt-kmd-build-").tempdir_in(dir)
+            tempfile::Builder::new()
+                .prefix("tt-kmd-build-")
+                .tempdir_in(dir)
         }
         None => tempfile::Builder::new().prefix("tt-kmd-build-").tempdir(),
     }
-    .map_err(|e| KmodError::io("create a temporary directory in", options.work_dir.clone().unwrap_or_default(), e))?;
+    .map_err(|e| {
+        KmodError::io(
+            "create a temporary directory in",
+            options.work_dir.clone().unwrap_or_default(),
+            e,
+        )
+    })?;
     let src = work.path().join("tt-kmd");
     let started = std::time::Instant::now();
-    let (commit, fetch_log) = fetch_source(&options.repository, version, &src, options.fetch_timeout)?;
+    let (commit, fetch_log) =
+        fetch_source(&options.repository, version, &src, options.fetch_timeout)?;
     let fetch_ms = millis(started.elapsed());
 
     let mut make = Command::new("make");
@@ -160,7 +183,11 @@ pub fn build_module(
     }
     let ko_path = src.join(KO_FILE_NAME);
     if !run.success || !ko_path.is_file() {
-        let status = if run.success { format!("no {KO_FILE_NAME} produced") } else { run.status };
+        let status = if run.success {
+            format!("no {KO_FILE_NAME} produced")
+        } else {
+            run.status
+        };
         return Err(KmodError::Build {
             version: version.to_string(),
             release: release.to_string(),

@@ -46,8 +46,10 @@ impl ModuleStatus {
         };
         let module_holders = match std::fs::read_dir(dir.join("holders")) {
             Ok(entries) => {
-                let mut names: Vec<String> =
-                    entries.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+                let mut names: Vec<String> = entries
+                    .filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
                 names.sort();
                 names
             }
@@ -67,12 +69,18 @@ impl ModuleStatus {
 
     /// Whether something holds the module (refcnt above 0, a dependent module or a device holder).
     pub fn in_use(&self) -> bool {
-        self.refcnt.unwrap_or(0) > 0 || !self.module_holders.is_empty() || !self.device_holders.is_empty()
+        self.refcnt.unwrap_or(0) > 0
+            || !self.module_holders.is_empty()
+            || !self.device_holders.is_empty()
     }
 
     /// The loaded version, `None` when not loaded.
     pub fn loaded_version(&self) -> Option<&str> {
-        if self.loaded { self.version.as_deref() } else { None }
+        if self.loaded {
+            self.version.as_deref()
+        } else {
+            None
+        }
     }
 }
 
@@ -108,7 +116,8 @@ mod tests {
         std::fs::create_dir_all(root.path("/proc/77/fd")).unwrap();
         std::os::unix::fs::symlink("/dev/tenstorrent/0", root.path("/proc/77/fd/4")).unwrap();
 
-        let status = ModuleStatus::read(&root, "tenstorrent", Path::new("/dev/tenstorrent")).unwrap();
+        let status =
+            ModuleStatus::read(&root, "tenstorrent", Path::new("/dev/tenstorrent")).unwrap();
         assert!(status.loaded && status.in_use());
         assert_eq!(status.loaded_version(), Some("2.8.0"));
         assert_eq!(status.srcversion.as_deref(), Some("ABCDEF"));
@@ -116,14 +125,24 @@ mod tests {
         assert_eq!(status.initstate.as_deref(), Some("live"));
         assert_eq!(status.module_holders, vec!["tt_helper".to_string()]);
         assert_eq!(status.device_holders.len(), 1);
-        assert_eq!((status.device_holders[0].pid, status.device_holders[0].comm.as_str()), (77, "train"));
+        assert_eq!(
+            (
+                status.device_holders[0].pid,
+                status.device_holders[0].comm.as_str()
+            ),
+            (77, "train")
+        );
     }
 
     #[test]
     fn an_absent_module_is_not_loaded() {
         let dir = tempfile::tempdir().unwrap();
-        let status =
-            ModuleStatus::read(&HostRoot::new(dir.path()), "tenstorrent", Path::new("/dev/tenstorrent")).unwrap();
+        let status = ModuleStatus::read(
+            &HostRoot::new(dir.path()),
+            "tenstorrent",
+            Path::new("/dev/tenstorrent"),
+        )
+        .unwrap();
         assert!(!status.loaded && !status.in_use());
         assert_eq!(status.loaded_version(), None);
     }
@@ -134,7 +153,11 @@ mod tests {
         let root = HostRoot::new(dir.path());
         write(&root, "/sys/module/tenstorrent/initstate", "live\n");
         write(&root, "/sys/module/tenstorrent/refcnt", "many\n");
-        let err = ModuleStatus::read(&root, "tenstorrent", Path::new("/dev/tenstorrent")).unwrap_err();
-        assert!(err.to_string().contains("sys/module/tenstorrent/refcnt"), "{err}");
+        let err =
+            ModuleStatus::read(&root, "tenstorrent", Path::new("/dev/tenstorrent")).unwrap_err();
+        assert!(
+            err.to_string().contains("sys/module/tenstorrent/refcnt"),
+            "{err}"
+        );
     }
 }

@@ -24,12 +24,24 @@ pub(crate) struct CommandRun {
 
 /// Runs `command` in its own process group, stdout and stderr captured together; after `timeout`
 /// the whole group gets SIGKILL.
-pub(crate) fn run_logged(mut command: Command, program: &str, timeout: Duration) -> Result<CommandRun, KmodError> {
-    let spawn_error = |source| KmodError::Spawn { program: program.to_string(), source };
+pub(crate) fn run_logged(
+    mut command: Command,
+    program: &str,
+    timeout: Duration,
+) -> Result<CommandRun, KmodError> {
+    let spawn_error = |source| KmodError::Spawn {
+        program: program.to_string(),
+        source,
+    };
     let mut log = tempfile::tempfile().map_err(spawn_error)?;
     let stdout = log.try_clone().map_err(spawn_error)?;
     let stderr = log.try_clone().map_err(spawn_error)?;
-    command.stdin(Stdio::null()).stdout(stdout).stderr(stderr).process_group(0).env("LC_ALL", "C");
+    command
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .process_group(0)
+        .env("LC_ALL", "C");
     let started = Instant::now();
     let mut child = command.spawn().map_err(spawn_error)?;
     let mut pause = Duration::from_millis(5);
@@ -42,7 +54,10 @@ pub(crate) fn run_logged(mut command: Command, program: &str, timeout: Duration)
             timed_out = true;
             if let Ok(pid) = i32::try_from(child.id()) {
                 // the group id is the child's pid (process_group(0)); make's compilers die with it
-                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
             break child.wait().map_err(spawn_error)?;
         }
@@ -50,7 +65,9 @@ pub(crate) fn run_logged(mut command: Command, program: &str, timeout: Duration)
         pause = (pause * 2).min(Duration::from_millis(100));
     };
     let mut bytes = Vec::new();
-    log.rewind().and_then(|()| log.read_to_end(&mut bytes)).map_err(spawn_error)?;
+    log.rewind()
+        .and_then(|()| log.read_to_end(&mut bytes))
+        .map_err(spawn_error)?;
     Ok(CommandRun {
         success: status.success() && !timed_out,
         status: status.to_string(),
@@ -77,7 +94,11 @@ mod tests {
         let run = run_logged(cmd, "sh", Duration::from_secs(10)).unwrap();
         assert!(!run.success && !run.timed_out);
         assert!(run.status.contains('3'), "{}", run.status);
-        assert!(run.log.contains("out") && run.log.contains("err"), "{}", run.log);
+        assert!(
+            run.log.contains("out") && run.log.contains("err"),
+            "{}",
+            run.log
+        );
     }
 
     #[test]
@@ -92,7 +113,12 @@ mod tests {
 
     #[test]
     fn a_missing_program_is_a_spawn_error() {
-        let err = run_logged(Command::new("/nonexistent/make"), "make", Duration::from_secs(1)).unwrap_err();
+        let err = run_logged(
+            Command::new("/nonexistent/make"),
+            "make",
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
         assert_eq!(err.reason(), "ToolMissing");
         assert!(err.to_string().contains("install make"), "{err}");
     }

@@ -11,8 +11,17 @@ pub fn release_tag(version: &str) -> String {
 /// become paths and git refs, so nothing else is accepted.
 pub fn validate_version(version: &str) -> Result<(), KmodError> {
     let parts: Vec<&str> = version.split('.').collect();
-    let valid = parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
-    if valid { Ok(()) } else { Err(KmodError::InvalidVersion { version: version.to_string() }) }
+    let valid = parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    if valid {
+        Ok(())
+    } else {
+        Err(KmodError::InvalidVersion {
+            version: version.to_string(),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -24,7 +33,16 @@ mod tests {
         for good in ["2.8.0", "0.0.1", "10.20.30"] {
             assert!(validate_version(good).is_ok(), "{good}");
         }
-        for bad in ["", "2.8", "2.8.0.1", "v2.8.0", "2.8.0-rc1", "../1.2.3", "2..0", "2.8.x"] {
+        for bad in [
+            "",
+            "2.8",
+            "2.8.0.1",
+            "v2.8.0",
+            "2.8.0-rc1",
+            "../1.2.3",
+            "2..0",
+            "2.8.x",
+        ] {
             let err = validate_version(bad).unwrap_err();
             assert_eq!(err.reason(), "InvalidVersion", "{bad}");
         }

@@ -32,15 +32,24 @@ fn built_ko(fx: &Fixture, version: &str) -> std::path::PathBuf {
 fn load_publishes_the_module_in_sysfs_and_creates_the_device() {
     let fx = Fixture::new(&["1.0.0"]);
     let ko = built_ko(&fx, "1.0.0");
-    fx.kernel().load(&ko, "reset_limit=5 auto_reset_timeout=3").unwrap();
+    fx.kernel()
+        .load(&ko, "reset_limit=5 auto_reset_timeout=3")
+        .unwrap();
     let host = fx.sim.host();
     let s = status(host);
     assert!(s.loaded);
     assert_eq!(s.version.as_deref(), Some("1.0.0"));
     assert_eq!(s.refcnt, Some(0));
     assert_eq!(s.initstate.as_deref(), Some("live"));
-    assert_eq!(s.srcversion.as_deref(), ModInfo::from_file(&ko).unwrap().srcversion());
-    assert_eq!(std::fs::read_to_string(host.path("/sys/module/tenstorrent/parameters/reset_limit")).unwrap(), "5\n");
+    assert_eq!(
+        s.srcversion.as_deref(),
+        ModInfo::from_file(&ko).unwrap().srcversion()
+    );
+    assert_eq!(
+        std::fs::read_to_string(host.path("/sys/module/tenstorrent/parameters/reset_limit"))
+            .unwrap(),
+        "5\n"
+    );
     assert!(host.path("/dev/tenstorrent/0").exists());
 }
 
@@ -49,13 +58,22 @@ fn double_load_is_eexist_and_unload_of_nothing_is_enoent() {
     let fx = Fixture::new(&["1.0.0"]);
     let ko = built_ko(&fx, "1.0.0");
     let kernel = fx.kernel();
-    assert_eq!(kernel.unload("tenstorrent").unwrap_err().raw_os_error(), Some(ENOENT));
+    assert_eq!(
+        kernel.unload("tenstorrent").unwrap_err().raw_os_error(),
+        Some(ENOENT)
+    );
     kernel.load(&ko, "").unwrap();
-    assert_eq!(kernel.load(&ko, "").unwrap_err().raw_os_error(), Some(EEXIST));
+    assert_eq!(
+        kernel.load(&ko, "").unwrap_err().raw_os_error(),
+        Some(EEXIST)
+    );
     kernel.unload("tenstorrent").unwrap();
     assert!(!status(fx.sim.host()).loaded);
     assert!(!fx.sim.host().path("/dev/tenstorrent").exists());
-    assert_eq!(kernel.unload("tenstorrent").unwrap_err().raw_os_error(), Some(ENOENT));
+    assert_eq!(
+        kernel.unload("tenstorrent").unwrap_err().raw_os_error(),
+        Some(ENOENT)
+    );
 }
 
 #[test]
@@ -63,17 +81,28 @@ fn holders_raise_refcnt_and_block_unload_until_released_or_killed() {
     let fx = Fixture::new(&["1.0.0"]);
     let ko = built_ko(&fx, "1.0.0");
     let kernel = fx.kernel();
-    assert_eq!(kernel.hold(100, "train").unwrap_err().raw_os_error(), Some(ENODEV), "no module, no device");
+    assert_eq!(
+        kernel.hold(100, "train").unwrap_err().raw_os_error(),
+        Some(ENODEV),
+        "no module, no device"
+    );
     kernel.load(&ko, "").unwrap();
     kernel.hold(100, "train").unwrap();
     kernel.hold(100, "train").unwrap();
     kernel.hold(200, "tt-smi").unwrap();
     let s = status(fx.sim.host());
     assert_eq!(s.refcnt, Some(3));
-    let pids: Vec<(i32, &str, usize)> = s.device_holders.iter().map(|h| (h.pid, h.comm.as_str(), h.paths.len())).collect();
+    let pids: Vec<(i32, &str, usize)> = s
+        .device_holders
+        .iter()
+        .map(|h| (h.pid, h.comm.as_str(), h.paths.len()))
+        .collect();
     assert_eq!(pids, vec![(100, "train", 2), (200, "tt-smi", 1)]);
 
-    assert_eq!(kernel.unload("tenstorrent").unwrap_err().raw_os_error(), Some(EAGAIN));
+    assert_eq!(
+        kernel.unload("tenstorrent").unwrap_err().raw_os_error(),
+        Some(EAGAIN)
+    );
     kernel.release(200).unwrap();
     assert_eq!(status(fx.sim.host()).refcnt, Some(2));
     kernel.kill(100).unwrap();
@@ -91,11 +120,19 @@ fn modules_for_another_kernel_or_not_modules_at_all_are_enoexec() {
     let other = SimHost::create(fx.dir.path().join("other-host"), "6.9.0-other").unwrap();
     let built = build_module(other.host(), "6.9.0-other", "1.0.0", &fx.build_options()).unwrap();
     let kernel = fx.kernel();
-    assert_eq!(kernel.load(&built.ko_path, "").unwrap_err().raw_os_error(), Some(ENOEXEC));
+    assert_eq!(
+        kernel.load(&built.ko_path, "").unwrap_err().raw_os_error(),
+        Some(ENOEXEC)
+    );
     let junk = fx.dir.path().join("junk.ko");
     std::fs::write(&junk, "not an elf").unwrap();
-    assert_eq!(kernel.load(&junk, "").unwrap_err().raw_os_error(), Some(ENOEXEC));
-    let missing = kernel.load(&fx.dir.path().join("missing.ko"), "").unwrap_err();
+    assert_eq!(
+        kernel.load(&junk, "").unwrap_err().raw_os_error(),
+        Some(ENOEXEC)
+    );
+    let missing = kernel
+        .load(&fx.dir.path().join("missing.ko"), "")
+        .unwrap_err();
     assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
     assert!(!status(fx.sim.host()).loaded);
 }
@@ -106,7 +143,10 @@ fn injected_load_failures_apply_to_one_version_until_cleared() {
     let ko = built_ko(&fx, "1.0.0");
     let kernel = fx.kernel();
     kernel.fail_load("1.0.0", true).unwrap();
-    assert_eq!(kernel.load(&ko, "").unwrap_err().raw_os_error(), Some(ENOEXEC));
+    assert_eq!(
+        kernel.load(&ko, "").unwrap_err().raw_os_error(),
+        Some(ENOEXEC)
+    );
     kernel.fail_load("1.0.0", false).unwrap();
     kernel.fail_load("1.0.0", false).unwrap();
     kernel.load(&ko, "").unwrap();
@@ -143,8 +183,19 @@ fn a_simulated_host_probes_like_a_real_one() {
     let fx = Fixture::new(&[]);
     let facts = HostFacts::probe(fx.sim.host()).unwrap();
     assert_eq!(facts.kernel_release, RELEASE);
-    assert_eq!(facts.build_tree.host_path, Path::new("/lib/modules/6.8.0-sim/build"));
-    assert_eq!(facts.build_tree.usable_dir(), Some(fx.sim.host().path("/usr/src/linux-headers-6.8.0-sim").as_path()));
+    assert_eq!(
+        facts.build_tree.host_path,
+        Path::new("/lib/modules/6.8.0-sim/build")
+    );
+    assert_eq!(
+        facts.build_tree.usable_dir(),
+        Some(
+            fx.sim
+                .host()
+                .path("/usr/src/linux-headers-6.8.0-sim")
+                .as_path()
+        )
+    );
     assert_eq!(facts.devices.len(), 1);
     assert!(facts.signing.unsigned_modules_load());
     assert!(!facts.host_install.is_host_managed());

@@ -10,7 +10,12 @@ use fixture::{Fixture, RELEASE};
 use ttdp_kmod::{ModInfo, build_module, fetch_source};
 
 fn tag_commit(fx: &Fixture, tag: &str) -> String {
-    let out = Command::new("git").arg("-C").arg(fx.repo.dir()).args(["rev-parse", &format!("{tag}^{{commit}}")]).output().unwrap();
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(fx.repo.dir())
+        .args(["rev-parse", &format!("{tag}^{{commit}}")])
+        .output()
+        .unwrap();
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
@@ -47,10 +52,19 @@ fn the_build_directory_is_removed_when_done() {
 fn a_plain_local_path_works_as_repository() {
     let fx = Fixture::new(&["1.0.0"]);
     let dest = fx.dir.path().join("checkout");
-    let (commit, _log) =
-        fetch_source(fx.repo.dir().to_str().unwrap(), "1.0.0", &dest, Duration::from_secs(30)).unwrap();
+    let (commit, _log) = fetch_source(
+        fx.repo.dir().to_str().unwrap(),
+        "1.0.0",
+        &dest,
+        Duration::from_secs(30),
+    )
+    .unwrap();
     assert_eq!(commit, tag_commit(&fx, "ttkmd-1.0.0"));
-    assert!(std::fs::read_to_string(dest.join("module.c")).unwrap().contains("version=1.0.0"));
+    assert!(
+        std::fs::read_to_string(dest.join("module.c"))
+            .unwrap()
+            .contains("version=1.0.0")
+    );
 }
 
 #[test]
@@ -59,7 +73,10 @@ fn an_unknown_tag_is_a_fetch_error_naming_tag_and_repository() {
     let err = build_module(fx.sim.host(), RELEASE, "9.9.9", &fx.build_options()).unwrap_err();
     assert_eq!(err.reason(), "FetchFailed");
     let msg = err.to_string();
-    assert!(msg.contains("ttkmd-9.9.9") && msg.contains(&fx.repo.url()), "{msg}");
+    assert!(
+        msg.contains("ttkmd-9.9.9") && msg.contains(&fx.repo.url()),
+        "{msg}"
+    );
     assert!(msg.contains("check that the version exists"), "{msg}");
 }
 
@@ -71,7 +88,12 @@ fn sources_that_do_not_compile_are_a_build_error_with_the_log_tail() {
     assert_eq!(err.reason(), "BuildFailed");
     let msg = err.to_string();
     assert!(msg.contains("missing_symbol_in_ttkmd_source"), "{msg}");
-    assert!(msg.contains("tt-kmd 3.0.0") && msg.contains("install") && msg.contains("linux-headers-6.8.0-sim"), "{msg}");
+    assert!(
+        msg.contains("tt-kmd 3.0.0")
+            && msg.contains("install")
+            && msg.contains("linux-headers-6.8.0-sim"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -90,7 +112,10 @@ fn missing_headers_say_which_package_to_install() {
     fx.sim.remove_headers().unwrap();
     let err = build_module(fx.sim.host(), RELEASE, "1.0.0", &fx.build_options()).unwrap_err();
     assert_eq!(err.reason(), "HeadersMissing");
-    assert!(err.to_string().contains("install linux-headers-6.8.0-sim"), "{err}");
+    assert!(
+        err.to_string().contains("install linux-headers-6.8.0-sim"),
+        "{err}"
+    );
     fx.sim.install_headers().unwrap();
     build_module(fx.sim.host(), RELEASE, "1.0.0", &fx.build_options()).unwrap();
 }
@@ -111,7 +136,11 @@ fn building_for_a_release_other_than_the_tree_is_refused() {
     let fx = Fixture::new(&["1.0.0"]);
     let host = fx.sim.host();
     std::fs::create_dir_all(host.path("/lib/modules/6.9.9-other")).unwrap();
-    std::os::unix::fs::symlink("/usr/src/linux-headers-6.8.0-sim", host.path("/lib/modules/6.9.9-other/build")).unwrap();
+    std::os::unix::fs::symlink(
+        "/usr/src/linux-headers-6.8.0-sim",
+        host.path("/lib/modules/6.9.9-other/build"),
+    )
+    .unwrap();
     let err = build_module(host, "6.9.9-other", "1.0.0", &fx.build_options()).unwrap_err();
     assert_eq!(err.reason(), "BuiltWrongModule");
 }
@@ -123,13 +152,20 @@ fn slow_fetches_and_builds_are_killed_at_their_timeout() {
     options.build_timeout = Duration::from_millis(1);
     let err = build_module(fx.sim.host(), RELEASE, "1.0.0", &options).unwrap_err();
     assert_eq!(err.reason(), "Timeout");
-    assert!(err.to_string().contains("building tt-kmd 1.0.0 for kernel 6.8.0-sim"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("building tt-kmd 1.0.0 for kernel 6.8.0-sim"),
+        "{err}"
+    );
 
     let mut options = fx.build_options();
     options.fetch_timeout = Duration::from_millis(1);
     let err = build_module(fx.sim.host(), RELEASE, "1.0.0", &options).unwrap_err();
     assert_eq!(err.reason(), "Timeout");
-    assert!(err.to_string().contains("fetching tag ttkmd-1.0.0"), "{err}");
+    assert!(
+        err.to_string().contains("fetching tag ttkmd-1.0.0"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -139,5 +175,11 @@ fn invalid_versions_are_refused_before_any_fetch() {
         let err = build_module(fx.sim.host(), RELEASE, bad, &fx.build_options()).unwrap_err();
         assert_eq!(err.reason(), "InvalidVersion", "{bad}");
     }
-    assert!(!fx.dir.path().join("work").exists() || std::fs::read_dir(fx.dir.path().join("work")).unwrap().next().is_none());
+    assert!(
+        !fx.dir.path().join("work").exists()
+            || std::fs::read_dir(fx.dir.path().join("work"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
 }
