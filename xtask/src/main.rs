@@ -1,7 +1,11 @@
 //! `cargo xtask`: project automation (CRD generation, chart and image builds, releases, the
 //! real-kernel VM tests, the demo and the benchmarks).
 
+mod chart;
 mod crd;
+mod image;
+mod release;
+mod tools;
 mod vm_test;
 
 use anyhow::{Result, bail};
@@ -10,14 +14,28 @@ const USAGE: &str = "usage: cargo xtask <command> [args]
 
 commands:
   crd [--check]   generate the CRD YAML into the Helm chart (or fail if the committed one is stale)
+  chart           lint and package the Helm chart into target/chart/
+  image controller|agent [--tag TAG] [--push]
+                  build a container image with docker or podman
+  release VERSION bump versions, regenerate, and dry-run publishing the library crates
   vm-test         boot a real Linux kernel under QEMU and run the real-kernel tests inside it";
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let cmd = args.next().unwrap_or_default();
     let rest: Vec<String> = args.collect();
     match cmd.as_str() {
         "crd" => crd::run(&rest),
+        "chart" => chart::run(&rest),
+        "image" => image::run(&rest),
+        "release" => release::run(&rest),
         "vm-test" => vm_test::run(&rest),
         "" | "help" | "--help" | "-h" => {
             println!("{USAGE}");

@@ -1,0 +1,53 @@
+//! Finding the external tools xtask drives (helm, kubectl, container engines).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{Result, bail};
+
+/// Finds `name` (helm or kubectl): `$TTDP_<NAME>`, then `~/.local/ttdp-tools/bin`, then PATH.
+pub fn kube_tool(name: &str) -> Result<PathBuf> {
+    if let Ok(p) = std::env::var(format!("TTDP_{}", name.to_uppercase())) {
+        return Ok(PathBuf::from(p));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        let p = PathBuf::from(home).join(".local/ttdp-tools/bin").join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    if let Some(p) = on_path(name) {
+        return Ok(p);
+    }
+    bail!(
+        "{name} not found: run `bash .ci/kube-tools` (installs kubectl and helm into ~/.local/ttdp-tools/bin)"
+    )
+}
+
+/// The first executable called `name` on PATH.
+pub fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// A container engine that answers (`docker info` / `podman info` succeed), if any.
+pub fn container_engine() -> Option<&'static str> {
+    ["docker", "podman"].into_iter().find(|engine| {
+        Command::new(engine)
+            .arg("info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// Runs a command, failing with its name when it does not succeed.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status()?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
