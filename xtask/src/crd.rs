@@ -1,10 +1,12 @@
 //! `cargo xtask crd [--check]`: writes the TenstorrentDriverPolicy CRD, generated from the Rust
-//! types in ttdp-api, into the Helm chart's `crds/` folder; `--check` fails when the committed
-//! file differs from what the types generate.
+//! types in ttdp-api, into the Helm chart's `crds/` folder, and the policy reference page into
+//! `docs/`; `--check` fails when a committed file differs from what the types generate.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
+
+use crate::reference;
 
 /// Where the generated CRD lives, relative to the workspace root.
 pub const CRD_PATH: &str =
@@ -32,24 +34,27 @@ pub fn run(args: &[String]) -> Result<()> {
         [flag] if flag == "--check" => true,
         _ => bail!("usage: cargo xtask crd [--check]"),
     };
-    let path = workspace_root().join(CRD_PATH);
-    let want = render()?;
-    if check {
-        let have = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        if have != want {
-            bail!(
-                "{} is stale: the CRD types in crates/ttdp-api changed. Run `cargo xtask crd` and commit the result.",
-                CRD_PATH
-            );
+    for (rel, want) in [
+        (CRD_PATH, render()?),
+        (reference::REFERENCE_PATH, reference::render()?),
+    ] {
+        let path = workspace_root().join(rel);
+        if check {
+            let have = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if have != want {
+                bail!(
+                    "{rel} is stale: the CRD types in crates/ttdp-api changed. Run `cargo xtask crd` and commit the result."
+                );
+            }
+            println!("{rel} is up to date");
+            continue;
         }
-        println!("{CRD_PATH} is up to date");
-        return Ok(());
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        std::fs::write(&path, want).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {rel}");
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    std::fs::write(&path, want).with_context(|| format!("writing {}", path.display()))?;
-    println!("wrote {CRD_PATH}");
     Ok(())
 }

@@ -4,6 +4,7 @@
 mod chart;
 mod crd;
 mod image;
+mod reference;
 mod release;
 mod tools;
 mod vm_test;
