@@ -1,0 +1,281 @@
+//! The DaemonSet controller and scheduler stand-in: a kube-rs client that watches DaemonSets, pods
+//! and nodes and keeps one bound pod per eligible node, following each DaemonSet's update strategy,
+//! and writes the DaemonSet status.
+//!
+//! The decisions are made by [`plan_daemonset`](super::daemonset_plan::plan_daemonset); this file
+//! only watches and writes. Like the real controller it remembers the creations and deletions it
+//! sent until its caches show them ("expectations"), so a slow watch never doubles a pod. It must
+//! not run against a real cluster, which has its own DaemonSet controller.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt, Stream, StreamExt};
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::daemonset_plan::{DaemonSetView, plan_daemonset};
+use super::daemonset_pod::render_daemon_pod;
+use super::error::{SimError, is_not_found};
+
+/// How long a sent creation or deletion is waited for before it is assumed lost.
+const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running DaemonSet controller stand-in. Stop it with [`DaemonSetController::shutdown`];
+/// dropping it stops it too.
+#[derive(Debug)]
+pub struct DaemonSetController {
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl DaemonSetController {
+    /// Starts the controller on `client`; it also reconciles every `resync` without events.
+    pub fn start(client: Client, resync: Duration) -> Self {
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(client, resync, cancel.clone()));
+        Self {
+            cancel,
+            task: Some(task),
+        }
+    }
+
+    /// Stops the controller and waits for it to finish.
+    pub async fn shutdown(mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for DaemonSetController {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+struct Caches {
+    daemonsets: Store<DaemonSet>,
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+}
+
+#[derive(Default)]
+struct Expectations {
+    /// (DaemonSet uid, node) -> when the creation was sent.
+    creating: HashMap<(String, String), Instant>,
+    /// Pod uid -> when the deletion was sent.
+    deleting: HashMap<String, Instant>,
+}
+
+async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
+    let (daemonsets, ds_writer) = reflector::store::<DaemonSet>();
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let config = watcher::Config::default;
+    let ds_events = watcher(Api::<DaemonSet>::all(client.clone()), config())
+        .default_backoff()
+        .reflect(ds_writer);
+    let pod_events = watcher(Api::<Pod>::all(client.clone()), config())
+        .default_backoff()
+        .reflect(pod_writer);
+    let node_events = watcher(Api::<Node>::all(client.clone()), config())
+        .default_backoff()
+        .reflect(node_writer);
+    let mut events = futures::stream::select_all([
+        boxed_unit(ds_events),
+        boxed_unit(pod_events),
+        boxed_unit(node_events),
+    ]);
+    let caches = Caches {
+        daemonsets,
+        pods,
+        nodes,
+    };
+    let mut expectations = Expectations::default();
+    info!("daemonset controller stand-in started");
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            event = events.next() => {
+                if event.is_none() {
+                    break;
+                }
+                // Take every event that is already there, then reconcile once.
+                while let Some(Some(_)) = events.next().now_or_never() {}
+            }
+            () = tokio::time::sleep(resync) => {}
+        }
+        if !ready(&caches) {
+            continue;
+        }
+        reconcile_all(&client, &caches, &mut expectations).await;
+    }
+    info!("daemonset controller stand-in stopped");
+}
+
+fn boxed_unit<S, T, E>(stream: S) -> std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>
+where
+    S: Stream<Item = Result<T, E>> + Send + 'static,
+    E: std::fmt::Display,
+{
+    Box::pin(stream.map(|event| {
+        if let Err(err) = event {
+            debug!(error = %err, "daemonset controller watch error; retrying");
+        }
+    }))
+}
+
+fn ready(caches: &Caches) -> bool {
+    [
+        caches.daemonsets.wait_until_ready().now_or_never(),
+        caches.pods.wait_until_ready().now_or_never(),
+        caches.nodes.wait_until_ready().now_or_never(),
+    ]
+    .iter()
+    .all(|r| matches!(r, Some(Ok(()))))
+}
+
+async fn reconcile_all(client: &Client, caches: &Caches, expectations: &mut Expectations) {
+    let now = Instant::now();
+    expectations
+        .creating
+        .retain(|_, sent| now.duration_since(*sent) < EXPECTATION_TIMEOUT);
+    expectations
+        .deleting
+        .retain(|_, sent| now.duration_since(*sent) < EXPECTATION_TIMEOUT);
+    let nodes = caches.nodes.state();
+    let all_pods = caches.pods.state();
+    // A deletion is seen once the pod is gone or terminating.
+    expectations.deleting.retain(|uid, _| {
+        all_pods.iter().any(|p| {
+            p.uid().as_deref() == Some(uid.as_str()) && p.metadata.deletion_timestamp.is_none()
+        })
+    });
+    for ds in caches.daemonsets.state() {
+        if ds.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        if let Err(err) = reconcile(client, &ds, &nodes, &all_pods, expectations).await {
+            warn!(daemonset = %ds.name_any(), error = %err, "daemonset reconcile failed; retrying");
+        }
+    }
+}
+
+async fn reconcile(
+    client: &Client,
+    ds: &DaemonSet,
+    nodes: &[Arc<Node>],
+    all_pods: &[Arc<Pod>],
+    expectations: &mut Expectations,
+) -> Result<(), SimError> {
+    let Some(uid) = ds.uid() else {
+        return Ok(());
+    };
+    let namespace = ds.namespace().unwrap_or_default();
+    let pods: Vec<Arc<Pod>> = all_pods
+        .iter()
+        .filter(|p| controlled_by(p, &uid))
+        .cloned()
+        .collect();
+    // A creation is seen once a live pod of this DaemonSet is on the node.
+    expectations.creating.retain(|(ds_uid, node), _| {
+        ds_uid != &uid
+            || !pods.iter().any(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
+            })
+    });
+    let creating_on: HashSet<String> = expectations
+        .creating
+        .keys()
+        .filter(|(ds_uid, _)| ds_uid == &uid)
+        .map(|(_, node)| node.clone())
+        .collect();
+    let deleting: HashSet<String> = expectations.deleting.keys().cloned().collect();
+    let plan = plan_daemonset(DaemonSetView {
+        ds,
+        nodes,
+        pods: &pods,
+        creating_on: &creating_on,
+        deleting: &deleting,
+    })?;
+
+    let pod_api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    for node in &plan.create_on {
+        let pod = render_daemon_pod(ds, node, &plan.revision_hash)?;
+        let created = pod_api
+            .create(&PostParams::default(), &pod)
+            .await
+            .map_err(|e| {
+                SimError::api(format!("create the pod of daemonset {namespace}/{} on node {node}", ds.name_any()), e)
+            })?;
+        info!(daemonset = %ds.name_any(), node = %node, pod = %created.name_any(), "daemon pod created");
+        expectations
+            .creating
+            .insert((uid.clone(), node.clone()), Instant::now());
+    }
+    for doomed in &plan.delete {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(doomed.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match pod_api.delete(&doomed.name, &params).await {
+            Ok(_) => {
+                info!(daemonset = %ds.name_any(), pod = %doomed.name, reason = doomed.reason, "daemon pod deleted");
+                expectations
+                    .deleting
+                    .insert(doomed.uid.clone(), Instant::now());
+            }
+            Err(err) if is_not_found(&err) => {}
+            Err(err) => {
+                return Err(SimError::api(format!("delete daemon pod {namespace}/{}", doomed.name), err));
+            }
+        }
+    }
+    write_status(client, ds, plan.status).await
+}
+
+fn controlled_by(pod: &Pod, uid: &str) -> bool {
+    pod.owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+async fn write_status(client: &Client, ds: &DaemonSet, computed: DaemonSetStatus) -> Result<(), SimError> {
+    let current = ds.status.clone().unwrap_or_default();
+    let wanted = DaemonSetStatus {
+        collision_count: current.collision_count,
+        conditions: current.conditions.clone(),
+        ..computed
+    };
+    if wanted == current {
+        return Ok(());
+    }
+    let namespace = ds.namespace().unwrap_or_default();
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);
+    let patch = serde_json::json!({ "status": wanted });
+    match api
+        .patch_status(&ds.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(err) if is_not_found(&err) => Ok(()),
+        Err(err) => Err(SimError::api(
+            format!("write the status of daemonset {namespace}/{}", ds.name_any()),
+            err,
+        )),
+    }
+}

@@ -1,0 +1,270 @@
+//! The simulated kubelet: registers its nodes, keeps them alive, and runs the pods bound to them
+//! (one [`PodWorker`](super::pod_worker) each) as child processes or process-less workloads.
+//!
+//! It is a kube-rs client watching pods with the field selector `spec.nodeName=<node>`, so it works
+//! the same against the test API server and against a real cluster, where it serves only the nodes
+//! it registered.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Client, ResourceExt};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::error::{SimError, is_not_found};
+use super::image_map::ImageMap;
+use super::node_heartbeat::{SimNodeSpec, heartbeat, register_node};
+use super::pod_worker::{KubeletShared, NodeContext, PodUpdate, PodWorker};
+use super::time_scale::TimeScale;
+
+/// The kubelet's node status update period.
+const HEARTBEAT_PERIOD: Duration = Duration::from_secs(10);
+
+/// How the simulated kubelet runs containers.
+#[derive(Debug, Clone)]
+pub struct KubeletConfig {
+    /// Images run as local binaries; all others are workload containers.
+    pub image_map: ImageMap,
+    /// Speed of simulated time (probe periods, back-off, grace periods, heartbeats).
+    pub time_scale: TimeScale,
+    /// Environment injected into every mapped container on every node (e.g. `KUBECONFIG`),
+    /// before the node's own variables.
+    pub common_env: Vec<(String, String)>,
+    /// Where container output goes (`<namespace>_<pod>_<container>.log`); none: discarded.
+    pub log_dir: Option<PathBuf>,
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        Self {
+            image_map: ImageMap::new(),
+            time_scale: TimeScale::REAL,
+            common_env: Vec::new(),
+            log_dir: None,
+        }
+    }
+}
+
+type Workers = Arc<Mutex<HashMap<String, PodWorker>>>;
+
+/// A running simulated kubelet serving one or more nodes. Stop it with [`SimKubelet::shutdown`];
+/// dropping it stops its tasks too (child processes are then killed on drop).
+pub struct SimKubelet {
+    client: Client,
+    nodes: Vec<String>,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    workers: Workers,
+}
+
+impl SimKubelet {
+    /// Registers `nodes` (node `i` gets host IP `10.0.<i/250>.<i%250+2>`-style addresses) and starts
+    /// serving them.
+    pub async fn start(client: Client, config: KubeletConfig, nodes: Vec<SimNodeSpec>) -> Result<Self, SimError> {
+        let shutdown = CancellationToken::new();
+        let shared = Arc::new(KubeletShared {
+            client: client.clone(),
+            image_map: config.image_map.clone(),
+            time_scale: config.time_scale,
+            log_dir: config.log_dir.clone(),
+            shutdown: shutdown.clone(),
+        });
+        if let Some(dir) = &config.log_dir {
+            std::fs::create_dir_all(dir).map_err(|source| SimError::HostIo {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let workers: Workers = Arc::default();
+        let mut tasks = Vec::new();
+        let mut names = Vec::new();
+        for (i, spec) in nodes.into_iter().enumerate() {
+            let index = u8::try_from(i % 250).unwrap_or(0);
+            let host_ip = format!("10.0.{}.{}", i / 250, usize::from(index) + 2);
+            register_node(&client, &spec, &host_ip).await?;
+            info!(node = %spec.name, host_ip = %host_ip, "simulated node registered");
+            let mut env = config.common_env.clone();
+            env.extend(spec.env.iter().cloned());
+            let node = Arc::new(NodeContext {
+                name: spec.name.clone(),
+                host_ip: host_ip.clone(),
+                index,
+                env,
+                kernel: spec.kernel.clone(),
+            });
+            names.push(spec.name.clone());
+            tasks.push(tokio::spawn(heartbeat_loop(
+                client.clone(),
+                spec,
+                host_ip,
+                config.time_scale,
+                shutdown.clone(),
+            )));
+            tasks.push(tokio::spawn(serve_node(shared.clone(), node, workers.clone())));
+        }
+        Ok(Self {
+            client,
+            nodes: names,
+            shutdown,
+            tasks,
+            workers,
+        })
+    }
+
+    /// The names of the nodes this kubelet serves.
+    pub fn node_names(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// Stops serving: kills every container (releasing device holds) without touching the API.
+    pub async fn shutdown(mut self) {
+        self.stop().await;
+    }
+
+    /// Stops serving and deletes this kubelet's Node objects (for shared real clusters).
+    pub async fn shutdown_and_unregister(mut self) -> Result<(), SimError> {
+        self.stop().await;
+        let api: Api<Node> = Api::all(self.client.clone());
+        for name in &self.nodes {
+            match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(err) if is_not_found(&err) => {}
+                Err(err) => return Err(SimError::api(format!("delete simulated node {name}"), err)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn stop(&mut self) {
+        self.shutdown.cancel();
+        for task in self.tasks.drain(..) {
+            let _ = task.await;
+        }
+        let workers: Vec<PodWorker> = self
+            .workers
+            .lock()
+            .map(|mut w| w.drain().map(|(_, worker)| worker).collect())
+            .unwrap_or_default();
+        for worker in workers {
+            let _ = tokio::time::timeout(Duration::from_secs(10), worker.task).await;
+        }
+    }
+}
+
+impl std::fmt::Debug for SimKubelet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimKubelet").field("nodes", &self.nodes).finish_non_exhaustive()
+    }
+}
+
+impl Drop for SimKubelet {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn heartbeat_loop(client: Client, spec: SimNodeSpec, host_ip: String, scale: TimeScale, shutdown: CancellationToken) {
+    let period = scale.scale(HEARTBEAT_PERIOD).max(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(period) => {}
+        }
+        if let Err(err) = heartbeat(&client, &spec, &host_ip).await {
+            debug!(node = %spec.name, error = %err, "node heartbeat failed; retrying");
+        }
+    }
+}
+
+async fn serve_node(shared: Arc<KubeletShared>, node: Arc<NodeContext>, workers: Workers) {
+    let api: Api<Pod> = Api::all(shared.client.clone());
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={}", node.name));
+    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut next_ip: u8 = 2;
+    // Uids seen during a relist; pods missing from it are gone.
+    let mut relisted: Option<Vec<String>> = None;
+    loop {
+        let event = tokio::select! {
+            () = shared.shutdown.cancelled() => return,
+            event = events.next() => event,
+        };
+        let event = match event {
+            None => return,
+            Some(Err(err)) => {
+                debug!(node = %node.name, error = %err, "pod watch error; retrying");
+                continue;
+            }
+            Some(Ok(event)) => event,
+        };
+        match event {
+            Event::Init => relisted = Some(Vec::new()),
+            Event::InitApply(pod) => {
+                if let Some(seen) = relisted.as_mut() {
+                    seen.push(pod.uid().unwrap_or_default());
+                }
+                apply(&shared, &node, &workers, pod, &mut next_ip);
+            }
+            Event::InitDone => {
+                if let Some(seen) = relisted.take() {
+                    let gone: Vec<String> = lock(&workers)
+                        .keys()
+                        .filter(|uid| !seen.contains(uid))
+                        .cloned()
+                        .collect();
+                    for uid in gone {
+                        forget(&workers, &uid);
+                    }
+                }
+            }
+            Event::Apply(pod) => apply(&shared, &node, &workers, pod, &mut next_ip),
+            Event::Delete(pod) => forget(&workers, &pod.uid().unwrap_or_default()),
+        }
+    }
+}
+
+fn lock(workers: &Workers) -> std::sync::MutexGuard<'_, HashMap<String, PodWorker>> {
+    workers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn apply(shared: &Arc<KubeletShared>, node: &Arc<NodeContext>, workers: &Workers, pod: Pod, next_ip: &mut u8) {
+    let Some(uid) = pod.uid() else {
+        return;
+    };
+    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.name.as_str()) {
+        forget(workers, &uid);
+        return;
+    }
+    let mut workers = lock(workers);
+    if let Some(worker) = workers.get(&uid) {
+        if !worker.task.is_finished() {
+            let _ = worker.updates.send(PodUpdate::Present(Box::new(pod)));
+        }
+        return;
+    }
+    // A pod that already ended is not started again (e.g. after a kubelet restart).
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded" | "Failed")) {
+        return;
+    }
+    let pod_ip = format!("10.244.{}.{}", node.index, *next_ip);
+    *next_ip = if *next_ip >= 254 { 2 } else { *next_ip + 1 };
+    info!(node = %node.name, pod = %pod.name_any(), "pod bound to simulated node");
+    workers.insert(uid, PodWorker::start(shared.clone(), node.clone(), pod, pod_ip));
+}
+
+fn forget(workers: &Workers, uid: &str) {
+    if let Some(worker) = lock(workers).remove(uid) {
+        if worker.updates.send(PodUpdate::Gone).is_err() && !worker.task.is_finished() {
+            warn!(uid, "pod worker does not listen; it will stop with the kubelet");
+        }
+    }
+}

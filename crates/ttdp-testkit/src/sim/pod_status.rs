@@ -1,0 +1,194 @@
+//! The pod status a kubelet reports, computed from its containers' states.
+
+use std::collections::HashMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+    ContainerStatus, HostIP, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::container_runtime::{ContainerSnapshot, RunState, Termination};
+
+/// Condition types the kubelet owns; others (e.g. `DisruptionTarget`) are kept as they are.
+const KUBELET_CONDITIONS: [&str; 5] = [
+    "PodReadyToStartContainers",
+    "Initialized",
+    "Ready",
+    "ContainersReady",
+    "PodScheduled",
+];
+
+/// The pod's phase from its containers: `Pending` until one started, `Succeeded`/`Failed` once all
+/// ended for good, `Running` otherwise.
+pub(crate) fn pod_phase(containers: &[ContainerSnapshot]) -> &'static str {
+    if !containers.is_empty() && containers.iter().all(|c| c.done) {
+        let all_ok = containers.iter().all(|c| {
+            matches!(&c.state, RunState::Terminated(t) if t.exit_code == 0)
+        });
+        return if all_ok { "Succeeded" } else { "Failed" };
+    }
+    if containers.iter().any(|c| c.ever_started) {
+        "Running"
+    } else {
+        "Pending"
+    }
+}
+
+/// Everything about the pod that is not its containers.
+#[derive(Debug, Clone)]
+pub(crate) struct PodFacts<'a> {
+    pub host_ip: &'a str,
+    pub pod_ip: &'a str,
+    pub start_time: Timestamp,
+    /// The status as last read from the API (for foreign conditions and transition times).
+    pub previous: Option<&'a PodStatus>,
+    /// The pod uid, for container ids.
+    pub uid: &'a str,
+}
+
+/// When each kubelet condition last changed, as this kubelet saw it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConditionClock(HashMap<String, (bool, Timestamp)>);
+
+impl ConditionClock {
+    /// The transition time of condition `type_` now at `status`.
+    fn since(&mut self, type_: &str, status: bool) -> Timestamp {
+        let entry = self
+            .0
+            .entry(type_.to_owned())
+            .or_insert((status, Timestamp::now()));
+        if entry.0 != status {
+            *entry = (status, Timestamp::now());
+        }
+        entry.1
+    }
+}
+
+/// The full pod status.
+pub(crate) fn pod_status(
+    facts: &PodFacts<'_>,
+    containers: &[ContainerSnapshot],
+    clock: &mut ConditionClock,
+) -> PodStatus {
+    let phase = pod_phase(containers);
+    let unready: Vec<&str> = containers
+        .iter()
+        .filter(|c| !c.ready)
+        .map(|c| c.name.as_str())
+        .collect();
+    let ready = phase == "Running" && unready.is_empty();
+    let previous_conditions = facts
+        .previous
+        .and_then(|p| p.conditions.clone())
+        .unwrap_or_default();
+    let mut condition = |type_: &str, status: bool, reason: Option<String>, message: Option<String>| {
+        let since = Time(clock.since(type_, status));
+        let status = if status { "True" } else { "False" }.to_owned();
+        PodCondition {
+            type_: type_.to_owned(),
+            status,
+            reason,
+            message,
+            last_transition_time: Some(since),
+            last_probe_time: None,
+            observed_generation: None,
+        }
+    };
+    let not_ready = (!ready).then(|| {
+        (
+            Some("ContainersNotReady".to_owned()),
+            Some(format!("containers with unready status: [{}]", unready.join(" "))),
+        )
+    });
+    let (reason, message) = not_ready.unwrap_or((None, None));
+    let mut conditions = vec![
+        condition("PodReadyToStartContainers", true, None, None),
+        condition("Initialized", true, None, None),
+        condition("Ready", ready, reason.clone(), message.clone()),
+        condition("ContainersReady", ready, reason, message),
+        condition("PodScheduled", true, None, None),
+    ];
+    conditions.extend(
+        previous_conditions
+            .iter()
+            .filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str()))
+            .cloned(),
+    );
+    PodStatus {
+        phase: Some(phase.to_owned()),
+        conditions: Some(conditions),
+        host_ip: Some(facts.host_ip.to_owned()),
+        host_ips: Some(vec![HostIP {
+            ip: facts.host_ip.to_owned(),
+        }]),
+        pod_ip: Some(facts.pod_ip.to_owned()),
+        pod_ips: Some(vec![PodIP {
+            ip: facts.pod_ip.to_owned(),
+        }]),
+        start_time: Some(Time(facts.start_time)),
+        qos_class: facts.previous.and_then(|p| p.qos_class.clone()),
+        container_statuses: Some(
+            containers
+                .iter()
+                .map(|c| container_status(facts.uid, c))
+                .collect(),
+        ),
+        ..PodStatus::default()
+    }
+}
+
+fn container_status(uid: &str, c: &ContainerSnapshot) -> ContainerStatus {
+    let running = matches!(c.state, RunState::Running { .. });
+    ContainerStatus {
+        name: c.name.clone(),
+        image: c.image.clone(),
+        image_id: format!("sim://{}", c.image),
+        container_id: c
+            .ever_started
+            .then(|| format!("sim://{uid}/{}/{}", c.name, c.restart_count)),
+        ready: c.ready,
+        started: Some(running),
+        restart_count: c.restart_count,
+        state: Some(container_state(&c.state)),
+        last_state: c.last_termination.as_ref().map(|t| ContainerState {
+            terminated: Some(terminated(t)),
+            ..ContainerState::default()
+        }),
+        ..ContainerStatus::default()
+    }
+}
+
+fn container_state(state: &RunState) -> ContainerState {
+    match state {
+        RunState::Waiting { reason, message } => ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some(reason.clone()),
+                message: message.clone(),
+            }),
+            ..ContainerState::default()
+        },
+        RunState::Running { started_at } => ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: Some(Time(*started_at)),
+            }),
+            ..ContainerState::default()
+        },
+        RunState::Terminated(t) => ContainerState {
+            terminated: Some(terminated(t)),
+            ..ContainerState::default()
+        },
+    }
+}
+
+fn terminated(t: &Termination) -> ContainerStateTerminated {
+    ContainerStateTerminated {
+        exit_code: t.exit_code,
+        reason: Some(t.reason.clone()),
+        message: t.message.clone(),
+        started_at: t.started_at.map(Time),
+        finished_at: Some(Time(t.finished_at)),
+        ..ContainerStateTerminated::default()
+    }
+}

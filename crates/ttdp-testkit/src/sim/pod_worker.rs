@@ -1,0 +1,288 @@
+//! The simulated kubelet's worker for one pod: starts its containers, writes its status whenever
+//! it changes, and carries out graceful deletion (stop the containers within the grace period,
+//! then delete the pod with grace 0, as the kubelet does).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Container, Pod, Probe};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::{Client, ResourceExt};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::container_runtime::{
+    ContainerBody, ContainerHandle, DeviceUse, ReadinessProbe, RuntimeSettings, StopRequest,
+};
+use super::container_spec::{container_process, probe_process};
+use super::error::{SimError, is_not_found};
+use super::image_map::ImageMap;
+use super::node_kernel::{NodeKernel, pod_uses_device};
+use super::pod_status::{ConditionClock, PodFacts, pod_status};
+use super::time_scale::TimeScale;
+
+/// How often the status is rewritten even without changes (cheap insurance against lost writes).
+const STATUS_RESYNC: Duration = Duration::from_secs(5);
+
+/// What a node gives the pods bound to it.
+#[derive(Debug)]
+pub(crate) struct NodeContext {
+    pub name: String,
+    pub host_ip: String,
+    /// Third octet of this node's pod addresses.
+    pub index: u8,
+    /// Environment injected into mapped containers.
+    pub env: Vec<(String, String)>,
+    pub kernel: Option<Arc<dyn NodeKernel>>,
+}
+
+/// What every pod worker of a kubelet shares.
+pub(crate) struct KubeletShared {
+    pub client: Client,
+    pub image_map: ImageMap,
+    pub time_scale: TimeScale,
+    pub log_dir: Option<PathBuf>,
+    /// Cancelled when the kubelet shuts down: containers are killed, the API is left alone.
+    pub shutdown: CancellationToken,
+}
+
+/// The latest the kubelet knows about the pod.
+#[derive(Debug, Clone)]
+pub(crate) enum PodUpdate {
+    Present(Box<Pod>),
+    /// Deleted from the API (or no longer bound here).
+    Gone,
+}
+
+/// A running pod worker.
+#[derive(Debug)]
+pub(crate) struct PodWorker {
+    pub updates: watch::Sender<PodUpdate>,
+    pub task: JoinHandle<()>,
+}
+
+impl PodWorker {
+    pub fn start(shared: Arc<KubeletShared>, node: Arc<NodeContext>, pod: Pod, pod_ip: String) -> Self {
+        let (updates, rx) = watch::channel(PodUpdate::Present(Box::new(pod.clone())));
+        let task = tokio::spawn(run(shared, node, pod, pod_ip, rx));
+        Self { updates, task }
+    }
+}
+
+async fn run(
+    shared: Arc<KubeletShared>,
+    node: Arc<NodeContext>,
+    mut pod: Pod,
+    pod_ip: String,
+    mut updates: watch::Receiver<PodUpdate>,
+) {
+    let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+    let uid = pod.uid().unwrap_or_default();
+    let start_time = Timestamp::now();
+    let changed = Arc::new(Notify::new());
+    let containers = start_containers(&shared, &node, &pod, &pod_ip, &changed);
+    info!(pod = %key, node = %node.name, containers = containers.len(), "pod started");
+    let mut last_written: Option<serde_json::Value> = None;
+    let mut clock = ConditionClock::default();
+    let mut gone = false;
+    loop {
+        if pod.metadata.deletion_timestamp.is_some() {
+            break;
+        }
+        write_status(&shared, &node, &pod, &pod_ip, start_time, &containers, &mut clock, &mut last_written).await;
+        tokio::select! {
+            () = shared.shutdown.cancelled() => {
+                stop_all(containers, StopRequest::Kill).await;
+                return;
+            }
+            changed_update = updates.changed() => {
+                match (changed_update, updates.borrow_and_update().clone()) {
+                    (Ok(()), PodUpdate::Present(latest)) => pod = *latest,
+                    _ => {
+                        gone = true;
+                        break;
+                    }
+                }
+            }
+            () = changed.notified() => {}
+            () = tokio::time::sleep(STATUS_RESYNC) => last_written = None,
+        }
+    }
+    if gone {
+        info!(pod = %key, "pod vanished from the api; killing its containers");
+        stop_all(containers, StopRequest::Kill).await;
+        return;
+    }
+    // Graceful deletion.
+    let grace_seconds = pod
+        .metadata
+        .deletion_grace_period_seconds
+        .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+        .unwrap_or(30);
+    let grace = shared.time_scale.seconds(grace_seconds);
+    info!(pod = %key, grace_seconds, "pod terminating");
+    let snapshots_after = {
+        let stopping = stop_all(containers, StopRequest::Graceful(grace));
+        tokio::select! {
+            snapshots = stopping => snapshots,
+            () = shared.shutdown.cancelled() => return,
+        }
+    };
+    let facts = PodFacts {
+        host_ip: &node.host_ip,
+        pod_ip: &pod_ip,
+        start_time,
+        previous: pod.status.as_ref(),
+        uid: &uid,
+    };
+    let mut status = pod_status(&facts, &snapshots_after, &mut clock);
+    if status.phase.as_deref() == Some("Running") {
+        status.phase = Some("Failed".to_owned());
+    }
+    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
+    let patch = serde_json::json!({ "status": status });
+    if let Err(err) = api
+        .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        debug!(pod = %key, error = %err, "final status write failed");
+    }
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&pod.name_any(), &params).await {
+        Ok(_) => info!(pod = %key, "pod deleted after its containers stopped"),
+        Err(err) if is_not_found(&err) => {}
+        Err(err) => warn!(pod = %key, error = %SimError::api(format!("finish deleting pod {key}"), err), "pod deletion failed"),
+    }
+}
+
+/// Stops every container at once and returns their final snapshots.
+async fn stop_all(containers: Vec<ContainerHandle>, request: StopRequest) -> Vec<super::container_runtime::ContainerSnapshot> {
+    futures::future::join_all(containers.into_iter().map(|c| c.stop(request))).await
+}
+
+fn start_containers(
+    shared: &KubeletShared,
+    node: &NodeContext,
+    pod: &Pod,
+    pod_ip: &str,
+    changed: &Arc<Notify>,
+) -> Vec<ContainerHandle> {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+    let uses_device = pod_uses_device(pod);
+    spec.containers
+        .iter()
+        .map(|container| {
+            let image = container.image.clone().unwrap_or_default();
+            let body = container_body(shared, node, pod, container, &image, pod_ip, uses_device);
+            let settings = RuntimeSettings {
+                time_scale: shared.time_scale,
+                restart_policy: spec.restart_policy.clone().unwrap_or_else(|| "Always".to_owned()),
+                log_file: shared.log_dir.as_ref().map(|dir| {
+                    dir.join(format!(
+                        "{}_{}_{}.log",
+                        pod.namespace().unwrap_or_default(),
+                        pod.name_any(),
+                        container.name
+                    ))
+                }),
+                pod: key.clone(),
+            };
+            ContainerHandle::start(&container.name, &image, body, settings, changed.clone())
+        })
+        .collect()
+}
+
+fn container_body(
+    shared: &KubeletShared,
+    node: &NodeContext,
+    pod: &Pod,
+    container: &Container,
+    image: &str,
+    pod_ip: &str,
+    uses_device: bool,
+) -> ContainerBody {
+    let Some(binary) = shared.image_map.binary_for(image) else {
+        let device = match (&node.kernel, uses_device) {
+            (Some(kernel), true) => Some(DeviceUse {
+                kernel: kernel.clone(),
+                comm: container.name.chars().take(15).collect(),
+            }),
+            _ => None,
+        };
+        return ContainerBody::Workload { device };
+    };
+    let process = container_process(pod, container, binary, &node.env, pod_ip, &node.host_ip);
+    let probe = container
+        .readiness_probe
+        .as_ref()
+        .map(|p| readiness_probe(p, container, &process));
+    ContainerBody::Process { process, probe }
+}
+
+fn readiness_probe(
+    probe: &Probe,
+    container: &Container,
+    process: &super::container_spec::ProcessSpec,
+) -> ReadinessProbe {
+    let secs = |v: Option<i32>, default: u64| Duration::from_secs(v.and_then(|v| u64::try_from(v).ok()).unwrap_or(default));
+    let threshold = |v: Option<i32>, default: u32| v.and_then(|v| u32::try_from(v).ok()).unwrap_or(default);
+    ReadinessProbe {
+        process: probe
+            .exec
+            .as_ref()
+            .and_then(|exec| probe_process(exec, container, process)),
+        initial_delay: secs(probe.initial_delay_seconds, 0),
+        period: secs(probe.period_seconds, 10),
+        // Not scaled: starting a process takes real time.
+        timeout: secs(probe.timeout_seconds, 1).max(Duration::from_secs(1)),
+        success_threshold: threshold(probe.success_threshold, 1),
+        failure_threshold: threshold(probe.failure_threshold, 3),
+    }
+}
+
+async fn write_status(
+    shared: &KubeletShared,
+    node: &NodeContext,
+    pod: &Pod,
+    pod_ip: &str,
+    start_time: Timestamp,
+    containers: &[ContainerHandle],
+    clock: &mut ConditionClock,
+    last_written: &mut Option<serde_json::Value>,
+) {
+    let uid = pod.uid().unwrap_or_default();
+    let snapshots: Vec<_> = containers.iter().map(ContainerHandle::snapshot).collect();
+    let facts = PodFacts {
+        host_ip: &node.host_ip,
+        pod_ip,
+        start_time,
+        previous: pod.status.as_ref(),
+        uid: &uid,
+    };
+    let status = pod_status(&facts, &snapshots, clock);
+    let value = serde_json::json!({ "status": status });
+    if last_written.as_ref() == Some(&value) {
+        return;
+    }
+    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
+    match api
+        .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&value))
+        .await
+    {
+        Ok(_) => *last_written = Some(value),
+        Err(err) if is_not_found(&err) => {}
+        Err(err) => debug!(pod = %pod.name_any(), error = %err, "pod status write failed; retrying"),
+    }
+}
