@@ -1,0 +1,277 @@
+//! The Helm chart, rendered by the real `helm`: it lints strictly, every rendered object parses
+//! into its Kubernetes type without losing a field, and values change what they should.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use k8s_openapi::api::{
+    admissionregistration::v1 as adm, apps::v1 as apps, core::v1 as core, rbac::v1 as rbac,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+fn chart() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/tt-k8s-driver-manager")
+}
+
+fn helm() -> PathBuf {
+    if let Ok(p) = std::env::var("TTDP_HELM") {
+        return p.into();
+    }
+    let p = PathBuf::from(std::env::var("HOME").unwrap()).join(".local/ttdp-tools/bin/helm");
+    assert!(
+        p.is_file(),
+        "helm not found at {}: run `bash .ci/kube-tools` first",
+        p.display()
+    );
+    p
+}
+
+fn template(sets: &[&str]) -> Vec<Value> {
+    let mut cmd = Command::new(helm());
+    cmd.args(["template", "tt-k8s-driver-manager"])
+        .arg(chart())
+        .args(["-n", "tt-k8s-driver-manager-system", "--include-crds"]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+fn strip_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), strip_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(strip_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Parses `doc` as `T` and checks nothing was dropped (a misspelled field would be).
+fn typed<T: DeserializeOwned + Serialize>(doc: &Value) -> T {
+    let t: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{} does not parse: {e}", doc["kind"]));
+    assert_eq!(
+        strip_nulls(&serde_json::to_value(&t).unwrap()),
+        strip_nulls(doc),
+        "{} {} loses fields when parsed",
+        doc["kind"],
+        doc["metadata"]["name"]
+    );
+    t
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name_suffix: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| {
+            d["kind"] == kind
+                && d["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with(name_suffix)
+        })
+        .unwrap_or_else(|| panic!("no {kind} *{name_suffix}"))
+}
+
+#[test]
+fn lints_strictly() {
+    let out = Command::new(helm())
+        .args(["lint", "--strict"])
+        .arg(chart())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn every_object_parses_into_its_type() {
+    let docs = template(&["metrics.serviceMonitor.enabled=true"]);
+    let mut kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    kinds.sort();
+    kinds.dedup();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+            "Deployment",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+            "ServiceMonitor",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
+        ]
+    );
+    for d in &docs {
+        match d["kind"].as_str().unwrap() {
+            "ClusterRole" => drop(typed::<rbac::ClusterRole>(d)),
+            "ClusterRoleBinding" => drop(typed::<rbac::ClusterRoleBinding>(d)),
+            "Role" => drop(typed::<rbac::Role>(d)),
+            "RoleBinding" => drop(typed::<rbac::RoleBinding>(d)),
+            "Deployment" => drop(typed::<apps::Deployment>(d)),
+            "Service" => drop(typed::<core::Service>(d)),
+            "ServiceAccount" => drop(typed::<core::ServiceAccount>(d)),
+            "CustomResourceDefinition" => {
+                let crd: CustomResourceDefinition = typed(d);
+                assert_eq!(crd, ttdp_api::crd(), "the chart's CRD is the generated one");
+            }
+            "ValidatingAdmissionPolicy" => drop(typed::<adm::ValidatingAdmissionPolicy>(d)),
+            "ValidatingAdmissionPolicyBinding" => {
+                drop(typed::<adm::ValidatingAdmissionPolicyBinding>(d))
+            }
+            "ServiceMonitor" => assert_eq!(d["spec"]["endpoints"][0]["path"], "/metrics"),
+            other => panic!("unexpected kind {other}"),
+        }
+    }
+}
+
+#[test]
+fn controller_is_locked_down_and_configured_from_values() {
+    let docs = template(&[]);
+    let deploy: apps::Deployment = typed(find(&docs, "Deployment", "-controller"));
+    let pod = deploy.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some("tt-k8s-driver-manager-controller")
+    );
+    assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+    let c = &pod.containers[0];
+    let sc = c.security_context.clone().unwrap();
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.capabilities.unwrap().drop.unwrap(), ["ALL"]);
+    assert_eq!(
+        c.image.as_deref(),
+        Some("ghcr.io/tenstorrent/tt-k8s-driver-manager:0.1.0")
+    );
+    assert_eq!(
+        c.liveness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap()
+            .path
+            .as_deref(),
+        Some("/healthz")
+    );
+    assert_eq!(
+        c.readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap()
+            .path
+            .as_deref(),
+        Some("/readyz")
+    );
+    let env = |docs: &[Value], name: &str| -> String {
+        let d: apps::Deployment = typed(find(docs, "Deployment", "-controller"));
+        let c = d.spec.unwrap().template.spec.unwrap().containers.remove(0);
+        c.env
+            .unwrap()
+            .into_iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value)
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        env(&docs, "TTDP_DEPLOY_GATES"),
+        ttdp_api::names::DEFAULT_DEPLOY_GATE
+    );
+    assert_eq!(
+        env(&docs, "TTDP_INSTALLER_IMAGE"),
+        "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:0.1.0"
+    );
+    assert_eq!(env(&docs, "TTDP_LEADER_ELECT"), "true");
+    let docs = template(&[
+        "controller.deployGates=null",
+        "driver.image=example.com/b:1",
+    ]);
+    assert_eq!(env(&docs, "TTDP_DEPLOY_GATES"), "");
+    assert_eq!(env(&docs, "TTDP_INSTALLER_IMAGE"), "example.com/b:1");
+}
+
+#[test]
+fn bad_values_are_rejected() {
+    for set in [
+        "controller.logFormat=xml",
+        "controller.deployGates={bad key}",
+        "image.pullPolicy=Sometimes",
+    ] {
+        let out = Command::new(helm())
+            .args(["template", "x"])
+            .arg(chart())
+            .args(["--set", set])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{set} was accepted");
+    }
+}
+
+#[test]
+fn agent_may_only_touch_its_own_node_and_pod() {
+    let docs = template(&[]);
+    let role: rbac::ClusterRole = typed(find(&docs, "ClusterRole", "-agent"));
+    let verbs: Vec<String> = role
+        .rules
+        .unwrap()
+        .into_iter()
+        .flat_map(|r| r.verbs)
+        .collect();
+    assert!(
+        !verbs
+            .iter()
+            .any(|v| v == "delete" || v == "list" || v == "update"),
+        "{verbs:?}"
+    );
+    let vap: adm::ValidatingAdmissionPolicy =
+        typed(find(&docs, "ValidatingAdmissionPolicy", "-agent-own-node"));
+    let spec = vap.spec.unwrap();
+    assert_eq!(
+        spec.match_conditions.unwrap()[0].expression,
+        "request.userInfo.username == \"system:serviceaccount:tt-k8s-driver-manager-system:tt-k8s-driver-manager-agent\""
+    );
+    let text = serde_json::to_string(&spec.validations).unwrap();
+    for label in [
+        ttdp_api::names::labels::KMD_VERSION,
+        ttdp_api::names::labels::INSTALL_MODE,
+        ttdp_api::names::labels::TT_SMI_VERSION,
+    ] {
+        assert!(
+            text.contains(label)
+                || serde_json::to_string(&spec.variables)
+                    .unwrap()
+                    .contains(label),
+            "{label}"
+        );
+    }
+    assert!(
+        template(&["admissionPolicy.enabled=false"])
+            .iter()
+            .all(|d| d["kind"] != "ValidatingAdmissionPolicy")
+    );
+}
