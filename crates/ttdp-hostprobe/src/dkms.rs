@@ -62,8 +62,8 @@ impl HostInstall {
 /// Looks for the spec's two DKMS signals under the host root.
 pub fn detect_host_install(host: &HostRoot) -> Result<HostInstall, ProbeError> {
     let mut signals = Vec::new();
-    let state = host.path(DKMS_STATE_DIR);
-    if state.is_dir() {
+    // resolve() follows links the way the host would (absolute targets stay inside the root)
+    if let Some(state) = host.resolve(DKMS_STATE_DIR).ok().filter(|p| p.is_dir()) {
         // DKMS keeps one directory per version, plus `kernel-*` links and the `original_module` dir.
         let versions = list_optional(&state)?
             .unwrap_or_default()
@@ -82,7 +82,7 @@ pub fn detect_host_install(host: &HostRoot) -> Result<HostInstall, ProbeError> {
         let conf = PathBuf::from(DKMS_SOURCE_PARENT)
             .join(&name)
             .join("dkms.conf");
-        if host.path(&conf).is_file() {
+        if host.resolve(&conf).is_ok_and(|p| p.is_file()) {
             signals.push(DkmsSignal::DkmsSource {
                 path: conf,
                 version: version.to_string(),
@@ -127,6 +127,17 @@ mod tests {
                 versions: vec!["2.0.0".into()]
             }]
         );
+    }
+
+    #[test]
+    fn signals_behind_absolute_links_are_found_inside_the_host_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = HostRoot::new(dir.path());
+        std::fs::create_dir_all(root.path("/data/dkms/tenstorrent/2.0.0")).unwrap();
+        std::fs::create_dir_all(root.path("/var/lib/dkms")).unwrap();
+        std::os::unix::fs::symlink("/data/dkms/tenstorrent", root.path(DKMS_STATE_DIR)).unwrap();
+        let found = detect_host_install(&root).unwrap();
+        assert_eq!(found.versions(), vec!["2.0.0".to_string()]);
     }
 
     #[test]

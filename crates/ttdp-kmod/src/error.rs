@@ -75,6 +75,20 @@ pub enum KmodError {
         #[source]
         source: std::io::Error,
     },
+    /// The kernel only loads signed modules and ours is not signed; nothing was unloaded.
+    #[error(
+        "module {module} {version} is not signed and kernel {release} only loads signed modules ({enforcement}); nothing was unloaded: sign the module with a key the host trusts or turn enforcement off"
+    )]
+    SignatureRequired {
+        /// Module name.
+        module: String,
+        /// Version concerned.
+        version: String,
+        /// Running kernel release.
+        release: String,
+        /// What enforces signing, e.g. `sig_enforce=Y` or `lockdown=integrity`.
+        enforcement: String,
+    },
     /// The kernel refused the module file as invalid for this kernel (ENOEXEC, EINVAL).
     #[error("kernel rejected {} as module {module} {version} for kernel {release} (vermagic {}): {source}; rebuild it against the running kernel's headers (the cached copy is not trusted any more)", .path.display(), shown(.vermagic))]
     BadModule {
@@ -279,6 +293,7 @@ impl KmodError {
             Self::AlreadyLoaded { .. } => "ModuleAlreadyLoaded",
             Self::PermissionDenied { .. } => "PermissionDenied",
             Self::SignatureRejected { .. } => "SignatureRejected",
+            Self::SignatureRequired { .. } => "SignatureRequired",
             Self::BadModule { .. } => "BadModule",
             Self::Syscall { .. } => "SyscallFailed",
             Self::HoldersRemain { .. } => "HoldersRemain",

@@ -12,7 +12,7 @@ use crate::install_report::{
 };
 use crate::kernel::Kernel;
 use crate::ko_cache::{CacheLookup, CachedKo, KoCache};
-use crate::modinfo::ModInfo;
+use crate::modinfo::{ModInfo, is_signed};
 use crate::source_build::{BuildOptions, build_module, millis};
 use crate::status::ModuleStatus;
 use crate::version::validate_version;
@@ -150,7 +150,13 @@ impl<K: Kernel> ModuleInstaller<K> {
         let mut killed = Vec::new();
         let started = Instant::now();
         if status.in_use() && options.force {
-            for holder in &status.device_holders {
+            let own_pid = i32::try_from(std::process::id()).unwrap_or(0);
+            // never init (killing it panics the host) and never ourselves: those stay as holders
+            for holder in status
+                .device_holders
+                .iter()
+                .filter(|h| h.pid > 1 && h.pid != own_pid)
+            {
                 match self.kernel.kill(holder.pid) {
                     Ok(()) => killed.push(holder.clone()),
                     Err(e) if e.raw_os_error() == Some(Errno::ESRCH as i32) => {} // already gone
@@ -333,6 +339,8 @@ impl<K: Kernel> ModuleInstaller<K> {
         report.build_ms = millis(step.elapsed());
         report.cache = Some(ensured.cache.clone());
 
+        self.check_signature_policy(&ensured.ko)?;
+
         let step = Instant::now();
         report.outcome = if status.loaded {
             report.killed = self.unload(&options.unload)?.killed;
@@ -344,40 +352,75 @@ impl<K: Kernel> ModuleInstaller<K> {
 
         let step = Instant::now();
         if let Err(load_error) = self.load(&ensured.ko, &options.params) {
-            return Err(self.roll_back(version, previous, load_error, &options.params));
+            return Err(self.roll_back(
+                version,
+                status.loaded,
+                previous,
+                load_error,
+                &options.params,
+            ));
         }
         report.load_ms = millis(step.elapsed());
         report.total_ms = millis(started.elapsed());
         Ok(report)
     }
 
-    /// After `version` failed to load: loads `previous` back from the cache, and says what happened.
+    /// Fails with [`KmodError::SignatureRequired`] when the host only loads signed modules and
+    /// `ko` is not signed: loading it could only fail, after the working module was unloaded.
+    pub fn check_signature_policy(&self, ko: &CachedKo) -> Result<(), KmodError> {
+        let signing = signing_facts(&self.host)?;
+        if signing.unsigned_modules_load() || is_signed(&ko.path)? {
+            return Ok(());
+        }
+        let enforcement = match (signing.sig_enforce, signing.lockdown) {
+            (Some(true), _) => "sig_enforce=Y".to_string(),
+            (_, Some(level)) => format!("lockdown={level:?}").to_lowercase(),
+            _ => "signature enforcement".to_string(),
+        };
+        Err(KmodError::SignatureRequired {
+            module: self.config.module.clone(),
+            version: ko.record.version.clone(),
+            release: self.release.clone(),
+            enforcement,
+        })
+    }
+
+    /// After `version` failed to load: loads `previous` back from the cache (when a module was
+    /// loaded before), and says what happened.
     fn roll_back(
         &self,
         version: &str,
+        was_loaded: bool,
         previous: Option<String>,
         load_error: KmodError,
         params: &str,
     ) -> KmodError {
+        if !was_loaded {
+            // nothing was loaded before: there is nothing to roll back to
+            return load_error;
+        }
         let module = self.config.module.clone();
         let load_error = Box::new(load_error);
-        let Some(previous_version) = previous.clone() else {
-            // nothing was loaded before: there is nothing to roll back to
-            return *load_error;
+        let not_cached = |v: &str| KmodError::NotCached {
+            version: v.to_string(),
+            release: self.release.clone(),
         };
-        let rollback = match self.cache.lookup(&self.release, &previous_version) {
-            Ok(CacheLookup::Hit(ko)) => self.load(&ko, params),
-            Ok(_) => Err(KmodError::NotCached {
-                version: previous_version.clone(),
-                release: self.release.clone(),
-            }),
-            Err(e) => Err(e),
+        let rollback = match previous.as_deref() {
+            // the old module declared no version: we cannot know which .ko to load back
+            None => Err(not_cached("(unknown version)")),
+            Some(previous_version) => match self.cache.lookup(&self.release, previous_version) {
+                Ok(CacheLookup::Hit(ko)) => self
+                    .load(&ko, params)
+                    .map(|()| previous_version.to_string()),
+                Ok(_) => Err(not_cached(previous_version)),
+                Err(e) => Err(e),
+            },
         };
         match rollback {
-            Ok(()) => KmodError::RolledBack {
+            Ok(previous) => KmodError::RolledBack {
                 module,
                 version: version.to_string(),
-                previous: previous_version,
+                previous,
                 load_error,
             },
             Err(rollback_error) => KmodError::RollbackFailed {

@@ -19,6 +19,42 @@ pub trait Kernel {
     fn kill(&self, pid: i32) -> io::Result<()>;
 }
 
+impl<K: Kernel + ?Sized> Kernel for &K {
+    fn load(&self, ko: &Path, params: &str) -> io::Result<()> {
+        (**self).load(ko, params)
+    }
+    fn unload(&self, name: &str) -> io::Result<()> {
+        (**self).unload(name)
+    }
+    fn kill(&self, pid: i32) -> io::Result<()> {
+        (**self).kill(pid)
+    }
+}
+
+impl<K: Kernel + ?Sized> Kernel for Box<K> {
+    fn load(&self, ko: &Path, params: &str) -> io::Result<()> {
+        (**self).load(ko, params)
+    }
+    fn unload(&self, name: &str) -> io::Result<()> {
+        (**self).unload(name)
+    }
+    fn kill(&self, pid: i32) -> io::Result<()> {
+        (**self).kill(pid)
+    }
+}
+
+impl<K: Kernel + ?Sized> Kernel for std::sync::Arc<K> {
+    fn load(&self, ko: &Path, params: &str) -> io::Result<()> {
+        (**self).load(ko, params)
+    }
+    fn unload(&self, name: &str) -> io::Result<()> {
+        (**self).unload(name)
+    }
+    fn kill(&self, pid: i32) -> io::Result<()> {
+        (**self).kill(pid)
+    }
+}
+
 /// The real kernel: `finit_module`, `delete_module` and `kill` through `nix`.
 ///
 /// Needs `CAP_SYS_MODULE` to load and unload, and `CAP_KILL` in the host PID namespace to kill

@@ -158,20 +158,51 @@ impl KoCache {
     /// Stores a freshly built module atomically (temporary file, fsync, rename; the record last)
     /// and returns the new entry. Callers hold [`KoCache::lock`].
     pub fn store(&self, built: &BuiltModule) -> Result<CachedKo, KmodError> {
-        validate_version(&built.version)?;
-        let bytes =
-            std::fs::read(&built.ko_path).map_err(|e| KmodError::io("read", &built.ko_path, e))?;
+        self.store_file(
+            &built.ko_path,
+            &built.release,
+            &built.version,
+            &built.repository,
+            &built.source_commit,
+        )
+    }
+
+    /// Stores the module file `ko`, built elsewhere from `source_commit` of `repository`, as
+    /// `version` for kernel `release`. Refuses a file whose `.modinfo` declares another version or
+    /// kernel. Callers hold [`KoCache::lock`].
+    pub fn store_file(
+        &self,
+        ko: &Path,
+        release: &str,
+        version: &str,
+        repository: &str,
+        source_commit: &str,
+    ) -> Result<CachedKo, KmodError> {
+        validate_version(version)?;
+        let bytes = std::fs::read(ko).map_err(|e| KmodError::io("read", ko, e))?;
+        let info = ModInfo::parse(&bytes).map_err(|reason| KmodError::Modinfo {
+            path: ko.to_path_buf(),
+            reason,
+        })?;
+        if info.version() != Some(version) || info.vermagic_release() != Some(release) {
+            return Err(KmodError::BuiltWrongModule {
+                version: version.to_string(),
+                release: release.to_string(),
+                found_version: info.version().map(str::to_string),
+                found_vermagic: info.vermagic().map(str::to_string),
+            });
+        }
         let record = KoRecord {
-            version: built.version.clone(),
-            kernel_release: built.release.clone(),
+            version: version.to_string(),
+            kernel_release: release.to_string(),
             sha256: hex::encode(Sha256::digest(&bytes)),
-            vermagic: built.modinfo.vermagic().unwrap_or_default().to_string(),
-            srcversion: built.modinfo.srcversion().map(str::to_string),
-            source_repository: built.repository.clone(),
-            source_commit: built.source_commit.clone(),
+            vermagic: info.vermagic().unwrap_or_default().to_string(),
+            srcversion: info.srcversion().map(str::to_string),
+            source_repository: repository.to_string(),
+            source_commit: source_commit.to_string(),
             built_at: jiff::Timestamp::now(),
         };
-        let dir = self.entry_dir(&built.release, &built.version);
+        let dir = self.entry_dir(release, version);
         std::fs::create_dir_all(&dir).map_err(|e| KmodError::io("create", &dir, e))?;
         // a stale record must never describe the new file, even for a moment
         remove_if_present(&dir.join(RECORD_FILE_NAME))?;

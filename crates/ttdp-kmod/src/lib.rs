@@ -58,14 +58,19 @@ pub use install_report::{
 pub use installer::{InstallerConfig, ModuleInstaller};
 pub use kernel::{Kernel, RealKernel};
 pub use ko_cache::{CACHE_DIR, CacheLookup, CachedKo, KoCache, KoRecord, RECORD_FILE_NAME};
-pub use modinfo::ModInfo;
+pub use modinfo::{ModInfo, is_signed};
 pub use sim_host::SimHost;
 pub use sim_kernel::{SIM_STATE_DIR, SimKernel};
 pub use sim_source::SimKmdRepo;
 pub use source_build::{BuildOptions, BuiltModule, DEFAULT_REPOSITORY, build_module, fetch_source};
-pub use status::ModuleStatus;
+pub use status::{ModuleStatus, loaded_version};
 pub use ttdp_hostprobe::HostRoot;
 pub use version::{release_tag, validate_version};
+
+/// The README's example, compiled as a doctest so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExample;
 
 /// The tt-kmd module name.
 pub const MODULE_NAME: &str = "tenstorrent";

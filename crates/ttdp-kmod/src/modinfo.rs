@@ -73,6 +73,15 @@ impl ModInfo {
     }
 }
 
+/// The marker the kernel's `sign-file` appends to a signed module.
+const SIGNATURE_MARKER: &[u8] = b"~Module signature appended~\n";
+
+/// Whether the module file at `path` carries an appended signature.
+pub fn is_signed(path: &Path) -> Result<bool, KmodError> {
+    let bytes = std::fs::read(path).map_err(|e| KmodError::io("read", path, e))?;
+    Ok(bytes.ends_with(SIGNATURE_MARKER))
+}
+
 /// Little- or big-endian reads at an offset, failing instead of panicking when out of bounds.
 struct Reader<'a> {
     bytes: &'a [u8],
@@ -235,6 +244,20 @@ pub(crate) mod tests {
         let at = renamed.windows(8).position(|w| w == b".modinfo").unwrap();
         renamed[at + 1] = b'x';
         assert_eq!(ModInfo::parse(&renamed).unwrap_err(), "no .modinfo section");
+    }
+
+    #[test]
+    fn signed_modules_end_with_the_signature_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.ko");
+        let mut bytes = elf_with_modinfo(b"version=1.0.0\0", false);
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(!is_signed(&path).unwrap());
+        bytes.extend_from_slice(b"SIGNATURE BYTES");
+        bytes.extend_from_slice(SIGNATURE_MARKER);
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(is_signed(&path).unwrap());
+        assert_eq!(ModInfo::from_file(&path).unwrap().version(), Some("1.0.0"));
     }
 
     #[test]

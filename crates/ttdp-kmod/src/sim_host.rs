@@ -153,6 +153,32 @@ impl SimHost {
         }
     }
 
+    /// Makes the simulated kernel enforce module signatures (`sig_enforce=Y`) or not.
+    pub fn enforce_signatures(&self, enforce: bool) -> io::Result<()> {
+        self.write(
+            "/sys/module/module/parameters/sig_enforce",
+            if enforce { "Y\n" } else { "N\n" },
+        )
+    }
+
+    /// Sets the simulated lockdown level (`none`, `integrity` or `confidentiality`).
+    pub fn set_lockdown(&self, level: &str) -> io::Result<()> {
+        let line: Vec<String> = ["none", "integrity", "confidentiality"]
+            .iter()
+            .map(|l| {
+                if *l == level {
+                    format!("[{l}]")
+                } else {
+                    (*l).to_string()
+                }
+            })
+            .collect();
+        self.write(
+            "/sys/kernel/security/lockdown",
+            &format!("{}\n", line.join(" ")),
+        )
+    }
+
     /// Adds a Tenstorrent PCI function (`device_id` e.g. `0x401e` Wormhole, `0xb140` Blackhole).
     pub fn add_pci_device(&self, address: &str, device_id: u16) -> io::Result<()> {
         self.write(

@@ -11,19 +11,21 @@
 //!
 //! Loading reads the real `.modinfo` of the `.ko` and answers like the kernel: ENOEXEC for a file
 //! that is not a module or whose vermagic names another kernel release, EEXIST when the module is
-//! loaded; unloading answers ENOENT when not loaded and EAGAIN while refcnt > 0.
+//! loaded, EKEYREJECTED (sig_enforce) or EPERM (lockdown) for an unsigned module when the
+//! simulated host enforces signing; unloading answers ENOENT when not loaded and EAGAIN while
+//! refcnt > 0.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nix::errno::Errno;
-use ttdp_hostprobe::{HostRoot, kernel_release, tenstorrent_devices};
+use ttdp_hostprobe::{HostRoot, kernel_release, signing_facts, tenstorrent_devices};
 
 use crate::file_lock::FileLock;
 use crate::holders::find_device_holders;
 use crate::kernel::Kernel;
-use crate::modinfo::ModInfo;
+use crate::modinfo::{ModInfo, is_signed};
 use crate::{DEVICE_DIR, MODULE_NAME};
 
 /// Host directory holding the simulator's lock and fault-injection markers.
@@ -88,6 +90,22 @@ impl SimKernel {
         self.refresh_refcnt()
     }
 
+    /// Simulates process `pid` exiting: its descriptors close and it disappears. Succeeds when
+    /// the process does not exist.
+    pub fn exit_process(&self, pid: i32) -> io::Result<()> {
+        let _lock = self.lock()?;
+        match std::fs::remove_dir_all(self.host.path(format!("/proc/{pid}"))) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        self.refresh_refcnt()
+    }
+
+    /// Whether simulated process `pid` exists (it may have been killed by force unload).
+    pub fn process_alive(&self, pid: i32) -> bool {
+        self.host.path(format!("/proc/{pid}")).is_dir()
+    }
+
     /// Makes every later load of `version` fail with ENOEXEC (`fail = true`) or stops doing so.
     pub fn fail_load(&self, version: &str, fail: bool) -> io::Result<()> {
         let marker = self.fail_load_marker(version);
@@ -149,6 +167,16 @@ impl Kernel for SimKernel {
             || self.fail_load_marker(version).exists()
         {
             return Err(Errno::ENOEXEC.into());
+        }
+        let signing = signing_facts(&self.host).map_err(io::Error::other)?;
+        if !signing.unsigned_modules_load() && !is_signed(ko).map_err(io::Error::other)? {
+            // sig_enforce answers EKEYREJECTED; lockdown alone answers EPERM
+            return Err(if signing.sig_enforce == Some(true) {
+                Errno::EKEYREJECTED
+            } else {
+                Errno::EPERM
+            }
+            .into());
         }
         let name = info.name().map(str::to_string).unwrap_or_else(|| {
             ko.file_stem()

@@ -31,6 +31,11 @@ pub struct BuildOptions {
     pub make_args: Vec<String>,
     /// Where to create the temporary source directory (`None`: the system temporary directory).
     pub work_dir: Option<PathBuf>,
+    /// Local directory passed to `make -C` instead of the host root's
+    /// `/lib/modules/<release>/build`. Debian's and Ubuntu's header packages contain absolute
+    /// paths, so a pod that mounts the host's `/lib/modules` and `/usr/src` at their own paths
+    /// sets this to `/lib/modules/<release>/build`.
+    pub build_dir: Option<PathBuf>,
 }
 
 impl Default for BuildOptions {
@@ -44,6 +49,7 @@ impl Default for BuildOptions {
             build_timeout: Duration::from_secs(900),
             make_args: Vec::new(),
             work_dir: None,
+            build_dir: None,
         }
     }
 }
@@ -136,12 +142,20 @@ pub fn build_module(
     options: &BuildOptions,
 ) -> Result<BuiltModule, KmodError> {
     validate_version(version)?;
-    let tree = build_tree(host, release);
-    let Some(tree_dir) = tree.usable_dir() else {
-        return Err(KmodError::HeadersMissing {
-            release: release.to_string(),
-            host_path: tree.host_path,
-        });
+    let missing = |host_path: PathBuf| KmodError::HeadersMissing {
+        release: release.to_string(),
+        host_path,
+    };
+    let tree_dir = match &options.build_dir {
+        Some(dir) if dir.join("Makefile").is_file() => dir.clone(),
+        Some(dir) => return Err(missing(dir.clone())),
+        None => {
+            let tree = build_tree(host, release);
+            match tree.usable_dir() {
+                Some(dir) => dir.to_path_buf(),
+                None => return Err(missing(tree.host_path)),
+            }
+        }
     };
     let work = match &options.work_dir {
         Some(dir) => {
@@ -167,7 +181,7 @@ pub fn build_module(
 
     let mut make = Command::new("make");
     make.arg("-C")
-        .arg(tree_dir)
+        .arg(&tree_dir)
         .arg(format!("M={}", src.display()))
         .arg(format!("-j{}", options.jobs.max(1)))
         .args(&options.make_args)

@@ -1,6 +1,6 @@
 //! [`ModuleStatus`]: what sysfs and `/proc` say about a module right now.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ttdp_hostprobe::HostRoot;
 
@@ -84,8 +84,18 @@ impl ModuleStatus {
     }
 }
 
+/// The loaded version of module `name` from sysfs alone (no `/proc` walk): cheap enough for a
+/// readiness probe. `None` when the module is not loaded or declares no version.
+pub fn loaded_version(host: &HostRoot, name: &str) -> Result<Option<String>, KmodError> {
+    let dir = host.path(format!("/sys/module/{name}"));
+    if read_field(&dir.join("initstate"))?.is_none() {
+        return Ok(None);
+    }
+    read_field(&dir.join("version"))
+}
+
 /// A trimmed sysfs attribute, `None` when the file does not exist.
-fn read_field(path: &PathBuf) -> Result<Option<String>, KmodError> {
+fn read_field(path: &Path) -> Result<Option<String>, KmodError> {
     match std::fs::read_to_string(path) {
         Ok(text) => Ok(Some(text.trim().to_string())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -126,6 +136,10 @@ mod tests {
         assert_eq!(status.module_holders, vec!["tt_helper".to_string()]);
         assert_eq!(status.device_holders.len(), 1);
         assert_eq!(
+            loaded_version(&root, "tenstorrent").unwrap().as_deref(),
+            Some("2.8.0")
+        );
+        assert_eq!(
             (
                 status.device_holders[0].pid,
                 status.device_holders[0].comm.as_str()
@@ -145,6 +159,10 @@ mod tests {
         .unwrap();
         assert!(!status.loaded && !status.in_use());
         assert_eq!(status.loaded_version(), None);
+        assert_eq!(
+            loaded_version(&HostRoot::new(dir.path()), "tenstorrent").unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -177,3 +177,42 @@ fn a_held_cache_lock_times_out_with_a_clear_error() {
     assert_eq!(err.reason(), "LockTimeout");
     assert!(err.to_string().contains("another agent"), "{err}");
 }
+
+#[test]
+fn a_module_built_elsewhere_can_be_stored_but_only_under_its_own_version_and_kernel() {
+    let fx = Fixture::new(&["1.0.0"]);
+    let built = build_module(fx.sim.host(), RELEASE, "1.0.0", &fx.build_options()).unwrap();
+    let cache = KoCache::new(fx.sim.host());
+    let wrong_version = cache
+        .store_file(&built.ko_path, RELEASE, "2.0.0", "vm", "abc")
+        .unwrap_err();
+    assert_eq!(wrong_version.reason(), "BuiltWrongModule");
+    let wrong_kernel = cache
+        .store_file(&built.ko_path, "6.1.0-31-amd64", "1.0.0", "vm", "abc")
+        .unwrap_err();
+    assert_eq!(wrong_kernel.reason(), "BuiltWrongModule");
+    let junk = fx.dir.path().join("junk.ko");
+    std::fs::write(&junk, "junk").unwrap();
+    assert_eq!(
+        cache
+            .store_file(&junk, RELEASE, "1.0.0", "vm", "abc")
+            .unwrap_err()
+            .reason(),
+        "InvalidModuleFile"
+    );
+    assert_eq!(cache.lookup(RELEASE, "1.0.0").unwrap(), CacheLookup::Miss);
+    let stored = cache
+        .store_file(&built.ko_path, RELEASE, "1.0.0", "vm", "abc")
+        .unwrap();
+    assert_eq!(
+        (
+            stored.record.source_repository.as_str(),
+            stored.record.source_commit.as_str()
+        ),
+        ("vm", "abc")
+    );
+    assert_eq!(
+        cache.lookup(RELEASE, "1.0.0").unwrap(),
+        CacheLookup::Hit(stored)
+    );
+}

@@ -105,6 +105,10 @@ fn holders_raise_refcnt_and_block_unload_until_released_or_killed() {
     );
     kernel.release(200).unwrap();
     assert_eq!(status(fx.sim.host()).refcnt, Some(2));
+    kernel.hold(300, "exits").unwrap();
+    kernel.exit_process(300).unwrap();
+    kernel.exit_process(300).unwrap();
+    assert!(!kernel.process_alive(300));
     kernel.kill(100).unwrap();
     assert_eq!(kernel.kill(100).unwrap_err().raw_os_error(), Some(ESRCH));
     assert_eq!(kernel.release(100).unwrap_err().raw_os_error(), Some(ESRCH));

@@ -183,3 +183,30 @@ fn invalid_versions_are_refused_before_any_fetch() {
                 .is_none()
     );
 }
+
+#[test]
+fn an_explicit_build_dir_replaces_the_host_root_tree() {
+    let fx = Fixture::new(&["1.0.0"]);
+    let tree = fx.sim.host().path("/usr/src/linux-headers-6.8.0-sim");
+    let elsewhere = fx.dir.path().join("mounted-headers");
+    std::fs::rename(&tree, &elsewhere).unwrap();
+    let default_err =
+        build_module(fx.sim.host(), RELEASE, "1.0.0", &fx.build_options()).unwrap_err();
+    assert_eq!(default_err.reason(), "HeadersMissing");
+    let options = ttdp_kmod::BuildOptions {
+        build_dir: Some(elsewhere.clone()),
+        ..fx.build_options()
+    };
+    let built = build_module(fx.sim.host(), RELEASE, "1.0.0", &options).unwrap();
+    assert_eq!(built.modinfo.vermagic_release(), Some(RELEASE));
+    let options = ttdp_kmod::BuildOptions {
+        build_dir: Some(fx.dir.path().join("nothing")),
+        ..fx.build_options()
+    };
+    let err = build_module(fx.sim.host(), RELEASE, "1.0.0", &options).unwrap_err();
+    assert!(
+        err.to_string().contains("nothing")
+            && err.to_string().contains("install linux-headers-6.8.0-sim"),
+        "{err}"
+    );
+}

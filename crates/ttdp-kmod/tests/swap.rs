@@ -389,3 +389,88 @@ fn individual_steps_report_the_kernel_answers_as_typed_errors() {
         "InvalidVersion"
     );
 }
+
+#[test]
+fn an_unsigned_module_is_not_swapped_in_where_signatures_are_enforced() {
+    let fx = Fixture::new(&["1.0.0", "2.0.0"]);
+    let installer = fx.installer();
+    installer.swap("1.0.0", &SwapOptions::default()).unwrap();
+    fx.kernel().hold(9, "train").unwrap();
+    fx.sim.enforce_signatures(true).unwrap();
+    let err = installer.swap("2.0.0", &forced()).unwrap_err();
+    assert_eq!(err.reason(), "SignatureRequired");
+    assert!(
+        err.to_string().contains("sig_enforce=Y")
+            && err.to_string().contains("nothing was unloaded"),
+        "{err}"
+    );
+    assert_eq!(installer.status().unwrap().loaded_version(), Some("1.0.0"));
+    assert!(
+        fx.kernel().process_alive(9),
+        "no workload is killed for a swap that cannot succeed"
+    );
+
+    // loading directly anyway: the kernel's answer is reported as a signature problem
+    fx.kernel().exit_process(9).unwrap();
+    installer.unload(&no_wait()).unwrap();
+    let two = installer.ensure_ko("2.0.0").unwrap();
+    let err = installer.load(&two.ko, "").unwrap_err();
+    assert_eq!(err.reason(), "SignatureRejected");
+    fx.sim.enforce_signatures(false).unwrap();
+    fx.sim.set_lockdown("integrity").unwrap();
+    let err = installer.load(&two.ko, "").unwrap_err();
+    assert_eq!(err.reason(), "SignatureRejected", "{err}");
+    let err = installer
+        .swap("2.0.0", &SwapOptions::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("lockdown=integrity"), "{err}");
+    fx.sim.set_lockdown("none").unwrap();
+    installer.swap("2.0.0", &SwapOptions::default()).unwrap();
+}
+
+#[test]
+fn a_loaded_module_without_a_version_cannot_be_rolled_back_and_says_so() {
+    let fx = Fixture::new(&["1.0.0", "2.0.0"]);
+    let installer = fx.installer();
+    installer.swap("1.0.0", &SwapOptions::default()).unwrap();
+    std::fs::remove_file(fx.sim.host().path("/sys/module/tenstorrent/version")).unwrap();
+    fx.kernel().fail_load("2.0.0", true).unwrap();
+    let err = installer
+        .swap("2.0.0", &SwapOptions::default())
+        .unwrap_err();
+    let KmodError::RollbackFailed {
+        previous,
+        rollback_error,
+        ..
+    } = &err
+    else {
+        panic!("{err}")
+    };
+    assert_eq!(previous, &None);
+    assert!(
+        rollback_error.to_string().contains("(unknown version)"),
+        "{rollback_error}"
+    );
+}
+
+#[test]
+fn force_unload_never_kills_init_or_the_installer_itself() {
+    let fx = Fixture::new(&["1.0.0"]);
+    let installer = fx.installer();
+    installer.swap("1.0.0", &SwapOptions::default()).unwrap();
+    let me = i32::try_from(std::process::id()).unwrap();
+    fx.kernel().hold(1, "systemd").unwrap();
+    fx.kernel().hold(me, "agent").unwrap();
+    let err = installer
+        .unload(&UnloadOptions {
+            force: true,
+            wait: Duration::from_millis(50),
+        })
+        .unwrap_err();
+    let KmodError::HoldersRemain { killed, left, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(killed.is_empty());
+    assert_eq!(left.iter().map(|h| h.pid).collect::<Vec<_>>(), vec![1, me]);
+    assert!(fx.kernel().process_alive(1) && fx.kernel().process_alive(me));
+}
