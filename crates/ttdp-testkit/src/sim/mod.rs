@@ -7,25 +7,31 @@
 //! stays off and the kubelet manages only the nodes it created). It must never be used by
 //! production code.
 
+pub mod cluster;
 mod container_runtime;
 pub mod container_spec;
 pub mod daemonset;
 pub mod daemonset_plan;
 pub mod daemonset_pod;
 pub mod error;
+pub mod eventually;
 pub mod image_map;
 pub mod kubelet;
 pub mod node_heartbeat;
 pub mod node_kernel;
 mod pod_status;
 mod pod_worker;
+pub mod workload;
 pub mod node_fit;
 pub mod time_scale;
 
+pub use cluster::{SimCluster, SimClusterOptions, SimNode, TenstorrentNode};
 pub use daemonset::DaemonSetController;
 pub use error::SimError;
+pub use eventually::eventually;
 pub use image_map::ImageMap;
 pub use kubelet::{KubeletConfig, SimKubelet};
 pub use node_heartbeat::SimNodeSpec;
 pub use node_kernel::NodeKernel;
 pub use time_scale::TimeScale;
+pub use workload::{DeviceUse, DisruptionLimit, Workload, WorkloadOwner};

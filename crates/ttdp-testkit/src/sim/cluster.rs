@@ -1,0 +1,631 @@
+//! [`SimCluster`]: one entry point for tests and the demo. It starts the test API server (or,
+//! when `TTDP_TEST_KUBECONFIG` is set, connects to that real cluster), registers simulated
+//! Tenstorrent and plain nodes with a simulated host each, runs the DaemonSet controller stand-in
+//! (simulation only) and the simulated kubelet, and cleans up what it created.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Taint};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config, ResourceExt};
+use rand::Rng;
+use tracing::info;
+use ttdp_api::names::{env, labels};
+use ttdp_kmod::{BuildOptions, HostRoot, Kernel, SimHost, SimKernel, SimKmdRepo, build_module};
+
+use super::daemonset::DaemonSetController;
+use super::error::{SimError, is_conflict, is_not_found};
+use super::eventually::eventually;
+use super::image_map::ImageMap;
+use super::kubelet::{KubeletConfig, SimKubelet};
+use super::node_heartbeat::SimNodeSpec;
+use super::time_scale::TimeScale;
+use super::workload::{DEVICE_RESOURCE, DisruptionLimit, Workload, WorkloadOwner, disruption_budget};
+use crate::apiserver::{PodTermination, TestApiServer};
+
+/// The environment variable naming a real cluster's kubeconfig to run scenarios against.
+pub const REAL_CLUSTER_KUBECONFIG_ENV: &str = "TTDP_TEST_KUBECONFIG";
+/// The kernel release of simulated hosts unless set otherwise.
+pub const DEFAULT_KERNEL_RELEASE: &str = "6.8.0-sim";
+
+/// One simulated Tenstorrent node.
+#[derive(Debug, Clone, Default)]
+pub struct TenstorrentNode {
+    /// A tt-kmd version already loaded when the cluster starts.
+    pub loaded_version: Option<String>,
+    /// The version is installed by DKMS on the host (host-managed node); implies it is loaded.
+    pub host_managed: bool,
+    /// Extra node labels.
+    pub labels: BTreeMap<String, String>,
+    /// Node taints.
+    pub taints: Vec<Taint>,
+}
+
+impl TenstorrentNode {
+    /// A node with no module loaded.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A node with `version` loaded (by an earlier container install).
+    pub fn loaded(mut self, version: &str) -> Self {
+        self.loaded_version = Some(version.to_owned());
+        self
+    }
+
+    /// A host-managed node: `version` installed by DKMS and loaded.
+    pub fn host_managed(mut self, version: &str) -> Self {
+        self.loaded_version = Some(version.to_owned());
+        self.host_managed = true;
+        self
+    }
+
+    /// Adds a label.
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Adds a taint.
+    pub fn taint(mut self, key: &str, value: Option<&str>, effect: &str) -> Self {
+        self.taints.push(Taint {
+            key: key.to_owned(),
+            value: value.map(str::to_owned),
+            effect: effect.to_owned(),
+            time_added: None,
+        });
+        self
+    }
+}
+
+/// How to build a [`SimCluster`].
+#[derive(Debug, Clone)]
+pub struct SimClusterOptions {
+    /// The Tenstorrent nodes.
+    pub tenstorrent_nodes: Vec<TenstorrentNode>,
+    /// How many nodes without Tenstorrent devices.
+    pub plain_nodes: usize,
+    /// Images run as local binaries.
+    pub image_map: ImageMap,
+    /// Speed of simulated time.
+    pub time_scale: TimeScale,
+    /// Kernel release of every simulated host.
+    pub kernel_release: String,
+    /// tt-kmd versions the simulated tt-kmd repository has tags for (loaded versions are added).
+    pub kmd_versions: Vec<String>,
+    /// Extra environment for every mapped container.
+    pub env: Vec<(String, String)>,
+    /// Prefix of every name the cluster creates (default: `sim-<random>`).
+    pub name_prefix: Option<String>,
+    /// Run the DaemonSet controller stand-in (simulation only; default true).
+    pub daemonset_controller: bool,
+}
+
+impl Default for SimClusterOptions {
+    fn default() -> Self {
+        Self {
+            tenstorrent_nodes: Vec::new(),
+            plain_nodes: 0,
+            image_map: ImageMap::new(),
+            time_scale: TimeScale::REAL,
+            kernel_release: DEFAULT_KERNEL_RELEASE.to_owned(),
+            kmd_versions: Vec::new(),
+            env: Vec::new(),
+            name_prefix: None,
+            daemonset_controller: true,
+        }
+    }
+}
+
+impl SimClusterOptions {
+    /// No nodes, real time.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `count` Tenstorrent nodes with no module loaded.
+    pub fn tenstorrent_nodes(mut self, count: usize) -> Self {
+        self.tenstorrent_nodes
+            .extend(std::iter::repeat_n(TenstorrentNode::new(), count));
+        self
+    }
+
+    /// Adds one Tenstorrent node.
+    pub fn node(mut self, node: TenstorrentNode) -> Self {
+        self.tenstorrent_nodes.push(node);
+        self
+    }
+
+    /// Sets the number of plain nodes.
+    pub fn plain_nodes(mut self, count: usize) -> Self {
+        self.plain_nodes = count;
+        self
+    }
+
+    /// Maps images starting with `prefix` to the local `binary`.
+    pub fn image(mut self, prefix: &str, binary: impl Into<PathBuf>) -> Self {
+        self.image_map = self.image_map.with(prefix, binary);
+        self
+    }
+
+    /// Sets the time scale (e.g. 0.1: ten times faster).
+    pub fn time_scale(mut self, factor: f64) -> Self {
+        self.time_scale = TimeScale::new(factor);
+        self
+    }
+
+    /// Adds tt-kmd versions to the simulated repository.
+    pub fn kmd_versions(mut self, versions: &[&str]) -> Self {
+        self.kmd_versions.extend(versions.iter().map(|v| (*v).to_owned()));
+        self
+    }
+
+    /// Adds an environment variable for every mapped container.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Sets the name prefix.
+    pub fn name_prefix(mut self, prefix: &str) -> Self {
+        self.name_prefix = Some(prefix.to_owned());
+        self
+    }
+
+    /// Turns the DaemonSet controller stand-in off (a test drives daemon pods itself).
+    pub fn without_daemonset_controller(mut self) -> Self {
+        self.daemonset_controller = false;
+        self
+    }
+}
+
+/// A node of the cluster and, for Tenstorrent nodes, its simulated host.
+#[derive(Debug, Clone)]
+pub struct SimNode {
+    /// Node name.
+    pub name: String,
+    /// The simulated host (Tenstorrent nodes only).
+    pub host: Option<SimHost>,
+}
+
+impl SimNode {
+    /// The host root directory, if the node has a simulated host.
+    pub fn host_root(&self) -> Option<&Path> {
+        self.host.as_ref().map(|h| h.host().dir())
+    }
+
+    /// The node's simulated kernel.
+    pub fn kernel(&self) -> Option<SimKernel> {
+        self.host.as_ref().map(SimHost::kernel)
+    }
+}
+
+/// A running simulated cluster. Call [`SimCluster::shutdown`] at the end: on a real cluster it
+/// deletes what the scenario created.
+pub struct SimCluster {
+    server: Option<TestApiServer>,
+    client: Client,
+    kubeconfig: PathBuf,
+    prefix: String,
+    namespace: String,
+    nodes: Vec<SimNode>,
+    tenstorrent: usize,
+    kmd_repo: SimKmdRepo,
+    kubelet: Option<SimKubelet>,
+    daemonsets: Option<DaemonSetController>,
+    time_scale: TimeScale,
+    dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for SimCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimCluster")
+            .field("real", &self.is_real())
+            .field("prefix", &self.prefix)
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SimCluster {
+    /// Starts the cluster.
+    pub async fn start(options: SimClusterOptions) -> Result<Self, SimError> {
+        let dir = tempfile::Builder::new()
+            .prefix("ttdp-sim-")
+            .tempdir()
+            .map_err(|source| SimError::HostIo {
+                path: std::env::temp_dir(),
+                source,
+            })?;
+        let prefix = options.name_prefix.clone().unwrap_or_else(random_prefix);
+        let (server, client, kubeconfig) = match std::env::var_os(REAL_CLUSTER_KUBECONFIG_ENV) {
+            Some(path) => {
+                let path = PathBuf::from(path);
+                let client = real_client(&path).await?;
+                info!(kubeconfig = %path.display(), "simulated nodes join a real cluster");
+                (None, client, path)
+            }
+            None => {
+                let server = TestApiServer::builder()
+                    .pod_termination(PodTermination::Kubelet)
+                    .start()
+                    .await
+                    .map_err(|e| SimError::ApiServer { message: e.to_string() })?;
+                let client = server
+                    .client()
+                    .await
+                    .map_err(|e| SimError::ApiServer { message: e.to_string() })?;
+                let kubeconfig = server.kubeconfig_path().to_path_buf();
+                (Some(server), client, kubeconfig)
+            }
+        };
+
+        let mut versions: Vec<String> = options.kmd_versions.clone();
+        versions.extend(options.tenstorrent_nodes.iter().filter_map(|n| n.loaded_version.clone()));
+        versions.sort();
+        versions.dedup();
+        let repo_dir = dir.path().join("tt-kmd.git");
+        let kmd_repo = blocking(move || {
+            let refs: Vec<&str> = versions.iter().map(String::as_str).collect();
+            SimKmdRepo::create(repo_dir.clone(), &refs).map_err(|source| SimError::HostIo {
+                path: repo_dir,
+                source,
+            })
+        })
+        .await?;
+
+        let mut nodes = Vec::new();
+        let mut specs = Vec::new();
+        for (i, tt) in options.tenstorrent_nodes.iter().enumerate() {
+            let name = format!("{prefix}-tt-{i}");
+            let host = create_host(dir.path(), &name, &options.kernel_release, tt, &kmd_repo).await?;
+            let mut spec = SimNodeSpec::new(&name);
+            spec.labels = tt.labels.clone();
+            spec.labels
+                .insert(labels::NFD_TENSTORRENT.to_owned(), labels::NFD_PRESENT.to_owned());
+            spec.taints = tt.taints.clone();
+            spec.extra_capacity
+                .insert(DEVICE_RESOURCE.to_owned(), Quantity("4".to_owned()));
+            spec.env = vec![
+                (env::HOST_ROOT.to_owned(), host.host().dir().display().to_string()),
+                (env::KERNEL.to_owned(), "sim".to_owned()),
+            ];
+            spec.kernel = Some(Arc::new(host.kernel()));
+            specs.push(spec);
+            nodes.push(SimNode {
+                name,
+                host: Some(host),
+            });
+        }
+        for i in 0..options.plain_nodes {
+            let name = format!("{prefix}-cpu-{i}");
+            specs.push(SimNodeSpec::new(&name));
+            nodes.push(SimNode { name, host: None });
+        }
+
+        let mut common_env = vec![
+            ("KUBECONFIG".to_owned(), kubeconfig.display().to_string()),
+            (env::TT_KMD_REPOSITORY.to_owned(), kmd_repo.url()),
+            ("HOME".to_owned(), dir.path().display().to_string()),
+        ];
+        for inherited in ["PATH", "RUST_LOG", "RUST_BACKTRACE"] {
+            if let Ok(value) = std::env::var(inherited) {
+                common_env.push((inherited.to_owned(), value));
+            }
+        }
+        common_env.extend(options.env.iter().cloned());
+        let kubelet = SimKubelet::start(
+            client.clone(),
+            KubeletConfig {
+                image_map: options.image_map.clone(),
+                time_scale: options.time_scale,
+                common_env,
+                log_dir: Some(dir.path().join("logs")),
+            },
+            specs,
+        )
+        .await?;
+        let daemonsets = (server.is_some() && options.daemonset_controller).then(|| {
+            DaemonSetController::start(
+                client.clone(),
+                options.time_scale.scale(Duration::from_secs(2)).max(Duration::from_millis(200)),
+            )
+        });
+        let namespace = prefix.clone();
+        create_namespace(&client, &namespace).await?;
+        info!(prefix = %prefix, nodes = nodes.len(), real = server.is_none(), "simulated cluster started");
+        Ok(Self {
+            server,
+            client,
+            kubeconfig,
+            prefix,
+            namespace,
+            nodes,
+            tenstorrent: options.tenstorrent_nodes.len(),
+            kmd_repo,
+            kubelet: Some(kubelet),
+            daemonsets,
+            time_scale: options.time_scale,
+            dir,
+        })
+    }
+
+    /// True when running against a real cluster (`TTDP_TEST_KUBECONFIG`).
+    pub fn is_real(&self) -> bool {
+        self.server.is_none()
+    }
+
+    /// The test API server (simulation only).
+    pub fn api_server(&self) -> Option<&TestApiServer> {
+        self.server.as_ref()
+    }
+
+    /// A client for the cluster.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The kubeconfig of the cluster (for binaries and `kubectl`).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The scenario's unique name prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The scenario's namespace for workloads (created at start, deleted at shutdown).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The time scale.
+    pub fn time_scale(&self) -> TimeScale {
+        self.time_scale
+    }
+
+    /// A scratch directory removed with the cluster (holds hosts, logs, the tt-kmd repository).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Where container output goes: `<namespace>_<pod>_<container>.log`.
+    pub fn log_dir(&self) -> PathBuf {
+        self.dir.path().join("logs")
+    }
+
+    /// All nodes, Tenstorrent nodes first.
+    pub fn nodes(&self) -> &[SimNode] {
+        &self.nodes
+    }
+
+    /// The Tenstorrent nodes' names.
+    pub fn tenstorrent_node_names(&self) -> Vec<String> {
+        self.nodes[..self.tenstorrent].iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// The plain nodes' names.
+    pub fn plain_node_names(&self) -> Vec<String> {
+        self.nodes[self.tenstorrent..].iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// A node by name.
+    pub fn node(&self, name: &str) -> Option<&SimNode> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The simulated tt-kmd repository (tags `ttkmd-<version>`).
+    pub fn kmd_repo(&self) -> &SimKmdRepo {
+        &self.kmd_repo
+    }
+
+    /// Places a workload in the scenario namespace and returns its pod once it exists.
+    pub async fn add_workload(&self, workload: &Workload) -> Result<Pod, SimError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        match workload.owner {
+            WorkloadOwner::Bare => pods
+                .create(&PostParams::default(), &workload.pod(&self.namespace, None))
+                .await
+                .map_err(|e| SimError::api(format!("create workload pod {}", workload.name), e)),
+            WorkloadOwner::ReplicaSet => {
+                let sets: Api<ReplicaSet> = Api::namespaced(self.client.clone(), &self.namespace);
+                let rs = sets
+                    .create(&PostParams::default(), &workload.replica_set(&self.namespace))
+                    .await
+                    .map_err(|e| SimError::api(format!("create workload replicaset {}", workload.name), e))?;
+                let uid = rs.uid().unwrap_or_default();
+                if !self.is_real() {
+                    // No ReplicaSet controller here: create its pod as it would.
+                    let owner = OwnerReference {
+                        api_version: "apps/v1".to_owned(),
+                        kind: "ReplicaSet".to_owned(),
+                        name: workload.name.clone(),
+                        uid: uid.clone(),
+                        controller: Some(true),
+                        block_owner_deletion: Some(true),
+                    };
+                    return pods
+                        .create(&PostParams::default(), &workload.pod(&self.namespace, Some(owner)))
+                        .await
+                        .map_err(|e| SimError::api(format!("create workload pod of {}", workload.name), e));
+                }
+                eventually(
+                    &format!("the pod of replicaset {}", workload.name),
+                    Duration::from_secs(60),
+                    || {
+                        let pods = pods.clone();
+                        let uid = uid.clone();
+                        async move {
+                            pods.list(&ListParams::default()).await.ok()?.items.into_iter().find(|p| {
+                                p.owner_references().iter().any(|o| o.uid == uid)
+                            })
+                        }
+                    },
+                )
+                .await
+            }
+        }
+    }
+
+    /// Creates a PodDisruptionBudget in the scenario namespace.
+    pub async fn add_disruption_budget(
+        &self,
+        name: &str,
+        match_labels: BTreeMap<String, String>,
+        limit: DisruptionLimit,
+    ) -> Result<PodDisruptionBudget, SimError> {
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &self.namespace);
+        api.create(
+            &PostParams::default(),
+            &disruption_budget(name, &self.namespace, match_labels, limit),
+        )
+        .await
+        .map_err(|e| SimError::api(format!("create poddisruptionbudget {name}"), e))
+    }
+
+    /// Reads a node.
+    pub async fn get_node(&self, name: &str) -> Result<Node, SimError> {
+        Api::<Node>::all(self.client.clone())
+            .get(name)
+            .await
+            .map_err(|e| SimError::api(format!("read node {name}"), e))
+    }
+
+    /// Stops everything. On a real cluster it first deletes the scenario namespace (waiting for
+    /// its pods to finish) and afterwards the simulated nodes.
+    pub async fn shutdown(mut self) -> Result<(), SimError> {
+        if let Some(ds) = self.daemonsets.take() {
+            ds.shutdown().await;
+        }
+        let Some(kubelet) = self.kubelet.take() else {
+            return Ok(());
+        };
+        if self.is_real() {
+            let namespaces: Api<Namespace> = Api::all(self.client.clone());
+            match namespaces.delete(&self.namespace, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(err) if is_not_found(&err) => {}
+                Err(err) => return Err(SimError::api(format!("delete namespace {}", self.namespace), err)),
+            }
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+            let _ = eventually("the scenario's pods to go", Duration::from_secs(60), || {
+                let pods = pods.clone();
+                async move { pods.list(&ListParams::default()).await.ok().filter(|l| l.items.is_empty()) }
+            })
+            .await;
+            kubelet.shutdown_and_unregister().await?;
+        } else {
+            kubelet.shutdown().await;
+        }
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
+        Ok(())
+    }
+}
+
+fn random_prefix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    let suffix: String = (0..5)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect();
+    format!("sim-{suffix}")
+}
+
+async fn real_client(path: &Path) -> Result<Client, SimError> {
+    let fail = |message: String| SimError::Kubeconfig {
+        path: path.to_path_buf(),
+        message,
+    };
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| fail(e.to_string()))?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    Client::try_from(config).map_err(|e| fail(e.to_string()))
+}
+
+async fn create_namespace(client: &Client, name: &str) -> Result<(), SimError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(err) if is_conflict(&err) => Ok(()),
+        Err(err) => Err(SimError::api(format!("create namespace {name}"), err)),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, SimError> + Send + 'static,
+) -> Result<T, SimError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| SimError::ApiServer {
+            message: format!("a blocking setup task failed: {e}"),
+        })?
+}
+
+/// Creates a node's simulated host and loads its starting module.
+async fn create_host(
+    dir: &Path,
+    name: &str,
+    release: &str,
+    tt: &TenstorrentNode,
+    repo: &SimKmdRepo,
+) -> Result<SimHost, SimError> {
+    let root = dir.join("hosts").join(name);
+    let release = release.to_owned();
+    let tt = tt.clone();
+    let repository = repo.url();
+    let node = name.to_owned();
+    blocking(move || {
+        let io = |source| SimError::HostIo {
+            path: root.clone(),
+            source,
+        };
+        let host = SimHost::create(root.clone(), &release).map_err(io)?;
+        if let Some(version) = &tt.loaded_version {
+            if tt.host_managed {
+                host.add_dkms_state(&[version]).map_err(io)?;
+                host.add_dkms_source(version).map_err(io)?;
+            }
+            load_version(&host, &node, version, &repository)?;
+        }
+        Ok(host)
+    })
+    .await
+}
+
+fn load_version(host: &SimHost, node: &str, version: &str, repository: &str) -> Result<(), SimError> {
+    let kernel_error = |action: &str, message: String| SimError::Kernel {
+        node: node.to_owned(),
+        action: action.to_owned(),
+        message,
+    };
+    let options = BuildOptions {
+        repository: repository.to_owned(),
+        jobs: 1,
+        ..BuildOptions::default()
+    };
+    let host_root: &HostRoot = host.host();
+    let built = build_module(host_root, host.release(), version, &options)
+        .map_err(|e| kernel_error(&format!("build tt-kmd {version}"), e.to_string()))?;
+    host.kernel()
+        .load(&built.ko_path, "")
+        .map_err(|e| kernel_error(&format!("load tt-kmd {version}"), e.to_string()))
+}
