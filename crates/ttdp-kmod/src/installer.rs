@@ -148,6 +148,7 @@ impl<K: Kernel> ModuleInstaller<K> {
         }
         let version = status.version.clone();
         let mut killed = Vec::new();
+        let mut kill_error = None;
         let started = Instant::now();
         if status.in_use() && options.force {
             let own_pid = i32::try_from(std::process::id()).unwrap_or(0);
@@ -159,24 +160,10 @@ impl<K: Kernel> ModuleInstaller<K> {
             {
                 match self.kernel.kill(holder.pid) {
                     Ok(()) => killed.push(holder.clone()),
-                    Err(e) if e.raw_os_error() == Some(Errno::ESRCH as i32) => {} // already gone
-                    Err(e)
-                        if e.raw_os_error() == Some(Errno::EPERM as i32)
-                            || e.kind() == io::ErrorKind::PermissionDenied =>
-                    {
-                        return Err(KmodError::PermissionDenied {
-                            action: "kill holders of",
-                            module,
-                            version,
-                        });
-                    }
-                    Err(source) => {
-                        return Err(KmodError::Syscall {
-                            action: "kill holders",
-                            module,
-                            version,
-                            source,
-                        });
+                    Err(e) if errno(&e) == Some(Errno::ESRCH) => {} // already gone
+                    Err(e) => {
+                        // keep killing the others; this error matters only if the module stays in use
+                        kill_error.get_or_insert(e);
                     }
                 }
             }
@@ -185,6 +172,26 @@ impl<K: Kernel> ModuleInstaller<K> {
         while status.in_use() && started.elapsed() < options.wait {
             std::thread::sleep(REFCNT_POLL.min(options.wait.saturating_sub(started.elapsed())));
             status = self.status()?;
+        }
+        if status.in_use()
+            && let Some(e) = kill_error
+        {
+            return Err(
+                if errno(&e) == Some(Errno::EPERM) || e.kind() == io::ErrorKind::PermissionDenied {
+                    KmodError::PermissionDenied {
+                        action: "kill holders of",
+                        module,
+                        version,
+                    }
+                } else {
+                    KmodError::Syscall {
+                        action: "kill holders",
+                        module,
+                        version,
+                        source: e,
+                    }
+                },
+            );
         }
         let killed_pids: Vec<i32> = killed.iter().map(|h| h.pid).collect();
         let in_use_error = |status: ModuleStatus| {
