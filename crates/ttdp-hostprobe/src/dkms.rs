@@ -12,7 +12,11 @@ pub const DKMS_SOURCE_PARENT: &str = "/usr/src";
 
 /// One sign that the host manages tt-kmd itself.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
+#[serde(
+    tag = "kind",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase"
+)]
 pub enum DkmsSignal {
     /// `/var/lib/dkms/tenstorrent/` exists: DKMS tracks the module.
     DkmsState {

@@ -73,6 +73,11 @@ mod tests {
         assert!(!facts.host_install.is_host_managed());
         assert_eq!(facts.devices.len(), 1);
         assert!(facts.signing.unsigned_modules_load());
+        let json = serde_json::to_value(&facts).unwrap();
+        assert_eq!(json["kernelRelease"], "6.8.0-sim");
+        assert_eq!(json["buildTree"]["hasMakefile"], true);
+        assert_eq!(json["signing"]["sigEnforce"], serde_json::Value::Null);
+        assert_eq!(json["devices"][0]["address"], "0000:01:00.0");
     }
 
     #[test]

@@ -42,6 +42,7 @@ fn release_from_banner(banner: &str) -> Option<String> {
 
 /// The compiler the running kernel was built with, from `/proc/version`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct KernelCompiler {
     /// The whole compiler description, e.g. `x86_64-linux-gnu-gcc-12 (Debian 12.2.0-14) 12.2.0`.
     pub description: String,
@@ -89,6 +90,7 @@ fn compiler_from_banner(banner: &str) -> Option<KernelCompiler> {
 
 /// The kernel's build tree, needed to build out-of-tree modules (`make -C <tree> M=<src> modules`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct BuildTree {
     /// The host path `/lib/modules/<release>/build`.
     pub host_path: PathBuf,

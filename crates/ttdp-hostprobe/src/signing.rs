@@ -22,6 +22,7 @@ pub enum Lockdown {
 
 /// What the host says about module signing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SigningFacts {
     /// `sig_enforce`: `None` when the file does not exist (kernel without module signing).
     pub sig_enforce: Option<bool>,
