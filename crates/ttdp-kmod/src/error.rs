@@ -89,8 +89,9 @@ pub enum KmodError {
         /// What enforces signing, e.g. `sig_enforce=Y` or `lockdown=integrity`.
         enforcement: String,
     },
-    /// The kernel refused the module file as invalid for this kernel (ENOEXEC, EINVAL).
-    #[error("kernel rejected {} as module {module} {version} for kernel {release} (vermagic {}): {source}; rebuild it against the running kernel's headers (the cached copy is not trusted any more)", .path.display(), shown(.vermagic))]
+    /// The kernel refused the module (ENOEXEC: not a module for this kernel; EINVAL: invalid, or
+    /// the module's own init failed with it).
+    #[error("kernel rejected {} as module {module} {version} for kernel {release} (vermagic {}): {source}; the kernel log (dmesg) on the node says why: a wrong vermagic or symbol versions mean rebuild it against the running kernel's headers (the cached copy was dropped and is rebuilt on the next attempt), an error from the module's own init means this version does not work on this node", .path.display(), shown(.vermagic))]
     BadModule {
         /// Module name.
         module: String,
