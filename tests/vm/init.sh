@@ -11,7 +11,7 @@
 
 /bin/busybox mkdir -p /proc /sys /dev /tmp /run /bin /sbin /usr/bin /usr/sbin
 /bin/busybox --install -s
-export PATH=/usr/local/bin:/bin:/sbin:/usr/bin:/usr/sbin
+export PATH=/opt/ttdp/bin:/bin:/sbin:/usr/bin:/usr/sbin
 export HOME=/root
 
 mount -t devtmpfs devtmpfs /dev
@@ -28,6 +28,21 @@ done
 . /etc/ttdp-vm.env
 export TTDP_VM TTDP_VM_SCENARIO TTDP_VM_KO_DIR TTDP_VM_KO_VERSIONS TTDP_VM_KO_BROKEN_VERSION TTDP_VM_KERNEL_RELEASE
 export RUST_BACKTRACE=1
+
+# Scenarios that build modules get the host's /usr (gcc, make, git, kernel headers) read-only
+# over 9p; /lib and /lib64 already lead into it. Host tools then come before busybox's.
+if [ "$TTDP_VM_HOST_USR" = 1 ]; then
+  for module in $TTDP_VM_9P_MODULES; do
+    insmod "$TTDP_VM_9P_MODULE_DIR/$module" || echo "ttdp-vm: insmod $module failed"
+  done
+  if mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostusr /usr; then
+    export PATH=/opt/ttdp/bin:/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin
+  else
+    echo "ttdp-vm: mounting the host's /usr over 9p failed"
+    echo "TTDP_VM_EXIT=125" >/dev/ttyS2
+    poweroff -f
+  fi
+fi
 
 echo "ttdp-vm: scenario $TTDP_VM_SCENARIO on $(uname -r)"
 eval "set -- $TTDP_VM_TEST_ARGS"

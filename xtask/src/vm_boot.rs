@@ -30,8 +30,33 @@ pub struct Boot {
 /// Exit status of `timeout` when it had to stop the command.
 const TIMED_OUT: i32 = 124;
 
-/// Boots `vmlinuz` with `initrd` and waits for it to power off (or for `limit`).
-pub fn boot(vmlinuz: &Path, initrd: &Path, run_dir: &Path, limit: Duration) -> Result<Boot> {
+/// One VM to boot.
+#[derive(Debug)]
+pub struct Machine<'a> {
+    /// The kernel image.
+    pub vmlinuz: &'a Path,
+    /// The gzip initramfs.
+    pub initrd: &'a Path,
+    /// Where the serial port files go.
+    pub run_dir: &'a Path,
+    /// Wall-clock limit for the whole cycle.
+    pub limit: Duration,
+    /// Share the host's `/usr` read-only over 9p (mount tag [`HOST_USR_TAG`]).
+    pub host_usr: bool,
+}
+
+/// The 9p mount tag of the host's `/usr` (`/init` mounts it).
+pub const HOST_USR_TAG: &str = "hostusr";
+
+/// Boots the machine and waits for it to power off (or for its time limit).
+pub fn boot(machine: &Machine<'_>) -> Result<Boot> {
+    let Machine {
+        vmlinuz,
+        initrd,
+        run_dir,
+        limit,
+        host_usr,
+    } = *machine;
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let console = run_dir.join("console.log");
     let output = run_dir.join("output.log");
@@ -44,36 +69,43 @@ pub fn boot(vmlinuz: &Path, initrd: &Path, run_dir: &Path, limit: Duration) -> R
     }
     let serial = |path: &Path| format!("file:{}", path.display());
 
+    let mut qemu = Command::new("timeout");
+    qemu.args([
+        "--kill-after=10",
+        &limit.as_secs().to_string(),
+        "qemu-system-x86_64",
+    ])
+    .args([
+        "-accel",
+        "tcg",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+    ])
+    .args(["-m", "1024", "-smp", "2", "-nic", "none"])
+    .arg("-kernel")
+    .arg(vmlinuz)
+    .arg("-initrd")
+    .arg(initrd)
+    .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=3"])
+    .args([
+        "-serial",
+        &serial(&console),
+        "-serial",
+        &serial(&output),
+        "-serial",
+        &serial(&status_file),
+    ]);
+    if host_usr {
+        qemu.args([
+            "-virtfs",
+            &format!("local,path=/usr,mount_tag={HOST_USR_TAG},security_model=none,readonly=on"),
+        ]);
+    }
     let start = Instant::now();
-    let result = Command::new("timeout")
-        .args([
-            "--kill-after=10",
-            &limit.as_secs().to_string(),
-            "qemu-system-x86_64",
-        ])
-        .args([
-            "-accel",
-            "tcg",
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-no-reboot",
-        ])
-        .args(["-m", "1024", "-smp", "2", "-nic", "none"])
-        .arg("-kernel")
-        .arg(vmlinuz)
-        .arg("-initrd")
-        .arg(initrd)
-        .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=3"])
-        .args([
-            "-serial",
-            &serial(&console),
-            "-serial",
-            &serial(&output),
-            "-serial",
-            &serial(&status_file),
-        ])
+    let result = qemu
         .output()
         .context("running qemu-system-x86_64 under timeout")?;
     let elapsed = start.elapsed();

@@ -10,11 +10,14 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 use super::Scenario;
+use super::vm_kernel::Kernel;
 use super::vm_static_build::Executable;
 use super::vm_stub_module::BuiltModule;
 
 /// The guest directory holding `<version>/tenstorrent.ko`.
 const GUEST_KO_DIR: &str = "/ko";
+/// The guest directory holding the virtio and 9p modules `/init` loads for a host `/usr`.
+const GUEST_9P_MODULE_DIR: &str = "/vm-modules";
 
 /// Everything that goes into one scenario's initramfs.
 #[derive(Debug)]
@@ -27,8 +30,8 @@ pub struct Contents<'a> {
     pub scenario: &'a Scenario,
     /// A static busybox.
     pub busybox: &'a Path,
-    /// The release the guest runs.
-    pub kernel_release: &'a str,
+    /// The kernel the guest runs (its release and its 9p modules).
+    pub kernel: &'a Kernel,
     /// The stub modules, at `/ko/<version>/tenstorrent.ko`.
     pub modules: &'a [BuiltModule],
     /// The scenario's static executables.
@@ -52,7 +55,7 @@ pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
         "sbin",
         "usr/bin",
         "usr/sbin",
-        "usr/local/bin",
+        "opt/ttdp/bin",
         "etc",
         "root",
         "tmp",
@@ -87,7 +90,28 @@ pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
     for (host, guest) in contents.scenario.files {
         copy(&contents.root.join(host), &stage, guest, 0o644)?;
     }
-    let env = guest_env(contents);
+    let mut ninep_names = Vec::new();
+    if contents.scenario.host_usr {
+        for module in &contents.kernel.ninep_modules {
+            let name = module
+                .file_name()
+                .and_then(|n| n.to_str())
+                .context("a 9p module path has no file name")?;
+            copy(
+                module,
+                &stage,
+                &format!("{GUEST_9P_MODULE_DIR}/{name}"),
+                0o644,
+            )?;
+            ninep_names.push(name.to_string());
+        }
+        // Debian's merged /usr: once the host's /usr is mounted, /lib and /lib64 lead into it.
+        std::os::unix::fs::symlink("usr/lib", stage.join("lib"))
+            .context("linking /lib to usr/lib")?;
+        std::os::unix::fs::symlink("usr/lib64", stage.join("lib64"))
+            .context("linking /lib64 to usr/lib64")?;
+    }
+    let env = guest_env(contents, &ninep_names);
     std::fs::write(stage.join("etc/ttdp-vm.env"), env).context("writing /etc/ttdp-vm.env")?;
 
     let initrd = dir.join("initramfs.cpio.gz");
@@ -112,7 +136,7 @@ pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
 }
 
 /// `/etc/ttdp-vm.env`, sourced by `/init`.
-fn guest_env(contents: &Contents<'_>) -> String {
+fn guest_env(contents: &Contents<'_>, ninep_modules: &[String]) -> String {
     let good: Vec<&str> = contents
         .modules
         .iter()
@@ -130,13 +154,16 @@ fn guest_env(contents: &Contents<'_>) -> String {
     for (key, value) in [
         ("TTDP_VM", "1".to_string()),
         ("TTDP_VM_SCENARIO", contents.scenario.name.to_string()),
-        (
-            "TTDP_VM_KERNEL_RELEASE",
-            contents.kernel_release.to_string(),
-        ),
+        ("TTDP_VM_KERNEL_RELEASE", contents.kernel.release.clone()),
         ("TTDP_VM_KO_DIR", GUEST_KO_DIR.to_string()),
         ("TTDP_VM_KO_VERSIONS", good.join(" ")),
         ("TTDP_VM_KO_BROKEN_VERSION", broken.join(" ")),
+        (
+            "TTDP_VM_HOST_USR",
+            if contents.scenario.host_usr { "1" } else { "0" }.to_string(),
+        ),
+        ("TTDP_VM_9P_MODULE_DIR", GUEST_9P_MODULE_DIR.to_string()),
+        ("TTDP_VM_9P_MODULES", ninep_modules.join(" ")),
         // Quoted twice: /init runs `eval "set -- $TTDP_VM_TEST_ARGS"`.
         ("TTDP_VM_TEST_ARGS", args.join(" ")),
     ] {

@@ -1,7 +1,8 @@
 //! The Debian kernel image the VM boots: `linux-image-<release>` fetched with `apt-get download`
-//! (never installed); only `boot/vmlinuz-<release>` is unpacked, into `<cache>/kernel/<release>/`.
+//! (never installed). Only `boot/vmlinuz-<release>` and the modules a guest needs to mount a host
+//! folder over 9p (Debian's 6.1 has no virtio or 9p built in) are unpacked, into
+//! `<cache>/kernel/<release>/`.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -16,15 +17,40 @@ pub struct Kernel {
     pub release: String,
     /// The compressed kernel image for `qemu -kernel`.
     pub vmlinuz: PathBuf,
+    /// The virtio and 9p modules, in the order they must be loaded.
+    pub ninep_modules: Vec<PathBuf>,
 }
+
+/// The modules (path under `lib/modules/<release>/kernel/`) for a 9p mount, in load order.
+const NINEP_MODULES: &[&str] = &[
+    "drivers/virtio/virtio_ring.ko",
+    "drivers/virtio/virtio.ko",
+    "drivers/virtio/virtio_pci_modern_dev.ko",
+    "drivers/virtio/virtio_pci_legacy_dev.ko",
+    "drivers/virtio/virtio_pci.ko",
+    "net/9p/9pnet.ko",
+    "net/9p/9pnet_virtio.ko",
+    "fs/netfs/netfs.ko",
+    "fs/fscache/fscache.ko",
+    "fs/9p/9p.ko",
+];
 
 /// Returns the cached kernel for `headers.release`, downloading it first if needed.
 pub fn ensure(cache: &Path, headers: &Headers) -> Result<Kernel> {
     let release = headers.release.clone();
     let dir = cache.join("kernel").join(&release);
     let vmlinuz = dir.join(format!("vmlinuz-{release}"));
-    if vmlinuz.is_file() {
-        return Ok(Kernel { release, vmlinuz });
+    let ninep_dir = dir.join("9p");
+    let ninep_modules: Vec<PathBuf> = NINEP_MODULES
+        .iter()
+        .map(|m| ninep_dir.join(module_file_name(m)))
+        .collect();
+    if vmlinuz.is_file() && ninep_modules.iter().all(|m| m.is_file()) {
+        return Ok(Kernel {
+            release,
+            vmlinuz,
+            ninep_modules,
+        });
     }
 
     let download = dir.join("download");
@@ -59,8 +85,17 @@ pub fn ensure(cache: &Path, headers: &Headers) -> Result<Kernel> {
         .find(|p| p.extension().is_some_and(|ext| ext == "deb"))
         .with_context(|| format!("apt-get download left no .deb in {}", download.display()))?;
 
-    // dpkg-deb --fsys-tarfile DEB | tar -xO ./boot/vmlinuz-<release> > vmlinuz.partial
-    let partial = dir.join("vmlinuz.partial");
+    // dpkg-deb --fsys-tarfile DEB | tar -x -C unpacked ./boot/vmlinuz-<release> ./lib/modules/...
+    let unpacked = download.join("unpacked");
+    std::fs::create_dir_all(&unpacked)
+        .with_context(|| format!("creating {}", unpacked.display()))?;
+    let members: Vec<String> = std::iter::once(format!("./boot/vmlinuz-{release}"))
+        .chain(
+            NINEP_MODULES
+                .iter()
+                .map(|m| format!("./lib/modules/{release}/kernel/{m}")),
+        )
+        .collect();
     let mut unpack = Command::new("dpkg-deb")
         .arg("--fsys-tarfile")
         .arg(&deb)
@@ -69,22 +104,40 @@ pub fn ensure(cache: &Path, headers: &Headers) -> Result<Kernel> {
         .context("running dpkg-deb")?;
     let tar_input = unpack.stdout.take().context("dpkg-deb has no stdout")?;
     let tar_status = Command::new("tar")
-        .args(["-x", "-O", "-f", "-"])
-        .arg(format!("./boot/vmlinuz-{release}"))
+        .args(["-x", "-f", "-", "-C"])
+        .arg(&unpacked)
+        .args(&members)
         .stdin(tar_input)
-        .stdout(File::create(&partial).with_context(|| format!("creating {}", partial.display()))?)
         .status()
         .context("running tar")?;
     let unpack_status = unpack.wait().context("waiting for dpkg-deb")?;
     if !unpack_status.success() || !tar_status.success() {
         bail!(
-            "could not unpack boot/vmlinuz-{release} from {}",
+            "could not unpack {} from {}",
+            members.join(" "),
             deb.display()
         );
     }
-    std::fs::rename(&partial, &vmlinuz)
-        .with_context(|| format!("renaming to {}", vmlinuz.display()))?;
+    std::fs::create_dir_all(&ninep_dir)
+        .with_context(|| format!("creating {}", ninep_dir.display()))?;
+    for (member, module) in NINEP_MODULES.iter().zip(&ninep_modules) {
+        let from = unpacked.join(format!("lib/modules/{release}/kernel/{member}"));
+        std::fs::rename(&from, module)
+            .with_context(|| format!("moving {} to {}", from.display(), module.display()))?;
+    }
+    let from = unpacked.join(format!("boot/vmlinuz-{release}"));
+    std::fs::rename(&from, &vmlinuz)
+        .with_context(|| format!("moving {} to {}", from.display(), vmlinuz.display()))?;
     std::fs::remove_dir_all(&download)
         .with_context(|| format!("removing {}", download.display()))?;
-    Ok(Kernel { release, vmlinuz })
+    Ok(Kernel {
+        release,
+        vmlinuz,
+        ninep_modules,
+    })
+}
+
+/// `fs/9p/9p.ko` -> `9p.ko`.
+fn module_file_name(member: &str) -> &str {
+    member.rsplit('/').next().unwrap_or(member)
 }

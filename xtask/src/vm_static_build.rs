@@ -40,7 +40,7 @@ pub fn build(root: &Path, scenario: &Scenario) -> Result<Vec<Executable>> {
         let host = cargo_build(root, &["build", "-p", package, "--bin", bin], "bin", bin)?;
         executables.push(Executable {
             host,
-            guest: format!("/usr/local/bin/{bin}"),
+            guest: format!("/opt/ttdp/bin/{bin}"),
         });
     }
     Ok(executables)

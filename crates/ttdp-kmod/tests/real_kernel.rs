@@ -1,23 +1,422 @@
-//! Real-kernel tests: run inside the QEMU VM by `cargo xtask vm-test` (ignored elsewhere).
+//! ttdp-kmod against a real Linux kernel: run inside a QEMU VM by `cargo xtask vm-test` (scenario
+//! `kmod`), ignored everywhere else (they load and unload kernel modules).
+//!
+//! The VM boots Debian 12's kernel with no network; its `/init` puts the stub `tenstorrent` module
+//! (`tests/vm/stub-module/`, a misc device `/dev/tenstorrent/0`) built on the host at
+//! `$TTDP_VM_KO_DIR/<version>/tenstorrent.ko` for versions 1.0.0 and 2.0.0, plus 3.0.0 whose init
+//! fails with EINVAL. The host root is `/`. The tests share one kernel, so they run one at a time
+//! (`--test-threads=1`) and each starts from a clean slate: no module loaded, no holder, empty cache.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
-fn ko(version: &str) -> PathBuf {
-    let dir = std::env::var("TTDP_VM_KO_DIR").expect("TTDP_VM_KO_DIR is set by the VM's /init");
-    PathBuf::from(dir).join(version).join("tenstorrent.ko")
+use ttdp_kmod::{
+    CacheLookup, CacheOutcome, HostRoot, InstallerConfig, Kernel, KmodError, ModuleInstaller,
+    RealKernel, SwapOptions, SwapOutcome, UnloadOptions,
+};
+
+const V1: &str = "1.0.0";
+const V2: &str = "2.0.0";
+const BROKEN: &str = "3.0.0";
+const DEVICE: &str = "/dev/tenstorrent/0";
+const EAGAIN: i32 = 11;
+
+/// The stub module built at `version` on the host, as placed in the VM by `cargo xtask vm-test`.
+fn stub_ko(version: &str) -> PathBuf {
+    let dir = std::env::var("TTDP_VM_KO_DIR").expect(
+        "TTDP_VM_KO_DIR is set by the VM's /init: run these tests with cargo xtask vm-test",
+    );
+    let good = std::env::var("TTDP_VM_KO_VERSIONS").unwrap_or_default();
+    let broken = std::env::var("TTDP_VM_KO_BROKEN_VERSION").unwrap_or_default();
+    assert!(
+        good.split_whitespace().any(|v| v == version) || broken == version,
+        "the VM has no stub module {version} (loadable: {good}; broken: {broken})"
+    );
+    Path::new(&dir).join(version).join("tenstorrent.ko")
+}
+
+/// A module installer on the VM itself, after resetting it to a clean slate.
+fn fresh_installer() -> ModuleInstaller<RealKernel> {
+    let host = HostRoot::system();
+    let installer = ModuleInstaller::new(
+        host.clone(),
+        RealKernel::new(host),
+        InstallerConfig::default(),
+    )
+    .unwrap();
+    if installer.status().unwrap().loaded {
+        let force = UnloadOptions {
+            force: true,
+            wait: Duration::from_secs(5),
+        };
+        installer.unload(&force).unwrap();
+    }
+    match std::fs::remove_dir_all(installer.cache().dir()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("cannot clear the cache: {e}"),
+    }
+    installer
+}
+
+/// Puts the stub `.ko` for `version` into the cache, as a previous build would have.
+fn cache_stub(installer: &ModuleInstaller<RealKernel>, version: &str) -> PathBuf {
+    let cached = installer
+        .cache()
+        .store_file(
+            &stub_ko(version),
+            installer.release(),
+            version,
+            "tests/vm/stub-module",
+            "stub",
+        )
+        .unwrap();
+    cached.path
+}
+
+fn loaded_version(installer: &ModuleInstaller<RealKernel>) -> Option<String> {
+    installer
+        .status()
+        .unwrap()
+        .loaded_version()
+        .map(str::to_string)
+}
+
+/// A child process (`sleep`) holding `/dev/tenstorrent/0` open; killed and reaped on drop.
+struct Holder {
+    child: Child,
+}
+
+impl Holder {
+    fn spawn() -> Self {
+        let child = Command::new("/bin/sh")
+            .args(["-c", &format!("exec 3<{DEVICE}; exec sleep 1000")])
+            .spawn()
+            .unwrap();
+        let holder = Self { child };
+        let fd = PathBuf::from(format!("/proc/{}/fd/3", holder.pid()));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_link(&fd).ok().as_deref() != Some(Path::new(DEVICE))
+            || comm(holder.pid()) != "sleep"
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the holder never opened {DEVICE}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        holder
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap()
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
 #[test]
 #[ignore = "needs a real kernel: run by cargo xtask vm-test"]
-fn stub_module_loads_and_reports_its_version() {
-    let status = Command::new("insmod").arg(ko("1.0.0")).status().unwrap();
-    assert!(status.success());
-    let version = std::fs::read_to_string("/sys/module/tenstorrent/version").unwrap();
-    assert_eq!(version.trim(), "1.0.0");
-    assert!(std::path::Path::new("/dev/tenstorrent/0").exists());
-    let status = Command::new("rmmod").arg("tenstorrent").status().unwrap();
-    assert!(status.success());
-    assert!(!std::path::Path::new("/sys/module/tenstorrent").exists());
+fn load_reports_version_and_creates_the_device_then_unload_removes_both() {
+    let installer = fresh_installer();
+    let absent = installer.status().unwrap();
+    assert!(!absent.loaded && !absent.in_use(), "{absent:?}");
+
+    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+    let status = installer.status().unwrap();
+    assert!(status.loaded, "{status:?}");
+    assert_eq!(status.loaded_version(), Some(V1));
+    assert_eq!(status.refcnt, Some(0));
+    assert_eq!(status.initstate.as_deref(), Some("live"));
+    assert!(status.srcversion.is_some(), "{status:?}");
+    assert!(
+        status.device_holders.is_empty() && !status.in_use(),
+        "{status:?}"
+    );
+    assert!(Path::new(DEVICE).exists(), "{DEVICE} missing after load");
+
+    let report = installer.unload(&UnloadOptions::default()).unwrap();
+    assert_eq!(report.version.as_deref(), Some(V1));
+    assert!(report.killed.is_empty());
+    assert!(!installer.status().unwrap().loaded);
+    assert!(!Path::new("/sys/module/tenstorrent").exists());
+    assert!(
+        !Path::new(DEVICE).exists(),
+        "{DEVICE} still there after unload"
+    );
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn loading_while_another_version_is_loaded_is_already_loaded() {
+    let installer = fresh_installer();
+    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+
+    let err = installer.load_file(&stub_ko(V2), V2, "").unwrap_err();
+    assert_eq!(err.reason(), "ModuleAlreadyLoaded", "{err}");
+    match &err {
+        KmodError::AlreadyLoaded { loaded, wanted, .. } => {
+            assert_eq!((loaded.as_deref(), wanted.as_str()), (Some(V1), V2));
+        }
+        other => panic!("expected AlreadyLoaded, got {other:?}"),
+    }
+    assert_eq!(loaded_version(&installer).as_deref(), Some(V1));
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn unloading_a_module_that_is_not_loaded_is_not_loaded() {
+    let installer = fresh_installer();
+    let err = installer.unload(&UnloadOptions::default()).unwrap_err();
+    assert_eq!(err.reason(), "ModuleNotLoaded", "{err}");
+    // the kernel's own answer, which the installer maps
+    let raw = installer.kernel().unload("tenstorrent").unwrap_err();
+    assert_eq!(raw.raw_os_error(), Some(2), "ENOENT expected: {raw}");
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn unloading_a_held_module_fails_naming_the_holder_and_leaves_it_loaded() {
+    let installer = fresh_installer();
+    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+    let holder = Holder::spawn();
+
+    let status = installer.status().unwrap();
+    assert!(
+        status.refcnt.unwrap_or(0) >= 1,
+        "holding the device raises refcnt: {status:?}"
+    );
+    let found = status.device_holders.iter().find(|h| h.pid == holder.pid());
+    let found = found.unwrap_or_else(|| panic!("holder {} not found: {status:?}", holder.pid()));
+    assert_eq!(found.comm, "sleep");
+    assert_eq!(found.paths, vec![PathBuf::from(DEVICE)]);
+
+    // the kernel says EAGAIN (not EBUSY) for a module in use
+    let raw = installer.kernel().unload("tenstorrent").unwrap_err();
+    assert_eq!(raw.raw_os_error(), Some(EAGAIN), "{raw}");
+
+    let wait = UnloadOptions {
+        force: false,
+        wait: Duration::from_millis(300),
+    };
+    let err = installer.unload(&wait).unwrap_err();
+    assert_eq!(err.reason(), "ModuleInUse", "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("pid {}", holder.pid())),
+        "{message}"
+    );
+    assert!(message.contains("sleep"), "{message}");
+    assert_eq!(loaded_version(&installer).as_deref(), Some(V1));
+    assert_eq!(
+        comm(holder.pid()),
+        "sleep",
+        "a plain unload must not kill the holder"
+    );
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn force_unload_kills_the_holder_and_unloads() {
+    let installer = fresh_installer();
+    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+    let mut holder = Holder::spawn();
+
+    let force = UnloadOptions {
+        force: true,
+        wait: Duration::from_secs(10),
+    };
+    let report = installer.unload(&force).unwrap();
+    let killed: Vec<i32> = report.killed.iter().map(|h| h.pid).collect();
+    assert_eq!(killed, vec![holder.pid()]);
+    assert_eq!(report.version.as_deref(), Some(V1));
+    let exit = holder.child.wait().unwrap();
+    assert_eq!(
+        exit.signal(),
+        Some(9),
+        "the holder must die of SIGKILL: {exit:?}"
+    );
+    assert!(!installer.status().unwrap().loaded);
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn swap_installs_upgrades_and_then_has_nothing_to_do() {
+    let installer = fresh_installer();
+    cache_stub(&installer, V1);
+    cache_stub(&installer, V2);
+    let options = SwapOptions::default();
+
+    let first = installer.swap(V1, &options).unwrap();
+    assert_eq!(first.outcome, SwapOutcome::Installed);
+    assert_eq!(first.previous, None);
+    assert_eq!(first.cache, Some(CacheOutcome::Hit));
+    assert_eq!(loaded_version(&installer).as_deref(), Some(V1));
+
+    let upgrade = installer.swap(V2, &options).unwrap();
+    assert_eq!(upgrade.outcome, SwapOutcome::Replaced);
+    assert_eq!(upgrade.previous.as_deref(), Some(V1));
+    assert_eq!(upgrade.cache, Some(CacheOutcome::Hit));
+    assert_eq!(loaded_version(&installer).as_deref(), Some(V2));
+    assert!(Path::new(DEVICE).exists());
+
+    let again = installer.swap(V2, &options).unwrap();
+    assert_eq!(again.outcome, SwapOutcome::AlreadyLoaded);
+    assert_eq!(loaded_version(&installer).as_deref(), Some(V2));
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn swap_over_a_holder_is_refused_unless_forced() {
+    let installer = fresh_installer();
+    cache_stub(&installer, V1);
+    cache_stub(&installer, V2);
+    installer.swap(V1, &SwapOptions::default()).unwrap();
+    let mut holder = Holder::spawn();
+
+    let polite = SwapOptions {
+        unload: UnloadOptions {
+            force: false,
+            wait: Duration::from_millis(300),
+        },
+        ..SwapOptions::default()
+    };
+    let err = installer.swap(V2, &polite).unwrap_err();
+    assert_eq!(err.reason(), "ModuleInUse", "{err}");
+    assert_eq!(
+        loaded_version(&installer).as_deref(),
+        Some(V1),
+        "a refused swap changes nothing"
+    );
+
+    let forced = SwapOptions {
+        unload: UnloadOptions {
+            force: true,
+            wait: Duration::from_secs(10),
+        },
+        ..SwapOptions::default()
+    };
+    let report = installer.swap(V2, &forced).unwrap();
+    assert_eq!(report.outcome, SwapOutcome::Replaced);
+    assert_eq!(
+        report.killed.iter().map(|h| h.pid).collect::<Vec<_>>(),
+        vec![holder.pid()]
+    );
+    assert_eq!(holder.child.wait().unwrap().signal(), Some(9));
+    assert_eq!(loaded_version(&installer).as_deref(), Some(V2));
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn swap_to_a_version_that_fails_to_load_rolls_back_and_reports_both() {
+    let installer = fresh_installer();
+    cache_stub(&installer, V1);
+    cache_stub(&installer, BROKEN);
+    installer.swap(V1, &SwapOptions::default()).unwrap();
+
+    let err = installer.swap(BROKEN, &SwapOptions::default()).unwrap_err();
+    assert_eq!(err.reason(), "LoadFailedRolledBack", "{err}");
+    match &err {
+        KmodError::RolledBack {
+            version,
+            previous,
+            load_error,
+            ..
+        } => {
+            assert_eq!((version.as_str(), previous.as_str()), (BROKEN, V1));
+            assert_eq!(load_error.reason(), "BadModule", "{load_error}");
+        }
+        other => panic!("expected RolledBack, got {other:?}"),
+    }
+    let message = err.to_string();
+    assert!(
+        message.contains(BROKEN) && message.contains(V1),
+        "{message}"
+    );
+    assert_eq!(
+        loaded_version(&installer).as_deref(),
+        Some(V1),
+        "the previous version is back"
+    );
+    assert!(Path::new(DEVICE).exists());
+    // the .ko the kernel refused is not trusted again
+    let lookup = installer
+        .cache()
+        .lookup(installer.release(), BROKEN)
+        .unwrap();
+    assert_eq!(lookup, CacheLookup::Miss);
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn a_verified_cache_entry_is_a_hit() {
+    let installer = fresh_installer();
+    assert_eq!(
+        installer.cache().lookup(installer.release(), V2).unwrap(),
+        CacheLookup::Miss
+    );
+    let path = cache_stub(&installer, V2);
+
+    match installer.cache().lookup(installer.release(), V2).unwrap() {
+        CacheLookup::Hit(ko) => {
+            assert_eq!(ko.path, path);
+            assert_eq!(ko.record.version, V2);
+            assert_eq!(ko.record.kernel_release, installer.release());
+            assert!(
+                ko.record.vermagic.starts_with(installer.release()),
+                "{:?}",
+                ko.record
+            );
+        }
+        other => panic!("expected a hit, got {other:?}"),
+    }
+    let ensured = installer.ensure_ko(V2).unwrap();
+    assert_eq!(ensured.cache, CacheOutcome::Hit);
+    assert_eq!(ensured.ko.path, path);
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn a_corrupt_cache_entry_is_never_loaded() {
+    let installer = fresh_installer();
+    cache_stub(&installer, V1);
+    installer.swap(V1, &SwapOptions::default()).unwrap();
+    let path = cache_stub(&installer, V2);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+
+    match installer.cache().lookup(installer.release(), V2).unwrap() {
+        CacheLookup::Invalid { reason } => assert!(reason.contains("checksum"), "{reason}"),
+        other => panic!("a corrupt entry must be invalid, got {other:?}"),
+    }
+    // swap evicts it and tries to rebuild; the VM has no kernel headers, so the rebuild fails
+    // before anything is unloaded
+    let err = installer.swap(V2, &SwapOptions::default()).unwrap_err();
+    assert_eq!(err.reason(), "HeadersMissing", "{err}");
+    assert_eq!(
+        loaded_version(&installer).as_deref(),
+        Some(V1),
+        "the working module stays"
+    );
+    assert_eq!(
+        installer.cache().lookup(installer.release(), V2).unwrap(),
+        CacheLookup::Miss
+    );
 }
