@@ -1,1 +1,252 @@
-//! The in-process Kubernetes API server (placeholder).
+//! An in-process Kubernetes API server for tests and demos.
+//!
+//! It listens on `127.0.0.1` (plain HTTP, any free port), writes a kubeconfig (context
+//! `ttdp-test`) and serves the API subset ttdp uses with the real server's semantics: discovery
+//! (including CRDs created through it), get/list/watch with selectors, resourceVersions and
+//! pagination, create/update with optimistic concurrency, JSON merge / JSON / strategic merge
+//! patches and server-side apply with managed fields, graceful deletion, finalizers, owner
+//! reference garbage collection, the `status`, `eviction` and `binding` subresources, CRD schema
+//! validation with defaults and CEL rules. Both kube-rs clients and the real `kubectl` work
+//! against it.
+//!
+//! It is test infrastructure: it keeps everything in memory, has no authentication or
+//! authorization, and must never be used by production code.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use ttdp_testkit::apiserver::TestApiServer;
+//! let server = TestApiServer::start().await?;
+//! let client = server.client().await?;
+//! println!("KUBECONFIG={}", server.kubeconfig_path().display());
+//! # drop(client);
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod admission;
+mod apply;
+mod catalog;
+mod cluster;
+mod discovery;
+mod disruption;
+mod eviction;
+mod faults;
+mod field_set;
+mod kubeconfig;
+mod lifecycle;
+mod list_keys;
+mod managed_fields;
+mod meta;
+mod openapi;
+mod patch;
+mod protobuf;
+mod recorder;
+mod routes;
+mod schema_validation;
+mod selectors;
+mod status;
+mod store;
+mod table;
+mod watch;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use cluster::{PodTermination, ServerOptions};
+pub use faults::{Fault, FaultEffect, Faults};
+pub use kubeconfig::CONTEXT as KUBECONFIG_CONTEXT;
+pub use recorder::{RecordedRequest, Recorder};
+
+/// Starting the server or building a client failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Binding 127.0.0.1 failed.
+    #[error("cannot listen on 127.0.0.1 for the test api server; check that loopback networking works")]
+    Bind(#[source] std::io::Error),
+    /// Writing the kubeconfig failed.
+    #[error("cannot write the test api server kubeconfig into a temporary directory; check TMPDIR is writable")]
+    Kubeconfig(#[source] std::io::Error),
+    /// The server URL did not parse (cannot happen for a bound socket address).
+    #[error("test api server url {url} is not a valid uri")]
+    Url {
+        /// Server URL.
+        url: String,
+        /// The parse error.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    /// Building the kube client failed.
+    #[error("cannot build a kube client for the test api server at {url}")]
+    Client {
+        /// Server URL.
+        url: String,
+        /// The kube error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Builder for [`TestApiServer`] with non-default [`ServerOptions`].
+#[derive(Debug, Clone, Default)]
+pub struct TestApiServerBuilder {
+    options: ServerOptions,
+    port: u16,
+}
+
+impl TestApiServerBuilder {
+    /// How graceful pod deletions complete (default: the server completes them after 200 ms,
+    /// standing in for a kubelet; use [`PodTermination::Kubelet`] when simulated kubelets run).
+    pub fn pod_termination(mut self, mode: PodTermination) -> Self {
+        self.options.pod_termination = mode;
+        self
+    }
+
+    /// How many change events watches can resume from (default 10 000).
+    pub fn watch_history(mut self, events: usize) -> Self {
+        self.options.watch_history = events;
+        self
+    }
+
+    /// How often watches with `allowWatchBookmarks` get a BOOKMARK (default 1 s).
+    pub fn bookmark_interval(mut self, interval: Duration) -> Self {
+        self.options.bookmark_interval = interval;
+        self
+    }
+
+    /// Listen on this port instead of a free one (0, the default, picks a free one).
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// Start the server.
+    pub async fn start(self) -> Result<TestApiServer, ServerError> {
+        TestApiServer::start_with(self.options, self.port).await
+    }
+}
+
+/// A running test API server. Dropping it stops serving (prefer [`TestApiServer::shutdown`]).
+#[derive(Debug)]
+pub struct TestApiServer {
+    address: SocketAddr,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    app: routes::App,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl TestApiServer {
+    /// Start a server with default options on a free port of 127.0.0.1.
+    pub async fn start() -> Result<Self, ServerError> {
+        Self::builder().start().await
+    }
+
+    /// A builder for non-default options.
+    pub fn builder() -> TestApiServerBuilder {
+        TestApiServerBuilder::default()
+    }
+
+    async fn start_with(options: ServerOptions, port: u16) -> Result<Self, ServerError> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.map_err(ServerError::Bind)?;
+        let address = listener.local_addr().map_err(ServerError::Bind)?;
+        let dir = tempfile::Builder::new()
+            .prefix("ttdp-apiserver-")
+            .tempdir()
+            .map_err(ServerError::Kubeconfig)?;
+        let url = format!("http://{address}");
+        let kubeconfig = kubeconfig::write(dir.path(), &url).map_err(ServerError::Kubeconfig)?;
+        let stop = CancellationToken::new();
+        let app = routes::App {
+            cluster: cluster::Cluster::new(options),
+            recorder: Recorder::default(),
+            faults: Faults::default(),
+            stop: stop.clone(),
+            address: address.to_string(),
+        };
+        let router = routes::router(app.clone());
+        let serve_stop = stop.clone();
+        let server = tokio::spawn(async move {
+            let shutdown = async move { serve_stop.cancelled().await };
+            if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
+                tracing::error!(error = %e, "test api server stopped serving");
+            }
+        });
+        let controllers = tokio::spawn(lifecycle::run(app.cluster.clone(), stop));
+        tracing::debug!(%url, kubeconfig = %kubeconfig.display(), "test api server started");
+        Ok(Self { address, dir, kubeconfig, app, tasks: vec![server, controllers] })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// The socket address it listens on.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// The kubeconfig file (context `ttdp-test`, namespace `default`).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The temporary directory holding the kubeconfig (removed on drop).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A kube client for this server (default namespace `default`).
+    pub async fn client(&self) -> Result<kube::Client, ServerError> {
+        let url = self.url();
+        let uri: http::Uri = url.parse().map_err(|source| ServerError::Url { url: url.clone(), source })?;
+        let mut config = kube::Config::new(uri);
+        config.default_namespace = "default".into();
+        kube::Client::try_from(config).map_err(|source| ServerError::Client { url, source })
+    }
+
+    /// The request log.
+    pub fn recorder(&self) -> &Recorder {
+        &self.app.recorder
+    }
+
+    /// Fault injection.
+    pub fn faults(&self) -> &Faults {
+        &self.app.faults
+    }
+
+    /// Change how graceful pod deletions complete while running.
+    pub fn set_pod_termination(&self, mode: PodTermination) {
+        self.app.cluster.lock().options.pod_termination = mode;
+    }
+
+    /// Forget the watch history, so every earlier resourceVersion is "too old" (410 Gone), as
+    /// after an etcd compaction.
+    pub fn compact_history(&self) {
+        self.app.cluster.lock().store.compact();
+    }
+
+    /// The current resourceVersion of the whole store.
+    pub fn resource_version(&self) -> u64 {
+        self.app.cluster.lock().store.revision()
+    }
+
+    /// Stop serving: open watches end, the port is released.
+    pub async fn shutdown(mut self) {
+        self.app.stop.cancel();
+        for task in self.tasks.drain(..) {
+            // A task that panicked has nothing left to clean up.
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    }
+}
+
+impl Drop for TestApiServer {
+    fn drop(&mut self) {
+        self.app.stop.cancel();
+    }
+}

@@ -1,0 +1,300 @@
+//! Structural OpenAPI v3 schema validation of custom resources, with the real server's pruning
+//! of unknown fields and its error messages (`spec.x: Invalid value: ...`).
+
+use regex::Regex;
+use serde_json::{Map, Value};
+
+use super::status::StatusCause;
+
+fn cause(reason: &str, field: &str, message: String) -> StatusCause {
+    StatusCause { reason: reason.into(), message, field: Some(field.to_string()) }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn shown(v: &Value) -> String {
+    match v {
+        Value::Object(_) => "\"object\"".into(),
+        Value::Array(_) => "\"array\"".into(),
+        other => other.to_string(),
+    }
+}
+
+fn join(path: &str, field: &str) -> String {
+    if path.is_empty() { field.to_string() } else { format!("{path}.{field}") }
+}
+
+/// Remove fields the schema does not declare (unless `x-kubernetes-preserve-unknown-fields`).
+/// Returns the removed paths. The root's `apiVersion`, `kind` and `metadata` are kept.
+pub fn prune(schema: &Value, value: &mut Value, path: &str, removed: &mut Vec<String>) {
+    if schema["x-kubernetes-preserve-unknown-fields"].as_bool() == Some(true) && schema["properties"].is_null() {
+        return;
+    }
+    match value {
+        Value::Object(map) => {
+            let props = schema["properties"].as_object();
+            let additional = &schema["additionalProperties"];
+            let preserve = schema["x-kubernetes-preserve-unknown-fields"].as_bool() == Some(true);
+            let keys: Vec<String> = map.keys().cloned().collect();
+            for k in keys {
+                let at_root_meta = path.is_empty() && matches!(k.as_str(), "apiVersion" | "kind" | "metadata");
+                if at_root_meta {
+                    continue;
+                }
+                let child_path = join(path, &k);
+                if let Some(child_schema) = props.and_then(|p| p.get(&k)) {
+                    if let Some(child) = map.get_mut(&k) {
+                        prune(child_schema, child, &child_path, removed);
+                    }
+                } else if additional.is_object() {
+                    if let Some(child) = map.get_mut(&k) {
+                        prune(additional, child, &child_path, removed);
+                    }
+                } else if additional.as_bool() == Some(true) || preserve {
+                } else {
+                    map.remove(&k);
+                    removed.push(child_path);
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                prune(&schema["items"], item, &format!("{path}[{i}]"), removed);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Validate `value` against `schema`; `path` is the field path so far ("" at the root).
+pub fn validate(schema: &Value, value: &Value, path: &str, out: &mut Vec<StatusCause>) {
+    if value.is_null() {
+        if schema["nullable"].as_bool() != Some(true) && !path.is_empty() {
+            out.push(cause(
+                "FieldValueTypeInvalid",
+                path,
+                format!("Invalid value: \"null\": {path} in body must be of type {}: \"null\"", schema["type"].as_str().unwrap_or("object")),
+            ));
+        }
+        return;
+    }
+    let int_or_string = schema["x-kubernetes-int-or-string"].as_bool() == Some(true);
+    if let Some(want) = schema["type"].as_str() {
+        let actual = type_name(value);
+        let ok = actual == want || (want == "number" && actual == "integer");
+        if !ok && !int_or_string {
+            out.push(cause(
+                "FieldValueTypeInvalid",
+                path,
+                format!("Invalid value: \"{actual}\": {path} in body must be of type {want}: \"{actual}\""),
+            ));
+            return;
+        }
+    }
+    if let Some(allowed) = schema["enum"].as_array()
+        && !allowed.contains(value)
+    {
+        let list = allowed.iter().map(Value::to_string).collect::<Vec<_>>().join(", ");
+        out.push(cause(
+            "FieldValueNotSupported",
+            path,
+            format!("Unsupported value: {}: supported values: {list}", shown(value)),
+        ));
+    }
+    match value {
+        Value::String(s) => validate_string(schema, s, value, path, out),
+        Value::Number(n) => validate_number(schema, n.as_f64().unwrap_or_default(), value, path, out),
+        Value::Array(items) => {
+            if let Some(max) = schema["maxItems"].as_u64()
+                && items.len() as u64 > max
+            {
+                out.push(cause(
+                    "FieldValueTooMany",
+                    path,
+                    format!("Too many: {}: must have at most {max} items", items.len()),
+                ));
+            }
+            if let Some(min) = schema["minItems"].as_u64()
+                && (items.len() as u64) < min
+            {
+                out.push(cause(
+                    "FieldValueInvalid",
+                    path,
+                    format!("Invalid value: {}: {path} in body should have at least {min} items", items.len()),
+                ));
+            }
+            for (i, item) in items.iter().enumerate() {
+                validate(&schema["items"], item, &format!("{path}[{i}]"), out);
+            }
+            validate_list_map_keys(schema, items, path, out);
+        }
+        Value::Object(map) => validate_object(schema, map, path, out),
+        _ => {}
+    }
+}
+
+fn validate_string(schema: &Value, s: &str, value: &Value, path: &str, out: &mut Vec<StatusCause>) {
+    if let Some(max) = schema["maxLength"].as_u64()
+        && s.chars().count() as u64 > max
+    {
+        out.push(cause("FieldValueTooLong", path, format!("Too long: may not be more than {max} bytes")));
+    }
+    if let Some(min) = schema["minLength"].as_u64()
+        && (s.chars().count() as u64) < min
+    {
+        out.push(cause(
+            "FieldValueInvalid",
+            path,
+            format!("Invalid value: {value}: {path} in body should be at least {min} chars long"),
+        ));
+    }
+    if let Some(pattern) = schema["pattern"].as_str() {
+        match Regex::new(pattern) {
+            Ok(re) if re.is_match(s) => {}
+            _ => out.push(cause(
+                "FieldValueInvalid",
+                path,
+                format!("Invalid value: {value}: {path} in body should match '{pattern}'"),
+            )),
+        }
+    }
+}
+
+fn validate_number(schema: &Value, n: f64, value: &Value, path: &str, out: &mut Vec<StatusCause>) {
+    if let Some(min) = schema["minimum"].as_f64() {
+        let exclusive = schema["exclusiveMinimum"].as_bool() == Some(true);
+        if n < min || (exclusive && n == min) {
+            let rel = if exclusive { "greater than" } else { "greater than or equal to" };
+            out.push(cause(
+                "FieldValueInvalid",
+                path,
+                format!("Invalid value: {value}: {path} in body should be {rel} {}", schema["minimum"]),
+            ));
+        }
+    }
+    if let Some(max) = schema["maximum"].as_f64() {
+        let exclusive = schema["exclusiveMaximum"].as_bool() == Some(true);
+        if n > max || (exclusive && n == max) {
+            let rel = if exclusive { "less than" } else { "less than or equal to" };
+            out.push(cause(
+                "FieldValueInvalid",
+                path,
+                format!("Invalid value: {value}: {path} in body should be {rel} {}", schema["maximum"]),
+            ));
+        }
+    }
+}
+
+fn validate_object(schema: &Value, map: &Map<String, Value>, path: &str, out: &mut Vec<StatusCause>) {
+    for required in schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+        if !map.contains_key(required) {
+            out.push(cause("FieldValueRequired", &join(path, required), "Required value".into()));
+        }
+    }
+    if let Some(max) = schema["maxProperties"].as_u64()
+        && map.len() as u64 > max
+    {
+        out.push(cause(
+            "FieldValueTooMany",
+            path,
+            format!("Too many: {}: must have at most {max} items", map.len()),
+        ));
+    }
+    let props = schema["properties"].as_object();
+    for (k, v) in map {
+        if path.is_empty() && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+            continue;
+        }
+        let child = join(path, k);
+        match props.and_then(|p| p.get(k)) {
+            Some(s) => validate(s, v, &child, out),
+            None if schema["additionalProperties"].is_object() => {
+                validate(&schema["additionalProperties"], v, &child, out)
+            }
+            None => {}
+        }
+    }
+}
+
+fn validate_list_map_keys(schema: &Value, items: &[Value], path: &str, out: &mut Vec<StatusCause>) {
+    match schema["x-kubernetes-list-type"].as_str() {
+        Some("map") => {
+            let keys: Vec<&str> = schema["x-kubernetes-list-map-keys"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let mut seen: Vec<Vec<&Value>> = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                let key: Vec<&Value> = keys.iter().map(|k| &item[*k]).collect();
+                if seen.contains(&key) {
+                    let shown_key = keys
+                        .iter()
+                        .zip(&key)
+                        .map(|(k, v)| format!("\"{k}\":{v}"))
+                        .collect::<Vec<_>>()
+                        .join(",");
+                    out.push(cause(
+                        "FieldValueDuplicate",
+                        &format!("{path}[{i}]"),
+                        format!("Duplicate value: map[string]interface {{}}{{{shown_key}}}"),
+                    ));
+                }
+                seen.push(key);
+            }
+        }
+        Some("set") => {
+            for (i, item) in items.iter().enumerate() {
+                if items[..i].contains(item) {
+                    out.push(cause("FieldValueDuplicate", &format!("{path}[{i}]"), format!("Duplicate value: {item}")));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pattern_required_and_type_errors_name_the_field() {
+        let schema = json!({"type": "object", "properties": {"spec": {
+            "type": "object",
+            "required": ["version"],
+            "properties": {
+                "version": {"type": "string", "pattern": "^[0-9]+[.][0-9]+$"},
+                "max": {"type": "integer", "minimum": 1}
+            }
+        }}});
+        let mut out = Vec::new();
+        validate(&schema, &json!({"spec": {"max": 0}}), "", &mut out);
+        validate(&schema, &json!({"spec": {"version": "x", "max": "a"}}), "", &mut out);
+        let fields: Vec<_> = out.iter().map(|c| c.field.clone().unwrap()).collect();
+        assert_eq!(fields, ["spec.version", "spec.max", "spec.version", "spec.max"]);
+        assert_eq!(out[2].message, "Invalid value: \"x\": spec.version in body should match '^[0-9]+[.][0-9]+$'");
+    }
+
+    #[test]
+    fn unknown_fields_are_pruned() {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {"a": {"type": "string"}}}}});
+        let mut obj = json!({"apiVersion": "x/v1", "spec": {"a": "1", "b": 2}});
+        let mut removed = Vec::new();
+        prune(&schema, &mut obj, "", &mut removed);
+        assert_eq!(obj, json!({"apiVersion": "x/v1", "spec": {"a": "1"}}));
+        assert_eq!(removed, ["spec.b"]);
+    }
+}

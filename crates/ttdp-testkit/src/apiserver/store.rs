@@ -1,0 +1,165 @@
+//! Object storage: every object as JSON, one global `resourceVersion` counter (like etcd's
+//! revision), and a bounded history of change events that watches replay and resume from.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+/// The kind of a change, as watch events name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// The object was created.
+    Added,
+    /// The object was changed.
+    Modified,
+    /// The object was removed.
+    Deleted,
+}
+
+/// One stored change.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// The resourceVersion this change produced.
+    pub revision: u64,
+    /// Storage key (`group/plural`).
+    pub storage: String,
+    /// What happened.
+    pub kind: ChangeKind,
+    /// The object after the change (for deletes: the last state, with the delete's revision).
+    pub object: Value,
+    /// The object before the change (None for creates); watches with selectors use it to turn
+    /// an object leaving the selection into DELETED and one entering it into ADDED.
+    pub previous: Option<Value>,
+}
+
+/// Namespace ("" for cluster-scoped) and name.
+pub type ObjectKey = (String, String);
+
+/// The object store.
+#[derive(Debug)]
+pub struct Store {
+    objects: BTreeMap<String, BTreeMap<ObjectKey, Value>>,
+    revision: u64,
+    history: VecDeque<Arc<Change>>,
+    history_limit: usize,
+    /// Oldest revision a watch may still resume from.
+    compacted: u64,
+    changes: broadcast::Sender<Arc<Change>>,
+}
+
+impl Store {
+    /// An empty store keeping `history_limit` change events.
+    pub fn new(history_limit: usize) -> Self {
+        let (changes, _) = broadcast::channel(4096);
+        Self {
+            objects: BTreeMap::new(),
+            revision: 1,
+            history: VecDeque::new(),
+            history_limit: history_limit.max(1),
+            compacted: 1,
+            changes,
+        }
+    }
+
+    /// The current (latest) revision.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// The oldest revision still resumable by a watch.
+    pub fn compacted_revision(&self) -> u64 {
+        self.compacted
+    }
+
+    /// Take the next revision number for a write.
+    pub fn next_revision(&mut self) -> u64 {
+        self.revision += 1;
+        self.revision
+    }
+
+    /// One object.
+    pub fn get(&self, storage: &str, namespace: &str, name: &str) -> Option<&Value> {
+        self.objects
+            .get(storage)
+            .and_then(|m| m.get(&(namespace.to_string(), name.to_string())))
+    }
+
+    /// All objects of a storage key, in key order (namespace, name); `namespace` filters.
+    pub fn list(&self, storage: &str, namespace: Option<&str>) -> Vec<&Value> {
+        self.objects
+            .get(storage)
+            .map(|m| {
+                m.iter()
+                    .filter(|((ns, _), _)| namespace.is_none_or(|want| want == ns))
+                    .map(|(_, v)| v)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every storage key with at least one object.
+    pub fn storage_keys(&self) -> Vec<String> {
+        self.objects.keys().cloned().collect()
+    }
+
+    /// Store `object` (already stamped with `revision`) and record the change.
+    pub fn put(&mut self, storage: &str, namespace: &str, name: &str, object: Value, revision: u64) {
+        let previous = self.get(storage, namespace, name).cloned();
+        let kind = if previous.is_some() { ChangeKind::Modified } else { ChangeKind::Added };
+        self.objects
+            .entry(storage.to_string())
+            .or_default()
+            .insert((namespace.to_string(), name.to_string()), object.clone());
+        self.record(Change { revision, storage: storage.to_string(), kind, object, previous });
+    }
+
+    /// Remove an object; `last` is its final state stamped with `revision`.
+    pub fn remove(&mut self, storage: &str, namespace: &str, name: &str, last: Value, revision: u64) {
+        let previous = self
+            .objects
+            .get_mut(storage)
+            .and_then(|m| m.remove(&(namespace.to_string(), name.to_string())));
+        self.record(Change { revision, storage: storage.to_string(), kind: ChangeKind::Deleted, object: last, previous });
+    }
+
+    fn record(&mut self, change: Change) {
+        let change = Arc::new(change);
+        self.history.push_back(change.clone());
+        while self.history.len() > self.history_limit {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = old.revision;
+            }
+        }
+        // Nobody listening is fine.
+        let _ = self.changes.send(change);
+    }
+
+    /// Changes after `revision` for one storage key, or None when `revision` is older than the
+    /// kept history (the caller answers 410 Gone).
+    pub fn changes_since(&self, storage: &str, revision: u64) -> Option<Vec<Arc<Change>>> {
+        if revision < self.compacted {
+            return None;
+        }
+        Some(
+            self.history
+                .iter()
+                .filter(|c| c.revision > revision && c.storage == storage)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// Subscribe to future changes (call while holding the state lock, together with
+    /// [`Store::changes_since`], so nothing is missed or duplicated).
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
+        self.changes.subscribe()
+    }
+
+    /// Drop history so that only revisions after the current one can be resumed (tests of 410).
+    pub fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.revision;
+    }
+}

@@ -1,0 +1,203 @@
+//! Watch: a chunked stream of `{"type": ..., "object": ...}` lines. Starts with synthetic ADDED
+//! events (no `resourceVersion`, `0`, or `sendInitialEvents=true` followed by the
+//! `k8s.io/initial-events-end` bookmark), or resumes after a `resourceVersion` from the kept
+//! history (an ERROR event with a 410 `Expired` status when it is too old), then follows changes,
+//! with periodic BOOKMARKs when asked for.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::channel::mpsc;
+use futures::SinkExt;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use super::catalog::ResourceType;
+use super::cluster::{Cluster, ListQuery};
+use super::selectors::{FieldSelector, LabelSelector};
+use super::status::ApiError;
+use super::table;
+use super::store::{Change, ChangeKind};
+
+/// Watch parameters from the query string.
+#[derive(Debug, Clone, Default)]
+pub struct WatchQuery {
+    /// Selectors (pagination fields unused).
+    pub list: ListQuery,
+    /// `resourceVersion`.
+    pub resource_version: Option<String>,
+    /// `allowWatchBookmarks=true`.
+    pub bookmarks: bool,
+    /// `sendInitialEvents=true`.
+    pub send_initial_events: bool,
+    /// `timeoutSeconds`.
+    pub timeout: Option<Duration>,
+    /// Send each event's object as a one-row `Table` (kubectl `get --watch`); the value is the
+    /// `includeObject` parameter.
+    pub as_table: Option<String>,
+}
+
+struct Filter {
+    storage: String,
+    namespace: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+}
+
+impl Filter {
+    fn matches(&self, obj: &Value) -> bool {
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| obj["metadata"]["namespace"].as_str() == Some(ns))
+            && self.labels.matches(&obj["metadata"]["labels"])
+            && self.fields.matches(obj)
+    }
+
+    /// The event type a change shows as through this filter, if any.
+    fn event_type(&self, change: &Change) -> Option<&'static str> {
+        if change.storage != self.storage {
+            return None;
+        }
+        let now = self.matches(&change.object);
+        let before = change.previous.as_ref().is_some_and(|p| self.matches(p));
+        match change.kind {
+            ChangeKind::Added => now.then_some("ADDED"),
+            ChangeKind::Deleted => before.then_some("DELETED"),
+            ChangeKind::Modified => match (before, now) {
+                (true, true) => Some("MODIFIED"),
+                (false, true) => Some("ADDED"),
+                (true, false) => Some("DELETED"),
+                (false, false) => None,
+            },
+        }
+    }
+}
+
+fn line(kind: &str, object: &Value) -> Bytes {
+    let mut s = json!({"type": kind, "object": object}).to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+fn present(rt: &ResourceType, mut obj: Value, as_table: Option<&str>) -> Value {
+    obj["apiVersion"] = json!(rt.api_version());
+    obj["kind"] = json!(rt.kind);
+    match as_table {
+        Some(include) => table::render(rt, &obj, Some(include).filter(|i| !i.is_empty())),
+        None => obj,
+    }
+}
+
+fn bookmark(rt: &ResourceType, revision: u64, initial_end: bool) -> Value {
+    let mut metadata = json!({"resourceVersion": revision.to_string()});
+    if initial_end {
+        metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": metadata})
+}
+
+/// Start a watch and return the streaming response.
+pub fn watch(
+    cluster: &Cluster,
+    rt: &ResourceType,
+    namespace: Option<&str>,
+    q: WatchQuery,
+    bookmark_interval: Duration,
+    stop: CancellationToken,
+    mut dropped: broadcast::Receiver<()>,
+) -> Result<Response, ApiError> {
+    let filter = Filter {
+        storage: rt.storage_key(),
+        namespace: namespace.filter(|_| rt.namespaced).map(str::to_string),
+        labels: LabelSelector::parse(q.list.label_selector.as_deref().unwrap_or_default())?,
+        fields: FieldSelector::parse(q.list.field_selector.as_deref().unwrap_or_default(), &rt.field_labels)?,
+    };
+    let mut initial: Vec<Bytes> = Vec::new();
+    let (mut rx, mut last_revision) = {
+        let state = cluster.lock();
+        let current = state.store.revision();
+        let rv = q.resource_version.as_deref().unwrap_or_default();
+        let from_scratch = q.send_initial_events || rv.is_empty() || rv == "0";
+        if from_scratch {
+            for obj in state.store.list(&filter.storage, filter.namespace.as_deref()) {
+                if filter.matches(obj) {
+                    initial.push(line("ADDED", &present(rt, obj.clone(), q.as_table.as_deref())));
+                }
+            }
+            if q.send_initial_events {
+                initial.push(line("BOOKMARK", &bookmark(rt, current, true)));
+            }
+        } else {
+            let since: u64 = rv
+                .parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?;
+            match state.store.changes_since(&filter.storage, since) {
+                Some(changes) => {
+                    for change in changes {
+                        if let Some(kind) = filter.event_type(&change) {
+                            initial.push(line(kind, &present(rt, change.object.clone(), q.as_table.as_deref())));
+                        }
+                    }
+                }
+                None => {
+                    let gone = ApiError::gone(format!(
+                        "too old resource version: {since} ({})",
+                        state.store.compacted_revision()
+                    ));
+                    initial.push(line("ERROR", &gone.body()));
+                    let body = futures::stream::iter(initial.into_iter().map(Ok::<_, std::io::Error>));
+                    return Ok(streaming(Body::from_stream(body)));
+                }
+            }
+        }
+        (state.store.subscribe(), current)
+    };
+    let (mut tx, body_rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+    let rt = rt.clone();
+    tokio::spawn(async move {
+        for chunk in initial {
+            if tx.send(Ok(chunk)).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::sleep(q.timeout.unwrap_or(Duration::from_secs(1800)));
+        tokio::pin!(deadline);
+        let mut ticker = tokio::time::interval(bookmark_interval);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                _ = stop.cancelled() => return,
+                _ = dropped.recv() => return,
+                _ = ticker.tick(), if q.bookmarks => {
+                    if tx.send(Ok(line("BOOKMARK", &bookmark(&rt, last_revision, false)))).await.is_err() {
+                        return;
+                    }
+                }
+                change = rx.recv() => match change {
+                    Ok(change) => {
+                        last_revision = last_revision.max(change.revision);
+                        if let Some(kind) = filter.event_type(&change) {
+                            let chunk = line(kind, &present(&rt, Arc::unwrap_or_clone(change).object, q.as_table.as_deref()));
+                            if tx.send(Ok(chunk)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    // A watcher too slow to keep up is closed; clients re-list, as with the
+                    // real server's watch cache.
+                    Err(_) => return,
+                },
+            }
+        }
+    });
+    Ok(streaming(Body::from_stream(body_rx)))
+}
+
+fn streaming(body: Body) -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
