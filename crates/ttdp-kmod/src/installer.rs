@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use ttdp_hostprobe::{HostRoot, kernel_release, signing_facts};
 
+use crate::file_lock::FileLock;
 use crate::install_report::{
     CacheOutcome, EnsuredKo, SwapOptions, SwapOutcome, SwapReport, UnloadOptions, UnloadReport,
 };
@@ -18,6 +19,8 @@ use crate::status::ModuleStatus;
 use crate::version::validate_version;
 use crate::{DEVICE_DIR, KmodError, MODULE_NAME};
 
+/// Host directory of the node-wide module lock.
+pub const MODULE_LOCK_DIR: &str = "/run/ttdp";
 /// How often unload re-reads refcnt while waiting for it to reach 0.
 const REFCNT_POLL: Duration = Duration::from_millis(50);
 
@@ -30,7 +33,8 @@ pub struct InstallerConfig {
     pub device_dir: PathBuf,
     /// Where and how to fetch and build.
     pub build: BuildOptions,
-    /// How long to wait for the cache lock (another agent building on the same node).
+    /// How long to wait for the cache lock and the module lock (another agent building or
+    /// swapping on the same node).
     pub cache_lock_timeout: Duration,
 }
 
@@ -314,13 +318,26 @@ impl<K: Kernel> ModuleInstaller<K> {
         Ok(())
     }
 
+    /// Takes the node-wide module lock (`/run/ttdp/<module>.lock` on the host), so two installers
+    /// on one node never interleave their unloads and loads. [`ModuleInstaller::swap`] takes it
+    /// itself; callers running the steps one by one hold it around their unload and load.
+    pub fn lock_module(&self) -> Result<FileLock, KmodError> {
+        let path = self
+            .host
+            .path(MODULE_LOCK_DIR)
+            .join(format!("{}.lock", self.config.module));
+        FileLock::acquire(&path, self.config.cache_lock_timeout)
+    }
+
     /// Makes `version` the loaded module: ensures its `.ko` first (so a failed build never unloads
     /// a working module), then unloads the old module (see [`ModuleInstaller::unload`]) and loads
     /// the new one. If loading fails, the previous version is loaded back from the cache and the
     /// error reports both outcomes ([`KmodError::RolledBack`] or [`KmodError::RollbackFailed`]).
+    /// Holds [`ModuleInstaller::lock_module`] throughout.
     pub fn swap(&self, version: &str, options: &SwapOptions) -> Result<SwapReport, KmodError> {
         validate_version(version)?;
         let started = Instant::now();
+        let _module_lock = self.lock_module()?;
         let status = self.status()?;
         let probe_ms = millis(started.elapsed());
         let previous = status.loaded_version().map(str::to_string);

@@ -55,7 +55,7 @@ pub use holders::{DeviceHolder, chrdev_major, find_device_holders};
 pub use install_report::{
     CacheOutcome, EnsuredKo, SwapOptions, SwapOutcome, SwapReport, UnloadOptions, UnloadReport,
 };
-pub use installer::{InstallerConfig, ModuleInstaller};
+pub use installer::{InstallerConfig, MODULE_LOCK_DIR, ModuleInstaller};
 pub use kernel::{Kernel, RealKernel};
 pub use ko_cache::{CACHE_DIR, CacheLookup, CachedKo, KoCache, KoRecord, RECORD_FILE_NAME};
 pub use modinfo::{ModInfo, is_signed};

@@ -41,6 +41,19 @@ impl SimKmdRepo {
         Ok(repo)
     }
 
+    /// A repository another process created in `dir`.
+    pub fn open(dir: impl Into<PathBuf>) -> io::Result<Self> {
+        let repo = Self { dir: dir.into() };
+        if repo.dir.join(".git").is_dir() {
+            Ok(repo)
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} is not a git repository", repo.dir.display()),
+            ))
+        }
+    }
+
     /// Commits sources declaring `version` and tags them `ttkmd-<version>`.
     pub fn add_version(&self, version: &str) -> io::Result<()> {
         self.commit_tag(version, &SIM_MODULE_C.replace("@VERSION@", version))

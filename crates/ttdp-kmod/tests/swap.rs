@@ -474,3 +474,31 @@ fn force_unload_never_kills_init_or_the_installer_itself() {
     assert_eq!(left.iter().map(|h| h.pid).collect::<Vec<_>>(), vec![1, me]);
     assert!(fx.kernel().process_alive(1) && fx.kernel().process_alive(me));
 }
+
+#[test]
+fn concurrent_swaps_on_one_node_are_serialised() {
+    let fx = Fixture::new(&["1.0.0", "2.0.0"]);
+    // warm the cache so both swaps race on unload and load, not on the build
+    fx.installer().ensure_ko("1.0.0").unwrap();
+    fx.installer().ensure_ko("2.0.0").unwrap();
+    for _ in 0..3 {
+        let results: Vec<_> = std::thread::scope(|s| {
+            let a = s.spawn(|| fx.installer().swap("1.0.0", &SwapOptions::default()));
+            let b = s.spawn(|| fx.installer().swap("2.0.0", &SwapOptions::default()));
+            vec![a.join().unwrap(), b.join().unwrap()]
+        });
+        for result in &results {
+            assert!(result.is_ok(), "{result:?}");
+        }
+        let loaded = fx.installer().status().unwrap().version.unwrap();
+        assert!(loaded == "1.0.0" || loaded == "2.0.0");
+    }
+}
+
+#[test]
+fn a_repository_created_by_another_process_can_be_opened() {
+    let fx = Fixture::new(&["1.0.0"]);
+    let reopened = ttdp_kmod::SimKmdRepo::open(fx.repo.dir()).unwrap();
+    assert_eq!(reopened.url(), fx.repo.url());
+    assert!(ttdp_kmod::SimKmdRepo::open(fx.dir.path().join("nothing")).is_err());
+}
