@@ -91,14 +91,12 @@ pub enum KmodError {
     },
     /// The kernel refused the module (ENOEXEC: not a module for this kernel; EINVAL: invalid, or
     /// the module's own init failed with it).
-    #[error("kernel rejected {} as module {module} {version} for kernel {release} (vermagic {}): {source}; the kernel log (dmesg) on the node says why: a wrong vermagic or symbol versions mean rebuild it against the running kernel's headers (the cached copy was dropped and is rebuilt on the next attempt), an error from the module's own init means this version does not work on this node", .path.display(), shown(.vermagic))]
+    #[error("kernel rejected {} as module {module} {version} (vermagic {}): {source}; the kernel log (dmesg) on the node says why: a wrong vermagic or symbol versions mean rebuild it against the running kernel's headers (the cached copy was dropped and is rebuilt on the next attempt), an error from the module's own init means this version does not work on this node", .path.display(), shown(.vermagic))]
     BadModule {
         /// Module name.
         module: String,
         /// Version concerned.
         version: String,
-        /// The running kernel release.
-        release: String,
         /// The `.ko` file.
         path: PathBuf,
         /// The file's vermagic, when readable.

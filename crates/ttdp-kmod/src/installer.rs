@@ -268,7 +268,6 @@ impl<K: Kernel> ModuleInstaller<K> {
                 Some(Errno::ENOEXEC | Errno::EINVAL) => KmodError::BadModule {
                     module,
                     version: version.to_string(),
-                    release: self.release.clone(),
                     path: path.to_path_buf(),
                     vermagic: ModInfo::from_file(path)
                         .ok()

@@ -29,9 +29,6 @@
 //! # Ok::<(), ttdp_kmod::KmodError>(())
 //! ```
 #![deny(missing_docs)]
-// Errors carry the module, version, paths and holders for their messages; they occur at most once
-// per operation that itself takes milliseconds to minutes, so their size does not matter.
-#![allow(clippy::result_large_err)]
 
 mod error;
 mod file_lock;
