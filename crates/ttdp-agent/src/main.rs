@@ -1,6 +1,303 @@
-//! The ttdp node agent: installs, upgrades and reports tt-kmd on one node.
+//! `ttdp-agent`: the node agent binary. Parses flags (each also an environment variable), sets up
+//! logs, signals and the reporting backend, and runs [`ttdp_agent::run`]; `ttdp-agent probe` is
+//! the exec readiness probe.
 
-fn main() {
-    eprintln!("ttdp-agent: not implemented yet");
-    std::process::exit(2);
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::builder::BoolishValueParser;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use ttdp_agent::config::{parse_duration, parse_label_value, parse_object_name, parse_version};
+use ttdp_agent::{
+    AgentConfig, ConfigError, FileReporter, HostRoot, KernelKind, KubeReporter, NoReporter, PodRef,
+    ReportTarget, RetryPolicy, TtSmiSource,
+};
+use ttdp_api::names::{DEFAULT_KMD_REPOSITORY, env};
+
+/// How long, after the agent returned, threads still running an abandoned build may delay exit.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+
+/// The ttdp node agent: installs, upgrades and reports tt-kmd on this node.
+#[derive(Debug, Parser)]
+#[command(name = "ttdp-agent", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the node flow until SIGTERM (the default; PID 1 of the agent container).
+    Run(Box<RunArgs>),
+    /// Readiness probe: exit 0 when the target version is loaded or the node is host-managed.
+    /// Reads the host only; makes no API call.
+    Probe(ProbeArgs),
+}
+
+/// What both subcommands need.
+#[derive(Debug, Args)]
+struct TargetArgs {
+    /// tt-kmd version to make loaded (MAJOR.MINOR.PATCH).
+    #[arg(long = "kmd-version", env = env::TT_KMD_VERSION, value_name = "TT_KMD_VERSION", value_parser = parse_version)]
+    kmd_version: String,
+    /// Where the host's root file system is mounted.
+    #[arg(long, env = env::HOST_ROOT, value_name = "TTDP_HOST_ROOT", default_value = "/host")]
+    host_root: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct ProbeArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// One JSON object per line (in the pod).
+    Json,
+    /// Human-readable lines.
+    Text,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// This node's name (downward API spec.nodeName); required with --report kube.
+    #[arg(long, env = env::NODE_NAME, value_name = "NODE_NAME", value_parser = parse_object_name)]
+    node_name: Option<String>,
+    /// This pod's name (downward API); required with --report kube.
+    #[arg(long, env = env::POD_NAME, value_name = "POD_NAME", value_parser = parse_object_name)]
+    pod_name: Option<String>,
+    /// This pod's namespace (downward API); required with --report kube.
+    #[arg(long, env = env::POD_NAMESPACE, value_name = "POD_NAMESPACE", value_parser = parse_object_name)]
+    pod_namespace: Option<String>,
+    /// SIGKILL the processes holding /dev/tenstorrent before unloading.
+    #[arg(long, env = env::TT_FORCE_UNLOAD, value_name = "TT_FORCE_UNLOAD", default_value = "false",
+          num_args = 0..=1, default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    force_unload: bool,
+    /// Version of the bundled tt-smi (node label value); required unless TTDP_TT_SMI_PATH=none.
+    #[arg(long, env = env::TT_SMI_VERSION, value_name = "TT_SMI_VERSION", value_parser = parse_label_value)]
+    tt_smi_version: Option<String>,
+    /// The bundled tt-smi binary copied to the host's /usr/local/bin/tt-smi; `none` to skip.
+    #[arg(
+        long,
+        env = "TTDP_TT_SMI_PATH",
+        value_name = "TTDP_TT_SMI_PATH",
+        default_value = "/opt/ttdp/tt-smi"
+    )]
+    tt_smi_path: String,
+    /// Git repository tt-kmd is fetched from (URL or local path).
+    #[arg(long, env = env::TT_KMD_REPOSITORY, value_name = "TT_KMD_REPOSITORY", default_value = DEFAULT_KMD_REPOSITORY)]
+    kmd_repository: String,
+    /// `real`, or `sim` for the file-backed simulated kernel under the host root.
+    #[arg(long, env = env::KERNEL, value_name = "TTDP_KERNEL", default_value = "real")]
+    kernel: KernelKind,
+    /// `kube` (node labels, pod annotation, node Events), `file:PATH` (the same in a JSON file)
+    /// or `none`.
+    #[arg(
+        long,
+        env = "TTDP_REPORT",
+        value_name = "TTDP_REPORT",
+        default_value = "kube"
+    )]
+    report: ReportTarget,
+    /// Log format.
+    #[arg(long, env = env::LOG_FORMAT, value_name = "TTDP_LOG_FORMAT", value_enum, default_value = "json")]
+    log_format: LogFormat,
+    /// The .ko cache directory as seen by the agent (default <host root>/var/cache/tt-kmd).
+    #[arg(long, env = "TTDP_CACHE_DIR", value_name = "TTDP_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// How often the module and host are re-read (readiness and labels follow within one period).
+    #[arg(long, env = "TTDP_PROBE_PERIOD", value_name = "TTDP_PROBE_PERIOD", default_value = "10s", value_parser = parse_duration)]
+    probe_period: Duration,
+    /// First retry delay after a failure or while the device is held.
+    #[arg(long, env = "TTDP_RETRY_INITIAL", value_name = "TTDP_RETRY_INITIAL", default_value = "5s", value_parser = parse_duration)]
+    retry_initial: Duration,
+    /// Longest retry delay after failures.
+    #[arg(long, env = "TTDP_RETRY_MAX", value_name = "TTDP_RETRY_MAX", default_value = "5m", value_parser = parse_duration)]
+    retry_max: Duration,
+    /// `make -j` jobs (default: the CPUs available).
+    #[arg(long, env = "TTDP_BUILD_JOBS", value_name = "TTDP_BUILD_JOBS", value_parser = clap::value_parser!(u16).range(1..))]
+    build_jobs: Option<u16>,
+    /// Limit for fetching the tt-kmd tag.
+    #[arg(long, env = "TTDP_FETCH_TIMEOUT", value_name = "TTDP_FETCH_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    fetch_timeout: Duration,
+    /// Limit for `make modules`.
+    #[arg(long, env = "TTDP_BUILD_TIMEOUT", value_name = "TTDP_BUILD_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    build_timeout: Duration,
+    /// Directory for temporary build trees (default: the system temporary directory).
+    #[arg(long, env = "TTDP_BUILD_DIR", value_name = "TTDP_BUILD_DIR")]
+    build_dir: Option<PathBuf>,
+    /// With force unload: how long to wait for refcnt 0 after killing the holders.
+    #[arg(long, env = "TTDP_UNLOAD_WAIT", value_name = "TTDP_UNLOAD_WAIT", default_value = "30s", value_parser = parse_duration)]
+    unload_wait: Duration,
+    /// How often labels and the report are rewritten even when unchanged.
+    #[arg(long, env = "TTDP_RESYNC_PERIOD", value_name = "TTDP_RESYNC_PERIOD", default_value = "10m", value_parser = parse_duration)]
+    resync_period: Duration,
+}
+
+/// The node name used in file/none report modes when NODE_NAME is not set.
+const LOCAL_NODE: &str = "local";
+
+impl RunArgs {
+    /// The agent configuration these arguments describe.
+    fn config(&self) -> Result<AgentConfig, ConfigError> {
+        let node = match (&self.node_name, &self.report) {
+            (Some(node), _) => node.clone(),
+            (None, ReportTarget::Kube) => {
+                return Err(ConfigError::Missing {
+                    variable: env::NODE_NAME,
+                    flag: "--node-name",
+                    why: "to the node's name (downward API spec.nodeName) so the agent labels its own node",
+                });
+            }
+            (None, _) => LOCAL_NODE.to_string(),
+        };
+        let host = HostRoot::new(&self.target.host_root);
+        let mut config = AgentConfig::new(&self.target.kmd_version, &node, host);
+        config.kernel = self.kernel;
+        config.force_unload = self.force_unload;
+        config.tt_smi = match (self.tt_smi_path.as_str(), &self.tt_smi_version) {
+            ("none", _) => None,
+            (path, Some(version)) => Some(TtSmiSource {
+                path: PathBuf::from(path),
+                version: version.clone(),
+            }),
+            (_, None) => {
+                return Err(ConfigError::Missing {
+                    variable: env::TT_SMI_VERSION,
+                    flag: "--tt-smi-version",
+                    why: "to the bundled tt-smi's version (the node label value), or set TTDP_TT_SMI_PATH=none to skip tt-smi",
+                });
+            }
+        };
+        config.build.repository = self.kmd_repository.clone();
+        if let Some(jobs) = self.build_jobs {
+            config.build.jobs = usize::from(jobs);
+        }
+        config.build.fetch_timeout = self.fetch_timeout;
+        config.build.build_timeout = self.build_timeout;
+        config.build.work_dir = self.build_dir.clone();
+        if let Some(dir) = &self.cache_dir {
+            config.cache_dir = dir.clone();
+        }
+        config.probe_period = self.probe_period;
+        config.retry = RetryPolicy {
+            initial: self.retry_initial,
+            max: self.retry_max,
+        };
+        config.unload_wait = self.unload_wait;
+        config.resync_period = self.resync_period;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The agent pod, required with `--report kube`.
+    fn pod(&self) -> Result<PodRef, ConfigError> {
+        let missing = |variable, flag| ConfigError::Missing {
+            variable,
+            flag,
+            why: "(downward API) so the agent can publish its report on its own pod",
+        };
+        Ok(PodRef {
+            name: self
+                .pod_name
+                .clone()
+                .ok_or_else(|| missing(env::POD_NAME, "--pod-name"))?,
+            namespace: self
+                .pod_namespace
+                .clone()
+                .ok_or_else(|| missing(env::POD_NAMESPACE, "--pod-namespace"))?,
+        })
+    }
+}
+
+/// The arguments with `run` inserted when no subcommand is given, so the image's plain
+/// `ttdp-agent` (or `ttdp-agent --flag ...`) runs the agent.
+fn args_with_default_command() -> Vec<OsString> {
+    let mut args: Vec<OsString> = std::env::args_os().collect();
+    let first = args.get(1).and_then(|a| a.to_str()).map(str::to_string);
+    let explicit = match first.as_deref() {
+        None => false,
+        Some("-h" | "--help" | "-V" | "--version" | "help") => true,
+        Some(arg) => !arg.starts_with('-'),
+    };
+    if !explicit {
+        args.insert(1.min(args.len()), OsString::from("run"));
+    }
+    args
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse_from(args_with_default_command());
+    match cli.command {
+        Command::Probe(args) => probe(&args),
+        Command::Run(args) => match run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!(error = format!("{e:#}"), "agent stopped");
+                eprintln!("ttdp-agent: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// `ttdp-agent probe`: prints the reason, exits 0 when ready and 1 when not.
+fn probe(args: &ProbeArgs) -> ExitCode {
+    let host = HostRoot::new(&args.target.host_root);
+    let readiness = ttdp_agent::probe::readiness(&host, &args.target.kmd_version);
+    println!("{}", readiness.reason());
+    if readiness.is_ready() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// `ttdp-agent run`.
+fn run(args: &RunArgs) -> anyhow::Result<()> {
+    init_tracing(args.log_format);
+    let config = args.config()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let result = runtime.block_on(async {
+        let shutdown = ttdp_agent::signals::shutdown_on_signals()
+            .context("cannot install the SIGTERM/SIGINT handlers")?;
+        match &args.report {
+            ReportTarget::Kube => {
+                let pod = args.pod()?;
+                let client = kube::Client::try_default().await.context(
+                    "cannot build a kubernetes client (in-cluster service account or KUBECONFIG)",
+                )?;
+                let reporter = KubeReporter::new(client, &config.node_name, pod);
+                ttdp_agent::run(config, reporter, shutdown).await?;
+            }
+            ReportTarget::File(path) => {
+                let reporter = FileReporter::new(path, &config.node_name);
+                ttdp_agent::run(config, reporter, shutdown).await?;
+            }
+            ReportTarget::Disabled => ttdp_agent::run(config, NoReporter, shutdown).await?,
+        }
+        anyhow::Ok(())
+    });
+    // a build abandoned on shutdown may still run in a blocking thread: do not wait for it
+    runtime.shutdown_timeout(EXIT_GRACE);
+    result
 }

@@ -1,0 +1,340 @@
+//! [`AgentConfig`]: everything the agent is told by its pod (env) and flags, validated.
+//!
+//! The parsers here (`parse_*`) are what the binary's clap arguments use, so a malformed value is
+//! rejected at startup with a message naming the variable.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use ttdp_api::names::env;
+use ttdp_hostprobe::HostRoot;
+use ttdp_kmod::{BuildOptions, KoCache};
+
+use crate::error::ConfigError;
+
+/// Which kernel the agent loads modules into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelKind {
+    /// The real kernel (`finit_module`, `delete_module`), the default.
+    Real,
+    /// The file-backed simulated kernel under the host root (tests and the demo).
+    Sim,
+}
+
+impl FromStr for KernelKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "real" => Ok(Self::Real),
+            "sim" => Ok(Self::Sim),
+            other => Err(format!("unknown kernel {other:?}; expected real or sim")),
+        }
+    }
+}
+
+/// Where the agent reports labels, its [`ttdp_api::agent_report::AgentReport`] and Events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReportTarget {
+    /// The Kubernetes API: node labels, the pod annotation and node Events (the default).
+    Kube,
+    /// A JSON file with the same content, rewritten atomically (VM tests, debugging).
+    File(PathBuf),
+    /// Nowhere (logs only).
+    Disabled,
+}
+
+impl FromStr for ReportTarget {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "kube" => Ok(Self::Kube),
+            "none" => Ok(Self::Disabled),
+            other => match other.strip_prefix("file:") {
+                Some(path) if !path.is_empty() => Ok(Self::File(PathBuf::from(path))),
+                _ => Err(format!(
+                    "unknown report target {other:?}; expected kube, file:PATH or none"
+                )),
+            },
+        }
+    }
+}
+
+/// The bundled tt-smi binary and the version it is labelled with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TtSmiSource {
+    /// The binary in the agent's image, e.g. `/opt/ttdp/tt-smi`.
+    pub path: PathBuf,
+    /// Its version (`TT_SMI_VERSION`), the value of the tt-smi node label.
+    pub version: String,
+}
+
+/// How long to wait between attempts that failed or found the device held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// First delay.
+    pub initial: Duration,
+    /// Longest delay after a failure (holders are re-checked at least every probe period).
+    pub max: Duration,
+}
+
+/// The agent's validated configuration.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The tt-kmd version to make loaded (`TT_KMD_VERSION`).
+    pub target_version: String,
+    /// This node (`NODE_NAME`).
+    pub node_name: String,
+    /// Where the host's root is mounted (`TTDP_HOST_ROOT`).
+    pub host: HostRoot,
+    /// Real or simulated kernel (`TTDP_KERNEL`).
+    pub kernel: KernelKind,
+    /// SIGKILL device holders before unloading (`TT_FORCE_UNLOAD`).
+    pub force_unload: bool,
+    /// tt-smi to copy to the host, `None` to skip.
+    pub tt_smi: Option<TtSmiSource>,
+    /// Where to fetch tt-kmd from and how to build it.
+    pub build: BuildOptions,
+    /// The `.ko` cache directory as seen by the agent (`<host>/var/cache/tt-kmd`).
+    pub cache_dir: PathBuf,
+    /// How often the agent re-reads the module and host (the spec's 10 s).
+    pub probe_period: Duration,
+    /// Back-off after failures and while the device is held.
+    pub retry: RetryPolicy,
+    /// With force unload: how long to wait for refcnt 0 after killing the holders.
+    pub unload_wait: Duration,
+    /// How often labels and the report are written again even when nothing changed (repairs
+    /// edits made by others).
+    pub resync_period: Duration,
+}
+
+impl AgentConfig {
+    /// A configuration with the defaults for everything but the target version, node and host.
+    pub fn new(target_version: &str, node_name: &str, host: HostRoot) -> Self {
+        let cache_dir = KoCache::new(&host).dir().to_path_buf();
+        Self {
+            target_version: target_version.to_string(),
+            node_name: node_name.to_string(),
+            host,
+            kernel: KernelKind::Real,
+            force_unload: false,
+            tt_smi: None,
+            build: BuildOptions {
+                repository: ttdp_api::names::DEFAULT_KMD_REPOSITORY.to_string(),
+                ..BuildOptions::default()
+            },
+            cache_dir,
+            probe_period: Duration::from_secs(10),
+            retry: RetryPolicy {
+                initial: Duration::from_secs(5),
+                max: Duration::from_secs(300),
+            },
+            unload_wait: Duration::from_secs(30),
+            resync_period: Duration::from_secs(600),
+        }
+    }
+
+    /// Checks the values that flags cannot check one by one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        parse_version(&self.target_version).map_err(|problem| ConfigError::Invalid {
+            variable: env::TT_KMD_VERSION,
+            value: self.target_version.clone(),
+            problem,
+        })?;
+        parse_object_name(&self.node_name).map_err(|problem| ConfigError::Invalid {
+            variable: env::NODE_NAME,
+            value: self.node_name.clone(),
+            problem,
+        })?;
+        if let Some(tt_smi) = &self.tt_smi {
+            parse_label_value(&tt_smi.version).map_err(|problem| ConfigError::Invalid {
+                variable: env::TT_SMI_VERSION,
+                value: tt_smi.version.clone(),
+                problem,
+            })?;
+        }
+        let supported = KoCache::new(&self.host).dir().to_path_buf();
+        if self.cache_dir != supported {
+            return Err(ConfigError::UnsupportedCacheDir {
+                given: self.cache_dir.clone(),
+                supported,
+            });
+        }
+        if self.probe_period.is_zero() {
+            return Err(ConfigError::Invalid {
+                variable: "TTDP_PROBE_PERIOD",
+                value: "0s".into(),
+                problem: "the probe period must be longer than 0".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A tt-kmd version: `MAJOR.MINOR.PATCH`, the release tag without `ttkmd-`.
+pub fn parse_version(s: &str) -> Result<String, String> {
+    ttdp_kmod::validate_version(s)
+        .map(|()| s.to_string())
+        .map_err(|e| e.to_string())
+}
+
+/// A Kubernetes object name (DNS subdomain: lowercase letters, digits, `-` and `.`, at most 253).
+pub fn parse_object_name(s: &str) -> Result<String, String> {
+    let valid = !s.is_empty()
+        && s.len() <= 253
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        Ok(s.to_string())
+    } else {
+        Err("expected a Kubernetes object name (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters)".into())
+    }
+}
+
+/// A Kubernetes label value: at most 63 characters of letters, digits, `-`, `_` and `.`,
+/// starting and ending with a letter or digit.
+pub fn parse_label_value(s: &str) -> Result<String, String> {
+    if is_label_value(s) && !s.is_empty() {
+        Ok(s.to_string())
+    } else {
+        Err("expected a label value (at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)".into())
+    }
+}
+
+/// Whether `s` may be a label value (the empty string may).
+pub fn is_label_value(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+/// A duration: a number followed by `ms`, `s`, `m` or `h` (a bare number means seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let text = s.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration; write e.g. 10s, 500ms, 2m or 1h"))?;
+    let seconds = match unit {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => {
+            return Err(format!(
+                "{s:?} has an unknown unit {unit:?}; use ms, s, m or h"
+            ));
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{s:?} is out of range: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_targets_parse() {
+        assert_eq!("kube".parse(), Ok(ReportTarget::Kube));
+        assert_eq!("none".parse(), Ok(ReportTarget::Disabled));
+        assert_eq!(
+            "file:/tmp/r.json".parse(),
+            Ok(ReportTarget::File("/tmp/r.json".into()))
+        );
+        let err = "file:".parse::<ReportTarget>().unwrap_err();
+        assert!(err.contains("file:PATH"), "{err}");
+        assert!("stdout".parse::<ReportTarget>().is_err());
+    }
+
+    #[test]
+    fn kernels_parse() {
+        assert_eq!("real".parse(), Ok(KernelKind::Real));
+        assert_eq!("sim".parse(), Ok(KernelKind::Sim));
+        assert!(
+            "qemu"
+                .parse::<KernelKind>()
+                .unwrap_err()
+                .contains("real or sim")
+        );
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("10d").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn names_and_label_values_are_checked() {
+        assert!(parse_object_name("node-1.example").is_ok());
+        for bad in ["", "Node1", "-a", "a_b", "a."] {
+            assert!(parse_object_name(bad).is_err(), "{bad}");
+        }
+        assert!(parse_label_value("3.4.0").is_ok());
+        assert!(parse_label_value("v3.4.0_rc-1").is_ok());
+        for bad in ["", "3.4.0+git", "-3", &"a".repeat(64)] {
+            assert!(parse_label_value(bad).is_err(), "{bad}");
+        }
+        assert!(is_label_value(""));
+    }
+
+    #[test]
+    fn validate_names_the_variable_at_fault() {
+        let host = HostRoot::new("/host");
+        let ok = AgentConfig::new("2.8.0", "node-1", host.clone());
+        ok.validate().unwrap();
+
+        let bad_version = AgentConfig::new("2.8", "node-1", host.clone());
+        let err = bad_version.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("TT_KMD_VERSION") && err.contains("2.8"),
+            "{err}"
+        );
+
+        let bad_node = AgentConfig::new("2.8.0", "Node_1", host.clone());
+        assert!(
+            bad_node
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("NODE_NAME")
+        );
+
+        let mut bad_smi = ok.clone();
+        bad_smi.tt_smi = Some(TtSmiSource {
+            path: "/opt/ttdp/tt-smi".into(),
+            version: "3.0+local".into(),
+        });
+        assert!(
+            bad_smi
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("TT_SMI_VERSION")
+        );
+
+        let mut other_cache = ok.clone();
+        other_cache.cache_dir = "/elsewhere".into();
+        let err = other_cache.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("TTDP_CACHE_DIR") && err.contains("/host/var/cache/tt-kmd"),
+            "{err}"
+        );
+    }
+}

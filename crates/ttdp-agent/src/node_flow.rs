@@ -1,0 +1,642 @@
+//! [`NodeAgent`]: the long-running node flow (spec "What happens" steps 3 to 6).
+//!
+//! Every probe period (and sooner when a retry is due) one pass:
+//! 1. observe the host (DKMS signals, module status) and publish the labels for what is true now;
+//! 2. host-managed: report and stand down (never rmmod/insmod, never copy tt-smi, never write
+//!    the cache);
+//! 3. container mode, target loaded: copy tt-smi if it differs, label, report Ready;
+//! 4. otherwise, when a retry is due: ensure the target `.ko` (cache hit, or fetch + build: this
+//!    step may be abandoned on shutdown, nothing has been changed yet), then check holders (wait
+//!    with back-off unless force unload), then swap with rollback (never abandoned half-way: on
+//!    shutdown it finishes first); observe again, label and report.
+//!
+//! Failures and holders are reported (pod annotation, node Event) and retried with back-off; the
+//! agent never exits on them. It never unloads the module on exit.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+use ttdp_api::agent_report::{AgentPhase, AgentReport};
+use ttdp_hostprobe::detect_host_install;
+use ttdp_kmod::{
+    CacheLookup, CacheOutcome, InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions,
+    SwapOutcome, SwapReport, UnloadOptions,
+};
+
+use crate::backoff::Backoff;
+use crate::config::AgentConfig;
+use crate::convergence::{
+    Observation, Step, UnloadGate, base_report, holders_message, host_managed_message, next_step,
+    report_holders, unload_gate,
+};
+use crate::error::AgentError;
+use crate::labels::{InstallMode, NodeLabels};
+use crate::reasons;
+use crate::reporting::{EventKind, NodeEvent, Reporter};
+use crate::tt_smi::{TtSmiInstaller, TtSmiOutcome};
+
+/// How an attempt to install the target ended.
+enum Attempt {
+    /// Shutdown arrived before anything was changed.
+    Abandoned,
+    /// The attempt ran to its end (success, failure or waiting); observe again.
+    Done,
+}
+
+/// The agent of one node, generic over the kernel and where it reports.
+#[derive(Debug)]
+pub struct NodeAgent<K, R> {
+    config: AgentConfig,
+    installer: Arc<ModuleInstaller<K>>,
+    reporter: R,
+    tt_smi: Option<TtSmiInstaller>,
+    tt_smi_installed: bool,
+    failure_backoff: Backoff,
+    holder_backoff: Backoff,
+    next_attempt: Option<Instant>,
+    last_labels: Option<NodeLabels>,
+    last_report: Option<AgentReport>,
+    last_resync: Instant,
+    last_event: Option<(String, String)>,
+    ready_version: Option<String>,
+}
+
+impl<K, R> NodeAgent<K, R>
+where
+    K: Kernel + Send + Sync + 'static,
+    R: Reporter,
+{
+    /// An agent for the node in `config`, using `kernel` and publishing through `reporter`.
+    /// Fails when the configuration is invalid or the host's kernel release cannot be read.
+    pub fn new(config: AgentConfig, kernel: K, reporter: R) -> Result<Self, AgentError> {
+        config.validate()?;
+        let installer_config = InstallerConfig {
+            build: config.build.clone(),
+            ..InstallerConfig::default()
+        };
+        let installer = ModuleInstaller::new(config.host.clone(), kernel, installer_config)
+            .map_err(|source| AgentError::Installer {
+                host: config.host.to_string(),
+                source: Box::new(source),
+            })?;
+        let tt_smi = config
+            .tt_smi
+            .as_ref()
+            .map(|s| TtSmiInstaller::new(&s.path, &config.host));
+        let period = config.probe_period;
+        Ok(Self {
+            failure_backoff: Backoff::new(config.retry.initial, config.retry.max),
+            holder_backoff: Backoff::new(config.retry.initial.min(period), period),
+            installer: Arc::new(installer),
+            reporter,
+            tt_smi,
+            tt_smi_installed: false,
+            next_attempt: None,
+            last_labels: None,
+            last_report: None,
+            last_resync: Instant::now(),
+            last_event: None,
+            ready_version: None,
+            config,
+        })
+    }
+
+    /// The module installer (for inspection in tests).
+    pub fn installer(&self) -> &ModuleInstaller<K> {
+        &self.installer
+    }
+
+    /// Runs passes until `shutdown` is cancelled. Returns once no swap is in flight; never
+    /// unloads the module.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), AgentError> {
+        info!(
+            node = %self.config.node_name,
+            target = %self.config.target_version,
+            host_root = %self.config.host,
+            release = %self.installer.release(),
+            force_unload = self.config.force_unload,
+            "agent started"
+        );
+        while !shutdown.is_cancelled() {
+            self.pass(&shutdown).await?;
+            let wait = self.wait_before_next_pass();
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = shutdown.cancelled() => {}
+            }
+        }
+        info!(node = %self.config.node_name, "shutting down; the loaded module stays loaded");
+        Ok(())
+    }
+
+    /// One pass (see the module docs). Public so tests can step the flow.
+    pub async fn pass(&mut self, shutdown: &CancellationToken) -> Result<(), AgentError> {
+        if self.last_resync.elapsed() >= self.config.resync_period {
+            // write everything again: repairs labels or annotations others changed
+            self.last_labels = None;
+            self.last_report = None;
+            self.last_resync = Instant::now();
+        }
+        let Some(observation) = self.observe().await else {
+            return Ok(());
+        };
+        self.notice_external_change(&observation).await;
+        self.publish_labels(&observation).await;
+        match next_step(&observation, &self.config.target_version) {
+            Step::StandDown => self.stand_down(&observation).await,
+            Step::Converged => self.settle_ready(&observation).await,
+            Step::Install if self.attempt_due() => {
+                match self.attempt_install(&observation, shutdown).await? {
+                    Attempt::Abandoned => {}
+                    Attempt::Done => {
+                        if let Some(after) = self.observe().await {
+                            self.publish_labels(&after).await;
+                            if next_step(&after, &self.config.target_version) == Step::Converged {
+                                self.settle_ready(&after).await;
+                            }
+                        }
+                    }
+                }
+            }
+            Step::Install => {
+                debug!(node = %self.config.node_name, "retry not due yet");
+            }
+        }
+        Ok(())
+    }
+
+    /// How long to sleep: one probe period, or less when a retry is due sooner.
+    fn wait_before_next_pass(&self) -> Duration {
+        let period = self.config.probe_period;
+        match self.next_attempt {
+            Some(at) => at.saturating_duration_since(Instant::now()).min(period),
+            None => period,
+        }
+    }
+
+    fn attempt_due(&self) -> bool {
+        self.next_attempt.is_none_or(|at| Instant::now() >= at)
+    }
+
+    /// Reads DKMS signals and the module status; a failure is reported and `None` returned.
+    async fn observe(&mut self) -> Option<Observation> {
+        let started = Instant::now();
+        let host_install = match detect_host_install(&self.config.host) {
+            Ok(found) => found,
+            Err(e) => {
+                let message = format!("cannot check the host for a DKMS install: {e}");
+                self.fail(reasons::HOST_PROBE_FAILED, "Probe", message, None)
+                    .await;
+                return None;
+            }
+        };
+        let status = match self.installer.status() {
+            Ok(status) => status,
+            Err(e) => {
+                let message = format!("cannot read the module status: {e}");
+                self.fail(e.reason(), "Probe", message, None).await;
+                return None;
+            }
+        };
+        debug!(
+            step = "observe",
+            loaded = ?status.loaded_version(),
+            refcnt = ?status.refcnt,
+            host_managed = host_install.is_host_managed(),
+            elapsed_ms = millis(started.elapsed()),
+            "observed the host"
+        );
+        Some(Observation {
+            host_install,
+            status,
+        })
+    }
+
+    /// After being ready: the module was unloaded or replaced without us.
+    async fn notice_external_change(&mut self, observation: &Observation) {
+        let Some(ready) = self.ready_version.clone() else {
+            return;
+        };
+        if observation.loaded_version() == Some(ready.as_str()) {
+            return;
+        }
+        self.ready_version = None;
+        let now = observation
+            .loaded_version()
+            .map_or("no module is loaded".to_string(), |v| {
+                format!("version {v} is loaded")
+            });
+        let note = format!(
+            "module {} {ready} was unloaded or replaced outside ttdp ({now}); converging back to {}",
+            observation.status.name, self.config.target_version
+        );
+        warn!(node = %self.config.node_name, step = "watch", %note);
+        self.next_attempt = None;
+        self.event(EventKind::Warning, reasons::MODULE_CHANGED, "Watch", note)
+            .await;
+    }
+
+    /// Host-managed node: report, touch nothing.
+    async fn stand_down(&mut self, observation: &Observation) {
+        if self.last_report.as_ref().map(|r| r.phase) != Some(AgentPhase::HostManaged) {
+            info!(
+                node = %self.config.node_name,
+                loaded = ?observation.loaded_version(),
+                "host-managed tt-kmd install found; standing down"
+            );
+        }
+        let mut report = base_report(
+            AgentPhase::HostManaged,
+            &self.config.target_version,
+            observation,
+        );
+        let message = host_managed_message(&observation.host_install);
+        report.reason = Some(reasons::HOST_MANAGED.to_string());
+        report.message = Some(message.clone());
+        self.publish_report(report).await;
+        self.next_attempt = None;
+        self.event(EventKind::Normal, reasons::HOST_MANAGED, "Probe", message)
+            .await;
+    }
+
+    /// Target loaded: tt-smi, labels, Ready.
+    async fn settle_ready(&mut self, observation: &Observation) {
+        let newly_ready = self.ready_version.is_none();
+        if newly_ready {
+            // problems announced before are over: announce them again if they come back
+            self.last_event = None;
+        }
+        let mut message = format!(
+            "tt-kmd {} is loaded",
+            observation.loaded_version().unwrap_or_default()
+        );
+        if let Some(problem) = self.ensure_tt_smi().await {
+            message = format!("{message}; {problem}");
+        }
+        self.publish_labels(observation).await;
+        let mut report = base_report(AgentPhase::Ready, &self.config.target_version, observation);
+        report.message = Some(message);
+        if newly_ready {
+            info!(node = %self.config.node_name, version = %self.config.target_version, step = "ready", "node is ready");
+        }
+        self.publish_report(report).await;
+        self.ready_version = observation.loaded_version().map(str::to_string);
+        self.next_attempt = None;
+        self.failure_backoff.reset();
+        self.holder_backoff.reset();
+    }
+
+    /// Copies tt-smi when configured; returns a problem text when it failed.
+    async fn ensure_tt_smi(&mut self) -> Option<String> {
+        let version = self.config.tt_smi.as_ref()?.version.clone();
+        let installer = self.tt_smi.as_mut()?;
+        match installer.ensure() {
+            Ok(TtSmiOutcome::Unchanged) => {
+                self.tt_smi_installed = true;
+                None
+            }
+            Ok(TtSmiOutcome::Copied { bytes, elapsed_ms }) => {
+                let dest = installer.dest().display().to_string();
+                self.tt_smi_installed = true;
+                info!(step = "tt-smi", %dest, bytes, elapsed_ms, version = %version, "copied tt-smi to the host");
+                let note = format!("copied tt-smi {version} to {dest}");
+                self.event(
+                    EventKind::Normal,
+                    reasons::TT_SMI_INSTALLED,
+                    "CopyTtSmi",
+                    note,
+                )
+                .await;
+                None
+            }
+            Err(e) => {
+                let problem = format!("tt-smi was not copied: {e}");
+                error!(step = "tt-smi", error = %e, "cannot copy tt-smi to the host");
+                self.event(
+                    EventKind::Warning,
+                    reasons::TT_SMI_COPY_FAILED,
+                    "CopyTtSmi",
+                    problem.clone(),
+                )
+                .await;
+                Some(problem)
+            }
+        }
+    }
+
+    /// Ensure the `.ko`, check holders, swap. See the module docs for what shutdown does.
+    async fn attempt_install(
+        &mut self,
+        observation: &Observation,
+        shutdown: &CancellationToken,
+    ) -> Result<Attempt, AgentError> {
+        let target = self.config.target_version.clone();
+        let cached = matches!(
+            self.installer
+                .cache()
+                .lookup(self.installer.release(), &target),
+            Ok(CacheLookup::Hit(_))
+        );
+        if !cached {
+            let mut report = base_report(AgentPhase::Building, &target, observation);
+            report.message = Some(format!(
+                "fetching tag ttkmd-{target} from {} and building it for kernel {}",
+                self.config.build.repository,
+                self.installer.release()
+            ));
+            self.publish_report(report).await;
+        }
+
+        let installer = Arc::clone(&self.installer);
+        let version = target.clone();
+        let build = tokio::task::spawn_blocking(move || installer.ensure_ko(&version));
+        let ensured = tokio::select! {
+            joined = build => joined.map_err(|source| AgentError::Task { task: "ensure .ko", source })?,
+            () = shutdown.cancelled() => {
+                info!(step = "ensure-ko", version = %target, "shutdown during fetch/build: abandoned, the loaded module was not touched");
+                return Ok(Attempt::Abandoned);
+            }
+        };
+        let ensured = match ensured {
+            Ok(ensured) => ensured,
+            Err(e) => {
+                let message = format!(
+                    "{e}; the loaded module ({}) was left as it is",
+                    observation.loaded_version().unwrap_or("none")
+                );
+                self.fail(e.reason(), "Build", message, Some(observation))
+                    .await;
+                return Ok(Attempt::Done);
+            }
+        };
+        let cache = match &ensured.cache {
+            CacheOutcome::Hit => "hit".to_string(),
+            CacheOutcome::Miss => "miss".to_string(),
+            CacheOutcome::Rebuilt { reason } => format!("rebuilt ({reason})"),
+        };
+        info!(
+            step = "ensure-ko",
+            version = %target,
+            cache = %cache,
+            fetch_ms = ensured.fetch_ms,
+            build_ms = ensured.build_ms,
+            elapsed_ms = ensured.elapsed_ms,
+            "module file ready"
+        );
+
+        let status = match self.installer.status() {
+            Ok(status) => status,
+            Err(e) => {
+                let message = format!("cannot read the module status: {e}");
+                self.fail(e.reason(), "Probe", message, Some(observation))
+                    .await;
+                return Ok(Attempt::Done);
+            }
+        };
+        if unload_gate(&status, self.config.force_unload) == UnloadGate::WaitForHolders {
+            self.wait_for_holders(observation, &status).await;
+            return Ok(Attempt::Done);
+        }
+
+        let mut report = base_report(AgentPhase::Swapping, &target, observation);
+        report.message = Some(match status.loaded_version() {
+            Some(old) => format!("replacing tt-kmd {old} with {target}"),
+            None => format!("loading tt-kmd {target}"),
+        });
+        self.publish_report(report).await;
+        let options = SwapOptions {
+            unload: UnloadOptions {
+                force: self.config.force_unload,
+                wait: if self.config.force_unload {
+                    self.config.unload_wait
+                } else {
+                    Duration::ZERO
+                },
+            },
+            params: String::new(),
+        };
+        let installer = Arc::clone(&self.installer);
+        let version = target.clone();
+        let mut swap = tokio::task::spawn_blocking(move || installer.swap(&version, &options));
+        let swapped = tokio::select! {
+            joined = &mut swap => joined,
+            () = shutdown.cancelled() => {
+                info!(step = "swap", version = %target, "shutdown requested during the swap: finishing it first");
+                swap.await
+            }
+        }
+        .map_err(|source| AgentError::Task {
+            task: "swap",
+            source,
+        })?;
+        match swapped {
+            Ok(report) => self.swapped(report).await,
+            Err(KmodError::InUse { .. }) => {
+                // a holder appeared between the check and the unload
+                if let Ok(status) = self.installer.status() {
+                    self.wait_for_holders(observation, &status).await;
+                }
+            }
+            Err(e) => {
+                let message = e.to_string();
+                self.fail(e.reason(), "Swap", message, Some(observation))
+                    .await;
+            }
+        }
+        Ok(Attempt::Done)
+    }
+
+    /// Logs and announces a successful swap.
+    async fn swapped(&mut self, report: SwapReport) {
+        info!(
+            step = "swap",
+            version = %report.version,
+            previous = ?report.previous,
+            outcome = ?report.outcome,
+            killed = report.killed.len(),
+            probe_ms = report.probe_ms,
+            build_ms = report.build_ms,
+            unload_ms = report.unload_ms,
+            load_ms = report.load_ms,
+            total_ms = report.total_ms,
+            "module swapped"
+        );
+        if !report.killed.is_empty() {
+            let killed: Vec<String> = report
+                .killed
+                .iter()
+                .map(|h| format!("pid {} ({})", h.pid, h.comm))
+                .collect();
+            let note = format!(
+                "force unload killed {} holding /dev/tenstorrent before unloading",
+                killed.join(", ")
+            );
+            warn!(step = "unload", %note);
+            self.event(EventKind::Warning, reasons::HOLDERS_KILLED, "Unload", note)
+                .await;
+        }
+        let (reason, note) = match (report.outcome, &report.previous) {
+            (SwapOutcome::Replaced, Some(previous)) => (
+                reasons::MODULE_UPGRADED,
+                format!(
+                    "replaced tt-kmd {previous} with {} (unload {} ms, load {} ms, total {} ms)",
+                    report.version, report.unload_ms, report.load_ms, report.total_ms
+                ),
+            ),
+            _ => (
+                reasons::MODULE_INSTALLED,
+                format!(
+                    "loaded tt-kmd {} (load {} ms, total {} ms)",
+                    report.version, report.load_ms, report.total_ms
+                ),
+            ),
+        };
+        self.last_event = None;
+        self.event(EventKind::Normal, reason, "Load", note).await;
+    }
+
+    /// Not forced and held: report the holders, retry with back-off.
+    async fn wait_for_holders(
+        &mut self,
+        observation: &Observation,
+        status: &ttdp_kmod::ModuleStatus,
+    ) {
+        let message = holders_message(status, &self.config.target_version);
+        let mut report = base_report(
+            AgentPhase::WaitingForHolders,
+            &self.config.target_version,
+            observation,
+        );
+        report.holders = report_holders(&status.device_holders);
+        report.reason = Some(reasons::DEVICE_HELD.to_string());
+        report.message = Some(message.clone());
+        let delay = self.holder_backoff.next_delay();
+        self.next_attempt = Some(Instant::now() + delay);
+        warn!(
+            step = "unload",
+            node = %self.config.node_name,
+            refcnt = ?status.refcnt,
+            holders = ?report.holders.iter().map(|h| h.pid).collect::<Vec<_>>(),
+            retry_in_ms = millis(delay),
+            "module in use; waiting for its holders to go"
+        );
+        self.publish_report(report).await;
+        self.event(EventKind::Warning, reasons::DEVICE_HELD, "Unload", message)
+            .await;
+    }
+
+    /// Reports a failure, announces it once, and schedules a retry with back-off.
+    async fn fail(
+        &mut self,
+        reason: &str,
+        action: &str,
+        message: String,
+        observation: Option<&Observation>,
+    ) {
+        let delay = self.failure_backoff.next_delay();
+        self.next_attempt = Some(Instant::now() + delay);
+        error!(
+            step = %action,
+            node = %self.config.node_name,
+            reason,
+            retry_in_ms = millis(delay),
+            error = %message,
+            "attempt failed; will retry"
+        );
+        let mut report = match observation {
+            Some(obs) => base_report(AgentPhase::Failed, &self.config.target_version, obs),
+            None => AgentReport {
+                phase: AgentPhase::Failed,
+                target_version: self.config.target_version.clone(),
+                loaded_version: None,
+                install_mode: self
+                    .last_report
+                    .as_ref()
+                    .map_or(InstallMode::Container.as_str().to_string(), |r| {
+                        r.install_mode.clone()
+                    }),
+                holders: Vec::new(),
+                reason: None,
+                message: None,
+            },
+        };
+        report.reason = Some(reason.to_string());
+        report.message = Some(message.clone());
+        self.publish_report(report).await;
+        self.event(EventKind::Warning, reason, action, message)
+            .await;
+    }
+
+    /// Publishes the labels for `observation` when they changed (or a resync is due).
+    async fn publish_labels(&mut self, observation: &Observation) {
+        let tt_smi = self
+            .config
+            .tt_smi
+            .as_ref()
+            .filter(|_| self.tt_smi_installed)
+            .map(|s| s.version.as_str());
+        let labels = NodeLabels::desired(observation.mode(), observation.loaded_version(), tt_smi);
+        if self.last_labels.as_ref() == Some(&labels) {
+            return;
+        }
+        let started = Instant::now();
+        match self.reporter.patch_labels(&labels).await {
+            Ok(()) => {
+                info!(
+                    step = "labels",
+                    node = %self.config.node_name,
+                    labels = %labels.merge_patch()["metadata"]["labels"],
+                    elapsed_ms = millis(started.elapsed()),
+                    "node labels published"
+                );
+                self.last_labels = Some(labels);
+            }
+            Err(e) => {
+                self.last_labels = None;
+                warn!(step = "labels", error = %e, "cannot publish node labels; retrying next pass");
+            }
+        }
+    }
+
+    /// Publishes `report` when it changed (or a resync is due).
+    async fn publish_report(&mut self, report: AgentReport) {
+        if self.last_report.as_ref() == Some(&report) {
+            return;
+        }
+        match self.reporter.publish_report(&report).await {
+            Ok(()) => {
+                debug!(phase = ?report.phase, "agent report published");
+                self.last_report = Some(report);
+            }
+            Err(e) => {
+                self.last_report = None;
+                warn!(step = "report", error = %e, "cannot publish the agent report; retrying next pass");
+            }
+        }
+    }
+
+    /// Records an Event unless the same reason and note were the last one recorded.
+    async fn event(&mut self, kind: EventKind, reason: &str, action: &str, note: String) {
+        let key = (reason.to_string(), note.clone());
+        if self.last_event.as_ref() == Some(&key) {
+            return;
+        }
+        let event = NodeEvent {
+            kind,
+            reason: reason.to_string(),
+            action: action.to_string(),
+            note,
+        };
+        match self.reporter.record_event(&event).await {
+            Ok(()) => self.last_event = Some(key),
+            Err(e) => warn!(step = "event", reason, error = %e, "cannot record an event"),
+        }
+    }
+}
+
+/// Whole milliseconds, saturating.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

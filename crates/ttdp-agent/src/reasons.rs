@@ -1,0 +1,21 @@
+//! UpperCamelCase reasons the agent puts in its report and Events (besides
+//! `ttdp_kmod::KmodError::reason`, used for module failures).
+
+/// The module is held by processes and force unload is off.
+pub const DEVICE_HELD: &str = "DeviceHeld";
+/// The target version was loaded where no module was.
+pub const MODULE_INSTALLED: &str = "ModuleInstalled";
+/// The target version replaced another loaded version.
+pub const MODULE_UPGRADED: &str = "ModuleReplaced";
+/// The loaded module changed (unloaded or replaced) without the agent.
+pub const MODULE_CHANGED: &str = "ModuleChangedExternally";
+/// Holders were killed before unloading (force unload).
+pub const HOLDERS_KILLED: &str = "HoldersKilled";
+/// The host's DKMS state or module status could not be read.
+pub const HOST_PROBE_FAILED: &str = "HostProbeFailed";
+/// tt-smi was copied to the host.
+pub const TT_SMI_INSTALLED: &str = "TtSmiInstalled";
+/// tt-smi could not be copied to the host.
+pub const TT_SMI_COPY_FAILED: &str = "TtSmiCopyFailed";
+/// The node is host-managed (DKMS); the agent stands down.
+pub const HOST_MANAGED: &str = "HostManaged";
