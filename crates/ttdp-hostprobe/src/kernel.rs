@@ -165,6 +165,18 @@ mod tests {
     }
 
     #[test]
+    fn an_unreadable_release_file_is_a_read_error_naming_it() {
+        let (_d, root) = root_with(&[(PROC_VERSION_PATH, DEBIAN)]);
+        std::fs::create_dir_all(root.path(OSRELEASE_PATH)).unwrap();
+        let err = kernel_release(&root).unwrap_err();
+        assert!(
+            matches!(&err, ProbeError::Read { path, .. } if path.ends_with("osrelease")),
+            "{err}"
+        );
+        assert!(err.to_string().contains("host root is mounted"), "{err}");
+    }
+
+    #[test]
     fn compiler_is_read_from_the_banner() {
         let (_d, root) = root_with(&[(PROC_VERSION_PATH, DEBIAN)]);
         let gcc = kernel_compiler(&root).unwrap().unwrap();

@@ -104,6 +104,16 @@ mod tests {
     }
 
     #[test]
+    fn an_unreadable_pci_directory_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = HostRoot::new(dir.path());
+        std::fs::create_dir_all(root.path("/sys/bus/pci")).unwrap();
+        std::fs::write(root.path(PCI_DEVICES_DIR), "not a directory").unwrap();
+        let err = tenstorrent_devices(&root).unwrap_err();
+        assert!(matches!(err, ProbeError::Read { .. }), "{err}");
+    }
+
+    #[test]
     fn no_pci_bus_means_no_devices() {
         let dir = tempfile::tempdir().unwrap();
         assert!(

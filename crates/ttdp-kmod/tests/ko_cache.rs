@@ -216,3 +216,23 @@ fn a_module_built_elsewhere_can_be_stored_but_only_under_its_own_version_and_ker
         CacheLookup::Hit(stored)
     );
 }
+
+#[test]
+fn an_unwritable_cache_is_an_io_error_and_nothing_is_loaded() {
+    let fx = Fixture::new(&["1.0.0"]);
+    std::fs::write(
+        fx.sim.host().path("/var/cache/tt-kmd"),
+        "a file where the cache should be",
+    )
+    .unwrap();
+    let installer = fx.installer();
+    let err = installer
+        .swap("1.0.0", &ttdp_kmod::SwapOptions::default())
+        .unwrap_err();
+    assert_eq!(err.reason(), "IoError");
+    assert!(
+        err.to_string().contains("tt-kmd") && err.to_string().contains("read-write"),
+        "{err}"
+    );
+    assert!(!installer.status().unwrap().loaded);
+}
