@@ -128,7 +128,15 @@ pub fn fetch_source(
             log_tail: log_tail(&head.log, LOG_TAIL_LINES),
         });
     }
-    Ok((head.log.trim().to_string(), run.log))
+    // stdout and stderr share the log: pick the object name out of any warnings
+    let commit = head
+        .log
+        .lines()
+        .map(str::trim)
+        .find(|l| matches!(l.len(), 40 | 64) && l.bytes().all(|b| b.is_ascii_hexdigit()))
+        .unwrap_or_default()
+        .to_string();
+    Ok((commit, run.log))
 }
 
 /// Fetches tag `ttkmd-<version>` and runs `make -C <build tree> M=<source> -j<jobs> modules`
