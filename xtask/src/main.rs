@@ -1,8 +1,10 @@
 //! `cargo xtask`: project automation (CRD generation, chart and image builds, releases, the
 //! real-kernel VM tests, the demo and the benchmarks).
 
+mod bench;
 mod chart;
 mod crd;
+mod demo;
 mod image;
 mod reference;
 mod release;
@@ -15,6 +17,8 @@ const USAGE: &str = "usage: cargo xtask <command> [args]
 
 commands:
   crd [--check]   generate the CRD YAML into the Helm chart (or fail if the committed one is stale)
+  demo [FLAGS]    run the simulated-cluster demo (see `cargo xtask demo --help`)
+  bench           run the benchmarks and check their targets
   chart           lint and package the Helm chart into target/chart/
   image controller|agent [--tag TAG] [--push]
                   build a container image with docker or podman
@@ -34,7 +38,9 @@ fn run() -> Result<()> {
     let rest: Vec<String> = args.collect();
     match cmd.as_str() {
         "crd" => crd::run(&rest),
+        "bench" => bench::run(&rest),
         "chart" => chart::run(&rest),
+        "demo" => demo::run(&rest),
         "image" => image::run(&rest),
         "release" => release::run(&rest),
         "vm-test" => vm_test::run(&rest),
