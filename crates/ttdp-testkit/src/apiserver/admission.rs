@@ -148,6 +148,15 @@ pub fn default_pod_spec(spec: &mut Value) {
 }
 
 fn default_builtin(rt: &ResourceType, obj: &mut Value) {
+    // Go structs serialise their non-pointer `spec`/`status` even when empty.
+    let has_spec_and_status = matches!(
+        rt.plural.as_str(),
+        "namespaces" | "nodes" | "pods" | "daemonsets" | "deployments" | "replicasets" | "poddisruptionbudgets"
+    );
+    if has_spec_and_status {
+        default_field(obj, "spec", json!({}));
+        default_field(obj, "status", json!({}));
+    }
     match (rt.group.as_str(), rt.plural.as_str()) {
         ("", "pods") => {
             if let Some(spec) = obj.get_mut("spec") {

@@ -161,30 +161,49 @@ pub fn apply(
     Ok(merged)
 }
 
+/// How the real server names a manager in conflict messages: applies by name, updates with
+/// their apiVersion and time, both with the subresource when there is one.
+fn print_manager(e: &ManagerEntry) -> String {
+    let mut out = format!("{:?}", e.manager);
+    if !e.subresource.is_empty() {
+        out.push_str(&format!(" with subresource {:?}", e.subresource));
+    }
+    if e.operation == "Update" {
+        out.push_str(&format!(" using {}", e.api_version));
+        if !e.time.is_empty() {
+            out.push_str(&format!(" at {}", e.time));
+        }
+    }
+    out
+}
+
 fn conflict_error(entries: &[ManagerEntry], conflicts: &[(usize, FieldPath)]) -> ApiError {
     let causes: Vec<StatusCause> = conflicts
         .iter()
-        .map(|(i, path)| {
-            let e = &entries[*i];
-            let who = if e.subresource.is_empty() {
-                format!("conflict with \"{}\" using {}", e.manager, e.api_version)
-            } else {
-                format!(
-                    "conflict with \"{}\" with subresource \"{}\" using {}",
-                    e.manager, e.subresource, e.api_version
-                )
-            };
-            StatusCause { reason: "FieldManagerConflict".into(), message: who, field: Some(display_path(path)) }
+        .map(|(i, path)| StatusCause {
+            reason: "FieldManagerConflict".into(),
+            message: format!("conflict with {}", print_manager(&entries[*i])),
+            field: Some(display_path(path)),
         })
         .collect();
-    let listed = causes
-        .iter()
-        .map(|c| format!("{}: {}", c.message, c.field.clone().unwrap_or_default()))
-        .collect::<Vec<_>>();
-    let message = if causes.len() == 1 {
-        format!("Apply failed with 1 conflict: {}", listed[0])
+    let message = if let [(i, path)] = conflicts {
+        format!(
+            "Apply failed with 1 conflict: conflict with {}: {}",
+            print_manager(&entries[*i]),
+            display_path(path)
+        )
     } else {
-        format!("Apply failed with {} conflicts: {}", causes.len(), listed.join("\n"))
+        let mut managers: Vec<usize> = conflicts.iter().map(|(i, _)| *i).collect();
+        managers.sort_by(|a, b| entries[*a].manager.cmp(&entries[*b].manager));
+        managers.dedup();
+        let mut lines = Vec::new();
+        for m in managers {
+            lines.push(format!("conflicts with {}:", print_manager(&entries[m])));
+            for (_, path) in conflicts.iter().filter(|(i, _)| *i == m) {
+                lines.push(format!("- {}", display_path(path)));
+            }
+        }
+        format!("Apply failed with {} conflicts: {}", conflicts.len(), lines.join("\n"))
     };
     let mut err = ApiError::conflict_plain(message);
     err.causes = causes;

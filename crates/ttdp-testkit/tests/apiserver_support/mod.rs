@@ -67,3 +67,109 @@ pub fn kubectl() -> PathBuf {
          or set TTDP_KUBECTL to a kubectl v1.35 binary"
     );
 }
+
+/// A cluster-scoped CRD `widgets.example.com` shaped like ttdp's TenstorrentDriverPolicy: a
+/// defaulted and validated spec with CEL rules (one a transition rule on `oldSelf`), and a
+/// status subresource whose `nodes` list merges by `name` and `conditions` by `type`.
+pub fn widget_crd() -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Cluster",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
+            "versions": [{
+                "name": "v1",
+                "served": true,
+                "storage": true,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": "Version", "type": "string", "jsonPath": ".spec.version"}
+                ],
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": {
+                            "type": "object",
+                            "required": ["version"],
+                            "x-kubernetes-validations": [
+                                {"rule": "self.maxUnavailable <= 10", "message": "maxUnavailable must be at most 10"},
+                                {"rule": "!has(oldSelf.mode) || self.mode == oldSelf.mode || oldSelf.mode != 'locked'",
+                                 "message": "a locked widget cannot change mode"}
+                            ],
+                            "properties": {
+                                "version": {"type": "string", "pattern": "^[0-9]+[.][0-9]+[.][0-9]+$"},
+                                "maxUnavailable": {"type": "integer", "default": 1, "minimum": 0},
+                                "mode": {"type": "string", "enum": ["auto", "manual", "locked"], "default": "auto"},
+                                "labels": {"type": "object", "additionalProperties": {"type": "string"}}
+                            }
+                        },
+                        "status": {
+                            "type": "object",
+                            "properties": {
+                                "observedGeneration": {"type": "integer"},
+                                "nodes": {
+                                    "type": "array",
+                                    "x-kubernetes-list-type": "map",
+                                    "x-kubernetes-list-map-keys": ["name"],
+                                    "items": {"type": "object", "required": ["name"], "properties": {
+                                        "name": {"type": "string"},
+                                        "state": {"type": "string"},
+                                        "version": {"type": "string"}
+                                    }}
+                                },
+                                "conditions": {
+                                    "type": "array",
+                                    "x-kubernetes-list-type": "map",
+                                    "x-kubernetes-list-map-keys": ["type"],
+                                    "items": {"type": "object", "properties": {
+                                        "type": {"type": "string"},
+                                        "status": {"type": "string"},
+                                        "reason": {"type": "string"}
+                                    }}
+                                }
+                            }
+                        }
+                    }
+                }}
+            }]
+        }
+    })
+}
+
+/// A namespaced CRD `gadgets.example.com` with no status subresource and a free-form spec.
+pub fn gadget_crd() -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "gadgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }]
+        }
+    })
+}
+
+/// Create a CRD from JSON through the server and return the dynamic API for its resource.
+pub async fn install_crd(client: &kube::Client, crd: Value) -> kube::core::ApiResource {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
+    let api: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
+    let created = api.create(&kube::api::PostParams::default(), &crd).await.unwrap();
+    let spec = created.spec;
+    let version = &spec.versions[0].name;
+    kube::core::ApiResource {
+        group: spec.group.clone(),
+        version: version.clone(),
+        api_version: format!("{}/{}", spec.group, version),
+        kind: spec.names.kind.clone(),
+        plural: spec.names.plural.clone(),
+    }
+}
