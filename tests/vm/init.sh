@@ -18,6 +18,7 @@ mount -t devtmpfs devtmpfs /dev
 exec 0</dev/console 1>/dev/console 2>&1
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
+mount -t securityfs securityfs /sys/kernel/security
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
 
@@ -26,7 +27,8 @@ for port in /dev/ttyS1 /dev/ttyS2; do
 done
 
 . /etc/ttdp-vm.env
-export TTDP_VM TTDP_VM_SCENARIO TTDP_VM_KO_DIR TTDP_VM_KO_VERSIONS TTDP_VM_KO_BROKEN_VERSION TTDP_VM_KERNEL_RELEASE
+export TTDP_VM TTDP_VM_SCENARIO TTDP_VM_KERNEL_RELEASE TTDP_VM_KO_DIR TTDP_VM_KO_VERSIONS \
+  TTDP_VM_KO_BROKEN_VERSION TTDP_VM_STUB_REPO TTDP_VM_HOST_USR
 export RUST_BACKTRACE=1
 
 # Scenarios that build modules get the host's /usr (gcc, make, git, kernel headers) read-only

@@ -16,6 +16,7 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("timeout", "coreutils"),
     ("apt-get", "apt"),
     ("dpkg-deb", "dpkg"),
+    ("git", "git"),
 ];
 
 /// Where busybox-static puts its binary.

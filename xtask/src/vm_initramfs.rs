@@ -16,6 +16,8 @@ use super::vm_stub_module::BuiltModule;
 
 /// The guest directory holding `<version>/tenstorrent.ko`.
 const GUEST_KO_DIR: &str = "/ko";
+/// The stub module's git repository in the guest (tags `ttkmd-<version>`).
+const GUEST_STUB_REPO: &str = "/srv/tt-kmd-stub.git";
 /// The guest directory holding the virtio and 9p modules `/init` loads for a host `/usr`.
 const GUEST_9P_MODULE_DIR: &str = "/vm-modules";
 
@@ -90,6 +92,11 @@ pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
     for (host, guest) in contents.scenario.files {
         copy(&contents.root.join(host), &stage, guest, 0o644)?;
     }
+    super::vm_stub_repo::build(
+        contents.root,
+        &dir.join("stub-repo-work"),
+        &stage.join(GUEST_STUB_REPO.trim_start_matches('/')),
+    )?;
     let mut ninep_names = Vec::new();
     if contents.scenario.host_usr {
         for module in &contents.kernel.ninep_modules {
@@ -158,6 +165,7 @@ fn guest_env(contents: &Contents<'_>, ninep_modules: &[String]) -> String {
         ("TTDP_VM_KO_DIR", GUEST_KO_DIR.to_string()),
         ("TTDP_VM_KO_VERSIONS", good.join(" ")),
         ("TTDP_VM_KO_BROKEN_VERSION", broken.join(" ")),
+        ("TTDP_VM_STUB_REPO", GUEST_STUB_REPO.to_string()),
         (
             "TTDP_VM_HOST_USR",
             if contents.scenario.host_usr { "1" } else { "0" }.to_string(),

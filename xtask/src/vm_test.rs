@@ -4,38 +4,48 @@
 //! 1. checks the host tools and fails with the exact install command when one is missing (it never
 //!    skips): `bash .ci/vm-deps` installs them all on Debian 12;
 //! 2. takes the newest installed `linux-headers-6.1.0-<abi>-amd64` and fetches the matching
-//!    `linux-image-6.1.0-<abi>-amd64` with `apt-get download` (only `boot/vmlinuz-*` is unpacked),
-//!    cached under `<target dir>/vm/kernel/`;
+//!    `linux-image-6.1.0-<abi>-amd64` with `apt-get download` (only `boot/vmlinuz-*` and the
+//!    virtio/9p modules are unpacked), cached under `<target dir>/vm/kernel/`;
 //! 3. builds the stub `tenstorrent` module (`tests/vm/stub-module/`) against those headers at every
 //!    version in [`STUB_MODULES`] (one of them fails its init on purpose), cached under
 //!    `<target dir>/vm/modules/` and rebuilt only when its source changes;
 //! 4. builds each scenario's test and binary targets as static executables;
 //! 5. packs one gzip initramfs per scenario (busybox, `tests/vm/init.sh` as `/init`, the `.ko`
-//!    files, the executables, the scenario script) and boots it with
-//!    `qemu-system-x86_64 -accel tcg` (never KVM), no network, under `timeout`;
+//!    files, a git repository of the stub module, the executables, the scenario script) and boots
+//!    it with `qemu-system-x86_64 -accel tcg` (never KVM), no network, under `timeout`;
 //! 6. prints each scenario's output and fails when a scenario failed, timed out, or ran no test.
 //!
 //! Usage: `cargo xtask vm-test [--scenario NAME]... [--timeout SECS] [--list] [-- ARGS...]`.
 //! `ARGS` go to the scenario script inside the VM (for the test scenarios: to the libtest harness,
-//! e.g. `-- swap --nocapture`).
+//! e.g. `-- swap --nocapture`). Serial logs of the last run of each scenario stay in
+//! `<target dir>/vm/runs/<scenario>/` (`console.log`, `output.log`, `status.log`).
 //!
 //! # The guest
-//! `/init` mounts proc, sysfs, devtmpfs and tmpfs, sources `/etc/ttdp-vm.env` and runs
-//! `/scenario.sh ARGS` with its output on the second serial port; the third serial port gets its
-//! exit status; then `poweroff -f`. Inside the VM (host root `/`):
+//! `/init` mounts proc, sysfs, securityfs, devtmpfs and tmpfs, sources `/etc/ttdp-vm.env` (the
+//! variables below, exported) and runs `/scenario.sh ARGS` with its output on the second serial
+//! port; the third serial port gets its exit status; then `poweroff -f`. Inside the VM (host root
+//! `/`, writable, in RAM):
 //! - `TTDP_VM_KO_DIR` (`/ko`) holds `<version>/tenstorrent.ko` for each stub version;
 //! - `TTDP_VM_KO_VERSIONS` lists the versions that load (space separated, oldest first) and
 //!   `TTDP_VM_KO_BROKEN_VERSION` the one whose init fails with EINVAL;
-//! - test targets are at `/tests/<package>/<test>`, binary targets at `/usr/local/bin/<bin>`;
-//! - `TTDP_VM_KERNEL_RELEASE` is the running release (the one the modules were built for).
+//! - `TTDP_VM_STUB_REPO` (`/srv/tt-kmd-stub.git`) is a bare git repository of the stub module with
+//!   one tag `ttkmd-<version>` per stub version, built the way tt-kmd is (`make -C <build tree>
+//!   M=<src> modules`, nothing else): use it as the tt-kmd repository URL;
+//! - test targets are at `/tests/<package>/<test>`, binary targets at `/opt/ttdp/bin/<bin>`;
+//! - `TTDP_VM_KERNEL_RELEASE` is the running release (the one the modules were built for);
+//! - `TTDP_VM_HOST_USR` is `1` when the scenario has the host's `/usr` (see [`Scenario::host_usr`]):
+//!   git, make, gcc and `/lib/modules/<release>/build` then work in the guest.
 //!
 //! # Adding a scenario (for example the agent of issue 6)
 //! Add a [`Scenario`] to [`SCENARIOS`]: its integration tests (`tests`) and binaries (`bins`) are
 //! built static and copied in, `files` are copied from the repository to the given guest paths,
-//! and `script` (a busybox `sh` script under `tests/vm/scenarios/`) is the workload. The script's
-//! exit status decides, and it must report what ran: either libtest's `test result:` lines or a
-//! plain `N passed, N failed` line of its own; a scenario that reports no passed test fails.
-//! The VM has no network: give a binary its inputs as files and let it write results to stdout.
+//! `host_usr` gives it a toolchain, and `script` (a busybox `sh` script under
+//! `tests/vm/scenarios/`) is the workload. The script's exit status decides, and it must report
+//! what ran: either libtest's `test result:` lines or a plain `N passed, N failed` line of its own;
+//! a scenario that reports no passed test fails. The VM has no network: give a binary its inputs
+//! as files (the stub repository stands in for tt-kmd's) and let it report on stdout or in files
+//! the script checks. An agent scenario would list `("ttdp-agent", "ttdp-agent")` in `bins`, set
+//! `host_usr` for cache misses, and run the binary from its script against `TTDP_VM_STUB_REPO`.
 
 #[path = "vm_boot.rs"]
 mod vm_boot;
@@ -49,6 +59,8 @@ mod vm_kernel;
 mod vm_static_build;
 #[path = "vm_stub_module.rs"]
 mod vm_stub_module;
+#[path = "vm_stub_repo.rs"]
+mod vm_stub_repo;
 #[path = "vm_test_report.rs"]
 mod vm_test_report;
 
@@ -94,21 +106,16 @@ pub const SCENARIOS: &[Scenario] = &[
         timeout: Duration::from_secs(240),
     },
     Scenario {
-        name: "guest-build",
-        description: "the guest builds the stub module from source with the host's /usr over 9p \
-                      (what the agent does on a cache miss), loads it and checks its version",
-        tests: &[],
+        name: "kmod-build",
+        description: "ttdp-kmod building inside the VM: a cache miss fetches tag ttkmd-<version> from \
+                      the stub git repository and builds it with the host's /usr over 9p, loads it, \
+                      then hits the cache; a missing tag fails before anything is unloaded",
+        tests: &[("ttdp-kmod", "real_kernel")],
         bins: &[],
-        files: &[
-            ("tests/vm/stub-module/Kbuild", "/stub-module/Kbuild"),
-            (
-                "tests/vm/stub-module/tenstorrent.c",
-                "/stub-module/tenstorrent.c",
-            ),
-        ],
+        files: &[],
         host_usr: true,
-        script: "guest-build.sh",
-        timeout: Duration::from_secs(300),
+        script: "kmod-build.sh",
+        timeout: Duration::from_secs(420),
     },
 ];
 

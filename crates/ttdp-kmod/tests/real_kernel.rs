@@ -6,6 +6,11 @@
 //! `$TTDP_VM_KO_DIR/<version>/tenstorrent.ko` for versions 1.0.0 and 2.0.0, plus 3.0.0 whose init
 //! fails with EINVAL. The host root is `/`. The tests share one kernel, so they run one at a time
 //! (`--test-threads=1`) and each starts from a clean slate: no module loaded, no holder, empty cache.
+//!
+//! Tests with `from_source` in their name fetch and build the module inside the VM (scenario
+//! `kmod-build`: the host's `/usr` with git, make, gcc and the kernel headers is mounted read-only,
+//! and `$TTDP_VM_STUB_REPO` is a git repository of the stub module with tags `ttkmd-<version>`);
+//! scenario `kmod` runs all the others.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::process::ExitStatusExt;
@@ -14,8 +19,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use ttdp_kmod::{
-    CacheLookup, CacheOutcome, HostRoot, InstallerConfig, Kernel, KmodError, ModuleInstaller,
-    RealKernel, SwapOptions, SwapOutcome, UnloadOptions,
+    BuildOptions, CacheLookup, CacheOutcome, HostRoot, InstallerConfig, Kernel, KmodError,
+    ModuleInstaller, RealKernel, SwapOptions, SwapOutcome, UnloadOptions,
 };
 
 const V1: &str = "1.0.0";
@@ -40,13 +45,13 @@ fn stub_ko(version: &str) -> PathBuf {
 
 /// A module installer on the VM itself, after resetting it to a clean slate.
 fn fresh_installer() -> ModuleInstaller<RealKernel> {
+    fresh_installer_with(InstallerConfig::default())
+}
+
+/// [`fresh_installer`] with settings.
+fn fresh_installer_with(config: InstallerConfig) -> ModuleInstaller<RealKernel> {
     let host = HostRoot::system();
-    let installer = ModuleInstaller::new(
-        host.clone(),
-        RealKernel::new(host),
-        InstallerConfig::default(),
-    )
-    .unwrap();
+    let installer = ModuleInstaller::new(host.clone(), RealKernel::new(host), config).unwrap();
     if installer.status().unwrap().loaded {
         let force = UnloadOptions {
             force: true,
@@ -418,5 +423,81 @@ fn a_corrupt_cache_entry_is_never_loaded() {
     assert_eq!(
         installer.cache().lookup(installer.release(), V2).unwrap(),
         CacheLookup::Miss
+    );
+}
+
+/// Build settings fetching from the VM's stub repository; fails unless the scenario gives the
+/// guest the host's `/usr` (a missing toolchain must fail loudly, never skip).
+fn stub_repo_build_options() -> BuildOptions {
+    assert_eq!(
+        std::env::var("TTDP_VM_HOST_USR").as_deref(),
+        Ok("1"),
+        "building from source needs the host's /usr in the VM: run this test in scenario kmod-build"
+    );
+    BuildOptions {
+        repository: std::env::var("TTDP_VM_STUB_REPO").expect("TTDP_VM_STUB_REPO is set by /init"),
+        jobs: 2,
+        build_timeout: Duration::from_secs(600),
+        ..BuildOptions::default()
+    }
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn a_cache_miss_is_built_from_source_loaded_and_then_hits_the_cache() {
+    let build = stub_repo_build_options();
+    let repository = build.repository.clone();
+    let installer = fresh_installer_with(InstallerConfig {
+        build,
+        ..InstallerConfig::default()
+    });
+
+    let report = installer.swap(V2, &SwapOptions::default()).unwrap();
+    assert_eq!(report.outcome, SwapOutcome::Installed);
+    assert_eq!(report.cache, Some(CacheOutcome::Miss));
+    assert_eq!(loaded_version(&installer).as_deref(), Some(V2));
+    match installer.cache().lookup(installer.release(), V2).unwrap() {
+        CacheLookup::Hit(ko) => {
+            assert_eq!(ko.record.source_repository, repository);
+            assert_eq!(ko.record.source_commit.len(), 40, "{:?}", ko.record);
+            assert!(
+                ko.record.vermagic.starts_with(installer.release()),
+                "{:?}",
+                ko.record
+            );
+        }
+        other => panic!("the built module must be cached and verified, got {other:?}"),
+    }
+
+    installer.unload(&UnloadOptions::default()).unwrap();
+    let second = installer.swap(V2, &SwapOptions::default()).unwrap();
+    assert_eq!(
+        second.cache,
+        Some(CacheOutcome::Hit),
+        "a second install must not rebuild"
+    );
+    assert_eq!(loaded_version(&installer).as_deref(), Some(V2));
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn a_version_missing_from_source_fails_before_unloading_the_working_module() {
+    let build = stub_repo_build_options();
+    let installer = fresh_installer_with(InstallerConfig {
+        build,
+        ..InstallerConfig::default()
+    });
+    cache_stub(&installer, V1);
+    installer.swap(V1, &SwapOptions::default()).unwrap();
+
+    let err = installer
+        .swap("9.9.9", &SwapOptions::default())
+        .unwrap_err();
+    assert_eq!(err.reason(), "FetchFailed", "{err}");
+    assert!(err.to_string().contains("ttkmd-9.9.9"), "{err}");
+    assert_eq!(
+        loaded_version(&installer).as_deref(),
+        Some(V1),
+        "the working module stays"
     );
 }
