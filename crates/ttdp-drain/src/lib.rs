@@ -1,4 +1,111 @@
-//! kubectl-drain semantics (cordon with ownership, pod classification, eviction with PDB back-off) for kube-rs operators.
+//! `kubectl drain` semantics for kube-rs operators: cordon with ownership, pod classification,
+//! eviction with PodDisruptionBudget back-off, waiting until evicted pods are gone, timeouts that
+//! say what blocked, and progress events.
 //!
-//! Not yet implemented: this crate is a placeholder until its issue lands.
+//! What it is for: any operator that must empty a node before changing something on it (a
+//! kernel module, firmware, the OS). What it must not do: know about any particular device or
+//! workload. Device awareness is a caller-configured [`DevicePredicate`]; extra policy is a
+//! caller-supplied [`PodPredicate`].
+//!
+//! ```no_run
+//! # async fn demo(client: kube::Client) -> Result<(), ttdp_drain::DrainError> {
+//! use std::time::Duration;
+//! use ttdp_drain::{CordonOwner, DrainOptions, Drainer, EventSink, PodRules};
+//!
+//! let owner = CordonOwner {
+//!     owner: "my-operator/upgrade".into(),
+//!     owner_annotation: "example.com/cordoned-by".into(),
+//!     time_annotation: "example.com/cordoned-at".into(),
+//! };
+//! let drainer = Drainer::new(client).with_events(EventSink::new(|e| println!("{e:?}")));
+//! drainer.cordon("node-1", &owner).await?;
+//! let options = DrainOptions {
+//!     rules: PodRules { ignore_daemonsets: true, delete_emptydir_data: true, ..Default::default() },
+//!     timeout: Some(Duration::from_secs(600)),
+//!     ..Default::default()
+//! };
+//! let report = drainer.drain("node-1", &options).await?;
+//! println!("evicted {} pods", report.evicted.len());
+//! // ... change the node ...
+//! drainer.uncordon("node-1", &owner).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Pieces
+//! - [`cordon()`] / [`uncordon()`]: ownership recorded in caller-named annotations; a node
+//!   cordoned by someone else is reported ([`CordonOutcome::External`]) and never claimed or
+//!   lifted.
+//! - [`classify()`]: the pure per-pod decision ([`Disposition`] and [`Reason`]), in kubectl's
+//!   order with kubectl's messages; see the [`classify`](mod@classify) module.
+//! - [`Drainer::drain`]: list the node's pods (`spec.nodeName` field selector only), classify,
+//!   refuse or remove, wait until gone by UID, all under an optional timeout.
+//! - [`TwoPassDrain`] / [`Drainer::drain_two_pass`]: device users first, then the full node.
+//! - [`DrainEvent`]s through an [`EventSink`], and [`CounterSnapshot`] counters for metrics.
+//!
+//! # Differences from `kubectl drain`
+//! The set of pods removed is the same as `kubectl drain` with the same flags. How they are
+//! removed differs in these places:
+//! - **Selector**: `--pod-selector` is evaluated here, not by the API server, so unselected
+//!   pods still appear in the result (as [`Reason::NotSelected`]) and a caller can show them.
+//! - **Finished pods** (`Succeeded`/`Failed`) are deleted, not evicted. The Eviction API deletes
+//!   them without consulting budgets anyway; deleting says so plainly (this needs `delete` on
+//!   pods as well as `create` on `pods/eviction`).
+//! - **Refused pods**: like kubectl, any refused pod stops the drain before anything is
+//!   removed; [`OnRefused::Skip`] instead leaves refused pods and removes the rest.
+//! - **Concurrency**: kubectl sends every eviction at once; here at most
+//!   [`DrainOptions::concurrency`] requests are in flight (a pod waiting out a back-off does not
+//!   hold a slot), which keeps a node with many pods from flooding the API server.
+//! - **Budget back-off**: kubectl retries a 429 every 5 s; here the delay doubles from
+//!   [`Backoff::initial`] to [`Backoff::max`] with jitter, so blocked pods neither spin nor
+//!   retry in lock-step.
+//! - **Transient errors** (5xx, connection failures) are retried with the same back-off until the
+//!   timeout; kubectl gives up on the pod at once. Other errors fail the pod, the other pods
+//!   carry on, and the drain ends with [`DrainError::Failed`].
+//! - **UID preconditions**: every eviction and deletion carries the pod's UID, so a new pod that
+//!   took the name of a removed one (a StatefulSet replica) is never removed by mistake.
+//! - **Waiting**: one `LIST` of the node's pods per [`DrainOptions::poll_interval`] instead of
+//!   one `GET` per pod per second; a pod is gone when no pod with its UID is left on the node.
+//! - **Timeout**: kubectl reports "global timeout reached"; here [`DrainError::Timeout`] names
+//!   every remaining pod and why, e.g. `default/web-0: eviction blocked by PodDisruptionBudget
+//!   default/web-pdb (0 disruptions allowed)` or `default/db-0: still terminating (deletion
+//!   requested 42s ago; grace period 30s; finalizers: example.com/flush)`.
+//! - **Cordon ownership**: kubectl does not record who cordoned a node and `kubectl uncordon`
+//!   lifts any cordon. Here the owner and time are recorded and only the owner's cordon is
+//!   lifted. Like kubectl, a drain still runs on a node someone else cordoned.
+//! - **Dry run** is client-side only (`--dry-run=client`); there is no server dry run.
+//! - **Device scope and two passes** ([`DevicePredicate`], [`TwoPassDrain`]) are not in kubectl.
+//! - **Events** replace kubectl's printed lines; `examples/drain.rs` prints them in kubectl's
+//!   words.
 #![deny(missing_docs)]
+
+mod backoff;
+mod budget;
+pub mod classify;
+mod cordon;
+mod counters;
+mod device;
+mod drainer;
+mod error;
+mod event;
+mod node_pods;
+mod pod_ref;
+mod removal;
+mod report;
+mod two_pass;
+
+pub use backoff::Backoff;
+pub use budget::{BudgetFound, find_budget, selects as budget_selects};
+pub use classify::{
+    CallerVerdict, ClassifyContext, DaemonSetLookup, Disposition, PodDecision, PodPredicate,
+    PodRules, Reason, classify, classify_all,
+};
+pub use cordon::{CordonOutcome, CordonOwner, UncordonOutcome, cordon, uncordon};
+pub use counters::{CounterSnapshot, DrainCounters};
+pub use device::DevicePredicate;
+pub use drainer::{DrainOptions, Drainer, OnRefused};
+pub use error::DrainError;
+pub use event::{DrainEvent, DrainEventKind, EventSink, Pass, Removal};
+pub use node_pods::list_node_pods;
+pub use pod_ref::{ObjectKey, PodRef};
+pub use report::{DrainReport, StuckPod, StuckReason};
+pub use two_pass::{TwoPassDrain, TwoPassReport};

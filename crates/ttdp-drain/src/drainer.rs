@@ -1,0 +1,315 @@
+//! [`Drainer`]: plans and runs drains of nodes, reporting progress as [`DrainEvent`]s.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::Api;
+use tokio::time::Instant;
+
+use crate::backoff::Backoff;
+use crate::classify::{
+    ClassifyContext, DaemonSetLookup, Disposition, PodDecision, PodRules, classify,
+    daemonset_to_look_up,
+};
+use crate::cordon::{CordonOutcome, CordonOwner, UncordonOutcome, cordon, uncordon};
+use crate::counters::{Counter, CounterSnapshot, DrainCounters};
+use crate::error::DrainError;
+use crate::event::{DrainEvent, DrainEventKind, EventSink, Pass, Removal};
+use crate::node_pods::list_node_pods;
+use crate::removal::{Removals, Settings};
+use crate::report::DrainReport;
+
+/// What to do when some pods are refused ([`Disposition::Refuse`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnRefused {
+    /// Remove nothing and fail with [`DrainError::Refused`] (what `kubectl drain` does).
+    #[default]
+    Fail,
+    /// Leave the refused pods and remove the others.
+    Skip,
+}
+
+/// How one drain runs. [`Default`] matches `kubectl drain` without flags, except that requests
+/// are bounded to 16 at a time and 429s back off from 1 s to 10 s.
+#[derive(Clone, Debug)]
+pub struct DrainOptions {
+    /// Which pods are removed.
+    pub rules: PodRules,
+    /// Give up after this long (`--timeout`); `None` waits forever.
+    pub timeout: Option<Duration>,
+    /// Delete pods instead of evicting them, bypassing PodDisruptionBudgets
+    /// (`--disable-eviction`).
+    pub disable_eviction: bool,
+    /// Grace period for the pods' termination (`--grace-period`); `None` uses each pod's own.
+    pub grace_period: Option<u32>,
+    /// Only list and classify; remove nothing (`--dry-run=client`).
+    pub dry_run: bool,
+    /// What to do when some pods are refused.
+    pub on_refused: OnRefused,
+    /// At most this many eviction or deletion requests in flight at once (at least 1).
+    pub concurrency: usize,
+    /// Back-off between retries of a blocked or failed eviction.
+    pub backoff: Backoff,
+    /// How often the node's pods are listed while waiting for removed pods to go.
+    pub poll_interval: Duration,
+}
+
+impl Default for DrainOptions {
+    fn default() -> Self {
+        Self {
+            rules: PodRules::default(),
+            timeout: None,
+            disable_eviction: false,
+            grace_period: None,
+            dry_run: false,
+            on_refused: OnRefused::Fail,
+            concurrency: 16,
+            backoff: Backoff::default(),
+            poll_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Drains nodes with one client. Cheap to clone; clones share the event sink and the counters.
+///
+/// Every method is cancellation-safe: dropping its future leaves the cluster in a state the next
+/// call picks up from (a cordon is one atomic write; a drain lists the node's pods afresh, and
+/// evicting an already terminating pod is harmless).
+#[derive(Clone)]
+pub struct Drainer {
+    client: Client,
+    events: Option<EventSink>,
+    counters: Arc<DrainCounters>,
+}
+
+impl fmt::Debug for Drainer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Drainer")
+            .field("events", &self.events)
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drainer {
+    /// A drainer using `client`, without an event sink.
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            events: None,
+            counters: Arc::default(),
+        }
+    }
+
+    /// Deliver progress events to `sink`.
+    pub fn with_events(mut self, sink: EventSink) -> Self {
+        self.events = Some(sink);
+        self
+    }
+
+    /// The counters of every drain run by this drainer and its clones.
+    pub fn counters(&self) -> CounterSnapshot {
+        self.counters.snapshot()
+    }
+
+    /// The client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// [`cordon()`](crate::cordon()) with this drainer's client.
+    pub async fn cordon(
+        &self,
+        node: &str,
+        owner: &CordonOwner,
+    ) -> Result<CordonOutcome, DrainError> {
+        cordon(&self.client, node, owner).await
+    }
+
+    /// [`uncordon()`](crate::uncordon()) with this drainer's client.
+    pub async fn uncordon(
+        &self,
+        node: &str,
+        owner: &CordonOwner,
+    ) -> Result<UncordonOutcome, DrainError> {
+        uncordon(&self.client, node, owner).await
+    }
+
+    pub(crate) fn emit(&self, node: &str, kind: DrainEventKind) {
+        if let Some(sink) = &self.events {
+            sink.emit(&DrainEvent {
+                node: node.to_owned(),
+                kind,
+            });
+        }
+    }
+
+    /// List the pods of `node` and classify each with `rules`, changing nothing.
+    pub async fn plan(&self, node: &str, rules: &PodRules) -> Result<Vec<PodDecision>, DrainError> {
+        Ok(self
+            .plan_pods(node, rules)
+            .await?
+            .into_iter()
+            .map(|(_, d)| d)
+            .collect())
+    }
+
+    async fn plan_pods(
+        &self,
+        node: &str,
+        rules: &PodRules,
+    ) -> Result<Vec<(Pod, PodDecision)>, DrainError> {
+        let pods = list_node_pods(&self.client, node).await.map_err(|source| {
+            self.counters.bump(Counter::RequestError);
+            DrainError::ListPods {
+                node: node.to_owned(),
+                source,
+            }
+        })?;
+        let wanted: BTreeSet<_> = pods
+            .iter()
+            .filter_map(|p| daemonset_to_look_up(p, rules))
+            .collect();
+        let mut daemonsets = BTreeMap::new();
+        for key in wanted {
+            let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &key.namespace);
+            match api.get_opt(&key.name).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    daemonsets.insert(key, DaemonSetLookup::Missing);
+                }
+                Err(e) => {
+                    self.counters.bump(Counter::RequestError);
+                    daemonsets.insert(key, DaemonSetLookup::Failed(e.to_string()));
+                }
+            }
+        }
+        let ctx = ClassifyContext {
+            now: Timestamp::now(),
+            daemonsets,
+        };
+        Ok(pods
+            .into_iter()
+            .map(|pod| {
+                let decision = classify(&pod, rules, &ctx);
+                (pod, decision)
+            })
+            .collect())
+    }
+
+    /// Drain `node`: list and classify its pods, then remove the removable ones and wait until
+    /// they are gone. Does not cordon: call [`Drainer::cordon`] first, or evicted pods may come
+    /// back to the node.
+    pub async fn drain(
+        &self,
+        node: &str,
+        options: &DrainOptions,
+    ) -> Result<DrainReport, DrainError> {
+        let deadline = options.timeout.map(|t| (Instant::now() + t, t));
+        self.drain_until(node, options, deadline, None).await
+    }
+
+    /// Drain `node` with an absolute deadline shared by several passes.
+    pub(crate) async fn drain_until(
+        &self,
+        node: &str,
+        options: &DrainOptions,
+        deadline: Option<(Instant, Duration)>,
+        pass: Option<Pass>,
+    ) -> Result<DrainReport, DrainError> {
+        let started = Instant::now();
+        let mut removals = Removals::default();
+        let mut decisions = Vec::new();
+        let work = async {
+            let planned = self.plan_pods(node, &options.rules).await?;
+            decisions = planned.iter().map(|(_, d)| d.clone()).collect();
+            self.emit(
+                node,
+                DrainEventKind::Planned {
+                    decisions: decisions.clone(),
+                },
+            );
+            let refused: Vec<PodDecision> = decisions
+                .iter()
+                .filter(|d| d.disposition == Disposition::Refuse)
+                .cloned()
+                .collect();
+            if !refused.is_empty() && options.on_refused == OnRefused::Fail {
+                return Err(DrainError::Refused {
+                    node: node.to_owned(),
+                    pass,
+                    pods: refused,
+                });
+            }
+            if options.dry_run {
+                return Ok(());
+            }
+            removals = Removals::new(planned.into_iter().filter_map(|(pod, d)| {
+                let method = match d.disposition {
+                    Disposition::Evict if !options.disable_eviction => Removal::Evicted,
+                    Disposition::Evict | Disposition::Delete => Removal::Deleted,
+                    Disposition::Skip | Disposition::Refuse => return None,
+                };
+                Some((pod, method))
+            }));
+            let settings = Settings {
+                client: &self.client,
+                counters: &self.counters,
+                events: self.events.as_ref(),
+                node,
+                grace_period: options.grace_period,
+                concurrency: options.concurrency,
+                backoff: options.backoff,
+                poll_interval: options.poll_interval,
+            };
+            removals.run(&settings).await;
+            Ok(())
+        };
+        let outcome = match deadline {
+            Some((at, _)) => tokio::time::timeout_at(at, work).await.ok(),
+            None => Some(work.await),
+        };
+        let finished = match (outcome, deadline) {
+            (Some(result), _) => result,
+            (None, timeout) => Err(DrainError::Timeout {
+                node: node.to_owned(),
+                pass,
+                timeout: timeout.map(|(_, t)| t).unwrap_or_default(),
+                remaining: removals.remaining(Timestamp::now()),
+            }),
+        };
+        finished?;
+        let failed = removals.failed();
+        if !failed.is_empty() {
+            return Err(DrainError::Failed {
+                node: node.to_owned(),
+                pass,
+                failed,
+            });
+        }
+        let (evicted, deleted) = removals.gone();
+        if !options.dry_run {
+            self.emit(
+                node,
+                DrainEventKind::Done {
+                    evicted: evicted.len(),
+                    deleted: deleted.len(),
+                },
+            );
+        }
+        Ok(DrainReport {
+            node: node.to_owned(),
+            decisions,
+            evicted,
+            deleted,
+            dry_run: options.dry_run,
+            elapsed: started.elapsed(),
+        })
+    }
+}

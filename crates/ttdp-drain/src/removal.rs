@@ -1,0 +1,479 @@
+//! Removing pods: eviction (or deletion) requests with bounded concurrency and capped,
+//! jittered back-off, and waiting until every removed pod is gone, checked by UID.
+//!
+//! All state lives in [`Removals`], outside the future that does the work, so that when a
+//! timeout drops the future the caller can still say what each pod was waiting for.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::future::{self, Either};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
+use tokio::sync::{Notify, Semaphore};
+
+use crate::backoff::Backoff;
+use crate::budget::find_budget;
+use crate::counters::{Counter, DrainCounters};
+use crate::event::{DrainEvent, DrainEventKind, EventSink, Removal};
+use crate::node_pods::list_node_pods;
+use crate::pod_ref::PodRef;
+use crate::report::{StuckPod, StuckReason};
+
+/// How removal requests are made.
+#[derive(Clone, Copy)]
+pub(crate) struct Settings<'a> {
+    pub client: &'a Client,
+    pub counters: &'a DrainCounters,
+    pub events: Option<&'a EventSink>,
+    pub node: &'a str,
+    pub grace_period: Option<u32>,
+    pub concurrency: usize,
+    pub backoff: Backoff,
+    pub poll_interval: Duration,
+}
+
+impl Settings<'_> {
+    fn emit(&self, kind: DrainEventKind) {
+        if let Some(sink) = self.events {
+            sink.emit(&DrainEvent {
+                node: self.node.to_owned(),
+                kind,
+            });
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum PodState {
+    NotRequested,
+    Blocked(StuckReason),
+    Retrying(String),
+    Failed(String),
+    Accepted,
+    Gone,
+}
+
+#[derive(Debug)]
+struct Tracked {
+    pod: Pod,
+    pod_ref: PodRef,
+    method: Removal,
+    state: PodState,
+    last_seen: Option<Pod>,
+}
+
+/// The pods one drain removes and where each one stands.
+#[derive(Debug, Default)]
+pub(crate) struct Removals {
+    tracked: Mutex<Vec<Tracked>>,
+    settled: Notify,
+}
+
+/// What an API error means for a removal.
+enum ErrorKind {
+    /// 404: the pod is gone.
+    NotFound,
+    /// 409: the UID precondition failed (a new pod has the name) or another conflict.
+    Conflict,
+    /// 429: a PodDisruptionBudget (or API priority and fairness) refuses it for now.
+    TooManyRequests,
+    /// 403 with cause `NamespaceTerminating`: the namespace is being deleted with the pod.
+    NamespaceTerminating,
+    /// 5xx, 408 or a connection problem: may pass.
+    Transient,
+    /// Anything else: retrying does not help.
+    Fatal,
+}
+
+fn error_kind(error: &kube::Error) -> ErrorKind {
+    match error {
+        kube::Error::Api(status) => {
+            let has_cause = |reason: &str| {
+                status
+                    .details
+                    .as_ref()
+                    .is_some_and(|d| d.causes.iter().any(|c| c.reason == reason))
+            };
+            match status.code {
+                404 => ErrorKind::NotFound,
+                409 => ErrorKind::Conflict,
+                429 => ErrorKind::TooManyRequests,
+                403 if has_cause("NamespaceTerminating") => ErrorKind::NamespaceTerminating,
+                // The real API server answers 500 when several budgets select one pod; that
+                // does not pass by itself.
+                500 if status.message.contains("more than one PodDisruptionBudget") => {
+                    ErrorKind::Fatal
+                }
+                408 | 500..=599 => ErrorKind::Transient,
+                _ => ErrorKind::Fatal,
+            }
+        }
+        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
+            ErrorKind::Transient
+        }
+        _ => ErrorKind::Fatal,
+    }
+}
+
+fn api_message(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+impl Removals {
+    /// Track `pods`, each removed by `method`.
+    pub fn new(pods: impl IntoIterator<Item = (Pod, Removal)>) -> Self {
+        let tracked = pods
+            .into_iter()
+            .map(|(pod, method)| Tracked {
+                pod_ref: PodRef::of(&pod),
+                pod,
+                method,
+                state: PodState::NotRequested,
+                last_seen: None,
+            })
+            .collect();
+        Self {
+            tracked: Mutex::new(tracked),
+            settled: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Tracked>> {
+        // A panic while holding the lock leaves plain data behind; keep using it.
+        self.tracked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_state(&self, index: usize, state: PodState) {
+        let mut tracked = self.lock();
+        if let Some(t) = tracked.get_mut(index)
+            && !matches!(t.state, PodState::Gone)
+        {
+            t.state = state;
+        }
+    }
+
+    fn fail(&self, index: usize, error: String) {
+        self.set_state(index, PodState::Failed(error));
+        self.settled.notify_one();
+    }
+
+    /// Mark a pod gone; emits [`DrainEventKind::Gone`] the first time.
+    fn mark_gone(&self, index: usize, s: &Settings<'_>) {
+        let gone = {
+            let mut tracked = self.lock();
+            match tracked.get_mut(index) {
+                Some(t) if !matches!(t.state, PodState::Gone) => {
+                    t.state = PodState::Gone;
+                    Some((t.pod_ref.clone(), t.method))
+                }
+                _ => None,
+            }
+        };
+        if let Some((pod, removal)) = gone {
+            s.counters.bump(Counter::PodGone);
+            tracing::debug!(node = s.node, %pod, "pod gone");
+            s.emit(DrainEventKind::Gone { pod, removal });
+            self.settled.notify_one();
+        }
+    }
+
+    fn all_settled(&self) -> bool {
+        self.lock()
+            .iter()
+            .all(|t| matches!(t.state, PodState::Gone | PodState::Failed(_)))
+    }
+
+    fn is_gone(&self, index: usize) -> bool {
+        self.lock()
+            .get(index)
+            .is_none_or(|t| matches!(t.state, PodState::Gone))
+    }
+
+    /// Request every removal and wait until every pod is gone or failed.
+    pub async fn run(&self, s: &Settings<'_>) {
+        let semaphore = Semaphore::new(s.concurrency.max(1));
+        let count = self.lock().len();
+        let requests =
+            future::join_all((0..count).map(|i| self.request_until_accepted(i, s, &semaphore)));
+        let waiting = self.wait_until_gone(s);
+        futures::pin_mut!(requests, waiting);
+        // The waiter ends once every pod is gone or failed; request loops still sleeping in
+        // back-off then have nothing left to do.
+        if let Either::Left((_, waiting)) = future::select(requests, waiting).await {
+            waiting.await;
+        }
+    }
+
+    async fn request_until_accepted(&self, index: usize, s: &Settings<'_>, slots: &Semaphore) {
+        let Some((pod, pod_ref, method)) = self
+            .lock()
+            .get(index)
+            .map(|t| (t.pod.clone(), t.pod_ref.clone(), t.method))
+        else {
+            return;
+        };
+        let pods: Api<Pod> = Api::namespaced(s.client.clone(), &pod_ref.namespace);
+        let mut attempt: u32 = 0;
+        loop {
+            if self.is_gone(index) {
+                return;
+            }
+            let result = {
+                let Ok(_slot) = slots.acquire().await else {
+                    return;
+                };
+                request(&pods, &pod_ref, method, attempt, s).await
+            };
+            let error = match result {
+                Ok(()) => {
+                    self.set_state(index, PodState::Accepted);
+                    return;
+                }
+                Err(error) => error,
+            };
+            let retry_in = s.backoff.delay(attempt);
+            match error_kind(&error) {
+                ErrorKind::NotFound => {
+                    self.mark_gone(index, s);
+                    return;
+                }
+                ErrorKind::NamespaceTerminating => {
+                    self.set_state(index, PodState::Accepted);
+                    return;
+                }
+                ErrorKind::Conflict => match pods.get_opt(&pod_ref.name).await {
+                    Ok(current)
+                        if current
+                            .as_ref()
+                            .is_none_or(|p| PodRef::of(p).uid != pod_ref.uid) =>
+                    {
+                        self.mark_gone(index, s);
+                        return;
+                    }
+                    _ => {
+                        s.counters.bump(Counter::RequestError);
+                        let error = api_message(&error);
+                        self.set_state(index, PodState::Retrying(error.clone()));
+                        s.emit(DrainEventKind::RequestFailed {
+                            pod: pod_ref.clone(),
+                            error,
+                            retry_in,
+                        });
+                    }
+                },
+                ErrorKind::TooManyRequests => {
+                    s.counters.bump(Counter::BudgetBlock);
+                    let found = match find_budget(s.client, &pod).await {
+                        Ok(found) => found,
+                        Err(e) => {
+                            s.counters.bump(Counter::RequestError);
+                            tracing::debug!(pod = %pod_ref, error = %e, "cannot look up the pod's disruption budget");
+                            None
+                        }
+                    };
+                    let (budget, disruptions_allowed) = match found {
+                        Some(f) => (Some(f.budget), f.disruptions_allowed),
+                        None => (None, None),
+                    };
+                    let message = api_message(&error);
+                    tracing::info!(node = s.node, pod = %pod_ref, ?budget, retry_in_ms = retry_in.as_millis() as u64, "eviction blocked by a disruption budget");
+                    self.set_state(
+                        index,
+                        PodState::Blocked(StuckReason::Blocked {
+                            budget: budget.clone(),
+                            disruptions_allowed,
+                            message: message.clone(),
+                        }),
+                    );
+                    s.emit(DrainEventKind::EvictionBlocked {
+                        pod: pod_ref.clone(),
+                        budget,
+                        disruptions_allowed,
+                        message,
+                        retry_in,
+                    });
+                }
+                ErrorKind::Transient => {
+                    s.counters.bump(Counter::RequestError);
+                    let error = api_message(&error);
+                    tracing::warn!(node = s.node, pod = %pod_ref, %error, "removal request failed, retrying");
+                    self.set_state(index, PodState::Retrying(error.clone()));
+                    s.emit(DrainEventKind::RequestFailed {
+                        pod: pod_ref.clone(),
+                        error,
+                        retry_in,
+                    });
+                }
+                ErrorKind::Fatal => {
+                    s.counters.bump(Counter::RequestError);
+                    let error = api_message(&error);
+                    tracing::warn!(node = s.node, pod = %pod_ref, %error, "removal request failed");
+                    self.fail(index, error);
+                    return;
+                }
+            }
+            attempt = attempt.saturating_add(1);
+            tokio::time::sleep(retry_in).await;
+        }
+    }
+
+    async fn wait_until_gone(&self, s: &Settings<'_>) {
+        loop {
+            if self.all_settled() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(s.poll_interval) => {}
+                _ = self.settled.notified() => continue,
+            }
+            let pods = match list_node_pods(s.client, s.node).await {
+                Ok(pods) => pods,
+                Err(error) => {
+                    s.counters.bump(Counter::RequestError);
+                    tracing::warn!(node = s.node, %error, "cannot list the node's pods while waiting; retrying");
+                    continue;
+                }
+            };
+            let by_uid: HashMap<String, Pod> =
+                pods.into_iter().map(|p| (PodRef::of(&p).uid, p)).collect();
+            let vanished: Vec<usize> = {
+                let mut tracked = self.lock();
+                let mut vanished = Vec::new();
+                for (i, t) in tracked.iter_mut().enumerate() {
+                    if matches!(t.state, PodState::Gone) {
+                        continue;
+                    }
+                    match by_uid.get(&t.pod_ref.uid) {
+                        Some(current) => t.last_seen = Some(current.clone()),
+                        None => vanished.push(i),
+                    }
+                }
+                vanished
+            };
+            for i in vanished {
+                self.mark_gone(i, s);
+            }
+        }
+    }
+
+    /// Pods gone, split into evicted and deleted.
+    pub fn gone(&self) -> (Vec<PodRef>, Vec<PodRef>) {
+        let mut evicted = Vec::new();
+        let mut deleted = Vec::new();
+        for t in self.lock().iter() {
+            if matches!(t.state, PodState::Gone) {
+                match t.method {
+                    Removal::Evicted => evicted.push(t.pod_ref.clone()),
+                    Removal::Deleted => deleted.push(t.pod_ref.clone()),
+                }
+            }
+        }
+        (evicted, deleted)
+    }
+
+    /// Pods whose removal failed for good.
+    pub fn failed(&self) -> Vec<StuckPod> {
+        self.lock()
+            .iter()
+            .filter_map(|t| match &t.state {
+                PodState::Failed(error) => Some(StuckPod {
+                    pod: t.pod_ref.clone(),
+                    why: StuckReason::Failed {
+                        error: error.clone(),
+                    },
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every pod not gone, with why, as of `now`.
+    pub fn remaining(&self, now: Timestamp) -> Vec<StuckPod> {
+        self.lock()
+            .iter()
+            .filter(|t| !matches!(t.state, PodState::Gone))
+            .map(|t| StuckPod {
+                pod: t.pod_ref.clone(),
+                why: stuck_reason(t, now),
+            })
+            .collect()
+    }
+}
+
+fn stuck_reason(t: &Tracked, now: Timestamp) -> StuckReason {
+    match &t.state {
+        PodState::NotRequested => StuckReason::NotRequested,
+        PodState::Blocked(reason) => reason.clone(),
+        PodState::Retrying(error) => StuckReason::Retrying {
+            error: error.clone(),
+        },
+        PodState::Failed(error) => StuckReason::Failed {
+            error: error.clone(),
+        },
+        PodState::Accepted | PodState::Gone => {
+            let seen = t.last_seen.as_ref().unwrap_or(&t.pod);
+            let Some(deletion) = &seen.metadata.deletion_timestamp else {
+                return StuckReason::Accepted;
+            };
+            let grace = seen.metadata.deletion_grace_period_seconds;
+            let requested = deletion
+                .0
+                .checked_sub(jiff::SignedDuration::from_secs(grace.unwrap_or(0)))
+                .unwrap_or(deletion.0);
+            let waiting = Duration::try_from(now.duration_since(requested)).ok();
+            StuckReason::Terminating {
+                waiting,
+                grace_period_seconds: grace,
+                finalizers: seen.metadata.finalizers.clone().unwrap_or_default(),
+            }
+        }
+    }
+}
+
+/// One eviction or deletion request.
+async fn request(
+    pods: &Api<Pod>,
+    pod: &PodRef,
+    method: Removal,
+    attempt: u32,
+    s: &Settings<'_>,
+) -> Result<(), kube::Error> {
+    let delete = DeleteParams {
+        grace_period_seconds: s.grace_period,
+        preconditions: Some(Preconditions {
+            uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match method {
+        Removal::Evicted => {
+            if attempt == 0 {
+                s.emit(DrainEventKind::Evicting { pod: pod.clone() });
+            }
+            s.counters.bump(Counter::EvictionRequest);
+            let params = EvictParams {
+                delete_options: Some(delete),
+                ..EvictParams::default()
+            };
+            pods.evict(&pod.name, &params).await?;
+            s.counters.bump(Counter::Eviction);
+        }
+        Removal::Deleted => {
+            if attempt == 0 {
+                s.emit(DrainEventKind::Deleting { pod: pod.clone() });
+            }
+            s.counters.bump(Counter::DeletionRequest);
+            pods.delete(&pod.name, &delete).await?;
+            s.counters.bump(Counter::Deletion);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! [`TwoPassDrain`]: a device pass, then an optional full-node pass, under one deadline.
+//!
+//! Pass 1 ([`Pass::Device`]) removes the pods that use a device (see [`DevicePredicate`]) and
+//! waits until they are gone, so the device is free as early as possible. Pass 2
+//! ([`Pass::FullNode`]) is kubectl-drain semantics restricted by a pod selector, for what pass 1
+//! cannot see (e.g. privileged containers that get the device without a `hostPath`).
+//!
+//! Both passes skip DaemonSet pods (a DaemonSet pod would come straight back; callers that need
+//! DaemonSet pods gone steer them away with node labels instead). `force` applies to both
+//! passes. `delete_emptydir_data` applies to pass 2 only: pass 1 removes device users even when
+//! they have `emptyDir` volumes, because the device cannot be freed otherwise.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use ttdp_api::selector::Selector;
+
+use crate::classify::PodRules;
+use crate::device::DevicePredicate;
+use crate::drainer::{DrainOptions, Drainer};
+use crate::error::DrainError;
+use crate::event::{DrainEventKind, Pass};
+use crate::report::DrainReport;
+
+/// A two-pass drain.
+#[derive(Clone, Debug)]
+pub struct TwoPassDrain {
+    /// Which pods use the device (pass 1).
+    pub device: DevicePredicate,
+    /// Whether pass 2 runs.
+    pub full_node: bool,
+    /// Restricts pass 2 to matching pods; the empty selector sweeps every pod.
+    pub pod_selector: Selector,
+    /// Remove pods without a controller (both passes).
+    pub force: bool,
+    /// Remove pods with `emptyDir` volumes in pass 2.
+    pub delete_emptydir_data: bool,
+    /// Everything else: `timeout` is the deadline for both passes together; `rules.extra` and
+    /// `rules.skip_wait_for_delete_timeout` apply to both passes; the other fields of `rules`
+    /// are replaced by the ones above.
+    pub options: DrainOptions,
+}
+
+/// What a finished two-pass drain did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TwoPassReport {
+    /// Pass 1.
+    pub device: DrainReport,
+    /// Pass 2, if it ran.
+    pub full_node: Option<DrainReport>,
+}
+
+impl TwoPassDrain {
+    /// The passes that run, in order.
+    pub fn passes(&self) -> Vec<Pass> {
+        if self.full_node {
+            vec![Pass::Device, Pass::FullNode]
+        } else {
+            vec![Pass::Device]
+        }
+    }
+
+    /// The options of one pass.
+    pub fn pass_options(&self, pass: Pass) -> DrainOptions {
+        let base = &self.options.rules;
+        let rules = match pass {
+            Pass::Device => PodRules {
+                ignore_daemonsets: true,
+                delete_emptydir_data: true,
+                force: self.force,
+                selector: Selector::default(),
+                device: Some(self.device.clone()),
+                skip_wait_for_delete_timeout: base.skip_wait_for_delete_timeout,
+                extra: base.extra.clone(),
+            },
+            Pass::FullNode => PodRules {
+                ignore_daemonsets: true,
+                delete_emptydir_data: self.delete_emptydir_data,
+                force: self.force,
+                selector: self.pod_selector.clone(),
+                device: None,
+                skip_wait_for_delete_timeout: base.skip_wait_for_delete_timeout,
+                extra: base.extra.clone(),
+            },
+        };
+        DrainOptions {
+            rules,
+            ..self.options.clone()
+        }
+    }
+}
+
+impl Drainer {
+    /// Run `plan`'s passes on `node` one after the other, under one deadline
+    /// (`plan.options.timeout`). Emits [`DrainEventKind::PassStarted`] before each pass.
+    pub async fn drain_two_pass(
+        &self,
+        node: &str,
+        plan: &TwoPassDrain,
+    ) -> Result<TwoPassReport, DrainError> {
+        let deadline: Option<(Instant, Duration)> =
+            plan.options.timeout.map(|t| (Instant::now() + t, t));
+        let run = async |pass: Pass| {
+            self.emit(node, DrainEventKind::PassStarted { pass });
+            self.drain_until(node, &plan.pass_options(pass), deadline, Some(pass))
+                .await
+        };
+        let device = run(Pass::Device).await?;
+        let full_node = if plan.full_node {
+            Some(run(Pass::FullNode).await?)
+        } else {
+            None
+        };
+        Ok(TwoPassReport { device, full_node })
+    }
+}
