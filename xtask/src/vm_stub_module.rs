@@ -1,5 +1,5 @@
 //! Builds the stub `tenstorrent` module (`tests/vm/stub-module/`) on the host against the Debian
-//! headers, once per [`STUB_MODULES`](super::STUB_MODULES) entry, in
+//! headers, once per [`STUB_MODULES`] entry, in
 //! `<cache>/modules/<release>/<version>/`. A build is reused while its copied sources are identical
 //! to the repository's.
 

@@ -1,5 +1,5 @@
 //! A bare git repository of the stub module shaped like tt-kmd's: one commit and one tag
-//! `ttkmd-<version>` per [`STUB_MODULES`](super::STUB_MODULES) entry, each carrying its version in a
+//! `ttkmd-<version>` per [`STUB_MODULES`] entry, each carrying its version in a
 //! `VERSION` file (and a `FAIL_INIT` marker for the broken one), so a plain
 //! `make -C <build tree> M=<src> modules` builds it. Guests that build modules (with the host's
 //! `/usr`) fetch from it the way the agent fetches tt-kmd.
