@@ -302,7 +302,9 @@ pub fn run(args: &[String]) -> Result<()> {
                 })
             },
         )?;
-        reports.push(vm_test_report::ScenarioReport::new(scenario.name, boot));
+        let report = vm_test_report::ScenarioReport::new(scenario.name, boot);
+        report.print();
+        reports.push(report);
     }
-    vm_test_report::print_and_judge(&reports, started.elapsed())
+    vm_test_report::judge(&reports, started.elapsed())
 }

@@ -98,36 +98,50 @@ fn is_plain_summary(line: &str) -> bool {
     matches!(words.as_slice(), [p, "passed", f, "failed", ..] if p.parse::<u64>().is_ok() && f.parse::<u64>().is_ok())
 }
 
-/// Prints every scenario's output and a summary; fails if any scenario failed.
-pub fn print_and_judge(reports: &[ScenarioReport], total: Duration) -> Result<()> {
+impl ScenarioReport {
+    /// Prints the scenario's output (and the kernel console when it failed).
+    pub fn print(&self) {
+        println!("\n===== vm-test scenario {}: output =====", self.name);
+        print!("{}", self.boot.output);
+        if self.failure().is_some() {
+            println!(
+                "\n----- vm-test scenario {}: kernel console -----",
+                self.name
+            );
+            print!("{}", self.boot.console);
+        }
+        println!(
+            "===== vm-test scenario {}: {} passed, {} failed, boot cycle {:.1} s, serial logs in {} =====\n",
+            self.name,
+            self.counts.passed,
+            self.counts.failed,
+            self.boot.elapsed.as_secs_f64(),
+            self.boot.run_dir.display()
+        );
+    }
+}
+
+/// Prints the summary; fails if any scenario failed.
+pub fn judge(reports: &[ScenarioReport], total: Duration) -> Result<()> {
     let mut failed = Vec::new();
     let mut sum = Counts::default();
     for report in reports {
-        println!("\n===== vm-test scenario {}: output =====", report.name);
-        print!("{}", report.boot.output);
-        let failure = report.failure();
-        if failure.is_some() {
-            println!(
-                "\n----- vm-test scenario {}: kernel console -----",
-                report.name
-            );
-            print!("{}", report.boot.console);
-        }
+        sum.passed += report.counts.passed;
+        sum.failed += report.counts.failed;
+        let outcome = report.failure();
         println!(
-            "===== vm-test scenario {}: {} passed, {} failed, boot cycle {:.1} s, serial logs in {} =====",
+            "vm-test: scenario {:<12} {:>3} passed, {:>3} failed, {:6.1} s  {}",
             report.name,
             report.counts.passed,
             report.counts.failed,
             report.boot.elapsed.as_secs_f64(),
-            report.boot.run_dir.display()
+            outcome.as_deref().unwrap_or("ok")
         );
-        sum.passed += report.counts.passed;
-        sum.failed += report.counts.failed;
-        if let Some(why) = failure {
+        if let Some(why) = outcome {
             failed.push(format!("{}: {why}", report.name));
         }
     }
-    println!("\nvm-test: total {:.1} s", total.as_secs_f64());
+    println!("vm-test: total {:.1} s", total.as_secs_f64());
     println!("vm-test: {} passed, {} failed", sum.passed, sum.failed);
     if !failed.is_empty() {
         bail!("vm-test failed:\n  {}", failed.join("\n  "));
