@@ -1,6 +1,21 @@
-//! kubectl tt driver: one view of TenstorrentDriverPolicy rollouts.
+//! `kubectl-tt-driver`: run as `kubectl tt driver ...` (kubectl's plugin mechanism finds it on
+//! the PATH). Parses the command line and hands over to the library.
 
-fn main() {
-    eprintln!("kubectl-tt-driver: not implemented yet");
-    std::process::exit(2);
+use std::process::ExitCode;
+
+use clap::Parser;
+use kubectl_tt_driver::{Cli, run};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut out = std::io::stdout().lock();
+    let mut err = std::io::stderr();
+    match run(cli, &mut out, &mut err).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,0 +1,262 @@
+//! The command line: `kubectl tt driver [status|nodes|describe|watch|pause|resume|retry|completion]`.
+//!
+//! The connection flags are kubectl's (`--kubeconfig`, `--context`, `--cluster`, `--user`,
+//! `-n/--namespace`, `--request-timeout`) and `KUBECONFIG` is honoured the same way, so the plugin
+//! talks to whatever `kubectl` talks to.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+const AFTER_HELP: &str = "\
+States and colours: Done (green); Cordoning, Draining, Upgrading, Uncordoning (cyan);
+Pending and paused policies (yellow); Failed, Conflict (red); HostManaged (grey).
+Colours are off when stdout is not a terminal, with --no-color, or when NO_COLOR is set.
+
+Examples:
+  kubectl tt driver                      # every policy, one column per node
+  kubectl tt driver -o wide              # one row per node instead
+  kubectl tt driver nodes default        # why is a node stuck?
+  kubectl tt driver describe default     # spec, conditions, nodes, recent Events
+  kubectl tt driver watch                # redraw on every change
+  kubectl tt driver pause default        # stop starting new upgrade steps
+  kubectl tt driver retry default node-3 # retry a Failed node now";
+
+/// `kubectl tt driver`: one view of TenstorrentDriverPolicy rollouts.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl-tt-driver",
+    bin_name = "kubectl tt driver",
+    version,
+    about = "One view of TenstorrentDriverPolicy rollouts: policies, nodes, states and versions",
+    long_about = "One view of TenstorrentDriverPolicy rollouts: every policy (CR), the state and loaded \
+tt-kmd version of each of its nodes, and what needs attention. Without a subcommand it runs `status`.",
+    after_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    /// How to reach the cluster.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+
+    /// Never colour the output (also: NO_COLOR set to anything).
+    #[arg(long, global = true)]
+    pub no_color: bool,
+
+    /// What to do (default: status).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Options of the default `status` command.
+    #[command(flatten)]
+    pub status: StatusArgs,
+}
+
+/// kubectl's connection flags.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ConnectionArgs {
+    /// Path to the kubeconfig file (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The kubeconfig context to use.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
+
+    /// The kubeconfig cluster to use.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub cluster: Option<String>,
+
+    /// The kubeconfig user to use.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub user: Option<String>,
+
+    /// Namespace of the operator's DaemonSets (default: search every namespace). Policies are
+    /// cluster-scoped.
+    #[arg(short = 'n', long, global = true, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// How long to wait for a single request, like kubectl's: `0` (no limit), `30s`, `2m`, `1h`.
+    #[arg(long, global = true, value_name = "DURATION", value_parser = parse_timeout)]
+    pub request_timeout: Option<Duration>,
+}
+
+/// Parses kubectl's `--request-timeout`: a number with an optional `s`, `m` or `h` unit.
+pub fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {text:?}: use e.g. 0, 30s, 2m or 1h"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("invalid duration unit in {text:?}: use s, m or h")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Output {
+    /// Human-readable table (the default).
+    #[default]
+    Table,
+    /// status: one row per node and one column per policy; nodes: same as table.
+    Wide,
+    /// JSON with stable field names.
+    Json,
+    /// YAML with stable field names.
+    Yaml,
+}
+
+/// Options of `status`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct StatusArgs {
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t)]
+    pub output: Output,
+
+    /// After printing, keep watching and redraw on every change (Ctrl-C to stop).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+}
+
+/// Options of `nodes`.
+#[derive(Debug, Clone, Args)]
+pub struct NodesArgs {
+    /// Only this policy's nodes (default: every policy).
+    #[arg(value_name = "POLICY")]
+    pub policy: Option<String>,
+
+    /// Output format (`wide` is the same as `table`).
+    #[arg(short = 'o', long, value_enum, default_value_t)]
+    pub output: Output,
+
+    /// After printing, keep watching and redraw on every change (Ctrl-C to stop).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// One row per policy, one column per node: state and loaded version (the default).
+    #[command(after_help = AFTER_HELP)]
+    Status(StatusArgs),
+
+    /// One row per node: policy, state, current → target version, install mode, who cordoned
+    /// it, how long it has been in its state, and why (blocking pods, holders, build errors).
+    ///
+    /// Done nodes that a large fleet's status omits are listed from node labels.
+    Nodes(NodesArgs),
+
+    /// Everything about one policy: spec summary, DaemonSet, conditions, per-node detail and
+    /// recent Events.
+    Describe {
+        /// The policy.
+        #[arg(value_name = "POLICY")]
+        policy: String,
+    },
+
+    /// `status --watch`: redraw on every change, from a watch on the API server (no polling).
+    Watch {
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t)]
+        output: Output,
+    },
+
+    /// Pause a policy (sets spec.paused=true): no node starts a new upgrade step; steps in
+    /// flight finish; the DaemonSet keeps running.
+    Pause {
+        /// The policy.
+        #[arg(value_name = "POLICY")]
+        policy: String,
+    },
+
+    /// Resume a paused policy (sets spec.paused=false).
+    Resume {
+        /// The policy.
+        #[arg(value_name = "POLICY")]
+        policy: String,
+    },
+
+    /// Ask the controller to retry a Failed node now, without waiting for its back-off.
+    ///
+    /// How it works: the plugin sets the annotation driver.tenstorrent.com/retry on the Node to
+    /// the current time (RFC 3339). The controller sees it, retries the node's upgrade at once
+    /// (its attempt counter is kept) and removes the annotation. Only Failed nodes can be
+    /// retried; needs permission to patch nodes.
+    Retry {
+        /// The policy whose rollout failed on the node.
+        #[arg(value_name = "POLICY")]
+        policy: String,
+        /// The Failed node.
+        #[arg(value_name = "NODE")]
+        node: String,
+    },
+
+    /// Print a shell completion script for kubectl-tt-driver.
+    ///
+    /// bash: `source <(kubectl tt driver completion bash)`;
+    /// zsh: `kubectl tt driver completion zsh > "${fpath[1]}/_kubectl-tt-driver"`;
+    /// fish: `kubectl tt driver completion fish > ~/.config/fish/completions/kubectl-tt-driver.fish`.
+    Completion {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn no_subcommand_means_status_with_its_flags() {
+        let cli = Cli::try_parse_from(["kubectl-tt-driver", "-o", "json", "--context", "x"])
+            .expect("parses");
+        assert!(cli.command.is_none());
+        assert_eq!(cli.status.output, Output::Json);
+        assert_eq!(cli.connection.context.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn connection_flags_work_after_a_subcommand() {
+        let cli = Cli::try_parse_from([
+            "kubectl-tt-driver",
+            "nodes",
+            "fleet",
+            "--kubeconfig",
+            "/tmp/k",
+            "-n",
+            "ops",
+        ])
+        .expect("parses");
+        assert_eq!(
+            cli.connection.kubeconfig.as_deref(),
+            Some(std::path::Path::new("/tmp/k"))
+        );
+        assert_eq!(cli.connection.namespace.as_deref(), Some("ops"));
+    }
+
+    #[test]
+    fn request_timeouts_parse_like_kubectl() {
+        assert_eq!(parse_timeout("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_timeout("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_timeout("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_timeout("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_timeout("5 parsecs").is_err());
+        assert!(parse_timeout("").is_err());
+    }
+}

@@ -1,0 +1,268 @@
+//! What the plugin shows, gathered from the cluster: the policies, the Nodes, the DaemonSets and
+//! Events, as plain data the renderers read. Building it is [`crate::fetch`]'s job; everything
+//! here is pure.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Node;
+use ttdp_api::names::{annotations, labels};
+use ttdp_api::node_selection::NodeSelection;
+use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy};
+
+/// Everything one view needs.
+#[derive(Clone, Debug, Default)]
+pub struct Fleet {
+    /// The policies shown, sorted by name.
+    pub policies: Vec<PolicyView>,
+    /// Every Node read, by name (empty when the view does not need Nodes).
+    pub nodes: BTreeMap<String, NodeFacts>,
+}
+
+/// One policy and what belongs to it.
+#[derive(Clone, Debug)]
+pub struct PolicyView {
+    /// The custom resource as read.
+    pub policy: TenstorrentDriverPolicy,
+    /// Its DaemonSet `ttdrv-<name>`, when found and readable.
+    pub daemonset: Option<DaemonSetFacts>,
+}
+
+/// What the plugin uses of a Node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// The node's name.
+    pub name: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// `spec.unschedulable`.
+    pub unschedulable: bool,
+    /// The owner recorded in the `driver.tenstorrent.com/cordoned-by` annotation.
+    pub cordoned_by: Option<String>,
+    /// The `driver.tenstorrent.com/retry` annotation: a retry was asked for and not yet taken.
+    pub retry_requested: Option<String>,
+}
+
+impl From<&Node> for NodeFacts {
+    fn from(node: &Node) -> Self {
+        let annotations_of = node.metadata.annotations.as_ref();
+        NodeFacts {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            unschedulable: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+            cordoned_by: annotations_of.and_then(|a| a.get(annotations::CORDONED_BY).cloned()),
+            retry_requested: annotations_of.and_then(|a| a.get(annotations::RETRY).cloned()),
+        }
+    }
+}
+
+/// The rollout counters of a policy's DaemonSet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DaemonSetFacts {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Pods it should run.
+    pub desired: i32,
+    /// Pods ready.
+    pub ready: i32,
+    /// Pods running the current template.
+    pub updated: i32,
+}
+
+impl From<&DaemonSet> for DaemonSetFacts {
+    fn from(ds: &DaemonSet) -> Self {
+        let status = ds.status.clone().unwrap_or_default();
+        DaemonSetFacts {
+            namespace: ds.metadata.namespace.clone().unwrap_or_default(),
+            name: ds.metadata.name.clone().unwrap_or_default(),
+            desired: status.desired_number_scheduled,
+            ready: status.number_ready,
+            updated: status.updated_number_scheduled.unwrap_or(0),
+        }
+    }
+}
+
+/// Where a node row came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowSource {
+    /// The policy's `status.nodes`.
+    Status,
+    /// Node labels: a Done node the controller left out of `status.nodes` on a large fleet.
+    NodeLabels,
+}
+
+/// One node of one policy, as the `nodes` command lists it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeRow {
+    /// The policy.
+    pub policy: String,
+    /// The node's name.
+    pub node: String,
+    /// Where it is in the rollout.
+    pub state: NodeState,
+    /// Loaded version.
+    pub current_version: Option<String>,
+    /// Version being installed (the policy's version when the status does not say).
+    pub target_version: String,
+    /// `container` or `host`.
+    pub install_mode: Option<String>,
+    /// Who cordoned the node, from its annotation.
+    pub cordoned_by: Option<String>,
+    /// Whether the node is unschedulable (only known when Nodes were read).
+    pub unschedulable: Option<bool>,
+    /// When the node entered `state`.
+    pub since: Option<Timestamp>,
+    /// UpperCamelCase reason.
+    pub reason: Option<String>,
+    /// Human message.
+    pub message: Option<String>,
+    /// Failed attempts so far.
+    pub attempts: Option<i32>,
+    /// A retry was asked for and the controller has not taken it yet.
+    pub retry_requested: bool,
+    /// Where the row came from.
+    pub source: RowSource,
+}
+
+impl NodeRow {
+    /// `message` prefixed by `reason`, the "why" column.
+    pub fn why(&self) -> String {
+        match (&self.reason, &self.message) {
+            (Some(r), Some(m)) if !m.is_empty() => format!("{r}: {m}"),
+            (Some(r), _) => r.clone(),
+            (None, Some(m)) => m.clone(),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// The name of a policy.
+pub fn policy_name(policy: &TenstorrentDriverPolicy) -> &str {
+    policy.metadata.name.as_deref().unwrap_or("")
+}
+
+/// The `status.nodes` of a policy, empty without a status.
+pub fn listed_nodes(policy: &TenstorrentDriverPolicy) -> &[NodeStatus] {
+    policy.status.as_ref().map_or(&[], |s| s.nodes.as_slice())
+}
+
+/// `summary.nodesOmitted` of a policy.
+pub fn nodes_omitted(policy: &TenstorrentDriverPolicy) -> i32 {
+    policy
+        .status
+        .as_ref()
+        .and_then(|s| s.summary.as_ref())
+        .map_or(0, |s| s.nodes_omitted)
+}
+
+impl Fleet {
+    /// Every node named in any policy's `status.nodes`, sorted: the columns of `status`.
+    pub fn listed_node_names(&self) -> Vec<String> {
+        let names: BTreeSet<&str> = self
+            .policies
+            .iter()
+            .flat_map(|p| listed_nodes(&p.policy))
+            .map(|n| n.name.as_str())
+            .collect();
+        names.into_iter().map(str::to_owned).collect()
+    }
+
+    /// The policy called `name`.
+    pub fn policy(&self, name: &str) -> Option<&PolicyView> {
+        self.policies
+            .iter()
+            .find(|p| policy_name(&p.policy) == name)
+    }
+
+    /// One row per node of each policy, sorted by policy then node: the nodes in
+    /// `status.nodes`, plus (when the status omits Done nodes) the Nodes whose labels the
+    /// policy selects that the status does not list, shown as Done with their `kmd-version`.
+    pub fn node_rows(&self) -> Vec<NodeRow> {
+        let mut rows = Vec::new();
+        for view in &self.policies {
+            let policy = &view.policy;
+            let name = policy_name(policy);
+            let mut listed = BTreeSet::new();
+            for n in listed_nodes(policy) {
+                listed.insert(n.name.as_str());
+                let facts = self.nodes.get(&n.name);
+                rows.push(NodeRow {
+                    policy: name.to_owned(),
+                    node: n.name.clone(),
+                    state: n.state,
+                    current_version: n.current_version.clone(),
+                    target_version: n
+                        .target_version
+                        .clone()
+                        .unwrap_or_else(|| policy.spec.version.clone()),
+                    install_mode: n.install_mode.clone(),
+                    cordoned_by: facts.and_then(|f| f.cordoned_by.clone()),
+                    unschedulable: facts.map(|f| f.unschedulable),
+                    since: n.last_transition_time.as_ref().map(|t| t.0),
+                    reason: n.reason.clone(),
+                    message: n.message.clone(),
+                    attempts: n.attempts,
+                    retry_requested: facts.is_some_and(|f| f.retry_requested.is_some()),
+                    source: RowSource::Status,
+                });
+            }
+            if nodes_omitted(policy) > 0 {
+                rows.extend(self.omitted_done_rows(view, &listed));
+            }
+        }
+        rows.sort_by(|a, b| (&a.policy, &a.node).cmp(&(&b.policy, &b.node)));
+        rows
+    }
+
+    /// The Done nodes of a large-fleet policy that its status leaves out, found by labels.
+    fn omitted_done_rows(&self, view: &PolicyView, listed: &BTreeSet<&str>) -> Vec<NodeRow> {
+        let policy = &view.policy;
+        let Ok(selection) = NodeSelection::new(&policy.spec.user_selector()) else {
+            return Vec::new();
+        };
+        self.nodes
+            .values()
+            .filter(|n| !listed.contains(n.name.as_str()) && selection.matches(&n.name, &n.labels))
+            .map(|n| NodeRow {
+                policy: policy_name(policy).to_owned(),
+                node: n.name.clone(),
+                state: NodeState::Done,
+                current_version: n.labels.get(labels::KMD_VERSION).cloned(),
+                target_version: policy.spec.version.clone(),
+                install_mode: n.labels.get(labels::INSTALL_MODE).cloned(),
+                cordoned_by: n.cordoned_by.clone(),
+                unschedulable: Some(n.unschedulable),
+                since: None,
+                reason: None,
+                message: None,
+                attempts: None,
+                retry_requested: n.retry_requested.is_some(),
+                source: RowSource::NodeLabels,
+            })
+            .collect()
+    }
+}
+
+/// One Event about a policy, as `describe` lists it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EventFacts {
+    /// `Normal` or `Warning`.
+    pub type_: String,
+    /// UpperCamelCase reason.
+    pub reason: String,
+    /// When it was last seen.
+    pub last_seen: Option<Timestamp>,
+    /// How many times it happened.
+    pub count: i32,
+    /// The reporting component.
+    pub from: String,
+    /// The message.
+    pub message: String,
+}

@@ -1,0 +1,271 @@
+//! `describe CR`: the policy's spec in words, its DaemonSet, summary, conditions, per-node detail
+//! and recent Events, laid out like `kubectl describe`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::nodes::{cordoned_by, message};
+use super::policy_summary::condition_needs_attention;
+use super::{RenderOptions, version_change};
+use crate::age::age;
+use crate::fleet::{EventFacts, NodeRow, PolicyView, nodes_omitted, policy_name};
+use crate::palette::Colour;
+use crate::text_table::{Cell, Table};
+
+/// How many Events `describe` shows (the most recent).
+pub const MAX_EVENTS: usize = 20;
+
+/// A label selector as `kubectl get -l` would take it; `{}` selects everything.
+pub fn selector_text(selector: &LabelSelector) -> String {
+    let mut parts: Vec<String> = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in selector.match_expressions.iter().flatten() {
+        let values = e.values.clone().unwrap_or_default().join(",");
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
+            "Exists" => e.key.clone(),
+            "DoesNotExist" => format!("!{}", e.key),
+            other => format!("{} {other} ({values})", e.key),
+        });
+    }
+    if parts.is_empty() {
+        "{} (every Tenstorrent node)".to_owned()
+    } else {
+        parts.join(",")
+    }
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b { "true" } else { "false" }
+}
+
+fn field(out: &mut String, indent: usize, key: &str, value: &str) {
+    let label = format!("{}{key}:", " ".repeat(indent));
+    out.push_str(&format!("{label:<21}{value}\n"));
+}
+
+fn indented(table: &Table, opts: &RenderOptions) -> String {
+    table
+        .render(opts.palette)
+        .lines()
+        .map(|l| format!("  {l}\n"))
+        .collect()
+}
+
+/// The describe page of one policy. `rows` are its node rows, `events` its Events (any order).
+pub fn render(
+    view: &PolicyView,
+    rows: &[NodeRow],
+    events: &[EventFacts],
+    opts: &RenderOptions,
+) -> String {
+    let policy = &view.policy;
+    let spec = &policy.spec;
+    let drain = &spec.upgrade_policy.drain;
+    let mut out = String::new();
+    field(&mut out, 0, "Name", policy_name(policy));
+    field(
+        &mut out,
+        0,
+        "Age",
+        &age(
+            policy.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            opts.now,
+        ),
+    );
+    let observed = policy
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_generation)
+        .map_or_else(|| "none".to_owned(), |g| g.to_string());
+    let generation = policy
+        .metadata
+        .generation
+        .map_or_else(|| "-".to_owned(), |g| g.to_string());
+    field(
+        &mut out,
+        0,
+        "Generation",
+        &format!("{generation} (status observed {observed})"),
+    );
+    out.push_str("Spec:\n");
+    field(&mut out, 2, "Version", &spec.version);
+    field(&mut out, 2, "Node affinity", &selector_text(&spec.user_selector()));
+    if spec.node_selector.is_some() && spec.node_affinity.is_none() {
+        field(&mut out, 2, "", "(set through the deprecated spec.nodeSelector)");
+    }
+    let paused = if spec.paused {
+        opts.palette
+            .paint("true (no node starts a new step)", Some(Colour::Yellow))
+    } else {
+        "false".to_owned()
+    };
+    field(&mut out, 2, "Paused", &paused);
+    let drain_text = if drain.enable {
+        format!(
+            "cordon + evict device pods{}, timeout {}s",
+            if drain.full_node {
+                ", then every other pod (fullNode)"
+            } else {
+                ""
+            },
+            drain.timeout_seconds
+        )
+    } else {
+        "disabled (no cordon, no drain)".to_owned()
+    };
+    field(&mut out, 2, "Drain", &drain_text);
+    if drain.enable && drain.full_node {
+        let pods = if drain.pod_selector_label.is_empty() {
+            "every pod".to_owned()
+        } else {
+            drain.pod_selector_label.clone()
+        };
+        field(&mut out, 2, "Pass 2 pods", &pods);
+        field(&mut out, 2, "Delete emptyDir", yes_no(drain.delete_empty_dir));
+    }
+    field(&mut out, 2, "Evict bare pods", yes_no(drain.force));
+    field(&mut out, 2, "Force unload", yes_no(spec.upgrade_policy.force_unload));
+    let max_unavailable = match &spec.upgrade_policy.max_unavailable {
+        IntOrString::Int(n) => n.to_string(),
+        IntOrString::String(s) => s.clone(),
+    };
+    field(&mut out, 2, "Max unavailable", &max_unavailable);
+    field(
+        &mut out,
+        2,
+        "Installer image",
+        &format!(
+            "{} (pull {})",
+            spec.installer
+                .image
+                .as_deref()
+                .unwrap_or("<chart default>"),
+            spec.installer.image_pull_policy
+        ),
+    );
+    let ds = match &view.daemonset {
+        Some(ds) => format!(
+            "{}/{} (desired {}, ready {}, up-to-date {})",
+            ds.namespace, ds.name, ds.desired, ds.ready, ds.updated
+        ),
+        None => "<not found>".to_owned(),
+    };
+    field(&mut out, 0, "DaemonSet", &ds);
+
+    let status = policy.status.as_ref();
+    let summary = match status.and_then(|s| s.summary.as_ref()) {
+        Some(s) => {
+            let mut text = format!(
+                "matched {}, up-to-date {}, in-progress {}, pending {}, failed {}, host-managed {}, conflicts {}",
+                s.matched, s.up_to_date, s.in_progress, s.pending, s.failed, s.host_managed, s.conflicts
+            );
+            if s.nodes_omitted > 0 {
+                text.push_str(&format!(
+                    " ({} Done nodes omitted from status.nodes, listed below from node labels)",
+                    s.nodes_omitted
+                ));
+            }
+            text
+        }
+        None => "<no status yet: is ttdp-controller running?>".to_owned(),
+    };
+    field(&mut out, 0, "Summary", &summary);
+
+    out.push_str("Conditions:\n");
+    let conditions = status.map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+    if conditions.is_empty() {
+        out.push_str("  <none>\n");
+    } else {
+        let mut table = Table::new(["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"]);
+        for c in conditions {
+            let status_cell = if condition_needs_attention(c, conditions) {
+                Cell::coloured(c.status.clone(), Colour::Red)
+            } else {
+                Cell::plain(c.status.clone())
+            };
+            table.push(vec![
+                Cell::plain(c.type_.clone()),
+                status_cell,
+                Cell::plain(c.reason.clone()),
+                Cell::plain(age(Some(c.last_transition_time.0), opts.now)),
+                Cell::plain(c.message.clone()),
+            ]);
+        }
+        out.push_str(&indented(&table, opts));
+    }
+
+    out.push_str("Nodes:\n");
+    if rows.is_empty() {
+        let note = if nodes_omitted(policy) > 0 {
+            "  <none listed; Done nodes are omitted and none were found by node labels>\n"
+        } else {
+            "  <none>\n"
+        };
+        out.push_str(note);
+    } else {
+        let mut table = Table::new([
+            "NODE",
+            "STATE",
+            "VERSION",
+            "MODE",
+            "CORDONED-BY",
+            "AGE",
+            "ATTEMPTS",
+            "MESSAGE",
+        ]);
+        for row in rows {
+            table.push(vec![
+                Cell::plain(row.node.clone()),
+                Cell::coloured(row.state.as_str(), Colour::of_state(row.state)),
+                Cell::plain(version_change(
+                    row.current_version.as_deref(),
+                    &row.target_version,
+                )),
+                Cell::plain(row.install_mode.clone().unwrap_or_else(|| "-".to_owned())),
+                Cell::plain(cordoned_by(row)),
+                Cell::plain(age(row.since, opts.now)),
+                Cell::plain(row.attempts.map_or_else(|| "-".to_owned(), |a| a.to_string())),
+                Cell::plain(message(row)),
+            ]);
+        }
+        out.push_str(&indented(&table, opts));
+    }
+
+    out.push_str("Events:\n");
+    if events.is_empty() {
+        out.push_str("  <none>\n");
+    } else {
+        let mut recent: Vec<&EventFacts> = events.iter().collect();
+        recent.sort_by_key(|e| e.last_seen);
+        let skip = recent.len().saturating_sub(MAX_EVENTS);
+        let mut table = Table::new(["TYPE", "REASON", "AGE", "FROM", "MESSAGE"]);
+        for e in &recent[skip..] {
+            let type_cell = if e.type_ == "Warning" {
+                Cell::coloured(e.type_.clone(), Colour::Red)
+            } else {
+                Cell::plain(e.type_.clone())
+            };
+            let seen = age(e.last_seen, opts.now);
+            let when = if e.count > 1 {
+                format!("{seen} (x{})", e.count)
+            } else {
+                seen
+            };
+            table.push(vec![
+                type_cell,
+                Cell::plain(e.reason.clone()),
+                Cell::plain(when),
+                Cell::plain(e.from.clone()),
+                Cell::plain(e.message.clone()),
+            ]);
+        }
+        out.push_str(&indented(&table, opts));
+    }
+    out
+}

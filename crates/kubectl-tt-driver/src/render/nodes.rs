@@ -1,0 +1,80 @@
+//! The `nodes` view: one row per node of each policy, answering "why is it stuck": state,
+//! current → target version, install mode, who cordoned it, how long it has been in its state,
+//! and the controller's reason and message (blocking pods, holders, build errors).
+
+use super::{RenderOptions, version_change};
+use crate::age::age;
+use crate::fleet::{Fleet, NodeRow, RowSource, nodes_omitted, policy_name};
+use crate::palette::Colour;
+use crate::text_table::{Cell, Table};
+
+/// Column headings of the nodes table.
+pub const HEADER: [&str; 8] = [
+    "POLICY",
+    "NODE",
+    "STATE",
+    "VERSION",
+    "MODE",
+    "CORDONED-BY",
+    "AGE",
+    "MESSAGE",
+];
+
+/// The cordoned-by cell: the annotation's owner, `<other>` for a node cordoned without it,
+/// `-` when not cordoned (or unknown).
+pub fn cordoned_by(row: &NodeRow) -> String {
+    match (&row.cordoned_by, row.unschedulable) {
+        (Some(owner), _) => owner.clone(),
+        (None, Some(true)) => "<other>".to_owned(),
+        _ => "-".to_owned(),
+    }
+}
+
+/// The message cell: reason and message, and a pending retry request.
+pub fn message(row: &NodeRow) -> String {
+    let why = row.why();
+    match (row.retry_requested, why.is_empty()) {
+        (true, true) => "retry requested".to_owned(),
+        (true, false) => format!("{why} (retry requested)"),
+        (false, _) => why,
+    }
+}
+
+/// The table for these rows, and a note for each policy whose omitted Done nodes could not all
+/// be found by their labels.
+pub fn render(fleet: &Fleet, rows: &[NodeRow], opts: &RenderOptions) -> String {
+    let mut table = Table::new(HEADER);
+    for row in rows {
+        table.push(vec![
+            Cell::plain(row.policy.clone()),
+            Cell::plain(row.node.clone()),
+            Cell::coloured(row.state.as_str(), Colour::of_state(row.state)),
+            Cell::plain(version_change(
+                row.current_version.as_deref(),
+                &row.target_version,
+            )),
+            Cell::plain(row.install_mode.clone().unwrap_or_else(|| "-".to_owned())),
+            Cell::plain(cordoned_by(row)),
+            Cell::plain(age(row.since, opts.now)),
+            Cell::plain(message(row)),
+        ]);
+    }
+    let mut out = table.render(opts.palette);
+    for view in &fleet.policies {
+        let name = policy_name(&view.policy);
+        let omitted = nodes_omitted(&view.policy);
+        if omitted <= 0 {
+            continue;
+        }
+        let found = rows
+            .iter()
+            .filter(|r| r.policy == name && r.source == RowSource::NodeLabels)
+            .count();
+        if found < omitted as usize {
+            out.push_str(&format!(
+                "\nnote: {name} omits {omitted} Done nodes from its status; only {found} were found by node labels (are Nodes readable, and does the controller require the NFD label?)\n"
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,162 @@
+//! Runs a parsed command line: connects, fetches, renders, writes. The one place that decides
+//! what goes to stdout (the view) and what to stderr (warnings, "no resources" notes).
+
+use std::io::{IsTerminal, Write};
+
+use jiff::Timestamp;
+
+use crate::cli::{Cli, Command, Output};
+use crate::connection::{Connection, connect};
+use crate::error::Error;
+use crate::fetch::Extras;
+use crate::palette::Palette;
+use crate::render::{DEFAULT_WIDTH, RenderOptions, describe};
+use crate::view::{self, View};
+use crate::watch::{self, Screen};
+use crate::{completion, mutate};
+
+/// The terminal width: `COLUMNS` if set, else the terminal's, else 80.
+pub fn terminal_width() -> usize {
+    if let Some(cols) = std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<usize>().ok())
+        .filter(|c| *c > 0)
+    {
+        return cols;
+    }
+    match terminal_size::terminal_size_of(std::io::stdout()) {
+        Some((terminal_size::Width(w), _)) if w > 0 => usize::from(w),
+        _ => DEFAULT_WIDTH,
+    }
+}
+
+fn options(palette: Palette) -> RenderOptions {
+    RenderOptions {
+        palette,
+        width: terminal_width(),
+        now: Timestamp::now(),
+    }
+}
+
+/// Runs the command, writing the result to `out` and notes to `err`.
+pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result<(), Error> {
+    let palette = Palette::detect(cli.no_color);
+    let command = cli.command.unwrap_or(Command::Status(cli.status));
+    if let Command::Completion { shell } = command {
+        completion::write(shell, out);
+        return Ok(());
+    }
+    let conn = connect(&cli.connection).await?;
+    match command {
+        Command::Status(args) if args.watch => {
+            watch_view(&conn, View::Status, None, args.output, palette, out, err).await
+        }
+        Command::Status(args) => {
+            show(&conn, View::Status, None, args.output, palette, out, err).await
+        }
+        Command::Watch { output } => {
+            watch_view(&conn, View::Status, None, output, palette, out, err).await
+        }
+        Command::Nodes(args) if args.watch => {
+            let only = args.policy.as_deref();
+            watch_view(&conn, View::Nodes, only, args.output, palette, out, err).await
+        }
+        Command::Nodes(args) => {
+            let only = args.policy.as_deref();
+            show(&conn, View::Nodes, only, args.output, palette, out, err).await
+        }
+        Command::Describe { policy } => {
+            let fetched = conn
+                .fleet(
+                    Some(&policy),
+                    Extras {
+                        nodes: true,
+                        daemonsets: true,
+                    },
+                )
+                .await?;
+            let mut warnings = fetched.warnings;
+            let events = match conn.events(&policy).await {
+                Ok(events) => events,
+                Err(e) => {
+                    warnings.push(format!("cannot read events: {e}"));
+                    Vec::new()
+                }
+            };
+            warn(err, &warnings);
+            let rows = fetched.fleet.node_rows();
+            let Some(view) = fetched.fleet.policies.first() else {
+                return Err(Error::PolicyNotFound { name: policy });
+            };
+            let text = describe::render(view, &rows, &events, &options(palette));
+            write(out, &text)
+        }
+        Command::Pause { policy } => {
+            let line = mutate::set_paused(&conn, &policy, true).await?;
+            write(out, &format!("{line}\n"))
+        }
+        Command::Resume { policy } => {
+            let line = mutate::set_paused(&conn, &policy, false).await?;
+            write(out, &format!("{line}\n"))
+        }
+        Command::Retry { policy, node } => {
+            let line = mutate::retry(&conn, &policy, &node, Timestamp::now()).await?;
+            write(out, &format!("{line}\n"))
+        }
+        Command::Completion { .. } => Ok(()),
+    }
+}
+
+fn write(out: &mut impl Write, text: &str) -> Result<(), Error> {
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(Error::Write)
+}
+
+fn warn(err: &mut impl Write, warnings: &[String]) {
+    for w in warnings {
+        // stderr is best effort: a closed stderr must not turn a good answer into a failure.
+        let _ = writeln!(err, "warning: {w}");
+    }
+}
+
+async fn show(
+    conn: &Connection,
+    view: View,
+    only: Option<&str>,
+    output: Output,
+    palette: Palette,
+    out: &mut impl Write,
+    err: &mut impl Write,
+) -> Result<(), Error> {
+    let extras = Extras {
+        nodes: view == View::Nodes,
+        daemonsets: view == View::Status,
+    };
+    let fetched = conn.fleet(only, extras).await?;
+    warn(err, &fetched.warnings);
+    if fetched.fleet.policies.is_empty() && matches!(output, Output::Table | Output::Wide) {
+        let _ = writeln!(
+            err,
+            "No TenstorrentDriverPolicy resources found. Create one with spec.version and spec.nodeAffinity: {{}} (see: kubectl explain ttdp.spec)."
+        );
+        return Ok(());
+    }
+    let text = view::render(&fetched.fleet, view, output, &options(palette))?;
+    write(out, &text)
+}
+
+async fn watch_view(
+    conn: &Connection,
+    view: View,
+    only: Option<&str>,
+    output: Output,
+    palette: Palette,
+    out: &mut impl Write,
+    err: &mut impl Write,
+) -> Result<(), Error> {
+    let screen = Screen {
+        clear: std::io::stdout().is_terminal(),
+    };
+    watch::run(conn, view, only, output, screen, || options(palette), out, err).await
+}

@@ -1,0 +1,54 @@
+//! Turns a fleet into the text of a `status` or `nodes` view in the requested output format:
+//! the same function serves one-shot commands and every redraw of a watch.
+
+use crate::cli::Output;
+use crate::error::Error;
+use crate::fleet::Fleet;
+use crate::render::status::Layout;
+use crate::render::{RenderOptions, nodes, status};
+use crate::report::{nodes_report, status_report};
+
+/// Which view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum View {
+    /// The policy × node table.
+    Status,
+    /// The per-node table.
+    Nodes,
+}
+
+/// The text of `view` of `fleet` in `output` format.
+pub fn render(
+    fleet: &Fleet,
+    view: View,
+    output: Output,
+    opts: &RenderOptions,
+) -> Result<String, Error> {
+    match (view, output) {
+        (View::Status, Output::Table) => Ok(status::render(fleet, Layout::PolicyRows, opts)),
+        (View::Status, Output::Wide) => Ok(status::render(fleet, Layout::NodeRows, opts)),
+        (View::Status, Output::Json) => json(&status_report(fleet)),
+        (View::Status, Output::Yaml) => yaml(&status_report(fleet)),
+        (View::Nodes, Output::Table | Output::Wide) => {
+            Ok(nodes::render(fleet, &fleet.node_rows(), opts))
+        }
+        (View::Nodes, Output::Json) => json(&nodes_report(&fleet.node_rows())),
+        (View::Nodes, Output::Yaml) => yaml(&nodes_report(&fleet.node_rows())),
+    }
+}
+
+fn json<T: serde::Serialize>(doc: &T) -> Result<String, Error> {
+    serde_json::to_string_pretty(doc)
+        .map(|s| s + "\n")
+        .map_err(|e| Error::Encode {
+            format: "json",
+            message: e.to_string(),
+        })
+}
+
+fn yaml<T: serde::Serialize>(doc: &T) -> Result<String, Error> {
+    serde_saphyr::to_string(doc).map_err(|e| Error::Encode {
+        format: "yaml",
+        message: e.to_string(),
+    })
+}
