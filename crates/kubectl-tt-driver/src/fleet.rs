@@ -2,6 +2,7 @@
 //! Events, as plain data the renderers read. Building it is [`crate::fetch`]'s job; everything
 //! here is pure.
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
@@ -143,6 +144,41 @@ impl NodeRow {
     }
 }
 
+/// Orders names the way people count: `node-2` before `node-10` (runs of digits compare as
+/// numbers), otherwise by character; ties (`node-01` and `node-1`) fall back to plain order.
+pub fn natural_cmp(a: &str, b: &str) -> Ordering {
+    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (x.first(), y.first()) {
+            (None, None) => return a.cmp(b),
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(c), Some(d)) if c.is_ascii_digit() && d.is_ascii_digit() => {
+                let (dx, rx) = split_digits(x);
+                let (dy, ry) = split_digits(y);
+                let (tx, ty) = (trim_zeros(dx), trim_zeros(dy));
+                let order = tx.len().cmp(&ty.len()).then_with(|| tx.cmp(ty));
+                if order != Ordering::Equal {
+                    return order;
+                }
+                (x, y) = (rx, ry);
+            }
+            (Some(c), Some(d)) if c != d => return c.cmp(d),
+            _ => (x, y) = (&x[1..], &y[1..]),
+        }
+    }
+}
+
+fn split_digits(s: &[u8]) -> (&[u8], &[u8]) {
+    let end = s.iter().position(|c| !c.is_ascii_digit()).unwrap_or(s.len());
+    s.split_at(end)
+}
+
+fn trim_zeros(s: &[u8]) -> &[u8] {
+    let start = s.iter().position(|c| *c != b'0').unwrap_or(s.len());
+    &s[start..]
+}
+
 /// The name of a policy.
 pub fn policy_name(policy: &TenstorrentDriverPolicy) -> &str {
     policy.metadata.name.as_deref().unwrap_or("")
@@ -163,7 +199,8 @@ pub fn nodes_omitted(policy: &TenstorrentDriverPolicy) -> i32 {
 }
 
 impl Fleet {
-    /// Every node named in any policy's `status.nodes`, sorted: the columns of `status`.
+    /// Every node named in any policy's `status.nodes`, in [`natural_cmp`] order: the columns
+    /// of `status`.
     pub fn listed_node_names(&self) -> Vec<String> {
         let names: BTreeSet<&str> = self
             .policies
@@ -171,7 +208,9 @@ impl Fleet {
             .flat_map(|p| listed_nodes(&p.policy))
             .map(|n| n.name.as_str())
             .collect();
-        names.into_iter().map(str::to_owned).collect()
+        let mut names: Vec<String> = names.into_iter().map(str::to_owned).collect();
+        names.sort_by(|a, b| natural_cmp(a, b));
+        names
     }
 
     /// The policy called `name`.
@@ -181,7 +220,7 @@ impl Fleet {
             .find(|p| policy_name(&p.policy) == name)
     }
 
-    /// One row per node of each policy, sorted by policy then node: the nodes in
+    /// One row per node of each policy, sorted by policy then node ([`natural_cmp`]): the nodes in
     /// `status.nodes`, plus (when the status omits Done nodes) the Nodes whose labels the
     /// policy selects that the status does not list, shown as Done with their `kmd-version`.
     pub fn node_rows(&self) -> Vec<NodeRow> {
@@ -217,7 +256,11 @@ impl Fleet {
                 rows.extend(self.omitted_done_rows(view, &listed));
             }
         }
-        rows.sort_by(|a, b| (&a.policy, &a.node).cmp(&(&b.policy, &b.node)));
+        rows.sort_by(|a, b| {
+            a.policy
+                .cmp(&b.policy)
+                .then_with(|| natural_cmp(&a.node, &b.node))
+        });
         rows
     }
 
@@ -265,4 +308,19 @@ pub struct EventFacts {
     pub from: String,
     /// The message.
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn natural_order_counts_numbers() {
+        let mut names = vec!["node-10", "node-2", "node-1", "gpu", "node-02", "node-1a", "node"];
+        names.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(
+            names,
+            ["gpu", "node", "node-1", "node-1a", "node-02", "node-2", "node-10"]
+        );
+    }
 }

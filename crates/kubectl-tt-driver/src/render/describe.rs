@@ -224,6 +224,7 @@ pub fn render(
                 Cell::plain(row.node.clone()),
                 Cell::coloured(row.state.as_str(), Colour::of_state(row.state)),
                 Cell::plain(version_change(
+                    row.state,
                     row.current_version.as_deref(),
                     &row.target_version,
                 )),

@@ -8,6 +8,7 @@ pub mod policy_summary;
 pub mod status;
 
 use jiff::Timestamp;
+use ttdp_api::NodeState;
 
 use crate::palette::Palette;
 
@@ -26,7 +27,11 @@ pub struct RenderOptions {
 }
 
 /// `current → target` when they differ, else the version; `<none>` for a missing version.
-pub fn version_change(current: Option<&str>, target: &str) -> String {
+/// HostManaged and Conflict nodes are not being moved anywhere by the policy: only `current`.
+pub fn version_change(state: NodeState, current: Option<&str>, target: &str) -> String {
+    if matches!(state, NodeState::HostManaged | NodeState::Conflict) {
+        return current.unwrap_or("<none>").to_owned();
+    }
     match current {
         Some(c) if c == target => c.to_owned(),
         Some(c) => format!("{c} → {target}"),

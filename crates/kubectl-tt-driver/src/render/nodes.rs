@@ -50,6 +50,7 @@ pub fn render(fleet: &Fleet, rows: &[NodeRow], opts: &RenderOptions) -> String {
             Cell::plain(row.node.clone()),
             Cell::coloured(row.state.as_str(), Colour::of_state(row.state)),
             Cell::plain(version_change(
+                row.state,
                 row.current_version.as_deref(),
                 &row.target_version,
             )),

@@ -5,7 +5,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use ttdp_api::driver::v1alpha1::condition;
 
-use crate::fleet::{PolicyView, listed_nodes, nodes_omitted, policy_name};
+use crate::fleet::{PolicyView, nodes_omitted, policy_name};
 use crate::palette::{Colour, Palette};
 
 /// Whether a condition is one the user should look at. `Progressing` and `Paused` are
@@ -46,27 +46,32 @@ pub fn render(view: &PolicyView, palette: Palette) -> String {
             ", matched {}, up-to-date {}, in-progress {}, failed {}",
             s.matched, s.up_to_date, s.in_progress, s.failed
         ));
-        for (label, n) in [
-            ("pending", s.pending),
-            ("host-managed", s.host_managed),
-            ("conflicts", s.conflicts),
-        ] {
-            if n > 0 {
-                out.push_str(&format!(", {label} {n}"));
-            }
-        }
     }
     if policy.spec.paused {
         out.push_str(", ");
         out.push_str(&palette.paint("paused", Some(Colour::Yellow)));
     }
+    out.push('\n');
+    if let Some(s) = status.and_then(|s| s.summary.as_ref()) {
+        let others: Vec<String> = [
+            ("pending", s.pending),
+            ("host-managed", s.host_managed),
+            ("conflicts", s.conflicts),
+        ]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(label, n)| format!("{label} {n}"))
+        .collect();
+        if !others.is_empty() {
+            out.push_str(&format!("  {}\n", others.join(", ")));
+        }
+    }
     if let Some(ds) = &view.daemonset {
         out.push_str(&format!(
-            ", daemonset {}/{} ready {}/{}",
+            "  daemonset {}/{}: {}/{} ready\n",
             ds.namespace, ds.name, ds.ready, ds.desired
         ));
     }
-    out.push('\n');
 
     let Some(status) = status else {
         out.push_str(&format!(
@@ -91,9 +96,8 @@ pub fn render(view: &PolicyView, palette: Palette) -> String {
     }
     let omitted = nodes_omitted(policy);
     if omitted > 0 {
-        let listed = listed_nodes(policy).len();
         out.push_str(&format!(
-            "  {omitted} Done nodes are omitted from status.nodes (it lists only the {listed} nodes that are not Done); list every node from node labels with: kubectl tt driver nodes {name}\n"
+            "  {omitted} Done nodes are omitted from status.nodes to keep it small; list every node (from node labels) with: kubectl tt driver nodes {name}\n"
         ));
     }
     out

@@ -1,0 +1,250 @@
+//! Golden-output tests of every view: status (narrow and wide fleets, `-o wide`), nodes,
+//! describe, with and without colour, and the JSON/YAML documents.
+//!
+//! The expected output lives in `tests/golden/*.txt`. After an intended change, re-bless with
+//! `TTDP_BLESS_GOLDEN=1 cargo test -p kubectl-tt-driver --test rendering` and review the diff.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod fixture;
+
+use std::path::PathBuf;
+
+use kubectl_tt_driver::cli::Output;
+use kubectl_tt_driver::fleet::Fleet;
+use kubectl_tt_driver::palette::Palette;
+use kubectl_tt_driver::render::{RenderOptions, describe};
+use kubectl_tt_driver::view::{self, View};
+use ttdp_api::NodeState;
+
+/// The environment variable that rewrites the golden files instead of comparing.
+const BLESS: &str = "TTDP_BLESS_GOLDEN";
+
+fn golden(name: &str, actual: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(format!("{name}.txt"));
+    if std::env::var_os(BLESS).is_some() {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "cannot read golden file {}: {e}; create it with {BLESS}=1",
+            path.display()
+        )
+    });
+    assert!(
+        expected == actual,
+        "{name} differs from {}; if the change is intended, re-bless with {BLESS}=1\n--- expected\n{expected}\n--- actual\n{actual}",
+        path.display()
+    );
+}
+
+fn opts(colour: bool, width: usize) -> RenderOptions {
+    RenderOptions {
+        palette: if colour {
+            Palette::COLOUR
+        } else {
+            Palette::PLAIN
+        },
+        width,
+        now: fixture::now(),
+    }
+}
+
+fn text(fleet: &Fleet, view: View, output: Output, o: &RenderOptions) -> String {
+    view::render(fleet, view, output, o).unwrap()
+}
+
+#[test]
+fn status_narrow_fleet() {
+    let fleet = fixture::narrow();
+    golden(
+        "status_narrow_plain",
+        &text(&fleet, View::Status, Output::Table, &opts(false, 80)),
+    );
+    golden(
+        "status_narrow_colour",
+        &text(&fleet, View::Status, Output::Table, &opts(true, 80)),
+    );
+}
+
+#[test]
+fn status_every_state_wraps_into_blocks() {
+    let fleet = fixture::every_state();
+    let plain = text(&fleet, View::Status, Output::Table, &opts(false, 80));
+    golden("status_every_state_plain", &plain);
+    golden(
+        "status_every_state_colour",
+        &text(&fleet, View::Status, Output::Table, &opts(true, 80)),
+    );
+    for state in NodeState::ALL {
+        assert!(plain.contains(state.as_str()), "{state} missing:\n{plain}");
+    }
+    // The table (everything before the summary lines) fits the terminal; free-text notes may not.
+    for line in plain.lines().take_while(|l| !l.starts_with("canary:")) {
+        assert!(line.chars().count() <= 80, "line wider than 80: {line:?}");
+    }
+    let blocks = plain.lines().filter(|l| l.starts_with("POLICY")).count();
+    assert!(blocks > 1, "11 nodes do not fit 80 columns in one block:\n{plain}");
+}
+
+#[test]
+fn status_wide_terminal_uses_one_block() {
+    let fleet = fixture::every_state();
+    let plain = text(&fleet, View::Status, Output::Table, &opts(false, 400));
+    golden("status_every_state_width400", &plain);
+    assert_eq!(plain.lines().filter(|l| l.starts_with("POLICY")).count(), 1);
+}
+
+#[test]
+fn status_per_node_table() {
+    let fleet = fixture::every_state();
+    golden(
+        "status_every_state_o_wide_plain",
+        &text(&fleet, View::Status, Output::Wide, &opts(false, 80)),
+    );
+    golden(
+        "status_every_state_o_wide_colour",
+        &text(&fleet, View::Status, Output::Wide, &opts(true, 80)),
+    );
+}
+
+#[test]
+fn status_explains_what_needs_attention() {
+    let fleet = fixture::attention();
+    let plain = text(&fleet, View::Status, Output::Table, &opts(false, 80));
+    golden("status_attention_plain", &plain);
+    golden(
+        "status_attention_colour",
+        &text(&fleet, View::Status, Output::Table, &opts(true, 80)),
+    );
+    assert!(plain.contains("2 Done nodes are omitted"));
+    assert!(plain.contains("kubectl tt driver nodes large"));
+    assert!(plain.contains("no status yet"));
+    assert!(plain.contains("InvalidSpec=True"));
+    assert!(plain.contains("generation 1, the spec is at generation 3"));
+}
+
+#[test]
+fn nodes_every_state() {
+    let fleet = fixture::every_state();
+    let plain = text(&fleet, View::Nodes, Output::Table, &opts(false, 80));
+    golden("nodes_every_state_plain", &plain);
+    golden(
+        "nodes_every_state_colour",
+        &text(&fleet, View::Nodes, Output::Table, &opts(true, 80)),
+    );
+    assert!(plain.contains("2.7.0 → 2.8.0"));
+    assert!(plain.contains("ttdp/fleet"));
+    assert!(plain.contains("(retry requested)"));
+}
+
+#[test]
+fn nodes_lists_omitted_done_nodes_from_labels() {
+    let fleet = fixture::attention();
+    let plain = text(&fleet, View::Nodes, Output::Table, &opts(false, 80));
+    golden("nodes_attention_plain", &plain);
+    for n in ["big-001", "big-002", "big-003"] {
+        assert!(plain.contains(n), "{n} missing:\n{plain}");
+    }
+    golden(
+        "nodes_attention_json",
+        &text(&fleet, View::Nodes, Output::Json, &opts(false, 80)),
+    );
+}
+
+#[test]
+fn describe_policy() {
+    let fleet = fixture::every_state();
+    let view = fleet.policy("fleet").unwrap();
+    let rows: Vec<_> = fleet
+        .node_rows()
+        .into_iter()
+        .filter(|r| r.policy == "fleet")
+        .collect();
+    let events = fixture::events();
+    golden(
+        "describe_plain",
+        &describe::render(view, &rows, &events, &opts(false, 80)),
+    );
+    golden(
+        "describe_colour",
+        &describe::render(view, &rows, &events, &opts(true, 80)),
+    );
+    let empty = describe::render(
+        fixture::attention().policy("fresh").unwrap(),
+        &[],
+        &[],
+        &opts(false, 80),
+    );
+    golden("describe_no_status_plain", &empty);
+}
+
+#[test]
+fn machine_output_has_stable_fields() {
+    let fleet = fixture::every_state();
+    golden(
+        "status_every_state_json",
+        &text(&fleet, View::Status, Output::Json, &opts(true, 80)),
+    );
+    golden(
+        "status_narrow_yaml",
+        &text(&fixture::narrow(), View::Status, Output::Yaml, &opts(true, 80)),
+    );
+    golden(
+        "nodes_every_state_yaml",
+        &text(&fleet, View::Nodes, Output::Yaml, &opts(true, 80)),
+    );
+    let json = text(&fleet, View::Status, Output::Json, &opts(true, 80));
+    assert!(!json.contains('\x1b'), "colour codes leaked into json");
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc["policies"][1]["name"], "fleet");
+    assert_eq!(doc["policies"][1]["nodes"][6]["state"], "Failed");
+    assert_eq!(doc["policies"][1]["failed"], 1);
+}
+
+#[test]
+fn plain_output_has_no_escape_codes_and_colour_output_has_them() {
+    let fleet = fixture::every_state();
+    for view in [View::Status, View::Nodes] {
+        let plain = text(&fleet, view, Output::Table, &opts(false, 80));
+        assert!(!plain.contains('\x1b'));
+        let colour = text(&fleet, view, Output::Table, &opts(true, 80));
+        for code in ["\x1b[32m", "\x1b[36m", "\x1b[33m", "\x1b[31m", "\x1b[90m"] {
+            assert!(colour.contains(code), "{view:?} lacks {code:?}");
+        }
+    }
+}
+
+/// Correctness at fleet scale; speed is measured by the benchmarks, not here.
+#[test]
+fn status_of_a_thousand_nodes() {
+    let fleet = fixture::thousand(1000);
+    let width = 120;
+    let plain = text(&fleet, View::Status, Output::Table, &opts(false, width));
+    let mut headers = 0;
+    let mut names = Vec::new();
+    for line in plain.lines().take_while(|l| !l.starts_with("fleet:")) {
+        assert!(line.chars().count() <= width, "line wider than {width}: {line:?}");
+        if let Some(rest) = line.strip_prefix("POLICY") {
+            headers += 1;
+            names.extend(rest.split_whitespace().map(str::to_owned));
+        }
+    }
+    let expected: Vec<String> = (0..1000).map(|i| format!("tt-{i:04}")).collect();
+    assert_eq!(names, expected, "every node once, in sorted order");
+    assert!(headers > 1);
+    let cells: usize = plain
+        .lines()
+        .filter(|l| l.starts_with("fleet "))
+        .map(|l| l.split("   ").skip(1).count())
+        .sum();
+    assert_eq!(cells, 1000, "one cell per node");
+    assert!(plain.contains("fleet: version 2.8.0, matched 1000, up-to-date 911"));
+
+    let wide = text(&fleet, View::Status, Output::Wide, &opts(false, width));
+    assert_eq!(wide.lines().filter(|l| l.starts_with("tt-")).count(), 1000);
+    let nodes = text(&fleet, View::Nodes, Output::Table, &opts(false, width));
+    assert_eq!(nodes.lines().filter(|l| l.starts_with("fleet ")).count(), 1000);
+}
