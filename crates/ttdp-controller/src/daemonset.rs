@@ -1,0 +1,615 @@
+//! The desired DaemonSet `ttdrv-<policy>` of a policy: a pure function of the policy, the
+//! controller settings and the effective node selection.
+//!
+//! The pod template runs the privileged agent with `updateStrategy: OnDelete`, so Kubernetes never
+//! replaces an agent pod on its own: the controller's per-node state machine decides when.
+//!
+//! Host paths (each mounted under `/host`, the agent's host root; nothing else of the host is
+//! visible):
+//!
+//! | host path | mode | why |
+//! |---|---|---|
+//! | `/sys` | ro | `/sys/module/tenstorrent/{version,refcnt}`, PCI devices (vendor 0x1e52) |
+//! | `/proc` | ro | `/proc/*/fd` to name the processes holding `/dev/tenstorrent`, `/proc/version` |
+//! | `/lib/modules` | ro | the kernel's build tree link (`/lib/modules/<release>/build`), DKMS installs |
+//! | `/usr/src` | ro | kernel headers the module is built against; DKMS sources (host-install detection) |
+//! | `/var/lib/dkms` | ro | DKMS state (host-install detection) |
+//! | `/var/cache/tt-kmd` | rw | the per-kernel, per-version `.ko` cache |
+//! | `/usr/local/bin` | rw | where tt-smi is installed |
+//! | `/dev` | ro | `/dev/tenstorrent/*` device presence |
+//!
+//! `hostPID` is set only with `upgradePolicy.forceUnload`: signalling the processes that hold the
+//! device needs the host's PID namespace; reading `/proc` through the mount above does not.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, EnvVar, EnvVarSource, ExecAction, HostPathVolumeSource,
+    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext,
+    Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_api::names::{self, annotations, env, labels};
+use ttdp_api::node_selection::NodeSelection;
+
+use crate::error::Error;
+use crate::settings::Settings;
+
+/// Where the host's root filesystem appears in the agent container.
+pub const HOST_ROOT: &str = "/host";
+/// The agent's entrypoint in the image.
+pub const AGENT_COMMAND: &str = "ttdp-agent";
+/// The agent's readiness-probe subcommand.
+pub const PROBE_SUBCOMMAND: &str = "probe";
+/// The readiness probe period (spec: "rechecks every 10s").
+pub const PROBE_PERIOD_SECONDS: i32 = 10;
+/// How long an agent may take to finish a module swap after SIGTERM.
+pub const TERMINATION_GRACE_SECONDS: i64 = 120;
+/// The priority class of agent pods.
+pub const PRIORITY_CLASS: &str = "system-node-critical";
+/// The taint a cordoned node carries.
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// One host path the agent mounts: volume name, host path, whether read-only, hostPath type.
+struct HostMount {
+    name: &'static str,
+    path: &'static str,
+    read_only: bool,
+    kind: &'static str,
+}
+
+const HOST_MOUNTS: [HostMount; 8] = [
+    HostMount {
+        name: "host-sys",
+        path: "/sys",
+        read_only: true,
+        kind: "Directory",
+    },
+    HostMount {
+        name: "host-proc",
+        path: "/proc",
+        read_only: true,
+        kind: "Directory",
+    },
+    HostMount {
+        name: "host-lib-modules",
+        path: "/lib/modules",
+        read_only: true,
+        kind: "Directory",
+    },
+    HostMount {
+        name: "host-usr-src",
+        path: "/usr/src",
+        read_only: true,
+        kind: "DirectoryOrCreate",
+    },
+    HostMount {
+        name: "host-dkms",
+        path: "/var/lib/dkms",
+        read_only: true,
+        kind: "DirectoryOrCreate",
+    },
+    HostMount {
+        name: "host-kmd-cache",
+        path: "/var/cache/tt-kmd",
+        read_only: false,
+        kind: "DirectoryOrCreate",
+    },
+    HostMount {
+        name: "host-usr-local-bin",
+        path: "/usr/local/bin",
+        read_only: false,
+        kind: "DirectoryOrCreate",
+    },
+    HostMount {
+        name: "host-dev",
+        path: "/dev",
+        read_only: true,
+        kind: "Directory",
+    },
+];
+
+/// The labels on agent pods of `policy` (also the DaemonSet's selector).
+pub fn agent_pod_labels(policy: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            labels::APP_NAME.to_owned(),
+            labels::APP_NAME_AGENT.to_owned(),
+        ),
+        (labels::POLICY.to_owned(), policy.to_owned()),
+    ])
+}
+
+/// The label selector (string form) of every agent pod of every policy.
+pub fn all_agent_pods_selector() -> String {
+    format!("{}={}", labels::APP_NAME, labels::APP_NAME_AGENT)
+}
+
+/// The desired DaemonSet of `policy`. `selection` is the policy's effective node selection,
+/// including nodes excluded because an older policy owns them.
+pub fn desired_daemonset(
+    policy: &TenstorrentDriverPolicy,
+    settings: &Settings,
+    selection: &NodeSelection,
+) -> Result<DaemonSet, Error> {
+    let name = policy.name_any();
+    let owner = policy
+        .controller_owner_ref(&())
+        .ok_or_else(|| Error::MissingUid {
+            policy: name.clone(),
+        })?;
+    let mut template = pod_template(policy, settings, selection);
+    let hash = template_hash(&template)?;
+    template
+        .metadata
+        .get_or_insert_with(ObjectMeta::default)
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(annotations::TEMPLATE_HASH.to_owned(), hash);
+    let mut ds_labels = agent_pod_labels(&name);
+    ds_labels.insert(
+        labels::MANAGED_BY.to_owned(),
+        names::CONTROLLER_MANAGER.to_owned(),
+    );
+    Ok(DaemonSet {
+        metadata: ObjectMeta {
+            name: Some(names::daemonset_name(&name)),
+            namespace: Some(settings.namespace.clone()),
+            labels: Some(ds_labels),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(agent_pod_labels(&name)),
+                match_expressions: None,
+            },
+            template,
+            update_strategy: Some(DaemonSetUpdateStrategy {
+                type_: Some("OnDelete".to_owned()),
+                rolling_update: None,
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// The template hash a DaemonSet's pods carry (the annotation on its pod template).
+pub fn daemonset_template_hash(ds: &DaemonSet) -> Option<&str> {
+    ds.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(annotations::TEMPLATE_HASH)
+        .map(String::as_str)
+}
+
+/// sha256 (hex) of the template's JSON, computed before the hash annotation is added.
+fn template_hash(template: &PodTemplateSpec) -> Result<String, Error> {
+    let json = serde_json::to_vec(template).map_err(Error::Serialize)?;
+    Ok(hex::encode(Sha256::digest(&json)))
+}
+
+fn pod_template(
+    policy: &TenstorrentDriverPolicy,
+    settings: &Settings,
+    selection: &NodeSelection,
+) -> PodTemplateSpec {
+    let name = policy.name_any();
+    let spec = &policy.spec;
+    let image = spec
+        .installer
+        .image
+        .clone()
+        .unwrap_or_else(|| settings.default_image.clone());
+    let force_unload = spec.upgrade_policy.force_unload;
+    let container = Container {
+        name: names::AGENT_CONTAINER.to_owned(),
+        image: Some(image),
+        image_pull_policy: Some(spec.installer.image_pull_policy.clone()),
+        command: Some(vec![AGENT_COMMAND.to_owned()]),
+        env: Some(agent_env(policy, settings)),
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        }),
+        readiness_probe: Some(Probe {
+            exec: Some(ExecAction {
+                command: Some(vec![AGENT_COMMAND.to_owned(), PROBE_SUBCOMMAND.to_owned()]),
+            }),
+            period_seconds: Some(PROBE_PERIOD_SECONDS),
+            timeout_seconds: Some(5),
+            failure_threshold: Some(1),
+            success_threshold: Some(1),
+            ..Default::default()
+        }),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), Quantity("50m".to_owned())),
+                ("memory".to_owned(), Quantity("128Mi".to_owned())),
+            ])),
+            ..Default::default()
+        }),
+        volume_mounts: Some(
+            HOST_MOUNTS
+                .iter()
+                .map(|m| VolumeMount {
+                    name: m.name.to_owned(),
+                    mount_path: format!("{HOST_ROOT}{}", m.path),
+                    read_only: Some(m.read_only),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+        ..Default::default()
+    };
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(agent_pod_labels(&name)),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            containers: vec![container],
+            host_pid: force_unload.then_some(true),
+            priority_class_name: Some(PRIORITY_CLASS.to_owned()),
+            service_account_name: Some(settings.agent_service_account.clone()),
+            termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+            tolerations: Some(tolerations()),
+            affinity: Some(Affinity {
+                node_affinity: Some(selection.node_affinity()),
+                ..Default::default()
+            }),
+            volumes: Some(
+                HOST_MOUNTS
+                    .iter()
+                    .map(|m| Volume {
+                        name: m.name.to_owned(),
+                        host_path: Some(HostPathVolumeSource {
+                            path: m.path.to_owned(),
+                            type_: Some(m.kind.to_owned()),
+                        }),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Tolerate every NoSchedule and NoExecute taint (a cordoned node keeps its agent; the agent
+/// is what upgrades it), naming the unschedulable taint explicitly for readers.
+fn tolerations() -> Vec<Toleration> {
+    let exists = |key: Option<&str>, effect: &str| Toleration {
+        key: key.map(str::to_owned),
+        operator: Some("Exists".to_owned()),
+        effect: Some(effect.to_owned()),
+        ..Default::default()
+    };
+    vec![
+        exists(Some(UNSCHEDULABLE_TAINT), "NoSchedule"),
+        exists(None, "NoSchedule"),
+        exists(None, "NoExecute"),
+    ]
+}
+
+fn agent_env(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Vec<EnvVar> {
+    let value = |name: &str, value: String| EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        value_from: None,
+    };
+    let field = |name: &str, path: &str| EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: None,
+                field_path: path.to_owned(),
+            }),
+            ..Default::default()
+        }),
+    };
+    let mut vars = vec![
+        value(env::TT_KMD_VERSION, policy.spec.version.clone()),
+        value(
+            env::TT_FORCE_UNLOAD,
+            policy.spec.upgrade_policy.force_unload.to_string(),
+        ),
+        value(env::TT_SMI_VERSION, settings.tt_smi_version.clone()),
+        value(env::LOG_FORMAT, "json".to_owned()),
+        field(env::NODE_NAME, "spec.nodeName"),
+        field(env::POD_NAME, "metadata.name"),
+        field(env::POD_NAMESPACE, "metadata.namespace"),
+    ];
+    if let Some(repo) = &settings.kmd_repository {
+        vars.push(value(env::TT_KMD_REPOSITORY, repo.clone()));
+    }
+    vars
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use std::collections::BTreeSet;
+    use ttdp_api::TenstorrentDriverPolicySpec;
+    use ttdp_api::node_selection::affinity_matches;
+
+    fn policy(name: &str, version: &str) -> TenstorrentDriverPolicy {
+        let spec: TenstorrentDriverPolicySpec =
+            serde_json::from_value(serde_json::json!({"version": version, "nodeAffinity": {}}))
+                .unwrap();
+        let mut p = TenstorrentDriverPolicy::new(name, spec);
+        p.metadata.uid = Some(format!("uid-{name}"));
+        p
+    }
+
+    fn render(p: &TenstorrentDriverPolicy) -> DaemonSet {
+        let sel = NodeSelection::new(&p.spec.user_selector()).unwrap();
+        desired_daemonset(p, &Settings::default(), &sel).unwrap()
+    }
+
+    fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+        ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+    }
+
+    fn env_of(ds: &DaemonSet) -> BTreeMap<String, EnvVar> {
+        pod_spec(ds).containers[0]
+            .env
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name.clone(), e))
+            .collect()
+    }
+
+    #[test]
+    fn named_owned_and_updated_on_delete() {
+        let ds = render(&policy("fleet", "2.8.0"));
+        assert_eq!(ds.metadata.name.as_deref(), Some("ttdrv-fleet"));
+        assert_eq!(
+            ds.metadata.namespace.as_deref(),
+            Some(names::DEFAULT_NAMESPACE)
+        );
+        let owner = &ds.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(owner.kind, "TenstorrentDriverPolicy");
+        assert_eq!(owner.name, "fleet");
+        assert_eq!(owner.uid, "uid-fleet");
+        assert_eq!(owner.controller, Some(true));
+        let spec = ds.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.update_strategy.as_ref().unwrap().type_.as_deref(),
+            Some("OnDelete")
+        );
+        let pod_labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            pod_labels.get(labels::POLICY).map(String::as_str),
+            Some("fleet")
+        );
+        assert_eq!(spec.selector.match_labels.as_ref(), Some(pod_labels));
+    }
+
+    #[test]
+    fn a_policy_without_uid_cannot_own_its_daemonset() {
+        let mut p = policy("fleet", "2.8.0");
+        p.metadata.uid = None;
+        let sel = NodeSelection::new(&LabelSelector::default()).unwrap();
+        let err = desired_daemonset(&p, &Settings::default(), &sel).unwrap_err();
+        assert!(err.to_string().contains("fleet"), "{err}");
+    }
+
+    #[test]
+    fn agent_is_privileged_probed_every_ten_seconds_and_node_critical() {
+        let ds = render(&policy("fleet", "2.8.0"));
+        let spec = pod_spec(&ds);
+        let c = &spec.containers[0];
+        assert_eq!(c.security_context.as_ref().unwrap().privileged, Some(true));
+        let probe = c.readiness_probe.as_ref().unwrap();
+        assert_eq!(probe.period_seconds, Some(10));
+        assert_eq!(
+            probe.exec.as_ref().unwrap().command.as_deref(),
+            Some(&["ttdp-agent".to_owned(), "probe".to_owned()][..])
+        );
+        assert_eq!(
+            spec.priority_class_name.as_deref(),
+            Some("system-node-critical")
+        );
+        assert_eq!(spec.host_pid, None, "hostPID only with forceUnload");
+    }
+
+    #[test]
+    fn host_pid_only_with_force_unload() {
+        let mut p = policy("fleet", "2.8.0");
+        p.spec.upgrade_policy.force_unload = true;
+        let ds = render(&p);
+        assert_eq!(pod_spec(&ds).host_pid, Some(true));
+        assert_eq!(
+            env_of(&ds)[env::TT_FORCE_UNLOAD].value.as_deref(),
+            Some("true")
+        );
+    }
+
+    #[test]
+    fn only_the_documented_host_paths_with_write_access_only_to_cache_and_bin() {
+        let ds = render(&policy("fleet", "2.8.0"));
+        let spec = pod_spec(&ds);
+        let host_paths: BTreeSet<&str> = spec
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|v| v.host_path.as_ref().unwrap().path.as_str())
+            .collect();
+        assert_eq!(
+            host_paths,
+            BTreeSet::from([
+                "/sys",
+                "/proc",
+                "/lib/modules",
+                "/usr/src",
+                "/var/lib/dkms",
+                "/var/cache/tt-kmd",
+                "/usr/local/bin",
+                "/dev"
+            ])
+        );
+        assert!(!host_paths.contains("/"), "never the whole host root");
+        let writable: BTreeSet<&str> = spec.containers[0]
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|m| m.read_only != Some(true))
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert_eq!(
+            writable,
+            BTreeSet::from(["/host/var/cache/tt-kmd", "/host/usr/local/bin"])
+        );
+    }
+
+    #[test]
+    fn env_carries_version_and_downward_api() {
+        let ds = render(&policy("fleet", "2.8.0"));
+        let e = env_of(&ds);
+        assert_eq!(e[env::TT_KMD_VERSION].value.as_deref(), Some("2.8.0"));
+        assert_eq!(e[env::TT_FORCE_UNLOAD].value.as_deref(), Some("false"));
+        assert_eq!(
+            e[env::TT_SMI_VERSION].value.as_deref(),
+            Some(crate::settings::DEFAULT_TT_SMI_VERSION)
+        );
+        let path = |k: &str| {
+            e[k].value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap()
+                .field_path
+                .clone()
+        };
+        assert_eq!(path(env::NODE_NAME), "spec.nodeName");
+        assert_eq!(path(env::POD_NAME), "metadata.name");
+        assert_eq!(path(env::POD_NAMESPACE), "metadata.namespace");
+        assert!(
+            !e.contains_key(env::TT_KMD_REPOSITORY),
+            "agent default unless configured"
+        );
+    }
+
+    #[test]
+    fn image_defaults_to_the_chart_image_and_follows_the_override() {
+        let ds = render(&policy("fleet", "2.8.0"));
+        let c = &pod_spec(&ds).containers[0];
+        assert_eq!(
+            c.image.as_deref(),
+            Some(crate::settings::default_image().as_str())
+        );
+        assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+        let mut p = policy("fleet", "2.8.0");
+        p.spec.installer.image = Some("example.com/builder:sha-abc".into());
+        p.spec.installer.image_pull_policy = "Always".into();
+        let ds = render(&p);
+        let c = &pod_spec(&ds).containers[0];
+        assert_eq!(c.image.as_deref(), Some("example.com/builder:sha-abc"));
+        assert_eq!(c.image_pull_policy.as_deref(), Some("Always"));
+    }
+
+    #[test]
+    fn tolerates_cordon_and_every_noschedule_noexecute_taint() {
+        let ds = render(&policy("fleet", "2.8.0"));
+        let t = pod_spec(&ds).tolerations.clone().unwrap();
+        let tolerates = |key: &str, effect: &str| {
+            t.iter().any(|t| {
+                t.operator.as_deref() == Some("Exists")
+                    && t.effect.as_deref() == Some(effect)
+                    && t.key.as_deref().is_none_or(|k| k == key)
+            })
+        };
+        assert!(tolerates(UNSCHEDULABLE_TAINT, "NoSchedule"));
+        assert!(tolerates("node.kubernetes.io/not-ready", "NoExecute"));
+        assert!(tolerates("example.com/anything", "NoSchedule"));
+    }
+
+    #[test]
+    fn affinity_is_the_selection_and_excludes_conflicting_nodes() {
+        let mut p = policy("fleet", "2.8.0");
+        p.spec.node_affinity = Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("pool".into(), "a".into())])),
+            match_expressions: None,
+        });
+        let mut sel = NodeSelection::new(&p.spec.user_selector()).unwrap();
+        sel.excluded.insert("n2".into());
+        let ds = desired_daemonset(&p, &Settings::default(), &sel).unwrap();
+        let affinity = pod_spec(&ds)
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap();
+        let tt = BTreeMap::from([
+            ("pool".to_owned(), "a".to_owned()),
+            (labels::NFD_TENSTORRENT.to_owned(), "true".to_owned()),
+        ]);
+        assert!(affinity_matches(affinity, "n1", &tt));
+        assert!(!affinity_matches(affinity, "n2", &tt), "excluded node");
+        let mut skipped = tt.clone();
+        skipped.insert(labels::SKIP.into(), "true".into());
+        assert!(!affinity_matches(affinity, "n1", &skipped));
+        let mut other_pool = tt.clone();
+        other_pool.insert("pool".into(), "b".into());
+        assert!(!affinity_matches(affinity, "n1", &other_pool));
+    }
+
+    #[test]
+    fn template_hash_follows_the_template() {
+        let a = render(&policy("fleet", "2.8.0"));
+        let again = render(&policy("fleet", "2.8.0"));
+        let b = render(&policy("fleet", "2.7.0"));
+        let ha = daemonset_template_hash(&a).unwrap();
+        assert_eq!(ha.len(), 64);
+        assert_eq!(
+            ha,
+            daemonset_template_hash(&again).unwrap(),
+            "deterministic"
+        );
+        assert_ne!(
+            ha,
+            daemonset_template_hash(&b).unwrap(),
+            "version changes the hash"
+        );
+        let mut p = policy("fleet", "2.8.0");
+        p.spec.installer.image = Some("example.com/builder:2".into());
+        assert_ne!(
+            ha,
+            daemonset_template_hash(&render(&p)).unwrap(),
+            "image changes the hash"
+        );
+        let mut paused = policy("fleet", "2.8.0");
+        paused.spec.paused = true;
+        assert_eq!(
+            ha,
+            daemonset_template_hash(&render(&paused)).unwrap(),
+            "pausing does not"
+        );
+    }
+}

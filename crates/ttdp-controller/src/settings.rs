@@ -1,0 +1,54 @@
+//! The controller's configuration, as resolved from flags and environment (see `args`).
+
+use std::time::Duration;
+
+/// Everything the reconciler needs to know that is not in a policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// The namespace the DaemonSets (and the leader-election Lease) live in.
+    pub namespace: String,
+    /// The agent image used when a policy sets no `installer.image` (the chart's `driver.image`).
+    pub default_image: String,
+    /// The tt-smi version bundled in the agent image (`TT_SMI_VERSION` in the agent).
+    pub tt_smi_version: String,
+    /// Node label keys set to `"false"` while a node is upgraded (`controller.deployGates`).
+    pub deploy_gates: Vec<String>,
+    /// Whether nodes must carry the NFD Tenstorrent label to be selected.
+    pub require_nfd: bool,
+    /// The tt-kmd git repository passed to agents; `None` leaves the agent's default.
+    pub kmd_repository: Option<String>,
+    /// The service account agent pods run as.
+    pub agent_service_account: String,
+    /// First back-off before a Failed node is retried; doubles per attempt.
+    pub retry_base: Duration,
+    /// Longest back-off before a Failed node is retried.
+    pub retry_max: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            namespace: ttdp_api::names::DEFAULT_NAMESPACE.to_owned(),
+            default_image: default_image(),
+            tt_smi_version: DEFAULT_TT_SMI_VERSION.to_owned(),
+            deploy_gates: vec![ttdp_api::names::DEFAULT_DEPLOY_GATE.to_owned()],
+            require_nfd: true,
+            kmd_repository: None,
+            agent_service_account: DEFAULT_AGENT_SERVICE_ACCOUNT.to_owned(),
+            retry_base: Duration::from_secs(30),
+            retry_max: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Repository of the default agent (builder) image.
+pub const DEFAULT_IMAGE_REPOSITORY: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder";
+/// The tt-smi version assumed when none is configured.
+pub const DEFAULT_TT_SMI_VERSION: &str = "3.0.0";
+/// The agent pods' service account (created by the chart).
+pub const DEFAULT_AGENT_SERVICE_ACCOUNT: &str = "ttdp-agent";
+
+/// `ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:<this crate's version>`.
+pub fn default_image() -> String {
+    format!("{DEFAULT_IMAGE_REPOSITORY}:{}", env!("CARGO_PKG_VERSION"))
+}

@@ -1,0 +1,707 @@
+//! The policy's status as a pure function of the node transitions of one reconcile and the
+//! previous status: per-node entries, summary counts and conditions.
+//!
+//! Size at fleet scale: node entries carry no defaults and nothing the state already says
+//! (`installMode` only when `host`; `targetVersion` only while a node is in flight or Failed;
+//! Pending nodes waiting for a slot carry only that reason). Up to [`COMPACT_THRESHOLD`] matched
+//! nodes every node is listed. Past it, Done nodes are left out, and at most
+//! [`MAX_NODE_ENTRIES`] entries are kept (Failed first, then in-flight, then the rest);
+//! `summary` still counts every node and `summary.nodesOmitted` says how many are not listed.
+//! `kubectl tt driver` and the node labels (`driver.tenstorrent.com/kmd-version`) show every node.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::SignedDuration;
+use ttdp_api::condition::{condition, set_condition};
+use ttdp_api::driver::v1alpha1::{Summary, condition as cond};
+use ttdp_api::names::install_mode;
+use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicyStatus};
+
+use crate::transition::NodeTransition;
+
+/// Matched nodes up to which every node has an entry in `status.nodes`.
+pub const COMPACT_THRESHOLD: usize = 5_000;
+/// The most entries `status.nodes` holds.
+pub const MAX_NODE_ENTRIES: usize = 5_000;
+
+/// One matched node's outcome of this reconcile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeReport {
+    /// The node.
+    pub name: String,
+    /// Where it goes.
+    pub transition: NodeTransition,
+    /// The loaded version the node reports (its `kmd-version` label).
+    pub current_version: Option<String>,
+    /// `container` or `host`, as the node's agent labelled it.
+    pub install_mode: Option<String>,
+}
+
+/// A node that changed state in this reconcile (for Events and metrics).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateChange {
+    /// The node.
+    pub node: String,
+    /// The previous state (`None`: new node).
+    pub from: Option<NodeState>,
+    /// The new state.
+    pub to: NodeState,
+    /// The new state's reason.
+    pub reason: Option<String>,
+    /// The new state's message.
+    pub message: Option<String>,
+    /// How long the node spent in `from`, when known.
+    pub time_in_previous: Option<SignedDuration>,
+    /// When reaching Done: how long the whole upgrade took.
+    pub upgrade_total: Option<SignedDuration>,
+}
+
+/// Policy-level facts for the conditions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyFacts {
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// `spec.version`.
+    pub target_version: String,
+    /// `spec.paused`.
+    pub paused: bool,
+    /// Why the spec cannot be acted on, if so.
+    pub invalid_spec: Option<String>,
+    /// The effective `maxUnavailable`.
+    pub max_unavailable: usize,
+}
+
+/// The built status and the state changes in it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BuiltStatus {
+    /// The status to write.
+    pub status: TenstorrentDriverPolicyStatus,
+    /// Every node entry, uncompacted (the controller's memory of recorded states).
+    pub all_nodes: BTreeMap<String, NodeStatus>,
+    /// Nodes whose state changed.
+    pub changes: Vec<StateChange>,
+}
+
+/// Condition reasons.
+pub mod reasons {
+    /// Every matched node is Done or HostManaged.
+    pub const ALL_NODES_READY: &str = "AllNodesReady";
+    /// Nodes are still being installed or upgraded.
+    pub const ROLLING_OUT: &str = "RollingOut";
+    /// Nothing left to do.
+    pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
+    /// Nodes failed.
+    pub const NODES_FAILED: &str = "NodesFailed";
+    /// More nodes failed than `maxUnavailable`: no new node starts.
+    pub const ROLLOUT_HALTED: &str = "RolloutHalted";
+    /// No node failed.
+    pub const NO_FAILURES: &str = "NoFailures";
+    /// `spec.paused` is true.
+    pub const PAUSED: &str = "PausedBySpec";
+    /// `spec.paused` is false.
+    pub const NOT_PAUSED: &str = "NotPaused";
+    /// The spec cannot be acted on.
+    pub const SPEC_INVALID: &str = "SpecInvalid";
+    /// The spec is valid.
+    pub const SPEC_VALID: &str = "SpecValid";
+}
+
+/// Whether more nodes failed than `maxUnavailable` allows: no new node starts.
+pub fn is_halted(failed: usize, max_unavailable: usize) -> bool {
+    failed > max_unavailable
+}
+
+/// Builds the status from this reconcile's node reports (any order) and the previous status.
+/// `recorded` is the uncompacted memory of the previous entries (falls back to
+/// `previous.nodes`).
+pub fn build_status(
+    facts: &PolicyFacts,
+    previous: &TenstorrentDriverPolicyStatus,
+    recorded: &BTreeMap<String, NodeStatus>,
+    reports: Vec<NodeReport>,
+    now: &Time,
+) -> BuiltStatus {
+    let mut all_nodes = BTreeMap::new();
+    let mut changes = Vec::new();
+    for report in reports {
+        let prev = recorded
+            .get(&report.name)
+            .or_else(|| previous.nodes.iter().find(|n| n.name == report.name));
+        let (entry, change) = node_entry(prev, report, &facts.target_version, now);
+        changes.extend(change);
+        all_nodes.insert(entry.name.clone(), entry);
+    }
+    let summary = summarize(&all_nodes);
+    let mut conditions = previous.conditions.clone();
+    for c in conditions_for(facts, &summary, &all_nodes, now) {
+        set_condition(&mut conditions, c);
+    }
+    let (nodes, omitted) = compact(&all_nodes);
+    BuiltStatus {
+        status: TenstorrentDriverPolicyStatus {
+            observed_generation: facts.generation,
+            conditions,
+            summary: Some(Summary {
+                nodes_omitted: omitted,
+                ..summary
+            }),
+            nodes,
+        },
+        all_nodes,
+        changes,
+    }
+}
+
+fn node_entry(
+    prev: Option<&NodeStatus>,
+    report: NodeReport,
+    target: &str,
+    now: &Time,
+) -> (NodeStatus, Option<StateChange>) {
+    let t = report.transition;
+    let prev_state = prev.map(|p| p.state);
+    let changed = prev_state != Some(t.state);
+    // A Failed node keeps the reason it failed with until something new is known.
+    let (reason, message) = match (t.reason, prev) {
+        (None, Some(p)) if !changed && t.state == NodeState::Failed => {
+            (p.reason.clone(), p.message.clone())
+        }
+        (reason, _) => (reason, t.message),
+    };
+    let last_transition_time = match prev {
+        Some(p) if !changed => p.last_transition_time.clone(),
+        _ => Some(now.clone()),
+    };
+    let was_in_flight = prev_state.is_some_and(NodeState::is_in_flight);
+    let phase_start_time = if t.state.is_in_flight() {
+        match prev {
+            Some(p) if was_in_flight => p.phase_start_time.clone().or_else(|| Some(now.clone())),
+            _ => Some(now.clone()),
+        }
+    } else {
+        None
+    };
+    let prev_attempts = prev.and_then(|p| p.attempts).unwrap_or(0);
+    let attempts = match t.state {
+        NodeState::Failed if changed => Some(prev_attempts + 1),
+        NodeState::Done | NodeState::HostManaged | NodeState::Conflict => None,
+        _ => (prev_attempts > 0).then_some(prev_attempts),
+    };
+    let entry = NodeStatus {
+        name: report.name,
+        state: t.state,
+        current_version: report.current_version,
+        target_version: (t.state.is_in_flight() || t.state == NodeState::Failed)
+            .then(|| target.to_owned()),
+        install_mode: report
+            .install_mode
+            .filter(|m| m.as_str() != install_mode::CONTAINER),
+        reason,
+        message,
+        last_transition_time,
+        phase_start_time,
+        attempts,
+    };
+    let change = changed.then(|| StateChange {
+        node: entry.name.clone(),
+        from: prev_state,
+        to: entry.state,
+        reason: entry.reason.clone(),
+        message: entry.message.clone(),
+        time_in_previous: prev
+            .and_then(|p| p.last_transition_time.as_ref())
+            .map(|since| now.0.duration_since(since.0)),
+        upgrade_total: (entry.state == NodeState::Done)
+            .then(|| prev.and_then(|p| p.phase_start_time.as_ref()))
+            .flatten()
+            .map(|since| now.0.duration_since(since.0)),
+    });
+    (entry, change)
+}
+
+fn summarize(nodes: &BTreeMap<String, NodeStatus>) -> Summary {
+    let mut s = Summary {
+        matched: count(nodes.len()),
+        ..Summary::default()
+    };
+    for n in nodes.values() {
+        match n.state {
+            NodeState::Done => s.up_to_date += 1,
+            NodeState::Pending => s.pending += 1,
+            NodeState::Failed => s.failed += 1,
+            NodeState::HostManaged => s.host_managed += 1,
+            NodeState::Conflict => s.conflicts += 1,
+            NodeState::Cordoning
+            | NodeState::Draining
+            | NodeState::Upgrading
+            | NodeState::Uncordoning => s.in_progress += 1,
+        }
+    }
+    s
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+fn conditions_for(
+    facts: &PolicyFacts,
+    s: &Summary,
+    nodes: &BTreeMap<String, NodeStatus>,
+    now: &Time,
+) -> Vec<Condition> {
+    let make = |type_: &str, status: bool, reason: &str, message: String| {
+        condition(
+            type_,
+            status,
+            reason,
+            message,
+            facts.generation,
+            now.clone(),
+        )
+    };
+    let managed = s.matched - s.conflicts;
+    let ready_nodes = s.up_to_date + s.host_managed;
+    let progress = format!(
+        "{ready_nodes}/{managed} nodes on {} (or host-managed), {} in progress, {} pending, {} failed",
+        facts.target_version, s.in_progress, s.pending, s.failed
+    );
+    let halted = is_halted(
+        usize::try_from(s.failed).unwrap_or(0),
+        facts.max_unavailable,
+    );
+    let failed_names: Vec<String> = nodes
+        .values()
+        .filter(|n| n.state == NodeState::Failed)
+        .take(5)
+        .map(|n| match &n.reason {
+            Some(r) => format!("{} ({r})", n.name),
+            None => n.name.clone(),
+        })
+        .collect();
+    let mut out = Vec::new();
+    out.push(match &facts.invalid_spec {
+        Some(msg) => make(cond::INVALID_SPEC, true, reasons::SPEC_INVALID, msg.clone()),
+        None => make(
+            cond::INVALID_SPEC,
+            false,
+            reasons::SPEC_VALID,
+            String::new(),
+        ),
+    });
+    let ready = facts.invalid_spec.is_none() && ready_nodes == managed;
+    out.push(if ready {
+        make(
+            cond::READY,
+            true,
+            reasons::ALL_NODES_READY,
+            progress.clone(),
+        )
+    } else if facts.invalid_spec.is_some() {
+        make(
+            cond::READY,
+            false,
+            reasons::SPEC_INVALID,
+            "the spec is invalid; see the InvalidSpec condition".into(),
+        )
+    } else if s.failed > 0 {
+        make(cond::READY, false, reasons::NODES_FAILED, progress.clone())
+    } else {
+        make(cond::READY, false, reasons::ROLLING_OUT, progress.clone())
+    });
+    let work_left = s.pending + s.in_progress > 0;
+    out.push(
+        if s.in_progress > 0
+            || (work_left && !facts.paused && !halted && facts.invalid_spec.is_none())
+        {
+            make(
+                cond::PROGRESSING,
+                true,
+                reasons::ROLLING_OUT,
+                progress.clone(),
+            )
+        } else if work_left && facts.paused {
+            make(
+                cond::PROGRESSING,
+                false,
+                reasons::PAUSED,
+                "paused; set spec.paused=false to continue".into(),
+            )
+        } else if work_left && halted {
+            make(
+                cond::PROGRESSING,
+                false,
+                reasons::ROLLOUT_HALTED,
+                progress.clone(),
+            )
+        } else {
+            make(
+                cond::PROGRESSING,
+                false,
+                reasons::ROLLOUT_COMPLETE,
+                progress.clone(),
+            )
+        },
+    );
+    out.push(if s.failed == 0 {
+        make(cond::DEGRADED, false, reasons::NO_FAILURES, String::new())
+    } else if halted {
+        make(
+            cond::DEGRADED,
+            true,
+            reasons::ROLLOUT_HALTED,
+            format!(
+                "{} nodes failed, more than maxUnavailable {}: no new node starts until they recover or kubectl tt driver retry; failed: {}",
+                s.failed,
+                facts.max_unavailable,
+                failed_names.join(", ")
+            ),
+        )
+    } else {
+        make(
+            cond::DEGRADED,
+            true,
+            reasons::NODES_FAILED,
+            format!(
+                "{} nodes failed and are retried with back-off: {}",
+                s.failed,
+                failed_names.join(", ")
+            ),
+        )
+    });
+    out.push(if facts.paused {
+        make(
+            cond::PAUSED,
+            true,
+            reasons::PAUSED,
+            "spec.paused is true: no node starts a new step".into(),
+        )
+    } else {
+        make(cond::PAUSED, false, reasons::NOT_PAUSED, String::new())
+    });
+    out
+}
+
+/// The entries to write and how many nodes are left out.
+fn compact(all: &BTreeMap<String, NodeStatus>) -> (Vec<NodeStatus>, i32) {
+    if all.len() <= COMPACT_THRESHOLD {
+        return (all.values().cloned().collect(), 0);
+    }
+    let rank = |s: NodeState| match s {
+        NodeState::Failed => 0,
+        s if s.is_in_flight() => 1,
+        NodeState::Conflict | NodeState::HostManaged => 2,
+        _ => 3,
+    };
+    let mut kept: Vec<&NodeStatus> = all
+        .values()
+        .filter(|n| n.state != NodeState::Done)
+        .collect();
+    kept.sort_by_key(|n| rank(n.state));
+    kept.truncate(MAX_NODE_ENTRIES);
+    kept.sort_by(|a, b| a.name.cmp(&b.name));
+    let omitted = count(all.len() - kept.len());
+    (kept.into_iter().cloned().collect(), omitted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transition::reasons as tr;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(1_800_000_000 + secs).unwrap())
+    }
+
+    fn facts() -> PolicyFacts {
+        PolicyFacts {
+            generation: Some(3),
+            target_version: "2.8.0".into(),
+            paused: false,
+            invalid_spec: None,
+            max_unavailable: 1,
+        }
+    }
+
+    fn report(name: &str, state: NodeState, version: Option<&str>) -> NodeReport {
+        NodeReport {
+            name: name.into(),
+            transition: NodeTransition {
+                state,
+                reason: None,
+                message: None,
+                actions: vec![],
+            },
+            current_version: version.map(str::to_owned),
+            install_mode: Some("container".into()),
+        }
+    }
+
+    fn build(
+        reports: Vec<NodeReport>,
+        previous: &TenstorrentDriverPolicyStatus,
+        now: i64,
+    ) -> BuiltStatus {
+        build_status(&facts(), previous, &BTreeMap::new(), reports, &at(now))
+    }
+
+    fn cond<'a>(s: &'a TenstorrentDriverPolicyStatus, t: &str) -> &'a Condition {
+        s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn summary_counts_and_ready_when_all_done_or_host_managed() {
+        let b = build(
+            vec![
+                report("n1", NodeState::Done, Some("2.8.0")),
+                report("n2", NodeState::HostManaged, Some("2.6.0")),
+                report("n3", NodeState::Conflict, None),
+            ],
+            &Default::default(),
+            0,
+        );
+        let s = b.status.summary.clone().unwrap();
+        assert_eq!(
+            (s.matched, s.up_to_date, s.host_managed, s.conflicts),
+            (3, 1, 1, 1)
+        );
+        assert_eq!(cond(&b.status, "Ready").status, "True");
+        assert_eq!(cond(&b.status, "Progressing").status, "False");
+        assert_eq!(cond(&b.status, "Degraded").status, "False");
+        assert_eq!(cond(&b.status, "Paused").status, "False");
+        assert_eq!(cond(&b.status, "InvalidSpec").status, "False");
+        assert_eq!(b.status.observed_generation, Some(3));
+        let n1 = &b.status.nodes[0];
+        assert_eq!(n1.current_version.as_deref(), Some("2.8.0"));
+        assert_eq!(
+            n1.install_mode, None,
+            "container is the default and left out"
+        );
+        assert_eq!(
+            n1.target_version, None,
+            "a Done node's target is spec.version"
+        );
+    }
+
+    #[test]
+    fn transition_time_moves_only_on_state_change_and_conditions_do_not_flap() {
+        let b1 = build(
+            vec![
+                report("n1", NodeState::Pending, Some("2.7.0")),
+                report("n2", NodeState::Pending, Some("2.7.0")),
+            ],
+            &Default::default(),
+            0,
+        );
+        let b2 = build(
+            vec![
+                report("n1", NodeState::Cordoning, Some("2.7.0")),
+                report("n2", NodeState::Pending, Some("2.7.0")),
+            ],
+            &b1.status,
+            10,
+        );
+        let n1 = &b2.status.nodes[0];
+        let n2 = &b2.status.nodes[1];
+        assert_eq!(n1.last_transition_time, Some(at(10)));
+        assert_eq!(n1.phase_start_time, Some(at(10)));
+        assert_eq!(n1.target_version.as_deref(), Some("2.8.0"));
+        assert_eq!(n2.last_transition_time, Some(at(0)));
+        assert_eq!(b2.changes.len(), 1);
+        assert_eq!(b2.changes[0].from, Some(NodeState::Pending));
+        assert_eq!(
+            b2.changes[0].time_in_previous,
+            Some(SignedDuration::from_secs(10))
+        );
+        let progressing = cond(&b2.status, "Progressing");
+        assert_eq!(progressing.status, "True");
+        let since = progressing.last_transition_time.clone();
+        let b3 = build(
+            vec![
+                report("n1", NodeState::Draining, Some("2.7.0")),
+                report("n2", NodeState::Pending, Some("2.7.0")),
+            ],
+            &b2.status,
+            20,
+        );
+        assert_eq!(
+            b3.status.nodes[0].phase_start_time,
+            Some(at(10)),
+            "upgrade start kept"
+        );
+        assert_eq!(
+            cond(&b3.status, "Progressing").last_transition_time,
+            since,
+            "no flapping"
+        );
+        let b4 = build(
+            vec![
+                report("n1", NodeState::Done, Some("2.8.0")),
+                report("n2", NodeState::Pending, Some("2.7.0")),
+            ],
+            &b3.status,
+            50,
+        );
+        assert_eq!(
+            b4.changes[0].upgrade_total,
+            Some(SignedDuration::from_secs(40))
+        );
+        assert_eq!(b4.status.nodes[0].phase_start_time, None);
+        assert_eq!(cond(&b4.status, "Ready").status, "False");
+        assert_eq!(cond(&b4.status, "Progressing").status, "True");
+    }
+
+    #[test]
+    fn failures_count_attempts_keep_their_reason_and_degrade_then_halt() {
+        let mut failing = report("n1", NodeState::Failed, Some("2.7.0"));
+        failing.transition.reason = Some("DrainTimeout".into());
+        failing.transition.message =
+            Some("default/web-0 blocked by PodDisruptionBudget default/web".into());
+        let b1 = build(
+            vec![failing, report("n2", NodeState::Pending, Some("2.7.0"))],
+            &Default::default(),
+            0,
+        );
+        let n1 = &b1.status.nodes[0];
+        assert_eq!(n1.attempts, Some(1));
+        assert_eq!(n1.target_version.as_deref(), Some("2.8.0"));
+        let degraded = cond(&b1.status, "Degraded");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", reasons::NODES_FAILED)
+        );
+        assert!(
+            degraded.message.contains("n1 (DrainTimeout)"),
+            "{}",
+            degraded.message
+        );
+        // Still Failed without a new reason: the old one stays.
+        let b2 = build(
+            vec![
+                report("n1", NodeState::Failed, Some("2.7.0")),
+                report("n2", NodeState::Failed, Some("2.7.0")),
+            ],
+            &b1.status,
+            10,
+        );
+        assert_eq!(b2.status.nodes[0].reason.as_deref(), Some("DrainTimeout"));
+        assert_eq!(b2.status.nodes[0].attempts, Some(1));
+        let degraded = cond(&b2.status, "Degraded");
+        assert_eq!(degraded.reason, reasons::ROLLOUT_HALTED);
+        // A retry keeps counting attempts; Done clears them.
+        let b3 = build(
+            vec![report("n1", NodeState::Cordoning, Some("2.7.0"))],
+            &b2.status,
+            20,
+        );
+        assert_eq!(b3.status.nodes[0].attempts, Some(1));
+        let b4 = build(
+            vec![report("n1", NodeState::Failed, Some("2.7.0"))],
+            &b3.status,
+            30,
+        );
+        assert_eq!(b4.status.nodes[0].attempts, Some(2));
+        let b5 = build(
+            vec![report("n1", NodeState::Done, Some("2.8.0"))],
+            &b4.status,
+            40,
+        );
+        assert_eq!(b5.status.nodes[0].attempts, None);
+    }
+
+    #[test]
+    fn paused_and_invalid_specs_show_in_conditions() {
+        let mut f = facts();
+        f.paused = true;
+        let b = build_status(
+            &f,
+            &Default::default(),
+            &BTreeMap::new(),
+            vec![report("n1", NodeState::Pending, Some("2.7.0"))],
+            &at(0),
+        );
+        assert_eq!(cond(&b.status, "Paused").status, "True");
+        assert_eq!(cond(&b.status, "Progressing").reason, reasons::PAUSED);
+        let mut f = facts();
+        f.invalid_spec = Some("spec.upgradePolicy.drain.podSelectorLabel: bad".into());
+        let b = build_status(
+            &f,
+            &Default::default(),
+            &BTreeMap::new(),
+            vec![report("n1", NodeState::Done, Some("2.8.0"))],
+            &at(0),
+        );
+        let invalid = cond(&b.status, "InvalidSpec");
+        assert_eq!(invalid.status, "True");
+        assert!(invalid.message.contains("podSelectorLabel"));
+        assert_eq!(cond(&b.status, "Ready").status, "False");
+    }
+
+    fn fleet(n: usize, done: usize) -> Vec<NodeReport> {
+        (0..n)
+            .map(|i| {
+                let name = format!("tt-node-{i:05}");
+                if i < done {
+                    report(&name, NodeState::Done, Some("2.8.0"))
+                } else if i == done {
+                    let mut r = report(&name, NodeState::Upgrading, Some("2.7.0"));
+                    r.transition.reason = Some(tr::DEVICE_HELD.into());
+                    r.transition.message = Some("held by pid 1234 (python3), pid 1240 (tt-smi); stop those processes, drain them (upgradePolicy.drain.fullNode), or set upgradePolicy.forceUnload".into());
+                    r
+                } else {
+                    let mut r = report(&name, NodeState::Pending, Some("2.7.0"));
+                    r.transition.reason = Some(tr::WAITING_FOR_SLOT.into());
+                    r
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn five_thousand_nodes_fit_well_under_the_object_size_limit() {
+        for done in [0, 2_500, 4_999] {
+            let b = build(fleet(5_000, done), &Default::default(), 0);
+            assert_eq!(
+                b.status.nodes.len(),
+                5_000,
+                "every node listed up to the threshold"
+            );
+            let bytes = serde_json::to_vec(&b.status).unwrap().len();
+            assert!(
+                bytes < 1024 * 1024,
+                "{done} done: {bytes} bytes, limit 1.5 MiB"
+            );
+        }
+    }
+
+    #[test]
+    fn past_the_threshold_done_nodes_are_omitted_but_counted() {
+        let b = build(fleet(20_000, 19_000), &Default::default(), 0);
+        let s = b.status.summary.clone().unwrap();
+        assert_eq!(s.matched, 20_000);
+        assert_eq!(s.up_to_date, 19_000);
+        assert_eq!(s.pending, 999);
+        assert_eq!(b.status.nodes.len(), 1_000);
+        assert_eq!(s.nodes_omitted, 19_000);
+        assert!(b.status.nodes.iter().all(|n| n.state != NodeState::Done));
+        assert_eq!(
+            b.all_nodes.len(),
+            20_000,
+            "the controller still remembers every node"
+        );
+        // Even mid-rollout on a huge fleet the entry count is capped, in-flight first.
+        let b = build(fleet(50_000, 0), &Default::default(), 0);
+        assert_eq!(b.status.nodes.len(), MAX_NODE_ENTRIES);
+        assert!(
+            b.status
+                .nodes
+                .iter()
+                .any(|n| n.state == NodeState::Upgrading)
+        );
+        assert_eq!(b.status.summary.as_ref().unwrap().nodes_omitted, 45_000);
+        let bytes = serde_json::to_vec(&b.status).unwrap().len();
+        assert!(bytes < 1024 * 1024, "{bytes} bytes");
+    }
+}
