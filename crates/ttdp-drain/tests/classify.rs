@@ -1,0 +1,555 @@
+//! The pure parts: pod classification on every kind of pod, the device predicate, the two-pass
+//! options and the messages a user reads.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+use ttdp_api::selector::Selector;
+use ttdp_drain::{
+    CallerVerdict, ClassifyContext, DaemonSetLookup, DevicePredicate, Disposition, DrainError,
+    ObjectKey, Pass, PodDecision, PodPredicate, PodRef, PodRules, Reason, StuckPod, StuckReason,
+    TwoPassDrain, classify, classify_all,
+};
+
+/// A running pod `ns/name` with one container; `patch` is merged into it.
+fn pod(name: &str, patch: Value) -> Pod {
+    let mut v = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"nodeName": "n1", "containers": [{"name": "main", "image": "busybox"}]},
+        "status": {"phase": "Running"},
+    });
+    merge(&mut v, patch);
+    serde_json::from_value(v).unwrap()
+}
+
+fn merge(target: &mut Value, patch: Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(t.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (t, p) => *t = p,
+    }
+}
+
+fn owned_by(kind: &str, name: &str) -> Value {
+    json!({"metadata": {"ownerReferences": [{
+        "apiVersion": "apps/v1", "kind": kind, "name": name, "uid": format!("uid-{name}"), "controller": true,
+    }]}})
+}
+
+fn with(a: Value, b: Value) -> Value {
+    let mut a = a;
+    merge(&mut a, b);
+    a
+}
+
+fn empty_dir() -> Value {
+    json!({"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}]}})
+}
+
+fn phase(p: &str) -> Value {
+    json!({"status": {"phase": p}})
+}
+
+fn now() -> Timestamp {
+    "2026-01-01T12:00:00Z".parse().unwrap()
+}
+
+fn ctx() -> ClassifyContext {
+    ClassifyContext::at(now())
+}
+
+fn decide(pod: &Pod, rules: &PodRules) -> (Disposition, Reason, Vec<Reason>) {
+    let d = classify(pod, rules, &ctx());
+    assert_eq!(d.pod, PodRef::of(pod));
+    (d.disposition, d.reason, d.warnings)
+}
+
+fn kubectl_flags(ignore_daemonsets: bool, delete_emptydir_data: bool, force: bool) -> PodRules {
+    PodRules {
+        ignore_daemonsets,
+        delete_emptydir_data,
+        force,
+        ..PodRules::default()
+    }
+}
+
+#[test]
+fn controlled_pods_are_evicted_naming_their_controller() {
+    for (kind, name) in [
+        ("ReplicaSet", "web-7d9f"),
+        ("StatefulSet", "db"),
+        ("Job", "batch"),
+    ] {
+        let p = pod("p", owned_by(kind, name));
+        let (d, r, w) = decide(&p, &PodRules::default());
+        assert_eq!(d, Disposition::Evict, "{kind}");
+        assert_eq!(
+            r,
+            Reason::Controlled {
+                kind: kind.into(),
+                name: name.into()
+            }
+        );
+        assert_eq!(r.to_string(), format!("controlled by {kind} {name}"));
+        assert!(w.is_empty());
+    }
+}
+
+#[test]
+fn bare_pods_are_refused_unless_forced() {
+    let p = pod("bare", json!({}));
+    let (d, r, _) = decide(&p, &PodRules::default());
+    assert_eq!((d, r.clone()), (Disposition::Refuse, Reason::Unmanaged));
+    assert_eq!(
+        r.to_string(),
+        "cannot delete Pods that declare no controller (use --force to override)"
+    );
+    let (d, r, w) = decide(&p, &kubectl_flags(false, false, true));
+    assert_eq!((d, r), (Disposition::Evict, Reason::NoController));
+    assert_eq!(w, [Reason::DeletingUnmanaged]);
+    assert_eq!(w[0].to_string(), "deleting Pods that declare no controller");
+}
+
+#[test]
+fn mirror_pods_are_always_skipped() {
+    let mirror = with(
+        json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "abc"}}}),
+        json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "n", "controller": true}]}}),
+    );
+    let p = pod("etcd-n1", mirror.clone());
+    for rules in [PodRules::default(), kubectl_flags(true, true, true)] {
+        assert_eq!(decide(&p, &rules).0, Disposition::Skip);
+        assert_eq!(decide(&p, &rules).1, Reason::Mirror);
+    }
+    // A mirror pod without a controller reference is still skipped, not refused as bare.
+    let p = pod(
+        "static",
+        json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}}),
+    );
+    assert_eq!(decide(&p, &PodRules::default()).1, Reason::Mirror);
+    // Even when it has finished.
+    let p = pod("etcd-done", with(mirror, phase("Succeeded")));
+    assert_eq!(decide(&p, &PodRules::default()).0, Disposition::Skip);
+}
+
+#[test]
+fn daemonset_pods_are_refused_or_ignored() {
+    let p = pod("proxy-x", owned_by("DaemonSet", "proxy"));
+    let (d, r, _) = decide(&p, &PodRules::default());
+    assert_eq!(
+        (d, r.clone()),
+        (Disposition::Refuse, Reason::DaemonSetManaged)
+    );
+    assert_eq!(
+        r.to_string(),
+        "DaemonSet-managed Pods (use --ignore-daemonsets to ignore)"
+    );
+    let (d, r, _) = decide(&p, &kubectl_flags(true, false, false));
+    assert_eq!(
+        (d, r.clone()),
+        (Disposition::Skip, Reason::DaemonSetIgnored)
+    );
+    assert_eq!(r.to_string(), "ignoring DaemonSet-managed Pods");
+    // DaemonSet pods with emptyDir are skipped before the local-storage check.
+    let p = pod("agent", with(owned_by("DaemonSet", "agent"), empty_dir()));
+    assert_eq!(
+        decide(&p, &kubectl_flags(true, false, false)).0,
+        Disposition::Skip
+    );
+}
+
+#[test]
+fn orphaned_daemonset_pods_need_force_and_failed_lookups_refuse() {
+    let p = pod("proxy-x", owned_by("DaemonSet", "proxy"));
+    let key = ObjectKey::new("default", "proxy");
+    let mut c = ctx();
+    c.daemonsets.insert(key.clone(), DaemonSetLookup::Missing);
+    let d = classify(&p, &kubectl_flags(true, false, false), &c);
+    assert_eq!(d.disposition, Disposition::Refuse);
+    assert_eq!(d.reason.to_string(), "daemonsets.apps \"proxy\" not found");
+    let d = classify(&p, &kubectl_flags(true, false, true), &c);
+    assert_eq!(d.disposition, Disposition::Evict);
+    assert_eq!(
+        d.reason,
+        Reason::Controlled {
+            kind: "DaemonSet".into(),
+            name: "proxy".into()
+        }
+    );
+    assert_eq!(
+        d.warnings,
+        [Reason::DaemonSetMissing {
+            daemonset: key.clone()
+        }]
+    );
+
+    c.daemonsets
+        .insert(key.clone(), DaemonSetLookup::Failed("forbidden".into()));
+    let d = classify(&p, &kubectl_flags(true, true, true), &c);
+    assert_eq!(d.disposition, Disposition::Refuse);
+    assert_eq!(
+        d.reason.to_string(),
+        "cannot look up DaemonSet default/proxy: forbidden"
+    );
+    assert_eq!(
+        ttdp_drain::classify::daemonset_to_look_up(&p, &PodRules::default()),
+        Some(key)
+    );
+}
+
+#[test]
+fn emptydir_pods_need_delete_emptydir_data() {
+    let p = pod("cache", with(owned_by("ReplicaSet", "cache"), empty_dir()));
+    let (d, r, _) = decide(&p, &PodRules::default());
+    assert_eq!((d, r.clone()), (Disposition::Refuse, Reason::LocalStorage));
+    assert_eq!(
+        r.to_string(),
+        "Pods with local storage (use --delete-emptydir-data to override)"
+    );
+    let (d, _, w) = decide(&p, &kubectl_flags(false, true, false));
+    assert_eq!(d, Disposition::Evict);
+    assert_eq!(w, [Reason::DeletingLocalStorage]);
+    assert_eq!(w[0].to_string(), "deleting Pods with local storage");
+}
+
+#[test]
+fn checks_run_in_kubectls_order() {
+    // A bare pod with emptyDir is refused for local storage first, as kubectl reports it.
+    let p = pod("scratch", empty_dir());
+    assert_eq!(decide(&p, &PodRules::default()).1, Reason::LocalStorage);
+    assert_eq!(
+        decide(&p, &kubectl_flags(false, true, false)).1,
+        Reason::Unmanaged
+    );
+    let (d, _, w) = decide(&p, &kubectl_flags(false, true, true));
+    assert_eq!(d, Disposition::Evict);
+    assert_eq!(w, [Reason::DeletingLocalStorage, Reason::DeletingUnmanaged]);
+}
+
+#[test]
+fn finished_pods_are_deleted_whatever_they_are() {
+    for (name, extra) in [
+        ("bare", json!({})),
+        ("job", owned_by("Job", "j")),
+        ("ds", owned_by("DaemonSet", "d")),
+        ("scratch", empty_dir()),
+    ] {
+        for ph in ["Succeeded", "Failed"] {
+            let p = pod(name, with(extra.clone(), phase(ph)));
+            let (d, r, w) = decide(&p, &PodRules::default());
+            assert_eq!(d, Disposition::Delete, "{name} {ph}");
+            assert_eq!(r, Reason::Finished { phase: ph.into() });
+            assert_eq!(r.to_string(), format!("pod has finished ({ph})"));
+            assert!(w.is_empty());
+            assert_eq!(
+                ttdp_drain::classify::daemonset_to_look_up(&p, &PodRules::default()),
+                None
+            );
+        }
+    }
+}
+
+#[test]
+fn pending_pods_are_evicted_like_running_ones() {
+    let p = pod("p", with(owned_by("ReplicaSet", "r"), phase("Pending")));
+    assert_eq!(decide(&p, &PodRules::default()).0, Disposition::Evict);
+}
+
+#[test]
+fn the_selector_skips_unselected_pods_before_anything_can_refuse() {
+    let rules = PodRules {
+        selector: Selector::parse("tier notin (system),app").unwrap(),
+        ..PodRules::default()
+    };
+    let selected = pod(
+        "web",
+        with(
+            owned_by("ReplicaSet", "web"),
+            json!({"metadata": {"labels": {"app": "web"}}}),
+        ),
+    );
+    let system = pod(
+        "sys",
+        json!({"metadata": {"labels": {"app": "x", "tier": "system"}}}),
+    );
+    let unlabelled_bare = pod("bare", json!({}));
+    let decisions = classify_all([&selected, &system, &unlabelled_bare], &rules, &ctx());
+    let summary: Vec<(&str, Disposition, &Reason)> = decisions
+        .iter()
+        .map(|d| (d.pod.name.as_str(), d.disposition, &d.reason))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                "web",
+                Disposition::Evict,
+                &Reason::Controlled {
+                    kind: "ReplicaSet".into(),
+                    name: "web".into()
+                }
+            ),
+            ("sys", Disposition::Skip, &Reason::NotSelected),
+            ("bare", Disposition::Skip, &Reason::NotSelected),
+        ]
+    );
+}
+
+fn tt_device() -> DevicePredicate {
+    DevicePredicate {
+        host_path_prefixes: vec![ttdp_api::names::DEVICE_PATH.into()],
+        resource_prefixes: vec![ttdp_api::names::DEVICE_RESOURCE_PREFIX.into()],
+    }
+}
+
+fn host_path(path: &str, privileged: bool) -> Value {
+    json!({"spec": {
+        "volumes": [{"name": "dev", "hostPath": {"path": path}}],
+        "containers": [{"name": "main", "image": "busybox",
+            "securityContext": {"privileged": privileged},
+            "volumeMounts": [{"name": "dev", "mountPath": "/dev/host"}]}],
+    }})
+}
+
+#[test]
+fn device_predicate_recognises_every_way_to_use_the_device() {
+    let device = tt_device();
+    let uses = |patch: Value| device.matches(&pod("p", patch));
+    assert!(uses(host_path("/dev/tenstorrent", false)));
+    assert!(uses(host_path("/dev/tenstorrent/", false)));
+    assert!(uses(host_path("/dev/tenstorrent/0", false)));
+    assert!(uses(host_path("/dev", true)));
+    assert!(uses(host_path("/", true)));
+    assert!(
+        !uses(host_path("/dev", false)),
+        "unprivileged /dev cannot open the device"
+    );
+    assert!(
+        !uses(host_path("/dev/tenstorrentx", true)),
+        "a sibling path"
+    );
+    assert!(!uses(host_path("/var/log", true)));
+    assert!(uses(
+        json!({"spec": {"containers": [{"name": "m", "image": "i",
+        "resources": {"requests": {"tenstorrent.com/n300": "1"}}}]}})
+    ));
+    assert!(uses(
+        json!({"spec": {"containers": [{"name": "m", "image": "i",
+        "resources": {"limits": {"tenstorrent.com/p150": "1"}}}]}})
+    ));
+    assert!(uses(
+        json!({"spec": {"initContainers": [{"name": "init", "image": "i",
+        "resources": {"limits": {"tenstorrent.com/n150": "1"}}}]}})
+    ));
+    assert!(!uses(
+        json!({"spec": {"containers": [{"name": "m", "image": "i",
+        "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1"}}}]}})
+    ));
+    // /dev mounted by an unprivileged container, privileged sibling without the mount.
+    assert!(!uses(json!({"spec": {
+        "volumes": [{"name": "dev", "hostPath": {"path": "/dev"}}],
+        "containers": [
+            {"name": "a", "image": "i", "volumeMounts": [{"name": "dev", "mountPath": "/dev"}]},
+            {"name": "b", "image": "i", "securityContext": {"privileged": true}},
+        ],
+    }})));
+    assert!(!DevicePredicate::default().matches(&pod("p", host_path("/dev", true))));
+}
+
+#[test]
+fn device_scope_skips_other_pods_and_removes_device_users() {
+    let rules = PodRules {
+        device: Some(tt_device()),
+        ignore_daemonsets: true,
+        ..PodRules::default()
+    };
+    let bare_other = pod("other", json!({}));
+    assert_eq!(
+        decide(&bare_other, &rules).1,
+        Reason::NotDeviceUser,
+        "a bare pod without the device must not block a device-only drain"
+    );
+    let user = pod(
+        "llm",
+        with(
+            owned_by("StatefulSet", "llm"),
+            host_path("/dev/tenstorrent", false),
+        ),
+    );
+    assert_eq!(decide(&user, &rules).0, Disposition::Evict);
+    let bare_user = pod("bare-llm", host_path("/dev/tenstorrent/1", false));
+    assert_eq!(decide(&bare_user, &rules).1, Reason::Unmanaged);
+    let agent = pod(
+        "agent",
+        with(owned_by("DaemonSet", "ttdrv-x"), host_path("/dev", true)),
+    );
+    assert_eq!(decide(&agent, &rules).1, Reason::DaemonSetIgnored);
+}
+
+#[test]
+fn the_callers_predicate_runs_after_kubectls_checks() {
+    let verdict = |v: CallerVerdict| PodRules {
+        extra: Some(PodPredicate::new(move |p: &Pod| {
+            if p.metadata.name.as_deref() == Some("keep") {
+                v.clone()
+            } else {
+                CallerVerdict::Allow
+            }
+        })),
+        ..PodRules::default()
+    };
+    let keep = pod("keep", owned_by("ReplicaSet", "r"));
+    let other = pod("other", owned_by("ReplicaSet", "r"));
+    let skip = verdict(CallerVerdict::Skip("pinned by the caller".into()));
+    assert_eq!(
+        decide(&keep, &skip).1,
+        Reason::Caller("pinned by the caller".into())
+    );
+    assert_eq!(decide(&keep, &skip).0, Disposition::Skip);
+    assert_eq!(decide(&other, &skip).0, Disposition::Evict);
+    let refuse = verdict(CallerVerdict::Refuse("holds a lease".into()));
+    assert_eq!(decide(&keep, &refuse).0, Disposition::Refuse);
+    // kubectl's refusal wins over the caller's skip.
+    let bare_keep = pod("keep", json!({}));
+    assert_eq!(decide(&bare_keep, &skip).1, Reason::Unmanaged);
+}
+
+#[test]
+fn long_terminating_pods_are_skipped_only_with_skip_wait_timeout() {
+    let since = |ago_secs: i64| {
+        let t = now() - jiff::SignedDuration::from_secs(ago_secs);
+        with(
+            owned_by("ReplicaSet", "r"),
+            json!({"metadata": {"deletionTimestamp": t.to_string(), "deletionGracePeriodSeconds": 30}}),
+        )
+    };
+    let rules = PodRules {
+        skip_wait_for_delete_timeout: Some(Duration::from_secs(300)),
+        ..PodRules::default()
+    };
+    assert_eq!(
+        decide(&pod("old", since(600)), &rules).1,
+        Reason::DeletionOverdue
+    );
+    assert_eq!(decide(&pod("new", since(60)), &rules).0, Disposition::Evict);
+    assert_eq!(
+        decide(&pod("old", since(600)), &PodRules::default()).0,
+        Disposition::Evict
+    );
+}
+
+fn two_pass() -> TwoPassDrain {
+    TwoPassDrain {
+        device: tt_device(),
+        full_node: true,
+        pod_selector: Selector::parse("team=ml").unwrap(),
+        force: true,
+        delete_emptydir_data: false,
+        options: Default::default(),
+    }
+}
+
+#[test]
+fn two_pass_options_follow_the_spec() {
+    let plan = two_pass();
+    assert_eq!(plan.passes(), [Pass::Device, Pass::FullNode]);
+    let p1 = plan.pass_options(Pass::Device).rules;
+    assert!(p1.device.is_some() && p1.selector.is_empty());
+    assert!(p1.force && p1.ignore_daemonsets);
+    assert!(
+        p1.delete_emptydir_data,
+        "device users go even with emptyDir"
+    );
+    let p2 = plan.pass_options(Pass::FullNode).rules;
+    assert!(p2.device.is_none());
+    assert_eq!(p2.selector.to_string(), "team=ml");
+    assert!(p2.force && p2.ignore_daemonsets && !p2.delete_emptydir_data);
+
+    // Pass 2 refuses the emptyDir pod pass 1 removes, because deleteEmptyDir is off.
+    let scratch_user = pod(
+        "u",
+        with(
+            owned_by("ReplicaSet", "u"),
+            json!({
+                "metadata": {"labels": {"team": "ml"}},
+                "spec": {"volumes": [
+                    {"name": "scratch", "emptyDir": {}},
+                    {"name": "dev", "hostPath": {"path": "/dev/tenstorrent"}},
+                ]},
+            }),
+        ),
+    );
+    assert_eq!(decide(&scratch_user, &p1).0, Disposition::Evict);
+    assert_eq!(decide(&scratch_user, &p2).1, Reason::LocalStorage);
+
+    let no_full = TwoPassDrain {
+        full_node: false,
+        ..two_pass()
+    };
+    assert_eq!(no_full.passes(), [Pass::Device]);
+}
+
+#[test]
+fn messages_name_the_pod_and_the_cause() {
+    let web = PodRef {
+        namespace: "default".into(),
+        name: "web-0".into(),
+        uid: "u".into(),
+    };
+    let blocked = StuckPod {
+        pod: web.clone(),
+        why: StuckReason::Blocked {
+            budget: Some(ObjectKey::new("default", "web-pdb")),
+            disruptions_allowed: Some(0),
+            message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+        },
+    };
+    assert_eq!(
+        blocked.to_string(),
+        "default/web-0: eviction blocked by PodDisruptionBudget default/web-pdb (0 disruptions allowed)"
+    );
+    let terminating = StuckPod {
+        pod: web.clone(),
+        why: StuckReason::Terminating {
+            waiting: Some(Duration::from_secs(42)),
+            grace_period_seconds: Some(30),
+            finalizers: vec!["example.com/flush".into()],
+        },
+    };
+    assert_eq!(
+        terminating.to_string(),
+        "default/web-0: still terminating (deletion requested 42s ago; grace period 30s; finalizers: example.com/flush)"
+    );
+    let timeout = DrainError::Timeout {
+        node: "n1".into(),
+        pass: Some(Pass::FullNode),
+        timeout: Duration::from_secs(60),
+        remaining: vec![blocked, terminating],
+    };
+    let text = timeout.to_string();
+    assert!(
+        text.starts_with("drain of node n1 (full-node pass) timed out after 60s; still on the node: default/web-0: eviction blocked"),
+        "{text}"
+    );
+    let refused = DrainError::Refused {
+        node: "n1".into(),
+        pass: None,
+        pods: vec![PodDecision {
+            pod: web,
+            disposition: Disposition::Refuse,
+            reason: Reason::Unmanaged,
+            warnings: vec![],
+        }],
+    };
+    assert_eq!(
+        refused.to_string(),
+        "cannot drain node n1: default/web-0: cannot delete Pods that declare no controller (use --force to override)"
+    );
+}
