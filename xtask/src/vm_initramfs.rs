@@ -90,7 +90,8 @@ pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
         copy(&executable.host, &stage, &executable.guest, 0o755)?;
     }
     for (host, guest) in contents.scenario.files {
-        copy(&contents.root.join(host), &stage, guest, 0o644)?;
+        // std::fs::copy keeps the host file's permissions: an executable stays executable
+        copy_keeping_mode(&contents.root.join(host), &stage, guest)?;
     }
     super::vm_stub_repo::build(
         contents.root,
@@ -187,6 +188,13 @@ fn shell_quote(s: &str) -> String {
 
 /// Copies `host` to `stage` + `guest` with `mode`, creating parent directories.
 fn copy(host: &Path, stage: &Path, guest: &str, mode: u32) -> Result<()> {
+    let target = copy_keeping_mode(host, stage, guest)?;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", target.display()))
+}
+
+/// Copies `host` to `stage` + `guest` with the host file's permissions; returns the copy's path.
+fn copy_keeping_mode(host: &Path, stage: &Path, guest: &str) -> Result<PathBuf> {
     let target = stage.join(guest.trim_start_matches('/'));
     if let Some(parent) = target.parent() {
         std::fs::create_dir_all(parent)
@@ -194,9 +202,7 @@ fn copy(host: &Path, stage: &Path, guest: &str, mode: u32) -> Result<()> {
     }
     std::fs::copy(host, &target)
         .with_context(|| format!("copying {} to {}", host.display(), target.display()))?;
-    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
-        .with_context(|| format!("setting the mode of {}", target.display()))?;
-    Ok(())
+    Ok(target)
 }
 
 /// True for an ELF file without a program interpreter (`PT_INTERP`): it runs without a libc.

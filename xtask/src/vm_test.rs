@@ -80,7 +80,8 @@ pub struct Scenario {
     pub tests: &'static [(&'static str, &'static str)],
     /// Binary targets (package, bin name), built static, at `/opt/ttdp/bin/<bin>` (on `PATH`).
     pub bins: &'static [(&'static str, &'static str)],
-    /// Extra files: (path relative to the repository root, absolute path in the guest).
+    /// Extra files: (path relative to the repository root, absolute path in the guest); they keep
+    /// their permissions.
     pub files: &'static [(&'static str, &'static str)],
     /// Share the host's `/usr` read-only over 9p as the guest's `/usr` (with `/lib`, `/lib64`
     /// leading into it): gcc, make, git and the kernel headers, so the guest can build modules.
