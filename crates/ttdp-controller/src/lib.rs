@@ -11,6 +11,8 @@
 
 pub mod daemonset;
 pub mod error;
+pub mod observe;
+pub mod rollout;
 pub mod settings;
 pub mod status;
 pub mod transition;

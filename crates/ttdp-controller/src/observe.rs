@@ -1,0 +1,520 @@
+//! Deriving each node's [`NodeObservation`] from cluster state: the node's labels and
+//! annotations, its agent pod (template hash, readiness, container state, the agent's
+//! [`AgentReport`]), the recorded status entry, the drain tracker and the retry back-off.
+//!
+//! Pure functions over objects already read (from the reflector stores), so the rules are unit
+//! tested without a cluster.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use ttdp_api::agent_report::{AgentPhase, AgentReport};
+use ttdp_api::names::{self, annotations, install_mode, labels};
+use ttdp_api::{NodeState, NodeStatus};
+
+use crate::transition::{
+    AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, StartGate,
+};
+
+/// Container waiting reasons that mean the image cannot be pulled.
+const IMAGE_PULL_REASONS: [&str; 4] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+];
+
+/// The facts about one node that do not come from its agent pod.
+#[derive(Clone, Debug, Default)]
+pub struct NodeFacts<'a> {
+    /// The node's metadata (labels, annotations).
+    pub meta: Option<&'a ObjectMeta>,
+    /// `spec.unschedulable`, when the full node was read.
+    pub unschedulable: Option<bool>,
+}
+
+fn get<'a>(map: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
+    map.as_ref()?.get(key).map(String::as_str)
+}
+
+/// The node's `kmd-version` label.
+pub fn loaded_version(meta: &ObjectMeta) -> Option<String> {
+    get(&meta.labels, labels::KMD_VERSION).map(str::to_owned)
+}
+
+/// The node's `install-mode` label.
+pub fn install_mode_label(meta: &ObjectMeta) -> Option<String> {
+    get(&meta.labels, labels::INSTALL_MODE).map(str::to_owned)
+}
+
+/// Whether the node carries `policy`'s cordon annotation.
+pub fn cordoned_by(meta: &ObjectMeta, policy: &str) -> bool {
+    get(&meta.annotations, annotations::CORDONED_BY) == Some(names::cordon_owner(policy).as_str())
+}
+
+/// The deploy gates the controller closed on this node (from its annotation).
+pub fn closed_gates(meta: &ObjectMeta) -> Vec<String> {
+    get(&meta.annotations, annotations::DEPLOY_GATES)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether someone asked for a retry of this node.
+pub fn retry_requested(meta: &ObjectMeta) -> bool {
+    get(&meta.annotations, annotations::RETRY).is_some()
+}
+
+/// The agent's report on its pod, if present and parseable.
+pub fn agent_report(pod: &Pod) -> Option<AgentReport> {
+    let raw = get(&pod.metadata.annotations, annotations::AGENT_REPORT)?;
+    serde_json::from_str(raw).ok()
+}
+
+/// The template hash a pod was created from.
+pub fn pod_template_hash(pod: &Pod) -> Option<&str> {
+    get(&pod.metadata.annotations, annotations::TEMPLATE_HASH)
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn agent_status(pod: &Pod) -> Option<&ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == names::AGENT_CONTAINER)
+}
+
+/// Picks the agent pod of a node among the pods found there: a live one over a terminating one.
+pub fn pick_agent_pod<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Option<&'a Pod> {
+    pods.into_iter()
+        .min_by_key(|p| p.metadata.deletion_timestamp.is_some())
+}
+
+/// How the agent pod on a node is doing, relative to the DaemonSet's current template hash.
+pub fn agent_pod(pod: Option<&Pod>, current_hash: &str) -> AgentPod {
+    let Some(pod) = pod else {
+        return AgentPod::Missing;
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return AgentPod::Terminating;
+    }
+    if pod_template_hash(pod) != Some(current_hash) {
+        return AgentPod::Stale;
+    }
+    AgentPod::Current(agent_condition(pod))
+}
+
+fn agent_condition(pod: &Pod) -> AgentCondition {
+    let status = agent_status(pod);
+    let image = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    if let Some(waiting) = status
+        .and_then(|s| s.state.as_ref())
+        .and_then(|s| s.waiting.as_ref())
+    {
+        let reason = waiting.reason.as_deref().unwrap_or_default();
+        let detail = waiting.message.clone().unwrap_or_default();
+        if IMAGE_PULL_REASONS.contains(&reason) {
+            return AgentCondition::Failed {
+                reason: "ImagePullFailed".into(),
+                message: format!(
+                    "cannot pull the agent image {image} ({reason}: {detail}); check spec.installer.image and the node's pull secrets"
+                ),
+            };
+        }
+        if reason == "CrashLoopBackOff" {
+            let restarts = status.map(|s| s.restart_count).unwrap_or_default();
+            let last = status
+                .and_then(|s| s.last_state.as_ref())
+                .and_then(|s| s.terminated.as_ref())
+                .map(|t| {
+                    let line = t
+                        .message
+                        .as_deref()
+                        .and_then(|m| m.lines().rev().find(|l| !l.trim().is_empty()))
+                        .unwrap_or("no output");
+                    format!("exit code {}: {line}", t.exit_code)
+                })
+                .unwrap_or_else(|| "no termination record".into());
+            return AgentCondition::Failed {
+                reason: "AgentCrashLoop".into(),
+                message: format!(
+                    "the agent keeps crashing ({restarts} restarts); last {last}; see kubectl logs -n {} {} --previous",
+                    pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    pod.metadata.name.as_deref().unwrap_or_default()
+                ),
+            };
+        }
+    }
+    if pod_ready(pod) {
+        return AgentCondition::Ready;
+    }
+    match agent_report(pod) {
+        Some(r) if r.phase == AgentPhase::Failed => AgentCondition::Failed {
+            reason: r.reason.clone().unwrap_or_else(|| "AgentFailed".into()),
+            message: r.message.clone().unwrap_or_else(|| {
+                "the agent reported a failure without details; see its logs".into()
+            }),
+        },
+        Some(r) if r.phase == AgentPhase::WaitingForHolders => AgentCondition::WaitingForHolders {
+            message: r
+                .holders_text()
+                .or_else(|| r.message.clone())
+                .unwrap_or_else(|| "the device is held by processes".into()),
+        },
+        _ => AgentCondition::Working,
+    }
+}
+
+/// Whether the node is host-managed: labelled so by its agent, or reported so.
+pub fn host_managed(meta: &ObjectMeta, pod: Option<&Pod>) -> bool {
+    get(&meta.labels, labels::INSTALL_MODE) == Some(install_mode::HOST)
+        || pod
+            .and_then(agent_report)
+            .is_some_and(|r| r.phase == AgentPhase::HostManaged)
+}
+
+/// The back-off before attempt `attempts + 1` of a Failed node: `base * 2^(attempts-1)`,
+/// at most `max`.
+pub fn retry_backoff(attempts: i32, base: Duration, max: Duration) -> Duration {
+    let exp = u32::try_from(attempts.saturating_sub(1).clamp(0, 16)).unwrap_or(16);
+    base.saturating_mul(2u32.saturating_pow(exp)).min(max)
+}
+
+/// Whether a Failed node may be retried now, and if not, how long until it may.
+pub fn retry_gate(
+    meta: &ObjectMeta,
+    recorded: Option<&NodeStatus>,
+    now: &Time,
+    base: Duration,
+    max: Duration,
+) -> (RetryGate, Option<Duration>) {
+    if retry_requested(meta) {
+        return (RetryGate::Requested, None);
+    }
+    let Some(entry) = recorded.filter(|e| e.state == NodeState::Failed) else {
+        return (RetryGate::NotYet, None);
+    };
+    let wait = retry_backoff(entry.attempts.unwrap_or(1), base, max);
+    let since = entry
+        .last_transition_time
+        .as_ref()
+        .map(|t| now.0.duration_since(t.0))
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or(Duration::ZERO);
+    if since >= wait {
+        (RetryGate::Due, None)
+    } else {
+        (RetryGate::NotYet, Some(wait - since))
+    }
+}
+
+/// Everything needed to observe one node.
+#[derive(Debug)]
+pub struct ObserveInput<'a> {
+    /// The policy's name.
+    pub policy: &'a str,
+    /// The node's metadata.
+    pub meta: &'a ObjectMeta,
+    /// `spec.unschedulable` when the full node was read.
+    pub unschedulable: Option<bool>,
+    /// The node's agent pod.
+    pub pod: Option<&'a Pod>,
+    /// The DaemonSet's current template hash.
+    pub current_hash: &'a str,
+    /// The node's recorded status entry.
+    pub recorded: Option<&'a NodeStatus>,
+    /// The older policy owning the node, if any.
+    pub conflict_with: Option<String>,
+    /// The node's drain.
+    pub drain: DrainProgress,
+    /// The retry gate.
+    pub retry: RetryGate,
+}
+
+/// The node's observation (with the start gate still closed: the planner opens it).
+pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
+    let cordoned_by_us = cordoned_by(input.meta, input.policy);
+    NodeObservation {
+        recorded: input.recorded.map(|r| r.state),
+        conflict_with: input.conflict_with,
+        host_managed: host_managed(input.meta, input.pod),
+        loaded_version: loaded_version(input.meta),
+        agent: agent_pod(input.pod, input.current_hash),
+        cordoned_by_us,
+        externally_cordoned: input.unschedulable == Some(true) && !cordoned_by_us,
+        gates_closed_by_us: !closed_gates(input.meta).is_empty(),
+        drain: input.drain,
+        retry: input.retry,
+        start: StartGate::NoSlot,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStateWaiting, PodCondition, PodStatus,
+    };
+    use k8s_openapi::jiff::Timestamp;
+    use ttdp_api::agent_report::Holder;
+
+    fn meta(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> ObjectMeta {
+        let map = |kv: &[(&str, &str)]| {
+            Some(
+                kv.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        ObjectMeta {
+            name: Some("n1".into()),
+            labels: map(labels),
+            annotations: map(annotations),
+            ..Default::default()
+        }
+    }
+
+    fn pod(hash: &str, ready: bool) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("ttdrv-fleet-abc".into()),
+                namespace: Some("ns".into()),
+                annotations: Some(BTreeMap::from([(
+                    annotations::TEMPLATE_HASH.to_owned(),
+                    hash.to_owned(),
+                )])),
+                ..Default::default()
+            },
+            spec: None,
+            status: Some(PodStatus {
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn with_report(mut p: Pod, r: &AgentReport) -> Pod {
+        p.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                annotations::AGENT_REPORT.into(),
+                serde_json::to_string(r).unwrap(),
+            );
+        p
+    }
+
+    fn report(phase: AgentPhase) -> AgentReport {
+        AgentReport {
+            phase,
+            target_version: "2.8.0".into(),
+            loaded_version: Some("2.7.0".into()),
+            install_mode: "container".into(),
+            holders: vec![],
+            reason: None,
+            message: None,
+        }
+    }
+
+    fn waiting(mut p: Pod, reason: &str, message: &str) -> Pod {
+        let status = p.status.get_or_insert_with(Default::default);
+        status.container_statuses = Some(vec![ContainerStatus {
+            name: names::AGENT_CONTAINER.into(),
+            restart_count: 4,
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(reason.into()),
+                    message: Some(message.into()),
+                }),
+                ..Default::default()
+            }),
+            last_state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 2,
+                    message: Some("starting\nerror: TT_KMD_VERSION is not set\n".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]);
+        p
+    }
+
+    #[test]
+    fn agent_pods_are_classified_against_the_current_template() {
+        assert_eq!(agent_pod(None, "h2"), AgentPod::Missing);
+        assert_eq!(agent_pod(Some(&pod("h1", true)), "h2"), AgentPod::Stale);
+        assert_eq!(
+            agent_pod(Some(&pod("h2", true)), "h2"),
+            AgentPod::Current(AgentCondition::Ready)
+        );
+        assert_eq!(
+            agent_pod(Some(&pod("h2", false)), "h2"),
+            AgentPod::Current(AgentCondition::Working)
+        );
+        let mut deleting = pod("h2", true);
+        deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        assert_eq!(agent_pod(Some(&deleting), "h2"), AgentPod::Terminating);
+        assert_eq!(
+            pick_agent_pod([&deleting, &pod("h2", false)])
+                .unwrap()
+                .metadata
+                .deletion_timestamp,
+            None
+        );
+    }
+
+    #[test]
+    fn agent_failures_say_what_failed() {
+        let AgentPod::Current(AgentCondition::Failed { reason, message }) = agent_pod(
+            Some(&waiting(pod("h", false), "ImagePullBackOff", "not found")),
+            "h",
+        ) else {
+            panic!("image pull must fail the node")
+        };
+        assert_eq!(reason, "ImagePullFailed");
+        assert!(message.contains("spec.installer.image"), "{message}");
+        let AgentPod::Current(AgentCondition::Failed { reason, message }) = agent_pod(
+            Some(&waiting(pod("h", false), "CrashLoopBackOff", "back-off")),
+            "h",
+        ) else {
+            panic!("crash loop must fail the node")
+        };
+        assert_eq!(reason, "AgentCrashLoop");
+        assert!(
+            message.contains("error: TT_KMD_VERSION is not set"),
+            "last log line: {message}"
+        );
+        assert!(message.contains("4 restarts"), "{message}");
+        let mut failed = report(AgentPhase::Failed);
+        failed.reason = Some("BuildFailed".into());
+        failed.message = Some(
+            "make modules failed: missing headers; install linux-headers-6.1.0-31-amd64".into(),
+        );
+        let p = with_report(pod("h", false), &failed);
+        assert_eq!(
+            agent_pod(Some(&p), "h"),
+            AgentPod::Current(AgentCondition::Failed {
+                reason: "BuildFailed".into(),
+                message:
+                    "make modules failed: missing headers; install linux-headers-6.1.0-31-amd64"
+                        .into()
+            })
+        );
+    }
+
+    #[test]
+    fn holders_are_surfaced_while_waiting() {
+        let mut r = report(AgentPhase::WaitingForHolders);
+        r.holders = vec![Holder {
+            pid: 1234,
+            comm: "python3".into(),
+        }];
+        let p = with_report(pod("h", false), &r);
+        assert_eq!(
+            agent_pod(Some(&p), "h"),
+            AgentPod::Current(AgentCondition::WaitingForHolders {
+                message: "held by pid 1234 (python3)".into()
+            })
+        );
+    }
+
+    #[test]
+    fn node_annotations_and_labels_are_read() {
+        let m = meta(
+            &[
+                (labels::KMD_VERSION, "2.7.0"),
+                (labels::INSTALL_MODE, "container"),
+            ],
+            &[
+                (annotations::CORDONED_BY, "ttdp/fleet"),
+                (annotations::DEPLOY_GATES, "a.example/x, b.example/y"),
+                (annotations::RETRY, "2026-11-29T18:00:00Z"),
+            ],
+        );
+        assert_eq!(loaded_version(&m).as_deref(), Some("2.7.0"));
+        assert!(cordoned_by(&m, "fleet"));
+        assert!(!cordoned_by(&m, "other"));
+        assert_eq!(
+            closed_gates(&m),
+            vec!["a.example/x".to_string(), "b.example/y".to_string()]
+        );
+        assert!(retry_requested(&m));
+        assert!(!host_managed(&m, None));
+        let host = meta(&[(labels::INSTALL_MODE, "host")], &[]);
+        assert!(host_managed(&host, None));
+        let obs = observe(ObserveInput {
+            policy: "fleet",
+            meta: &meta(&[], &[(annotations::CORDONED_BY, "someone")]),
+            unschedulable: Some(true),
+            pod: None,
+            current_hash: "h",
+            recorded: None,
+            conflict_with: None,
+            drain: DrainProgress::NotStarted,
+            retry: RetryGate::NotYet,
+        });
+        assert!(obs.externally_cordoned && !obs.cordoned_by_us);
+    }
+
+    #[test]
+    fn failed_nodes_back_off_exponentially_unless_a_retry_is_requested() {
+        let base = Duration::from_secs(30);
+        let max = Duration::from_secs(600);
+        assert_eq!(retry_backoff(1, base, max), Duration::from_secs(30));
+        assert_eq!(retry_backoff(3, base, max), Duration::from_secs(120));
+        assert_eq!(retry_backoff(30, base, max), max);
+        let t = |s: i64| Time(Timestamp::from_second(1_800_000_000 + s).unwrap());
+        let entry = NodeStatus {
+            name: "n1".into(),
+            state: NodeState::Failed,
+            current_version: None,
+            target_version: None,
+            install_mode: None,
+            reason: None,
+            message: None,
+            last_transition_time: Some(t(0)),
+            phase_start_time: None,
+            attempts: Some(2),
+        };
+        let plain = meta(&[], &[]);
+        assert_eq!(
+            retry_gate(&plain, Some(&entry), &t(59), base, max),
+            (RetryGate::NotYet, Some(Duration::from_secs(1)))
+        );
+        assert_eq!(
+            retry_gate(&plain, Some(&entry), &t(60), base, max).0,
+            RetryGate::Due
+        );
+        let asked = meta(&[], &[(annotations::RETRY, "now")]);
+        assert_eq!(
+            retry_gate(&asked, Some(&entry), &t(1), base, max).0,
+            RetryGate::Requested
+        );
+    }
+}
