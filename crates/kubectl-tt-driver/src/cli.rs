@@ -32,8 +32,7 @@ Examples:
     about = "One view of TenstorrentDriverPolicy rollouts: policies, nodes, states and versions",
     long_about = "One view of TenstorrentDriverPolicy rollouts: every policy (CR), the state and loaded \
 tt-kmd version of each of its nodes, and what needs attention. Without a subcommand it runs `status`.",
-    after_help = AFTER_HELP,
-    args_conflicts_with_subcommands = true
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     /// How to reach the cluster.
@@ -51,6 +50,27 @@ pub struct Cli {
     /// Options of the default `status` command.
     #[command(flatten)]
     pub status: StatusArgs,
+}
+
+impl Cli {
+    /// Parses `args` (program name first). Connection flags may come before or after the
+    /// subcommand, as with kubectl; `status`'s own `-o` and `--watch` given before another
+    /// subcommand are an error rather than silently ignored.
+    pub fn try_parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let cli = Cli::try_parse_from(args)?;
+        let status_flags = cli.status.output != Output::Table || cli.status.watch;
+        if status_flags && cli.command.is_some() {
+            return Err(<Cli as clap::CommandFactory>::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "-o/--output and --watch before a subcommand belong to `status`; put them after the subcommand",
+            ));
+        }
+        Ok(cli)
+    }
 }
 
 /// kubectl's connection flags.
@@ -224,7 +244,7 @@ mod tests {
 
     #[test]
     fn no_subcommand_means_status_with_its_flags() {
-        let cli = Cli::try_parse_from(["kubectl-tt-driver", "-o", "json", "--context", "x"])
+        let cli = Cli::try_parse_args(["kubectl-tt-driver", "-o", "json", "--context", "x"])
             .expect("parses");
         assert!(cli.command.is_none());
         assert_eq!(cli.status.output, Output::Json);
@@ -233,8 +253,10 @@ mod tests {
 
     #[test]
     fn connection_flags_work_after_a_subcommand() {
-        let cli = Cli::try_parse_from([
+        let cli = Cli::try_parse_args([
             "kubectl-tt-driver",
+            "--context",
+            "c",
             "nodes",
             "fleet",
             "--kubeconfig",
@@ -248,6 +270,15 @@ mod tests {
             Some(std::path::Path::new("/tmp/k"))
         );
         assert_eq!(cli.connection.namespace.as_deref(), Some("ops"));
+        assert_eq!(cli.connection.context.as_deref(), Some("c"));
+    }
+
+    #[test]
+    fn status_flags_before_another_subcommand_are_rejected() {
+        let err = Cli::try_parse_args(["kubectl-tt-driver", "-o", "json", "nodes"])
+            .expect_err("ambiguous");
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+        assert!(Cli::try_parse_args(["kubectl-tt-driver", "nodes", "-o", "json"]).is_ok());
     }
 
     #[test]

@@ -3,12 +3,11 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use kubectl_tt_driver::{Cli, run};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::try_parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let mut out = std::io::stdout().lock();
     let mut err = std::io::stderr();
     match run(cli, &mut out, &mut err).await {
