@@ -249,7 +249,7 @@ impl SimCluster {
         let (server, client, kubeconfig) = match std::env::var_os(REAL_CLUSTER_KUBECONFIG_ENV) {
             Some(path) => {
                 let path = PathBuf::from(path);
-                let client = real_client(&path).await?;
+                let client = client_for(&path).await?;
                 info!(kubeconfig = %path.display(), "simulated nodes join a real cluster");
                 (None, client, path)
             }
@@ -259,11 +259,8 @@ impl SimCluster {
                     .start()
                     .await
                     .map_err(|e| SimError::ApiServer { message: e.to_string() })?;
-                let client = server
-                    .client()
-                    .await
-                    .map_err(|e| SimError::ApiServer { message: e.to_string() })?;
                 let kubeconfig = server.kubeconfig_path().to_path_buf();
+                let client = client_for(&kubeconfig).await?;
                 (Some(server), client, kubeconfig)
             }
         };
@@ -368,7 +365,7 @@ impl SimCluster {
         self.server.as_ref()
     }
 
-    /// A client for the cluster.
+    /// A client for the cluster (kube's automatic retries of 429/503/504 are off).
     pub fn client(&self) -> Client {
         self.client.clone()
     }
@@ -542,15 +539,19 @@ fn random_prefix() -> String {
     format!("sim-{suffix}")
 }
 
-async fn real_client(path: &Path) -> Result<Client, SimError> {
+/// A client for the kubeconfig at `path`, without kube's default retries: a 429 (e.g. an eviction
+/// blocked by a PodDisruptionBudget) reaches the caller at once instead of after minutes of
+/// retrying.
+pub async fn client_for(path: &Path) -> Result<Client, SimError> {
     let fail = |message: String| SimError::Kubeconfig {
         path: path.to_path_buf(),
         message,
     };
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| fail(e.to_string()))?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| fail(e.to_string()))?;
+    config.default_retry = false;
     Client::try_from(config).map_err(|e| fail(e.to_string()))
 }
 
