@@ -30,6 +30,8 @@ done
 export TTDP_VM TTDP_VM_SCENARIO TTDP_VM_KERNEL_RELEASE TTDP_VM_KO_DIR TTDP_VM_KO_VERSIONS \
   TTDP_VM_KO_BROKEN_VERSION TTDP_VM_STUB_REPO TTDP_VM_HOST_USR
 export RUST_BACKTRACE=1
+# The kernel hands init TERM=linux; the output ends up in log files, so no colour codes.
+export TERM=dumb
 
 # Scenarios that build modules get the host's /usr (gcc, make, git, kernel headers) read-only
 # over 9p; /lib and /lib64 already lead into it. Host tools then come before busybox's.
