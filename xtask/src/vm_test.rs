@@ -309,3 +309,82 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     vm_test_report::judge(&reports, started.elapsed())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn arguments_after_the_separator_go_to_the_guest_untouched() {
+        let args = parse_args(&strings(&[
+            "--scenario",
+            "kmod",
+            "--timeout",
+            "30",
+            "--",
+            "swap",
+            "--scenario",
+            "x",
+        ]))
+        .unwrap();
+        assert_eq!(args.scenarios, vec!["kmod"]);
+        assert_eq!(args.timeout, Some(Duration::from_secs(30)));
+        assert_eq!(args.guest_args, vec!["swap", "--scenario", "x"]);
+    }
+
+    #[test]
+    fn bad_arguments_and_unknown_scenarios_are_errors() {
+        assert!(parse_args(&strings(&["--timeout", "soon"])).is_err());
+        assert!(parse_args(&strings(&["--scenario"])).is_err());
+        assert!(parse_args(&strings(&["--frobnicate"])).is_err());
+        let err = selected_scenarios(&strings(&["nope"])).unwrap_err();
+        assert!(err.to_string().contains("known: kmod"), "{err}");
+        assert_eq!(selected_scenarios(&[]).unwrap().len(), SCENARIOS.len());
+    }
+
+    #[test]
+    fn every_scenario_has_a_unique_name_and_an_executable_script() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = repo_root().unwrap();
+        for (i, scenario) in SCENARIOS.iter().enumerate() {
+            assert!(
+                SCENARIOS[..i].iter().all(|s| s.name != scenario.name),
+                "duplicate scenario {}",
+                scenario.name
+            );
+            let script = root.join("tests/vm/scenarios").join(scenario.script);
+            let mode = std::fs::metadata(&script).unwrap().permissions().mode();
+            assert!(mode & 0o111 != 0, "{} is not executable", script.display());
+            for (host, _) in scenario.files {
+                assert!(
+                    root.join(host).is_file(),
+                    "scenario {} lists missing file {host}",
+                    scenario.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn stub_versions_are_distinct_release_versions_with_one_broken() {
+        for (i, module) in STUB_MODULES.iter().enumerate() {
+            let parts: Vec<&str> = module.version.split('.').collect();
+            assert!(
+                parts.len() == 3 && parts.iter().all(|p| p.parse::<u32>().is_ok()),
+                "{} is not MAJOR.MINOR.PATCH",
+                module.version
+            );
+            assert!(
+                STUB_MODULES[..i]
+                    .iter()
+                    .all(|m| m.version != module.version)
+            );
+        }
+        assert_eq!(STUB_MODULES.iter().filter(|m| m.fail_init).count(), 1);
+        assert!(STUB_MODULES.iter().filter(|m| !m.fail_init).count() >= 2);
+    }
+}

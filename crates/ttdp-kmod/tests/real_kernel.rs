@@ -369,6 +369,40 @@ fn swap_to_a_version_that_fails_to_load_rolls_back_and_reports_both() {
 
 #[test]
 #[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn a_failed_rollback_says_that_no_module_is_loaded() {
+    // 1.0.0 was loaded from outside the cache (say, by hand), so there is nothing to roll back to
+    let installer = fresh_installer();
+    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+    cache_stub(&installer, BROKEN);
+
+    let err = installer.swap(BROKEN, &SwapOptions::default()).unwrap_err();
+    assert_eq!(err.reason(), "LoadFailedRollbackFailed", "{err}");
+    match &err {
+        KmodError::RollbackFailed {
+            version,
+            previous,
+            load_error,
+            rollback_error,
+            ..
+        } => {
+            assert_eq!((version.as_str(), previous.as_deref()), (BROKEN, Some(V1)));
+            assert_eq!(load_error.reason(), "BadModule", "{load_error}");
+            assert_eq!(rollback_error.reason(), "NotCached", "{rollback_error}");
+        }
+        other => panic!("expected RollbackFailed, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains("no tenstorrent module is loaded"),
+        "{err}"
+    );
+    assert!(
+        !installer.status().unwrap().loaded,
+        "the error must tell the truth"
+    );
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
 fn a_verified_cache_entry_is_a_hit() {
     let installer = fresh_installer();
     assert_eq!(
