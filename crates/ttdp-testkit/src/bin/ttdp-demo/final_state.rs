@@ -1,0 +1,206 @@
+//! The cluster after the rollout, as the user would check it: the policy's per-node states, the
+//! node labels, cordons and deploy gates, and which workloads are still running. Also what the
+//! demo writes with `--report`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde::Serialize;
+use ttdp_api::names::{DEFAULT_DEPLOY_GATE, annotations, install_mode, labels};
+use ttdp_api::{NodeState, TenstorrentDriverPolicy};
+use ttdp_testkit::sim::workload::WORKLOAD_LABEL;
+
+use crate::fleet::{Fleet, Placement};
+use crate::timings::{Phase, RolloutTimes};
+
+/// One node as the rollout left it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeOutcome {
+    /// Node name.
+    pub name: String,
+    /// `tenstorrent`, `host-managed` or `plain`.
+    pub kind: String,
+    /// Its state in the policy's status (absent for nodes the policy does not list).
+    pub state: Option<String>,
+    /// The version the status reports loaded.
+    pub status_version: Option<String>,
+    /// The `kmd-version` node label.
+    pub kmd_version_label: Option<String>,
+    /// The `install-mode` node label.
+    pub install_mode_label: Option<String>,
+    /// `spec.unschedulable`.
+    pub cordoned: bool,
+    /// The `cordoned-by` annotation, if any.
+    pub cordoned_by: Option<String>,
+    /// The deploy-gate label, if any.
+    pub deploy_gate: Option<String>,
+}
+
+/// A workload pod and whether it is still there.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadOutcome {
+    /// Workload name.
+    pub name: String,
+    /// Its node.
+    pub node: String,
+    /// Whether the upgrade had to evict it.
+    pub expected_evicted: bool,
+    /// Whether its pod still exists.
+    pub running: bool,
+}
+
+/// What `--report` writes.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Outcome {
+    /// The policy.
+    pub policy: String,
+    /// First version.
+    pub from: String,
+    /// Upgrade target.
+    pub to: String,
+    /// Whether the upgrade reached Ready and every check passed.
+    pub success: bool,
+    /// Checks that failed (empty on success), or why the demo stopped early.
+    pub problems: Vec<String>,
+    /// Phases and their durations.
+    pub phases: Vec<Phase>,
+    /// Per-node times of the upgrade.
+    pub upgrade: RolloutTimes,
+    /// Every node.
+    pub nodes: Vec<NodeOutcome>,
+    /// Every workload.
+    pub workloads: Vec<WorkloadOutcome>,
+}
+
+/// Reads the cluster and checks it: every container node Done at `to` with the label to match,
+/// the host-managed node HostManaged and still on its own version, plain nodes without any
+/// driver label, no node cordoned and no deploy gate left closed, workloads evicted exactly
+/// where the upgrade had to drain. Returns the nodes, the workloads and the failed checks.
+pub async fn inspect(
+    client: &Client,
+    policy: &TenstorrentDriverPolicy,
+    fleet: &Fleet,
+    workloads_namespace: &str,
+    to: &str,
+) -> Result<(Vec<NodeOutcome>, Vec<WorkloadOutcome>, Vec<String>), kube::Error> {
+    let status: BTreeMap<&str, _> = policy
+        .status
+        .iter()
+        .flat_map(|s| s.nodes.iter())
+        .map(|n| (n.name.as_str(), n))
+        .collect();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut problems = Vec::new();
+    let mut outcomes = Vec::new();
+    let container = fleet.container_nodes();
+    let host_managed = fleet.host_managed_node();
+    for node in nodes.list(&ListParams::default()).await?.items {
+        let name = node.name_any();
+        let kind = if container.contains(&name) {
+            "tenstorrent"
+        } else if host_managed.as_deref() == Some(name.as_str()) {
+            "host-managed"
+        } else {
+            "plain"
+        };
+        let label = |key: &str| node.labels().get(key).cloned();
+        let entry = status.get(name.as_str());
+        let outcome = NodeOutcome {
+            name: name.clone(),
+            kind: kind.to_owned(),
+            state: entry.map(|n| n.state.to_string()),
+            status_version: entry.and_then(|n| n.current_version.clone()),
+            kmd_version_label: label(labels::KMD_VERSION),
+            install_mode_label: label(labels::INSTALL_MODE),
+            cordoned: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+            cordoned_by: node.annotations().get(annotations::CORDONED_BY).cloned(),
+            deploy_gate: label(DEFAULT_DEPLOY_GATE),
+        };
+        problems.extend(node_problems(&outcome, to));
+        outcomes.push(outcome);
+    }
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), workloads_namespace);
+    let present: Vec<String> = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.labels().get(WORKLOAD_LABEL).cloned())
+        .collect();
+    let mut workloads = Vec::new();
+    for (workload, placement) in fleet.workloads() {
+        let running = present.contains(&workload.name);
+        let expected_evicted = placement == Placement::Drained;
+        if expected_evicted && running {
+            problems.push(format!("workload {} on {} was not evicted by the drain", workload.name, workload.node));
+        }
+        if !expected_evicted && !running {
+            problems.push(format!("workload {} on {} was evicted but that node is not upgraded by ttdp", workload.name, workload.node));
+        }
+        workloads.push(WorkloadOutcome {
+            name: workload.name.clone(),
+            node: workload.node.clone(),
+            expected_evicted,
+            running,
+        });
+    }
+    Ok((outcomes, workloads, problems))
+}
+
+fn node_problems(node: &NodeOutcome, to: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let name = &node.name;
+    if node.cordoned {
+        problems.push(format!("node {name} is still cordoned"));
+    }
+    if let Some(owner) = &node.cordoned_by {
+        problems.push(format!("node {name} still carries the cordoned-by annotation ({owner})"));
+    }
+    if node.deploy_gate.is_some() {
+        problems.push(format!("node {name} still carries the deploy gate {DEFAULT_DEPLOY_GATE}"));
+    }
+    match node.kind.as_str() {
+        "tenstorrent" => {
+            if node.state.as_deref() != Some(NodeState::Done.as_str()) {
+                problems.push(format!("node {name} is {} instead of Done", node.state.as_deref().unwrap_or("not listed")));
+            }
+            if node.status_version.as_deref() != Some(to) || node.kmd_version_label.as_deref() != Some(to) {
+                problems.push(format!(
+                    "node {name} reports {} (status) and {} (label) instead of {to}",
+                    node.status_version.as_deref().unwrap_or("nothing"),
+                    node.kmd_version_label.as_deref().unwrap_or("nothing"),
+                ));
+            }
+        }
+        "host-managed" => {
+            if node.state.as_deref() != Some(NodeState::HostManaged.as_str()) {
+                problems.push(format!(
+                    "node {name} is {} instead of HostManaged",
+                    node.state.as_deref().unwrap_or("not listed")
+                ));
+            }
+            if node.install_mode_label.as_deref() != Some(install_mode::HOST) {
+                problems.push(format!("node {name} is not labelled install-mode=host"));
+            }
+            if node.kmd_version_label.as_deref() == Some(to) {
+                problems.push(format!("node {name} is host-managed but now runs {to}"));
+            }
+        }
+        _ => {
+            if node.state.is_some() {
+                problems.push(format!("plain node {name} appears in the policy's status"));
+            }
+            if node.kmd_version_label.is_some() || node.install_mode_label.is_some() {
+                problems.push(format!("plain node {name} carries driver labels"));
+            }
+        }
+    }
+    problems
+}

@@ -1,0 +1,172 @@
+//! The simulated fleet the demo runs: which nodes exist, which one is host-managed, and which
+//! workloads sit where so the upgrade has something to drain.
+//!
+//! Layout for `n` Tenstorrent nodes (`demo-tt-0` ... `demo-tt-<n-1>`) and `m` plain nodes
+//! (`demo-cpu-0` ...):
+//! - with `n >= 2`, the last Tenstorrent node has tt-kmd installed by DKMS on the host
+//!   ([`HOST_MANAGED_VERSION`]): ttdp must only observe it;
+//! - the other Tenstorrent nodes start with no module loaded (a fresh install);
+//! - after the install, `inference-*` replicas (one per node on the first three nodes, each
+//!   mounting `/dev/tenstorrent`, one PodDisruptionBudget with `maxUnavailable: 1` over all of
+//!   them), a `trainer` requesting a `tenstorrent.com/n300` device, a `log-shipper` using no
+//!   device (only the full-node pass evicts it), a `monitor` holding the device on the
+//!   host-managed node and a `web` pod on the first plain node. Every workload is owned by a
+//!   ReplicaSet, so drains may evict it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use ttdp_testkit::sim::{DeviceUse, SimClusterOptions, TenstorrentNode, Workload, WorkloadOwner};
+
+/// The name prefix of every node and of the workloads' namespace.
+pub const PREFIX: &str = "demo";
+/// The tt-kmd version DKMS installed on the host-managed node.
+pub const HOST_MANAGED_VERSION: &str = "2.6.1";
+/// The label the inference replicas share (and their PodDisruptionBudget selects).
+pub const INFERENCE_LABEL: (&str, &str) = ("app", "inference");
+/// The PodDisruptionBudget over the inference replicas.
+pub const INFERENCE_BUDGET: &str = "inference";
+
+/// Sizes of the fleet.
+#[derive(Debug, Clone, Copy)]
+pub struct Fleet {
+    /// Tenstorrent nodes, the host-managed one included.
+    pub tenstorrent: usize,
+    /// Plain nodes.
+    pub plain: usize,
+}
+
+/// Where a workload runs, which decides what the upgrade must do with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// On a node ttdp upgrades: the drain evicts it.
+    Drained,
+    /// On the host-managed node or a plain node: it must survive the rollout.
+    Untouched,
+}
+
+impl Fleet {
+    /// Whether the last Tenstorrent node is host-managed.
+    pub fn has_host_managed(&self) -> bool {
+        self.tenstorrent >= 2
+    }
+
+    /// Tenstorrent nodes whose driver ttdp installs.
+    pub fn container_nodes(&self) -> Vec<String> {
+        let count = self.tenstorrent - usize::from(self.has_host_managed());
+        (0..count).map(tenstorrent_name).collect()
+    }
+
+    /// The host-managed node, if any.
+    pub fn host_managed_node(&self) -> Option<String> {
+        self.has_host_managed().then(|| tenstorrent_name(self.tenstorrent - 1))
+    }
+
+    /// Plain nodes' names.
+    pub fn plain_nodes(&self) -> Vec<String> {
+        (0..self.plain).map(|i| format!("{PREFIX}-cpu-{i}")).collect()
+    }
+
+    /// The simulated cluster's nodes (the caller adds images, speed and environment).
+    pub fn cluster_options(&self) -> SimClusterOptions {
+        let mut options = SimClusterOptions::new()
+            .name_prefix(PREFIX)
+            .plain_nodes(self.plain);
+        for name in self.container_nodes() {
+            options = options.node(TenstorrentNode::new().label("tt.tenstorrent.com/pool", pool_of(&name)));
+        }
+        if self.has_host_managed() {
+            options = options.node(
+                TenstorrentNode::new()
+                    .host_managed(HOST_MANAGED_VERSION)
+                    .label("tt.tenstorrent.com/pool", "lab"),
+            );
+        }
+        options
+    }
+
+    /// The workloads placed once the first version is installed.
+    pub fn workloads(&self) -> Vec<(Workload, Placement)> {
+        let nodes = self.container_nodes();
+        let mut workloads = Vec::new();
+        for (i, node) in nodes.iter().take(3).enumerate() {
+            let workload = Workload::new(format!("inference-{i}"), node)
+                .device(DeviceUse::HostPath)
+                .owner(WorkloadOwner::ReplicaSet)
+                .label(INFERENCE_LABEL.0, INFERENCE_LABEL.1);
+            workloads.push((workload, Placement::Drained));
+        }
+        if let Some(node) = nodes.get(3) {
+            let trainer = Workload::new("trainer", node)
+                .device(DeviceUse::Resource)
+                .owner(WorkloadOwner::ReplicaSet)
+                .label("app", "trainer");
+            workloads.push((trainer, Placement::Drained));
+        }
+        if let Some(node) = nodes.get(4) {
+            let shipper = Workload::new("log-shipper", node)
+                .owner(WorkloadOwner::ReplicaSet)
+                .with_empty_dir()
+                .label("app", "log-shipper");
+            workloads.push((shipper, Placement::Drained));
+        }
+        if let Some(node) = self.host_managed_node() {
+            let monitor = Workload::new("monitor", node)
+                .device(DeviceUse::HostPath)
+                .owner(WorkloadOwner::ReplicaSet)
+                .label("app", "monitor");
+            workloads.push((monitor, Placement::Untouched));
+        }
+        if let Some(node) = self.plain_nodes().first() {
+            let web = Workload::new("web", node)
+                .owner(WorkloadOwner::ReplicaSet)
+                .label("app", "web");
+            workloads.push((web, Placement::Untouched));
+        }
+        workloads
+    }
+
+    /// The inference budget's selector.
+    pub fn inference_selector() -> BTreeMap<String, String> {
+        BTreeMap::from([(INFERENCE_LABEL.0.to_owned(), INFERENCE_LABEL.1.to_owned())])
+    }
+
+    /// The inference budget's limit: one replica may be down at a time.
+    pub fn inference_limit() -> IntOrString {
+        IntOrString::Int(1)
+    }
+}
+
+fn tenstorrent_name(i: usize) -> String {
+    format!("{PREFIX}-tt-{i}")
+}
+
+/// Container nodes are split into two pools by label, only to show labels in the views.
+fn pool_of(name: &str) -> &'static str {
+    let index: usize = name.rsplit('-').next().and_then(|i| i.parse().ok()).unwrap_or(0);
+    if index % 2 == 0 { "prod" } else { "batch" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_tenstorrent_node_is_host_managed_and_gets_no_drained_workload() {
+        let fleet = Fleet { tenstorrent: 4, plain: 1 };
+        assert_eq!(fleet.container_nodes(), ["demo-tt-0", "demo-tt-1", "demo-tt-2"]);
+        assert_eq!(fleet.host_managed_node().as_deref(), Some("demo-tt-3"));
+        for (workload, placement) in fleet.workloads() {
+            let upgraded = fleet.container_nodes().contains(&workload.node);
+            assert_eq!(placement == Placement::Drained, upgraded, "{}", workload.name);
+        }
+    }
+
+    #[test]
+    fn a_single_node_fleet_has_no_host_managed_node() {
+        let fleet = Fleet { tenstorrent: 1, plain: 0 };
+        assert_eq!(fleet.container_nodes(), ["demo-tt-0"]);
+        assert!(fleet.host_managed_node().is_none());
+        assert_eq!(fleet.workloads().len(), 1);
+    }
+}

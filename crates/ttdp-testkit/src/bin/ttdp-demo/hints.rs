@@ -1,0 +1,76 @@
+//! What the demo prints once the rollout is done: how to look at the still-running cluster with
+//! `kubectl` and `kubectl tt driver`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Where `.ci/kube-tools` installs kubectl, relative to `$HOME`.
+const KUBE_TOOLS_KUBECTL: &str = ".local/ttdp-tools/bin/kubectl";
+
+/// The real kubectl, if `.ci/kube-tools` installed it.
+pub fn installed_kubectl() -> Option<PathBuf> {
+    let path = PathBuf::from(std::env::var_os("HOME")?).join(KUBE_TOOLS_KUBECTL);
+    path.is_file().then_some(path)
+}
+
+/// The block of example commands for the cluster behind `kubeconfig`.
+pub fn render(kubeconfig: &Path, plugin: &Path, policy: &str, from: &str, kubectl: Option<&Path>) -> String {
+    let mut out = String::new();
+    let plugin_dir = plugin.parent().unwrap_or(Path::new("."));
+    let _ = writeln!(out, "The simulated cluster keeps running until Ctrl-C. In another terminal:");
+    let _ = writeln!(out);
+    let _ = writeln!(out, "  export KUBECONFIG={}", kubeconfig.display());
+    match kubectl {
+        Some(kubectl) => {
+            let k = kubectl.display();
+            let _ = writeln!(out, "  export PATH={}:$PATH   # kubectl finds the kubectl-tt-driver plugin there", plugin_dir.display());
+            let _ = writeln!(out, "  {k} get ttdp");
+            let _ = writeln!(out, "  {k} tt driver nodes {policy}");
+            let _ = writeln!(out, "  {k} tt driver describe {policy}");
+            let _ = writeln!(out, "  {k} get nodes -L driver.tenstorrent.com/kmd-version,driver.tenstorrent.com/install-mode");
+            let _ = writeln!(out, "  {k} get ttdp {policy} -o jsonpath='{{.status.nodes}}'");
+            let _ = writeln!(
+                out,
+                "  {k} patch ttdp {policy} --type merge -p '{{\"spec\":{{\"version\":\"{from}\"}}}}'   # downgrade, then:"
+            );
+            let _ = writeln!(out, "  {k} tt driver watch");
+        }
+        None => {
+            let p = plugin.display();
+            let _ = writeln!(out, "  {p} nodes {policy}        # kubectl tt driver nodes {policy}");
+            let _ = writeln!(out, "  {p} describe {policy}");
+            let _ = writeln!(out, "  {p} watch");
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "  With kubectl (`bash .ci/kube-tools` installs it into ~/{}), add {} to PATH and run",
+                KUBE_TOOLS_KUBECTL.trim_end_matches("/kubectl"),
+                plugin_dir.display()
+            );
+            let _ = writeln!(out, "  `kubectl get ttdp` and `kubectl tt driver nodes {policy}`.");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_name_the_kubeconfig_and_the_plugin_commands() {
+        let text = render(
+            Path::new("/tmp/k/kubeconfig"),
+            Path::new("/t/debug/kubectl-tt-driver"),
+            "default",
+            "2.7.0",
+            Some(Path::new("/h/.local/ttdp-tools/bin/kubectl")),
+        );
+        assert!(text.contains("export KUBECONFIG=/tmp/k/kubeconfig"));
+        assert!(text.contains("export PATH=/t/debug:$PATH"));
+        assert!(text.contains("/h/.local/ttdp-tools/bin/kubectl tt driver nodes default"));
+        let without = render(Path::new("/k"), Path::new("/t/debug/kubectl-tt-driver"), "default", "2.7.0", None);
+        assert!(without.contains("/t/debug/kubectl-tt-driver nodes default"));
+        assert!(without.contains(".ci/kube-tools"));
+    }
+}

@@ -1,0 +1,111 @@
+//! The live view: the plugin's `kubectl tt driver nodes <policy>` table, redrawn under a header
+//! whenever the policy changes (on a terminal), or node transitions printed line by line (when
+//! stdout is not a terminal, e.g. in CI).
+//!
+//! The plugin writes straight to the demo's stdout, so on a terminal it keeps its colours.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use crate::rollout_tracker::Transition;
+
+/// ANSI: cursor home, clear screen.
+const CLEAR: &str = "\x1b[H\x1b[2J";
+/// How long one plugin run may take before the frame is drawn without it.
+const PLUGIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many recent transitions the terminal view lists under the table.
+const RECENT: usize = 8;
+
+/// How the demo draws.
+#[derive(Debug, Clone)]
+pub struct LiveView {
+    /// The plugin binary.
+    pub plugin: PathBuf,
+    /// The cluster's kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// The policy shown.
+    pub policy: String,
+}
+
+impl LiveView {
+    /// Terminal mode: clears the screen and draws the header, the plugin's nodes table and the
+    /// most recent transitions.
+    pub async fn redraw_frame(&self, header: &str, transitions: &[Transition]) {
+        print!("{CLEAR}{header}\n\n");
+        flush();
+        self.plugin_table().await;
+        let recent = &transitions[transitions.len().saturating_sub(RECENT)..];
+        if !recent.is_empty() {
+            println!("\nrecent changes:");
+            for t in recent {
+                println!("{}", transition_line(t));
+            }
+        }
+        flush();
+    }
+
+    /// Prints the plugin's nodes table once, with a title (both modes).
+    pub async fn print_table(&self, title: &str) {
+        println!("\n$ kubectl tt driver nodes {}    # {title}", self.policy);
+        flush();
+        self.plugin_table().await;
+        flush();
+    }
+
+    /// Runs `kubectl-tt-driver nodes <policy>` with the demo's stdout; reports a failure in one
+    /// line instead of the table.
+    async fn plugin_table(&self) {
+        let mut command = Command::new(&self.plugin);
+        command
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["nodes", &self.policy])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let outcome = match command.spawn() {
+            Ok(child) => tokio::time::timeout(PLUGIN_TIMEOUT, child.wait_with_output()).await,
+            Err(e) => {
+                println!("(cannot run {}: {e})", self.plugin.display());
+                return;
+            }
+        };
+        match outcome {
+            Ok(Ok(output)) if output.status.success() => {}
+            Ok(Ok(output)) => println!(
+                "(kubectl tt driver failed: {})",
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
+            Ok(Err(e)) => println!("(kubectl tt driver failed: {e})"),
+            Err(_) => println!("(kubectl tt driver did not answer within {} s)", PLUGIN_TIMEOUT.as_secs()),
+        }
+    }
+}
+
+/// `  +12.3s  demo-tt-2   Draining → Upgrading   2.7.0   (reason: message)`.
+pub fn transition_line(t: &Transition) -> String {
+    let from = t.from.map_or_else(|| "·".to_owned(), |s| s.to_string());
+    let mut line = format!(
+        "  {:>7}  {:<14} {:>11} → {:<12} {}",
+        format!("+{:.1}s", t.at.as_secs_f64()),
+        t.node,
+        from,
+        t.to.to_string(),
+        t.version.as_deref().unwrap_or("-"),
+    );
+    if let Some(why) = &t.why {
+        let short: String = why.chars().take(100).collect();
+        line.push_str(&format!("   ({short})"));
+    }
+    line
+}
+
+/// Flushes stdout, ignoring a closed pipe (the demo keeps running).
+pub fn flush() {
+    let _ = std::io::stdout().flush();
+}

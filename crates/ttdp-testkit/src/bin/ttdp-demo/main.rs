@@ -1,0 +1,85 @@
+//! `ttdp-demo`: the README's main command (`cargo xtask demo` builds the binaries and runs it).
+//!
+//! It starts a simulated cluster (the testkit's API server, simulated kubelets running the real
+//! `ttdp-agent` binary against file-backed simulated kernels), runs the real `ttdp-controller`
+//! binary against it, installs tt-kmd with a `TenstorrentDriverPolicy`, upgrades it, and shows
+//! the rollout live through the real `kubectl tt driver` plugin. Then it prints the timings and
+//! keeps the cluster up for `kubectl` until Ctrl-C.
+//!
+//! It is a demo and a smoke test: it must never be pointed at a real cluster, so it refuses to
+//! start when `TTDP_TEST_KUBECONFIG` (the testkit's switch to a real cluster) is set.
+
+mod args;
+mod controller_process;
+mod final_state;
+mod fleet;
+mod hints;
+mod live_view;
+mod rollout_tracker;
+mod scenario;
+mod timings;
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+
+use ttdp_testkit::sim::cluster::REAL_CLUSTER_KUBECONFIG_ENV;
+
+use crate::args::DemoArgs;
+use crate::scenario::Ending;
+
+fn main() -> ExitCode {
+    let args = DemoArgs::parse();
+    match run(args) {
+        Ok(Ending::Success) => ExitCode::SUCCESS,
+        Ok(Ending::Interrupted) => {
+            eprintln!("ttdp-demo: interrupted");
+            ExitCode::from(130)
+        }
+        Ok(Ending::Failure(problems)) => {
+            let first = problems.first().and_then(|p| p.lines().next()).unwrap_or("unknown problem");
+            eprintln!("ttdp-demo: the demo failed: {first} (details above)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("ttdp-demo: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: DemoArgs) -> Result<Ending> {
+    if std::env::var_os(REAL_CLUSTER_KUBECONFIG_ENV).is_some() {
+        anyhow::bail!(
+            "{REAL_CLUSTER_KUBECONFIG_ENV} is set: the demo runs its own simulated cluster and never a real one; unset it and run again"
+        );
+    }
+    let log_dir = match &args.log_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("ttdp-demo-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&log_dir).with_context(|| format!("cannot create the log directory {}", log_dir.display()))?;
+    init_tracing(&log_dir.join("demo.log"))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(scenario::run(args, log_dir))
+}
+
+/// The demo's own logs (and the simulation's) go to a file: the terminal shows the rollout.
+fn init_tracing(path: &Path) -> Result<()> {
+    let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_writer(Mutex::new(file))
+        .init();
+    Ok(())
+}
+

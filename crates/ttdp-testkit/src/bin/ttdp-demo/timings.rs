@@ -1,0 +1,152 @@
+//! What the demo measures: how long each phase took, how long each node spent being upgraded,
+//! and how long nodes stayed in each state on average.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+use ttdp_api::NodeState;
+
+use crate::rollout_tracker::Transition;
+
+/// One named phase of the demo and how long it took.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Phase {
+    /// What happened.
+    pub name: String,
+    /// Seconds it took.
+    pub seconds: f64,
+}
+
+/// Per-node and per-state times of one rollout, from its transitions.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutTimes {
+    /// Seconds from a node leaving Pending (or first appearing in flight) to Done, per node.
+    pub per_node: BTreeMap<String, f64>,
+    /// Average seconds a node spent in each in-flight state.
+    pub per_state: BTreeMap<String, f64>,
+    /// The largest number of nodes in flight (Cordoning to Uncordoning) at once.
+    pub max_in_flight: usize,
+}
+
+impl RolloutTimes {
+    /// Times of the transitions that happened at or after `since` (the rollout's start).
+    pub fn from_transitions(transitions: &[Transition], since: Duration) -> Self {
+        let relevant: Vec<&Transition> = transitions.iter().filter(|t| t.at >= since).collect();
+        let mut by_node: BTreeMap<&str, Vec<&Transition>> = BTreeMap::new();
+        for t in &relevant {
+            by_node.entry(t.node.as_str()).or_default().push(t);
+        }
+        let mut per_node = BTreeMap::new();
+        let mut in_state: BTreeMap<NodeState, Vec<Duration>> = BTreeMap::new();
+        for (node, steps) in &by_node {
+            let started = steps.iter().find(|t| t.to.is_in_flight()).map(|t| t.at);
+            let done = steps.iter().rev().find(|t| t.to == NodeState::Done).map(|t| t.at);
+            if let (Some(start), Some(end)) = (started, done) {
+                per_node.insert((*node).to_owned(), end.saturating_sub(start).as_secs_f64());
+            }
+            for pair in steps.windows(2) {
+                if pair[0].to.is_in_flight() {
+                    in_state.entry(pair[0].to).or_default().push(pair[1].at.saturating_sub(pair[0].at));
+                }
+            }
+        }
+        let per_state = in_state
+            .into_iter()
+            .map(|(state, times)| {
+                let total: Duration = times.iter().sum();
+                let count = u32::try_from(times.len()).unwrap_or(u32::MAX).max(1);
+                (state.to_string(), (total / count).as_secs_f64())
+            })
+            .collect();
+        Self {
+            per_node,
+            per_state,
+            max_in_flight: max_in_flight(&relevant),
+        }
+    }
+}
+
+fn max_in_flight(transitions: &[&Transition]) -> usize {
+    let mut flying: BTreeMap<&str, bool> = BTreeMap::new();
+    let mut max = 0;
+    for t in transitions {
+        flying.insert(t.node.as_str(), t.to.is_in_flight());
+        max = max.max(flying.values().filter(|f| **f).count());
+    }
+    max
+}
+
+/// The timings block printed at the end.
+pub fn render(phases: &[Phase], upgrade: &RolloutTimes, max_unavailable: &str) -> String {
+    let mut out = String::new();
+    let total: f64 = phases.iter().map(|p| p.seconds).sum();
+    let _ = writeln!(out, "Timings");
+    for phase in phases {
+        let _ = writeln!(out, "  {:<44} {:>7.1} s", phase.name, phase.seconds);
+    }
+    let _ = writeln!(out, "  {:<44} {:>7.1} s", "total", total);
+    if !upgrade.per_node.is_empty() {
+        let times: Vec<f64> = upgrade.per_node.values().copied().collect();
+        let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = times.iter().copied().fold(0.0, f64::max);
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        let _ = writeln!(
+            out,
+            "  per node upgrade (Cordoning to Done)         min {min:.1} s, mean {mean:.1} s, max {max:.1} s over {} nodes",
+            times.len()
+        );
+    }
+    if !upgrade.per_state.is_empty() {
+        let states: Vec<String> = NodeState::ALL
+            .iter()
+            .filter_map(|s| upgrade.per_state.get(s.as_str()).map(|t| format!("{s} {t:.1} s")))
+            .collect();
+        let _ = writeln!(out, "  mean time in state                            {}", states.join(", "));
+    }
+    if upgrade.max_in_flight > 0 {
+        let _ = writeln!(
+            out,
+            "  most nodes upgrading at once                  {} (maxUnavailable {max_unavailable})",
+            upgrade.max_in_flight
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(at_ms: u64, node: &str, to: NodeState) -> Transition {
+        Transition {
+            at: Duration::from_millis(at_ms),
+            node: node.to_owned(),
+            from: None,
+            to,
+            version: None,
+            why: None,
+        }
+    }
+
+    #[test]
+    fn per_node_and_per_state_times_follow_the_transitions() {
+        let transitions = [
+            t(0, "a", NodeState::Done),
+            t(1000, "a", NodeState::Pending),
+            t(2000, "a", NodeState::Cordoning),
+            t(2500, "a", NodeState::Draining),
+            t(4500, "b", NodeState::Cordoning),
+            t(5000, "a", NodeState::Upgrading),
+            t(6000, "a", NodeState::Done),
+        ];
+        let times = RolloutTimes::from_transitions(&transitions, Duration::from_millis(500));
+        assert_eq!(times.per_node.get("a"), Some(&4.0), "Cordoning at 2 s, Done at 6 s");
+        assert_eq!(times.per_state.get("Draining"), Some(&2.5));
+        assert_eq!(times.max_in_flight, 2, "a draining while b cordons");
+        assert!(!times.per_node.contains_key("b"), "b never finished");
+    }
+}
