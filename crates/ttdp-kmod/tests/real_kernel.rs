@@ -487,6 +487,7 @@ fn a_cache_miss_is_built_from_source_loaded_and_then_hits_the_cache() {
     });
 
     let report = installer.swap(V2, &SwapOptions::default()).unwrap();
+    eprintln!("fresh install from source: {report:?}");
     assert_eq!(report.outcome, SwapOutcome::Installed);
     assert_eq!(report.cache, Some(CacheOutcome::Miss));
     assert_eq!(loaded_version(&installer).as_deref(), Some(V2));
