@@ -30,6 +30,16 @@ impl std::fmt::Debug for Connection {
     }
 }
 
+/// Whether a kubeconfig is to be used: `KUBECONFIG` is set, or `~/.kube/config` exists. (Only
+/// without either does kubectl fall back to the in-cluster service account.)
+fn kubeconfig_present() -> bool {
+    let env_set = std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty());
+    let home_config = std::env::var_os("HOME")
+        .map(|h| std::path::Path::new(&h).join(".kube").join("config"))
+        .is_some_and(|p| p.is_file());
+    env_set || home_config
+}
+
 /// The kube config the flags and environment select.
 pub async fn config(args: &ConnectionArgs) -> Result<Config, Error> {
     let options = KubeConfigOptions {
@@ -40,10 +50,11 @@ pub async fn config(args: &ConnectionArgs) -> Result<Config, Error> {
     let explicit = options.context.is_some() || options.cluster.is_some() || options.user.is_some();
     let mut config = match &args.kubeconfig {
         Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path).map_err(|source| Error::KubeconfigFile {
-                path: path.clone(),
-                source,
-            })?;
+            let kubeconfig =
+                Kubeconfig::read_from(path).map_err(|source| Error::KubeconfigFile {
+                    path: path.clone(),
+                    source,
+                })?;
             Config::from_custom_kubeconfig(kubeconfig, &options)
                 .await
                 .map_err(|source| Error::KubeconfigFile {
@@ -51,12 +62,10 @@ pub async fn config(args: &ConnectionArgs) -> Result<Config, Error> {
                     source,
                 })?
         }
-        None if explicit => Config::from_kubeconfig(&options)
+        None if explicit || kubeconfig_present() => Config::from_kubeconfig(&options)
             .await
             .map_err(|source| Error::Kubeconfig { source })?,
-        None => Config::infer()
-            .await
-            .map_err(|source| Error::NoConfiguration { source })?,
+        None => Config::incluster().map_err(|source| Error::NoConfiguration { source })?,
     };
     if let Some(timeout) = args.request_timeout.filter(|t| !t.is_zero()) {
         config.connect_timeout = Some(timeout);

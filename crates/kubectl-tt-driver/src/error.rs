@@ -8,7 +8,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The kubeconfig named by `--kubeconfig` could not be used.
-    #[error("cannot load kubeconfig {path}: {source}; check the file or pass another with --kubeconfig")]
+    #[error(
+        "cannot load kubeconfig {path}: {source}; check the file or pass another with --kubeconfig"
+    )]
     KubeconfigFile {
         /// The file.
         path: PathBuf,
@@ -24,14 +26,18 @@ pub enum Error {
         source: kube::config::KubeconfigError,
     },
     /// No kubeconfig and not running in a cluster.
-    #[error("no configuration has been provided: no kubeconfig found (KUBECONFIG, ~/.kube/config) and not running inside a cluster; pass --kubeconfig or set KUBECONFIG")]
+    #[error(
+        "no configuration has been provided: no kubeconfig found (KUBECONFIG, ~/.kube/config) and not running inside a cluster ({source}); pass --kubeconfig or set KUBECONFIG"
+    )]
     NoConfiguration {
-        /// Why.
+        /// Why the in-cluster configuration failed.
         #[source]
-        source: kube::config::InferConfigError,
+        source: kube::config::InClusterError,
     },
     /// Building the HTTP client failed (bad TLS material in the kubeconfig, for example).
-    #[error("cannot build a client for the server {server}: {source}; check the kubeconfig's certificates")]
+    #[error(
+        "cannot build a client for the server {server}: {source}; check the kubeconfig's certificates"
+    )]
     Client {
         /// The API server URL.
         server: String,
@@ -40,7 +46,9 @@ pub enum Error {
         source: kube::Error,
     },
     /// The API server could not be reached.
-    #[error("the connection to the server {server} failed: {cause} - did you specify the right host or port? check --kubeconfig and --context")]
+    #[error(
+        "the connection to the server {server} failed: {cause} - did you specify the right host or port? check --kubeconfig and --context"
+    )]
     Unreachable {
         /// The API server URL.
         server: String,
@@ -54,7 +62,9 @@ pub enum Error {
     #[error("the TenstorrentDriverPolicy CRD is not installed; install the chart")]
     CrdNotInstalled,
     /// The named policy does not exist.
-    #[error("tenstorrentdriverpolicies.driver.tenstorrent.com \"{name}\" not found; list policies with: kubectl get ttdp")]
+    #[error(
+        "tenstorrentdriverpolicies.driver.tenstorrent.com \"{name}\" not found; list policies with: kubectl get ttdp"
+    )]
     PolicyNotFound {
         /// The policy's name.
         name: String,
@@ -66,7 +76,9 @@ pub enum Error {
         name: String,
     },
     /// The node is not in the policy's status.
-    #[error("node {node} is not listed in the status of policy {policy} (it is Done or not selected); only a Failed node can be retried; see: kubectl tt driver nodes {policy}")]
+    #[error(
+        "node {node} is not listed in the status of policy {policy} (it is Done or not selected); only a Failed node can be retried; see: kubectl tt driver nodes {policy}"
+    )]
     NodeNotInPolicy {
         /// The policy.
         policy: String,
@@ -74,7 +86,9 @@ pub enum Error {
         node: String,
     },
     /// Retry was asked for a node that has not failed.
-    #[error("node {node} is {state} in policy {policy}, not Failed; only a Failed node can be retried")]
+    #[error(
+        "node {node} is {state} in policy {policy}, not Failed; only a Failed node can be retried"
+    )]
     NotFailed {
         /// The policy.
         policy: String,
@@ -94,7 +108,9 @@ pub enum Error {
         message: String,
     },
     /// The server rejected the credentials.
-    #[error("you must be logged in to the server (Unauthorized); check the credentials of your kubeconfig context")]
+    #[error(
+        "you must be logged in to the server (Unauthorized); check the credentials of your kubeconfig context"
+    )]
     Unauthorized,
     /// Any other error answer from the server.
     #[error("the server could not {verb} {resource} ({reason}): {message}")]

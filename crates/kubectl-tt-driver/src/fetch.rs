@@ -177,9 +177,8 @@ impl Connection {
         // events.k8s.io/v1: servers that do not support these field selectors (or the API)
         // answer 400/404; what core/v1 returned is then all there is.
         let modern: Api<events_v1::Event> = Api::all(self.client.clone());
-        let params = ListParams::default().fields(&format!(
-            "regarding.kind={kind},regarding.name={policy}"
-        ));
+        let params =
+            ListParams::default().fields(&format!("regarding.kind={kind},regarding.name={policy}"));
         match list_all(&modern, &params).await {
             Ok(events) => {
                 for e in events {
@@ -255,4 +254,3 @@ impl Connection {
         })
     }
 }
-

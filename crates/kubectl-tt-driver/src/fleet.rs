@@ -170,7 +170,10 @@ pub fn natural_cmp(a: &str, b: &str) -> Ordering {
 }
 
 fn split_digits(s: &[u8]) -> (&[u8], &[u8]) {
-    let end = s.iter().position(|c| !c.is_ascii_digit()).unwrap_or(s.len());
+    let end = s
+        .iter()
+        .position(|c| !c.is_ascii_digit())
+        .unwrap_or(s.len());
     s.split_at(end)
 }
 
@@ -316,11 +319,15 @@ mod tests {
 
     #[test]
     fn natural_order_counts_numbers() {
-        let mut names = vec!["node-10", "node-2", "node-1", "gpu", "node-02", "node-1a", "node"];
+        let mut names = vec![
+            "node-10", "node-2", "node-1", "gpu", "node-02", "node-1a", "node",
+        ];
         names.sort_by(|a, b| natural_cmp(a, b));
         assert_eq!(
             names,
-            ["gpu", "node", "node-1", "node-1a", "node-02", "node-2", "node-10"]
+            [
+                "gpu", "node", "node-1", "node-1a", "node-02", "node-2", "node-10"
+            ]
         );
     }
 }

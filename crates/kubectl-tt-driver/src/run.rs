@@ -11,7 +11,7 @@ use crate::error::Error;
 use crate::fetch::Extras;
 use crate::palette::Palette;
 use crate::render::{DEFAULT_WIDTH, RenderOptions, describe};
-use crate::view::{self, View};
+use crate::view::{self, Request, View};
 use crate::watch::{self, Screen};
 use crate::{completion, mutate};
 
@@ -48,22 +48,29 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
     }
     let conn = connect(&cli.connection).await?;
     match command {
-        Command::Status(args) if args.watch => {
-            watch_view(&conn, View::Status, None, args.output, palette, out, err).await
-        }
         Command::Status(args) => {
-            show(&conn, View::Status, None, args.output, palette, out, err).await
+            let request = Request {
+                view: View::Status,
+                only: None,
+                output: args.output,
+            };
+            show(&conn, request, args.watch, palette, out, err).await
         }
         Command::Watch { output } => {
-            watch_view(&conn, View::Status, None, output, palette, out, err).await
-        }
-        Command::Nodes(args) if args.watch => {
-            let only = args.policy.as_deref();
-            watch_view(&conn, View::Nodes, only, args.output, palette, out, err).await
+            let request = Request {
+                view: View::Status,
+                only: None,
+                output,
+            };
+            show(&conn, request, true, palette, out, err).await
         }
         Command::Nodes(args) => {
-            let only = args.policy.as_deref();
-            show(&conn, View::Nodes, only, args.output, palette, out, err).await
+            let request = Request {
+                view: View::Nodes,
+                only: args.policy.as_deref(),
+                output: args.output,
+            };
+            show(&conn, request, args.watch, palette, out, err).await
         }
         Command::Describe { policy } => {
             let fetched = conn
@@ -120,43 +127,39 @@ fn warn(err: &mut impl Write, warnings: &[String]) {
     }
 }
 
+/// Shows a view once, or keeps redrawing it with `watch`.
 async fn show(
     conn: &Connection,
-    view: View,
-    only: Option<&str>,
-    output: Output,
+    request: Request<'_>,
+    watch: bool,
     palette: Palette,
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> Result<(), Error> {
+    if watch {
+        let screen = Screen {
+            clear: std::io::stdout().is_terminal(),
+        };
+        return watch::run(conn, request, screen, || options(palette), out, err).await;
+    }
     let extras = Extras {
-        nodes: view == View::Nodes,
-        daemonsets: view == View::Status,
+        nodes: request.view == View::Nodes,
+        daemonsets: request.view == View::Status,
     };
-    let fetched = conn.fleet(only, extras).await?;
+    let fetched = conn.fleet(request.only, extras).await?;
     warn(err, &fetched.warnings);
-    if fetched.fleet.policies.is_empty() && matches!(output, Output::Table | Output::Wide) {
+    if fetched.fleet.policies.is_empty() && matches!(request.output, Output::Table | Output::Wide) {
         let _ = writeln!(
             err,
             "No TenstorrentDriverPolicy resources found. Create one with spec.version and spec.nodeAffinity: {{}} (see: kubectl explain ttdp.spec)."
         );
         return Ok(());
     }
-    let text = view::render(&fetched.fleet, view, output, &options(palette))?;
+    let text = view::render(
+        &fetched.fleet,
+        request.view,
+        request.output,
+        &options(palette),
+    )?;
     write(out, &text)
-}
-
-async fn watch_view(
-    conn: &Connection,
-    view: View,
-    only: Option<&str>,
-    output: Output,
-    palette: Palette,
-    out: &mut impl Write,
-    err: &mut impl Write,
-) -> Result<(), Error> {
-    let screen = Screen {
-        clear: std::io::stdout().is_terminal(),
-    };
-    watch::run(conn, view, only, output, screen, || options(palette), out, err).await
 }

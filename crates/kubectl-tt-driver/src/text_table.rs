@@ -131,7 +131,10 @@ mod tests {
     #[test]
     fn colour_does_not_change_alignment() {
         let mut t = Table::new(["A", "B"]);
-        t.push(vec![Cell::coloured("Done", Colour::Green), Cell::plain("x")]);
+        t.push(vec![
+            Cell::coloured("Done", Colour::Green),
+            Cell::plain("x"),
+        ]);
         assert_eq!(
             t.render(Palette::COLOUR),
             "A      B\n\x1b[32mDone\x1b[0m   x\n"

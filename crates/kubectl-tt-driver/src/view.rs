@@ -17,6 +17,17 @@ pub enum View {
     Nodes,
 }
 
+/// A view to show: which, limited to which policy, in which format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request<'a> {
+    /// Which view.
+    pub view: View,
+    /// Only this policy (`nodes POLICY`).
+    pub only: Option<&'a str>,
+    /// Output format.
+    pub output: Output,
+}
+
 /// The text of `view` of `fleet` in `output` format.
 pub fn render(
     fleet: &Fleet,

@@ -17,7 +17,7 @@ use crate::connection::Connection;
 use crate::error::Error;
 use crate::fleet::{Fleet, NodeFacts, PolicyView, policy_name};
 use crate::render::RenderOptions;
-use crate::view::{self, View};
+use crate::view::{self, Request, View};
 
 /// ANSI: cursor home, clear screen.
 const CLEAR: &str = "\x1b[H\x1b[2J";
@@ -70,14 +70,13 @@ fn snapshot(
 /// `opts_at` gives the render options of each redraw (the clock moves).
 pub async fn run(
     conn: &Connection,
-    view: View,
-    only: Option<&str>,
-    output: Output,
+    request: Request<'_>,
     screen: Screen,
     opts_at: impl Fn() -> RenderOptions,
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> Result<(), Error> {
+    let Request { view, only, output } = request;
     // Fail fast, with the usual messages, if the CRD is missing, the policy does not exist or
     // RBAC denies the list; the watches below would only retry these forever.
     match only {

@@ -39,7 +39,10 @@ async fn status_is_the_default_command() {
     ] {
         assert!(out.contains(cell), "missing {cell:?} in\n{out}");
     }
-    assert!(!out.contains('\x1b'), "colour when stdout is a pipe:\n{out}");
+    assert!(
+        !out.contains('\x1b'),
+        "colour when stdout is a pipe:\n{out}"
+    );
     assert!(out.contains("fleet: version 2.8.0, matched 9, up-to-date 1, in-progress 4, failed 1"));
     assert!(out.contains("daemonset tt-k8s-driver-manager-system/ttdrv-fleet: 8/9 ready"));
     assert!(out.contains("Degraded=True (NodesFailed)"));
@@ -54,17 +57,34 @@ async fn status_wraps_to_columns_and_o_wide_is_per_node() {
     let mut cmd = h.command(&["tt", "driver"]);
     cmd.env("COLUMNS", "60");
     let narrow = h.run(cmd).await.ok();
-    let blocks = narrow.stdout.lines().filter(|l| l.starts_with("POLICY")).count();
-    assert!(blocks >= 3, "expected blocks at 60 columns:\n{}", narrow.stdout);
+    let blocks = narrow
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("POLICY"))
+        .count();
+    assert!(
+        blocks >= 3,
+        "expected blocks at 60 columns:\n{}",
+        narrow.stdout
+    );
     let wide = h.kubectl(&["tt", "driver", "-o", "wide"]).await.ok();
     assert!(wide.stdout.starts_with("NODE "), "{}", wide.stdout);
-    assert_eq!(wide.stdout.lines().filter(|l| l.starts_with("node-")).count(), 11);
+    assert_eq!(
+        wide.stdout
+            .lines()
+            .filter(|l| l.starts_with("node-"))
+            .count(),
+        11
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_json_and_yaml() {
     let h = Harness::populated().await;
-    let json = h.kubectl(&["tt", "driver", "status", "-o", "json"]).await.ok();
+    let json = h
+        .kubectl(&["tt", "driver", "status", "-o", "json"])
+        .await
+        .ok();
     let doc: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(doc["kind"], "Status");
     assert_eq!(doc["policies"][0]["name"], "canary");
@@ -95,11 +115,20 @@ async fn nodes_explains_each_node() {
     let failed = out.lines().find(|l| l.contains("node-7")).unwrap();
     assert!(failed.contains("Failed"), "{failed}");
     assert!(failed.contains("2.7.0 → 2.8.0"), "{failed}");
-    assert!(failed.contains("ttdp/fleet"), "cordoned-by from the node annotation: {failed}");
-    assert!(failed.contains("DrainTimeout: pods ml/trainer-0"), "{failed}");
+    assert!(
+        failed.contains("ttdp/fleet"),
+        "cordoned-by from the node annotation: {failed}"
+    );
+    assert!(
+        failed.contains("DrainTimeout: pods ml/trainer-0"),
+        "{failed}"
+    );
     assert!(!out.contains("canary"));
 
-    let all = h.kubectl(&["tt", "driver", "nodes", "-o", "json"]).await.ok();
+    let all = h
+        .kubectl(&["tt", "driver", "nodes", "-o", "json"])
+        .await
+        .ok();
     let doc: serde_json::Value = serde_json::from_str(&all.stdout).unwrap();
     assert_eq!(doc["kind"], "NodeList");
     assert_eq!(doc["nodes"].as_array().unwrap().len(), 11);
@@ -112,7 +141,10 @@ async fn nodes_explains_each_node() {
     assert_eq!(n3["cordonedBy"], "ttdp/fleet");
     assert_eq!(n3["unschedulable"], true);
     assert_eq!(n3["source"], "status");
-    let yaml = h.kubectl(&["tt", "driver", "nodes", "-o", "yaml"]).await.ok();
+    let yaml = h
+        .kubectl(&["tt", "driver", "nodes", "-o", "yaml"])
+        .await
+        .ok();
     let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml.stdout).unwrap();
     assert_eq!(from_yaml, doc);
 }
@@ -123,16 +155,23 @@ async fn nodes_lists_done_nodes_a_large_status_omits() {
     let mut p = fixture::policy(
         "large",
         "2.8.0",
-        vec![fixture::node("big-3", NodeState::Upgrading, Some("2.7.0"), "2.8.0")],
+        vec![fixture::node(
+            "big-3",
+            NodeState::Upgrading,
+            Some("2.7.0"),
+            "2.8.0",
+        )],
         vec![],
         2,
     );
     p.status.as_mut().unwrap().observed_generation = Some(1);
     h.create_policy(&p).await;
     for name in ["big-1", "big-2"] {
-        h.create_node(&fixture::k8s_node(name, Some("2.8.0"), None)).await;
+        h.create_node(&fixture::k8s_node(name, Some("2.8.0"), None))
+            .await;
     }
-    h.create_node(&fixture::k8s_node("big-3", Some("2.7.0"), None)).await;
+    h.create_node(&fixture::k8s_node("big-3", Some("2.7.0"), None))
+        .await;
     let status = h.kubectl(&["tt", "driver"]).await.ok();
     assert!(
         status
@@ -146,7 +185,11 @@ async fn nodes_lists_done_nodes_a_large_status_omits() {
     for n in ["big-1", "big-2", "big-3"] {
         assert!(nodes.stdout.contains(n), "{n} missing:\n{}", nodes.stdout);
     }
-    let done = nodes.stdout.lines().filter(|l| l.contains(" Done ")).count();
+    let done = nodes
+        .stdout
+        .lines()
+        .filter(|l| l.contains(" Done "))
+        .count();
     assert_eq!(done, 2, "{}", nodes.stdout);
 }
 
@@ -169,7 +212,10 @@ async fn describe_shows_spec_conditions_nodes_and_events() {
     ] {
         assert!(out.contains(part), "missing {part:?} in\n{out}");
     }
-    let missing = h.kubectl(&["tt", "driver", "describe", "nope"]).await.failed();
+    let missing = h
+        .kubectl(&["tt", "driver", "describe", "nope"])
+        .await
+        .failed();
     assert!(
         missing
             .stderr
@@ -192,13 +238,24 @@ async fn pause_and_resume_patch_spec_paused() {
     let again = h.kubectl(&["tt", "driver", "pause", "fleet"]).await.ok();
     assert!(again.stdout.contains("already paused"), "{}", again.stdout);
     let status = h.kubectl(&["tt", "driver"]).await.ok();
-    assert!(status.stdout.contains("failed 1, paused"), "{}", status.stdout);
+    assert!(
+        status.stdout.contains("failed 1, paused"),
+        "{}",
+        status.stdout
+    );
 
     h.kubectl(&["tt", "driver", "resume", "fleet"]).await.ok();
     assert!(!api.get("fleet").await.unwrap().spec.paused);
-    assert!(!api.get("canary").await.unwrap().spec.paused, "other policies untouched");
+    assert!(
+        !api.get("canary").await.unwrap().spec.paused,
+        "other policies untouched"
+    );
     let missing = h.kubectl(&["tt", "driver", "pause", "nope"]).await.failed();
-    assert!(missing.stderr.contains("\"nope\" not found"), "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("\"nope\" not found"),
+        "{}",
+        missing.stderr
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,7 +266,10 @@ async fn retry_annotates_the_failed_node() {
         .kubectl(&["tt", "driver", "retry", "fleet", "node-7"])
         .await
         .ok();
-    assert!(run.stdout.starts_with("node/node-7 annotated driver.tenstorrent.com/retry="));
+    assert!(
+        run.stdout
+            .starts_with("node/node-7 annotated driver.tenstorrent.com/retry=")
+    );
     let node = nodes.get("node-7").await.unwrap();
     let stamp = node
         .metadata
@@ -222,7 +282,11 @@ async fn retry_annotates_the_failed_node() {
     let age = jiff::Timestamp::now().duration_since(when);
     assert!(age.as_secs() < 120, "stamped now, got {stamp}");
     let shown = h.kubectl(&["tt", "driver", "nodes", "fleet"]).await.ok();
-    assert!(shown.stdout.contains("(retry requested)"), "{}", shown.stdout);
+    assert!(
+        shown.stdout.contains("(retry requested)"),
+        "{}",
+        shown.stdout
+    );
 
     let not_failed = h
         .kubectl(&["tt", "driver", "retry", "fleet", "node-1"])
@@ -237,18 +301,21 @@ async fn retry_annotates_the_failed_node() {
     );
     let n1 = nodes.get("node-1").await.unwrap();
     assert!(
-        n1.metadata
+        !n1.metadata
             .annotations
             .unwrap_or_default()
-            .get(annotations::RETRY)
-            .is_none(),
+            .contains_key(annotations::RETRY),
         "no annotation on a node that was refused"
     );
     let unknown = h
         .kubectl(&["tt", "driver", "retry", "fleet", "node-99"])
         .await
         .failed();
-    assert!(unknown.stderr.contains("node node-99 is not listed"), "{}", unknown.stderr);
+    assert!(
+        unknown.stderr.contains("node node-99 is not listed"),
+        "{}",
+        unknown.stderr
+    );
 }
 
 /// Reads lines from a child's stdout until one contains `needle` (bounded).
@@ -304,8 +371,15 @@ async fn errors_read_like_kubectl() {
         run.stderr,
         "error: the TenstorrentDriverPolicy CRD is not installed; install the chart\n"
     );
-    let run = bare.kubectl(&["tt", "driver", "describe", "x"]).await.failed();
-    assert!(run.stderr.contains("CRD is not installed"), "{}", run.stderr);
+    let run = bare
+        .kubectl(&["tt", "driver", "describe", "x"])
+        .await
+        .failed();
+    assert!(
+        run.stderr.contains("CRD is not installed"),
+        "{}",
+        run.stderr
+    );
 
     // CRD, no policies: kubectl's "No resources found", on stderr, success.
     let empty = Harness::with_crd().await;
@@ -353,19 +427,27 @@ async fn errors_read_like_kubectl() {
     cmd.env("KUBECONFIG", &config);
     let run = empty.run(cmd).await.failed();
     assert!(
-        run.stderr
-            .starts_with(&format!("error: the connection to the server http://127.0.0.1:{port}/ failed")),
+        run.stderr.starts_with(&format!(
+            "error: the connection to the server http://127.0.0.1:{port}/ failed"
+        )),
         "{}",
         run.stderr
     );
-    assert!(run.stderr.contains("did you specify the right host or port?"));
+    assert!(
+        run.stderr
+            .contains("did you specify the right host or port?")
+    );
 
     // A context that does not exist.
     let run = empty
         .kubectl(&["tt", "driver", "--context", "no-such-context"])
         .await
         .failed();
-    assert!(run.stderr.starts_with("error: cannot load the kubeconfig"), "{}", run.stderr);
+    assert!(
+        run.stderr.starts_with("error: cannot load the kubeconfig"),
+        "{}",
+        run.stderr
+    );
 }
 
 fn ttdp_testkit_kubeconfig(url: &str) -> String {
@@ -406,7 +488,11 @@ async fn kubeconfig_and_context_flags_select_the_cluster() {
 async fn help_and_completion() {
     let h = Harness::bare().await;
     let run = h.kubectl(&["tt", "driver", "--help"]).await.ok();
-    assert!(run.stdout.contains("Usage: kubectl tt driver"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("Usage: kubectl tt driver"),
+        "{}",
+        run.stdout
+    );
     for sub in [
         "status",
         "nodes",
@@ -420,7 +506,9 @@ async fn help_and_completion() {
         assert!(run.stdout.contains(sub), "{sub} not in --help");
         let sub_help = h.kubectl(&["tt", "driver", sub, "--help"]).await.ok();
         assert!(
-            sub_help.stdout.contains(&format!("kubectl tt driver {sub}")),
+            sub_help
+                .stdout
+                .contains(&format!("kubectl tt driver {sub}")),
             "{}",
             sub_help.stdout
         );
@@ -432,11 +520,11 @@ async fn help_and_completion() {
         retry.stdout
     );
     for shell in ["bash", "zsh", "fish"] {
-        let run = h
-            .kubectl(&["tt", "driver", "completion", shell])
-            .await
-            .ok();
+        let run = h.kubectl(&["tt", "driver", "completion", shell]).await.ok();
         assert!(run.stdout.contains("kubectl-tt-driver"), "{shell}");
-        assert!(run.stdout.contains("retry"), "{shell} completes subcommands");
+        assert!(
+            run.stdout.contains("retry"),
+            "{shell} completes subcommands"
+        );
     }
 }

@@ -86,7 +86,10 @@ fn status_every_state_wraps_into_blocks() {
         assert!(line.chars().count() <= 80, "line wider than 80: {line:?}");
     }
     let blocks = plain.lines().filter(|l| l.starts_with("POLICY")).count();
-    assert!(blocks > 1, "11 nodes do not fit 80 columns in one block:\n{plain}");
+    assert!(
+        blocks > 1,
+        "11 nodes do not fit 80 columns in one block:\n{plain}"
+    );
 }
 
 #[test]
@@ -190,7 +193,12 @@ fn machine_output_has_stable_fields() {
     );
     golden(
         "status_narrow_yaml",
-        &text(&fixture::narrow(), View::Status, Output::Yaml, &opts(true, 80)),
+        &text(
+            &fixture::narrow(),
+            View::Status,
+            Output::Yaml,
+            &opts(true, 80),
+        ),
     );
     golden(
         "nodes_every_state_yaml",
@@ -226,7 +234,10 @@ fn status_of_a_thousand_nodes() {
     let mut headers = 0;
     let mut names = Vec::new();
     for line in plain.lines().take_while(|l| !l.starts_with("fleet:")) {
-        assert!(line.chars().count() <= width, "line wider than {width}: {line:?}");
+        assert!(
+            line.chars().count() <= width,
+            "line wider than {width}: {line:?}"
+        );
         if let Some(rest) = line.strip_prefix("POLICY") {
             headers += 1;
             names.extend(rest.split_whitespace().map(str::to_owned));
@@ -246,5 +257,8 @@ fn status_of_a_thousand_nodes() {
     let wide = text(&fleet, View::Status, Output::Wide, &opts(false, width));
     assert_eq!(wide.lines().filter(|l| l.starts_with("tt-")).count(), 1000);
     let nodes = text(&fleet, View::Nodes, Output::Table, &opts(false, width));
-    assert_eq!(nodes.lines().filter(|l| l.starts_with("fleet ")).count(), 1000);
+    assert_eq!(
+        nodes.lines().filter(|l| l.starts_with("fleet ")).count(),
+        1000
+    );
 }

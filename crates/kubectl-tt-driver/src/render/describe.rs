@@ -95,9 +95,19 @@ pub fn render(
     );
     out.push_str("Spec:\n");
     field(&mut out, 2, "Version", &spec.version);
-    field(&mut out, 2, "Node affinity", &selector_text(&spec.user_selector()));
+    field(
+        &mut out,
+        2,
+        "Node affinity",
+        &selector_text(&spec.user_selector()),
+    );
     if spec.node_selector.is_some() && spec.node_affinity.is_none() {
-        field(&mut out, 2, "", "(set through the deprecated spec.nodeSelector)");
+        field(
+            &mut out,
+            2,
+            "",
+            "(set through the deprecated spec.nodeSelector)",
+        );
     }
     let paused = if spec.paused {
         opts.palette
@@ -127,10 +137,20 @@ pub fn render(
             drain.pod_selector_label.clone()
         };
         field(&mut out, 2, "Pass 2 pods", &pods);
-        field(&mut out, 2, "Delete emptyDir", yes_no(drain.delete_empty_dir));
+        field(
+            &mut out,
+            2,
+            "Delete emptyDir",
+            yes_no(drain.delete_empty_dir),
+        );
     }
     field(&mut out, 2, "Evict bare pods", yes_no(drain.force));
-    field(&mut out, 2, "Force unload", yes_no(spec.upgrade_policy.force_unload));
+    field(
+        &mut out,
+        2,
+        "Force unload",
+        yes_no(spec.upgrade_policy.force_unload),
+    );
     let max_unavailable = match &spec.upgrade_policy.max_unavailable {
         IntOrString::Int(n) => n.to_string(),
         IntOrString::String(s) => s.clone(),
@@ -142,10 +162,7 @@ pub fn render(
         "Installer image",
         &format!(
             "{} (pull {})",
-            spec.installer
-                .image
-                .as_deref()
-                .unwrap_or("<chart default>"),
+            spec.installer.image.as_deref().unwrap_or("<chart default>"),
             spec.installer.image_pull_policy
         ),
     );
@@ -163,7 +180,13 @@ pub fn render(
         Some(s) => {
             let mut text = format!(
                 "matched {}, up-to-date {}, in-progress {}, pending {}, failed {}, host-managed {}, conflicts {}",
-                s.matched, s.up_to_date, s.in_progress, s.pending, s.failed, s.host_managed, s.conflicts
+                s.matched,
+                s.up_to_date,
+                s.in_progress,
+                s.pending,
+                s.failed,
+                s.host_managed,
+                s.conflicts
             );
             if s.nodes_omitted > 0 {
                 text.push_str(&format!(
@@ -231,7 +254,10 @@ pub fn render(
                 Cell::plain(row.install_mode.clone().unwrap_or_else(|| "-".to_owned())),
                 Cell::plain(cordoned_by(row)),
                 Cell::plain(age(row.since, opts.now)),
-                Cell::plain(row.attempts.map_or_else(|| "-".to_owned(), |a| a.to_string())),
+                Cell::plain(
+                    row.attempts
+                        .map_or_else(|| "-".to_owned(), |a| a.to_string()),
+                ),
                 Cell::plain(message(row)),
             ]);
         }

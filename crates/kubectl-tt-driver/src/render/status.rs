@@ -79,7 +79,11 @@ fn policy_rows(fleet: &Fleet, opts: &RenderOptions) -> String {
                 .collect()
         })
         .collect();
-    let names: Vec<&str> = fleet.policies.iter().map(|p| policy_name(&p.policy)).collect();
+    let names: Vec<&str> = fleet
+        .policies
+        .iter()
+        .map(|p| policy_name(&p.policy))
+        .collect();
     let first_width = names
         .iter()
         .map(|n| n.chars().count())
@@ -104,8 +108,7 @@ fn policy_rows(fleet: &Fleet, opts: &RenderOptions) -> String {
     while start < nodes.len() {
         let mut used = first_width;
         let mut end = start;
-        while end < nodes.len() && (end == start || used + COLUMN_GAP + widths[end] <= opts.width)
-        {
+        while end < nodes.len() && (end == start || used + COLUMN_GAP + widths[end] <= opts.width) {
             used += COLUMN_GAP + widths[end];
             end += 1;
         }
@@ -132,13 +135,21 @@ fn node_rows(fleet: &Fleet, opts: &RenderOptions) -> String {
     }
     let per_policy = by_name(fleet);
     let mut table = Table::new(
-        std::iter::once("NODE".to_owned())
-            .chain(fleet.policies.iter().map(|p| policy_name(&p.policy).to_owned())),
+        std::iter::once("NODE".to_owned()).chain(
+            fleet
+                .policies
+                .iter()
+                .map(|p| policy_name(&p.policy).to_owned()),
+        ),
     );
     for node in &nodes {
         table.push(
             std::iter::once(Cell::plain(node.clone()))
-                .chain(per_policy.iter().map(|m| node_cell(m.get(node.as_str()).copied())))
+                .chain(
+                    per_policy
+                        .iter()
+                        .map(|m| node_cell(m.get(node.as_str()).copied())),
+                )
                 .collect(),
         );
     }

@@ -86,7 +86,9 @@ pub struct Harness {
 impl Harness {
     /// A server without the CRD.
     pub async fn bare() -> Harness {
-        let server = TestApiServer::start().await.expect("test api server starts");
+        let server = TestApiServer::start()
+            .await
+            .expect("test api server starts");
         let client = server.client().await.expect("client");
         let bin = tempfile::tempdir().expect("tempdir");
         std::os::unix::fs::symlink(
@@ -94,7 +96,11 @@ impl Harness {
             bin.path().join("kubectl-tt-driver"),
         )
         .expect("symlink the plugin");
-        Harness { server, client, bin }
+        Harness {
+            server,
+            client,
+            bin,
+        }
     }
 
     /// A server with the CRD installed and no policies.
@@ -123,8 +129,13 @@ impl Harness {
                 .await;
         }
         h.create_daemonset("fleet", 9, 8).await;
-        h.create_event("fleet", "Warning", "DrainTimeout", "node-7: pods ml/trainer-0 did not leave within 600s")
-            .await;
+        h.create_event(
+            "fleet",
+            "Warning",
+            "DrainTimeout",
+            "node-7: pods ml/trainer-0 did not leave within 600s",
+        )
+        .await;
         h
     }
 
@@ -213,9 +224,12 @@ impl Harness {
                         labels: Some(labels),
                         ..ObjectMeta::default()
                     }),
-                    spec: Some(serde_json::from_value(json!({
-                        "containers": [{"name": "agent", "image": "ttdp-agent:test"}]
-                    })).expect("pod spec")),
+                    spec: Some(
+                        serde_json::from_value(json!({
+                            "containers": [{"name": "agent", "image": "ttdp-agent:test"}]
+                        }))
+                        .expect("pod spec"),
+                    ),
                 },
                 ..DaemonSetSpec::default()
             }),
@@ -279,7 +293,9 @@ impl Harness {
         if let Some(d) = kubectl.parent() {
             dirs.push(d.to_path_buf());
         }
-        dirs.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+        dirs.extend(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        ));
         std::env::join_paths(dirs).expect("PATH")
     }
 
