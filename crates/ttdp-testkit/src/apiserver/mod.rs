@@ -200,13 +200,25 @@ impl TestApiServer {
         self.dir.path()
     }
 
-    /// A kube client for this server (default namespace `default`).
-    pub async fn client(&self) -> Result<kube::Client, ServerError> {
+    /// A kube client config for this server (default namespace `default`), with kube's
+    /// defaults otherwise: note that kube 5 retries 429/503/504 answers itself, with exponential
+    /// backoff for up to about five minutes, unless `default_retry` is turned off.
+    pub fn config(&self) -> Result<kube::Config, ServerError> {
         let url = self.url();
         let uri: http::Uri = url.parse().map_err(|source| ServerError::Url { url: url.clone(), source })?;
         let mut config = kube::Config::new(uri);
         config.default_namespace = "default".into();
-        kube::Client::try_from(config).map_err(|source| ServerError::Client { url, source })
+        Ok(config)
+    }
+
+    /// A kube client for this server (default namespace `default`) with kube's built-in retry
+    /// of 429/503/504 turned off, so a PodDisruptionBudget-blocked eviction or an injected
+    /// fault reaches the caller at once (the real server sends its 429 for evictions without a
+    /// `Retry-After`, and kube's default retry would hide it for minutes).
+    pub async fn client(&self) -> Result<kube::Client, ServerError> {
+        let mut config = self.config()?;
+        config.default_retry = false;
+        kube::Client::try_from(config).map_err(|source| ServerError::Client { url: self.url(), source })
     }
 
     /// The request log.
