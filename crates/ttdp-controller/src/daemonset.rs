@@ -193,9 +193,16 @@ pub fn daemonset_template_hash(ds: &DaemonSet) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// sha256 (hex) of the template's JSON, computed before the hash annotation is added.
+/// sha256 (hex) of the template's JSON, computed before the hash annotation is added and
+/// without the node affinity: which nodes run an agent (the selector, nodes excluded for
+/// another policy) is the DaemonSet controller's business and must not restart the agents
+/// elsewhere.
 fn template_hash(template: &PodTemplateSpec) -> Result<String, Error> {
-    let json = serde_json::to_vec(template).map_err(Error::Serialize)?;
+    let mut hashed = template.clone();
+    if let Some(spec) = hashed.spec.as_mut() {
+        spec.affinity = None;
+    }
+    let json = serde_json::to_vec(&hashed).map_err(Error::Serialize)?;
     Ok(hex::encode(Sha256::digest(&json)))
 }
 
@@ -603,6 +610,16 @@ mod tests {
             ha,
             daemonset_template_hash(&render(&p)).unwrap(),
             "image changes the hash"
+        );
+        let mut other_nodes = policy("fleet", "2.8.0");
+        other_nodes.spec.node_affinity = Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("pool".into(), "b".into())])),
+            match_expressions: None,
+        });
+        assert_eq!(
+            ha,
+            daemonset_template_hash(&render(&other_nodes)).unwrap(),
+            "changing which nodes run agents does not restart agents"
         );
         let mut paused = policy("fleet", "2.8.0");
         paused.spec.paused = true;

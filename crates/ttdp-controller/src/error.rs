@@ -26,6 +26,24 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Cordoning or uncordoning a node failed.
+    #[error("cannot {action}; the controller retries with back-off")]
+    NodeAction {
+        /// What was being done, naming the node.
+        action: String,
+        /// The drain library's error.
+        #[source]
+        source: Box<ttdp_drain::DrainError>,
+    },
+    /// The spec cannot be acted on.
+    #[error("policy {policy} has an invalid spec: {source}")]
+    InvalidSpec {
+        /// The policy.
+        policy: String,
+        /// What is wrong.
+        #[source]
+        source: ttdp_api::driver::v1alpha1::SpecError,
+    },
     /// The finalizer helper failed (adding/removing the finalizer, or the apply/cleanup inside).
     #[error("finalizer handling of policy {policy} failed")]
     Finalizer {
@@ -64,6 +82,8 @@ impl Error {
             Error::MissingUid { .. } => "MissingUid",
             Error::Serialize(_) => "SerializeFailed",
             Error::Kube { .. } => "KubeApiError",
+            Error::NodeAction { .. } => "NodeActionFailed",
+            Error::InvalidSpec { .. } => "InvalidSpec",
             Error::Finalizer { .. } => "FinalizerFailed",
             Error::Leader { .. } => "LeaderElectionFailed",
             Error::Serve { .. } => "ServeFailed",

@@ -1,0 +1,181 @@
+//! Node drains running in the background, one per (policy, node), so a reconcile never blocks on
+//! a drain. The reconciler asks for a drain to be running ([`DrainTracker::ensure`]) and reads its
+//! progress; a finished drain wakes the policy's reconcile.
+//!
+//! Nothing here is durable, and nothing needs to be: after a controller restart a node recorded
+//! as Draining simply drains again (ttdp-drain lists the node's pods afresh: pods already evicted
+//! are gone, the cordon keeps new ones away), with the deadline counted from when the node entered
+//! Draining.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kube::Client;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+use ttdp_drain::{DrainError, DrainEventKind, Drainer, EventSink, TwoPassDrain};
+
+use crate::metrics::Metrics;
+use crate::transition::DrainProgress;
+
+/// How long to wait before retrying a drain that hit an API error.
+const API_ERROR_RETRY: Duration = Duration::from_secs(2);
+
+type Key = (String, String);
+
+struct Entry {
+    progress: Arc<Mutex<DrainProgress>>,
+    task: JoinHandle<()>,
+}
+
+/// The background drains.
+#[derive(Clone, Default)]
+pub struct DrainTracker {
+    entries: Arc<Mutex<HashMap<Key, Entry>>>,
+}
+
+impl std::fmt::Debug for DrainTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.lock().len();
+        f.debug_struct("DrainTracker").field("drains", &n).finish()
+    }
+}
+
+fn key(policy: &str, node: &str) -> Key {
+    (policy.to_owned(), node.to_owned())
+}
+
+fn set(progress: &Mutex<DrainProgress>, value: DrainProgress) {
+    *progress.lock().unwrap_or_else(PoisonError::into_inner) = value;
+}
+
+/// The failure a drain error means for the node, or `None` for an API error worth retrying.
+pub fn failure_of(err: &DrainError) -> Option<DrainProgress> {
+    let (reason, hint) = match err {
+        DrainError::Timeout { .. } => (
+            "DrainTimeout",
+            "relax the PodDisruptionBudgets or stop the pods named, or raise upgradePolicy.drain.timeoutSeconds",
+        ),
+        DrainError::Refused { .. } => (
+            "DrainRefused",
+            "set upgradePolicy.drain.force (bare pods) or deleteEmptyDir, or move those pods away",
+        ),
+        DrainError::Failed { .. } => (
+            "DrainFailed",
+            "see the errors named; the node is retried with back-off",
+        ),
+        _ => return None,
+    };
+    Some(DrainProgress::Failed {
+        reason: reason.to_owned(),
+        message: format!("{err}; {hint}"),
+    })
+}
+
+impl DrainTracker {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The progress of `node`'s drain for `policy`.
+    pub fn progress(&self, policy: &str, node: &str) -> DrainProgress {
+        self.lock()
+            .get(&key(policy, node))
+            .map(|e| {
+                e.progress
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone()
+            })
+            .unwrap_or(DrainProgress::NotStarted)
+    }
+
+    /// Starts a drain of `node` with `plan` unless one is running or finished. `wake` is called
+    /// when it finishes (and when an eviction is blocked, so the status can say so).
+    pub fn ensure(
+        &self,
+        client: &Client,
+        policy: &str,
+        node: &str,
+        plan: TwoPassDrain,
+        metrics: Arc<Metrics>,
+        wake: Arc<dyn Fn() + Send + Sync>,
+    ) {
+        let mut entries = self.lock();
+        let k = key(policy, node);
+        if entries.contains_key(&k) {
+            return;
+        }
+        let progress = Arc::new(Mutex::new(DrainProgress::Running {
+            message: "draining".into(),
+        }));
+        let sink_progress = progress.clone();
+        let sink_wake = wake.clone();
+        let sink = EventSink::new(move |event| {
+            let message = match &event.kind {
+                DrainEventKind::PassStarted { pass } => format!("{pass} pass"),
+                DrainEventKind::Planned { decisions } => {
+                    format!("{} pods on the node classified", decisions.len())
+                }
+                DrainEventKind::EvictionBlocked { pod, budget, .. } => {
+                    let by = budget
+                        .as_ref()
+                        .map(|b| format!("PodDisruptionBudget {}/{}", b.namespace, b.name))
+                        .unwrap_or_else(|| "a PodDisruptionBudget".into());
+                    sink_wake();
+                    format!("eviction of {pod} blocked by {by}; retrying")
+                }
+                _ => return,
+            };
+            set(&sink_progress, DrainProgress::Running { message });
+        });
+        let drainer = Drainer::new(client.clone()).with_events(sink);
+        let node_name = node.to_owned();
+        let task_progress = progress.clone();
+        let task = tokio::spawn(async move {
+            let outcome = loop {
+                match drainer.drain_two_pass(&node_name, &plan).await {
+                    Ok(report) => {
+                        info!(node = %node_name, evicted = report.device.evicted.len()
+                            + report.full_node.as_ref().map_or(0, |r| r.evicted.len()), "node drained");
+                        break DrainProgress::Succeeded;
+                    }
+                    Err(err) => match failure_of(&err) {
+                        Some(failed) => {
+                            warn!(node = %node_name, error = %err, "drain failed");
+                            break failed;
+                        }
+                        None => {
+                            warn!(node = %node_name, error = %err, "drain hit an api error; retrying");
+                            tokio::time::sleep(API_ERROR_RETRY).await;
+                        }
+                    },
+                }
+            };
+            let counters = drainer.counters();
+            metrics.record_drain(counters.evictions, counters.budget_blocks);
+            set(&task_progress, outcome);
+            wake();
+        });
+        entries.insert(k, Entry { progress, task });
+    }
+
+    /// Stops and forgets the drain of `node` for `policy`.
+    pub fn forget(&self, policy: &str, node: &str) {
+        if let Some(e) = self.lock().remove(&key(policy, node)) {
+            e.task.abort();
+        }
+    }
+
+    /// Stops and forgets every drain of `policy` whose node `keep` rejects.
+    pub fn retain(&self, policy: &str, keep: impl Fn(&str) -> bool) {
+        self.lock().retain(|(p, n), e| {
+            let stay = p != policy || keep(n);
+            if !stay {
+                e.task.abort();
+            }
+            stay
+        });
+    }
+}

@@ -1,0 +1,585 @@
+//! The reconciler: finalizer dispatch to [`apply`] and [`cleanup`]; `apply` observes the
+//! cluster, runs the pure planner, writes the status (server-side apply, forced, field manager
+//! `ttdp-controller`), then acts: the new state is recorded before the action, so a crash in
+//! between repeats the action on the next reconcile instead of skipping it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use tracing::{info, instrument, warn};
+use ttdp_api::names::{self, labels};
+use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
+use ttdp_drain::{DevicePredicate, DrainOptions, TwoPassDrain};
+
+use crate::context::{Context, Written};
+use crate::daemonset::{daemonset_template_hash, desired_daemonset};
+use crate::error::Error;
+use crate::node_actions;
+use crate::observe::{self, ObserveInput};
+use crate::overlap::{OlderPolicies, selection_of};
+use crate::rollout::{self, RolloutPlan};
+use crate::status::{NodeReport, PolicyFacts, build_status};
+use crate::transition::{
+    Action, AgentCondition, AgentPod, NodeObservation, NodeTransition, RolloutRules,
+};
+
+/// Requeue while nodes are in flight (a safety net; watches drive progress).
+const IN_FLIGHT_RESYNC: Duration = Duration::from_secs(30);
+/// Requeue when nothing is happening.
+const IDLE_RESYNC: Duration = Duration::from_secs(300);
+
+/// Reconciles one policy.
+#[instrument(skip_all, fields(policy = %policy.name_any()))]
+pub async fn reconcile(
+    policy: Arc<TenstorrentDriverPolicy>,
+    ctx: Arc<Context>,
+) -> Result<Requeue, Error> {
+    let started = Instant::now();
+    let name = policy.name_any();
+    let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
+    let result = finalizer(&api, names::FINALIZER, policy, |event| async {
+        match event {
+            FinalizerEvent::Apply(p) => apply(p, ctx.clone()).await,
+            FinalizerEvent::Cleanup(p) => cleanup(p, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer {
+        policy: name.clone(),
+        source: Box::new(e),
+    });
+    ctx.metrics
+        .record_reconcile(started.elapsed(), result.as_ref().err().map(Error::reason));
+    if result.is_ok() {
+        ctx.backoff.succeeded(&name);
+    }
+    result
+}
+
+/// Requeues a failed policy with per-object exponential back-off.
+pub fn error_policy(
+    policy: Arc<TenstorrentDriverPolicy>,
+    err: &Error,
+    ctx: Arc<Context>,
+) -> Requeue {
+    let delay = ctx.backoff.failed(&policy.name_any());
+    warn!(policy = %policy.name_any(), reason = err.reason(), error = %error_chain(err), retry_in = ?delay, "reconcile failed");
+    Requeue::requeue(delay)
+}
+
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// The previous status and node entries: what this controller last wrote, else the API's copy.
+fn previous_of(
+    policy: &TenstorrentDriverPolicy,
+    ctx: &Context,
+) -> (TenstorrentDriverPolicyStatus, BTreeMap<String, NodeStatus>) {
+    let uid = policy.uid().unwrap_or_default();
+    match ctx.written(&uid) {
+        Some(w) => (w.status, w.nodes),
+        None => {
+            let status = policy.status.clone().unwrap_or_default();
+            let nodes = status
+                .nodes
+                .iter()
+                .map(|n| (n.name.clone(), n.clone()))
+                .collect();
+            (status, nodes)
+        }
+    }
+}
+
+async fn write_status(
+    ctx: &Context,
+    policy: &TenstorrentDriverPolicy,
+    status: &TenstorrentDriverPolicyStatus,
+    previous: &TenstorrentDriverPolicyStatus,
+) -> Result<(), Error> {
+    if status == previous && policy.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
+    let name = policy.name_any();
+    let patch = serde_json::json!({
+        "apiVersion": TenstorrentDriverPolicy::api_version(&()),
+        "kind": TenstorrentDriverPolicy::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(names::CONTROLLER_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|e| Error::kube(format!("write status of policy {name}"), e))?;
+    Ok(())
+}
+
+/// Applies the DaemonSet (unless paused and it exists) and returns its template hash.
+async fn ensure_daemonset(
+    ctx: &Context,
+    policy: &TenstorrentDriverPolicy,
+    selection: &ttdp_api::node_selection::NodeSelection,
+) -> Result<String, Error> {
+    let desired = desired_daemonset(policy, &ctx.settings, selection)?;
+    let ds_name = names::daemonset_name(&policy.name_any());
+    let ns = &ctx.settings.namespace;
+    let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), ns);
+    if policy.spec.paused {
+        match api.get_opt(&ds_name).await {
+            Ok(Some(existing)) => {
+                if let Some(hash) = daemonset_template_hash(&existing) {
+                    return Ok(hash.to_owned());
+                }
+            }
+            Ok(None) => {}
+            Err(e) => return Err(Error::kube(format!("get daemonset {ns}/{ds_name}"), e)),
+        }
+    }
+    api.patch(
+        &ds_name,
+        &PatchParams::apply(names::CONTROLLER_MANAGER).force(),
+        &Patch::Apply(&desired),
+    )
+    .await
+    .map_err(|e| Error::kube(format!("apply daemonset {ns}/{ds_name}"), e))?;
+    Ok(daemonset_template_hash(&desired)
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// Whether a node holds something of ours: our cordon, or gates we closed while it was ours.
+fn holds_ours(meta: &kube::core::ObjectMeta, policy: &str, ours_before: bool) -> bool {
+    observe::cordoned_by(meta, policy) || (ours_before && !observe::closed_gates(meta).is_empty())
+}
+
+/// Observe, plan, record, act.
+pub async fn apply(
+    policy: Arc<TenstorrentDriverPolicy>,
+    ctx: Arc<Context>,
+) -> Result<Requeue, Error> {
+    let name = policy.name_any();
+    let uid = policy.uid().unwrap_or_default();
+    let now = Time(Timestamp::now());
+    let settings = &ctx.settings;
+    let (previous, recorded) = previous_of(&policy, &ctx);
+    if let Err(err) = policy.spec.validate() {
+        return invalid_spec(&policy, &ctx, &previous, &recorded, err, &now).await;
+    }
+    let Some(mut selection) = selection_of(&policy, settings.require_nfd) else {
+        return Ok(Requeue::await_change());
+    };
+    let all_policies = ctx.policies.state();
+    let older = OlderPolicies::of(&policy, &all_policies, settings.require_nfd);
+    let node_metas = ctx.nodes.state();
+    let empty = BTreeMap::new();
+    let matched: Vec<_> = node_metas
+        .iter()
+        .filter(|n| selection.matches(&n.name_any(), n.metadata.labels.as_ref().unwrap_or(&empty)))
+        .collect();
+    let conflicts: BTreeMap<String, String> = matched
+        .iter()
+        .filter_map(|n| {
+            let owner = older.owner(&n.name_any(), n.metadata.labels.as_ref().unwrap_or(&empty))?;
+            Some((n.name_any(), owner.to_owned()))
+        })
+        .collect();
+    selection.excluded = conflicts.keys().cloned().collect();
+    let hash = ensure_daemonset(&ctx, &policy, &selection).await?;
+
+    let pods = ctx.agent_pods.state();
+    let mut by_node: HashMap<String, Vec<&Pod>> = HashMap::new();
+    for pod in pods
+        .iter()
+        .filter(|p| p.labels().get(labels::POLICY) == Some(&name))
+    {
+        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            by_node.entry(node).or_default().push(pod);
+        }
+    }
+
+    // Who else cordoned the nodes in flight (metadata alone does not say).
+    let node_api: Api<Node> = Api::all(ctx.client.clone());
+    let mut unschedulable = HashMap::new();
+    for n in &matched {
+        let node = n.name_any();
+        let in_flight = recorded.get(&node).is_some_and(|r| r.state.is_in_flight());
+        if in_flight || observe::cordoned_by(&n.metadata, &name) {
+            match node_api.get_opt(&node).await {
+                Ok(Some(full)) => {
+                    unschedulable.insert(
+                        node,
+                        full.spec.and_then(|s| s.unschedulable).unwrap_or(false),
+                    );
+                }
+                Ok(None) => {}
+                Err(e) => return Err(Error::kube(format!("get node {node}"), e)),
+            }
+        }
+    }
+
+    let mut next_retry: Option<Duration> = None;
+    let mut observations: Vec<(String, NodeObservation)> = Vec::with_capacity(matched.len());
+    for n in &matched {
+        let node = n.name_any();
+        let pod = observe::pick_agent_pod(by_node.get(&node).into_iter().flatten().copied());
+        let (retry, wait) = observe::retry_gate(
+            &n.metadata,
+            recorded.get(&node),
+            &now,
+            settings.retry_base,
+            settings.retry_max,
+        );
+        if let Some(w) = wait {
+            next_retry = Some(next_retry.map_or(w, |c: Duration| c.min(w)));
+        }
+        let obs = observe::observe(ObserveInput {
+            policy: &name,
+            meta: &n.metadata,
+            unschedulable: unschedulable.get(&node).copied(),
+            pod,
+            current_hash: &hash,
+            recorded: recorded.get(&node),
+            conflict_with: conflicts.get(&node).cloned(),
+            drain: ctx.drains.progress(&name, &node),
+            retry,
+        });
+        observations.push((node, obs));
+    }
+
+    let spec = &policy.spec;
+    let managed = matched.len().saturating_sub(conflicts.len());
+    let max_unavailable = spec
+        .max_unavailable(managed)
+        .map_err(|source| Error::InvalidSpec {
+            policy: name.clone(),
+            source,
+        })?;
+    let plan = RolloutPlan {
+        rules: RolloutRules {
+            target_version: spec.version.clone(),
+            drain_enabled: spec.upgrade_policy.drain.enable,
+            gates_configured: !settings.deploy_gates.is_empty(),
+        },
+        max_unavailable,
+        paused: spec.paused,
+    };
+    let transitions = rollout::plan(&plan, &observations);
+
+    let metas: HashMap<String, &kube::core::ObjectMeta> = matched
+        .iter()
+        .map(|n| (n.name_any(), &n.metadata))
+        .collect();
+    let reports = transitions
+        .iter()
+        .map(|(node, t)| NodeReport {
+            name: node.clone(),
+            transition: t.clone(),
+            current_version: metas.get(node).and_then(|m| observe::loaded_version(m)),
+            install_mode: metas.get(node).and_then(|m| observe::install_mode_label(m)),
+        })
+        .collect();
+    let facts = PolicyFacts {
+        generation: policy.metadata.generation,
+        target_version: spec.version.clone(),
+        paused: spec.paused,
+        invalid_spec: None,
+        max_unavailable,
+    };
+    let built = build_status(&facts, &previous, &recorded, reports, &now);
+    write_status(&ctx, &policy, &built.status, &previous).await?;
+    ctx.remember(
+        &uid,
+        Written {
+            status: built.status.clone(),
+            nodes: built.all_nodes.clone(),
+        },
+    );
+
+    // Act, node by node; one node's failure does not stop the others.
+    let mut first_error = None;
+    let obs_by_node: HashMap<&str, &NodeObservation> =
+        observations.iter().map(|(n, o)| (n.as_str(), o)).collect();
+    for (node, t) in &transitions {
+        let pod = observe::pick_agent_pod(by_node.get(node).into_iter().flatten().copied());
+        let entered = built
+            .all_nodes
+            .get(node)
+            .and_then(|e| e.last_transition_time.clone());
+        for action in &t.actions {
+            let result = act(
+                &ctx,
+                &policy,
+                node,
+                *action,
+                obs_by_node.get(node.as_str()).copied(),
+                pod,
+                entered.as_ref(),
+                &now,
+            )
+            .await;
+            if let Err(e) = result {
+                warn!(node = %node, ?action, error = %error_chain(&e), "node action failed");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let draining: HashSet<&str> = transitions
+        .iter()
+        .filter(|(_, t)| t.state == NodeState::Draining)
+        .map(|(n, _)| n.as_str())
+        .collect();
+    ctx.drains.retain(&name, |n| draining.contains(n));
+
+    // Nodes no longer matched (skip label, selector change) keep nothing of ours.
+    let matched_names: HashSet<String> = metas.keys().cloned().collect();
+    for n in node_metas
+        .iter()
+        .filter(|n| !matched_names.contains(&n.name_any()))
+    {
+        let node = n.name_any();
+        if holds_ours(&n.metadata, &name, recorded.contains_key(&node)) {
+            info!(node = %node, "node left the policy's selection; releasing it");
+            if let Err(e) = node_actions::release(&ctx.client, &name, &node).await {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+
+    report_changes(&ctx, &policy, &built.changes, &built.all_nodes).await;
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let in_flight = transitions.iter().any(|(_, t)| t.state.is_in_flight());
+    let mut requeue = if in_flight {
+        IN_FLIGHT_RESYNC
+    } else {
+        IDLE_RESYNC
+    };
+    if let Some(w) = next_retry {
+        requeue = requeue.min(w + Duration::from_millis(50));
+    }
+    Ok(Requeue::requeue(requeue))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn act(
+    ctx: &Arc<Context>,
+    policy: &TenstorrentDriverPolicy,
+    node: &str,
+    action: Action,
+    obs: Option<&NodeObservation>,
+    pod: Option<&Pod>,
+    entered: Option<&Time>,
+    now: &Time,
+) -> Result<(), Error> {
+    let name = policy.name_any();
+    match action {
+        Action::Cordon => {
+            node_actions::cordon_and_close_gates(
+                &ctx.client,
+                &name,
+                node,
+                &ctx.settings.deploy_gates,
+            )
+            .await?;
+        }
+        Action::Drain => {
+            let drain = &policy.spec.upgrade_policy.drain;
+            let elapsed = entered
+                .map(|t| now.0.duration_since(t.0))
+                .and_then(|d| Duration::try_from(d).ok())
+                .unwrap_or_default();
+            let total = Duration::from_secs(u64::try_from(drain.timeout_seconds).unwrap_or(1));
+            let timeout = total.saturating_sub(elapsed).max(Duration::from_secs(1));
+            let pod_selector = policy
+                .spec
+                .pod_selector()
+                .map_err(|source| Error::InvalidSpec {
+                    policy: name.clone(),
+                    source,
+                })?;
+            let plan = TwoPassDrain {
+                device: DevicePredicate {
+                    host_path_prefixes: vec![names::DEVICE_PATH.to_owned()],
+                    resource_prefixes: vec![names::DEVICE_RESOURCE_PREFIX.to_owned()],
+                },
+                full_node: drain.full_node,
+                pod_selector,
+                force: drain.force,
+                delete_emptydir_data: drain.delete_empty_dir,
+                options: DrainOptions {
+                    timeout: Some(timeout),
+                    ..DrainOptions::default()
+                },
+            };
+            let wake_tx = ctx.wake.clone();
+            let wake_ref = ObjectRef::<TenstorrentDriverPolicy>::new(&name);
+            let wake = Arc::new(move || {
+                let _ = wake_tx.unbounded_send(wake_ref.clone());
+            });
+            ctx.drains
+                .ensure(&ctx.client, &name, node, plan, ctx.metrics.clone(), wake);
+        }
+        Action::ReplaceAgent { even_current } => {
+            let replace = match obs.map(|o| &o.agent) {
+                Some(AgentPod::Stale) => true,
+                Some(AgentPod::Current(
+                    AgentCondition::Failed { .. } | AgentCondition::WaitingForHolders { .. },
+                )) => even_current,
+                _ => false,
+            };
+            if let (true, Some(pod)) = (replace, pod) {
+                node_actions::delete_agent_pod(&ctx.client, pod).await?;
+            }
+        }
+        Action::Release => {
+            node_actions::release(&ctx.client, &name, node).await?;
+        }
+        Action::ClearRetry => node_actions::clear_retry(&ctx.client, node).await?,
+    }
+    Ok(())
+}
+
+async fn report_changes(
+    ctx: &Context,
+    policy: &TenstorrentDriverPolicy,
+    changes: &[crate::status::StateChange],
+    all: &BTreeMap<String, NodeStatus>,
+) {
+    let name = policy.name_any();
+    for c in changes {
+        info!(node = %c.node, from = ?c.from, to = %c.to, reason = ?c.reason, message = ?c.message, "node state changed");
+        // A first sighting of a settled node is not news (a 5,000-node policy would flood).
+        if c.from.is_some() || c.to.is_in_flight() || c.to == NodeState::Failed {
+            ctx.events.node_changed(policy, c).await;
+        }
+    }
+    ctx.metrics.record_changes(&name, changes);
+    let mut counts: BTreeMap<(NodeState, String), i64> = BTreeMap::new();
+    for n in all.values() {
+        let version = n.current_version.clone().unwrap_or_else(|| "none".into());
+        *counts.entry((n.state, version)).or_default() += 1;
+    }
+    ctx.metrics.set_nodes(&name, &counts);
+}
+
+/// The spec cannot be acted on: say so in the status and touch nothing else.
+async fn invalid_spec(
+    policy: &TenstorrentDriverPolicy,
+    ctx: &Context,
+    previous: &TenstorrentDriverPolicyStatus,
+    recorded: &BTreeMap<String, NodeStatus>,
+    err: ttdp_api::driver::v1alpha1::SpecError,
+    now: &Time,
+) -> Result<Requeue, Error> {
+    let reports = recorded
+        .values()
+        .map(|e| NodeReport {
+            name: e.name.clone(),
+            transition: NodeTransition {
+                state: e.state,
+                reason: e.reason.clone(),
+                message: e.message.clone(),
+                actions: vec![],
+            },
+            current_version: e.current_version.clone(),
+            install_mode: e.install_mode.clone(),
+        })
+        .collect();
+    let facts = PolicyFacts {
+        generation: policy.metadata.generation,
+        target_version: policy.spec.version.clone(),
+        paused: policy.spec.paused,
+        invalid_spec: Some(err.to_string()),
+        max_unavailable: 1,
+    };
+    let built = build_status(&facts, previous, recorded, reports, now);
+    let was_invalid = previous.conditions.iter().any(|c| {
+        c.type_ == ttdp_api::driver::v1alpha1::condition::INVALID_SPEC && c.status == "True"
+    });
+    write_status(ctx, policy, &built.status, previous).await?;
+    ctx.remember(
+        &policy.uid().unwrap_or_default(),
+        Written {
+            status: built.status,
+            nodes: built.all_nodes,
+        },
+    );
+    if !was_invalid {
+        warn!(policy = %policy.name_any(), error = %err, "invalid spec");
+        ctx.events
+            .policy_event(
+                policy,
+                true,
+                "InvalidSpec",
+                format!("{err}; fix the spec, nothing is rolled out until then"),
+            )
+            .await;
+    }
+    Ok(Requeue::await_change())
+}
+
+/// The policy is being deleted: stop drains, reopen gates and lift cordons we placed, delete the
+/// DaemonSet. Loaded modules stay (the spec: deleting the DaemonSet does not unload).
+pub async fn cleanup(
+    policy: Arc<TenstorrentDriverPolicy>,
+    ctx: Arc<Context>,
+) -> Result<Requeue, Error> {
+    let name = policy.name_any();
+    ctx.drains.retain(&name, |_| false);
+    let (_, recorded) = previous_of(&policy, &ctx);
+    let mut released = 0;
+    let mut seen = HashSet::new();
+    for n in ctx.nodes.state() {
+        let node = n.name_any();
+        seen.insert(node.clone());
+        let was_ours = recorded.contains_key(&node);
+        let in_flight = recorded
+            .get(&node)
+            .is_some_and(|r| r.state.is_in_flight() || r.state == NodeState::Failed);
+        if holds_ours(&n.metadata, &name, was_ours) || in_flight {
+            node_actions::release(&ctx.client, &name, &node).await?;
+            released += 1;
+        }
+    }
+    let ns = &ctx.settings.namespace;
+    let ds_name = names::daemonset_name(&name);
+    let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), ns);
+    match api.delete(&ds_name, &DeleteParams::background()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(Error::kube(format!("delete daemonset {ns}/{ds_name}"), e)),
+    }
+    info!(policy = %name, released, "policy deleted: nodes released, daemonset deleted, modules left loaded");
+    ctx.events
+        .policy_event(
+            &policy,
+            false,
+            "Cleanup",
+            format!("released {released} nodes and deleted daemonset {ds_name}; loaded modules are left as they are"),
+        )
+        .await;
+    ctx.forget(&policy.uid().unwrap_or_default());
+    ctx.metrics.forget_policy(&name);
+    Ok(Requeue::await_change())
+}

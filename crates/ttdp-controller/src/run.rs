@@ -1,0 +1,212 @@
+//! Wiring: reflector stores and watches, the kube-runtime `Controller`, the admin server, leader
+//! election and graceful shutdown. [`run`] is what the binary (and in-process tests) call.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::watcher;
+use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, predicates};
+use kube::{Api, Client, ResourceExt};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_api::names::labels;
+
+use crate::context::Context;
+use crate::daemonset::all_agent_pods_selector;
+use crate::error::Error;
+use crate::events::EventPublisher;
+use crate::leader::{self, LeaderElection};
+use crate::metrics::Metrics;
+use crate::observe;
+use crate::overlap::selection_of;
+use crate::reconcile::{error_policy, reconcile};
+use crate::server::{self, Readiness};
+use crate::settings::Settings;
+
+/// How the controller process runs, beyond [`Settings`].
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Where to serve `/metrics`, `/healthz` and `/readyz` (`None`: no server).
+    pub admin_address: Option<SocketAddr>,
+    /// Leader election (`None`: act at once, for a single replica or tests).
+    pub leader_election: Option<LeaderElection>,
+    /// This replica's name on Events (the pod name).
+    pub instance: Option<String>,
+    /// Shared metrics (a fresh set when `None`).
+    pub metrics: Option<Arc<Metrics>>,
+    /// Readiness flag (a fresh one when `None`).
+    pub readiness: Option<Readiness>,
+}
+
+/// The policies a node event concerns: those selecting the node, and the one whose cordon it
+/// carries (so a node that left a selection is released).
+fn policies_for_node(
+    policies: &reflector::Store<TenstorrentDriverPolicy>,
+    node: &kube::core::PartialObjectMeta<Node>,
+    require_nfd: bool,
+) -> Vec<ObjectRef<TenstorrentDriverPolicy>> {
+    let name = node.name_any();
+    let empty = BTreeMap::new();
+    let node_labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+    policies
+        .state()
+        .into_iter()
+        .filter(|p| {
+            observe::cordoned_by(&node.metadata, &p.name_any())
+                || selection_of(p, require_nfd).is_some_and(|s| s.matches(&name, node_labels))
+                || p.status
+                    .as_ref()
+                    .is_some_and(|s| s.nodes.iter().any(|n| n.name == name))
+        })
+        .map(|p| ObjectRef::from_obj(&*p))
+        .collect()
+}
+
+/// Runs the controller until `shutdown` is cancelled (or leadership is lost).
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    options: RunOptions,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    let metrics = options.metrics.clone().unwrap_or_else(Metrics::shared);
+    let readiness = options.readiness.clone().unwrap_or_default();
+    let admin = match options.admin_address {
+        Some(address) => Some(
+            server::serve(
+                address,
+                metrics.clone(),
+                readiness.clone(),
+                shutdown.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let leadership = match &options.leader_election {
+        Some(le) => match leader::acquire(client.clone(), le, &shutdown).await? {
+            Some(l) => Some(l),
+            None => return Ok(()),
+        },
+        None => None,
+    };
+    let stop = CancellationToken::new();
+    {
+        let stop = stop.clone();
+        let shutdown = shutdown.clone();
+        let lost = leadership.as_ref().map(|l| l.lost.clone());
+        tokio::spawn(async move {
+            match lost {
+                Some(lost) => tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = lost.cancelled() => {}
+                },
+                None => shutdown.cancelled().await,
+            }
+            stop.cancel();
+        });
+    }
+
+    let ns = settings.namespace.clone();
+    let require_nfd = settings.require_nfd;
+    let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
+    let controller = Controller::new(policies, watcher::Config::default().any_semantic());
+    let policy_store = controller.store();
+
+    let (node_store, node_writer) = reflector::store();
+    let node_stream = watcher::watcher(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff()
+    .reflect(node_writer)
+    .touched_objects()
+    .predicate_filter(
+        predicates::labels.combine(predicates::annotations),
+        PredicateConfig::default(),
+    );
+    let (pod_store, pod_writer) = reflector::store();
+    let pod_stream = watcher::watcher(
+        Api::<Pod>::namespaced(client.clone(), &ns),
+        watcher::Config::default()
+            .labels(&all_agent_pods_selector())
+            .any_semantic(),
+    )
+    .default_backoff()
+    .reflect(pod_writer)
+    .touched_objects();
+
+    let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        settings,
+        policy_store.clone(),
+        node_store.clone(),
+        pod_store.clone(),
+        EventPublisher::new(client.clone(), options.instance.clone()),
+        metrics,
+        wake_tx,
+    ));
+
+    {
+        let (policies, nodes, pods, readiness) = (
+            policy_store.clone(),
+            node_store.clone(),
+            pod_store.clone(),
+            readiness.clone(),
+        );
+        tokio::spawn(async move {
+            let synced = policies.wait_until_ready().await.is_ok()
+                && nodes.wait_until_ready().await.is_ok()
+                && pods.wait_until_ready().await.is_ok();
+            if synced {
+                info!("initial watches synced; ready");
+                readiness.set(true);
+            }
+        });
+    }
+
+    let node_policies = policy_store.clone();
+    let ds_config = watcher::Config::default().labels(&format!(
+        "{}={}",
+        labels::APP_NAME,
+        labels::APP_NAME_AGENT
+    ));
+    let graceful = stop.clone();
+    controller
+        .owns(Api::<DaemonSet>::namespaced(client.clone(), &ns), ds_config)
+        .watches_stream(node_stream, move |node| {
+            policies_for_node(&node_policies, &node, require_nfd)
+        })
+        .watches_stream(pod_stream, |pod| {
+            pod.labels()
+                .get(labels::POLICY)
+                .map(|p| ObjectRef::<TenstorrentDriverPolicy>::new(p))
+        })
+        .reconcile_on(wake_rx)
+        .graceful_shutdown_on(async move { graceful.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                warn!(error = %err, "controller event");
+            }
+        })
+        .await;
+    readiness.set(false);
+    info!("controller stopped");
+    if let Some(l) = leadership {
+        l.stop();
+    }
+    if let Some((_, task)) = admin {
+        shutdown.cancel();
+        let _ = task.await;
+    }
+    Ok(())
+}
