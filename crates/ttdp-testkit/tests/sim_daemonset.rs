@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
+};
 use k8s_openapi::api::core::v1::{
     Affinity, Container, EnvVar, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement,
     NodeSelectorTerm, Pod, PodSpec, PodTemplateSpec, Toleration,
@@ -60,15 +62,17 @@ fn daemonset(name: &str, terms: Vec<Vec<NodeSelectorRequirement>>, strategy: &st
                     }],
                     affinity: Some(Affinity {
                         node_affinity: Some(NodeAffinity {
-                            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                                node_selector_terms: terms
-                                    .into_iter()
-                                    .map(|e| NodeSelectorTerm {
-                                        match_expressions: Some(e),
-                                        match_fields: None,
-                                    })
-                                    .collect(),
-                            }),
+                            required_during_scheduling_ignored_during_execution: Some(
+                                NodeSelector {
+                                    node_selector_terms: terms
+                                        .into_iter()
+                                        .map(|e| NodeSelectorTerm {
+                                            match_expressions: Some(e),
+                                            match_fields: None,
+                                        })
+                                        .collect(),
+                                },
+                            ),
                             ..NodeAffinity::default()
                         }),
                         ..Affinity::default()
@@ -78,7 +82,7 @@ fn daemonset(name: &str, terms: Vec<Vec<NodeSelectorRequirement>>, strategy: &st
             },
             update_strategy: Some(DaemonSetUpdateStrategy {
                 type_: Some(strategy.to_owned()),
-                rolling_update: (strategy == "RollingUpdate").then(|| RollingUpdateDaemonSet {
+                rolling_update: (strategy == "RollingUpdate").then_some(RollingUpdateDaemonSet {
                     max_unavailable: Some(IntOrString::Int(1)),
                     max_surge: None,
                 }),
@@ -91,7 +95,10 @@ fn daemonset(name: &str, terms: Vec<Vec<NodeSelectorRequirement>>, strategy: &st
 
 /// The spec's effective selector: Tenstorrent nodes that are not opted out.
 fn installer_terms() -> Vec<Vec<NodeSelectorRequirement>> {
-    vec![vec![req(NFD, "In", &["true"]), req(SKIP, "DoesNotExist", &[])]]
+    vec![vec![
+        req(NFD, "In", &["true"]),
+        req(SKIP, "DoesNotExist", &[]),
+    ]]
 }
 
 async fn create(cluster: &SimCluster, ds: DaemonSet) -> Api<DaemonSet> {
@@ -109,7 +116,17 @@ async fn pods_by_node(client: &Client, ns: &str, app: &str) -> BTreeMap<String, 
         .items
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| (p.spec.as_ref().unwrap().node_name.clone().unwrap_or_default(), p))
+        .map(|p| {
+            (
+                p.spec
+                    .as_ref()
+                    .unwrap()
+                    .node_name
+                    .clone()
+                    .unwrap_or_default(),
+                p,
+            )
+        })
         .collect()
 }
 
@@ -117,13 +134,17 @@ async fn wait_nodes(cluster: &SimCluster, app: &str, expected: &[String]) -> BTr
     let expected: BTreeSet<String> = expected.iter().cloned().collect();
     let client = cluster.client();
     let ns = cluster.namespace().to_owned();
-    eventually(&format!("daemon pods of {app} exactly on {expected:?}"), WAIT, || {
-        let (client, ns, expected) = (client.clone(), ns.clone(), expected.clone());
-        async move {
-            let pods = pods_by_node(&client, &ns, app).await;
-            (pods.keys().cloned().collect::<BTreeSet<_>>() == expected).then_some(pods)
-        }
-    })
+    eventually(
+        &format!("daemon pods of {app} exactly on {expected:?}"),
+        WAIT,
+        || {
+            let (client, ns, expected) = (client.clone(), ns.clone(), expected.clone());
+            async move {
+                let pods = pods_by_node(&client, &ns, app).await;
+                (pods.keys().cloned().collect::<BTreeSet<_>>() == expected).then_some(pods)
+            }
+        },
+    )
     .await
     .unwrap()
 }
@@ -149,9 +170,15 @@ async fn one_bound_owned_pod_per_matching_node_and_ready_status() {
     let ds = api.get("agent").await.unwrap();
     for (node, pod) in &pods {
         let owner = &pod.owner_references()[0];
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("DaemonSet", ds.uid().unwrap().as_str()));
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("DaemonSet", ds.uid().unwrap().as_str())
+        );
         assert_eq!(owner.controller, Some(true));
-        assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some(node.as_str()));
+        assert_eq!(
+            pod.spec.as_ref().unwrap().node_name.as_deref(),
+            Some(node.as_str())
+        );
         assert!(pod.labels().contains_key("controller-revision-hash"));
         assert_eq!(pod.labels()["pod-template-generation"], "1");
     }
@@ -164,7 +191,10 @@ async fn one_bound_owned_pod_per_matching_node_and_ready_status() {
     })
     .await
     .unwrap();
-    assert_eq!(status.desired_number_scheduled, 3, "the plain node is not eligible");
+    assert_eq!(
+        status.desired_number_scheduled, 3,
+        "the plain node is not eligible"
+    );
     assert_eq!(status.current_number_scheduled, 3);
     assert_eq!(status.updated_number_scheduled, Some(3));
     assert_eq!(status.number_available, Some(3));
@@ -176,10 +206,22 @@ async fn one_bound_owned_pod_per_matching_node_and_ready_status() {
 async fn node_affinity_operators_select_nodes() {
     let cluster = start(
         SimClusterOptions::new()
-            .node(TenstorrentNode::new().label("pool", "a").label("cores", "8"))
-            .node(TenstorrentNode::new().label("pool", "b").label("cores", "2"))
+            .node(
+                TenstorrentNode::new()
+                    .label("pool", "a")
+                    .label("cores", "8"),
+            )
+            .node(
+                TenstorrentNode::new()
+                    .label("pool", "b")
+                    .label("cores", "2"),
+            )
             .node(TenstorrentNode::new().label("pool", "c"))
-            .node(TenstorrentNode::new().label("pool", "a").label("cores", "1")),
+            .node(
+                TenstorrentNode::new()
+                    .label("pool", "a")
+                    .label("cores", "1"),
+            ),
     )
     .await;
     let tt = cluster.tenstorrent_node_names();
@@ -187,15 +229,28 @@ async fn node_affinity_operators_select_nodes() {
         // tt-0 only: pool a or b with more than 4 cores.
         vec![req("pool", "In", &["a", "b"]), req("cores", "Gt", &["4"])],
         // tt-2 only: neither a nor b, no cores label.
-        vec![req("pool", "NotIn", &["a", "b"]), req("cores", "DoesNotExist", &[])],
+        vec![
+            req("pool", "NotIn", &["a", "b"]),
+            req("cores", "DoesNotExist", &[]),
+        ],
         // nothing: fewer than 1 core does not exist here.
         vec![req("cores", "Lt", &["1"]), req("pool", "Exists", &[])],
     ];
     create(&cluster, daemonset("picky", terms, "OnDelete")).await;
     wait_nodes(&cluster, "picky", &[tt[0].clone(), tt[2].clone()]).await;
     // Relabelling a node moves it in: tt-3 gets 16 cores.
-    patch_node(&cluster, &tt[3], serde_json::json!({"metadata": {"labels": {"cores": "16"}}})).await;
-    wait_nodes(&cluster, "picky", &[tt[0].clone(), tt[2].clone(), tt[3].clone()]).await;
+    patch_node(
+        &cluster,
+        &tt[3],
+        serde_json::json!({"metadata": {"labels": {"cores": "16"}}}),
+    )
+    .await;
+    wait_nodes(
+        &cluster,
+        "picky",
+        &[tt[0].clone(), tt[2].clone(), tt[3].clone()],
+    )
+    .await;
     cluster.shutdown().await.unwrap();
 }
 
@@ -211,7 +266,15 @@ async fn taints_need_tolerations_and_cordoned_nodes_keep_daemon_pods() {
     let tt = cluster.tenstorrent_node_names();
     create(&cluster, daemonset("plain", installer_terms(), "OnDelete")).await;
     let mut tolerant = daemonset("tolerant", installer_terms(), "OnDelete");
-    tolerant.spec.as_mut().unwrap().template.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
+    tolerant
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .tolerations = Some(vec![Toleration {
         key: Some("dedicated".to_owned()),
         operator: Some("Equal".to_owned()),
         value: Some("ml".to_owned()),
@@ -224,7 +287,12 @@ async fn taints_need_tolerations_and_cordoned_nodes_keep_daemon_pods() {
 
     // Cordon tt-0 and delete its pod: the DaemonSet controller tolerates
     // node.kubernetes.io/unschedulable, so the pod comes back on the cordoned node (as in Kubernetes).
-    patch_node(&cluster, &tt[0], serde_json::json!({"spec": {"unschedulable": true}})).await;
+    patch_node(
+        &cluster,
+        &tt[0],
+        serde_json::json!({"spec": {"unschedulable": true}}),
+    )
+    .await;
     let before = pods_by_node(&cluster.client(), cluster.namespace(), "plain").await;
     let old = before[&tt[0]].clone();
     Api::<Pod>::namespaced(cluster.client(), cluster.namespace())
@@ -232,7 +300,11 @@ async fn taints_need_tolerations_and_cordoned_nodes_keep_daemon_pods() {
         .await
         .unwrap();
     let after = wait_nodes(&cluster, "plain", &[tt[0].clone(), tt[2].clone()]).await;
-    assert_ne!(after[&tt[0]].uid(), old.uid(), "a new pod on the cordoned node");
+    assert_ne!(
+        after[&tt[0]].uid(),
+        old.uid(),
+        "a new pod on the cordoned node"
+    );
 
     // A NoExecute taint the pods do not tolerate evicts them.
     patch_node(
@@ -254,7 +326,12 @@ async fn the_skip_label_evicts_the_installer_pod_at_once() {
     let pods = wait_nodes(&cluster, "agent", &tt).await;
     let victim = pods[&tt[1]].clone();
 
-    patch_node(&cluster, &tt[1], serde_json::json!({"metadata": {"labels": {SKIP: "true"}}})).await;
+    patch_node(
+        &cluster,
+        &tt[1],
+        serde_json::json!({"metadata": {"labels": {SKIP: "true"}}}),
+    )
+    .await;
     let pods_api: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
     eventually("the skipped node's pod to be gone", WAIT, || {
         let (api, name) = (pods_api.clone(), victim.name_any());
@@ -271,7 +348,12 @@ async fn the_skip_label_evicts_the_installer_pod_at_once() {
     .unwrap();
 
     // Removing the label brings a pod back.
-    patch_node(&cluster, &tt[1], serde_json::json!({"metadata": {"labels": {SKIP: null}}})).await;
+    patch_node(
+        &cluster,
+        &tt[1],
+        serde_json::json!({"metadata": {"labels": {SKIP: null}}}),
+    )
+    .await;
     wait_nodes(&cluster, "agent", &tt).await;
     cluster.shutdown().await.unwrap();
 }
@@ -280,7 +362,9 @@ async fn bump_template(api: &Api<DaemonSet>, name: &str) {
     let patch = serde_json::json!({"spec": {"template": {"spec": {"containers": [{
         "name": "agent", "image": "sim.invalid/agent:2",
         "env": [{"name": "REVISION", "value": "2"}]}]}}}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -293,7 +377,10 @@ async fn on_delete_replaces_only_deleted_pods_from_the_current_template() {
     let generation = api.get("agent").await.unwrap().metadata.generation.unwrap();
     eventually("the controller to observe the new generation", WAIT, || {
         let api = api.clone();
-        async move { (api.get("agent").await.ok()?.status?.observed_generation == Some(generation)).then_some(()) }
+        async move {
+            (api.get("agent").await.ok()?.status?.observed_generation == Some(generation))
+                .then_some(())
+        }
     })
     .await
     .unwrap();
@@ -301,9 +388,21 @@ async fn on_delete_replaces_only_deleted_pods_from_the_current_template() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let now = pods_by_node(&cluster.client(), cluster.namespace(), "agent").await;
     for node in &tt {
-        assert_eq!(now[node].uid(), before[node].uid(), "OnDelete must not replace the pod on {node}");
+        assert_eq!(
+            now[node].uid(),
+            before[node].uid(),
+            "OnDelete must not replace the pod on {node}"
+        );
     }
-    assert_eq!(api.get("agent").await.unwrap().status.unwrap().updated_number_scheduled, Some(0));
+    assert_eq!(
+        api.get("agent")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .updated_number_scheduled,
+        Some(0)
+    );
 
     Api::<Pod>::namespaced(cluster.client(), cluster.namespace())
         .delete(&before[&tt[0]].name_any(), &DeleteParams::default())
@@ -313,14 +412,27 @@ async fn on_delete_replaces_only_deleted_pods_from_the_current_template() {
     let ns = cluster.namespace().to_owned();
     let old_uid = before[&tt[0]].uid();
     let replaced = eventually("a replacement pod on the first node", WAIT, || {
-        let (client, ns, node, old_uid) = (client.clone(), ns.clone(), tt[0].clone(), old_uid.clone());
-        async move { pods_by_node(&client, &ns, "agent").await.remove(&node).filter(|p| p.uid() != old_uid) }
+        let (client, ns, node, old_uid) =
+            (client.clone(), ns.clone(), tt[0].clone(), old_uid.clone());
+        async move {
+            pods_by_node(&client, &ns, "agent")
+                .await
+                .remove(&node)
+                .filter(|p| p.uid() != old_uid)
+        }
     })
     .await
     .unwrap();
     let container = &replaced.spec.as_ref().unwrap().containers[0];
-    assert_eq!(container.image.as_deref(), Some("sim.invalid/agent:2"), "built from the current template");
-    assert_eq!(replaced.labels()["pod-template-generation"], generation.to_string());
+    assert_eq!(
+        container.image.as_deref(),
+        Some("sim.invalid/agent:2"),
+        "built from the current template"
+    );
+    assert_eq!(
+        replaced.labels()["pod-template-generation"],
+        generation.to_string()
+    );
     assert_ne!(
         replaced.labels()["controller-revision-hash"],
         before[&tt[0]].labels()["controller-revision-hash"]
@@ -334,7 +446,11 @@ async fn on_delete_replaces_only_deleted_pods_from_the_current_template() {
 async fn rolling_update_replaces_every_pod_one_at_a_time() {
     let cluster = start(SimClusterOptions::new().tenstorrent_nodes(3)).await;
     let tt = cluster.tenstorrent_node_names();
-    let api = create(&cluster, daemonset("agent", installer_terms(), "RollingUpdate")).await;
+    let api = create(
+        &cluster,
+        daemonset("agent", installer_terms(), "RollingUpdate"),
+    )
+    .await;
     let before = wait_nodes(&cluster, "agent", &tt).await;
     eventually("all pods ready", WAIT, || {
         let api = api.clone();
@@ -365,7 +481,10 @@ async fn rolling_update_replaces_every_pod_one_at_a_time() {
         async move {
             let pods = pods_by_node(&client, &ns, "agent").await;
             let all_new = pods.len() == 3
-                && pods.values().all(|p| p.spec.as_ref().unwrap().containers[0].image.as_deref() == Some("sim.invalid/agent:2"));
+                && pods.values().all(|p| {
+                    p.spec.as_ref().unwrap().containers[0].image.as_deref()
+                        == Some("sim.invalid/agent:2")
+                });
             all_new.then_some(pods)
         }
     })
@@ -374,10 +493,21 @@ async fn rolling_update_replaces_every_pod_one_at_a_time() {
     for node in &tt {
         assert_ne!(after[node].uid(), before[node].uid());
     }
-    assert!(watcher.await.unwrap() <= 1, "more than maxUnavailable nodes were without a pod");
+    assert!(
+        watcher.await.unwrap() <= 1,
+        "more than maxUnavailable nodes were without a pod"
+    );
     eventually("updatedNumberScheduled 3", WAIT, || {
         let api = api.clone();
-        async move { (api.get("agent").await.ok()?.status?.updated_number_scheduled == Some(3)).then_some(()) }
+        async move {
+            (api.get("agent")
+                .await
+                .ok()?
+                .status?
+                .updated_number_scheduled
+                == Some(3))
+            .then_some(())
+        }
     })
     .await
     .unwrap();

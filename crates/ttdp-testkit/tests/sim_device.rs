@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, DeleteParams, EvictParams};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, EvictParams};
 use ttdp_kmod::{DEVICE_DIR, HostRoot, Kernel, find_device_holders};
 use ttdp_testkit::sim::workload::WORKLOAD_LABEL;
 use ttdp_testkit::sim::{
-    DeviceUse, DisruptionLimit, SimCluster, SimClusterOptions, TenstorrentNode, Workload, WorkloadOwner,
-    eventually,
+    DeviceUse, DisruptionLimit, SimCluster, SimClusterOptions, TenstorrentNode, Workload,
+    WorkloadOwner, eventually,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -44,7 +44,11 @@ async fn wait_ready(api: &Api<Pod>, name: &str) {
         let name = name.to_owned();
         async move {
             let pod = api.get(&name).await.ok()?;
-            let ready = pod.status?.conditions?.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+            let ready = pod
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
             ready.then_some(())
         }
     })
@@ -72,12 +76,21 @@ async fn device_workloads_hold_the_device_until_evicted_or_deleted() {
     .await
     .unwrap();
     let node = cluster.tenstorrent_node_names().remove(0);
-    let root = cluster.node(&node).unwrap().host_root().unwrap().to_path_buf();
+    let root = cluster
+        .node(&node)
+        .unwrap()
+        .host_root()
+        .unwrap()
+        .to_path_buf();
     assert_eq!(refcnt(&root), Some(0), "module preloaded, unused");
     let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
 
     let mounted = cluster
-        .add_workload(&Workload::new("mounted", &node).device(DeviceUse::HostPath).owner(WorkloadOwner::ReplicaSet))
+        .add_workload(
+            &Workload::new("mounted", &node)
+                .device(DeviceUse::HostPath)
+                .owner(WorkloadOwner::ReplicaSet),
+        )
         .await
         .unwrap();
     wait_refcnt(&root, 1).await;
@@ -86,10 +99,17 @@ async fn device_workloads_hold_the_device_until_evicted_or_deleted() {
         .await
         .unwrap();
     wait_refcnt(&root, 2).await;
-    let idle = cluster.add_workload(&Workload::new("idle", &node)).await.unwrap();
+    let idle = cluster
+        .add_workload(&Workload::new("idle", &node))
+        .await
+        .unwrap();
     wait_ready(&pods, &idle.name_any()).await;
     wait_ready(&pods, &mounted.name_any()).await;
-    assert_eq!(refcnt(&root), Some(2), "a pod without the device holds nothing");
+    assert_eq!(
+        refcnt(&root),
+        Some(2),
+        "a pod without the device holds nothing"
+    );
     let holders = find_device_holders(&HostRoot::new(&root), Path::new(DEVICE_DIR), "tenstorrent");
     assert_eq!(holders.len(), 2);
     assert!(holders.iter().all(|h| h.comm == "work"), "{holders:?}");
@@ -97,7 +117,11 @@ async fn device_workloads_hold_the_device_until_evicted_or_deleted() {
     // A budget that allows no disruption blocks the eviction: the device stays held.
     let labels = BTreeMap::from([(WORKLOAD_LABEL.to_owned(), "mounted".to_owned())]);
     cluster
-        .add_disruption_budget("keep-mounted", labels, DisruptionLimit::MinAvailable(IntOrString::Int(1)))
+        .add_disruption_budget(
+            "keep-mounted",
+            labels,
+            DisruptionLimit::MinAvailable(IntOrString::Int(1)),
+        )
         .await
         .unwrap();
     let blocked = eventually("the budget to block the eviction", WAIT, || {
@@ -111,14 +135,21 @@ async fn device_workloads_hold_the_device_until_evicted_or_deleted() {
     })
     .await
     .unwrap();
-    assert!(blocked.message.contains("disruption budget"), "{}", blocked.message);
+    assert!(
+        blocked.message.contains("disruption budget"),
+        "{}",
+        blocked.message
+    );
     assert_eq!(refcnt(&root), Some(2));
 
     // Without the budget the eviction goes through and the holder lets go.
-    Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(cluster.client(), cluster.namespace())
-        .delete("keep-mounted", &DeleteParams::default())
-        .await
-        .unwrap();
+    Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+        cluster.client(),
+        cluster.namespace(),
+    )
+    .delete("keep-mounted", &DeleteParams::default())
+    .await
+    .unwrap();
     eventually("the eviction to be accepted", WAIT, || {
         let (pods, name) = (pods.clone(), mounted.name_any());
         async move { pods.evict(&name, &EvictParams::default()).await.ok() }
@@ -128,7 +159,9 @@ async fn device_workloads_hold_the_device_until_evicted_or_deleted() {
     wait_gone(&pods, &mounted.name_any()).await;
     assert_eq!(refcnt(&root), Some(1));
 
-    pods.delete(&requested.name_any(), &DeleteParams::default()).await.unwrap();
+    pods.delete(&requested.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
     wait_gone(&pods, &requested.name_any()).await;
     assert_eq!(refcnt(&root), Some(0));
     cluster.shutdown().await.unwrap();
@@ -159,22 +192,35 @@ async fn a_holder_killed_on_the_host_restarts_and_holds_again() {
     let status = eventually("the container to restart", WAIT, || {
         let (pods, name) = (pods.clone(), pod.name_any());
         async move {
-            let s = pods.get(&name).await.ok()?.status?.container_statuses?.remove(0);
+            let s = pods
+                .get(&name)
+                .await
+                .ok()?
+                .status?
+                .container_statuses?
+                .remove(0);
             (s.restart_count >= 1).then_some(s)
         }
     })
     .await
     .unwrap();
-    assert_eq!(status.last_state.unwrap().terminated.unwrap().exit_code, 137);
+    assert_eq!(
+        status.last_state.unwrap().terminated.unwrap().exit_code,
+        137
+    );
     wait_refcnt(&root, 1).await;
     cluster.shutdown().await.unwrap();
 }
 
 #[tokio::test]
 async fn without_a_loaded_module_device_workloads_crash_loop() {
-    let cluster = SimCluster::start(SimClusterOptions::new().tenstorrent_nodes(1).time_scale(0.05))
-        .await
-        .unwrap();
+    let cluster = SimCluster::start(
+        SimClusterOptions::new()
+            .tenstorrent_nodes(1)
+            .time_scale(0.05),
+    )
+    .await
+    .unwrap();
     let node = cluster.tenstorrent_node_names().remove(0);
     let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
     let pod = cluster
@@ -184,7 +230,13 @@ async fn without_a_loaded_module_device_workloads_crash_loop() {
     let status = eventually("a failed start", WAIT, || {
         let (pods, name) = (pods.clone(), pod.name_any());
         async move {
-            let s = pods.get(&name).await.ok()?.status?.container_statuses?.remove(0);
+            let s = pods
+                .get(&name)
+                .await
+                .ok()?
+                .status?
+                .container_statuses?
+                .remove(0);
             s.last_state.as_ref()?.terminated.as_ref()?;
             Some(s)
         }
@@ -193,7 +245,12 @@ async fn without_a_loaded_module_device_workloads_crash_loop() {
     .unwrap();
     let terminated = status.last_state.unwrap().terminated.unwrap();
     assert_eq!(terminated.exit_code, 1);
-    assert!(terminated.message.unwrap().contains("cannot open /dev/tenstorrent/0"));
+    assert!(
+        terminated
+            .message
+            .unwrap()
+            .contains("cannot open /dev/tenstorrent/0")
+    );
     assert!(!status.ready);
     cluster.shutdown().await.unwrap();
 }

@@ -28,7 +28,9 @@ use super::image_map::ImageMap;
 use super::kubelet::{KubeletConfig, SimKubelet};
 use super::node_heartbeat::SimNodeSpec;
 use super::time_scale::TimeScale;
-use super::workload::{DEVICE_RESOURCE, DisruptionLimit, Workload, WorkloadOwner, disruption_budget};
+use super::workload::{
+    DEVICE_RESOURCE, DisruptionLimit, Workload, WorkloadOwner, disruption_budget,
+};
 use crate::apiserver::{PodTermination, TestApiServer};
 
 /// The environment variable naming a real cluster's kubeconfig to run scenarios against.
@@ -164,7 +166,8 @@ impl SimClusterOptions {
 
     /// Adds tt-kmd versions to the simulated repository.
     pub fn kmd_versions(mut self, versions: &[&str]) -> Self {
-        self.kmd_versions.extend(versions.iter().map(|v| (*v).to_owned()));
+        self.kmd_versions
+            .extend(versions.iter().map(|v| (*v).to_owned()));
         self
     }
 
@@ -258,7 +261,9 @@ impl SimCluster {
                     .pod_termination(PodTermination::Kubelet)
                     .start()
                     .await
-                    .map_err(|e| SimError::ApiServer { message: e.to_string() })?;
+                    .map_err(|e| SimError::ApiServer {
+                        message: e.to_string(),
+                    })?;
                 let kubeconfig = server.kubeconfig_path().to_path_buf();
                 let client = client_for(&kubeconfig).await?;
                 (Some(server), client, kubeconfig)
@@ -266,7 +271,12 @@ impl SimCluster {
         };
 
         let mut versions: Vec<String> = options.kmd_versions.clone();
-        versions.extend(options.tenstorrent_nodes.iter().filter_map(|n| n.loaded_version.clone()));
+        versions.extend(
+            options
+                .tenstorrent_nodes
+                .iter()
+                .filter_map(|n| n.loaded_version.clone()),
+        );
         versions.sort();
         versions.dedup();
         let repo_dir = dir.path().join("tt-kmd.git");
@@ -283,16 +293,22 @@ impl SimCluster {
         let mut specs = Vec::new();
         for (i, tt) in options.tenstorrent_nodes.iter().enumerate() {
             let name = format!("{prefix}-tt-{i}");
-            let host = create_host(dir.path(), &name, &options.kernel_release, tt, &kmd_repo).await?;
+            let host =
+                create_host(dir.path(), &name, &options.kernel_release, tt, &kmd_repo).await?;
             let mut spec = SimNodeSpec::new(&name);
             spec.labels = tt.labels.clone();
-            spec.labels
-                .insert(labels::NFD_TENSTORRENT.to_owned(), labels::NFD_PRESENT.to_owned());
+            spec.labels.insert(
+                labels::NFD_TENSTORRENT.to_owned(),
+                labels::NFD_PRESENT.to_owned(),
+            );
             spec.taints = tt.taints.clone();
             spec.extra_capacity
                 .insert(DEVICE_RESOURCE.to_owned(), Quantity("4".to_owned()));
             spec.env = vec![
-                (env::HOST_ROOT.to_owned(), host.host().dir().display().to_string()),
+                (
+                    env::HOST_ROOT.to_owned(),
+                    host.host().dir().display().to_string(),
+                ),
                 (env::KERNEL.to_owned(), "sim".to_owned()),
             ];
             spec.kernel = Some(Arc::new(host.kernel()));
@@ -333,7 +349,10 @@ impl SimCluster {
         let daemonsets = (server.is_some() && options.daemonset_controller).then(|| {
             DaemonSetController::start(
                 client.clone(),
-                options.time_scale.scale(Duration::from_secs(2)).max(Duration::from_millis(200)),
+                options
+                    .time_scale
+                    .scale(Duration::from_secs(2))
+                    .max(Duration::from_millis(200)),
             )
         });
         let namespace = prefix.clone();
@@ -407,12 +426,18 @@ impl SimCluster {
 
     /// The Tenstorrent nodes' names.
     pub fn tenstorrent_node_names(&self) -> Vec<String> {
-        self.nodes[..self.tenstorrent].iter().map(|n| n.name.clone()).collect()
+        self.nodes[..self.tenstorrent]
+            .iter()
+            .map(|n| n.name.clone())
+            .collect()
     }
 
     /// The plain nodes' names.
     pub fn plain_node_names(&self) -> Vec<String> {
-        self.nodes[self.tenstorrent..].iter().map(|n| n.name.clone()).collect()
+        self.nodes[self.tenstorrent..]
+            .iter()
+            .map(|n| n.name.clone())
+            .collect()
     }
 
     /// A node by name.
@@ -436,9 +461,14 @@ impl SimCluster {
             WorkloadOwner::ReplicaSet => {
                 let sets: Api<ReplicaSet> = Api::namespaced(self.client.clone(), &self.namespace);
                 let rs = sets
-                    .create(&PostParams::default(), &workload.replica_set(&self.namespace))
+                    .create(
+                        &PostParams::default(),
+                        &workload.replica_set(&self.namespace),
+                    )
                     .await
-                    .map_err(|e| SimError::api(format!("create workload replicaset {}", workload.name), e))?;
+                    .map_err(|e| {
+                        SimError::api(format!("create workload replicaset {}", workload.name), e)
+                    })?;
                 let uid = rs.uid().unwrap_or_default();
                 if !self.is_real() {
                     // No ReplicaSet controller here: create its pod as it would.
@@ -451,9 +481,14 @@ impl SimCluster {
                         block_owner_deletion: Some(true),
                     };
                     return pods
-                        .create(&PostParams::default(), &workload.pod(&self.namespace, Some(owner)))
+                        .create(
+                            &PostParams::default(),
+                            &workload.pod(&self.namespace, Some(owner)),
+                        )
                         .await
-                        .map_err(|e| SimError::api(format!("create workload pod of {}", workload.name), e));
+                        .map_err(|e| {
+                            SimError::api(format!("create workload pod of {}", workload.name), e)
+                        });
                 }
                 eventually(
                     &format!("the pod of replicaset {}", workload.name),
@@ -462,9 +497,12 @@ impl SimCluster {
                         let pods = pods.clone();
                         let uid = uid.clone();
                         async move {
-                            pods.list(&ListParams::default()).await.ok()?.items.into_iter().find(|p| {
-                                p.owner_references().iter().any(|o| o.uid == uid)
-                            })
+                            pods.list(&ListParams::default())
+                                .await
+                                .ok()?
+                                .items
+                                .into_iter()
+                                .find(|p| p.owner_references().iter().any(|o| o.uid == uid))
                         }
                     },
                 )
@@ -508,15 +546,28 @@ impl SimCluster {
         };
         if self.is_real() {
             let namespaces: Api<Namespace> = Api::all(self.client.clone());
-            match namespaces.delete(&self.namespace, &DeleteParams::default()).await {
+            match namespaces
+                .delete(&self.namespace, &DeleteParams::default())
+                .await
+            {
                 Ok(_) => {}
                 Err(err) if is_not_found(&err) => {}
-                Err(err) => return Err(SimError::api(format!("delete namespace {}", self.namespace), err)),
+                Err(err) => {
+                    return Err(SimError::api(
+                        format!("delete namespace {}", self.namespace),
+                        err,
+                    ));
+                }
             }
             let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
             let _ = eventually("the scenario's pods to go", Duration::from_secs(60), || {
                 let pods = pods.clone();
-                async move { pods.list(&ListParams::default()).await.ok().filter(|l| l.items.is_empty()) }
+                async move {
+                    pods.list(&ListParams::default())
+                        .await
+                        .ok()
+                        .filter(|l| l.items.is_empty())
+                }
             })
             .await;
             kubelet.shutdown_and_unregister().await?;
@@ -612,7 +663,12 @@ async fn create_host(
     .await
 }
 
-fn load_version(host: &SimHost, node: &str, version: &str, repository: &str) -> Result<(), SimError> {
+fn load_version(
+    host: &SimHost,
+    node: &str,
+    version: &str,
+    repository: &str,
+) -> Result<(), SimError> {
     let kernel_error = |action: &str, message: String| SimError::Kernel {
         node: node.to_owned(),
         action: action.to_owned(),

@@ -190,7 +190,9 @@ impl ContainerHandle {
 }
 
 fn lock(snapshot: &Mutex<ContainerSnapshot>) -> MutexGuard<'_, ContainerSnapshot> {
-    snapshot.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    snapshot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 enum Outcome {
@@ -293,7 +295,11 @@ impl ContainerTask {
         }
     }
 
-    async fn run_process(&mut self, process: ProcessSpec, probe: Option<ReadinessProbe>) -> Outcome {
+    async fn run_process(
+        &mut self,
+        process: ProcessSpec,
+        probe: Option<ReadinessProbe>,
+    ) -> Outcome {
         let started_at = Timestamp::now();
         let mut instance = match ProcessInstance::spawn(&process, self.settings.log_file.as_ref()) {
             Ok(instance) => instance,
@@ -411,7 +417,11 @@ async fn wait_stop(stop: &mut watch::Receiver<Option<StopRequest>>) -> StopReque
     }
 }
 
-fn termination(status: Option<ExitStatus>, message: Option<String>, started_at: Timestamp) -> Termination {
+fn termination(
+    status: Option<ExitStatus>,
+    message: Option<String>,
+    started_at: Timestamp,
+) -> Termination {
     let exit_code = status
         .map(|s| s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9)))
         .unwrap_or(137);
@@ -445,14 +455,25 @@ impl ProcessInstance {
             .process_group(0)
             .kill_on_drop(true);
         let mut child = command.spawn()?;
-        let pgid = child.id().and_then(|id| i32::try_from(id).ok()).map(Pid::from_raw);
+        let pgid = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw);
         let last_line = Arc::new(Mutex::new(None));
         let mut readers = Vec::new();
         if let Some(out) = child.stdout.take() {
-            readers.push(tokio::spawn(read_lines(out, log_file.cloned(), last_line.clone())));
+            readers.push(tokio::spawn(read_lines(
+                out,
+                log_file.cloned(),
+                last_line.clone(),
+            )));
         }
         if let Some(err) = child.stderr.take() {
-            readers.push(tokio::spawn(read_lines(err, log_file.cloned(), last_line.clone())));
+            readers.push(tokio::spawn(read_lines(
+                err,
+                log_file.cloned(),
+                last_line.clone(),
+            )));
         }
         Ok(Self {
             child,
@@ -556,7 +577,10 @@ async fn probe_loop(
         };
         if let Some(ready) = ready {
             let mut s = lock(&snapshot);
-            if s.instance == instance && matches!(s.state, RunState::Running { .. }) && s.ready != ready {
+            if s.instance == instance
+                && matches!(s.state, RunState::Running { .. })
+                && s.ready != ready
+            {
                 s.ready = ready;
                 drop(s);
                 changed.notify_one();

@@ -50,7 +50,11 @@ pub fn container_process(
 /// The process of an exec probe of a mapped container: when argv\[0\] names the container's
 /// entrypoint or the mapped binary (same file name), it runs the binary; otherwise argv\[0\] runs
 /// as a program of this machine.
-pub fn probe_process(exec: &ExecAction, container: &Container, container_process: &ProcessSpec) -> Option<ProcessSpec> {
+pub fn probe_process(
+    exec: &ExecAction,
+    container: &Container,
+    container_process: &ProcessSpec,
+) -> Option<ProcessSpec> {
     let argv = exec.command.as_deref().unwrap_or_default();
     let (first, rest) = argv.split_first()?;
     let file_name = |p: &str| Path::new(p).file_name().map(|n| n.to_os_string());
@@ -59,7 +63,10 @@ pub fn probe_process(exec: &ExecAction, container: &Container, container_process
         .as_ref()
         .and_then(|c| c.first())
         .and_then(|c| file_name(c));
-    let binary = container_process.program.file_name().map(|n| n.to_os_string());
+    let binary = container_process
+        .program
+        .file_name()
+        .map(|n| n.to_os_string());
     let mine = file_name(first);
     let program = if mine.is_some() && (mine == entrypoint || mine == binary) {
         container_process.program.clone()
@@ -91,7 +98,8 @@ pub fn container_env(
     let mut env: Vec<(String, String)> = injected.to_vec();
     for var in container.env.as_deref().unwrap_or_default() {
         let value = if let Some(value) = &var.value {
-            let lookup: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let lookup: BTreeMap<&str, &str> =
+                env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
             Some(expand_references(value, &lookup))
         } else if let Some(field) = var.value_from.as_ref().and_then(|f| f.field_ref.as_ref()) {
             field_value(pod, &field.field_path, pod_ip, host_ip)
@@ -127,7 +135,11 @@ pub fn field_value(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option
             let (map, key) = other
                 .strip_prefix("metadata.labels['")
                 .map(|k| (pod.labels(), k))
-                .or_else(|| other.strip_prefix("metadata.annotations['").map(|k| (pod.annotations(), k)))?;
+                .or_else(|| {
+                    other
+                        .strip_prefix("metadata.annotations['")
+                        .map(|k| (pod.annotations(), k))
+                })?;
             let key = key.strip_suffix("']")?;
             Some(map.get(key).cloned().unwrap_or_default())
         }
@@ -219,8 +231,14 @@ mod tests {
     fn container() -> Container {
         Container {
             name: "agent".to_owned(),
-            command: Some(vec!["/usr/local/bin/ttdp-agent".to_owned(), "run".to_owned()]),
-            args: Some(vec!["--node=$(NODE_NAME)".to_owned(), "$$(NODE_NAME)".to_owned()]),
+            command: Some(vec![
+                "/usr/local/bin/ttdp-agent".to_owned(),
+                "run".to_owned(),
+            ]),
+            args: Some(vec![
+                "--node=$(NODE_NAME)".to_owned(),
+                "$$(NODE_NAME)".to_owned(),
+            ]),
             env: Some(vec![
                 field("NODE_NAME", "spec.nodeName"),
                 field("POD_NAME", "metadata.name"),
@@ -239,7 +257,14 @@ mod tests {
             ("TTDP_HOST_ROOT".to_owned(), "/tmp/h".to_owned()),
             ("TTDP_KERNEL".to_owned(), "sim".to_owned()),
         ];
-        let p = container_process(&pod(), &container(), Path::new("/bin/agent"), &injected, "10.1.0.2", "10.0.0.1");
+        let p = container_process(
+            &pod(),
+            &container(),
+            Path::new("/bin/agent"),
+            &injected,
+            "10.1.0.2",
+            "10.0.0.1",
+        );
         let env: BTreeMap<_, _> = p.env.iter().cloned().collect();
         assert_eq!(env["NODE_NAME"], "tt-0");
         assert_eq!(env["POD_NAME"], "agent-x1");

@@ -2,7 +2,7 @@
 //! and nodes and keeps one bound pod per eligible node, following each DaemonSet's update strategy,
 //! and writes the DaemonSet status.
 //!
-//! The decisions are made by [`plan_daemonset`](super::daemonset_plan::plan_daemonset); this file
+//! The decisions are made by [`plan_daemonset`]; this file
 //! only watches and writes. Like the real controller it remembers the creations and deletions it
 //! sent until its caches show them ("expectations"), so a slow watch never doubles a pod. It must
 //! not run against a real cluster, which has its own DaemonSet controller.
@@ -217,7 +217,13 @@ async fn reconcile(
             .create(&PostParams::default(), &pod)
             .await
             .map_err(|e| {
-                SimError::api(format!("create the pod of daemonset {namespace}/{} on node {node}", ds.name_any()), e)
+                SimError::api(
+                    format!(
+                        "create the pod of daemonset {namespace}/{} on node {node}",
+                        ds.name_any()
+                    ),
+                    e,
+                )
             })?;
         info!(daemonset = %ds.name_any(), node = %node, pod = %created.name_any(), "daemon pod created");
         expectations
@@ -241,7 +247,10 @@ async fn reconcile(
             }
             Err(err) if is_not_found(&err) => {}
             Err(err) => {
-                return Err(SimError::api(format!("delete daemon pod {namespace}/{}", doomed.name), err));
+                return Err(SimError::api(
+                    format!("delete daemon pod {namespace}/{}", doomed.name),
+                    err,
+                ));
             }
         }
     }
@@ -254,7 +263,11 @@ fn controlled_by(pod: &Pod, uid: &str) -> bool {
         .any(|o| o.controller == Some(true) && o.uid == uid)
 }
 
-async fn write_status(client: &Client, ds: &DaemonSet, computed: DaemonSetStatus) -> Result<(), SimError> {
+async fn write_status(
+    client: &Client,
+    ds: &DaemonSet,
+    computed: DaemonSetStatus,
+) -> Result<(), SimError> {
     let current = ds.status.clone().unwrap_or_default();
     let wanted = DaemonSetStatus {
         collision_count: current.collision_count,
@@ -268,13 +281,20 @@ async fn write_status(client: &Client, ds: &DaemonSet, computed: DaemonSetStatus
     let api: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);
     let patch = serde_json::json!({ "status": wanted });
     match api
-        .patch_status(&ds.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch_status(
+            &ds.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
     {
         Ok(_) => Ok(()),
         Err(err) if is_not_found(&err) => Ok(()),
         Err(err) => Err(SimError::api(
-            format!("write the status of daemonset {namespace}/{}", ds.name_any()),
+            format!(
+                "write the status of daemonset {namespace}/{}",
+                ds.name_any()
+            ),
             err,
         )),
     }

@@ -67,7 +67,11 @@ pub fn plan_daemonset(view: DaemonSetView<'_>) -> Result<DaemonSetPlan, SimError
 
     let mut by_node: BTreeMap<String, Vec<&Pod>> = BTreeMap::new();
     for pod in view.pods {
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
         by_node.entry(node).or_default().push(pod);
     }
     let node_names: HashSet<String> = view.nodes.iter().map(|n| n.name_any()).collect();
@@ -89,7 +93,12 @@ pub fn plan_daemonset(view: DaemonSetView<'_>) -> Result<DaemonSetPlan, SimError
         let fit = pod_fits_node(&pod_spec, node);
         let mut live: Vec<&Pod> = by_node
             .get(&name)
-            .map(|pods| pods.iter().copied().filter(|p| !is_terminating(p, view.deleting)).collect())
+            .map(|pods| {
+                pods.iter()
+                    .copied()
+                    .filter(|p| !is_terminating(p, view.deleting))
+                    .collect()
+            })
             .unwrap_or_default();
         live.sort_by_key(|p| (p.creation_timestamp().map(|t| t.0), p.name_any()));
 
@@ -98,7 +107,8 @@ pub fn plan_daemonset(view: DaemonSetView<'_>) -> Result<DaemonSetPlan, SimError
             let (finished, running): (Vec<&Pod>, Vec<&Pod>) =
                 live.into_iter().partition(|p| is_finished(p));
             for pod in finished {
-                plan.delete.push(to_delete(pod, "its container exited and will not restart"));
+                plan.delete
+                    .push(to_delete(pod, "its container exited and will not restart"));
             }
             match running.split_first() {
                 None if view.creating_on.contains(&name) => missing += 1,
@@ -110,7 +120,10 @@ pub fn plan_daemonset(view: DaemonSetView<'_>) -> Result<DaemonSetPlan, SimError
                     status.current_number_scheduled += 1;
                     kept.push(first);
                     for pod in extra {
-                        plan.delete.push(to_delete(pod, "another daemon pod already runs on its node"));
+                        plan.delete.push(to_delete(
+                            pod,
+                            "another daemon pod already runs on its node",
+                        ));
                     }
                 }
             }
@@ -120,7 +133,8 @@ pub fn plan_daemonset(view: DaemonSetView<'_>) -> Result<DaemonSetPlan, SimError
             }
         } else {
             for pod in live {
-                plan.delete.push(to_delete(pod, "its node no longer matches the daemonset"));
+                plan.delete
+                    .push(to_delete(pod, "its node no longer matches the daemonset"));
             }
         }
     }
@@ -158,13 +172,17 @@ pub fn plan_daemonset(view: DaemonSetView<'_>) -> Result<DaemonSetPlan, SimError
         let old: Vec<&Pod> = kept.iter().copied().filter(|p| !updated(p)).collect();
         // Old pods that are not ready anyway go first and cost no budget.
         for pod in old.iter().filter(|p| !is_ready(p)) {
-            plan.delete.push(to_delete(pod, "rolling update replaces an unavailable old pod"));
+            plan.delete.push(to_delete(
+                pod,
+                "rolling update replaces an unavailable old pod",
+            ));
         }
         for pod in old.iter().filter(|p| is_ready(p)) {
             if unavailable >= usize::try_from(max_unavailable).unwrap_or(1) {
                 break;
             }
-            plan.delete.push(to_delete(pod, "rolling update replaces an old pod"));
+            plan.delete
+                .push(to_delete(pod, "rolling update replaces an old pod"));
             unavailable += 1;
         }
     }
@@ -223,7 +241,9 @@ fn count(n: usize) -> i32 {
 mod tests {
     use super::*;
     use crate::sim::daemonset_pod::render_daemon_pod;
-    use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
+    use k8s_openapi::api::apps::v1::{
+        DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
+    };
     use k8s_openapi::api::core::v1::{
         Container, NodeSpec, PodCondition, PodSpec, PodStatus, PodTemplateSpec,
     };
@@ -325,7 +345,14 @@ mod tests {
         let nodes = [node("a", true)];
         let creating = HashSet::from(["a".to_owned()]);
         let none = HashSet::new();
-        let p = plan_daemonset(DaemonSetView { ds: &d, nodes: &nodes, pods: &[], creating_on: &creating, deleting: &none }).unwrap();
+        let p = plan_daemonset(DaemonSetView {
+            ds: &d,
+            nodes: &nodes,
+            pods: &[],
+            creating_on: &creating,
+            deleting: &none,
+        })
+        .unwrap();
         assert!(p.create_on.is_empty());
     }
 
@@ -356,7 +383,14 @@ mod tests {
         let pods = [pod_from(&d, "a", true)];
         let deleting = HashSet::from(["uid-a".to_owned()]);
         let none = HashSet::new();
-        let p = plan_daemonset(DaemonSetView { ds: &d, nodes: &nodes, pods: &pods, creating_on: &none, deleting: &deleting }).unwrap();
+        let p = plan_daemonset(DaemonSetView {
+            ds: &d,
+            nodes: &nodes,
+            pods: &pods,
+            creating_on: &none,
+            deleting: &deleting,
+        })
+        .unwrap();
         assert_eq!(p.create_on, vec!["a".to_owned()]);
     }
 
@@ -365,21 +399,41 @@ mod tests {
         let old = ds("RollingUpdate", Some(IntOrString::Int(1)), "v1");
         let new = ds("RollingUpdate", Some(IntOrString::Int(1)), "v2");
         let nodes = [node("a", true), node("b", true), node("c", true)];
-        let pods = [pod_from(&old, "a", true), pod_from(&old, "b", true), pod_from(&old, "c", true)];
+        let pods = [
+            pod_from(&old, "a", true),
+            pod_from(&old, "b", true),
+            pod_from(&old, "c", true),
+        ];
         let p = plan(&new, &nodes, &pods);
         assert_eq!(p.delete.len(), 1, "one old pod at a time");
 
         // One node already has its new pod, not ready yet: nothing else may go.
-        let pods = [pod_from(&new, "a", false), pod_from(&old, "b", true), pod_from(&old, "c", true)];
+        let pods = [
+            pod_from(&new, "a", false),
+            pod_from(&old, "b", true),
+            pod_from(&old, "c", true),
+        ];
         assert!(plan(&new, &nodes, &pods).delete.is_empty());
 
         // A percentage rounds up: 50% of 3 is 2.
-        let wide = ds("RollingUpdate", Some(IntOrString::String("50%".to_owned())), "v2");
-        let pods = [pod_from(&old, "a", true), pod_from(&old, "b", true), pod_from(&old, "c", true)];
+        let wide = ds(
+            "RollingUpdate",
+            Some(IntOrString::String("50%".to_owned())),
+            "v2",
+        );
+        let pods = [
+            pod_from(&old, "a", true),
+            pod_from(&old, "b", true),
+            pod_from(&old, "c", true),
+        ];
         assert_eq!(plan(&wide, &nodes, &pods).delete.len(), 2);
 
         // Unready old pods go regardless of the budget.
-        let pods = [pod_from(&old, "a", false), pod_from(&old, "b", false), pod_from(&old, "c", true)];
+        let pods = [
+            pod_from(&old, "a", false),
+            pod_from(&old, "b", false),
+            pod_from(&old, "c", true),
+        ];
         assert_eq!(plan(&new, &nodes, &pods).delete.len(), 2);
     }
 
@@ -393,7 +447,11 @@ mod tests {
         failed.status.as_mut().unwrap().phase = Some("Failed".to_owned());
         let mut dup = (*pod_from(&d, "a", true)).clone();
         dup.metadata.name = Some("agent-z".to_owned());
-        let p = plan(&d, &nodes, &[Arc::new(failed), pod_from(&d, "a", true), Arc::new(dup)]);
+        let p = plan(
+            &d,
+            &nodes,
+            &[Arc::new(failed), pod_from(&d, "a", true), Arc::new(dup)],
+        );
         let names: Vec<_> = p.delete.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, vec!["agent-failed", "agent-z"]);
         assert!(p.create_on.is_empty());
@@ -401,8 +459,14 @@ mod tests {
 
     #[test]
     fn percentages_resolve_upwards() {
-        assert_eq!(resolve_int_or_percent(&IntOrString::String("10%".to_owned()), 5), 1);
-        assert_eq!(resolve_int_or_percent(&IntOrString::String("100%".to_owned()), 5), 5);
+        assert_eq!(
+            resolve_int_or_percent(&IntOrString::String("10%".to_owned()), 5),
+            1
+        );
+        assert_eq!(
+            resolve_int_or_percent(&IntOrString::String("100%".to_owned()), 5),
+            5
+        );
         assert_eq!(resolve_int_or_percent(&IntOrString::Int(3), 5), 3);
     }
 }

@@ -12,12 +12,12 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
-    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
-    PodSpec, PodTemplateSpec, Toleration,
+    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec,
+    PodTemplateSpec, Toleration,
 };
-use kube::api::ObjectMeta;
-use kube::ResourceExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
+use kube::api::ObjectMeta;
 
 use super::error::SimError;
 use super::node_fit::{NO_EXECUTE, NO_SCHEDULE, UNSCHEDULABLE_TAINT_KEY};
@@ -65,7 +65,10 @@ pub fn daemon_pod_tolerations(host_network: bool) -> Vec<Toleration> {
         exists(UNSCHEDULABLE_TAINT_KEY, NO_SCHEDULE),
     ];
     if host_network {
-        tolerations.push(exists("node.kubernetes.io/network-unavailable", NO_SCHEDULE));
+        tolerations.push(exists(
+            "node.kubernetes.io/network-unavailable",
+            NO_SCHEDULE,
+        ));
     }
     tolerations
 }
@@ -75,9 +78,10 @@ pub fn daemon_pod_spec(ds: &DaemonSet) -> Result<PodSpec, SimError> {
     let mut spec = template(ds)?.spec.clone().unwrap_or_default();
     let mut tolerations = spec.tolerations.take().unwrap_or_default();
     for extra in daemon_pod_tolerations(spec.host_network.unwrap_or(false)) {
-        if !tolerations.iter().any(|t| {
-            t.key == extra.key && t.effect == extra.effect && t.operator == extra.operator
-        }) {
+        if !tolerations
+            .iter()
+            .any(|t| t.key == extra.key && t.effect == extra.effect && t.operator == extra.operator)
+        {
             tolerations.push(extra);
         }
     }
@@ -88,7 +92,9 @@ pub fn daemon_pod_spec(ds: &DaemonSet) -> Result<PodSpec, SimError> {
 /// Renders the pod for `node_name`, bound to it, owned by `ds`.
 pub fn render_daemon_pod(ds: &DaemonSet, node_name: &str, hash: &str) -> Result<Pod, SimError> {
     let template = template(ds)?;
-    let uid = ds.uid().ok_or_else(|| malformed(ds, "it has no uid (was it read from the api?)"))?;
+    let uid = ds
+        .uid()
+        .ok_or_else(|| malformed(ds, "it has no uid (was it read from the api?)"))?;
     let mut spec = daemon_pod_spec(ds)?;
     spec.node_name = Some(node_name.to_owned());
     pin_to_node(&mut spec, node_name);
@@ -132,7 +138,9 @@ fn pin_to_node(spec: &mut PodSpec, node_name: &str) {
         }]),
     };
     let affinity = spec.affinity.get_or_insert_with(Affinity::default);
-    let node_affinity = affinity.node_affinity.get_or_insert_with(NodeAffinity::default);
+    let node_affinity = affinity
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default);
     node_affinity.required_during_scheduling_ignored_during_execution = Some(NodeSelector {
         node_selector_terms: vec![term],
     });
@@ -204,15 +212,24 @@ mod tests {
         assert_eq!(labels["app"], "agent");
         assert_eq!(labels[REVISION_HASH_LABEL], hash);
         assert_eq!(labels[TEMPLATE_GENERATION_LABEL], "3");
-        assert_eq!(pod.metadata.generate_name.as_deref(), Some("ttdrv-default-"));
+        assert_eq!(
+            pod.metadata.generate_name.as_deref(),
+            Some("ttdrv-default-")
+        );
         assert_eq!(pod.metadata.namespace.as_deref(), Some("ttdp"));
         let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("DaemonSet", "uid-1", Some(true)));
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("DaemonSet", "uid-1", Some(true))
+        );
         let spec = pod.spec.unwrap();
         assert_eq!(spec.node_name.as_deref(), Some("n1"));
         let mut other = Node::default();
         other.metadata.name = Some("n2".to_owned());
-        assert!(!matches_required_affinity(spec.affinity.as_ref(), &other), "pinned to n1 by metadata.name");
+        assert!(
+            !matches_required_affinity(spec.affinity.as_ref(), &other),
+            "pinned to n1 by metadata.name"
+        );
     }
 
     #[test]
@@ -235,7 +252,15 @@ mod tests {
         let hash = |d: &DaemonSet| template_hash(&d.spec.as_ref().unwrap().template);
         assert_eq!(hash(&a), hash(&b));
         assert_eq!(hash(&a).len(), 10);
-        b.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0].image = Some("ttdp-agent:new".to_owned());
+        b.spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .image = Some("ttdp-agent:new".to_owned());
         assert_ne!(hash(&a), hash(&b));
     }
 }

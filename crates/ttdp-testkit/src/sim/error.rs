@@ -31,7 +31,9 @@ pub enum SimError {
         message: String,
     },
     /// A container process could not be started.
-    #[error("cannot start container {container} of pod {pod} from {program}: {source}; check the image map")]
+    #[error(
+        "cannot start container {container} of pod {pod} from {program}: {source}; check the image map"
+    )]
     Spawn {
         /// The pod, as `namespace/name`.
         pod: String,

@@ -10,7 +10,11 @@ const POLL: Duration = Duration::from_millis(50);
 
 /// Calls `check` until it returns `Some`, at most for `timeout`; `what` names the awaited state in
 /// the timeout error.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T, SimError>
+pub async fn eventually<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut check: F,
+) -> Result<T, SimError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,

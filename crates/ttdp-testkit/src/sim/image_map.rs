@@ -41,8 +41,14 @@ mod tests {
         let map = ImageMap::new()
             .with("ghcr.io/tenstorrent/", "/bin/generic")
             .with("ghcr.io/tenstorrent/ttdp-agent", "/bin/agent");
-        assert_eq!(map.binary_for("ghcr.io/tenstorrent/ttdp-agent:0.1.0"), Some(Path::new("/bin/agent")));
-        assert_eq!(map.binary_for("ghcr.io/tenstorrent/tt-telemetry:1"), Some(Path::new("/bin/generic")));
+        assert_eq!(
+            map.binary_for("ghcr.io/tenstorrent/ttdp-agent:0.1.0"),
+            Some(Path::new("/bin/agent"))
+        );
+        assert_eq!(
+            map.binary_for("ghcr.io/tenstorrent/tt-telemetry:1"),
+            Some(Path::new("/bin/generic"))
+        );
         assert_eq!(map.binary_for("docker.io/library/busybox"), None);
     }
 }

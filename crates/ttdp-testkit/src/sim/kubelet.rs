@@ -1,5 +1,5 @@
 //! The simulated kubelet: registers its nodes, keeps them alive, and runs the pods bound to them
-//! (one [`PodWorker`](super::pod_worker) each) as child processes or process-less workloads.
+//! (one pod worker each) as child processes or process-less workloads.
 //!
 //! It is a kube-rs client watching pods with the field selector `spec.nodeName=<node>`, so it works
 //! the same against the test API server and against a real cluster, where it serves only the nodes
@@ -13,8 +13,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams};
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -69,7 +69,11 @@ pub struct SimKubelet {
 impl SimKubelet {
     /// Registers `nodes` (node `i` gets host IP `10.0.<i/250>.<i%250+2>`-style addresses) and starts
     /// serving them.
-    pub async fn start(client: Client, config: KubeletConfig, nodes: Vec<SimNodeSpec>) -> Result<Self, SimError> {
+    pub async fn start(
+        client: Client,
+        config: KubeletConfig,
+        nodes: Vec<SimNodeSpec>,
+    ) -> Result<Self, SimError> {
         let shutdown = CancellationToken::new();
         let shared = Arc::new(KubeletShared {
             client: client.clone(),
@@ -109,7 +113,11 @@ impl SimKubelet {
                 config.time_scale,
                 shutdown.clone(),
             )));
-            tasks.push(tokio::spawn(serve_node(shared.clone(), node, workers.clone())));
+            tasks.push(tokio::spawn(serve_node(
+                shared.clone(),
+                node,
+                workers.clone(),
+            )));
         }
         Ok(Self {
             client,
@@ -138,7 +146,9 @@ impl SimKubelet {
             match api.delete(name, &DeleteParams::default()).await {
                 Ok(_) => {}
                 Err(err) if is_not_found(&err) => {}
-                Err(err) => return Err(SimError::api(format!("delete simulated node {name}"), err)),
+                Err(err) => {
+                    return Err(SimError::api(format!("delete simulated node {name}"), err));
+                }
             }
         }
         Ok(())
@@ -162,7 +172,9 @@ impl SimKubelet {
 
 impl std::fmt::Debug for SimKubelet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimKubelet").field("nodes", &self.nodes).finish_non_exhaustive()
+        f.debug_struct("SimKubelet")
+            .field("nodes", &self.nodes)
+            .finish_non_exhaustive()
     }
 }
 
@@ -172,8 +184,16 @@ impl Drop for SimKubelet {
     }
 }
 
-async fn heartbeat_loop(client: Client, spec: SimNodeSpec, host_ip: String, scale: TimeScale, shutdown: CancellationToken) {
-    let period = scale.scale(HEARTBEAT_PERIOD).max(Duration::from_millis(200));
+async fn heartbeat_loop(
+    client: Client,
+    spec: SimNodeSpec,
+    host_ip: String,
+    scale: TimeScale,
+    shutdown: CancellationToken,
+) {
+    let period = scale
+        .scale(HEARTBEAT_PERIOD)
+        .max(Duration::from_millis(200));
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -232,10 +252,18 @@ async fn serve_node(shared: Arc<KubeletShared>, node: Arc<NodeContext>, workers:
 }
 
 fn lock(workers: &Workers) -> std::sync::MutexGuard<'_, HashMap<String, PodWorker>> {
-    workers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    workers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn apply(shared: &Arc<KubeletShared>, node: &Arc<NodeContext>, workers: &Workers, pod: Pod, next_ip: &mut u8) {
+fn apply(
+    shared: &Arc<KubeletShared>,
+    node: &Arc<NodeContext>,
+    workers: &Workers,
+    pod: Pod,
+    next_ip: &mut u8,
+) {
     let Some(uid) = pod.uid() else {
         return;
     };
@@ -258,13 +286,21 @@ fn apply(shared: &Arc<KubeletShared>, node: &Arc<NodeContext>, workers: &Workers
     let pod_ip = format!("10.244.{}.{}", node.index, *next_ip);
     *next_ip = if *next_ip >= 254 { 2 } else { *next_ip + 1 };
     info!(node = %node.name, pod = %pod.name_any(), "pod bound to simulated node");
-    workers.insert(uid, PodWorker::start(shared.clone(), node.clone(), pod, pod_ip));
+    workers.insert(
+        uid,
+        PodWorker::start(shared.clone(), node.clone(), pod, pod_ip),
+    );
 }
 
 fn forget(workers: &Workers, uid: &str) {
-    if let Some(worker) = lock(workers).remove(uid) {
-        if worker.updates.send(PodUpdate::Gone).is_err() && !worker.task.is_finished() {
-            warn!(uid, "pod worker does not listen; it will stop with the kubelet");
-        }
+    let removed = lock(workers).remove(uid);
+    if let Some(worker) = removed
+        && worker.updates.send(PodUpdate::Gone).is_err()
+        && !worker.task.is_finished()
+    {
+        warn!(
+            uid,
+            "pod worker does not listen; it will stop with the kubelet"
+        );
     }
 }

@@ -17,13 +17,13 @@ pub mod error;
 pub mod eventually;
 pub mod image_map;
 pub mod kubelet;
+pub mod node_fit;
 pub mod node_heartbeat;
 pub mod node_kernel;
 mod pod_status;
 mod pod_worker;
-pub mod workload;
-pub mod node_fit;
 pub mod time_scale;
+pub mod workload;
 
 pub use cluster::{SimCluster, SimClusterOptions, SimNode, TenstorrentNode};
 pub use daemonset::DaemonSetController;

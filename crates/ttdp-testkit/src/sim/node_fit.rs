@@ -101,7 +101,10 @@ pub fn matches_node_selector(selector: Option<&BTreeMap<String, String>>, node: 
 pub fn matches_required_affinity(affinity: Option<&Affinity>, node: &Node) -> bool {
     let Some(required) = affinity
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| na.required_during_scheduling_ignored_during_execution.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
     else {
         return true;
     };
@@ -146,7 +149,8 @@ pub fn matches_requirement(
             let [bound] = values else {
                 return false;
             };
-            let (Some(Ok(have)), Ok(bound)) = (value.map(|v| v.parse::<i64>()), bound.parse::<i64>())
+            let (Some(Ok(have)), Ok(bound)) =
+                (value.map(|v| v.parse::<i64>()), bound.parse::<i64>())
             else {
                 return false;
             };
@@ -219,7 +223,10 @@ mod tests {
     #[test]
     fn each_operator_follows_kubernetes_semantics() {
         let l = labels(&[("pool", "prod"), ("cores", "8")]);
-        assert!(matches_requirement(&req("pool", "In", &["prod", "dev"]), &l));
+        assert!(matches_requirement(
+            &req("pool", "In", &["prod", "dev"]),
+            &l
+        ));
         assert!(!matches_requirement(&req("pool", "In", &["dev"]), &l));
         assert!(!matches_requirement(&req("zone", "In", &["a"]), &l));
         assert!(matches_requirement(&req("pool", "NotIn", &["dev"]), &l));
@@ -292,7 +299,10 @@ mod tests {
         let n = node("n", &[("a", "1"), ("b", "2")]);
         let sel = |pairs: &[(&str, &str)]| labels(pairs);
         assert!(matches_node_selector(Some(&sel(&[("a", "1")])), &n));
-        assert!(!matches_node_selector(Some(&sel(&[("a", "1"), ("c", "3")])), &n));
+        assert!(!matches_node_selector(
+            Some(&sel(&[("a", "1"), ("c", "3")])),
+            &n
+        ));
         assert!(matches_node_selector(None, &n));
     }
 
@@ -305,7 +315,12 @@ mod tests {
         }
     }
 
-    fn tol(key: Option<&str>, op: Option<&str>, value: Option<&str>, effect: Option<&str>) -> Toleration {
+    fn tol(
+        key: Option<&str>,
+        op: Option<&str>,
+        value: Option<&str>,
+        effect: Option<&str>,
+    ) -> Toleration {
         Toleration {
             key: key.map(str::to_owned),
             operator: op.map(str::to_owned),
@@ -318,14 +333,43 @@ mod tests {
     #[test]
     fn tolerations_match_key_value_and_effect() {
         let t = taint("dedicated", Some("tt"), NO_SCHEDULE);
-        assert!(tolerates_taint(&tol(Some("dedicated"), None, Some("tt"), None), &t));
-        assert!(tolerates_taint(&tol(Some("dedicated"), Some("Equal"), Some("tt"), Some(NO_SCHEDULE)), &t));
-        assert!(!tolerates_taint(&tol(Some("dedicated"), None, Some("other"), None), &t));
-        assert!(!tolerates_taint(&tol(Some("dedicated"), None, Some("tt"), Some(NO_EXECUTE)), &t));
-        assert!(tolerates_taint(&tol(Some("dedicated"), Some("Exists"), None, None), &t));
-        assert!(tolerates_taint(&tol(None, Some("Exists"), None, None), &t), "empty key + Exists tolerates everything");
-        assert!(!tolerates_taint(&tol(None, None, Some("tt"), None), &t), "empty key needs Exists");
-        assert!(!tolerates_taint(&tol(Some("other"), Some("Exists"), None, None), &t));
+        assert!(tolerates_taint(
+            &tol(Some("dedicated"), None, Some("tt"), None),
+            &t
+        ));
+        assert!(tolerates_taint(
+            &tol(
+                Some("dedicated"),
+                Some("Equal"),
+                Some("tt"),
+                Some(NO_SCHEDULE)
+            ),
+            &t
+        ));
+        assert!(!tolerates_taint(
+            &tol(Some("dedicated"), None, Some("other"), None),
+            &t
+        ));
+        assert!(!tolerates_taint(
+            &tol(Some("dedicated"), None, Some("tt"), Some(NO_EXECUTE)),
+            &t
+        ));
+        assert!(tolerates_taint(
+            &tol(Some("dedicated"), Some("Exists"), None, None),
+            &t
+        ));
+        assert!(
+            tolerates_taint(&tol(None, Some("Exists"), None, None), &t),
+            "empty key + Exists tolerates everything"
+        );
+        assert!(
+            !tolerates_taint(&tol(None, None, Some("tt"), None), &t),
+            "empty key needs Exists"
+        );
+        assert!(!tolerates_taint(
+            &tol(Some("other"), Some("Exists"), None, None),
+            &t
+        ));
     }
 
     fn pod_spec(tolerations: Vec<Toleration>) -> PodSpec {
@@ -343,18 +387,57 @@ mod tests {
             ..NodeSpec::default()
         });
         let fit = pod_fits_node(&pod_spec(vec![]), &n);
-        assert_eq!(fit, NodeFit { can_schedule: false, can_keep_running: true });
-        let fit = pod_fits_node(&pod_spec(vec![tol(Some("gpu"), Some("Exists"), None, None)]), &n);
-        assert_eq!(fit, NodeFit { can_schedule: true, can_keep_running: true });
+        assert_eq!(
+            fit,
+            NodeFit {
+                can_schedule: false,
+                can_keep_running: true
+            }
+        );
+        let fit = pod_fits_node(
+            &pod_spec(vec![tol(Some("gpu"), Some("Exists"), None, None)]),
+            &n,
+        );
+        assert_eq!(
+            fit,
+            NodeFit {
+                can_schedule: true,
+                can_keep_running: true
+            }
+        );
 
         n.spec = Some(NodeSpec {
-            taints: Some(vec![taint("broken", Some("yes"), NO_EXECUTE), taint("soft", None, "PreferNoSchedule")]),
+            taints: Some(vec![
+                taint("broken", Some("yes"), NO_EXECUTE),
+                taint("soft", None, "PreferNoSchedule"),
+            ]),
             ..NodeSpec::default()
         });
         let fit = pod_fits_node(&pod_spec(vec![]), &n);
-        assert_eq!(fit, NodeFit { can_schedule: false, can_keep_running: false });
-        let fit = pod_fits_node(&pod_spec(vec![tol(Some("broken"), None, Some("yes"), Some(NO_EXECUTE))]), &n);
-        assert_eq!(fit, NodeFit { can_schedule: true, can_keep_running: true }, "PreferNoSchedule never blocks");
+        assert_eq!(
+            fit,
+            NodeFit {
+                can_schedule: false,
+                can_keep_running: false
+            }
+        );
+        let fit = pod_fits_node(
+            &pod_spec(vec![tol(
+                Some("broken"),
+                None,
+                Some("yes"),
+                Some(NO_EXECUTE),
+            )]),
+            &n,
+        );
+        assert_eq!(
+            fit,
+            NodeFit {
+                can_schedule: true,
+                can_keep_running: true
+            },
+            "PreferNoSchedule never blocks"
+        );
     }
 
     #[test]
@@ -366,8 +449,19 @@ mod tests {
         });
         assert_eq!(effective_taints(&n).len(), 1);
         let fit = pod_fits_node(&pod_spec(vec![]), &n);
-        assert_eq!(fit, NodeFit { can_schedule: false, can_keep_running: true });
-        let daemon = tol(Some(UNSCHEDULABLE_TAINT_KEY), Some("Exists"), None, Some(NO_SCHEDULE));
+        assert_eq!(
+            fit,
+            NodeFit {
+                can_schedule: false,
+                can_keep_running: true
+            }
+        );
+        let daemon = tol(
+            Some(UNSCHEDULABLE_TAINT_KEY),
+            Some("Exists"),
+            None,
+            Some(NO_SCHEDULE),
+        );
         assert!(pod_fits_node(&pod_spec(vec![daemon]), &n).can_schedule);
         // The lifecycle controller's taint is not duplicated.
         n.spec = Some(NodeSpec {
@@ -382,9 +476,19 @@ mod tests {
     fn node_selection_failure_evicts_running_pods() {
         let n = node("n", &[("driver.tenstorrent.com/skip", "true")]);
         let spec = PodSpec {
-            affinity: Some(affinity(vec![vec![req("driver.tenstorrent.com/skip", "DoesNotExist", &[])]])),
+            affinity: Some(affinity(vec![vec![req(
+                "driver.tenstorrent.com/skip",
+                "DoesNotExist",
+                &[],
+            )]])),
             ..PodSpec::default()
         };
-        assert_eq!(pod_fits_node(&spec, &n), NodeFit { can_schedule: false, can_keep_running: false });
+        assert_eq!(
+            pod_fits_node(&spec, &n),
+            NodeFit {
+                can_schedule: false,
+                can_keep_running: false
+            }
+        );
     }
 }

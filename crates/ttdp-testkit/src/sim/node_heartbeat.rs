@@ -116,10 +116,30 @@ fn node_status(spec: &SimNodeSpec, host_ip: &str, now: Timestamp) -> NodeStatus 
         allocatable: Some(capacity.clone()),
         capacity: Some(capacity),
         conditions: Some(vec![
-            condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-            condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-            condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-            condition("Ready", "True", "KubeletReady", "simulated kubelet is posting ready status"),
+            condition(
+                "MemoryPressure",
+                "False",
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            ),
+            condition(
+                "DiskPressure",
+                "False",
+                "KubeletHasNoDiskPressure",
+                "kubelet has no disk pressure",
+            ),
+            condition(
+                "PIDPressure",
+                "False",
+                "KubeletHasSufficientPID",
+                "kubelet has sufficient PID available",
+            ),
+            condition(
+                "Ready",
+                "True",
+                "KubeletReady",
+                "simulated kubelet is posting ready status",
+            ),
         ]),
         node_info: Some(NodeSystemInfo {
             architecture: "amd64".to_owned(),
@@ -140,7 +160,11 @@ fn node_status(spec: &SimNodeSpec, host_ip: &str, now: Timestamp) -> NodeStatus 
 
 /// Registers the node: creates it, or, if it already exists, takes it over (labels, taints and
 /// status are set as the spec says).
-pub async fn register_node(client: &Client, spec: &SimNodeSpec, host_ip: &str) -> Result<Node, SimError> {
+pub async fn register_node(
+    client: &Client,
+    spec: &SimNodeSpec,
+    host_ip: &str,
+) -> Result<Node, SimError> {
     let api: Api<Node> = Api::all(client.clone());
     let node = render_node(spec, host_ip);
     match api.create(&PostParams::default(), &node).await {
@@ -182,11 +206,20 @@ pub async fn heartbeat(client: &Client, spec: &SimNodeSpec, host_ip: &str) -> Re
 async fn renew_lease(client: &Client, node: &Node, now: Timestamp) -> Result<(), SimError> {
     let name = node.name_any();
     let leases: Api<Lease> = Api::namespaced(client.clone(), NODE_LEASE_NAMESPACE);
-    let patch = serde_json::json!({ "spec": { "renewTime": MicroTime(now), "holderIdentity": name } });
-    match leases.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+    let patch =
+        serde_json::json!({ "spec": { "renewTime": MicroTime(now), "holderIdentity": name } });
+    match leases
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
         Ok(_) => return Ok(()),
         Err(err) if is_not_found(&err) => {}
-        Err(err) => return Err(SimError::api(format!("renew the lease of node {name}"), err)),
+        Err(err) => {
+            return Err(SimError::api(
+                format!("renew the lease of node {name}"),
+                err,
+            ));
+        }
     }
     ensure_lease_namespace(client).await?;
     let lease = Lease {
@@ -215,7 +248,10 @@ async fn renew_lease(client: &Client, node: &Node, now: Timestamp) -> Result<(),
     match leases.create(&PostParams::default(), &lease).await {
         Ok(_) => Ok(()),
         Err(err) if is_conflict(&err) => Ok(()),
-        Err(err) => Err(SimError::api(format!("create the lease of node {name}"), err)),
+        Err(err) => Err(SimError::api(
+            format!("create the lease of node {name}"),
+            err,
+        )),
     }
 }
 
@@ -231,6 +267,9 @@ async fn ensure_lease_namespace(client: &Client) -> Result<(), SimError> {
     match namespaces.create(&PostParams::default(), &ns).await {
         Ok(_) => Ok(()),
         Err(err) if is_conflict(&err) => Ok(()),
-        Err(err) => Err(SimError::api(format!("create namespace {NODE_LEASE_NAMESPACE}"), err)),
+        Err(err) => Err(SimError::api(
+            format!("create namespace {NODE_LEASE_NAMESPACE}"),
+            err,
+        )),
     }
 }

@@ -69,7 +69,9 @@ pub fn pod_uses_device(pod: &Pod) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{Container, HostPathVolumeSource, PodSpec, ResourceRequirements, Volume};
+    use k8s_openapi::api::core::v1::{
+        Container, HostPathVolumeSource, PodSpec, ResourceRequirements, Volume,
+    };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use std::collections::BTreeMap;
 
@@ -106,7 +108,10 @@ mod tests {
     fn device_use_is_a_host_path_or_a_resource() {
         assert!(pod_uses_device(&pod(vec!["/dev/tenstorrent"], None)));
         assert!(pod_uses_device(&pod(vec!["/dev/tenstorrent/0"], None)));
-        assert!(!pod_uses_device(&pod(vec!["/dev/tenstorrentx", "/dev"], None)));
+        assert!(!pod_uses_device(&pod(
+            vec!["/dev/tenstorrentx", "/dev"],
+            None
+        )));
         assert!(pod_uses_device(&pod(vec![], Some("tenstorrent.com/n300"))));
         assert!(!pod_uses_device(&pod(vec![], Some("nvidia.com/gpu"))));
     }

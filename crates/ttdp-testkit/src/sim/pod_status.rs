@@ -24,9 +24,9 @@ const KUBELET_CONDITIONS: [&str; 5] = [
 /// ended for good, `Running` otherwise.
 pub(crate) fn pod_phase(containers: &[ContainerSnapshot]) -> &'static str {
     if !containers.is_empty() && containers.iter().all(|c| c.done) {
-        let all_ok = containers.iter().all(|c| {
-            matches!(&c.state, RunState::Terminated(t) if t.exit_code == 0)
-        });
+        let all_ok = containers
+            .iter()
+            .all(|c| matches!(&c.state, RunState::Terminated(t) if t.exit_code == 0));
         return if all_ok { "Succeeded" } else { "Failed" };
     }
     if containers.iter().any(|c| c.ever_started) {
@@ -83,23 +83,27 @@ pub(crate) fn pod_status(
         .previous
         .and_then(|p| p.conditions.clone())
         .unwrap_or_default();
-    let mut condition = |type_: &str, status: bool, reason: Option<String>, message: Option<String>| {
-        let since = Time(clock.since(type_, status));
-        let status = if status { "True" } else { "False" }.to_owned();
-        PodCondition {
-            type_: type_.to_owned(),
-            status,
-            reason,
-            message,
-            last_transition_time: Some(since),
-            last_probe_time: None,
-            observed_generation: None,
-        }
-    };
+    let mut condition =
+        |type_: &str, status: bool, reason: Option<String>, message: Option<String>| {
+            let since = Time(clock.since(type_, status));
+            let status = if status { "True" } else { "False" }.to_owned();
+            PodCondition {
+                type_: type_.to_owned(),
+                status,
+                reason,
+                message,
+                last_transition_time: Some(since),
+                last_probe_time: None,
+                observed_generation: None,
+            }
+        };
     let not_ready = (!ready).then(|| {
         (
             Some("ContainersNotReady".to_owned()),
-            Some(format!("containers with unready status: [{}]", unready.join(" "))),
+            Some(format!(
+                "containers with unready status: [{}]",
+                unready.join(" ")
+            )),
         )
     });
     let (reason, message) = not_ready.unwrap_or((None, None));

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Container, Pod, Probe};
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Probe};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Client, ResourceExt};
 use tokio::sync::{Notify, watch};
@@ -66,7 +66,12 @@ pub(crate) struct PodWorker {
 }
 
 impl PodWorker {
-    pub fn start(shared: Arc<KubeletShared>, node: Arc<NodeContext>, pod: Pod, pod_ip: String) -> Self {
+    pub fn start(
+        shared: Arc<KubeletShared>,
+        node: Arc<NodeContext>,
+        pod: Pod,
+        pod_ip: String,
+    ) -> Self {
         let (updates, rx) = watch::channel(PodUpdate::Present(Box::new(pod.clone())));
         let task = tokio::spawn(run(shared, node, pod, pod_ip, rx));
         Self { updates, task }
@@ -93,7 +98,16 @@ async fn run(
         if pod.metadata.deletion_timestamp.is_some() {
             break;
         }
-        write_status(&shared, &node, &pod, &pod_ip, start_time, &containers, &mut clock, &mut last_written).await;
+        let facts = PodFacts {
+            host_ip: &node.host_ip,
+            pod_ip: &pod_ip,
+            start_time,
+            previous: pod.status.as_ref(),
+            uid: &uid,
+        };
+        let snapshots: Vec<_> = containers.iter().map(ContainerHandle::snapshot).collect();
+        let status = pod_status(&facts, &snapshots, &mut clock);
+        write_status(&shared, &pod, status, &mut last_written).await;
         tokio::select! {
             () = shared.shutdown.cancelled() => {
                 stop_all(containers, StopRequest::Kill).await;
@@ -121,7 +135,11 @@ async fn run(
     let grace_seconds = pod
         .metadata
         .deletion_grace_period_seconds
-        .or_else(|| pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+        .or_else(|| {
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+        })
         .unwrap_or(30);
     let grace = shared.time_scale.seconds(grace_seconds);
     info!(pod = %key, grace_seconds, "pod terminating");
@@ -143,10 +161,15 @@ async fn run(
     if status.phase.as_deref() == Some("Running") {
         status.phase = Some("Failed".to_owned());
     }
-    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
+    let api: Api<Pod> =
+        Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
     let patch = serde_json::json!({ "status": status });
     if let Err(err) = api
-        .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
     {
         debug!(pod = %key, error = %err, "final status write failed");
@@ -162,12 +185,17 @@ async fn run(
     match api.delete(&pod.name_any(), &params).await {
         Ok(_) => info!(pod = %key, "pod deleted after its containers stopped"),
         Err(err) if is_not_found(&err) => {}
-        Err(err) => warn!(pod = %key, error = %SimError::api(format!("finish deleting pod {key}"), err), "pod deletion failed"),
+        Err(err) => {
+            warn!(pod = %key, error = %SimError::api(format!("finish deleting pod {key}"), err), "pod deletion failed")
+        }
     }
 }
 
 /// Stops every container at once and returns their final snapshots.
-async fn stop_all(containers: Vec<ContainerHandle>, request: StopRequest) -> Vec<super::container_runtime::ContainerSnapshot> {
+async fn stop_all(
+    containers: Vec<ContainerHandle>,
+    request: StopRequest,
+) -> Vec<super::container_runtime::ContainerSnapshot> {
     futures::future::join_all(containers.into_iter().map(|c| c.stop(request))).await
 }
 
@@ -188,7 +216,10 @@ fn start_containers(
             let body = container_body(shared, node, pod, container, &image, pod_ip, uses_device);
             let settings = RuntimeSettings {
                 time_scale: shared.time_scale,
-                restart_policy: spec.restart_policy.clone().unwrap_or_else(|| "Always".to_owned()),
+                restart_policy: spec
+                    .restart_policy
+                    .clone()
+                    .unwrap_or_else(|| "Always".to_owned()),
                 log_file: shared.log_dir.as_ref().map(|dir| {
                     dir.join(format!(
                         "{}_{}_{}.log",
@@ -236,8 +267,11 @@ fn readiness_probe(
     container: &Container,
     process: &super::container_spec::ProcessSpec,
 ) -> ReadinessProbe {
-    let secs = |v: Option<i32>, default: u64| Duration::from_secs(v.and_then(|v| u64::try_from(v).ok()).unwrap_or(default));
-    let threshold = |v: Option<i32>, default: u32| v.and_then(|v| u32::try_from(v).ok()).unwrap_or(default);
+    let secs = |v: Option<i32>, default: u64| {
+        Duration::from_secs(v.and_then(|v| u64::try_from(v).ok()).unwrap_or(default))
+    };
+    let threshold =
+        |v: Option<i32>, default: u32| v.and_then(|v| u32::try_from(v).ok()).unwrap_or(default);
     ReadinessProbe {
         process: probe
             .exec
@@ -252,37 +286,31 @@ fn readiness_probe(
     }
 }
 
+/// Writes `status` unless it is what was written last.
 async fn write_status(
     shared: &KubeletShared,
-    node: &NodeContext,
     pod: &Pod,
-    pod_ip: &str,
-    start_time: Timestamp,
-    containers: &[ContainerHandle],
-    clock: &mut ConditionClock,
+    status: PodStatus,
     last_written: &mut Option<serde_json::Value>,
 ) {
-    let uid = pod.uid().unwrap_or_default();
-    let snapshots: Vec<_> = containers.iter().map(ContainerHandle::snapshot).collect();
-    let facts = PodFacts {
-        host_ip: &node.host_ip,
-        pod_ip,
-        start_time,
-        previous: pod.status.as_ref(),
-        uid: &uid,
-    };
-    let status = pod_status(&facts, &snapshots, clock);
     let value = serde_json::json!({ "status": status });
     if last_written.as_ref() == Some(&value) {
         return;
     }
-    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
+    let api: Api<Pod> =
+        Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
     match api
-        .patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&value))
+        .patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&value),
+        )
         .await
     {
         Ok(_) => *last_written = Some(value),
         Err(err) if is_not_found(&err) => {}
-        Err(err) => debug!(pod = %pod.name_any(), error = %err, "pod status write failed; retrying"),
+        Err(err) => {
+            debug!(pod = %pod.name_any(), error = %err, "pod status write failed; retrying")
+        }
     }
 }

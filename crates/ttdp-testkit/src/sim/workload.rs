@@ -201,7 +201,10 @@ impl Workload {
             spec: Some(ReplicaSetSpec {
                 replicas: Some(1),
                 selector: LabelSelector {
-                    match_labels: Some(BTreeMap::from([(WORKLOAD_LABEL.to_owned(), self.name.clone())])),
+                    match_labels: Some(BTreeMap::from([(
+                        WORKLOAD_LABEL.to_owned(),
+                        self.name.clone(),
+                    )])),
                     match_expressions: None,
                 },
                 template: Some(self.template()),
