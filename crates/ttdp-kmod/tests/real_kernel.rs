@@ -97,20 +97,22 @@ struct Holder {
 
 impl Holder {
     fn spawn() -> Self {
+        Self::spawn_on(DEVICE)
+    }
+
+    /// A holder of the device node at `path`.
+    fn spawn_on(path: &str) -> Self {
         let child = Command::new("/bin/sh")
-            .args(["-c", &format!("exec 3<{DEVICE}; exec sleep 1000")])
+            .args(["-c", &format!("exec 3<{path}; exec sleep 1000")])
             .spawn()
             .unwrap();
         let holder = Self { child };
         let fd = PathBuf::from(format!("/proc/{}/fd/3", holder.pid()));
         let deadline = Instant::now() + Duration::from_secs(5);
-        while std::fs::read_link(&fd).ok().as_deref() != Some(Path::new(DEVICE))
+        while std::fs::read_link(&fd).ok().as_deref() != Some(Path::new(path))
             || comm(holder.pid()) != "sleep"
         {
-            assert!(
-                Instant::now() < deadline,
-                "the holder never opened {DEVICE}"
-            );
+            assert!(Instant::now() < deadline, "the holder never opened {path}");
             std::thread::sleep(Duration::from_millis(10));
         }
         holder
@@ -233,6 +235,31 @@ fn unloading_a_held_module_fails_naming_the_holder_and_leaves_it_loaded() {
         "sleep",
         "a plain unload must not kill the holder"
     );
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn a_holder_of_the_device_under_another_name_is_found_by_its_major_number() {
+    // what a container that mounts the device somewhere else under /dev looks like from the host
+    let installer = fresh_installer();
+    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+    let major = ttdp_kmod::chrdev_major(&HostRoot::system(), "tenstorrent")
+        .expect("the stub registers a tenstorrent character device region in /proc/devices");
+    let alias = "/dev/tt-alias";
+    let _ = std::fs::remove_file(alias);
+    let mknod = Command::new("mknod")
+        .args([alias, "c", &major.to_string(), "0"])
+        .status();
+    assert!(mknod.unwrap().success(), "mknod {alias} failed");
+    let holder = Holder::spawn_on(alias);
+
+    let status = installer.status().unwrap();
+    let found = status.device_holders.iter().find(|h| h.pid == holder.pid());
+    let found = found.unwrap_or_else(|| panic!("holder {} not found: {status:?}", holder.pid()));
+    assert_eq!(found.paths, vec![PathBuf::from(alias)]);
+    assert!(status.refcnt.unwrap_or(0) >= 1, "{status:?}");
+    drop(holder);
+    std::fs::remove_file(alias).unwrap();
 }
 
 #[test]

@@ -2,15 +2,23 @@
 /*
  * A stand-in for Tenstorrent's tt-kmd used only by `cargo xtask vm-test`.
  *
- * It has the same module name ("tenstorrent"), reports the version it was built with in
- * /sys/module/tenstorrent/version, and creates /dev/tenstorrent/0: while a process holds that
- * device open the module's refcnt is raised and delete_module() fails with EAGAIN, exactly what
- * ttdp-kmod has to handle with the real driver. Built with TT_STUB_FAIL_INIT=1 its init fails with
- * -EINVAL, which stands for "a new version that does not load" in the rollback tests.
+ * Like tt-kmd it is module "tenstorrent", reports the version it was built with in
+ * /sys/module/tenstorrent/version, registers a character device region named "tenstorrent"
+ * (listed in /proc/devices) and a device class whose nodes are /dev/tenstorrent/<minor>. It
+ * creates one device, /dev/tenstorrent/0: while a process holds it open the module's refcnt is
+ * raised and delete_module() fails with EAGAIN, which ttdp-kmod has to handle with the real
+ * driver. Built with TT_STUB_FAIL_INIT its init fails with -EINVAL, standing for "a new version
+ * that does not load" in the rollback tests.
  */
+#include <linux/cdev.h>
+#include <linux/device.h>
 #include <linux/fs.h>
-#include <linux/miscdevice.h>
 #include <linux/module.h>
+#include <linux/slab.h>
+
+static dev_t tt_stub_devt;
+static struct cdev tt_stub_cdev;
+static struct class *tt_stub_class;
 
 static int tt_stub_open(struct inode *inode, struct file *file)
 {
@@ -23,29 +31,58 @@ static const struct file_operations tt_stub_fops = {
 	.llseek = noop_llseek,
 };
 
-static struct miscdevice tt_stub_device = {
-	.minor = MISC_DYNAMIC_MINOR,
-	.name = "tenstorrent",
-	.nodename = "tenstorrent/0",
-	.mode = 0666,
-	.fops = &tt_stub_fops,
-};
+static char *tt_stub_devnode(struct device *dev, umode_t *mode)
+{
+	if (mode)
+		*mode = 0666;
+	return kasprintf(GFP_KERNEL, "tenstorrent/%u", MINOR(dev->devt));
+}
 
 static int __init tt_stub_init(void)
 {
+	struct device *device;
+	int err;
+
 #ifdef TT_STUB_FAIL_INIT
 	pr_err("tenstorrent stub " TT_STUB_VERSION ": init fails on purpose\n");
 	return -EINVAL;
-#else
-	return misc_register(&tt_stub_device);
 #endif
+	err = alloc_chrdev_region(&tt_stub_devt, 0, 1, "tenstorrent");
+	if (err)
+		return err;
+	cdev_init(&tt_stub_cdev, &tt_stub_fops);
+	tt_stub_cdev.owner = THIS_MODULE;
+	err = cdev_add(&tt_stub_cdev, tt_stub_devt, 1);
+	if (err)
+		goto unregister_region;
+	tt_stub_class = class_create(THIS_MODULE, "tenstorrent");
+	if (IS_ERR(tt_stub_class)) {
+		err = PTR_ERR(tt_stub_class);
+		goto delete_cdev;
+	}
+	tt_stub_class->devnode = tt_stub_devnode;
+	device = device_create(tt_stub_class, NULL, tt_stub_devt, NULL, "tenstorrent!0");
+	if (IS_ERR(device)) {
+		err = PTR_ERR(device);
+		goto destroy_class;
+	}
+	return 0;
+
+destroy_class:
+	class_destroy(tt_stub_class);
+delete_cdev:
+	cdev_del(&tt_stub_cdev);
+unregister_region:
+	unregister_chrdev_region(tt_stub_devt, 1);
+	return err;
 }
 
 static void __exit tt_stub_exit(void)
 {
-#ifndef TT_STUB_FAIL_INIT
-	misc_deregister(&tt_stub_device);
-#endif
+	device_destroy(tt_stub_class, tt_stub_devt);
+	class_destroy(tt_stub_class);
+	cdev_del(&tt_stub_cdev);
+	unregister_chrdev_region(tt_stub_devt, 1);
 }
 
 module_init(tt_stub_init);
