@@ -203,16 +203,16 @@ fn controller_is_locked_down_and_configured_from_values() {
         ttdp_api::names::DEFAULT_DEPLOY_GATE
     );
     assert_eq!(
-        env(&docs, "TTDP_INSTALLER_IMAGE"),
+        env(&docs, "TTDP_DEFAULT_IMAGE"),
         "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:0.1.0"
     );
-    assert_eq!(env(&docs, "TTDP_LEADER_ELECT"), "true");
+    assert_eq!(env(&docs, "TTDP_LEADER_ELECTION"), "true");
     let docs = template(&[
         "controller.deployGates=null",
         "driver.image=example.com/b:1",
     ]);
     assert_eq!(env(&docs, "TTDP_DEPLOY_GATES"), "");
-    assert_eq!(env(&docs, "TTDP_INSTALLER_IMAGE"), "example.com/b:1");
+    assert_eq!(env(&docs, "TTDP_DEFAULT_IMAGE"), "example.com/b:1");
 }
 
 #[test]
@@ -274,4 +274,43 @@ fn agent_may_only_touch_its_own_node_and_pod() {
             .iter()
             .all(|d| d["kind"] != "ValidatingAdmissionPolicy")
     );
+}
+
+#[test]
+fn every_controller_env_var_in_the_chart_is_a_controller_flag() {
+    let src: String = ["args.rs", "main.rs"]
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(
+                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join("../crates/ttdp-controller/src")
+                    .join(f),
+            )
+            .unwrap()
+        })
+        .collect();
+    let docs = template(&[]);
+    let d: apps::Deployment = typed(find(&docs, "Deployment", "-controller"));
+    let env = d
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers
+        .remove(0)
+        .env
+        .unwrap();
+    let names: Vec<String> = env
+        .into_iter()
+        .map(|e| e.name)
+        .filter(|n| n.starts_with("TTDP_"))
+        .collect();
+    assert!(names.len() >= 9, "{names:?}");
+    for name in names {
+        assert!(
+            src.contains(&format!("env = \"{name}\"")),
+            "the chart sets {name}, which the controller does not read"
+        );
+    }
 }
