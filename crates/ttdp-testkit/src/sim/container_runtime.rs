@@ -47,12 +47,12 @@ pub(crate) enum ContainerBody {
         probe: Option<ReadinessProbe>,
     },
     /// No process; optionally a simulated process holding the device.
-    Workload { device: Option<DeviceUse> },
+    Workload { device: Option<DeviceHold> },
 }
 
 /// A workload's use of the device.
 #[derive(Debug, Clone)]
-pub(crate) struct DeviceUse {
+pub(crate) struct DeviceHold {
     pub kernel: Arc<dyn NodeKernel>,
     pub comm: String,
 }
@@ -349,7 +349,7 @@ impl ContainerTask {
         outcome
     }
 
-    async fn run_workload(&mut self, device: Option<DeviceUse>) -> Outcome {
+    async fn run_workload(&mut self, device: Option<DeviceHold>) -> Outcome {
         let started_at = Timestamp::now();
         let pid = NEXT_SIM_PID.fetch_add(1, Ordering::Relaxed);
         if let Some(device) = &device {

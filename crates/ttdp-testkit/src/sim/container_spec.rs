@@ -19,14 +19,23 @@ pub struct ProcessSpec {
     pub env: Vec<(String, String)>,
 }
 
+/// Variables the kubelet adds to a mapped container's environment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct InjectedEnv<'a> {
+    /// Set before the pod's `env`, which may override them (e.g. `KUBECONFIG`, `PATH`).
+    pub defaults: &'a [(String, String)],
+    /// Set after the pod's `env`, overriding it: the simulated host's view of itself
+    /// (`TTDP_HOST_ROOT`, `TTDP_KERNEL`), which a real container gets from its mounts.
+    pub forced: &'a [(String, String)],
+}
+
 /// The container's process when its image maps to `binary`: `command[0]` is replaced by the
-/// binary, the rest of `command` and then `args` follow. `injected` (the simulated host's
-/// variables) comes first, so the pod's own `env` can override it.
+/// binary, the rest of `command` and then `args` follow.
 pub fn container_process(
     pod: &Pod,
     container: &Container,
     binary: &Path,
-    injected: &[(String, String)],
+    injected: InjectedEnv<'_>,
     pod_ip: &str,
     host_ip: &str,
 ) -> ProcessSpec {
@@ -85,17 +94,18 @@ pub fn probe_process(
     })
 }
 
-/// The container's environment: `injected`, then `env` in order (later names override earlier
-/// ones), with `value` references expanded and `fieldRef`s resolved. Other sources (config maps,
-/// secrets, resource fields) are not simulated and are left out with a warning.
+/// The container's environment: the injected defaults, then `env` in order (later names override
+/// earlier ones), with `value` references expanded and `fieldRef`s resolved, then the forced
+/// variables. Other sources (config maps, secrets, resource fields) are not simulated and are
+/// left out with a warning.
 pub fn container_env(
     pod: &Pod,
     container: &Container,
-    injected: &[(String, String)],
+    injected: InjectedEnv<'_>,
     pod_ip: &str,
     host_ip: &str,
 ) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = injected.to_vec();
+    let mut env: Vec<(String, String)> = injected.defaults.to_vec();
     for var in container.env.as_deref().unwrap_or_default() {
         let value = if let Some(value) = &var.value {
             let lookup: BTreeMap<&str, &str> =
@@ -113,6 +123,10 @@ pub fn container_env(
             env.retain(|(k, _)| k != &var.name);
             env.push((var.name.clone(), value));
         }
+    }
+    for (name, value) in injected.forced {
+        env.retain(|(k, _)| k != name);
+        env.push((name.clone(), value.clone()));
     }
     env
 }
@@ -252,27 +266,41 @@ mod tests {
     }
 
     #[test]
-    fn env_resolves_field_refs_and_overrides_injected() {
-        let injected = vec![
+    fn env_resolves_field_refs_and_layers_injected_variables() {
+        let defaults = vec![
+            ("KUBECONFIG".to_owned(), "/tmp/kc".to_owned()),
+            ("TTDP_KERNEL".to_owned(), "real".to_owned()),
+        ];
+        let forced = vec![
             ("TTDP_HOST_ROOT".to_owned(), "/tmp/h".to_owned()),
-            ("TTDP_KERNEL".to_owned(), "sim".to_owned()),
+            ("POD_NAME".to_owned(), "forced".to_owned()),
         ];
         let p = container_process(
             &pod(),
             &container(),
             Path::new("/bin/agent"),
-            &injected,
+            InjectedEnv {
+                defaults: &defaults,
+                forced: &forced,
+            },
             "10.1.0.2",
             "10.0.0.1",
         );
         let env: BTreeMap<_, _> = p.env.iter().cloned().collect();
         assert_eq!(env["NODE_NAME"], "tt-0");
-        assert_eq!(env["POD_NAME"], "agent-x1");
+        assert_eq!(
+            env["POD_NAME"], "forced",
+            "forced variables win over the pod's"
+        );
         assert_eq!(env["POD_NAMESPACE"], "ttdp");
         assert_eq!(env["APP"], "agent");
         assert_eq!(env["GREETING"], "hello agent-x1");
         assert_eq!(env["TTDP_HOST_ROOT"], "/tmp/h");
-        assert_eq!(env["TTDP_KERNEL"], "overridden", "the pod's env wins");
+        assert_eq!(env["KUBECONFIG"], "/tmp/kc");
+        assert_eq!(
+            env["TTDP_KERNEL"], "overridden",
+            "the pod's env wins over defaults"
+        );
         assert_eq!(p.program, PathBuf::from("/bin/agent"));
         assert_eq!(p.args, vec!["run", "--node=tt-0", "$(NODE_NAME)"]);
     }
@@ -280,7 +308,14 @@ mod tests {
     #[test]
     fn probe_maps_the_entrypoint_only() {
         let c = container();
-        let p = container_process(&pod(), &c, Path::new("/target/ttdp-agent"), &[], "", "");
+        let p = container_process(
+            &pod(),
+            &c,
+            Path::new("/target/ttdp-agent"),
+            InjectedEnv::default(),
+            "",
+            "",
+        );
         let exec = |argv: &[&str]| ExecAction {
             command: Some(argv.iter().map(|s| (*s).to_owned()).collect()),
         };

@@ -36,8 +36,8 @@ pub struct KubeletConfig {
     pub image_map: ImageMap,
     /// Speed of simulated time (probe periods, back-off, grace periods, heartbeats).
     pub time_scale: TimeScale,
-    /// Environment injected into every mapped container on every node (e.g. `KUBECONFIG`),
-    /// before the node's own variables.
+    /// Environment every mapped container on every node starts from (e.g. `KUBECONFIG`,
+    /// `PATH`); the pod's own `env` may override it.
     pub common_env: Vec<(String, String)>,
     /// Where container output goes (`<namespace>_<pod>_<container>.log`); none: discarded.
     pub log_dir: Option<PathBuf>,
@@ -96,13 +96,12 @@ impl SimKubelet {
             let host_ip = format!("10.0.{}.{}", i / 250, usize::from(index) + 2);
             register_node(&client, &spec, &host_ip).await?;
             info!(node = %spec.name, host_ip = %host_ip, "simulated node registered");
-            let mut env = config.common_env.clone();
-            env.extend(spec.env.iter().cloned());
             let node = Arc::new(NodeContext {
                 name: spec.name.clone(),
                 host_ip: host_ip.clone(),
                 index,
-                env,
+                default_env: config.common_env.clone(),
+                forced_env: spec.env.clone(),
                 kernel: spec.kernel.clone(),
             });
             names.push(spec.name.clone());

@@ -35,7 +35,8 @@ pub struct SimNodeSpec {
     pub taints: Vec<Taint>,
     /// Extended resources (e.g. `tenstorrent.com/n300: 4`) besides cpu, memory and pods.
     pub extra_capacity: BTreeMap<String, Quantity>,
-    /// Environment injected into every mapped container on this node (e.g. `TTDP_HOST_ROOT`).
+    /// Environment forced into every mapped container on this node, over the pod's own: the
+    /// simulated host's view of itself (e.g. `TTDP_HOST_ROOT`, `TTDP_KERNEL`).
     pub env: Vec<(String, String)>,
     /// The node's simulated kernel, if workloads may hold its device.
     pub kernel: Option<Arc<dyn NodeKernel>>,

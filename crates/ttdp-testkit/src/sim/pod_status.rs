@@ -196,3 +196,129 @@ fn terminated(t: &Termination) -> ContainerStateTerminated {
         ..ContainerStateTerminated::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn container(state: RunState, ready: bool, done: bool) -> ContainerSnapshot {
+        ContainerSnapshot {
+            name: "c".to_owned(),
+            image: "img".to_owned(),
+            ever_started: !matches!(state, RunState::Waiting { .. }) || done,
+            state,
+            last_termination: None,
+            ready,
+            restart_count: 0,
+            done,
+            instance: 0,
+        }
+    }
+
+    fn ended(code: i32) -> RunState {
+        RunState::Terminated(Termination {
+            exit_code: code,
+            reason: "Error".to_owned(),
+            message: None,
+            started_at: None,
+            finished_at: Timestamp::now(),
+        })
+    }
+
+    fn creating() -> RunState {
+        RunState::Waiting {
+            reason: "ContainerCreating".to_owned(),
+            message: None,
+        }
+    }
+
+    #[test]
+    fn phase_follows_the_containers() {
+        let running = RunState::Running {
+            started_at: Timestamp::now(),
+        };
+        assert_eq!(pod_phase(&[container(creating(), false, false)]), "Pending");
+        assert_eq!(
+            pod_phase(&[container(running.clone(), true, false)]),
+            "Running"
+        );
+        assert_eq!(
+            pod_phase(&[
+                container(ended(0), false, true),
+                container(running, true, false)
+            ]),
+            "Running"
+        );
+        assert_eq!(pod_phase(&[container(ended(0), false, true)]), "Succeeded");
+        assert_eq!(
+            pod_phase(&[
+                container(ended(0), false, true),
+                container(ended(2), false, true)
+            ]),
+            "Failed"
+        );
+    }
+
+    #[test]
+    fn ready_needs_every_container_and_keeps_foreign_conditions() {
+        let running = || RunState::Running {
+            started_at: Timestamp::now(),
+        };
+        let previous = PodStatus {
+            conditions: Some(vec![PodCondition {
+                type_: "DisruptionTarget".to_owned(),
+                status: "True".to_owned(),
+                ..PodCondition::default()
+            }]),
+            ..PodStatus::default()
+        };
+        let facts = PodFacts {
+            host_ip: "10.0.0.2",
+            pod_ip: "10.244.0.2",
+            start_time: Timestamp::now(),
+            previous: Some(&previous),
+            uid: "u",
+        };
+        let mut clock = ConditionClock::default();
+        let mut a = container(running(), true, false);
+        a.name = "a".to_owned();
+        let mut b = container(running(), false, false);
+        b.name = "b".to_owned();
+        let status = pod_status(&facts, &[a.clone(), b.clone()], &mut clock);
+        let conditions = status.conditions.unwrap();
+        let ready = conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.status, "False");
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("containers with unready status: [b]")
+        );
+        assert!(conditions.iter().any(|c| c.type_ == "DisruptionTarget"));
+        let since = ready.last_transition_time.clone().unwrap();
+
+        b.ready = true;
+        let now_ready = pod_status(&facts, &[a.clone(), b.clone()], &mut clock);
+        let ready = now_ready
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(ready.status, "True");
+        let first_ready = status_ready_time(&now_ready);
+        assert!(first_ready.clone().unwrap().0 >= since.0);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let again = status_ready_time(&pod_status(&facts, &[a, b], &mut clock));
+        assert_eq!(again, first_ready, "no transition, no new time");
+    }
+
+    fn status_ready_time(status: &PodStatus) -> Option<Time> {
+        status
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "Ready")?
+            .last_transition_time
+            .clone()
+    }
+}

@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::container_runtime::{
-    ContainerBody, ContainerHandle, DeviceUse, ReadinessProbe, RuntimeSettings, StopRequest,
+    ContainerBody, ContainerHandle, DeviceHold, ReadinessProbe, RuntimeSettings, StopRequest,
 };
-use super::container_spec::{container_process, probe_process};
+use super::container_spec::{InjectedEnv, container_process, probe_process};
 use super::error::{SimError, is_not_found};
 use super::image_map::ImageMap;
 use super::node_kernel::{NodeKernel, pod_uses_device};
@@ -35,8 +35,10 @@ pub(crate) struct NodeContext {
     pub host_ip: String,
     /// Third octet of this node's pod addresses.
     pub index: u8,
-    /// Environment injected into mapped containers.
-    pub env: Vec<(String, String)>,
+    /// Environment mapped containers get before their own (the pod may override it).
+    pub default_env: Vec<(String, String)>,
+    /// Environment mapped containers get over their own (the simulated host's view).
+    pub forced_env: Vec<(String, String)>,
     pub kernel: Option<Arc<dyn NodeKernel>>,
 }
 
@@ -246,7 +248,7 @@ fn container_body(
 ) -> ContainerBody {
     let Some(binary) = shared.image_map.binary_for(image) else {
         let device = match (&node.kernel, uses_device) {
-            (Some(kernel), true) => Some(DeviceUse {
+            (Some(kernel), true) => Some(DeviceHold {
                 kernel: kernel.clone(),
                 comm: container.name.chars().take(15).collect(),
             }),
@@ -254,7 +256,17 @@ fn container_body(
         };
         return ContainerBody::Workload { device };
     };
-    let process = container_process(pod, container, binary, &node.env, pod_ip, &node.host_ip);
+    let process = container_process(
+        pod,
+        container,
+        binary,
+        InjectedEnv {
+            defaults: &node.default_env,
+            forced: &node.forced_env,
+        },
+        pod_ip,
+        &node.host_ip,
+    );
     let probe = container
         .readiness_probe
         .as_ref()
