@@ -117,7 +117,7 @@ impl Disposition {
 ///
 /// The `Display` text of kubectl's reasons is kubectl's own message, the same for every pod with
 /// that reason, so pods can be grouped the way `kubectl drain` prints them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Reason {
     /// Its labels do not match the pod selector (skipped).
     NotSelected,

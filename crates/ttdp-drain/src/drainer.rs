@@ -281,7 +281,7 @@ impl Drainer {
                 node: node.to_owned(),
                 pass,
                 timeout: timeout.map(|(_, t)| t).unwrap_or_default(),
-                remaining: removals.remaining(Timestamp::now()),
+                remaining: removals.remaining(),
             }),
         };
         finished?;

@@ -8,7 +8,7 @@ use crate::classify::PodDecision;
 use crate::pod_ref::{ObjectKey, PodRef};
 
 /// Which of the two passes of [`crate::TwoPassDrain`] runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Pass {
     /// Pass 1: pods that use the device.
     Device,
@@ -26,7 +26,7 @@ impl fmt::Display for Pass {
 }
 
 /// How a pod was removed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Removal {
     /// Through the Eviction API.
     Evicted,

@@ -67,8 +67,8 @@
 //!   one `GET` per pod per second; a pod is gone when no pod with its UID is left on the node.
 //! - **Timeout**: kubectl reports "global timeout reached"; here [`DrainError::Timeout`] names
 //!   every remaining pod and why, e.g. `default/web-0: eviction blocked by PodDisruptionBudget
-//!   default/web-pdb (0 disruptions allowed)` or `default/db-0: still terminating (deletion
-//!   requested 42s ago; grace period 30s; finalizers: example.com/flush)`.
+//!   default/web-pdb (0 disruptions allowed)` or `default/db-0: still terminating (removal
+//!   accepted 42s ago; grace period 30s; finalizers: example.com/flush)`.
 //! - **Cordon ownership**: kubectl does not record who cordoned a node and `kubectl uncordon`
 //!   lifts any cordon. Here the owner and time are recorded and only the owner's cordon is
 //!   lifted. Like kubectl, a drain still runs on a node someone else cordoned.

@@ -9,11 +9,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::future::{self, Either};
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
 use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
 
 use crate::backoff::Backoff;
 use crate::budget::find_budget;
@@ -53,7 +53,7 @@ enum PodState {
     Blocked(StuckReason),
     Retrying(String),
     Failed(String),
-    Accepted,
+    Accepted(Instant),
     Gone,
 }
 
@@ -233,7 +233,7 @@ impl Removals {
             };
             let error = match result {
                 Ok(()) => {
-                    self.set_state(index, PodState::Accepted);
+                    self.set_state(index, PodState::Accepted(Instant::now()));
                     return;
                 }
                 Err(error) => error,
@@ -245,7 +245,7 @@ impl Removals {
                     return;
                 }
                 ErrorKind::NamespaceTerminating => {
-                    self.set_state(index, PodState::Accepted);
+                    self.set_state(index, PodState::Accepted(Instant::now()));
                     return;
                 }
                 ErrorKind::Conflict => match pods.get_opt(&pod_ref.name).await {
@@ -394,20 +394,20 @@ impl Removals {
             .collect()
     }
 
-    /// Every pod not gone, with why, as of `now`.
-    pub fn remaining(&self, now: Timestamp) -> Vec<StuckPod> {
+    /// Every pod not gone, with why.
+    pub fn remaining(&self) -> Vec<StuckPod> {
         self.lock()
             .iter()
             .filter(|t| !matches!(t.state, PodState::Gone))
             .map(|t| StuckPod {
                 pod: t.pod_ref.clone(),
-                why: stuck_reason(t, now),
+                why: stuck_reason(t),
             })
             .collect()
     }
 }
 
-fn stuck_reason(t: &Tracked, now: Timestamp) -> StuckReason {
+fn stuck_reason(t: &Tracked) -> StuckReason {
     match &t.state {
         PodState::NotRequested => StuckReason::NotRequested,
         PodState::Blocked(reason) => reason.clone(),
@@ -417,23 +417,18 @@ fn stuck_reason(t: &Tracked, now: Timestamp) -> StuckReason {
         PodState::Failed(error) => StuckReason::Failed {
             error: error.clone(),
         },
-        PodState::Accepted | PodState::Gone => {
+        PodState::Accepted(at) => {
             let seen = t.last_seen.as_ref().unwrap_or(&t.pod);
-            let Some(deletion) = &seen.metadata.deletion_timestamp else {
+            if seen.metadata.deletion_timestamp.is_none() {
                 return StuckReason::Accepted;
-            };
-            let grace = seen.metadata.deletion_grace_period_seconds;
-            let requested = deletion
-                .0
-                .checked_sub(jiff::SignedDuration::from_secs(grace.unwrap_or(0)))
-                .unwrap_or(deletion.0);
-            let waiting = Duration::try_from(now.duration_since(requested)).ok();
+            }
             StuckReason::Terminating {
-                waiting,
-                grace_period_seconds: grace,
+                waiting: Some(at.elapsed()),
+                grace_period_seconds: seen.metadata.deletion_grace_period_seconds,
                 finalizers: seen.metadata.finalizers.clone().unwrap_or_default(),
             }
         }
+        PodState::Gone => StuckReason::Accepted,
     }
 }
 

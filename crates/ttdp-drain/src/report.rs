@@ -76,7 +76,7 @@ pub enum StuckReason {
     Accepted,
     /// It is terminating and has not gone away.
     Terminating {
-        /// How long ago its deletion was requested, if known.
+        /// How long ago this drain's eviction or deletion of it was accepted.
         waiting: Option<Duration>,
         /// Its `metadata.deletionGracePeriodSeconds`.
         grace_period_seconds: Option<i64>,
@@ -117,7 +117,7 @@ impl fmt::Display for StuckReason {
                 f.write_str("still terminating")?;
                 let mut details = Vec::new();
                 if let Some(w) = waiting {
-                    details.push(format!("deletion requested {}s ago", w.as_secs()));
+                    details.push(format!("removal accepted {}s ago", w.as_secs()));
                 }
                 if let Some(g) = grace_period_seconds {
                     details.push(format!("grace period {g}s"));

@@ -525,7 +525,7 @@ fn messages_name_the_pod_and_the_cause() {
     };
     assert_eq!(
         terminating.to_string(),
-        "default/web-0: still terminating (deletion requested 42s ago; grace period 30s; finalizers: example.com/flush)"
+        "default/web-0: still terminating (removal accepted 42s ago; grace period 30s; finalizers: example.com/flush)"
     );
     let timeout = DrainError::Timeout {
         node: "n1".into(),

@@ -1,0 +1,958 @@
+//! End-to-end drains against the ttdp-testkit API server (eviction with PodDisruptionBudget
+//! evaluation, graceful deletion completed by the server after 200 ms, finalizers honoured).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use ttdp_api::selector::Selector;
+use ttdp_drain::{
+    Backoff, CordonOutcome, CordonOwner, DevicePredicate, Disposition, DrainError, DrainEvent,
+    DrainEventKind, DrainOptions, Drainer, EventSink, ObjectKey, Pass, PodRules, Reason, Removal,
+    StuckReason, TwoPassDrain, UncordonOutcome,
+};
+use ttdp_testkit::apiserver::{Fault, TestApiServer};
+
+struct Harness {
+    server: TestApiServer,
+    client: Client,
+    events: Arc<Mutex<Vec<DrainEvent>>>,
+}
+
+impl Harness {
+    async fn start(nodes: &[&str]) -> Self {
+        let server = TestApiServer::start().await.unwrap();
+        let client = server.client().await.unwrap();
+        let h = Self {
+            server,
+            client,
+            events: Arc::default(),
+        };
+        for n in nodes {
+            h.node(n, json!({})).await;
+        }
+        h
+    }
+
+    fn drainer(&self) -> Drainer {
+        let events = self.events.clone();
+        Drainer::new(self.client.clone()).with_events(EventSink::new(move |e| {
+            events.lock().unwrap().push(e.clone());
+        }))
+    }
+
+    fn events(&self) -> Vec<DrainEvent> {
+        self.events.lock().unwrap().clone()
+    }
+
+    async fn node(&self, name: &str, patch: Value) {
+        let mut v = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
+        merge(&mut v, patch);
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        nodes
+            .create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+            .await
+            .unwrap();
+    }
+
+    async fn get_node(&self, name: &str) -> Node {
+        Api::<Node>::all(self.client.clone())
+            .get(name)
+            .await
+            .unwrap()
+    }
+
+    /// Create an owner object and return a controller reference to it. ReplicaSets and
+    /// DaemonSets are real objects; the testkit serves no StatefulSets or Jobs, so those
+    /// references point at a ConfigMap's UID (garbage collection only checks that the UID
+    /// exists, and the drain only reads the reference's kind and name).
+    async fn owner(&self, kind: &str, name: &str) -> Value {
+        let (api_version, plural, body) = match kind {
+            "ReplicaSet" | "DaemonSet" => (
+                "apps/v1",
+                if kind == "ReplicaSet" {
+                    "replicasets"
+                } else {
+                    "daemonsets"
+                },
+                json!({"spec": {"selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}},
+                        "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}}),
+            ),
+            _ => ("v1", "configmaps", json!({})),
+        };
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let stored_kind = if plural == "configmaps" {
+            "ConfigMap"
+        } else {
+            kind
+        };
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(group, version, stored_kind),
+            plural,
+        );
+        let mut obj = json!({"apiVersion": api_version, "kind": stored_kind,
+            "metadata": {"name": name, "namespace": "default"}});
+        merge(&mut obj, body);
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), "default", &ar);
+        let created = api
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(obj).unwrap(),
+            )
+            .await
+            .unwrap();
+        json!({"metadata": {"ownerReferences": [{"apiVersion": if kind == "Job" { "batch/v1" } else { "apps/v1" },
+            "kind": kind, "name": name, "uid": created.metadata.uid.unwrap(), "controller": true}]}})
+    }
+
+    /// Create pod `default/name` on `node`, Running and Ready unless `patch` sets a status.
+    async fn pod(&self, node: &str, name: &str, patch: Value) -> Pod {
+        let status = patch
+            .get("status")
+            .cloned()
+            .unwrap_or(json!({"phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}]}));
+        let mut v = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]}});
+        let mut patch = patch;
+        if let Some(o) = patch.as_object_mut() {
+            o.remove("status");
+        }
+        merge(&mut v, patch);
+        let pods = self.pods();
+        pods.create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+            .await
+            .unwrap();
+        pods.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .unwrap()
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    async fn pod_names(&self, node: &str) -> BTreeSet<String> {
+        ttdp_drain::list_node_pods(&self.client, node)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.metadata.name.unwrap())
+            .collect()
+    }
+
+    async fn pdb(&self, name: &str, app: &str, spec: Value) {
+        let mut v = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": app}}}});
+        merge(&mut v, json!({"spec": spec}));
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), "default");
+        api.create(&PostParams::default(), &serde_json::from_value(v).unwrap())
+            .await
+            .unwrap();
+    }
+
+    async fn patch_pdb(&self, name: &str, spec: Value) {
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), "default");
+        api.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": spec})),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+fn merge(target: &mut Value, patch: Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(t.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (t, p) => *t = p,
+    }
+}
+
+fn with(a: Value, b: Value) -> Value {
+    let mut a = a;
+    merge(&mut a, b);
+    a
+}
+
+fn labels(app: &str) -> Value {
+    json!({"metadata": {"labels": {"app": app}}})
+}
+
+/// Fast options for tests: short back-off and polling, a 20 s safety timeout.
+fn fast(rules: PodRules) -> DrainOptions {
+    DrainOptions {
+        rules,
+        timeout: Some(Duration::from_secs(20)),
+        backoff: Backoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(400),
+        },
+        poll_interval: Duration::from_millis(100),
+        ..DrainOptions::default()
+    }
+}
+
+fn all_flags() -> PodRules {
+    PodRules {
+        ignore_daemonsets: true,
+        delete_emptydir_data: true,
+        force: true,
+        ..PodRules::default()
+    }
+}
+
+fn names(refs: &[ttdp_drain::PodRef]) -> BTreeSet<String> {
+    refs.iter().map(|r| r.name.clone()).collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// A node with one pod of every kind, plus a pod on another node.
+async fn mixed_node(h: &Harness) {
+    let rs = h.owner("ReplicaSet", "web").await;
+    let sts = h.owner("StatefulSet", "db").await;
+    let job = h.owner("Job", "batch").await;
+    let ds = h.owner("DaemonSet", "proxy").await;
+    h.pod("n1", "web-1", with(rs.clone(), labels("web"))).await;
+    h.pod("n1", "db-0", sts).await;
+    h.pod("n1", "batch-run", job.clone()).await;
+    h.pod(
+        "n1",
+        "batch-done",
+        with(job, json!({"status": {"phase": "Succeeded"}})),
+    )
+    .await;
+    h.pod("n1", "bare", json!({})).await;
+    h.pod(
+        "n1",
+        "etcd-n1",
+        json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "hash"}}}),
+    )
+    .await;
+    h.pod("n1", "proxy-n1", ds).await;
+    h.pod(
+        "n1",
+        "cache",
+        with(
+            rs.clone(),
+            json!({"spec": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}),
+        ),
+    )
+    .await;
+    h.pod("n2", "web-2", with(rs, labels("web"))).await;
+}
+
+#[tokio::test]
+async fn refuses_like_kubectl_without_flags_and_drains_every_kind_with_them() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    mixed_node(&h).await;
+    let drainer = h.drainer();
+
+    let err = drainer
+        .drain("n1", &fast(PodRules::default()))
+        .await
+        .unwrap_err();
+    let DrainError::Refused { pods, .. } = &err else {
+        panic!("expected a refusal, got {err}");
+    };
+    let refused: BTreeSet<(String, String)> = pods
+        .iter()
+        .map(|d| (d.pod.name.clone(), d.reason.to_string()))
+        .collect();
+    assert_eq!(
+        refused,
+        [
+            (
+                "bare",
+                "cannot delete Pods that declare no controller (use --force to override)"
+            ),
+            (
+                "cache",
+                "Pods with local storage (use --delete-emptydir-data to override)"
+            ),
+            (
+                "proxy-n1",
+                "DaemonSet-managed Pods (use --ignore-daemonsets to ignore)"
+            ),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+    );
+    assert!(
+        h.server
+            .recorder()
+            .filter(
+                |r| r.subresource == "eviction" || (r.resource == "pods" && r.method == "DELETE")
+            )
+            .is_empty(),
+        "a refused drain removes nothing"
+    );
+    assert_eq!(h.pod_names("n1").await.len(), 8);
+
+    let report = drainer.drain("n1", &fast(all_flags())).await.unwrap();
+    assert_eq!(
+        names(&report.evicted),
+        set(&["web-1", "db-0", "batch-run", "bare", "cache"])
+    );
+    assert_eq!(names(&report.deleted), set(&["batch-done"]));
+    assert_eq!(h.pod_names("n1").await, set(&["etcd-n1", "proxy-n1"]));
+    assert_eq!(
+        h.pod_names("n2").await,
+        set(&["web-2"]),
+        "other nodes untouched"
+    );
+    let skipped: BTreeSet<(String, Reason)> = report
+        .with(Disposition::Skip)
+        .map(|d| (d.pod.name.clone(), d.reason.clone()))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            ("etcd-n1".to_string(), Reason::Mirror),
+            ("proxy-n1".to_string(), Reason::DaemonSetIgnored)
+        ]
+        .into_iter()
+        .collect()
+    );
+
+    // Pods were only ever listed per node, evicted through the subresource, and the finished
+    // pod deleted directly.
+    let rec = h.server.recorder();
+    let pod_lists = rec.filter(|r| r.resource == "pods" && r.verb == "list");
+    assert!(!pod_lists.is_empty());
+    for r in &pod_lists {
+        assert!(
+            r.query.contains("fieldSelector=spec.nodeName%3D"),
+            "pods listed without the node field selector: {}",
+            r.query
+        );
+    }
+    let evictions: BTreeSet<String> = rec
+        .filter(|r| r.subresource == "eviction")
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(
+        evictions,
+        set(&["web-1", "db-0", "batch-run", "bare", "cache"])
+    );
+    let deletes: Vec<String> = rec
+        .filter(|r| r.resource == "pods" && r.method == "DELETE")
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(deletes, ["batch-done"]);
+
+    // Events: evicting then gone for each, done last.
+    let events = h.events();
+    let gone: BTreeSet<(String, Removal)> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            DrainEventKind::Gone { pod, removal } => Some((pod.name.clone(), *removal)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(gone.len(), 6);
+    assert!(gone.contains(&("batch-done".into(), Removal::Deleted)));
+    assert!(gone.contains(&("web-1".into(), Removal::Evicted)));
+    assert!(matches!(
+        events.last().map(|e| &e.kind),
+        Some(DrainEventKind::Done {
+            evicted: 5,
+            deleted: 1
+        })
+    ));
+    let c = drainer.counters();
+    assert_eq!((c.evictions, c.deletions, c.pods_gone), (5, 1, 6));
+    assert_eq!(c.budget_blocks, 0);
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn pod_selector_limits_the_drain_and_unselected_pods_cannot_block_it() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    h.pod("n1", "web-1", with(rs.clone(), labels("web"))).await;
+    h.pod("n1", "api-1", with(rs, labels("api"))).await;
+    h.pod("n1", "bare", json!({})).await;
+    let rules = PodRules {
+        selector: Selector::parse("app in (web)").unwrap(),
+        ..PodRules::default()
+    };
+    let report = h.drainer().drain("n1", &fast(rules)).await.unwrap();
+    assert_eq!(names(&report.evicted), set(&["web-1"]));
+    assert_eq!(h.pod_names("n1").await, set(&["api-1", "bare"]));
+    assert_eq!(report.with(Disposition::Skip).count(), 2);
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn budget_blocks_then_allows_as_replacements_become_ready() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    h.pod("n1", "web-a", with(rs.clone(), labels("web"))).await;
+    h.pod("n1", "web-b", with(rs.clone(), labels("web"))).await;
+    h.pdb("web-pdb", "web", json!({"minAvailable": 2})).await;
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let counters = Arc::new(Mutex::new(None));
+    let drain = {
+        let events = h.events.clone();
+        let counters = counters.clone();
+        let drainer = Drainer::new(h.client.clone()).with_events(EventSink::new(move |e| {
+            events.lock().unwrap().push(e.clone());
+            let _ = tx.send(e.clone());
+        }));
+        // The drainer (and with it the channel's sender) is dropped when the drain ends.
+        async move {
+            let result = drainer.drain("n1", &fast(PodRules::default())).await;
+            *counters.lock().unwrap() = Some(drainer.counters());
+            result
+        }
+    };
+    // The "ReplicaSet controller": on the first block, allow one disruption; for every pod
+    // that goes, start a Ready replacement on n2.
+    let controller = async {
+        let mut relaxed = false;
+        let mut replacements = 0;
+        while let Some(event) = rx.recv().await {
+            match event.kind {
+                DrainEventKind::EvictionBlocked {
+                    budget,
+                    disruptions_allowed,
+                    ..
+                } if !relaxed => {
+                    assert_eq!(budget, Some(ObjectKey::new("default", "web-pdb")));
+                    assert_eq!(disruptions_allowed, Some(0));
+                    h.patch_pdb("web-pdb", json!({"minAvailable": 1})).await;
+                    relaxed = true;
+                }
+                DrainEventKind::Gone { .. } => {
+                    replacements += 1;
+                    h.pod(
+                        "n2",
+                        &format!("web-new-{replacements}"),
+                        with(rs.clone(), labels("web")),
+                    )
+                    .await;
+                }
+                DrainEventKind::Done { .. } => return relaxed,
+                _ => {}
+            }
+        }
+        relaxed
+    };
+    let (report, relaxed) = tokio::join!(drain, controller);
+    let report = report.unwrap_or_else(|e| panic!("{e}\nevents: {:#?}", h.events()));
+    assert!(relaxed, "the budget blocked at first");
+    assert_eq!(names(&report.evicted), set(&["web-a", "web-b"]));
+    let c = counters.lock().unwrap().unwrap();
+    assert!(c.budget_blocks >= 2, "{c:?}");
+    assert!(c.eviction_requests > c.evictions);
+    // Never below the budget: each 201 eviction was granted by the server's budget check.
+    let granted = h
+        .server
+        .recorder()
+        .filter(|r| r.subresource == "eviction" && r.status == 201)
+        .len();
+    assert_eq!(granted, 2);
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn timeout_names_each_remaining_pod_and_why() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    h.pod("n1", "web-0", with(rs.clone(), labels("web"))).await;
+    h.pdb("web-pdb", "web", json!({"maxUnavailable": 0})).await;
+    h.pod(
+        "n1",
+        "slow",
+        with(
+            rs.clone(),
+            json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+        ),
+    )
+    .await;
+    h.pod("n1", "quick", rs).await;
+
+    let options = DrainOptions {
+        timeout: Some(Duration::from_secs(2)),
+        ..fast(PodRules::default())
+    };
+    let started = std::time::Instant::now();
+    let err = h.drainer().drain("n1", &options).await.unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(4),
+        "{elapsed:?}"
+    );
+    let DrainError::Timeout { remaining, .. } = &err else {
+        panic!("expected a timeout, got {err}");
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains(
+            "default/web-0: eviction blocked by PodDisruptionBudget default/web-pdb (0 disruptions allowed)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("default/slow: still terminating (removal accepted"),
+        "{text}"
+    );
+    assert!(text.contains("finalizers: example.com/hold"), "{text}");
+    assert_eq!(remaining.len(), 2, "the quick pod went: {text}");
+    assert!(matches!(
+        remaining.iter().find(|s| s.pod.name == "slow").unwrap().why,
+        StuckReason::Terminating { .. }
+    ));
+    // Back-off, not a tight loop: 2 s with 50..400 ms delays allows ~10 attempts at most.
+    let attempts = h
+        .server
+        .recorder()
+        .filter(|r| r.subresource == "eviction" && r.name == "web-0")
+        .len();
+    assert!((2..=15).contains(&attempts), "{attempts} eviction attempts");
+
+    // Dropping the drain left no request running.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let later = h
+        .server
+        .recorder()
+        .filter(|r| r.subresource == "eviction" && r.name == "web-0")
+        .len();
+    assert_eq!(
+        attempts, later,
+        "eviction retries continued after the timeout"
+    );
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_new_pod_with_the_same_name_counts_as_gone() {
+    let h = Harness::start(&["n1"]).await;
+    let sts = h.owner("StatefulSet", "db").await;
+    let old = h
+        .pod(
+            "n1",
+            "db-0",
+            with(
+                sts.clone(),
+                json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+            ),
+        )
+        .await;
+    let old_uid = old.metadata.uid.clone().unwrap();
+    let options = DrainOptions {
+        // Slow polling, so the replacement exists before the drain looks again.
+        poll_interval: Duration::from_secs(2),
+        ..fast(PodRules::default())
+    };
+    let drainer = h.drainer();
+    let drain = drainer.drain("n1", &options);
+    let statefulset = async {
+        let pods = h.pods();
+        loop {
+            let p = pods.get("db-0").await.unwrap();
+            if p.metadata.deletion_timestamp.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        pods.patch(
+            "db-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+        while pods.get_opt("db-0").await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        h.pod("n1", "db-0", sts).await
+    };
+    let (report, new) = tokio::join!(drain, statefulset);
+    let report = report.unwrap();
+    assert_ne!(new.metadata.uid.unwrap(), old_uid);
+    assert_eq!(names(&report.evicted), set(&["db-0"]));
+    assert_eq!(report.evicted[0].uid, old_uid);
+    assert_eq!(h.pod_names("n1").await, set(&["db-0"]), "the new pod stays");
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_drains_of_two_nodes_stay_on_their_nodes() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    for node in ["n1", "n2"] {
+        for i in 0..6 {
+            h.pod(
+                node,
+                &format!("{node}-web-{i}"),
+                with(rs.clone(), labels("web")),
+            )
+            .await;
+        }
+    }
+    h.pod("n2", "n2-bare", json!({})).await;
+    let drainer = h.drainer();
+    let options = DrainOptions {
+        concurrency: 2,
+        ..fast(all_flags())
+    };
+    let (a, b) = tokio::join!(drainer.drain("n1", &options), drainer.drain("n2", &options));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.evicted.len(), 6);
+    assert_eq!(b.evicted.len(), 7);
+    assert!(a.evicted.iter().all(|p| p.name.starts_with("n1-")));
+    assert!(b.evicted.iter().all(|p| p.name.starts_with("n2-")));
+    assert!(h.pod_names("n1").await.is_empty() && h.pod_names("n2").await.is_empty());
+    for node in ["n1", "n2"] {
+        let gone = h
+            .events()
+            .iter()
+            .filter(|e| e.node == node && matches!(e.kind, DrainEventKind::Gone { .. }))
+            .count();
+        assert_eq!(gone, if node == "n1" { 6 } else { 7 });
+    }
+    assert_eq!(drainer.counters().pods_gone, 13);
+    h.server.shutdown().await;
+}
+
+fn owner(name: &str) -> CordonOwner {
+    CordonOwner {
+        owner: name.into(),
+        owner_annotation: "example.com/cordoned-by".into(),
+        time_annotation: "example.com/cordoned-at".into(),
+    }
+}
+
+fn annotations(node: &Node) -> std::collections::BTreeMap<String, String> {
+    node.metadata.annotations.clone().unwrap_or_default()
+}
+
+fn unschedulable(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+#[tokio::test]
+async fn cordon_ownership_never_claims_or_lifts_someone_elses_cordon() {
+    let h = Harness::start(&["n1"]).await;
+    h.node("n2", json!({"spec": {"unschedulable": true}})).await;
+    let (a, b) = (owner("ttdp/policy-a"), owner("ttdp/policy-b"));
+    let d = h.drainer();
+
+    assert_eq!(d.cordon("n1", &a).await.unwrap(), CordonOutcome::Cordoned);
+    let n1 = h.get_node("n1").await;
+    assert!(unschedulable(&n1));
+    assert_eq!(annotations(&n1)["example.com/cordoned-by"], "ttdp/policy-a");
+    let at: jiff::Timestamp = annotations(&n1)["example.com/cordoned-at"].parse().unwrap();
+    assert!((jiff::Timestamp::now() - at).get_seconds().abs() < 60);
+    assert_eq!(
+        d.cordon("n1", &a).await.unwrap(),
+        CordonOutcome::AlreadyOwned
+    );
+    assert_eq!(
+        d.cordon("n1", &b).await.unwrap(),
+        CordonOutcome::External {
+            owner: Some("ttdp/policy-a".into())
+        }
+    );
+    assert_eq!(
+        d.uncordon("n1", &b).await.unwrap(),
+        UncordonOutcome::External {
+            owner: Some("ttdp/policy-a".into())
+        }
+    );
+    assert!(unschedulable(&h.get_node("n1").await));
+    assert_eq!(
+        d.uncordon("n1", &a).await.unwrap(),
+        UncordonOutcome::Uncordoned
+    );
+    let n1 = h.get_node("n1").await;
+    assert!(!unschedulable(&n1));
+    assert!(!annotations(&n1).contains_key("example.com/cordoned-by"));
+    assert!(!annotations(&n1).contains_key("example.com/cordoned-at"));
+    assert_eq!(
+        d.uncordon("n1", &a).await.unwrap(),
+        UncordonOutcome::NotCordoned
+    );
+
+    // An administrator's cordon is reported, not claimed, and survives our uncordon.
+    assert_eq!(
+        d.cordon("n2", &a).await.unwrap(),
+        CordonOutcome::External { owner: None }
+    );
+    assert!(!annotations(&h.get_node("n2").await).contains_key("example.com/cordoned-by"));
+    assert_eq!(
+        d.uncordon("n2", &a).await.unwrap(),
+        UncordonOutcome::External { owner: None }
+    );
+    assert!(unschedulable(&h.get_node("n2").await));
+
+    // Node writes were minimal merge patches carrying the resourceVersion.
+    let patches = h
+        .server
+        .recorder()
+        .filter(|r| r.resource == "nodes" && r.verb == "patch");
+    assert_eq!(patches.len(), 2, "one cordon, one uncordon");
+    for p in &patches {
+        assert!(p.content_type.starts_with("application/merge-patch+json"));
+        let body = p.body.clone().unwrap();
+        let top: BTreeSet<&str> = body
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert!(
+            top.is_subset(
+                &set(&["metadata", "spec"])
+                    .iter()
+                    .map(String::as_str)
+                    .collect()
+            )
+        );
+        let meta: BTreeSet<&str> = body["metadata"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            meta,
+            ["annotations", "resourceVersion"].into_iter().collect()
+        );
+    }
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn cordon_retries_after_a_write_conflict() {
+    let h = Harness::start(&["n1"]).await;
+    h.server
+        .faults()
+        .inject(Fault::conflict().resource("nodes").verb("patch").times(2));
+    let outcome = h.drainer().cordon("n1", &owner("me")).await.unwrap();
+    assert_eq!(outcome, CordonOutcome::Cordoned);
+    assert!(unschedulable(&h.get_node("n1").await));
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn disable_eviction_deletes_and_bypasses_budgets() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    h.pod("n1", "web-0", with(rs, labels("web"))).await;
+    h.pdb("web-pdb", "web", json!({"maxUnavailable": 0})).await;
+    let options = DrainOptions {
+        disable_eviction: true,
+        ..fast(PodRules::default())
+    };
+    let report = h.drainer().drain("n1", &options).await.unwrap();
+    assert_eq!(names(&report.deleted), set(&["web-0"]));
+    assert!(report.evicted.is_empty());
+    assert!(
+        h.server
+            .recorder()
+            .filter(|r| r.subresource == "eviction")
+            .is_empty()
+    );
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn dry_run_writes_nothing() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    h.pod("n1", "web-0", rs).await;
+    h.server.recorder().clear();
+    let options = DrainOptions {
+        dry_run: true,
+        ..fast(PodRules::default())
+    };
+    let report = h.drainer().drain("n1", &options).await.unwrap();
+    assert!(report.dry_run);
+    assert_eq!(report.with(Disposition::Evict).count(), 1);
+    assert!(report.evicted.is_empty());
+    assert!(h.server.recorder().writes().is_empty());
+    assert_eq!(h.pod_names("n1").await, set(&["web-0"]));
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn transient_errors_are_retried_and_fatal_ones_fail_only_their_pod() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    h.pod("n1", "flaky", rs.clone()).await;
+    h.pod("n1", "forbidden", rs.clone()).await;
+    h.pod("n1", "fine", rs).await;
+    let faults = h.server.faults();
+    faults.inject(
+        Fault::error(503)
+            .subresource("eviction")
+            .name("flaky")
+            .times(2),
+    );
+    faults.inject(Fault::error(403).subresource("eviction").name("forbidden"));
+    let drainer = h.drainer();
+    let err = drainer
+        .drain("n1", &fast(PodRules::default()))
+        .await
+        .unwrap_err();
+    let DrainError::Failed { failed, .. } = &err else {
+        panic!("expected a failure, got {err}");
+    };
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].pod.name, "forbidden");
+    assert!(
+        err.to_string()
+            .contains("default/forbidden: removal failed"),
+        "{err}"
+    );
+    assert_eq!(h.pod_names("n1").await, set(&["forbidden"]));
+    let retried = h
+        .events()
+        .iter()
+        .filter(
+            |e| matches!(&e.kind, DrainEventKind::RequestFailed { pod, .. } if pod.name == "flaky"),
+        )
+        .count();
+    assert_eq!(retried, 2);
+    assert!(drainer.counters().request_errors >= 3);
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_pass_drain_frees_the_device_first_then_sweeps_selected_pods() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "work").await;
+    let ds = h.owner("DaemonSet", "ttdrv-default").await;
+    let device_mount = json!({"spec": {
+        "volumes": [{"name": "tt", "hostPath": {"path": "/dev/tenstorrent"}}],
+        "containers": [{"name": "main", "image": "busybox",
+            "volumeMounts": [{"name": "tt", "mountPath": "/dev/tenstorrent"}]}]}});
+    let device_request = json!({"spec": {"containers": [{"name": "main", "image": "busybox",
+        "resources": {"limits": {"tenstorrent.com/n300": "1"}, "requests": {"tenstorrent.com/n300": "1"}}}]}});
+    h.pod("n1", "llm", with(rs.clone(), device_mount.clone()))
+        .await;
+    h.pod(
+        "n1",
+        "llm-scratch",
+        with(
+            with(rs.clone(), device_request),
+            json!({"spec": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}),
+        ),
+    )
+    .await;
+    h.pod(
+        "n1",
+        "privileged",
+        with(
+            rs.clone(),
+            with(
+                json!({"metadata": {"labels": {"team": "ml"}}}),
+                json!({"spec": {"containers": [{"name": "main", "image": "busybox",
+                    "securityContext": {"privileged": true}}]}}),
+            ),
+        ),
+    )
+    .await;
+    h.pod(
+        "n1",
+        "web",
+        with(rs.clone(), json!({"metadata": {"labels": {"team": "web"}}})),
+    )
+    .await;
+    h.pod("n1", "agent", with(ds, device_mount)).await;
+
+    let plan = TwoPassDrain {
+        device: DevicePredicate {
+            host_path_prefixes: vec![ttdp_api::names::DEVICE_PATH.into()],
+            resource_prefixes: vec![ttdp_api::names::DEVICE_RESOURCE_PREFIX.into()],
+        },
+        full_node: true,
+        pod_selector: Selector::parse("team=ml").unwrap(),
+        force: false,
+        delete_emptydir_data: false,
+        options: fast(PodRules::default()),
+    };
+    let report = h.drainer().drain_two_pass("n1", &plan).await.unwrap();
+    assert_eq!(names(&report.device.evicted), set(&["llm", "llm-scratch"]));
+    let full = report.full_node.unwrap();
+    assert_eq!(names(&full.evicted), set(&["privileged"]));
+    assert_eq!(h.pod_names("n1").await, set(&["agent", "web"]));
+
+    // Pass 1's pods were gone before pass 2 evicted anything.
+    let events = h.events();
+    let pass2_start = events
+        .iter()
+        .position(|e| {
+            e.kind
+                == DrainEventKind::PassStarted {
+                    pass: Pass::FullNode,
+                }
+        })
+        .unwrap();
+    let device_gone = events
+        .iter()
+        .rposition(
+            |e| matches!(&e.kind, DrainEventKind::Gone { pod, .. } if pod.name.starts_with("llm")),
+        )
+        .unwrap();
+    let first_pass2_eviction = events
+        .iter()
+        .position(
+            |e| matches!(&e.kind, DrainEventKind::Evicting { pod } if pod.name == "privileged"),
+        )
+        .unwrap();
+    assert!(device_gone < pass2_start && pass2_start < first_pass2_eviction);
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_dropped_drain_is_resumed_by_the_next_call() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    h.pod("n1", "web-0", with(rs.clone(), labels("web"))).await;
+    h.pod("n1", "other", rs).await;
+    h.pdb("web-pdb", "web", json!({"maxUnavailable": 0})).await;
+    let drainer = h.drainer();
+    let options = fast(PodRules::default());
+    let first =
+        tokio::time::timeout(Duration::from_millis(800), drainer.drain("n1", &options)).await;
+    assert!(first.is_err(), "the budget keeps the first call waiting");
+    assert_eq!(h.pod_names("n1").await, set(&["web-0"]));
+    h.patch_pdb("web-pdb", json!({"maxUnavailable": 1})).await;
+    let report = drainer.drain("n1", &options).await.unwrap();
+    assert_eq!(names(&report.evicted), set(&["web-0"]));
+    assert!(h.pod_names("n1").await.is_empty());
+    h.server.shutdown().await;
+}
