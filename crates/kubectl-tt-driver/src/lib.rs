@@ -6,7 +6,7 @@
 //! Events, and rendering them for people ([`render`]) and scripts ([`report`]). The layers are
 //! kept apart: [`cli`] parses, [`connection`] picks the cluster like kubectl, [`fetch`] and
 //! [`watch`] read, [`fleet`] is the plain data in between, [`render`] and [`report`] are pure,
-//! [`run`] wires them together.
+//! [`mod@run`] wires them together.
 //!
 //! What it must not do: change anything in the cluster except through the explicit `pause`,
 //! `resume` and `retry` subcommands ([`mutate`]), each a minimal patch.

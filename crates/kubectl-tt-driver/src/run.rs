@@ -15,6 +15,9 @@ use crate::view::{self, Request, View};
 use crate::watch::{self, Screen};
 use crate::{completion, mutate};
 
+/// What `status` and `nodes` say when there are no policies (like kubectl's "No resources found").
+pub const NO_POLICIES: &str = "No TenstorrentDriverPolicy resources found. Create one with spec.version and spec.nodeAffinity: {} (see: kubectl explain ttdp.spec).";
+
 /// The terminal width: `COLUMNS` if set, else the terminal's, else 80.
 pub fn terminal_width() -> usize {
     if let Some(cols) = std::env::var("COLUMNS")
@@ -114,10 +117,12 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
     }
 }
 
+/// Writes the answer. A reader that went away (`| head`) is not an error, as with kubectl.
 fn write(out: &mut impl Write, text: &str) -> Result<(), Error> {
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(Error::Write)
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(Error::Write(e)),
+        _ => Ok(()),
+    }
 }
 
 fn warn(err: &mut impl Write, warnings: &[String]) {
@@ -149,10 +154,7 @@ async fn show(
     let fetched = conn.fleet(request.only, extras).await?;
     warn(err, &fetched.warnings);
     if fetched.fleet.policies.is_empty() && matches!(request.output, Output::Table | Output::Wide) {
-        let _ = writeln!(
-            err,
-            "No TenstorrentDriverPolicy resources found. Create one with spec.version and spec.nodeAffinity: {{}} (see: kubectl explain ttdp.spec)."
-        );
+        let _ = writeln!(err, "{NO_POLICIES}");
         return Ok(());
     }
     let text = view::render(

@@ -17,6 +17,7 @@ use crate::connection::Connection;
 use crate::error::Error;
 use crate::fleet::{Fleet, NodeFacts, PolicyView, policy_name};
 use crate::render::RenderOptions;
+use crate::run::NO_POLICIES;
 use crate::view::{self, Request, View};
 
 /// ANSI: cursor home, clear screen.
@@ -124,7 +125,11 @@ pub async fn run(
             continue;
         }
         let fleet = snapshot(&policy_store, node_store.as_ref(), only);
-        let text = view::render(&fleet, view, output, &opts_at())?;
+        let text = if fleet.policies.is_empty() && matches!(output, Output::Table | Output::Wide) {
+            format!("{NO_POLICIES}\n")
+        } else {
+            view::render(&fleet, view, output, &opts_at())?
+        };
         if text == last {
             continue;
         }

@@ -528,3 +528,22 @@ async fn help_and_completion() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_starts_empty_and_shows_a_new_policy() {
+    let h = Harness::with_crd().await;
+    let mut child = h.command(&["tt", "driver", "watch"]).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = String::new();
+    read_until(
+        &mut lines,
+        "No TenstorrentDriverPolicy resources found",
+        &mut seen,
+    )
+    .await;
+    for view in fixture::narrow().policies {
+        h.create_policy(&view.policy).await;
+    }
+    read_until(&mut lines, "Draining 2.7.0", &mut seen).await;
+    child.kill().await.unwrap();
+}
