@@ -1,10 +1,10 @@
 //! ttdp-kmod against a real Linux kernel: run inside a QEMU VM by `cargo xtask vm-test` (scenario
 //! `kmod`), ignored everywhere else (they load and unload kernel modules).
 //!
-//! The VM boots Debian 12's kernel with no network; its `/init` puts the stub `tenstorrent` module
-//! (`tests/vm/stub-module/`, a `tenstorrent` character device `/dev/tenstorrent/0`) built on the host at
-//! `$TTDP_VM_KO_DIR/<version>/tenstorrent.ko` for versions 1.0.0 and 2.0.0, plus 3.0.0 whose init
-//! fails with EINVAL. The host root is `/`. The tests share one kernel, so they run one at a time
+//! The VM boots Debian 12's kernel with no network; its `/init` puts the stub `tenstorrent`
+//! module (`tests/vm/stub-module/`: a `tenstorrent` character device `/dev/tenstorrent/0`), built
+//! on the host, at `$TTDP_VM_KO_DIR/<version>/tenstorrent.ko` for versions 1.0.0 and 2.0.0, plus
+//! 3.0.0 whose init fails with EINVAL. The host root is `/`. The tests share one kernel, so they run one at a time
 //! (`--test-threads=1`) and each starts from a clean slate: no module loaded, no holder, empty cache.
 //!
 //! Tests with `from_source` in their name fetch and build the module inside the VM (scenario
