@@ -6,7 +6,9 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
-use ttdp_testkit::sim::{SimCluster, SimClusterOptions, TenstorrentNode, eventually};
+use ttdp_testkit::sim::{
+    SCENARIO_LABEL, SimCluster, SimClusterOptions, TenstorrentNode, eventually,
+};
 
 const NFD: &str = "feature.node.kubernetes.io/pci-1200_1e52.present";
 
@@ -58,6 +60,15 @@ async fn nodes_hosts_and_heartbeats() {
         .collect();
     names.sort();
     assert_eq!(names, tt, "only Tenstorrent nodes carry the NFD label");
+    let scenario = nodes
+        .list(&ListParams::default().labels(&format!("{SCENARIO_LABEL}={}", cluster.prefix())))
+        .await
+        .unwrap();
+    assert_eq!(
+        scenario.items.len(),
+        4,
+        "every node carries the scenario label"
+    );
     let prod = cluster.get_node(&tt[1]).await.unwrap();
     assert_eq!(prod.metadata.labels.as_ref().unwrap()["pool"], "prod");
     let capacity = prod.status.as_ref().unwrap().allocatable.clone().unwrap();

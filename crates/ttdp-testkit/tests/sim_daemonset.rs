@@ -18,7 +18,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
-use ttdp_testkit::sim::{SimCluster, SimClusterOptions, TenstorrentNode, eventually};
+use ttdp_testkit::sim::{
+    SCENARIO_LABEL, SimCluster, SimClusterOptions, TenstorrentNode, eventually,
+};
 
 const NFD: &str = "feature.node.kubernetes.io/pci-1200_1e52.present";
 const SKIP: &str = "driver.tenstorrent.com/skip";
@@ -32,7 +34,13 @@ fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
     }
 }
 
-fn daemonset(name: &str, terms: Vec<Vec<NodeSelectorRequirement>>, strategy: &str) -> DaemonSet {
+/// A DaemonSet kept to `cluster`'s own nodes (matters on a shared real cluster).
+fn daemonset(
+    cluster: &SimCluster,
+    name: &str,
+    terms: Vec<Vec<NodeSelectorRequirement>>,
+    strategy: &str,
+) -> DaemonSet {
     let labels = BTreeMap::from([("app".to_owned(), name.to_owned())]);
     DaemonSet {
         metadata: ObjectMeta {
@@ -50,6 +58,10 @@ fn daemonset(name: &str, terms: Vec<Vec<NodeSelectorRequirement>>, strategy: &st
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
+                    node_selector: Some(BTreeMap::from([(
+                        SCENARIO_LABEL.to_owned(),
+                        cluster.prefix().to_owned(),
+                    )])),
                     containers: vec![Container {
                         name: "agent".to_owned(),
                         image: Some("sim.invalid/agent:1".to_owned()),
@@ -164,7 +176,11 @@ async fn start(options: SimClusterOptions) -> SimCluster {
 async fn one_bound_owned_pod_per_matching_node_and_ready_status() {
     let cluster = start(SimClusterOptions::new().tenstorrent_nodes(3).plain_nodes(1)).await;
     let tt = cluster.tenstorrent_node_names();
-    let api = create(&cluster, daemonset("agent", installer_terms(), "OnDelete")).await;
+    let api = create(
+        &cluster,
+        daemonset(&cluster, "agent", installer_terms(), "OnDelete"),
+    )
+    .await;
     let pods = wait_nodes(&cluster, "agent", &tt).await;
 
     let ds = api.get("agent").await.unwrap();
@@ -236,7 +252,7 @@ async fn node_affinity_operators_select_nodes() {
         // nothing: fewer than 1 core does not exist here.
         vec![req("cores", "Lt", &["1"]), req("pool", "Exists", &[])],
     ];
-    create(&cluster, daemonset("picky", terms, "OnDelete")).await;
+    create(&cluster, daemonset(&cluster, "picky", terms, "OnDelete")).await;
     wait_nodes(&cluster, "picky", &[tt[0].clone(), tt[2].clone()]).await;
     // Relabelling a node moves it in: tt-3 gets 16 cores.
     patch_node(
@@ -264,8 +280,12 @@ async fn taints_need_tolerations_and_cordoned_nodes_keep_daemon_pods() {
     )
     .await;
     let tt = cluster.tenstorrent_node_names();
-    create(&cluster, daemonset("plain", installer_terms(), "OnDelete")).await;
-    let mut tolerant = daemonset("tolerant", installer_terms(), "OnDelete");
+    create(
+        &cluster,
+        daemonset(&cluster, "plain", installer_terms(), "OnDelete"),
+    )
+    .await;
+    let mut tolerant = daemonset(&cluster, "tolerant", installer_terms(), "OnDelete");
     tolerant
         .spec
         .as_mut()
@@ -322,7 +342,11 @@ async fn taints_need_tolerations_and_cordoned_nodes_keep_daemon_pods() {
 async fn the_skip_label_evicts_the_installer_pod_at_once() {
     let cluster = start(SimClusterOptions::new().tenstorrent_nodes(2)).await;
     let tt = cluster.tenstorrent_node_names();
-    create(&cluster, daemonset("agent", installer_terms(), "OnDelete")).await;
+    create(
+        &cluster,
+        daemonset(&cluster, "agent", installer_terms(), "OnDelete"),
+    )
+    .await;
     let pods = wait_nodes(&cluster, "agent", &tt).await;
     let victim = pods[&tt[1]].clone();
 
@@ -371,7 +395,11 @@ async fn bump_template(api: &Api<DaemonSet>, name: &str) {
 async fn on_delete_replaces_only_deleted_pods_from_the_current_template() {
     let cluster = start(SimClusterOptions::new().tenstorrent_nodes(2)).await;
     let tt = cluster.tenstorrent_node_names();
-    let api = create(&cluster, daemonset("agent", installer_terms(), "OnDelete")).await;
+    let api = create(
+        &cluster,
+        daemonset(&cluster, "agent", installer_terms(), "OnDelete"),
+    )
+    .await;
     let before = wait_nodes(&cluster, "agent", &tt).await;
     bump_template(&api, "agent").await;
     let generation = api.get("agent").await.unwrap().metadata.generation.unwrap();
@@ -448,7 +476,7 @@ async fn rolling_update_replaces_every_pod_one_at_a_time() {
     let tt = cluster.tenstorrent_node_names();
     let api = create(
         &cluster,
-        daemonset("agent", installer_terms(), "RollingUpdate"),
+        daemonset(&cluster, "agent", installer_terms(), "RollingUpdate"),
     )
     .await;
     let before = wait_nodes(&cluster, "agent", &tt).await;

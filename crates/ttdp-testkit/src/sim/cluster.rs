@@ -2,6 +2,25 @@
 //! when `TTDP_TEST_KUBECONFIG` is set, connects to that real cluster), registers simulated
 //! Tenstorrent and plain nodes with a simulated host each, runs the DaemonSet controller stand-in
 //! (simulation only) and the simulated kubelet, and cleans up what it created.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ttdp_testkit::sim::SimError> {
+//! use ttdp_testkit::sim::{SimCluster, SimClusterOptions, TenstorrentNode};
+//! let cluster = SimCluster::start(
+//!     SimClusterOptions::new()
+//!         .node(TenstorrentNode::new().loaded("2.7.0"))
+//!         .tenstorrent_nodes(2)
+//!         .plain_nodes(1)
+//!         .kmd_versions(&["2.8.0"])
+//!         // DaemonSet pods with this image run the agent binary cargo built.
+//!         .image("ghcr.io/tenstorrent/ttdp-agent", "target/debug/ttdp-agent")
+//!         .time_scale(0.1),
+//! )
+//! .await?;
+//! println!("KUBECONFIG={}", cluster.kubeconfig_path().display());
+//! cluster.shutdown().await?;
+//! # Ok(()) }
+//! ```
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,6 +54,9 @@ use crate::apiserver::{PodTermination, TestApiServer};
 
 /// The environment variable naming a real cluster's kubeconfig to run scenarios against.
 pub const REAL_CLUSTER_KUBECONFIG_ENV: &str = "TTDP_TEST_KUBECONFIG";
+/// Label on every node a scenario registers, valued with the scenario's prefix: a DaemonSet that
+/// selects it stays on the scenario's own nodes even in a shared real cluster.
+pub const SCENARIO_LABEL: &str = "sim.ttdp.tenstorrent.com/scenario";
 /// The kernel release of simulated hosts unless set otherwise.
 pub const DEFAULT_KERNEL_RELEASE: &str = "6.8.0-sim";
 
@@ -297,6 +319,8 @@ impl SimCluster {
                 create_host(dir.path(), &name, &options.kernel_release, tt, &kmd_repo).await?;
             let mut spec = SimNodeSpec::new(&name);
             spec.labels = tt.labels.clone();
+            spec.labels
+                .insert(SCENARIO_LABEL.to_owned(), prefix.clone());
             spec.labels.insert(
                 labels::NFD_TENSTORRENT.to_owned(),
                 labels::NFD_PRESENT.to_owned(),
@@ -320,7 +344,10 @@ impl SimCluster {
         }
         for i in 0..options.plain_nodes {
             let name = format!("{prefix}-cpu-{i}");
-            specs.push(SimNodeSpec::new(&name));
+            let mut spec = SimNodeSpec::new(&name);
+            spec.labels
+                .insert(SCENARIO_LABEL.to_owned(), prefix.clone());
+            specs.push(spec);
             nodes.push(SimNode { name, host: None });
         }
 

@@ -25,7 +25,7 @@ mod pod_worker;
 pub mod time_scale;
 pub mod workload;
 
-pub use cluster::{SimCluster, SimClusterOptions, SimNode, TenstorrentNode};
+pub use cluster::{SCENARIO_LABEL, SimCluster, SimClusterOptions, SimNode, TenstorrentNode};
 pub use daemonset::DaemonSetController;
 pub use error::SimError;
 pub use eventually::eventually;
