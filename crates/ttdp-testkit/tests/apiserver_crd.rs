@@ -32,7 +32,11 @@ async fn a_created_crd_is_established_and_served_in_discovery() {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     tokio::time::timeout(
         std::time::Duration::from_secs(5),
-        await_condition(crds, "widgets.example.com", conditions::is_crd_established()),
+        await_condition(
+            crds,
+            "widgets.example.com",
+            conditions::is_crd_established(),
+        ),
     )
     .await
     .unwrap()
@@ -43,9 +47,16 @@ async fn a_created_crd_is_established_and_served_in_discovery() {
         .flat_map(|g| g.recommended_resources())
         .find(|(ar, _)| ar.kind == "Widget")
         .expect("Widget discovered");
-    assert_eq!((ar.group.as_str(), ar.version.as_str(), ar.plural.as_str()), ("example.com", "v1", "widgets"));
+    assert_eq!(
+        (ar.group.as_str(), ar.version.as_str(), ar.plural.as_str()),
+        ("example.com", "v1", "widgets")
+    );
     assert_eq!(caps.scope, Scope::Cluster);
-    assert!(caps.subresources.iter().any(|(s, _)| s.plural == "status"), "{:?}", caps.subresources);
+    assert!(
+        caps.subresources.iter().any(|(s, _)| s.plural == "status"),
+        "{:?}",
+        caps.subresources
+    );
 }
 
 #[tokio::test]
@@ -55,10 +66,16 @@ async fn schema_defaults_are_applied_and_unknown_fields_pruned() {
     let ar = install_crd(&client, widget_crd()).await;
     let widgets: Api<DynamicObject> = Api::all_with(client, &ar);
     let created = widgets
-        .create(&PostParams::default(), &widget("w", json!({"version": "1.2.3", "bogus": true})))
+        .create(
+            &PostParams::default(),
+            &widget("w", json!({"version": "1.2.3", "bogus": true})),
+        )
         .await
         .unwrap();
-    assert_eq!(created.data["spec"], json!({"version": "1.2.3", "maxUnavailable": 1, "mode": "auto"}));
+    assert_eq!(
+        created.data["spec"],
+        json!({"version": "1.2.3", "maxUnavailable": 1, "mode": "auto"})
+    );
     assert_eq!(created.metadata.generation, Some(1));
 }
 
@@ -70,31 +87,72 @@ async fn schema_violations_are_422_invalid_with_causes_per_field() {
     let widgets: Api<DynamicObject> = Api::all_with(client, &ar);
     let err = api_error(
         widgets
-            .create(&PostParams::default(), &widget("w", json!({"version": "v1", "mode": "fast", "maxUnavailable": -1})))
+            .create(
+                &PostParams::default(),
+                &widget(
+                    "w",
+                    json!({"version": "v1", "mode": "fast", "maxUnavailable": -1}),
+                ),
+            )
             .await
             .unwrap_err(),
     );
     assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
-    assert!(err.message.starts_with("Widget.example.com \"w\" is invalid: ["), "{}", err.message);
+    assert!(
+        err.message
+            .starts_with("Widget.example.com \"w\" is invalid: ["),
+        "{}",
+        err.message
+    );
     let details = err.details.unwrap();
-    assert_eq!((details.name.as_str(), details.group.as_str(), details.kind.as_str()), ("w", "example.com", "Widget"));
-    let causes: Vec<(String, String, String)> =
-        details.causes.into_iter().map(|c| (c.reason, c.field, c.message)).collect();
-    assert!(causes.contains(&(
-        "FieldValueInvalid".into(),
-        "spec.version".into(),
-        "Invalid value: \"v1\": spec.version in body should match '^[0-9]+[.][0-9]+[.][0-9]+$'".into()
-    )), "{causes:?}");
-    assert!(causes.contains(&(
-        "FieldValueNotSupported".into(),
-        "spec.mode".into(),
-        "Unsupported value: \"fast\": supported values: \"auto\", \"manual\", \"locked\"".into()
-    )), "{causes:?}");
+    assert_eq!(
+        (
+            details.name.as_str(),
+            details.group.as_str(),
+            details.kind.as_str()
+        ),
+        ("w", "example.com", "Widget")
+    );
+    let causes: Vec<(String, String, String)> = details
+        .causes
+        .into_iter()
+        .map(|c| (c.reason, c.field, c.message))
+        .collect();
+    assert!(
+        causes.contains(&(
+            "FieldValueInvalid".into(),
+            "spec.version".into(),
+            "Invalid value: \"v1\": spec.version in body should match '^[0-9]+[.][0-9]+[.][0-9]+$'"
+                .into()
+        )),
+        "{causes:?}"
+    );
+    assert!(
+        causes.contains(&(
+            "FieldValueNotSupported".into(),
+            "spec.mode".into(),
+            "Unsupported value: \"fast\": supported values: \"auto\", \"manual\", \"locked\""
+                .into()
+        )),
+        "{causes:?}"
+    );
     assert!(causes.iter().any(|(_, f, m)| f == "spec.maxUnavailable" && m.contains("greater than or equal to 0")), "{causes:?}");
 
-    let missing = api_error(widgets.create(&PostParams::default(), &widget("w", json!({}))).await.unwrap_err());
+    let missing = api_error(
+        widgets
+            .create(&PostParams::default(), &widget("w", json!({})))
+            .await
+            .unwrap_err(),
+    );
     let cause = &missing.details.unwrap().causes[0];
-    assert_eq!((cause.reason.as_str(), cause.field.as_str(), cause.message.as_str()), ("FieldValueRequired", "spec.version", "Required value"));
+    assert_eq!(
+        (
+            cause.reason.as_str(),
+            cause.field.as_str(),
+            cause.message.as_str()
+        ),
+        ("FieldValueRequired", "spec.version", "Required value")
+    );
 }
 
 #[tokio::test]
@@ -105,31 +163,52 @@ async fn cel_rules_reject_invalid_objects_and_transition_rules_see_old_self() {
     let widgets: Api<DynamicObject> = Api::all_with(client, &ar);
     let err = api_error(
         widgets
-            .create(&PostParams::default(), &widget("w", json!({"version": "1.0.0", "maxUnavailable": 11})))
+            .create(
+                &PostParams::default(),
+                &widget("w", json!({"version": "1.0.0", "maxUnavailable": 11})),
+            )
             .await
             .unwrap_err(),
     );
     assert_eq!(err.code, 422);
     let cause = &err.details.unwrap().causes[0];
     assert_eq!(cause.field, "spec");
-    assert_eq!(cause.message, "Invalid value: \"object\": maxUnavailable must be at most 10");
+    assert_eq!(
+        cause.message,
+        "Invalid value: \"object\": maxUnavailable must be at most 10"
+    );
 
     // Transition rule: a locked widget cannot change mode; creating it locked is fine.
     widgets
-        .create(&PostParams::default(), &widget("w", json!({"version": "1.0.0", "mode": "locked"})))
+        .create(
+            &PostParams::default(),
+            &widget("w", json!({"version": "1.0.0", "mode": "locked"})),
+        )
         .await
         .unwrap();
     let err = api_error(
         widgets
-            .patch("w", &PatchParams::default(), &Patch::Merge(json!({"spec": {"mode": "auto"}})))
+            .patch(
+                "w",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"mode": "auto"}})),
+            )
             .await
             .unwrap_err(),
     );
     assert_eq!(err.code, 422);
-    assert!(err.message.contains("a locked widget cannot change mode"), "{}", err.message);
+    assert!(
+        err.message.contains("a locked widget cannot change mode"),
+        "{}",
+        err.message
+    );
     // Other changes pass and bump generation.
     let ok = widgets
-        .patch("w", &PatchParams::default(), &Patch::Merge(json!({"spec": {"version": "1.0.1"}})))
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"version": "1.0.1"}})),
+        )
         .await
         .unwrap();
     assert_eq!(ok.metadata.generation, Some(2));
@@ -141,10 +220,31 @@ async fn custom_resource_updates_need_a_resource_version() {
     let client = server.client().await.unwrap();
     let ar = install_crd(&client, widget_crd()).await;
     let widgets: Api<DynamicObject> = Api::all_with(client, &ar);
-    widgets.create(&PostParams::default(), &widget("w", json!({"version": "1.0.0"}))).await.unwrap();
-    let err = api_error(widgets.replace("w", &PostParams::default(), &widget("w", json!({"version": "1.0.1"}))).await.unwrap_err());
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget("w", json!({"version": "1.0.0"})),
+        )
+        .await
+        .unwrap();
+    let err = api_error(
+        widgets
+            .replace(
+                "w",
+                &PostParams::default(),
+                &widget("w", json!({"version": "1.0.1"})),
+            )
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(err.code, 422);
-    assert!(err.message.contains("metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"), "{}", err.message);
+    assert!(
+        err.message.contains(
+            "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+        ),
+        "{}",
+        err.message
+    );
 }
 
 #[tokio::test]
@@ -163,7 +263,11 @@ async fn namespaced_custom_resources_without_status_subresource_keep_status_on_t
     assert_eq!(created.metadata.namespace.as_deref(), Some("default"));
     // Without a status subresource, a status change is a spec-like change: generation moves.
     let after = gadgets
-        .patch("g", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Old"}})))
+        .patch(
+            "g",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Old"}})),
+        )
         .await
         .unwrap();
     assert_eq!(after.metadata.generation, Some(2));
@@ -177,12 +281,32 @@ async fn deleting_a_crd_removes_its_custom_resources_and_its_discovery_entry() {
     let client = server.client().await.unwrap();
     let ar = install_crd(&client, widget_crd()).await;
     let widgets: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-    widgets.create(&PostParams::default(), &widget("w", json!({"version": "1.0.0"}))).await.unwrap();
+    widgets
+        .create(
+            &PostParams::default(),
+            &widget("w", json!({"version": "1.0.0"})),
+        )
+        .await
+        .unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.delete("widgets.example.com", &DeleteParams::default()).await.unwrap();
-    eventually(5, || async { crds.get_opt("widgets.example.com").await.unwrap().is_none().then_some(()) }).await;
+    crds.delete("widgets.example.com", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(5, || async {
+        crds.get_opt("widgets.example.com")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
     let err = api_error(widgets.get("w").await.unwrap_err());
     assert_eq!(err.code, 404);
     let discovery = Discovery::new(client).run().await.unwrap();
-    assert!(!discovery.groups().flat_map(|g| g.recommended_resources()).any(|(ar, _)| ar.kind == "Widget"));
+    assert!(
+        !discovery
+            .groups()
+            .flat_map(|g| g.recommended_resources())
+            .any(|(ar, _)| ar.kind == "Widget")
+    );
 }

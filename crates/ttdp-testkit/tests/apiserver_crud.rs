@@ -21,13 +21,21 @@ fn api_error(e: kube::Error) -> kube::core::Status {
 async fn create_stamps_metadata_and_a_second_create_is_already_exists() {
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    let created = nodes.create(&PostParams::default(), &node("n1", json!({}))).await.unwrap();
+    let created = nodes
+        .create(&PostParams::default(), &node("n1", json!({})))
+        .await
+        .unwrap();
     let meta = &created.metadata;
     assert_eq!(meta.uid.as_ref().unwrap().len(), 36);
     assert!(meta.creation_timestamp.is_some());
     assert!(!meta.resource_version.as_deref().unwrap().is_empty());
 
-    let err = api_error(nodes.create(&PostParams::default(), &node("n1", json!({}))).await.unwrap_err());
+    let err = api_error(
+        nodes
+            .create(&PostParams::default(), &node("n1", json!({})))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(err.code, 409);
     assert_eq!(err.reason, "AlreadyExists");
     assert_eq!(err.message, "nodes \"n1\" already exists");
@@ -59,14 +67,21 @@ async fn get_of_a_missing_object_is_404_with_the_real_status_body() {
     assert_eq!((err.code, err.reason.as_str()), (404, "NotFound"));
     assert_eq!(err.message, "pods \"nope\" not found");
     let details = err.details.unwrap();
-    assert_eq!((details.name.as_str(), details.kind.as_str()), ("nope", "pods"));
+    assert_eq!(
+        (details.name.as_str(), details.kind.as_str()),
+        ("nope", "pods")
+    );
 }
 
 #[tokio::test]
 async fn create_in_a_missing_namespace_is_404_namespace_not_found() {
     let server = TestApiServer::start().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(server.client().await.unwrap(), "ghost");
-    let err = api_error(pods.create(&PostParams::default(), &pod("p", "n1", json!({}))).await.unwrap_err());
+    let err = api_error(
+        pods.create(&PostParams::default(), &pod("p", "n1", json!({})))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(err.code, 404);
     assert_eq!(err.message, "namespaces \"ghost\" not found");
 }
@@ -75,13 +90,24 @@ async fn create_in_a_missing_namespace_is_404_namespace_not_found() {
 async fn update_with_a_stale_resource_version_is_409_conflict() {
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    let first = nodes.create(&PostParams::default(), &node("n1", json!({}))).await.unwrap();
+    let first = nodes
+        .create(&PostParams::default(), &node("n1", json!({})))
+        .await
+        .unwrap();
     let mut a = first.clone();
     a.metadata.labels = Some([("a".to_string(), "1".to_string())].into());
-    nodes.replace("n1", &PostParams::default(), &a).await.unwrap();
+    nodes
+        .replace("n1", &PostParams::default(), &a)
+        .await
+        .unwrap();
     let mut b = first;
     b.metadata.labels = Some([("b".to_string(), "1".to_string())].into());
-    let err = api_error(nodes.replace("n1", &PostParams::default(), &b).await.unwrap_err());
+    let err = api_error(
+        nodes
+            .replace("n1", &PostParams::default(), &b)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
     assert_eq!(
         err.message,
@@ -98,13 +124,23 @@ async fn label_selectors_support_every_operator() {
         ("b", json!({"tier": "cpu", "zone": "2"})),
         ("c", json!({"tier": "gpu", "skip": "true"})),
     ] {
-        nodes.create(&PostParams::default(), &node(name, labels)).await.unwrap();
+        nodes
+            .create(&PostParams::default(), &node(name, labels))
+            .await
+            .unwrap();
     }
     let names = |sel: &'static str| {
         let nodes = nodes.clone();
         async move {
-            let list = nodes.list(&ListParams::default().labels(sel)).await.unwrap();
-            list.items.into_iter().map(|n| n.metadata.name.unwrap()).collect::<Vec<_>>().join(",")
+            let list = nodes
+                .list(&ListParams::default().labels(sel))
+                .await
+                .unwrap();
+            list.items
+                .into_iter()
+                .map(|n| n.metadata.name.unwrap())
+                .collect::<Vec<_>>()
+                .join(",")
         }
     };
     assert_eq!(names("tier=gpu").await, "a,c");
@@ -121,27 +157,51 @@ async fn field_selectors_filter_pods_by_node_phase_and_name() {
     let server = TestApiServer::start().await.unwrap();
     let client = server.client().await.unwrap();
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
-    pods.create(&PostParams::default(), &pod("p1", "n1", json!({}))).await.unwrap();
-    pods.create(&PostParams::default(), &pod("p2", "n2", json!({}))).await.unwrap();
-    pods.patch_status("p2", &PatchParams::default(), &Patch::Merge(json!({"status": {"phase": "Running"}})))
+    pods.create(&PostParams::default(), &pod("p1", "n1", json!({})))
         .await
         .unwrap();
+    pods.create(&PostParams::default(), &pod("p2", "n2", json!({})))
+        .await
+        .unwrap();
+    pods.patch_status(
+        "p2",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running"}})),
+    )
+    .await
+    .unwrap();
     let all: Api<Pod> = Api::all(client);
     let names = |sel: &'static str| {
         let all = all.clone();
         async move {
             let list = all.list(&ListParams::default().fields(sel)).await.unwrap();
-            list.items.into_iter().map(|n| n.metadata.name.unwrap()).collect::<Vec<_>>().join(",")
+            list.items
+                .into_iter()
+                .map(|n| n.metadata.name.unwrap())
+                .collect::<Vec<_>>()
+                .join(",")
         }
     };
     assert_eq!(names("spec.nodeName=n1").await, "p1");
     assert_eq!(names("status.phase=Running").await, "p2");
-    assert_eq!(names("status.phase!=Running,metadata.namespace=default").await, "p1");
+    assert_eq!(
+        names("status.phase!=Running,metadata.namespace=default").await,
+        "p1"
+    );
     assert_eq!(names("metadata.name=p2").await, "p2");
     // The real server rejects field labels a resource does not support.
-    let err = api_error(all.list(&ListParams::default().fields("spec.color=red")).await.unwrap_err());
+    let err = api_error(
+        all.list(&ListParams::default().fields("spec.color=red"))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(err.code, 400);
-    assert!(err.message.contains("field label not supported: spec.color"), "{}", err.message);
+    assert!(
+        err.message
+            .contains("field label not supported: spec.color"),
+        "{}",
+        err.message
+    );
 }
 
 #[tokio::test]
@@ -149,15 +209,25 @@ async fn limit_and_continue_page_through_a_list() {
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
     for i in 0..5 {
-        nodes.create(&PostParams::default(), &node(&format!("n{i}"), json!({}))).await.unwrap();
+        nodes
+            .create(&PostParams::default(), &node(&format!("n{i}"), json!({})))
+            .await
+            .unwrap();
     }
     let first = nodes.list(&ListParams::default().limit(2)).await.unwrap();
     assert_eq!(first.items.len(), 2);
     assert_eq!(first.metadata.remaining_item_count, Some(3));
     let token = first.metadata.continue_.clone().unwrap();
-    let second = nodes.list(&ListParams::default().limit(2).continue_token(&token)).await.unwrap();
+    let second = nodes
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
     let third = nodes
-        .list(&ListParams::default().limit(2).continue_token(second.metadata.continue_.as_deref().unwrap()))
+        .list(
+            &ListParams::default()
+                .limit(2)
+                .continue_token(second.metadata.continue_.as_deref().unwrap()),
+        )
         .await
         .unwrap();
     let names: Vec<String> = [first.items, second.items, third.items.clone()]
@@ -186,26 +256,43 @@ async fn status_subresource_splits_spec_and_status_and_generation_tracks_spec_on
     let created = ds_api.create(&PostParams::default(), &ds).await.unwrap();
     assert_eq!(created.metadata.generation, Some(1));
     assert_eq!(
-        created.spec.as_ref().unwrap().update_strategy.as_ref().unwrap().type_.as_deref(),
+        created
+            .spec
+            .as_ref()
+            .unwrap()
+            .update_strategy
+            .as_ref()
+            .unwrap()
+            .type_
+            .as_deref(),
         Some("RollingUpdate")
     );
 
     // A status write through the main resource is ignored; metadata changes keep generation.
     let p = Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}, "status": {"numberReady": 5}}));
-    let after = ds_api.patch("agent", &PatchParams::default(), &p).await.unwrap();
+    let after = ds_api
+        .patch("agent", &PatchParams::default(), &p)
+        .await
+        .unwrap();
     assert_eq!(after.metadata.generation, Some(1));
     assert_eq!(after.status.unwrap().number_ready, 0);
 
     // The status subresource changes status only, and does not bump generation.
     let p = Patch::Merge(json!({"spec": {"minReadySeconds": 9}, "status": {"numberReady": 5}}));
-    let after = ds_api.patch_status("agent", &PatchParams::default(), &p).await.unwrap();
+    let after = ds_api
+        .patch_status("agent", &PatchParams::default(), &p)
+        .await
+        .unwrap();
     assert_eq!(after.metadata.generation, Some(1));
     assert_eq!(after.status.unwrap().number_ready, 5);
     assert_eq!(after.spec.unwrap().min_ready_seconds, None);
 
     // A spec change bumps generation.
     let p = Patch::Merge(json!({"spec": {"minReadySeconds": 9}}));
-    let after = ds_api.patch("agent", &PatchParams::default(), &p).await.unwrap();
+    let after = ds_api
+        .patch("agent", &PatchParams::default(), &p)
+        .await
+        .unwrap();
     assert_eq!(after.metadata.generation, Some(2));
 }
 
@@ -213,7 +300,26 @@ async fn status_subresource_splits_spec_and_status_and_generation_tracks_spec_on
 async fn default_namespaces_exist_and_are_active() {
     let server = TestApiServer::start().await.unwrap();
     let ns: Api<Namespace> = Api::all(server.client().await.unwrap());
-    let names: Vec<String> = ns.list(&ListParams::default()).await.unwrap().items.into_iter().map(|n| n.metadata.name.unwrap()).collect();
-    assert_eq!(names, ["default", "kube-node-lease", "kube-public", "kube-system"]);
-    assert_eq!(ns.get("default").await.unwrap().status.unwrap().phase.as_deref(), Some("Active"));
+    let names: Vec<String> = ns
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|n| n.metadata.name.unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["default", "kube-node-lease", "kube-public", "kube-system"]
+    );
+    assert_eq!(
+        ns.get("default")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .phase
+            .as_deref(),
+        Some("Active")
+    );
 }

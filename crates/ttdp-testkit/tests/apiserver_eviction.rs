@@ -12,11 +12,18 @@ use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
 
 async fn running_ready_pods(pods: &Api<Pod>, names: &[&str], ready: bool) {
     for name in names {
-        pods.create(&PostParams::default(), &pod(name, "n1", json!({"app": "w"}))).await.unwrap();
+        pods.create(
+            &PostParams::default(),
+            &pod(name, "n1", json!({"app": "w"})),
+        )
+        .await
+        .unwrap();
         let status = json!({"status": {"phase": "Running", "conditions": [
             {"type": "Ready", "status": if ready { "True" } else { "False" }}
         ]}});
-        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap();
     }
 }
 
@@ -28,12 +35,19 @@ fn pdb(name: &str, spec: Value) -> PodDisruptionBudget {
 
 #[tokio::test]
 async fn eviction_without_a_budget_deletes_the_pod_gracefully() {
-    let server = TestApiServer::builder().pod_termination(PodTermination::Kubelet).start().await.unwrap();
+    let server = TestApiServer::builder()
+        .pod_termination(PodTermination::Kubelet)
+        .start()
+        .await
+        .unwrap();
     let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
     running_ready_pods(&pods, &["p1"], true).await;
     pods.evict("p1", &EvictParams::default()).await.unwrap();
     let p = pods.get("p1").await.unwrap();
-    assert!(p.metadata.deletion_timestamp.is_some(), "evicted = deleted with the pod's grace period");
+    assert!(
+        p.metadata.deletion_timestamp.is_some(),
+        "evicted = deleted with the pod's grace period"
+    );
 }
 
 #[tokio::test]
@@ -43,40 +57,81 @@ async fn eviction_that_would_break_the_budget_is_429_with_the_real_body() {
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
     running_ready_pods(&pods, &["p1", "p2"], true).await;
-    pdbs.create(&PostParams::default(), &pdb("budget", json!({"minAvailable": 2}))).await.unwrap();
+    pdbs.create(
+        &PostParams::default(),
+        &pdb("budget", json!({"minAvailable": 2})),
+    )
+    .await
+    .unwrap();
 
     let err = match pods.evict("p1", &EvictParams::default()).await.unwrap_err() {
         kube::Error::Api(s) => s,
         other => panic!("{other:?}"),
     };
     assert_eq!((err.code, err.reason.as_str()), (429, "TooManyRequests"));
-    assert_eq!(err.message, "Cannot evict pod as it would violate the pod's disruption budget.");
+    assert_eq!(
+        err.message,
+        "Cannot evict pod as it would violate the pod's disruption budget."
+    );
     let cause = &err.details.unwrap().causes[0];
     assert_eq!(cause.reason, "DisruptionBudget");
-    assert_eq!(cause.message, "The disruption budget budget needs 2 healthy pods and has 2 currently");
-    assert!(pods.get("p1").await.unwrap().metadata.deletion_timestamp.is_none());
+    assert_eq!(
+        cause.message,
+        "The disruption budget budget needs 2 healthy pods and has 2 currently"
+    );
+    assert!(
+        pods.get("p1")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
 
     let status = eventually(5, || async {
-        pdbs.get("budget").await.unwrap().status.filter(|s| s.expected_pods == 2)
+        pdbs.get("budget")
+            .await
+            .unwrap()
+            .status
+            .filter(|s| s.expected_pods == 2)
     })
     .await;
-    assert_eq!((status.current_healthy, status.desired_healthy, status.disruptions_allowed), (2, 2, 0));
+    assert_eq!(
+        (
+            status.current_healthy,
+            status.desired_healthy,
+            status.disruptions_allowed
+        ),
+        (2, 2, 0)
+    );
     assert_eq!(status.observed_generation, Some(1));
 }
 
 #[tokio::test]
 async fn max_unavailable_percent_allows_exactly_one_eviction() {
-    let server = TestApiServer::builder().pod_termination(PodTermination::Kubelet).start().await.unwrap();
+    let server = TestApiServer::builder()
+        .pod_termination(PodTermination::Kubelet)
+        .start()
+        .await
+        .unwrap();
     let client = server.client().await.unwrap();
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
     running_ready_pods(&pods, &["p1", "p2", "p3"], true).await;
     // 33% of 3 pods rounds up to 1 (the disruption controller rounds percentages up).
-    pdbs.create(&PostParams::default(), &pdb("budget", json!({"maxUnavailable": "33%"}))).await.unwrap();
+    pdbs.create(
+        &PostParams::default(),
+        &pdb("budget", json!({"maxUnavailable": "33%"})),
+    )
+    .await
+    .unwrap();
     pods.evict("p1", &EvictParams::default()).await.unwrap();
     // p1 is terminating, hence no longer healthy: the budget is spent.
     let err = pods.evict("p2", &EvictParams::default()).await.unwrap_err();
-    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 429), "{err:?}");
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 429),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -88,10 +143,21 @@ async fn an_unready_pod_can_be_evicted_while_the_budget_is_met() {
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
     running_ready_pods(&pods, &["ok1"], true).await;
     running_ready_pods(&pods, &["sick"], false).await;
-    pdbs.create(&PostParams::default(), &pdb("budget", json!({"minAvailable": 1}))).await.unwrap();
+    pdbs.create(
+        &PostParams::default(),
+        &pdb("budget", json!({"minAvailable": 1})),
+    )
+    .await
+    .unwrap();
     pods.evict("sick", &EvictParams::default()).await.unwrap();
-    let err = pods.evict("ok1", &EvictParams::default()).await.unwrap_err();
-    assert!(matches!(err, kube::Error::Api(ref s) if s.code == 429), "{err:?}");
+    let err = pods
+        .evict("ok1", &EvictParams::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 429),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -101,12 +167,26 @@ async fn a_pod_covered_by_two_budgets_cannot_be_evicted() {
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
     running_ready_pods(&pods, &["p1", "p2"], true).await;
-    pdbs.create(&PostParams::default(), &pdb("a", json!({"minAvailable": 0}))).await.unwrap();
-    pdbs.create(&PostParams::default(), &pdb("b", json!({"minAvailable": 0}))).await.unwrap();
+    pdbs.create(
+        &PostParams::default(),
+        &pdb("a", json!({"minAvailable": 0})),
+    )
+    .await
+    .unwrap();
+    pdbs.create(
+        &PostParams::default(),
+        &pdb("b", json!({"minAvailable": 0})),
+    )
+    .await
+    .unwrap();
     match pods.evict("p1", &EvictParams::default()).await.unwrap_err() {
         kube::Error::Api(s) => {
             assert_eq!(s.code, 500);
-            assert!(s.message.contains("more than one PodDisruptionBudget"), "{}", s.message);
+            assert!(
+                s.message.contains("more than one PodDisruptionBudget"),
+                "{}",
+                s.message
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -118,7 +198,17 @@ async fn evicting_a_pending_pod_ignores_budgets() {
     let client = server.client().await.unwrap();
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
-    pods.create(&PostParams::default(), &pod("p1", "n1", json!({"app": "w"}))).await.unwrap();
-    pdbs.create(&PostParams::default(), &pdb("budget", json!({"minAvailable": 5}))).await.unwrap();
+    pods.create(
+        &PostParams::default(),
+        &pod("p1", "n1", json!({"app": "w"})),
+    )
+    .await
+    .unwrap();
+    pdbs.create(
+        &PostParams::default(),
+        &pdb("budget", json!({"minAvailable": 5})),
+    )
+    .await
+    .unwrap();
     pods.evict("p1", &EvictParams::default()).await.unwrap();
 }

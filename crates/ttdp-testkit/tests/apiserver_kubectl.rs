@@ -30,7 +30,11 @@ struct Output {
 
 impl Kubectl {
     fn new(server: &TestApiServer) -> Self {
-        Self { bin: kubectl(), kubeconfig: server.kubeconfig_path().to_path_buf(), cache: tempfile::tempdir().unwrap() }
+        Self {
+            bin: kubectl(),
+            kubeconfig: server.kubeconfig_path().to_path_buf(),
+            cache: tempfile::tempdir().unwrap(),
+        }
     }
 
     fn command(&self, args: &[&str]) -> tokio::process::Command {
@@ -70,7 +74,11 @@ impl Kubectl {
     /// Run and require success, returning stdout.
     async fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args).await;
-        assert_eq!(out.code, 0, "kubectl {args:?} failed: {}{}", out.stdout, out.stderr);
+        assert_eq!(
+            out.code, 0,
+            "kubectl {args:?} failed: {}{}",
+            out.stdout, out.stderr
+        );
         out.stdout
     }
 
@@ -102,16 +110,35 @@ async fn kubectl_get_prints_tables_and_reports_not_found() {
     assert_eq!(k.apply(&[], NODE).await.code, 0);
     let table = k.ok(&["get", "nodes"]).await;
     let lines: Vec<&str> = table.lines().collect();
-    assert!(lines[0].starts_with("NAME") && lines[0].contains("STATUS") && lines[0].contains("ROLES"), "{table}");
-    assert!(lines[1].starts_with("n1") && lines[1].contains("Ready"), "{table}");
-    assert_eq!(k.ok(&["get", "nodes", "-l", "pool=a", "-o", "name"]).await.trim(), "node/n1");
-    assert_eq!(k.ok(&["get", "nodes", "-l", "pool=b", "-o", "name"]).await.trim(), "");
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("STATUS") && lines[0].contains("ROLES"),
+        "{table}"
+    );
+    assert!(
+        lines[1].starts_with("n1") && lines[1].contains("Ready"),
+        "{table}"
+    );
+    assert_eq!(
+        k.ok(&["get", "nodes", "-l", "pool=a", "-o", "name"])
+            .await
+            .trim(),
+        "node/n1"
+    );
+    assert_eq!(
+        k.ok(&["get", "nodes", "-l", "pool=b", "-o", "name"])
+            .await
+            .trim(),
+        ""
+    );
     let ns = k.ok(&["get", "ns"]).await;
     assert!(ns.contains("kube-system") && ns.contains("Active"), "{ns}");
 
     let missing = k.run(&["get", "node", "ghost"]).await;
     assert_eq!(missing.code, 1);
-    assert_eq!(missing.stderr.trim(), "Error from server (NotFound): nodes \"ghost\" not found");
+    assert_eq!(
+        missing.stderr.trim(),
+        "Error from server (NotFound): nodes \"ghost\" not found"
+    );
 }
 
 #[tokio::test]
@@ -120,13 +147,29 @@ async fn kubectl_apply_creates_configures_and_prunes_with_last_applied() {
     let k = Kubectl::new(&server);
     let first = k.apply(&[], &pod_yaml("p1")).await;
     assert_eq!(first.stdout.trim(), "pod/p1 created", "{}", first.stderr);
-    assert_eq!(k.apply(&[], &pod_yaml("p1")).await.stdout.trim(), "pod/p1 unchanged");
+    assert_eq!(
+        k.apply(&[], &pod_yaml("p1")).await.stdout.trim(),
+        "pod/p1 unchanged"
+    );
     let changed = pod_yaml("p1").replace("    app: w\n", "    app: w\n    extra: x\n");
-    assert_eq!(k.apply(&[], &changed).await.stdout.trim(), "pod/p1 configured");
-    assert_eq!(k.json(&["get", "pod", "p1"]).await["metadata"]["labels"]["extra"], "x");
+    assert_eq!(
+        k.apply(&[], &changed).await.stdout.trim(),
+        "pod/p1 configured"
+    );
+    assert_eq!(
+        k.json(&["get", "pod", "p1"]).await["metadata"]["labels"]["extra"],
+        "x"
+    );
     // Dropping the label from the file removes it (three-way merge via last-applied).
-    assert_eq!(k.apply(&[], &pod_yaml("p1")).await.stdout.trim(), "pod/p1 configured");
-    assert!(k.json(&["get", "pod", "p1"]).await["metadata"]["labels"].get("extra").is_none());
+    assert_eq!(
+        k.apply(&[], &pod_yaml("p1")).await.stdout.trim(),
+        "pod/p1 configured"
+    );
+    assert!(
+        k.json(&["get", "pod", "p1"]).await["metadata"]["labels"]
+            .get("extra")
+            .is_none()
+    );
 }
 
 #[tokio::test]
@@ -134,21 +177,49 @@ async fn kubectl_server_side_apply_detects_conflicts_and_forces() {
     let server = TestApiServer::start().await.unwrap();
     let k = Kubectl::new(&server);
     let out = k.apply(&["--server-side"], NODE).await;
-    assert_eq!(out.stdout.trim(), "node/n1 serverside-applied", "{}", out.stderr);
+    assert_eq!(
+        out.stdout.trim(),
+        "node/n1 serverside-applied",
+        "{}",
+        out.stderr
+    );
     let other = NODE.replace("pool: a", "pool: b");
-    let conflict = k.apply(&["--server-side", "--field-manager", "someone-else"], &other).await;
+    let conflict = k
+        .apply(
+            &["--server-side", "--field-manager", "someone-else"],
+            &other,
+        )
+        .await;
     assert_ne!(conflict.code, 0);
     assert!(
-        conflict.stderr.contains("Apply failed with 1 conflict: conflict with \"kubectl\": .metadata.labels.pool"),
+        conflict.stderr.contains(
+            "Apply failed with 1 conflict: conflict with \"kubectl\": .metadata.labels.pool"
+        ),
         "{}",
         conflict.stderr
     );
-    let forced = k.apply(&["--server-side", "--field-manager", "someone-else", "--force-conflicts"], &other).await;
+    let forced = k
+        .apply(
+            &[
+                "--server-side",
+                "--field-manager",
+                "someone-else",
+                "--force-conflicts",
+            ],
+            &other,
+        )
+        .await;
     assert_eq!(forced.code, 0, "{}", forced.stderr);
-    let node = k.json(&["get", "node", "n1", "--show-managed-fields"]).await;
+    let node = k
+        .json(&["get", "node", "n1", "--show-managed-fields"])
+        .await;
     assert_eq!(node["metadata"]["labels"]["pool"], "b");
-    let managers: Vec<&str> =
-        node["metadata"]["managedFields"].as_array().unwrap().iter().map(|m| m["manager"].as_str().unwrap()).collect();
+    let managers: Vec<&str> = node["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["manager"].as_str().unwrap())
+        .collect();
     assert!(managers.contains(&"someone-else"), "{managers:?}");
 }
 
@@ -158,11 +229,40 @@ async fn kubectl_patch_label_annotate_cordon_and_uncordon() {
     let k = Kubectl::new(&server);
     k.apply(&[], NODE).await;
     k.apply(&[], &pod_yaml("p1")).await;
-    k.ok(&["patch", "node", "n1", "-p", r#"{"metadata":{"labels":{"merge":"yes"}}}"#]).await;
-    k.ok(&["patch", "node", "n1", "--type=merge", "-p", r#"{"metadata":{"labels":{"m2":"yes"}}}"#]).await;
-    k.ok(&["patch", "node", "n1", "--type=json", "-p", r#"[{"op":"add","path":"/metadata/labels/j","value":"yes"}]"#])
-        .await;
-    k.ok(&["patch", "pod", "p1", "-p", r#"{"spec":{"containers":[{"name":"c","image":"busybox:1.37"}]}}"#]).await;
+    k.ok(&[
+        "patch",
+        "node",
+        "n1",
+        "-p",
+        r#"{"metadata":{"labels":{"merge":"yes"}}}"#,
+    ])
+    .await;
+    k.ok(&[
+        "patch",
+        "node",
+        "n1",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"m2":"yes"}}}"#,
+    ])
+    .await;
+    k.ok(&[
+        "patch",
+        "node",
+        "n1",
+        "--type=json",
+        "-p",
+        r#"[{"op":"add","path":"/metadata/labels/j","value":"yes"}]"#,
+    ])
+    .await;
+    k.ok(&[
+        "patch",
+        "pod",
+        "p1",
+        "-p",
+        r#"{"spec":{"containers":[{"name":"c","image":"busybox:1.37"}]}}"#,
+    ])
+    .await;
     k.ok(&["label", "node", "n1", "l=1"]).await;
     k.ok(&["annotate", "node", "n1", "a=1"]).await;
     k.ok(&["label", "node", "n1", "pool-"]).await;
@@ -174,14 +274,29 @@ async fn kubectl_patch_label_annotate_cordon_and_uncordon() {
     assert!(labels.get("pool").is_none());
     assert_eq!(node["metadata"]["annotations"]["a"], "1");
     let pod = k.json(&["get", "pod", "p1"]).await;
-    assert_eq!(pod["spec"]["containers"].as_array().unwrap().len(), 1, "strategic merge by name, not append");
+    assert_eq!(
+        pod["spec"]["containers"].as_array().unwrap().len(),
+        1,
+        "strategic merge by name, not append"
+    );
     assert_eq!(pod["spec"]["containers"][0]["image"], "busybox:1.37");
 
     assert_eq!(k.ok(&["cordon", "n1"]).await.trim(), "node/n1 cordoned");
-    assert_eq!(k.json(&["get", "node", "n1"]).await["spec"]["unschedulable"], true);
-    assert!(k.ok(&["get", "node", "n1"]).await.contains("Ready,SchedulingDisabled"));
+    assert_eq!(
+        k.json(&["get", "node", "n1"]).await["spec"]["unschedulable"],
+        true
+    );
+    assert!(
+        k.ok(&["get", "node", "n1"])
+            .await
+            .contains("Ready,SchedulingDisabled")
+    );
     assert_eq!(k.ok(&["uncordon", "n1"]).await.trim(), "node/n1 uncordoned");
-    assert!(k.json(&["get", "node", "n1"]).await["spec"].get("unschedulable").is_none());
+    assert!(
+        k.json(&["get", "node", "n1"]).await["spec"]
+            .get("unschedulable")
+            .is_none()
+    );
 }
 
 #[tokio::test]
@@ -194,30 +309,70 @@ async fn kubectl_drain_is_blocked_by_a_disruption_budget_and_succeeds_once_it_al
     for name in ["p1", "p2"] {
         k.apply(&[], &pod_yaml(name)).await;
         let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
-        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap();
     }
     let pdb = "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: keep-two\nspec:\n  minAvailable: 2\n  selector:\n    matchLabels:\n      app: w\n";
     assert_eq!(k.apply(&[], pdb).await.code, 0);
 
     // Bare pods need --force, as with a real cluster.
     let blocked = k.run(&["drain", "n1", "--force", "--timeout=3s"]).await;
-    assert_ne!(blocked.code, 0, "drain must not succeed: {}", blocked.stdout);
+    assert_ne!(
+        blocked.code, 0,
+        "drain must not succeed: {}",
+        blocked.stdout
+    );
     assert!(
-        blocked.stderr.contains("Cannot evict pod as it would violate the pod's disruption budget."),
+        blocked
+            .stderr
+            .contains("Cannot evict pod as it would violate the pod's disruption budget."),
         "{}",
         blocked.stderr
     );
-    assert_eq!(pods.list(&Default::default()).await.unwrap().items.len(), 2, "nothing was evicted");
+    assert_eq!(
+        pods.list(&Default::default()).await.unwrap().items.len(),
+        2,
+        "nothing was evicted"
+    );
     let nodes: Api<Node> = Api::all(client);
-    assert_eq!(nodes.get("n1").await.unwrap().spec.unwrap().unschedulable, Some(true), "drain cordons first");
+    assert_eq!(
+        nodes.get("n1").await.unwrap().spec.unwrap().unschedulable,
+        Some(true),
+        "drain cordons first"
+    );
 
-    k.ok(&["patch", "pdb", "keep-two", "--type=merge", "-p", r#"{"spec":{"minAvailable":0}}"#]).await;
+    k.ok(&[
+        "patch",
+        "pdb",
+        "keep-two",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"minAvailable":0}}"#,
+    ])
+    .await;
     let drained = k.run(&["drain", "n1", "--force", "--timeout=30s"]).await;
     assert_eq!(drained.code, 0, "{}{}", drained.stdout, drained.stderr);
-    assert!(drained.stdout.contains("node/n1 drained"), "{}", drained.stdout);
-    assert!(drained.stdout.contains("pod/p1 evicted") && drained.stdout.contains("pod/p2 evicted"), "{}", drained.stdout);
-    assert!(pods.list(&Default::default()).await.unwrap().items.is_empty());
-    let evictions = server.recorder().filter(|r| r.subresource == "eviction" && r.status == 201);
+    assert!(
+        drained.stdout.contains("node/n1 drained"),
+        "{}",
+        drained.stdout
+    );
+    assert!(
+        drained.stdout.contains("pod/p1 evicted") && drained.stdout.contains("pod/p2 evicted"),
+        "{}",
+        drained.stdout
+    );
+    assert!(
+        pods.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let evictions = server
+        .recorder()
+        .filter(|r| r.subresource == "eviction" && r.status == 201);
     assert_eq!(evictions.len(), 2);
 }
 
@@ -228,9 +383,15 @@ async fn kubectl_delete_waits_for_graceful_deletion() {
     k.apply(&[], &pod_yaml("p1")).await;
     k.apply(&[], NODE).await;
     // kubectl waits until the pod is gone; the server completes the graceful deletion.
-    assert_eq!(k.ok(&["delete", "pod", "p1", "--timeout=20s"]).await.trim(), "pod \"p1\" deleted from default namespace");
+    assert_eq!(
+        k.ok(&["delete", "pod", "p1", "--timeout=20s"]).await.trim(),
+        "pod \"p1\" deleted from default namespace"
+    );
     assert_eq!(k.run(&["get", "pod", "p1"]).await.code, 1);
-    assert_eq!(k.ok(&["delete", "node", "n1"]).await.trim(), "node \"n1\" deleted");
+    assert_eq!(
+        k.ok(&["delete", "node", "n1"]).await.trim(),
+        "node \"n1\" deleted"
+    );
 }
 
 #[tokio::test]
@@ -253,7 +414,9 @@ async fn kubectl_get_watch_streams_new_objects() {
             }
         }
     };
-    tokio::time::timeout(Duration::from_secs(30), read).await.expect("watch shows n2 within 30s");
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("watch shows n2 within 30s");
     assert!(seen[0].starts_with("NAME"), "{seen:?}");
     child.kill().await.unwrap();
 }
@@ -264,7 +427,12 @@ async fn kubectl_applies_a_crd_and_its_custom_resources_with_validation_errors_s
     let k = Kubectl::new(&server);
     let crd = serde_json::to_string(&widget_crd()).unwrap();
     let out = k.apply(&[], &crd).await;
-    assert_eq!(out.stdout.trim(), "customresourcedefinition.apiextensions.k8s.io/widgets.example.com created", "{}", out.stderr);
+    assert_eq!(
+        out.stdout.trim(),
+        "customresourcedefinition.apiextensions.k8s.io/widgets.example.com created",
+        "{}",
+        out.stderr
+    );
     let w = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w1\nspec:\n  version: 1.2.3\n";
     // kubectl may race discovery right after the CRD appears; retry like a user would.
     let created = eventually(10, || async {
@@ -274,12 +442,29 @@ async fn kubectl_applies_a_crd_and_its_custom_resources_with_validation_errors_s
     .await;
     assert_eq!(created.trim(), "widget.example.com/w1 created");
     let table = k.ok(&["get", "widgets"]).await;
-    assert!(table.lines().next().unwrap().contains("VERSION"), "printer columns: {table}");
+    assert!(
+        table.lines().next().unwrap().contains("VERSION"),
+        "printer columns: {table}"
+    );
     assert!(table.contains("1.2.3"), "{table}");
     let bad = k.apply(&[], &w.replace("1.2.3", "one")).await;
     assert_ne!(bad.code, 0);
-    assert!(bad.stderr.contains("spec.version in body should match"), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("spec.version in body should match"),
+        "{}",
+        bad.stderr
+    );
     let ssa = k.apply(&["--server-side"], &w.replace("w1", "w2")).await;
-    assert_eq!(ssa.stdout.trim(), "widget.example.com/w2 serverside-applied", "{}", ssa.stderr);
-    assert!(k.ok(&["get", "wd", "-o", "name"]).await.contains("widget.example.com/w2"), "short names work");
+    assert_eq!(
+        ssa.stdout.trim(),
+        "widget.example.com/w2 serverside-applied",
+        "{}",
+        ssa.stderr
+    );
+    assert!(
+        k.ok(&["get", "wd", "-o", "name"])
+            .await
+            .contains("widget.example.com/w2"),
+        "short names work"
+    );
 }

@@ -21,7 +21,7 @@ async fn gone<K>(api: &Api<K>, name: &str) -> bool
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    matches!(api.get_opt(name).await.unwrap(), None)
+    api.get_opt(name).await.unwrap().is_none()
 }
 
 fn configmap(name: &str, owner: Option<(&str, &str, bool)>) -> ConfigMap {
@@ -38,17 +38,40 @@ fn configmap(name: &str, owner: Option<(&str, &str, bool)>) -> ConfigMap {
 async fn a_bound_pod_terminates_gracefully_and_the_kubelet_completes_the_deletion() {
     // Mirrors the real server: a pod on a node gets deletionTimestamp + grace period and stays
     // until its kubelet deletes it with grace period 0.
-    let server = TestApiServer::builder().pod_termination(PodTermination::Kubelet).start().await.unwrap();
+    let server = TestApiServer::builder()
+        .pod_termination(PodTermination::Kubelet)
+        .start()
+        .await
+        .unwrap();
     let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
-    pods.create(&PostParams::default(), &pod("p1", "n1", json!({}))).await.unwrap();
-    let pending = pods.delete("p1", &DeleteParams::default()).await.unwrap().left().expect("pod still present");
+    pods.create(&PostParams::default(), &pod("p1", "n1", json!({})))
+        .await
+        .unwrap();
+    let pending = pods
+        .delete("p1", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .expect("pod still present");
     assert!(pending.metadata.deletion_timestamp.is_some());
     assert_eq!(pending.metadata.deletion_grace_period_seconds, Some(30));
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(!gone(&pods, "p1").await, "nobody but the kubelet removes it");
+    assert!(
+        !gone(&pods, "p1").await,
+        "nobody but the kubelet removes it"
+    );
 
     // The kubelet's final delete.
-    let done = pods.delete("p1", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    let done = pods
+        .delete(
+            "p1",
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     assert!(done.is_right(), "grace period 0 removes it at once");
     assert!(gone(&pods, "p1").await);
 }
@@ -57,19 +80,35 @@ async fn a_bound_pod_terminates_gracefully_and_the_kubelet_completes_the_deletio
 async fn without_a_kubelet_the_server_completes_graceful_deletion_itself() {
     let server = TestApiServer::start().await.unwrap();
     let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
-    pods.create(&PostParams::default(), &pod("p1", "n1", json!({}))).await.unwrap();
-    assert!(pods.delete("p1", &DeleteParams::default()).await.unwrap().is_left());
+    pods.create(&PostParams::default(), &pod("p1", "n1", json!({})))
+        .await
+        .unwrap();
+    assert!(
+        pods.delete("p1", &DeleteParams::default())
+            .await
+            .unwrap()
+            .is_left()
+    );
     eventually(5, || async { gone(&pods, "p1").await.then_some(()) }).await;
 }
 
 #[tokio::test]
 async fn an_unscheduled_pod_is_deleted_immediately() {
-    let server = TestApiServer::builder().pod_termination(PodTermination::Kubelet).start().await.unwrap();
+    let server = TestApiServer::builder()
+        .pod_termination(PodTermination::Kubelet)
+        .start()
+        .await
+        .unwrap();
     let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
     let mut p = pod("p1", "n1", json!({}));
     p.spec.as_mut().unwrap().node_name = None;
     pods.create(&PostParams::default(), &p).await.unwrap();
-    assert!(pods.delete("p1", &DeleteParams::default()).await.unwrap().is_right());
+    assert!(
+        pods.delete("p1", &DeleteParams::default())
+            .await
+            .unwrap()
+            .is_right()
+    );
     assert!(gone(&pods, "p1").await);
 }
 
@@ -80,16 +119,35 @@ async fn finalizers_hold_a_deleted_object_until_removed_and_cannot_be_added_mean
     let mut n = node("n1", json!({}));
     n.metadata.finalizers = Some(vec!["example.com/hold".into()]);
     nodes.create(&PostParams::default(), &n).await.unwrap();
-    let held = nodes.delete("n1", &DeleteParams::default()).await.unwrap().left().unwrap();
+    let held = nodes
+        .delete("n1", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
     assert!(held.metadata.deletion_timestamp.is_some());
 
-    let add = Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold", "example.com/more"]}}));
-    let err = api_error(nodes.patch("n1", &PatchParams::default(), &add).await.unwrap_err());
+    let add =
+        Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold", "example.com/more"]}}));
+    let err = api_error(
+        nodes
+            .patch("n1", &PatchParams::default(), &add)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(err.code, 422);
-    assert!(err.message.contains("no new finalizers can be added if the object is being deleted"), "{}", err.message);
+    assert!(
+        err.message
+            .contains("no new finalizers can be added if the object is being deleted"),
+        "{}",
+        err.message
+    );
 
     let remove = Patch::Merge(json!({"metadata": {"finalizers": null}}));
-    nodes.patch("n1", &PatchParams::default(), &remove).await.unwrap();
+    nodes
+        .patch("n1", &PatchParams::default(), &remove)
+        .await
+        .unwrap();
     assert!(gone(&nodes, "n1").await);
 }
 
@@ -97,21 +155,41 @@ async fn finalizers_hold_a_deleted_object_until_removed_and_cannot_be_added_mean
 async fn background_deletion_collects_dependents_after_the_owner_is_gone() {
     let server = TestApiServer::start().await.unwrap();
     let cms: Api<ConfigMap> = Api::default_namespaced(server.client().await.unwrap());
-    let owner = cms.create(&PostParams::default(), &configmap("owner", None)).await.unwrap();
+    let owner = cms
+        .create(&PostParams::default(), &configmap("owner", None))
+        .await
+        .unwrap();
     let uid = owner.metadata.uid.unwrap();
-    cms.create(&PostParams::default(), &configmap("dep", Some(("owner", &uid, false)))).await.unwrap();
-    cms.delete("owner", &DeleteParams::background()).await.unwrap();
-    assert!(gone(&cms, "owner").await, "background: the owner goes first");
+    cms.create(
+        &PostParams::default(),
+        &configmap("dep", Some(("owner", &uid, false))),
+    )
+    .await
+    .unwrap();
+    cms.delete("owner", &DeleteParams::background())
+        .await
+        .unwrap();
+    assert!(
+        gone(&cms, "owner").await,
+        "background: the owner goes first"
+    );
     eventually(5, || async { gone(&cms, "dep").await.then_some(()) }).await;
 }
 
 #[tokio::test]
 async fn foreground_deletion_keeps_the_owner_until_blocking_dependents_are_gone() {
-    let server = TestApiServer::builder().pod_termination(PodTermination::Kubelet).start().await.unwrap();
+    let server = TestApiServer::builder()
+        .pod_termination(PodTermination::Kubelet)
+        .start()
+        .await
+        .unwrap();
     let client = server.client().await.unwrap();
     let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
     let pods: Api<Pod> = Api::default_namespaced(client);
-    let owner = cms.create(&PostParams::default(), &configmap("owner", None)).await.unwrap();
+    let owner = cms
+        .create(&PostParams::default(), &configmap("owner", None))
+        .await
+        .unwrap();
     let uid = owner.metadata.uid.unwrap();
     let mut p = pod("dep", "n1", json!({}));
     p.metadata.owner_references = Some(vec![serde_json::from_value(json!({
@@ -120,15 +198,34 @@ async fn foreground_deletion_keeps_the_owner_until_blocking_dependents_are_gone(
     .unwrap()]);
     pods.create(&PostParams::default(), &p).await.unwrap();
 
-    let held = cms.delete("owner", &DeleteParams::foreground()).await.unwrap().left().unwrap();
+    let held = cms
+        .delete("owner", &DeleteParams::foreground())
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
     assert_eq!(held.metadata.finalizers.unwrap(), ["foregroundDeletion"]);
     // The dependent pod is being deleted but is still terminating, so the owner stays.
     eventually(5, || async {
-        pods.get("dep").await.unwrap().metadata.deletion_timestamp.is_some().then_some(())
+        pods.get("dep")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+            .then_some(())
     })
     .await;
     assert!(!gone(&cms, "owner").await);
-    pods.delete("dep", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() }).await.unwrap();
+    pods.delete(
+        "dep",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     eventually(5, || async { gone(&cms, "owner").await.then_some(()) }).await;
 }
 
@@ -136,10 +233,21 @@ async fn foreground_deletion_keeps_the_owner_until_blocking_dependents_are_gone(
 async fn orphan_deletion_leaves_dependents_without_the_owner_reference() {
     let server = TestApiServer::start().await.unwrap();
     let cms: Api<ConfigMap> = Api::default_namespaced(server.client().await.unwrap());
-    let owner = cms.create(&PostParams::default(), &configmap("owner", None)).await.unwrap();
+    let owner = cms
+        .create(&PostParams::default(), &configmap("owner", None))
+        .await
+        .unwrap();
     let uid = owner.metadata.uid.unwrap();
-    cms.create(&PostParams::default(), &configmap("dep", Some(("owner", &uid, false)))).await.unwrap();
-    let dp = DeleteParams { propagation_policy: Some(PropagationPolicy::Orphan), ..Default::default() };
+    cms.create(
+        &PostParams::default(),
+        &configmap("dep", Some(("owner", &uid, false))),
+    )
+    .await
+    .unwrap();
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Orphan),
+        ..Default::default()
+    };
     cms.delete("owner", &dp).await.unwrap();
     eventually(5, || async { gone(&cms, "owner").await.then_some(()) }).await;
     let dep = cms.get("dep").await.unwrap();
@@ -152,14 +260,34 @@ async fn deleting_a_namespace_removes_its_contents_then_the_namespace() {
     let client = server.client().await.unwrap();
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "scratch"}})).unwrap();
-    namespaces.create(&PostParams::default(), &ns).await.unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "scratch");
-    cms.create(&PostParams::default(), &configmap("c", None)).await.unwrap();
-    let terminating = namespaces.delete("scratch", &DeleteParams::default()).await.unwrap().left().unwrap();
-    assert_eq!(terminating.status.unwrap().phase.as_deref(), Some("Terminating"));
+    cms.create(&PostParams::default(), &configmap("c", None))
+        .await
+        .unwrap();
+    let terminating = namespaces
+        .delete("scratch", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
+    assert_eq!(
+        terminating.status.unwrap().phase.as_deref(),
+        Some("Terminating")
+    );
     // Creating in a terminating namespace is forbidden (if it is still there).
-    let e = api_error(cms.create(&PostParams::default(), &configmap("late", None)).await.unwrap_err());
+    let e = api_error(
+        cms.create(&PostParams::default(), &configmap("late", None))
+            .await
+            .unwrap_err(),
+    );
     assert!(e.code == 403 || e.code == 404, "{e:?}");
-    eventually(5, || async { gone(&namespaces, "scratch").await.then_some(()) }).await;
+    eventually(5, || async {
+        gone(&namespaces, "scratch").await.then_some(())
+    })
+    .await;
     assert!(gone(&cms, "c").await);
 }

@@ -21,12 +21,26 @@ fn api_error(e: kube::Error) -> kube::core::Status {
 async fn merge_patch_sets_and_null_removes_fields() {
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    nodes.create(&PostParams::default(), &node("n1", json!({"keep": "1", "drop": "2"}))).await.unwrap();
-    let p = Patch::Merge(json!({"metadata": {"labels": {"drop": null, "new": "3"}}, "spec": {"unschedulable": true}}));
-    let n = nodes.patch("n1", &PatchParams::default(), &p).await.unwrap();
+    nodes
+        .create(
+            &PostParams::default(),
+            &node("n1", json!({"keep": "1", "drop": "2"})),
+        )
+        .await
+        .unwrap();
+    let p = Patch::Merge(
+        json!({"metadata": {"labels": {"drop": null, "new": "3"}}, "spec": {"unschedulable": true}}),
+    );
+    let n = nodes
+        .patch("n1", &PatchParams::default(), &p)
+        .await
+        .unwrap();
     let labels = n.metadata.labels.unwrap();
     assert_eq!(labels.len(), 2);
-    assert_eq!((labels["keep"].as_str(), labels["new"].as_str()), ("1", "3"));
+    assert_eq!(
+        (labels["keep"].as_str(), labels["new"].as_str()),
+        ("1", "3")
+    );
     assert_eq!(n.spec.unwrap().unschedulable, Some(true));
 }
 
@@ -34,20 +48,32 @@ async fn merge_patch_sets_and_null_removes_fields() {
 async fn json_patch_applies_operations_and_a_failed_test_is_422() {
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    nodes.create(&PostParams::default(), &node("n1", json!({"a": "1"}))).await.unwrap();
+    nodes
+        .create(&PostParams::default(), &node("n1", json!({"a": "1"})))
+        .await
+        .unwrap();
     let ops: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": "/metadata/labels/a", "value": "1"},
         {"op": "replace", "path": "/metadata/labels/a", "value": "2"},
         {"op": "add", "path": "/spec/taints", "value": [{"key": "k", "effect": "NoSchedule"}]}
     ]))
     .unwrap();
-    let n = nodes.patch("n1", &PatchParams::default(), &Patch::<()>::Json(ops)).await.unwrap();
+    let n = nodes
+        .patch("n1", &PatchParams::default(), &Patch::<()>::Json(ops))
+        .await
+        .unwrap();
     assert_eq!(n.metadata.labels.unwrap()["a"], "2");
     assert_eq!(n.spec.unwrap().taints.unwrap()[0].key, "k");
 
     let failing: json_patch::Patch =
-        serde_json::from_value(json!([{"op": "test", "path": "/metadata/labels/a", "value": "1"}])).unwrap();
-    let err = api_error(nodes.patch("n1", &PatchParams::default(), &Patch::<()>::Json(failing)).await.unwrap_err());
+        serde_json::from_value(json!([{"op": "test", "path": "/metadata/labels/a", "value": "1"}]))
+            .unwrap();
+    let err = api_error(
+        nodes
+            .patch("n1", &PatchParams::default(), &Patch::<()>::Json(failing))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(err.code, 422);
 }
 
@@ -57,18 +83,30 @@ async fn strategic_merge_merges_containers_and_env_by_name_and_honours_patch_del
     let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
     let mut p = pod("p1", "n1", json!({}));
     let spec = p.spec.as_mut().unwrap();
-    spec.containers[0].env = Some(vec![serde_json::from_value(json!({"name": "A", "value": "1"})).unwrap()]);
-    spec.containers.push(serde_json::from_value(json!({"name": "side", "image": "side:1"})).unwrap());
+    spec.containers[0].env = Some(vec![
+        serde_json::from_value(json!({"name": "A", "value": "1"})).unwrap(),
+    ]);
+    spec.containers
+        .push(serde_json::from_value(json!({"name": "side", "image": "side:1"})).unwrap());
     pods.create(&PostParams::default(), &p).await.unwrap();
 
     let patch = json!({"spec": {"containers": [
         {"name": "c", "env": [{"name": "B", "value": "2"}]},
         {"name": "side", "$patch": "delete"}
     ]}, "metadata": {"finalizers": ["example.com/x"]}});
-    let after = pods.patch("p1", &PatchParams::default(), &Patch::Strategic(patch)).await.unwrap();
+    let after = pods
+        .patch("p1", &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .unwrap();
     let containers = after.spec.unwrap().containers;
     assert_eq!(containers.len(), 1);
-    let env: Vec<String> = containers[0].env.clone().unwrap().into_iter().map(|e| e.name).collect();
+    let env: Vec<String> = containers[0]
+        .env
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     assert_eq!(env, ["A", "B"]);
     assert_eq!(containers[0].image.as_deref(), Some("busybox:1.36"));
     assert_eq!(after.metadata.finalizers.unwrap(), ["example.com/x"]);
@@ -87,11 +125,18 @@ async fn strategic_merge_patch_on_a_custom_resource_is_415() {
     widgets.create(&PostParams::default(), &obj).await.unwrap();
     let err = api_error(
         widgets
-            .patch("w", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"mode": "manual"}})))
+            .patch(
+                "w",
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"spec": {"mode": "manual"}})),
+            )
             .await
             .unwrap_err(),
     );
-    assert_eq!((err.code, err.reason.as_str()), (415, "UnsupportedMediaType"));
+    assert_eq!(
+        (err.code, err.reason.as_str()),
+        (415, "UnsupportedMediaType")
+    );
 }
 
 fn apply(manager: &str) -> PatchParams {
@@ -103,19 +148,36 @@ async fn apply_creates_then_conflicts_with_another_manager_unless_forced() {
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
     let mine = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"owner": "a"}}});
-    let created = nodes.patch("n1", &apply("alpha"), &Patch::Apply(&mine)).await.unwrap();
+    let created = nodes
+        .patch("n1", &apply("alpha"), &Patch::Apply(&mine))
+        .await
+        .unwrap();
     assert_eq!(created.metadata.labels.as_ref().unwrap()["owner"], "a");
     let mf = created.metadata.managed_fields.unwrap();
     assert_eq!(mf.len(), 1);
-    assert_eq!((mf[0].manager.as_deref(), mf[0].operation.as_deref()), (Some("alpha"), Some("Apply")));
-    assert_eq!(mf[0].fields_v1.as_ref().unwrap().0, json!({"f:metadata": {"f:labels": {"f:owner": {}}}}));
+    assert_eq!(
+        (mf[0].manager.as_deref(), mf[0].operation.as_deref()),
+        (Some("alpha"), Some("Apply"))
+    );
+    assert_eq!(
+        mf[0].fields_v1.as_ref().unwrap().0,
+        json!({"f:metadata": {"f:labels": {"f:owner": {}}}})
+    );
 
     // Same value from another manager: shared ownership, no conflict.
     let theirs_same = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"owner": "a"}}});
-    nodes.patch("n1", &apply("beta"), &Patch::Apply(&theirs_same)).await.unwrap();
+    nodes
+        .patch("n1", &apply("beta"), &Patch::Apply(&theirs_same))
+        .await
+        .unwrap();
 
     let theirs = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"owner": "b"}}});
-    let err = api_error(nodes.patch("n1", &apply("gamma"), &Patch::Apply(&theirs)).await.unwrap_err());
+    let err = api_error(
+        nodes
+            .patch("n1", &apply("gamma"), &Patch::Apply(&theirs))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
     assert_eq!(
         err.message,
@@ -126,10 +188,23 @@ async fn apply_creates_then_conflicts_with_another_manager_unless_forced() {
     assert_eq!(causes[0].message, "conflict with \"alpha\"");
     assert_eq!(causes[0].field, ".metadata.labels.owner");
 
-    let forced = nodes.patch("n1", &apply("gamma").force(), &Patch::Apply(&theirs)).await.unwrap();
+    let forced = nodes
+        .patch("n1", &apply("gamma").force(), &Patch::Apply(&theirs))
+        .await
+        .unwrap();
     assert_eq!(forced.metadata.labels.as_ref().unwrap()["owner"], "b");
-    let managers: Vec<String> = forced.metadata.managed_fields.unwrap().into_iter().filter_map(|m| m.manager).collect();
-    assert_eq!(managers, ["gamma"], "forcing took the field from both other managers");
+    let managers: Vec<String> = forced
+        .metadata
+        .managed_fields
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert_eq!(
+        managers,
+        ["gamma"],
+        "forcing took the field from both other managers"
+    );
 }
 
 #[tokio::test]
@@ -137,16 +212,32 @@ async fn fields_dropped_from_an_applied_config_are_removed_unless_someone_else_o
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
     let v1 = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"a": "1", "b": "2"}}});
-    nodes.patch("n1", &apply("alpha"), &Patch::Apply(&v1)).await.unwrap();
+    nodes
+        .patch("n1", &apply("alpha"), &Patch::Apply(&v1))
+        .await
+        .unwrap();
     // Another manager also sets "b" through an update: it co-owns the field now.
     nodes
-        .patch("n1", &PatchParams { field_manager: Some("editor".into()), ..Default::default() }, &Patch::Merge(json!({"metadata": {"labels": {"c": "3"}}})))
+        .patch(
+            "n1",
+            &PatchParams {
+                field_manager: Some("editor".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({"metadata": {"labels": {"c": "3"}}})),
+        )
         .await
         .unwrap();
     let v2 = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"b": "2"}}});
-    let after = nodes.patch("n1", &apply("alpha"), &Patch::Apply(&v2)).await.unwrap();
+    let after = nodes
+        .patch("n1", &apply("alpha"), &Patch::Apply(&v2))
+        .await
+        .unwrap();
     let labels = after.metadata.labels.unwrap();
-    assert!(!labels.contains_key("a"), "a was only alpha's and alpha stopped applying it");
+    assert!(
+        !labels.contains_key("a"),
+        "a was only alpha's and alpha stopped applying it"
+    );
     assert_eq!(labels["b"], "2");
     assert_eq!(labels["c"], "3", "fields of other managers stay");
 }
@@ -156,23 +247,52 @@ async fn update_takes_ownership_from_an_applier_without_conflict() {
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
     let cfg = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"a": "1"}}});
-    nodes.patch("n1", &apply("alpha"), &Patch::Apply(&cfg)).await.unwrap();
-    let pp = PatchParams { field_manager: Some("editor".into()), ..Default::default() };
-    let after = nodes.patch("n1", &pp, &Patch::Merge(json!({"metadata": {"labels": {"a": "2"}}}))).await.unwrap();
+    nodes
+        .patch("n1", &apply("alpha"), &Patch::Apply(&cfg))
+        .await
+        .unwrap();
+    let pp = PatchParams {
+        field_manager: Some("editor".into()),
+        ..Default::default()
+    };
+    let after = nodes
+        .patch(
+            "n1",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "2"}}})),
+        )
+        .await
+        .unwrap();
     let mf = after.metadata.managed_fields.unwrap();
-    let editor = mf.iter().find(|m| m.manager.as_deref() == Some("editor")).unwrap();
+    let editor = mf
+        .iter()
+        .find(|m| m.manager.as_deref() == Some("editor"))
+        .unwrap();
     assert_eq!(editor.operation.as_deref(), Some("Update"));
-    assert!(mf.iter().all(|m| m.manager.as_deref() != Some("alpha")), "alpha lost its only field: {mf:?}");
+    assert!(
+        mf.iter().all(|m| m.manager.as_deref() != Some("alpha")),
+        "alpha lost its only field: {mf:?}"
+    );
     // Re-applying the old value now conflicts with the editor (an Update manager is named with
     // its apiVersion and time, as the real server does).
-    let err = api_error(nodes.patch("n1", &apply("alpha"), &Patch::Apply(&cfg)).await.unwrap_err());
+    let err = api_error(
+        nodes
+            .patch("n1", &apply("alpha"), &Patch::Apply(&cfg))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(err.code, 409);
     assert!(
-        err.message.starts_with("Apply failed with 1 conflict: conflict with \"editor\" using v1 at "),
+        err.message
+            .starts_with("Apply failed with 1 conflict: conflict with \"editor\" using v1 at "),
         "{}",
         err.message
     );
-    assert!(err.message.ends_with(": .metadata.labels.a"), "{}", err.message);
+    assert!(
+        err.message.ends_with(": .metadata.labels.a"),
+        "{}",
+        err.message
+    );
 }
 
 async fn widget_api(server: &TestApiServer) -> Api<DynamicObject> {
@@ -190,20 +310,35 @@ async fn status_apply_merges_list_map_entries_by_key_across_managers() {
     let server = TestApiServer::start().await.unwrap();
     let widgets = widget_api(&server).await;
     let w = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"version": "1.0.0"}});
-    widgets.patch("w", &apply("ctl"), &Patch::Apply(&w)).await.unwrap();
+    widgets
+        .patch("w", &apply("ctl"), &Patch::Apply(&w))
+        .await
+        .unwrap();
 
     let a = status_apply(json!([{"name": "n1", "state": "Done"}]));
-    widgets.patch_status("w", &apply("agent-n1").force(), &Patch::Apply(&a)).await.unwrap();
+    widgets
+        .patch_status("w", &apply("agent-n1").force(), &Patch::Apply(&a))
+        .await
+        .unwrap();
     let b = status_apply(json!([{"name": "n2", "state": "Upgrading"}]));
-    let after = widgets.patch_status("w", &apply("agent-n2").force(), &Patch::Apply(&b)).await.unwrap();
+    let after = widgets
+        .patch_status("w", &apply("agent-n2").force(), &Patch::Apply(&b))
+        .await
+        .unwrap();
     assert_eq!(
         after.data["status"]["nodes"],
         json!([{"name": "n1", "state": "Done"}, {"name": "n2", "state": "Upgrading"}])
     );
     // The owner of n1 changing its entry leaves n2 alone; dropping a key removes only its item.
     let a2 = status_apply(json!([]));
-    let after = widgets.patch_status("w", &apply("agent-n1").force(), &Patch::Apply(&a2)).await.unwrap();
-    assert_eq!(after.data["status"]["nodes"], json!([{"name": "n2", "state": "Upgrading"}]));
+    let after = widgets
+        .patch_status("w", &apply("agent-n1").force(), &Patch::Apply(&a2))
+        .await
+        .unwrap();
+    assert_eq!(
+        after.data["status"]["nodes"],
+        json!([{"name": "n2", "state": "Upgrading"}])
+    );
     // Status applies never touch spec, and do not bump generation.
     assert_eq!(after.data["spec"]["version"], "1.0.0");
     assert_eq!(after.metadata.generation, Some(1));
@@ -222,13 +357,27 @@ async fn conditions_apply_merges_by_type() {
     let server = TestApiServer::start().await.unwrap();
     let widgets = widget_api(&server).await;
     let w = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"version": "1.0.0"}});
-    widgets.patch("w", &apply("ctl"), &Patch::Apply(&w)).await.unwrap();
+    widgets
+        .patch("w", &apply("ctl"), &Patch::Apply(&w))
+        .await
+        .unwrap();
     let c1 = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"},
         "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Upgrading"}]}});
-    widgets.patch_status("w", &apply("ctl").force(), &Patch::Apply(&c1)).await.unwrap();
+    widgets
+        .patch_status("w", &apply("ctl").force(), &Patch::Apply(&c1))
+        .await
+        .unwrap();
     let c2 = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"},
         "status": {"conditions": [{"type": "Degraded", "status": "False", "reason": "AsExpected"}]}});
-    let after = widgets.patch_status("w", &apply("other").force(), &Patch::Apply(&c2)).await.unwrap();
-    let types: Vec<&str> = after.data["status"]["conditions"].as_array().unwrap().iter().map(|c| c["type"].as_str().unwrap()).collect();
+    let after = widgets
+        .patch_status("w", &apply("other").force(), &Patch::Apply(&c2))
+        .await
+        .unwrap();
+    let types: Vec<&str> = after.data["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
     assert_eq!(types, ["Ready", "Degraded"]);
 }

@@ -33,40 +33,77 @@ fn label_patch(k: &str, v: &str) -> Patch<serde_json::Value> {
 async fn watch_from_a_resource_version_replays_later_changes_in_order() {
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    let created = nodes.create(&PostParams::default(), &node("n1", json!({}))).await.unwrap();
+    let created = nodes
+        .create(&PostParams::default(), &node("n1", json!({})))
+        .await
+        .unwrap();
     let rv = created.metadata.resource_version.clone().unwrap();
-    nodes.patch("n1", &PatchParams::default(), &label_patch("a", "1")).await.unwrap();
-    nodes.create(&PostParams::default(), &node("n2", json!({}))).await.unwrap();
+    nodes
+        .patch("n1", &PatchParams::default(), &label_patch("a", "1"))
+        .await
+        .unwrap();
+    nodes
+        .create(&PostParams::default(), &node("n2", json!({})))
+        .await
+        .unwrap();
     nodes.delete("n1", &DeleteParams::default()).await.unwrap();
 
-    let mut stream = nodes.watch(&WatchParams::default().disable_bookmarks(), &rv).await.unwrap().boxed();
+    let mut stream = nodes
+        .watch(&WatchParams::default().disable_bookmarks(), &rv)
+        .await
+        .unwrap()
+        .boxed();
     match next(&mut stream).await {
         WatchEvent::Modified(n) => assert_eq!(n.metadata.labels.unwrap()["a"], "1"),
         other => panic!("expected MODIFIED, got {other:?}"),
     }
-    assert!(matches!(next(&mut stream).await, WatchEvent::Added(n) if n.metadata.name.as_deref() == Some("n2")));
-    assert!(matches!(next(&mut stream).await, WatchEvent::Deleted(n) if n.metadata.name.as_deref() == Some("n1")));
+    assert!(
+        matches!(next(&mut stream).await, WatchEvent::Added(n) if n.metadata.name.as_deref() == Some("n2"))
+    );
+    assert!(
+        matches!(next(&mut stream).await, WatchEvent::Deleted(n) if n.metadata.name.as_deref() == Some("n1"))
+    );
 
     // Live events follow the replay.
-    nodes.create(&PostParams::default(), &node("n3", json!({}))).await.unwrap();
-    assert!(matches!(next(&mut stream).await, WatchEvent::Added(n) if n.metadata.name.as_deref() == Some("n3")));
+    nodes
+        .create(&PostParams::default(), &node("n3", json!({})))
+        .await
+        .unwrap();
+    assert!(
+        matches!(next(&mut stream).await, WatchEvent::Added(n) if n.metadata.name.as_deref() == Some("n3"))
+    );
 }
 
 #[tokio::test]
 async fn watch_from_a_compacted_resource_version_gets_410_expired() {
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    let created = nodes.create(&PostParams::default(), &node("n1", json!({}))).await.unwrap();
-    nodes.patch("n1", &PatchParams::default(), &label_patch("a", "1")).await.unwrap();
+    let created = nodes
+        .create(&PostParams::default(), &node("n1", json!({})))
+        .await
+        .unwrap();
+    nodes
+        .patch("n1", &PatchParams::default(), &label_patch("a", "1"))
+        .await
+        .unwrap();
     server.compact_history();
     let rv = created.metadata.resource_version.unwrap();
-    let mut stream = nodes.watch(&WatchParams::default().disable_bookmarks(), &rv).await.unwrap().boxed();
+    let mut stream = nodes
+        .watch(&WatchParams::default().disable_bookmarks(), &rv)
+        .await
+        .unwrap()
+        .boxed();
     match next(&mut stream).await {
         // The real server sends the 410 as an ERROR event inside a 200 watch response.
         WatchEvent::Error(e) => {
             assert_eq!(e.code, 410);
             assert_eq!(e.reason, "Expired");
-            assert!(e.message.starts_with(&format!("too old resource version: {rv}")), "{}", e.message);
+            assert!(
+                e.message
+                    .starts_with(&format!("too old resource version: {rv}")),
+                "{}",
+                e.message
+            );
         }
         other => panic!("expected ERROR 410, got {other:?}"),
     }
@@ -74,15 +111,32 @@ async fn watch_from_a_compacted_resource_version_gets_410_expired() {
 
 #[tokio::test]
 async fn bookmarks_carry_the_current_resource_version() {
-    let server = TestApiServer::builder().bookmark_interval(Duration::from_millis(100)).start().await.unwrap();
+    let server = TestApiServer::builder()
+        .bookmark_interval(Duration::from_millis(100))
+        .start()
+        .await
+        .unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    nodes.create(&PostParams::default(), &node("n1", json!({}))).await.unwrap();
-    let mut stream = nodes.watch(&WatchParams::default(), "0").await.unwrap().boxed();
+    nodes
+        .create(&PostParams::default(), &node("n1", json!({})))
+        .await
+        .unwrap();
+    let mut stream = nodes
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
     assert!(matches!(next(&mut stream).await, WatchEvent::Added(_)));
-    let created = nodes.create(&PostParams::default(), &node("n2", json!({}))).await.unwrap();
+    let created = nodes
+        .create(&PostParams::default(), &node("n2", json!({})))
+        .await
+        .unwrap();
     assert!(matches!(next(&mut stream).await, WatchEvent::Added(_)));
     match next(&mut stream).await {
-        WatchEvent::Bookmark(b) => assert_eq!(Some(b.metadata.resource_version), created.metadata.resource_version),
+        WatchEvent::Bookmark(b) => assert_eq!(
+            Some(b.metadata.resource_version),
+            created.metadata.resource_version
+        ),
         other => panic!("expected BOOKMARK, got {other:?}"),
     }
 }
@@ -91,27 +145,50 @@ async fn bookmarks_carry_the_current_resource_version() {
 async fn objects_leaving_or_entering_a_label_selector_show_as_deleted_and_added() {
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    nodes.create(&PostParams::default(), &node("n1", json!({"pool": "a"}))).await.unwrap();
-    let mut stream = nodes.watch(&WatchParams::default().disable_bookmarks().labels("pool=a"), "0").await.unwrap().boxed();
+    nodes
+        .create(&PostParams::default(), &node("n1", json!({"pool": "a"})))
+        .await
+        .unwrap();
+    let mut stream = nodes
+        .watch(
+            &WatchParams::default().disable_bookmarks().labels("pool=a"),
+            "0",
+        )
+        .await
+        .unwrap()
+        .boxed();
     assert!(matches!(next(&mut stream).await, WatchEvent::Added(_)));
-    nodes.patch("n1", &PatchParams::default(), &label_patch("pool", "b")).await.unwrap();
+    nodes
+        .patch("n1", &PatchParams::default(), &label_patch("pool", "b"))
+        .await
+        .unwrap();
     // Mirrors the watch cache: an object that stops matching is sent as DELETED.
     assert!(matches!(next(&mut stream).await, WatchEvent::Deleted(_)));
-    nodes.patch("n1", &PatchParams::default(), &label_patch("pool", "a")).await.unwrap();
+    nodes
+        .patch("n1", &PatchParams::default(), &label_patch("pool", "a"))
+        .await
+        .unwrap();
     assert!(matches!(next(&mut stream).await, WatchEvent::Added(_)));
 }
 
 async fn watcher_sees_lifecycle(config: watcher::Config) {
     let server = TestApiServer::start().await.unwrap();
     let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    nodes.create(&PostParams::default(), &node("before", json!({}))).await.unwrap();
+    nodes
+        .create(&PostParams::default(), &node("before", json!({})))
+        .await
+        .unwrap();
     let mut events = watcher::watcher(nodes.clone(), config).boxed();
     let mut seen = Vec::new();
     let writer = nodes.clone();
     let mut wrote = false;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tokio::time::Instant::now() < deadline {
-        let ev = tokio::time::timeout(Duration::from_secs(5), events.try_next()).await.unwrap().unwrap().unwrap();
+        let ev = tokio::time::timeout(Duration::from_secs(5), events.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         let line = match &ev {
             Event::Init => "init".to_string(),
             Event::InitApply(n) => format!("init-apply {}", n.metadata.name.clone().unwrap()),
@@ -122,14 +199,29 @@ async fn watcher_sees_lifecycle(config: watcher::Config) {
         seen.push(line);
         if matches!(ev, Event::InitDone) && !wrote {
             wrote = true;
-            writer.create(&PostParams::default(), &node("after", json!({}))).await.unwrap();
-            writer.delete("before", &DeleteParams::default()).await.unwrap();
+            writer
+                .create(&PostParams::default(), &node("after", json!({})))
+                .await
+                .unwrap();
+            writer
+                .delete("before", &DeleteParams::default())
+                .await
+                .unwrap();
         }
         if seen.last().map(String::as_str) == Some("delete before") {
             break;
         }
     }
-    assert_eq!(seen, ["init", "init-apply before", "init-done", "apply after", "delete before"]);
+    assert_eq!(
+        seen,
+        [
+            "init",
+            "init-apply before",
+            "init-done",
+            "apply after",
+            "delete before"
+        ]
+    );
 }
 
 #[tokio::test]
@@ -163,10 +255,21 @@ async fn dropped_watches_are_resumed_by_the_watcher_without_losing_events() {
     })
     .await;
     server.faults().drop_watches();
-    nodes.create(&PostParams::default(), &node("while-dropped", json!({}))).await.unwrap();
-    let name = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap();
+    nodes
+        .create(&PostParams::default(), &node("while-dropped", json!({})))
+        .await
+        .unwrap();
+    let name = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(name, "while-dropped");
-    let watches = server.recorder().filter(|r| r.verb == "watch" && r.resource == "nodes");
-    assert!(watches.len() >= 2, "the watcher re-watched after the drop: {watches:?}");
+    let watches = server
+        .recorder()
+        .filter(|r| r.verb == "watch" && r.resource == "nodes");
+    assert!(
+        watches.len() >= 2,
+        "the watcher re-watched after the drop: {watches:?}"
+    );
     driver.abort();
 }

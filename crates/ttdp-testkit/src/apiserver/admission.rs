@@ -77,10 +77,18 @@ fn crd_status(crd: &Value) -> Value {
         .collect();
     let mut accepted = crd["spec"]["names"].clone();
     if accepted["singular"].is_null() {
-        accepted["singular"] = json!(crd["spec"]["names"]["kind"].as_str().unwrap_or_default().to_lowercase());
+        accepted["singular"] = json!(
+            crd["spec"]["names"]["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .to_lowercase()
+        );
     }
     if accepted["listKind"].is_null() {
-        accepted["listKind"] = json!(format!("{}List", crd["spec"]["names"]["kind"].as_str().unwrap_or_default()));
+        accepted["listKind"] = json!(format!(
+            "{}List",
+            crd["spec"]["names"]["kind"].as_str().unwrap_or_default()
+        ));
     }
     json!({
         "acceptedNames": accepted,
@@ -95,10 +103,18 @@ fn crd_status(crd: &Value) -> Value {
 }
 
 fn pod_qos_class(spec: &Value) -> &'static str {
-    let containers: Vec<&Value> = spec["containers"].as_array().into_iter().flatten().collect();
+    let containers: Vec<&Value> = spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
     let any_resources = containers.iter().any(|c| {
-        c["resources"]["requests"].as_object().is_some_and(|m| !m.is_empty())
-            || c["resources"]["limits"].as_object().is_some_and(|m| !m.is_empty())
+        c["resources"]["requests"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty())
+            || c["resources"]["limits"]
+                .as_object()
+                .is_some_and(|m| !m.is_empty())
     });
     if !any_resources {
         return "BestEffort";
@@ -110,7 +126,11 @@ fn pod_qos_class(spec: &Value) -> &'static str {
             limits[*r].is_string() && (requests[*r].is_null() || requests[*r] == limits[*r])
         })
     });
-    if guaranteed { "Guaranteed" } else { "Burstable" }
+    if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
 }
 
 fn default_field(obj: &mut Value, field: &str, value: Value) {
@@ -123,7 +143,11 @@ fn default_container(c: &mut Value) {
     let image = c["image"].as_str().unwrap_or_default().to_string();
     let tag = image.rsplit('/').next().unwrap_or_default();
     let latest = !tag.contains(':') || tag.ends_with(":latest");
-    default_field(c, "imagePullPolicy", json!(if latest { "Always" } else { "IfNotPresent" }));
+    default_field(
+        c,
+        "imagePullPolicy",
+        json!(if latest { "Always" } else { "IfNotPresent" }),
+    );
     default_field(c, "terminationMessagePath", json!("/dev/termination-log"));
     default_field(c, "terminationMessagePolicy", json!("File"));
     default_field(c, "resources", json!({}));
@@ -151,7 +175,13 @@ fn default_builtin(rt: &ResourceType, obj: &mut Value) {
     // Go structs serialise their non-pointer `spec`/`status` even when empty.
     let has_spec_and_status = matches!(
         rt.plural.as_str(),
-        "namespaces" | "nodes" | "pods" | "daemonsets" | "deployments" | "replicasets" | "poddisruptionbudgets"
+        "namespaces"
+            | "nodes"
+            | "pods"
+            | "daemonsets"
+            | "deployments"
+            | "replicasets"
+            | "poddisruptionbudgets"
     );
     if has_spec_and_status {
         default_field(obj, "spec", json!({}));
@@ -168,13 +198,18 @@ fn default_builtin(rt: &ResourceType, obj: &mut Value) {
             if let Some(spec) = obj.pointer_mut("/spec/template/spec") {
                 default_pod_spec(spec);
             }
-            let Some(spec) = obj.get_mut("spec").filter(|s| s.is_object()) else { return };
+            let Some(spec) = obj.get_mut("spec").filter(|s| s.is_object()) else {
+                return;
+            };
             default_field(spec, "revisionHistoryLimit", json!(10));
             if spec["updateStrategy"].is_null() || spec["updateStrategy"]["type"].is_null() {
                 spec["updateStrategy"]["type"] = json!("RollingUpdate");
             }
-            if spec["updateStrategy"]["type"] == "RollingUpdate" && spec["updateStrategy"]["rollingUpdate"].is_null() {
-                spec["updateStrategy"]["rollingUpdate"] = json!({"maxUnavailable": 1, "maxSurge": 0});
+            if spec["updateStrategy"]["type"] == "RollingUpdate"
+                && spec["updateStrategy"]["rollingUpdate"].is_null()
+            {
+                spec["updateStrategy"]["rollingUpdate"] =
+                    json!({"maxUnavailable": 1, "maxSurge": 0});
             }
         }
         ("apps", "deployments") | ("apps", "replicasets") => {
@@ -211,19 +246,18 @@ fn validate_builtin(rt: &ResourceType, obj: &Value) -> Vec<StatusCause> {
                 }
             }
         }
-        ("apps", "daemonsets") => {
-            if obj["spec"]["selector"].is_null() {
-                causes.push(required("spec.selector"));
-            }
+        ("apps", "daemonsets") if obj["spec"]["selector"].is_null() => {
+            causes.push(required("spec.selector"));
         }
-        ("policy", "poddisruptionbudgets") => {
-            if !obj["spec"]["minAvailable"].is_null() && !obj["spec"]["maxUnavailable"].is_null() {
-                causes.push(StatusCause {
-                    reason: "FieldValueInvalid".into(),
-                    message: "Invalid value: policy.PodDisruptionBudgetSpec{...}: minAvailable and maxUnavailable cannot be both set".into(),
-                    field: Some("spec".into()),
-                });
-            }
+        ("policy", "poddisruptionbudgets")
+            if !obj["spec"]["minAvailable"].is_null()
+                && !obj["spec"]["maxUnavailable"].is_null() =>
+        {
+            causes.push(StatusCause {
+                reason: "FieldValueInvalid".into(),
+                message: "Invalid value: policy.PodDisruptionBudgetSpec{...}: minAvailable and maxUnavailable cannot be both set".into(),
+                field: Some("spec".into()),
+            });
         }
         _ => {}
     }
@@ -242,18 +276,36 @@ pub fn admit(rt: &ResourceType, old: Option<&Value>, obj: &mut Value) -> Result<
     if causes.is_empty() {
         return Ok(());
     }
-    let kind = if rt.group.is_empty() { rt.kind.clone() } else { format!("{}.{}", rt.kind, rt.group) };
+    let kind = if rt.group.is_empty() {
+        rt.kind.clone()
+    } else {
+        format!("{}.{}", rt.kind, rt.group)
+    };
     let qualified = rt.qualified();
     let mut err = ApiError::invalid(
         &kind,
-        ObjectRef { qualified_resource: &qualified, group: &rt.group, plural: &rt.plural, name: meta::name(obj) },
+        ObjectRef {
+            qualified_resource: &qualified,
+            group: &rt.group,
+            plural: &rt.plural,
+            name: meta::name(obj),
+        },
         causes,
     );
-    err.details = Some((meta::name(obj).to_string(), rt.group.clone(), rt.kind.clone()));
+    err.details = Some(Box::new((
+        meta::name(obj).to_string(),
+        rt.group.clone(),
+        rt.kind.clone(),
+    )));
     Err(err)
 }
 
-fn admit_custom(rt: &ResourceType, schema: &Value, old: Option<&Value>, obj: &mut Value) -> Vec<StatusCause> {
+fn admit_custom(
+    rt: &ResourceType,
+    schema: &Value,
+    old: Option<&Value>,
+    obj: &mut Value,
+) -> Vec<StatusCause> {
     let mut defaulted = apply_defaults(schema, obj);
     let mut removed = Vec::new();
     schema_validation::prune(schema, &mut defaulted, "", &mut removed);
@@ -263,19 +315,34 @@ fn admit_custom(rt: &ResourceType, schema: &Value, old: Option<&Value>, obj: &mu
     if !causes.is_empty() {
         return causes;
     }
-    let root = RootContext { api_version: rt.api_version(), api_group: rt.group.clone(), kind: rt.kind.clone() };
+    let root = RootContext {
+        api_version: rt.api_version(),
+        api_group: rt.group.clone(),
+        kind: rt.kind.clone(),
+    };
     if let Err(errors) = Validator::new().validate_with_context(schema, obj, old, Some(&root)) {
         for e in errors.iter() {
-            let field = if e.field_path.is_empty() { "<nil>".to_string() } else { e.field_path.clone() };
+            let field = if e.field_path.is_empty() {
+                "<nil>".to_string()
+            } else {
+                e.field_path.clone()
+            };
             let value = field_type_name(obj, &e.field_path);
-            let reason = e.reason.clone().unwrap_or_else(|| "FieldValueInvalid".into());
+            let reason = e
+                .reason
+                .clone()
+                .unwrap_or_else(|| "FieldValueInvalid".into());
             let message = match reason.as_str() {
                 "FieldValueForbidden" => format!("Forbidden: {}", e.message),
                 "FieldValueRequired" => format!("Required value: {}", e.message),
                 "FieldValueDuplicate" => format!("Duplicate value: {}", e.message),
                 _ => format!("Invalid value: \"{value}\": {}", e.message),
             };
-            causes.push(StatusCause { reason, message, field: Some(field) });
+            causes.push(StatusCause {
+                reason,
+                message,
+                field: Some(field),
+            });
         }
     }
     causes

@@ -59,7 +59,9 @@ pub fn merge(rt: &ResourceType, live: &mut Value, applied: &Value, path: &mut Ve
 /// Keep only the parts of `applied` that a write through `subresource` may change.
 fn scoped(rt: &ResourceType, applied: &Value, subresource: &str) -> Value {
     let mut out = json!({});
-    let Some(map) = applied.as_object() else { return out };
+    let Some(map) = applied.as_object() else {
+        return out;
+    };
     let (with_spec, with_status) = scope(rt, subresource);
     for (k, v) in map {
         let keep = match k.as_str() {
@@ -128,9 +130,15 @@ pub fn apply(
         entries[*i].fields.remove(path);
     }
 
-    let mine = entries.iter().position(|e| e.is(manager, "Apply", subresource));
+    let mine = entries
+        .iter()
+        .position(|e| e.is(manager, "Apply", subresource));
     if let Some(me) = mine {
-        let stopped: Vec<FieldPath> = entries[me].fields.difference(&applied_set).cloned().collect();
+        let stopped: Vec<FieldPath> = entries[me]
+            .fields
+            .difference(&applied_set)
+            .cloned()
+            .collect();
         for path in stopped {
             if !owned_by_other(&entries, me, &path) {
                 remove_at(&mut merged, &path);
@@ -203,7 +211,11 @@ fn conflict_error(entries: &[ManagerEntry], conflicts: &[(usize, FieldPath)]) ->
                 lines.push(format!("- {}", display_path(path)));
             }
         }
-        format!("Apply failed with {} conflicts: {}", conflicts.len(), lines.join("\n"))
+        format!(
+            "Apply failed with {} conflicts: {}",
+            conflicts.len(),
+            lines.join("\n")
+        )
     };
     let mut err = ApiError::conflict_plain(message);
     err.causes = causes;

@@ -128,11 +128,38 @@ impl Catalog {
     pub fn builtin() -> Self {
         let mut all_pods = builtin("", "v1", "pods", "Pod", true, &["po"], true, POD_FIELDS);
         all_pods.categories = vec!["all".into()];
-        let mut ds = builtin("apps", "v1", "daemonsets", "DaemonSet", true, &["ds"], true, &[]);
+        let mut ds = builtin(
+            "apps",
+            "v1",
+            "daemonsets",
+            "DaemonSet",
+            true,
+            &["ds"],
+            true,
+            &[],
+        );
         ds.categories = vec!["all".into()];
-        let mut deploy = builtin("apps", "v1", "deployments", "Deployment", true, &["deploy"], true, &[]);
+        let mut deploy = builtin(
+            "apps",
+            "v1",
+            "deployments",
+            "Deployment",
+            true,
+            &["deploy"],
+            true,
+            &[],
+        );
         deploy.categories = vec!["all".into()];
-        let mut rs = builtin("apps", "v1", "replicasets", "ReplicaSet", true, &["rs"], true, &[]);
+        let mut rs = builtin(
+            "apps",
+            "v1",
+            "replicasets",
+            "ReplicaSet",
+            true,
+            &["rs"],
+            true,
+            &[],
+        );
         rs.categories = vec!["all".into()];
         let mut crd = builtin(
             "apiextensions.k8s.io",
@@ -146,20 +173,101 @@ impl Catalog {
         );
         crd.singular = "customresourcedefinition".into();
         let types = vec![
-            builtin("", "v1", "namespaces", "Namespace", false, &["ns"], true, &["status.phase"]),
-            builtin("", "v1", "nodes", "Node", false, &["no"], true, &["spec.unschedulable"]),
+            builtin(
+                "",
+                "v1",
+                "namespaces",
+                "Namespace",
+                false,
+                &["ns"],
+                true,
+                &["status.phase"],
+            ),
+            builtin(
+                "",
+                "v1",
+                "nodes",
+                "Node",
+                false,
+                &["no"],
+                true,
+                &["spec.unschedulable"],
+            ),
             all_pods,
-            builtin("", "v1", "events", "Event", true, &["ev"], false, EVENT_FIELDS),
-            builtin("", "v1", "serviceaccounts", "ServiceAccount", true, &["sa"], false, &[]),
-            builtin("", "v1", "configmaps", "ConfigMap", true, &["cm"], false, &[]),
+            builtin(
+                "",
+                "v1",
+                "events",
+                "Event",
+                true,
+                &["ev"],
+                false,
+                EVENT_FIELDS,
+            ),
+            builtin(
+                "",
+                "v1",
+                "serviceaccounts",
+                "ServiceAccount",
+                true,
+                &["sa"],
+                false,
+                &[],
+            ),
+            builtin(
+                "",
+                "v1",
+                "configmaps",
+                "ConfigMap",
+                true,
+                &["cm"],
+                false,
+                &[],
+            ),
             builtin("", "v1", "secrets", "Secret", true, &[], false, &["type"]),
             ds,
             deploy,
             rs,
-            builtin("apps", "v1", "controllerrevisions", "ControllerRevision", true, &[], false, &[]),
-            builtin("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", true, &["pdb"], true, &[]),
-            builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[], false, &[]),
-            builtin("events.k8s.io", "v1", "events", "Event", true, &["ev"], false, &[]),
+            builtin(
+                "apps",
+                "v1",
+                "controllerrevisions",
+                "ControllerRevision",
+                true,
+                &[],
+                false,
+                &[],
+            ),
+            builtin(
+                "policy",
+                "v1",
+                "poddisruptionbudgets",
+                "PodDisruptionBudget",
+                true,
+                &["pdb"],
+                true,
+                &[],
+            ),
+            builtin(
+                "coordination.k8s.io",
+                "v1",
+                "leases",
+                "Lease",
+                true,
+                &[],
+                false,
+                &[],
+            ),
+            builtin(
+                "events.k8s.io",
+                "v1",
+                "events",
+                "Event",
+                true,
+                &["ev"],
+                false,
+                &[],
+            ),
             crd,
         ];
         Self { types }
@@ -179,7 +287,9 @@ impl Catalog {
 
     /// Whether the group/version is served at all.
     pub fn has_group_version(&self, group: &str, version: &str) -> bool {
-        self.types.iter().any(|t| t.group == group && t.version == version)
+        self.types
+            .iter()
+            .any(|t| t.group == group && t.version == version)
     }
 
     /// Replace the types defined by CRD `crd_name` with `types` (empty to remove).
@@ -210,7 +320,10 @@ impl Catalog {
 
 /// The resource types a CRD object (as JSON) serves: one per served version.
 pub fn types_from_crd(crd: &Value) -> Vec<ResourceType> {
-    let name = crd["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let name = crd["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let spec = &crd["spec"];
     let names = &spec["names"];
     let group = spec["group"].as_str().unwrap_or_default().to_string();
@@ -222,7 +335,11 @@ pub fn types_from_crd(crd: &Value) -> Vec<ResourceType> {
         .unwrap_or_else(|| kind.to_lowercase());
     let strings = |v: &Value| -> Vec<String> {
         v.as_array()
-            .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let namespaced = spec["scope"].as_str() != Some("Cluster");
@@ -248,8 +365,13 @@ pub fn types_from_crd(crd: &Value) -> Vec<ResourceType> {
                 .filter_map(|f| f["jsonPath"].as_str())
                 .map(|p| p.trim_start_matches('.').to_string())
                 .collect(),
-            schema: version["schema"]["openAPIV3Schema"].as_object().map(|o| Value::Object(o.clone())),
-            printer_columns: version["additionalPrinterColumns"].as_array().cloned().unwrap_or_default(),
+            schema: version["schema"]["openAPIV3Schema"]
+                .as_object()
+                .map(|o| Value::Object(o.clone())),
+            printer_columns: version["additionalPrinterColumns"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
             crd: Some(name.clone()),
         });
     }

@@ -47,7 +47,9 @@ pub struct ServerOptions {
 impl Default for ServerOptions {
     fn default() -> Self {
         Self {
-            pod_termination: PodTermination::Automatic { delay: Duration::from_millis(200) },
+            pod_termination: PodTermination::Automatic {
+                delay: Duration::from_millis(200),
+            },
             watch_history: 10_000,
             bookmark_interval: Duration::from_secs(1),
         }
@@ -148,7 +150,10 @@ impl Cluster {
             terminating_since: HashMap::new(),
         };
         state.seed();
-        Self { state: Arc::new(Mutex::new(state)), wake: Arc::new(Notify::new()) }
+        Self {
+            state: Arc::new(Mutex::new(state)),
+            wake: Arc::new(Notify::new()),
+        }
     }
 
     /// Lock the state (a poisoned lock is recovered: every write is all-or-nothing on JSON
@@ -159,11 +164,20 @@ impl Cluster {
 }
 
 fn object_ref<'a>(rt: &'a ResourceType, qualified: &'a str, name: &'a str) -> ObjectRef<'a> {
-    ObjectRef { qualified_resource: qualified, group: &rt.group, plural: &rt.plural, name }
+    ObjectRef {
+        qualified_resource: qualified,
+        group: &rt.group,
+        plural: &rt.plural,
+        name,
+    }
 }
 
 fn ns_key(rt: &ResourceType, namespace: &str) -> String {
-    if rt.namespaced { namespace.to_string() } else { String::new() }
+    if rt.namespaced {
+        namespace.to_string()
+    } else {
+        String::new()
+    }
 }
 
 /// Resource types whose objects carry `metadata.generation`.
@@ -171,16 +185,26 @@ fn has_generation(rt: &ResourceType) -> bool {
     rt.is_custom()
         || matches!(
             rt.plural.as_str(),
-            "pods" | "daemonsets" | "deployments" | "replicasets" | "poddisruptionbudgets" | "customresourcedefinitions"
+            "pods"
+                | "daemonsets"
+                | "deployments"
+                | "replicasets"
+                | "poddisruptionbudgets"
+                | "customresourcedefinitions"
         )
 }
 
 impl ClusterState {
     fn seed(&mut self) {
-        let Some(rt) = self.catalog.find("", "v1", "namespaces").cloned() else { return };
+        let Some(rt) = self.catalog.find("", "v1", "namespaces").cloned() else {
+            return;
+        };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-            let ctx = WriteCtx { manager: "kube-apiserver".into(), ..Default::default() };
+            let ctx = WriteCtx {
+                manager: "kube-apiserver".into(),
+                ..Default::default()
+            };
             // Seeding a fresh store cannot conflict.
             let _ = self.create(&rt, "", body, &ctx);
         }
@@ -225,9 +249,17 @@ impl ClusterState {
     }
 
     /// LIST with selectors and pagination.
-    pub fn list(&self, rt: &ResourceType, namespace: Option<&str>, q: &ListQuery) -> Result<Value, ApiError> {
+    pub fn list(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        q: &ListQuery,
+    ) -> Result<Value, ApiError> {
         let labels = LabelSelector::parse(q.label_selector.as_deref().unwrap_or_default())?;
-        let fields = FieldSelector::parse(q.field_selector.as_deref().unwrap_or_default(), &rt.field_labels)?;
+        let fields = FieldSelector::parse(
+            q.field_selector.as_deref().unwrap_or_default(),
+            &rt.field_labels,
+        )?;
         let mut items = self.select(rt, namespace, &labels, &fields);
         let mut list_rv = self.store.revision();
         if let Some(token) = q.continue_token.as_deref().filter(|t| !t.is_empty()) {
@@ -255,14 +287,25 @@ impl ClusterState {
     }
 
     /// POST a new object. Returns the stored object.
-    pub fn create(&mut self, rt: &ResourceType, namespace: &str, mut body: Value, ctx: &WriteCtx) -> Result<Value, ApiError> {
+    pub fn create(
+        &mut self,
+        rt: &ResourceType,
+        namespace: &str,
+        mut body: Value,
+        ctx: &WriteCtx,
+    ) -> Result<Value, ApiError> {
         if !body.is_object() {
-            return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+            return Err(ApiError::bad_request(
+                "the body of the request must be a JSON object",
+            ));
         }
         check_type(rt, &body)?;
         self.check_namespace(rt, namespace, &mut body)?;
         if meta::name(&body).is_empty() {
-            let prefix = body["metadata"]["generateName"].as_str().unwrap_or_default().to_string();
+            let prefix = body["metadata"]["generateName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             if prefix.is_empty() {
                 let q = rt.qualified();
                 return Err(ApiError::invalid(
@@ -276,7 +319,11 @@ impl ClusterState {
                 ));
             }
             let mut name = format!("{prefix}{}", meta::name_suffix());
-            while self.store.get(&rt.storage_key(), &ns_key(rt, namespace), &name).is_some() {
+            while self
+                .store
+                .get(&rt.storage_key(), &ns_key(rt, namespace), &name)
+                .is_some()
+            {
                 name = format!("{prefix}{}", meta::name_suffix());
             }
             meta::set(&mut body, "name", json!(name));
@@ -289,15 +336,26 @@ impl ClusterState {
                 object_ref(rt, &q, &name),
                 vec![StatusCause {
                     reason: "FieldValueInvalid".into(),
-                    message: format!("Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
+                    message: format!(
+                        "Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+                    ),
                     field: Some("metadata.name".into()),
                 }],
             ));
         }
-        if self.store.get(&rt.storage_key(), &ns_key(rt, namespace), &name).is_some() {
+        if self
+            .store
+            .get(&rt.storage_key(), &ns_key(rt, namespace), &name)
+            .is_some()
+        {
             return Err(ApiError::already_exists(object_ref(rt, &q, &name)));
         }
-        for field in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+        for field in [
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
             meta::remove(&mut body, field);
         }
         meta::set(&mut body, "uid", json!(meta::new_uid()));
@@ -311,7 +369,12 @@ impl ClusterState {
         self.commit(rt, None, body, ctx)
     }
 
-    fn check_namespace(&self, rt: &ResourceType, namespace: &str, body: &mut Value) -> Result<(), ApiError> {
+    fn check_namespace(
+        &self,
+        rt: &ResourceType,
+        namespace: &str,
+        body: &mut Value,
+    ) -> Result<(), ApiError> {
         if !rt.namespaced {
             meta::remove(body, "namespace");
             return Ok(());
@@ -349,7 +412,9 @@ impl ClusterState {
         ctx: &WriteCtx,
     ) -> Result<Value, ApiError> {
         if !body.is_object() {
-            return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+            return Err(ApiError::bad_request(
+                "the body of the request must be a JSON object",
+            ));
         }
         check_type(rt, &body)?;
         let q = rt.qualified();
@@ -409,7 +474,9 @@ impl ClusterState {
             PatchType::Json => patch::json_patch(&mut patched, &patch)?,
             PatchType::Strategic => {
                 if rt.is_custom() {
-                    return Err(ApiError::unsupported_media_type("application/strategic-merge-patch+json"));
+                    return Err(ApiError::unsupported_media_type(
+                        "application/strategic-merge-patch+json",
+                    ));
                 }
                 patch::strategic_merge(rt, &mut patched, &patch, &mut Vec::new());
             }
@@ -420,7 +487,9 @@ impl ClusterState {
             return Err(ApiError::stale(object_ref(rt, &q, name)));
         }
         if meta::name(&patched) != name {
-            return Err(ApiError::bad_request("metadata.name: the name of an object cannot be changed by a patch"));
+            return Err(ApiError::bad_request(
+                "metadata.name: the name of an object cannot be changed by a patch",
+            ));
         }
         let new = scope_write(rt, &existing, patched, &ctx.subresource);
         Ok((self.commit(rt, Some(existing), new, ctx)?, false))
@@ -449,7 +518,8 @@ impl ClusterState {
                 }],
             ));
         }
-        let text = std::str::from_utf8(body).map_err(|_| ApiError::bad_request("apply patch is not UTF-8"))?;
+        let text = std::str::from_utf8(body)
+            .map_err(|_| ApiError::bad_request("apply patch is not UTF-8"))?;
         let applied: Value = serde_saphyr::from_str(text)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
         if !applied.is_object() {
@@ -468,14 +538,27 @@ impl ClusterState {
                 if !rv.is_empty() && rv != meta::resource_version(&existing) {
                     return Err(ApiError::stale(object_ref(rt, &q, name)));
                 }
-                let merged = apply::apply(rt, Some(&existing), &applied, &ctx.manager, force, &ctx.subresource)?;
-                let ctx = WriteCtx { manager: String::new(), ..ctx.clone() };
+                let merged = apply::apply(
+                    rt,
+                    Some(&existing),
+                    &applied,
+                    &ctx.manager,
+                    force,
+                    &ctx.subresource,
+                )?;
+                let ctx = WriteCtx {
+                    manager: String::new(),
+                    ..ctx.clone()
+                };
                 Ok((self.commit(rt, Some(existing), merged, &ctx)?, false))
             }
             None if ctx.subresource.is_empty() => {
                 let mut merged = apply::apply(rt, None, &applied, &ctx.manager, force, "")?;
                 meta::set(&mut merged, "name", json!(name));
-                let ctx = WriteCtx { manager: String::new(), ..ctx.clone() };
+                let ctx = WriteCtx {
+                    manager: String::new(),
+                    ..ctx.clone()
+                };
                 Ok((self.create(rt, namespace, merged, &ctx)?, true))
             }
             None => Err(ApiError::not_found(object_ref(rt, &q, name))),
@@ -484,12 +567,24 @@ impl ClusterState {
 
     /// Admit, stamp and store a write. `old` None means create. An empty `ctx.manager` means
     /// managed fields were already computed (server-side apply).
-    pub fn commit(&mut self, rt: &ResourceType, old: Option<Value>, mut new: Value, ctx: &WriteCtx) -> Result<Value, ApiError> {
+    pub fn commit(
+        &mut self,
+        rt: &ResourceType,
+        old: Option<Value>,
+        mut new: Value,
+        ctx: &WriteCtx,
+    ) -> Result<Value, ApiError> {
         let q = rt.qualified();
         let name = meta::name(&new).to_string();
         new = Self::present(rt, new);
         if let Some(old) = &old {
-            for field in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace"] {
+            for field in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "namespace",
+            ] {
                 match old["metadata"].get(field) {
                     Some(v) => meta::set(&mut new, field, v.clone()),
                     None => meta::remove(&mut new, field),
@@ -497,13 +592,18 @@ impl ClusterState {
             }
             if meta::is_deleting(old) {
                 let before = meta::finalizers(old);
-                if let Some(added) = meta::finalizers(&new).into_iter().find(|f| !before.contains(f)) {
+                if let Some(added) = meta::finalizers(&new)
+                    .into_iter()
+                    .find(|f| !before.contains(f))
+                {
                     return Err(ApiError::invalid(
                         &rt.kind,
                         object_ref(rt, &q, &name),
                         vec![StatusCause {
                             reason: "FieldValueForbidden".into(),
-                            message: format!("Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{\"{added}\"}}"),
+                            message: format!(
+                                "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{\"{added}\"}}"
+                            ),
                             field: Some("metadata.finalizers".into()),
                         }],
                     ));
@@ -520,10 +620,20 @@ impl ClusterState {
         }
         admission::admit(rt, old.as_ref(), &mut new)?;
         if !ctx.manager.is_empty() {
-            managed_fields::record_update(rt, old.as_ref(), &mut new, &ctx.manager, &ctx.subresource);
+            managed_fields::record_update(
+                rt,
+                old.as_ref(),
+                &mut new,
+                &ctx.manager,
+                &ctx.subresource,
+            );
         }
         if let Some(old) = &old {
-            meta::set(&mut new, "resourceVersion", json!(meta::resource_version(old)));
+            meta::set(
+                &mut new,
+                "resourceVersion",
+                json!(meta::resource_version(old)),
+            );
             if *old == new {
                 return Ok(old.clone());
             }
@@ -537,8 +647,12 @@ impl ClusterState {
         if rt.plural == "customresourcedefinitions" && rt.group == "apiextensions.k8s.io" {
             self.catalog.set_crd_types(&name, types_from_crd(&new));
         }
-        self.store.put(&rt.storage_key(), &namespace, &name, new.clone(), revision);
-        if meta::is_deleting(&new) && meta::finalizers(&new).is_empty() && !self.awaits_kubelet(rt, &new) {
+        self.store
+            .put(&rt.storage_key(), &namespace, &name, new.clone(), revision);
+        if meta::is_deleting(&new)
+            && meta::finalizers(&new).is_empty()
+            && !self.awaits_kubelet(rt, &new)
+        {
             self.remove_now(rt, &new);
         }
         Ok(new)
@@ -548,7 +662,10 @@ impl ClusterState {
     fn awaits_kubelet(&self, rt: &ResourceType, obj: &Value) -> bool {
         rt.group.is_empty()
             && rt.plural == "pods"
-            && obj["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) > 0
+            && obj["metadata"]["deletionGracePeriodSeconds"]
+                .as_i64()
+                .unwrap_or(0)
+                > 0
     }
 
     /// Remove an object from storage now (its final DELETED event carries a new revision).
@@ -558,8 +675,10 @@ impl ClusterState {
         meta::set(&mut last, "resourceVersion", json!(revision.to_string()));
         let namespace = ns_key(rt, meta::namespace(obj));
         let name = meta::name(obj).to_string();
-        self.terminating_since.remove(&(namespace.clone(), name.clone()));
-        self.store.remove(&rt.storage_key(), &namespace, &name, last, revision);
+        self.terminating_since
+            .remove(&(namespace.clone(), name.clone()));
+        self.store
+            .remove(&rt.storage_key(), &namespace, &name, last, revision);
         if rt.plural == "customresourcedefinitions" && rt.group == "apiextensions.k8s.io" {
             self.catalog.set_crd_types(&name, Vec::new());
         }
@@ -567,7 +686,13 @@ impl ClusterState {
 
     /// DELETE one object. Returns the response body: the object while it is still terminating,
     /// or a `Success` status once it is gone.
-    pub fn delete(&mut self, rt: &ResourceType, namespace: &str, name: &str, opts: &DeleteOpts) -> Result<Value, ApiError> {
+    pub fn delete(
+        &mut self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        opts: &DeleteOpts,
+    ) -> Result<Value, ApiError> {
         let q = rt.qualified();
         let existing = self.get(rt, namespace, name)?;
         if let Some(uid) = &opts.precondition_uid
@@ -599,7 +724,9 @@ impl ClusterState {
             Some("Foreground") if !finalizers.iter().any(|f| f == "foregroundDeletion") => {
                 finalizers.push("foregroundDeletion".into());
             }
-            Some("Orphan") if !finalizers.iter().any(|f| f == "orphan") => finalizers.push("orphan".into()),
+            Some("Orphan") if !finalizers.iter().any(|f| f == "orphan") => {
+                finalizers.push("orphan".into())
+            }
             _ => {}
         }
         if !finalizers.is_empty() {
@@ -612,7 +739,11 @@ impl ClusterState {
         }
         let keep = !finalizers.is_empty() || (is_pod && grace > 0) || is_namespace;
         if opts.dry_run {
-            return Ok(if keep { updated } else { status::success(name, &rt.group, &rt.plural, meta::uid(&existing)) });
+            return Ok(if keep {
+                updated
+            } else {
+                status::success(name, &rt.group, &rt.plural, meta::uid(&existing))
+            });
         }
         if !keep {
             self.remove_now(rt, &existing);
@@ -625,16 +756,26 @@ impl ClusterState {
         let already = meta::is_deleting(&existing);
         let current_grace = existing["metadata"]["deletionGracePeriodSeconds"].as_i64();
         if !already || (is_pod && current_grace.is_some_and(|g| grace < g)) {
-            meta::set(&mut updated, "deletionTimestamp", json!(meta::now_plus(grace)));
+            meta::set(
+                &mut updated,
+                "deletionTimestamp",
+                json!(meta::now_plus(grace)),
+            );
             meta::set(&mut updated, "deletionGracePeriodSeconds", json!(grace));
             if is_pod && !already {
-                self.terminating_since.insert((ns_key(rt, namespace), name.to_string()), Instant::now());
+                self.terminating_since
+                    .insert((ns_key(rt, namespace), name.to_string()), Instant::now());
             }
         }
         let stored = self.store_direct(rt, &existing, updated);
         if is_pod && grace == 0 && meta::finalizers(&stored).is_empty() {
             self.remove_now(rt, &stored);
-            return Ok(status::success(name, &rt.group, &rt.plural, meta::uid(&existing)));
+            return Ok(status::success(
+                name,
+                &rt.group,
+                &rt.plural,
+                meta::uid(&existing),
+            ));
         }
         Ok(stored)
     }
@@ -647,7 +788,13 @@ impl ClusterState {
         let revision = self.store.next_revision();
         meta::set(&mut new, "resourceVersion", json!(revision.to_string()));
         let namespace = ns_key(rt, meta::namespace(&new));
-        self.store.put(&rt.storage_key(), &namespace, meta::name(&new), new.clone(), revision);
+        self.store.put(
+            &rt.storage_key(),
+            &namespace,
+            meta::name(&new),
+            new.clone(),
+            revision,
+        );
         new
     }
 
@@ -656,7 +803,10 @@ impl ClusterState {
             return 0;
         }
         let phase = obj["status"]["phase"].as_str().unwrap_or_default();
-        let unscheduled = obj["spec"]["nodeName"].as_str().unwrap_or_default().is_empty();
+        let unscheduled = obj["spec"]["nodeName"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty();
         if unscheduled || phase == "Succeeded" || phase == "Failed" {
             return 0;
         }
@@ -678,7 +828,15 @@ impl ClusterState {
         q: &ListQuery,
         opts: &DeleteOpts,
     ) -> Result<Value, ApiError> {
-        let list = self.list(rt, namespace, &ListQuery { limit: None, continue_token: None, ..q.clone() })?;
+        let list = self.list(
+            rt,
+            namespace,
+            &ListQuery {
+                limit: None,
+                continue_token: None,
+                ..q.clone()
+            },
+        )?;
         let mut items = Vec::new();
         for item in list["items"].as_array().cloned().unwrap_or_default() {
             let ns = meta::namespace(&item).to_string();
@@ -768,8 +926,13 @@ fn encode_continue(rv: u64, key: &str) -> String {
 }
 
 fn decode_continue(token: &str) -> Result<(u64, String), ApiError> {
-    let bad = || ApiError::bad_request("continue key is not valid: the continue token could not be decoded");
+    let bad = || {
+        ApiError::bad_request("continue key is not valid: the continue token could not be decoded")
+    };
     let bytes = hex::decode(token).map_err(|_| bad())?;
     let v: Value = serde_json::from_slice(&bytes).map_err(|_| bad())?;
-    Ok((v["rv"].as_u64().ok_or_else(bad)?, v["start"].as_str().ok_or_else(bad)?.to_string()))
+    Ok((
+        v["rv"].as_u64().ok_or_else(bad)?,
+        v["start"].as_str().ok_or_else(bad)?.to_string(),
+    ))
 }

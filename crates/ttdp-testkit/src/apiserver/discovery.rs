@@ -44,30 +44,71 @@ fn group_json(group: &str, versions: &[String]) -> Value {
 
 /// `/apis`.
 pub fn group_list(catalog: &Catalog) -> Value {
-    let groups: Vec<Value> = catalog.groups().iter().map(|(g, vs)| group_json(g, vs)).collect();
+    let groups: Vec<Value> = catalog
+        .groups()
+        .iter()
+        .map(|(g, vs)| group_json(g, vs))
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `/apis/<group>`, None when the group is not served.
 pub fn group(catalog: &Catalog, name: &str) -> Option<Value> {
-    catalog.groups().into_iter().find(|(g, _)| g == name).map(|(g, vs)| {
-        let mut v = group_json(&g, &vs);
-        v["kind"] = json!("APIGroup");
-        v["apiVersion"] = json!("v1");
-        v
-    })
+    catalog
+        .groups()
+        .into_iter()
+        .find(|(g, _)| g == name)
+        .map(|(g, vs)| {
+            let mut v = group_json(&g, &vs);
+            v["kind"] = json!("APIGroup");
+            v["apiVersion"] = json!("v1");
+            v
+        })
 }
 
-const VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+const VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
-fn subresources(rt: &ResourceType) -> Vec<(String, String, Vec<&'static str>, Option<(&'static str, &'static str)>)> {
+/// One subresource as discovery lists it.
+struct Subresource {
+    name: &'static str,
+    kind: String,
+    verbs: &'static [&'static str],
+    /// Group and version of the kind when it differs from the parent's (eviction).
+    group_version: Option<(&'static str, &'static str)>,
+}
+
+fn subresources(rt: &ResourceType) -> Vec<Subresource> {
     let mut out = Vec::new();
     if rt.status_subresource {
-        out.push(("status".to_string(), rt.kind.clone(), vec!["get", "patch", "update"], None));
+        out.push(Subresource {
+            name: "status",
+            kind: rt.kind.clone(),
+            verbs: &["get", "patch", "update"],
+            group_version: None,
+        });
     }
     if rt.group.is_empty() && rt.plural == "pods" {
-        out.push(("eviction".to_string(), "Eviction".to_string(), vec!["create"], Some(("policy", "v1"))));
-        out.push(("binding".to_string(), "Binding".to_string(), vec!["create"], None));
+        out.push(Subresource {
+            name: "eviction",
+            kind: "Eviction".into(),
+            verbs: &["create"],
+            group_version: Some(("policy", "v1")),
+        });
+        out.push(Subresource {
+            name: "binding",
+            kind: "Binding".into(),
+            verbs: &["create"],
+            group_version: None,
+        });
     }
     out
 }
@@ -78,7 +119,11 @@ pub fn resource_list(catalog: &Catalog, group: &str, version: &str) -> Option<Va
         return None;
     }
     let mut resources = Vec::new();
-    for rt in catalog.all().iter().filter(|t| t.group == group && t.version == version) {
+    for rt in catalog
+        .all()
+        .iter()
+        .filter(|t| t.group == group && t.version == version)
+    {
         let mut r = json!({
             "name": rt.plural,
             "singularName": rt.singular,
@@ -93,23 +138,29 @@ pub fn resource_list(catalog: &Catalog, group: &str, version: &str) -> Option<Va
             r["categories"] = json!(rt.categories);
         }
         resources.push(r);
-        for (sub, kind, verbs, gv) in subresources(rt) {
+        for sub in subresources(rt) {
             let mut s = json!({
-                "name": format!("{}/{sub}", rt.plural),
+                "name": format!("{}/{}", rt.plural, sub.name),
                 "singularName": "",
                 "namespaced": rt.namespaced,
-                "kind": kind,
-                "verbs": verbs,
+                "kind": sub.kind,
+                "verbs": sub.verbs,
             });
-            if let Some((g, v)) = gv {
+            if let Some((g, v)) = sub.group_version {
                 s["group"] = json!(g);
                 s["version"] = json!(v);
             }
             resources.push(s);
         }
     }
-    let group_version = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}))
+    let group_version = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}),
+    )
 }
 
 fn aggregated_resource(rt: &ResourceType) -> Value {
@@ -128,9 +179,9 @@ fn aggregated_resource(rt: &ResourceType) -> Value {
     }
     let subs: Vec<Value> = subresources(rt)
         .into_iter()
-        .map(|(sub, kind, verbs, gv)| {
-            let (g, v) = gv.unwrap_or((rt.group.as_str(), rt.version.as_str()));
-            json!({"subresource": sub, "responseKind": {"group": g, "version": v, "kind": kind}, "verbs": verbs})
+        .map(|sub| {
+            let (g, v) = sub.group_version.unwrap_or((rt.group.as_str(), rt.version.as_str()));
+            json!({"subresource": sub.name, "responseKind": {"group": g, "version": v, "kind": sub.kind}, "verbs": sub.verbs})
         })
         .collect();
     if !subs.is_empty() {
@@ -142,7 +193,11 @@ fn aggregated_resource(rt: &ResourceType) -> Value {
 /// Aggregated discovery (`APIGroupDiscoveryList`, `apidiscovery.k8s.io/v2`) for `/api`
 /// (`core` true) or `/apis`.
 pub fn aggregated(catalog: &Catalog, core: bool) -> Value {
-    let mut groups: Vec<(String, Vec<String>)> = if core { vec![(String::new(), vec!["v1".into()])] } else { catalog.groups() };
+    let mut groups: Vec<(String, Vec<String>)> = if core {
+        vec![(String::new(), vec!["v1".into()])]
+    } else {
+        catalog.groups()
+    };
     groups.retain(|(g, _)| g.is_empty() == core);
     let items: Vec<Value> = groups
         .iter()

@@ -77,7 +77,11 @@ pub fn evaluate<'a>(pdb: &Value, pods: impl IntoIterator<Item = &'a Value>) -> B
 /// from `previous` when the condition did not change.
 pub fn status(pdb: &Value, budget: &Budget) -> Value {
     let allowed = budget.disruptions_allowed > 0;
-    let (cond_status, reason) = if allowed { ("True", "SufficientPods") } else { ("False", "InsufficientPods") };
+    let (cond_status, reason) = if allowed {
+        ("True", "SufficientPods")
+    } else {
+        ("False", "InsufficientPods")
+    };
     let previous = pdb["status"]["conditions"]
         .as_array()
         .and_then(|c| c.iter().find(|c| c["type"] == "DisruptionAllowed"))
@@ -125,10 +129,16 @@ mod tests {
         let pdb = |spec: Value| json!({"metadata": {"namespace": "ns"}, "spec": spec});
         let sel = json!({"matchLabels": {"app": "w"}});
         let b = evaluate(&pdb(json!({"selector": sel, "minAvailable": 2})), &pods);
-        assert_eq!((b.current_healthy, b.desired_healthy, b.disruptions_allowed), (2, 2, 0));
+        assert_eq!(
+            (b.current_healthy, b.desired_healthy, b.disruptions_allowed),
+            (2, 2, 0)
+        );
         let b = evaluate(&pdb(json!({"selector": sel, "minAvailable": "50%"})), &pods);
         assert_eq!((b.desired_healthy, b.disruptions_allowed), (2, 0));
-        let b = evaluate(&pdb(json!({"selector": sel, "maxUnavailable": "34%"})), &pods);
+        let b = evaluate(
+            &pdb(json!({"selector": sel, "maxUnavailable": "34%"})),
+            &pods,
+        );
         assert_eq!((b.desired_healthy, b.disruptions_allowed), (1, 1));
         let b = evaluate(&pdb(json!({"selector": sel, "maxUnavailable": 0})), &pods);
         assert_eq!(b.disruptions_allowed, 0);

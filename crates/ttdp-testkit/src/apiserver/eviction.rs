@@ -14,7 +14,13 @@ fn created_status() -> Value {
 }
 
 /// `POST .../pods/<name>/eviction`.
-pub fn evict(state: &mut ClusterState, pods: &ResourceType, namespace: &str, name: &str, body: &Value) -> Result<Value, ApiError> {
+pub fn evict(
+    state: &mut ClusterState,
+    pods: &ResourceType,
+    namespace: &str,
+    name: &str,
+    body: &Value,
+) -> Result<Value, ApiError> {
     let pod = state.get(pods, namespace, name)?;
     let mut opts = DeleteOpts::default();
     if body["deleteOptions"].is_object() {
@@ -32,7 +38,12 @@ pub fn evict(state: &mut ClusterState, pods: &ResourceType, namespace: &str, nam
     let pdb_rt = state
         .resource("policy", "v1", "poddisruptionbudgets")
         .ok_or_else(|| ApiError::internal("poddisruptionbudgets are not served"))?;
-    let all_pods: Vec<Value> = state.store.list(&pods.storage_key(), Some(namespace)).into_iter().cloned().collect();
+    let all_pods: Vec<Value> = state
+        .store
+        .list(&pods.storage_key(), Some(namespace))
+        .into_iter()
+        .cloned()
+        .collect();
     let budgets: Vec<Value> = state
         .store
         .list(&pdb_rt.storage_key(), Some(namespace))
@@ -48,8 +59,12 @@ pub fn evict(state: &mut ClusterState, pods: &ResourceType, namespace: &str, nam
         [pdb] => {
             let budget = disruption::evaluate(pdb, &all_pods);
             let healthy = disruption::is_healthy(&pod);
-            let policy = pdb["spec"]["unhealthyPodEvictionPolicy"].as_str().unwrap_or("IfHealthyBudget");
-            if !healthy && (policy == "AlwaysAllow" || budget.current_healthy >= budget.desired_healthy) {
+            let policy = pdb["spec"]["unhealthyPodEvictionPolicy"]
+                .as_str()
+                .unwrap_or("IfHealthyBudget");
+            if !healthy
+                && (policy == "AlwaysAllow" || budget.current_healthy >= budget.desired_healthy)
+            {
                 state.delete(pods, namespace, name, &opts)?;
                 return Ok(created_status());
             }
@@ -69,7 +84,10 @@ pub fn evict(state: &mut ClusterState, pods: &ResourceType, namespace: &str, nam
                     }],
                 ));
             }
-            let after = Budget { disruptions_allowed: budget.disruptions_allowed - 1, ..budget };
+            let after = Budget {
+                disruptions_allowed: budget.disruptions_allowed - 1,
+                ..budget
+            };
             write_status(state, &pdb_rt, pdb, &after, Some(name));
             state.delete(pods, namespace, name, &opts)?;
             Ok(created_status())
@@ -80,7 +98,13 @@ pub fn evict(state: &mut ClusterState, pods: &ResourceType, namespace: &str, nam
     }
 }
 
-fn write_status(state: &mut ClusterState, pdb_rt: &ResourceType, pdb: &Value, budget: &Budget, disrupted: Option<&str>) {
+fn write_status(
+    state: &mut ClusterState,
+    pdb_rt: &ResourceType,
+    pdb: &Value,
+    budget: &Budget,
+    disrupted: Option<&str>,
+) {
     let mut updated = pdb.clone();
     updated["status"] = disruption::status(pdb, budget);
     if let Some(pod) = disrupted {
@@ -106,13 +130,21 @@ pub fn bind(
     if let Some(current) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
         let q = pods.qualified();
         return Err(ApiError::conflict(
-            super::status::ObjectRef { qualified_resource: &q, group: "", plural: "pods", name },
+            super::status::ObjectRef {
+                qualified_resource: &q,
+                group: "",
+                plural: "pods",
+                name,
+            },
             &format!("pod {name} is already assigned to node \"{current}\""),
         ));
     }
     let mut updated = pod.clone();
     updated["spec"]["nodeName"] = json!(node);
-    let mut conditions = updated["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let mut conditions = updated["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     conditions.retain(|c| c["type"] != "PodScheduled");
     conditions.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now()}));
     updated["status"]["conditions"] = json!(conditions);

@@ -40,7 +40,15 @@ pub struct Fault {
 
 impl Fault {
     fn new(effect: FaultEffect) -> Self {
-        Self { verb: None, resource: None, subresource: None, name: None, effect, probability: 1.0, remaining: None }
+        Self {
+            verb: None,
+            resource: None,
+            subresource: None,
+            name: None,
+            effect,
+            probability: 1.0,
+            remaining: None,
+        }
     }
 
     /// Fail matching requests with `status`.
@@ -112,7 +120,10 @@ pub struct Faults {
 impl Default for Faults {
     fn default() -> Self {
         let (drop_watches, _) = broadcast::channel(16);
-        Self { rules: Arc::new(Mutex::new(Vec::new())), drop_watches }
+        Self {
+            rules: Arc::new(Mutex::new(Vec::new())),
+            drop_watches,
+        }
     }
 }
 
@@ -142,7 +153,13 @@ impl Faults {
     }
 
     /// The effects that fire for this request (consuming their `times` budget).
-    pub fn decide(&self, verb: &str, resource: &str, subresource: &str, name: &str) -> Vec<FaultEffect> {
+    pub fn decide(
+        &self,
+        verb: &str,
+        resource: &str,
+        subresource: &str,
+        name: &str,
+    ) -> Vec<FaultEffect> {
         let mut rng = rand::rng();
         let mut out = Vec::new();
         let mut rules = self.lock();

@@ -52,7 +52,9 @@ fn field_names(path: &[String]) -> Vec<String> {
 /// `with_spec`).
 pub fn fields_of(rt: &ResourceType, obj: &Value, with_spec: bool, with_status: bool) -> FieldSet {
     let mut out = FieldSet::new();
-    let Some(map) = obj.as_object() else { return out };
+    let Some(map) = obj.as_object() else {
+        return out;
+    };
     for (k, v) in map {
         match k.as_str() {
             "apiVersion" | "kind" => {}
@@ -60,7 +62,12 @@ pub fn fields_of(rt: &ResourceType, obj: &Value, with_spec: bool, with_status: b
                 if let Some(meta) = v.as_object() {
                     for (mk, mv) in meta {
                         if !SERVER_METADATA.contains(&mk.as_str()) {
-                            collect(rt, mv, vec!["f:metadata".into(), format!("f:{mk}")], &mut out);
+                            collect(
+                                rt,
+                                mv,
+                                vec!["f:metadata".into(), format!("f:{mk}")],
+                                &mut out,
+                            );
                         }
                     }
                 }
@@ -148,7 +155,9 @@ fn step<'a>(current: &'a Value, element: &str) -> Option<&'a Value> {
 
 /// Remove the field at `path` from `obj` (a no-op when absent).
 pub fn remove_at(obj: &mut Value, path: &[String]) {
-    let Some((last, parents)) = path.split_last() else { return };
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
     if last == "." {
         // Removing a list item: its parent path ends with the `k:` element.
         remove_at(obj, parents);
@@ -162,10 +171,13 @@ pub fn remove_at(obj: &mut Value, path: &[String]) {
         let next = if let Some(field) = element.strip_prefix("f:") {
             current.get_mut(field)
         } else if let Some(keys) = element.strip_prefix("k:") {
-            let Ok(keys) = serde_json::from_str::<Map<String, Value>>(keys) else { return };
-            current
-                .as_array_mut()
-                .and_then(|a| a.iter_mut().find(|item| keys.iter().all(|(k, v)| item.get(k) == Some(v))))
+            let Ok(keys) = serde_json::from_str::<Map<String, Value>>(keys) else {
+                return;
+            };
+            current.as_array_mut().and_then(|a| {
+                a.iter_mut()
+                    .find(|item| keys.iter().all(|(k, v)| item.get(k) == Some(v)))
+            })
         } else {
             None
         };
@@ -179,7 +191,10 @@ pub fn remove_at(obj: &mut Value, path: &[String]) {
             m.remove(field);
         }
     } else if let Some(keys) = last.strip_prefix("k:") {
-        if let (Ok(keys), Some(a)) = (serde_json::from_str::<Map<String, Value>>(keys), current.as_array_mut()) {
+        if let (Ok(keys), Some(a)) = (
+            serde_json::from_str::<Map<String, Value>>(keys),
+            current.as_array_mut(),
+        ) {
             a.retain(|item| !keys.iter().all(|(k, v)| item.get(k) == Some(v)));
         }
     } else if let Some(v) = last.strip_prefix("v:")
@@ -195,7 +210,9 @@ pub fn to_fields_v1(set: &FieldSet) -> Value {
     for path in set {
         let mut node = &mut root;
         for element in path {
-            let entry = node.entry(element.clone()).or_insert_with(|| Value::Object(Map::new()));
+            let entry = node
+                .entry(element.clone())
+                .or_insert_with(|| Value::Object(Map::new()));
             match entry {
                 Value::Object(m) => node = m,
                 _ => break,

@@ -36,13 +36,20 @@ impl ClusterState {
     fn all_objects(&self) -> Vec<Entry> {
         let mut by_storage: HashMap<String, ResourceType> = HashMap::new();
         for rt in self.catalog.all() {
-            by_storage.entry(rt.storage_key()).or_insert_with(|| rt.clone());
+            by_storage
+                .entry(rt.storage_key())
+                .or_insert_with(|| rt.clone());
         }
         let mut out = Vec::new();
         for key in self.store.storage_keys() {
-            let Some(rt) = by_storage.get(&key) else { continue };
+            let Some(rt) = by_storage.get(&key) else {
+                continue;
+            };
             for obj in self.store.list(&key, None) {
-                out.push(Entry { rt: rt.clone(), obj: obj.clone() });
+                out.push(Entry {
+                    rt: rt.clone(),
+                    obj: obj.clone(),
+                });
             }
         }
         out
@@ -52,7 +59,10 @@ impl ClusterState {
         if meta::is_deleting(obj) {
             return;
         }
-        let opts = DeleteOpts { propagation: Some(propagation.into()), ..Default::default() };
+        let opts = DeleteOpts {
+            propagation: Some(propagation.into()),
+            ..Default::default()
+        };
         // Already gone is fine; nothing else can fail for a background delete.
         let _ = self.delete(rt, meta::namespace(obj), meta::name(obj), &opts);
     }
@@ -60,7 +70,10 @@ impl ClusterState {
     /// Remove one finalizer the server owns; completes the deletion when none is left.
     fn drop_finalizer(&mut self, rt: &ResourceType, obj: &Value, finalizer: &str) {
         let mut updated = obj.clone();
-        let remaining: Vec<String> = meta::finalizers(obj).into_iter().filter(|f| f != finalizer).collect();
+        let remaining: Vec<String> = meta::finalizers(obj)
+            .into_iter()
+            .filter(|f| f != finalizer)
+            .collect();
         if remaining.is_empty() {
             meta::remove(&mut updated, "finalizers");
         } else {
@@ -69,7 +82,10 @@ impl ClusterState {
         let stored = self.store_direct(rt, obj, updated);
         let pod_waiting = rt.group.is_empty()
             && rt.plural == "pods"
-            && stored["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) > 0;
+            && stored["metadata"]["deletionGracePeriodSeconds"]
+                .as_i64()
+                .unwrap_or(0)
+                > 0;
         if meta::is_deleting(&stored) && meta::finalizers(&stored).is_empty() && !pod_waiting {
             self.remove_now(rt, &stored);
         }
@@ -86,12 +102,18 @@ impl ClusterState {
 
     fn collect_garbage(&mut self) {
         let objects = self.all_objects();
-        let by_uid: HashMap<String, &Entry> = objects.iter().map(|e| (meta::uid(&e.obj).to_string(), e)).collect();
+        let by_uid: HashMap<String, &Entry> = objects
+            .iter()
+            .map(|e| (meta::uid(&e.obj).to_string(), e))
+            .collect();
         let mut dependents_of: HashMap<String, Vec<(&Entry, bool)>> = HashMap::new();
         let mut to_delete: Vec<(ResourceType, Value)> = Vec::new();
         let mut to_rewrite: Vec<(ResourceType, Value, Value)> = Vec::new();
         for e in &objects {
-            let refs = e.obj["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default();
+            let refs = e.obj["metadata"]["ownerReferences"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
             if refs.is_empty() {
                 continue;
             }
@@ -99,7 +121,9 @@ impl ClusterState {
             let mut delete_for_foreground = false;
             for r in &refs {
                 let uid = r["uid"].as_str().unwrap_or_default();
-                let Some(owner) = by_uid.get(uid) else { continue };
+                let Some(owner) = by_uid.get(uid) else {
+                    continue;
+                };
                 let owner_finalizers = meta::finalizers(&owner.obj);
                 let deleting = meta::is_deleting(&owner.obj);
                 if deleting && owner_finalizers.iter().any(|f| f == "orphan") {
@@ -114,7 +138,9 @@ impl ClusterState {
                     .push((e, r["blockOwnerDeletion"].as_bool() == Some(true)));
                 kept.push(r.clone());
             }
-            let all_dangling = refs.iter().all(|r| !by_uid.contains_key(r["uid"].as_str().unwrap_or_default()));
+            let all_dangling = refs
+                .iter()
+                .all(|r| !by_uid.contains_key(r["uid"].as_str().unwrap_or_default()));
             if all_dangling || delete_for_foreground {
                 to_delete.push((e.rt.clone(), e.obj.clone()));
             } else if kept.len() != refs.len() {
@@ -137,8 +163,13 @@ impl ClusterState {
             if finalizers.iter().any(|f| f == "orphan") {
                 orphaning.push((e.rt.clone(), e.obj.clone()));
             }
-            let deps = dependents_of.get(meta::uid(&e.obj)).map(Vec::as_slice).unwrap_or_default();
-            if finalizers.iter().any(|f| f == "foregroundDeletion") && !deps.iter().any(|(_, blocking)| *blocking) {
+            let deps = dependents_of
+                .get(meta::uid(&e.obj))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            if finalizers.iter().any(|f| f == "foregroundDeletion")
+                && !deps.iter().any(|(_, blocking)| *blocking)
+            {
                 foreground_done.push((e.rt.clone(), e.obj.clone()));
             }
         }
@@ -146,12 +177,20 @@ impl ClusterState {
             self.store_direct(&rt, &old, new);
         }
         for (rt, obj) in to_delete {
-            if let Some(current) = self.store.get(&rt.storage_key(), meta::namespace(&obj), meta::name(&obj)).cloned() {
+            if let Some(current) = self
+                .store
+                .get(&rt.storage_key(), meta::namespace(&obj), meta::name(&obj))
+                .cloned()
+            {
                 self.delete_quietly(&rt, &current, "Background");
             }
         }
         for (rt, obj) in foreground_done {
-            if let Some(current) = self.store.get(&rt.storage_key(), meta::namespace(&obj), meta::name(&obj)).cloned() {
+            if let Some(current) = self
+                .store
+                .get(&rt.storage_key(), meta::namespace(&obj), meta::name(&obj))
+                .cloned()
+            {
                 self.drop_finalizer(&rt, &current, "foregroundDeletion");
             }
         }
@@ -163,7 +202,10 @@ impl ClusterState {
                     .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
             });
             if !referenced
-                && let Some(current) = self.store.get(&rt.storage_key(), meta::namespace(&obj), meta::name(&obj)).cloned()
+                && let Some(current) = self
+                    .store
+                    .get(&rt.storage_key(), meta::namespace(&obj), meta::name(&obj))
+                    .cloned()
             {
                 self.drop_finalizer(&rt, &current, "orphan");
             }
@@ -181,11 +223,16 @@ impl ClusterState {
         if terminating.is_empty() {
             return;
         }
-        let Some(ns_rt) = self.resource("", "v1", "namespaces") else { return };
+        let Some(ns_rt) = self.resource("", "v1", "namespaces") else {
+            return;
+        };
         let objects = self.all_objects();
         for ns in terminating {
             let name = meta::name(&ns);
-            let contents: Vec<&Entry> = objects.iter().filter(|e| e.rt.namespaced && meta::namespace(&e.obj) == name).collect();
+            let contents: Vec<&Entry> = objects
+                .iter()
+                .filter(|e| e.rt.namespaced && meta::namespace(&e.obj) == name)
+                .collect();
             if contents.is_empty() {
                 let mut updated = ns.clone();
                 if let Some(f) = updated["spec"]["finalizers"].as_array_mut() {
@@ -204,22 +251,42 @@ impl ClusterState {
     }
 
     fn clean_up_crds(&mut self) {
-        let Some(crd_rt) = self.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions") else { return };
+        let Some(crd_rt) = self.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+        else {
+            return;
+        };
         let deleting: Vec<Value> = self
             .store
             .list(&crd_rt.storage_key(), None)
             .into_iter()
-            .filter(|c| meta::is_deleting(c) && meta::finalizers(c).iter().any(|f| f == CRD_CLEANUP_FINALIZER))
+            .filter(|c| {
+                meta::is_deleting(c)
+                    && meta::finalizers(c)
+                        .iter()
+                        .any(|f| f == CRD_CLEANUP_FINALIZER)
+            })
             .cloned()
             .collect();
         for crd in deleting {
             let group = crd["spec"]["group"].as_str().unwrap_or_default();
             let plural = crd["spec"]["names"]["plural"].as_str().unwrap_or_default();
             let storage = format!("{group}/{plural}");
-            let remaining: Vec<Value> = self.store.list(&storage, None).into_iter().cloned().collect();
-            let cr_rt = self.catalog.all().iter().find(|t| t.storage_key() == storage).cloned();
+            let remaining: Vec<Value> = self
+                .store
+                .list(&storage, None)
+                .into_iter()
+                .cloned()
+                .collect();
+            let cr_rt = self
+                .catalog
+                .all()
+                .iter()
+                .find(|t| t.storage_key() == storage)
+                .cloned();
             match (remaining.is_empty(), cr_rt) {
-                (true, _) | (false, None) => self.drop_finalizer(&crd_rt, &crd, CRD_CLEANUP_FINALIZER),
+                (true, _) | (false, None) => {
+                    self.drop_finalizer(&crd_rt, &crd, CRD_CLEANUP_FINALIZER)
+                }
                 (false, Some(rt)) => {
                     for obj in remaining {
                         self.delete_quietly(&rt, &obj, "Background");
@@ -230,8 +297,12 @@ impl ClusterState {
     }
 
     fn finish_pod_deletions(&mut self) {
-        let PodTermination::Automatic { delay } = self.options.pod_termination else { return };
-        let Some(pods_rt) = self.resource("", "v1", "pods") else { return };
+        let PodTermination::Automatic { delay } = self.options.pod_termination else {
+            return;
+        };
+        let Some(pods_rt) = self.resource("", "v1", "pods") else {
+            return;
+        };
         let terminating: Vec<Value> = self
             .store
             .list(&pods_rt.storage_key(), None)
@@ -241,9 +312,15 @@ impl ClusterState {
             .collect();
         let now = Instant::now();
         for pod in terminating {
-            let key = (meta::namespace(&pod).to_string(), meta::name(&pod).to_string());
+            let key = (
+                meta::namespace(&pod).to_string(),
+                meta::name(&pod).to_string(),
+            );
             let since = *self.terminating_since.entry(key).or_insert(now);
-            let grace = pod["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0).max(0) as u64;
+            let grace = pod["metadata"]["deletionGracePeriodSeconds"]
+                .as_i64()
+                .unwrap_or(0)
+                .max(0) as u64;
             let wait = delay.min(Duration::from_secs(grace));
             if now.duration_since(since) < wait {
                 continue;
@@ -259,20 +336,38 @@ impl ClusterState {
     }
 
     fn update_disruption_budgets(&mut self) {
-        let Some(pdb_rt) = self.resource("policy", "v1", "poddisruptionbudgets") else { return };
-        let Some(pods_rt) = self.resource("", "v1", "pods") else { return };
-        let pdbs: Vec<Value> = self.store.list(&pdb_rt.storage_key(), None).into_iter().cloned().collect();
+        let Some(pdb_rt) = self.resource("policy", "v1", "poddisruptionbudgets") else {
+            return;
+        };
+        let Some(pods_rt) = self.resource("", "v1", "pods") else {
+            return;
+        };
+        let pdbs: Vec<Value> = self
+            .store
+            .list(&pdb_rt.storage_key(), None)
+            .into_iter()
+            .cloned()
+            .collect();
         if pdbs.is_empty() {
             return;
         }
-        let pods: Vec<Value> = self.store.list(&pods_rt.storage_key(), None).into_iter().cloned().collect();
+        let pods: Vec<Value> = self
+            .store
+            .list(&pods_rt.storage_key(), None)
+            .into_iter()
+            .cloned()
+            .collect();
         for pdb in pdbs {
             let budget = disruption::evaluate(&pdb, &pods);
             let mut status = disruption::status(&pdb, &budget);
             // Evicted pods stop counting once they are gone.
             if let Some(disrupted) = status["disruptedPods"].as_object_mut() {
                 disrupted.retain(|name, _| {
-                    pods.iter().any(|p| meta::name(p) == name && meta::namespace(p) == meta::namespace(&pdb) && !meta::is_deleting(p))
+                    pods.iter().any(|p| {
+                        meta::name(p) == name
+                            && meta::namespace(p) == meta::namespace(&pdb)
+                            && !meta::is_deleting(p)
+                    })
                 });
                 if disrupted.is_empty()
                     && let Some(s) = status.as_object_mut()

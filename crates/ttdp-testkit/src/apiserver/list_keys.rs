@@ -37,7 +37,10 @@ fn keys(k: &[&str]) -> ListKind {
 /// relative form used in the table below.
 fn normalise(rt: &ResourceType, path: &[String]) -> String {
     let mut parts: Vec<&str> = path.iter().map(String::as_str).collect();
-    let templated = matches!(rt.plural.as_str(), "daemonsets" | "deployments" | "replicasets");
+    let templated = matches!(
+        rt.plural.as_str(),
+        "daemonsets" | "deployments" | "replicasets"
+    );
     if templated && parts.len() >= 2 && parts[0] == "spec" && parts[1] == "template" {
         parts.drain(0..2);
     }
@@ -52,7 +55,9 @@ fn builtin_kind(rt: &ResourceType, path: &[String], merger: Merger) -> ListKind 
     match p.as_str() {
         "metadata.ownerReferences" => keys(&["uid"]),
         "metadata.finalizers" => ListKind::Set,
-        "spec.containers" | "spec.volumes" | "spec.imagePullSecrets" | "spec.containers.env" => keys(&["name"]),
+        "spec.containers" | "spec.volumes" | "spec.imagePullSecrets" | "spec.containers.env" => {
+            keys(&["name"])
+        }
         "spec.containers.ports" => match merger {
             Merger::Apply => keys(&["containerPort", "protocol"]),
             Merger::Strategic => keys(&["containerPort"]),
@@ -81,7 +86,11 @@ fn schema_kind(schema: &Value, path: &[String]) -> ListKind {
             node = &node["items"];
         }
         let next = &node["properties"][segment.as_str()];
-        node = if next.is_null() { &node["additionalProperties"] } else { next };
+        node = if next.is_null() {
+            &node["additionalProperties"]
+        } else {
+            next
+        };
         if node.is_null() {
             return ListKind::Atomic;
         }
@@ -125,8 +134,22 @@ mod tests {
     fn daemonset_template_containers_merge_by_name() {
         let catalog = Catalog::builtin();
         let ds = catalog.find("apps", "v1", "daemonsets").unwrap();
-        assert_eq!(list_kind(ds, &path("spec.template.spec.containers.env"), Merger::Apply), keys(&["name"]));
-        assert_eq!(list_kind(ds, &path("spec.template.spec.tolerations"), Merger::Strategic), ListKind::Atomic);
+        assert_eq!(
+            list_kind(
+                ds,
+                &path("spec.template.spec.containers.env"),
+                Merger::Apply
+            ),
+            keys(&["name"])
+        );
+        assert_eq!(
+            list_kind(
+                ds,
+                &path("spec.template.spec.tolerations"),
+                Merger::Strategic
+            ),
+            ListKind::Atomic
+        );
     }
 
     #[test]
@@ -141,7 +164,13 @@ mod tests {
                 "items": {"type": "object", "properties": {"name": {"type": "string"}}}
             }}}}
         }));
-        assert_eq!(list_kind(&rt, &path("status.nodes"), Merger::Apply), keys(&["name"]));
-        assert_eq!(list_kind(&rt, &path("status.other"), Merger::Apply), ListKind::Atomic);
+        assert_eq!(
+            list_kind(&rt, &path("status.nodes"), Merger::Apply),
+            keys(&["name"])
+        );
+        assert_eq!(
+            list_kind(&rt, &path("status.other"), Merger::Apply),
+            ListKind::Atomic
+        );
     }
 }

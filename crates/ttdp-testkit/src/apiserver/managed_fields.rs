@@ -87,18 +87,27 @@ pub fn scope(rt: &ResourceType, subresource: &str) -> (bool, bool) {
 
 /// Record a non-apply write (create, update, patch) by `manager`: it takes ownership of every
 /// field it changed, fields it removed leave every manager's set.
-pub fn record_update(rt: &ResourceType, old: Option<&Value>, new: &mut Value, manager: &str, subresource: &str) {
+pub fn record_update(
+    rt: &ResourceType,
+    old: Option<&Value>,
+    new: &mut Value,
+    manager: &str,
+    subresource: &str,
+) {
     let mut entries = old.map(read).unwrap_or_default();
     let (with_spec, with_status) = scope(rt, subresource);
     let new_set = fields_of(rt, new, with_spec, with_status);
-    let old_set = old.map(|o| fields_of(rt, o, with_spec, with_status)).unwrap_or_default();
+    let old_set = old
+        .map(|o| fields_of(rt, o, with_spec, with_status))
+        .unwrap_or_default();
     let changed: FieldSet = new_set
         .iter()
         .filter(|p| match old {
             None => true,
             Some(o) => {
                 let was = value_at(o, p);
-                was.is_none() || (p.last().map(String::as_str) != Some(".") && was != value_at(new, p))
+                was.is_none()
+                    || (p.last().map(String::as_str) != Some(".") && was != value_at(new, p))
             }
         })
         .cloned()
@@ -111,7 +120,10 @@ pub fn record_update(rt: &ResourceType, old: Option<&Value>, new: &mut Value, ma
         }
     }
     if !changed.is_empty() {
-        match entries.iter_mut().find(|e| e.is(manager, "Update", subresource)) {
+        match entries
+            .iter_mut()
+            .find(|e| e.is(manager, "Update", subresource))
+        {
             Some(e) => {
                 e.fields.extend(changed);
                 e.time = meta::now();

@@ -20,7 +20,9 @@ pub fn uid(obj: &Value) -> &str {
 
 /// `metadata.resourceVersion` or "".
 pub fn resource_version(obj: &Value) -> &str {
-    obj["metadata"]["resourceVersion"].as_str().unwrap_or_default()
+    obj["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
 }
 
 /// `metadata.finalizers` as strings.
@@ -55,7 +57,9 @@ pub fn remove(obj: &mut Value, field: &str) {
 
 /// The current time as the API server writes it (RFC 3339, seconds).
 pub fn now() -> String {
-    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 /// The time `seconds` from now, formatted like [`now`].
@@ -72,7 +76,14 @@ pub fn new_uid() -> String {
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     let h = hex::encode(bytes);
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// Five random lowercase alphanumerics, the suffix `generateName` gets.
@@ -90,7 +101,9 @@ pub fn is_dns_subdomain(name: &str) -> bool {
         && name.len() <= 253
         && name.split('.').all(|label| {
             !label.is_empty()
-                && label.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
@@ -102,7 +115,9 @@ pub fn generation_relevant(obj: &Value) -> Value {
     match obj {
         Value::Object(o) => Value::Object(
             o.iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "status" | "kind" | "apiVersion"))
+                .filter(|(k, _)| {
+                    !matches!(k.as_str(), "metadata" | "status" | "kind" | "apiVersion")
+                })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
         ),

@@ -65,10 +65,14 @@ pub use recorder::{RecordedRequest, Recorder};
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// Binding 127.0.0.1 failed.
-    #[error("cannot listen on 127.0.0.1 for the test api server; check that loopback networking works")]
+    #[error(
+        "cannot listen on 127.0.0.1 for the test api server; check that loopback networking works"
+    )]
     Bind(#[source] std::io::Error),
     /// Writing the kubeconfig failed.
-    #[error("cannot write the test api server kubeconfig into a temporary directory; check TMPDIR is writable")]
+    #[error(
+        "cannot write the test api server kubeconfig into a temporary directory; check TMPDIR is writable"
+    )]
     Kubeconfig(#[source] std::io::Error),
     /// The server URL did not parse (cannot happen for a bound socket address).
     #[error("test api server url {url} is not a valid uri")]
@@ -151,7 +155,9 @@ impl TestApiServer {
     }
 
     async fn start_with(options: ServerOptions, port: u16) -> Result<Self, ServerError> {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.map_err(ServerError::Bind)?;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .map_err(ServerError::Bind)?;
         let address = listener.local_addr().map_err(ServerError::Bind)?;
         let dir = tempfile::Builder::new()
             .prefix("ttdp-apiserver-")
@@ -171,13 +177,22 @@ impl TestApiServer {
         let serve_stop = stop.clone();
         let server = tokio::spawn(async move {
             let shutdown = async move { serve_stop.cancelled().await };
-            if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(shutdown).await {
+            if let Err(e) = axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+            {
                 tracing::error!(error = %e, "test api server stopped serving");
             }
         });
         let controllers = tokio::spawn(lifecycle::run(app.cluster.clone(), stop));
         tracing::debug!(%url, kubeconfig = %kubeconfig.display(), "test api server started");
-        Ok(Self { address, dir, kubeconfig, app, tasks: vec![server, controllers] })
+        Ok(Self {
+            address,
+            dir,
+            kubeconfig,
+            app,
+            tasks: vec![server, controllers],
+        })
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -205,7 +220,10 @@ impl TestApiServer {
     /// backoff for up to about five minutes, unless `default_retry` is turned off.
     pub fn config(&self) -> Result<kube::Config, ServerError> {
         let url = self.url();
-        let uri: http::Uri = url.parse().map_err(|source| ServerError::Url { url: url.clone(), source })?;
+        let uri: http::Uri = url.parse().map_err(|source| ServerError::Url {
+            url: url.clone(),
+            source,
+        })?;
         let mut config = kube::Config::new(uri);
         config.default_namespace = "default".into();
         Ok(config)
@@ -218,7 +236,10 @@ impl TestApiServer {
     pub async fn client(&self) -> Result<kube::Client, ServerError> {
         let mut config = self.config()?;
         config.default_retry = false;
-        kube::Client::try_from(config).map_err(|source| ServerError::Client { url: self.url(), source })
+        kube::Client::try_from(config).map_err(|source| ServerError::Client {
+            url: self.url(),
+            source,
+        })
     }
 
     /// The request log.

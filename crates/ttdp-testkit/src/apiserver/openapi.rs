@@ -14,7 +14,10 @@ fn info() -> Value {
 /// `/openapi/v3`: one entry per served group/version.
 pub fn v3_root(catalog: &Catalog) -> Value {
     let mut paths = Map::new();
-    paths.insert("api/v1".into(), json!({"serverRelativeURL": "/openapi/v3/api/v1"}));
+    paths.insert(
+        "api/v1".into(),
+        json!({"serverRelativeURL": "/openapi/v3/api/v1"}),
+    );
     for (group, versions) in catalog.groups() {
         for v in versions {
             paths.insert(
@@ -49,7 +52,11 @@ pub fn v3_group_version(catalog: &Catalog, group: &str, version: &str) -> Option
         return None;
     }
     let mut paths = Map::new();
-    for rt in catalog.all().iter().filter(|t| t.group == group && t.version == version) {
+    for rt in catalog
+        .all()
+        .iter()
+        .filter(|t| t.group == group && t.version == version)
+    {
         let gvk = json!({"group": rt.group, "version": rt.version, "kind": rt.kind});
         paths.insert(
             object_path(rt),

@@ -84,7 +84,12 @@ fn strip_directives(v: &Value) -> Value {
 }
 
 /// Strategic merge patch for built-in types.
-pub fn strategic_merge(rt: &ResourceType, target: &mut Value, patch: &Value, path: &mut Vec<String>) {
+pub fn strategic_merge(
+    rt: &ResourceType,
+    target: &mut Value,
+    patch: &Value,
+    path: &mut Vec<String>,
+) {
     let Value::Object(p) = patch else {
         *target = strip_directives(patch);
         return;
@@ -96,10 +101,14 @@ pub fn strategic_merge(rt: &ResourceType, target: &mut Value, patch: &Value, pat
     if !target.is_object() {
         *target = Value::Object(Default::default());
     }
-    let Some(t) = target.as_object_mut() else { return };
+    let Some(t) = target.as_object_mut() else {
+        return;
+    };
     for (k, v) in p {
         if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
-            if let (Some(list), Some(remove)) = (t.get_mut(field).and_then(Value::as_array_mut), v.as_array()) {
+            if let (Some(list), Some(remove)) =
+                (t.get_mut(field).and_then(Value::as_array_mut), v.as_array())
+            {
                 list.retain(|item| !remove.contains(item));
             }
             continue;
@@ -117,7 +126,9 @@ pub fn strategic_merge(rt: &ResourceType, target: &mut Value, patch: &Value, pat
                 let existing = t.entry(k.clone()).or_insert(Value::Array(Vec::new()));
                 merge_list(rt, existing, items, path);
             }
-            Value::Object(inner) if inner.get("$patch").and_then(Value::as_str) == Some("delete") => {
+            Value::Object(inner)
+                if inner.get("$patch").and_then(Value::as_str) == Some("delete") =>
+            {
                 t.remove(k);
             }
             Value::Object(_) => {
@@ -139,10 +150,15 @@ fn merge_list(rt: &ResourceType, existing: &mut Value, items: &[Value], path: &m
     if !existing.is_array() {
         *existing = Value::Array(Vec::new());
     }
-    let Some(target) = existing.as_array_mut() else { return };
+    let Some(target) = existing.as_array_mut() else {
+        return;
+    };
     match list_kind(rt, path, Merger::Strategic) {
         ListKind::Map(keys) => {
-            if items.iter().any(|i| i.get("$patch").and_then(Value::as_str) == Some("replace")) {
+            if items
+                .iter()
+                .any(|i| i.get("$patch").and_then(Value::as_str) == Some("replace"))
+            {
                 *target = items
                     .iter()
                     .filter(|i| i.get("$patch").is_none())

@@ -137,8 +137,12 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
             let mut out = json!({"apiVersion": api_version, "kind": kind});
             for (n, f) in fields(raw).ok_or_else(unsupported)? {
                 match (n, f) {
-                    (1, Field::Bytes(b)) => out["metadata"] = object_meta(b).ok_or_else(unsupported)?,
-                    (2, Field::Bytes(b)) => out["deleteOptions"] = delete_options(b).ok_or_else(unsupported)?,
+                    (1, Field::Bytes(b)) => {
+                        out["metadata"] = object_meta(b).ok_or_else(unsupported)?
+                    }
+                    (2, Field::Bytes(b)) => {
+                        out["deleteOptions"] = delete_options(b).ok_or_else(unsupported)?
+                    }
                     _ => {}
                 }
             }
@@ -170,7 +174,12 @@ mod tests {
         let opts = vec![1 << 3, 7];
         let raw = [field_bytes(1, &meta), field_bytes(2, &opts)].concat();
         let type_meta = [field_bytes(1, b"policy/v1"), field_bytes(2, b"Eviction")].concat();
-        let body = [MAGIC.to_vec(), field_bytes(1, &type_meta), field_bytes(2, &raw)].concat();
+        let body = [
+            MAGIC.to_vec(),
+            field_bytes(1, &type_meta),
+            field_bytes(2, &raw),
+        ]
+        .concat();
         let v = decode(&body).unwrap();
         assert_eq!(v["metadata"]["name"], "p1");
         assert_eq!(v["metadata"]["namespace"], "ns");

@@ -64,11 +64,15 @@ enum Target {
     OpenApiV2,
     OpenApiV3Root,
     OpenApiV3(String, String),
-    Resource(ResourcePath),
+    Resource(Box<ResourcePath>),
 }
 
 fn parse_target(app: &App, path: &str) -> Result<Target, ApiError> {
-    let segs: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    let segs: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
     match segs.as_slice() {
         ["version"] => Ok(Target::Version),
         ["healthz" | "livez" | "readyz", ..] => Ok(Target::Health),
@@ -87,7 +91,13 @@ fn parse_target(app: &App, path: &str) -> Result<Target, ApiError> {
     }
 }
 
-fn parse_resource(app: &App, group: &str, version: &str, rest: &[&str], path: &str) -> Result<Target, ApiError> {
+fn parse_resource(
+    app: &App,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+    path: &str,
+) -> Result<Target, ApiError> {
     let state = app.cluster.lock();
     let find = |plural: &str| state.resource(group, version, plural);
     let namespaced_plural = |plural: &str| find(plural).filter(|rt| rt.namespaced);
@@ -122,11 +132,21 @@ fn parse_resource(app: &App, group: &str, version: &str, rest: &[&str], path: &s
     if !allowed_sub {
         return Err(ApiError::no_route(path));
     }
-    Ok(Target::Resource(ResourcePath { rt, namespace, name, subresource: sub.to_string() }))
+    Ok(Target::Resource(Box::new(ResourcePath {
+        rt,
+        namespace,
+        name,
+        subresource: sub.to_string(),
+    })))
 }
 
 fn json_response(code: StatusCode, body: &Value) -> Response {
-    (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 fn verb_of(method: &Method, path: &ResourcePath, query: &HashMap<String, String>) -> &'static str {
@@ -171,7 +191,11 @@ async fn handle(
         .map(|q| q.0)
         .unwrap_or_default();
     let header = |name: header::HeaderName| {
-        headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
     };
     let user_agent = header(header::USER_AGENT);
     let content_type = header(header::CONTENT_TYPE);
@@ -203,7 +227,10 @@ async fn handle(
             record.name = rp.name.clone().unwrap_or_default();
             let name = rp.name.clone().unwrap_or_default();
             let mut failed = None;
-            for effect in app.faults.decide(verb, &rp.rt.plural, &rp.subresource, &name) {
+            for effect in app
+                .faults
+                .decide(verb, &rp.rt.plural, &rp.subresource, &name)
+            {
                 match effect {
                     FaultEffect::Latency(d) => tokio::time::sleep(d).await,
                     FaultEffect::Error(code) => {
@@ -222,7 +249,17 @@ async fn handle(
             }
             match failed {
                 Some(e) => e.into_response(),
-                None => match resource(&app, &method, &rp, &query, &headers, &user_agent, &content_type, &accept, &body) {
+                None => match resource(
+                    &app,
+                    &method,
+                    &rp,
+                    &query,
+                    &headers,
+                    &user_agent,
+                    &content_type,
+                    &accept,
+                    &body,
+                ) {
                     Ok(r) => r,
                     Err(e) => e.into_response(),
                 },
@@ -240,11 +277,16 @@ fn injected_error(code: u16) -> ApiError {
     match code {
         409 => ApiError::conflict_plain("injected conflict"),
         429 => {
-            let mut e = ApiError::too_many_requests("injected: too many requests, please try again later", Vec::new());
+            let mut e = ApiError::too_many_requests(
+                "injected: too many requests, please try again later",
+                Vec::new(),
+            );
             e.retry_after_seconds = Some(1);
             e
         }
-        503 => ApiError::unavailable("injected: the server is currently unable to handle the request"),
+        503 => {
+            ApiError::unavailable("injected: the server is currently unable to handle the request")
+        }
         500 => ApiError::internal("injected failure"),
         other => {
             let mut e = ApiError::internal("injected failure");
@@ -269,12 +311,17 @@ fn non_resource(app: &App, target: Target, accept: &str) -> Response {
             let body = discovery::aggregated(&state.catalog, core);
             (
                 StatusCode::OK,
-                [(header::CONTENT_TYPE, "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")],
+                [(
+                    header::CONTENT_TYPE,
+                    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+                )],
                 body.to_string(),
             )
                 .into_response()
         }
-        Target::CoreVersions => json_response(StatusCode::OK, &discovery::core_versions(&app.address)),
+        Target::CoreVersions => {
+            json_response(StatusCode::OK, &discovery::core_versions(&app.address))
+        }
         Target::Groups => json_response(StatusCode::OK, &discovery::group_list(&state.catalog)),
         Target::Group(g) => found(discovery::group(&state.catalog, &g)),
         Target::ResourceList(g, v) => found(discovery::resource_list(&state.catalog, &g, &v)),
@@ -305,7 +352,8 @@ fn decode_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
     if content_type.starts_with(protobuf::CONTENT_TYPE) {
         return protobuf::decode(body);
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -327,12 +375,19 @@ fn resource(
     let ctx = WriteCtx {
         manager: field_manager(query, user_agent),
         dry_run,
-        subresource: if rp.subresource == "status" { "status".into() } else { String::new() },
+        subresource: if rp.subresource == "status" {
+            "status".into()
+        } else {
+            String::new()
+        },
     };
     let wants_table = accept.contains("as=Table");
     let respond = |code: StatusCode, v: Value| -> Response {
         if wants_table && method == Method::GET {
-            json_response(code, &table::render(rt, &v, query.get("includeObject").map(String::as_str)))
+            json_response(
+                code,
+                &table::render(rt, &v, query.get("includeObject").map(String::as_str)),
+            )
         } else {
             json_response(code, &v)
         }
@@ -343,10 +398,18 @@ fn resource(
                 let wq = WatchQuery {
                     list: list_query(query),
                     resource_version: query.get("resourceVersion").cloned(),
-                    bookmarks: query.get("allowWatchBookmarks").is_some_and(|b| b == "true"),
-                    send_initial_events: query.get("sendInitialEvents").is_some_and(|b| b == "true"),
-                    timeout: query.get("timeoutSeconds").and_then(|t| t.parse().ok()).map(Duration::from_secs),
-                    as_table: wants_table.then(|| query.get("includeObject").cloned().unwrap_or_default()),
+                    bookmarks: query
+                        .get("allowWatchBookmarks")
+                        .is_some_and(|b| b == "true"),
+                    send_initial_events: query
+                        .get("sendInitialEvents")
+                        .is_some_and(|b| b == "true"),
+                    timeout: query
+                        .get("timeoutSeconds")
+                        .and_then(|t| t.parse().ok())
+                        .map(Duration::from_secs),
+                    as_table: wants_table
+                        .then(|| query.get("includeObject").cloned().unwrap_or_default()),
                 };
                 let interval = app.cluster.lock().options.bookmark_interval;
                 return watch::watch(
@@ -359,7 +422,10 @@ fn resource(
                     app.faults.watch_drops(),
                 );
             }
-            let list = app.cluster.lock().list(rt, rp.namespace.as_deref(), &list_query(query))?;
+            let list = app
+                .cluster
+                .lock()
+                .list(rt, rp.namespace.as_deref(), &list_query(query))?;
             Ok(respond(StatusCode::OK, list))
         }
         ("GET", Some(name)) => {
@@ -367,17 +433,33 @@ fn resource(
             Ok(respond(StatusCode::OK, obj))
         }
         ("POST", None) => {
-            let obj = app.cluster.lock().create(rt, ns, decode_body(content_type, body)?, &ctx)?;
+            let obj = app
+                .cluster
+                .lock()
+                .create(rt, ns, decode_body(content_type, body)?, &ctx)?;
             app.cluster.wake.notify_one();
             Ok(json_response(StatusCode::CREATED, &obj))
         }
         ("POST", Some(name)) if rp.subresource == "eviction" => {
-            let result = eviction::evict(&mut app.cluster.lock(), rt, ns, name, &decode_body(content_type, body)?)?;
+            let result = eviction::evict(
+                &mut app.cluster.lock(),
+                rt,
+                ns,
+                name,
+                &decode_body(content_type, body)?,
+            )?;
             app.cluster.wake.notify_one();
             Ok(json_response(StatusCode::CREATED, &result))
         }
         ("POST", Some(name)) if rp.subresource == "binding" => {
-            let result = eviction::bind(&mut app.cluster.lock(), rt, ns, name, &decode_body(content_type, body)?, &ctx)?;
+            let result = eviction::bind(
+                &mut app.cluster.lock(),
+                rt,
+                ns,
+                name,
+                &decode_body(content_type, body)?,
+                &ctx,
+            )?;
             app.cluster.wake.notify_one();
             Ok(json_response(StatusCode::CREATED, &result))
         }
@@ -391,9 +473,16 @@ fn resource(
         ("PATCH", Some(name)) => {
             let patch_type = PatchType::from_content_type(content_type)?;
             let force = query.get("force").is_some_and(|f| f == "true");
-            let (obj, created) = app.cluster.lock().patch(rt, ns, name, patch_type, body, force, &ctx)?;
+            let (obj, created) = app
+                .cluster
+                .lock()
+                .patch(rt, ns, name, patch_type, body, force, &ctx)?;
             app.cluster.wake.notify_one();
-            let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+            let code = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
             Ok(json_response(code, &obj))
         }
         ("DELETE", name) => {
@@ -409,7 +498,12 @@ fn resource(
             let mut state = app.cluster.lock();
             let result = match name {
                 Some(name) => state.delete(rt, ns, name, &opts)?,
-                None => state.delete_collection(rt, rp.namespace.as_deref(), &list_query(query), &opts)?,
+                None => state.delete_collection(
+                    rt,
+                    rp.namespace.as_deref(),
+                    &list_query(query),
+                    &opts,
+                )?,
             };
             drop(state);
             app.cluster.wake.notify_one();

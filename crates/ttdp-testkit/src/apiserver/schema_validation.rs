@@ -7,7 +7,11 @@ use serde_json::{Map, Value};
 use super::status::StatusCause;
 
 fn cause(reason: &str, field: &str, message: String) -> StatusCause {
-    StatusCause { reason: reason.into(), message, field: Some(field.to_string()) }
+    StatusCause {
+        reason: reason.into(),
+        message,
+        field: Some(field.to_string()),
+    }
 }
 
 fn type_name(v: &Value) -> &'static str {
@@ -31,13 +35,19 @@ fn shown(v: &Value) -> String {
 }
 
 fn join(path: &str, field: &str) -> String {
-    if path.is_empty() { field.to_string() } else { format!("{path}.{field}") }
+    if path.is_empty() {
+        field.to_string()
+    } else {
+        format!("{path}.{field}")
+    }
 }
 
 /// Remove fields the schema does not declare (unless `x-kubernetes-preserve-unknown-fields`).
 /// Returns the removed paths. The root's `apiVersion`, `kind` and `metadata` are kept.
 pub fn prune(schema: &Value, value: &mut Value, path: &str, removed: &mut Vec<String>) {
-    if schema["x-kubernetes-preserve-unknown-fields"].as_bool() == Some(true) && schema["properties"].is_null() {
+    if schema["x-kubernetes-preserve-unknown-fields"].as_bool() == Some(true)
+        && schema["properties"].is_null()
+    {
         return;
     }
     match value {
@@ -47,7 +57,8 @@ pub fn prune(schema: &Value, value: &mut Value, path: &str, removed: &mut Vec<St
             let preserve = schema["x-kubernetes-preserve-unknown-fields"].as_bool() == Some(true);
             let keys: Vec<String> = map.keys().cloned().collect();
             for k in keys {
-                let at_root_meta = path.is_empty() && matches!(k.as_str(), "apiVersion" | "kind" | "metadata");
+                let at_root_meta =
+                    path.is_empty() && matches!(k.as_str(), "apiVersion" | "kind" | "metadata");
                 if at_root_meta {
                     continue;
                 }
@@ -83,7 +94,10 @@ pub fn validate(schema: &Value, value: &Value, path: &str, out: &mut Vec<StatusC
             out.push(cause(
                 "FieldValueTypeInvalid",
                 path,
-                format!("Invalid value: \"null\": {path} in body must be of type {}: \"null\"", schema["type"].as_str().unwrap_or("object")),
+                format!(
+                    "Invalid value: \"null\": {path} in body must be of type {}: \"null\"",
+                    schema["type"].as_str().unwrap_or("object")
+                ),
             ));
         }
         return;
@@ -104,16 +118,25 @@ pub fn validate(schema: &Value, value: &Value, path: &str, out: &mut Vec<StatusC
     if let Some(allowed) = schema["enum"].as_array()
         && !allowed.contains(value)
     {
-        let list = allowed.iter().map(Value::to_string).collect::<Vec<_>>().join(", ");
+        let list = allowed
+            .iter()
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
         out.push(cause(
             "FieldValueNotSupported",
             path,
-            format!("Unsupported value: {}: supported values: {list}", shown(value)),
+            format!(
+                "Unsupported value: {}: supported values: {list}",
+                shown(value)
+            ),
         ));
     }
     match value {
         Value::String(s) => validate_string(schema, s, value, path, out),
-        Value::Number(n) => validate_number(schema, n.as_f64().unwrap_or_default(), value, path, out),
+        Value::Number(n) => {
+            validate_number(schema, n.as_f64().unwrap_or_default(), value, path, out)
+        }
         Value::Array(items) => {
             if let Some(max) = schema["maxItems"].as_u64()
                 && items.len() as u64 > max
@@ -130,7 +153,10 @@ pub fn validate(schema: &Value, value: &Value, path: &str, out: &mut Vec<StatusC
                 out.push(cause(
                     "FieldValueInvalid",
                     path,
-                    format!("Invalid value: {}: {path} in body should have at least {min} items", items.len()),
+                    format!(
+                        "Invalid value: {}: {path} in body should have at least {min} items",
+                        items.len()
+                    ),
                 ));
             }
             for (i, item) in items.iter().enumerate() {
@@ -147,7 +173,11 @@ fn validate_string(schema: &Value, s: &str, value: &Value, path: &str, out: &mut
     if let Some(max) = schema["maxLength"].as_u64()
         && s.chars().count() as u64 > max
     {
-        out.push(cause("FieldValueTooLong", path, format!("Too long: may not be more than {max} bytes")));
+        out.push(cause(
+            "FieldValueTooLong",
+            path,
+            format!("Too long: may not be more than {max} bytes"),
+        ));
     }
     if let Some(min) = schema["minLength"].as_u64()
         && (s.chars().count() as u64) < min
@@ -174,31 +204,59 @@ fn validate_number(schema: &Value, n: f64, value: &Value, path: &str, out: &mut 
     if let Some(min) = schema["minimum"].as_f64() {
         let exclusive = schema["exclusiveMinimum"].as_bool() == Some(true);
         if n < min || (exclusive && n == min) {
-            let rel = if exclusive { "greater than" } else { "greater than or equal to" };
+            let rel = if exclusive {
+                "greater than"
+            } else {
+                "greater than or equal to"
+            };
             out.push(cause(
                 "FieldValueInvalid",
                 path,
-                format!("Invalid value: {value}: {path} in body should be {rel} {}", schema["minimum"]),
+                format!(
+                    "Invalid value: {value}: {path} in body should be {rel} {}",
+                    schema["minimum"]
+                ),
             ));
         }
     }
     if let Some(max) = schema["maximum"].as_f64() {
         let exclusive = schema["exclusiveMaximum"].as_bool() == Some(true);
         if n > max || (exclusive && n == max) {
-            let rel = if exclusive { "less than" } else { "less than or equal to" };
+            let rel = if exclusive {
+                "less than"
+            } else {
+                "less than or equal to"
+            };
             out.push(cause(
                 "FieldValueInvalid",
                 path,
-                format!("Invalid value: {value}: {path} in body should be {rel} {}", schema["maximum"]),
+                format!(
+                    "Invalid value: {value}: {path} in body should be {rel} {}",
+                    schema["maximum"]
+                ),
             ));
         }
     }
 }
 
-fn validate_object(schema: &Value, map: &Map<String, Value>, path: &str, out: &mut Vec<StatusCause>) {
-    for required in schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+fn validate_object(
+    schema: &Value,
+    map: &Map<String, Value>,
+    path: &str,
+    out: &mut Vec<StatusCause>,
+) {
+    for required in schema["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
         if !map.contains_key(required) {
-            out.push(cause("FieldValueRequired", &join(path, required), "Required value".into()));
+            out.push(cause(
+                "FieldValueRequired",
+                &join(path, required),
+                "Required value".into(),
+            ));
         }
     }
     if let Some(max) = schema["maxProperties"].as_u64()
@@ -257,7 +315,11 @@ fn validate_list_map_keys(schema: &Value, items: &[Value], path: &str, out: &mut
         Some("set") => {
             for (i, item) in items.iter().enumerate() {
                 if items[..i].contains(item) {
-                    out.push(cause("FieldValueDuplicate", &format!("{path}[{i}]"), format!("Duplicate value: {item}")));
+                    out.push(cause(
+                        "FieldValueDuplicate",
+                        &format!("{path}[{i}]"),
+                        format!("Duplicate value: {item}"),
+                    ));
                 }
             }
         }
@@ -282,10 +344,22 @@ mod tests {
         }}});
         let mut out = Vec::new();
         validate(&schema, &json!({"spec": {"max": 0}}), "", &mut out);
-        validate(&schema, &json!({"spec": {"version": "x", "max": "a"}}), "", &mut out);
+        validate(
+            &schema,
+            &json!({"spec": {"version": "x", "max": "a"}}),
+            "",
+            &mut out,
+        );
         let fields: Vec<_> = out.iter().map(|c| c.field.clone().unwrap()).collect();
-        assert_eq!(fields, ["spec.version", "spec.max", "spec.version", "spec.max"]);
-        assert_eq!(out[2].message, "Invalid value: \"x\": spec.version in body should match '^[0-9]+[.][0-9]+$'");
+        // Fields are visited in key order, as the object map is sorted.
+        assert_eq!(
+            fields,
+            ["spec.version", "spec.max", "spec.max", "spec.version"]
+        );
+        assert_eq!(
+            out[3].message,
+            "Invalid value: \"x\": spec.version in body should match '^[0-9]+[.][0-9]+$'"
+        );
     }
 
     #[test]

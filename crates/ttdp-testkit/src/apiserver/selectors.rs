@@ -40,7 +40,11 @@ fn split_top_level(s: &str) -> Vec<String> {
         current.push(c);
     }
     parts.push(current);
-    parts.into_iter().map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect()
+    parts
+        .into_iter()
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 fn parse_set(rest: &str, whole: &str) -> Result<Vec<String>, ApiError> {
@@ -48,7 +52,11 @@ fn parse_set(rest: &str, whole: &str) -> Result<Vec<String>, ApiError> {
     let inner = rest
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| ApiError::bad_request(format!("unable to parse requirement: found '{whole}', expected: '('")))?;
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unable to parse requirement: found '{whole}', expected: '('"
+            ))
+        })?;
     Ok(inner
         .split(',')
         .map(|v| v.trim().to_string())
@@ -92,7 +100,11 @@ impl LabelSelector {
                 let key = part[..idx].trim();
                 check_key(key, part)?;
                 let set = parse_set(&part[idx + token.len()..], part)?;
-                let op = if is_in { LabelOp::In(set) } else { LabelOp::NotIn(set) };
+                let op = if is_in {
+                    LabelOp::In(set)
+                } else {
+                    LabelOp::NotIn(set)
+                };
                 return Ok((key.to_string(), op));
             }
         }
@@ -110,7 +122,11 @@ impl LabelSelector {
                                 "unable to parse requirement: for 'Gt', 'Lt' operators, the value must be an integer: {part}"
                             ))
                         })?;
-                        if kind == 2 { LabelOp::Greater(n) } else { LabelOp::Less(n) }
+                        if kind == 2 {
+                            LabelOp::Greater(n)
+                        } else {
+                            LabelOp::Less(n)
+                        }
                     }
                 };
                 return Ok((key.to_string(), op));
@@ -126,10 +142,17 @@ impl LabelSelector {
         let mut requirements = Vec::new();
         if let Some(labels) = selector["matchLabels"].as_object() {
             for (k, v) in labels {
-                requirements.push((k.clone(), LabelOp::Equals(v.as_str().unwrap_or_default().to_string())));
+                requirements.push((
+                    k.clone(),
+                    LabelOp::Equals(v.as_str().unwrap_or_default().to_string()),
+                ));
             }
         }
-        for expr in selector["matchExpressions"].as_array().into_iter().flatten() {
+        for expr in selector["matchExpressions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             let key = expr["key"].as_str().unwrap_or_default().to_string();
             let values: Vec<String> = expr["values"]
                 .as_array()
@@ -159,8 +182,12 @@ impl LabelSelector {
                 LabelOp::NotEquals(v) => value != Some(v.as_str()),
                 LabelOp::In(set) => value.is_some_and(|x| set.iter().any(|s| s == x)),
                 LabelOp::NotIn(set) => !value.is_some_and(|x| set.iter().any(|s| s == x)),
-                LabelOp::Greater(n) => value.and_then(|x| x.parse::<i64>().ok()).is_some_and(|x| x > *n),
-                LabelOp::Less(n) => value.and_then(|x| x.parse::<i64>().ok()).is_some_and(|x| x < *n),
+                LabelOp::Greater(n) => value
+                    .and_then(|x| x.parse::<i64>().ok())
+                    .is_some_and(|x| x > *n),
+                LabelOp::Less(n) => value
+                    .and_then(|x| x.parse::<i64>().ok())
+                    .is_some_and(|x| x < *n),
             }
         })
     }
@@ -185,14 +212,18 @@ impl FieldSelector {
             } else if let Some((f, v)) = part.split_once('=') {
                 (f, true, v)
             } else {
-                return Err(ApiError::bad_request(format!("invalid selector: '{s}'; can't understand '{part}'")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid selector: '{s}'; can't understand '{part}'"
+                )));
             };
             let field = field.trim();
             let known = field == "metadata.name"
                 || field == "metadata.namespace"
                 || supported.iter().any(|f| f == field);
             if !known {
-                return Err(ApiError::bad_request(format!("field label not supported: {field}")));
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {field}"
+                )));
             }
             requirements.push((field.to_string(), equal, value.trim().to_string()));
         }
@@ -258,6 +289,9 @@ mod tests {
     fn field_selectors_reject_unknown_fields() {
         let err = FieldSelector::parse("spec.color=red", &[]).unwrap_err();
         assert_eq!(err.code, 400);
-        assert!(err.message.contains("field label not supported: spec.color"));
+        assert!(
+            err.message
+                .contains("field label not supported: spec.color")
+        );
     }
 }

@@ -26,7 +26,7 @@ pub struct ApiError {
     /// `message` in the body.
     pub message: String,
     /// `details.name`, `details.group`, `details.kind`.
-    pub details: Option<(String, String, String)>,
+    pub details: Option<Box<(String, String, String)>>,
     /// `details.causes`.
     pub causes: Vec<StatusCause>,
     /// `details.retryAfterSeconds` (also sent as the `Retry-After` header).
@@ -59,11 +59,11 @@ impl ApiError {
     }
 
     fn with_object(mut self, object: ObjectRef<'_>) -> Self {
-        self.details = Some((
+        self.details = Some(Box::new((
             object.name.to_string(),
             object.group.to_string(),
             object.plural.to_string(),
-        ));
+        )));
         self
     }
 
@@ -72,14 +72,21 @@ impl ApiError {
         Self::new(
             404,
             "NotFound",
-            format!("{} \"{}\" not found", object.qualified_resource, object.name),
+            format!(
+                "{} \"{}\" not found",
+                object.qualified_resource, object.name
+            ),
         )
         .with_object(object)
     }
 
     /// 404 for a path that names no known resource.
     pub fn no_route(path: &str) -> Self {
-        Self::new(404, "NotFound", format!("the server could not find the requested resource ({path})"))
+        Self::new(
+            404,
+            "NotFound",
+            format!("the server could not find the requested resource ({path})"),
+        )
     }
 
     /// 409 `pods "x" already exists`.
@@ -87,7 +94,10 @@ impl ApiError {
         Self::new(
             409,
             "AlreadyExists",
-            format!("{} \"{}\" already exists", object.qualified_resource, object.name),
+            format!(
+                "{} \"{}\" already exists",
+                object.qualified_resource, object.name
+            ),
         )
         .with_object(object)
     }
@@ -132,8 +142,16 @@ impl ApiError {
         } else {
             format!("[{}]", list.join(", "))
         };
-        let mut err = Self::new(422, "Invalid", format!("{kind} \"{}\" is invalid: {joined}", object.name));
-        err.details = Some((object.name.to_string(), object.group.to_string(), kind.to_string()));
+        let mut err = Self::new(
+            422,
+            "Invalid",
+            format!("{kind} \"{}\" is invalid: {joined}", object.name),
+        );
+        err.details = Some(Box::new((
+            object.name.to_string(),
+            object.group.to_string(),
+            kind.to_string(),
+        )));
         err.causes = causes;
         err
     }
@@ -155,7 +173,13 @@ impl ApiError {
 
     /// 415 UnsupportedMediaType.
     pub fn unsupported_media_type(content_type: &str) -> Self {
-        Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"))
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"
+            ),
+        )
     }
 
     /// 429 TooManyRequests with causes (eviction blocked by a PodDisruptionBudget).
@@ -167,7 +191,11 @@ impl ApiError {
 
     /// 500 InternalError.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(500, "InternalError", format!("Internal error occurred: {}", message.into()))
+        Self::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {}", message.into()),
+        )
     }
 
     /// 503 ServiceUnavailable (used by fault injection).
@@ -192,7 +220,8 @@ impl ApiError {
             "code": self.code,
         });
         let mut details = serde_json::Map::new();
-        if let Some((name, group, kind)) = &self.details {
+        if let Some(d) = &self.details {
+            let (name, group, kind) = &**d;
             if !name.is_empty() {
                 details.insert("name".into(), json!(name));
             }
@@ -245,7 +274,9 @@ impl IntoResponse for ApiError {
         if let Some(secs) = self.retry_after_seconds
             && let Ok(v) = axum::http::HeaderValue::from_str(&secs.to_string())
         {
-            response.headers_mut().insert(axum::http::header::RETRY_AFTER, v);
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, v);
         }
         response
     }

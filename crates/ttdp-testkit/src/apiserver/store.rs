@@ -105,23 +105,53 @@ impl Store {
     }
 
     /// Store `object` (already stamped with `revision`) and record the change.
-    pub fn put(&mut self, storage: &str, namespace: &str, name: &str, object: Value, revision: u64) {
+    pub fn put(
+        &mut self,
+        storage: &str,
+        namespace: &str,
+        name: &str,
+        object: Value,
+        revision: u64,
+    ) {
         let previous = self.get(storage, namespace, name).cloned();
-        let kind = if previous.is_some() { ChangeKind::Modified } else { ChangeKind::Added };
+        let kind = if previous.is_some() {
+            ChangeKind::Modified
+        } else {
+            ChangeKind::Added
+        };
         self.objects
             .entry(storage.to_string())
             .or_default()
             .insert((namespace.to_string(), name.to_string()), object.clone());
-        self.record(Change { revision, storage: storage.to_string(), kind, object, previous });
+        self.record(Change {
+            revision,
+            storage: storage.to_string(),
+            kind,
+            object,
+            previous,
+        });
     }
 
     /// Remove an object; `last` is its final state stamped with `revision`.
-    pub fn remove(&mut self, storage: &str, namespace: &str, name: &str, last: Value, revision: u64) {
+    pub fn remove(
+        &mut self,
+        storage: &str,
+        namespace: &str,
+        name: &str,
+        last: Value,
+        revision: u64,
+    ) {
         let previous = self
             .objects
             .get_mut(storage)
             .and_then(|m| m.remove(&(namespace.to_string(), name.to_string())));
-        self.record(Change { revision, storage: storage.to_string(), kind: ChangeKind::Deleted, object: last, previous });
+        self.record(Change {
+            revision,
+            storage: storage.to_string(),
+            kind: ChangeKind::Deleted,
+            object: last,
+            previous,
+        });
     }
 
     fn record(&mut self, change: Change) {

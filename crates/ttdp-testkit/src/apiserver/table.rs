@@ -13,7 +13,9 @@ fn column(name: &str, kind: &str, priority: u8) -> Value {
 
 /// Age as kubectl prints it (`42s`, `5m`, `3h`, `2d`).
 pub fn age(created: &str) -> String {
-    let Ok(ts) = created.parse::<jiff::Timestamp>() else { return "<unknown>".into() };
+    let Ok(ts) = created.parse::<jiff::Timestamp>() else {
+        return "<unknown>".into();
+    };
     let secs = jiff::Timestamp::now().duration_since(ts).as_secs().max(0);
     match secs {
         s if s < 120 => format!("{s}s"),
@@ -44,7 +46,11 @@ fn condition_true(obj: &Value, kind: &str) -> Option<bool> {
 /// A simple JSONPath (`.spec.x`, `.status.nodes[0].name`) as CRD printer columns use.
 fn json_path<'a>(obj: &'a Value, path: &str) -> &'a Value {
     let mut current = obj;
-    for seg in path.trim_start_matches('.').split('.').filter(|s| !s.is_empty()) {
+    for seg in path
+        .trim_start_matches('.')
+        .split('.')
+        .filter(|s| !s.is_empty())
+    {
         let (field, index) = match seg.split_once('[') {
             Some((f, i)) => (f, i.trim_end_matches(']').parse::<usize>().ok()),
             None => (seg, None),
@@ -57,8 +63,15 @@ fn json_path<'a>(obj: &'a Value, path: &str) -> &'a Value {
     current
 }
 
-fn columns_and_cells(rt: &ResourceType) -> (Vec<Value>, Box<dyn Fn(&Value) -> Vec<Value>>) {
-    let created = |o: &Value| json!(age(o["metadata"]["creationTimestamp"].as_str().unwrap_or_default()));
+/// Computes a row's cells from an object.
+type Cells = Box<dyn Fn(&Value) -> Vec<Value>>;
+
+fn columns_and_cells(rt: &ResourceType) -> (Vec<Value>, Cells) {
+    let created = |o: &Value| {
+        json!(age(o["metadata"]["creationTimestamp"]
+            .as_str()
+            .unwrap_or_default()))
+    };
     let name = |o: &Value| json!(o["metadata"]["name"].as_str().unwrap_or_default());
     match (rt.group.as_str(), rt.plural.as_str()) {
         ("", "pods") => (
@@ -73,9 +86,15 @@ fn columns_and_cells(rt: &ResourceType) -> (Vec<Value>, Box<dyn Fn(&Value) -> Ve
             ],
             Box::new(move |o| {
                 let total = o["spec"]["containers"].as_array().map_or(0, Vec::len);
-                let statuses = o["status"]["containerStatuses"].as_array().cloned().unwrap_or_default();
+                let statuses = o["status"]["containerStatuses"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
                 let ready = statuses.iter().filter(|s| s["ready"] == true).count();
-                let restarts: i64 = statuses.iter().filter_map(|s| s["restartCount"].as_i64()).sum();
+                let restarts: i64 = statuses
+                    .iter()
+                    .filter_map(|s| s["restartCount"].as_i64())
+                    .sum();
                 let status = if o["metadata"]["deletionTimestamp"].is_string() {
                     "Terminating".to_string()
                 } else {
@@ -117,35 +136,64 @@ fn columns_and_cells(rt: &ResourceType) -> (Vec<Value>, Box<dyn Fn(&Value) -> Ve
                     .as_object()
                     .map(|m| {
                         m.keys()
-                            .filter_map(|k| k.strip_prefix("node-role.kubernetes.io/").map(str::to_string))
+                            .filter_map(|k| {
+                                k.strip_prefix("node-role.kubernetes.io/")
+                                    .map(str::to_string)
+                            })
                             .collect()
                     })
                     .unwrap_or_default();
-                let roles = if roles.is_empty() { "<none>".to_string() } else { roles.join(",") };
+                let roles = if roles.is_empty() {
+                    "<none>".to_string()
+                } else {
+                    roles.join(",")
+                };
                 vec![
                     name(o),
                     json!(status),
                     json!(roles),
                     created(o),
-                    json!(o["status"]["nodeInfo"]["kubeletVersion"].as_str().unwrap_or("")),
+                    json!(
+                        o["status"]["nodeInfo"]["kubeletVersion"]
+                            .as_str()
+                            .unwrap_or("")
+                    ),
                 ]
             }),
         ),
         ("", "namespaces") => (
-            vec![column("Name", "string", 0), column("Status", "string", 0), column("Age", "string", 0)],
+            vec![
+                column("Name", "string", 0),
+                column("Status", "string", 0),
+                column("Age", "string", 0),
+            ],
             Box::new(move |o| vec![name(o), json!(text(&o["status"]["phase"])), created(o)]),
         ),
         ("apps", "daemonsets") => (
-            ["Name", "Desired", "Current", "Ready", "Up-to-date", "Available", "Node Selector", "Age"]
-                .iter()
-                .map(|c| column(c, "string", 0))
-                .collect(),
+            [
+                "Name",
+                "Desired",
+                "Current",
+                "Ready",
+                "Up-to-date",
+                "Available",
+                "Node Selector",
+                "Age",
+            ]
+            .iter()
+            .map(|c| column(c, "string", 0))
+            .collect(),
             Box::new(move |o| {
                 let s = &o["status"];
                 let n = |v: &Value| json!(v.as_i64().unwrap_or(0));
                 let selector = o["spec"]["template"]["spec"]["nodeSelector"]
                     .as_object()
-                    .map(|m| m.iter().map(|(k, v)| format!("{k}={}", text(v))).collect::<Vec<_>>().join(","))
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| format!("{k}={}", text(v)))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
                     .filter(|s| !s.is_empty())
                     .unwrap_or_else(|| "<none>".into());
                 vec![
@@ -161,12 +209,24 @@ fn columns_and_cells(rt: &ResourceType) -> (Vec<Value>, Box<dyn Fn(&Value) -> Ve
             }),
         ),
         ("policy", "poddisruptionbudgets") => (
-            ["Name", "Min Available", "Max Unavailable", "Allowed Disruptions", "Age"]
-                .iter()
-                .map(|c| column(c, "string", 0))
-                .collect(),
+            [
+                "Name",
+                "Min Available",
+                "Max Unavailable",
+                "Allowed Disruptions",
+                "Age",
+            ]
+            .iter()
+            .map(|c| column(c, "string", 0))
+            .collect(),
             Box::new(move |o| {
-                let or_na = |v: &Value| if v.is_null() { json!("N/A") } else { json!(text(v)) };
+                let or_na = |v: &Value| {
+                    if v.is_null() {
+                        json!("N/A")
+                    } else {
+                        json!(text(v))
+                    }
+                };
                 vec![
                     name(o),
                     or_na(&o["spec"]["minAvailable"]),
@@ -211,7 +271,9 @@ fn columns_and_cells(rt: &ResourceType) -> (Vec<Value>, Box<dyn Fn(&Value) -> Ve
                     c["priority"].as_u64().unwrap_or(0) as u8,
                 ));
             }
-            let has_age = printer.iter().any(|c| c["jsonPath"] == ".metadata.creationTimestamp");
+            let has_age = printer
+                .iter()
+                .any(|c| c["jsonPath"] == ".metadata.creationTimestamp");
             if !has_age {
                 cols.push(column("Age", "date", 0));
             }
@@ -261,7 +323,10 @@ pub fn render(rt: &ResourceType, value: &Value, include: Option<&str>) -> Value 
     let (columns, cells) = columns_and_cells(rt);
     let (items, meta) = match value["items"].as_array() {
         Some(items) => (items.clone(), value["metadata"].clone()),
-        None => (vec![value.clone()], json!({"resourceVersion": value["metadata"]["resourceVersion"]})),
+        None => (
+            vec![value.clone()],
+            json!({"resourceVersion": value["metadata"]["resourceVersion"]}),
+        ),
     };
     let rows: Vec<Value> = items
         .iter()

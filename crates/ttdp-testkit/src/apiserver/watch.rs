@@ -10,8 +10,8 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures::channel::mpsc;
 use futures::SinkExt;
+use futures::channel::mpsc;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -20,8 +20,8 @@ use super::catalog::ResourceType;
 use super::cluster::{Cluster, ListQuery};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::ApiError;
-use super::table;
 use super::store::{Change, ChangeKind};
+use super::table;
 
 /// Watch parameters from the query string.
 #[derive(Debug, Clone, Default)]
@@ -114,7 +114,10 @@ pub fn watch(
         storage: rt.storage_key(),
         namespace: namespace.filter(|_| rt.namespaced).map(str::to_string),
         labels: LabelSelector::parse(q.list.label_selector.as_deref().unwrap_or_default())?,
-        fields: FieldSelector::parse(q.list.field_selector.as_deref().unwrap_or_default(), &rt.field_labels)?,
+        fields: FieldSelector::parse(
+            q.list.field_selector.as_deref().unwrap_or_default(),
+            &rt.field_labels,
+        )?,
     };
     let mut initial: Vec<Bytes> = Vec::new();
     let (mut rx, mut last_revision) = {
@@ -123,9 +126,15 @@ pub fn watch(
         let rv = q.resource_version.as_deref().unwrap_or_default();
         let from_scratch = q.send_initial_events || rv.is_empty() || rv == "0";
         if from_scratch {
-            for obj in state.store.list(&filter.storage, filter.namespace.as_deref()) {
+            for obj in state
+                .store
+                .list(&filter.storage, filter.namespace.as_deref())
+            {
                 if filter.matches(obj) {
-                    initial.push(line("ADDED", &present(rt, obj.clone(), q.as_table.as_deref())));
+                    initial.push(line(
+                        "ADDED",
+                        &present(rt, obj.clone(), q.as_table.as_deref()),
+                    ));
                 }
             }
             if q.send_initial_events {
@@ -139,7 +148,10 @@ pub fn watch(
                 Some(changes) => {
                     for change in changes {
                         if let Some(kind) = filter.event_type(&change) {
-                            initial.push(line(kind, &present(rt, change.object.clone(), q.as_table.as_deref())));
+                            initial.push(line(
+                                kind,
+                                &present(rt, change.object.clone(), q.as_table.as_deref()),
+                            ));
                         }
                     }
                 }
@@ -149,7 +161,8 @@ pub fn watch(
                         state.store.compacted_revision()
                     ));
                     initial.push(line("ERROR", &gone.body()));
-                    let body = futures::stream::iter(initial.into_iter().map(Ok::<_, std::io::Error>));
+                    let body =
+                        futures::stream::iter(initial.into_iter().map(Ok::<_, std::io::Error>));
                     return Ok(streaming(Body::from_stream(body)));
                 }
             }
@@ -199,5 +212,10 @@ pub fn watch(
 }
 
 fn streaming(body: Body) -> Response {
-    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
 }

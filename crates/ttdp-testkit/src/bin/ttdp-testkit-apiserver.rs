@@ -39,7 +39,11 @@ async fn main() -> anyhow::Result<()> {
         None => server.kubeconfig_path().to_path_buf(),
     };
     println!("{}", path.display());
-    eprintln!("serving {} ; export KUBECONFIG={} ; Ctrl-C to stop", server.url(), path.display());
+    eprintln!(
+        "serving {} ; export KUBECONFIG={} ; Ctrl-C to stop",
+        server.url(),
+        path.display()
+    );
     tokio::signal::ctrl_c().await?;
     server.shutdown().await;
     Ok(())

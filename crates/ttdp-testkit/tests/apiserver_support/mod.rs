@@ -17,7 +17,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "condition not reached within {secs}s");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached within {secs}s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -48,7 +51,11 @@ pub fn pod(name: &str, node: &str, labels: Value) -> k8s_openapi::api::core::v1:
 pub fn kubectl() -> PathBuf {
     if let Ok(p) = std::env::var("TTDP_KUBECTL") {
         let p = PathBuf::from(p);
-        assert!(p.is_file(), "TTDP_KUBECTL={} does not exist; run .ci/kube-tools", p.display());
+        assert!(
+            p.is_file(),
+            "TTDP_KUBECTL={} does not exist; run .ci/kube-tools",
+            p.display()
+        );
         return p;
     }
     if let Ok(home) = std::env::var("HOME") {
@@ -57,7 +64,9 @@ pub fn kubectl() -> PathBuf {
             return p;
         }
     }
-    if let Ok(out) = std::process::Command::new("kubectl").args(["version", "--client"]).output()
+    if let Ok(out) = std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
         && String::from_utf8_lossy(&out.stdout).contains("v1.35")
     {
         return PathBuf::from("kubectl");
@@ -162,7 +171,10 @@ pub async fn install_crd(client: &kube::Client, crd: Value) -> kube::core::ApiRe
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
     let api: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
-    let created = api.create(&kube::api::PostParams::default(), &crd).await.unwrap();
+    let created = api
+        .create(&kube::api::PostParams::default(), &crd)
+        .await
+        .unwrap();
     let spec = created.spec;
     let version = &spec.versions[0].name;
     kube::core::ApiResource {
