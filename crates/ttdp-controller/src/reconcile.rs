@@ -47,6 +47,16 @@ pub async fn reconcile(
     let started = Instant::now();
     let name = policy.name_any();
     let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
+    match ensure_finalizer(&api, &policy).await {
+        // Added: the update wakes the next reconcile, which sees it.
+        Ok(true) => return Ok(Requeue::await_change()),
+        Ok(false) => {}
+        Err(e) => {
+            ctx.metrics
+                .record_reconcile(started.elapsed(), Some(e.reason()));
+            return Err(e);
+        }
+    }
     let result = finalizer(&api, names::FINALIZER, policy, |event| async {
         match event {
             FinalizerEvent::Apply(p) => apply(p, ctx.clone()).await,
@@ -77,12 +87,48 @@ pub fn error_policy(
     Requeue::requeue(delay)
 }
 
+/// Adds the finalizer to a live policy that lacks it, with a merge patch guarded by the
+/// resourceVersion (so no other finalizer is lost). kube's finalizer helper would add it with a
+/// JSON patch whose `test` of a missing list some API server implementations reject; once it is
+/// present, the helper only dispatches.
+/// Returns whether it patched.
+async fn ensure_finalizer(
+    api: &Api<TenstorrentDriverPolicy>,
+    policy: &TenstorrentDriverPolicy,
+) -> Result<bool, Error> {
+    if policy.metadata.deletion_timestamp.is_some()
+        || policy.finalizers().iter().any(|f| f == names::FINALIZER)
+    {
+        return Ok(false);
+    }
+    let mut finalizers = policy.finalizers().to_vec();
+    finalizers.push(names::FINALIZER.to_owned());
+    let patch = serde_json::json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": policy.resource_version(),
+    }});
+    let name = policy.name_any();
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        // A newer version exists: the reconcile it triggers tries again.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(true),
+        Err(e) => Err(Error::kube(format!("add finalizer to policy {name}"), e)),
+    }
+}
+
+/// The error and its sources, skipping sources whose text is already included.
 fn error_chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         source = s.source();
     }
     out
@@ -122,6 +168,7 @@ async fn write_status(
     let patch = serde_json::json!({
         "apiVersion": TenstorrentDriverPolicy::api_version(&()),
         "kind": TenstorrentDriverPolicy::kind(&()),
+        "metadata": {"name": name},
         "status": status,
     });
     api.patch_status(

@@ -180,8 +180,18 @@ pub async fn run(
         labels::APP_NAME_AGENT
     ));
     let graceful = stop.clone();
+    // Owned DaemonSets, mapped by label: `owns` would give the cluster-scoped policy the
+    // DaemonSet's namespace.
     controller
-        .owns(Api::<DaemonSet>::namespaced(client.clone(), &ns), ds_config)
+        .watches(
+            Api::<DaemonSet>::namespaced(client.clone(), &ns),
+            ds_config,
+            |ds| {
+                ds.labels()
+                    .get(labels::POLICY)
+                    .map(|p| ObjectRef::<TenstorrentDriverPolicy>::new(p))
+            },
+        )
         .watches_stream(node_stream, move |node| {
             policies_for_node(&node_policies, &node, require_nfd)
         })
