@@ -113,7 +113,7 @@ where
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<(), AgentError> {
         info!(
             node = %self.config.node_name,
-            target = %self.config.target_version,
+            target_version = %self.config.target_version,
             host_root = %self.config.host,
             release = %self.installer.release(),
             force_unload = self.config.force_unload,
@@ -152,9 +152,10 @@ where
                     Attempt::Abandoned => {}
                     Attempt::Done => {
                         if let Some(after) = self.observe().await {
-                            self.publish_labels(&after).await;
                             if next_step(&after, &self.config.target_version) == Step::Converged {
                                 self.settle_ready(&after).await;
+                            } else {
+                                self.publish_labels(&after).await;
                             }
                         }
                     }
@@ -453,7 +454,7 @@ where
         info!(
             step = "swap",
             version = %report.version,
-            previous = ?report.previous,
+            previous = report.previous.as_deref().unwrap_or("none"),
             outcome = ?report.outcome,
             killed = report.killed.len(),
             probe_ms = report.probe_ms,

@@ -237,7 +237,9 @@ fn sigterm_during_a_build_exits_promptly_with_the_old_module_loaded() {
 #[test]
 fn missing_or_malformed_settings_are_startup_errors_naming_the_variable() {
     let node = Node::new(&[]);
-    let cases: Vec<(&str, Vec<(&str, &str)>, &[&str])> = vec![
+    // (variable the error must name, extra env, arguments)
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a [&'a str]);
+    let cases: Vec<Case> = vec![
         ("TT_KMD_VERSION", vec![], &["run"]),
         ("TT_KMD_VERSION", vec![("TT_KMD_VERSION", "v2")], &["run"]),
         (

@@ -404,31 +404,29 @@ async fn a_module_changed_behind_its_back_is_relabelled_and_reconverged() {
     let node = Node::new(&["1.0.0", "2.0.0"]);
     node.preinstall("1.0.0"); // cached, so an outsider can load it later
     let reporter = Recording::default();
-    let agent = agent(&node, "2.0.0", &reporter);
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn(agent.run(shutdown.clone()));
-    wait_until("ready", WAIT, || {
-        reporter
-            .last_report()
-            .is_some_and(|r| r.phase == AgentPhase::Ready)
-    })
-    .await;
+    let mut agent = agent(&node, "2.0.0", &reporter);
+    let token = CancellationToken::new();
+    agent.pass(&token).await.unwrap();
+    assert_eq!(reporter.last_report().unwrap().phase, AgentPhase::Ready);
 
-    // someone runs rmmod
+    // someone runs rmmod: the next pass first labels the truth, then reinstalls
     let patches_before = reporter.get().label_patches.len();
     node.kernel().unload("tenstorrent").unwrap();
-    wait_until("the kmd-version label removed", WAIT, || {
-        reporter.get().label_patches[patches_before..]
-            .iter()
-            .any(|p| p.get(labels::KMD_VERSION) == Some(None))
-    })
-    .await;
-    wait_until("reinstalled", WAIT, || {
-        node.loaded().as_deref() == Some("2.0.0")
-    })
-    .await;
+    agent.pass(&token).await.unwrap();
+    let patches = reporter.get().label_patches[patches_before..].to_vec();
+    assert_eq!(
+        patches[0].get(labels::KMD_VERSION),
+        Some(None),
+        "{patches:?}"
+    );
+    assert_eq!(
+        patches.last().unwrap().get(labels::KMD_VERSION),
+        Some(Some("2.0.0"))
+    );
+    assert_eq!(node.loaded().as_deref(), Some("2.0.0"));
     let changed = reporter.events_with(reasons::MODULE_CHANGED);
     assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].kind, EventKind::Warning);
     assert!(
         changed[0].note.contains("no module is loaded"),
         "{}",
@@ -442,13 +440,51 @@ async fn a_module_changed_behind_its_back_is_relabelled_and_reconverged() {
         .host()
         .path("/var/cache/tt-kmd/6.8.0-sim/1.0.0/tenstorrent.ko");
     kernel.load(&old, "").unwrap();
-    wait_until("back on 2.0.0", WAIT, || {
-        node.loaded().as_deref() == Some("2.0.0")
-            && reporter.events_with(reasons::MODULE_CHANGED).len() >= 2
+    let patches_before = reporter.get().label_patches.len();
+    agent.pass(&token).await.unwrap();
+    let patches = reporter.get().label_patches[patches_before..].to_vec();
+    assert_eq!(patches[0].get(labels::KMD_VERSION), Some(Some("1.0.0")));
+    assert_eq!(node.loaded().as_deref(), Some("2.0.0"));
+    assert_eq!(
+        reporter.label(labels::KMD_VERSION).as_deref(),
+        Some("2.0.0")
+    );
+    let changed = reporter.events_with(reasons::MODULE_CHANGED);
+    assert_eq!(changed.len(), 2);
+    assert!(
+        changed[1].note.contains("version 1.0.0 is loaded"),
+        "{}",
+        changed[1].note
+    );
+}
+
+#[tokio::test]
+async fn a_running_agent_follows_an_rmmod_within_a_period_and_never_unloads_on_exit() {
+    let node = Node::new(&["2.0.0"]);
+    let reporter = Recording::default();
+    let agent = agent(&node, "2.0.0", &reporter);
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(agent.run(shutdown.clone()));
+    wait_until("ready", WAIT, || {
+        reporter
+            .last_report()
+            .is_some_and(|r| r.phase == AgentPhase::Ready)
     })
     .await;
-    wait_until("labelled 2.0.0 again", WAIT, || {
-        reporter.label(labels::KMD_VERSION).as_deref() == Some("2.0.0")
+    node.kernel().unload("tenstorrent").unwrap();
+    wait_until("the rmmod noticed", WAIT, || {
+        !reporter.events_with(reasons::MODULE_CHANGED).is_empty()
+    })
+    .await;
+    wait_until("reinstalled", WAIT, || {
+        node.loaded().as_deref() == Some("2.0.0")
+    })
+    .await;
+    wait_until("ready again", WAIT, || {
+        reporter
+            .last_report()
+            .is_some_and(|r| r.phase == AgentPhase::Ready)
+            && reporter.label(labels::KMD_VERSION).as_deref() == Some("2.0.0")
     })
     .await;
     shutdown.cancel();

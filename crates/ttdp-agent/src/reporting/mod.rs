@@ -22,7 +22,7 @@ use ttdp_api::agent_report::AgentReport;
 use crate::labels::NodeLabels;
 
 pub use disabled::NoReporter;
-pub use file::{FileReporter, RecordedEvent, ReportFile};
+pub use file::{FileReporter, MAX_EVENTS, RecordedEvent, ReportFile};
 pub use kube::{KubeReporter, PodRef};
 
 /// Normal or Warning, as in Kubernetes Events.
