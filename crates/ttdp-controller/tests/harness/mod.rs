@@ -1,0 +1,529 @@
+//! End-to-end harness: a simulated cluster (the ttdp-testkit API server, DaemonSet stand-in and
+//! simulated nodes whose kubelet runs the real `ttdp-agent` binary against simulated kernels)
+//! and the real controller running in-process through `ttdp_controller::run`.
+//!
+//! With `TTDP_TEST_KUBECONFIG` set, the same scenarios run against that real cluster: every
+//! name (nodes, namespaces, policies) is prefixed per scenario and policies select only the
+//! scenario's nodes (label `ttdp.test/run=<prefix>`), so scenarios can share one cluster.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use ttdp_api::names::{annotations, labels};
+use ttdp_api::{NodeState, TenstorrentDriverPolicy};
+use ttdp_controller::{RunOptions, Settings};
+use ttdp_testkit::sim::{SimCluster, SimClusterOptions, TenstorrentNode};
+
+/// Time scale of the simulation (agent probe periods, retries, grace periods).
+pub const SPEED: f64 = 0.2;
+/// The label that ties nodes to one scenario.
+pub const RUN_LABEL: &str = "ttdp.test/run";
+/// The agent image repository (mapped to the agent binary).
+pub const IMAGE_REPOSITORY: &str = ttdp_controller::settings::DEFAULT_IMAGE_REPOSITORY;
+/// How long a whole rollout step may take in a test.
+pub const STEP: Duration = Duration::from_secs(60);
+
+fn scaled(seconds: f64) -> String {
+    format!("{}ms", (seconds * SPEED * 1000.0).round() as u64)
+}
+
+/// `target/<profile>`, where cargo puts the workspace binaries.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
+}
+
+/// The ttdp-agent binary, built once if missing.
+pub fn agent_binary() -> PathBuf {
+    static AGENT: OnceLock<PathBuf> = OnceLock::new();
+    AGENT
+        .get_or_init(|| {
+            let path = bin_dir().join("ttdp-agent");
+            if !path.is_file() {
+                let target = bin_dir().parent().expect("target dir").to_path_buf();
+                let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                    .args(["build", "-p", "ttdp-agent", "--bin", "ttdp-agent"])
+                    .env("CARGO_TARGET_DIR", target)
+                    .current_dir(env!("CARGO_MANIFEST_DIR"))
+                    .status()
+                    .expect("cannot run cargo to build ttdp-agent");
+                assert!(status.success(), "building ttdp-agent failed");
+            }
+            assert!(path.is_file(), "{} is missing", path.display());
+            path
+        })
+        .clone()
+}
+
+fn fake_tt_smi(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("tt-smi");
+    std::fs::write(&path, "#!/bin/sh\necho tt-smi 3.0.0 simulated\n").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+fn random_prefix() -> String {
+    use rand_like::next;
+    format!("c{}", next())
+}
+
+/// A tiny time-and-counter based unique id (no extra dependency).
+mod rand_like {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    pub fn next() -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        format!("{:x}{n}", (nanos ^ std::process::id()) & 0xfffff)
+    }
+}
+
+/// A node of a scenario.
+pub fn tt_node(prefix: &str) -> TenstorrentNode {
+    TenstorrentNode::new().label(RUN_LABEL, prefix)
+}
+
+/// One scenario's cluster and controller.
+pub struct Harness {
+    pub cluster: SimCluster,
+    pub client: Client,
+    pub prefix: String,
+    pub namespace: String,
+    pub settings: Settings,
+    controller: Option<(CancellationToken, JoinHandle<Result<(), ttdp_controller::Error>>)>,
+    pub monitor: Monitor,
+    _tmp: tempfile::TempDir,
+}
+
+/// Builds the Tenstorrent nodes of a scenario from its prefix.
+pub type NodesFn = dyn Fn(&str) -> Vec<TenstorrentNode>;
+
+impl Harness {
+    /// Starts a cluster with the nodes `nodes(prefix)` and the controller.
+    pub async fn start(nodes: impl Fn(&str) -> Vec<TenstorrentNode>) -> Harness {
+        Self::start_with(nodes, |_| {}).await
+    }
+
+    /// Like [`Harness::start`], adjusting the controller settings first.
+    pub async fn start_with(nodes: impl Fn(&str) -> Vec<TenstorrentNode>, adjust: impl Fn(&mut Settings)) -> Harness {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+            .with_test_writer()
+            .try_init();
+        let tmp = tempfile::tempdir().unwrap();
+        let prefix = random_prefix();
+        let mut options = SimClusterOptions::new()
+            .name_prefix(&prefix)
+            .image(IMAGE_REPOSITORY, agent_binary())
+            .time_scale(SPEED)
+            .kmd_versions(&["2.6.0", "2.7.0", "2.8.0"])
+            .env("TTDP_TT_SMI_PATH", &fake_tt_smi(tmp.path()).display().to_string())
+            .env("TTDP_PROBE_PERIOD", &scaled(10.0))
+            .env("TTDP_RETRY_INITIAL", &scaled(5.0))
+            .env("TTDP_RETRY_MAX", &scaled(20.0))
+            .env("TTDP_UNLOAD_WAIT", &scaled(10.0))
+            .env("TTDP_BUILD_JOBS", "1");
+        for n in nodes(&prefix) {
+            options = options.node(n);
+        }
+        let cluster = SimCluster::start(options).await.expect("simulated cluster");
+        let client = cluster.client();
+        install_crd(&client).await;
+        let namespace = format!("{prefix}-system");
+        create_namespace(&client, &namespace).await;
+        let mut settings = Settings {
+            namespace: namespace.clone(),
+            default_image: format!("{IMAGE_REPOSITORY}:test"),
+            tt_smi_version: "3.0.0".into(),
+            deploy_gates: vec!["tenstorrent.com/deploy.tt-telemetry".into()],
+            require_nfd: true,
+            kmd_repository: Some(cluster.kmd_repo().url()),
+            agent_service_account: "ttdp-agent".into(),
+            retry_base: Duration::from_secs(2),
+            retry_max: Duration::from_secs(10),
+        };
+        adjust(&mut settings);
+        let monitor = Monitor::start(client.clone(), &prefix).await;
+        let mut h = Harness {
+            cluster,
+            client,
+            prefix,
+            namespace,
+            settings,
+            controller: None,
+            monitor,
+            _tmp: tmp,
+        };
+        h.start_controller();
+        h
+    }
+
+    /// The scenario's Tenstorrent node names, in order.
+    pub fn nodes(&self) -> Vec<String> {
+        self.cluster.tenstorrent_node_names()
+    }
+
+    /// A policy name unique to this scenario.
+    pub fn policy_name(&self, short: &str) -> String {
+        format!("{}-{short}", self.prefix)
+    }
+
+    /// Starts the in-process controller.
+    pub fn start_controller(&mut self) {
+        assert!(self.controller.is_none(), "controller already running");
+        let token = CancellationToken::new();
+        let task = tokio::spawn(ttdp_controller::run(
+            self.client.clone(),
+            self.settings.clone(),
+            RunOptions::default(),
+            token.clone(),
+        ));
+        self.controller = Some((token, task));
+    }
+
+    /// Kills the controller abruptly (its tasks are dropped mid-flight, like a crash).
+    pub async fn kill_controller(&mut self) {
+        if let Some((token, task)) = self.controller.take() {
+            task.abort();
+            let _ = task.await;
+            token.cancel();
+        }
+    }
+
+    /// Stops the controller gracefully.
+    pub async fn stop_controller(&mut self) {
+        if let Some((token, task)) = self.controller.take() {
+            token.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+        }
+    }
+
+    /// Creates a policy selecting this scenario's nodes (plus `extra` spec fields).
+    pub async fn create_policy(&self, short: &str, version: &str, extra: Value) -> String {
+        self.create_policy_selecting(short, version, json!({"matchLabels": {RUN_LABEL: self.prefix}}), extra)
+            .await
+    }
+
+    /// Creates a policy with this node affinity.
+    pub async fn create_policy_selecting(&self, short: &str, version: &str, affinity: Value, extra: Value) -> String {
+        let name = self.policy_name(short);
+        let mut spec = json!({"version": version, "nodeAffinity": affinity});
+        merge(&mut spec, extra);
+        let policy: TenstorrentDriverPolicy = serde_json::from_value(json!({
+            "apiVersion": "driver.tenstorrent.com/v1alpha1",
+            "kind": "TenstorrentDriverPolicy",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .unwrap();
+        self.policies().create(&PostParams::default(), &policy).await.unwrap();
+        name
+    }
+
+    /// Merge-patches a policy's spec.
+    pub async fn patch_spec(&self, name: &str, spec: Value) {
+        self.policies()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&json!({"spec": spec})))
+            .await
+            .unwrap();
+    }
+
+    pub fn policies(&self) -> Api<TenstorrentDriverPolicy> {
+        Api::all(self.client.clone())
+    }
+
+    pub fn node_api(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    /// Waits until `check` holds for the policy; panics with the last status otherwise.
+    pub async fn wait_policy(&self, name: &str, what: &str, timeout: Duration, check: impl Fn(&TenstorrentDriverPolicy) -> bool) -> TenstorrentDriverPolicy {
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < timeout {
+            if let Ok(p) = self.policies().get(name).await {
+                if check(&p) {
+                    return p;
+                }
+                last = Some(p);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "timed out after {timeout:?} waiting for {what} on policy {name}; last status: {}",
+            serde_json::to_string_pretty(&last.and_then(|p| p.status)).unwrap()
+        );
+    }
+
+    /// Waits until every listed node is in `state`.
+    pub async fn wait_nodes(&self, name: &str, nodes: &[String], state: NodeState, timeout: Duration) -> TenstorrentDriverPolicy {
+        self.wait_policy(name, &format!("{nodes:?} {state}"), timeout, |p| {
+            nodes.iter().all(|n| node_state(p, n) == Some(state))
+        })
+        .await
+    }
+
+    /// Waits until the policy's Ready condition is True for its current generation.
+    pub async fn wait_ready(&self, name: &str, timeout: Duration) -> TenstorrentDriverPolicy {
+        self.wait_policy(name, "Ready", timeout, |p| {
+            condition(p, "Ready").is_some_and(|c| c.0 == "True")
+                && p.status.as_ref().and_then(|s| s.observed_generation) == p.metadata.generation
+        })
+        .await
+    }
+
+    /// Waits for a node condition.
+    pub async fn wait_node(&self, node: &str, what: &str, timeout: Duration, check: impl Fn(&Node) -> bool) -> Node {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(n) = self.node_api().get(node).await
+                && check(&n)
+            {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("timed out waiting for node {node}: {what}");
+    }
+
+    /// Sets (or with `None` removes) a node label.
+    pub async fn label_node(&self, node: &str, key: &str, value: Option<&str>) {
+        self.node_api()
+            .patch(node, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"labels": {key: value}}})))
+            .await
+            .unwrap();
+    }
+
+    /// Sets a node annotation.
+    pub async fn annotate_node(&self, node: &str, key: &str, value: &str) {
+        self.node_api()
+            .patch(node, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"annotations": {key: value}}})))
+            .await
+            .unwrap();
+    }
+
+    /// `kubectl cordon` / `uncordon`.
+    pub async fn set_unschedulable(&self, node: &str, on: bool) {
+        self.node_api()
+            .patch(node, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"unschedulable": on}})))
+            .await
+            .unwrap();
+    }
+
+    /// Asserts no scenario node is cordoned by anyone or has a closed deploy gate.
+    pub async fn assert_nothing_left_behind(&self) {
+        for node in self.nodes() {
+            let n = self.node_api().get(&node).await.unwrap();
+            let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+            assert!(!unschedulable, "node {node} left cordoned");
+            assert!(!n.annotations().contains_key(annotations::CORDONED_BY), "node {node} keeps the cordon annotation");
+            assert!(!n.annotations().contains_key(annotations::DEPLOY_GATES), "node {node} keeps the gates annotation");
+            assert!(
+                !n.labels().contains_key("tenstorrent.com/deploy.tt-telemetry"),
+                "node {node} keeps a closed deploy gate"
+            );
+        }
+    }
+
+    /// The node's kmd-version label.
+    pub async fn kmd_version(&self, node: &str) -> Option<String> {
+        self.node_api().get(node).await.unwrap().labels().get(labels::KMD_VERSION).cloned()
+    }
+
+    /// Stops everything (deleting policies first on a real cluster).
+    pub async fn shutdown(mut self) {
+        if self.cluster.is_real() {
+            let lp = ListParams::default();
+            if let Ok(list) = self.policies().list(&lp).await {
+                for p in list.items.iter().filter(|p| p.name_any().starts_with(&self.prefix)) {
+                    let _ = self.policies().delete(&p.name_any(), &DeleteParams::default()).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        self.stop_controller().await;
+        self.monitor.stop();
+        if self.cluster.is_real() {
+            let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.namespace, &DeleteParams::default()).await;
+        }
+        let _ = self.cluster.shutdown().await;
+    }
+}
+
+fn merge(into: &mut Value, extra: Value) {
+    match (into, extra) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+async fn install_crd(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = ttdp_api::crd();
+    match api.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("cannot install the CRD: {e}"),
+    }
+    // Wait until the resource is served.
+    let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
+    for _ in 0..100 {
+        if policies.list(&ListParams::default().limit(1)).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the TenstorrentDriverPolicy resource is not served");
+}
+
+async fn create_namespace(client: &Client, name: &str) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    match Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("cannot create namespace {name}: {e}"),
+    }
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "ttdp-agent", "namespace": name}})).unwrap();
+    let _ = Api::<ServiceAccount>::namespaced(client.clone(), name).create(&PostParams::default(), &sa).await;
+}
+
+/// A node's state in a policy's status.
+pub fn node_state(p: &TenstorrentDriverPolicy, node: &str) -> Option<NodeState> {
+    p.status.as_ref()?.nodes.iter().find(|n| n.name == node).map(|n| n.state)
+}
+
+/// A node's status entry.
+pub fn node_entry<'a>(p: &'a TenstorrentDriverPolicy, node: &str) -> Option<&'a ttdp_api::NodeStatus> {
+    p.status.as_ref()?.nodes.iter().find(|n| n.name == node)
+}
+
+/// (status, reason, message) of a condition.
+pub fn condition(p: &TenstorrentDriverPolicy, type_: &str) -> Option<(String, String, String)> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Watches the scenario's nodes and policies: the most nodes cordoned at once, and every node's
+/// sequence of states.
+pub struct Monitor {
+    pub max_cordoned: Arc<Mutex<usize>>,
+    pub cordoned_now: Arc<Mutex<BTreeSet<String>>>,
+    pub states: Arc<Mutex<BTreeMap<(String, String), Vec<NodeState>>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Monitor {
+    async fn start(client: Client, prefix: &str) -> Monitor {
+        let max_cordoned = Arc::new(Mutex::new(0));
+        let cordoned_now = Arc::new(Mutex::new(BTreeSet::new()));
+        let states = Arc::new(Mutex::new(BTreeMap::new()));
+        let nodes: Api<Node> = Api::all(client.clone());
+        let (max, now) = (max_cordoned.clone(), cordoned_now.clone());
+        let config = watcher::Config::default().labels(&format!("{RUN_LABEL}={prefix}"));
+        let t1 = tokio::spawn(async move {
+            let mut stream = watcher::watcher(nodes, config).applied_objects().boxed();
+            while let Some(n) = stream.next().await {
+                let Ok(n) = n else { continue };
+                let mut now = now.lock().unwrap();
+                {
+                    let on = n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+                    if on {
+                        now.insert(n.name_any());
+                    } else {
+                        now.remove(&n.name_any());
+                    }
+                }
+                let mut m = max.lock().unwrap();
+                *m = (*m).max(now.len());
+            }
+        });
+        let policies: Api<TenstorrentDriverPolicy> = Api::all(client);
+        let s = states.clone();
+        let prefix = prefix.to_owned();
+        let t2 = tokio::spawn(async move {
+            let mut stream = watcher::watcher(policies, watcher::Config::default()).applied_objects().boxed();
+            while let Some(p) = stream.next().await {
+                let Ok(p) = p else { continue };
+                {
+                    if !p.name_any().starts_with(&prefix) {
+                        continue;
+                    }
+                    let mut s = s.lock().unwrap();
+                    for n in p.status.iter().flat_map(|st| st.nodes.iter()) {
+                        let seq: &mut Vec<NodeState> = s.entry((p.name_any(), n.name.clone())).or_default();
+                        if seq.last() != Some(&n.state) {
+                            seq.push(n.state);
+                        }
+                    }
+                }
+            }
+        });
+        Monitor {
+            max_cordoned,
+            cordoned_now,
+            states,
+            tasks: vec![t1, t2],
+        }
+    }
+
+    /// The most scenario nodes that were cordoned at the same time.
+    pub fn max_cordoned(&self) -> usize {
+        *self.max_cordoned.lock().unwrap()
+    }
+
+    /// The states `node` went through under `policy`.
+    pub fn sequence(&self, policy: &str, node: &str) -> Vec<NodeState> {
+        self.states.lock().unwrap().get(&(policy.to_owned(), node.to_owned())).cloned().unwrap_or_default()
+    }
+
+    /// Forgets recorded sequences (e.g. before an upgrade).
+    pub fn reset(&self) {
+        self.states.lock().unwrap().clear();
+        *self.max_cordoned.lock().unwrap() = self.cordoned_now.lock().unwrap().len();
+    }
+
+    fn stop(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The agent pods of a policy, by node.
+pub async fn agent_pods(h: &Harness, policy: &str) -> BTreeMap<String, Pod> {
+    let pods: Api<Pod> = Api::namespaced(h.client.clone(), &h.namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("{}={policy}", labels::POLICY)))
+        .await
+        .unwrap();
+    list.items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
+        .collect()
+}

@@ -1,0 +1,462 @@
+//! End-to-end rollouts: the real controller (in-process), the real agent binary on simulated
+//! nodes, the ttdp-testkit API server and DaemonSet stand-in. Each scenario also runs against a
+//! real cluster when `TTDP_TEST_KUBECONFIG` is set.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod harness;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use harness::{Harness, STEP, agent_pods, condition, node_entry, node_state, tt_node};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{Api, DeleteParams};
+use serde_json::json;
+use ttdp_api::NodeState::{self, *};
+use ttdp_api::names::{self, annotations, labels};
+use ttdp_testkit::sim::{DeviceUse, DisruptionLimit, Workload, WorkloadOwner};
+
+const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordoning, Done];
+
+fn loaded(version: &'static str, n: usize) -> impl Fn(&str) -> Vec<ttdp_testkit::sim::TenstorrentNode> {
+    move |prefix| (0..n).map(|_| tt_node(prefix).loaded(version)).collect()
+}
+
+/// The states from the first Cordoning on.
+fn from_cordoning(seq: &[NodeState]) -> Vec<NodeState> {
+    seq.iter().skip_while(|s| **s != Cordoning).copied().collect()
+}
+
+async fn device_workload(h: &Harness, name: &str, node: &str) {
+    h.cluster
+        .add_workload(
+            &Workload::new(name, node)
+                .device(DeviceUse::HostPath)
+                .owner(WorkloadOwner::ReplicaSet)
+                .label("app", "inference"),
+        )
+        .await
+        .unwrap();
+}
+
+async fn blocking_budget(h: &Harness) {
+    h.cluster
+        .add_disruption_budget(
+            "inference",
+            BTreeMap::from([("app".to_owned(), "inference".to_owned())]),
+            DisruptionLimit::MaxUnavailable(IntOrString::Int(0)),
+        )
+        .await
+        .unwrap();
+}
+
+async fn delete_budget(h: &Harness) {
+    Api::<PodDisruptionBudget>::namespaced(h.client.clone(), h.cluster.namespace())
+        .delete("inference", &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fresh_install_on_three_nodes_needs_no_drain() {
+    let h = Harness::start(|p| (0..3).map(|_| tt_node(p)).collect()).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    let p = h.wait_ready(&policy, STEP).await;
+    for node in h.nodes() {
+        assert_eq!(node_state(&p, &node), Some(Done), "{node}");
+        assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.7.0"), "{node}");
+        assert!(!h.monitor.sequence(&policy, &node).contains(&Cordoning), "a fresh install drains nothing");
+    }
+    assert_eq!(h.monitor.max_cordoned(), 0);
+    let ds = Api::<DaemonSet>::namespaced(h.client.clone(), &h.namespace)
+        .get(&names::daemonset_name(&policy))
+        .await
+        .unwrap();
+    let spec = ds.spec.unwrap();
+    assert_eq!(spec.update_strategy.unwrap().type_.as_deref(), Some("OnDelete"));
+    let summary = p.status.unwrap().summary.unwrap();
+    assert_eq!((summary.matched, summary.up_to_date), (3, 3));
+    h.shutdown().await;
+}
+
+async fn upgrade_five_nodes(max_unavailable: i32) {
+    let h = Harness::start(loaded("2.7.0", 5)).await;
+    let policy = h
+        .create_policy("fleet", "2.7.0", json!({"upgradePolicy": {"maxUnavailable": max_unavailable}}))
+        .await;
+    h.wait_ready(&policy, STEP).await;
+    for (i, node) in h.nodes().iter().enumerate() {
+        device_workload(&h, &format!("inference-{i}"), node).await;
+    }
+    h.monitor.reset();
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    let p = h.wait_ready(&policy, STEP * 3).await;
+    let max = h.monitor.max_cordoned();
+    assert!(max >= 1 && max <= max_unavailable as usize, "{max} nodes cordoned at once, allowed {max_unavailable}");
+    for node in h.nodes() {
+        assert_eq!(node_state(&p, &node), Some(Done));
+        assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.8.0"));
+        assert_eq!(from_cordoning(&h.monitor.sequence(&policy, &node)), UPGRADE_PATH, "{node}");
+    }
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_five_nodes_one_at_a_time() {
+    upgrade_five_nodes(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_five_nodes_two_at_a_time() {
+    upgrade_five_nodes(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_takes_the_same_path() {
+    let h = Harness::start(loaded("2.8.0", 2)).await;
+    let policy = h.create_policy("fleet", "2.8.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    h.patch_spec(&policy, json!({"version": "2.7.0"})).await;
+    h.wait_ready(&policy, STEP * 2).await;
+    for node in h.nodes() {
+        assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.7.0"));
+        assert_eq!(from_cordoning(&h.monitor.sequence(&policy, &node)), UPGRADE_PATH);
+    }
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_blocked_by_a_budget_waits_until_it_is_relaxed() {
+    let h = Harness::start(loaded("2.7.0", 2)).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    device_workload(&h, "inference-0", &nodes[0]).await;
+    blocking_budget(&h).await;
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    let p = h
+        .wait_policy(&policy, "drain blocked by the budget", STEP, |p| {
+            node_entry(p, &nodes[0]).is_some_and(|n| {
+                n.state == Draining && n.message.as_deref().is_some_and(|m| m.contains("PodDisruptionBudget"))
+            })
+        })
+        .await;
+    assert_eq!(node_state(&p, &nodes[1]), Some(Pending), "maxUnavailable 1 holds the other node back");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(node_state(&h.policies().get(&policy).await.unwrap(), &nodes[0]), Some(Draining));
+    delete_budget(&h).await;
+    h.wait_ready(&policy, STEP * 2).await;
+    assert_eq!(h.monitor.max_cordoned(), 1);
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_timeout_fails_the_node_naming_blockers_then_recovers() {
+    let h = Harness::start(loaded("2.7.0", 1)).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let node = h.nodes()[0].clone();
+    device_workload(&h, "inference-0", &node).await;
+    blocking_budget(&h).await;
+    h.patch_spec(&policy, json!({"version": "2.8.0", "upgradePolicy": {"drain": {"timeoutSeconds": 3}}}))
+        .await;
+    let p = h
+        .wait_policy(&policy, "node Failed with DrainTimeout", STEP, |p| {
+            node_entry(p, &node).is_some_and(|n| n.state == Failed && n.reason.as_deref() == Some("DrainTimeout"))
+        })
+        .await;
+    let entry = node_entry(&p, &node).unwrap();
+    assert!(entry.message.as_deref().unwrap().contains("inference-0"), "{entry:?}");
+    assert!(condition(&p, "Degraded").is_some_and(|c| c.0 == "True"));
+    delete_budget(&h).await;
+    let p = h.wait_ready(&policy, STEP * 2).await;
+    assert!(condition(&p, "Degraded").is_some_and(|c| c.0 == "False"));
+    assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.8.0"));
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}
+
+async fn device_held_without_drain(force_unload: bool) {
+    let h = Harness::start(loaded("2.7.0", 1)).await;
+    let policy = h
+        .create_policy("fleet", "2.7.0", json!({"upgradePolicy": {"forceUnload": force_unload, "drain": {"enable": false}}}))
+        .await;
+    h.wait_ready(&policy, STEP).await;
+    let node = h.nodes()[0].clone();
+    device_workload(&h, "holder", &node).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    if !force_unload {
+        h.wait_policy(&policy, "held-by message", STEP, |p| {
+            node_entry(p, &node).is_some_and(|n| {
+                n.state == Upgrading && n.message.as_deref().is_some_and(|m| m.contains("held by pid"))
+            })
+        })
+        .await;
+        assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.7.0"), "nothing swapped while held");
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client.clone(), h.cluster.namespace());
+        pods.delete("holder", &DeleteParams::default()).await.unwrap();
+    }
+    h.wait_ready(&policy, STEP * 2).await;
+    assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.8.0"));
+    assert_eq!(h.monitor.max_cordoned(), 0, "drain disabled: never cordoned");
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_held_without_force_unload_waits_for_the_holder() {
+    device_held_without_drain(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_held_with_force_unload_proceeds() {
+    device_held_without_drain(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_managed_node_is_untouched() {
+    let h = Harness::start(|p| vec![tt_node(p).loaded("2.7.0"), tt_node(p).host_managed("2.6.0")]).await;
+    let policy = h.create_policy("fleet", "2.8.0", json!({})).await;
+    let p = h.wait_ready(&policy, STEP * 2).await;
+    let nodes = h.nodes();
+    assert_eq!(node_state(&p, &nodes[0]), Some(Done));
+    assert_eq!(node_state(&p, &nodes[1]), Some(HostManaged));
+    assert_eq!(h.kmd_version(&nodes[1]).await.as_deref(), Some("2.6.0"));
+    assert!(!h.monitor.sequence(&policy, &nodes[1]).contains(&Cordoning));
+    assert_eq!(p.status.unwrap().summary.unwrap().host_managed, 1);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_label_mid_rollout_releases_the_node() {
+    let h = Harness::start(loaded("2.7.0", 2)).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    device_workload(&h, "inference-0", &nodes[0]).await;
+    blocking_budget(&h).await;
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    h.wait_nodes(&policy, &nodes[..1], Draining, STEP).await;
+    h.label_node(&nodes[0], labels::SKIP, Some("true")).await;
+    let p = h
+        .wait_policy(&policy, "skipped node gone and the other upgraded", STEP * 2, |p| {
+            node_state(p, &nodes[0]).is_none() && node_state(p, &nodes[1]) == Some(Done)
+        })
+        .await;
+    assert_eq!(p.status.unwrap().summary.unwrap().matched, 1);
+    h.wait_node(&nodes[0], "released", STEP, |n| {
+        !n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+            && !n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(annotations::DEPLOY_GATES))
+    })
+    .await;
+    assert_eq!(h.kmd_version(&nodes[0]).await.as_deref(), Some("2.7.0"), "a skipped node keeps its module");
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn externally_cordoned_node_is_upgraded_but_left_cordoned() {
+    let h = Harness::start(loaded("2.7.0", 2)).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    h.set_unschedulable(&nodes[0], true).await;
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    let p = h.wait_ready(&policy, STEP * 2).await;
+    let entry = node_entry(&p, &nodes[0]).unwrap();
+    assert_eq!(entry.state, Done);
+    assert_eq!(entry.reason.as_deref(), Some("CordonedByOther"));
+    let n0 = h.node_api().get(&nodes[0]).await.unwrap();
+    assert_eq!(n0.spec.unwrap().unschedulable, Some(true), "someone else's cordon stays");
+    let n1 = h.node_api().get(&nodes[1]).await.unwrap();
+    assert_ne!(n1.spec.unwrap().unschedulable, Some(true));
+    for node in &nodes {
+        assert_eq!(h.kmd_version(node).await.as_deref(), Some("2.8.0"));
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_mid_rollout_then_resume() {
+    let h = Harness::start(loaded("2.7.0", 3)).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    h.wait_policy(&policy, "first node in flight", STEP, |p| {
+        nodes.iter().any(|n| node_state(p, n).is_some_and(NodeState::is_in_flight))
+    })
+    .await;
+    h.patch_spec(&policy, json!({"paused": true})).await;
+    h.wait_policy(&policy, "Paused condition", STEP, |p| condition(p, "Paused").is_some_and(|c| c.0 == "True"))
+        .await;
+    let started = |p: &ttdp_api::TenstorrentDriverPolicy| {
+        nodes.iter().filter(|n| node_state(p, n) != Some(Pending)).count()
+    };
+    let before = started(&h.policies().get(&policy).await.unwrap());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let p = h.policies().get(&policy).await.unwrap();
+    assert_eq!(started(&p), before, "no node starts while paused");
+    assert!(before < 3, "the pause came before the last node started");
+    h.patch_spec(&policy, json!({"paused": false})).await;
+    h.wait_ready(&policy, STEP * 3).await;
+    assert_eq!(h.monitor.max_cordoned(), 1);
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_killed_at_every_state_resumes_without_losing_a_cordon() {
+    let mut h = Harness::start(loaded("2.7.0", 3)).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    for (i, node) in nodes.iter().enumerate() {
+        device_workload(&h, &format!("inference-{i}"), node).await;
+    }
+    h.monitor.reset();
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    let mut killed_in = Vec::new();
+    for state in [Cordoning, Draining, Upgrading, Uncordoning] {
+        let seen = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let p = h.policies().get(&policy).await.unwrap();
+                if nodes.iter().any(|n| node_state(&p, n) == Some(state)) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        if seen.is_ok() {
+            h.kill_controller().await;
+            killed_in.push(state);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            h.start_controller();
+        }
+    }
+    assert!(killed_in.contains(&Draining) && killed_in.contains(&Upgrading), "killed in {killed_in:?}");
+    let p = h.wait_ready(&policy, STEP * 3).await;
+    for node in &nodes {
+        assert_eq!(node_state(&p, node), Some(Done));
+        assert_eq!(h.kmd_version(node).await.as_deref(), Some("2.8.0"));
+    }
+    assert_eq!(h.monitor.max_cordoned(), 1, "never two nodes cordoned at once, restarts included");
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_policy_mid_rollout_leaves_no_node_cordoned() {
+    let h = Harness::start(loaded("2.7.0", 2)).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    device_workload(&h, "inference-0", &nodes[0]).await;
+    blocking_budget(&h).await;
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    h.wait_nodes(&policy, &nodes[..1], Draining, STEP).await;
+    h.policies().delete(&policy, &DeleteParams::default()).await.unwrap();
+    tokio::time::timeout(STEP, async {
+        while h.policies().get_opt(&policy).await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("policy deleted (finalizer removed)");
+    h.assert_nothing_left_behind().await;
+    let ds = Api::<DaemonSet>::namespaced(h.client.clone(), &h.namespace)
+        .get_opt(&names::daemonset_name(&policy))
+        .await
+        .unwrap();
+    assert!(ds.is_none_or(|d| d.metadata.deletion_timestamp.is_some()), "daemonset removed");
+    assert_eq!(h.kmd_version(&nodes[1]).await.as_deref(), Some("2.7.0"), "modules left loaded");
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_policies_leave_shared_nodes_to_the_older() {
+    let h = Harness::start(loaded("2.7.0", 2)).await;
+    let older = h.create_policy("older", "2.7.0", json!({})).await;
+    h.wait_ready(&older, STEP).await;
+    let newer = h.create_policy("newer", "2.8.0", json!({})).await;
+    let p = h
+        .wait_policy(&newer, "conflicts reported", STEP, |p| {
+            h.nodes().iter().all(|n| node_state(p, n) == Some(Conflict))
+        })
+        .await;
+    for node in h.nodes() {
+        let e = node_entry(&p, &node).unwrap();
+        assert!(e.message.as_deref().unwrap().contains(&older), "{e:?}");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(agent_pods(&h, &newer).await.is_empty(), "the newer policy runs no agent on shared nodes");
+    for node in h.nodes() {
+        assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.7.0"), "the older policy's version stays");
+    }
+    assert!(condition(&h.policies().get(&older).await.unwrap(), "Ready").is_some_and(|c| c.0 == "True"));
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_pod_selector_label_is_reported_and_nothing_rolls_out() {
+    let h = Harness::start(loaded("2.7.0", 1)).await;
+    let policy = h
+        .create_policy("fleet", "2.8.0", json!({"upgradePolicy": {"drain": {"podSelectorLabel": "app in (a"}}}))
+        .await;
+    let p = h
+        .wait_policy(&policy, "InvalidSpec", STEP, |p| condition(p, "InvalidSpec").is_some_and(|c| c.0 == "True"))
+        .await;
+    let (_, _, message) = condition(&p, "InvalidSpec").unwrap();
+    assert!(message.contains("podSelectorLabel"), "{message}");
+    assert!(condition(&p, "Ready").is_some_and(|c| c.0 == "False"));
+    let ds = Api::<DaemonSet>::namespaced(h.client.clone(), &h.namespace)
+        .get_opt(&names::daemonset_name(&policy))
+        .await
+        .unwrap();
+    assert!(ds.is_none(), "no daemonset for an invalid spec");
+    h.patch_spec(&policy, json!({"upgradePolicy": {"drain": {"podSelectorLabel": "app in (a)"}}})).await;
+    let p = h.wait_ready(&policy, STEP * 2).await;
+    assert!(condition(&p, "InvalidSpec").is_some_and(|c| c.0 == "False"));
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_only_change_rolls_agents_without_drain() {
+    let h = Harness::start(loaded("2.7.0", 2)).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let before = agent_pods(&h, &policy).await;
+    h.monitor.reset();
+    h.patch_spec(&policy, json!({"installer": {"imagePullPolicy": "Always"}})).await;
+    h.wait_policy(&policy, "agents replaced and ready", STEP * 2, |p| {
+        condition(p, "Ready").is_some_and(|c| c.0 == "True")
+            && p.status.as_ref().and_then(|s| s.observed_generation) == p.metadata.generation
+    })
+    .await;
+    let after = tokio::time::timeout(STEP, async {
+        loop {
+            let pods = agent_pods(&h, &policy).await;
+            if pods.len() == 2
+                && pods.iter().all(|(n, p)| before.get(n).is_none_or(|b| b.metadata.uid != p.metadata.uid))
+            {
+                return pods;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("every agent pod replaced");
+    for pod in after.values() {
+        assert_eq!(pod.spec.as_ref().unwrap().containers[0].image_pull_policy.as_deref(), Some("Always"));
+    }
+    for node in h.nodes() {
+        assert!(!h.monitor.sequence(&policy, &node).contains(&Cordoning), "no drain for a template-only change");
+    }
+    assert_eq!(h.monitor.max_cordoned(), 0);
+    h.shutdown().await;
+}
