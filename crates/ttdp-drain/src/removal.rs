@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use futures::future::{self, Either};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::Eviction;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{self as metav1, DeleteOptions, ObjectMeta};
 use kube::Client;
-use kube::api::{Api, DeleteParams, EvictParams, Preconditions};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
@@ -433,6 +435,10 @@ fn stuck_reason(t: &Tracked) -> StuckReason {
 }
 
 /// One eviction or deletion request.
+///
+/// The eviction is posted as a complete `policy/v1` Eviction: kube's own `Api::evict` (5.0)
+/// sends its delete options as `delete_options`, which the API server ignores, so the UID
+/// precondition and grace period would be lost.
 async fn request(
     pods: &Api<Pod>,
     pod: &PodRef,
@@ -440,25 +446,36 @@ async fn request(
     attempt: u32,
     s: &Settings<'_>,
 ) -> Result<(), kube::Error> {
-    let delete = DeleteParams {
-        grace_period_seconds: s.grace_period,
-        preconditions: Some(Preconditions {
-            uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
+    let preconditions = Some(pod.uid.clone())
+        .filter(|u| !u.is_empty())
+        .map(|uid| Preconditions {
+            uid: Some(uid),
             resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
+        });
     match method {
         Removal::Evicted => {
             if attempt == 0 {
                 s.emit(DrainEventKind::Evicting { pod: pod.clone() });
             }
             s.counters.bump(Counter::EvictionRequest);
-            let params = EvictParams {
-                delete_options: Some(delete),
-                ..EvictParams::default()
+            let eviction = Eviction {
+                metadata: ObjectMeta {
+                    name: Some(pod.name.clone()),
+                    namespace: Some(pod.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                delete_options: Some(DeleteOptions {
+                    grace_period_seconds: s.grace_period.map(i64::from),
+                    preconditions: preconditions.map(|p| metav1::Preconditions {
+                        uid: p.uid,
+                        resource_version: None,
+                    }),
+                    ..DeleteOptions::default()
+                }),
             };
-            pods.evict(&pod.name, &params).await?;
+            let _: serde_json::Value = pods
+                .create_subresource("eviction", &pod.name, &PostParams::default(), &eviction)
+                .await?;
             s.counters.bump(Counter::Eviction);
         }
         Removal::Deleted => {
@@ -466,7 +483,12 @@ async fn request(
                 s.emit(DrainEventKind::Deleting { pod: pod.clone() });
             }
             s.counters.bump(Counter::DeletionRequest);
-            pods.delete(&pod.name, &delete).await?;
+            let params = DeleteParams {
+                grace_period_seconds: s.grace_period,
+                preconditions,
+                ..DeleteParams::default()
+            };
+            pods.delete(&pod.name, &params).await?;
             s.counters.bump(Counter::Deletion);
         }
     }

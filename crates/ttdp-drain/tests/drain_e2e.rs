@@ -779,6 +779,17 @@ async fn disable_eviction_deletes_and_bypasses_budgets() {
     let report = h.drainer().drain("n1", &options).await.unwrap();
     assert_eq!(names(&report.deleted), set(&["web-0"]));
     assert!(report.evicted.is_empty());
+    let deletes = h
+        .server
+        .recorder()
+        .filter(|r| r.resource == "pods" && r.method == "DELETE");
+    assert_eq!(deletes.len(), 1);
+    let body = deletes[0].body.clone().unwrap();
+    assert_eq!(
+        body["preconditions"]["uid"],
+        json!(report.deleted[0].uid),
+        "{body}"
+    );
     assert!(
         h.server
             .recorder()
@@ -954,5 +965,74 @@ async fn a_dropped_drain_is_resumed_by_the_next_call() {
     let report = drainer.drain("n1", &options).await.unwrap();
     assert_eq!(names(&report.evicted), set(&["web-0"]));
     assert!(h.pod_names("n1").await.is_empty());
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn evictions_carry_the_pods_uid_as_a_precondition() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    let pod = h.pod("n1", "web-0", rs).await;
+    let options = DrainOptions {
+        grace_period: Some(5),
+        ..fast(PodRules::default())
+    };
+    h.drainer().drain("n1", &options).await.unwrap();
+    let evictions = h.server.recorder().filter(|r| r.subresource == "eviction");
+    assert_eq!(evictions.len(), 1);
+    let body = evictions[0].body.clone().unwrap();
+    assert_eq!(body["kind"], "Eviction");
+    assert_eq!(body["apiVersion"], "policy/v1");
+    assert_eq!(body["deleteOptions"]["gracePeriodSeconds"], 5);
+    assert_eq!(
+        body["deleteOptions"]["preconditions"]["uid"],
+        json!(pod.metadata.uid.unwrap())
+    );
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_budgets_selecting_one_pod_fail_it_at_once() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    h.pod("n1", "web-0", with(rs, labels("web"))).await;
+    h.pdb("pdb-a", "web", json!({"maxUnavailable": 1})).await;
+    h.pdb("pdb-b", "web", json!({"maxUnavailable": 1})).await;
+    let started = std::time::Instant::now();
+    let err = h
+        .drainer()
+        .drain("n1", &fast(PodRules::default()))
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "not retried until the timeout"
+    );
+    assert!(matches!(err, DrainError::Failed { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("more than one PodDisruptionBudget"),
+        "{err}"
+    );
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn many_pods_drain_in_parallel_not_one_by_one() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    for i in 0..60 {
+        h.pod("n1", &format!("web-{i}"), rs.clone()).await;
+    }
+    let started = std::time::Instant::now();
+    let report = h
+        .drainer()
+        .drain("n1", &fast(PodRules::default()))
+        .await
+        .unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(report.evicted.len(), 60);
+    // Each pod takes 200 ms to terminate on this server; one at a time would take 12 s or more.
+    assert!(elapsed < Duration::from_secs(6), "{elapsed:?}");
     h.server.shutdown().await;
 }
