@@ -323,3 +323,49 @@ async fn default_namespaces_exist_and_are_active() {
         Some("Active")
     );
 }
+
+#[tokio::test]
+async fn events_from_a_kube_recorder_are_visible_as_core_events() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use kube::Resource;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let server = TestApiServer::start().await.unwrap();
+    let client = server.client().await.unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let n = nodes
+        .create(&PostParams::default(), &node("n1", json!({})))
+        .await
+        .unwrap();
+    let reporter = Reporter {
+        controller: "ttdp-controller".into(),
+        instance: Some("pod-1".into()),
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Cordoned".into(),
+        note: Some("cordoned for the driver upgrade".into()),
+        action: "Cordon".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &n.object_ref(&())).await.unwrap();
+    // The second publish of the same event patches its series (events.k8s.io merge patch).
+    recorder.publish(&ev, &n.object_ref(&())).await.unwrap();
+
+    // Mirrors the real server: events.k8s.io/v1 and core/v1 Events are one object in two shapes.
+    let core: Api<CoreEvent> = Api::default_namespaced(client);
+    let list = core
+        .list(&ListParams::default().fields("involvedObject.name=n1"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1);
+    let e = &list.items[0];
+    assert_eq!(
+        e.message.as_deref(),
+        Some("cordoned for the driver upgrade")
+    );
+    assert_eq!(e.reason.as_deref(), Some("Cordoned"));
+    assert_eq!(e.involved_object.kind.as_deref(), Some("Node"));
+    assert_eq!(e.reporting_component.as_deref(), Some("ttdp-controller"));
+    assert_eq!(e.series.as_ref().unwrap().count, Some(2));
+}

@@ -377,6 +377,44 @@ async fn kubectl_drain_is_blocked_by_a_disruption_budget_and_succeeds_once_it_al
 }
 
 #[tokio::test]
+async fn kubectl_create_namespace_configmap_and_serviceaccount_through_protobuf() {
+    // kubectl's typed clients send these bodies as protobuf.
+    let server = TestApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    assert_eq!(
+        k.ok(&["create", "namespace", "demo"]).await.trim(),
+        "namespace/demo created"
+    );
+    k.ok(&[
+        "create",
+        "configmap",
+        "c1",
+        "-n",
+        "demo",
+        "--from-literal=a=b",
+    ])
+    .await;
+    k.ok(&["create", "serviceaccount", "s1", "-n", "demo"])
+        .await;
+    assert_eq!(
+        k.json(&["get", "configmap", "c1", "-n", "demo"]).await["data"],
+        json!({"a": "b"})
+    );
+    assert!(
+        k.ok(&["get", "sa", "-n", "demo", "-o", "name"])
+            .await
+            .contains("serviceaccount/s1")
+    );
+    let events = "apiVersion: v1\nkind: Event\nmetadata:\n  name: e1\n  namespace: demo\ninvolvedObject:\n  kind: Namespace\n  name: demo\nreason: Tested\nmessage: hello\ntype: Normal\n";
+    assert_eq!(k.apply(&[], events).await.code, 0);
+    let table = k.ok(&["get", "events", "-n", "demo"]).await;
+    assert!(
+        table.contains("Tested") && table.contains("namespace/demo") && table.contains("hello"),
+        "{table}"
+    );
+}
+
+#[tokio::test]
 async fn kubectl_delete_waits_for_graceful_deletion() {
     let server = TestApiServer::start().await.unwrap();
     let k = Kubectl::new(&server);
@@ -453,6 +491,28 @@ async fn kubectl_applies_a_crd_and_its_custom_resources_with_validation_errors_s
         bad.stderr.contains("spec.version in body should match"),
         "{}",
         bad.stderr
+    );
+    // kubectl's default fieldValidation=Strict rejects unknown fields; Warn drops them with a
+    // Warning header, which kubectl prints.
+    let bogus = w
+        .replace("w1", "w3")
+        .replace("  version: 1.2.3\n", "  version: 1.2.3\n  bogus: 1\n");
+    let strict = k.apply(&[], &bogus).await;
+    assert_ne!(strict.code, 0);
+    assert!(
+        strict
+            .stderr
+            .contains("strict decoding error: unknown field \"spec.bogus\""),
+        "{}",
+        strict.stderr
+    );
+    let warn = k.apply(&["--validate=warn"], &bogus).await;
+    assert_eq!(warn.code, 0, "{}", warn.stderr);
+    assert!(
+        warn.stderr
+            .contains("Warning: unknown field \"spec.bogus\""),
+        "{}",
+        warn.stderr
     );
     let ssa = k.apply(&["--server-side"], &w.replace("w1", "w2")).await;
     assert_eq!(

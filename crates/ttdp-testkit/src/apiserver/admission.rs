@@ -264,17 +264,63 @@ fn validate_builtin(rt: &ResourceType, obj: &Value) -> Vec<StatusCause> {
     causes
 }
 
+/// The `fieldValidation` request parameter: what happens to fields the schema does not know.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FieldValidation {
+    /// Drop them silently.
+    Ignore,
+    /// Drop them and warn (`Warning` header); the default when the parameter is absent.
+    #[default]
+    Warn,
+    /// Reject the request with 400 BadRequest (kubectl's default).
+    Strict,
+}
+
+impl FieldValidation {
+    /// Parse the query parameter (unknown values mean the default).
+    pub fn parse(v: Option<&str>) -> Self {
+        match v {
+            Some("Strict") => Self::Strict,
+            Some("Ignore") => Self::Ignore,
+            _ => Self::Warn,
+        }
+    }
+}
+
 /// Default and validate an object about to be stored (`old` is the stored version on updates).
-pub fn admit(rt: &ResourceType, old: Option<&Value>, obj: &mut Value) -> Result<(), ApiError> {
-    let causes = match &rt.schema {
+/// Returns the warnings to send back (unknown fields dropped under [`FieldValidation::Warn`]).
+pub fn admit(
+    rt: &ResourceType,
+    old: Option<&Value>,
+    obj: &mut Value,
+    validation: FieldValidation,
+) -> Result<Vec<String>, ApiError> {
+    let (causes, unknown) = match &rt.schema {
         Some(schema) => admit_custom(rt, schema, old, obj),
         None => {
             default_builtin(rt, obj);
-            validate_builtin(rt, obj)
+            (validate_builtin(rt, obj), Vec::new())
         }
     };
+    let unknown: Vec<String> = unknown
+        .iter()
+        .map(|f| format!("unknown field \"{f}\""))
+        .collect();
+    if !unknown.is_empty() && validation == FieldValidation::Strict {
+        return Err(ApiError::bad_request(format!(
+            "{kind} in version \"{version}\" cannot be handled as a {kind}: strict decoding error: {fields}",
+            kind = rt.kind,
+            version = rt.version,
+            fields = unknown.join(", ")
+        )));
+    }
+    let warnings = if validation == FieldValidation::Warn {
+        unknown
+    } else {
+        Vec::new()
+    };
     if causes.is_empty() {
-        return Ok(());
+        return Ok(warnings);
     }
     let kind = if rt.group.is_empty() {
         rt.kind.clone()
@@ -300,12 +346,13 @@ pub fn admit(rt: &ResourceType, old: Option<&Value>, obj: &mut Value) -> Result<
     Err(err)
 }
 
+/// Returns the validation failures and the unknown (pruned) fields.
 fn admit_custom(
     rt: &ResourceType,
     schema: &Value,
     old: Option<&Value>,
     obj: &mut Value,
-) -> Vec<StatusCause> {
+) -> (Vec<StatusCause>, Vec<String>) {
     let mut defaulted = apply_defaults(schema, obj);
     let mut removed = Vec::new();
     schema_validation::prune(schema, &mut defaulted, "", &mut removed);
@@ -313,7 +360,7 @@ fn admit_custom(
     let mut causes = Vec::new();
     schema_validation::validate(schema, obj, "", &mut causes);
     if !causes.is_empty() {
-        return causes;
+        return (causes, removed);
     }
     let root = RootContext {
         api_version: rt.api_version(),
@@ -345,7 +392,7 @@ fn admit_custom(
             });
         }
     }
-    causes
+    (causes, removed)
 }
 
 fn field_type_name(obj: &Value, path: &str) -> &'static str {

@@ -36,7 +36,11 @@ pub struct ResourceType {
 
 impl ResourceType {
     /// Storage key shared by every version of the same resource: `group/plural`.
+    /// events.k8s.io/v1 Events share the core Events' storage.
     pub fn storage_key(&self) -> String {
+        if self.group == "events.k8s.io" && self.plural == "events" {
+            return "/events".to_string();
+        }
         format!("{}/{}", self.group, self.plural)
     }
 

@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 use super::admission;
 use super::apply;
 use super::catalog::{Catalog, ResourceType, types_from_crd};
+use super::events;
 use super::managed_fields;
 use super::meta;
 use super::patch::{self, PatchType};
@@ -65,6 +66,8 @@ pub struct WriteCtx {
     pub dry_run: bool,
     /// `status` for the status subresource, "" for the main resource.
     pub subresource: String,
+    /// The `fieldValidation` parameter.
+    pub field_validation: admission::FieldValidation,
 }
 
 /// Options of a delete.
@@ -130,6 +133,8 @@ pub struct ClusterState {
     pub options: ServerOptions,
     /// When each terminating pod was asked to terminate (for [`PodTermination::Automatic`]).
     pub terminating_since: HashMap<(String, String), Instant>,
+    /// Warnings of the current request (sent as `Warning` headers), drained by the router.
+    pub warnings: Vec<String>,
 }
 
 /// The shared handle to the state and the wake-up signal of the background controllers.
@@ -148,6 +153,7 @@ impl Cluster {
             store: Store::new(options.watch_history),
             options,
             terminating_since: HashMap::new(),
+            warnings: Vec::new(),
         };
         state.seed();
         Self {
@@ -215,10 +221,18 @@ impl ClusterState {
         self.catalog.find(group, version, plural).cloned()
     }
 
-    fn present(rt: &ResourceType, mut obj: Value) -> Value {
-        obj["apiVersion"] = json!(rt.api_version());
-        obj["kind"] = json!(rt.kind);
-        obj
+    fn present(rt: &ResourceType, obj: Value) -> Value {
+        present(rt, obj)
+    }
+
+    /// The type whose shape objects of `rt` are stored in (core Events for events.k8s.io).
+    fn storage_type(&self, rt: &ResourceType) -> ResourceType {
+        if events::is_events_v1(rt)
+            && let Some(core) = self.catalog.find("", "v1", "events")
+        {
+            return core.clone();
+        }
+        rt.clone()
     }
 
     /// GET one object.
@@ -574,6 +588,12 @@ impl ClusterState {
         mut new: Value,
         ctx: &WriteCtx,
     ) -> Result<Value, ApiError> {
+        if events::is_events_v1(rt) {
+            let core = self.storage_type(rt);
+            let old = old.map(|o| events::to_core(&o));
+            let stored = self.commit(&core, old, events::to_core(&new), ctx)?;
+            return Ok(present(rt, stored));
+        }
         let q = rt.qualified();
         let name = meta::name(&new).to_string();
         new = Self::present(rt, new);
@@ -618,7 +638,8 @@ impl ClusterState {
                 None => meta::remove(&mut new, "generation"),
             }
         }
-        admission::admit(rt, old.as_ref(), &mut new)?;
+        let warnings = admission::admit(rt, old.as_ref(), &mut new, ctx.field_validation)?;
+        self.warnings.extend(warnings);
         if !ctx.manager.is_empty() {
             managed_fields::record_update(
                 rt,
@@ -693,6 +714,15 @@ impl ClusterState {
         name: &str,
         opts: &DeleteOpts,
     ) -> Result<Value, ApiError> {
+        if events::is_events_v1(rt) {
+            let core = self.storage_type(rt);
+            let out = self.delete(&core, namespace, name, opts)?;
+            return Ok(if out["kind"] == "Status" {
+                out
+            } else {
+                present(rt, out)
+            });
+        }
         let q = rt.qualified();
         let existing = self.get(rt, namespace, name)?;
         if let Some(uid) = &opts.precondition_uid
@@ -854,6 +884,17 @@ impl ClusterState {
             "items": items,
         }))
     }
+}
+
+/// A stored object as clients of `rt` see it: `apiVersion`/`kind` of the requested version, and
+/// events.k8s.io Events converted from the stored core shape.
+pub fn present(rt: &ResourceType, mut obj: Value) -> Value {
+    if events::is_events_v1(rt) {
+        return events::to_events_v1(&obj);
+    }
+    obj["apiVersion"] = json!(rt.api_version());
+    obj["kind"] = json!(rt.kind);
+    obj
 }
 
 /// The part of an object whose change bumps `metadata.generation`.

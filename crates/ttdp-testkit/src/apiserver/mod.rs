@@ -29,6 +29,7 @@ mod catalog;
 mod cluster;
 mod discovery;
 mod disruption;
+mod events;
 mod eviction;
 mod faults;
 mod field_set;

@@ -1,7 +1,7 @@
 //! Decoding of the few Kubernetes protobuf request bodies kubectl's typed clients send, so the
-//! server can stay JSON-only otherwise: `Eviction` (kubectl drain) and `DeleteOptions`. Other
-//! protobuf bodies are answered with 415, which is what the real server does for media types
-//! it cannot decode.
+//! server can stay JSON-only otherwise: `Eviction` (kubectl drain), `DeleteOptions`, and the
+//! `Namespace`, `ConfigMap` and `ServiceAccount` that `kubectl create namespace|configmap|
+//! serviceaccount` send. Other protobuf bodies are answered with 415 Unsupported Media Type.
 
 use serde_json::{Map, Value, json};
 
@@ -56,17 +56,60 @@ fn string(b: &[u8]) -> Value {
     json!(String::from_utf8_lossy(b))
 }
 
-fn object_meta(buf: &[u8]) -> Option<Value> {
-    let mut m = Map::new();
+/// A `map<string, string>` entry (key = 1, value = 2).
+fn map_entry(buf: &[u8]) -> Option<(String, Value)> {
+    let mut key = String::new();
+    let mut value = json!("");
     for (n, f) in fields(buf)? {
         if let Field::Bytes(b) = f {
             match n {
-                1 => m.insert("name".into(), string(b)),
-                2 => m.insert("generateName".into(), string(b)),
-                3 => m.insert("namespace".into(), string(b)),
-                _ => None,
-            };
+                1 => key = String::from_utf8_lossy(b).into_owned(),
+                2 => value = string(b),
+                _ => {}
+            }
         }
+    }
+    Some((key, value))
+}
+
+fn object_meta(buf: &[u8]) -> Option<Value> {
+    let mut m = Map::new();
+    let mut labels = Map::new();
+    let mut annotations = Map::new();
+    let mut finalizers = Vec::new();
+    for (n, f) in fields(buf)? {
+        if let Field::Bytes(b) = f {
+            match n {
+                1 => {
+                    m.insert("name".into(), string(b));
+                }
+                2 => {
+                    m.insert("generateName".into(), string(b));
+                }
+                3 => {
+                    m.insert("namespace".into(), string(b));
+                }
+                11 => {
+                    let (k, v) = map_entry(b)?;
+                    labels.insert(k, v);
+                }
+                12 => {
+                    let (k, v) = map_entry(b)?;
+                    annotations.insert(k, v);
+                }
+                14 => finalizers.push(string(b)),
+                _ => {}
+            }
+        }
+    }
+    if !labels.is_empty() {
+        m.insert("labels".into(), Value::Object(labels));
+    }
+    if !annotations.is_empty() {
+        m.insert("annotations".into(), Value::Object(annotations));
+    }
+    if !finalizers.is_empty() {
+        m.insert("finalizers".into(), Value::Array(finalizers));
     }
     Some(Value::Object(m))
 }
@@ -110,7 +153,7 @@ fn delete_options(buf: &[u8]) -> Option<Value> {
 
 /// Decode a protobuf body into the JSON the server works with.
 pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
-    let unsupported = || ApiError::unsupported_media_type(CONTENT_TYPE);
+    let unsupported = || ApiError::unsupported_body(CONTENT_TYPE);
     let envelope = body.strip_prefix(MAGIC).ok_or_else(unsupported)?;
     let mut kind = String::new();
     let mut api_version = String::new();
@@ -145,6 +188,29 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
                     }
                     _ => {}
                 }
+            }
+            Ok(out)
+        }
+        "Namespace" | "ServiceAccount" | "ConfigMap" => {
+            let mut out = json!({"apiVersion": api_version, "kind": kind});
+            let mut data = Map::new();
+            for (n, f) in fields(raw).ok_or_else(unsupported)? {
+                match (n, f) {
+                    (1, Field::Bytes(b)) => {
+                        out["metadata"] = object_meta(b).ok_or_else(unsupported)?
+                    }
+                    (2, Field::Bytes(b)) if kind == "ConfigMap" => {
+                        let (k, v) = map_entry(b).ok_or_else(unsupported)?;
+                        data.insert(k, v);
+                    }
+                    (4, Field::Varint(v)) if kind == "ConfigMap" => {
+                        out["immutable"] = json!(v != 0)
+                    }
+                    _ => {}
+                }
+            }
+            if !data.is_empty() {
+                out["data"] = Value::Object(data);
             }
             Ok(out)
         }

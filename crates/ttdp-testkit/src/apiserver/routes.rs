@@ -7,13 +7,14 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::FieldValidation;
 use super::catalog::ResourceType;
-use super::cluster::{Cluster, DeleteOpts, ListQuery, WriteCtx};
+use super::cluster::{Cluster, ClusterState, DeleteOpts, ListQuery, WriteCtx};
 use super::discovery;
 use super::eviction;
 use super::faults::{FaultEffect, Faults};
@@ -348,6 +349,32 @@ fn list_query(query: &HashMap<String, String>) -> ListQuery {
     }
 }
 
+/// Run a write under the state lock, collecting the warnings it produced, and wake the
+/// background controllers.
+fn write<T>(
+    app: &App,
+    f: impl FnOnce(&mut ClusterState) -> Result<T, ApiError>,
+) -> Result<(T, Vec<String>), ApiError> {
+    let mut state = app.cluster.lock();
+    state.warnings.clear();
+    let result = f(&mut state);
+    let warnings = std::mem::take(&mut state.warnings);
+    drop(state);
+    app.cluster.wake.notify_one();
+    result.map(|v| (v, warnings))
+}
+
+/// Add `Warning: 299 - "..."` headers, as the real server does for dropped unknown fields.
+fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        let escaped = w.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(v) = HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
+            response.headers_mut().append(header::WARNING, v);
+        }
+    }
+    response
+}
+
 fn decode_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
     if content_type.starts_with(protobuf::CONTENT_TYPE) {
         return protobuf::decode(body);
@@ -380,6 +407,7 @@ fn resource(
         } else {
             String::new()
         },
+        field_validation: FieldValidation::parse(query.get("fieldValidation").map(String::as_str)),
     };
     let wants_table = accept.contains("as=Table");
     let respond = |code: StatusCode, v: Value| -> Response {
@@ -433,12 +461,12 @@ fn resource(
             Ok(respond(StatusCode::OK, obj))
         }
         ("POST", None) => {
-            let obj = app
-                .cluster
-                .lock()
-                .create(rt, ns, decode_body(content_type, body)?, &ctx)?;
-            app.cluster.wake.notify_one();
-            Ok(json_response(StatusCode::CREATED, &obj))
+            let input = decode_body(content_type, body)?;
+            let (obj, warnings) = write(app, |s| s.create(rt, ns, input, &ctx))?;
+            Ok(with_warnings(
+                json_response(StatusCode::CREATED, &obj),
+                &warnings,
+            ))
         }
         ("POST", Some(name)) if rp.subresource == "eviction" => {
             let result = eviction::evict(
@@ -464,26 +492,25 @@ fn resource(
             Ok(json_response(StatusCode::CREATED, &result))
         }
         ("PUT", Some(name)) => {
-            let mut state = app.cluster.lock();
-            let obj = state.update(rt, ns, name, decode_body(content_type, body)?, &ctx)?;
-            drop(state);
-            app.cluster.wake.notify_one();
-            Ok(json_response(StatusCode::OK, &obj))
+            let input = decode_body(content_type, body)?;
+            let (obj, warnings) = write(app, |s| s.update(rt, ns, name, input, &ctx))?;
+            Ok(with_warnings(
+                json_response(StatusCode::OK, &obj),
+                &warnings,
+            ))
         }
         ("PATCH", Some(name)) => {
             let patch_type = PatchType::from_content_type(content_type)?;
             let force = query.get("force").is_some_and(|f| f == "true");
-            let (obj, created) = app
-                .cluster
-                .lock()
-                .patch(rt, ns, name, patch_type, body, force, &ctx)?;
-            app.cluster.wake.notify_one();
+            let ((obj, created), warnings) = write(app, |s| {
+                s.patch(rt, ns, name, patch_type, body, force, &ctx)
+            })?;
             let code = if created {
                 StatusCode::CREATED
             } else {
                 StatusCode::OK
             };
-            Ok(json_response(code, &obj))
+            Ok(with_warnings(json_response(code, &obj), &warnings))
         }
         ("DELETE", name) => {
             let mut opts = DeleteOpts {

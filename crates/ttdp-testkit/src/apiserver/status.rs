@@ -171,7 +171,18 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
-    /// 415 UnsupportedMediaType.
+    /// 415 for a request body this server cannot decode.
+    pub fn unsupported_body(content_type: &str) -> Self {
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json (this test server decodes {content_type} only for Eviction, DeleteOptions, Namespace, ConfigMap and ServiceAccount; send JSON, e.g. use `kubectl apply`)"
+            ),
+        )
+    }
+
+    /// 415 UnsupportedMediaType for a patch.
     pub fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(
             415,

@@ -17,7 +17,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::catalog::ResourceType;
-use super::cluster::{Cluster, ListQuery};
+use super::cluster::{self, Cluster, ListQuery};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::store::{Change, ChangeKind};
@@ -83,9 +83,8 @@ fn line(kind: &str, object: &Value) -> Bytes {
     Bytes::from(s)
 }
 
-fn present(rt: &ResourceType, mut obj: Value, as_table: Option<&str>) -> Value {
-    obj["apiVersion"] = json!(rt.api_version());
-    obj["kind"] = json!(rt.kind);
+fn present(rt: &ResourceType, obj: Value, as_table: Option<&str>) -> Value {
+    let obj = cluster::present(rt, obj);
     match as_table {
         Some(include) => table::render(rt, &obj, Some(include).filter(|i| !i.is_empty())),
         None => obj,
