@@ -13,6 +13,9 @@ use ttdp_kmod::{BuildOptions, KoCache};
 
 use crate::error::ConfigError;
 
+/// Stands for the host's kernel release in [`AgentConfig::build`]'s `build_dir`.
+pub const RELEASE_PLACEHOLDER: &str = "{release}";
+
 /// Which kernel the agent loads modules into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelKind {
@@ -95,7 +98,8 @@ pub struct AgentConfig {
     pub force_unload: bool,
     /// tt-smi to copy to the host, `None` to skip.
     pub tt_smi: Option<TtSmiSource>,
-    /// Where to fetch tt-kmd from and how to build it.
+    /// Where to fetch tt-kmd from and how to build it. `{release}` in `build.build_dir` stands for
+    /// the host's kernel release (see [`AgentConfig::build_options`]).
     pub build: BuildOptions,
     /// The `.ko` cache directory as seen by the agent (`<host>/var/cache/tt-kmd`).
     pub cache_dir: PathBuf,
@@ -134,6 +138,17 @@ impl AgentConfig {
             unload_wait: Duration::from_secs(30),
             resync_period: Duration::from_secs(600),
         }
+    }
+
+    /// The build options for a host running kernel `release`: `{release}` in the kernel build
+    /// directory (e.g. `/lib/modules/{release}/build`, for pods that mount the host's
+    /// `/lib/modules` and `/usr/src` at their own paths) is replaced by `release`.
+    pub fn build_options(&self, release: &str) -> BuildOptions {
+        let mut build = self.build.clone();
+        build.build_dir = build
+            .build_dir
+            .map(|dir| PathBuf::from(dir.to_string_lossy().replace(RELEASE_PLACEHOLDER, release)));
+        build
     }
 
     /// Checks the values that flags cannot check one by one.
@@ -292,6 +307,17 @@ mod tests {
             assert!(parse_label_value(bad).is_err(), "{bad}");
         }
         assert!(is_label_value(""));
+    }
+
+    #[test]
+    fn the_kernel_build_dir_gets_the_host_release() {
+        let mut config = AgentConfig::new("2.8.0", "node-1", HostRoot::new("/host"));
+        assert_eq!(config.build_options("6.1.0-31-amd64").build_dir, None);
+        config.build.build_dir = Some("/lib/modules/{release}/build".into());
+        assert_eq!(
+            config.build_options("6.1.0-31-amd64").build_dir,
+            Some(PathBuf::from("/lib/modules/6.1.0-31-amd64/build"))
+        );
     }
 
     #[test]

@@ -132,6 +132,23 @@ struct RunArgs {
     /// Directory for temporary build trees (default: the system temporary directory).
     #[arg(long, env = "TTDP_BUILD_DIR", value_name = "TTDP_BUILD_DIR")]
     build_dir: Option<PathBuf>,
+    /// Kernel build tree passed to `make -C` instead of <host root>/lib/modules/<release>/build;
+    /// `{release}` stands for the host's kernel release (e.g. /lib/modules/{release}/build when
+    /// the pod mounts the host's /lib/modules and /usr/src at their own paths).
+    #[arg(
+        long,
+        env = "TTDP_KERNEL_BUILD_DIR",
+        value_name = "TTDP_KERNEL_BUILD_DIR"
+    )]
+    kernel_build_dir: Option<PathBuf>,
+    /// Extra `make` arguments, e.g. CC=x86_64-linux-gnu-gcc-12 (env: space-separated).
+    #[arg(
+        long = "make-arg",
+        env = "TTDP_MAKE_ARGS",
+        value_name = "TTDP_MAKE_ARGS",
+        value_delimiter = ' '
+    )]
+    make_args: Vec<String>,
     /// With force unload: how long to wait for refcnt 0 after killing the holders.
     #[arg(long, env = "TTDP_UNLOAD_WAIT", value_name = "TTDP_UNLOAD_WAIT", default_value = "30s", value_parser = parse_duration)]
     unload_wait: Duration,
@@ -182,6 +199,13 @@ impl RunArgs {
         config.build.fetch_timeout = self.fetch_timeout;
         config.build.build_timeout = self.build_timeout;
         config.build.work_dir = self.build_dir.clone();
+        config.build.build_dir = self.kernel_build_dir.clone();
+        config.build.make_args = self
+            .make_args
+            .iter()
+            .filter(|a| !a.is_empty())
+            .cloned()
+            .collect();
         if let Some(dir) = &self.cache_dir {
             config.cache_dir = dir.clone();
         }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
-use ttdp_hostprobe::detect_host_install;
+use ttdp_hostprobe::{detect_host_install, kernel_release};
 use ttdp_kmod::{
     CacheLookup, CacheOutcome, InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions,
     SwapOutcome, SwapReport, UnloadOptions,
@@ -72,8 +72,12 @@ where
     /// Fails when the configuration is invalid or the host's kernel release cannot be read.
     pub fn new(config: AgentConfig, kernel: K, reporter: R) -> Result<Self, AgentError> {
         config.validate()?;
+        let release = kernel_release(&config.host).map_err(|source| AgentError::Installer {
+            host: config.host.to_string(),
+            source: Box::new(source.into()),
+        })?;
         let installer_config = InstallerConfig {
-            build: config.build.clone(),
+            build: config.build_options(&release),
             ..InstallerConfig::default()
         };
         let installer = ModuleInstaller::new(config.host.clone(), kernel, installer_config)

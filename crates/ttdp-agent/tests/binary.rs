@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Node, TT_SMI_CONTENT, TT_SMI_VERSION};
@@ -51,10 +51,16 @@ fn spawn_agent(node: &Node, version: &str) -> Child {
     let mut cmd = agent_command(&["run", "--report"]);
     cmd.arg(format!("file:{}", report_path(node).display()));
     node_env(&mut cmd, node, version);
-    cmd.stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    // logs go to files, not pipes: nobody reads a pipe while the agent runs, and a full one
+    // would block it
+    let log = std::fs::File::create(log_path(node)).unwrap();
+    let errors = std::fs::File::create(node.dir.path().join("agent.stderr")).unwrap();
+    cmd.stdout(log).stderr(errors).spawn().unwrap()
+}
+
+/// Where [`spawn_agent`] sends the agent's stdout (its logs).
+fn log_path(node: &Node) -> PathBuf {
+    node.dir.path().join("agent.log")
 }
 
 fn wait_for_report(
@@ -82,17 +88,19 @@ fn sigterm(child: &Child) {
     assert!(status.success());
 }
 
-/// Waits for the child to exit within `limit`, returning its output.
-fn wait_exit(mut child: Child, limit: Duration) -> Output {
+/// Waits for the child to exit within `limit`, returning its exit status.
+fn wait_exit(mut child: Child, limit: Duration) -> ExitStatus {
     let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
         if started.elapsed() > limit {
             child.kill().unwrap();
             panic!("the agent did not exit within {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.wait_with_output().unwrap()
 }
 
 fn probe(node: &Node, version: &str) -> Output {
@@ -129,8 +137,8 @@ fn the_binary_installs_upgrades_reports_to_a_file_and_stops_on_sigterm() {
     assert!(String::from_utf8_lossy(&ready.stdout).contains("tenstorrent 2.0.0 is loaded"));
 
     sigterm(&child);
-    let output = wait_exit(child, Duration::from_secs(10));
-    assert!(output.status.success(), "{output:?}");
+    let status = wait_exit(child, Duration::from_secs(10));
+    assert!(status.success(), "{status:?}");
     assert_eq!(
         node.loaded().as_deref(),
         Some("2.0.0"),
@@ -138,7 +146,7 @@ fn the_binary_installs_upgrades_reports_to_a_file_and_stops_on_sigterm() {
     );
 
     // structured logs: one JSON object per line, one line per step with its timings
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = std::fs::read_to_string(log_path(&node)).unwrap();
     let lines: Vec<serde_json::Value> = stdout
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not json ({e}): {l}")))
@@ -176,7 +184,7 @@ fn the_binary_installs_upgrades_reports_to_a_file_and_stops_on_sigterm() {
         again.events
     );
     sigterm(&child);
-    assert!(wait_exit(child, Duration::from_secs(10)).status.success());
+    assert!(wait_exit(child, Duration::from_secs(10)).success());
 }
 
 #[test]
@@ -213,7 +221,7 @@ fn the_binary_waits_for_holders_without_crash_looping() {
     });
     assert_eq!(node.loaded().as_deref(), Some("2.0.0"));
     sigterm(&child);
-    assert!(wait_exit(child, Duration::from_secs(10)).status.success());
+    assert!(wait_exit(child, Duration::from_secs(10)).success());
 }
 
 #[test]
@@ -229,8 +237,8 @@ fn sigterm_during_a_build_exits_promptly_with_the_old_module_loaded() {
             .is_some_and(|r| r.phase == AgentPhase::Building)
     });
     sigterm(&child);
-    let output = wait_exit(child, Duration::from_secs(5));
-    assert!(output.status.success(), "{output:?}");
+    let status = wait_exit(child, Duration::from_secs(5));
+    assert!(status.success(), "{status:?}");
     assert_eq!(node.loaded().as_deref(), Some("1.0.0"));
 }
 
@@ -322,4 +330,50 @@ fn a_host_root_without_proc_is_a_clear_startup_error() {
         stderr.contains(&dir.path().display().to_string()) && stderr.contains("kernel release"),
         "{stderr}"
     );
+}
+
+#[test]
+fn the_kernel_build_dir_flag_points_make_at_headers_mounted_elsewhere() {
+    let node = Node::new(&["2.0.0"]);
+    // the host's /lib/modules/<release>/build link is missing (headers mounted at another path)
+    std::fs::remove_file(
+        node.host()
+            .path(format!("/lib/modules/{}/build", common::RELEASE)),
+    )
+    .unwrap();
+    let path = report_path(&node);
+
+    let child = spawn_agent(&node, "2.0.0");
+    let failed = wait_for_report(&path, "HeadersMissing", |f| {
+        f.report
+            .as_ref()
+            .is_some_and(|r| r.phase == AgentPhase::Failed)
+    });
+    assert_eq!(
+        failed.report.unwrap().reason.as_deref(),
+        Some("HeadersMissing")
+    );
+    sigterm(&child);
+    assert!(wait_exit(child, Duration::from_secs(10)).success());
+    std::fs::remove_file(&path).unwrap();
+
+    let headers = node.host().dir().join("usr/src/linux-headers-{release}");
+    let mut cmd = agent_command(&["run", "--report"]);
+    cmd.arg(format!("file:{}", path.display()));
+    node_env(&mut cmd, &node, "2.0.0");
+    let child = cmd
+        .env("TTDP_KERNEL_BUILD_DIR", &headers)
+        .env("TTDP_MAKE_ARGS", "CC=cc")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_report(&path, "Ready with the headers found", |f| {
+        f.report
+            .as_ref()
+            .is_some_and(|r| r.phase == AgentPhase::Ready)
+    });
+    assert_eq!(node.loaded().as_deref(), Some("2.0.0"));
+    sigterm(&child);
+    assert!(wait_exit(child, Duration::from_secs(10)).success());
 }
