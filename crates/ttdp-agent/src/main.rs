@@ -79,10 +79,11 @@ struct RunArgs {
     #[arg(long, env = env::TT_FORCE_UNLOAD, value_name = "TT_FORCE_UNLOAD", default_value = "false",
           num_args = 0..=1, default_missing_value = "true", value_parser = BoolishValueParser::new())]
     force_unload: bool,
-    /// Version of the bundled tt-smi (node label value); required unless TTDP_TT_SMI_PATH=none.
+    /// Version of the bundled tt-smi (node label value); required when the tt-smi binary exists.
     #[arg(long, env = env::TT_SMI_VERSION, value_name = "TT_SMI_VERSION", value_parser = parse_label_value)]
     tt_smi_version: Option<String>,
-    /// The bundled tt-smi binary copied to the host's /usr/local/bin/tt-smi; `none` to skip.
+    /// The bundled tt-smi binary copied to the host's /usr/local/bin/tt-smi; `none` to skip (a
+    /// missing file with TT_SMI_VERSION unset also skips, with a warning).
     #[arg(
         long,
         env = "TTDP_TT_SMI_PATH",
@@ -184,11 +185,19 @@ impl RunArgs {
                 path: PathBuf::from(path),
                 version: version.clone(),
             }),
+            (path, None) if !std::path::Path::new(path).exists() => {
+                // an image without tt-smi (the simulator, the VM tests): nothing to copy or label
+                tracing::warn!(
+                    tt_smi_path = path,
+                    "no bundled tt-smi and TT_SMI_VERSION is not set: tt-smi is not installed on the host"
+                );
+                None
+            }
             (_, None) => {
                 return Err(ConfigError::Missing {
                     variable: env::TT_SMI_VERSION,
                     flag: "--tt-smi-version",
-                    why: "to the bundled tt-smi's version (the node label value), or set TTDP_TT_SMI_PATH=none to skip tt-smi",
+                    why: "to the version of the bundled tt-smi found at TTDP_TT_SMI_PATH (the node label value), or set TTDP_TT_SMI_PATH=none to skip tt-smi",
                 });
             }
         };

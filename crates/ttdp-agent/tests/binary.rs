@@ -301,7 +301,8 @@ fn missing_or_malformed_settings_are_startup_errors_naming_the_variable() {
     let mut no_smi_version = agent_command(&["run", "--report", "none"]);
     no_smi_version
         .env("TT_KMD_VERSION", "2.0.0")
-        .env("TTDP_HOST_ROOT", node.host().dir());
+        .env("TTDP_HOST_ROOT", node.host().dir())
+        .env("TTDP_TT_SMI_PATH", &node.tt_smi);
     let output = no_smi_version.output().unwrap();
     assert!(String::from_utf8_lossy(&output.stderr).contains("TT_SMI_VERSION is not set"));
 
@@ -374,6 +375,31 @@ fn the_kernel_build_dir_flag_points_make_at_headers_mounted_elsewhere() {
             .is_some_and(|r| r.phase == AgentPhase::Ready)
     });
     assert_eq!(node.loaded().as_deref(), Some("2.0.0"));
+    sigterm(&child);
+    assert!(wait_exit(child, Duration::from_secs(10)).success());
+}
+
+#[test]
+fn an_image_without_tt_smi_runs_without_copying_or_labelling_it() {
+    let node = Node::new(&["2.0.0"]);
+    let path = report_path(&node);
+    let mut cmd = agent_command(&["run", "--report"]);
+    cmd.arg(format!("file:{}", path.display()));
+    node_env(&mut cmd, &node, "2.0.0");
+    let child = cmd
+        .env_remove("TT_SMI_VERSION")
+        .env("TTDP_TT_SMI_PATH", node.dir.path().join("no-tt-smi-here"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let file = wait_for_report(&path, "Ready", |f| {
+        f.report
+            .as_ref()
+            .is_some_and(|r| r.phase == AgentPhase::Ready)
+    });
+    assert!(!file.labels.contains_key(labels::TT_SMI_VERSION));
+    assert!(!node.host_tt_smi().exists());
     sigterm(&child);
     assert!(wait_exit(child, Duration::from_secs(10)).success());
 }
