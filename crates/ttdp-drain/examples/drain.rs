@@ -215,6 +215,7 @@ async fn main() -> anyhow::Result<()> {
         match drainer.uncordon(node, &owner).await? {
             UncordonOutcome::Uncordoned => println!("node/{node} uncordoned"),
             UncordonOutcome::NotCordoned => println!("node/{node} already uncordoned"),
+            UncordonOutcome::NodeMissing => bail!("nodes \"{node}\" not found"),
             UncordonOutcome::External { owner } => println!(
                 "node/{node} left cordoned: cordoned by {}",
                 owner.as_deref().unwrap_or("someone else")

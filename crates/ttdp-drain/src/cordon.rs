@@ -63,6 +63,8 @@ pub enum UncordonOutcome {
         /// The owner recorded in the owner annotation, if any.
         owner: Option<String>,
     },
+    /// The node does not exist (any more), so there is no cordon to lift.
+    NodeMissing,
 }
 
 fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
@@ -158,7 +160,16 @@ pub async fn uncordon(
 ) -> Result<UncordonOutcome, DrainError> {
     let nodes: Api<Node> = Api::all(client.clone());
     for _ in 0..CONFLICT_RETRIES {
-        let current = get_node(&nodes, node).await?;
+        let current = match nodes.get_opt(node).await {
+            Ok(Some(current)) => current,
+            Ok(None) => return Ok(UncordonOutcome::NodeMissing),
+            Err(source) => {
+                return Err(DrainError::NodeRead {
+                    node: node.to_owned(),
+                    source,
+                });
+            }
+        };
         let recorded = annotation(&current, &owner.owner_annotation);
         let ours = recorded == Some(owner.owner.as_str());
         let unschedulable = is_unschedulable(&current);
@@ -192,6 +203,9 @@ pub async fn uncordon(
             }
             Ok(_) => return Ok(UncordonOutcome::NotCordoned),
             Err(e) if is_conflict(&e) => continue,
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                return Ok(UncordonOutcome::NodeMissing);
+            }
             Err(source) => {
                 return Err(DrainError::NodeWrite {
                     node: node.to_owned(),

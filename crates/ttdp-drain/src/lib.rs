@@ -76,6 +76,14 @@
 //! - **Device scope and two passes** ([`DevicePredicate`], [`TwoPassDrain`]) are not in kubectl.
 //! - **Events** replace kubectl's printed lines; `examples/drain.rs` prints them in kubectl's
 //!   words.
+//! - **Uncordoning a deleted node** is [`UncordonOutcome::NodeMissing`], not an error, so cleanup
+//!   after a node left the cluster does not get stuck.
+//!
+//! As in kubectl: pods already terminating are evicted again and waited for (unless
+//! [`PodRules::skip_wait_for_delete_timeout`] skips them); a 403 with cause
+//! `NamespaceTerminating` counts as accepted; a pod selected by more than one budget fails
+//! (the API server refuses such evictions); DaemonSet controller references are checked with a
+//! `GET` so a pod whose DaemonSet is gone needs `force`.
 #![deny(missing_docs)]
 
 mod backoff;
@@ -109,3 +117,8 @@ pub use node_pods::list_node_pods;
 pub use pod_ref::{ObjectKey, PodRef};
 pub use report::{DrainReport, StuckPod, StuckReason};
 pub use two_pass::{TwoPassDrain, TwoPassReport};
+
+/// The README's example, compiled as a doctest so it cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

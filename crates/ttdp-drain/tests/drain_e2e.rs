@@ -716,6 +716,14 @@ async fn cordon_ownership_never_claims_or_lifts_someone_elses_cordon() {
         UncordonOutcome::External { owner: None }
     );
     assert!(unschedulable(&h.get_node("n2").await));
+    assert_eq!(
+        d.uncordon("gone", &a).await.unwrap(),
+        UncordonOutcome::NodeMissing
+    );
+    assert!(matches!(
+        d.cordon("gone", &a).await,
+        Err(DrainError::NodeRead { .. })
+    ));
 
     // Node writes were minimal merge patches carrying the resourceVersion.
     let patches = h
@@ -1034,5 +1042,24 @@ async fn many_pods_drain_in_parallel_not_one_by_one() {
     assert_eq!(report.evicted.len(), 60);
     // Each pod takes 200 ms to terminate on this server; one at a time would take 12 s or more.
     assert!(elapsed < Duration::from_secs(6), "{elapsed:?}");
+    h.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn on_refused_skip_removes_the_rest_and_reports_the_refused() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    h.pod("n1", "web-0", rs).await;
+    h.pod("n1", "bare", json!({})).await;
+    let options = DrainOptions {
+        on_refused: ttdp_drain::OnRefused::Skip,
+        ..fast(PodRules::default())
+    };
+    let report = h.drainer().drain("n1", &options).await.unwrap();
+    assert_eq!(names(&report.evicted), set(&["web-0"]));
+    let refused: Vec<_> = report.with(Disposition::Refuse).collect();
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0].reason, Reason::Unmanaged);
+    assert_eq!(h.pod_names("n1").await, set(&["bare"]));
     h.server.shutdown().await;
 }
