@@ -7,17 +7,19 @@
 use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::events::v1 as events_v1;
 use kube::Api;
 use kube::api::{ListParams, ObjectList};
 use serde::de::DeserializeOwned;
 use ttdp_api::TenstorrentDriverPolicy;
-use ttdp_api::names::{DEFAULT_NAMESPACE, daemonset_name};
+use ttdp_api::names::{DEFAULT_NAMESPACE, daemonset_name, labels};
 
 use crate::connection::Connection;
 use crate::error::{Error, is_not_found};
-use crate::fleet::{DaemonSetFacts, EventFacts, Fleet, NodeFacts, PolicyView, policy_name};
+use crate::fleet::{
+    DaemonSetFacts, EventFacts, Fleet, NodeFacts, PodFacts, PolicyView, natural_cmp, policy_name,
+};
 
 /// The resource name of policies, as kubectl spells it.
 pub const POLICY_RESOURCE: &str = "tenstorrentdriverpolicies.driver.tenstorrent.com";
@@ -133,6 +135,26 @@ impl Connection {
             }
         }
         Ok(found)
+    }
+
+    /// The agent pods of a policy (label `driver.tenstorrent.com/policy=<policy>`), in
+    /// `namespace` (its DaemonSet's), else `-n`, else every namespace; sorted by node.
+    pub async fn agent_pods(
+        &self,
+        policy: &str,
+        namespace: Option<&str>,
+    ) -> Result<Vec<PodFacts>, Error> {
+        let api: Api<Pod> = match namespace.or(self.namespace.as_deref()) {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let params = ListParams::default().labels(&format!("{}={policy}", labels::POLICY));
+        let pods = list_all(&api, &params)
+            .await
+            .map_err(|e| self.error(e, "list", "pods"))?;
+        let mut facts: Vec<PodFacts> = pods.iter().map(PodFacts::from).collect();
+        facts.sort_by(|a, b| natural_cmp(&a.node, &b.node).then_with(|| a.name.cmp(&b.name)));
+        Ok(facts)
     }
 
     /// Events about a policy, from `core/v1` and `events.k8s.io/v1` (deduplicated; a real

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use ttdp_api::names::{annotations, labels};
 use ttdp_api::node_selection::NodeSelection;
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy};
@@ -293,6 +293,56 @@ impl Fleet {
                 source: RowSource::NodeLabels,
             })
             .collect()
+    }
+}
+
+/// One agent pod of a policy's DaemonSet, as `describe` lists it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    /// The node it runs on (empty while unscheduled).
+    pub node: String,
+    /// The pod's name.
+    pub name: String,
+    /// Containers ready / containers.
+    pub ready: (usize, usize),
+    /// `status.phase`, or the reason a container is waiting (e.g. `CrashLoopBackOff`).
+    pub status: String,
+    /// Container restarts, summed.
+    pub restarts: i32,
+    /// When the pod was created.
+    pub created: Option<Timestamp>,
+}
+
+impl From<&Pod> for PodFacts {
+    fn from(pod: &Pod) -> Self {
+        let status = pod.status.clone().unwrap_or_default();
+        let containers = status.container_statuses.clone().unwrap_or_default();
+        let waiting = containers
+            .iter()
+            .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
+            .next();
+        let terminating = pod.metadata.deletion_timestamp.is_some();
+        PodFacts {
+            node: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            ready: (
+                containers.iter().filter(|c| c.ready).count(),
+                pod.spec.as_ref().map_or(0, |s| s.containers.len()),
+            ),
+            status: if terminating {
+                "Terminating".to_owned()
+            } else {
+                waiting
+                    .or(status.phase)
+                    .unwrap_or_else(|| "Unknown".to_owned())
+            },
+            restarts: containers.iter().map(|c| c.restart_count).sum(),
+            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        }
     }
 }
 

@@ -93,12 +93,20 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
                     Vec::new()
                 }
             };
-            warn(err, &warnings);
-            let rows = fetched.fleet.node_rows();
             let Some(view) = fetched.fleet.policies.first() else {
                 return Err(Error::PolicyNotFound { name: policy });
             };
-            let text = describe::render(view, &rows, &events, &options(palette));
+            let namespace = view.daemonset.as_ref().map(|d| d.namespace.as_str());
+            let pods = match conn.agent_pods(&policy, namespace).await {
+                Ok(pods) => pods,
+                Err(e) => {
+                    warnings.push(format!("cannot read agent pods: {e}"));
+                    Vec::new()
+                }
+            };
+            warn(err, &warnings);
+            let rows = fetched.fleet.node_rows();
+            let text = describe::render(view, &rows, &pods, &events, &options(palette));
             write(out, &text)
         }
         Command::Pause { policy } => {

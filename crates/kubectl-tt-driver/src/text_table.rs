@@ -105,7 +105,12 @@ fn render_row(out: &mut String, row: &[Cell], widths: &[usize], palette: Palette
         }
         line.push_str(&palette.paint(&cell.text, cell.colour));
         if Some(i) != last {
-            let pad = widths.get(i).copied().unwrap_or(0).saturating_sub(cell.width()) + COLUMN_GAP;
+            let pad = widths
+                .get(i)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(cell.width())
+                + COLUMN_GAP;
             line.push_str(&" ".repeat(pad));
         }
     }

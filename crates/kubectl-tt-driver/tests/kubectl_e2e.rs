@@ -206,6 +206,8 @@ async fn describe_shows_spec_conditions_nodes_and_events() {
         "Degraded      True",
         "Nodes:",
         "node-7   Failed",
+        "Agent pods:",
+        "ttdrv-fleet-node-7",
         "Events:",
         "Warning   DrainTimeout",
         "ttdp-controller",

@@ -167,16 +167,17 @@ fn describe_policy() {
         .filter(|r| r.policy == "fleet")
         .collect();
     let events = fixture::events();
-    golden(
-        "describe_plain",
-        &describe::render(view, &rows, &events, &opts(false, 80)),
-    );
+    let pods = fixture::pods();
+    let plain = describe::render(view, &rows, &pods, &events, &opts(false, 80));
+    golden("describe_plain", &plain);
     golden(
         "describe_colour",
-        &describe::render(view, &rows, &events, &opts(true, 80)),
+        &describe::render(view, &rows, &pods, &events, &opts(true, 80)),
     );
+    assert!(plain.contains("node-7   ttdrv-fleet-b7d2m   0/1     CrashLoopBackOff   4"));
     let empty = describe::render(
         fixture::attention().policy("fresh").unwrap(),
+        &[],
         &[],
         &[],
         &opts(false, 80),

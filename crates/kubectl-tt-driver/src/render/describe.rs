@@ -8,7 +8,7 @@ use super::nodes::{cordoned_by, message};
 use super::policy_summary::condition_needs_attention;
 use super::{RenderOptions, version_change};
 use crate::age::age;
-use crate::fleet::{EventFacts, NodeRow, PolicyView, nodes_omitted, policy_name};
+use crate::fleet::{EventFacts, NodeRow, PodFacts, PolicyView, nodes_omitted, policy_name};
 use crate::palette::Colour;
 use crate::text_table::{Cell, Table};
 
@@ -57,10 +57,12 @@ fn indented(table: &Table, opts: &RenderOptions) -> String {
         .collect()
 }
 
-/// The describe page of one policy. `rows` are its node rows, `events` its Events (any order).
+/// The describe page of one policy. `rows` are its node rows, `pods` its agent pods, `events`
+/// its Events (any order).
 pub fn render(
     view: &PolicyView,
     rows: &[NodeRow],
+    pods: &[PodFacts],
     events: &[EventFacts],
     opts: &RenderOptions,
 ) -> String {
@@ -259,6 +261,34 @@ pub fn render(
                         .map_or_else(|| "-".to_owned(), |a| a.to_string()),
                 ),
                 Cell::plain(message(row)),
+            ]);
+        }
+        out.push_str(&indented(&table, opts));
+    }
+
+    out.push_str("Agent pods:\n");
+    if pods.is_empty() {
+        out.push_str("  <none>\n");
+    } else {
+        let mut table = Table::new(["NODE", "POD", "READY", "STATUS", "RESTARTS", "AGE"]);
+        for p in pods {
+            let ready = format!("{}/{}", p.ready.0, p.ready.1);
+            let ready_cell = if p.ready.0 < p.ready.1 {
+                Cell::coloured(ready, Colour::Yellow)
+            } else {
+                Cell::plain(ready)
+            };
+            table.push(vec![
+                Cell::plain(if p.node.is_empty() {
+                    "<unscheduled>"
+                } else {
+                    &p.node
+                }),
+                Cell::plain(p.name.clone()),
+                ready_cell,
+                Cell::plain(p.status.clone()),
+                Cell::plain(p.restarts.to_string()),
+                Cell::plain(age(p.created, opts.now)),
             ]);
         }
         out.push_str(&indented(&table, opts));

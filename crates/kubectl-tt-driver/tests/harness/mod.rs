@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetStatus};
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, ObjectReference, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, ObjectReference, Pod, PodTemplateSpec};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use kube::api::{Patch, PatchParams, PostParams};
@@ -129,6 +129,7 @@ impl Harness {
                 .await;
         }
         h.create_daemonset("fleet", 9, 8).await;
+        h.create_agent_pod("fleet", "node-7").await;
         h.create_event(
             "fleet",
             "Warning",
@@ -254,6 +255,26 @@ impl Harness {
         )
         .await
         .expect("daemonset status");
+    }
+
+    /// Creates an agent pod of `policy` on `node` in the operator namespace (which
+    /// [`Harness::create_daemonset`] creates).
+    pub async fn create_agent_pod(&self, policy: &str, node: &str) {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), DEFAULT_NAMESPACE);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": format!("ttdrv-{policy}-{node}"),
+                "labels": { ttdp_api::names::labels::POLICY: policy },
+            },
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "agent", "image": "ttdp-agent:test"}],
+            },
+        }))
+        .expect("pod");
+        api.create(&PostParams::default(), &pod)
+            .await
+            .expect("create agent pod");
     }
 
     /// Creates a core/v1 Event about a policy in namespace `default`.
