@@ -2,8 +2,8 @@
 //! view (policies × nodes, coloured by state), explains stuck nodes, and pauses, resumes and
 //! retries.
 //!
-//! What it is for: reading policies (`status.nodes`, conditions, summary), Nodes, DaemonSets and
-//! Events, and rendering them for people ([`render`]) and scripts ([`report`]). The layers are
+//! What it is for: reading policies (`status.nodes`, conditions, summary), Nodes, DaemonSets, agent
+//! pods and Events, and rendering them for people ([`render`]) and scripts ([`report`]). The layers are
 //! kept apart: [`cli`] parses, [`connection`] picks the cluster like kubectl, [`fetch`] and
 //! [`watch`] read, [`fleet`] is the plain data in between, [`render`] and [`report`] are pure,
 //! [`mod@run`] wires them together.

@@ -23,6 +23,7 @@ use harness::Harness;
 async fn status_is_the_default_command() {
     let h = Harness::populated().await;
     let run = h.kubectl(&["tt", "driver"]).await.ok();
+    assert_eq!(run.stderr, "", "no warnings when everything is readable");
     let out = &run.stdout;
     assert!(out.starts_with("POLICY "), "{out}");
     for cell in [
@@ -197,6 +198,7 @@ async fn nodes_lists_done_nodes_a_large_status_omits() {
 async fn describe_shows_spec_conditions_nodes_and_events() {
     let h = Harness::populated().await;
     let run = h.kubectl(&["tt", "driver", "describe", "fleet"]).await.ok();
+    assert_eq!(run.stderr, "", "no warnings when everything is readable");
     let out = &run.stdout;
     for part in [
         "Name:                fleet",
@@ -548,4 +550,61 @@ async fn watch_starts_empty_and_shows_a_new_policy() {
     }
     read_until(&mut lines, "Draining 2.7.0", &mut seen).await;
     child.kill().await.unwrap();
+}
+
+/// Runs `kubectl <args>` on a pseudo-terminal (util-linux `script`), so the plugin's stdout is
+/// a TTY; `extra_env` is added.
+async fn on_a_terminal(h: &Harness, args: &str, extra_env: &[(&str, &str)]) -> harness::Run {
+    let line = format!("{} {args}", harness::kubectl().display());
+    let mut script = tokio::process::Command::new("script");
+    script
+        .args(["-qec", &line, "/dev/null"])
+        .env("PATH", h.path_env())
+        .env("KUBECONFIG", h.server.kubeconfig_path())
+        .env_remove("NO_COLOR")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in extra_env {
+        script.env(k, v);
+    }
+    let run = h.run(script).await;
+    assert_ne!(
+        run.code,
+        Some(127),
+        "util-linux `script` is needed to give kubectl a terminal: apt-get install bsdutils"
+    );
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colour_only_on_a_terminal_without_no_color() {
+    let h = Harness::populated().await;
+    let tty = on_a_terminal(&h, "tt driver", &[]).await.ok();
+    for code in ["\x1b[32m", "\x1b[36m", "\x1b[33m", "\x1b[31m", "\x1b[90m"] {
+        assert!(
+            tty.stdout.contains(code),
+            "no {code:?} on a terminal:\n{}",
+            tty.stdout
+        );
+    }
+    let no_color_env = on_a_terminal(&h, "tt driver", &[("NO_COLOR", "1")])
+        .await
+        .ok();
+    assert!(
+        !no_color_env.stdout.contains("\x1b["),
+        "{}",
+        no_color_env.stdout
+    );
+    assert!(no_color_env.stdout.contains("Done 2.8.0"));
+    let no_color_flag = on_a_terminal(&h, "tt driver nodes --no-color", &[])
+        .await
+        .ok();
+    assert!(
+        !no_color_flag.stdout.contains("\x1b["),
+        "{}",
+        no_color_flag.stdout
+    );
+    assert!(no_color_flag.stdout.contains("Failed"));
 }
