@@ -285,7 +285,7 @@ impl Removals {
                         None => (None, None),
                     };
                     let message = api_message(&error);
-                    tracing::info!(node = s.node, pod = %pod_ref, ?budget, retry_in_ms = retry_in.as_millis() as u64, "eviction blocked by a disruption budget");
+                    tracing::debug!(node = s.node, pod = %pod_ref, ?budget, retry_in_ms = retry_in.as_millis() as u64, "eviction blocked by a disruption budget");
                     self.set_state(
                         index,
                         PodState::Blocked(StuckReason::Blocked {
