@@ -541,3 +541,40 @@ async fn rolling_update_replaces_every_pod_one_at_a_time() {
     .unwrap();
     cluster.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_node_that_joins_later_gets_its_daemon_pod() {
+    let mut cluster = start(SimClusterOptions::new().tenstorrent_nodes(1)).await;
+    create(
+        &cluster,
+        daemonset(&cluster, "agent", installer_terms(), "OnDelete"),
+    )
+    .await;
+    wait_nodes(&cluster, "agent", &cluster.tenstorrent_node_names()).await;
+
+    let joined = cluster
+        .add_tenstorrent_node(TenstorrentNode::new().loaded("2.5.0"))
+        .await
+        .unwrap();
+    let plain = cluster.add_plain_node().await.unwrap();
+    let tt = cluster.tenstorrent_node_names();
+    assert_eq!(tt.len(), 2);
+    assert!(tt.contains(&joined) && !tt.contains(&plain));
+    wait_nodes(&cluster, "agent", &tt).await;
+    let root = cluster
+        .node(&joined)
+        .unwrap()
+        .host_root()
+        .unwrap()
+        .to_path_buf();
+    let version = std::fs::read_to_string(root.join("sys/module/tenstorrent/version")).unwrap();
+    assert_eq!(version.trim(), "2.5.0");
+    let ds: Api<DaemonSet> = Api::namespaced(cluster.client(), cluster.namespace());
+    eventually("two ready daemon pods", WAIT, || {
+        let ds = ds.clone();
+        async move { (ds.get("agent").await.ok()?.status?.number_ready == 2).then_some(()) }
+    })
+    .await
+    .unwrap();
+    cluster.shutdown().await.unwrap();
+}

@@ -242,11 +242,11 @@ pub struct SimCluster {
     prefix: String,
     namespace: String,
     nodes: Vec<SimNode>,
-    tenstorrent: usize,
     kmd_repo: SimKmdRepo,
-    kubelet: Option<SimKubelet>,
+    kernel_release: String,
+    kubelet_config: KubeletConfig,
+    kubelets: Vec<SimKubelet>,
     daemonsets: Option<DaemonSetController>,
-    time_scale: TimeScale,
     dir: tempfile::TempDir,
 }
 
@@ -315,39 +315,21 @@ impl SimCluster {
         let mut specs = Vec::new();
         for (i, tt) in options.tenstorrent_nodes.iter().enumerate() {
             let name = format!("{prefix}-tt-{i}");
-            let host =
-                create_host(dir.path(), &name, &options.kernel_release, tt, &kmd_repo).await?;
-            let mut spec = SimNodeSpec::new(&name);
-            spec.labels = tt.labels.clone();
-            spec.labels
-                .insert(SCENARIO_LABEL.to_owned(), prefix.clone());
-            spec.labels.insert(
-                labels::NFD_TENSTORRENT.to_owned(),
-                labels::NFD_PRESENT.to_owned(),
-            );
-            spec.taints = tt.taints.clone();
-            spec.extra_capacity
-                .insert(DEVICE_RESOURCE.to_owned(), Quantity("4".to_owned()));
-            spec.env = vec![
-                (
-                    env::HOST_ROOT.to_owned(),
-                    host.host().dir().display().to_string(),
-                ),
-                (env::KERNEL.to_owned(), "sim".to_owned()),
-            ];
-            spec.kernel = Some(Arc::new(host.kernel()));
+            let (node, spec) = tenstorrent_node(
+                dir.path(),
+                &name,
+                &prefix,
+                &options.kernel_release,
+                tt,
+                &kmd_repo,
+            )
+            .await?;
+            nodes.push(node);
             specs.push(spec);
-            nodes.push(SimNode {
-                name,
-                host: Some(host),
-            });
         }
         for i in 0..options.plain_nodes {
             let name = format!("{prefix}-cpu-{i}");
-            let mut spec = SimNodeSpec::new(&name);
-            spec.labels
-                .insert(SCENARIO_LABEL.to_owned(), prefix.clone());
-            specs.push(spec);
+            specs.push(plain_node_spec(&name, &prefix));
             nodes.push(SimNode { name, host: None });
         }
 
@@ -362,17 +344,14 @@ impl SimCluster {
             }
         }
         common_env.extend(options.env.iter().cloned());
-        let kubelet = SimKubelet::start(
-            client.clone(),
-            KubeletConfig {
-                image_map: options.image_map.clone(),
-                time_scale: options.time_scale,
-                common_env,
-                log_dir: Some(dir.path().join("logs")),
-            },
-            specs,
-        )
-        .await?;
+        let kubelet_config = KubeletConfig {
+            image_map: options.image_map.clone(),
+            time_scale: options.time_scale,
+            common_env,
+            log_dir: Some(dir.path().join("logs")),
+            first_node_index: 0,
+        };
+        let kubelet = SimKubelet::start(client.clone(), kubelet_config.clone(), specs).await?;
         let daemonsets = (server.is_some() && options.daemonset_controller).then(|| {
             DaemonSetController::start(
                 client.clone(),
@@ -392,13 +371,87 @@ impl SimCluster {
             prefix,
             namespace,
             nodes,
-            tenstorrent: options.tenstorrent_nodes.len(),
             kmd_repo,
-            kubelet: Some(kubelet),
+            kernel_release: options.kernel_release.clone(),
+            kubelet_config,
+            kubelets: vec![kubelet],
             daemonsets,
-            time_scale: options.time_scale,
             dir,
         })
+    }
+
+    /// Adds a Tenstorrent node to the running cluster (served by a kubelet of its own) and
+    /// returns its name.
+    pub async fn add_tenstorrent_node(
+        &mut self,
+        node: TenstorrentNode,
+    ) -> Result<String, SimError> {
+        if let Some(version) = &node.loaded_version {
+            self.ensure_kmd_version(version).await?;
+        }
+        let count = self.nodes.iter().filter(|n| n.host.is_some()).count();
+        let name = format!("{}-tt-{count}", self.prefix);
+        let (sim, spec) = tenstorrent_node(
+            self.dir.path(),
+            &name,
+            &self.prefix,
+            &self.kernel_release,
+            &node,
+            &self.kmd_repo,
+        )
+        .await?;
+        self.start_kubelet(spec).await?;
+        self.nodes.push(sim);
+        Ok(name)
+    }
+
+    /// Adds a plain node to the running cluster and returns its name.
+    pub async fn add_plain_node(&mut self) -> Result<String, SimError> {
+        let count = self.nodes.iter().filter(|n| n.host.is_none()).count();
+        let name = format!("{}-cpu-{count}", self.prefix);
+        self.start_kubelet(plain_node_spec(&name, &self.prefix))
+            .await?;
+        self.nodes.push(SimNode {
+            name: name.clone(),
+            host: None,
+        });
+        Ok(name)
+    }
+
+    /// Adds tag `ttkmd-<version>` to the simulated tt-kmd repository unless it is there.
+    pub async fn ensure_kmd_version(&self, version: &str) -> Result<(), SimError> {
+        let repo = self.kmd_repo.clone();
+        let version = version.to_owned();
+        blocking(move || {
+            let tags = std::process::Command::new("git")
+                .arg("-C")
+                .arg(repo.dir())
+                .args(["tag", "--list", &format!("ttkmd-{version}")])
+                .output()
+                .map_err(|source| SimError::HostIo {
+                    path: repo.dir().to_path_buf(),
+                    source,
+                })?;
+            if !tags.stdout.is_empty() {
+                return Ok(());
+            }
+            repo.add_version(&version)
+                .map_err(|source| SimError::HostIo {
+                    path: repo.dir().to_path_buf(),
+                    source,
+                })
+        })
+        .await
+    }
+
+    async fn start_kubelet(&mut self, spec: SimNodeSpec) -> Result<(), SimError> {
+        let config = KubeletConfig {
+            first_node_index: self.nodes.len(),
+            ..self.kubelet_config.clone()
+        };
+        let kubelet = SimKubelet::start(self.client.clone(), config, vec![spec]).await?;
+        self.kubelets.push(kubelet);
+        Ok(())
     }
 
     /// True when running against a real cluster (`TTDP_TEST_KUBECONFIG`).
@@ -433,7 +486,7 @@ impl SimCluster {
 
     /// The time scale.
     pub fn time_scale(&self) -> TimeScale {
-        self.time_scale
+        self.kubelet_config.time_scale
     }
 
     /// A scratch directory removed with the cluster (holds hosts, logs, the tt-kmd repository).
@@ -446,23 +499,25 @@ impl SimCluster {
         self.dir.path().join("logs")
     }
 
-    /// All nodes, Tenstorrent nodes first.
+    /// All nodes, in the order they were added (at start: Tenstorrent nodes first).
     pub fn nodes(&self) -> &[SimNode] {
         &self.nodes
     }
 
     /// The Tenstorrent nodes' names.
     pub fn tenstorrent_node_names(&self) -> Vec<String> {
-        self.nodes[..self.tenstorrent]
+        self.nodes
             .iter()
+            .filter(|n| n.host.is_some())
             .map(|n| n.name.clone())
             .collect()
     }
 
     /// The plain nodes' names.
     pub fn plain_node_names(&self) -> Vec<String> {
-        self.nodes[self.tenstorrent..]
+        self.nodes
             .iter()
+            .filter(|n| n.host.is_none())
             .map(|n| n.name.clone())
             .collect()
     }
@@ -568,9 +623,7 @@ impl SimCluster {
         if let Some(ds) = self.daemonsets.take() {
             ds.shutdown().await;
         }
-        let Some(kubelet) = self.kubelet.take() else {
-            return Ok(());
-        };
+        let kubelets = std::mem::take(&mut self.kubelets);
         if self.is_real() {
             let namespaces: Api<Namespace> = Api::all(self.client.clone());
             match namespaces
@@ -597,9 +650,13 @@ impl SimCluster {
                 }
             })
             .await;
-            kubelet.shutdown_and_unregister().await?;
+            for kubelet in kubelets {
+                kubelet.shutdown_and_unregister().await?;
+            }
         } else {
-            kubelet.shutdown().await;
+            for kubelet in kubelets {
+                kubelet.shutdown().await;
+            }
         }
         if let Some(server) = self.server.take() {
             server.shutdown().await;
@@ -657,6 +714,50 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| SimError::ApiServer {
             message: format!("a blocking setup task failed: {e}"),
         })?
+}
+
+/// A Tenstorrent node: its simulated host and what its kubelet registers.
+async fn tenstorrent_node(
+    dir: &Path,
+    name: &str,
+    prefix: &str,
+    release: &str,
+    tt: &TenstorrentNode,
+    repo: &SimKmdRepo,
+) -> Result<(SimNode, SimNodeSpec), SimError> {
+    let host = create_host(dir, name, release, tt, repo).await?;
+    let mut spec = SimNodeSpec::new(name);
+    spec.labels = tt.labels.clone();
+    spec.labels
+        .insert(SCENARIO_LABEL.to_owned(), prefix.to_owned());
+    spec.labels.insert(
+        labels::NFD_TENSTORRENT.to_owned(),
+        labels::NFD_PRESENT.to_owned(),
+    );
+    spec.taints = tt.taints.clone();
+    spec.extra_capacity
+        .insert(DEVICE_RESOURCE.to_owned(), Quantity("4".to_owned()));
+    spec.env = vec![
+        (
+            env::HOST_ROOT.to_owned(),
+            host.host().dir().display().to_string(),
+        ),
+        (env::KERNEL.to_owned(), "sim".to_owned()),
+    ];
+    spec.kernel = Some(Arc::new(host.kernel()));
+    let node = SimNode {
+        name: name.to_owned(),
+        host: Some(host),
+    };
+    Ok((node, spec))
+}
+
+/// What the kubelet registers for a plain node.
+fn plain_node_spec(name: &str, prefix: &str) -> SimNodeSpec {
+    let mut spec = SimNodeSpec::new(name);
+    spec.labels
+        .insert(SCENARIO_LABEL.to_owned(), prefix.to_owned());
+    spec
 }
 
 /// Creates a node's simulated host and loads its starting module.

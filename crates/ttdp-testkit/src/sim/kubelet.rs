@@ -41,6 +41,9 @@ pub struct KubeletConfig {
     pub common_env: Vec<(String, String)>,
     /// Where container output goes (`<namespace>_<pod>_<container>.log`); none: discarded.
     pub log_dir: Option<PathBuf>,
+    /// Number of this kubelet's first node among all simulated nodes, so that several kubelets
+    /// in one cluster give their nodes and pods distinct addresses.
+    pub first_node_index: usize,
 }
 
 impl Default for KubeletConfig {
@@ -50,6 +53,7 @@ impl Default for KubeletConfig {
             time_scale: TimeScale::REAL,
             common_env: Vec::new(),
             log_dir: None,
+            first_node_index: 0,
         }
     }
 }
@@ -67,8 +71,8 @@ pub struct SimKubelet {
 }
 
 impl SimKubelet {
-    /// Registers `nodes` (node `i` gets host IP `10.0.<i/250>.<i%250+2>`-style addresses) and starts
-    /// serving them.
+    /// Registers `nodes` and starts serving them. Node number `i` (counting from
+    /// `first_node_index`) gets host IP `10.0.<i/250>.<i%250+2>` and pod IPs `10.244.<i%250>.*`.
     pub async fn start(
         client: Client,
         config: KubeletConfig,
@@ -91,7 +95,8 @@ impl SimKubelet {
         let workers: Workers = Arc::default();
         let mut tasks = Vec::new();
         let mut names = Vec::new();
-        for (i, spec) in nodes.into_iter().enumerate() {
+        for (offset, spec) in nodes.into_iter().enumerate() {
+            let i = config.first_node_index + offset;
             let index = u8::try_from(i % 250).unwrap_or(0);
             let host_ip = format!("10.0.{}.{}", i / 250, usize::from(index) + 2);
             register_node(&client, &spec, &host_ip).await?;
