@@ -257,10 +257,9 @@ impl Connection {
             let names: Vec<&str> = policies.iter().map(policy_name).collect();
             match self.daemonsets(&names).await {
                 Ok(found) => daemonsets = found,
-                Err(e) if matches!(&e, Error::Forbidden { .. }) => warnings.push(format!(
+                Err(e) => warnings.push(format!(
                     "cannot read daemonsets, so DaemonSet readiness is not shown: {e}"
                 )),
-                Err(e) => return Err(e),
             }
         }
         let policies = policies

@@ -608,3 +608,51 @@ async fn colour_only_on_a_terminal_without_no_color() {
     );
     assert!(no_color_flag.stdout.contains("Failed"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_extras_become_warnings_and_server_errors_are_named() {
+    let h = Harness::populated().await;
+    h.server
+        .faults()
+        .inject(Fault::error(403).verb("list").resource("nodes"));
+    let run = h.kubectl(&["tt", "driver", "nodes", "fleet"]).await.ok();
+    assert!(
+        run.stderr.starts_with("warning: cannot read nodes"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stdout.contains("node-7"),
+        "still lists the status: {}",
+        run.stdout
+    );
+
+    h.server.faults().inject(
+        Fault::error(401)
+            .verb("get")
+            .resource("tenstorrentdriverpolicies")
+            .times(1),
+    );
+    let run = h
+        .kubectl(&["tt", "driver", "describe", "fleet"])
+        .await
+        .failed();
+    assert_eq!(
+        run.stderr,
+        "error: you must be logged in to the server (Unauthorized); check the credentials of your kubeconfig context\n"
+    );
+
+    h.server.faults().inject(
+        Fault::error(500)
+            .verb("list")
+            .resource("tenstorrentdriverpolicies"),
+    );
+    let run = h.kubectl(&["tt", "driver"]).await.failed();
+    assert!(
+        run.stderr.starts_with(
+            "error: the server could not list tenstorrentdriverpolicies.driver.tenstorrent.com"
+        ),
+        "{}",
+        run.stderr
+    );
+}
