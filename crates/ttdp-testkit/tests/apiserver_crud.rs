@@ -369,3 +369,79 @@ async fn events_from_a_kube_recorder_are_visible_as_core_events() {
     assert_eq!(e.reporting_component.as_deref(), Some("ttdp-controller"));
     assert_eq!(e.series.as_ref().unwrap().count, Some(2));
 }
+
+#[tokio::test]
+async fn pod_specs_are_immutable_except_images() {
+    let server = TestApiServer::start().await.unwrap();
+    let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
+    pods.create(&PostParams::default(), &pod("p1", "n1", json!({})))
+        .await
+        .unwrap();
+    let image =
+        Patch::Merge(json!({"spec": {"containers": [{"name": "c", "image": "busybox:1.37"}]}}));
+    pods.patch("p1", &PatchParams::default(), &image)
+        .await
+        .unwrap();
+    let moved = Patch::Merge(json!({"spec": {"nodeName": "n2"}}));
+    let err = api_error(
+        pods.patch("p1", &PatchParams::default(), &moved)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    let cause = &err.details.unwrap().causes[0];
+    assert_eq!(cause.field, "spec");
+    assert!(
+        cause
+            .message
+            .starts_with("Forbidden: pod updates may not change fields other than"),
+        "{}",
+        cause.message
+    );
+}
+
+#[tokio::test]
+async fn dry_run_create_answers_without_storing() {
+    let server = TestApiServer::start().await.unwrap();
+    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    let pp = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let answered = nodes.create(&pp, &node("n1", json!({}))).await.unwrap();
+    assert_eq!(answered.metadata.name.as_deref(), Some("n1"));
+    assert!(nodes.get_opt("n1").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn delete_collection_removes_only_selected_objects() {
+    let server = TestApiServer::start().await.unwrap();
+    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    for (name, pool) in [("a", "x"), ("b", "x"), ("c", "y")] {
+        nodes
+            .create(&PostParams::default(), &node(name, json!({"pool": pool})))
+            .await
+            .unwrap();
+    }
+    nodes
+        .delete_collection(&Default::default(), &ListParams::default().labels("pool=x"))
+        .await
+        .unwrap();
+    let left: Vec<String> = nodes
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|n| n.metadata.name.unwrap())
+        .collect();
+    assert_eq!(left, ["c"]);
+}
+
+#[tokio::test]
+async fn the_default_namespace_cannot_be_deleted() {
+    let server = TestApiServer::start().await.unwrap();
+    let ns: Api<Namespace> = Api::all(server.client().await.unwrap());
+    let err = api_error(ns.delete("default", &Default::default()).await.unwrap_err());
+    assert_eq!((err.code, err.reason.as_str()), (403, "Forbidden"));
+}

@@ -4,8 +4,9 @@
 
 mod apiserver_support;
 
-use apiserver_support::{install_crd, node, pod, widget_crd};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use apiserver_support::{install_crd, node, widget_crd};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use ttdp_testkit::apiserver::TestApiServer;
@@ -79,26 +80,31 @@ async fn json_patch_applies_operations_and_a_failed_test_is_422() {
 
 #[tokio::test]
 async fn strategic_merge_merges_containers_and_env_by_name_and_honours_patch_delete() {
+    // A DaemonSet template, since pod specs themselves are immutable.
     let server = TestApiServer::start().await.unwrap();
-    let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
-    let mut p = pod("p1", "n1", json!({}));
-    let spec = p.spec.as_mut().unwrap();
-    spec.containers[0].env = Some(vec![
-        serde_json::from_value(json!({"name": "A", "value": "1"})).unwrap(),
-    ]);
-    spec.containers
-        .push(serde_json::from_value(json!({"name": "side", "image": "side:1"})).unwrap());
-    pods.create(&PostParams::default(), &p).await.unwrap();
+    let ds_api: Api<DaemonSet> = Api::default_namespaced(server.client().await.unwrap());
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {"containers": [
+                {"name": "c", "image": "agent:1", "env": [{"name": "A", "value": "1"}]},
+                {"name": "side", "image": "side:1"}
+            ]}}
+        }
+    }))
+    .unwrap();
+    ds_api.create(&PostParams::default(), &ds).await.unwrap();
 
-    let patch = json!({"spec": {"containers": [
+    let patch = json!({"spec": {"template": {"spec": {"containers": [
         {"name": "c", "env": [{"name": "B", "value": "2"}]},
         {"name": "side", "$patch": "delete"}
-    ]}, "metadata": {"finalizers": ["example.com/x"]}});
-    let after = pods
-        .patch("p1", &PatchParams::default(), &Patch::Strategic(patch))
+    ]}}}, "metadata": {"finalizers": ["example.com/x"]}});
+    let after = ds_api
+        .patch("agent", &PatchParams::default(), &Patch::Strategic(patch))
         .await
         .unwrap();
-    let containers = after.spec.unwrap().containers;
+    let containers = after.spec.unwrap().template.spec.unwrap().containers;
     assert_eq!(containers.len(), 1);
     let env: Vec<String> = containers[0]
         .env
@@ -108,8 +114,13 @@ async fn strategic_merge_merges_containers_and_env_by_name_and_honours_patch_del
         .map(|e| e.name)
         .collect();
     assert_eq!(env, ["A", "B"]);
-    assert_eq!(containers[0].image.as_deref(), Some("busybox:1.36"));
+    assert_eq!(containers[0].image.as_deref(), Some("agent:1"));
     assert_eq!(after.metadata.finalizers.unwrap(), ["example.com/x"]);
+    assert_eq!(
+        after.metadata.generation,
+        Some(2),
+        "a template change is a spec change"
+    );
 }
 
 #[tokio::test]

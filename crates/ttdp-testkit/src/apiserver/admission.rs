@@ -224,6 +224,62 @@ fn default_builtin(rt: &ResourceType, obj: &mut Value) {
     }
 }
 
+/// The message the real server gives for a forbidden pod spec update.
+const POD_UPDATE_FORBIDDEN: &str = "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)";
+
+/// Update rules of built-in types: pod specs are immutable but for images, tolerations and
+/// `activeDeadlineSeconds` (and `spec.nodeName` only through the binding subresource); a
+/// DaemonSet's selector is immutable.
+fn validate_builtin_update(rt: &ResourceType, old: &Value, new: &Value) -> Vec<StatusCause> {
+    match (rt.group.as_str(), rt.plural.as_str()) {
+        ("", "pods") => {
+            let mut normalised = new["spec"].clone();
+            for list in ["containers", "initContainers"] {
+                let old_images: Vec<Value> = old["spec"][list]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| c["image"].clone())
+                    .collect();
+                if let Some(items) = normalised.get_mut(list).and_then(Value::as_array_mut) {
+                    for (c, image) in items.iter_mut().zip(old_images) {
+                        c["image"] = image;
+                    }
+                }
+            }
+            for field in ["activeDeadlineSeconds", "tolerations", "schedulingGates"] {
+                match old["spec"].get(field) {
+                    Some(v) => normalised[field] = v.clone(),
+                    None => {
+                        if let Some(m) = normalised.as_object_mut() {
+                            m.remove(field);
+                        }
+                    }
+                }
+            }
+            if normalised != old["spec"] {
+                return vec![StatusCause {
+                    reason: "FieldValueForbidden".into(),
+                    message: POD_UPDATE_FORBIDDEN.into(),
+                    field: Some("spec".into()),
+                }];
+            }
+            Vec::new()
+        }
+        ("apps", "daemonsets") if old["spec"]["selector"] != new["spec"]["selector"] => {
+            vec![StatusCause {
+                reason: "FieldValueInvalid".into(),
+                message: format!(
+                    "Invalid value: {}: field is immutable",
+                    new["spec"]["selector"]
+                ),
+                field: Some("spec.selector".into()),
+            }]
+        }
+        _ => Vec::new(),
+    }
+}
+
 fn validate_builtin(rt: &ResourceType, obj: &Value) -> Vec<StatusCause> {
     let mut causes = Vec::new();
     let required = |field: &str| StatusCause {
@@ -299,7 +355,11 @@ pub fn admit(
         Some(schema) => admit_custom(rt, schema, old, obj),
         None => {
             default_builtin(rt, obj);
-            (validate_builtin(rt, obj), Vec::new())
+            let mut causes = validate_builtin(rt, obj);
+            if let Some(old) = old {
+                causes.extend(validate_builtin_update(rt, old, obj));
+            }
+            (causes, Vec::new())
         }
     };
     let unknown: Vec<String> = unknown

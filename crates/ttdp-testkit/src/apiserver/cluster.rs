@@ -764,6 +764,11 @@ impl ClusterState {
         }
         let is_pod = rt.group.is_empty() && rt.plural == "pods";
         let is_namespace = rt.group.is_empty() && rt.plural == "namespaces";
+        if is_namespace && matches!(name, "default" | "kube-system" | "kube-public") {
+            return Err(ApiError::forbidden(format!(
+                "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
+            )));
+        }
         if is_namespace {
             updated["status"]["phase"] = json!("Terminating");
         }
