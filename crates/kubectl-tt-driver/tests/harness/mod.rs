@@ -27,7 +27,13 @@ pub const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 /// these tests must fail, not skip, without it.
 pub fn kubectl() -> PathBuf {
     if let Some(p) = std::env::var_os("TTDP_KUBECTL") {
-        return PathBuf::from(p);
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "TTDP_KUBECTL={} is not a file; point it at a kubectl binary or unset it",
+            p.display()
+        );
+        return p;
     }
     if let Some(home) = std::env::var_os("HOME") {
         let p = Path::new(&home).join(".local/ttdp-tools/bin/kubectl");
