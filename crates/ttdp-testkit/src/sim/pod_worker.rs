@@ -27,6 +27,8 @@ use super::time_scale::TimeScale;
 
 /// How often the status is rewritten even without changes (cheap insurance against lost writes).
 const STATUS_RESYNC: Duration = Duration::from_secs(5);
+/// How soon a failed status write is tried again.
+const STATUS_RETRY: Duration = Duration::from_millis(200);
 
 /// What a node gives the pods bound to it.
 #[derive(Debug)]
@@ -109,7 +111,11 @@ async fn run(
         };
         let snapshots: Vec<_> = containers.iter().map(ContainerHandle::snapshot).collect();
         let status = pod_status(&facts, &snapshots, &mut clock);
-        write_status(&shared, &pod, status, &mut last_written).await;
+        let wait = if write_status(&shared, &pod, status, &mut last_written).await {
+            STATUS_RESYNC
+        } else {
+            STATUS_RETRY
+        };
         tokio::select! {
             () = shared.shutdown.cancelled() => {
                 stop_all(containers, StopRequest::Kill).await;
@@ -125,7 +131,7 @@ async fn run(
                 }
             }
             () = changed.notified() => {}
-            () = tokio::time::sleep(STATUS_RESYNC) => last_written = None,
+            () = tokio::time::sleep(wait) => last_written = None,
         }
     }
     if gone {
@@ -298,16 +304,16 @@ fn readiness_probe(
     }
 }
 
-/// Writes `status` unless it is what was written last.
+/// Writes `status` unless it is what was written last; false when the write failed.
 async fn write_status(
     shared: &KubeletShared,
     pod: &Pod,
     status: PodStatus,
     last_written: &mut Option<serde_json::Value>,
-) {
+) -> bool {
     let value = serde_json::json!({ "status": status });
     if last_written.as_ref() == Some(&value) {
-        return;
+        return true;
     }
     let api: Api<Pod> =
         Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
@@ -319,10 +325,14 @@ async fn write_status(
         )
         .await
     {
-        Ok(_) => *last_written = Some(value),
-        Err(err) if is_not_found(&err) => {}
+        Ok(_) => {
+            *last_written = Some(value);
+            true
+        }
+        Err(err) if is_not_found(&err) => true,
         Err(err) => {
-            debug!(pod = %pod.name_any(), error = %err, "pod status write failed; retrying")
+            debug!(pod = %pod.name_any(), error = %err, "pod status write failed; retrying");
+            false
         }
     }
 }
