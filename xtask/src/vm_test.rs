@@ -36,16 +36,19 @@
 //! - `TTDP_VM_HOST_USR` is `1` when the scenario has the host's `/usr` (see [`Scenario::host_usr`]):
 //!   git, make, gcc and `/lib/modules/<release>/build` then work in the guest.
 //!
-//! # Adding a scenario (for example the agent of issue 6)
+//! # Adding a scenario
 //! Add a [`Scenario`] to [`SCENARIOS`]: its integration tests (`tests`) and binaries (`bins`) are
-//! built static and copied in, `files` are copied from the repository to the given guest paths,
-//! `host_usr` gives it a toolchain, and `script` (a busybox `sh` script under
-//! `tests/vm/scenarios/`) is the workload. The script's exit status decides, and it must report
-//! what ran: either libtest's `test result:` lines or a plain `N passed, N failed` line of its own;
-//! a scenario that reports no passed test fails. The VM has no network: give a binary its inputs
-//! as files (the stub repository stands in for tt-kmd's) and let it report on stdout or in files
-//! the script checks. An agent scenario would list `("ttdp-agent", "ttdp-agent")` in `bins`, set
-//! `host_usr` for cache misses, and run the binary from its script against `TTDP_VM_STUB_REPO`.
+//! built static (and copied in without their debug info), `files` are copied from the repository
+//! to the given guest paths, `host_usr` gives it a toolchain, and `script` (a busybox `sh` script
+//! under `tests/vm/scenarios/`) is the workload. The script's exit status decides, and it must
+//! report what ran: either libtest's `test result:` lines or a plain `N passed, N failed` line of
+//! its own; a scenario that reports no passed test fails. The VM has no network: give a binary its
+//! inputs as files (the stub repository stands in for tt-kmd's) and let it report on stdout or in
+//! files the script checks. Scenario `agent` is the example of a binary: it lists
+//! `("ttdp-agent", "ttdp-agent")` in `bins`, sets `host_usr` for its cache miss, and its script
+//! (`tests/vm/scenarios/agent.sh`) drives the long-running agent against `TTDP_VM_STUB_REPO`,
+//! with `TTDP_REPORT=file:...` standing in for the Kubernetes API, and checks the module, the
+//! probe, the report file and the agent's JSON log.
 
 #[path = "vm_boot.rs"]
 mod vm_boot;
@@ -117,6 +120,20 @@ pub const SCENARIOS: &[Scenario] = &[
         host_usr: true,
         script: "kmod-build.sh",
         // one in-VM build: ~35 s on an idle machine, 180 s seen with the 2 cores shared 6 ways
+        timeout: Duration::from_secs(600),
+    },
+    Scenario {
+        name: "agent",
+        description: "the real ttdp-agent binary (report in a file, no cluster): fresh install built \
+                      in the VM from the stub repository, upgrade from the cache, busy module \
+                      waiting for its holder then swapping, module removed behind its back, force \
+                      unload, cache hit on a second run, SIGTERM leaves the module loaded",
+        tests: &[],
+        bins: &[("ttdp-agent", "ttdp-agent")],
+        files: &[],
+        host_usr: true,
+        script: "agent.sh",
+        // one in-VM build (as kmod-build) plus ~30 s of agent runs
         timeout: Duration::from_secs(600),
     },
 ];

@@ -1,0 +1,277 @@
+#!/bin/sh
+# Scenario "agent": the real, static ttdp-agent binary (/opt/ttdp/bin/ttdp-agent) on the real
+# kernel, as the DaemonSet pod would run it, with its Kubernetes reporting written to a JSON file
+# (TTDP_REPORT=file:...) because the VM has no network. The host's /usr is mounted over 9p, so a
+# cache miss fetches tag ttkmd-<version> from the stub repository ($TTDP_VM_STUB_REPO) and builds it
+# here (the only in-guest build of this scenario).
+#
+# One agent run per step, restarted with a new TT_KMD_VERSION the way a new pod would be:
+#   1. fresh install of 1.0.0: cache miss, build in the guest, load, probe, report Ready, tt-smi;
+#      SIGTERM leaves the module loaded;
+#   2. upgrade 1.0.0 -> 2.0.0 from a cache entry seeded from the host-built stub (no build);
+#   3. busy module: a process holds /dev/tenstorrent/0; the agent (no force) waits, reports
+#      WaitingForHolders with its pid and comm, stays not ready and leaves the module alone; when
+#      the holder exits it swaps back to 1.0.0 from its own cache entry (a cache hit, no build);
+#      the module removed behind its back is loaded again;
+#   4. force unload (TT_FORCE_UNLOAD=true) SIGKILLs the holder and swaps to 2.0.0;
+#      SIGTERM after ready leaves the module loaded.
+# Each check prints a libtest-style line; the last line sums them up for the harness. A step whose
+# outcome the next steps depend on aborts the run when it fails. Arguments are not used.
+set -u
+
+AGENT=/opt/ttdp/bin/ttdp-agent
+WORK=/run/agent
+REPORT=$WORK/report.json
+CACHE=/var/cache/tt-kmd
+RELEASE=$TTDP_VM_KERNEL_RELEASE
+# the first two stub versions that load, oldest first
+set -- $TTDP_VM_KO_VERSIONS
+OLD=$1
+NEW=$2
+TT_SMI_SOURCE=/opt/ttdp/tt-smi
+TT_SMI_TEST_VERSION=1.2.3
+# limits: the in-guest build takes ~35 s on an idle host and several minutes on a loaded one
+BUILD_LIMIT=420
+STEP_LIMIT=60
+
+export TTDP_HOST_ROOT=/ TTDP_KERNEL=real NODE_NAME=vm-node
+export TT_KMD_REPOSITORY="$TTDP_VM_STUB_REPO" TTDP_REPORT="file:$REPORT" TTDP_LOG_FORMAT=json
+export TT_SMI_VERSION=$TT_SMI_TEST_VERSION TTDP_TT_SMI_PATH=$TT_SMI_SOURCE
+export TTDP_PROBE_PERIOD=1s TTDP_RETRY_INITIAL=1s TTDP_RETRY_MAX=2s
+export TT_FORCE_UNLOAD=false
+
+passed=0
+failed=0
+started=$(date +%s)
+AGENT_PID=
+AGENT_LOG=
+
+# --- reporting -------------------------------------------------------------------------------
+
+finish() {
+  [ -n "$AGENT_PID" ] && kill -KILL "$AGENT_PID" 2>/dev/null
+  result=ok
+  [ "$failed" -eq 0 ] || result=FAILED
+  echo
+  echo "test result: $result. $passed passed; $failed failed; 0 ignored; 0 measured; 0 filtered out; finished in $(($(date +%s) - started))s"
+  [ "$failed" -eq 0 ]
+  exit
+}
+
+# dump NAME: what the current agent run logged and reported, for a failed check
+dump() {
+  echo "---- $1: last lines of $AGENT_LOG ----"
+  [ -n "$AGENT_LOG" ] && tail -n 25 "$AGENT_LOG"
+  echo "---- $1: $REPORT ----"
+  cat "$REPORT" 2>/dev/null
+  echo "---- $1: module: version $(loaded_version) refcnt $(cat /sys/module/tenstorrent/refcnt 2>/dev/null)"
+}
+
+# check NAME COMMAND...: runs COMMAND and records a passed or failed check
+check() {
+  name=$1
+  shift
+  if "$@"; then
+    passed=$((passed + 1))
+    echo "test agent::$name ... ok"
+  else
+    failed=$((failed + 1))
+    echo "test agent::$name ... FAILED"
+    echo "  failed: $*"
+    dump "$name"
+  fi
+}
+
+# require NAME COMMAND...: a check the rest of the run depends on; stops the run when it fails
+require() {
+  before=$failed
+  check "$@"
+  [ "$failed" -eq "$before" ] || finish
+}
+
+# wait_until SECONDS COMMAND...: polls COMMAND until it succeeds or SECONDS have passed
+wait_until() {
+  end=$(($(date +%s) + $1))
+  shift
+  until "$@"; do
+    [ "$(date +%s)" -lt "$end" ] || return 1
+    sleep 0.5
+  done
+}
+
+# --- what the host shows -----------------------------------------------------------------------
+
+loaded_version() { cat /sys/module/tenstorrent/version 2>/dev/null; }
+loaded_is() { [ "$(loaded_version)" = "$1" ] && [ "$(cat /sys/module/tenstorrent/initstate)" = live ]; }
+refcnt_above_0() { [ "$(cat /sys/module/tenstorrent/refcnt 2>/dev/null || echo 0)" -gt 0 ]; }
+probe_passes() { TT_KMD_VERSION=$1 "$AGENT" probe >/dev/null 2>&1; }
+probe_fails() { ! probe_passes "$1"; }
+alive() { [ -e "/proc/$1" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" != Z ]; }
+
+# The report file is serde_json's pretty print: one `"key": value` per line.
+report_has() { grep -q -F -- "$1" "$REPORT" 2>/dev/null; }
+report_lacks() { ! report_has "$1"; }
+report_ready_for() {
+  report_has '"phase": "Ready"' && report_has "\"targetVersion\": \"$1\"" &&
+    report_has "\"loadedVersion\": \"$1\""
+}
+labelled() {
+  report_has "\"driver.tenstorrent.com/kmd-version\": \"$1\"" &&
+    report_has '"driver.tenstorrent.com/install-mode": "container"'
+}
+log_has() { grep -q -F -- "$1" "$AGENT_LOG"; }
+log_lacks() { ! log_has "$1"; }
+# builds done by every agent run so far (one log line per .ko made ready, "cache":"miss" for a build)
+builds_so_far() { cat "$WORK"/agent-*.log | grep -F '"step":"ensure-ko"' | grep -c -F '"cache":"miss"'; }
+builds_so_far_are() { [ "$(builds_so_far)" = "$1" ]; }
+
+# --- driving the agent -------------------------------------------------------------------------
+
+# start_agent NAME VERSION [VAR=VALUE...]: runs `ttdp-agent run` in the background
+start_agent() {
+  AGENT_LOG=$WORK/agent-$1.log
+  version=$2
+  shift 2
+  env TT_KMD_VERSION="$version" "$@" "$AGENT" run >"$AGENT_LOG" 2>&1 &
+  AGENT_PID=$!
+  step_started=$(date +%s)
+  echo "agent: run $AGENT_LOG (pid $AGENT_PID): target $version $*"
+}
+
+# stop_agent: SIGTERM; sets AGENT_EXIT (the exit status, or "none" when it did not exit in 20 s)
+stop_agent() {
+  kill -TERM "$AGENT_PID"
+  if wait_until 20 eval '! alive $AGENT_PID'; then
+    wait "$AGENT_PID"
+    AGENT_EXIT=$?
+  else
+    AGENT_EXIT=none
+    kill -KILL "$AGENT_PID"
+    wait "$AGENT_PID"
+  fi
+  AGENT_PID=
+  echo "agent: stopped with SIGTERM, exit status $AGENT_EXIT"
+}
+
+exited_cleanly_leaving() {
+  [ "$AGENT_EXIT" = 0 ] && loaded_is "$1" && probe_passes "$1" &&
+    log_has 'shutting down; the loaded module stays loaded'
+}
+
+took() { echo "agent: $1 in $(($(date +%s) - step_started)) s"; }
+
+# start_holder: a process (comm "sleep") holding /dev/tenstorrent/0 open on its stdin; sets HOLDER
+# (each open raises refcnt by 2 here: one for the cdev, one for its file operations)
+start_holder() {
+  sleep 1000 </dev/tenstorrent/0 &
+  HOLDER=$!
+  wait_until 10 eval '[ "$(cat /proc/$HOLDER/comm)" = sleep ] &&
+    [ "$(readlink /proc/$HOLDER/fd/0)" = /dev/tenstorrent/0 ] && refcnt_above_0'
+}
+
+# seed_cache VERSION: puts the host-built stub .ko of VERSION in the agent's cache, with a record
+# made from the one the agent wrote for $OLD (only the fields that differ are changed), so the
+# agent finds a verified entry instead of building it
+seed_cache() {
+  model=$CACHE/$RELEASE/$OLD/tenstorrent.ko.json
+  dir=$CACHE/$RELEASE/$1
+  mkdir -p "$dir" && cp "$TTDP_VM_KO_DIR/$1/tenstorrent.ko" "$dir/tenstorrent.ko" || return 1
+  sha=$(sha256sum "$dir/tenstorrent.ko" | cut -d' ' -f1)
+  srcversion=$(grep -a -o 'srcversion=[0-9A-F]*' "$dir/tenstorrent.ko" | head -n1 | cut -d= -f2)
+  commit=$(git --git-dir="$TTDP_VM_STUB_REPO" rev-parse "ttkmd-$1^{commit}") || return 1
+  sed -e "s/\"version\": \"$OLD\"/\"version\": \"$1\"/" \
+    -e "s/\"sha256\": \"[0-9a-f]*\"/\"sha256\": \"$sha\"/" \
+    -e "s/\"srcversion\": \"[0-9A-F]*\"/\"srcversion\": \"$srcversion\"/" \
+    -e "s/\"sourceCommit\": \"[0-9a-f]*\"/\"sourceCommit\": \"$commit\"/" \
+    "$model" >"$dir/tenstorrent.ko.json"
+}
+
+# --- the node --------------------------------------------------------------------------------
+
+mkdir -p "$WORK"
+# the agent installs tt-smi to the host's /usr/local/bin, but /usr is the build host's, read-only
+mount -t tmpfs tmpfs /usr/local && mkdir -p /usr/local/bin
+printf '#!/bin/sh\necho "tt-smi %s (vm-test stand-in)"\n' "$TT_SMI_TEST_VERSION" >"$TT_SMI_SOURCE"
+chmod 0755 "$TT_SMI_SOURCE"
+echo "agent: kernel $RELEASE, versions $OLD and $NEW, repository $TT_KMD_REPOSITORY"
+
+# --- 1. fresh install: cache miss, build in the guest ------------------------------------------
+
+require nothing_is_loaded_before_the_agent_runs eval '[ ! -e /sys/module/tenstorrent ] && probe_fails $OLD'
+start_agent 1-fresh "$OLD"
+require fresh_install_loads_the_target wait_until "$BUILD_LIMIT" eval 'loaded_is $OLD && report_ready_for $OLD'
+took "fresh install (fetch, build, load)"
+check fresh_install_probe_passes_only_for_the_target eval 'probe_passes $OLD && probe_fails $NEW'
+check fresh_install_labels_the_node_with_the_loaded_version labelled "$OLD"
+check fresh_install_was_built_in_the_guest_and_cached eval \
+  'log_has "\"cache\":\"miss\"" && builds_so_far_are 1 &&
+   [ -s $CACHE/$RELEASE/$OLD/tenstorrent.ko ] && [ -s $CACHE/$RELEASE/$OLD/tenstorrent.ko.json ]'
+check fresh_install_event_says_loaded report_has "\"note\": \"loaded tt-kmd $OLD"
+check tt_smi_is_copied_to_the_host_and_labelled eval \
+  'cmp -s $TT_SMI_SOURCE /usr/local/bin/tt-smi && [ -x /usr/local/bin/tt-smi ] &&
+   report_has "\"tt-smi.driver.tenstorrent.com/version\": \"$TT_SMI_TEST_VERSION\""'
+OLD_SHA=$(sha256sum "$CACHE/$RELEASE/$OLD/tenstorrent.ko" | cut -d' ' -f1)
+stop_agent
+require sigterm_after_a_fresh_install_leaves_the_module_loaded exited_cleanly_leaving "$OLD"
+
+# --- 2. upgrade from a seeded cache entry --------------------------------------------------------
+
+require the_new_version_is_seeded_into_the_cache seed_cache "$NEW"
+start_agent 2-upgrade "$NEW"
+require upgrade_swaps_to_the_new_version wait_until "$STEP_LIMIT" eval 'loaded_is $NEW && report_ready_for $NEW'
+took "upgrade $OLD -> $NEW"
+check upgrade_probe_passes_only_for_the_new_version eval 'probe_passes $NEW && probe_fails $OLD'
+check upgrade_labels_the_node_with_the_new_version labelled "$NEW"
+check upgrade_takes_the_seeded_entry_without_building eval \
+  'log_has "\"cache\":\"hit\"" && log_lacks "\"cache\":\"miss\"" && builds_so_far_are 1'
+check upgrade_event_names_both_versions report_has "\"note\": \"replaced tt-kmd $OLD with $NEW"
+stop_agent
+require sigterm_after_an_upgrade_leaves_the_module_loaded exited_cleanly_leaving "$NEW"
+
+# --- 3. busy module: wait for the holder, then swap (back to $OLD, a cache hit) -----------------
+
+require a_holder_opens_the_device start_holder
+start_agent 3-busy "$OLD"
+require busy_module_is_reported_with_its_holder wait_until "$STEP_LIMIT" eval \
+  'report_has "\"phase\": \"WaitingForHolders\"" && report_has "\"pid\": $HOLDER," &&
+   report_has "\"comm\": \"sleep\"" && report_has "\"reason\": \"DeviceHeld\""'
+took "busy module reported"
+check busy_module_event_names_the_holder report_has "held by pid $HOLDER (sleep)"
+# several probe periods later nothing has changed: no force, no crash loop, not ready
+sleep 3
+check busy_module_is_left_alone_and_not_ready eval \
+  'loaded_is $NEW && alive $HOLDER && alive $AGENT_PID && probe_fails $OLD &&
+   report_has "\"phase\": \"WaitingForHolders\""'
+kill "$HOLDER"
+wait "$HOLDER"
+step_started=$(date +%s)
+require after_the_holder_exits_the_target_is_loaded wait_until "$STEP_LIMIT" eval \
+  'loaded_is $OLD && report_ready_for $OLD && report_lacks "\"holders\""'
+took "swap after the holder exited"
+check second_run_of_a_version_is_a_cache_hit eval \
+  'log_has "\"cache\":\"hit\"" && log_lacks "\"cache\":\"miss\"" && builds_so_far_are 1 &&
+   [ "$(sha256sum $CACHE/$RELEASE/$OLD/tenstorrent.ko | cut -d" " -f1)" = "$OLD_SHA" ]'
+# the module removed behind the agent's back: readiness follows, the agent loads it again
+rmmod tenstorrent
+step_started=$(date +%s)
+require a_module_removed_behind_its_back_is_loaded_again wait_until "$STEP_LIMIT" eval \
+  'loaded_is $OLD && report_has "\"reason\": \"ModuleChangedExternally\"" && report_ready_for $OLD'
+took "reload after rmmod"
+stop_agent
+require sigterm_while_idle_leaves_the_module_loaded exited_cleanly_leaving "$OLD"
+
+# --- 4. force unload -----------------------------------------------------------------------------
+
+require a_holder_opens_the_device_again start_holder
+start_agent 4-force "$NEW" TT_FORCE_UNLOAD=true
+require force_unload_swaps_despite_the_holder wait_until "$STEP_LIMIT" eval 'loaded_is $NEW && report_ready_for $NEW'
+took "forced swap $OLD -> $NEW"
+wait "$HOLDER"
+holder_status=$?
+check force_unload_killed_the_holder_with_sigkill eval \
+  '[ $holder_status = 137 ] && report_has "force unload killed pid $HOLDER (sleep)"'
+check force_unload_did_not_build builds_so_far_are 1
+stop_agent
+check sigterm_after_ready_leaves_the_module_loaded exited_cleanly_leaving "$NEW"
+
+finish
