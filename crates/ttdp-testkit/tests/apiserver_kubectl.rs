@@ -528,3 +528,25 @@ async fn kubectl_applies_a_crd_and_its_custom_resources_with_validation_errors_s
         "short names work"
     );
 }
+
+#[tokio::test]
+async fn kubectl_taint_adds_and_removes_taints() {
+    let server = TestApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    k.apply(&[], NODE).await;
+    k.ok(&["taint", "nodes", "n1", "a=1:NoSchedule"]).await;
+    k.ok(&["taint", "nodes", "n1", "b=2:NoExecute"]).await;
+    // Taints are an atomic list: kubectl sends the whole remaining list.
+    k.ok(&["taint", "nodes", "n1", "a:NoSchedule-"]).await;
+    let taints = k.json(&["get", "node", "n1"]).await["spec"]["taints"].clone();
+    assert_eq!(
+        taints,
+        json!([{"effect": "NoExecute", "key": "b", "value": "2"}])
+    );
+    k.ok(&["taint", "nodes", "n1", "b:NoExecute-"]).await;
+    assert!(
+        k.json(&["get", "node", "n1"]).await["spec"]
+            .get("taints")
+            .is_none()
+    );
+}

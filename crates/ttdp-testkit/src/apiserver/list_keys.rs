@@ -19,8 +19,10 @@ pub enum ListKind {
 }
 
 /// Which patch mechanism asks: server-side apply (OpenAPI list-type markers) or strategic
-/// merge patch (Go struct `patchStrategy`/`patchMergeKey` tags). They differ for a few fields,
-/// e.g. node taints merge by `key` in strategic merge patch but are atomic for apply.
+/// merge patch (Go struct `patchStrategy`/`patchMergeKey` tags). They differ in the keys of a
+/// few lists, e.g. container ports merge by `containerPort` in strategic merge patch but by
+/// `containerPort` and `protocol` for apply. Node taints and pod tolerations are atomic in both
+/// (kubectl taint sends the whole new list).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Merger {
     /// Server-side apply.
@@ -70,7 +72,6 @@ fn builtin_kind(rt: &ResourceType, path: &[String], merger: Merger) -> ListKind 
             Merger::Apply => keys(&["topologyKey", "whenUnsatisfiable"]),
             Merger::Strategic => keys(&["topologyKey"]),
         },
-        "spec.taints" if rt.plural == "nodes" && merger == Merger::Strategic => keys(&["key"]),
         "status.conditions" => keys(&["type"]),
         "status.addresses" if rt.plural == "nodes" => keys(&["type"]),
         "status.podIPs" | "status.hostIPs" => keys(&["ip"]),

@@ -269,6 +269,9 @@ async fn handle(
         Ok(other) => non_resource(&app, other, &accept),
     };
     record.status = response.status().as_u16();
+    if let Some(b) = &record.body {
+        tracing::trace!(path = %record.path, content_type = %record.content_type, body = %b, "request body");
+    }
     tracing::debug!(method = %record.method, path = %record.path, query = %record.query, accept = %accept, status = record.status, "request");
     app.recorder.record(record);
     response
