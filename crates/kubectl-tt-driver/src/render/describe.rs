@@ -97,20 +97,11 @@ pub fn render(
     );
     out.push_str("Spec:\n");
     field(&mut out, 2, "Version", &spec.version);
-    field(
-        &mut out,
-        2,
-        "Node affinity",
-        &selector_text(&spec.user_selector()),
-    );
+    let mut affinity = selector_text(&spec.user_selector());
     if spec.node_selector.is_some() && spec.node_affinity.is_none() {
-        field(
-            &mut out,
-            2,
-            "",
-            "(set through the deprecated spec.nodeSelector)",
-        );
+        affinity.push_str(" (from the deprecated spec.nodeSelector)");
     }
+    field(&mut out, 2, "Node affinity", &affinity);
     let paused = if spec.paused {
         opts.palette
             .paint("true (no node starts a new step)", Some(Colour::Yellow))
@@ -325,4 +316,40 @@ pub fn render(
         out.push_str(&indented(&table, opts));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    use super::*;
+
+    #[test]
+    fn selectors_read_like_kubectl_label_queries() {
+        let selector = LabelSelector {
+            match_labels: Some(BTreeMap::from([("pool".to_owned(), "prod".to_owned())])),
+            match_expressions: Some(vec![
+                LabelSelectorRequirement {
+                    key: "rack".to_owned(),
+                    operator: "NotIn".to_owned(),
+                    values: Some(vec!["r1".to_owned(), "r2".to_owned()]),
+                },
+                LabelSelectorRequirement {
+                    key: "debug".to_owned(),
+                    operator: "DoesNotExist".to_owned(),
+                    values: None,
+                },
+            ]),
+        };
+        assert_eq!(
+            selector_text(&selector),
+            "pool=prod,rack notin (r1,r2),!debug"
+        );
+        assert_eq!(
+            selector_text(&LabelSelector::default()),
+            "{} (every Tenstorrent node)"
+        );
+    }
 }
