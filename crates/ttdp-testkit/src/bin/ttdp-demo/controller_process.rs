@@ -1,6 +1,6 @@
-//! The real `ttdp-controller` binary as a child process of the demo, configured the way the
-//! Helm chart configures it (environment variables), talking to the simulated cluster through
-//! its kubeconfig.
+//! The real `ttdp-controller` binary as a child process of the demo, configured by its flags
+//! (see `crates/ttdp-controller/src/args.rs`), talking to the simulated cluster through its
+//! kubeconfig.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -30,6 +30,10 @@ pub struct ControllerConfig {
     pub kmd_repository: String,
     /// The tt-smi version the agents label nodes with.
     pub tt_smi_version: String,
+    /// First back-off before a Failed node is retried (whole seconds, at least 1).
+    pub retry_base_seconds: u64,
+    /// Longest back-off before a Failed node is retried.
+    pub retry_max_seconds: u64,
     /// Where its output goes.
     pub log_file: PathBuf,
 }
@@ -53,14 +57,18 @@ impl ControllerProcess {
         let mut command = Command::new(&config.binary);
         command
             .env("KUBECONFIG", &config.kubeconfig)
-            .env("TTDP_NAMESPACE", &config.namespace)
-            .env("TTDP_INSTALLER_IMAGE", &config.installer_image)
-            .env("TTDP_KMD_REPOSITORY", &config.kmd_repository)
-            .env("TTDP_TT_SMI_VERSION", &config.tt_smi_version)
-            .env("TTDP_LEADER_ELECT", "false")
-            .env("TTDP_METRICS_ADDR", "127.0.0.1:0")
-            .env("TTDP_LOG_FORMAT", "text")
+            .env("NO_COLOR", "1")
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()))
+            .arg(format!("--namespace={}", config.namespace))
+            .arg(format!("--default-image={}", config.installer_image))
+            .arg(format!("--kmd-repository={}", config.kmd_repository))
+            .arg(format!("--tt-smi-version={}", config.tt_smi_version))
+            .arg(format!("--retry-base-seconds={}", config.retry_base_seconds))
+            .arg(format!("--retry-max-seconds={}", config.retry_max_seconds))
+            // One replica: no Lease to wait for. No admin server: nothing scrapes it here.
+            .arg("--leader-election=false")
+            .arg("--metrics-address=")
+            .arg("--log-format=text")
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(err))
@@ -101,9 +109,20 @@ impl ControllerProcess {
     }
 }
 
-/// The last `lines` lines of a log file (empty when unreadable).
+/// Longest log line shown in full.
+const LINE_LIMIT: usize = 400;
+
+/// The last `lines` lines of a log file (empty when unreadable), each cut at [`LINE_LIMIT`]
+/// characters.
 pub fn log_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+    all[all.len().saturating_sub(lines)..]
+        .iter()
+        .map(|line| match line.char_indices().nth(LINE_LIMIT) {
+            Some((cut, _)) => format!("{} ...", &line[..cut]),
+            None => (*line).to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -144,7 +144,7 @@ fn tenstorrent_name(i: usize) -> String {
 /// Container nodes are split into two pools by label, only to show labels in the views.
 fn pool_of(name: &str) -> &'static str {
     let index: usize = name.rsplit('-').next().and_then(|i| i.parse().ok()).unwrap_or(0);
-    if index % 2 == 0 { "prod" } else { "batch" }
+    if index.is_multiple_of(2) { "prod" } else { "batch" }
 }
 
 #[cfg(test)]

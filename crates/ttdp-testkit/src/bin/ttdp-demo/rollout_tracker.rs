@@ -125,7 +125,8 @@ fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Duration) {
 }
 
 /// Whether `policy` is Ready for its current generation: the controller has observed the latest
-/// spec, the `Ready` condition is true for it, and every listed node is Done or HostManaged.
+/// spec, the `Ready` condition is true for it, and every listed node is HostManaged or Done at
+/// `spec.version`.
 pub fn is_ready(policy: &TenstorrentDriverPolicy, expected_nodes: usize) -> bool {
     let Some(status) = &policy.status else {
         return false;
@@ -139,10 +140,14 @@ pub fn is_ready(policy: &TenstorrentDriverPolicy, expected_nodes: usize) -> bool
             && c.status == "True"
             && c.observed_generation.is_none_or(|g| Some(g) == generation)
     });
-    let settled = status
-        .nodes
-        .iter()
-        .all(|n| matches!(n.state, NodeState::Done | NodeState::HostManaged));
+    // Done must mean "running spec.version": a status written just after a version bump can
+    // still list nodes Done at the old version.
+    let target = policy.spec.version.as_str();
+    let settled = status.nodes.iter().all(|n| match n.state {
+        NodeState::Done => n.current_version.as_deref() == Some(target),
+        NodeState::HostManaged => true,
+        _ => false,
+    });
     let counted = status.nodes.len() + status.summary.as_ref().map_or(0, |s| usize::try_from(s.nodes_omitted).unwrap_or(0));
     ready && settled && counted >= expected_nodes
 }

@@ -98,7 +98,7 @@ pub async fn run(args: DemoArgs, log_dir: PathBuf) -> Result<Ending> {
         phases,
         epoch,
         redraw,
-        upgrade_started: Duration::ZERO,
+        upgrade_started: None,
     };
     let ending = tokio::select! {
         result = demo.story() => match result {
@@ -123,7 +123,7 @@ struct Demo {
     phases: Vec<Phase>,
     epoch: Instant,
     redraw: bool,
-    upgrade_started: Duration,
+    upgrade_started: Option<Duration>,
 }
 
 impl Demo {
@@ -141,6 +141,8 @@ impl Demo {
             installer_image: INSTALLER_IMAGE.to_owned(),
             kmd_repository: self.cluster.kmd_repo().url(),
             tt_smi_version: TT_SMI_VERSION.to_owned(),
+            retry_base_seconds: scaled_seconds(30.0, self.args.speed),
+            retry_max_seconds: scaled_seconds(600.0, self.args.speed),
             log_file: self.log_dir.join("controller.log"),
         };
         self.controller = Some(ControllerProcess::start(&config)?);
@@ -165,7 +167,7 @@ impl Demo {
             "bumping {POLICY} to tt-kmd {} (kubectl patch ttdp {POLICY} --type merge -p '{{\"spec\":{{\"version\":\"{}\"}}}}')",
             self.args.to, self.args.to
         ));
-        self.upgrade_started = self.epoch.elapsed();
+        self.upgrade_started = Some(self.epoch.elapsed());
         self.bump_policy().await?;
         let title = format!("upgrade {} → {}", self.args.from, self.args.to);
         self.follow(&title, deadline).await?;
@@ -182,7 +184,10 @@ impl Demo {
         let policy: TenstorrentDriverPolicy = serde_json::from_value(json!({
             "apiVersion": "driver.tenstorrent.com/v1alpha1",
             "kind": "TenstorrentDriverPolicy",
-            "metadata": { "name": POLICY },
+            // Created with the controller's finalizer already in place: the test API server's JSON
+            // patch rejects kube-runtime's `test /metadata/finalizers == null` when the field is
+            // absent (a real API server accepts it), which would keep the controller from adding it.
+            "metadata": { "name": POLICY, "finalizers": [ttdp_api::names::FINALIZER] },
             "spec": {
                 "version": self.args.from,
                 "nodeAffinity": {},
@@ -268,8 +273,8 @@ impl Demo {
             self.check_controller_alive()?;
             if Instant::now() >= deadline {
                 let mut message = format!(
-                    "{title} did not finish within --timeout {}",
-                    duration_flag(self.args.timeout)
+                    "{title} did not finish within --timeout {} s",
+                    self.args.timeout.as_secs()
                 );
                 match &policy {
                     Some(policy) => {
@@ -375,7 +380,10 @@ impl Demo {
         }
         let interrupted = matches!(ending, Ending::Interrupted);
         let transitions = self.tracker.as_ref().map(RolloutTracker::transitions).unwrap_or_default();
-        let upgrade = RolloutTimes::from_transitions(&transitions, self.upgrade_started);
+        let upgrade = self
+            .upgrade_started
+            .map(|since| RolloutTimes::from_transitions(&transitions, since))
+            .unwrap_or_default();
         let mut outcome = Outcome {
             policy: POLICY.to_owned(),
             from: self.args.from.clone(),
@@ -624,6 +632,11 @@ async fn create_operator_namespace(client: &Client) -> Result<()> {
         .await
         .with_context(|| format!("cannot create serviceaccount {DEFAULT_NAMESPACE}/{AGENT_SERVICE_ACCOUNT}"))?;
     Ok(())
+}
+
+/// `seconds` scaled by `speed`, in whole seconds, at least 1 (the controller's flags' unit).
+fn scaled_seconds(seconds: f64, speed: f64) -> u64 {
+    Duration::from_secs_f64(seconds * speed).as_secs().max(1)
 }
 
 fn pod_ready(pod: &Pod) -> bool {

@@ -86,9 +86,9 @@ pub fn render(phases: &[Phase], upgrade: &RolloutTimes, max_unavailable: &str) -
     let total: f64 = phases.iter().map(|p| p.seconds).sum();
     let _ = writeln!(out, "Timings");
     for phase in phases {
-        let _ = writeln!(out, "  {:<44} {:>7.1} s", phase.name, phase.seconds);
+        let _ = writeln!(out, "  {:<48} {:>7.1} s", phase.name, phase.seconds);
     }
-    let _ = writeln!(out, "  {:<44} {:>7.1} s", "total", total);
+    let _ = writeln!(out, "  {:<48} {:>7.1} s", "total", total);
     if !upgrade.per_node.is_empty() {
         let times: Vec<f64> = upgrade.per_node.values().copied().collect();
         let min = times.iter().copied().fold(f64::INFINITY, f64::min);
@@ -96,7 +96,7 @@ pub fn render(phases: &[Phase], upgrade: &RolloutTimes, max_unavailable: &str) -
         let mean = times.iter().sum::<f64>() / times.len() as f64;
         let _ = writeln!(
             out,
-            "  per node upgrade (Cordoning to Done)         min {min:.1} s, mean {mean:.1} s, max {max:.1} s over {} nodes",
+            "  per node upgrade (Cordoning to Done)             min {min:.1} s, mean {mean:.1} s, max {max:.1} s over {} nodes",
             times.len()
         );
     }
@@ -105,12 +105,12 @@ pub fn render(phases: &[Phase], upgrade: &RolloutTimes, max_unavailable: &str) -
             .iter()
             .filter_map(|s| upgrade.per_state.get(s.as_str()).map(|t| format!("{s} {t:.1} s")))
             .collect();
-        let _ = writeln!(out, "  mean time in state                            {}", states.join(", "));
+        let _ = writeln!(out, "  mean time in state                                {}", states.join(", "));
     }
     if upgrade.max_in_flight > 0 {
         let _ = writeln!(
             out,
-            "  most nodes upgrading at once                  {} (maxUnavailable {max_unavailable})",
+            "  most nodes upgrading at once                      {} (maxUnavailable {max_unavailable})",
             upgrade.max_in_flight
         );
     }
