@@ -445,3 +445,37 @@ async fn the_default_namespace_cannot_be_deleted() {
     let err = api_error(ns.delete("default", &Default::default()).await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (403, "Forbidden"));
 }
+
+#[tokio::test]
+async fn built_in_objects_are_decoded_like_the_go_types() {
+    use kube::api::DynamicObject;
+    use kube::core::{ApiResource, GroupVersionKind};
+    let server = TestApiServer::start().await.unwrap();
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Node"), "nodes");
+    let nodes: Api<DynamicObject> = Api::all_with(server.client().await.unwrap(), &ar);
+    let wrong: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "spec": {"unschedulable": "yes"}
+    }))
+    .unwrap();
+    let err = api_error(
+        nodes
+            .create(&PostParams::default(), &wrong)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (400, "BadRequest"));
+    assert!(
+        err.message
+            .starts_with("Node in version \"v1\" cannot be handled as a Node: "),
+        "{}",
+        err.message
+    );
+
+    // Unknown fields are dropped (the default fieldValidation is Warn).
+    let odd: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "spec": {"colour": "red"}
+    }))
+    .unwrap();
+    let created = nodes.create(&PostParams::default(), &odd).await.unwrap();
+    assert_eq!(created.data["spec"], json!({}));
+}

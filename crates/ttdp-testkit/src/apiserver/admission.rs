@@ -7,6 +7,7 @@
 use kube::core::cel::{RootContext, Validator, apply_defaults};
 use serde_json::{Value, json};
 
+use super::builtin_types;
 use super::catalog::ResourceType;
 use super::meta;
 use super::schema_validation;
@@ -355,11 +356,18 @@ pub fn admit(
         Some(schema) => admit_custom(rt, schema, old, obj),
         None => {
             default_builtin(rt, obj);
+            let unknown = builtin_types::check(rt, obj).map_err(|e| {
+                ApiError::bad_request(format!(
+                    "{kind} in version \"{version}\" cannot be handled as a {kind}: {e}",
+                    kind = rt.kind,
+                    version = rt.version
+                ))
+            })?;
             let mut causes = validate_builtin(rt, obj);
             if let Some(old) = old {
                 causes.extend(validate_builtin_update(rt, old, obj));
             }
-            (causes, Vec::new())
+            (causes, unknown)
         }
     };
     let unknown: Vec<String> = unknown

@@ -25,6 +25,7 @@
 
 mod admission;
 mod apply;
+mod builtin_types;
 mod catalog;
 mod cluster;
 mod discovery;
