@@ -264,12 +264,15 @@ pub async fn apply(
         }
     }
 
-    // Who else cordoned the nodes in flight (metadata alone does not say).
+    // Who else cordoned the nodes in flight, or the Done nodes left cordoned for someone else
+    // (metadata alone does not say).
     let node_api: Api<Node> = Api::all(ctx.client.clone());
     let mut unschedulable = HashMap::new();
     for n in &matched {
         let node = n.name_any();
-        let in_flight = recorded.get(&node).is_some_and(|r| r.state.is_in_flight());
+        let in_flight = recorded.get(&node).is_some_and(|r| {
+            r.state.is_in_flight() || r.reason.as_deref() == Some(crate::transition::reasons::CORDONED_BY_OTHER)
+        });
         if in_flight || observe::cordoned_by(&n.metadata, &name) {
             match node_api.get_opt(&node).await {
                 Ok(Some(full)) => {

@@ -29,8 +29,10 @@ fn from_cordoning(seq: &[NodeState]) -> Vec<NodeState> {
     seq.iter().skip_while(|s| **s != Cordoning).copied().collect()
 }
 
-async fn device_workload(h: &Harness, name: &str, node: &str) {
-    h.cluster
+/// Places a ReplicaSet-owned pod that mounts /dev/tenstorrent on `node`; returns the pod's name.
+async fn device_workload(h: &Harness, name: &str, node: &str) -> String {
+    let pod = h
+        .cluster
         .add_workload(
             &Workload::new(name, node)
                 .device(DeviceUse::HostPath)
@@ -39,6 +41,7 @@ async fn device_workload(h: &Harness, name: &str, node: &str) {
         )
         .await
         .unwrap();
+    kube::ResourceExt::name_any(&pod)
 }
 
 async fn blocking_budget(h: &Harness) {
@@ -188,7 +191,7 @@ async fn device_held_without_drain(force_unload: bool) {
         .await;
     h.wait_ready(&policy, STEP).await;
     let node = h.nodes()[0].clone();
-    device_workload(&h, "holder", &node).await;
+    let holder = device_workload(&h, "holder", &node).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     if !force_unload {
@@ -200,7 +203,7 @@ async fn device_held_without_drain(force_unload: bool) {
         .await;
         assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.7.0"), "nothing swapped while held");
         let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client.clone(), h.cluster.namespace());
-        pods.delete("holder", &DeleteParams::default()).await.unwrap();
+        pods.delete(&holder, &DeleteParams::default()).await.unwrap();
     }
     h.wait_ready(&policy, STEP * 2).await;
     assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.8.0"));
