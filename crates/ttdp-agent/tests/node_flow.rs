@@ -579,3 +579,92 @@ fn sigterm_during_a_build_abandons_it_without_touching_the_module() {
     assert_eq!(node.loaded().as_deref(), Some("1.0.0"));
     assert_eq!(node.cached(), vec!["1.0.0".to_string()]);
 }
+
+/// A reporter whose first `failures` label patches fail (an API server hiccup).
+#[derive(Debug, Clone)]
+struct FlakyReporter {
+    inner: Recording,
+    failures: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ttdp_agent::Reporter for FlakyReporter {
+    async fn patch_labels(
+        &self,
+        labels: &ttdp_agent::labels::NodeLabels,
+    ) -> Result<(), ttdp_agent::reporting::ReportError> {
+        let left = self.failures.load(Ordering::SeqCst);
+        if left > 0 {
+            self.failures.store(left - 1, Ordering::SeqCst);
+            return Err(ttdp_agent::reporting::ReportError::File {
+                path: "/api-server-hiccup".into(),
+                source: io::Error::other("connection refused"),
+            });
+        }
+        self.inner.patch_labels(labels).await
+    }
+
+    async fn publish_report(
+        &self,
+        report: &ttdp_api::agent_report::AgentReport,
+    ) -> Result<(), ttdp_agent::reporting::ReportError> {
+        self.inner.publish_report(report).await
+    }
+
+    async fn record_event(
+        &self,
+        event: &ttdp_agent::reporting::NodeEvent,
+    ) -> Result<(), ttdp_agent::reporting::ReportError> {
+        self.inner.record_event(event).await
+    }
+}
+
+#[tokio::test]
+async fn labels_that_failed_to_publish_are_published_on_a_later_pass() {
+    let node = Node::new(&["2.0.0"]);
+    node.preinstall("2.0.0");
+    let recording = Recording::default();
+    let reporter = FlakyReporter {
+        inner: recording.clone(),
+        failures: Arc::new(std::sync::atomic::AtomicUsize::new(2)),
+    };
+    let config = node.config("2.0.0");
+    let kernel = NodeKernel::new(config.kernel, &config.host);
+    let mut agent = NodeAgent::new(config, kernel, reporter).unwrap();
+    let token = CancellationToken::new();
+
+    agent.pass(&token).await.unwrap(); // both label patches of this pass fail
+    assert_eq!(recording.label(labels::KMD_VERSION), None);
+    assert_eq!(recording.last_report().unwrap().phase, AgentPhase::Ready);
+    agent.pass(&token).await.unwrap();
+    assert_eq!(
+        recording.label(labels::KMD_VERSION).as_deref(),
+        Some("2.0.0")
+    );
+    assert_eq!(
+        recording.label(labels::TT_SMI_VERSION).as_deref(),
+        Some(TT_SMI_VERSION)
+    );
+}
+
+#[tokio::test]
+async fn unchanged_labels_and_report_are_rewritten_every_resync_period() {
+    let node = Node::new(&["2.0.0"]);
+    node.preinstall("2.0.0");
+    let reporter = Recording::default();
+    let mut config = node.config("2.0.0");
+    config.resync_period = Duration::from_millis(100);
+    let kernel = NodeKernel::new(config.kernel, &config.host);
+    let mut agent = NodeAgent::new(config, kernel, reporter.clone()).unwrap();
+    let token = CancellationToken::new();
+    agent.pass(&token).await.unwrap();
+    agent.pass(&token).await.unwrap();
+    let before = {
+        let p = reporter.get();
+        (p.label_patches.len(), p.reports.len())
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    agent.pass(&token).await.unwrap();
+    let p = reporter.get();
+    assert!(p.label_patches.len() > before.0, "labels rewritten");
+    assert_eq!(p.reports.len(), before.1 + 1, "report rewritten once");
+}
