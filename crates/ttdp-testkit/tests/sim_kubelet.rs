@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, ExecAction, ObjectFieldSelector, Pod, PodSpec, Probe,
 };
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use ttdp_testkit::sim::{SimCluster, SimClusterOptions, eventually};
 
@@ -374,6 +373,22 @@ async fn unmapped_images_are_workloads_ready_at_once() {
         .as_ref()
         .unwrap()[0];
     assert_eq!(s.restart_count, 0, "no process ran, so nothing exited");
-    assert_eq!(pod.name_any(), "app");
+    let status = pod.status.clone().unwrap();
+    assert_ne!(status.pod_ip, status.host_ip, "a pod network address");
+
+    let mut host = shell_pod("host-net", &node, "exit 1");
+    let spec = host.spec.as_mut().unwrap();
+    spec.containers[0].image = Some("docker.io/library/nginx:1".to_owned());
+    spec.host_network = Some(true);
+    api.create(&PostParams::default(), &host).await.unwrap();
+    let host = wait_pod(&api, "host-net", "Ready", |p| {
+        (condition(p, "Ready")? == "True").then(|| p.clone())
+    })
+    .await;
+    let status = host.status.unwrap();
+    assert_eq!(
+        status.pod_ip, status.host_ip,
+        "hostNetwork pods use the node's address"
+    );
     cluster.shutdown().await.unwrap();
 }

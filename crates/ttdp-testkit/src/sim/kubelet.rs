@@ -287,8 +287,18 @@ fn apply(
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return;
     }
-    let pod_ip = format!("10.244.{}.{}", node.index, *next_ip);
-    *next_ip = if *next_ip >= 254 { 2 } else { *next_ip + 1 };
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    let pod_ip = if host_network {
+        node.host_ip.clone()
+    } else {
+        let ip = format!("10.244.{}.{}", node.index, *next_ip);
+        *next_ip = if *next_ip >= 254 { 2 } else { *next_ip + 1 };
+        ip
+    };
     info!(node = %node.name, pod = %pod.name_any(), "pod bound to simulated node");
     workers.insert(
         uid,
