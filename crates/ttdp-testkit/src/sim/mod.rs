@@ -6,6 +6,25 @@
 //! and, when `TTDP_TEST_KUBECONFIG` names one, against a real cluster (where the DaemonSet stand-in
 //! stays off and the kubelet manages only the nodes it created). It must never be used by
 //! production code.
+//!
+//! - [`SimCluster`] is the entry point: nodes with simulated hosts ([`TenstorrentNode`]),
+//!   workloads ([`Workload`]), PodDisruptionBudgets, cleanup.
+//! - [`DaemonSetController`] places one pod per eligible node ([`node_fit`], [`daemonset_pod`],
+//!   [`daemonset_plan`]).
+//! - [`SimKubelet`] registers nodes, keeps them alive ([`node_heartbeat`]) and runs their pods:
+//!   images in the [`ImageMap`] as child processes ([`container_spec`]), all others as
+//!   process-less workloads that may hold the device in the node's simulated kernel
+//!   ([`node_kernel`]).
+//!
+//! Where the stand-ins are simpler than Kubernetes (each is a deliberate scope limit):
+//! - DaemonSet controller: it binds pods itself (`spec.nodeName`) instead of leaving that to a
+//!   scheduler; `minReadySeconds` counts as 0 and `maxSurge` as 0; no ControllerRevision objects
+//!   (the `controller-revision-hash` is a hash of the template); no creation back-off.
+//! - Kubelet: no init containers, no liveness or startup probes, `httpGet`/`tcpSocket` readiness
+//!   probes always pass, volumes and resource limits are not enforced, env from config maps and
+//!   secrets is left out, and there is no taint manager (a `NoExecute` taint does not evict
+//!   non-daemon pods). Container output goes to `<log dir>/<namespace>_<pod>_<container>.log`,
+//!   not to the API's `log` subresource.
 
 pub mod cluster;
 mod container_runtime;
