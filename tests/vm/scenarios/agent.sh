@@ -14,7 +14,9 @@
 #      the holder exits it swaps back to 1.0.0 from its own cache entry (a cache hit, no build);
 #      the module removed behind its back is loaded again;
 #   4. force unload (TT_FORCE_UNLOAD=true) SIGKILLs the holder and swaps to 2.0.0;
-#      SIGTERM after ready leaves the module loaded.
+#      SIGTERM after ready leaves the module loaded;
+#   5. failures keep the working module: a version without a tag fails to fetch before anything
+#      is unloaded; the broken stub version (seeded into the cache, its init fails) is rolled back.
 # Each check prints a libtest-style line; the last line sums them up for the harness. A step whose
 # outcome the next steps depend on aborts the run when it fails. Arguments are not used.
 set -u
@@ -201,6 +203,8 @@ require nothing_is_loaded_before_the_agent_runs eval '[ ! -e /sys/module/tenstor
 start_agent 1-fresh "$OLD"
 require fresh_install_loads_the_target wait_until "$BUILD_LIMIT" eval 'loaded_is $OLD && report_ready_for $OLD'
 took "fresh install (fetch, build, load)"
+grep -F '"step":"ensure-ko"' "$AGENT_LOG" | grep -o '"cache".*"elapsed_ms":[0-9]*' | sed 's/^/agent: ensure-ko /'
+grep -F '"step":"swap"' "$AGENT_LOG" | grep -o '"unload_ms".*"total_ms":[0-9]*' | sed 's/^/agent: swap /'
 check fresh_install_probe_passes_only_for_the_target eval 'probe_passes $OLD && probe_fails $NEW'
 check fresh_install_labels_the_node_with_the_loaded_version labelled "$OLD"
 check fresh_install_was_built_in_the_guest_and_cached eval \
@@ -243,7 +247,7 @@ check busy_module_is_left_alone_and_not_ready eval \
   'loaded_is $NEW && alive $HOLDER && alive $AGENT_PID && probe_fails $OLD &&
    report_has "\"phase\": \"WaitingForHolders\""'
 kill "$HOLDER"
-wait "$HOLDER"
+{ wait "$HOLDER"; } 2>/dev/null
 step_started=$(date +%s)
 require after_the_holder_exits_the_target_is_loaded wait_until "$STEP_LIMIT" eval \
   'loaded_is $OLD && report_ready_for $OLD && report_lacks "\"holders\""'
@@ -266,12 +270,42 @@ require a_holder_opens_the_device_again start_holder
 start_agent 4-force "$NEW" TT_FORCE_UNLOAD=true
 require force_unload_swaps_despite_the_holder wait_until "$STEP_LIMIT" eval 'loaded_is $NEW && report_ready_for $NEW'
 took "forced swap $OLD -> $NEW"
-wait "$HOLDER"
+{ wait "$HOLDER"; } 2>/dev/null
 holder_status=$?
 check force_unload_killed_the_holder_with_sigkill eval \
   '[ $holder_status = 137 ] && report_has "force unload killed pid $HOLDER (sleep)"'
 check force_unload_did_not_build builds_so_far_are 1
 stop_agent
-check sigterm_after_ready_leaves_the_module_loaded exited_cleanly_leaving "$NEW"
+require sigterm_after_ready_leaves_the_module_loaded exited_cleanly_leaving "$NEW"
+
+# --- 5. failures leave the working module loaded -------------------------------------------------
+# (retries pushed out of the way, so the checks see the state after the first failure)
+
+# failed_keeping VERSION REASON: the agent reports REASON for target VERSION, is still running, and
+# $NEW is still loaded and ready
+failed_keeping() {
+  report_has '"phase": "Failed"' && report_has "\"targetVersion\": \"$1\"" &&
+    report_has "\"reason\": \"$2\"" && loaded_is "$NEW" && report_has "\"loadedVersion\": \"$NEW\"" &&
+    alive "$AGENT_PID"
+}
+
+MISSING=9.9.9
+start_agent 5-missing-tag "$MISSING" TTDP_RETRY_INITIAL=60s TTDP_RETRY_MAX=60s
+require a_missing_tag_fails_before_unloading wait_until "$STEP_LIMIT" failed_keeping "$MISSING" FetchFailed
+took "missing tag reported"
+check a_missing_tag_keeps_the_old_module_without_readiness eval \
+  'probe_fails $MISSING && probe_passes $NEW && labelled $NEW && builds_so_far_are 1'
+stop_agent
+check sigterm_after_a_failed_fetch_exits_cleanly exited_cleanly_leaving "$NEW"
+
+BROKEN=$TTDP_VM_KO_BROKEN_VERSION
+require the_broken_version_is_seeded_into_the_cache seed_cache "$BROKEN"
+start_agent 6-rollback "$BROKEN" TTDP_RETRY_INITIAL=60s TTDP_RETRY_MAX=60s
+require a_version_that_fails_to_load_is_rolled_back wait_until "$STEP_LIMIT" failed_keeping "$BROKEN" LoadFailedRolledBack
+took "failed load rolled back"
+check a_rolled_back_node_stays_not_ready_for_the_target eval \
+  'probe_fails $BROKEN && probe_passes $NEW && labelled $NEW && builds_so_far_are 1'
+stop_agent
+check sigterm_after_a_rollback_leaves_the_old_module_loaded exited_cleanly_leaving "$NEW"
 
 finish
