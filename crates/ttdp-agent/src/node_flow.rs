@@ -34,7 +34,7 @@ use crate::convergence::{
 use crate::error::AgentError;
 use crate::labels::{InstallMode, NodeLabels};
 use crate::reasons;
-use crate::reporting::{EventKind, NodeEvent, Reporter};
+use crate::reporting::{EventKind, NodeEvent, ReportError, Reporter};
 use crate::tt_smi::{TtSmiInstaller, TtSmiOutcome};
 
 /// How an attempt to install the target ended.
@@ -587,7 +587,7 @@ where
             return;
         }
         let started = Instant::now();
-        match self.reporter.patch_labels(&labels).await {
+        match bounded(self.reporter.patch_labels(&labels)).await {
             Ok(()) => {
                 info!(
                     step = "labels",
@@ -610,7 +610,7 @@ where
         if self.last_report.as_ref() == Some(&report) {
             return;
         }
-        match self.reporter.publish_report(&report).await {
+        match bounded(self.reporter.publish_report(&report)).await {
             Ok(()) => {
                 debug!(phase = ?report.phase, "agent report published");
                 self.last_report = Some(report);
@@ -634,10 +634,27 @@ where
             action: action.to_string(),
             note,
         };
-        match self.reporter.record_event(&event).await {
+        match bounded(self.reporter.record_event(&event)).await {
             Ok(()) => self.last_event = Some(key),
             Err(e) => warn!(step = "event", reason, error = %e, "cannot record an event"),
         }
+    }
+}
+
+/// Longest wait for one publication: a hung API server must not stall the node flow.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A publication, given up (as an error, retried next pass) after [`PUBLISH_TIMEOUT`].
+async fn bounded(
+    publication: impl std::future::Future<Output = Result<(), ReportError>>,
+) -> Result<(), String> {
+    match tokio::time::timeout(PUBLISH_TIMEOUT, publication).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "no answer within {} s; giving up until the next pass",
+            PUBLISH_TIMEOUT.as_secs()
+        )),
     }
 }
 
