@@ -484,7 +484,7 @@ where
         }
         let (reason, note) = match (report.outcome, &report.previous) {
             (SwapOutcome::Replaced, Some(previous)) => (
-                reasons::MODULE_UPGRADED,
+                reasons::MODULE_REPLACED,
                 format!(
                     "replaced tt-kmd {previous} with {} (unload {} ms, load {} ms, total {} ms)",
                     report.version, report.unload_ms, report.load_ms, report.total_ms

@@ -5,8 +5,8 @@
 pub const DEVICE_HELD: &str = "DeviceHeld";
 /// The target version was loaded where no module was.
 pub const MODULE_INSTALLED: &str = "ModuleInstalled";
-/// The target version replaced another loaded version.
-pub const MODULE_UPGRADED: &str = "ModuleReplaced";
+/// The target version replaced another loaded version (upgrade or downgrade).
+pub const MODULE_REPLACED: &str = "ModuleReplaced";
 /// The loaded module changed (unloaded or replaced) without the agent.
 pub const MODULE_CHANGED: &str = "ModuleChangedExternally";
 /// Holders were killed before unloading (force unload).

@@ -119,7 +119,7 @@ async fn cache_miss_upgrade_replaces_the_old_version() {
         node.cached(),
         vec!["1.0.0".to_string(), "2.0.0".to_string()]
     );
-    let replaced = reporter.events_with(reasons::MODULE_UPGRADED);
+    let replaced = reporter.events_with(reasons::MODULE_REPLACED);
     assert_eq!(replaced.len(), 1);
     assert!(
         replaced[0]
@@ -195,7 +195,7 @@ async fn matching_version_needs_no_swap() {
 
     assert_eq!(phases(&reporter), vec![AgentPhase::Ready]);
     assert!(reporter.events_with(reasons::MODULE_INSTALLED).is_empty());
-    assert!(reporter.events_with(reasons::MODULE_UPGRADED).is_empty());
+    assert!(reporter.events_with(reasons::MODULE_REPLACED).is_empty());
     assert_eq!(
         reporter.label(labels::KMD_VERSION).as_deref(),
         Some("2.0.0")
@@ -544,7 +544,7 @@ async fn sigterm_mid_swap_finishes_the_swap_then_exits() {
         .unwrap();
 
     assert_eq!(node.loaded().as_deref(), Some("2.0.0"), "the swap finished");
-    assert_eq!(reporter.events_with(reasons::MODULE_UPGRADED).len(), 1);
+    assert_eq!(reporter.events_with(reasons::MODULE_REPLACED).len(), 1);
 }
 
 #[test]
