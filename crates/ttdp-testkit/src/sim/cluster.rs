@@ -711,8 +711,8 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, SimError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| SimError::ApiServer {
-            message: format!("a blocking setup task failed: {e}"),
+        .map_err(|e| SimError::Setup {
+            message: e.to_string(),
         })?
 }
 

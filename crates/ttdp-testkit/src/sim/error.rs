@@ -72,6 +72,12 @@ pub enum SimError {
         /// How long it waited.
         seconds: f64,
     },
+    /// A background setup task (creating hosts, building modules) died.
+    #[error("simulated cluster setup task failed: {message}")]
+    Setup {
+        /// What went wrong.
+        message: String,
+    },
     /// The test API server could not be started.
     #[error("cannot start the test api server: {message}")]
     ApiServer {
