@@ -148,8 +148,11 @@ pub fn is_ready(policy: &TenstorrentDriverPolicy, expected_nodes: usize) -> bool
         NodeState::HostManaged => true,
         _ => false,
     });
+    let summary_settled = status.summary.as_ref().is_none_or(|s| {
+        s.up_to_date + s.host_managed == s.matched && s.in_progress == 0 && s.pending == 0
+    });
     let counted = status.nodes.len() + status.summary.as_ref().map_or(0, |s| usize::try_from(s.nodes_omitted).unwrap_or(0));
-    ready && settled && counted >= expected_nodes
+    ready && settled && summary_settled && counted >= expected_nodes
 }
 
 /// Nodes that are not where the rollout wants them, with the status's explanation, for a

@@ -261,6 +261,10 @@ impl Demo {
             if let Some(policy) = &policy
                 && is_ready(policy, expected)
             {
+                tracing::info!(
+                    policy = %serde_json::to_string(policy).unwrap_or_default(),
+                    "{title}: Ready"
+                );
                 if self.redraw {
                     view.redraw_frame(&self.header(title, started, policy), &tracker.transitions()).await;
                 } else {
