@@ -131,6 +131,9 @@ pub struct SimClusterOptions {
     pub name_prefix: Option<String>,
     /// Run the DaemonSet controller stand-in (simulation only; default true).
     pub daemonset_controller: bool,
+    /// Join the existing cluster of this kubeconfig instead of starting a test API server
+    /// (default: the `TTDP_TEST_KUBECONFIG` environment variable, if set).
+    pub existing_cluster: Option<PathBuf>,
 }
 
 impl Default for SimClusterOptions {
@@ -145,6 +148,7 @@ impl Default for SimClusterOptions {
             env: Vec::new(),
             name_prefix: None,
             daemonset_controller: true,
+            existing_cluster: std::env::var_os(REAL_CLUSTER_KUBECONFIG_ENV).map(PathBuf::from),
         }
     }
 }
@@ -210,6 +214,19 @@ impl SimClusterOptions {
         self.daemonset_controller = false;
         self
     }
+
+    /// Joins the existing cluster of `kubeconfig` (its own controllers and scheduler do their
+    /// work; only the simulated nodes are added).
+    pub fn existing_cluster(mut self, kubeconfig: impl Into<PathBuf>) -> Self {
+        self.existing_cluster = Some(kubeconfig.into());
+        self
+    }
+
+    /// Starts a test API server even when `TTDP_TEST_KUBECONFIG` is set.
+    pub fn in_process(mut self) -> Self {
+        self.existing_cluster = None;
+        self
+    }
 }
 
 /// A node of the cluster and, for Tenstorrent nodes, its simulated host.
@@ -271,9 +288,8 @@ impl SimCluster {
                 source,
             })?;
         let prefix = options.name_prefix.clone().unwrap_or_else(random_prefix);
-        let (server, client, kubeconfig) = match std::env::var_os(REAL_CLUSTER_KUBECONFIG_ENV) {
+        let (server, client, kubeconfig) = match options.existing_cluster.clone() {
             Some(path) => {
-                let path = PathBuf::from(path);
                 let client = client_for(&path).await?;
                 info!(kubeconfig = %path.display(), "simulated nodes join a real cluster");
                 (None, client, path)
@@ -454,7 +470,7 @@ impl SimCluster {
         Ok(())
     }
 
-    /// True when running against a real cluster (`TTDP_TEST_KUBECONFIG`).
+    /// True when running against an existing (real) cluster rather than the test API server.
     pub fn is_real(&self) -> bool {
         self.server.is_none()
     }

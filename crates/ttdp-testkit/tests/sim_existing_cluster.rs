@@ -1,0 +1,153 @@
+//! `SimCluster` joining an existing cluster (what `TTDP_TEST_KUBECONFIG` does with a real one),
+//! played here by a separate test API server with its own DaemonSet controller: the simulated
+//! nodes join it, its controller places daemon pods on them, the simulated kubelet runs them, and
+//! shutdown removes everything the scenario created and nothing else.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+use k8s_openapi::api::core::v1::{Container, Namespace, Node, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
+use ttdp_testkit::sim::{
+    DaemonSetController, DeviceUse, SCENARIO_LABEL, SimCluster, SimClusterOptions, TenstorrentNode,
+    Workload, eventually,
+};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn joins_an_existing_cluster_and_cleans_up_after_itself() {
+    // The "existing cluster": an API server with its own DaemonSet controller and one node of
+    // its own that the scenario must not touch.
+    let server = TestApiServer::builder()
+        .pod_termination(PodTermination::Kubelet)
+        .start()
+        .await
+        .unwrap();
+    let admin = server.client().await.unwrap();
+    let controller = DaemonSetController::start(admin.clone(), Duration::from_millis(200));
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let mut bystander = Node::default();
+    bystander.metadata.name = Some("bystander".to_owned());
+    nodes
+        .create(&PostParams::default(), &bystander)
+        .await
+        .unwrap();
+
+    let cluster = SimCluster::start(
+        SimClusterOptions::new()
+            .node(TenstorrentNode::new().loaded("2.0.0"))
+            .tenstorrent_nodes(1)
+            .time_scale(0.05)
+            .existing_cluster(server.kubeconfig_path()),
+    )
+    .await
+    .unwrap();
+    assert!(cluster.is_real());
+    assert!(cluster.api_server().is_none());
+    let tt = cluster.tenstorrent_node_names();
+
+    let labels = BTreeMap::from([("app".to_owned(), "agent".to_owned())]);
+    let ds = DaemonSet {
+        metadata: ObjectMeta {
+            name: Some("agent".to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                match_expressions: None,
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    node_selector: Some(BTreeMap::from([(
+                        SCENARIO_LABEL.to_owned(),
+                        cluster.prefix().to_owned(),
+                    )])),
+                    containers: vec![Container {
+                        name: "agent".to_owned(),
+                        image: Some("sim.invalid/agent:1".to_owned()),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DaemonSetSpec::default()
+        }),
+        status: None,
+    };
+    let daemonsets: Api<DaemonSet> = Api::namespaced(cluster.client(), cluster.namespace());
+    daemonsets
+        .create(&PostParams::default(), &ds)
+        .await
+        .unwrap();
+    eventually(
+        "the cluster's controller to run ready pods on our nodes",
+        WAIT,
+        || {
+            let daemonsets = daemonsets.clone();
+            async move {
+                let status = daemonsets.get("agent").await.ok()?.status?;
+                (status.desired_number_scheduled == 2 && status.number_ready == 2).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    cluster
+        .add_workload(&Workload::new("holder", &tt[0]).device(DeviceUse::HostPath))
+        .await
+        .unwrap();
+    let root = cluster
+        .node(&tt[0])
+        .unwrap()
+        .host_root()
+        .unwrap()
+        .to_path_buf();
+    eventually("the workload to hold the device", WAIT, || {
+        let path = root.join("sys/module/tenstorrent/refcnt");
+        async move { (std::fs::read_to_string(path).ok()?.trim() == "1").then_some(()) }
+    })
+    .await
+    .unwrap();
+
+    let namespace = cluster.namespace().to_owned();
+    cluster.shutdown().await.unwrap();
+    let names: Vec<String> = nodes
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|n| n.metadata.name.unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["bystander".to_owned()],
+        "only the scenario's nodes are gone"
+    );
+    let namespaces: Api<Namespace> = Api::all(admin);
+    eventually("the scenario namespace to be gone", WAIT, || {
+        let (namespaces, namespace) = (namespaces.clone(), namespace.clone());
+        async move {
+            namespaces
+                .get_opt(&namespace)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    controller.shutdown().await;
+    server.shutdown().await;
+}
