@@ -44,6 +44,14 @@ pub enum Error {
         #[source]
         source: ttdp_api::driver::v1alpha1::SpecError,
     },
+    /// The node or agent-pod watch has not delivered its initial list yet.
+    #[error(
+        "policy {policy} waits for the initial node and agent pod lists; check that the controller may list and watch nodes and pods"
+    )]
+    NotSynced {
+        /// The policy.
+        policy: String,
+    },
     /// The finalizer helper failed (adding/removing the finalizer, or the apply/cleanup inside).
     #[error("finalizer handling of policy {policy} failed")]
     Finalizer {
@@ -84,6 +92,7 @@ impl Error {
             Error::Kube { .. } => "KubeApiError",
             Error::NodeAction { .. } => "NodeActionFailed",
             Error::InvalidSpec { .. } => "InvalidSpec",
+            Error::NotSynced { .. } => "NotSynced",
             Error::Finalizer { .. } => "FinalizerFailed",
             Error::Leader { .. } => "LeaderElectionFailed",
             Error::Serve { .. } => "ServeFailed",

@@ -35,6 +35,8 @@ use crate::transition::{
 
 /// Requeue while nodes are in flight (a safety net; watches drive progress).
 const IN_FLIGHT_RESYNC: Duration = Duration::from_secs(30);
+/// How long a reconcile waits for the node and agent-pod caches to fill.
+const STORE_SYNC_WAIT: Duration = Duration::from_secs(30);
 /// Requeue when nothing is happening.
 const IDLE_RESYNC: Duration = Duration::from_secs(300);
 
@@ -46,6 +48,16 @@ pub async fn reconcile(
 ) -> Result<Requeue, Error> {
     let started = Instant::now();
     let name = policy.name_any();
+    // Never decide from half-filled caches: after a restart a node missing from the store would
+    // look unmatched and a missing agent pod like one being replaced.
+    let synced = tokio::time::timeout(STORE_SYNC_WAIT, async {
+        ctx.nodes.wait_until_ready().await.is_ok()
+            && ctx.agent_pods.wait_until_ready().await.is_ok()
+    })
+    .await;
+    if synced != Ok(true) {
+        return Err(Error::NotSynced { policy: name });
+    }
     let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
     match ensure_finalizer(&api, &policy).await {
         // Added: the update wakes the next reconcile, which sees it.
@@ -271,7 +283,8 @@ pub async fn apply(
     for n in &matched {
         let node = n.name_any();
         let in_flight = recorded.get(&node).is_some_and(|r| {
-            r.state.is_in_flight() || r.reason.as_deref() == Some(crate::transition::reasons::CORDONED_BY_OTHER)
+            r.state.is_in_flight()
+                || r.reason.as_deref() == Some(crate::transition::reasons::CORDONED_BY_OTHER)
         });
         if in_flight || observe::cordoned_by(&n.metadata, &name) {
             match node_api.get_opt(&node).await {

@@ -107,3 +107,48 @@ pub async fn serve(
     });
     Ok((bound, task))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(address: SocketAddr, path: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+
+    #[tokio::test]
+    async fn ready_only_after_sync_and_metrics_are_served() {
+        let metrics = Metrics::shared();
+        metrics.record_reconcile(std::time::Duration::from_millis(5), None);
+        let ready = Readiness::default();
+        let shutdown = CancellationToken::new();
+        let (address, task) = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            metrics,
+            ready.clone(),
+            shutdown.clone(),
+        )
+        .await
+        .unwrap();
+        assert!(get(address, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(get(address, "/readyz").await.starts_with("HTTP/1.1 503"));
+        ready.set(true);
+        assert!(get(address, "/readyz").await.starts_with("HTTP/1.1 200"));
+        let body = get(address, "/metrics").await;
+        assert!(
+            body.contains("ttdp_reconciles_total{result=\"ok\"} 1"),
+            "{body}"
+        );
+        shutdown.cancel();
+        tokio::time::timeout(std::time::Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}

@@ -20,13 +20,19 @@ use ttdp_testkit::sim::{DeviceUse, DisruptionLimit, Workload, WorkloadOwner};
 
 const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordoning, Done];
 
-fn loaded(version: &'static str, n: usize) -> impl Fn(&str) -> Vec<ttdp_testkit::sim::TenstorrentNode> {
+fn loaded(
+    version: &'static str,
+    n: usize,
+) -> impl Fn(&str) -> Vec<ttdp_testkit::sim::TenstorrentNode> {
     move |prefix| (0..n).map(|_| tt_node(prefix).loaded(version)).collect()
 }
 
 /// The states from the first Cordoning on.
 fn from_cordoning(seq: &[NodeState]) -> Vec<NodeState> {
-    seq.iter().skip_while(|s| **s != Cordoning).copied().collect()
+    seq.iter()
+        .skip_while(|s| **s != Cordoning)
+        .copied()
+        .collect()
 }
 
 /// Places a ReplicaSet-owned pod that mounts /dev/tenstorrent on `node`; returns the pod's name.
@@ -69,8 +75,15 @@ async fn fresh_install_on_three_nodes_needs_no_drain() {
     let p = h.wait_ready(&policy, STEP).await;
     for node in h.nodes() {
         assert_eq!(node_state(&p, &node), Some(Done), "{node}");
-        assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.7.0"), "{node}");
-        assert!(!h.monitor.sequence(&policy, &node).contains(&Cordoning), "a fresh install drains nothing");
+        assert_eq!(
+            h.kmd_version(&node).await.as_deref(),
+            Some("2.7.0"),
+            "{node}"
+        );
+        assert!(
+            !h.monitor.sequence(&policy, &node).contains(&Cordoning),
+            "a fresh install drains nothing"
+        );
     }
     assert_eq!(h.monitor.max_cordoned(), 0);
     let ds = Api::<DaemonSet>::namespaced(h.client.clone(), &h.namespace)
@@ -78,7 +91,10 @@ async fn fresh_install_on_three_nodes_needs_no_drain() {
         .await
         .unwrap();
     let spec = ds.spec.unwrap();
-    assert_eq!(spec.update_strategy.unwrap().type_.as_deref(), Some("OnDelete"));
+    assert_eq!(
+        spec.update_strategy.unwrap().type_.as_deref(),
+        Some("OnDelete")
+    );
     let summary = p.status.unwrap().summary.unwrap();
     assert_eq!((summary.matched, summary.up_to_date), (3, 3));
     h.shutdown().await;
@@ -87,7 +103,11 @@ async fn fresh_install_on_three_nodes_needs_no_drain() {
 async fn upgrade_five_nodes(max_unavailable: i32) {
     let h = Harness::start(loaded("2.7.0", 5)).await;
     let policy = h
-        .create_policy("fleet", "2.7.0", json!({"upgradePolicy": {"maxUnavailable": max_unavailable}}))
+        .create_policy(
+            "fleet",
+            "2.7.0",
+            json!({"upgradePolicy": {"maxUnavailable": max_unavailable}}),
+        )
         .await;
     h.wait_ready(&policy, STEP).await;
     for (i, node) in h.nodes().iter().enumerate() {
@@ -97,11 +117,18 @@ async fn upgrade_five_nodes(max_unavailable: i32) {
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     let p = h.wait_ready(&policy, STEP * 3).await;
     let max = h.monitor.max_cordoned();
-    assert!(max >= 1 && max <= max_unavailable as usize, "{max} nodes cordoned at once, allowed {max_unavailable}");
+    assert!(
+        max >= 1 && max <= max_unavailable as usize,
+        "{max} nodes cordoned at once, allowed {max_unavailable}"
+    );
     for node in h.nodes() {
         assert_eq!(node_state(&p, &node), Some(Done));
         assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.8.0"));
-        assert_eq!(from_cordoning(&h.monitor.sequence(&policy, &node)), UPGRADE_PATH, "{node}");
+        assert_eq!(
+            from_cordoning(&h.monitor.sequence(&policy, &node)),
+            UPGRADE_PATH,
+            "{node}"
+        );
     }
     h.assert_nothing_left_behind().await;
     h.shutdown().await;
@@ -126,7 +153,10 @@ async fn downgrade_takes_the_same_path() {
     h.wait_ready(&policy, STEP * 2).await;
     for node in h.nodes() {
         assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.7.0"));
-        assert_eq!(from_cordoning(&h.monitor.sequence(&policy, &node)), UPGRADE_PATH);
+        assert_eq!(
+            from_cordoning(&h.monitor.sequence(&policy, &node)),
+            UPGRADE_PATH
+        );
     }
     h.assert_nothing_left_behind().await;
     h.shutdown().await;
@@ -144,13 +174,23 @@ async fn drain_blocked_by_a_budget_waits_until_it_is_relaxed() {
     let p = h
         .wait_policy(&policy, "drain blocked by the budget", STEP, |p| {
             node_entry(p, &nodes[0]).is_some_and(|n| {
-                n.state == Draining && n.message.as_deref().is_some_and(|m| m.contains("PodDisruptionBudget"))
+                n.state == Draining
+                    && n.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("PodDisruptionBudget"))
             })
         })
         .await;
-    assert_eq!(node_state(&p, &nodes[1]), Some(Pending), "maxUnavailable 1 holds the other node back");
+    assert_eq!(
+        node_state(&p, &nodes[1]),
+        Some(Pending),
+        "maxUnavailable 1 holds the other node back"
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(node_state(&h.policies().get(&policy).await.unwrap(), &nodes[0]), Some(Draining));
+    assert_eq!(
+        node_state(&h.policies().get(&policy).await.unwrap(), &nodes[0]),
+        Some(Draining)
+    );
     delete_budget(&h).await;
     h.wait_ready(&policy, STEP * 2).await;
     assert_eq!(h.monitor.max_cordoned(), 1);
@@ -166,15 +206,22 @@ async fn drain_timeout_fails_the_node_naming_blockers_then_recovers() {
     let node = h.nodes()[0].clone();
     device_workload(&h, "inference-0", &node).await;
     blocking_budget(&h).await;
-    h.patch_spec(&policy, json!({"version": "2.8.0", "upgradePolicy": {"drain": {"timeoutSeconds": 3}}}))
-        .await;
+    h.patch_spec(
+        &policy,
+        json!({"version": "2.8.0", "upgradePolicy": {"drain": {"timeoutSeconds": 3}}}),
+    )
+    .await;
     let p = h
         .wait_policy(&policy, "node Failed with DrainTimeout", STEP, |p| {
-            node_entry(p, &node).is_some_and(|n| n.state == Failed && n.reason.as_deref() == Some("DrainTimeout"))
+            node_entry(p, &node)
+                .is_some_and(|n| n.state == Failed && n.reason.as_deref() == Some("DrainTimeout"))
         })
         .await;
     let entry = node_entry(&p, &node).unwrap();
-    assert!(entry.message.as_deref().unwrap().contains("inference-0"), "{entry:?}");
+    assert!(
+        entry.message.as_deref().unwrap().contains("inference-0"),
+        "{entry:?}"
+    );
     assert!(condition(&p, "Degraded").is_some_and(|c| c.0 == "True"));
     delete_budget(&h).await;
     let p = h.wait_ready(&policy, STEP * 2).await;
@@ -187,7 +234,11 @@ async fn drain_timeout_fails_the_node_naming_blockers_then_recovers() {
 async fn device_held_without_drain(force_unload: bool) {
     let h = Harness::start(loaded("2.7.0", 1)).await;
     let policy = h
-        .create_policy("fleet", "2.7.0", json!({"upgradePolicy": {"forceUnload": force_unload, "drain": {"enable": false}}}))
+        .create_policy(
+            "fleet",
+            "2.7.0",
+            json!({"upgradePolicy": {"forceUnload": force_unload, "drain": {"enable": false}}}),
+        )
         .await;
     h.wait_ready(&policy, STEP).await;
     let node = h.nodes()[0].clone();
@@ -197,17 +248,31 @@ async fn device_held_without_drain(force_unload: bool) {
     if !force_unload {
         h.wait_policy(&policy, "held-by message", STEP, |p| {
             node_entry(p, &node).is_some_and(|n| {
-                n.state == Upgrading && n.message.as_deref().is_some_and(|m| m.contains("held by pid"))
+                n.state == Upgrading
+                    && n.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("held by pid"))
             })
         })
         .await;
-        assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.7.0"), "nothing swapped while held");
-        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client.clone(), h.cluster.namespace());
-        pods.delete(&holder, &DeleteParams::default()).await.unwrap();
+        assert_eq!(
+            h.kmd_version(&node).await.as_deref(),
+            Some("2.7.0"),
+            "nothing swapped while held"
+        );
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(h.client.clone(), h.cluster.namespace());
+        pods.delete(&holder, &DeleteParams::default())
+            .await
+            .unwrap();
     }
     h.wait_ready(&policy, STEP * 2).await;
     assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.8.0"));
-    assert_eq!(h.monitor.max_cordoned(), 0, "drain disabled: never cordoned");
+    assert_eq!(
+        h.monitor.max_cordoned(),
+        0,
+        "drain disabled: never cordoned"
+    );
     h.shutdown().await;
 }
 
@@ -223,7 +288,8 @@ async fn device_held_with_force_unload_proceeds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_managed_node_is_untouched() {
-    let h = Harness::start(|p| vec![tt_node(p).loaded("2.7.0"), tt_node(p).host_managed("2.6.0")]).await;
+    let h = Harness::start(|p| vec![tt_node(p).loaded("2.7.0"), tt_node(p).host_managed("2.6.0")])
+        .await;
     let policy = h.create_policy("fleet", "2.8.0", json!({})).await;
     let p = h.wait_ready(&policy, STEP * 2).await;
     let nodes = h.nodes();
@@ -247,17 +313,31 @@ async fn skip_label_mid_rollout_releases_the_node() {
     h.wait_nodes(&policy, &nodes[..1], Draining, STEP).await;
     h.label_node(&nodes[0], labels::SKIP, Some("true")).await;
     let p = h
-        .wait_policy(&policy, "skipped node gone and the other upgraded", STEP * 2, |p| {
-            node_state(p, &nodes[0]).is_none() && node_state(p, &nodes[1]) == Some(Done)
-        })
+        .wait_policy(
+            &policy,
+            "skipped node gone and the other upgraded",
+            STEP * 2,
+            |p| node_state(p, &nodes[0]).is_none() && node_state(p, &nodes[1]) == Some(Done),
+        )
         .await;
     assert_eq!(p.status.unwrap().summary.unwrap().matched, 1);
     h.wait_node(&nodes[0], "released", STEP, |n| {
-        !n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
-            && !n.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(annotations::DEPLOY_GATES))
+        !n.spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false)
+            && !n
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(annotations::DEPLOY_GATES))
     })
     .await;
-    assert_eq!(h.kmd_version(&nodes[0]).await.as_deref(), Some("2.7.0"), "a skipped node keeps its module");
+    assert_eq!(
+        h.kmd_version(&nodes[0]).await.as_deref(),
+        Some("2.7.0"),
+        "a skipped node keeps its module"
+    );
     h.shutdown().await;
 }
 
@@ -274,7 +354,11 @@ async fn externally_cordoned_node_is_upgraded_but_left_cordoned() {
     assert_eq!(entry.state, Done);
     assert_eq!(entry.reason.as_deref(), Some("CordonedByOther"));
     let n0 = h.node_api().get(&nodes[0]).await.unwrap();
-    assert_eq!(n0.spec.unwrap().unschedulable, Some(true), "someone else's cordon stays");
+    assert_eq!(
+        n0.spec.unwrap().unschedulable,
+        Some(true),
+        "someone else's cordon stays"
+    );
     let n1 = h.node_api().get(&nodes[1]).await.unwrap();
     assert_ne!(n1.spec.unwrap().unschedulable, Some(true));
     for node in &nodes {
@@ -291,14 +375,21 @@ async fn pause_mid_rollout_then_resume() {
     let nodes = h.nodes();
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     h.wait_policy(&policy, "first node in flight", STEP, |p| {
-        nodes.iter().any(|n| node_state(p, n).is_some_and(NodeState::is_in_flight))
+        nodes
+            .iter()
+            .any(|n| node_state(p, n).is_some_and(NodeState::is_in_flight))
     })
     .await;
     h.patch_spec(&policy, json!({"paused": true})).await;
-    h.wait_policy(&policy, "Paused condition", STEP, |p| condition(p, "Paused").is_some_and(|c| c.0 == "True"))
-        .await;
+    h.wait_policy(&policy, "Paused condition", STEP, |p| {
+        condition(p, "Paused").is_some_and(|c| c.0 == "True")
+    })
+    .await;
     let started = |p: &ttdp_api::TenstorrentDriverPolicy| {
-        nodes.iter().filter(|n| node_state(p, n) != Some(Pending)).count()
+        nodes
+            .iter()
+            .filter(|n| node_state(p, n) != Some(Pending))
+            .count()
     };
     let before = started(&h.policies().get(&policy).await.unwrap());
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -342,13 +433,20 @@ async fn controller_killed_at_every_state_resumes_without_losing_a_cordon() {
             h.start_controller();
         }
     }
-    assert!(killed_in.contains(&Draining) && killed_in.contains(&Upgrading), "killed in {killed_in:?}");
+    assert!(
+        killed_in.contains(&Draining) && killed_in.contains(&Upgrading),
+        "killed in {killed_in:?}"
+    );
     let p = h.wait_ready(&policy, STEP * 3).await;
     for node in &nodes {
         assert_eq!(node_state(&p, node), Some(Done));
         assert_eq!(h.kmd_version(node).await.as_deref(), Some("2.8.0"));
     }
-    assert_eq!(h.monitor.max_cordoned(), 1, "never two nodes cordoned at once, restarts included");
+    assert_eq!(
+        h.monitor.max_cordoned(),
+        1,
+        "never two nodes cordoned at once, restarts included"
+    );
     h.assert_nothing_left_behind().await;
     h.shutdown().await;
 }
@@ -363,7 +461,10 @@ async fn deleting_the_policy_mid_rollout_leaves_no_node_cordoned() {
     blocking_budget(&h).await;
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     h.wait_nodes(&policy, &nodes[..1], Draining, STEP).await;
-    h.policies().delete(&policy, &DeleteParams::default()).await.unwrap();
+    h.policies()
+        .delete(&policy, &DeleteParams::default())
+        .await
+        .unwrap();
     tokio::time::timeout(STEP, async {
         while h.policies().get_opt(&policy).await.unwrap().is_some() {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -376,8 +477,15 @@ async fn deleting_the_policy_mid_rollout_leaves_no_node_cordoned() {
         .get_opt(&names::daemonset_name(&policy))
         .await
         .unwrap();
-    assert!(ds.is_none_or(|d| d.metadata.deletion_timestamp.is_some()), "daemonset removed");
-    assert_eq!(h.kmd_version(&nodes[1]).await.as_deref(), Some("2.7.0"), "modules left loaded");
+    assert!(
+        ds.is_none_or(|d| d.metadata.deletion_timestamp.is_some()),
+        "daemonset removed"
+    );
+    assert_eq!(
+        h.kmd_version(&nodes[1]).await.as_deref(),
+        Some("2.7.0"),
+        "modules left loaded"
+    );
     h.shutdown().await;
 }
 
@@ -397,11 +505,20 @@ async fn overlapping_policies_leave_shared_nodes_to_the_older() {
         assert!(e.message.as_deref().unwrap().contains(&older), "{e:?}");
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(agent_pods(&h, &newer).await.is_empty(), "the newer policy runs no agent on shared nodes");
+    assert!(
+        agent_pods(&h, &newer).await.is_empty(),
+        "the newer policy runs no agent on shared nodes"
+    );
     for node in h.nodes() {
-        assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.7.0"), "the older policy's version stays");
+        assert_eq!(
+            h.kmd_version(&node).await.as_deref(),
+            Some("2.7.0"),
+            "the older policy's version stays"
+        );
     }
-    assert!(condition(&h.policies().get(&older).await.unwrap(), "Ready").is_some_and(|c| c.0 == "True"));
+    assert!(
+        condition(&h.policies().get(&older).await.unwrap(), "Ready").is_some_and(|c| c.0 == "True")
+    );
     h.shutdown().await;
 }
 
@@ -409,10 +526,16 @@ async fn overlapping_policies_leave_shared_nodes_to_the_older() {
 async fn invalid_pod_selector_label_is_reported_and_nothing_rolls_out() {
     let h = Harness::start(loaded("2.7.0", 1)).await;
     let policy = h
-        .create_policy("fleet", "2.8.0", json!({"upgradePolicy": {"drain": {"podSelectorLabel": "app in (a"}}}))
+        .create_policy(
+            "fleet",
+            "2.8.0",
+            json!({"upgradePolicy": {"drain": {"podSelectorLabel": "app in (a"}}}),
+        )
         .await;
     let p = h
-        .wait_policy(&policy, "InvalidSpec", STEP, |p| condition(p, "InvalidSpec").is_some_and(|c| c.0 == "True"))
+        .wait_policy(&policy, "InvalidSpec", STEP, |p| {
+            condition(p, "InvalidSpec").is_some_and(|c| c.0 == "True")
+        })
         .await;
     let (_, _, message) = condition(&p, "InvalidSpec").unwrap();
     assert!(message.contains("podSelectorLabel"), "{message}");
@@ -422,7 +545,11 @@ async fn invalid_pod_selector_label_is_reported_and_nothing_rolls_out() {
         .await
         .unwrap();
     assert!(ds.is_none(), "no daemonset for an invalid spec");
-    h.patch_spec(&policy, json!({"upgradePolicy": {"drain": {"podSelectorLabel": "app in (a)"}}})).await;
+    h.patch_spec(
+        &policy,
+        json!({"upgradePolicy": {"drain": {"podSelectorLabel": "app in (a)"}}}),
+    )
+    .await;
     let p = h.wait_ready(&policy, STEP * 2).await;
     assert!(condition(&p, "InvalidSpec").is_some_and(|c| c.0 == "False"));
     h.shutdown().await;
@@ -435,7 +562,8 @@ async fn template_only_change_rolls_agents_without_drain() {
     h.wait_ready(&policy, STEP).await;
     let before = agent_pods(&h, &policy).await;
     h.monitor.reset();
-    h.patch_spec(&policy, json!({"installer": {"imagePullPolicy": "Always"}})).await;
+    h.patch_spec(&policy, json!({"installer": {"imagePullPolicy": "Always"}}))
+        .await;
     h.wait_policy(&policy, "agents replaced and ready", STEP * 2, |p| {
         condition(p, "Ready").is_some_and(|c| c.0 == "True")
             && p.status.as_ref().and_then(|s| s.observed_generation) == p.metadata.generation
@@ -445,7 +573,11 @@ async fn template_only_change_rolls_agents_without_drain() {
         loop {
             let pods = agent_pods(&h, &policy).await;
             if pods.len() == 2
-                && pods.iter().all(|(n, p)| before.get(n).is_none_or(|b| b.metadata.uid != p.metadata.uid))
+                && pods.iter().all(|(n, p)| {
+                    before
+                        .get(n)
+                        .is_none_or(|b| b.metadata.uid != p.metadata.uid)
+                })
             {
                 return pods;
             }
@@ -455,11 +587,66 @@ async fn template_only_change_rolls_agents_without_drain() {
     .await
     .expect("every agent pod replaced");
     for pod in after.values() {
-        assert_eq!(pod.spec.as_ref().unwrap().containers[0].image_pull_policy.as_deref(), Some("Always"));
+        assert_eq!(
+            pod.spec.as_ref().unwrap().containers[0]
+                .image_pull_policy
+                .as_deref(),
+            Some("Always")
+        );
     }
     for node in h.nodes() {
-        assert!(!h.monitor.sequence(&policy, &node).contains(&Cordoning), "no drain for a template-only change");
+        assert!(
+            !h.monitor.sequence(&policy, &node).contains(&Cordoning),
+            "no drain for a template-only change"
+        );
     }
     assert_eq!(h.monitor.max_cordoned(), 0);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_annotation_retries_a_failed_node_at_once() {
+    // A back-off far longer than the test: only the annotation can bring the node back.
+    let h = harness::Harness::start_with(loaded("2.7.0", 1), |s| {
+        s.retry_base = Duration::from_secs(600);
+        s.retry_max = Duration::from_secs(600);
+    })
+    .await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let node = h.nodes()[0].clone();
+    device_workload(&h, "inference-0", &node).await;
+    blocking_budget(&h).await;
+    h.patch_spec(
+        &policy,
+        json!({"version": "2.8.0", "upgradePolicy": {"drain": {"timeoutSeconds": 2}}}),
+    )
+    .await;
+    h.wait_nodes(&policy, std::slice::from_ref(&node), Failed, STEP)
+        .await;
+    h.wait_node(&node, "released while Failed", STEP, |n| {
+        !n.spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false)
+    })
+    .await;
+    delete_budget(&h).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        node_state(&h.policies().get(&policy).await.unwrap(), &node),
+        Some(Failed),
+        "still backing off"
+    );
+    h.annotate_node(&node, annotations::RETRY, "now").await;
+    h.wait_ready(&policy, STEP).await;
+    h.wait_node(&node, "retry annotation removed", STEP, |n| {
+        !n.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(annotations::RETRY))
+    })
+    .await;
+    assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.8.0"));
     h.shutdown().await;
 }

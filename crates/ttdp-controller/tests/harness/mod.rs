@@ -43,7 +43,10 @@ fn scaled(seconds: f64) -> String {
 /// `target/<profile>`, where cargo puts the workspace binaries.
 fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf()
 }
 
 /// The ttdp-agent binary, built once if missing.
@@ -54,12 +57,13 @@ pub fn agent_binary() -> PathBuf {
             let path = bin_dir().join("ttdp-agent");
             if !path.is_file() {
                 let target = bin_dir().parent().expect("target dir").to_path_buf();
-                let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                    .args(["build", "-p", "ttdp-agent", "--bin", "ttdp-agent"])
-                    .env("CARGO_TARGET_DIR", target)
-                    .current_dir(env!("CARGO_MANIFEST_DIR"))
-                    .status()
-                    .expect("cannot run cargo to build ttdp-agent");
+                let status =
+                    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                        .args(["build", "-p", "ttdp-agent", "--bin", "ttdp-agent"])
+                        .env("CARGO_TARGET_DIR", target)
+                        .current_dir(env!("CARGO_MANIFEST_DIR"))
+                        .status()
+                        .expect("cannot run cargo to build ttdp-agent");
                 assert!(status.success(), "building ttdp-agent failed");
             }
             assert!(path.is_file(), "{} is missing", path.display());
@@ -107,7 +111,10 @@ pub struct Harness {
     pub prefix: String,
     pub namespace: String,
     pub settings: Settings,
-    controller: Option<(CancellationToken, JoinHandle<Result<(), ttdp_controller::Error>>)>,
+    controller: Option<(
+        CancellationToken,
+        JoinHandle<Result<(), ttdp_controller::Error>>,
+    )>,
     pub monitor: Monitor,
     _tmp: tempfile::TempDir,
 }
@@ -122,9 +129,15 @@ impl Harness {
     }
 
     /// Like [`Harness::start`], adjusting the controller settings first.
-    pub async fn start_with(nodes: impl Fn(&str) -> Vec<TenstorrentNode>, adjust: impl Fn(&mut Settings)) -> Harness {
+    pub async fn start_with(
+        nodes: impl Fn(&str) -> Vec<TenstorrentNode>,
+        adjust: impl Fn(&mut Settings),
+    ) -> Harness {
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
             .with_test_writer()
             .try_init();
         let tmp = tempfile::tempdir().unwrap();
@@ -134,7 +147,10 @@ impl Harness {
             .image(IMAGE_REPOSITORY, agent_binary())
             .time_scale(SPEED)
             .kmd_versions(&["2.6.0", "2.7.0", "2.8.0"])
-            .env("TTDP_TT_SMI_PATH", &fake_tt_smi(tmp.path()).display().to_string())
+            .env(
+                "TTDP_TT_SMI_PATH",
+                &fake_tt_smi(tmp.path()).display().to_string(),
+            )
             .env("TTDP_PROBE_PERIOD", &scaled(10.0))
             .env("TTDP_RETRY_INITIAL", &scaled(5.0))
             .env("TTDP_RETRY_MAX", &scaled(20.0))
@@ -217,12 +233,23 @@ impl Harness {
 
     /// Creates a policy selecting this scenario's nodes (plus `extra` spec fields).
     pub async fn create_policy(&self, short: &str, version: &str, extra: Value) -> String {
-        self.create_policy_selecting(short, version, json!({"matchLabels": {RUN_LABEL: self.prefix}}), extra)
-            .await
+        self.create_policy_selecting(
+            short,
+            version,
+            json!({"matchLabels": {RUN_LABEL: self.prefix}}),
+            extra,
+        )
+        .await
     }
 
     /// Creates a policy with this node affinity.
-    pub async fn create_policy_selecting(&self, short: &str, version: &str, affinity: Value, extra: Value) -> String {
+    pub async fn create_policy_selecting(
+        &self,
+        short: &str,
+        version: &str,
+        affinity: Value,
+        extra: Value,
+    ) -> String {
         let name = self.policy_name(short);
         let mut spec = json!({"version": version, "nodeAffinity": affinity});
         merge(&mut spec, extra);
@@ -233,14 +260,21 @@ impl Harness {
             "spec": spec,
         }))
         .unwrap();
-        self.policies().create(&PostParams::default(), &policy).await.unwrap();
+        self.policies()
+            .create(&PostParams::default(), &policy)
+            .await
+            .unwrap();
         name
     }
 
     /// Merge-patches a policy's spec.
     pub async fn patch_spec(&self, name: &str, spec: Value) {
         self.policies()
-            .patch(name, &PatchParams::default(), &Patch::Merge(&json!({"spec": spec})))
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": spec})),
+            )
             .await
             .unwrap();
     }
@@ -254,7 +288,13 @@ impl Harness {
     }
 
     /// Waits until `check` holds for the policy; panics with the last status otherwise.
-    pub async fn wait_policy(&self, name: &str, what: &str, timeout: Duration, check: impl Fn(&TenstorrentDriverPolicy) -> bool) -> TenstorrentDriverPolicy {
+    pub async fn wait_policy(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&TenstorrentDriverPolicy) -> bool,
+    ) -> TenstorrentDriverPolicy {
         let start = Instant::now();
         let mut last = None;
         while start.elapsed() < timeout {
@@ -273,7 +313,13 @@ impl Harness {
     }
 
     /// Waits until every listed node is in `state`.
-    pub async fn wait_nodes(&self, name: &str, nodes: &[String], state: NodeState, timeout: Duration) -> TenstorrentDriverPolicy {
+    pub async fn wait_nodes(
+        &self,
+        name: &str,
+        nodes: &[String],
+        state: NodeState,
+        timeout: Duration,
+    ) -> TenstorrentDriverPolicy {
         self.wait_policy(name, &format!("{nodes:?} {state}"), timeout, |p| {
             nodes.iter().all(|n| node_state(p, n) == Some(state))
         })
@@ -290,7 +336,13 @@ impl Harness {
     }
 
     /// Waits for a node condition.
-    pub async fn wait_node(&self, node: &str, what: &str, timeout: Duration, check: impl Fn(&Node) -> bool) -> Node {
+    pub async fn wait_node(
+        &self,
+        node: &str,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&Node) -> bool,
+    ) -> Node {
         let start = Instant::now();
         while start.elapsed() < timeout {
             if let Ok(n) = self.node_api().get(node).await
@@ -306,7 +358,11 @@ impl Harness {
     /// Sets (or with `None` removes) a node label.
     pub async fn label_node(&self, node: &str, key: &str, value: Option<&str>) {
         self.node_api()
-            .patch(node, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"labels": {key: value}}})))
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"labels": {key: value}}})),
+            )
             .await
             .unwrap();
     }
@@ -314,7 +370,11 @@ impl Harness {
     /// Sets a node annotation.
     pub async fn annotate_node(&self, node: &str, key: &str, value: &str) {
         self.node_api()
-            .patch(node, &PatchParams::default(), &Patch::Merge(&json!({"metadata": {"annotations": {key: value}}})))
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"annotations": {key: value}}})),
+            )
             .await
             .unwrap();
     }
@@ -322,7 +382,11 @@ impl Harness {
     /// `kubectl cordon` / `uncordon`.
     pub async fn set_unschedulable(&self, node: &str, on: bool) {
         self.node_api()
-            .patch(node, &PatchParams::default(), &Patch::Merge(&json!({"spec": {"unschedulable": on}})))
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"unschedulable": on}})),
+            )
             .await
             .unwrap();
     }
@@ -331,12 +395,23 @@ impl Harness {
     pub async fn assert_nothing_left_behind(&self) {
         for node in self.nodes() {
             let n = self.node_api().get(&node).await.unwrap();
-            let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+            let unschedulable = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false);
             assert!(!unschedulable, "node {node} left cordoned");
-            assert!(!n.annotations().contains_key(annotations::CORDONED_BY), "node {node} keeps the cordon annotation");
-            assert!(!n.annotations().contains_key(annotations::DEPLOY_GATES), "node {node} keeps the gates annotation");
             assert!(
-                !n.labels().contains_key("tenstorrent.com/deploy.tt-telemetry"),
+                !n.annotations().contains_key(annotations::CORDONED_BY),
+                "node {node} keeps the cordon annotation"
+            );
+            assert!(
+                !n.annotations().contains_key(annotations::DEPLOY_GATES),
+                "node {node} keeps the gates annotation"
+            );
+            assert!(
+                !n.labels()
+                    .contains_key("tenstorrent.com/deploy.tt-telemetry"),
                 "node {node} keeps a closed deploy gate"
             );
         }
@@ -344,7 +419,13 @@ impl Harness {
 
     /// The node's kmd-version label.
     pub async fn kmd_version(&self, node: &str) -> Option<String> {
-        self.node_api().get(node).await.unwrap().labels().get(labels::KMD_VERSION).cloned()
+        self.node_api()
+            .get(node)
+            .await
+            .unwrap()
+            .labels()
+            .get(labels::KMD_VERSION)
+            .cloned()
     }
 
     /// Stops everything (deleting policies first on a real cluster).
@@ -352,8 +433,15 @@ impl Harness {
         if self.cluster.is_real() {
             let lp = ListParams::default();
             if let Ok(list) = self.policies().list(&lp).await {
-                for p in list.items.iter().filter(|p| p.name_any().starts_with(&self.prefix)) {
-                    let _ = self.policies().delete(&p.name_any(), &DeleteParams::default()).await;
+                for p in list
+                    .items
+                    .iter()
+                    .filter(|p| p.name_any().starts_with(&self.prefix))
+                {
+                    let _ = self
+                        .policies()
+                        .delete(&p.name_any(), &DeleteParams::default())
+                        .await;
                 }
             }
             tokio::time::sleep(Duration::from_secs(3)).await;
@@ -361,7 +449,9 @@ impl Harness {
         self.stop_controller().await;
         self.monitor.stop();
         if self.cluster.is_real() {
-            let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.namespace, &DeleteParams::default()).await;
+            let _ = Api::<Namespace>::all(self.client.clone())
+                .delete(&self.namespace, &DeleteParams::default())
+                .await;
         }
         let _ = self.cluster.shutdown().await;
     }
@@ -399,22 +489,37 @@ async fn install_crd(client: &Client) {
 
 async fn create_namespace(client: &Client, name: &str) {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    match Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await {
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => panic!("cannot create namespace {name}: {e}"),
     }
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "ttdp-agent", "namespace": name}})).unwrap();
-    let _ = Api::<ServiceAccount>::namespaced(client.clone(), name).create(&PostParams::default(), &sa).await;
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "ttdp-agent", "namespace": name}}))
+            .unwrap();
+    let _ = Api::<ServiceAccount>::namespaced(client.clone(), name)
+        .create(&PostParams::default(), &sa)
+        .await;
 }
 
 /// A node's state in a policy's status.
 pub fn node_state(p: &TenstorrentDriverPolicy, node: &str) -> Option<NodeState> {
-    p.status.as_ref()?.nodes.iter().find(|n| n.name == node).map(|n| n.state)
+    p.status
+        .as_ref()?
+        .nodes
+        .iter()
+        .find(|n| n.name == node)
+        .map(|n| n.state)
 }
 
 /// A node's status entry.
-pub fn node_entry<'a>(p: &'a TenstorrentDriverPolicy, node: &str) -> Option<&'a ttdp_api::NodeStatus> {
+pub fn node_entry<'a>(
+    p: &'a TenstorrentDriverPolicy,
+    node: &str,
+) -> Option<&'a ttdp_api::NodeStatus> {
     p.status.as_ref()?.nodes.iter().find(|n| n.name == node)
 }
 
@@ -451,7 +556,11 @@ impl Monitor {
                 let Ok(n) = n else { continue };
                 let mut now = now.lock().unwrap();
                 {
-                    let on = n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+                    let on = n
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.unschedulable)
+                        .unwrap_or(false);
                     if on {
                         now.insert(n.name_any());
                     } else {
@@ -466,7 +575,9 @@ impl Monitor {
         let s = states.clone();
         let prefix = prefix.to_owned();
         let t2 = tokio::spawn(async move {
-            let mut stream = watcher::watcher(policies, watcher::Config::default()).applied_objects().boxed();
+            let mut stream = watcher::watcher(policies, watcher::Config::default())
+                .applied_objects()
+                .boxed();
             while let Some(p) = stream.next().await {
                 let Ok(p) = p else { continue };
                 {
@@ -475,7 +586,8 @@ impl Monitor {
                     }
                     let mut s = s.lock().unwrap();
                     for n in p.status.iter().flat_map(|st| st.nodes.iter()) {
-                        let seq: &mut Vec<NodeState> = s.entry((p.name_any(), n.name.clone())).or_default();
+                        let seq: &mut Vec<NodeState> =
+                            s.entry((p.name_any(), n.name.clone())).or_default();
                         if seq.last() != Some(&n.state) {
                             seq.push(n.state);
                         }
@@ -498,7 +610,12 @@ impl Monitor {
 
     /// The states `node` went through under `policy`.
     pub fn sequence(&self, policy: &str, node: &str) -> Vec<NodeState> {
-        self.states.lock().unwrap().get(&(policy.to_owned(), node.to_owned())).cloned().unwrap_or_default()
+        self.states
+            .lock()
+            .unwrap()
+            .get(&(policy.to_owned(), node.to_owned()))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Forgets recorded sequences (e.g. before an upgrade).
