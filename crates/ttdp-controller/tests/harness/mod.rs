@@ -119,9 +119,6 @@ pub struct Harness {
     _tmp: tempfile::TempDir,
 }
 
-/// Builds the Tenstorrent nodes of a scenario from its prefix.
-pub type NodesFn = dyn Fn(&str) -> Vec<TenstorrentNode>;
-
 impl Harness {
     /// Starts a cluster with the nodes `nodes(prefix)` and the controller.
     pub async fn start(nodes: impl Fn(&str) -> Vec<TenstorrentNode>) -> Harness {
@@ -533,12 +530,15 @@ pub fn condition(p: &TenstorrentDriverPolicy, type_: &str) -> Option<(String, St
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
+/// Every (policy, node)'s sequence of states.
+pub type StateLog = BTreeMap<(String, String), Vec<NodeState>>;
+
 /// Watches the scenario's nodes and policies: the most nodes cordoned at once, and every node's
 /// sequence of states.
 pub struct Monitor {
     pub max_cordoned: Arc<Mutex<usize>>,
     pub cordoned_now: Arc<Mutex<BTreeSet<String>>>,
-    pub states: Arc<Mutex<BTreeMap<(String, String), Vec<NodeState>>>>,
+    pub states: Arc<Mutex<StateLog>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
