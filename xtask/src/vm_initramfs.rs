@@ -295,6 +295,26 @@ mod tests {
     }
 
     #[test]
+    fn executables_are_copied_without_debug_info_and_stay_executable() {
+        // this test binary is a debug build: it has debug info to lose
+        let exe = std::env::current_exe().unwrap();
+        let stage = std::env::temp_dir().join(format!("ttdp-vm-strip-{}", std::process::id()));
+        copy_without_debug_info(&exe, &stage, "/opt/ttdp/bin/x").unwrap();
+        let copy = stage.join("opt/ttdp/bin/x");
+        let (original, stripped) = (std::fs::read(&exe).unwrap(), std::fs::read(&copy).unwrap());
+        let mode = std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777;
+        std::fs::remove_dir_all(&stage).unwrap();
+        assert!(stripped.starts_with(b"\x7fELF"));
+        assert!(
+            stripped.len() < original.len(),
+            "{} bytes before, {} after",
+            original.len(),
+            stripped.len()
+        );
+        assert_eq!(mode, 0o755);
+    }
+
+    #[test]
     fn non_elf_and_truncated_files_are_not_static() {
         assert!(!is_static_elf(b"#!/bin/sh\n"));
         let mut truncated = elf_with_program_headers(&[1, 1]);
