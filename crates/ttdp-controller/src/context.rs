@@ -49,6 +49,8 @@ pub struct Context {
     pub backoff: ErrorBackoff,
     /// Wakes a policy's reconcile (drain finished).
     pub wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
+    /// Bit mask of the watches whose initial list arrived ([`crate::run::SYNCED_ALL`] when all).
+    pub synced: tokio::sync::watch::Receiver<u8>,
     written: Mutex<HashMap<String, Written>>,
 }
 
@@ -73,6 +75,7 @@ impl Context {
         events: EventPublisher,
         metrics: Arc<Metrics>,
         wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
+        synced: tokio::sync::watch::Receiver<u8>,
     ) -> Self {
         Self {
             client,
@@ -85,6 +88,7 @@ impl Context {
             drains: DrainTracker::default(),
             backoff: ErrorBackoff::default(),
             wake,
+            synced,
             written: Mutex::default(),
         }
     }

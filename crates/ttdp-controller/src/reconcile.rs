@@ -50,9 +50,12 @@ pub async fn reconcile(
     let name = policy.name_any();
     // Never decide from half-filled caches: after a restart a node missing from the store would
     // look unmatched and a missing agent pod like one being replaced.
+    let mut synced_rx = ctx.synced.clone();
     let synced = tokio::time::timeout(STORE_SYNC_WAIT, async {
-        ctx.nodes.wait_until_ready().await.is_ok()
-            && ctx.agent_pods.wait_until_ready().await.is_ok()
+        synced_rx
+            .wait_for(|v| *v == crate::run::SYNCED_ALL)
+            .await
+            .is_ok()
     })
     .await;
     if synced != Ok(true) {

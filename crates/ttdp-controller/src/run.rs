@@ -30,6 +30,32 @@ use crate::reconcile::{error_policy, reconcile};
 use crate::server::{self, Readiness};
 use crate::settings::Settings;
 
+/// Bit of the synced mask: the policy list arrived.
+const SYNCED_POLICIES: u8 = 1;
+/// Bit of the synced mask: the node list arrived.
+const SYNCED_NODES: u8 = 2;
+/// Bit of the synced mask: the agent pod list arrived.
+const SYNCED_PODS: u8 = 4;
+/// Every initial list arrived.
+pub const SYNCED_ALL: u8 = SYNCED_POLICIES | SYNCED_NODES | SYNCED_PODS;
+
+/// A stream inspector that sets `bit` in the synced mask at the watch's first InitDone.
+fn mark_synced<K>(
+    tx: &tokio::sync::watch::Sender<u8>,
+    bit: u8,
+) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) + use<K> {
+    let tx = tx.clone();
+    move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            tx.send_if_modified(|v| {
+                let before = *v;
+                *v |= bit;
+                before != *v
+            });
+        }
+    }
+}
+
 /// How the controller process runs, beyond [`Settings`].
 #[derive(Clone, Debug, Default)]
 pub struct RunOptions {
@@ -117,8 +143,16 @@ pub async fn run(
     let ns = settings.namespace.clone();
     let require_nfd = settings.require_nfd;
     let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
-    let controller = Controller::new(policies, watcher::Config::default().any_semantic());
-    let policy_store = controller.store();
+    // Which initial lists have arrived. (Several tasks awaiting one `Store::wait_until_ready`
+    // can miss the wake-up, so the streams report their first InitDone here instead.)
+    let (synced_tx, synced_rx) = tokio::sync::watch::channel(0u8);
+    let (policy_store, policy_writer) = reflector::store();
+    let policy_stream = watcher::watcher(policies, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .inspect(mark_synced(&synced_tx, SYNCED_POLICIES))
+        .reflect(policy_writer)
+        .touched_objects();
+    let controller = Controller::for_stream(policy_stream, policy_store.clone());
 
     let (node_store, node_writer) = reflector::store();
     let node_stream = watcher::watcher(
@@ -126,6 +160,7 @@ pub async fn run(
         watcher::Config::default().any_semantic(),
     )
     .default_backoff()
+    .inspect(mark_synced(&synced_tx, SYNCED_NODES))
     .reflect(node_writer)
     .touched_objects()
     .predicate_filter(
@@ -140,6 +175,7 @@ pub async fn run(
             .any_semantic(),
     )
     .default_backoff()
+    .inspect(mark_synced(&synced_tx, SYNCED_PODS))
     .reflect(pod_writer)
     .touched_objects();
 
@@ -153,20 +189,14 @@ pub async fn run(
         EventPublisher::new(client.clone(), options.instance.clone()),
         metrics,
         wake_tx,
+        synced_rx.clone(),
     ));
 
     {
-        let (policies, nodes, pods, readiness) = (
-            policy_store.clone(),
-            node_store.clone(),
-            pod_store.clone(),
-            readiness.clone(),
-        );
+        let mut synced = synced_rx.clone();
+        let readiness = readiness.clone();
         tokio::spawn(async move {
-            let synced = policies.wait_until_ready().await.is_ok()
-                && nodes.wait_until_ready().await.is_ok()
-                && pods.wait_until_ready().await.is_ok();
-            if synced {
+            if synced.wait_for(|v| *v == SYNCED_ALL).await.is_ok() {
                 info!("initial watches synced; ready");
                 readiness.set(true);
             }

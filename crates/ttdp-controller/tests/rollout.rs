@@ -131,6 +131,40 @@ async fn upgrade_five_nodes(max_unavailable: i32) {
         );
     }
     h.assert_nothing_left_behind().await;
+    // Events on the policy for each step, and metrics of the transitions and phases.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(h.client.clone());
+    let list = events.list(&Default::default()).await.unwrap();
+    let on_policy: Vec<_> = list
+        .items
+        .iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(policy.as_str()))
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    for reason in [
+        "NodeCordoning",
+        "NodeDraining",
+        "NodeUpgrading",
+        "NodeUncordoning",
+        "NodeDone",
+    ] {
+        assert!(
+            on_policy.iter().any(|r| r == reason),
+            "no {reason} event on the policy: {on_policy:?}"
+        );
+    }
+    let text = h.metrics.encode();
+    assert!(text.contains(&format!("ttdp_node_transitions_total{{policy=\"{policy}\",from=\"Draining\",to=\"Upgrading\"}} 5")), "{text}");
+    assert!(
+        text.contains("ttdp_phase_duration_seconds_count{phase=\"total\"} 5"),
+        "{text}"
+    );
+    assert!(text.contains("ttdp_drain_evictions_total 5"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "ttdp_nodes{{policy=\"{policy}\",state=\"Done\",version=\"2.8.0\"}} 5"
+        )),
+        "{text}"
+    );
     h.shutdown().await;
 }
 

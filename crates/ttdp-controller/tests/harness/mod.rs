@@ -116,6 +116,8 @@ pub struct Harness {
         JoinHandle<Result<(), ttdp_controller::Error>>,
     )>,
     pub monitor: Monitor,
+    /// The controller's metrics (shared across restarts).
+    pub metrics: Arc<ttdp_controller::metrics::Metrics>,
     _tmp: tempfile::TempDir,
 }
 
@@ -127,6 +129,16 @@ impl Harness {
 
     /// Like [`Harness::start`], adjusting the controller settings first.
     pub async fn start_with(
+        nodes: impl Fn(&str) -> Vec<TenstorrentNode>,
+        adjust: impl Fn(&mut Settings),
+    ) -> Harness {
+        let mut h = Self::start_idle(nodes, adjust).await;
+        h.start_controller();
+        h
+    }
+
+    /// The cluster without a controller (the test runs its own).
+    pub async fn start_idle(
         nodes: impl Fn(&str) -> Vec<TenstorrentNode>,
         adjust: impl Fn(&mut Settings),
     ) -> Harness {
@@ -174,7 +186,7 @@ impl Harness {
         };
         adjust(&mut settings);
         let monitor = Monitor::start(client.clone(), &prefix).await;
-        let mut h = Harness {
+        Harness {
             cluster,
             client,
             prefix,
@@ -182,10 +194,9 @@ impl Harness {
             settings,
             controller: None,
             monitor,
+            metrics: ttdp_controller::metrics::Metrics::shared(),
             _tmp: tmp,
-        };
-        h.start_controller();
-        h
+        }
     }
 
     /// The scenario's Tenstorrent node names, in order.
@@ -205,7 +216,10 @@ impl Harness {
         let task = tokio::spawn(ttdp_controller::run(
             self.client.clone(),
             self.settings.clone(),
-            RunOptions::default(),
+            RunOptions {
+                metrics: Some(self.metrics.clone()),
+                ..RunOptions::default()
+            },
             token.clone(),
         ));
         self.controller = Some((token, task));
