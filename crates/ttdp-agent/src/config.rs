@@ -170,13 +170,6 @@ impl AgentConfig {
                 problem,
             })?;
         }
-        let supported = KoCache::new(&self.host).dir().to_path_buf();
-        if self.cache_dir != supported {
-            return Err(ConfigError::UnsupportedCacheDir {
-                given: self.cache_dir.clone(),
-                supported,
-            });
-        }
         if self.probe_period.is_zero() {
             return Err(ConfigError::Invalid {
                 variable: "TTDP_PROBE_PERIOD",
@@ -353,14 +346,6 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("TT_SMI_VERSION")
-        );
-
-        let mut other_cache = ok.clone();
-        other_cache.cache_dir = "/elsewhere".into();
-        let err = other_cache.validate().unwrap_err().to_string();
-        assert!(
-            err.contains("TTDP_CACHE_DIR") && err.contains("/host/var/cache/tt-kmd"),
-            "{err}"
         );
     }
 }

@@ -1,6 +1,5 @@
 //! [`ConfigError`] and [`AgentError`]: what can stop the agent from starting or running.
 
-use std::path::PathBuf;
 
 /// A configuration value is missing or malformed. Each message names the environment variable
 /// (and flag) to fix.
@@ -25,17 +24,6 @@ pub enum ConfigError {
         value: String,
         /// What is wrong and what is expected.
         problem: String,
-    },
-    /// The cache directory is not the one ttdp-kmd uses.
-    #[error(
-        "TTDP_CACHE_DIR={} is not supported: ttdp-kmd keeps its cache at {} (the host's /var/cache/tt-kmd); leave TTDP_CACHE_DIR unset",
-        .given.display(), .supported.display()
-    )]
-    UnsupportedCacheDir {
-        /// The directory asked for.
-        given: PathBuf,
-        /// The only directory supported.
-        supported: PathBuf,
     },
 }
 

@@ -78,6 +78,7 @@ where
         })?;
         let installer_config = InstallerConfig {
             build: config.build_options(&release),
+            cache_dir: Some(config.cache_dir.clone()),
             ..InstallerConfig::default()
         };
         let installer = ModuleInstaller::new(config.host.clone(), kernel, installer_config)

@@ -36,6 +36,9 @@ pub struct InstallerConfig {
     /// How long to wait for the cache lock and the module lock (another agent building or
     /// swapping on the same node).
     pub cache_lock_timeout: Duration,
+    /// The `.ko` cache directory as this process sees it; `None` is `/var/cache/tt-kmd` under the
+    /// host root (the spec's location).
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl Default for InstallerConfig {
@@ -45,6 +48,7 @@ impl Default for InstallerConfig {
             device_dir: PathBuf::from(DEVICE_DIR),
             build: BuildOptions::default(),
             cache_lock_timeout: Duration::from_secs(20 * 60),
+            cache_dir: None,
         }
     }
 }
@@ -66,7 +70,10 @@ impl<K: Kernel> ModuleInstaller<K> {
     /// An installer for the host at `host`, reading its kernel release now.
     pub fn new(host: HostRoot, kernel: K, config: InstallerConfig) -> Result<Self, KmodError> {
         let release = kernel_release(&host)?;
-        let cache = KoCache::new(&host);
+        let cache = match &config.cache_dir {
+            Some(dir) => KoCache::at(dir.clone()),
+            None => KoCache::new(&host),
+        };
         Ok(Self {
             host,
             kernel,

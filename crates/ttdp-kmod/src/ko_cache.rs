@@ -82,6 +82,11 @@ impl KoCache {
         }
     }
 
+    /// A cache at `dir`, a path as this process sees it.
+    pub fn at(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+
     /// The local cache directory.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -64,6 +64,28 @@ fn first_install_builds_caches_and_loads() {
 }
 
 #[test]
+fn a_configured_cache_dir_is_where_modules_are_cached() {
+    let fx = Fixture::new(&["1.0.0"]);
+    let elsewhere = fx.dir.path().join("other-cache");
+    let config = ttdp_kmod::InstallerConfig {
+        build: fx.build_options(),
+        cache_dir: Some(elsewhere.clone()),
+        ..ttdp_kmod::InstallerConfig::default()
+    };
+    let installer =
+        ttdp_kmod::ModuleInstaller::new(fx.sim.host().clone(), fx.kernel(), config).unwrap();
+    installer.swap("1.0.0", &SwapOptions::default()).unwrap();
+    assert!(elsewhere.join("6.8.0-sim/1.0.0/tenstorrent.ko").is_file());
+    assert!(
+        !fx.sim
+            .host()
+            .path("/var/cache/tt-kmd/6.8.0-sim/1.0.0")
+            .exists(),
+        "nothing is written to the default cache"
+    );
+}
+
+#[test]
 fn upgrade_then_downgrade_from_the_cache() {
     let fx = Fixture::new(&["1.0.0", "2.0.0"]);
     let installer = fx.installer();
