@@ -12,6 +12,26 @@
 //! It is test infrastructure: it keeps everything in memory, has no authentication or
 //! authorization, and must never be used by production code.
 //!
+//! # Fidelity
+//!
+//! Where behaviour is implemented it follows the real API server, including its `Status`
+//! bodies and messages. Known approximations:
+//! - Lists are served from the current state: `resourceVersion`/`resourceVersionMatch` on a
+//!   list and expired `continue` tokens are not checked (watches do honour resourceVersions and
+//!   answer 410 Expired beyond the kept history).
+//! - Server-side apply tracks ownership per leaf field with list-map/set semantics from the
+//!   CRD schema or a table of the built-in fields kubectl and ttdp touch; other built-in lists
+//!   are atomic. Built-in types are validated by decoding into k8s-openapi's types plus a few
+//!   rules (pod spec immutability, required container fields), not full API validation.
+//! - Only JSON bodies are decoded, plus protobuf for `Eviction`, `DeleteOptions`, `Namespace`,
+//!   `ConfigMap` and `ServiceAccount` (what `kubectl drain` / `kubectl create` send); other
+//!   protobuf bodies get 415. No OpenAPI schemas are served (`kubectl explain` fails).
+//! - Controllers the real control plane runs are reduced to what tests need: garbage
+//!   collection, namespace and CRD cleanup, the PodDisruptionBudget status, and (unless
+//!   [`PodTermination::Kubelet`]) completing graceful pod deletion. No scheduler, no
+//!   DaemonSet/ReplicaSet controllers (see [`crate::sim`]).
+//! - [`TestApiServer::client`] turns kube's own retry of 429/503 off so callers see them.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use ttdp_testkit::apiserver::TestApiServer;

@@ -1,5 +1,5 @@
 //! Runs the in-process test API server as a standalone process (for the demo and for manual
-//! kubectl sessions): prints the kubeconfig path and serves until Ctrl-C.
+//! kubectl sessions): prints the kubeconfig path and serves until Ctrl-C or SIGTERM.
 
 use clap::Parser;
 use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
@@ -44,7 +44,11 @@ async fn main() -> anyhow::Result<()> {
         server.url(),
         path.display()
     );
-    tokio::signal::ctrl_c().await?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = terminate.recv() => {}
+    }
     server.shutdown().await;
     Ok(())
 }
