@@ -172,7 +172,7 @@ impl AgentConfig {
         }
         if self.probe_period.is_zero() {
             return Err(ConfigError::Invalid {
-                variable: "TTDP_PROBE_PERIOD",
+                variable: env::PROBE_PERIOD,
                 value: "0s".into(),
                 problem: "the probe period must be longer than 0".into(),
             });

@@ -1,6 +1,5 @@
 //! [`ConfigError`] and [`AgentError`]: what can stop the agent from starting or running.
 
-
 /// A configuration value is missing or malformed. Each message names the environment variable
 /// (and flag) to fix.
 #[derive(Debug, thiserror::Error)]

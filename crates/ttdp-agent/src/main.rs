@@ -86,7 +86,7 @@ struct RunArgs {
     /// missing file with TT_SMI_VERSION unset also skips, with a warning).
     #[arg(
         long,
-        env = "TTDP_TT_SMI_PATH",
+        env = env::TT_SMI_PATH,
         value_name = "TTDP_TT_SMI_PATH",
         default_value = "/opt/ttdp/tt-smi"
     )]
@@ -101,7 +101,7 @@ struct RunArgs {
     /// or `none`.
     #[arg(
         long,
-        env = "TTDP_REPORT",
+        env = env::REPORT,
         value_name = "TTDP_REPORT",
         default_value = "kube"
     )]
@@ -110,51 +110,51 @@ struct RunArgs {
     #[arg(long, env = env::LOG_FORMAT, value_name = "TTDP_LOG_FORMAT", value_enum, default_value = "json")]
     log_format: LogFormat,
     /// The .ko cache directory as seen by the agent (default <host root>/var/cache/tt-kmd).
-    #[arg(long, env = "TTDP_CACHE_DIR", value_name = "TTDP_CACHE_DIR")]
+    #[arg(long, env = env::CACHE_DIR, value_name = "TTDP_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
     /// How often the module and host are re-read (readiness and labels follow within one period).
-    #[arg(long, env = "TTDP_PROBE_PERIOD", value_name = "TTDP_PROBE_PERIOD", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = env::PROBE_PERIOD, value_name = "TTDP_PROBE_PERIOD", default_value = "10s", value_parser = parse_duration)]
     probe_period: Duration,
     /// First retry delay after a failure or while the device is held.
-    #[arg(long, env = "TTDP_RETRY_INITIAL", value_name = "TTDP_RETRY_INITIAL", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = env::RETRY_INITIAL, value_name = "TTDP_RETRY_INITIAL", default_value = "5s", value_parser = parse_duration)]
     retry_initial: Duration,
     /// Longest retry delay after failures.
-    #[arg(long, env = "TTDP_RETRY_MAX", value_name = "TTDP_RETRY_MAX", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, env = env::RETRY_MAX, value_name = "TTDP_RETRY_MAX", default_value = "5m", value_parser = parse_duration)]
     retry_max: Duration,
     /// `make -j` jobs (default: the CPUs available).
-    #[arg(long, env = "TTDP_BUILD_JOBS", value_name = "TTDP_BUILD_JOBS", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, env = env::BUILD_JOBS, value_name = "TTDP_BUILD_JOBS", value_parser = clap::value_parser!(u16).range(1..))]
     build_jobs: Option<u16>,
     /// Limit for fetching the tt-kmd tag.
-    #[arg(long, env = "TTDP_FETCH_TIMEOUT", value_name = "TTDP_FETCH_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, env = env::FETCH_TIMEOUT, value_name = "TTDP_FETCH_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     fetch_timeout: Duration,
     /// Limit for `make modules`.
-    #[arg(long, env = "TTDP_BUILD_TIMEOUT", value_name = "TTDP_BUILD_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    #[arg(long, env = env::BUILD_TIMEOUT, value_name = "TTDP_BUILD_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
     build_timeout: Duration,
     /// Directory for temporary build trees (default: the system temporary directory).
-    #[arg(long, env = "TTDP_BUILD_DIR", value_name = "TTDP_BUILD_DIR")]
+    #[arg(long, env = env::BUILD_DIR, value_name = "TTDP_BUILD_DIR")]
     build_dir: Option<PathBuf>,
     /// Kernel build tree passed to `make -C` instead of <host root>/lib/modules/<release>/build;
     /// `{release}` stands for the host's kernel release (e.g. /lib/modules/{release}/build when
     /// the pod mounts the host's /lib/modules and /usr/src at their own paths).
     #[arg(
         long,
-        env = "TTDP_KERNEL_BUILD_DIR",
+        env = env::KERNEL_BUILD_DIR,
         value_name = "TTDP_KERNEL_BUILD_DIR"
     )]
     kernel_build_dir: Option<PathBuf>,
     /// Extra `make` arguments, e.g. CC=x86_64-linux-gnu-gcc-12 (env: space-separated).
     #[arg(
         long = "make-arg",
-        env = "TTDP_MAKE_ARGS",
+        env = env::MAKE_ARGS,
         value_name = "TTDP_MAKE_ARGS",
         value_delimiter = ' '
     )]
     make_args: Vec<String>,
     /// With force unload: how long to wait for refcnt 0 after killing the holders.
-    #[arg(long, env = "TTDP_UNLOAD_WAIT", value_name = "TTDP_UNLOAD_WAIT", default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = env::UNLOAD_WAIT, value_name = "TTDP_UNLOAD_WAIT", default_value = "30s", value_parser = parse_duration)]
     unload_wait: Duration,
     /// How often labels and the report are rewritten even when unchanged.
-    #[arg(long, env = "TTDP_RESYNC_PERIOD", value_name = "TTDP_RESYNC_PERIOD", default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, env = env::RESYNC_PERIOD, value_name = "TTDP_RESYNC_PERIOD", default_value = "10m", value_parser = parse_duration)]
     resync_period: Duration,
 }
 

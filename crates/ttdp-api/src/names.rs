@@ -118,4 +118,34 @@ pub mod env {
     pub const KERNEL: &str = "TTDP_KERNEL";
     /// `json` or `text`.
     pub const LOG_FORMAT: &str = "TTDP_LOG_FORMAT";
+    /// Where the agent reports: `kube` (the default), `file:PATH` or `none`.
+    pub const REPORT: &str = "TTDP_REPORT";
+    /// The bundled tt-smi binary in the builder image (`none` skips tt-smi).
+    pub const TT_SMI_PATH: &str = "TTDP_TT_SMI_PATH";
+    /// The `.ko` cache directory as the agent sees it.
+    pub const CACHE_DIR: &str = "TTDP_CACHE_DIR";
+    /// How often the agent re-reads the module (the spec's 10 s).
+    pub const PROBE_PERIOD: &str = "TTDP_PROBE_PERIOD";
+    /// First back-off after a failure or while the device is held.
+    pub const RETRY_INITIAL: &str = "TTDP_RETRY_INITIAL";
+    /// Longest back-off.
+    pub const RETRY_MAX: &str = "TTDP_RETRY_MAX";
+    /// `make -j` job count for module builds.
+    pub const BUILD_JOBS: &str = "TTDP_BUILD_JOBS";
+    /// Deadline of the tt-kmd source fetch.
+    pub const FETCH_TIMEOUT: &str = "TTDP_FETCH_TIMEOUT";
+    /// Deadline of the module build.
+    pub const BUILD_TIMEOUT: &str = "TTDP_BUILD_TIMEOUT";
+    /// Scratch directory for fetched sources.
+    pub const BUILD_DIR: &str = "TTDP_BUILD_DIR";
+    /// The kernel build tree as the agent sees it; `{release}` stands for the kernel release
+    /// (e.g. `/lib/modules/{release}/build` when the host's `/lib/modules` and `/usr/src` are
+    /// mounted at their own paths, as Debian and Ubuntu headers need).
+    pub const KERNEL_BUILD_DIR: &str = "TTDP_KERNEL_BUILD_DIR";
+    /// Extra `make` arguments for module builds.
+    pub const MAKE_ARGS: &str = "TTDP_MAKE_ARGS";
+    /// With force unload: how long to wait for refcnt 0 after killing the holders.
+    pub const UNLOAD_WAIT: &str = "TTDP_UNLOAD_WAIT";
+    /// How often labels and the report are rewritten even when nothing changed.
+    pub const RESYNC_PERIOD: &str = "TTDP_RESYNC_PERIOD";
 }
