@@ -107,6 +107,11 @@ async fn nodes_hosts_and_heartbeats() {
     );
     assert!(!root(1).join("var/lib/dkms/tenstorrent").exists());
     assert!(cluster.node(&plain[0]).unwrap().host_root().is_none());
+    let node = |i: usize| cluster.node(&tt[i]).unwrap();
+    assert_eq!(node(0).loaded_version(), None);
+    assert_eq!(node(1).loaded_version().as_deref(), Some("2.1.0"));
+    assert_eq!(node(1).device_refcnt(), Some(0));
+    assert_eq!(cluster.node(&plain[0]).unwrap().device_refcnt(), None);
     let tags = std::process::Command::new("git")
         .arg("-C")
         .arg(cluster.kmd_repo().dir())

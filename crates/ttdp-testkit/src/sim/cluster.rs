@@ -38,7 +38,9 @@ use kube::{Client, Config, ResourceExt};
 use rand::Rng;
 use tracing::info;
 use ttdp_api::names::{env, labels};
-use ttdp_kmod::{BuildOptions, HostRoot, Kernel, SimHost, SimKernel, SimKmdRepo, build_module};
+use ttdp_kmod::{
+    BuildOptions, HostRoot, Kernel, MODULE_NAME, SimHost, SimKernel, SimKmdRepo, build_module,
+};
 
 use super::daemonset::DaemonSetController;
 use super::error::{SimError, is_conflict, is_not_found};
@@ -247,6 +249,24 @@ impl SimNode {
     /// The node's simulated kernel.
     pub fn kernel(&self) -> Option<SimKernel> {
         self.host.as_ref().map(SimHost::kernel)
+    }
+
+    /// The tt-kmd version loaded in the node's simulated kernel, if any.
+    pub fn loaded_version(&self) -> Option<String> {
+        self.module_file("version")
+    }
+
+    /// The module's reference count (open device descriptors), if it is loaded.
+    pub fn device_refcnt(&self) -> Option<u32> {
+        self.module_file("refcnt")?.parse().ok()
+    }
+
+    fn module_file(&self, file: &str) -> Option<String> {
+        let host = self.host.as_ref()?;
+        let path = host
+            .host()
+            .path(format!("/sys/module/{MODULE_NAME}/{file}"));
+        Some(std::fs::read_to_string(path).ok()?.trim().to_owned())
     }
 }
 
