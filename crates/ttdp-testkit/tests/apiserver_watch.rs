@@ -131,13 +131,28 @@ async fn bookmarks_carry_the_current_resource_version() {
         .create(&PostParams::default(), &node("n2", json!({})))
         .await
         .unwrap();
-    assert!(matches!(next(&mut stream).await, WatchEvent::Added(_)));
-    match next(&mut stream).await {
-        WatchEvent::Bookmark(b) => assert_eq!(
-            Some(b.metadata.resource_version),
-            created.metadata.resource_version
-        ),
-        other => panic!("expected BOOKMARK, got {other:?}"),
+    let created_rv = created.metadata.resource_version.unwrap();
+    // Bookmarks may arrive at any time; the first one after ADDED n2 carries n2's version.
+    let mut saw_added = false;
+    loop {
+        match next(&mut stream).await {
+            WatchEvent::Added(n) => {
+                assert_eq!(n.metadata.name.as_deref(), Some("n2"));
+                saw_added = true;
+            }
+            WatchEvent::Bookmark(b) if saw_added => {
+                assert_eq!(b.metadata.resource_version, created_rv);
+                return;
+            }
+            WatchEvent::Bookmark(b) => {
+                let rv: u64 = b.metadata.resource_version.parse().unwrap();
+                assert!(
+                    rv < created_rv.parse::<u64>().unwrap(),
+                    "a bookmark never runs ahead of delivered events"
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }
 
