@@ -54,8 +54,11 @@ pub fn run(args: &[String]) -> Result<()> {
 
 /// Whether `flag` was given, as `--flag VALUE` or `--flag=VALUE`.
 fn has_flag(args: &[String], flag: &str) -> bool {
-    args.iter()
-        .any(|a| a == flag || a.strip_prefix(flag).is_some_and(|rest| rest.starts_with('=')))
+    args.iter().any(|a| {
+        a == flag
+            || a.strip_prefix(flag)
+                .is_some_and(|rest| rest.starts_with('='))
+    })
 }
 
 /// The repository root (the parent of the xtask crate).
@@ -82,7 +85,9 @@ mod tests {
 
     #[test]
     fn flags_are_found_in_both_spellings() {
-        let args: Vec<String> = ["--nodes", "4", "--kubeconfig=/tmp/k"].map(String::from).to_vec();
+        let args: Vec<String> = ["--nodes", "4", "--kubeconfig=/tmp/k"]
+            .map(String::from)
+            .to_vec();
         assert!(has_flag(&args, "--kubeconfig"));
         assert!(has_flag(&args, "--nodes"));
         assert!(!has_flag(&args, "--log-dir"));

@@ -44,7 +44,12 @@ fn wait_bounded(mut child: std::process::Child, limit: Duration) -> (Output, boo
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    (child.wait_with_output().expect("collecting a child's output"), finished)
+    (
+        child
+            .wait_with_output()
+            .expect("collecting a child's output"),
+        finished,
+    )
 }
 
 /// The other binaries the demo drives, built when missing.
@@ -74,7 +79,11 @@ fn other_binaries() -> Vec<PathBuf> {
         String::from_utf8_lossy(&output.stderr)
     );
     for path in &paths {
-        assert!(path.is_file(), "{} is still missing after building the workspace", path.display());
+        assert!(
+            path.is_file(),
+            "{} is still missing after building the workspace",
+            path.display()
+        );
     }
     paths
 }
@@ -100,7 +109,16 @@ fn the_demo_installs_then_upgrades_a_small_fleet_node_by_node() {
         .arg(&binaries[1])
         .arg("--plugin")
         .arg(&binaries[2])
-        .args(["--nodes", "4", "--plain-nodes", "1", "--speed", "0.05", "--max-unavailable", "1"])
+        .args([
+            "--nodes",
+            "4",
+            "--plain-nodes",
+            "1",
+            "--speed",
+            "0.05",
+            "--max-unavailable",
+            "1",
+        ])
         .args(["--exit-after-rollout", "--plain", "--timeout", DEMO_TIMEOUT])
         .arg("--report")
         .arg(&report_path)
@@ -116,16 +134,32 @@ fn the_demo_installs_then_upgrades_a_small_fleet_node_by_node() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     let context = format!("--- stdout\n{stdout}\n--- stderr\n{stderr}");
-    assert!(finished, "the demo did not exit within {PROCESS_TIMEOUT:?}\n{context}");
-    assert!(output.status.success(), "the demo failed ({})\n{context}", output.status);
+    assert!(
+        finished,
+        "the demo did not exit within {PROCESS_TIMEOUT:?}\n{context}"
+    );
+    assert!(
+        output.status.success(),
+        "the demo failed ({})\n{context}",
+        output.status
+    );
 
-    let report: Value = serde_json::from_slice(&std::fs::read(&report_path).expect("the demo writes its report"))
-        .expect("the report is JSON");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(&report_path).expect("the demo writes its report"))
+            .expect("the report is JSON");
     assert_eq!(report["success"], true, "{report:#}");
-    assert_eq!(report["problems"].as_array().map(Vec::len), Some(0), "{report:#}");
+    assert_eq!(
+        report["problems"].as_array().map(Vec::len),
+        Some(0),
+        "{report:#}"
+    );
 
     let managed = nodes_of_kind(&report, "tenstorrent");
-    assert_eq!(managed.len(), 3, "4 Tenstorrent nodes, the last host-managed: {report:#}");
+    assert_eq!(
+        managed.len(),
+        3,
+        "4 Tenstorrent nodes, the last host-managed: {report:#}"
+    );
     for node in &managed {
         assert_eq!(node["state"], "Done", "{node:#}");
         assert_eq!(node["statusVersion"], "2.8.0", "{node:#}");
@@ -136,20 +170,41 @@ fn the_demo_installs_then_upgrades_a_small_fleet_node_by_node() {
     assert_eq!(host.len(), 1, "{report:#}");
     assert_eq!(host[0]["state"], "HostManaged", "{:#}", host[0]);
     assert_eq!(host[0]["installModeLabel"], "host", "{:#}", host[0]);
-    assert_eq!(host[0]["kmdVersionLabel"], "2.6.1", "the DKMS driver stays: {:#}", host[0]);
+    assert_eq!(
+        host[0]["kmdVersionLabel"], "2.6.1",
+        "the DKMS driver stays: {:#}",
+        host[0]
+    );
     let plain = nodes_of_kind(&report, "plain");
     assert_eq!(plain.len(), 1, "{report:#}");
-    assert!(plain[0]["state"].is_null(), "a plain node is not in the policy: {:#}", plain[0]);
-    assert!(plain[0]["kmdVersionLabel"].is_null() && plain[0]["installModeLabel"].is_null(), "{:#}", plain[0]);
+    assert!(
+        plain[0]["state"].is_null(),
+        "a plain node is not in the policy: {:#}",
+        plain[0]
+    );
+    assert!(
+        plain[0]["kmdVersionLabel"].is_null() && plain[0]["installModeLabel"].is_null(),
+        "{:#}",
+        plain[0]
+    );
     for node in report["nodes"].as_array().unwrap() {
-        assert_eq!(node["cordoned"], false, "no node is left cordoned: {node:#}");
+        assert_eq!(
+            node["cordoned"], false,
+            "no node is left cordoned: {node:#}"
+        );
         assert!(node["cordonedBy"].is_null(), "{node:#}");
     }
     for workload in report["workloads"].as_array().unwrap() {
-        assert_ne!(workload["running"], workload["expectedEvicted"], "{workload:#}");
+        assert_ne!(
+            workload["running"], workload["expectedEvicted"],
+            "{workload:#}"
+        );
     }
     assert!(
-        report["upgrade"]["perNode"].as_object().map(serde_json::Map::len) == Some(3),
+        report["upgrade"]["perNode"]
+            .as_object()
+            .map(serde_json::Map::len)
+            == Some(3),
         "each managed node went through the upgrade: {report:#}"
     );
     assert!(
@@ -158,7 +213,16 @@ fn the_demo_installs_then_upgrades_a_small_fleet_node_by_node() {
     );
 
     // What the user sees: transitions node by node, the plugin's table, the timings.
-    assert!(stdout.contains("Draining"), "the upgrade drains nodes\n{context}");
-    assert!(stdout.contains("NODE") && stdout.contains("STATE"), "the plugin's table is shown\n{context}");
-    assert!(stdout.contains("Timings") && stdout.contains("total"), "timings are printed\n{context}");
+    assert!(
+        stdout.contains("Draining"),
+        "the upgrade drains nodes\n{context}"
+    );
+    assert!(
+        stdout.contains("NODE") && stdout.contains("STATE"),
+        "the plugin's table is shown\n{context}"
+    );
+    assert!(
+        stdout.contains("Timings") && stdout.contains("total"),
+        "timings are printed\n{context}"
+    );
 }

@@ -82,7 +82,9 @@ fn parse_version(text: &str) -> Result<String, String> {
     if parts.len() == 3 && parts.iter().all(numeric) {
         Ok(text.to_owned())
     } else {
-        Err(format!("{text:?} is not a tt-kmd version; write MAJOR.MINOR.PATCH, e.g. 2.8.0"))
+        Err(format!(
+            "{text:?} is not a tt-kmd version; write MAJOR.MINOR.PATCH, e.g. 2.8.0"
+        ))
     }
 }
 
@@ -94,7 +96,9 @@ fn parse_max_unavailable(text: &str) -> Result<String, String> {
     };
     match number.parse::<u32>() {
         Ok(n) if n >= 1 && (!percent || n <= 100) => Ok(text.to_owned()),
-        _ => Err(format!("{text:?} is not a maxUnavailable; write a number like 2 or a percentage like 25%")),
+        _ => Err(format!(
+            "{text:?} is not a maxUnavailable; write a number like 2 or a percentage like 25%"
+        )),
     }
 }
 
@@ -102,7 +106,9 @@ fn parse_max_unavailable(text: &str) -> Result<String, String> {
 fn parse_speed(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(f) if f.is_finite() && f > 0.0 && f <= 10.0 => Ok(f),
-        _ => Err(format!("{text:?} is not a speed; write a factor like 0.2 (five times faster than real time)")),
+        _ => Err(format!(
+            "{text:?} is not a speed; write a factor like 0.2 (five times faster than real time)"
+        )),
     }
 }
 
@@ -120,7 +126,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "ms" => value / 1000.0,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        _ => return Err(format!("{text:?} has an unknown unit {unit:?}; use ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "{text:?} has an unknown unit {unit:?}; use ms, s, m or h"
+            ));
+        }
     };
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?} is out of range: {e}"))
 }

@@ -49,21 +49,34 @@ impl ControllerProcess {
     /// Starts the controller in its own process group, so a Ctrl-C in the terminal reaches the
     /// demo only and the demo stops the controller in order.
     pub fn start(config: &ControllerConfig) -> Result<Self> {
-        let log = std::fs::File::create(&config.log_file)
-            .with_context(|| format!("cannot create the controller log {}", config.log_file.display()))?;
-        let err = log
-            .try_clone()
-            .with_context(|| format!("cannot reopen the controller log {}", config.log_file.display()))?;
+        let log = std::fs::File::create(&config.log_file).with_context(|| {
+            format!(
+                "cannot create the controller log {}",
+                config.log_file.display()
+            )
+        })?;
+        let err = log.try_clone().with_context(|| {
+            format!(
+                "cannot reopen the controller log {}",
+                config.log_file.display()
+            )
+        })?;
         let mut command = Command::new(&config.binary);
         command
             .env("KUBECONFIG", &config.kubeconfig)
             .env("NO_COLOR", "1")
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
+            )
             .arg(format!("--namespace={}", config.namespace))
             .arg(format!("--default-image={}", config.installer_image))
             .arg(format!("--kmd-repository={}", config.kmd_repository))
             .arg(format!("--tt-smi-version={}", config.tt_smi_version))
-            .arg(format!("--retry-base-seconds={}", config.retry_base_seconds))
+            .arg(format!(
+                "--retry-base-seconds={}",
+                config.retry_base_seconds
+            ))
             .arg(format!("--retry-max-seconds={}", config.retry_max_seconds))
             // One replica: no Lease to wait for. No admin server: nothing scrapes it here.
             .arg("--leader-election=false")
@@ -85,7 +98,10 @@ impl ControllerProcess {
 
     /// The controller's exit status if it has stopped.
     pub fn exited(&self) -> Option<ExitStatus> {
-        let mut child = self.child.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut child = self
+            .child
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         child.try_wait().ok().flatten()
     }
 
@@ -99,11 +115,17 @@ impl ControllerProcess {
         if self.exited().is_some() {
             return;
         }
-        let mut child = self.child.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut child = self
+            .child
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
         }
-        if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_err() {
+        if tokio::time::timeout(STOP_GRACE, child.wait())
+            .await
+            .is_err()
+        {
             let _ = child.kill().await;
         }
     }

@@ -117,7 +117,11 @@ pub async fn inspect(
             status_version: entry.and_then(|n| n.current_version.clone()),
             kmd_version_label: label(labels::KMD_VERSION),
             install_mode_label: label(labels::INSTALL_MODE),
-            cordoned: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+            cordoned: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
             cordoned_by: node.annotations().get(annotations::CORDONED_BY).cloned(),
             deploy_gate: label(DEFAULT_DEPLOY_GATE),
         };
@@ -139,10 +143,16 @@ pub async fn inspect(
         let running = present.contains(&workload.name);
         let expected_evicted = placement == Placement::Drained;
         if expected_evicted && running {
-            problems.push(format!("workload {} on {} was not evicted by the drain", workload.name, workload.node));
+            problems.push(format!(
+                "workload {} on {} was not evicted by the drain",
+                workload.name, workload.node
+            ));
         }
         if !expected_evicted && !running {
-            problems.push(format!("workload {} on {} was evicted but that node is not upgraded by ttdp", workload.name, workload.node));
+            problems.push(format!(
+                "workload {} on {} was evicted but that node is not upgraded by ttdp",
+                workload.name, workload.node
+            ));
         }
         workloads.push(WorkloadOutcome {
             name: workload.name.clone(),
@@ -161,17 +171,26 @@ fn node_problems(node: &NodeOutcome, to: &str) -> Vec<String> {
         problems.push(format!("node {name} is still cordoned"));
     }
     if let Some(owner) = &node.cordoned_by {
-        problems.push(format!("node {name} still carries the cordoned-by annotation ({owner})"));
+        problems.push(format!(
+            "node {name} still carries the cordoned-by annotation ({owner})"
+        ));
     }
     if node.deploy_gate.is_some() {
-        problems.push(format!("node {name} still carries the deploy gate {DEFAULT_DEPLOY_GATE}"));
+        problems.push(format!(
+            "node {name} still carries the deploy gate {DEFAULT_DEPLOY_GATE}"
+        ));
     }
     match node.kind.as_str() {
         "tenstorrent" => {
             if node.state.as_deref() != Some(NodeState::Done.as_str()) {
-                problems.push(format!("node {name} is {} instead of Done", node.state.as_deref().unwrap_or("not listed")));
+                problems.push(format!(
+                    "node {name} is {} instead of Done",
+                    node.state.as_deref().unwrap_or("not listed")
+                ));
             }
-            if node.status_version.as_deref() != Some(to) || node.kmd_version_label.as_deref() != Some(to) {
+            if node.status_version.as_deref() != Some(to)
+                || node.kmd_version_label.as_deref() != Some(to)
+            {
                 problems.push(format!(
                     "node {name} reports {} (status) and {} (label) instead of {to}",
                     node.status_version.as_deref().unwrap_or("nothing"),

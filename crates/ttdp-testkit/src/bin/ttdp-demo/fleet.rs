@@ -59,12 +59,15 @@ impl Fleet {
 
     /// The host-managed node, if any.
     pub fn host_managed_node(&self) -> Option<String> {
-        self.has_host_managed().then(|| tenstorrent_name(self.tenstorrent - 1))
+        self.has_host_managed()
+            .then(|| tenstorrent_name(self.tenstorrent - 1))
     }
 
     /// Plain nodes' names.
     pub fn plain_nodes(&self) -> Vec<String> {
-        (0..self.plain).map(|i| format!("{PREFIX}-cpu-{i}")).collect()
+        (0..self.plain)
+            .map(|i| format!("{PREFIX}-cpu-{i}"))
+            .collect()
     }
 
     /// The simulated cluster's nodes (the caller adds images, speed and environment).
@@ -73,7 +76,8 @@ impl Fleet {
             .name_prefix(PREFIX)
             .plain_nodes(self.plain);
         for name in self.container_nodes() {
-            options = options.node(TenstorrentNode::new().label("tt.tenstorrent.com/pool", pool_of(&name)));
+            options = options
+                .node(TenstorrentNode::new().label("tt.tenstorrent.com/pool", pool_of(&name)));
         }
         if self.has_host_managed() {
             options = options.node(
@@ -143,8 +147,16 @@ fn tenstorrent_name(i: usize) -> String {
 
 /// Container nodes are split into two pools by label, only to show labels in the views.
 fn pool_of(name: &str) -> &'static str {
-    let index: usize = name.rsplit('-').next().and_then(|i| i.parse().ok()).unwrap_or(0);
-    if index.is_multiple_of(2) { "prod" } else { "batch" }
+    let index: usize = name
+        .rsplit('-')
+        .next()
+        .and_then(|i| i.parse().ok())
+        .unwrap_or(0);
+    if index.is_multiple_of(2) {
+        "prod"
+    } else {
+        "batch"
+    }
 }
 
 #[cfg(test)]
@@ -153,18 +165,32 @@ mod tests {
 
     #[test]
     fn the_last_tenstorrent_node_is_host_managed_and_gets_no_drained_workload() {
-        let fleet = Fleet { tenstorrent: 4, plain: 1 };
-        assert_eq!(fleet.container_nodes(), ["demo-tt-0", "demo-tt-1", "demo-tt-2"]);
+        let fleet = Fleet {
+            tenstorrent: 4,
+            plain: 1,
+        };
+        assert_eq!(
+            fleet.container_nodes(),
+            ["demo-tt-0", "demo-tt-1", "demo-tt-2"]
+        );
         assert_eq!(fleet.host_managed_node().as_deref(), Some("demo-tt-3"));
         for (workload, placement) in fleet.workloads() {
             let upgraded = fleet.container_nodes().contains(&workload.node);
-            assert_eq!(placement == Placement::Drained, upgraded, "{}", workload.name);
+            assert_eq!(
+                placement == Placement::Drained,
+                upgraded,
+                "{}",
+                workload.name
+            );
         }
     }
 
     #[test]
     fn a_single_node_fleet_has_no_host_managed_node() {
-        let fleet = Fleet { tenstorrent: 1, plain: 0 };
+        let fleet = Fleet {
+            tenstorrent: 1,
+            plain: 0,
+        };
         assert_eq!(fleet.container_nodes(), ["demo-tt-0"]);
         assert!(fleet.host_managed_node().is_none());
         assert_eq!(fleet.workloads().len(), 1);

@@ -14,21 +14,40 @@ pub fn installed_kubectl() -> Option<PathBuf> {
 }
 
 /// The block of example commands for the cluster behind `kubeconfig`.
-pub fn render(kubeconfig: &Path, plugin: &Path, policy: &str, from: &str, kubectl: Option<&Path>) -> String {
+pub fn render(
+    kubeconfig: &Path,
+    plugin: &Path,
+    policy: &str,
+    from: &str,
+    kubectl: Option<&Path>,
+) -> String {
     let mut out = String::new();
     let plugin_dir = plugin.parent().unwrap_or(Path::new("."));
-    let _ = writeln!(out, "The simulated cluster keeps running until Ctrl-C. In another terminal:");
+    let _ = writeln!(
+        out,
+        "The simulated cluster keeps running until Ctrl-C. In another terminal:"
+    );
     let _ = writeln!(out);
     let _ = writeln!(out, "  export KUBECONFIG={}", kubeconfig.display());
     match kubectl {
         Some(kubectl) => {
             let k = kubectl.display();
-            let _ = writeln!(out, "  export PATH={}:$PATH   # kubectl finds the kubectl-tt-driver plugin there", plugin_dir.display());
+            let _ = writeln!(
+                out,
+                "  export PATH={}:$PATH   # kubectl finds the kubectl-tt-driver plugin there",
+                plugin_dir.display()
+            );
             let _ = writeln!(out, "  {k} get ttdp");
             let _ = writeln!(out, "  {k} tt driver nodes {policy}");
             let _ = writeln!(out, "  {k} tt driver describe {policy}");
-            let _ = writeln!(out, "  {k} get nodes -L driver.tenstorrent.com/kmd-version,driver.tenstorrent.com/install-mode");
-            let _ = writeln!(out, "  {k} get ttdp {policy} -o jsonpath='{{.status.nodes}}'");
+            let _ = writeln!(
+                out,
+                "  {k} get nodes -L driver.tenstorrent.com/kmd-version,driver.tenstorrent.com/install-mode"
+            );
+            let _ = writeln!(
+                out,
+                "  {k} get ttdp {policy} -o jsonpath='{{.status.nodes}}'"
+            );
             let _ = writeln!(
                 out,
                 "  {k} patch ttdp {policy} --type merge -p '{{\"spec\":{{\"version\":\"{from}\"}}}}'   # downgrade, then:"
@@ -37,7 +56,10 @@ pub fn render(kubeconfig: &Path, plugin: &Path, policy: &str, from: &str, kubect
         }
         None => {
             let p = plugin.display();
-            let _ = writeln!(out, "  {p} nodes {policy}        # kubectl tt driver nodes {policy}");
+            let _ = writeln!(
+                out,
+                "  {p} nodes {policy}        # kubectl tt driver nodes {policy}"
+            );
             let _ = writeln!(out, "  {p} describe {policy}");
             let _ = writeln!(out, "  {p} watch");
             let _ = writeln!(out);
@@ -47,7 +69,10 @@ pub fn render(kubeconfig: &Path, plugin: &Path, policy: &str, from: &str, kubect
                 KUBE_TOOLS_KUBECTL.trim_end_matches("/kubectl"),
                 plugin_dir.display()
             );
-            let _ = writeln!(out, "  `kubectl get ttdp` and `kubectl tt driver nodes {policy}`.");
+            let _ = writeln!(
+                out,
+                "  `kubectl get ttdp` and `kubectl tt driver nodes {policy}`."
+            );
         }
     }
     out
@@ -69,7 +94,13 @@ mod tests {
         assert!(text.contains("export KUBECONFIG=/tmp/k/kubeconfig"));
         assert!(text.contains("export PATH=/t/debug:$PATH"));
         assert!(text.contains("/h/.local/ttdp-tools/bin/kubectl tt driver nodes default"));
-        let without = render(Path::new("/k"), Path::new("/t/debug/kubectl-tt-driver"), "default", "2.7.0", None);
+        let without = render(
+            Path::new("/k"),
+            Path::new("/t/debug/kubectl-tt-driver"),
+            "default",
+            "2.7.0",
+            None,
+        );
         assert!(without.contains("/t/debug/kubectl-tt-driver nodes default"));
         assert!(without.contains(".ci/kube-tools"));
     }

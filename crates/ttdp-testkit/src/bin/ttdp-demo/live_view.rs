@@ -82,7 +82,10 @@ impl LiveView {
                 String::from_utf8_lossy(&output.stderr).trim()
             ),
             Ok(Err(e)) => println!("(kubectl tt driver failed: {e})"),
-            Err(_) => println!("(kubectl tt driver did not answer within {} s)", PLUGIN_TIMEOUT.as_secs()),
+            Err(_) => println!(
+                "(kubectl tt driver did not answer within {} s)",
+                PLUGIN_TIMEOUT.as_secs()
+            ),
         }
     }
 }

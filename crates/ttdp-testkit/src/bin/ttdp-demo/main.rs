@@ -40,7 +40,10 @@ fn main() -> ExitCode {
             ExitCode::from(130)
         }
         Ok(Ending::Failure(problems)) => {
-            let first = problems.first().and_then(|p| p.lines().next()).unwrap_or("unknown problem");
+            let first = problems
+                .first()
+                .and_then(|p| p.lines().next())
+                .unwrap_or("unknown problem");
             eprintln!("ttdp-demo: the demo failed: {first} (details above)");
             ExitCode::FAILURE
         }
@@ -61,7 +64,8 @@ fn run(args: DemoArgs) -> Result<Ending> {
         Some(dir) => dir.clone(),
         None => std::env::temp_dir().join(format!("ttdp-demo-{}", std::process::id())),
     };
-    std::fs::create_dir_all(&log_dir).with_context(|| format!("cannot create the log directory {}", log_dir.display()))?;
+    std::fs::create_dir_all(&log_dir)
+        .with_context(|| format!("cannot create the log directory {}", log_dir.display()))?;
     init_tracing(&log_dir.join("demo.log"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -72,7 +76,8 @@ fn run(args: DemoArgs) -> Result<Ending> {
 
 /// The demo's own logs (and the simulation's) go to a file: the terminal shows the rollout.
 fn init_tracing(path: &Path) -> Result<()> {
-    let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
@@ -82,4 +87,3 @@ fn init_tracing(path: &Path) -> Result<()> {
         .init();
     Ok(())
 }
-

@@ -62,7 +62,10 @@ impl RolloutTracker {
         let name = name.to_owned();
         let shared = Arc::clone(&seen);
         let task = tokio::spawn(async move {
-            let mut stream = watcher(api, config).default_backoff().applied_objects().boxed();
+            let mut stream = watcher(api, config)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
             while let Some(item) = stream.next().await {
                 let Ok(policy) = item else { continue };
                 if policy.name_any() != name {
@@ -72,7 +75,11 @@ impl RolloutTracker {
                 tx.send_modify(|n| *n += 1);
             }
         });
-        Self { seen, changed, task }
+        Self {
+            seen,
+            changed,
+            task,
+        }
     }
 
     /// A receiver that changes whenever the policy does.
@@ -93,12 +100,16 @@ impl RolloutTracker {
     /// Transitions from index `from` on.
     pub fn transitions_since(&self, from: usize) -> Vec<Transition> {
         let seen = lock(&self.seen);
-        seen.transitions.get(from..).map(<[Transition]>::to_vec).unwrap_or_default()
+        seen.transitions
+            .get(from..)
+            .map(<[Transition]>::to_vec)
+            .unwrap_or_default()
     }
 }
 
 fn lock(seen: &Mutex<Seen>) -> MutexGuard<'_, Seen> {
-    seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    seen.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Duration) {
@@ -151,7 +162,11 @@ pub fn is_ready(policy: &TenstorrentDriverPolicy, expected_nodes: usize) -> bool
     let summary_settled = status.summary.as_ref().is_none_or(|s| {
         s.up_to_date + s.host_managed == s.matched && s.in_progress == 0 && s.pending == 0
     });
-    let counted = status.nodes.len() + status.summary.as_ref().map_or(0, |s| usize::try_from(s.nodes_omitted).unwrap_or(0));
+    let counted = status.nodes.len()
+        + status
+            .summary
+            .as_ref()
+            .map_or(0, |s| usize::try_from(s.nodes_omitted).unwrap_or(0));
     ready && settled && summary_settled && counted >= expected_nodes
 }
 

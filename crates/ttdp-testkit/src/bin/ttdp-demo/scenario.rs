@@ -146,16 +146,30 @@ impl Demo {
             log_file: self.log_dir.join("controller.log"),
         };
         self.controller = Some(ControllerProcess::start(&config)?);
-        self.tracker = Some(RolloutTracker::start(self.client.clone(), POLICY, self.epoch));
-        self.phases.push(phase("install the CRD, start the controller", step));
+        self.tracker = Some(RolloutTracker::start(
+            self.client.clone(),
+            POLICY,
+            self.epoch,
+        ));
+        self.phases
+            .push(phase("install the CRD, start the controller", step));
 
         let deadline = Instant::now() + self.args.timeout;
         let step = Instant::now();
-        print_step(&format!("applying TenstorrentDriverPolicy {POLICY} at tt-kmd {} (fresh install)", self.args.from));
+        print_step(&format!(
+            "applying TenstorrentDriverPolicy {POLICY} at tt-kmd {} (fresh install)",
+            self.args.from
+        ));
         self.apply_policy().await?;
         let title = format!("fresh install of tt-kmd {}", self.args.from);
         self.follow(&title, deadline).await?;
-        self.phases.push(phase(&format!("fresh install of {} on {} nodes", self.args.from, self.fleet.tenstorrent), step));
+        self.phases.push(phase(
+            &format!(
+                "fresh install of {} on {} nodes",
+                self.args.from, self.fleet.tenstorrent
+            ),
+            step,
+        ));
 
         let step = Instant::now();
         print_step("placing workloads that hold /dev/tenstorrent, and a PodDisruptionBudget");
@@ -171,7 +185,13 @@ impl Demo {
         self.bump_policy().await?;
         let title = format!("upgrade {} → {}", self.args.from, self.args.to);
         self.follow(&title, deadline).await?;
-        self.phases.push(phase(&format!("upgrade {} → {} (drain, swap, uncordon)", self.args.from, self.args.to), step));
+        self.phases.push(phase(
+            &format!(
+                "upgrade {} → {} (drain, swap, uncordon)",
+                self.args.from, self.args.to
+            ),
+            step,
+        ));
         Ok(())
     }
 
@@ -206,17 +226,24 @@ impl Demo {
         let patch = json!({ "spec": { "version": self.args.to } });
         api.patch(POLICY, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .with_context(|| format!("cannot patch TenstorrentDriverPolicy {POLICY} to {}", self.args.to))?;
+            .with_context(|| {
+                format!(
+                    "cannot patch TenstorrentDriverPolicy {POLICY} to {}",
+                    self.args.to
+                )
+            })?;
         Ok(())
     }
 
     async fn place_workloads(&self) -> Result<()> {
         let workloads = self.fleet.workloads();
         for (workload, _) in &workloads {
-            self.cluster
-                .add_workload(workload)
-                .await
-                .with_context(|| format!("cannot place workload {} on {}", workload.name, workload.node))?;
+            self.cluster.add_workload(workload).await.with_context(|| {
+                format!(
+                    "cannot place workload {} on {}",
+                    workload.name, workload.node
+                )
+            })?;
         }
         self.cluster
             .add_disruption_budget(
@@ -238,7 +265,12 @@ impl Demo {
         })
         .await?;
         for (workload, _) in &workloads {
-            println!("  {:<12} on {:<12} {}", workload.name, workload.node, describe_device(workload));
+            println!(
+                "  {:<12} on {:<12} {}",
+                workload.name,
+                workload.node,
+                describe_device(workload)
+            );
         }
         Ok(())
     }
@@ -266,12 +298,16 @@ impl Demo {
                     "{title}: Ready"
                 );
                 if self.redraw {
-                    view.redraw_frame(&self.header(title, started, policy), &tracker.transitions()).await;
+                    view.redraw_frame(&self.header(title, started, policy), &tracker.transitions())
+                        .await;
                 } else {
                     self.print_new_transitions(tracker, &mut printed);
                     view.print_table(&format!("{title}: Ready")).await;
                 }
-                println!("\n{title}: Ready after {:.1} s", started.elapsed().as_secs_f64());
+                println!(
+                    "\n{title}: Ready after {:.1} s",
+                    started.elapsed().as_secs_f64()
+                );
                 return Ok(());
             }
             self.check_controller_alive()?;
@@ -295,7 +331,8 @@ impl Demo {
                     (dirty && t.elapsed() >= REDRAW_EVERY) || t.elapsed() >= REDRAW_AT_LEAST
                 });
                 if due && let Some(policy) = &policy {
-                    view.redraw_frame(&self.header(title, started, policy), &tracker.transitions()).await;
+                    view.redraw_frame(&self.header(title, started, policy), &tracker.transitions())
+                        .await;
                     last_draw = Some(Instant::now());
                     dirty = false;
                 }
@@ -383,7 +420,11 @@ impl Demo {
             ));
         }
         let interrupted = matches!(ending, Ending::Interrupted);
-        let transitions = self.tracker.as_ref().map(RolloutTracker::transitions).unwrap_or_default();
+        let transitions = self
+            .tracker
+            .as_ref()
+            .map(RolloutTracker::transitions)
+            .unwrap_or_default();
         let upgrade = self
             .upgrade_started
             .map(|since| RolloutTimes::from_transitions(&transitions, since))
@@ -420,7 +461,9 @@ impl Demo {
                     }
                     Err(e) => problems.push(format!("cannot read the cluster's final state: {e}")),
                 },
-                None if problems.is_empty() => problems.push(format!("TenstorrentDriverPolicy {POLICY} was never seen")),
+                None if problems.is_empty() => {
+                    problems.push(format!("TenstorrentDriverPolicy {POLICY} was never seen"))
+                }
                 None => {}
             }
         }
@@ -435,12 +478,16 @@ impl Demo {
                 self.args.to
             );
             if let Some(node) = self.fleet.host_managed_node() {
-                println!("  {node} is HostManaged and kept its DKMS driver; its device workload still runs");
+                println!(
+                    "  {node} is HostManaged and kept its DKMS driver; its device workload still runs"
+                );
             }
             if self.fleet.plain > 0 {
                 println!("  plain nodes carry no driver label and their workloads still run");
             }
-            println!("  no node is left cordoned or with a deploy gate; drained workloads were evicted");
+            println!(
+                "  no node is left cordoned or with a deploy gate; drained workloads were evicted"
+            );
         } else if !interrupted {
             println!("The demo FAILED:");
             for problem in &problems {
@@ -449,7 +496,10 @@ impl Demo {
             self.print_failure_logs().await;
         }
         println!();
-        print!("{}", timings::render(&self.phases, &upgrade, &self.args.max_unavailable));
+        print!(
+            "{}",
+            timings::render(&self.phases, &upgrade, &self.args.max_unavailable)
+        );
         flush();
         if let Some(path) = &self.args.report {
             match serde_json::to_vec_pretty(&outcome) {
@@ -474,7 +524,10 @@ impl Demo {
                     hints::installed_kubectl().as_deref()
                 )
             );
-            println!("\n  controller log: {}", self.log_dir.join("controller.log").display());
+            println!(
+                "\n  controller log: {}",
+                self.log_dir.join("controller.log").display()
+            );
             println!("  agent logs:     {}", self.cluster.log_dir().display());
             flush();
             shutdown_signal().await;
@@ -502,7 +555,10 @@ impl Demo {
     /// The last lines of the controller's log and of the agents on nodes that did not finish.
     async fn print_failure_logs(&self) {
         let controller_log = self.log_dir.join("controller.log");
-        println!("\nlast lines of the controller log ({}):", controller_log.display());
+        println!(
+            "\nlast lines of the controller log ({}):",
+            controller_log.display()
+        );
         println!("{}", indent(&log_tail(&controller_log, 20)));
         let Some(policy) = self.tracker.as_ref().and_then(RolloutTracker::policy) else {
             return;
@@ -517,7 +573,11 @@ impl Demo {
             .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
             .collect();
         for pod in list.items {
-            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+            let node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
             if !stuck.contains(&node) {
                 continue;
             }
@@ -527,7 +587,11 @@ impl Demo {
                 pod.name_any(),
                 ttdp_api::names::AGENT_CONTAINER
             ));
-            println!("\nlast lines of agent {} on {node} ({}):", pod.name_any(), file.display());
+            println!(
+                "\nlast lines of agent {} on {node} ({}):",
+                pod.name_any(),
+                file.display()
+            );
             println!("{}", indent(&log_tail(&file, 10)));
         }
     }
@@ -572,8 +636,11 @@ async fn start_cluster(args: &DemoArgs, fleet: &Fleet, log_dir: &Path) -> Result
 /// A stand-in for the tt-smi binary the agent image bundles; the agent copies it to each host.
 fn write_fake_tt_smi(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::write(path, "#!/bin/sh\necho \"tt-smi 3.0.0 (simulated by the ttdp demo)\"\n")
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    std::fs::write(
+        path,
+        "#!/bin/sh\necho \"tt-smi 3.0.0 (simulated by the ttdp demo)\"\n",
+    )
+    .with_context(|| format!("cannot write {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
         .with_context(|| format!("cannot make {} executable", path.display()))
 }
@@ -584,7 +651,8 @@ fn publish_kubeconfig(cluster: &SimCluster, copy_to: Option<&Path>) -> Result<Pa
     match copy_to {
         Some(path) => {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
             }
             std::fs::copy(source, path)
                 .with_context(|| format!("cannot copy the kubeconfig to {}", path.display()))?;
@@ -600,10 +668,14 @@ async fn install_crd(client: &Client) -> Result<()> {
         .await
         .context("cannot create the TenstorrentDriverPolicy CRD")?;
     let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
-    eventually("the TenstorrentDriverPolicy CRD to be served", SETUP_WAIT, || {
-        let policies = policies.clone();
-        async move { policies.list(&ListParams::default()).await.ok().map(|_| ()) }
-    })
+    eventually(
+        "the TenstorrentDriverPolicy CRD to be served",
+        SETUP_WAIT,
+        || {
+            let policies = policies.clone();
+            async move { policies.list(&ListParams::default()).await.ok().map(|_| ()) }
+        },
+    )
     .await?;
     Ok(())
 }
@@ -619,7 +691,11 @@ async fn create_operator_namespace(client: &Client) -> Result<()> {
         ..Namespace::default()
     };
     namespaces
-        .patch(DEFAULT_NAMESPACE, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&namespace))
+        .patch(
+            DEFAULT_NAMESPACE,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&namespace),
+        )
         .await
         .with_context(|| format!("cannot create namespace {DEFAULT_NAMESPACE}"))?;
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), DEFAULT_NAMESPACE);
@@ -632,9 +708,15 @@ async fn create_operator_namespace(client: &Client) -> Result<()> {
         ..ServiceAccount::default()
     };
     accounts
-        .patch(AGENT_SERVICE_ACCOUNT, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&account))
+        .patch(
+            AGENT_SERVICE_ACCOUNT,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&account),
+        )
         .await
-        .with_context(|| format!("cannot create serviceaccount {DEFAULT_NAMESPACE}/{AGENT_SERVICE_ACCOUNT}"))?;
+        .with_context(|| {
+            format!("cannot create serviceaccount {DEFAULT_NAMESPACE}/{AGENT_SERVICE_ACCOUNT}")
+        })?;
     Ok(())
 }
 
@@ -671,7 +753,10 @@ fn print_step(what: &str) {
 }
 
 fn indent(text: &str) -> String {
-    text.lines().map(|l| format!("    {l}")).collect::<Vec<_>>().join("\n")
+    text.lines()
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Resolves on Ctrl-C or SIGTERM (never, if neither handler can be installed).

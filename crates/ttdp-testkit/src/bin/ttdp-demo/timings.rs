@@ -44,13 +44,20 @@ impl RolloutTimes {
         let mut in_state: BTreeMap<NodeState, Vec<Duration>> = BTreeMap::new();
         for (node, steps) in &by_node {
             let started = steps.iter().find(|t| t.to.is_in_flight()).map(|t| t.at);
-            let done = steps.iter().rev().find(|t| t.to == NodeState::Done).map(|t| t.at);
+            let done = steps
+                .iter()
+                .rev()
+                .find(|t| t.to == NodeState::Done)
+                .map(|t| t.at);
             if let (Some(start), Some(end)) = (started, done) {
                 per_node.insert((*node).to_owned(), end.saturating_sub(start).as_secs_f64());
             }
             for pair in steps.windows(2) {
                 if pair[0].to.is_in_flight() {
-                    in_state.entry(pair[0].to).or_default().push(pair[1].at.saturating_sub(pair[0].at));
+                    in_state
+                        .entry(pair[0].to)
+                        .or_default()
+                        .push(pair[1].at.saturating_sub(pair[0].at));
                 }
             }
         }
@@ -103,9 +110,18 @@ pub fn render(phases: &[Phase], upgrade: &RolloutTimes, max_unavailable: &str) -
     if !upgrade.per_state.is_empty() {
         let states: Vec<String> = NodeState::ALL
             .iter()
-            .filter_map(|s| upgrade.per_state.get(s.as_str()).map(|t| format!("{s} {t:.1} s")))
+            .filter_map(|s| {
+                upgrade
+                    .per_state
+                    .get(s.as_str())
+                    .map(|t| format!("{s} {t:.1} s"))
+            })
             .collect();
-        let _ = writeln!(out, "  mean time in state                                {}", states.join(", "));
+        let _ = writeln!(
+            out,
+            "  mean time in state                                {}",
+            states.join(", ")
+        );
     }
     if upgrade.max_in_flight > 0 {
         let _ = writeln!(
@@ -144,7 +160,11 @@ mod tests {
             t(6000, "a", NodeState::Done),
         ];
         let times = RolloutTimes::from_transitions(&transitions, Duration::from_millis(500));
-        assert_eq!(times.per_node.get("a"), Some(&4.0), "Cordoning at 2 s, Done at 6 s");
+        assert_eq!(
+            times.per_node.get("a"),
+            Some(&4.0),
+            "Cordoning at 2 s, Done at 6 s"
+        );
         assert_eq!(times.per_state.get("Draining"), Some(&2.5));
         assert_eq!(times.max_in_flight, 2, "a draining while b cordons");
         assert!(!times.per_node.contains_key("b"), "b never finished");
