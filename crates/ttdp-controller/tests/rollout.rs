@@ -155,7 +155,8 @@ async fn upgrade_five_nodes(max_unavailable: i32) {
     let text = h.metrics.encode();
     assert!(text.contains(&format!("ttdp_node_transitions_total{{policy=\"{policy}\",from=\"Draining\",to=\"Upgrading\"}} 5")), "{text}");
     assert!(
-        text.contains("ttdp_phase_duration_seconds_count{phase=\"total\"} 5"),
+        text.contains("ttdp_phase_duration_seconds_count{phase=\"Draining\"} 5")
+            && text.contains("ttdp_phase_duration_seconds_count{phase=\"total\"}"),
         "{text}"
     );
     assert!(text.contains("ttdp_drain_evictions_total 5"), "{text}");
@@ -682,5 +683,35 @@ async fn retry_annotation_retries_a_failed_node_at_once() {
     })
     .await;
     assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.8.0"));
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_edits_to_the_daemonset_are_reverted() {
+    let h = Harness::start(loaded("2.7.0", 1)).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let api = Api::<DaemonSet>::namespaced(h.client.clone(), &h.namespace);
+    let name = names::daemonset_name(&policy);
+    let edit = json!({"spec": {"template": {"spec": {"priorityClassName": "hand-edited"}}}});
+    api.patch(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&edit),
+    )
+    .await
+    .unwrap();
+    tokio::time::timeout(STEP, async {
+        loop {
+            let ds = api.get(&name).await.unwrap();
+            let class = ds.spec.unwrap().template.spec.unwrap().priority_class_name;
+            if class.as_deref() == Some("system-node-critical") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the controller reverts the hand edit");
     h.shutdown().await;
 }
