@@ -392,3 +392,38 @@ async fn conditions_apply_merges_by_type() {
         .collect();
     assert_eq!(types, ["Ready", "Degraded"]);
 }
+
+#[tokio::test]
+async fn managed_fields_sent_in_an_update_replace_the_stored_ones() {
+    // How kubectl migrates client-side-apply ownership to its server-side apply manager.
+    let server = TestApiServer::start().await.unwrap();
+    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    let pp = PatchParams {
+        field_manager: Some("old-tool".into()),
+        ..Default::default()
+    };
+    nodes
+        .create(
+            &PostParams {
+                field_manager: Some("old-tool".into()),
+                ..Default::default()
+            },
+            &node("n1", json!({"a": "1"})),
+        )
+        .await
+        .unwrap();
+    let current = nodes.get("n1").await.unwrap();
+    let mut entries = current.metadata.managed_fields.clone().unwrap();
+    assert_eq!(entries[0].manager.as_deref(), Some("old-tool"));
+    entries[0].manager = Some("new-tool".into());
+    entries[0].operation = Some("Apply".into());
+    let patch = Patch::Merge(json!({"metadata": {"managedFields": entries}}));
+    nodes.patch("n1", &pp, &patch).await.unwrap();
+    // new-tool now owns the label: applying a new value as new-tool does not conflict.
+    let cfg = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"a": "2"}}});
+    let after = nodes
+        .patch("n1", &apply("new-tool"), &Patch::Apply(&cfg))
+        .await
+        .unwrap();
+    assert_eq!(after.metadata.labels.unwrap()["a"], "2");
+}

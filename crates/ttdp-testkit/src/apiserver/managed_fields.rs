@@ -94,7 +94,14 @@ pub fn record_update(
     manager: &str,
     subresource: &str,
 ) {
-    let mut entries = old.map(read).unwrap_or_default();
+    // A request that carries managedFields different from the stored ones replaces them (how
+    // kubectl migrates client-side-apply ownership); absent or unchanged ones keep the stored.
+    let sent = &new["metadata"]["managedFields"];
+    let stored = old.map(|o| &o["metadata"]["managedFields"]);
+    let mut entries = match stored {
+        Some(stored) if sent.is_array() && sent != stored => read(new),
+        _ => old.map(read).unwrap_or_default(),
+    };
     let (with_spec, with_status) = scope(rt, subresource);
     let new_set = fields_of(rt, new, with_spec, with_status);
     let old_set = old
