@@ -131,6 +131,29 @@ async fn upgrade_five_nodes(max_unavailable: i32) {
         );
     }
     h.assert_nothing_left_behind().await;
+    if max_unavailable == 1 {
+        // The next node starts within a second of the previous one finishing.
+        let timeline = h.monitor.timeline.lock().unwrap().clone();
+        let starts: Vec<_> = timeline
+            .iter()
+            .filter(|(_, s, _)| *s == Cordoning)
+            .skip(1)
+            .collect();
+        assert_eq!(starts.len(), 4, "{timeline:?}");
+        for (node, _, at) in starts {
+            let previous_done = timeline
+                .iter()
+                .filter(|(n, s, t)| n != node && *s == Done && t <= at)
+                .map(|(_, _, t)| *t)
+                .max()
+                .expect("a node finished before the next started");
+            let gap = at.duration_since(previous_done);
+            assert!(
+                gap < Duration::from_secs(1),
+                "{node} started {gap:?} after the previous node finished"
+            );
+        }
+    }
     // Events on the policy for each step, and metrics of the transitions and phases.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(h.client.clone());
     let list = events.list(&Default::default()).await.unwrap();

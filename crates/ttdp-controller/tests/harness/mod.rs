@@ -553,6 +553,8 @@ pub struct Monitor {
     pub max_cordoned: Arc<Mutex<usize>>,
     pub cordoned_now: Arc<Mutex<BTreeSet<String>>>,
     pub states: Arc<Mutex<StateLog>>,
+    /// Every state change seen, with when it was seen.
+    pub timeline: Arc<Mutex<Vec<(String, NodeState, Instant)>>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -587,6 +589,8 @@ impl Monitor {
         });
         let policies: Api<TenstorrentDriverPolicy> = Api::all(client);
         let s = states.clone();
+        let timeline = Arc::new(Mutex::new(Vec::new()));
+        let t = timeline.clone();
         let prefix = prefix.to_owned();
         let t2 = tokio::spawn(async move {
             let mut stream = watcher::watcher(policies, watcher::Config::default())
@@ -604,6 +608,9 @@ impl Monitor {
                             s.entry((p.name_any(), n.name.clone())).or_default();
                         if seq.last() != Some(&n.state) {
                             seq.push(n.state);
+                            t.lock()
+                                .unwrap()
+                                .push((n.name.clone(), n.state, Instant::now()));
                         }
                     }
                 }
@@ -613,6 +620,7 @@ impl Monitor {
             max_cordoned,
             cordoned_now,
             states,
+            timeline,
             tasks: vec![t1, t2],
         }
     }
@@ -635,6 +643,7 @@ impl Monitor {
     /// Forgets recorded sequences (e.g. before an upgrade).
     pub fn reset(&self) {
         self.states.lock().unwrap().clear();
+        self.timeline.lock().unwrap().clear();
         *self.max_cordoned.lock().unwrap() = self.cordoned_now.lock().unwrap().len();
     }
 
