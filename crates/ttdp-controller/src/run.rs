@@ -1,5 +1,17 @@
 //! Wiring: reflector stores and watches, the kube-runtime `Controller`, the admin server, leader
 //! election and graceful shutdown. [`run`] is what the binary (and in-process tests) call.
+//!
+//! Watches: policies; nodes (metadata only, triggering on label/annotation changes, mapped to
+//! the policies that select the node, hold its cordon or list it in their status); agent pods
+//! (label `app.kubernetes.io/name=ttdp-agent` in the operator namespace, mapped by their policy
+//! label); DaemonSets (same label, for drift). A finished drain wakes its policy directly.
+//!
+//! RBAC the controller needs: `tenstorrentdriverpolicies` get/list/watch/patch and
+//! `tenstorrentdriverpolicies/status` patch; nodes get/list/watch/patch; in the operator
+//! namespace daemonsets get/list/watch/patch/delete and leases get/create/update/patch; pods
+//! list/watch/delete in every namespace (drains list a node's pods, and agent pods are
+//! replaced), `pods/eviction` create, poddisruptionbudgets list (to name blocking budgets);
+//! events.k8s.io events create/patch.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
