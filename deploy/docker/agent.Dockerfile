@@ -2,7 +2,8 @@
 # building tt-kmd against the host's headers needs (make, gcc matching the supported host
 # kernels, libelf, git), and a self-contained tt-smi (PyInstaller build, no host Python needed).
 # Build from the repository root:  cargo xtask image agent
-ARG TT_SMI_VERSION=3.0.30
+# Keep equal to the chart's driver.ttSmiVersion: the controller passes that value to the agents.
+ARG TT_SMI_VERSION=3.0.0
 
 FROM docker.io/library/rust:1.89-bookworm AS agent
 RUN rustup target add x86_64-unknown-linux-musl && apt-get update \
