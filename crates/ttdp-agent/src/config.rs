@@ -143,11 +143,20 @@ impl AgentConfig {
     /// The build options for a host running kernel `release`: `{release}` in the kernel build
     /// directory (e.g. `/lib/modules/{release}/build`, for pods that mount the host's
     /// `/lib/modules` and `/usr/src` at their own paths) is replaced by `release`.
+    ///
+    /// Without an explicit build directory, a pod that mounts the host's `/lib/modules` and
+    /// `/usr/src` at their own paths (as ttdp's DaemonSet does) builds against
+    /// `/lib/modules/<release>/build` when that tree exists in the container; otherwise the
+    /// build tree is looked up under the host root.
     pub fn build_options(&self, release: &str) -> BuildOptions {
         let mut build = self.build.clone();
         build.build_dir = build
             .build_dir
-            .map(|dir| PathBuf::from(dir.to_string_lossy().replace(RELEASE_PLACEHOLDER, release)));
+            .map(|dir| PathBuf::from(dir.to_string_lossy().replace(RELEASE_PLACEHOLDER, release)))
+            .or_else(|| {
+                let own = PathBuf::from(format!("/lib/modules/{release}/build"));
+                (!self.host.is_system() && own.join("Makefile").is_file()).then_some(own)
+            });
         build
     }
 

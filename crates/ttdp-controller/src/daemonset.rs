@@ -18,6 +18,10 @@
 //! | `/usr/local/bin` | rw | where tt-smi is installed |
 //! | `/dev` | ro | `/dev/tenstorrent/*` device presence |
 //!
+//! `/lib/modules` and `/usr/src` are also mounted read-only at their own paths: Debian and Ubuntu
+//! kernel header trees refer to each other by absolute path, so the agent builds against
+//! `/lib/modules/<release>/build` as the host sees it.
+//!
 //! `hostPID` is set only with `upgradePolicy.forceUnload`: signalling the processes that hold the
 //! device needs the host's PID namespace; reading `/proc` through the mount above does not.
 
@@ -54,6 +58,9 @@ pub const TERMINATION_GRACE_SECONDS: i64 = 120;
 pub const PRIORITY_CLASS: &str = "system-node-critical";
 /// The taint a cordoned node carries.
 pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// Host paths also mounted at their own path in the container (read-only), for kernel builds.
+const BUILD_TREE_PATHS: [&str; 2] = ["/lib/modules", "/usr/src"];
 
 /// One host path the agent mounts: volume name, host path, whether read-only, hostPath type.
 struct HostMount {
@@ -255,6 +262,19 @@ fn pod_template(
                     read_only: Some(m.read_only),
                     ..Default::default()
                 })
+                // Kernel headers also at their own paths: Debian and Ubuntu header trees refer
+                // to each other by absolute path, so `make` must run against the host's paths.
+                .chain(
+                    HOST_MOUNTS
+                        .iter()
+                        .filter(|m| BUILD_TREE_PATHS.contains(&m.path))
+                        .map(|m| VolumeMount {
+                            name: m.name.to_owned(),
+                            mount_path: m.path.to_owned(),
+                            read_only: Some(true),
+                            ..Default::default()
+                        }),
+                )
                 .collect(),
         ),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
@@ -490,6 +510,19 @@ mod tests {
         assert_eq!(
             writable,
             BTreeSet::from(["/host/var/cache/tt-kmd", "/host/usr/local/bin"])
+        );
+        let own_paths: BTreeSet<&str> = spec.containers[0]
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|m| !m.mount_path.starts_with("/host/"))
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert_eq!(
+            own_paths,
+            BTreeSet::from(["/lib/modules", "/usr/src"]),
+            "kernel headers also at their own paths, for builds"
         );
     }
 
