@@ -76,6 +76,19 @@ async fn json_patch_applies_operations_and_a_failed_test_is_422() {
             .unwrap_err(),
     );
     assert_eq!(err.code, 422);
+
+    // A missing path tests equal to null (evanphx/json-patch, as the real server uses): this is
+    // what kube-runtime's finalizer helper sends for an object without finalizers.
+    let absent: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/finalizers", "value": null},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["example.com/f"]}
+    ]))
+    .unwrap();
+    let n = nodes
+        .patch("n1", &PatchParams::default(), &Patch::<()>::Json(absent))
+        .await
+        .unwrap();
+    assert_eq!(n.metadata.finalizers.unwrap(), ["example.com/f"]);
 }
 
 #[tokio::test]
@@ -314,6 +327,24 @@ async fn widget_api(server: &TestApiServer) -> Api<DynamicObject> {
 
 fn status_apply(nodes: Value) -> Value {
     json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "status": {"nodes": nodes}})
+}
+
+#[tokio::test]
+async fn status_apply_without_a_name_takes_it_from_the_url() {
+    let server = TestApiServer::start().await.unwrap();
+    let widgets = widget_api(&server).await;
+    let w = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"version": "1.0.0"}});
+    widgets
+        .patch("w", &apply("ctl"), &Patch::Apply(&w))
+        .await
+        .unwrap();
+    let nameless = json!({"apiVersion": "example.com/v1", "kind": "Widget", "status": {"nodes": [{"name": "n1", "state": "Done"}]}});
+    let after = widgets
+        .patch_status("w", &apply("ctl").force(), &Patch::Apply(&nameless))
+        .await
+        .unwrap();
+    assert_eq!(after.metadata.name.as_deref(), Some("w"));
+    assert_eq!(after.data["status"]["nodes"][0]["name"], "n1");
 }
 
 #[tokio::test]

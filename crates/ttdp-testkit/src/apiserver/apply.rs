@@ -75,8 +75,11 @@ fn scoped(rt: &ResourceType, applied: &Value, subresource: &str) -> Value {
     }
     if subresource == "status" {
         // Status applies may not change metadata beyond identifying the object.
-        let name = applied["metadata"]["name"].clone();
-        out["metadata"] = json!({"name": name});
+        // A body without a name takes it from the URL (the stored object), as the real server does.
+        out["metadata"] = match &applied["metadata"]["name"] {
+            Value::Null => json!({}),
+            name => json!({"name": name}),
+        };
     }
     out
 }
