@@ -12,10 +12,9 @@
 
 mod harness;
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -211,23 +210,9 @@ fn render_chart() -> Vec<Value> {
         "helm template failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // No YAML crate among the controller's dependencies: PyYAML converts.
-    let mut python = Command::new("python3")
-        .args([
-            "-c",
-            "import sys,yaml,json; json.dump([d for d in yaml.safe_load_all(sys.stdin) if d], sys.stdout)",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 (with PyYAML) is needed to read the rendered chart");
-    python.stdin.take().unwrap().write_all(&out.stdout).unwrap();
-    let json = python.wait_with_output().unwrap();
-    assert!(
-        json.status.success(),
-        "python3 with PyYAML cannot parse the rendered chart"
-    );
-    serde_json::from_slice(&json.stdout).unwrap()
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    docs.into_iter().filter(|d| !d.is_null()).collect()
 }
 
 /// The rules the chart grants the ServiceAccount `account` of the release namespace.
