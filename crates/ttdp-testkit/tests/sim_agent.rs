@@ -1,7 +1,7 @@
 //! Smoke test of the whole chain with the real `ttdp-agent` binary: DaemonSet stand-in -> simulated
 //! kubelet -> agent process on a simulated host -> simulated kernel, tt-kmd built from the
-//! simulated repository. Ignored by default because this crate cannot build the agent: run
-//! `cargo build -p ttdp-agent` and then this test with `--ignored` (or set `TTDP_AGENT_BIN`).
+//! simulated repository. It runs the `ttdp-agent` binary of this target directory (built here
+//! when missing), or `TTDP_AGENT_BIN`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -27,7 +27,22 @@ fn agent_binary() -> PathBuf {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().join("ttdp-agent")
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let path = profile_dir.join("ttdp-agent");
+    if !path.is_file() {
+        // `cargo test --workspace` has built it already; a lone `cargo test -p ttdp-testkit`
+        // builds it here, into the same target directory.
+        let status = std::process::Command::new(
+            std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()),
+        )
+        .args(["build", "-p", "ttdp-agent", "--bin", "ttdp-agent"])
+        .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap())
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cannot run cargo to build ttdp-agent");
+        assert!(status.success(), "building ttdp-agent failed");
+    }
+    path
 }
 
 fn env(name: &str, value: &str) -> EnvVar {
@@ -115,7 +130,6 @@ fn agent_daemonset(cluster: &SimCluster, version: &str) -> DaemonSet {
 }
 
 #[tokio::test]
-#[ignore = "needs the ttdp-agent binary: cargo build -p ttdp-agent, then run with --ignored"]
 async fn the_real_agent_installs_upgrades_and_stands_down() {
     let binary = agent_binary();
     assert!(binary.is_file(), "no agent binary at {}", binary.display());
