@@ -1,7 +1,171 @@
-//! `cargo xtask bench`: the benchmarks (placeholder until they land).
+//! `cargo xtask bench [--quick] [--only fleet|drain|swap]`: builds the release binaries, runs
+//! the benchmark suites of `ttdp-bench` (crates/ttdp-testkit/src/bin/ttdp-bench) one after the
+//! other, prints every figure with the commit and the machine, writes them to
+//! `<target>/bench/results.json`, and fails naming each target of issue 10 that was missed.
+//!
+//! Plan (about 10 minutes on 2 cores): fleets of 100 (maxUnavailable 1), 1,000 (maxUnavailable
+//! 10) and 5,000 (maxUnavailable 100) Tenstorrent nodes plus as many plain nodes, 500 ms of
+//! simulated agent work per node; `kubectl tt driver` timed on the 1,000 and 5,000 fleets; drains
+//! of 10, 100 and 500 pods with ttdp-drain and kubectl; the module swap steps on a simulated
+//! kernel. `--quick` runs 50/200/500-node fleets and 10/50-pod drains (a smoke run, not for the
+//! documentation).
 
-use anyhow::{Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
-pub fn run(_args: &[String]) -> Result<()> {
-    bail!("the benchmarks are not implemented yet")
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+#[path = "bench_machine.rs"]
+mod bench_machine;
+#[path = "bench_targets.rs"]
+mod bench_targets;
+
+use bench_machine::Machine;
+use bench_targets::{check, render};
+
+const RESULT_PREFIX: &str = "BENCH-RESULT ";
+
+/// One fleet run: Tenstorrent nodes, maxUnavailable, whether the plugin is timed on it.
+struct FleetPlan {
+    nodes: usize,
+    max_unavailable: usize,
+    plugin: bool,
+}
+
+const FULL_FLEETS: [FleetPlan; 3] = [
+    FleetPlan { nodes: 100, max_unavailable: 1, plugin: false },
+    FleetPlan { nodes: 1_000, max_unavailable: 10, plugin: true },
+    FleetPlan { nodes: 5_000, max_unavailable: 100, plugin: true },
+];
+const QUICK_FLEETS: [FleetPlan; 3] = [
+    FleetPlan { nodes: 50, max_unavailable: 1, plugin: false },
+    FleetPlan { nodes: 200, max_unavailable: 4, plugin: true },
+    FleetPlan { nodes: 500, max_unavailable: 10, plugin: true },
+];
+/// Simulated agent work per node.
+const WORK_MS: &str = "500";
+
+pub fn run(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).map(String::as_str);
+    if let Some(unknown) = args.iter().find(|a| !matches!(a.as_str(), "--quick" | "--only" | "fleet" | "drain" | "swap")) {
+        bail!("unknown bench argument {unknown:?}; usage: cargo xtask bench [--quick] [--only fleet|drain|swap]");
+    }
+    let root = repo_root()?;
+    let target = target_dir(&root)?;
+    let release = target.join("release");
+    build(&root)?;
+    let kubectl = kubectl(&root)?;
+    let machine = Machine::describe(&root);
+    println!("{}", machine.header());
+    let started = Instant::now();
+    let bench = release.join("ttdp-bench");
+    let mut results: Vec<Value> = Vec::new();
+    let wants = |suite: &str| only.is_none_or(|o| o == suite);
+    if wants("fleet") {
+        for plan in if quick { &QUICK_FLEETS } else { &FULL_FLEETS } {
+            let mut command = Command::new(&bench);
+            command
+                .arg("fleet")
+                .arg(format!("--nodes={}", plan.nodes))
+                .arg(format!("--max-unavailable={}", plan.max_unavailable))
+                .arg(format!("--work-ms={WORK_MS}"))
+                .arg(format!("--controller={}", release.join("ttdp-controller").display()))
+                .arg(format!("--log-dir={}", target.join("bench").display()));
+            if plan.plugin {
+                command.arg(format!("--plugin={}", release.join("kubectl-tt-driver").display()));
+            }
+            results.push(suite(&mut command)?);
+        }
+    }
+    if wants("drain") {
+        let mut command = Command::new(&bench);
+        command
+            .arg("drain")
+            .arg(format!("--ttdp-drain={}", release.join("examples").join("drain").display()))
+            .arg(format!("--kubectl={}", kubectl.display()));
+        if quick {
+            command.arg("--pods=10,50");
+        }
+        results.push(suite(&mut command)?);
+    }
+    if wants("swap") {
+        results.push(suite(Command::new(&bench).arg("swap"))?);
+    }
+    let elapsed = started.elapsed();
+    print!("{}", render(&results, &machine));
+    println!("benchmarks ran in {:.1} min{}", elapsed.as_secs_f64() / 60.0, if quick { " (--quick)" } else { "" });
+    let out = target.join("bench");
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let document = serde_json::json!({ "machine": machine.json(), "quick": quick, "seconds": elapsed.as_secs_f64(), "results": results });
+    let file = out.join("results.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&document)?).with_context(|| format!("cannot write {}", file.display()))?;
+    println!("figures written to {}", file.display());
+    let missed = check(&results, quick);
+    if !missed.is_empty() {
+        bail!("{} target(s) missed:\n  {}", missed.len(), missed.join("\n  "));
+    }
+    println!("every target met");
+    Ok(())
+}
+
+/// Runs one `ttdp-bench` suite, passing its progress through, and returns its result line.
+fn suite(command: &mut Command) -> Result<Value> {
+    println!("bench: {}", describe(command));
+    let output = command.stderr(Stdio::inherit()).output().with_context(|| format!("cannot run {}", describe(command)))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        bail!("{} failed ({}):\n{stdout}", describe(command), output.status);
+    }
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(RESULT_PREFIX))
+        .with_context(|| format!("{} printed no result line:\n{stdout}", describe(command)))?;
+    serde_json::from_str(line).with_context(|| format!("{} printed an unreadable result line", describe(command)))
+}
+
+fn describe(command: &Command) -> String {
+    let args: Vec<String> = command.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    format!("ttdp-bench {}", args.join(" "))
+}
+
+fn build(root: &Path) -> Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    for args in [
+        &["build", "--release", "-p", "ttdp-controller", "-p", "kubectl-tt-driver", "-p", "ttdp-testkit", "--bin", "ttdp-controller", "--bin", "kubectl-tt-driver", "--bin", "ttdp-bench"][..],
+        &["build", "--release", "-p", "ttdp-drain", "--example", "drain"][..],
+    ] {
+        println!("bench: cargo {}", args.join(" "));
+        let status = Command::new(&cargo).args(args).current_dir(root).status().context("cannot run cargo")?;
+        if !status.success() {
+            bail!("`cargo {}` failed ({status})", args.join(" "));
+        }
+    }
+    Ok(())
+}
+
+/// kubectl v1.35 from `.ci/kube-tools` (installed on first use).
+fn kubectl(root: &Path) -> Result<PathBuf> {
+    if let Ok(path) = crate::tools::kube_tool("kubectl") {
+        return Ok(path);
+    }
+    println!("bench: installing kubectl with .ci/kube-tools");
+    let status = Command::new("bash").arg(root.join(".ci/kube-tools")).status().context("cannot run bash .ci/kube-tools")?;
+    if !status.success() {
+        bail!("bash .ci/kube-tools failed ({status}); the drain benchmark needs kubectl v1.35");
+    }
+    crate::tools::kube_tool("kubectl")
+}
+
+fn repo_root() -> Result<PathBuf> {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).context("xtask's manifest directory has no parent")
+}
+
+fn target_dir(root: &Path) -> Result<PathBuf> {
+    Ok(match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => std::env::current_dir().context("reading the current directory")?.join(dir),
+        None => root.join("target"),
+    })
 }

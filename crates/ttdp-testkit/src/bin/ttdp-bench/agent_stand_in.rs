@@ -1,0 +1,165 @@
+//! A cheap stand-in for thousands of `ttdp-agent` pods: one watch on the operator namespace's
+//! pods. For each new agent pod bound to a node it does what the real agent does as seen from the
+//! API: when the node does not report the pod's `TT_KMD_VERSION` yet, it "works" for a fixed
+//! simulated time and then labels the node (`kmd-version`, `install-mode=container`); then it
+//! marks the pod Ready. The pod keeps its DaemonSet template hash, which is what the controller
+//! compares (see `crates/ttdp-controller/src/observe.rs`).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use ttdp_api::names::{self, env, install_mode, labels};
+
+/// One agent finishing its work on a node.
+#[derive(Debug, Clone)]
+pub struct AgentReady {
+    /// The node.
+    pub node: String,
+    /// The version it now reports.
+    pub version: String,
+    /// When the pod was marked Ready.
+    pub at: Instant,
+    /// Whether it "worked" (the node reported another version).
+    pub worked: bool,
+}
+
+/// The running stand-in; dropping it stops it.
+#[derive(Debug)]
+pub struct AgentStandIn {
+    ready: Arc<Mutex<Vec<AgentReady>>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for AgentStandIn {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl AgentStandIn {
+    /// Starts watching; each swap takes `work`.
+    pub fn start(client: Client, work: Duration) -> Self {
+        let ready = Arc::new(Mutex::new(Vec::new()));
+        let shared = Arc::clone(&ready);
+        let task = tokio::spawn(async move {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), names::DEFAULT_NAMESPACE);
+            let mut seen = HashSet::new();
+            let mut stream = watcher(pods, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(item) = stream.next().await {
+                let Ok(pod) = item else { continue };
+                if pod.metadata.deletion_timestamp.is_some() || is_ready(&pod) {
+                    continue;
+                }
+                let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                    continue;
+                };
+                let Some(uid) = pod.uid() else { continue };
+                if !seen.insert(uid) {
+                    continue;
+                }
+                let client = client.clone();
+                let shared = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    match act(&client, &pod, &node, work).await {
+                        Ok(done) => lock(&shared).push(done),
+                        Err(e) => {
+                            tracing::warn!(pod = %pod.name_any(), error = %e, "agent stand-in failed")
+                        }
+                    }
+                });
+            }
+        });
+        Self { ready, task }
+    }
+
+    /// Every agent that finished so far, oldest first.
+    pub fn finished(&self) -> Vec<AgentReady> {
+        lock(&self.ready).clone()
+    }
+}
+
+fn lock(m: &Mutex<Vec<AgentReady>>) -> std::sync::MutexGuard<'_, Vec<AgentReady>> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn target_version(pod: &Pod) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == names::AGENT_CONTAINER)?
+        .env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == env::TT_KMD_VERSION)?
+        .value
+        .clone()
+}
+
+async fn act(
+    client: &Client,
+    pod: &Pod,
+    node: &str,
+    work: Duration,
+) -> Result<AgentReady, kube::Error> {
+    let version = target_version(pod).unwrap_or_default();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let current = nodes.get(node).await?;
+    let loaded = current.labels().get(labels::KMD_VERSION).cloned();
+    let worked = loaded.as_deref() != Some(version.as_str());
+    if worked {
+        tokio::time::sleep(work).await;
+        let patch = json!({ "metadata": { "labels": {
+            labels::KMD_VERSION: version,
+            labels::INSTALL_MODE: install_mode::CONTAINER,
+        }}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), names::DEFAULT_NAMESPACE);
+    let image = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    let status = json!({ "status": {
+        "phase": "Running",
+        "conditions": [{ "type": "Ready", "status": "True" }],
+        "containerStatuses": [{
+            "name": names::AGENT_CONTAINER, "image": image, "imageID": "", "ready": true,
+            "restartCount": 0, "started": true, "state": { "running": {} },
+        }],
+    }});
+    pods.patch_status(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&status),
+    )
+    .await?;
+    Ok(AgentReady {
+        node: node.to_owned(),
+        version,
+        at: Instant::now(),
+        worked,
+    })
+}

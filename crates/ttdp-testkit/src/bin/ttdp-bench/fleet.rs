@@ -1,0 +1,356 @@
+//! The controller at fleet scale: `n` Tenstorrent nodes (plus `n` plain ones) on the testkit API
+//! server, the real `ttdp-controller` binary, the DaemonSet stand-in and the agent stand-in. The
+//! fleet is installed at tt-kmd `from`, settles, then rolls out to `to`.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::json;
+use ttdp_testkit::apiserver::{RecordedRequest, Recorder, TestApiServer};
+use ttdp_testkit::sim::DaemonSetController;
+
+use crate::agent_stand_in::AgentStandIn;
+use crate::bench_client::{bench_client, is_bench};
+use crate::controller_process::{ControllerProcess, Memory};
+use crate::fleet_setup::{self, POLICY};
+use crate::handoff::{Spread, handoffs, ideal_total, node_times, spread};
+use crate::result_line::{self, ms};
+use crate::rollout_watch::RolloutWatch;
+
+/// The installed version and the one rolled out.
+const FROM: &str = "2.0.0";
+const TO: &str = "2.1.0";
+/// How long the fleet is left alone before steady-state figures are taken.
+const SETTLE: Duration = Duration::from_secs(3);
+/// How long idle requests are counted at steady state.
+const IDLE_WINDOW: Duration = Duration::from_secs(5);
+/// How often memory and requests are sampled during the rollout.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// Flags of `ttdp-bench fleet`.
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    /// The ttdp-controller binary (a release build).
+    #[arg(long)]
+    pub controller: PathBuf,
+    /// Tenstorrent nodes (as many plain nodes are added).
+    #[arg(long)]
+    pub nodes: usize,
+    /// The policy's maxUnavailable.
+    #[arg(long, default_value_t = 1)]
+    pub max_unavailable: usize,
+    /// The simulated agent's work time per node, in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    pub work_ms: u64,
+    /// Give up on the install or the rollout after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_seconds: u64,
+    /// The kubectl-tt-driver binary: when given, its views are timed on the rolled-out fleet.
+    #[arg(long)]
+    pub plugin: Option<PathBuf>,
+    /// Runs of each plugin view.
+    #[arg(long, default_value_t = 3)]
+    pub plugin_runs: usize,
+    /// Where the controller's log goes (default: a temporary directory).
+    #[arg(long)]
+    pub log_dir: Option<PathBuf>,
+}
+
+/// Requests tallied without keeping their bodies (a 5,000-node rollout writes gigabytes of
+/// status otherwise).
+#[derive(Debug, Default)]
+struct Tally {
+    reads: usize,
+    writes: usize,
+    writes_by_kind: BTreeMap<String, usize>,
+}
+
+impl Tally {
+    /// Counts the controller's requests recorded so far and empties the recorder (a request
+    /// recorded between the two steps is not counted: a window of microseconds).
+    fn drain(&mut self, recorder: &Recorder) {
+        let tally = RefCell::new(std::mem::take(self));
+        let _ = recorder.filter(|r: &RecordedRequest| {
+            if !is_bench(r) {
+                tally.borrow_mut().count(r);
+            }
+            false
+        });
+        recorder.clear();
+        *self = tally.into_inner();
+    }
+
+    fn count(&mut self, r: &RecordedRequest) {
+        if r.is_write() {
+            self.writes += 1;
+            let sub = if r.subresource.is_empty() {
+                String::new()
+            } else {
+                format!("/{}", r.subresource)
+            };
+            *self
+                .writes_by_kind
+                .entry(format!("{} {}{sub}", r.verb, r.resource))
+                .or_default() += 1;
+        } else {
+            self.reads += 1;
+        }
+    }
+}
+
+/// Runs the suite and prints its result line.
+pub async fn run(args: &FleetArgs) -> Result<()> {
+    let n = args.nodes;
+    let slots = args.max_unavailable.max(1);
+    let work = Duration::from_millis(args.work_ms);
+    let timeout = Duration::from_secs(args.timeout_seconds);
+    let log_dir = match &args.log_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("ttdp-bench-fleet-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&log_dir)
+        .with_context(|| format!("cannot create {}", log_dir.display()))?;
+    eprintln!(
+        "fleet {n}: starting the test api server and {} nodes",
+        2 * n
+    );
+    let server = TestApiServer::builder()
+        .watch_history(200_000)
+        .start()
+        .await?;
+    let setup = bench_client(&server, "setup")?;
+    fleet_setup::install_crd_and_namespace(&setup).await?;
+    let started = Instant::now();
+    fleet_setup::create_nodes(&setup, n, n, FROM).await?;
+    eprintln!(
+        "fleet {n}: {} nodes created in {:.1} s",
+        2 * n,
+        started.elapsed().as_secs_f64()
+    );
+    let daemonsets =
+        DaemonSetController::start(bench_client(&server, "daemonset")?, Duration::from_secs(30));
+    let agents = AgentStandIn::start(bench_client(&server, "agent")?, work);
+    let watch = RolloutWatch::start(bench_client(&server, "watch")?, POLICY);
+    let log_file = log_dir.join(format!("controller-{n}.log"));
+    let mut controller = ControllerProcess::start(
+        &args.controller,
+        server.kubeconfig_path(),
+        ttdp_api::names::DEFAULT_NAMESPACE,
+        &log_file,
+    )?;
+    let mut tally = Tally::default();
+
+    let install_started = Instant::now();
+    fleet_setup::create_policy(&setup, FROM, slots).await?;
+    let installed = wait_sampling(
+        &watch,
+        &mut controller,
+        &server,
+        &mut tally,
+        n,
+        FROM,
+        install_started + timeout,
+    )
+    .await?;
+    eprintln!(
+        "fleet {n}: adopted at {FROM} in {:.1} s",
+        installed.done.duration_since(install_started).as_secs_f64()
+    );
+
+    tokio::time::sleep(SETTLE).await;
+    tally.drain(server.recorder());
+    let mut idle = Tally::default();
+    tokio::time::sleep(IDLE_WINDOW).await;
+    idle.drain(server.recorder());
+    let steady = controller.memory()?;
+    let steady_status = watch
+        .policy()
+        .and_then(|p| p.status)
+        .and_then(|s| serde_json::to_vec(&s).ok())
+        .map_or(0, |v| v.len());
+    eprintln!(
+        "fleet {n}: steady state {:.1} MiB resident; rolling out {TO}",
+        mib(steady.rss_kib)
+    );
+
+    watch.reset_max_status();
+    let mut rollout = Tally::default();
+    let events_before = watch.events();
+    let rollout_started = Instant::now();
+    fleet_setup::set_version(&setup, TO).await?;
+    let rolled = wait_sampling(
+        &watch,
+        &mut controller,
+        &server,
+        &mut rollout,
+        n,
+        TO,
+        rollout_started + timeout,
+    )
+    .await?;
+    rollout.drain(server.recorder());
+    let end_memory = controller.memory()?;
+    let changes = watch.changes_since(rollout_started);
+    let times = node_times(&changes);
+    let cordons: Vec<Instant> = times.values().filter_map(|t| t.0).collect();
+    let dones: Vec<Instant> = times.values().filter_map(|t| t.1).collect();
+    // The last node reaching Done as the watch saw it (the wait loop only polls).
+    let total = dones
+        .iter()
+        .max()
+        .copied()
+        .unwrap_or(rolled.done)
+        .duration_since(rollout_started);
+    eprintln!("fleet {n}: rolled out in {:.1} s", total.as_secs_f64());
+    let per_node: Vec<Duration> = times
+        .values()
+        .filter_map(|(c, d)| Some(d.as_ref()?.saturating_duration_since(*c.as_ref()?)))
+        .collect();
+    let overhead: Vec<Duration> = per_node.iter().map(|d| d.saturating_sub(work)).collect();
+    let finished: Vec<_> = agents
+        .finished()
+        .into_iter()
+        .filter(|a| a.worked && a.version == TO && a.at >= rollout_started)
+        .collect();
+    let ready: Vec<Instant> = finished.iter().map(|a| a.at).collect();
+    // The controller's finishing latency per node: agent Ready -> uncordoned and recorded Done.
+    let ready_to_done: Vec<Duration> = finished
+        .iter()
+        .filter_map(|a| Some(times.get(&a.node)?.1?.saturating_duration_since(a.at)))
+        .collect();
+    let done_to_cordon = spread(handoffs(dones.clone(), cordons.clone(), slots));
+    let ready_to_cordon = spread(handoffs(ready.clone(), cordons.clone(), slots));
+    let per_node_spread = spread(per_node);
+    let ideal = ideal_total(n, slots, per_node_spread.p50);
+    let final_status = watch
+        .policy()
+        .and_then(|p| p.status)
+        .and_then(|s| serde_json::to_vec(&s).ok())
+        .map_or(0, |v| v.len());
+    let policy_events = watch.events() - events_before;
+    let upgraded = times.values().filter(|t| t.1.is_some()).count().max(1);
+
+    controller.stop().await;
+    let plugin = match &args.plugin {
+        Some(binary) => {
+            eprintln!("fleet {n}: timing kubectl tt driver");
+            crate::plugin_timing::time_plugin(binary, server.kubeconfig_path(), args.plugin_runs)
+                .await?
+        }
+        None => serde_json::Value::Null,
+    };
+    drop(agents);
+    drop(watch);
+    daemonsets.shutdown().await;
+    server.shutdown().await;
+
+    let figures = json!({
+        "suite": "fleet",
+        "nodes": n,
+        "plain_nodes": n,
+        "max_unavailable": slots,
+        "work_ms": args.work_ms,
+        "adopt_seconds": installed.done.duration_since(install_started).as_secs_f64(),
+        "rss_steady_mib": mib(steady.rss_kib),
+        "rss_rollout_max_mib": mib(rolled.max_memory.rss_kib.max(end_memory.rss_kib)),
+        "rss_peak_mib": mib(end_memory.hwm_kib),
+        "idle_requests_per_s": (idle.reads + idle.writes) as f64 / IDLE_WINDOW.as_secs_f64(),
+        "nodes_upgraded": upgraded,
+        "cordoned": cordons.len(),
+        "agents_finished": ready.len(),
+        "reads_per_node": rollout.reads as f64 / upgraded as f64,
+        "writes_per_node": rollout.writes as f64 / upgraded as f64,
+        "writes_by_kind": rollout.writes_by_kind,
+        "handoff_done_to_cordoning_ms": spread_json(&done_to_cordon),
+        "handoff_agent_ready_to_cordoning_ms": spread_json(&ready_to_cordon),
+        "agent_ready_to_done_ms": spread_json(&spread(ready_to_done)),
+        "per_node_ms": spread_json(&per_node_spread),
+        "controller_overhead_per_node_ms": spread_json(&spread(overhead)),
+        "status_bytes_steady": steady_status,
+        "status_bytes_rollout_max": watch_max(rolled.max_status_bytes, final_status),
+        "status_bytes_final": final_status,
+        "total_seconds": total.as_secs_f64(),
+        "ideal_seconds": ideal.as_secs_f64(),
+        "total_over_ideal": if ideal.is_zero() { 0.0 } else { total.as_secs_f64() / ideal.as_secs_f64() },
+        "plugin": plugin,
+        "controller_log": log_file,
+        "rollout_status_updates_seen": policy_events,
+    });
+    result_line::print(&figures);
+    Ok(())
+}
+
+fn watch_max(sampled: usize, last: usize) -> usize {
+    sampled.max(last)
+}
+
+fn mib(kib: u64) -> f64 {
+    (kib as f64 / 1024.0 * 10.0).round() / 10.0
+}
+
+fn spread_json(s: &Spread) -> serde_json::Value {
+    json!({ "p50": ms(s.p50), "p95": ms(s.p95), "max": ms(s.max), "count": s.count })
+}
+
+struct Waited {
+    done: Instant,
+    max_memory: Memory,
+    max_status_bytes: usize,
+}
+
+/// Waits for the rollout to `version`, sampling the controller's memory and draining the request
+/// log every [`SAMPLE_EVERY`].
+async fn wait_sampling(
+    watch: &RolloutWatch,
+    controller: &mut ControllerProcess,
+    server: &TestApiServer,
+    tally: &mut Tally,
+    nodes: usize,
+    version: &str,
+    deadline: Instant,
+) -> Result<Waited> {
+    let mut max_memory = Memory::default();
+    let mut last_report = Instant::now();
+    loop {
+        let memory = controller.memory()?;
+        max_memory.rss_kib = max_memory.rss_kib.max(memory.rss_kib);
+        max_memory.hwm_kib = max_memory.hwm_kib.max(memory.hwm_kib);
+        tally.drain(server.recorder());
+        if let Some(policy) = watch.policy()
+            && crate::rollout_watch::rolled_out(&policy, nodes, version)
+        {
+            return Ok(Waited {
+                done: Instant::now(),
+                max_memory,
+                max_status_bytes: watch.max_status_bytes(),
+            });
+        }
+        if last_report.elapsed() > Duration::from_secs(10) {
+            last_report = Instant::now();
+            let summary = watch
+                .policy()
+                .and_then(|p| p.status)
+                .and_then(|s| s.summary);
+            if let Some(s) = summary {
+                eprintln!(
+                    "  {version}: {} of {nodes} up to date, {} in progress, {} failed",
+                    s.up_to_date, s.in_progress, s.failed
+                );
+            }
+        }
+        if Instant::now() > deadline {
+            let summary = watch
+                .policy()
+                .and_then(|p| p.status)
+                .and_then(|s| s.summary);
+            anyhow::bail!(
+                "the rollout to {version} did not finish in time; last summary {summary:?}"
+            );
+        }
+        tokio::time::sleep(SAMPLE_EVERY).await;
+    }
+}

@@ -1,0 +1,124 @@
+//! The rollout's timing figures, as pure functions of what was observed: when each node entered
+//! Cordoning and Done (from the policy status) and when each agent finished (from the stand-in).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use ttdp_api::NodeState;
+
+use crate::rollout_watch::StateChange;
+
+/// p50 / p95 / max of a set of durations.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Spread {
+    /// Median.
+    pub p50: Duration,
+    /// 95th percentile (nearest rank).
+    pub p95: Duration,
+    /// Largest.
+    pub max: Duration,
+    /// How many values.
+    pub count: usize,
+}
+
+/// Nearest-rank percentiles of `values` (all zero when empty).
+pub fn spread(mut values: Vec<Duration>) -> Spread {
+    if values.is_empty() {
+        return Spread::default();
+    }
+    values.sort();
+    let rank = |p: f64| {
+        let index = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1;
+        values[index]
+    };
+    Spread {
+        p50: rank(0.50),
+        p95: rank(0.95),
+        max: values[values.len() - 1],
+        count: values.len(),
+    }
+}
+
+/// Each node's first entry into Cordoning and last entry into Done.
+pub fn node_times(changes: &[StateChange]) -> HashMap<String, (Option<Instant>, Option<Instant>)> {
+    let mut times: HashMap<String, (Option<Instant>, Option<Instant>)> = HashMap::new();
+    for change in changes {
+        let entry = times.entry(change.node.clone()).or_default();
+        match change.state {
+            NodeState::Cordoning if entry.0.is_none() => entry.0 = Some(change.at),
+            NodeState::Done => entry.1 = Some(change.at),
+            _ => {}
+        }
+    }
+    times
+}
+
+/// Hand-offs with `slots` nodes in flight at most: the `i`-th freed slot (the `i`-th of
+/// `freed`, sorted) is taken by the `slots + i`-th node entering Cordoning. Returns the delays.
+pub fn handoffs(mut freed: Vec<Instant>, mut cordons: Vec<Instant>, slots: usize) -> Vec<Duration> {
+    freed.sort();
+    cordons.sort();
+    cordons
+        .iter()
+        .skip(slots)
+        .zip(freed.iter())
+        .map(|(cordon, free)| cordon.saturating_duration_since(*free))
+        .collect()
+}
+
+/// `ceil(nodes / slots) × per_node`.
+pub fn ideal_total(nodes: usize, slots: usize, per_node: Duration) -> Duration {
+    let waves = nodes.div_ceil(slots.max(1));
+    per_node.saturating_mul(u32::try_from(waves).unwrap_or(u32::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let s = spread((1..=100).map(ms).collect());
+        assert_eq!(
+            (s.p50, s.p95, s.max, s.count),
+            (ms(50), ms(95), ms(100), 100)
+        );
+        assert_eq!(spread(vec![]).count, 0);
+    }
+
+    #[test]
+    fn each_freed_slot_is_paired_with_the_next_cordon() {
+        let t0 = Instant::now();
+        let at = |n| t0 + ms(n);
+        // Two slots: nodes a, b start at 0; a finishes at 100, c starts at 130; b finishes at 150,
+        // d starts at 160.
+        let delays = handoffs(
+            vec![at(150), at(100)],
+            vec![at(0), at(0), at(160), at(130)],
+            2,
+        );
+        assert_eq!(delays, vec![ms(30), ms(10)]);
+    }
+
+    #[test]
+    fn cordoning_and_done_times_per_node() {
+        let t0 = Instant::now();
+        let change = |n: &str, s, t| StateChange {
+            at: t0 + ms(t),
+            node: n.into(),
+            state: s,
+        };
+        let times = node_times(&[
+            change("a", NodeState::Pending, 0),
+            change("a", NodeState::Cordoning, 5),
+            change("a", NodeState::Draining, 6),
+            change("a", NodeState::Done, 50),
+        ]);
+        assert_eq!(times["a"], (Some(t0 + ms(5)), Some(t0 + ms(50))));
+        assert_eq!(ideal_total(5, 2, ms(100)), ms(300));
+    }
+}

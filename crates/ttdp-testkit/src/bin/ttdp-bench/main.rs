@@ -1,0 +1,90 @@
+//! `ttdp-bench`: the benchmarks behind `cargo xtask bench` (issue 10), one subcommand per suite.
+//!
+//! - `fleet`: the real `ttdp-controller` binary against simulated fleets on the testkit API
+//!   server, with a cheap agent stand-in, measuring memory, API requests, hand-off latency,
+//!   status size and rollout time (with `--plugin`, also `kubectl tt driver`'s wall time on the
+//!   same fleet);
+//! - `drain`: the `ttdp-drain` example program side by side with the real `kubectl drain`;
+//! - `swap`: the module swap steps of `ttdp-kmod` on a simulated kernel.
+//!
+//! Each suite prints progress on stderr and its figures as one `BENCH-RESULT {json}` line on
+//! stdout, which `cargo xtask bench` collects, checks against the targets and tabulates. It only
+//! ever talks to the in-process test API server it starts; it must never be pointed at a real
+//! cluster.
+
+mod agent_stand_in;
+mod bench_client;
+mod controller_process;
+mod drain;
+mod drain_fleet;
+mod fleet;
+mod fleet_setup;
+mod handoff;
+mod plugin_timing;
+mod result_line;
+mod rollout_watch;
+mod swap;
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+/// The benchmarks behind `cargo xtask bench`.
+#[derive(Debug, Parser)]
+#[command(name = "ttdp-bench")]
+struct Cli {
+    #[command(subcommand)]
+    suite: Suite,
+}
+
+#[derive(Debug, Subcommand)]
+enum Suite {
+    /// The controller at fleet scale.
+    Fleet(fleet::FleetArgs),
+    /// ttdp-drain against kubectl drain.
+    Drain(drain::DrainArgs),
+    /// Module swap steps on a simulated kernel.
+    Swap(swap::SwapArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ttdp-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    if std::env::var_os(ttdp_testkit::sim::cluster::REAL_CLUSTER_KUBECONFIG_ENV).is_some() {
+        anyhow::bail!(
+            "TTDP_TEST_KUBECONFIG is set: the benchmarks run their own simulated cluster only; unset it"
+        );
+    }
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    if let Suite::Swap(args) = &cli.suite {
+        // Synchronous: the module code has no async runtime.
+        return swap::run(args);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        match cli.suite {
+            Suite::Fleet(args) => fleet::run(&args).await,
+            Suite::Drain(args) => drain::run(&args).await,
+            Suite::Swap(_) => Ok(()),
+        }
+    })
+}

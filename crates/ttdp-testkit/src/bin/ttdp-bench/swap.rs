@@ -1,0 +1,185 @@
+//! Node swap on the host: the steps of `ttdp-kmod`'s [`ModuleInstaller::swap`] (probe, build,
+//! unload, load, from its [`SwapReport`]) on a simulated kernel, for a cache hit with nothing
+//! loaded, a cache hit replacing a loaded version, and a cache miss (a build of the simulated
+//! module from a local tt-kmd repository); plus the agent's last step, labelling its Node, timed
+//! against the test API server. Real-kernel load and unload times come from `cargo xtask
+//! vm-test`, not from here.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use ttdp_api::names::labels;
+use ttdp_kmod::{
+    BuildOptions, InstallerConfig, ModuleInstaller, SimHost, SimKernel, SimKmdRepo, SwapOptions,
+    SwapReport,
+};
+use ttdp_testkit::apiserver::TestApiServer;
+
+use crate::handoff::spread;
+use crate::result_line::{self, ms};
+
+const RELEASE: &str = "6.8.0-sim";
+const V1: &str = "2.0.0";
+const V2: &str = "2.1.0";
+
+/// Flags of `ttdp-bench swap`.
+#[derive(Debug, Args)]
+pub struct SwapArgs {
+    /// Repetitions of each case (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+}
+
+/// One case's steps, in milliseconds.
+#[derive(Debug, Default, Clone)]
+struct Steps {
+    probe: Vec<Duration>,
+    build: Vec<Duration>,
+    unload: Vec<Duration>,
+    load: Vec<Duration>,
+    total: Vec<Duration>,
+}
+
+impl Steps {
+    fn add(&mut self, r: &SwapReport) {
+        self.probe.push(Duration::from_millis(r.probe_ms));
+        self.build.push(Duration::from_millis(r.build_ms));
+        self.unload.push(Duration::from_millis(r.unload_ms));
+        self.load.push(Duration::from_millis(r.load_ms));
+        self.total.push(Duration::from_millis(r.total_ms));
+    }
+
+    fn json(&self, label: Duration) -> serde_json::Value {
+        let median = |v: &Vec<Duration>| ms(spread(v.clone()).p50);
+        let total = spread(self.total.clone()).p50;
+        json!({
+            "probe_ms": median(&self.probe), "build_ms": median(&self.build),
+            "unload_ms": median(&self.unload), "load_ms": median(&self.load),
+            "label_ms": ms(label), "swap_total_ms": ms(total), "start_to_ready_ms": ms(total + label),
+        })
+    }
+}
+
+struct Host {
+    _dir: tempfile::TempDir,
+    installer: ModuleInstaller<SimKernel>,
+}
+
+fn host(repo: &SimKmdRepo, work: &std::path::Path) -> Result<Host> {
+    let dir = tempfile::Builder::new()
+        .prefix("ttdp-bench-swap-")
+        .tempdir()
+        .context("cannot create a temporary host")?;
+    let sim = SimHost::create(dir.path().join("host"), RELEASE)
+        .context("cannot create the simulated host")?;
+    let config = InstallerConfig {
+        build: BuildOptions {
+            repository: repo.url(),
+            jobs: 2,
+            fetch_timeout: Duration::from_secs(120),
+            build_timeout: Duration::from_secs(120),
+            work_dir: Some(work.to_owned()),
+            ..BuildOptions::default()
+        },
+        cache_lock_timeout: Duration::from_secs(60),
+        ..InstallerConfig::default()
+    };
+    let installer = ModuleInstaller::new(sim.host().clone(), sim.kernel(), config)
+        .context("cannot open the simulated host")?;
+    Ok(Host {
+        _dir: dir,
+        installer,
+    })
+}
+
+/// Runs the suite and prints its result line.
+pub fn run(args: &SwapArgs) -> Result<()> {
+    let dir = tempfile::Builder::new()
+        .prefix("ttdp-bench-repo-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
+    let repo = SimKmdRepo::create(dir.path().join("tt-kmd"), &[V1, V2])
+        .context("cannot create the simulated tt-kmd repository")?;
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).context("cannot create the build directory")?;
+    let (mut miss, mut hit_fresh, mut hit_swap) =
+        (Steps::default(), Steps::default(), Steps::default());
+    for run in 0..args.runs.max(1) {
+        eprintln!("swap: run {} of {}", run + 1, args.runs.max(1));
+        let h = host(&repo, &work)?;
+        // Cache miss, nothing loaded: fetch and build V1, load it.
+        miss.add(
+            &h.installer
+                .swap(V1, &SwapOptions::default())
+                .context("cache-miss swap failed")?,
+        );
+        // Build V2 into the cache, then swap V1 -> V2: a cache hit with a swap.
+        h.installer
+            .ensure_ko(V2)
+            .context("cannot build the second version")?;
+        hit_swap.add(
+            &h.installer
+                .swap(V2, &SwapOptions::default())
+                .context("cache-hit swap failed")?,
+        );
+        // A second host sharing nothing but a pre-filled cache: hit with nothing loaded.
+        let fresh = host(&repo, &work)?;
+        fresh
+            .installer
+            .ensure_ko(V1)
+            .context("cannot fill the cache")?;
+        hit_fresh.add(
+            &fresh
+                .installer
+                .swap(V1, &SwapOptions::default())
+                .context("cache-hit install failed")?,
+        );
+    }
+    let label = label_time(args.runs.max(1) * 4)?;
+    result_line::print(&json!({
+        "suite": "swap",
+        "runs": args.runs.max(1),
+        "kernel": "simulated (ttdp_kmod::SimKernel); real-kernel load/unload: cargo xtask vm-test",
+        "cache_hit_nothing_loaded": hit_fresh.json(label),
+        "cache_hit_swap": hit_swap.json(label),
+        "cache_miss_build": miss.json(label),
+    }));
+    Ok(())
+}
+
+/// Median time of the agent's node label merge patch against the test API server.
+fn label_time(samples: usize) -> Result<Duration> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let server = TestApiServer::start().await?;
+        let client = server.client().await?;
+        let nodes: Api<Node> = Api::all(client);
+        let node: Node = serde_json::from_value(
+            json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": "swap-node" } }),
+        )?;
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .context("cannot create the node")?;
+        let mut times = Vec::new();
+        for i in 0..samples {
+            let patch =
+                json!({ "metadata": { "labels": { labels::KMD_VERSION: format!("2.{i}.0") } } });
+            let started = Instant::now();
+            nodes
+                .patch("swap-node", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .context("cannot label the node")?;
+            times.push(started.elapsed());
+        }
+        server.shutdown().await;
+        anyhow::Ok(spread(times).p50)
+    })
+}
