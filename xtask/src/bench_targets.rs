@@ -25,8 +25,11 @@ fn num(v: &Value) -> f64 {
 /// Every missed target, named (empty when all are met). The memory target applies to the
 /// 5,000-node fleet, which `--quick` does not run.
 pub fn check(results: &[Value], quick: bool) -> Vec<String> {
-    let mut missed = Vec::new();
-    let fleets: Vec<&Value> = suites(results, "fleet").collect();
+    let mut missed: Vec<String> = results
+        .iter()
+        .filter_map(|r| Some(format!("{} suite did not finish: {}", r["suite"].as_str().unwrap_or("a"), r["error"].as_str()?)))
+        .collect();
+    let fleets: Vec<&Value> = suites(results, "fleet").filter(|f| f["completed"] == true).collect();
     for f in &fleets {
         let n = f["nodes"].as_u64().unwrap_or(0);
         let upgraded = f["nodes_upgraded"].as_u64().unwrap_or(0);
@@ -52,8 +55,8 @@ pub fn check(results: &[Value], quick: bool) -> Vec<String> {
             }
         }
     }
-    if !quick && !fleets.is_empty() && !fleets.iter().any(|f| f["nodes"] == 5_000) {
-        missed.push("fleet 5000: not run".into());
+    if !quick && suites(results, "fleet").next().is_some() && !fleets.iter().any(|f| f["nodes"] == 5_000) {
+        missed.push("fleet 5000: no complete run".into());
     }
     missed
 }
@@ -62,8 +65,8 @@ pub fn check(results: &[Value], quick: bool) -> Vec<String> {
 pub fn render(results: &[Value], machine: &Machine) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "\n## Results\n\n{}\n", machine.header());
-    let fleets: Vec<&Value> = suites(results, "fleet").collect();
-    if !fleets.is_empty() {
+    let fleets: Vec<&Value> = suites(results, "fleet").filter(|f| f["completed"] == true).collect();
+    if suites(results, "fleet").next().is_some() {
         let _ = writeln!(out, "### Controller at fleet scale (commit {})\n", machine.commit);
         let _ = writeln!(
             out,
@@ -82,6 +85,14 @@ pub fn render(results: &[Value], machine: &Machine) -> String {
                 num(&f["per_node_ms"]["p50"]), f["work_ms"],
                 num(&f["status_bytes_steady"]) / 1024.0, num(&f["status_bytes_rollout_max"]) / 1024.0,
                 num(&f["total_seconds"]), num(&f["ideal_seconds"]), num(&f["total_over_ideal"]),
+            );
+        }
+        for f in suites(results, "fleet").filter(|f| f["completed"] != true) {
+            let _ = writeln!(
+                out,
+                "\n**Fleet of {} did not finish** ({}): stopped in {} after {:.0} s with {} nodes up to date; controller resident {:.1} MiB, peak {:.1} MiB.",
+                f["nodes"], f["error"].as_str().unwrap_or("unknown error"), f["stopped_in"].as_str().unwrap_or("?"),
+                num(&f["seconds_in_phase"]), f["up_to_date"], num(&f["rss_now_mib"]), num(&f["rss_peak_mib"]),
             );
         }
         let plugins: Vec<&&Value> = fleets.iter().filter(|f| f["plugin"].is_object()).collect();
@@ -143,7 +154,7 @@ mod tests {
     use serde_json::json;
 
     fn fleet(nodes: u64, p95: f64, ratio: f64, peak: f64) -> Value {
-        json!({ "suite": "fleet", "nodes": nodes, "nodes_upgraded": nodes, "total_over_ideal": ratio,
+        json!({ "suite": "fleet", "completed": true, "nodes": nodes, "nodes_upgraded": nodes, "total_over_ideal": ratio,
             "total_seconds": 10.0, "ideal_seconds": 10.0, "rss_peak_mib": peak,
             "handoff_done_to_cordoning_ms": { "p95": p95 } })
     }
@@ -161,7 +172,14 @@ mod tests {
     #[test]
     fn met_targets_pass_and_a_missing_large_fleet_is_reported() {
         assert!(check(&[fleet(5_000, 50.0, 1.03, 40.0)], false).is_empty());
-        assert_eq!(check(&[fleet(100, 50.0, 1.03, 40.0)], false), vec!["fleet 5000: not run".to_string()]);
+        assert_eq!(check(&[fleet(100, 50.0, 1.03, 40.0)], false), vec!["fleet 5000: no complete run".to_string()]);
+        let mut slow = fleet(5_000, 50.0, 1.03, 40.0);
+        slow["completed"] = json!(false);
+        slow["error"] = json!("ttdp-bench fleet failed");
+        assert_eq!(
+            check(&[slow], false),
+            vec!["fleet suite did not finish: ttdp-bench fleet failed".to_string(), "fleet 5000: no complete run".to_string()]
+        );
         assert!(check(&[fleet(100, 50.0, 1.03, 40.0)], true).is_empty());
     }
 }

@@ -146,7 +146,7 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
 
     let install_started = Instant::now();
     fleet_setup::create_policy(&setup, FROM, slots).await?;
-    let installed = wait_sampling(
+    let installed = match wait_sampling(
         &watch,
         &mut controller,
         &server,
@@ -155,7 +155,11 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         FROM,
         install_started + timeout,
     )
-    .await?;
+    .await
+    {
+        Ok(w) => w,
+        Err(e) => return Err(give_up(args, "adopt", install_started, &watch, &mut controller, e).await),
+    };
     eprintln!(
         "fleet {n}: adopted at {FROM} in {:.1} s",
         installed.done.duration_since(install_started).as_secs_f64()
@@ -182,7 +186,7 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     let events_before = watch.events();
     let rollout_started = Instant::now();
     fleet_setup::set_version(&setup, TO).await?;
-    let rolled = wait_sampling(
+    let rolled = match wait_sampling(
         &watch,
         &mut controller,
         &server,
@@ -191,7 +195,11 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         TO,
         rollout_started + timeout,
     )
-    .await?;
+    .await
+    {
+        Ok(w) => w,
+        Err(e) => return Err(give_up(args, "rollout", rollout_started, &watch, &mut controller, e).await),
+    };
     rollout.drain(server.recorder());
     let end_memory = controller.memory()?;
     let changes = watch.changes_since(rollout_started);
@@ -250,6 +258,7 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
 
     let figures = json!({
         "suite": "fleet",
+        "completed": true,
         "nodes": n,
         "plain_nodes": n,
         "max_unavailable": slots,
@@ -282,6 +291,36 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     });
     result_line::print(&figures);
     Ok(())
+}
+
+/// Prints what was measured before the `phase` ran out of time (memory, progress) and returns
+/// the error.
+async fn give_up(
+    args: &FleetArgs,
+    phase: &str,
+    since: Instant,
+    watch: &RolloutWatch,
+    controller: &mut ControllerProcess,
+    error: anyhow::Error,
+) -> anyhow::Error {
+    let memory = controller.memory().unwrap_or_default();
+    let summary = watch.policy().and_then(|p| p.status).and_then(|s| s.summary);
+    result_line::print(&json!({
+        "suite": "fleet",
+        "nodes": args.nodes,
+        "plain_nodes": args.nodes,
+        "max_unavailable": args.max_unavailable,
+        "work_ms": args.work_ms,
+        "completed": false,
+        "stopped_in": phase,
+        "error": format!("{error:#}"),
+        "seconds_in_phase": since.elapsed().as_secs_f64(),
+        "up_to_date": summary.as_ref().map(|s| s.up_to_date),
+        "in_progress": summary.as_ref().map(|s| s.in_progress),
+        "rss_now_mib": mib(memory.rss_kib),
+        "rss_peak_mib": mib(memory.hwm_kib),
+    }));
+    error
 }
 
 fn watch_max(sampled: usize, last: usize) -> usize {
