@@ -38,23 +38,64 @@ struct FleetPlan {
 }
 
 const FULL_FLEETS: [FleetPlan; 3] = [
-    FleetPlan { nodes: 100, max_unavailable: 1, plugin: false, timeout_seconds: 300 },
-    FleetPlan { nodes: 1_000, max_unavailable: 100, plugin: true, timeout_seconds: 360 },
-    FleetPlan { nodes: 5_000, max_unavailable: 500, plugin: true, timeout_seconds: 150 },
+    FleetPlan {
+        nodes: 100,
+        max_unavailable: 1,
+        plugin: false,
+        timeout_seconds: 300,
+    },
+    FleetPlan {
+        nodes: 1_000,
+        max_unavailable: 100,
+        plugin: true,
+        timeout_seconds: 360,
+    },
+    FleetPlan {
+        nodes: 5_000,
+        max_unavailable: 500,
+        plugin: true,
+        timeout_seconds: 150,
+    },
 ];
 const QUICK_FLEETS: [FleetPlan; 3] = [
-    FleetPlan { nodes: 20, max_unavailable: 1, plugin: false, timeout_seconds: 120 },
-    FleetPlan { nodes: 100, max_unavailable: 10, plugin: true, timeout_seconds: 120 },
-    FleetPlan { nodes: 200, max_unavailable: 20, plugin: true, timeout_seconds: 120 },
+    FleetPlan {
+        nodes: 20,
+        max_unavailable: 1,
+        plugin: false,
+        timeout_seconds: 120,
+    },
+    FleetPlan {
+        nodes: 100,
+        max_unavailable: 10,
+        plugin: true,
+        timeout_seconds: 120,
+    },
+    FleetPlan {
+        nodes: 200,
+        max_unavailable: 20,
+        plugin: true,
+        timeout_seconds: 120,
+    },
 ];
 /// Simulated agent work per node.
 const WORK_MS: &str = "500";
 
 pub fn run(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
-    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).map(String::as_str);
-    if let Some(unknown) = args.iter().find(|a| !matches!(a.as_str(), "--quick" | "--only" | "fleet" | "drain" | "swap")) {
-        bail!("unknown bench argument {unknown:?}; usage: cargo xtask bench [--quick] [--only fleet|drain|swap]");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
+    if let Some(unknown) = args.iter().find(|a| {
+        !matches!(
+            a.as_str(),
+            "--quick" | "--only" | "fleet" | "drain" | "swap"
+        )
+    }) {
+        bail!(
+            "unknown bench argument {unknown:?}; usage: cargo xtask bench [--quick] [--only fleet|drain|swap]"
+        );
     }
     let root = repo_root()?;
     let target = target_dir(&root)?;
@@ -76,10 +117,16 @@ pub fn run(args: &[String]) -> Result<()> {
                 .arg(format!("--max-unavailable={}", plan.max_unavailable))
                 .arg(format!("--work-ms={WORK_MS}"))
                 .arg(format!("--timeout-seconds={}", plan.timeout_seconds))
-                .arg(format!("--controller={}", release.join("ttdp-controller").display()))
+                .arg(format!(
+                    "--controller={}",
+                    release.join("ttdp-controller").display()
+                ))
                 .arg(format!("--log-dir={}", target.join("bench").display()));
             if plan.plugin {
-                command.arg(format!("--plugin={}", release.join("kubectl-tt-driver").display()));
+                command.arg(format!(
+                    "--plugin={}",
+                    release.join("kubectl-tt-driver").display()
+                ));
             }
             results.push(suite(&mut command)?);
         }
@@ -88,7 +135,10 @@ pub fn run(args: &[String]) -> Result<()> {
         let mut command = Command::new(&bench);
         command
             .arg("drain")
-            .arg(format!("--ttdp-drain={}", release.join("examples").join("drain").display()))
+            .arg(format!(
+                "--ttdp-drain={}",
+                release.join("examples").join("drain").display()
+            ))
             .arg(format!("--kubectl={}", kubectl.display()));
         if quick {
             command.arg("--pods=10,50");
@@ -100,16 +150,25 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let elapsed = started.elapsed();
     print!("{}", render(&results, &machine));
-    println!("benchmarks ran in {:.1} min{}", elapsed.as_secs_f64() / 60.0, if quick { " (--quick)" } else { "" });
+    println!(
+        "benchmarks ran in {:.1} min{}",
+        elapsed.as_secs_f64() / 60.0,
+        if quick { " (--quick)" } else { "" }
+    );
     let out = target.join("bench");
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let document = serde_json::json!({ "machine": machine.json(), "quick": quick, "seconds": elapsed.as_secs_f64(), "results": results });
     let file = out.join("results.json");
-    std::fs::write(&file, serde_json::to_string_pretty(&document)?).with_context(|| format!("cannot write {}", file.display()))?;
+    std::fs::write(&file, serde_json::to_string_pretty(&document)?)
+        .with_context(|| format!("cannot write {}", file.display()))?;
     println!("figures written to {}", file.display());
     let missed = check(&results, quick);
     if !missed.is_empty() {
-        bail!("{} target(s) missed:\n  {}", missed.len(), missed.join("\n  "));
+        bail!(
+            "{} target(s) missed:\n  {}",
+            missed.len(),
+            missed.join("\n  ")
+        );
     }
     println!("every target met");
     Ok(())
@@ -120,12 +179,18 @@ pub fn run(args: &[String]) -> Result<()> {
 /// not hide the others' figures.
 fn suite(command: &mut Command) -> Result<Value> {
     println!("bench: {}", describe(command));
-    let output = command.stderr(Stdio::inherit()).output().with_context(|| format!("cannot run {}", describe(command)))?;
+    let output = command
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", describe(command)))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let line = stdout.lines().find_map(|l| l.strip_prefix(RESULT_PREFIX));
     let mut result: Value = match line {
-        Some(line) => serde_json::from_str(line).with_context(|| format!("{} printed an unreadable result line", describe(command)))?,
-        None => serde_json::json!({ "suite": command.get_args().next().map(|a| a.to_string_lossy().into_owned()) }),
+        Some(line) => serde_json::from_str(line)
+            .with_context(|| format!("{} printed an unreadable result line", describe(command)))?,
+        None => {
+            serde_json::json!({ "suite": command.get_args().next().map(|a| a.to_string_lossy().into_owned()) })
+        }
     };
     if !output.status.success() {
         result["error"] = Value::from(format!("{} failed ({})", describe(command), output.status));
@@ -134,18 +199,47 @@ fn suite(command: &mut Command) -> Result<Value> {
 }
 
 fn describe(command: &Command) -> String {
-    let args: Vec<String> = command.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    let args: Vec<String> = command
+        .get_args()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     format!("ttdp-bench {}", args.join(" "))
 }
 
 fn build(root: &Path) -> Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     for args in [
-        &["build", "--release", "-p", "ttdp-controller", "-p", "kubectl-tt-driver", "-p", "ttdp-testkit", "--bin", "ttdp-controller", "--bin", "kubectl-tt-driver", "--bin", "ttdp-bench"][..],
-        &["build", "--release", "-p", "ttdp-drain", "--example", "drain"][..],
+        &[
+            "build",
+            "--release",
+            "-p",
+            "ttdp-controller",
+            "-p",
+            "kubectl-tt-driver",
+            "-p",
+            "ttdp-testkit",
+            "--bin",
+            "ttdp-controller",
+            "--bin",
+            "kubectl-tt-driver",
+            "--bin",
+            "ttdp-bench",
+        ][..],
+        &[
+            "build",
+            "--release",
+            "-p",
+            "ttdp-drain",
+            "--example",
+            "drain",
+        ][..],
     ] {
         println!("bench: cargo {}", args.join(" "));
-        let status = Command::new(&cargo).args(args).current_dir(root).status().context("cannot run cargo")?;
+        let status = Command::new(&cargo)
+            .args(args)
+            .current_dir(root)
+            .status()
+            .context("cannot run cargo")?;
         if !status.success() {
             bail!("`cargo {}` failed ({status})", args.join(" "));
         }
@@ -159,7 +253,10 @@ fn kubectl(root: &Path) -> Result<PathBuf> {
         return Ok(path);
     }
     println!("bench: installing kubectl with .ci/kube-tools");
-    let status = Command::new("bash").arg(root.join(".ci/kube-tools")).status().context("cannot run bash .ci/kube-tools")?;
+    let status = Command::new("bash")
+        .arg(root.join(".ci/kube-tools"))
+        .status()
+        .context("cannot run bash .ci/kube-tools")?;
     if !status.success() {
         bail!("bash .ci/kube-tools failed ({status}); the drain benchmark needs kubectl v1.35");
     }
@@ -167,12 +264,17 @@ fn kubectl(root: &Path) -> Result<PathBuf> {
 }
 
 fn repo_root() -> Result<PathBuf> {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).context("xtask's manifest directory has no parent")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask's manifest directory has no parent")
 }
 
 fn target_dir(root: &Path) -> Result<PathBuf> {
     Ok(match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => std::env::current_dir().context("reading the current directory")?.join(dir),
+        Some(dir) => std::env::current_dir()
+            .context("reading the current directory")?
+            .join(dir),
         None => root.join("target"),
     })
 }

@@ -28,7 +28,8 @@ impl Machine {
                 .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         };
         let commit = git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into());
-        let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+        let dirty =
+            git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         Self {
@@ -51,7 +52,11 @@ impl Machine {
         format!(
             "commit {}{} · {} CPUs ({}) · {:.1} GiB memory · load average {} at start",
             self.commit,
-            if self.dirty { " (with uncommitted changes)" } else { "" },
+            if self.dirty {
+                " (with uncommitted changes)"
+            } else {
+                ""
+            },
             self.cpus,
             self.cpu_model,
             self.memory_gib,
@@ -69,7 +74,11 @@ impl Machine {
 fn cpu_model(cpuinfo: &str) -> String {
     cpuinfo
         .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_owned()))
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
@@ -87,7 +96,10 @@ mod tests {
 
     #[test]
     fn cpu_and_memory_are_read_from_proc() {
-        assert_eq!(cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 7B13\n"), "AMD EPYC 7B13");
+        assert_eq!(
+            cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 7B13\n"),
+            "AMD EPYC 7B13"
+        );
         assert_eq!(memory_gib("MemTotal:       25165824 kB\n"), 24.0);
         assert_eq!(cpu_model(""), "unknown CPU");
     }

@@ -18,6 +18,11 @@ fn suites<'a>(results: &'a [Value], name: &'a str) -> impl Iterator<Item = &'a V
     results.iter().filter(move |r| r["suite"] == name)
 }
 
+/// `value < limit`; false for a missing figure (NaN).
+fn below(value: f64, limit: f64) -> bool {
+    value < limit
+}
+
 fn num(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
@@ -27,21 +32,33 @@ fn num(v: &Value) -> f64 {
 pub fn check(results: &[Value], quick: bool) -> Vec<String> {
     let mut missed: Vec<String> = results
         .iter()
-        .filter_map(|r| Some(format!("{} suite did not finish: {}", r["suite"].as_str().unwrap_or("a"), r["error"].as_str()?)))
+        .filter_map(|r| {
+            Some(format!(
+                "{} suite did not finish: {}",
+                r["suite"].as_str().unwrap_or("a"),
+                r["error"].as_str()?
+            ))
+        })
         .collect();
-    let fleets: Vec<&Value> = suites(results, "fleet").filter(|f| f["completed"] == true).collect();
+    let fleets: Vec<&Value> = suites(results, "fleet")
+        .filter(|f| f["completed"] == true)
+        .collect();
     for f in &fleets {
         let n = f["nodes"].as_u64().unwrap_or(0);
         let upgraded = f["nodes_upgraded"].as_u64().unwrap_or(0);
         if upgraded != n {
-            missed.push(format!("fleet {n}: {upgraded} of {n} nodes were seen reaching Done"));
+            missed.push(format!(
+                "fleet {n}: {upgraded} of {n} nodes were seen reaching Done"
+            ));
         }
         let p95 = num(&f["handoff_done_to_cordoning_ms"]["p95"]);
-        if !(p95 < HANDOFF_P95_LIMIT_MS) {
-            missed.push(format!("fleet {n}: hand-off p95 {p95:.1} ms (target < {HANDOFF_P95_LIMIT_MS} ms)"));
+        if !below(p95, HANDOFF_P95_LIMIT_MS) {
+            missed.push(format!(
+                "fleet {n}: hand-off p95 {p95:.1} ms (target < {HANDOFF_P95_LIMIT_MS} ms)"
+            ));
         }
         let ratio = num(&f["total_over_ideal"]);
-        if !(ratio <= TOTAL_OVER_IDEAL_LIMIT) {
+        if !below(ratio, TOTAL_OVER_IDEAL_LIMIT + f64::EPSILON) {
             missed.push(format!(
                 "fleet {n}: rollout took {:.1} s, {ratio:.3} × the ideal {:.1} s (target ≤ {TOTAL_OVER_IDEAL_LIMIT})",
                 num(&f["total_seconds"]),
@@ -50,12 +67,15 @@ pub fn check(results: &[Value], quick: bool) -> Vec<String> {
         }
         if n == 5_000 {
             let peak = num(&f["rss_peak_mib"]);
-            if !(peak < MEMORY_LIMIT_MIB) {
+            if !below(peak, MEMORY_LIMIT_MIB) {
                 missed.push(format!("fleet 5000: controller peak resident memory {peak:.1} MiB (target < {MEMORY_LIMIT_MIB} MiB)"));
             }
         }
     }
-    if !quick && suites(results, "fleet").next().is_some() && !fleets.iter().any(|f| f["nodes"] == 5_000) {
+    if !quick
+        && suites(results, "fleet").next().is_some()
+        && !fleets.iter().any(|f| f["nodes"] == 5_000)
+    {
         missed.push("fleet 5000: no complete run".into());
     }
     missed
@@ -65,62 +85,117 @@ pub fn check(results: &[Value], quick: bool) -> Vec<String> {
 pub fn render(results: &[Value], machine: &Machine) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "\n## Results\n\n{}\n", machine.header());
-    let fleets: Vec<&Value> = suites(results, "fleet").filter(|f| f["completed"] == true).collect();
+    let fleets: Vec<&Value> = suites(results, "fleet")
+        .filter(|f| f["completed"] == true)
+        .collect();
     if suites(results, "fleet").next().is_some() {
-        let _ = writeln!(out, "### Controller at fleet scale (commit {})\n", machine.commit);
+        let _ = writeln!(
+            out,
+            "### Controller at fleet scale (commit {})\n",
+            machine.commit
+        );
         let _ = writeln!(
             out,
             "| TT nodes (+plain) | maxUnavailable | RSS steady | RSS rollout max | RSS peak (VmHWM) | reads/node | writes/node | hand-off Done→Cordoning p50/p95/max | agent Ready→Cordoning p50/p95/max | per node p50 (agent work) | status steady / max | total vs ideal |"
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
         for f in &fleets {
-            let spread = |key: &str| format!("{:.0} / {:.0} / {:.0} ms", num(&f[key]["p50"]), num(&f[key]["p95"]), num(&f[key]["max"]));
+            let spread = |key: &str| {
+                format!(
+                    "{:.0} / {:.0} / {:.0} ms",
+                    num(&f[key]["p50"]),
+                    num(&f[key]["p95"]),
+                    num(&f[key]["max"])
+                )
+            };
             let _ = writeln!(
                 out,
                 "| {} (+{}) | {} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} | {:.1} | {} | {} | {:.0} ms ({} ms) | {:.1} / {:.1} KiB | {:.1} s vs {:.1} s = {:.3} |",
-                f["nodes"], f["plain_nodes"], f["max_unavailable"],
-                num(&f["rss_steady_mib"]), num(&f["rss_rollout_max_mib"]), num(&f["rss_peak_mib"]),
-                num(&f["reads_per_node"]), num(&f["writes_per_node"]),
-                spread("handoff_done_to_cordoning_ms"), spread("handoff_agent_ready_to_cordoning_ms"),
-                num(&f["per_node_ms"]["p50"]), f["work_ms"],
-                num(&f["status_bytes_steady"]) / 1024.0, num(&f["status_bytes_rollout_max"]) / 1024.0,
-                num(&f["total_seconds"]), num(&f["ideal_seconds"]), num(&f["total_over_ideal"]),
+                f["nodes"],
+                f["plain_nodes"],
+                f["max_unavailable"],
+                num(&f["rss_steady_mib"]),
+                num(&f["rss_rollout_max_mib"]),
+                num(&f["rss_peak_mib"]),
+                num(&f["reads_per_node"]),
+                num(&f["writes_per_node"]),
+                spread("handoff_done_to_cordoning_ms"),
+                spread("handoff_agent_ready_to_cordoning_ms"),
+                num(&f["per_node_ms"]["p50"]),
+                f["work_ms"],
+                num(&f["status_bytes_steady"]) / 1024.0,
+                num(&f["status_bytes_rollout_max"]) / 1024.0,
+                num(&f["total_seconds"]),
+                num(&f["ideal_seconds"]),
+                num(&f["total_over_ideal"]),
             );
         }
         for f in suites(results, "fleet").filter(|f| f["completed"] != true) {
             let _ = writeln!(
                 out,
                 "\n**Fleet of {} did not finish** ({}): stopped in {} after {:.0} s with {} nodes up to date; controller resident {:.1} MiB, peak {:.1} MiB.",
-                f["nodes"], f["error"].as_str().unwrap_or("unknown error"), f["stopped_in"].as_str().unwrap_or("?"),
-                num(&f["seconds_in_phase"]), f["up_to_date"], num(&f["rss_now_mib"]), num(&f["rss_peak_mib"]),
+                f["nodes"],
+                f["error"].as_str().unwrap_or("unknown error"),
+                f["stopped_in"].as_str().unwrap_or("?"),
+                num(&f["seconds_in_phase"]),
+                f["up_to_date"],
+                num(&f["rss_now_mib"]),
+                num(&f["rss_peak_mib"]),
             );
         }
         let plugins: Vec<&&Value> = fleets.iter().filter(|f| f["plugin"].is_object()).collect();
         if !plugins.is_empty() {
-            let _ = writeln!(out, "\n### `kubectl tt driver` wall time, median (commit {})\n", machine.commit);
-            let _ = writeln!(out, "| TT nodes (+plain) | status | nodes POLICY | describe POLICY |");
+            let _ = writeln!(
+                out,
+                "\n### `kubectl tt driver` wall time, median (commit {})\n",
+                machine.commit
+            );
+            let _ = writeln!(
+                out,
+                "| TT nodes (+plain) | status | nodes POLICY | describe POLICY |"
+            );
             let _ = writeln!(out, "|---|---|---|---|");
             for f in plugins {
                 let p = &f["plugin"];
                 let _ = writeln!(
                     out,
                     "| {} (+{}) | {:.0} ms | {:.0} ms | {:.0} ms |",
-                    f["nodes"], f["plain_nodes"], num(&p["status"]["median_ms"]), num(&p["nodes"]["median_ms"]), num(&p["describe"]["median_ms"])
+                    f["nodes"],
+                    f["plain_nodes"],
+                    num(&p["status"]["median_ms"]),
+                    num(&p["nodes"]["median_ms"]),
+                    num(&p["describe"]["median_ms"])
                 );
             }
         }
     }
     for d in suites(results, "drain") {
-        let _ = writeln!(out, "\n### Drain: ttdp-drain vs kubectl drain v1.35 (commit {})\n", machine.commit);
-        let _ = writeln!(out, "| pods on the node | kubectl wall | ttdp wall | wall ratio ttdp/kubectl | kubectl requests (r/w) | ttdp requests (r/w) | request ratio |");
+        let _ = writeln!(
+            out,
+            "\n### Drain: ttdp-drain vs kubectl drain v1.35 (commit {})\n",
+            machine.commit
+        );
+        let _ = writeln!(
+            out,
+            "| pods on the node | kubectl wall | ttdp wall | wall ratio ttdp/kubectl | kubectl requests (r/w) | ttdp requests (r/w) | request ratio |"
+        );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|");
         for s in d["sizes"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 out,
                 "| {} | {:.0} ms | {:.0} ms | {:.2} | {} ({}/{}) | {} ({}/{}) | {:.2} |",
-                s["pods"], num(&s["kubectl"]["wall_ms"]), num(&s["ttdp"]["wall_ms"]), num(&s["wall_ratio_ttdp_over_kubectl"]),
-                s["kubectl"]["reads"].as_u64().unwrap_or(0) + s["kubectl"]["writes"].as_u64().unwrap_or(0), s["kubectl"]["reads"], s["kubectl"]["writes"],
-                s["ttdp"]["reads"].as_u64().unwrap_or(0) + s["ttdp"]["writes"].as_u64().unwrap_or(0), s["ttdp"]["reads"], s["ttdp"]["writes"],
+                s["pods"],
+                num(&s["kubectl"]["wall_ms"]),
+                num(&s["ttdp"]["wall_ms"]),
+                num(&s["wall_ratio_ttdp_over_kubectl"]),
+                s["kubectl"]["reads"].as_u64().unwrap_or(0)
+                    + s["kubectl"]["writes"].as_u64().unwrap_or(0),
+                s["kubectl"]["reads"],
+                s["kubectl"]["writes"],
+                s["ttdp"]["reads"].as_u64().unwrap_or(0)
+                    + s["ttdp"]["writes"].as_u64().unwrap_or(0),
+                s["ttdp"]["reads"],
+                s["ttdp"]["writes"],
                 num(&s["requests_ratio_ttdp_over_kubectl"]),
             );
         }
@@ -128,20 +203,39 @@ pub fn render(results: &[Value], machine: &Machine) -> String {
         let _ = writeln!(
             out,
             "\nBlocked by a PodDisruptionBudget for {} s: kubectl {:.2} evictions/s ({:.2} requests/s), ttdp-drain {:.2} evictions/s ({:.2} requests/s).",
-            b["seconds"], num(&b["kubectl"]["evictions_per_s"]), num(&b["kubectl"]["requests_per_s"]),
-            num(&b["ttdp"]["evictions_per_s"]), num(&b["ttdp"]["requests_per_s"]),
+            b["seconds"],
+            num(&b["kubectl"]["evictions_per_s"]),
+            num(&b["kubectl"]["requests_per_s"]),
+            num(&b["ttdp"]["evictions_per_s"]),
+            num(&b["ttdp"]["requests_per_s"]),
         );
     }
     for s in suites(results, "swap") {
-        let _ = writeln!(out, "\n### Node swap on the host, simulated kernel, median of {} (commit {})\n", s["runs"], machine.commit);
-        let _ = writeln!(out, "| case | probe | build | unload | load | label | start to ready |");
+        let _ = writeln!(
+            out,
+            "\n### Node swap on the host, simulated kernel, median of {} (commit {})\n",
+            s["runs"], machine.commit
+        );
+        let _ = writeln!(
+            out,
+            "| case | probe | build | unload | load | label | start to ready |"
+        );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|");
-        for (name, key) in [("cache hit, nothing loaded", "cache_hit_nothing_loaded"), ("cache hit, swap", "cache_hit_swap"), ("cache miss (build)", "cache_miss_build")] {
+        for (name, key) in [
+            ("cache hit, nothing loaded", "cache_hit_nothing_loaded"),
+            ("cache hit, swap", "cache_hit_swap"),
+            ("cache miss (build)", "cache_miss_build"),
+        ] {
             let c = &s[key];
             let _ = writeln!(
                 out,
                 "| {name} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.1} ms | {:.0} ms |",
-                num(&c["probe_ms"]), num(&c["build_ms"]), num(&c["unload_ms"]), num(&c["load_ms"]), num(&c["label_ms"]), num(&c["start_to_ready_ms"]),
+                num(&c["probe_ms"]),
+                num(&c["build_ms"]),
+                num(&c["unload_ms"]),
+                num(&c["load_ms"]),
+                num(&c["label_ms"]),
+                num(&c["start_to_ready_ms"]),
             );
         }
     }
@@ -164,21 +258,33 @@ mod tests {
         let results = [fleet(100, 20.0, 1.01, 80.0), fleet(5_000, 150.0, 1.2, 70.0)];
         let missed = check(&results, false);
         assert_eq!(missed.len(), 3, "{missed:?}");
-        assert!(missed[0].contains("fleet 5000: hand-off p95 150.0 ms"), "{missed:?}");
+        assert!(
+            missed[0].contains("fleet 5000: hand-off p95 150.0 ms"),
+            "{missed:?}"
+        );
         assert!(missed[1].contains("1.200 × the ideal"), "{missed:?}");
-        assert!(missed[2].contains("peak resident memory 70.0 MiB"), "{missed:?}");
+        assert!(
+            missed[2].contains("peak resident memory 70.0 MiB"),
+            "{missed:?}"
+        );
     }
 
     #[test]
     fn met_targets_pass_and_a_missing_large_fleet_is_reported() {
         assert!(check(&[fleet(5_000, 50.0, 1.03, 40.0)], false).is_empty());
-        assert_eq!(check(&[fleet(100, 50.0, 1.03, 40.0)], false), vec!["fleet 5000: no complete run".to_string()]);
+        assert_eq!(
+            check(&[fleet(100, 50.0, 1.03, 40.0)], false),
+            vec!["fleet 5000: no complete run".to_string()]
+        );
         let mut slow = fleet(5_000, 50.0, 1.03, 40.0);
         slow["completed"] = json!(false);
         slow["error"] = json!("ttdp-bench fleet failed");
         assert_eq!(
             check(&[slow], false),
-            vec!["fleet suite did not finish: ttdp-bench fleet failed".to_string(), "fleet 5000: no complete run".to_string()]
+            vec![
+                "fleet suite did not finish: ttdp-bench fleet failed".to_string(),
+                "fleet 5000: no complete run".to_string()
+            ]
         );
         assert!(check(&[fleet(100, 50.0, 1.03, 40.0)], true).is_empty());
     }

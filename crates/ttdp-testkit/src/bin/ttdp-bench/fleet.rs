@@ -158,7 +158,9 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     .await
     {
         Ok(w) => w,
-        Err(e) => return Err(give_up(args, "adopt", install_started, &watch, &mut controller, e).await),
+        Err(e) => {
+            return Err(give_up(args, "adopt", install_started, &watch, &mut controller, e).await);
+        }
     };
     eprintln!(
         "fleet {n}: adopted at {FROM} in {:.1} s",
@@ -198,7 +200,11 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     .await
     {
         Ok(w) => w,
-        Err(e) => return Err(give_up(args, "rollout", rollout_started, &watch, &mut controller, e).await),
+        Err(e) => {
+            return Err(
+                give_up(args, "rollout", rollout_started, &watch, &mut controller, e).await,
+            );
+        }
     };
     rollout.drain(server.recorder());
     let end_memory = controller.memory()?;
@@ -304,7 +310,10 @@ async fn give_up(
     error: anyhow::Error,
 ) -> anyhow::Error {
     let memory = controller.memory().unwrap_or_default();
-    let summary = watch.policy().and_then(|p| p.status).and_then(|s| s.summary);
+    let summary = watch
+        .policy()
+        .and_then(|p| p.status)
+        .and_then(|s| s.summary);
     result_line::print(&json!({
         "suite": "fleet",
         "nodes": args.nodes,
