@@ -48,13 +48,13 @@ const FULL_FLEETS: [FleetPlan; 3] = [
         nodes: 1_000,
         max_unavailable: 100,
         plugin: true,
-        timeout_seconds: 360,
+        timeout_seconds: 240,
     },
     FleetPlan {
         nodes: 5_000,
         max_unavailable: 500,
         plugin: true,
-        timeout_seconds: 150,
+        timeout_seconds: 120,
     },
 ];
 const QUICK_FLEETS: [FleetPlan; 3] = [
