@@ -552,6 +552,9 @@ async fn overlapping_policies_leave_shared_nodes_to_the_older() {
     let h = Harness::start(loaded("2.7.0", 2)).await;
     let older = h.create_policy("older", "2.7.0", json!({})).await;
     h.wait_ready(&older, STEP).await;
+    // creationTimestamp has one-second resolution and ties go to the name ("newer" < "older"):
+    // make sure the second policy really is created in a later second.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let newer = h.create_policy("newer", "2.8.0", json!({})).await;
     let p = h
         .wait_policy(&newer, "conflicts reported", STEP, |p| {
