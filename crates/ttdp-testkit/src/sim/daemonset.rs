@@ -102,6 +102,9 @@ async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
         nodes,
     };
     let mut expectations = Expectations::default();
+    // After a failed reconcile (an API error), try again soon instead of at the next resync,
+    // as the real controller requeues with back-off.
+    let mut wait = resync;
     info!("daemonset controller stand-in started");
     loop {
         tokio::select! {
@@ -113,12 +116,17 @@ async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
                 // Take every event that is already there, then reconcile once.
                 while let Some(Some(_)) = events.next().now_or_never() {}
             }
-            () = tokio::time::sleep(resync) => {}
+            () = tokio::time::sleep(wait) => {}
         }
         if !ready(&caches) {
+            wait = RETRY_AFTER_ERROR.min(resync);
             continue;
         }
-        reconcile_all(&client, &caches, &mut expectations).await;
+        wait = if reconcile_all(&client, &caches, &mut expectations).await {
+            resync
+        } else {
+            RETRY_AFTER_ERROR.min(resync)
+        };
     }
     info!("daemonset controller stand-in stopped");
 }
@@ -145,7 +153,11 @@ fn ready(caches: &Caches) -> bool {
     .all(|r| matches!(r, Some(Ok(()))))
 }
 
-async fn reconcile_all(client: &Client, caches: &Caches, expectations: &mut Expectations) {
+/// How soon a failed reconcile is retried.
+const RETRY_AFTER_ERROR: Duration = Duration::from_millis(500);
+
+/// Reconciles every DaemonSet; false when any reconcile failed.
+async fn reconcile_all(client: &Client, caches: &Caches, expectations: &mut Expectations) -> bool {
     let now = Instant::now();
     expectations
         .creating
@@ -161,14 +173,17 @@ async fn reconcile_all(client: &Client, caches: &Caches, expectations: &mut Expe
             p.uid().as_deref() == Some(uid.as_str()) && p.metadata.deletion_timestamp.is_none()
         })
     });
+    let mut ok = true;
     for ds in caches.daemonsets.state() {
         if ds.metadata.deletion_timestamp.is_some() {
             continue;
         }
         if let Err(err) = reconcile(client, &ds, &nodes, &all_pods, expectations).await {
             warn!(daemonset = %ds.name_any(), error = %err, "daemonset reconcile failed; retrying");
+            ok = false;
         }
     }
+    ok
 }
 
 async fn reconcile(
