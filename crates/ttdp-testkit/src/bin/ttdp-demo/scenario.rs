@@ -162,7 +162,7 @@ impl Demo {
         ));
         self.apply_policy().await?;
         let title = format!("fresh install of tt-kmd {}", self.args.from);
-        self.follow(&title, deadline).await?;
+        self.follow(&title, &self.args.from, deadline).await?;
         self.phases.push(phase(
             &format!(
                 "fresh install of {} on {} nodes",
@@ -184,7 +184,7 @@ impl Demo {
         self.upgrade_started = Some(self.epoch.elapsed());
         self.bump_policy().await?;
         let title = format!("upgrade {} → {}", self.args.from, self.args.to);
-        self.follow(&title, deadline).await?;
+        self.follow(&title, &self.args.to, deadline).await?;
         self.phases.push(phase(
             &format!(
                 "upgrade {} → {} (drain, swap, uncordon)",
@@ -275,9 +275,10 @@ impl Demo {
         Ok(())
     }
 
-    /// Shows the rollout until the policy is Ready for its latest spec, the controller dies or
-    /// `deadline` passes.
-    async fn follow(&self, title: &str, deadline: Instant) -> Result<()> {
+    /// Shows the rollout until the policy is Ready at `version`, the controller dies or
+    /// `deadline` passes. The tracker's copy of the policy may still be the one from before the
+    /// patch (a status write that raced it), so the spec's version must be `version` too.
+    async fn follow(&self, title: &str, version: &str, deadline: Instant) -> Result<()> {
         let Some(tracker) = &self.tracker else {
             bail!("the rollout tracker is not running");
         };
@@ -291,6 +292,7 @@ impl Demo {
         loop {
             let policy = tracker.policy();
             if let Some(policy) = &policy
+                && policy.spec.version == version
                 && is_ready(policy, expected)
             {
                 tracing::info!(
