@@ -9,6 +9,9 @@ step() { printf '\n=== %s\n' "$*"; }
 step "system packages and tools"
 bash .ci/deps
 export PATH="$HOME/.local/ttdp-tools/bin:$PATH"
+# One-shot builds: incremental caches only cost disk (several GiB) and time here.
+export CARGO_INCREMENTAL=0
+df -h . | tail -n 1
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
