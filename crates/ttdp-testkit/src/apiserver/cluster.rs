@@ -135,6 +135,8 @@ pub struct ClusterState {
     pub terminating_since: HashMap<(String, String), Instant>,
     /// Warnings of the current request (sent as `Warning` headers), drained by the router.
     pub warnings: Vec<String>,
+    /// The revision PodDisruptionBudget statuses were last computed at.
+    pub budgets_synced_at: u64,
 }
 
 /// The shared handle to the state and the wake-up signal of the background controllers.
@@ -154,6 +156,7 @@ impl Cluster {
             options,
             terminating_since: HashMap::new(),
             warnings: Vec::new(),
+            budgets_synced_at: 0,
         };
         state.seed();
         Self {
@@ -246,19 +249,18 @@ impl ClusterState {
     }
 
     /// Objects of a type matching selectors (namespace None: all namespaces).
-    pub fn select(
+    fn matching(
         &self,
         rt: &ResourceType,
         namespace: Option<&str>,
         labels: &LabelSelector,
         fields: &FieldSelector,
-    ) -> Vec<Value> {
+    ) -> Vec<&Value> {
         let ns = namespace.filter(|_| rt.namespaced);
         self.store
             .list(&rt.storage_key(), ns)
             .into_iter()
             .filter(|o| labels.matches(&o["metadata"]["labels"]) && fields.matches(o))
-            .map(|o| Self::present(rt, o.clone()))
             .collect()
     }
 
@@ -274,7 +276,7 @@ impl ClusterState {
             q.field_selector.as_deref().unwrap_or_default(),
             &rt.field_labels,
         )?;
-        let mut items = self.select(rt, namespace, &labels, &fields);
+        let mut items = self.matching(rt, namespace, &labels, &fields);
         let mut list_rv = self.store.revision();
         if let Some(token) = q.continue_token.as_deref().filter(|t| !t.is_empty()) {
             let (rv, start) = decode_continue(token)?;
@@ -292,6 +294,10 @@ impl ClusterState {
                 list_meta["remainingItemCount"] = json!(remaining);
             }
         }
+        let items: Vec<Value> = items
+            .into_iter()
+            .map(|o| Self::present(rt, o.clone()))
+            .collect();
         Ok(json!({
             "kind": format!("{}List", rt.kind),
             "apiVersion": rt.api_version(),

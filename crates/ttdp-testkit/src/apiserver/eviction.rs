@@ -38,12 +38,6 @@ pub fn evict(
     let pdb_rt = state
         .resource("policy", "v1", "poddisruptionbudgets")
         .ok_or_else(|| ApiError::internal("poddisruptionbudgets are not served"))?;
-    let all_pods: Vec<Value> = state
-        .store
-        .list(&pods.storage_key(), Some(namespace))
-        .into_iter()
-        .cloned()
-        .collect();
     let budgets: Vec<Value> = state
         .store
         .list(&pdb_rt.storage_key(), Some(namespace))
@@ -57,7 +51,8 @@ pub fn evict(
             Ok(created_status())
         }
         [pdb] => {
-            let budget = disruption::evaluate(pdb, &all_pods);
+            let budget =
+                disruption::evaluate(pdb, state.store.list(&pods.storage_key(), Some(namespace)));
             let healthy = disruption::is_healthy(&pod);
             let policy = pdb["spec"]["unhealthyPodEvictionPolicy"]
                 .as_str()

@@ -3,7 +3,7 @@
 //! cleanup, completion of graceful pod deletion when no kubelet does it, and PodDisruptionBudget
 //! status (the disruption controller).
 
-use std::collections::HashMap;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -27,32 +27,20 @@ pub async fn run(cluster: Cluster, stop: CancellationToken) {
     }
 }
 
-struct Entry {
-    rt: ResourceType,
-    obj: Value,
-}
-
 impl ClusterState {
-    fn all_objects(&self) -> Vec<Entry> {
-        let mut by_storage: HashMap<String, ResourceType> = HashMap::new();
-        for rt in self.catalog.all() {
-            by_storage
-                .entry(rt.storage_key())
-                .or_insert_with(|| rt.clone());
-        }
-        let mut out = Vec::new();
-        for key in self.store.storage_keys() {
-            let Some(rt) = by_storage.get(&key) else {
-                continue;
-            };
-            for obj in self.store.list(&key, None) {
-                out.push(Entry {
-                    rt: rt.clone(),
-                    obj: obj.clone(),
-                });
-            }
-        }
-        out
+    /// The served type objects under a storage key belong to.
+    fn type_of_storage(&self, storage: &str) -> Option<ResourceType> {
+        self.catalog
+            .all()
+            .iter()
+            .find(|t| t.storage_key() == storage)
+            .cloned()
+    }
+
+    /// The stored object with `uid` and its type.
+    fn by_uid(&self, uid: &str) -> Option<(&Value, &str)> {
+        let (storage, ns, name) = self.store.owners.locate(uid)?;
+        Some((self.store.get(storage, ns, name)?, storage))
     }
 
     fn delete_quietly(&mut self, rt: &ResourceType, obj: &Value, propagation: &str) {
@@ -100,115 +88,111 @@ impl ClusterState {
         self.update_disruption_budgets();
     }
 
+    /// Owner-reference garbage collection, for the objects whose owners, dependents, deletion
+    /// or finalizers changed since the last pass (the owner index tracks them).
     fn collect_garbage(&mut self) {
-        let objects = self.all_objects();
-        let by_uid: HashMap<String, &Entry> = objects
-            .iter()
-            .map(|e| (meta::uid(&e.obj).to_string(), e))
-            .collect();
-        let mut dependents_of: HashMap<String, Vec<(&Entry, bool)>> = HashMap::new();
-        let mut to_delete: Vec<(ResourceType, Value)> = Vec::new();
-        let mut to_rewrite: Vec<(ResourceType, Value, Value)> = Vec::new();
-        for e in &objects {
-            let refs = e.obj["metadata"]["ownerReferences"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            if refs.is_empty() {
+        // Each round's writes mark more objects; a few rounds settle any chain a test builds,
+        // and whatever is left waits for the next wake-up.
+        for _ in 0..8 {
+            let dirty = self.store.owners.take_dirty();
+            if dirty.is_empty() {
+                return;
+            }
+            let mut dependents = BTreeSet::new();
+            for uid in &dirty {
+                match self.by_uid(uid) {
+                    Some((obj, _)) if !meta::is_deleting(obj) => {}
+                    _ => dependents.extend(self.store.owners.dependents_of(uid)),
+                }
+            }
+            for uid in dirty.iter().chain(&dependents) {
+                self.check_owners(uid);
+            }
+            for uid in &dirty {
+                self.finish_owner_deletion(uid);
+            }
+        }
+    }
+
+    /// Delete an object whose owners are all gone or being deleted in the foreground, or drop
+    /// the references to owners that are gone or orphaning it.
+    fn check_owners(&mut self, uid: &str) {
+        let Some((obj, storage)) = self.by_uid(uid) else {
+            return;
+        };
+        let refs = obj["metadata"]["ownerReferences"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if refs.is_empty() {
+            return;
+        }
+        let mut kept = Vec::new();
+        let mut any_owner = false;
+        let mut foreground = false;
+        for r in &refs {
+            let Some((owner, _)) = self.by_uid(r["uid"].as_str().unwrap_or_default()) else {
                 continue;
-            }
-            let mut kept = Vec::new();
-            let mut delete_for_foreground = false;
-            for r in &refs {
-                let uid = r["uid"].as_str().unwrap_or_default();
-                let Some(owner) = by_uid.get(uid) else {
-                    continue;
-                };
-                let owner_finalizers = meta::finalizers(&owner.obj);
-                let deleting = meta::is_deleting(&owner.obj);
-                if deleting && owner_finalizers.iter().any(|f| f == "orphan") {
+            };
+            any_owner = true;
+            let finalizers = meta::finalizers(owner);
+            if meta::is_deleting(owner) {
+                if finalizers.iter().any(|f| f == "orphan") {
                     continue;
                 }
-                if deleting && owner_finalizers.iter().any(|f| f == "foregroundDeletion") {
-                    delete_for_foreground = true;
-                }
-                dependents_of
-                    .entry(uid.to_string())
-                    .or_default()
-                    .push((e, r["blockOwnerDeletion"].as_bool() == Some(true)));
-                kept.push(r.clone());
+                foreground |= finalizers.iter().any(|f| f == "foregroundDeletion");
             }
-            let all_dangling = refs
-                .iter()
-                .all(|r| !by_uid.contains_key(r["uid"].as_str().unwrap_or_default()));
-            if all_dangling || delete_for_foreground {
-                to_delete.push((e.rt.clone(), e.obj.clone()));
-            } else if kept.len() != refs.len() {
-                let mut updated = e.obj.clone();
-                if kept.is_empty() {
-                    meta::remove(&mut updated, "ownerReferences");
-                } else {
-                    meta::set(&mut updated, "ownerReferences", json!(kept));
-                }
-                to_rewrite.push((e.rt.clone(), e.obj.clone(), updated));
-            }
+            kept.push(r.clone());
         }
-        let mut orphaning: Vec<(ResourceType, Value)> = Vec::new();
-        let mut foreground_done: Vec<(ResourceType, Value)> = Vec::new();
-        for e in &objects {
-            if !meta::is_deleting(&e.obj) {
-                continue;
+        let (obj, storage) = (obj.clone(), storage.to_string());
+        let Some(rt) = self.type_of_storage(&storage) else {
+            return;
+        };
+        if !any_owner || foreground {
+            self.delete_quietly(&rt, &obj, "Background");
+        } else if kept.len() != refs.len() {
+            let mut updated = obj.clone();
+            if kept.is_empty() {
+                meta::remove(&mut updated, "ownerReferences");
+            } else {
+                meta::set(&mut updated, "ownerReferences", json!(kept));
             }
-            let finalizers = meta::finalizers(&e.obj);
-            if finalizers.iter().any(|f| f == "orphan") {
-                orphaning.push((e.rt.clone(), e.obj.clone()));
-            }
-            let deps = dependents_of
-                .get(meta::uid(&e.obj))
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            if finalizers.iter().any(|f| f == "foregroundDeletion")
-                && !deps.iter().any(|(_, blocking)| *blocking)
-            {
-                foreground_done.push((e.rt.clone(), e.obj.clone()));
-            }
+            self.store_direct(&rt, &obj, updated);
         }
-        for (rt, old, new) in to_rewrite {
-            self.store_direct(&rt, &old, new);
+    }
+
+    /// Drop `foregroundDeletion` once no dependent blocks it, and `orphan` once no dependent
+    /// names the owner any more.
+    fn finish_owner_deletion(&mut self, uid: &str) {
+        let Some((obj, storage)) = self.by_uid(uid) else {
+            return;
+        };
+        if !meta::is_deleting(obj) {
+            return;
         }
-        for (rt, obj) in to_delete {
-            if let Some(current) = self
-                .store
-                .get(&rt.storage_key(), meta::namespace(&obj), meta::name(&obj))
-                .cloned()
-            {
-                self.delete_quietly(&rt, &current, "Background");
-            }
-        }
-        for (rt, obj) in foreground_done {
-            if let Some(current) = self
-                .store
-                .get(&rt.storage_key(), meta::namespace(&obj), meta::name(&obj))
-                .cloned()
-            {
-                self.drop_finalizer(&rt, &current, "foregroundDeletion");
-            }
-        }
-        for (rt, obj) in orphaning {
-            let uid = meta::uid(&obj);
-            let referenced = self.all_objects().iter().any(|d| {
-                d.obj["metadata"]["ownerReferences"]
-                    .as_array()
-                    .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
+        let finalizers = meta::finalizers(obj);
+        let (obj, storage) = (obj.clone(), storage.to_string());
+        let Some(rt) = self.type_of_storage(&storage) else {
+            return;
+        };
+        let dependents = self.store.owners.dependents_of(uid);
+        if finalizers.iter().any(|f| f == "foregroundDeletion") {
+            let blocked = dependents.iter().any(|d| {
+                self.by_uid(d).is_some_and(|(dep, _)| {
+                    dep["metadata"]["ownerReferences"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|r| r["uid"] == uid && r["blockOwnerDeletion"] == true)
+                })
             });
-            if !referenced
-                && let Some(current) = self
-                    .store
-                    .get(&rt.storage_key(), meta::namespace(&obj), meta::name(&obj))
-                    .cloned()
-            {
-                self.drop_finalizer(&rt, &current, "orphan");
+            if !blocked {
+                self.drop_finalizer(&rt, &obj, "foregroundDeletion");
+                return;
             }
+        }
+        if finalizers.iter().any(|f| f == "orphan") && dependents.is_empty() {
+            self.drop_finalizer(&rt, &obj, "orphan");
         }
     }
 
@@ -226,12 +210,26 @@ impl ClusterState {
         let Some(ns_rt) = self.resource("", "v1", "namespaces") else {
             return;
         };
-        let objects = self.all_objects();
+        let mut namespaced: Vec<ResourceType> = Vec::new();
+        for rt in self.catalog.all() {
+            if rt.namespaced
+                && !namespaced
+                    .iter()
+                    .any(|t| t.storage_key() == rt.storage_key())
+            {
+                namespaced.push(rt.clone());
+            }
+        }
         for ns in terminating {
             let name = meta::name(&ns);
-            let contents: Vec<&Entry> = objects
+            let contents: Vec<(ResourceType, Value)> = namespaced
                 .iter()
-                .filter(|e| e.rt.namespaced && meta::namespace(&e.obj) == name)
+                .flat_map(|rt| {
+                    self.store
+                        .list(&rt.storage_key(), Some(name))
+                        .into_iter()
+                        .map(|obj| (rt.clone(), obj.clone()))
+                })
                 .collect();
             if contents.is_empty() {
                 let mut updated = ns.clone();
@@ -243,8 +241,8 @@ impl ClusterState {
                     self.remove_now(&ns_rt, &stored);
                 }
             } else {
-                for e in contents {
-                    self.delete_quietly(&e.rt, &e.obj, "Background");
+                for (rt, obj) in contents {
+                    self.delete_quietly(&rt, &obj, "Background");
                 }
             }
         }
@@ -277,12 +275,7 @@ impl ClusterState {
                 .into_iter()
                 .cloned()
                 .collect();
-            let cr_rt = self
-                .catalog
-                .all()
-                .iter()
-                .find(|t| t.storage_key() == storage)
-                .cloned();
+            let cr_rt = self.type_of_storage(&storage);
             match (remaining.is_empty(), cr_rt) {
                 (true, _) | (false, None) => {
                     self.drop_finalizer(&crd_rt, &crd, CRD_CLEANUP_FINALIZER)
@@ -303,26 +296,24 @@ impl ClusterState {
         let Some(pods_rt) = self.resource("", "v1", "pods") else {
             return;
         };
-        let terminating: Vec<Value> = self
-            .store
-            .list(&pods_rt.storage_key(), None)
-            .into_iter()
-            .filter(|p| meta::is_deleting(p))
-            .cloned()
-            .collect();
+        let storage = pods_rt.storage_key();
         let now = Instant::now();
-        for pod in terminating {
-            let key = (
-                meta::namespace(&pod).to_string(),
-                meta::name(&pod).to_string(),
-            );
-            let since = *self.terminating_since.entry(key).or_insert(now);
+        let asked: Vec<((String, String), Instant)> = self
+            .terminating_since
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        for (key, since) in asked {
+            let Some(pod) = self.store.get(&storage, &key.0, &key.1).cloned() else {
+                self.terminating_since.remove(&key);
+                continue;
+            };
             let grace = pod["metadata"]["deletionGracePeriodSeconds"]
                 .as_i64()
                 .unwrap_or(0)
                 .max(0) as u64;
             let wait = delay.min(Duration::from_secs(grace));
-            if now.duration_since(since) < wait {
+            if !meta::is_deleting(&pod) || now.duration_since(since) < wait {
                 continue;
             }
             if meta::finalizers(&pod).is_empty() {
@@ -335,6 +326,8 @@ impl ClusterState {
         }
     }
 
+    /// The disruption controller: each budget's status from the pods it selects, recomputed
+    /// when pods or budgets changed.
     fn update_disruption_budgets(&mut self) {
         let Some(pdb_rt) = self.resource("policy", "v1", "poddisruptionbudgets") else {
             return;
@@ -342,32 +335,25 @@ impl ClusterState {
         let Some(pods_rt) = self.resource("", "v1", "pods") else {
             return;
         };
-        let pdbs: Vec<Value> = self
+        let (pdb_key, pods_key) = (pdb_rt.storage_key(), pods_rt.storage_key());
+        let changed = self
             .store
-            .list(&pdb_rt.storage_key(), None)
-            .into_iter()
-            .cloned()
-            .collect();
-        if pdbs.is_empty() {
+            .last_change(&pdb_key)
+            .max(self.store.last_change(&pods_key));
+        if changed <= self.budgets_synced_at {
             return;
         }
-        let pods: Vec<Value> = self
-            .store
-            .list(&pods_rt.storage_key(), None)
-            .into_iter()
-            .cloned()
-            .collect();
-        for pdb in pdbs {
-            let budget = disruption::evaluate(&pdb, &pods);
-            let mut status = disruption::status(&pdb, &budget);
+        self.budgets_synced_at = self.store.revision();
+        let mut updates: Vec<(Value, Value)> = Vec::new();
+        for pdb in self.store.list(&pdb_key, None) {
+            let pods = self.store.list(&pods_key, Some(meta::namespace(pdb)));
+            let budget = disruption::evaluate(pdb, pods.iter().copied());
+            let mut status = disruption::status(pdb, &budget);
             // Evicted pods stop counting once they are gone.
             if let Some(disrupted) = status["disruptedPods"].as_object_mut() {
                 disrupted.retain(|name, _| {
-                    pods.iter().any(|p| {
-                        meta::name(p) == name
-                            && meta::namespace(p) == meta::namespace(&pdb)
-                            && !meta::is_deleting(p)
-                    })
+                    pods.iter()
+                        .any(|p| meta::name(p) == name && !meta::is_deleting(p))
                 });
                 if disrupted.is_empty()
                     && let Some(s) = status.as_object_mut()
@@ -376,10 +362,13 @@ impl ClusterState {
                 }
             }
             if pdb["status"] != status {
-                let mut updated = pdb.clone();
-                updated["status"] = status;
-                self.store_direct(&pdb_rt, &pdb, updated);
+                updates.push((pdb.clone(), status));
             }
+        }
+        for (pdb, status) in updates {
+            let mut updated = pdb.clone();
+            updated["status"] = status;
+            self.store_direct(&pdb_rt, &pdb, updated);
         }
     }
 }

@@ -60,6 +60,7 @@ mod list_keys;
 mod managed_fields;
 mod meta;
 mod openapi;
+mod owner_index;
 mod patch;
 mod protobuf;
 mod recorder;

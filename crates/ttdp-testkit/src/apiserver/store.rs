@@ -1,11 +1,13 @@
 //! Object storage: every object as JSON, one global `resourceVersion` counter (like etcd's
 //! revision), and a bounded history of change events that watches replay and resume from.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::Value;
 use tokio::sync::broadcast;
+
+use super::owner_index::OwnerIndex;
 
 /// The kind of a change, as watch events name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +49,9 @@ pub struct Store {
     /// Oldest revision a watch may still resume from.
     compacted: u64,
     changes: broadcast::Sender<Arc<Change>>,
+    last_change: HashMap<String, u64>,
+    /// The owner graph of everything stored, for garbage collection.
+    pub owners: OwnerIndex,
 }
 
 impl Store {
@@ -60,6 +65,8 @@ impl Store {
             history_limit: history_limit.max(1),
             compacted: 1,
             changes,
+            last_change: HashMap::new(),
+            owners: OwnerIndex::default(),
         }
     }
 
@@ -88,20 +95,22 @@ impl Store {
 
     /// All objects of a storage key, in key order (namespace, name); `namespace` filters.
     pub fn list(&self, storage: &str, namespace: Option<&str>) -> Vec<&Value> {
-        self.objects
-            .get(storage)
-            .map(|m| {
-                m.iter()
-                    .filter(|((ns, _), _)| namespace.is_none_or(|want| want == ns))
-                    .map(|(_, v)| v)
-                    .collect()
-            })
-            .unwrap_or_default()
+        let Some(m) = self.objects.get(storage) else {
+            return Vec::new();
+        };
+        match namespace {
+            None => m.values().collect(),
+            Some(want) => m
+                .range((want.to_string(), String::new())..)
+                .take_while(|((ns, _), _)| ns == want)
+                .map(|(_, v)| v)
+                .collect(),
+        }
     }
 
-    /// Every storage key with at least one object.
-    pub fn storage_keys(&self) -> Vec<String> {
-        self.objects.keys().cloned().collect()
+    /// The revision of the last change to a storage key (0: never changed).
+    pub fn last_change(&self, storage: &str) -> u64 {
+        self.last_change.get(storage).copied().unwrap_or(0)
     }
 
     /// Store `object` (already stamped with `revision`) and record the change.
@@ -114,6 +123,11 @@ impl Store {
         revision: u64,
     ) {
         let previous = self.get(storage, namespace, name).cloned();
+        self.owners.stored(
+            (storage.to_string(), namespace.to_string(), name.to_string()),
+            previous.as_ref(),
+            &object,
+        );
         let kind = if previous.is_some() {
             ChangeKind::Modified
         } else {
@@ -145,6 +159,7 @@ impl Store {
             .objects
             .get_mut(storage)
             .and_then(|m| m.remove(&(namespace.to_string(), name.to_string())));
+        self.owners.removed(&last);
         self.record(Change {
             revision,
             storage: storage.to_string(),
@@ -155,6 +170,8 @@ impl Store {
     }
 
     fn record(&mut self, change: Change) {
+        self.last_change
+            .insert(change.storage.clone(), change.revision);
         let change = Arc::new(change);
         self.history.push_back(change.clone());
         while self.history.len() > self.history_limit {
