@@ -1,20 +1,22 @@
 //! CustomResourceDefinitions: dynamic discovery, custom resources (cluster-scoped and
 //! namespaced), schema defaults and pruning, structural validation and CEL rules with the real
 //! 422 shape, status subresource, and CRD deletion removing its objects.
+//!
+//! Kubernetes behaviour only: every test runs against its own in-process server, or against the
+//! cluster `TTDP_TEST_KUBECONFIG` names (each test's CRDs live in a group of its own).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod apiserver_support;
 
-use apiserver_support::{eventually, gadget_crd, install_crd, widget_crd};
+use apiserver_support::{Target, eventually, gadget_crd, install_crd, widget_crd};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::{Discovery, Scope};
 use kube::runtime::wait::{await_condition, conditions};
 use serde_json::{Value, json};
-use ttdp_testkit::apiserver::TestApiServer;
 
-fn widget(name: &str, spec: Value) -> DynamicObject {
-    serde_json::from_value(json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": name}, "spec": spec})).unwrap()
+fn widget(t: &Target, name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({"apiVersion": format!("{}/v1", t.group()), "kind": "Widget", "metadata": {"name": name}, "spec": spec})).unwrap()
 }
 
 fn api_error(e: kube::Error) -> kube::core::Status {
@@ -26,30 +28,35 @@ fn api_error(e: kube::Error) -> kube::core::Status {
 
 #[tokio::test]
 async fn a_created_crd_is_established_and_served_in_discovery() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    install_crd(&client, widget_crd()).await;
+    let t = Target::start().await;
+    let client = t.client();
+    install_crd(&client, widget_crd(&t)).await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     tokio::time::timeout(
         std::time::Duration::from_secs(5),
         await_condition(
             crds,
-            "widgets.example.com",
+            &format!("widgets.{}", t.group()),
             conditions::is_crd_established(),
         ),
     )
     .await
     .unwrap()
     .unwrap();
-    let discovery = Discovery::new(client).run().await.unwrap();
+    let group = t.group();
+    let discovery = Discovery::new(client)
+        .filter(&[&group])
+        .run()
+        .await
+        .unwrap();
     let (ar, caps) = discovery
         .groups()
         .flat_map(|g| g.recommended_resources())
-        .find(|(ar, _)| ar.kind == "Widget")
+        .find(|(ar, _)| ar.kind == "Widget" && ar.group == group)
         .expect("Widget discovered");
     assert_eq!(
         (ar.group.as_str(), ar.version.as_str(), ar.plural.as_str()),
-        ("example.com", "v1", "widgets")
+        (group.as_str(), "v1", "widgets")
     );
     assert_eq!(caps.scope, Scope::Cluster);
     assert!(
@@ -61,14 +68,14 @@ async fn a_created_crd_is_established_and_served_in_discovery() {
 
 #[tokio::test]
 async fn schema_defaults_are_applied_and_unknown_fields_pruned() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    let ar = install_crd(&client, widget_crd()).await;
+    let t = Target::start().await;
+    let client = t.client();
+    let ar = install_crd(&client, widget_crd(&t)).await;
     let widgets: Api<DynamicObject> = Api::all_with(client, &ar);
     let created = widgets
         .create(
             &PostParams::default(),
-            &widget("w", json!({"version": "1.2.3", "bogus": true})),
+            &widget(&t, "w", json!({"version": "1.2.3", "bogus": true})),
         )
         .await
         .unwrap();
@@ -81,15 +88,16 @@ async fn schema_defaults_are_applied_and_unknown_fields_pruned() {
 
 #[tokio::test]
 async fn schema_violations_are_422_invalid_with_causes_per_field() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    let ar = install_crd(&client, widget_crd()).await;
+    let t = Target::start().await;
+    let client = t.client();
+    let ar = install_crd(&client, widget_crd(&t)).await;
     let widgets: Api<DynamicObject> = Api::all_with(client, &ar);
     let err = api_error(
         widgets
             .create(
                 &PostParams::default(),
                 &widget(
+                    &t,
                     "w",
                     json!({"version": "v1", "mode": "fast", "maxUnavailable": -1}),
                 ),
@@ -100,7 +108,7 @@ async fn schema_violations_are_422_invalid_with_causes_per_field() {
     assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
     assert!(
         err.message
-            .starts_with("Widget.example.com \"w\" is invalid: ["),
+            .starts_with(&format!("Widget.{} \"w\" is invalid: [", t.group())),
         "{}",
         err.message
     );
@@ -111,7 +119,7 @@ async fn schema_violations_are_422_invalid_with_causes_per_field() {
             details.group.as_str(),
             details.kind.as_str()
         ),
-        ("w", "example.com", "Widget")
+        ("w", t.group().as_str(), "Widget")
     );
     let causes: Vec<(String, String, String)> = details
         .causes
@@ -140,7 +148,7 @@ async fn schema_violations_are_422_invalid_with_causes_per_field() {
 
     let missing = api_error(
         widgets
-            .create(&PostParams::default(), &widget("w", json!({})))
+            .create(&PostParams::default(), &widget(&t, "w", json!({})))
             .await
             .unwrap_err(),
     );
@@ -157,15 +165,15 @@ async fn schema_violations_are_422_invalid_with_causes_per_field() {
 
 #[tokio::test]
 async fn cel_rules_reject_invalid_objects_and_transition_rules_see_old_self() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    let ar = install_crd(&client, widget_crd()).await;
+    let t = Target::start().await;
+    let client = t.client();
+    let ar = install_crd(&client, widget_crd(&t)).await;
     let widgets: Api<DynamicObject> = Api::all_with(client, &ar);
     let err = api_error(
         widgets
             .create(
                 &PostParams::default(),
-                &widget("w", json!({"version": "1.0.0", "maxUnavailable": 11})),
+                &widget(&t, "w", json!({"version": "1.0.0", "maxUnavailable": 11})),
             )
             .await
             .unwrap_err(),
@@ -182,7 +190,7 @@ async fn cel_rules_reject_invalid_objects_and_transition_rules_see_old_self() {
     widgets
         .create(
             &PostParams::default(),
-            &widget("w", json!({"version": "1.0.0", "mode": "locked"})),
+            &widget(&t, "w", json!({"version": "1.0.0", "mode": "locked"})),
         )
         .await
         .unwrap();
@@ -216,14 +224,14 @@ async fn cel_rules_reject_invalid_objects_and_transition_rules_see_old_self() {
 
 #[tokio::test]
 async fn custom_resource_updates_need_a_resource_version() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    let ar = install_crd(&client, widget_crd()).await;
+    let t = Target::start().await;
+    let client = t.client();
+    let ar = install_crd(&client, widget_crd(&t)).await;
     let widgets: Api<DynamicObject> = Api::all_with(client, &ar);
     widgets
         .create(
             &PostParams::default(),
-            &widget("w", json!({"version": "1.0.0"})),
+            &widget(&t, "w", json!({"version": "1.0.0"})),
         )
         .await
         .unwrap();
@@ -232,7 +240,7 @@ async fn custom_resource_updates_need_a_resource_version() {
             .replace(
                 "w",
                 &PostParams::default(),
-                &widget("w", json!({"version": "1.0.1"})),
+                &widget(&t, "w", json!({"version": "1.0.1"})),
             )
             .await
             .unwrap_err(),
@@ -249,18 +257,18 @@ async fn custom_resource_updates_need_a_resource_version() {
 
 #[tokio::test]
 async fn namespaced_custom_resources_without_status_subresource_keep_status_on_the_main_resource() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    let ar = install_crd(&client, gadget_crd()).await;
-    let gadgets: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &ar);
+    let t = Target::start().await;
+    let client = t.client();
+    let ar = install_crd(&client, gadget_crd(&t)).await;
+    let gadgets: Api<DynamicObject> = Api::default_namespaced_with(client.clone(), &ar);
     let g: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g"},
+        "apiVersion": format!("{}/v1", t.group()), "kind": "Gadget", "metadata": {"name": "g"},
         "spec": {"anything": {"goes": 1}}, "status": {"phase": "New"}
     }))
     .unwrap();
     let created = gadgets.create(&PostParams::default(), &g).await.unwrap();
     assert_eq!(created.data["status"]["phase"], "New");
-    assert_eq!(created.metadata.namespace.as_deref(), Some("default"));
+    assert_eq!(created.metadata.namespace.as_deref(), Some(t.namespace()));
     // Without a status subresource, a status change is a spec-like change: generation moves.
     let after = gadgets
         .patch(
@@ -277,23 +285,25 @@ async fn namespaced_custom_resources_without_status_subresource_keep_status_on_t
 
 #[tokio::test]
 async fn deleting_a_crd_removes_its_custom_resources_and_its_discovery_entry() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    let ar = install_crd(&client, widget_crd()).await;
+    let t = Target::start().await;
+    let client = t.client();
+    let ar = install_crd(&client, widget_crd(&t)).await;
     let widgets: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
     widgets
         .create(
             &PostParams::default(),
-            &widget("w", json!({"version": "1.0.0"})),
+            &widget(&t, "w", json!({"version": "1.0.0"})),
         )
         .await
         .unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.delete("widgets.example.com", &DeleteParams::default())
+    let crd_name = format!("widgets.{}", t.group());
+    crds.delete(&crd_name, &DeleteParams::default())
         .await
         .unwrap();
-    eventually(5, || async {
-        crds.get_opt("widgets.example.com")
+    // A real server first deletes the custom resources (its customresourcecleanup finalizer).
+    eventually(30, || async {
+        crds.get_opt(&crd_name)
             .await
             .unwrap()
             .is_none()
@@ -302,11 +312,16 @@ async fn deleting_a_crd_removes_its_custom_resources_and_its_discovery_entry() {
     .await;
     let err = api_error(widgets.get("w").await.unwrap_err());
     assert_eq!(err.code, 404);
-    let discovery = Discovery::new(client).run().await.unwrap();
+    let group = t.group();
+    let discovery = Discovery::new(client)
+        .filter(&[&group])
+        .run()
+        .await
+        .unwrap();
     assert!(
         !discovery
             .groups()
             .flat_map(|g| g.recommended_resources())
-            .any(|(ar, _)| ar.kind == "Widget")
+            .any(|(ar, _)| ar.kind == "Widget" && ar.group == group)
     );
 }

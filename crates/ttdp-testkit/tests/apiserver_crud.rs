@@ -1,14 +1,19 @@
 //! Get, list (selectors, pagination), create, update and the status subresource, through kube-rs.
+//!
+//! Kubernetes behaviour only: every test runs against its own in-process server, or against the
+//! cluster `TTDP_TEST_KUBECONFIG` names (each test in a namespace of its own, with uniquely
+//! named nodes that selectors restrict to the test's own).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod apiserver_support;
 
-use apiserver_support::{node, pod};
+use apiserver_support::target::RUN_LABEL;
+use apiserver_support::{Target, pod};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use ttdp_testkit::apiserver::TestApiServer;
 
 fn api_error(e: kube::Error) -> kube::core::Status {
     match e {
@@ -19,10 +24,10 @@ fn api_error(e: kube::Error) -> kube::core::Status {
 
 #[tokio::test]
 async fn create_stamps_metadata_and_a_second_create_is_already_exists() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    let t = Target::start().await;
+    let nodes: Api<Node> = Api::all(t.client());
     let created = nodes
-        .create(&PostParams::default(), &node("n1", json!({})))
+        .create(&PostParams::default(), &t.node("n1", json!({})))
         .await
         .unwrap();
     let meta = &created.metadata;
@@ -32,20 +37,23 @@ async fn create_stamps_metadata_and_a_second_create_is_already_exists() {
 
     let err = api_error(
         nodes
-            .create(&PostParams::default(), &node("n1", json!({})))
+            .create(&PostParams::default(), &t.node("n1", json!({})))
             .await
             .unwrap_err(),
     );
     assert_eq!(err.code, 409);
     assert_eq!(err.reason, "AlreadyExists");
-    assert_eq!(err.message, "nodes \"n1\" already exists");
+    assert_eq!(
+        err.message,
+        format!("nodes \"{}\" already exists", t.name("n1"))
+    );
 }
 
 #[tokio::test]
 async fn generate_name_appends_a_random_suffix_and_generation_starts_at_one() {
-    let server = TestApiServer::start().await.unwrap();
-    let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
-    let mut p = pod("", "n1", json!({}));
+    let t = Target::start().await;
+    let pods: Api<Pod> = Api::default_namespaced(t.client());
+    let mut p = pod("", &t.name("n1"), json!({}));
     p.metadata.name = None;
     p.metadata.generate_name = Some("work-".into());
     let created = pods.create(&PostParams::default(), &p).await.unwrap();
@@ -61,8 +69,8 @@ async fn generate_name_appends_a_random_suffix_and_generation_starts_at_one() {
 
 #[tokio::test]
 async fn get_of_a_missing_object_is_404_with_the_real_status_body() {
-    let server = TestApiServer::start().await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(server.client().await.unwrap(), "kube-system");
+    let t = Target::start().await;
+    let pods: Api<Pod> = Api::namespaced(t.client(), "kube-system");
     let err = api_error(pods.get("nope").await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (404, "NotFound"));
     assert_eq!(err.message, "pods \"nope\" not found");
@@ -75,70 +83,69 @@ async fn get_of_a_missing_object_is_404_with_the_real_status_body() {
 
 #[tokio::test]
 async fn create_in_a_missing_namespace_is_404_namespace_not_found() {
-    let server = TestApiServer::start().await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(server.client().await.unwrap(), "ghost");
+    let t = Target::start().await;
+    let ghost = t.name("ghost");
+    let pods: Api<Pod> = Api::namespaced(t.client(), &ghost);
     let err = api_error(
-        pods.create(&PostParams::default(), &pod("p", "n1", json!({})))
+        pods.create(&PostParams::default(), &pod("p", &t.name("n1"), json!({})))
             .await
             .unwrap_err(),
     );
     assert_eq!(err.code, 404);
-    assert_eq!(err.message, "namespaces \"ghost\" not found");
+    assert_eq!(err.message, format!("namespaces \"{ghost}\" not found"));
 }
 
 #[tokio::test]
 async fn update_with_a_stale_resource_version_is_409_conflict() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    let first = nodes
-        .create(&PostParams::default(), &node("n1", json!({})))
-        .await
-        .unwrap();
+    // A ConfigMap, which no controller writes: on a real cluster controllers update new Node
+    // objects (e.g. node IPAM sets spec.podCIDR), which would make the first update stale too.
+    let t = Target::start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(t.client());
+    let c1: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c1"}})).unwrap();
+    let first = cms.create(&PostParams::default(), &c1).await.unwrap();
     let mut a = first.clone();
     a.metadata.labels = Some([("a".to_string(), "1".to_string())].into());
-    nodes
-        .replace("n1", &PostParams::default(), &a)
-        .await
-        .unwrap();
+    cms.replace("c1", &PostParams::default(), &a).await.unwrap();
     let mut b = first;
     b.metadata.labels = Some([("b".to_string(), "1".to_string())].into());
     let err = api_error(
-        nodes
-            .replace("n1", &PostParams::default(), &b)
+        cms.replace("c1", &PostParams::default(), &b)
             .await
             .unwrap_err(),
     );
     assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
     assert_eq!(
         err.message,
-        "Operation cannot be fulfilled on nodes \"n1\": the object has been modified; please apply your changes to the latest version and try again"
+        "Operation cannot be fulfilled on configmaps \"c1\": the object has been modified; please apply your changes to the latest version and try again"
     );
 }
 
 #[tokio::test]
 async fn label_selectors_support_every_operator() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    let t = Target::start().await;
+    let nodes: Api<Node> = Api::all(t.client());
     for (name, labels) in [
         ("a", json!({"tier": "gpu", "zone": "1"})),
         ("b", json!({"tier": "cpu", "zone": "2"})),
         ("c", json!({"tier": "gpu", "skip": "true"})),
     ] {
         nodes
-            .create(&PostParams::default(), &node(name, labels))
+            .create(&PostParams::default(), &t.node(name, labels))
             .await
             .unwrap();
     }
+    // Every selector also requires the test's run label, so only its own nodes can match.
     let names = |sel: &'static str| {
         let nodes = nodes.clone();
+        let t = &t;
         async move {
             let list = nodes
-                .list(&ListParams::default().labels(sel))
+                .list(&ListParams::default().labels(&t.own(sel)))
                 .await
                 .unwrap();
             list.items
                 .into_iter()
-                .map(|n| n.metadata.name.unwrap())
+                .map(|n| t.short(&n.metadata.name.unwrap()).to_owned())
                 .collect::<Vec<_>>()
                 .join(",")
         }
@@ -154,13 +161,15 @@ async fn label_selectors_support_every_operator() {
 
 #[tokio::test]
 async fn field_selectors_filter_pods_by_node_phase_and_name() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
+    let t = Target::start().await;
+    let client = t.client();
+    let ns = t.namespace().to_owned();
+    let (n1, n2) = (t.name("n1"), t.name("n2"));
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
-    pods.create(&PostParams::default(), &pod("p1", "n1", json!({})))
+    pods.create(&PostParams::default(), &pod("p1", &n1, json!({})))
         .await
         .unwrap();
-    pods.create(&PostParams::default(), &pod("p2", "n2", json!({})))
+    pods.create(&PostParams::default(), &pod("p2", &n2, json!({})))
         .await
         .unwrap();
     pods.patch_status(
@@ -170,11 +179,13 @@ async fn field_selectors_filter_pods_by_node_phase_and_name() {
     )
     .await
     .unwrap();
+    // Across all namespaces where the selector is about the test's own objects (its node
+    // names, its namespace), within its namespace otherwise: a shared cluster has other pods.
     let all: Api<Pod> = Api::all(client);
-    let names = |sel: &'static str| {
-        let all = all.clone();
+    let names = |api: &Api<Pod>, sel: String| {
+        let api = api.clone();
         async move {
-            let list = all.list(&ListParams::default().fields(sel)).await.unwrap();
+            let list = api.list(&ListParams::default().fields(&sel)).await.unwrap();
             list.items
                 .into_iter()
                 .map(|n| n.metadata.name.unwrap())
@@ -182,13 +193,17 @@ async fn field_selectors_filter_pods_by_node_phase_and_name() {
                 .join(",")
         }
     };
-    assert_eq!(names("spec.nodeName=n1").await, "p1");
-    assert_eq!(names("status.phase=Running").await, "p2");
+    assert_eq!(names(&all, format!("spec.nodeName={n1}")).await, "p1");
+    assert_eq!(names(&pods, "status.phase=Running".into()).await, "p2");
     assert_eq!(
-        names("status.phase!=Running,metadata.namespace=default").await,
+        names(
+            &all,
+            format!("status.phase!=Running,metadata.namespace={ns}")
+        )
+        .await,
         "p1"
     );
-    assert_eq!(names("metadata.name=p2").await, "p2");
+    assert_eq!(names(&pods, "metadata.name=p2".into()).await, "p2");
     // The real server rejects field labels a resource does not support.
     let err = api_error(
         all.list(&ListParams::default().fields("spec.color=red"))
@@ -206,23 +221,24 @@ async fn field_selectors_filter_pods_by_node_phase_and_name() {
 
 #[tokio::test]
 async fn limit_and_continue_page_through_a_list() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    // Leases in the test's namespace: nothing else creates any there, so the unfiltered list is
+    // exactly the test's (a real server sets remainingItemCount only for unfiltered lists).
+    let t = Target::start().await;
+    let leases: Api<Lease> = Api::default_namespaced(t.client());
     for i in 0..5 {
-        nodes
-            .create(&PostParams::default(), &node(&format!("n{i}"), json!({})))
-            .await
-            .unwrap();
+        let lease: Lease =
+            serde_json::from_value(json!({"metadata": {"name": format!("n{i}")}})).unwrap();
+        leases.create(&PostParams::default(), &lease).await.unwrap();
     }
-    let first = nodes.list(&ListParams::default().limit(2)).await.unwrap();
+    let first = leases.list(&ListParams::default().limit(2)).await.unwrap();
     assert_eq!(first.items.len(), 2);
     assert_eq!(first.metadata.remaining_item_count, Some(3));
     let token = first.metadata.continue_.clone().unwrap();
-    let second = nodes
+    let second = leases
         .list(&ListParams::default().limit(2).continue_token(&token))
         .await
         .unwrap();
-    let third = nodes
+    let third = leases
         .list(
             &ListParams::default()
                 .limit(2)
@@ -241,15 +257,17 @@ async fn limit_and_continue_page_through_a_list() {
 
 #[tokio::test]
 async fn status_subresource_splits_spec_and_status_and_generation_tracks_spec_only() {
-    let server = TestApiServer::start().await.unwrap();
-    let ds_api: Api<DaemonSet> = Api::default_namespaced(server.client().await.unwrap());
+    let t = Target::start().await;
+    let ds_api: Api<DaemonSet> = Api::default_namespaced(t.client());
+    // A node selector no node matches keeps a real DaemonSet controller from placing pods.
     let ds: DaemonSet = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": "agent"},
         "spec": {
             "selector": {"matchLabels": {"app": "agent"}},
             "template": {"metadata": {"labels": {"app": "agent"}},
-                         "spec": {"containers": [{"name": "a", "image": "agent:1"}]}}
+                         "spec": {"nodeSelector": {RUN_LABEL: t.name("no-node")},
+                                  "containers": [{"name": "a", "image": "agent:1"}]}}
         }
     }))
     .unwrap();
@@ -298,8 +316,10 @@ async fn status_subresource_splits_spec_and_status_and_generation_tracks_spec_on
 
 #[tokio::test]
 async fn default_namespaces_exist_and_are_active() {
-    let server = TestApiServer::start().await.unwrap();
-    let ns: Api<Namespace> = Api::all(server.client().await.unwrap());
+    // That a fresh server has exactly these (and no others) is checked in-process only, in
+    // apiserver_instruments.rs: a shared cluster has more.
+    let t = Target::start().await;
+    let ns: Api<Namespace> = Api::all(t.client());
     let names: Vec<String> = ns
         .list(&ListParams::default())
         .await
@@ -308,10 +328,12 @@ async fn default_namespaces_exist_and_are_active() {
         .into_iter()
         .map(|n| n.metadata.name.unwrap())
         .collect();
-    assert_eq!(
-        names,
-        ["default", "kube-node-lease", "kube-public", "kube-system"]
-    );
+    for expected in ["default", "kube-node-lease", "kube-public", "kube-system"] {
+        assert!(
+            names.iter().any(|n| n == expected),
+            "{expected} missing: {names:?}"
+        );
+    }
     assert_eq!(
         ns.get("default")
             .await
@@ -329,11 +351,11 @@ async fn events_from_a_kube_recorder_are_visible_as_core_events() {
     use k8s_openapi::api::core::v1::Event as CoreEvent;
     use kube::Resource;
     use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
+    let t = Target::start().await;
+    let client = t.client();
     let nodes: Api<Node> = Api::all(client.clone());
     let n = nodes
-        .create(&PostParams::default(), &node("n1", json!({})))
+        .create(&PostParams::default(), &t.node("n1", json!({})))
         .await
         .unwrap();
     let reporter = Reporter {
@@ -353,9 +375,10 @@ async fn events_from_a_kube_recorder_are_visible_as_core_events() {
     recorder.publish(&ev, &n.object_ref(&())).await.unwrap();
 
     // Mirrors the real server: events.k8s.io/v1 and core/v1 Events are one object in two shapes.
-    let core: Api<CoreEvent> = Api::default_namespaced(client);
+    // Events about a cluster-scoped object go to `default`.
+    let core: Api<CoreEvent> = Api::namespaced(client, "default");
     let list = core
-        .list(&ListParams::default().fields("involvedObject.name=n1"))
+        .list(&ListParams::default().fields(&format!("involvedObject.name={}", t.name("n1"))))
         .await
         .unwrap();
     assert_eq!(list.items.len(), 1);
@@ -372,9 +395,9 @@ async fn events_from_a_kube_recorder_are_visible_as_core_events() {
 
 #[tokio::test]
 async fn pod_specs_are_immutable_except_images() {
-    let server = TestApiServer::start().await.unwrap();
-    let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
-    pods.create(&PostParams::default(), &pod("p1", "n1", json!({})))
+    let t = Target::start().await;
+    let pods: Api<Pod> = Api::default_namespaced(t.client());
+    pods.create(&PostParams::default(), &pod("p1", &t.name("n1"), json!({})))
         .await
         .unwrap();
     let image =
@@ -382,7 +405,7 @@ async fn pod_specs_are_immutable_except_images() {
     pods.patch("p1", &PatchParams::default(), &image)
         .await
         .unwrap();
-    let moved = Patch::Merge(json!({"spec": {"nodeName": "n2"}}));
+    let moved = Patch::Merge(json!({"spec": {"nodeName": t.name("n2")}}));
     let err = api_error(
         pods.patch("p1", &PatchParams::default(), &moved)
             .await
@@ -402,46 +425,49 @@ async fn pod_specs_are_immutable_except_images() {
 
 #[tokio::test]
 async fn dry_run_create_answers_without_storing() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    let t = Target::start().await;
+    let nodes: Api<Node> = Api::all(t.client());
     let pp = PostParams {
         dry_run: true,
         ..Default::default()
     };
-    let answered = nodes.create(&pp, &node("n1", json!({}))).await.unwrap();
-    assert_eq!(answered.metadata.name.as_deref(), Some("n1"));
-    assert!(nodes.get_opt("n1").await.unwrap().is_none());
+    let answered = nodes.create(&pp, &t.node("n1", json!({}))).await.unwrap();
+    assert_eq!(answered.metadata.name, Some(t.name("n1")));
+    assert!(nodes.get_opt(&t.name("n1")).await.unwrap().is_none());
 }
 
 #[tokio::test]
 async fn delete_collection_removes_only_selected_objects() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    let t = Target::start().await;
+    let nodes: Api<Node> = Api::all(t.client());
     for (name, pool) in [("a", "x"), ("b", "x"), ("c", "y")] {
         nodes
-            .create(&PostParams::default(), &node(name, json!({"pool": pool})))
+            .create(&PostParams::default(), &t.node(name, json!({"pool": pool})))
             .await
             .unwrap();
     }
     nodes
-        .delete_collection(&Default::default(), &ListParams::default().labels("pool=x"))
+        .delete_collection(
+            &Default::default(),
+            &ListParams::default().labels(&t.own("pool=x")),
+        )
         .await
         .unwrap();
     let left: Vec<String> = nodes
-        .list(&ListParams::default())
+        .list(&ListParams::default().labels(&t.run_selector()))
         .await
         .unwrap()
         .items
         .into_iter()
-        .map(|n| n.metadata.name.unwrap())
+        .map(|n| t.short(&n.metadata.name.unwrap()).to_owned())
         .collect();
     assert_eq!(left, ["c"]);
 }
 
 #[tokio::test]
 async fn the_default_namespace_cannot_be_deleted() {
-    let server = TestApiServer::start().await.unwrap();
-    let ns: Api<Namespace> = Api::all(server.client().await.unwrap());
+    let t = Target::start().await;
+    let ns: Api<Namespace> = Api::all(t.client());
     let err = api_error(ns.delete("default", &Default::default()).await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (403, "Forbidden"));
 }
@@ -450,11 +476,11 @@ async fn the_default_namespace_cannot_be_deleted() {
 async fn built_in_objects_are_decoded_like_the_go_types() {
     use kube::api::DynamicObject;
     use kube::core::{ApiResource, GroupVersionKind};
-    let server = TestApiServer::start().await.unwrap();
+    let t = Target::start().await;
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Node"), "nodes");
-    let nodes: Api<DynamicObject> = Api::all_with(server.client().await.unwrap(), &ar);
+    let nodes: Api<DynamicObject> = Api::all_with(t.client(), &ar);
     let wrong: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "spec": {"unschedulable": "yes"}
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": t.name("n1")}, "spec": {"unschedulable": "yes"}
     }))
     .unwrap();
     let err = api_error(
@@ -473,7 +499,7 @@ async fn built_in_objects_are_decoded_like_the_go_types() {
 
     // Unknown fields are dropped (the default fieldValidation is Warn).
     let odd: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, "spec": {"colour": "red"}
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": t.name("n1")}, "spec": {"colour": "red"}
     }))
     .unwrap();
     let created = nodes.create(&PostParams::default(), &odd).await.unwrap();

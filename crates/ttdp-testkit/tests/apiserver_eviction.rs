@@ -1,20 +1,26 @@
 //! The eviction subresource with PodDisruptionBudgets, and PDB status, through kube-rs.
+//!
+//! Kubernetes behaviour only: every test runs against its own in-process server, or against the
+//! cluster `TTDP_TEST_KUBECONFIG` names. Pods are bound to a node name no kubelet serves and the
+//! tests write their status, as a kubelet would; evicted pods stay terminating, as on a real
+//! cluster without a kubelet for their node.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod apiserver_support;
 
-use apiserver_support::{eventually, pod};
+use apiserver_support::target::RUN_LABEL;
+use apiserver_support::{Target, eventually, pod};
+use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetStatus};
 use kube::api::{Api, EvictParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
 
-async fn running_ready_pods(pods: &Api<Pod>, names: &[&str], ready: bool) {
+async fn running_ready_pods(t: &Target, pods: &Api<Pod>, names: &[&str], ready: bool) {
     for name in names {
         pods.create(
             &PostParams::default(),
-            &pod(name, "n1", json!({"app": "w"})),
+            &pod(name, &t.name("n1"), json!({"app": "w"})),
         )
         .await
         .unwrap();
@@ -33,15 +39,28 @@ fn pdb(name: &str, spec: Value) -> PodDisruptionBudget {
     serde_json::from_value(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name}, "spec": spec})).unwrap()
 }
 
+/// Waits until the budget's status covers its current generation and `expected_pods` pods.
+/// Mirrors the real eviction subresource, which answers 429 ("the disruption budget is still
+/// being processed by the server") until the disruption controller has written that status.
+async fn observed(
+    pdbs: &Api<PodDisruptionBudget>,
+    name: &str,
+    expected_pods: i32,
+) -> PodDisruptionBudgetStatus {
+    eventually(30, || async {
+        let pdb = pdbs.get(name).await.unwrap();
+        let generation = pdb.metadata.generation;
+        pdb.status
+            .filter(|s| s.observed_generation == generation && s.expected_pods == expected_pods)
+    })
+    .await
+}
+
 #[tokio::test]
 async fn eviction_without_a_budget_deletes_the_pod_gracefully() {
-    let server = TestApiServer::builder()
-        .pod_termination(PodTermination::Kubelet)
-        .start()
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
-    running_ready_pods(&pods, &["p1"], true).await;
+    let t = Target::start().await;
+    let pods: Api<Pod> = Api::default_namespaced(t.client());
+    running_ready_pods(&t, &pods, &["p1"], true).await;
     pods.evict("p1", &EvictParams::default()).await.unwrap();
     let p = pods.get("p1").await.unwrap();
     assert!(
@@ -52,17 +71,18 @@ async fn eviction_without_a_budget_deletes_the_pod_gracefully() {
 
 #[tokio::test]
 async fn eviction_that_would_break_the_budget_is_429_with_the_real_body() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
+    let t = Target::start().await;
+    let client = t.client();
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
-    running_ready_pods(&pods, &["p1", "p2"], true).await;
+    running_ready_pods(&t, &pods, &["p1", "p2"], true).await;
     pdbs.create(
         &PostParams::default(),
         &pdb("budget", json!({"minAvailable": 2})),
     )
     .await
     .unwrap();
+    observed(&pdbs, "budget", 2).await;
 
     let err = match pods.evict("p1", &EvictParams::default()).await.unwrap_err() {
         kube::Error::Api(s) => s,
@@ -88,14 +108,7 @@ async fn eviction_that_would_break_the_budget_is_429_with_the_real_body() {
             .is_none()
     );
 
-    let status = eventually(5, || async {
-        pdbs.get("budget")
-            .await
-            .unwrap()
-            .status
-            .filter(|s| s.expected_pods == 2)
-    })
-    .await;
+    let status = observed(&pdbs, "budget", 2).await;
     assert_eq!(
         (
             status.current_healthy,
@@ -108,16 +121,55 @@ async fn eviction_that_would_break_the_budget_is_429_with_the_real_body() {
 }
 
 #[tokio::test]
-async fn max_unavailable_percent_allows_exactly_one_eviction() {
-    let server = TestApiServer::builder()
-        .pod_termination(PodTermination::Kubelet)
-        .start()
-        .await
-        .unwrap();
-    let client = server.client().await.unwrap();
+async fn a_budget_allowing_one_disruption_allows_exactly_one_eviction() {
+    let t = Target::start().await;
+    let client = t.client();
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
-    running_ready_pods(&pods, &["p1", "p2", "p3"], true).await;
+    running_ready_pods(&t, &pods, &["p1", "p2", "p3"], true).await;
+    pdbs.create(
+        &PostParams::default(),
+        &pdb("budget", json!({"minAvailable": 2})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(observed(&pdbs, "budget", 3).await.disruptions_allowed, 1);
+    pods.evict("p1", &EvictParams::default()).await.unwrap();
+    // p1 is terminating, hence no longer healthy: the budget is spent.
+    let err = pods.evict("p2", &EvictParams::default()).await.unwrap_err();
+    assert!(
+        matches!(err, kube::Error::Api(ref s) if s.code == 429),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn max_unavailable_percent_of_a_replica_set_allows_exactly_one_eviction() {
+    // The disruption controller takes percentages of the scale of the pods' controller (bare
+    // pods count as none), so the pods belong to a ReplicaSet of 3 replicas: on a real cluster
+    // its controller adopts them (replacements it creates for evicted pods stay Pending, as no
+    // node matches its template).
+    let t = Target::start().await;
+    let client = t.client();
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client.clone());
+    running_ready_pods(&t, &pods, &["p1", "p2", "p3"], true).await;
+    let rs: ReplicaSet = serde_json::from_value(json!({
+        "metadata": {"name": "w"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "w"}},
+            "template": {"metadata": {"labels": {"app": "w"}}, "spec": {
+                "nodeSelector": {RUN_LABEL: t.name("no-node")},
+                "containers": [{"name": "c", "image": "busybox:1.36"}]
+            }}
+        }
+    }))
+    .unwrap();
+    Api::<ReplicaSet>::default_namespaced(client)
+        .create(&PostParams::default(), &rs)
+        .await
+        .unwrap();
     // 33% of 3 pods rounds up to 1 (the disruption controller rounds percentages up).
     pdbs.create(
         &PostParams::default(),
@@ -125,6 +177,7 @@ async fn max_unavailable_percent_allows_exactly_one_eviction() {
     )
     .await
     .unwrap();
+    assert_eq!(observed(&pdbs, "budget", 3).await.disruptions_allowed, 1);
     pods.evict("p1", &EvictParams::default()).await.unwrap();
     // p1 is terminating, hence no longer healthy: the budget is spent.
     let err = pods.evict("p2", &EvictParams::default()).await.unwrap_err();
@@ -137,18 +190,19 @@ async fn max_unavailable_percent_allows_exactly_one_eviction() {
 #[tokio::test]
 async fn an_unready_pod_can_be_evicted_while_the_budget_is_met() {
     // policy/v1 unhealthyPodEvictionPolicy IfHealthyBudget (the default).
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
+    let t = Target::start().await;
+    let client = t.client();
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
-    running_ready_pods(&pods, &["ok1"], true).await;
-    running_ready_pods(&pods, &["sick"], false).await;
+    running_ready_pods(&t, &pods, &["ok1"], true).await;
+    running_ready_pods(&t, &pods, &["sick"], false).await;
     pdbs.create(
         &PostParams::default(),
         &pdb("budget", json!({"minAvailable": 1})),
     )
     .await
     .unwrap();
+    observed(&pdbs, "budget", 2).await;
     pods.evict("sick", &EvictParams::default()).await.unwrap();
     let err = pods
         .evict("ok1", &EvictParams::default())
@@ -162,11 +216,11 @@ async fn an_unready_pod_can_be_evicted_while_the_budget_is_met() {
 
 #[tokio::test]
 async fn a_pod_covered_by_two_budgets_cannot_be_evicted() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
+    let t = Target::start().await;
+    let client = t.client();
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
-    running_ready_pods(&pods, &["p1", "p2"], true).await;
+    running_ready_pods(&t, &pods, &["p1", "p2"], true).await;
     pdbs.create(
         &PostParams::default(),
         &pdb("a", json!({"minAvailable": 0})),
@@ -194,13 +248,13 @@ async fn a_pod_covered_by_two_budgets_cannot_be_evicted() {
 
 #[tokio::test]
 async fn evicting_a_pending_pod_ignores_budgets() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
+    let t = Target::start().await;
+    let client = t.client();
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client);
     pods.create(
         &PostParams::default(),
-        &pod("p1", "n1", json!({"app": "w"})),
+        &pod("p1", &t.name("n1"), json!({"app": "w"})),
     )
     .await
     .unwrap();

@@ -1,6 +1,13 @@
 //! The real kubectl v1.35 against the test API server: get, apply (client- and server-side),
 //! patch, label, cordon, drain with a PodDisruptionBudget, delete, get --watch, CRDs.
 //! Needs kubectl from `.ci/kube-tools` (or `TTDP_KUBECTL`); fails, not skips, without it.
+//!
+//! Kubernetes behaviour only: every test runs against its own in-process server, or against the
+//! cluster `TTDP_TEST_KUBECONFIG` names (kubectl then works in the test's own namespace, on
+//! uniquely named nodes). Where a pod must finish terminating (drain, delete), a simulated
+//! kubelet from `ttdp_testkit::sim` serves its node, in-process and on a real cluster alike.
+//! That drain goes through the eviction subresource is checked with the in-process request
+//! recorder, in apiserver_instruments.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod apiserver_support;
@@ -9,16 +16,18 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use apiserver_support::{eventually, kubectl, widget_crd};
+use apiserver_support::target::RUN_LABEL;
+use apiserver_support::{Target, eventually, kubectl, widget_crd};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::Api;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use ttdp_testkit::apiserver::TestApiServer;
 
 struct Kubectl {
     bin: PathBuf,
     kubeconfig: PathBuf,
+    namespace: String,
     cache: tempfile::TempDir,
 }
 
@@ -29,10 +38,11 @@ struct Output {
 }
 
 impl Kubectl {
-    fn new(server: &TestApiServer) -> Self {
+    fn new(t: &Target) -> Self {
         Self {
             bin: kubectl(),
-            kubeconfig: server.kubeconfig_path().to_path_buf(),
+            kubeconfig: t.kubeconfig().to_path_buf(),
+            namespace: t.namespace().to_owned(),
             cache: tempfile::tempdir().unwrap(),
         }
     }
@@ -43,6 +53,8 @@ impl Kubectl {
             .arg(&self.kubeconfig)
             .arg("--cache-dir")
             .arg(self.cache.path())
+            .arg("--namespace")
+            .arg(&self.namespace)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -95,37 +107,76 @@ impl Kubectl {
     }
 }
 
-const NODE: &str = "apiVersion: v1\nkind: Node\nmetadata:\n  name: n1\n  labels:\n    pool: a\nstatus:\n  conditions:\n  - type: Ready\n    status: \"True\"\n";
-
-fn pod_yaml(name: &str) -> String {
+/// The Ready node `t.name(short)` with label `pool: a` and the test's run label.
+fn node_yaml(t: &Target, short: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels:\n    app: w\nspec:\n  nodeName: n1\n  containers:\n  - name: c\n    image: busybox:1.36\n"
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n  labels:\n    pool: a\n    {RUN_LABEL}: {}\nstatus:\n  conditions:\n  - type: Ready\n    status: \"True\"\n",
+        t.name(short),
+        t.namespace()
     )
+}
+
+/// A pod `name` bound to the node `t.name("n1")`.
+fn pod_yaml(t: &Target, name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels:\n    app: w\nspec:\n  nodeName: {}\n  containers:\n  - name: c\n    image: busybox:1.36\n",
+        t.name("n1")
+    )
+}
+
+/// Waits until the node has no taints: a real API server taints a new node
+/// `node.kubernetes.io/not-ready` until the node lifecycle controller sees it Ready, and
+/// kubectl's taint edits send the whole list.
+async fn untainted(t: &Target, name: &str) {
+    let nodes: Api<Node> = Api::all(t.client());
+    eventually(30, || async {
+        let node = nodes.get(name).await.unwrap();
+        let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+        taints.is_empty().then_some(())
+    })
+    .await;
+}
+
+/// Waits until the pods are Running and Ready (their simulated kubelet reports them).
+async fn ready(pods: &Api<Pod>, names: &[&str]) {
+    for name in names {
+        eventually(30, || async {
+            let pod = pods.get(name).await.unwrap();
+            let status = pod.status?;
+            let ready = status
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            (status.phase.as_deref() == Some("Running") && ready).then_some(())
+        })
+        .await;
+    }
 }
 
 #[tokio::test]
 async fn kubectl_get_prints_tables_and_reports_not_found() {
-    let server = TestApiServer::start().await.unwrap();
-    let k = Kubectl::new(&server);
-    assert_eq!(k.apply(&[], NODE).await.code, 0);
-    let table = k.ok(&["get", "nodes"]).await;
+    let t = Target::start().await;
+    let k = Kubectl::new(&t);
+    let n1 = t.name("n1");
+    assert_eq!(k.apply(&[], &node_yaml(&t, "n1")).await.code, 0);
+    let table = k.ok(&["get", "nodes", "-l", &t.run_selector()]).await;
     let lines: Vec<&str> = table.lines().collect();
     assert!(
         lines[0].starts_with("NAME") && lines[0].contains("STATUS") && lines[0].contains("ROLES"),
         "{table}"
     );
     assert!(
-        lines[1].starts_with("n1") && lines[1].contains("Ready"),
+        lines[1].starts_with(&n1) && lines[1].contains("Ready"),
         "{table}"
     );
     assert_eq!(
-        k.ok(&["get", "nodes", "-l", "pool=a", "-o", "name"])
+        k.ok(&["get", "nodes", "-l", &t.own("pool=a"), "-o", "name"])
             .await
             .trim(),
-        "node/n1"
+        format!("node/{n1}")
     );
     assert_eq!(
-        k.ok(&["get", "nodes", "-l", "pool=b", "-o", "name"])
+        k.ok(&["get", "nodes", "-l", &t.own("pool=b"), "-o", "name"])
             .await
             .trim(),
         ""
@@ -133,25 +184,26 @@ async fn kubectl_get_prints_tables_and_reports_not_found() {
     let ns = k.ok(&["get", "ns"]).await;
     assert!(ns.contains("kube-system") && ns.contains("Active"), "{ns}");
 
-    let missing = k.run(&["get", "node", "ghost"]).await;
+    let ghost = t.name("ghost");
+    let missing = k.run(&["get", "node", &ghost]).await;
     assert_eq!(missing.code, 1);
     assert_eq!(
         missing.stderr.trim(),
-        "Error from server (NotFound): nodes \"ghost\" not found"
+        format!("Error from server (NotFound): nodes \"{ghost}\" not found")
     );
 }
 
 #[tokio::test]
 async fn kubectl_apply_creates_configures_and_prunes_with_last_applied() {
-    let server = TestApiServer::start().await.unwrap();
-    let k = Kubectl::new(&server);
-    let first = k.apply(&[], &pod_yaml("p1")).await;
+    let t = Target::start().await;
+    let k = Kubectl::new(&t);
+    let first = k.apply(&[], &pod_yaml(&t, "p1")).await;
     assert_eq!(first.stdout.trim(), "pod/p1 created", "{}", first.stderr);
     assert_eq!(
-        k.apply(&[], &pod_yaml("p1")).await.stdout.trim(),
+        k.apply(&[], &pod_yaml(&t, "p1")).await.stdout.trim(),
         "pod/p1 unchanged"
     );
-    let changed = pod_yaml("p1").replace("    app: w\n", "    app: w\n    extra: x\n");
+    let changed = pod_yaml(&t, "p1").replace("    app: w\n", "    app: w\n    extra: x\n");
     assert_eq!(
         k.apply(&[], &changed).await.stdout.trim(),
         "pod/p1 configured"
@@ -162,7 +214,7 @@ async fn kubectl_apply_creates_configures_and_prunes_with_last_applied() {
     );
     // Dropping the label from the file removes it (three-way merge via last-applied).
     assert_eq!(
-        k.apply(&[], &pod_yaml("p1")).await.stdout.trim(),
+        k.apply(&[], &pod_yaml(&t, "p1")).await.stdout.trim(),
         "pod/p1 configured"
     );
     assert!(
@@ -174,16 +226,18 @@ async fn kubectl_apply_creates_configures_and_prunes_with_last_applied() {
 
 #[tokio::test]
 async fn kubectl_server_side_apply_detects_conflicts_and_forces() {
-    let server = TestApiServer::start().await.unwrap();
-    let k = Kubectl::new(&server);
-    let out = k.apply(&["--server-side"], NODE).await;
+    let t = Target::start().await;
+    let k = Kubectl::new(&t);
+    let n1 = t.name("n1");
+    let node = node_yaml(&t, "n1");
+    let out = k.apply(&["--server-side"], &node).await;
     assert_eq!(
         out.stdout.trim(),
-        "node/n1 serverside-applied",
+        format!("node/{n1} serverside-applied"),
         "{}",
         out.stderr
     );
-    let other = NODE.replace("pool: a", "pool: b");
+    let other = node.replace("pool: a", "pool: b");
     let conflict = k
         .apply(
             &["--server-side", "--field-manager", "someone-else"],
@@ -210,9 +264,7 @@ async fn kubectl_server_side_apply_detects_conflicts_and_forces() {
         )
         .await;
     assert_eq!(forced.code, 0, "{}", forced.stderr);
-    let node = k
-        .json(&["get", "node", "n1", "--show-managed-fields"])
-        .await;
+    let node = k.json(&["get", "node", &n1, "--show-managed-fields"]).await;
     assert_eq!(node["metadata"]["labels"]["pool"], "b");
     let managers: Vec<&str> = node["metadata"]["managedFields"]
         .as_array()
@@ -225,14 +277,16 @@ async fn kubectl_server_side_apply_detects_conflicts_and_forces() {
 
 #[tokio::test]
 async fn kubectl_patch_label_annotate_cordon_and_uncordon() {
-    let server = TestApiServer::start().await.unwrap();
-    let k = Kubectl::new(&server);
-    k.apply(&[], NODE).await;
-    k.apply(&[], &pod_yaml("p1")).await;
+    let t = Target::start().await;
+    let k = Kubectl::new(&t);
+    let n1 = t.name("n1");
+    let n1 = n1.as_str();
+    k.apply(&[], &node_yaml(&t, "n1")).await;
+    k.apply(&[], &pod_yaml(&t, "p1")).await;
     k.ok(&[
         "patch",
         "node",
-        "n1",
+        n1,
         "-p",
         r#"{"metadata":{"labels":{"merge":"yes"}}}"#,
     ])
@@ -240,7 +294,7 @@ async fn kubectl_patch_label_annotate_cordon_and_uncordon() {
     k.ok(&[
         "patch",
         "node",
-        "n1",
+        n1,
         "--type=merge",
         "-p",
         r#"{"metadata":{"labels":{"m2":"yes"}}}"#,
@@ -249,7 +303,7 @@ async fn kubectl_patch_label_annotate_cordon_and_uncordon() {
     k.ok(&[
         "patch",
         "node",
-        "n1",
+        n1,
         "--type=json",
         "-p",
         r#"[{"op":"add","path":"/metadata/labels/j","value":"yes"}]"#,
@@ -263,10 +317,10 @@ async fn kubectl_patch_label_annotate_cordon_and_uncordon() {
         r#"{"spec":{"containers":[{"name":"c","image":"busybox:1.37"}]}}"#,
     ])
     .await;
-    k.ok(&["label", "node", "n1", "l=1"]).await;
-    k.ok(&["annotate", "node", "n1", "a=1"]).await;
-    k.ok(&["label", "node", "n1", "pool-"]).await;
-    let node = k.json(&["get", "node", "n1"]).await;
+    k.ok(&["label", "node", n1, "l=1"]).await;
+    k.ok(&["annotate", "node", n1, "a=1"]).await;
+    k.ok(&["label", "node", n1, "pool-"]).await;
+    let node = k.json(&["get", "node", n1]).await;
     let labels = &node["metadata"]["labels"];
     for key in ["merge", "m2", "j", "l"] {
         assert!(labels.get(key).is_some(), "label {key} missing: {labels}");
@@ -281,19 +335,25 @@ async fn kubectl_patch_label_annotate_cordon_and_uncordon() {
     );
     assert_eq!(pod["spec"]["containers"][0]["image"], "busybox:1.37");
 
-    assert_eq!(k.ok(&["cordon", "n1"]).await.trim(), "node/n1 cordoned");
     assert_eq!(
-        k.json(&["get", "node", "n1"]).await["spec"]["unschedulable"],
+        k.ok(&["cordon", n1]).await.trim(),
+        format!("node/{n1} cordoned")
+    );
+    assert_eq!(
+        k.json(&["get", "node", n1]).await["spec"]["unschedulable"],
         true
     );
     assert!(
-        k.ok(&["get", "node", "n1"])
+        k.ok(&["get", "node", n1])
             .await
             .contains("Ready,SchedulingDisabled")
     );
-    assert_eq!(k.ok(&["uncordon", "n1"]).await.trim(), "node/n1 uncordoned");
+    assert_eq!(
+        k.ok(&["uncordon", n1]).await.trim(),
+        format!("node/{n1} uncordoned")
+    );
     assert!(
-        k.json(&["get", "node", "n1"]).await["spec"]
+        k.json(&["get", "node", n1]).await["spec"]
             .get("unschedulable")
             .is_none()
     );
@@ -301,23 +361,31 @@ async fn kubectl_patch_label_annotate_cordon_and_uncordon() {
 
 #[tokio::test]
 async fn kubectl_drain_is_blocked_by_a_disruption_budget_and_succeeds_once_it_allows() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    let k = Kubectl::new(&server);
-    k.apply(&[], NODE).await;
+    let t = Target::start().await;
+    let client = t.client();
+    let k = Kubectl::new(&t);
+    let n1 = t.name("n1");
+    // The node's simulated kubelet runs the pods (Running, Ready) and completes their graceful
+    // deletion, which drain waits for.
+    let kubelet = t.kubelet("n1", &[("pool", "a")]).await;
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     for name in ["p1", "p2"] {
-        k.apply(&[], &pod_yaml(name)).await;
-        let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
-        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(status))
-            .await
-            .unwrap();
+        assert_eq!(k.apply(&[], &pod_yaml(&t, name)).await.code, 0);
     }
+    ready(&pods, &["p1", "p2"]).await;
     let pdb = "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: keep-two\nspec:\n  minAvailable: 2\n  selector:\n    matchLabels:\n      app: w\n";
     assert_eq!(k.apply(&[], pdb).await.code, 0);
+    // Until the disruption controller has written the budget's status, a real server refuses
+    // evictions as "still being processed": wait, so the budget itself is what blocks.
+    let pdbs: Api<PodDisruptionBudget> = Api::default_namespaced(client.clone());
+    eventually(30, || async {
+        let status = pdbs.get("keep-two").await.unwrap().status?;
+        (status.observed_generation == Some(1) && status.current_healthy == 2).then_some(())
+    })
+    .await;
 
     // Bare pods need --force, as with a real cluster.
-    let blocked = k.run(&["drain", "n1", "--force", "--timeout=3s"]).await;
+    let blocked = k.run(&["drain", &n1, "--force", "--timeout=3s"]).await;
     assert_ne!(
         blocked.code, 0,
         "drain must not succeed: {}",
@@ -337,7 +405,7 @@ async fn kubectl_drain_is_blocked_by_a_disruption_budget_and_succeeds_once_it_al
     );
     let nodes: Api<Node> = Api::all(client);
     assert_eq!(
-        nodes.get("n1").await.unwrap().spec.unwrap().unschedulable,
+        nodes.get(&n1).await.unwrap().spec.unwrap().unschedulable,
         Some(true),
         "drain cordons first"
     );
@@ -351,10 +419,10 @@ async fn kubectl_drain_is_blocked_by_a_disruption_budget_and_succeeds_once_it_al
         r#"{"spec":{"minAvailable":0}}"#,
     ])
     .await;
-    let drained = k.run(&["drain", "n1", "--force", "--timeout=30s"]).await;
+    let drained = k.run(&["drain", &n1, "--force", "--timeout=30s"]).await;
     assert_eq!(drained.code, 0, "{}{}", drained.stdout, drained.stderr);
     assert!(
-        drained.stdout.contains("node/n1 drained"),
+        drained.stdout.contains(&format!("node/{n1} drained")),
         "{}",
         drained.stdout
     );
@@ -370,84 +438,93 @@ async fn kubectl_drain_is_blocked_by_a_disruption_budget_and_succeeds_once_it_al
             .items
             .is_empty()
     );
-    let evictions = server
-        .recorder()
-        .filter(|r| r.subresource == "eviction" && r.status == 201);
-    assert_eq!(evictions.len(), 2);
+    kubelet.shutdown_and_unregister().await.unwrap();
 }
 
 #[tokio::test]
 async fn kubectl_create_namespace_configmap_and_serviceaccount_through_protobuf() {
     // kubectl's typed clients send these bodies as protobuf.
-    let server = TestApiServer::start().await.unwrap();
-    let k = Kubectl::new(&server);
+    let t = Target::start().await;
+    let k = Kubectl::new(&t);
+    let demo = t.name("demo");
+    let demo = demo.as_str();
     assert_eq!(
-        k.ok(&["create", "namespace", "demo"]).await.trim(),
-        "namespace/demo created"
+        k.ok(&["create", "namespace", demo]).await.trim(),
+        format!("namespace/{demo} created")
     );
     k.ok(&[
         "create",
         "configmap",
         "c1",
         "-n",
-        "demo",
+        demo,
         "--from-literal=a=b",
     ])
     .await;
-    k.ok(&["create", "serviceaccount", "s1", "-n", "demo"])
-        .await;
+    k.ok(&["create", "serviceaccount", "s1", "-n", demo]).await;
     assert_eq!(
-        k.json(&["get", "configmap", "c1", "-n", "demo"]).await["data"],
+        k.json(&["get", "configmap", "c1", "-n", demo]).await["data"],
         json!({"a": "b"})
     );
     assert!(
-        k.ok(&["get", "sa", "-n", "demo", "-o", "name"])
+        k.ok(&["get", "sa", "-n", demo, "-o", "name"])
             .await
             .contains("serviceaccount/s1")
     );
-    let events = "apiVersion: v1\nkind: Event\nmetadata:\n  name: e1\n  namespace: demo\ninvolvedObject:\n  kind: Namespace\n  name: demo\nreason: Tested\nmessage: hello\ntype: Normal\n";
-    assert_eq!(k.apply(&[], events).await.code, 0);
-    let table = k.ok(&["get", "events", "-n", "demo"]).await;
+    let events = format!(
+        "apiVersion: v1\nkind: Event\nmetadata:\n  name: e1\n  namespace: {demo}\ninvolvedObject:\n  kind: Namespace\n  name: {demo}\nreason: Tested\nmessage: hello\ntype: Normal\n"
+    );
+    // The object names its namespace; kubectl refuses a different --namespace.
+    let applied = k.apply(&["-n", demo], &events).await;
+    assert_eq!(applied.code, 0, "{}", applied.stderr);
+    let table = k.ok(&["get", "events", "-n", demo]).await;
     assert!(
-        table.contains("Tested") && table.contains("namespace/demo") && table.contains("hello"),
+        table.contains("Tested")
+            && table.contains(&format!("namespace/{demo}"))
+            && table.contains("hello"),
         "{table}"
     );
 }
 
 #[tokio::test]
 async fn kubectl_delete_waits_for_graceful_deletion() {
-    let server = TestApiServer::start().await.unwrap();
-    let k = Kubectl::new(&server);
-    k.apply(&[], &pod_yaml("p1")).await;
-    k.apply(&[], NODE).await;
-    // kubectl waits until the pod is gone; the server completes the graceful deletion.
+    let t = Target::start().await;
+    let k = Kubectl::new(&t);
+    let n1 = t.name("n1");
+    // The node's simulated kubelet completes the graceful deletion kubectl waits for.
+    let kubelet = t.kubelet("n1", &[("pool", "a")]).await;
+    assert_eq!(k.apply(&[], &pod_yaml(&t, "p1")).await.code, 0);
     assert_eq!(
         k.ok(&["delete", "pod", "p1", "--timeout=20s"]).await.trim(),
-        "pod \"p1\" deleted from default namespace"
+        format!("pod \"p1\" deleted from {} namespace", t.namespace())
     );
     assert_eq!(k.run(&["get", "pod", "p1"]).await.code, 1);
+    kubelet.shutdown().await;
     assert_eq!(
-        k.ok(&["delete", "node", "n1"]).await.trim(),
-        "node \"n1\" deleted"
+        k.ok(&["delete", "node", &n1]).await.trim(),
+        format!("node \"{n1}\" deleted")
     );
 }
 
 #[tokio::test]
 async fn kubectl_get_watch_streams_new_objects() {
-    let server = TestApiServer::start().await.unwrap();
-    let k = Kubectl::new(&server);
-    k.apply(&[], NODE).await;
-    let mut child = k.command(&["get", "nodes", "--watch"]).spawn().unwrap();
+    let t = Target::start().await;
+    let k = Kubectl::new(&t);
+    let (n1, n2) = (t.name("n1"), t.name("n2"));
+    k.apply(&[], &node_yaml(&t, "n1")).await;
+    let mut child = k
+        .command(&["get", "nodes", "--watch", "-l", &t.run_selector()])
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut seen = Vec::new();
     let read = async {
         while let Some(line) = lines.next_line().await.unwrap() {
             seen.push(line.clone());
-            if line.starts_with("n1") && seen.len() == 2 {
-                let other = NODE.replace("name: n1", "name: n2");
-                assert_eq!(k.apply(&[], &other).await.code, 0);
+            if line.starts_with(&n1) && seen.len() == 2 {
+                assert_eq!(k.apply(&[], &node_yaml(&t, "n2")).await.code, 0);
             }
-            if line.starts_with("n2") {
+            if line.starts_with(&n2) {
                 return;
             }
         }
@@ -461,25 +538,31 @@ async fn kubectl_get_watch_streams_new_objects() {
 
 #[tokio::test]
 async fn kubectl_applies_a_crd_and_its_custom_resources_with_validation_errors_shown() {
-    let server = TestApiServer::start().await.unwrap();
-    let k = Kubectl::new(&server);
-    let crd = serde_json::to_string(&widget_crd()).unwrap();
+    // Resources are named with their group (`widgets.<group>`): on a shared cluster other
+    // tests' groups have widgets too.
+    let t = Target::start().await;
+    let k = Kubectl::new(&t);
+    let group = t.group();
+    let crd = serde_json::to_string(&widget_crd(&t)).unwrap();
     let out = k.apply(&[], &crd).await;
     assert_eq!(
         out.stdout.trim(),
-        "customresourcedefinition.apiextensions.k8s.io/widgets.example.com created",
+        format!("customresourcedefinition.apiextensions.k8s.io/widgets.{group} created"),
         "{}",
         out.stderr
     );
-    let w = "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w1\nspec:\n  version: 1.2.3\n";
+    let w = format!(
+        "apiVersion: {group}/v1\nkind: Widget\nmetadata:\n  name: w1\nspec:\n  version: 1.2.3\n"
+    );
+    let w = w.as_str();
     // kubectl may race discovery right after the CRD appears; retry like a user would.
-    let created = eventually(10, || async {
+    let created = eventually(30, || async {
         let out = k.apply(&[], w).await;
         (out.code == 0).then_some(out.stdout)
     })
     .await;
-    assert_eq!(created.trim(), "widget.example.com/w1 created");
-    let table = k.ok(&["get", "widgets"]).await;
+    assert_eq!(created.trim(), format!("widget.{group}/w1 created"));
+    let table = k.ok(&["get", &format!("widgets.{group}")]).await;
     assert!(
         table.lines().next().unwrap().contains("VERSION"),
         "printer columns: {table}"
@@ -517,35 +600,38 @@ async fn kubectl_applies_a_crd_and_its_custom_resources_with_validation_errors_s
     let ssa = k.apply(&["--server-side"], &w.replace("w1", "w2")).await;
     assert_eq!(
         ssa.stdout.trim(),
-        "widget.example.com/w2 serverside-applied",
+        format!("widget.{group}/w2 serverside-applied"),
         "{}",
         ssa.stderr
     );
     assert!(
-        k.ok(&["get", "wd", "-o", "name"])
+        k.ok(&["get", &t.short_name("wd"), "-o", "name"])
             .await
-            .contains("widget.example.com/w2"),
+            .contains(&format!("widget.{group}/w2")),
         "short names work"
     );
 }
 
 #[tokio::test]
 async fn kubectl_taint_adds_and_removes_taints() {
-    let server = TestApiServer::start().await.unwrap();
-    let k = Kubectl::new(&server);
-    k.apply(&[], NODE).await;
-    k.ok(&["taint", "nodes", "n1", "a=1:NoSchedule"]).await;
-    k.ok(&["taint", "nodes", "n1", "b=2:NoExecute"]).await;
+    let t = Target::start().await;
+    let k = Kubectl::new(&t);
+    let n1 = t.name("n1");
+    let n1 = n1.as_str();
+    k.apply(&[], &node_yaml(&t, "n1")).await;
+    untainted(&t, n1).await;
+    k.ok(&["taint", "nodes", n1, "a=1:NoSchedule"]).await;
+    k.ok(&["taint", "nodes", n1, "b=2:NoExecute"]).await;
     // Taints are an atomic list: kubectl sends the whole remaining list.
-    k.ok(&["taint", "nodes", "n1", "a:NoSchedule-"]).await;
-    let taints = k.json(&["get", "node", "n1"]).await["spec"]["taints"].clone();
+    k.ok(&["taint", "nodes", n1, "a:NoSchedule-"]).await;
+    let taints = k.json(&["get", "node", n1]).await["spec"]["taints"].clone();
     assert_eq!(
         taints,
         json!([{"effect": "NoExecute", "key": "b", "value": "2"}])
     );
-    k.ok(&["taint", "nodes", "n1", "b:NoExecute-"]).await;
+    k.ok(&["taint", "nodes", n1, "b:NoExecute-"]).await;
     assert!(
-        k.json(&["get", "node", "n1"]).await["spec"]
+        k.json(&["get", "node", n1]).await["spec"]
             .get("taints")
             .is_none()
     );

@@ -1,14 +1,23 @@
 //! Deletion: graceful pod deletion, finalizers, owner-reference garbage collection (background,
 //! foreground, orphan) and namespace termination.
+//!
+//! Kubernetes behaviour only: every test runs against its own in-process server, or against the
+//! cluster `TTDP_TEST_KUBECONFIG` names. Pods are bound to node names that no kubelet serves, so
+//! graceful deletions stay pending as on a real cluster until the test deletes with grace
+//! period 0 (the kubelet's final delete). How the in-process server completes graceful deletion
+//! when no kubelet runs is a testkit instrument, tested in apiserver_instruments.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod apiserver_support;
 
-use apiserver_support::{eventually, node, pod};
+use apiserver_support::target::RUN_LABEL;
+use apiserver_support::{Target, eventually, pod};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use serde_json::json;
-use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
+
+/// How long a real cluster's controllers (garbage collector, namespace controller) may take.
+const CONTROLLERS: u64 = 60;
 
 fn api_error(e: kube::Error) -> kube::core::Status {
     match e {
@@ -38,13 +47,9 @@ fn configmap(name: &str, owner: Option<(&str, &str, bool)>) -> ConfigMap {
 async fn a_bound_pod_terminates_gracefully_and_the_kubelet_completes_the_deletion() {
     // Mirrors the real server: a pod on a node gets deletionTimestamp + grace period and stays
     // until its kubelet deletes it with grace period 0.
-    let server = TestApiServer::builder()
-        .pod_termination(PodTermination::Kubelet)
-        .start()
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
-    pods.create(&PostParams::default(), &pod("p1", "n1", json!({})))
+    let t = Target::start().await;
+    let pods: Api<Pod> = Api::default_namespaced(t.client());
+    pods.create(&PostParams::default(), &pod("p1", &t.name("n1"), json!({})))
         .await
         .unwrap();
     let pending = pods
@@ -77,31 +82,14 @@ async fn a_bound_pod_terminates_gracefully_and_the_kubelet_completes_the_deletio
 }
 
 #[tokio::test]
-async fn without_a_kubelet_the_server_completes_graceful_deletion_itself() {
-    let server = TestApiServer::start().await.unwrap();
-    let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
-    pods.create(&PostParams::default(), &pod("p1", "n1", json!({})))
-        .await
-        .unwrap();
-    assert!(
-        pods.delete("p1", &DeleteParams::default())
-            .await
-            .unwrap()
-            .is_left()
-    );
-    eventually(5, || async { gone(&pods, "p1").await.then_some(()) }).await;
-}
-
-#[tokio::test]
 async fn an_unscheduled_pod_is_deleted_immediately() {
-    let server = TestApiServer::builder()
-        .pod_termination(PodTermination::Kubelet)
-        .start()
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::default_namespaced(server.client().await.unwrap());
-    let mut p = pod("p1", "n1", json!({}));
-    p.spec.as_mut().unwrap().node_name = None;
+    let t = Target::start().await;
+    let pods: Api<Pod> = Api::default_namespaced(t.client());
+    let mut p = pod("p1", "unused", json!({}));
+    let spec = p.spec.as_mut().unwrap();
+    spec.node_name = None;
+    // A node selector no node matches, so a real scheduler cannot bind it in the meantime.
+    spec.node_selector = Some([(RUN_LABEL.to_owned(), t.name("no-node"))].into());
     pods.create(&PostParams::default(), &p).await.unwrap();
     assert!(
         pods.delete("p1", &DeleteParams::default())
@@ -114,13 +102,14 @@ async fn an_unscheduled_pod_is_deleted_immediately() {
 
 #[tokio::test]
 async fn finalizers_hold_a_deleted_object_until_removed_and_cannot_be_added_meanwhile() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    let mut n = node("n1", json!({}));
+    let t = Target::start().await;
+    let n1 = t.name("n1");
+    let nodes: Api<Node> = Api::all(t.client());
+    let mut n = t.node("n1", json!({}));
     n.metadata.finalizers = Some(vec!["example.com/hold".into()]);
     nodes.create(&PostParams::default(), &n).await.unwrap();
     let held = nodes
-        .delete("n1", &DeleteParams::default())
+        .delete(&n1, &DeleteParams::default())
         .await
         .unwrap()
         .left()
@@ -131,7 +120,7 @@ async fn finalizers_hold_a_deleted_object_until_removed_and_cannot_be_added_mean
         Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold", "example.com/more"]}}));
     let err = api_error(
         nodes
-            .patch("n1", &PatchParams::default(), &add)
+            .patch(&n1, &PatchParams::default(), &add)
             .await
             .unwrap_err(),
     );
@@ -145,16 +134,16 @@ async fn finalizers_hold_a_deleted_object_until_removed_and_cannot_be_added_mean
 
     let remove = Patch::Merge(json!({"metadata": {"finalizers": null}}));
     nodes
-        .patch("n1", &PatchParams::default(), &remove)
+        .patch(&n1, &PatchParams::default(), &remove)
         .await
         .unwrap();
-    assert!(gone(&nodes, "n1").await);
+    assert!(gone(&nodes, &n1).await);
 }
 
 #[tokio::test]
 async fn background_deletion_collects_dependents_after_the_owner_is_gone() {
-    let server = TestApiServer::start().await.unwrap();
-    let cms: Api<ConfigMap> = Api::default_namespaced(server.client().await.unwrap());
+    let t = Target::start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(t.client());
     let owner = cms
         .create(&PostParams::default(), &configmap("owner", None))
         .await
@@ -173,17 +162,16 @@ async fn background_deletion_collects_dependents_after_the_owner_is_gone() {
         gone(&cms, "owner").await,
         "background: the owner goes first"
     );
-    eventually(5, || async { gone(&cms, "dep").await.then_some(()) }).await;
+    eventually(CONTROLLERS, || async {
+        gone(&cms, "dep").await.then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn foreground_deletion_keeps_the_owner_until_blocking_dependents_are_gone() {
-    let server = TestApiServer::builder()
-        .pod_termination(PodTermination::Kubelet)
-        .start()
-        .await
-        .unwrap();
-    let client = server.client().await.unwrap();
+    let t = Target::start().await;
+    let client = t.client();
     let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
     let pods: Api<Pod> = Api::default_namespaced(client);
     let owner = cms
@@ -191,7 +179,7 @@ async fn foreground_deletion_keeps_the_owner_until_blocking_dependents_are_gone(
         .await
         .unwrap();
     let uid = owner.metadata.uid.unwrap();
-    let mut p = pod("dep", "n1", json!({}));
+    let mut p = pod("dep", &t.name("n1"), json!({}));
     p.metadata.owner_references = Some(vec![serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid, "blockOwnerDeletion": true
     }))
@@ -206,7 +194,7 @@ async fn foreground_deletion_keeps_the_owner_until_blocking_dependents_are_gone(
         .unwrap();
     assert_eq!(held.metadata.finalizers.unwrap(), ["foregroundDeletion"]);
     // The dependent pod is being deleted but is still terminating, so the owner stays.
-    eventually(5, || async {
+    eventually(CONTROLLERS, || async {
         pods.get("dep")
             .await
             .unwrap()
@@ -226,13 +214,16 @@ async fn foreground_deletion_keeps_the_owner_until_blocking_dependents_are_gone(
     )
     .await
     .unwrap();
-    eventually(5, || async { gone(&cms, "owner").await.then_some(()) }).await;
+    eventually(CONTROLLERS, || async {
+        gone(&cms, "owner").await.then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn orphan_deletion_leaves_dependents_without_the_owner_reference() {
-    let server = TestApiServer::start().await.unwrap();
-    let cms: Api<ConfigMap> = Api::default_namespaced(server.client().await.unwrap());
+    let t = Target::start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(t.client());
     let owner = cms
         .create(&PostParams::default(), &configmap("owner", None))
         .await
@@ -249,27 +240,31 @@ async fn orphan_deletion_leaves_dependents_without_the_owner_reference() {
         ..Default::default()
     };
     cms.delete("owner", &dp).await.unwrap();
-    eventually(5, || async { gone(&cms, "owner").await.then_some(()) }).await;
+    eventually(CONTROLLERS, || async {
+        gone(&cms, "owner").await.then_some(())
+    })
+    .await;
     let dep = cms.get("dep").await.unwrap();
     assert!(dep.metadata.owner_references.unwrap_or_default().is_empty());
 }
 
 #[tokio::test]
 async fn deleting_a_namespace_removes_its_contents_then_the_namespace() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
+    let t = Target::start().await;
+    let client = t.client();
+    let scratch = t.name("scratch");
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "scratch"}})).unwrap();
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": scratch}})).unwrap();
     namespaces
         .create(&PostParams::default(), &ns)
         .await
         .unwrap();
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "scratch");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &scratch);
     cms.create(&PostParams::default(), &configmap("c", None))
         .await
         .unwrap();
     let terminating = namespaces
-        .delete("scratch", &DeleteParams::default())
+        .delete(&scratch, &DeleteParams::default())
         .await
         .unwrap()
         .left()
@@ -285,8 +280,8 @@ async fn deleting_a_namespace_removes_its_contents_then_the_namespace() {
             .unwrap_err(),
     );
     assert!(e.code == 403 || e.code == 404, "{e:?}");
-    eventually(5, || async {
-        gone(&namespaces, "scratch").await.then_some(())
+    eventually(CONTROLLERS, || async {
+        gone(&namespaces, &scratch).await.then_some(())
     })
     .await;
     assert!(gone(&cms, "c").await);

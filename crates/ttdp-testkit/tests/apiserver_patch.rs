@@ -1,15 +1,20 @@
 //! Patches: JSON merge, JSON patch, strategic merge, and server-side apply with managed fields,
 //! conflicts, force and list-map merging, through kube-rs.
+//!
+//! Kubernetes behaviour only: every test runs against its own in-process server, or against the
+//! cluster `TTDP_TEST_KUBECONFIG` names. Server-side apply's managed fields are checked on
+//! ConfigMaps in the test's namespace, which no controller writes (on a real cluster
+//! controllers add their own managers to new Node objects).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod apiserver_support;
 
-use apiserver_support::{install_crd, node, widget_crd};
+use apiserver_support::target::RUN_LABEL;
+use apiserver_support::{Target, install_crd, node, widget_crd};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use ttdp_testkit::apiserver::TestApiServer;
 
 fn api_error(e: kube::Error) -> kube::core::Status {
     match e {
@@ -20,22 +25,20 @@ fn api_error(e: kube::Error) -> kube::core::Status {
 
 #[tokio::test]
 async fn merge_patch_sets_and_null_removes_fields() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    let t = Target::start().await;
+    let n1 = t.name("n1");
+    let nodes: Api<Node> = Api::all(t.client());
     nodes
         .create(
             &PostParams::default(),
-            &node("n1", json!({"keep": "1", "drop": "2"})),
+            &node(&n1, json!({"keep": "1", "drop": "2"})),
         )
         .await
         .unwrap();
     let p = Patch::Merge(
         json!({"metadata": {"labels": {"drop": null, "new": "3"}}, "spec": {"unschedulable": true}}),
     );
-    let n = nodes
-        .patch("n1", &PatchParams::default(), &p)
-        .await
-        .unwrap();
+    let n = nodes.patch(&n1, &PatchParams::default(), &p).await.unwrap();
     let labels = n.metadata.labels.unwrap();
     assert_eq!(labels.len(), 2);
     assert_eq!(
@@ -47,10 +50,12 @@ async fn merge_patch_sets_and_null_removes_fields() {
 
 #[tokio::test]
 async fn json_patch_applies_operations_and_a_failed_test_is_422() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    let t = Target::start().await;
+    let n1 = t.name("n1");
+    let n1 = n1.as_str();
+    let nodes: Api<Node> = Api::all(t.client());
     nodes
-        .create(&PostParams::default(), &node("n1", json!({"a": "1"})))
+        .create(&PostParams::default(), &node(n1, json!({"a": "1"})))
         .await
         .unwrap();
     let ops: json_patch::Patch = serde_json::from_value(json!([
@@ -60,7 +65,7 @@ async fn json_patch_applies_operations_and_a_failed_test_is_422() {
     ]))
     .unwrap();
     let n = nodes
-        .patch("n1", &PatchParams::default(), &Patch::<()>::Json(ops))
+        .patch(n1, &PatchParams::default(), &Patch::<()>::Json(ops))
         .await
         .unwrap();
     assert_eq!(n.metadata.labels.unwrap()["a"], "2");
@@ -71,7 +76,7 @@ async fn json_patch_applies_operations_and_a_failed_test_is_422() {
             .unwrap();
     let err = api_error(
         nodes
-            .patch("n1", &PatchParams::default(), &Patch::<()>::Json(failing))
+            .patch(n1, &PatchParams::default(), &Patch::<()>::Json(failing))
             .await
             .unwrap_err(),
     );
@@ -85,7 +90,7 @@ async fn json_patch_applies_operations_and_a_failed_test_is_422() {
     ]))
     .unwrap();
     let n = nodes
-        .patch("n1", &PatchParams::default(), &Patch::<()>::Json(absent))
+        .patch(n1, &PatchParams::default(), &Patch::<()>::Json(absent))
         .await
         .unwrap();
     assert_eq!(n.metadata.finalizers.unwrap(), ["example.com/f"]);
@@ -93,14 +98,17 @@ async fn json_patch_applies_operations_and_a_failed_test_is_422() {
 
 #[tokio::test]
 async fn strategic_merge_merges_containers_and_env_by_name_and_honours_patch_delete() {
-    // A DaemonSet template, since pod specs themselves are immutable.
-    let server = TestApiServer::start().await.unwrap();
-    let ds_api: Api<DaemonSet> = Api::default_namespaced(server.client().await.unwrap());
+    // A DaemonSet template, since pod specs themselves are immutable. A node selector no node
+    // matches keeps a real DaemonSet controller from placing pods.
+    let t = Target::start().await;
+    let ds_api: Api<DaemonSet> = Api::default_namespaced(t.client());
     let ds: DaemonSet = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"},
         "spec": {
             "selector": {"matchLabels": {"app": "agent"}},
-            "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {"containers": [
+            "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {
+                "nodeSelector": {RUN_LABEL: t.name("no-node")},
+                "containers": [
                 {"name": "c", "image": "agent:1", "env": [{"name": "A", "value": "1"}]},
                 {"name": "side", "image": "side:1"}
             ]}}
@@ -138,12 +146,12 @@ async fn strategic_merge_merges_containers_and_env_by_name_and_honours_patch_del
 
 #[tokio::test]
 async fn strategic_merge_patch_on_a_custom_resource_is_415() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    let ar = install_crd(&client, widget_crd()).await;
+    let t = Target::start().await;
+    let client = t.client();
+    let ar = install_crd(&client, widget_crd(&t)).await;
     let widgets: Api<DynamicObject> = Api::all_with(client, &ar);
     let obj: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"version": "1.2.3"}
+        "apiVersion": format!("{}/v1", t.group()), "kind": "Widget", "metadata": {"name": "w"}, "spec": {"version": "1.2.3"}
     }))
     .unwrap();
     widgets.create(&PostParams::default(), &obj).await.unwrap();
@@ -167,12 +175,16 @@ fn apply(manager: &str) -> PatchParams {
     PatchParams::apply(manager)
 }
 
+fn configmap(name: &str, labels: Value) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+}
+
 #[tokio::test]
 async fn apply_creates_then_conflicts_with_another_manager_unless_forced() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    let mine = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"owner": "a"}}});
-    let created = nodes
+    let t = Target::start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(t.client());
+    let mine = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "n1", "labels": {"owner": "a"}}});
+    let created = cms
         .patch("n1", &apply("alpha"), &Patch::Apply(&mine))
         .await
         .unwrap();
@@ -189,16 +201,14 @@ async fn apply_creates_then_conflicts_with_another_manager_unless_forced() {
     );
 
     // Same value from another manager: shared ownership, no conflict.
-    let theirs_same = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"owner": "a"}}});
-    nodes
-        .patch("n1", &apply("beta"), &Patch::Apply(&theirs_same))
+    let theirs_same = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "n1", "labels": {"owner": "a"}}});
+    cms.patch("n1", &apply("beta"), &Patch::Apply(&theirs_same))
         .await
         .unwrap();
 
-    let theirs = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"owner": "b"}}});
+    let theirs = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "n1", "labels": {"owner": "b"}}});
     let err = api_error(
-        nodes
-            .patch("n1", &apply("gamma"), &Patch::Apply(&theirs))
+        cms.patch("n1", &apply("gamma"), &Patch::Apply(&theirs))
             .await
             .unwrap_err(),
     );
@@ -212,7 +222,7 @@ async fn apply_creates_then_conflicts_with_another_manager_unless_forced() {
     assert_eq!(causes[0].message, "conflict with \"alpha\"");
     assert_eq!(causes[0].field, ".metadata.labels.owner");
 
-    let forced = nodes
+    let forced = cms
         .patch("n1", &apply("gamma").force(), &Patch::Apply(&theirs))
         .await
         .unwrap();
@@ -233,27 +243,25 @@ async fn apply_creates_then_conflicts_with_another_manager_unless_forced() {
 
 #[tokio::test]
 async fn fields_dropped_from_an_applied_config_are_removed_unless_someone_else_owns_them() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    let v1 = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"a": "1", "b": "2"}}});
-    nodes
-        .patch("n1", &apply("alpha"), &Patch::Apply(&v1))
+    let t = Target::start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(t.client());
+    let v1 = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "n1", "labels": {"a": "1", "b": "2"}}});
+    cms.patch("n1", &apply("alpha"), &Patch::Apply(&v1))
         .await
         .unwrap();
     // Another manager also sets "b" through an update: it co-owns the field now.
-    nodes
-        .patch(
-            "n1",
-            &PatchParams {
-                field_manager: Some("editor".into()),
-                ..Default::default()
-            },
-            &Patch::Merge(json!({"metadata": {"labels": {"c": "3"}}})),
-        )
-        .await
-        .unwrap();
-    let v2 = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"b": "2"}}});
-    let after = nodes
+    cms.patch(
+        "n1",
+        &PatchParams {
+            field_manager: Some("editor".into()),
+            ..Default::default()
+        },
+        &Patch::Merge(json!({"metadata": {"labels": {"c": "3"}}})),
+    )
+    .await
+    .unwrap();
+    let v2 = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "n1", "labels": {"b": "2"}}});
+    let after = cms
         .patch("n1", &apply("alpha"), &Patch::Apply(&v2))
         .await
         .unwrap();
@@ -268,18 +276,17 @@ async fn fields_dropped_from_an_applied_config_are_removed_unless_someone_else_o
 
 #[tokio::test]
 async fn update_takes_ownership_from_an_applier_without_conflict() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    let cfg = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"a": "1"}}});
-    nodes
-        .patch("n1", &apply("alpha"), &Patch::Apply(&cfg))
+    let t = Target::start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(t.client());
+    let cfg = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "n1", "labels": {"a": "1"}}});
+    cms.patch("n1", &apply("alpha"), &Patch::Apply(&cfg))
         .await
         .unwrap();
     let pp = PatchParams {
         field_manager: Some("editor".into()),
         ..Default::default()
     };
-    let after = nodes
+    let after = cms
         .patch(
             "n1",
             &pp,
@@ -300,8 +307,7 @@ async fn update_takes_ownership_from_an_applier_without_conflict() {
     // Re-applying the old value now conflicts with the editor (an Update manager is named with
     // its apiVersion and time, as the real server does).
     let err = api_error(
-        nodes
-            .patch("n1", &apply("alpha"), &Patch::Apply(&cfg))
+        cms.patch("n1", &apply("alpha"), &Patch::Apply(&cfg))
             .await
             .unwrap_err(),
     );
@@ -319,26 +325,26 @@ async fn update_takes_ownership_from_an_applier_without_conflict() {
     );
 }
 
-async fn widget_api(server: &TestApiServer) -> Api<DynamicObject> {
-    let client = server.client().await.unwrap();
-    let ar = install_crd(&client, widget_crd()).await;
+async fn widget_api(t: &Target) -> Api<DynamicObject> {
+    let client = t.client();
+    let ar = install_crd(&client, widget_crd(t)).await;
     Api::all_with(client, &ar)
 }
 
-fn status_apply(nodes: Value) -> Value {
-    json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "status": {"nodes": nodes}})
+fn status_apply(t: &Target, nodes: Value) -> Value {
+    json!({"apiVersion": format!("{}/v1", t.group()), "kind": "Widget", "metadata": {"name": "w"}, "status": {"nodes": nodes}})
 }
 
 #[tokio::test]
 async fn status_apply_without_a_name_takes_it_from_the_url() {
-    let server = TestApiServer::start().await.unwrap();
-    let widgets = widget_api(&server).await;
-    let w = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"version": "1.0.0"}});
+    let t = Target::start().await;
+    let widgets = widget_api(&t).await;
+    let w = json!({"apiVersion": format!("{}/v1", t.group()), "kind": "Widget", "metadata": {"name": "w"}, "spec": {"version": "1.0.0"}});
     widgets
         .patch("w", &apply("ctl"), &Patch::Apply(&w))
         .await
         .unwrap();
-    let nameless = json!({"apiVersion": "example.com/v1", "kind": "Widget", "status": {"nodes": [{"name": "n1", "state": "Done"}]}});
+    let nameless = json!({"apiVersion": format!("{}/v1", t.group()), "kind": "Widget", "status": {"nodes": [{"name": "n1", "state": "Done"}]}});
     let after = widgets
         .patch_status("w", &apply("ctl").force(), &Patch::Apply(&nameless))
         .await
@@ -349,20 +355,20 @@ async fn status_apply_without_a_name_takes_it_from_the_url() {
 
 #[tokio::test]
 async fn status_apply_merges_list_map_entries_by_key_across_managers() {
-    let server = TestApiServer::start().await.unwrap();
-    let widgets = widget_api(&server).await;
-    let w = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"version": "1.0.0"}});
+    let t = Target::start().await;
+    let widgets = widget_api(&t).await;
+    let w = json!({"apiVersion": format!("{}/v1", t.group()), "kind": "Widget", "metadata": {"name": "w"}, "spec": {"version": "1.0.0"}});
     widgets
         .patch("w", &apply("ctl"), &Patch::Apply(&w))
         .await
         .unwrap();
 
-    let a = status_apply(json!([{"name": "n1", "state": "Done"}]));
+    let a = status_apply(&t, json!([{"name": "n1", "state": "Done"}]));
     widgets
         .patch_status("w", &apply("agent-n1").force(), &Patch::Apply(&a))
         .await
         .unwrap();
-    let b = status_apply(json!([{"name": "n2", "state": "Upgrading"}]));
+    let b = status_apply(&t, json!([{"name": "n2", "state": "Upgrading"}]));
     let after = widgets
         .patch_status("w", &apply("agent-n2").force(), &Patch::Apply(&b))
         .await
@@ -372,7 +378,7 @@ async fn status_apply_merges_list_map_entries_by_key_across_managers() {
         json!([{"name": "n1", "state": "Done"}, {"name": "n2", "state": "Upgrading"}])
     );
     // The owner of n1 changing its entry leaves n2 alone; dropping a key removes only its item.
-    let a2 = status_apply(json!([]));
+    let a2 = status_apply(&t, json!([]));
     let after = widgets
         .patch_status("w", &apply("agent-n1").force(), &Patch::Apply(&a2))
         .await
@@ -396,20 +402,20 @@ async fn status_apply_merges_list_map_entries_by_key_across_managers() {
 
 #[tokio::test]
 async fn conditions_apply_merges_by_type() {
-    let server = TestApiServer::start().await.unwrap();
-    let widgets = widget_api(&server).await;
-    let w = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"version": "1.0.0"}});
+    let t = Target::start().await;
+    let widgets = widget_api(&t).await;
+    let w = json!({"apiVersion": format!("{}/v1", t.group()), "kind": "Widget", "metadata": {"name": "w"}, "spec": {"version": "1.0.0"}});
     widgets
         .patch("w", &apply("ctl"), &Patch::Apply(&w))
         .await
         .unwrap();
-    let c1 = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"},
+    let c1 = json!({"apiVersion": format!("{}/v1", t.group()), "kind": "Widget", "metadata": {"name": "w"},
         "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Upgrading"}]}});
     widgets
         .patch_status("w", &apply("ctl").force(), &Patch::Apply(&c1))
         .await
         .unwrap();
-    let c2 = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"},
+    let c2 = json!({"apiVersion": format!("{}/v1", t.group()), "kind": "Widget", "metadata": {"name": "w"},
         "status": {"conditions": [{"type": "Degraded", "status": "False", "reason": "AsExpected"}]}});
     let after = widgets
         .patch_status("w", &apply("other").force(), &Patch::Apply(&c2))
@@ -427,32 +433,31 @@ async fn conditions_apply_merges_by_type() {
 #[tokio::test]
 async fn managed_fields_sent_in_an_update_replace_the_stored_ones() {
     // How kubectl migrates client-side-apply ownership to its server-side apply manager.
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    let t = Target::start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(t.client());
     let pp = PatchParams {
         field_manager: Some("old-tool".into()),
         ..Default::default()
     };
-    nodes
-        .create(
-            &PostParams {
-                field_manager: Some("old-tool".into()),
-                ..Default::default()
-            },
-            &node("n1", json!({"a": "1"})),
-        )
-        .await
-        .unwrap();
-    let current = nodes.get("n1").await.unwrap();
+    cms.create(
+        &PostParams {
+            field_manager: Some("old-tool".into()),
+            ..Default::default()
+        },
+        &configmap("n1", json!({"a": "1"})),
+    )
+    .await
+    .unwrap();
+    let current = cms.get("n1").await.unwrap();
     let mut entries = current.metadata.managed_fields.clone().unwrap();
     assert_eq!(entries[0].manager.as_deref(), Some("old-tool"));
     entries[0].manager = Some("new-tool".into());
     entries[0].operation = Some("Apply".into());
     let patch = Patch::Merge(json!({"metadata": {"managedFields": entries}}));
-    nodes.patch("n1", &pp, &patch).await.unwrap();
+    cms.patch("n1", &pp, &patch).await.unwrap();
     // new-tool now owns the label: applying a new value as new-tool does not conflict.
-    let cfg = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"a": "2"}}});
-    let after = nodes
+    let cfg = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "n1", "labels": {"a": "2"}}});
+    let after = cms
         .patch("n1", &apply("new-tool"), &Patch::Apply(&cfg))
         .await
         .unwrap();

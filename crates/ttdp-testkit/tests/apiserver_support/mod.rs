@@ -1,5 +1,10 @@
-//! Shared fixtures for the API server tests: object builders, polling, and finding kubectl.
+//! Shared fixtures for the API server tests: where they run ([`Target`]), object builders,
+//! polling, and finding kubectl.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod target;
+
+pub use target::Target;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -77,18 +82,19 @@ pub fn kubectl() -> PathBuf {
     );
 }
 
-/// A cluster-scoped CRD `widgets.example.com` shaped like ttdp's TenstorrentDriverPolicy: a
+/// A cluster-scoped CRD `widgets.<test group>` (short name `wd<suffix>`) shaped like ttdp's TenstorrentDriverPolicy: a
 /// defaulted and validated spec with CEL rules (one a transition rule on `oldSelf`), and a
 /// status subresource whose `nodes` list merges by `name` and `conditions` by `type`.
-pub fn widget_crd() -> Value {
+pub fn widget_crd(t: &Target) -> Value {
+    let group = t.group();
     json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.example.com"},
+        "metadata": {"name": format!("widgets.{group}")},
         "spec": {
-            "group": "example.com",
+            "group": group,
             "scope": "Cluster",
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wd"]},
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": [t.short_name("wd")]},
             "versions": [{
                 "name": "v1",
                 "served": true,
@@ -148,14 +154,15 @@ pub fn widget_crd() -> Value {
     })
 }
 
-/// A namespaced CRD `gadgets.example.com` with no status subresource and a free-form spec.
-pub fn gadget_crd() -> Value {
+/// A namespaced CRD `gadgets.<test group>` with no status subresource and a free-form spec.
+pub fn gadget_crd(t: &Target) -> Value {
+    let group = t.group();
     json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": "gadgets.example.com"},
+        "metadata": {"name": format!("gadgets.{group}")},
         "spec": {
-            "group": "example.com",
+            "group": group,
             "scope": "Namespaced",
             "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
             "versions": [{
@@ -166,15 +173,25 @@ pub fn gadget_crd() -> Value {
     })
 }
 
-/// Create a CRD from JSON through the server and return the dynamic API for its resource.
+/// Create a CRD from JSON through the server, wait until it is Established (a real server
+/// serves its resource only then), and return the dynamic API for its resource.
 pub async fn install_crd(client: &kube::Client, crd: Value) -> kube::core::ApiResource {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::runtime::wait::{await_condition, conditions};
     let crd: CustomResourceDefinition = serde_json::from_value(crd).unwrap();
     let api: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
     let created = api
         .create(&kube::api::PostParams::default(), &crd)
         .await
         .unwrap();
+    let name = created.metadata.name.clone().unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        await_condition(api, &name, conditions::is_crd_established()),
+    )
+    .await
+    .expect("CRD established within 30s")
+    .unwrap();
     let spec = created.spec;
     let version = &spec.versions[0].name;
     kube::core::ApiResource {

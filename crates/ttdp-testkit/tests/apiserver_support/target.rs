@@ -1,0 +1,349 @@
+//! Where an API-server semantic test runs: its own in-process [`TestApiServer`], or, when
+//! `TTDP_TEST_KUBECONFIG` names a kubeconfig, that (real) cluster.
+//!
+//! Either way a test gets a client whose default namespace is a fresh namespace of its own, the
+//! kubeconfig for kubectl, and [`Target::name`] / [`Target::group`] for unique cluster-scoped
+//! names (nodes, namespaces, CRD groups), so that many tests can share one cluster and run in
+//! parallel. In real mode nothing is started, and dropping the target removes what the test
+//! created (also when the test panics): the namespaces, nodes, node leases and CRDs named with
+//! the test's prefix, and the events it left in `default` about its nodes.
+//!
+//! In-process, the server leaves graceful pod deletion to a kubelet
+//! ([`PodTermination::Kubelet`]) as a real cluster does: a test that needs a pod to finish
+//! terminating either runs a simulated kubelet for its node ([`Target::kubelet`], the part of
+//! `ttdp_testkit::sim` that also serves real clusters) or deletes with grace period 0.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config, ResourceExt};
+use rand::Rng;
+use serde_json::{Value, json};
+use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
+use ttdp_testkit::sim::cluster::REAL_CLUSTER_KUBECONFIG_ENV;
+use ttdp_testkit::sim::{KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale};
+
+/// The label every node a test creates through [`Target::node`] carries, valued with the
+/// test's prefix; selectors include it so a test only ever sees its own nodes.
+pub const RUN_LABEL: &str = SCENARIO_LABEL;
+
+/// One test's view of the API server it runs against.
+pub struct Target {
+    server: Option<TestApiServer>,
+    client: Client,
+    kubeconfig: PathBuf,
+    prefix: String,
+}
+
+impl Target {
+    /// Connects to `TTDP_TEST_KUBECONFIG` if set, else starts an in-process server; creates the
+    /// test's namespace and makes it the client's default namespace.
+    pub async fn start() -> Target {
+        let prefix = random_prefix();
+        let (server, kubeconfig) = match std::env::var_os(REAL_CLUSTER_KUBECONFIG_ENV) {
+            Some(path) => (None, PathBuf::from(path)),
+            None => {
+                let server = TestApiServer::builder()
+                    .pod_termination(PodTermination::Kubelet)
+                    .start()
+                    .await
+                    .expect("in-process test api server starts");
+                let path = server.kubeconfig_path().to_path_buf();
+                (Some(server), path)
+            }
+        };
+        let client = client_for(&kubeconfig, &prefix).await;
+        let target = Target {
+            server,
+            client,
+            kubeconfig,
+            prefix,
+        };
+        target.create_namespace(target.namespace()).await;
+        target
+    }
+
+    /// Whether this runs against the cluster `TTDP_TEST_KUBECONFIG` names.
+    pub fn is_real(&self) -> bool {
+        self.server.is_none()
+    }
+
+    /// A client (no automatic retries of 429/503) whose default namespace is [`Target::namespace`].
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The kubeconfig for kubectl.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The test's own namespace.
+    pub fn namespace(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A cluster-unique name for `short` (nodes, further namespaces).
+    pub fn name(&self, short: &str) -> String {
+        format!("{}-{short}", self.prefix)
+    }
+
+    /// `RUN_LABEL=<prefix>`: selects exactly the nodes of this test.
+    pub fn run_selector(&self) -> String {
+        format!("{RUN_LABEL}={}", self.prefix)
+    }
+
+    /// `selector` restricted to objects carrying this test's run label.
+    pub fn own(&self, selector: &str) -> String {
+        format!("{selector},{}", self.run_selector())
+    }
+
+    /// The API group for this test's CRDs.
+    pub fn group(&self) -> String {
+        format!("{}.example.com", self.prefix)
+    }
+
+    /// A cluster-unique CRD short name starting with `short`.
+    pub fn short_name(&self, short: &str) -> String {
+        format!("{short}{}", self.prefix.trim_start_matches("tk-"))
+    }
+
+    /// Strips the test prefix from a node name (for comparing lists).
+    pub fn short<'a>(&self, name: &'a str) -> &'a str {
+        name.strip_prefix(&format!("{}-", self.prefix))
+            .unwrap_or(name)
+    }
+
+    /// A Ready node `name(short)` with `labels` plus the run label.
+    pub fn node(&self, short: &str, labels: Value) -> Node {
+        let mut labels = labels;
+        labels[RUN_LABEL] = json!(self.prefix);
+        super::node(&self.name(short), labels)
+    }
+
+    /// Creates a namespace and, on a real cluster, waits for its `default` service account
+    /// (pods cannot be created before it exists).
+    pub async fn create_namespace(&self, name: &str) {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        api.create(&PostParams::default(), &ns)
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        if self.is_real() {
+            let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), name);
+            super::eventually(30, || async {
+                sas.get_opt("default").await.ok().flatten().map(|_| ())
+            })
+            .await;
+        }
+    }
+
+    /// A simulated kubelet (from `ttdp_testkit::sim`) registering and serving the node
+    /// `name(short)` with `labels` plus the run label: it runs the pods bound there and completes
+    /// their graceful deletion, in-process and on a real cluster alike. Stop it with
+    /// [`SimKubelet::shutdown_and_unregister`].
+    pub async fn kubelet(&self, short: &str, labels: &[(&str, &str)]) -> SimKubelet {
+        let mut spec = SimNodeSpec::new(self.name(short));
+        for (k, v) in labels {
+            spec.labels.insert((*k).to_owned(), (*v).to_owned());
+        }
+        spec.labels
+            .insert(RUN_LABEL.to_owned(), self.prefix.clone());
+        let config = KubeletConfig {
+            time_scale: TimeScale::new(0.05),
+            ..KubeletConfig::default()
+        };
+        SimKubelet::start(self.client.clone(), config, vec![spec])
+            .await
+            .expect("simulated kubelet starts")
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if !self.is_real() {
+            return;
+        }
+        let kubeconfig = self.kubeconfig.clone();
+        let prefix = self.prefix.clone();
+        let group = self.group();
+        // The test's runtime may be unwinding or blocked right here, and the test's client lives
+        // on it: clean up from a thread with a runtime and client of its own.
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("cleanup runtime");
+            rt.block_on(async move {
+                let run = cleanup(&kubeconfig, &prefix, &group);
+                if tokio::time::timeout(Duration::from_secs(60), run)
+                    .await
+                    .is_err()
+                {
+                    eprintln!("cleanup of test {prefix} did not finish within 60s");
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// `tk-` and five random characters: a DNS label, unique enough per test run.
+fn random_prefix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    let suffix: String = (0..5)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect();
+    format!("tk-{suffix}")
+}
+
+/// Like `ttdp_testkit::sim::cluster::client_for` (no kube retries, so a budget-blocked eviction
+/// answers 429 at once), with `namespace` as the default namespace.
+async fn client_for(path: &Path, namespace: &str) -> Client {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .unwrap_or_else(|e| panic!("read kubeconfig {}: {e}", path.display()));
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", path.display()));
+    config.default_retry = false;
+    config.default_namespace = namespace.to_owned();
+    Client::try_from(config).expect("kube client")
+}
+
+fn mine(prefix: &str, name: &str) -> bool {
+    name == prefix || name.starts_with(&format!("{prefix}-"))
+}
+
+/// Best effort: delete everything named with `prefix` (finalizers removed first, pods with
+/// grace period 0 since no kubelet may be left to finish them) and the CRDs of `group`.
+async fn cleanup(kubeconfig: &Path, prefix: &str, group: &str) {
+    let client = client_for(kubeconfig, "default").await;
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    let no_finalizers = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    let pp = PatchParams::default();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns_names: Vec<String> = match namespaces.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .filter(|n| mine(prefix, n))
+            .collect(),
+        Err(e) => {
+            eprintln!("cleanup {prefix}: list namespaces: {e}");
+            Vec::new()
+        }
+    };
+    for ns in &ns_names {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        for pod in pods
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            let name = pod.name_any();
+            if pod.finalizers().iter().next().is_some() {
+                let _ = pods.patch(&name, &pp, &no_finalizers).await;
+            }
+            let _ = pods.delete(&name, &now).await;
+        }
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        for cm in cms
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            if cm.finalizers().iter().next().is_some() {
+                let _ = cms.patch(&cm.name_any(), &pp, &no_finalizers).await;
+            }
+        }
+        let dss: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+        for ds in dss
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            if ds.finalizers().iter().next().is_some() {
+                let _ = dss.patch(&ds.name_any(), &pp, &no_finalizers).await;
+            }
+        }
+        if let Err(e) = namespaces.delete(ns, &DeleteParams::default()).await {
+            eprintln!("cleanup {prefix}: delete namespace {ns}: {e}");
+        }
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in nodes
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let name = node.name_any();
+        if !mine(prefix, &name) {
+            continue;
+        }
+        if node.finalizers().iter().next().is_some() {
+            let _ = nodes.patch(&name, &pp, &no_finalizers).await;
+        }
+        if let Err(e) = nodes.delete(&name, &DeleteParams::default()).await {
+            eprintln!("cleanup {prefix}: delete node {name}: {e}");
+        }
+    }
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    for lease in leases
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        if mine(prefix, &lease.name_any()) {
+            let _ = leases
+                .delete(&lease.name_any(), &DeleteParams::default())
+                .await;
+        }
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        if crd.spec.group == group
+            && let Err(e) = crds.delete(&crd.name_any(), &DeleteParams::default()).await
+        {
+            eprintln!("cleanup {prefix}: delete crd {}: {e}", crd.name_any());
+        }
+    }
+    let events: Api<Event> = Api::namespaced(client, "default");
+    for event in events
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        if event
+            .involved_object
+            .name
+            .as_deref()
+            .is_some_and(|n| mine(prefix, n))
+        {
+            let _ = events
+                .delete(&event.name_any(), &DeleteParams::default())
+                .await;
+        }
+    }
+}
