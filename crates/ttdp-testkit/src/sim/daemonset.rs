@@ -4,8 +4,10 @@
 //!
 //! The decisions are made by [`plan_daemonset`]; this file
 //! only watches and writes. Like the real controller it remembers the creations and deletions it
-//! sent until its caches show them ("expectations"), so a slow watch never doubles a pod. It must
-//! not run against a real cluster, which has its own DaemonSet controller.
+//! sent until its caches show them ("expectations"), so a slow watch never doubles a pod: a
+//! creation the caches still miss after [`EXPECTATION_TIMEOUT`] is looked up on the server, and
+//! only forgotten when the pod is really not there. It must not run against a real cluster,
+//! which has its own DaemonSet controller.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -26,7 +28,8 @@ use super::daemonset_plan::{DaemonSetView, plan_daemonset};
 use super::daemonset_pod::render_daemon_pod;
 use super::error::{SimError, is_not_found};
 
-/// How long a sent creation or deletion is waited for before it is assumed lost.
+/// How long a sent creation or deletion is waited for in the caches before it is checked on the
+/// server (a creation) or assumed done (a deletion: deleting again is harmless).
 const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A running DaemonSet controller stand-in. Stop it with [`DaemonSetController::shutdown`];
@@ -69,10 +72,17 @@ struct Caches {
     nodes: Store<Node>,
 }
 
+/// A pod creation the caches have not shown yet.
+struct SentCreation {
+    pod: String,
+    uid: String,
+    at: Instant,
+}
+
 #[derive(Default)]
 struct Expectations {
-    /// (DaemonSet uid, node) -> when the creation was sent.
-    creating: HashMap<(String, String), Instant>,
+    /// (DaemonSet uid, node) -> the pod created there.
+    creating: HashMap<(String, String), SentCreation>,
     /// Pod uid -> when the deletion was sent.
     deleting: HashMap<String, Instant>,
 }
@@ -160,9 +170,6 @@ const RETRY_AFTER_ERROR: Duration = Duration::from_millis(500);
 async fn reconcile_all(client: &Client, caches: &Caches, expectations: &mut Expectations) -> bool {
     let now = Instant::now();
     expectations
-        .creating
-        .retain(|_, sent| now.duration_since(*sent) < EXPECTATION_TIMEOUT);
-    expectations
         .deleting
         .retain(|_, sent| now.duration_since(*sent) < EXPECTATION_TIMEOUT);
     let nodes = caches.nodes.state();
@@ -202,14 +209,20 @@ async fn reconcile(
         .filter(|p| controlled_by(p, &uid))
         .cloned()
         .collect();
-    // A creation is seen once a live pod of this DaemonSet is on the node.
-    expectations.creating.retain(|(ds_uid, node), _| {
+    // A creation is seen once the caches have the pod, or a live pod of this DaemonSet is on
+    // the node.
+    expectations.creating.retain(|(ds_uid, node), sent| {
         ds_uid != &uid
-            || !pods.iter().any(|p| {
-                p.metadata.deletion_timestamp.is_none()
-                    && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
+            || !all_pods.iter().any(|p| {
+                p.uid().as_deref() == Some(sent.uid.as_str())
+                    || (controlled_by(p, &uid)
+                        && p.metadata.deletion_timestamp.is_none()
+                        && p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+                            == Some(node.as_str()))
             })
     });
+    let pod_api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    confirm_overdue_creations(&pod_api, &uid, &mut expectations.creating).await?;
     let creating_on: HashSet<String> = expectations
         .creating
         .keys()
@@ -225,7 +238,6 @@ async fn reconcile(
         deleting: &deleting,
     })?;
 
-    let pod_api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     for node in &plan.create_on {
         let pod = render_daemon_pod(ds, node, &plan.revision_hash)?;
         let created = pod_api
@@ -241,9 +253,14 @@ async fn reconcile(
                 )
             })?;
         info!(daemonset = %ds.name_any(), node = %node, pod = %created.name_any(), "daemon pod created");
-        expectations
-            .creating
-            .insert((uid.clone(), node.clone()), Instant::now());
+        expectations.creating.insert(
+            (uid.clone(), node.clone()),
+            SentCreation {
+                pod: created.name_any(),
+                uid: created.uid().unwrap_or_default(),
+                at: Instant::now(),
+            },
+        );
     }
     for doomed in &plan.delete {
         let params = DeleteParams {
@@ -270,6 +287,37 @@ async fn reconcile(
         }
     }
     write_status(client, ds, plan.status).await
+}
+
+/// For creations the caches have missed for [`EXPECTATION_TIMEOUT`], ask the server: a pod that
+/// exists means the watch is behind (keep waiting, do not create a second one); a pod that does
+/// not means it is gone and may be created again.
+async fn confirm_overdue_creations(
+    pod_api: &Api<Pod>,
+    ds_uid: &str,
+    creating: &mut HashMap<(String, String), SentCreation>,
+) -> Result<(), SimError> {
+    let now = Instant::now();
+    let mut gone = Vec::new();
+    for (key, sent) in creating.iter_mut() {
+        if key.0 != ds_uid || now.duration_since(sent.at) < EXPECTATION_TIMEOUT {
+            continue;
+        }
+        let found = pod_api
+            .get_opt(&sent.pod)
+            .await
+            .map_err(|e| SimError::api(format!("look up the daemon pod {}", sent.pod), e))?;
+        if found.is_some_and(|p| p.uid().as_deref() == Some(sent.uid.as_str())) {
+            debug!(pod = %sent.pod, "daemon pod exists but is not in the cache yet; waiting");
+            sent.at = now;
+        } else {
+            gone.push(key.clone());
+        }
+    }
+    for key in gone {
+        creating.remove(&key);
+    }
+    Ok(())
 }
 
 fn controlled_by(pod: &Pod, uid: &str) -> bool {
