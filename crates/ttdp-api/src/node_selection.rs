@@ -98,9 +98,11 @@ impl NodeSelection {
     }
 }
 
-/// Evaluates a required node affinity against a node the way the scheduler does (terms ORed;
-/// within a term, expressions and fields ANDed). Used by tests and the DaemonSet stand-in to
-/// check [`NodeSelection::node_affinity`] against [`NodeSelection::matches`].
+/// Evaluates a required node affinity against a node the way the scheduler does
+/// (`k8s.io/component-helpers/scheduling/corev1/nodeaffinity`): no required affinity matches
+/// every node, the terms are ORed, and an empty term matches nothing. Used by tests and the
+/// testkit's DaemonSet stand-in to check [`NodeSelection::node_affinity`] against
+/// [`NodeSelection::matches`].
 pub fn affinity_matches(
     affinity: &NodeAffinity,
     node_name: &str,
@@ -109,35 +111,53 @@ pub fn affinity_matches(
     let Some(required) = &affinity.required_during_scheduling_ignored_during_execution else {
         return true;
     };
-    let req_matches = |r: &NodeSelectorRequirement, labels: &BTreeMap<String, String>| {
-        let operator = match r.operator.as_str() {
-            "In" => Operator::In,
-            "NotIn" => Operator::NotIn,
-            "Exists" => Operator::Exists,
-            "DoesNotExist" => Operator::DoesNotExist,
-            "Gt" => Operator::Gt,
-            "Lt" => Operator::Lt,
-            _ => return false,
-        };
-        Requirement {
-            key: r.key.clone(),
-            operator,
-            values: r.values.clone().unwrap_or_default(),
-        }
-        .matches(labels)
+    required
+        .node_selector_terms
+        .iter()
+        .any(|term| term_matches(term, node_name, node_labels))
+}
+
+/// One node selector term: its expressions (on labels) and fields (only `metadata.name`, with
+/// `In` or `NotIn`) are ANDed; an empty term matches nothing.
+pub fn term_matches(
+    term: &NodeSelectorTerm,
+    node_name: &str,
+    node_labels: &BTreeMap<String, String>,
+) -> bool {
+    let expressions = term.match_expressions.as_deref().unwrap_or_default();
+    let fields = term.match_fields.as_deref().unwrap_or_default();
+    if expressions.is_empty() && fields.is_empty() {
+        return false;
+    }
+    let node_fields = BTreeMap::from([("metadata.name".to_owned(), node_name.to_owned())]);
+    expressions
+        .iter()
+        .all(|r| requirement_matches(r, node_labels))
+        && fields.iter().all(|r| {
+            r.key == "metadata.name"
+                && matches!(r.operator.as_str(), "In" | "NotIn")
+                && requirement_matches(r, &node_fields)
+        })
+}
+
+/// One node selector requirement against a label map, with [`Requirement::matches`]'s
+/// semantics; an unknown operator matches nothing.
+pub fn requirement_matches(r: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
+    let operator = match r.operator.as_str() {
+        "In" => Operator::In,
+        "NotIn" => Operator::NotIn,
+        "Exists" => Operator::Exists,
+        "DoesNotExist" => Operator::DoesNotExist,
+        "Gt" => Operator::Gt,
+        "Lt" => Operator::Lt,
+        _ => return false,
     };
-    let fields = BTreeMap::from([("metadata.name".to_owned(), node_name.to_owned())]);
-    required.node_selector_terms.iter().any(|term| {
-        term.match_expressions
-            .iter()
-            .flatten()
-            .all(|r| req_matches(r, node_labels))
-            && term
-                .match_fields
-                .iter()
-                .flatten()
-                .all(|r| req_matches(r, &fields))
-    })
+    Requirement {
+        key: r.key.clone(),
+        operator,
+        values: r.values.clone().unwrap_or_default(),
+    }
+    .matches(labels)
 }
 
 #[cfg(test)]
@@ -246,5 +266,87 @@ mod tests {
         assert_eq!(exprs[0].values.as_deref(), Some(&["true".to_string()][..]));
         assert_eq!(exprs[1].key, labels::SKIP);
         assert_eq!(exprs[1].operator, "DoesNotExist");
+    }
+
+    fn req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
+        NodeSelectorRequirement {
+            key: key.to_owned(),
+            operator: op.to_owned(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| (*v).to_owned()).collect()),
+        }
+    }
+
+    #[test]
+    fn each_operator_follows_kubernetes_semantics() {
+        let l = BTreeMap::from([
+            ("pool".to_owned(), "prod".to_owned()),
+            ("cores".to_owned(), "8".to_owned()),
+        ]);
+        let m =
+            |key: &str, op: &str, values: &[&str]| requirement_matches(&req(key, op, values), &l);
+        assert!(m("pool", "In", &["prod", "dev"]));
+        assert!(!m("pool", "In", &["dev"]));
+        assert!(!m("zone", "In", &["a"]));
+        assert!(m("pool", "NotIn", &["dev"]));
+        assert!(!m("pool", "NotIn", &["prod"]));
+        assert!(m("zone", "NotIn", &["a"]), "NotIn matches a missing label");
+        assert!(m("pool", "Exists", &[]));
+        assert!(!m("zone", "Exists", &[]));
+        assert!(m("zone", "DoesNotExist", &[]));
+        assert!(!m("pool", "DoesNotExist", &[]));
+        assert!(m("cores", "Gt", &["4"]));
+        assert!(!m("cores", "Gt", &["8"]));
+        assert!(m("cores", "Lt", &["9"]));
+        assert!(!m("cores", "Lt", &["8"]));
+        assert!(
+            !m("pool", "Gt", &["1"]),
+            "Gt on a non-integer label never matches"
+        );
+        assert!(!m("cores", "Gt", &["1", "2"]), "Gt needs exactly one value");
+        assert!(
+            !m("zone", "Lt", &["100"]),
+            "Lt on a missing label never matches"
+        );
+        assert!(!m("pool", "Bogus", &["prod"]));
+    }
+
+    #[test]
+    fn terms_are_ored_empty_terms_match_nothing_and_fields_only_name_the_node() {
+        let l = BTreeMap::from([("a".to_owned(), "1".to_owned())]);
+        let term = |expressions: Vec<NodeSelectorRequirement>,
+                    fields: Vec<NodeSelectorRequirement>| {
+            NodeSelectorTerm {
+                match_expressions: Some(expressions),
+                match_fields: Some(fields),
+            }
+        };
+        let affinity = |terms: Vec<NodeSelectorTerm>| NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: terms,
+            }),
+            ..Default::default()
+        };
+        assert!(affinity_matches(&NodeAffinity::default(), "n1", &l));
+        assert!(!affinity_matches(&affinity(vec![]), "n1", &l), "no terms");
+        assert!(
+            !affinity_matches(&affinity(vec![term(vec![], vec![])]), "n1", &l),
+            "empty term"
+        );
+        let either = affinity(vec![
+            term(vec![req("a", "In", &["2"])], vec![]),
+            term(vec![], vec![req("metadata.name", "In", &["n1"])]),
+        ]);
+        assert!(affinity_matches(&either, "n1", &l));
+        assert!(!affinity_matches(&either, "n2", &l));
+        let by_uid = term(vec![], vec![req("metadata.uid", "In", &["n1"])]);
+        assert!(
+            !term_matches(&by_uid, "n1", &l),
+            "only metadata.name is a node field"
+        );
+        let exists = term(vec![], vec![req("metadata.name", "Exists", &[])]);
+        assert!(
+            !term_matches(&exists, "n1", &l),
+            "fields take only In and NotIn"
+        );
     }
 }

@@ -87,7 +87,7 @@ impl Requirement {
             Operator::Exists => value.is_some(),
             Operator::DoesNotExist => value.is_none(),
             Operator::Gt | Operator::Lt => {
-                let (Some(v), Some(bound)) = (value, self.values.first()) else {
+                let (Some(v), [bound]) = (value, self.values.as_slice()) else {
                     return false;
                 };
                 match (v.parse::<i64>(), bound.parse::<i64>()) {

@@ -8,9 +8,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    Affinity, Node, NodeSelectorRequirement, NodeSelectorTerm, PodSpec, Taint, Toleration,
-};
+use k8s_openapi::api::core::v1::{Affinity, Node, PodSpec, Taint, Toleration};
+use ttdp_api::node_selection::affinity_matches;
 
 /// The taint key the node lifecycle controller puts on cordoned nodes.
 pub const UNSCHEDULABLE_TAINT_KEY: &str = "node.kubernetes.io/unschedulable";
@@ -97,71 +96,18 @@ pub fn matches_node_selector(selector: Option<&BTreeMap<String, String>>, node: 
         .unwrap_or(true)
 }
 
-/// Required node affinity: the terms are ORed; an empty term list matches nothing.
+/// Required node affinity, with the scheduler's semantics
+/// ([`ttdp_api::node_selection::affinity_matches`]).
 pub fn matches_required_affinity(affinity: Option<&Affinity>, node: &Node) -> bool {
-    let Some(required) = affinity
+    affinity
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| {
-            na.required_during_scheduling_ignored_during_execution
-                .as_ref()
+        .is_none_or(|na| {
+            affinity_matches(
+                na,
+                node.metadata.name.as_deref().unwrap_or_default(),
+                &node_labels(node),
+            )
         })
-    else {
-        return true;
-    };
-    required
-        .node_selector_terms
-        .iter()
-        .any(|term| matches_term(term, node))
-}
-
-/// One node selector term: its expressions and fields are ANDed; an empty term matches nothing.
-pub fn matches_term(term: &NodeSelectorTerm, node: &Node) -> bool {
-    let expressions = term.match_expressions.as_deref().unwrap_or_default();
-    let fields = term.match_fields.as_deref().unwrap_or_default();
-    if expressions.is_empty() && fields.is_empty() {
-        return false;
-    }
-    let labels = node_labels(node);
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let node_fields = BTreeMap::from([("metadata.name".to_owned(), name)]);
-    expressions.iter().all(|r| matches_requirement(r, &labels))
-        && fields.iter().all(|r| {
-            // Only metadata.name is a valid field, with In/NotIn.
-            r.key == "metadata.name"
-                && matches!(r.operator.as_str(), "In" | "NotIn")
-                && matches_requirement(r, &node_fields)
-        })
-}
-
-/// One requirement (`In`, `NotIn`, `Exists`, `DoesNotExist`, `Gt`, `Lt`) against a label map.
-pub fn matches_requirement(
-    requirement: &NodeSelectorRequirement,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    let values = requirement.values.as_deref().unwrap_or_default();
-    let value = labels.get(&requirement.key);
-    match requirement.operator.as_str() {
-        "In" => value.is_some_and(|v| values.contains(v)),
-        "NotIn" => value.is_none_or(|v| !values.contains(v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let [bound] = values else {
-                return false;
-            };
-            let (Some(Ok(have)), Ok(bound)) =
-                (value.map(|v| v.parse::<i64>()), bound.parse::<i64>())
-            else {
-                return false;
-            };
-            if requirement.operator == "Gt" {
-                have > bound
-            } else {
-                have < bound
-            }
-        }
-        _ => false,
-    }
 }
 
 fn node_labels(node: &Node) -> BTreeMap<String, String> {
@@ -171,7 +117,9 @@ fn node_labels(node: &Node) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{NodeAffinity, NodeSelector, NodeSpec};
+    use k8s_openapi::api::core::v1::{
+        NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, NodeSpec,
+    };
     use kube::api::ObjectMeta;
 
     fn node(name: &str, labels: &[(&str, &str)]) -> Node {
@@ -221,44 +169,6 @@ mod tests {
     }
 
     #[test]
-    fn each_operator_follows_kubernetes_semantics() {
-        let l = labels(&[("pool", "prod"), ("cores", "8")]);
-        assert!(matches_requirement(
-            &req("pool", "In", &["prod", "dev"]),
-            &l
-        ));
-        assert!(!matches_requirement(&req("pool", "In", &["dev"]), &l));
-        assert!(!matches_requirement(&req("zone", "In", &["a"]), &l));
-        assert!(matches_requirement(&req("pool", "NotIn", &["dev"]), &l));
-        assert!(!matches_requirement(&req("pool", "NotIn", &["prod"]), &l));
-        assert!(
-            matches_requirement(&req("zone", "NotIn", &["a"]), &l),
-            "NotIn matches a missing label"
-        );
-        assert!(matches_requirement(&req("pool", "Exists", &[]), &l));
-        assert!(!matches_requirement(&req("zone", "Exists", &[]), &l));
-        assert!(matches_requirement(&req("zone", "DoesNotExist", &[]), &l));
-        assert!(!matches_requirement(&req("pool", "DoesNotExist", &[]), &l));
-        assert!(matches_requirement(&req("cores", "Gt", &["4"]), &l));
-        assert!(!matches_requirement(&req("cores", "Gt", &["8"]), &l));
-        assert!(matches_requirement(&req("cores", "Lt", &["9"]), &l));
-        assert!(!matches_requirement(&req("cores", "Lt", &["8"]), &l));
-        assert!(
-            !matches_requirement(&req("pool", "Gt", &["1"]), &l),
-            "Gt on a non-integer label never matches"
-        );
-        assert!(
-            !matches_requirement(&req("cores", "Gt", &["1", "2"]), &l),
-            "Gt needs exactly one value"
-        );
-        assert!(
-            !matches_requirement(&req("zone", "Lt", &["100"]), &l),
-            "Lt on a missing label never matches"
-        );
-        assert!(!matches_requirement(&req("pool", "Bogus", &["prod"]), &l));
-    }
-
-    #[test]
     fn terms_are_ored_and_expressions_anded() {
         let n = node("n1", &[("a", "1"), ("b", "2")]);
         let both = affinity(vec![vec![req("a", "In", &["1"]), req("b", "In", &["3"])]]);
@@ -277,21 +187,6 @@ mod tests {
             "an empty term matches nothing"
         );
         assert!(matches_required_affinity(None, &n));
-    }
-
-    #[test]
-    fn match_fields_select_by_node_name() {
-        let term = NodeSelectorTerm {
-            match_expressions: None,
-            match_fields: Some(vec![req("metadata.name", "In", &["n1"])]),
-        };
-        assert!(matches_term(&term, &node("n1", &[])));
-        assert!(!matches_term(&term, &node("n2", &[])));
-        let bad = NodeSelectorTerm {
-            match_expressions: None,
-            match_fields: Some(vec![req("metadata.uid", "In", &["n1"])]),
-        };
-        assert!(!matches_term(&bad, &node("n1", &[])));
     }
 
     #[test]
