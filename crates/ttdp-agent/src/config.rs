@@ -232,29 +232,7 @@ pub fn is_label_value(s: &str) -> bool {
             && s.ends_with(|c: char| c.is_ascii_alphanumeric()))
 }
 
-/// A duration: a number followed by `ms`, `s`, `m` or `h` (a bare number means seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let text = s.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration; write e.g. 10s, 500ms, 2m or 1h"))?;
-    let seconds = match unit {
-        "" | "s" => value,
-        "ms" => value / 1000.0,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => {
-            return Err(format!(
-                "{s:?} has an unknown unit {unit:?}; use ms, s, m or h"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{s:?} is out of range: {e}"))
-}
+pub use ttdp_api::duration::parse_duration;
 
 #[cfg(test)]
 mod tests {
@@ -283,18 +261,6 @@ mod tests {
                 .unwrap_err()
                 .contains("real or sim")
         );
-    }
-
-    #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(parse_duration("10"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("10d").unwrap_err().contains("unknown unit"));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 pub mod agent_report;
 pub mod condition;
 pub mod driver;
+pub mod duration;
 pub mod names;
 pub mod node_selection;
 pub mod selector;

@@ -51,7 +51,7 @@ struct Args {
     #[arg(long, default_value = "")]
     pod_selector: String,
     /// How long to wait before giving up, e.g. 60s, 5m, 1h30m; 0 waits forever.
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, default_value = "0s", value_parser = ttdp_api::duration::parse_duration)]
     timeout: Duration,
     /// Delete pods instead of evicting them, bypassing PodDisruptionBudgets.
     #[arg(long)]
@@ -74,38 +74,6 @@ struct Args {
     /// Lift this owner's cordon instead of draining.
     #[arg(long)]
     uncordon: bool,
-}
-
-/// Go-style durations: `90s`, `5m`, `1h30m`, `500ms`, or a bare number of seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    if let Ok(secs) = text.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let number: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("invalid duration {text:?}: expected e.g. 60s, 5m or 1h30m"))?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = match &rest[..unit_len] {
-            "h" => Duration::from_secs(3600),
-            "m" => Duration::from_secs(60),
-            "s" => Duration::from_secs(1),
-            "ms" => Duration::from_millis(1),
-            other => return Err(format!("invalid duration {text:?}: unknown unit {other:?}")),
-        };
-        total +=
-            unit * u32::try_from(number).map_err(|_| format!("duration {text:?} is too long"))?;
-        rest = &rest[unit_len..];
-    }
-    Ok(total)
 }
 
 async fn client(args: &Args) -> anyhow::Result<Client> {

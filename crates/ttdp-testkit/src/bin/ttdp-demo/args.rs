@@ -112,28 +112,7 @@ fn parse_speed(text: &str) -> Result<f64, String> {
     }
 }
 
-/// `90`, `90s`, `500ms`, `10m`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration; write e.g. 90s, 10m or 500ms"))?;
-    let seconds = match unit {
-        "" | "s" => value,
-        "ms" => value / 1000.0,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => {
-            return Err(format!(
-                "{text:?} has an unknown unit {unit:?}; use ms, s, m or h"
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?} is out of range: {e}"))
-}
+pub use ttdp_api::duration::parse_duration;
 
 /// A duration as the agent's and the controller's flags take it (milliseconds, at least 1).
 pub fn duration_flag(duration: Duration) -> String {
