@@ -127,20 +127,23 @@ impl Target {
         super::node(&self.name(short), labels)
     }
 
-    /// Creates a namespace and, on a real cluster, waits for its `default` service account
-    /// (pods cannot be created before it exists).
+    /// Creates a namespace with its `default` service account: a real cluster's service account
+    /// controller creates that one shortly after the namespace, and pods cannot be created
+    /// before it exists; creating it right away (409 if the controller was first) avoids the
+    /// wait, and the test API server has no such controller.
     pub async fn create_namespace(&self, name: &str) {
         let api: Api<Namespace> = Api::all(self.client.clone());
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
         api.create(&PostParams::default(), &ns)
             .await
             .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
-        if self.is_real() {
-            let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), name);
-            super::eventually(30, || async {
-                sas.get_opt("default").await.ok().flatten().map(|_| ())
-            })
-            .await;
+        let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), name);
+        let sa: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
+        match sas.create(&PostParams::default(), &sa).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("create service account {name}/default: {e}"),
         }
     }
 
@@ -253,7 +256,7 @@ async fn cleanup(kubeconfig: &Path, prefix: &str, group: &str) {
             .unwrap_or_default()
         {
             let name = pod.name_any();
-            if pod.finalizers().iter().next().is_some() {
+            if !pod.finalizers().is_empty() {
                 let _ = pods.patch(&name, &pp, &no_finalizers).await;
             }
             let _ = pods.delete(&name, &now).await;
@@ -265,7 +268,7 @@ async fn cleanup(kubeconfig: &Path, prefix: &str, group: &str) {
             .map(|l| l.items)
             .unwrap_or_default()
         {
-            if cm.finalizers().iter().next().is_some() {
+            if !cm.finalizers().is_empty() {
                 let _ = cms.patch(&cm.name_any(), &pp, &no_finalizers).await;
             }
         }
@@ -276,7 +279,7 @@ async fn cleanup(kubeconfig: &Path, prefix: &str, group: &str) {
             .map(|l| l.items)
             .unwrap_or_default()
         {
-            if ds.finalizers().iter().next().is_some() {
+            if !ds.finalizers().is_empty() {
                 let _ = dss.patch(&ds.name_any(), &pp, &no_finalizers).await;
             }
         }
@@ -295,7 +298,7 @@ async fn cleanup(kubeconfig: &Path, prefix: &str, group: &str) {
         if !mine(prefix, &name) {
             continue;
         }
-        if node.finalizers().iter().next().is_some() {
+        if !node.finalizers().is_empty() {
             let _ = nodes.patch(&name, &pp, &no_finalizers).await;
         }
         if let Err(e) = nodes.delete(&name, &DeleteParams::default()).await {

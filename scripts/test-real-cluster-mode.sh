@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Runs the portable API-server suites of ttdp-testkit in real-cluster mode: against a separate
+# `ttdp-testkit-apiserver` process (standing in for a real cluster, with pod deletion left to
+# kubelets as on one) through TTDP_TEST_KUBECONFIG, all suites sharing that one server.
+# It proves that the suites need nothing from their own in-process server and clean up after
+# themselves. Fails if any suite fails or if the server is left with objects a test created.
+#
+# Usage: scripts/test-real-cluster-mode.sh
+# Env:   CARGO_TARGET_DIR (as usual), TTDP_KUBECTL (else ~/.local/ttdp-tools/bin/kubectl).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+# The suites that assert Kubernetes behaviour; apiserver_instruments tests the test server's
+# own instruments and always runs in-process.
+SUITES=(apiserver_crd apiserver_crud apiserver_eviction apiserver_kubectl apiserver_lifecycle apiserver_patch apiserver_watch)
+
+export PATH="$HOME/.local/ttdp-tools/bin:$PATH"
+if ! command -v kubectl >/dev/null && [[ -z "${TTDP_KUBECTL:-}" ]]; then
+  echo "kubectl not found: run 'bash .ci/kube-tools'" >&2
+  exit 1
+fi
+
+cargo build -q -p ttdp-testkit --bin ttdp-testkit-apiserver
+target_dir="${CARGO_TARGET_DIR:-target}"
+work="$(mktemp -d)"
+server_pid=""
+stop() {
+  if [[ -n "$server_pid" ]]; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap stop EXIT
+
+"$target_dir/debug/ttdp-testkit-apiserver" --kubelet-deletes \
+  --kubeconfig "$work/kubeconfig" >"$work/stdout" 2>"$work/server.log" &
+server_pid=$!
+for _ in $(seq 100); do
+  [[ -s "$work/stdout" ]] && break
+  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log" >&2; exit 1; }
+  sleep 0.1
+done
+[[ -s "$work/stdout" ]] || { echo "ttdp-testkit-apiserver printed no kubeconfig within 10s" >&2; exit 1; }
+export TTDP_TEST_KUBECONFIG="$work/kubeconfig"
+echo "real-cluster mode against ttdp-testkit-apiserver (pid $server_pid), TTDP_TEST_KUBECONFIG=$TTDP_TEST_KUBECONFIG"
+
+args=()
+for suite in "${SUITES[@]}"; do args+=(--test "$suite"); done
+cargo test -p ttdp-testkit "${args[@]}"
+
+# Everything the tests created is named tk-<suffix>: nothing of it may be left behind (namespaces
+# may still be terminating for a moment).
+kubectl_bin="${TTDP_KUBECTL:-kubectl}"
+k() { "$kubectl_bin" --kubeconfig "$TTDP_TEST_KUBECONFIG" "$@"; }
+leftovers=""
+for _ in $(seq 30); do
+  leftovers="$(
+    k get namespaces,nodes,customresourcedefinitions -o name
+    k get leases -n kube-node-lease -o name
+  )"
+  leftovers="$(grep -E '/tk-|\.tk-' <<<"$leftovers" || true)"
+  [[ -z "$leftovers" ]] && break
+  sleep 1
+done
+if [[ -n "$leftovers" ]]; then
+  echo "tests left objects behind on the shared server:" >&2
+  echo "$leftovers" >&2
+  exit 1
+fi
+echo "real-cluster mode: all portable suites passed, nothing left behind"
