@@ -68,31 +68,41 @@ impl ResourceType {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn builtin(
-    group: &str,
-    version: &str,
-    plural: &str,
-    kind: &str,
+/// One built-in type as the table below lists it.
+struct Builtin {
+    group: &'static str,
+    plural: &'static str,
+    kind: &'static str,
     namespaced: bool,
-    short: &[&str],
+    short: &'static [&'static str],
+    /// In kubectl's `all` category.
+    all: bool,
     status: bool,
-    field_labels: &[&'static str],
-) -> ResourceType {
-    ResourceType {
-        group: group.into(),
-        version: version.into(),
-        plural: plural.into(),
-        singular: kind.to_lowercase(),
-        kind: kind.into(),
-        namespaced,
-        short_names: short.iter().map(|s| s.to_string()).collect(),
-        categories: Vec::new(),
-        status_subresource: status,
-        field_labels: field_labels.iter().map(|s| s.to_string()).collect(),
-        schema: None,
-        printer_columns: Vec::new(),
-        crd: None,
+    field_labels: &'static [&'static str],
+}
+
+impl Builtin {
+    fn resource_type(&self) -> ResourceType {
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        ResourceType {
+            group: self.group.into(),
+            version: "v1".into(),
+            plural: self.plural.into(),
+            singular: self.kind.to_lowercase(),
+            kind: self.kind.into(),
+            namespaced: self.namespaced,
+            short_names: strings(self.short),
+            categories: if self.all {
+                vec!["all".into()]
+            } else {
+                Vec::new()
+            },
+            status_subresource: self.status,
+            field_labels: strings(self.field_labels),
+            schema: None,
+            printer_columns: Vec::new(),
+            crd: None,
+        }
     }
 }
 
@@ -127,154 +137,58 @@ const EVENT_FIELDS: &[&str] = &[
     "type",
 ];
 
+/// Every built-in type served (all at version v1).
+#[rustfmt::skip]
+const BUILTINS: &[Builtin] = &[
+    //      group                   plural                       kind                        namespaced short names     in all status field labels
+    builtin("",                     "namespaces",                "Namespace",                false, &["ns"],            false, true,  &["status.phase"]),
+    builtin("",                     "nodes",                     "Node",                     false, &["no"],            false, true,  &["spec.unschedulable"]),
+    builtin("",                     "pods",                      "Pod",                      true,  &["po"],            true,  true,  POD_FIELDS),
+    builtin("",                     "events",                    "Event",                    true,  &["ev"],            false, false, EVENT_FIELDS),
+    builtin("",                     "serviceaccounts",           "ServiceAccount",           true,  &["sa"],            false, false, &[]),
+    builtin("",                     "configmaps",                "ConfigMap",                true,  &["cm"],            false, false, &[]),
+    builtin("",                     "secrets",                   "Secret",                   true,  &[],                false, false, &["type"]),
+    builtin("apps",                 "daemonsets",                "DaemonSet",                true,  &["ds"],            true,  true,  &[]),
+    builtin("apps",                 "deployments",               "Deployment",               true,  &["deploy"],        true,  true,  &[]),
+    builtin("apps",                 "replicasets",               "ReplicaSet",               true,  &["rs"],            true,  true,  &[]),
+    builtin("apps",                 "controllerrevisions",       "ControllerRevision",       true,  &[],                false, false, &[]),
+    builtin("policy",               "poddisruptionbudgets",      "PodDisruptionBudget",      true,  &["pdb"],           false, true,  &[]),
+    builtin("coordination.k8s.io",  "leases",                    "Lease",                    true,  &[],                false, false, &[]),
+    builtin("events.k8s.io",        "events",                    "Event",                    true,  &["ev"],            false, false, &[]),
+    builtin("apiextensions.k8s.io", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"],   false, true,  &[]),
+];
+
+/// A table row: group, plural, kind, namespaced, short names, in `all`, status subresource,
+/// extra field-selector labels.
+#[allow(clippy::too_many_arguments)]
+const fn builtin(
+    group: &'static str,
+    plural: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    short: &'static [&'static str],
+    all: bool,
+    status: bool,
+    field_labels: &'static [&'static str],
+) -> Builtin {
+    Builtin {
+        group,
+        plural,
+        kind,
+        namespaced,
+        short,
+        all,
+        status,
+        field_labels,
+    }
+}
+
 impl Catalog {
     /// The built-in types.
     pub fn builtin() -> Self {
-        let mut all_pods = builtin("", "v1", "pods", "Pod", true, &["po"], true, POD_FIELDS);
-        all_pods.categories = vec!["all".into()];
-        let mut ds = builtin(
-            "apps",
-            "v1",
-            "daemonsets",
-            "DaemonSet",
-            true,
-            &["ds"],
-            true,
-            &[],
-        );
-        ds.categories = vec!["all".into()];
-        let mut deploy = builtin(
-            "apps",
-            "v1",
-            "deployments",
-            "Deployment",
-            true,
-            &["deploy"],
-            true,
-            &[],
-        );
-        deploy.categories = vec!["all".into()];
-        let mut rs = builtin(
-            "apps",
-            "v1",
-            "replicasets",
-            "ReplicaSet",
-            true,
-            &["rs"],
-            true,
-            &[],
-        );
-        rs.categories = vec!["all".into()];
-        let mut crd = builtin(
-            "apiextensions.k8s.io",
-            "v1",
-            "customresourcedefinitions",
-            "CustomResourceDefinition",
-            false,
-            &["crd", "crds"],
-            true,
-            &[],
-        );
-        crd.singular = "customresourcedefinition".into();
-        let types = vec![
-            builtin(
-                "",
-                "v1",
-                "namespaces",
-                "Namespace",
-                false,
-                &["ns"],
-                true,
-                &["status.phase"],
-            ),
-            builtin(
-                "",
-                "v1",
-                "nodes",
-                "Node",
-                false,
-                &["no"],
-                true,
-                &["spec.unschedulable"],
-            ),
-            all_pods,
-            builtin(
-                "",
-                "v1",
-                "events",
-                "Event",
-                true,
-                &["ev"],
-                false,
-                EVENT_FIELDS,
-            ),
-            builtin(
-                "",
-                "v1",
-                "serviceaccounts",
-                "ServiceAccount",
-                true,
-                &["sa"],
-                false,
-                &[],
-            ),
-            builtin(
-                "",
-                "v1",
-                "configmaps",
-                "ConfigMap",
-                true,
-                &["cm"],
-                false,
-                &[],
-            ),
-            builtin("", "v1", "secrets", "Secret", true, &[], false, &["type"]),
-            ds,
-            deploy,
-            rs,
-            builtin(
-                "apps",
-                "v1",
-                "controllerrevisions",
-                "ControllerRevision",
-                true,
-                &[],
-                false,
-                &[],
-            ),
-            builtin(
-                "policy",
-                "v1",
-                "poddisruptionbudgets",
-                "PodDisruptionBudget",
-                true,
-                &["pdb"],
-                true,
-                &[],
-            ),
-            builtin(
-                "coordination.k8s.io",
-                "v1",
-                "leases",
-                "Lease",
-                true,
-                &[],
-                false,
-                &[],
-            ),
-            builtin(
-                "events.k8s.io",
-                "v1",
-                "events",
-                "Event",
-                true,
-                &["ev"],
-                false,
-                &[],
-            ),
-            crd,
-        ];
-        Self { types }
+        Self {
+            types: BUILTINS.iter().map(Builtin::resource_type).collect(),
+        }
     }
 
     /// Every served type.
