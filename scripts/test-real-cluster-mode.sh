@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the portable API-server suites of ttdp-testkit in real-cluster mode: against a separate
 # `ttdp-testkit-apiserver` process (standing in for a real cluster, with pod deletion left to
-# kubelets as on one) through TTDP_TEST_KUBECONFIG, all suites sharing that one server.
-# It proves that the suites need nothing from their own in-process server and clean up after
-# themselves. Fails if any suite fails or if the server is left with objects a test created.
+# kubelets as on one) through TTDP_TEST_KUBECONFIG, all suites at the same time on that one
+# server. It proves that the suites need nothing from their own in-process server, do not get in
+# each other's way on a shared cluster, and clean up after themselves. Fails if any suite fails
+# or if the server is left with objects a test created.
 #
 # Usage: scripts/test-real-cluster-mode.sh
 # Env:   CARGO_TARGET_DIR (as usual), TTDP_KUBECTL (else ~/.local/ttdp-tools/bin/kubectl).
@@ -48,7 +49,33 @@ echo "real-cluster mode against ttdp-testkit-apiserver (pid $server_pid), TTDP_T
 
 args=()
 for suite in "${SUITES[@]}"; do args+=(--test "$suite"); done
-cargo test -p ttdp-testkit "${args[@]}"
+cargo test -q -p ttdp-testkit "${args[@]}" --no-run # build errors readable here
+mapfile -t binaries < <(
+  cargo test -q -p ttdp-testkit "${args[@]}" --no-run --message-format=json |
+    grep -F '"kind":["test"]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4
+)
+[[ ${#binaries[@]} -eq ${#SUITES[@]} ]] || {
+  echo "expected ${#SUITES[@]} test binaries, cargo built ${#binaries[@]}" >&2
+  exit 1
+}
+# All suites at once, as several suites sharing one real cluster would (cwd as under cargo test).
+pids=()
+for bin in "${binaries[@]}"; do
+  (cd crates/ttdp-testkit && exec "$bin") >"$work/$(basename "$bin").log" 2>&1 &
+  pids+=($!)
+done
+failed=0
+for i in "${!pids[@]}"; do
+  log="$work/$(basename "${binaries[$i]}").log"
+  if wait "${pids[$i]}"; then
+    echo "$(basename "${binaries[$i]}"): $(grep '^test result' "$log")"
+  else
+    failed=1
+    echo "FAILED: ${binaries[$i]}" >&2
+    cat "$log" >&2
+  fi
+done
+[[ $failed -eq 0 ]] || exit 1
 
 # Everything the tests created is named tk-<suffix>: nothing of it may be left behind (namespaces
 # may still be terminating for a moment).

@@ -384,8 +384,17 @@ async fn kubectl_drain_is_blocked_by_a_disruption_budget_and_succeeds_once_it_al
     })
     .await;
 
-    // Bare pods need --force, as with a real cluster.
-    let blocked = k.run(&["drain", &n1, "--force", "--timeout=3s"]).await;
+    // Bare pods need --force, as with a real cluster; --ignore-daemonsets because on a real
+    // cluster DaemonSets (kube-proxy, CNI) also place pods on the simulated node.
+    let blocked = k
+        .run(&[
+            "drain",
+            &n1,
+            "--force",
+            "--ignore-daemonsets",
+            "--timeout=3s",
+        ])
+        .await;
     assert_ne!(
         blocked.code, 0,
         "drain must not succeed: {}",
@@ -419,7 +428,15 @@ async fn kubectl_drain_is_blocked_by_a_disruption_budget_and_succeeds_once_it_al
         r#"{"spec":{"minAvailable":0}}"#,
     ])
     .await;
-    let drained = k.run(&["drain", &n1, "--force", "--timeout=30s"]).await;
+    let drained = k
+        .run(&[
+            "drain",
+            &n1,
+            "--force",
+            "--ignore-daemonsets",
+            "--timeout=30s",
+        ])
+        .await;
     assert_eq!(drained.code, 0, "{}{}", drained.stdout, drained.stderr);
     assert!(
         drained.stdout.contains(&format!("node/{n1} drained")),

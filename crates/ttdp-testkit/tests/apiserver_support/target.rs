@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, ServiceAccount, Taint};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -149,7 +149,9 @@ impl Target {
 
     /// A simulated kubelet (from `ttdp_testkit::sim`) registering and serving the node
     /// `name(short)` with `labels` plus the run label: it runs the pods bound there and completes
-    /// their graceful deletion, in-process and on a real cluster alike. Stop it with
+    /// their graceful deletion, in-process and on a real cluster alike. The node is tainted
+    /// `RUN_LABEL=<prefix>:NoSchedule`, so a real scheduler places no other workloads on it (the
+    /// tests bind their pods by `nodeName`). Stop it with
     /// [`SimKubelet::shutdown_and_unregister`].
     pub async fn kubelet(&self, short: &str, labels: &[(&str, &str)]) -> SimKubelet {
         let mut spec = SimNodeSpec::new(self.name(short));
@@ -158,6 +160,12 @@ impl Target {
         }
         spec.labels
             .insert(RUN_LABEL.to_owned(), self.prefix.clone());
+        spec.taints.push(Taint {
+            key: RUN_LABEL.to_owned(),
+            value: Some(self.prefix.clone()),
+            effect: "NoSchedule".to_owned(),
+            time_added: None,
+        });
         let config = KubeletConfig {
             time_scale: TimeScale::new(0.05),
             ..KubeletConfig::default()
