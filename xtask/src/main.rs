@@ -6,6 +6,7 @@ mod chart;
 mod crd;
 mod demo;
 mod image;
+mod krew;
 mod reference;
 mod release;
 mod tools;
@@ -23,6 +24,7 @@ commands:
   image controller|agent [--tag TAG] [--push]
                   build a container image with docker or podman
   release VERSION bump versions, regenerate, and dry-run publishing the library crates
+  krew DIR        fill the krew manifest's URIs and checksums from the release archives in DIR
   vm-test         boot a real Linux kernel under QEMU and run the real-kernel tests inside it";
 
 fn main() {
@@ -43,6 +45,7 @@ fn run() -> Result<()> {
         "demo" => demo::run(&rest),
         "image" => image::run(&rest),
         "release" => release::run(&rest),
+        "krew" => krew::run(&rest),
         "vm-test" => vm_test::run(&rest),
         "" | "help" | "--help" | "-h" => {
             println!("{USAGE}");

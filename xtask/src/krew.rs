@@ -1,0 +1,134 @@
+//! `cargo xtask krew DIR`: fills the krew manifest (`deploy/krew/tt-driver.yaml`) for this
+//! workspace's version: the release URIs and the sha256 of each platform's archive, read from
+//! the archives (named as in the URIs) that the release build left in DIR. Fails, changing
+//! nothing, when an archive is missing.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+use crate::crd;
+
+/// The manifest, relative to the workspace root.
+const MANIFEST: &str = "deploy/krew/tt-driver.yaml";
+
+pub fn run(args: &[String]) -> Result<()> {
+    let [dir] = args else {
+        bail!(
+            "usage: cargo xtask krew DIR   (DIR holds the release archives named as in {MANIFEST})"
+        )
+    };
+    let path = crd::workspace_root().join(MANIFEST);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {MANIFEST}"))?;
+    let text = set_version(&text, env!("CARGO_PKG_VERSION"));
+    let mut sums = BTreeMap::new();
+    let mut missing = Vec::new();
+    for file in archive_names(&text) {
+        let archive = Path::new(dir).join(&file);
+        match std::fs::read(&archive) {
+            Ok(bytes) => {
+                sums.insert(file, format!("{:x}", Sha256::digest(&bytes)));
+            }
+            Err(_) => missing.push(archive.display().to_string()),
+        }
+    }
+    if !missing.is_empty() {
+        bail!(
+            "missing release archives (build each platform's kubectl-tt-driver and pack it as named): {}",
+            missing.join(", ")
+        );
+    }
+    std::fs::write(&path, fill_checksums(&text, &sums)?)
+        .with_context(|| format!("writing {MANIFEST}"))?;
+    println!("{MANIFEST}: version and {} checksums filled", sums.len());
+    Ok(())
+}
+
+/// `spec.version` and the release URIs set to `version`.
+fn set_version(text: &str, version: &str) -> String {
+    text.lines()
+        .map(|line| {
+            let trimmed = line.trim_start();
+            let indent = &line[..line.len() - trimmed.len()];
+            if let Some(uri) = trimmed.strip_prefix("uri: ") {
+                let (base, file) = uri.rsplit_once('/').unwrap_or(("", uri));
+                let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
+                let target = file
+                    .strip_prefix("kubectl-tt-driver-v")
+                    .and_then(|rest| rest.split_once('-'))
+                    .map_or(file, |(_, target)| target);
+                format!("{indent}uri: {base}/v{version}/kubectl-tt-driver-v{version}-{target}")
+            } else if trimmed.starts_with("version: v") && indent.len() == 2 {
+                format!("{indent}version: v{version}")
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+/// The archive file names the manifest's URIs point at.
+fn archive_names(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.trim_start().strip_prefix("uri: "))
+        .filter_map(|uri| uri.rsplit_once('/').map(|(_, file)| file.to_owned()))
+        .collect()
+}
+
+/// Each platform's `sha256:` set from `sums` (by the file name of the URI above it).
+fn fill_checksums(text: &str, sums: &BTreeMap<String, String>) -> Result<String> {
+    let mut current: Option<&String> = None;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        if let Some(file) = archive_names(line).into_iter().next() {
+            current = sums.get(&file);
+            out.push(line.to_owned());
+        } else if trimmed.starts_with("sha256: ") {
+            let Some(sum) = current.take() else {
+                bail!("{MANIFEST}: a sha256 line without a uri line above it");
+            };
+            out.push(format!("{indent}sha256: \"{sum}\""));
+        } else {
+            out.push(line.to_owned());
+        }
+    }
+    Ok(out.join("\n") + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_committed_manifest_is_filled_for_a_new_version_with_each_archives_checksum() {
+        let text = std::fs::read_to_string(crd::workspace_root().join(MANIFEST)).unwrap();
+        let text = set_version(&text, "9.8.7");
+        assert!(text.contains("\n  version: v9.8.7\n"));
+        let names = archive_names(&text);
+        assert_eq!(names.len(), 3, "one archive per platform");
+        assert!(
+            names.contains(&"kubectl-tt-driver-v9.8.7-x86_64-unknown-linux-musl.tar.gz".into())
+        );
+        assert!(text.contains(
+            "releases/download/v9.8.7/kubectl-tt-driver-v9.8.7-aarch64-apple-darwin.tar.gz"
+        ));
+        let sums: BTreeMap<String, String> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), format!("{:x}", i + 10).repeat(64)))
+            .collect();
+        let filled = fill_checksums(&text, &sums).unwrap();
+        for sum in sums.values() {
+            assert!(filled.contains(&format!("sha256: \"{sum}\"")));
+        }
+        assert!(!filled.contains(&"0".repeat(64)), "no placeholder left");
+        assert_eq!(filled.lines().count(), text.lines().count());
+    }
+}
