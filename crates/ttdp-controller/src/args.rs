@@ -125,6 +125,7 @@ impl ControllerArgs {
                 duration_seconds: self.lease_duration_seconds.max(2),
             }),
             instance: Some(identity),
+            drain_client: None,
             metrics: None,
             readiness: None,
         })

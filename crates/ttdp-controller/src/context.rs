@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use ttdp_api::{NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 
@@ -27,18 +27,35 @@ pub struct Written {
     pub nodes: BTreeMap<String, NodeStatus>,
 }
 
+/// A DaemonSet as the controller last applied it: skipping an apply is safe while the cached
+/// DaemonSet is still this object at this generation and the desired one has not changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// sha256 of the desired DaemonSet's JSON.
+    pub digest: String,
+    /// The DaemonSet's uid after the apply.
+    pub uid: Option<String>,
+    /// Its `metadata.generation` after the apply.
+    pub generation: Option<i64>,
+}
+
 /// Shared by every reconcile.
 pub struct Context {
     /// The API client.
     pub client: Client,
+    /// The client drains use: without kube's built-in retry of 429 responses, so an eviction a
+    /// PodDisruptionBudget refuses is retried at ttdp-drain's back-off, not within milliseconds.
+    pub drain_client: Client,
     /// The controller's settings.
     pub settings: Settings,
     /// Every policy (the controller's own store).
     pub policies: Store<TenstorrentDriverPolicy>,
-    /// Every node's metadata.
-    pub nodes: Store<PartialObjectMeta<Node>>,
-    /// Every agent pod in the operator namespace.
+    /// Every node, trimmed to what the controller reads ([`crate::trim::node`]).
+    pub nodes: Store<Node>,
+    /// Every agent pod in the operator namespace, trimmed ([`crate::trim::agent_pod`]).
     pub agent_pods: Store<Pod>,
+    /// The agent DaemonSets in the operator namespace, trimmed ([`crate::trim::daemonset`]).
+    pub daemonsets: Store<DaemonSet>,
     /// Event publishing.
     pub events: EventPublisher,
     /// Metrics.
@@ -52,6 +69,7 @@ pub struct Context {
     /// Bit mask of the watches whose initial list arrived ([`crate::run::SYNCED_ALL`] when all).
     pub synced: tokio::sync::watch::Receiver<u8>,
     written: Mutex<HashMap<String, Written>>,
+    applied: Mutex<HashMap<String, Applied>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -68,10 +86,12 @@ impl Context {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
+        drain_client: Client,
         settings: Settings,
         policies: Store<TenstorrentDriverPolicy>,
-        nodes: Store<PartialObjectMeta<Node>>,
+        nodes: Store<Node>,
         agent_pods: Store<Pod>,
+        daemonsets: Store<DaemonSet>,
         events: EventPublisher,
         metrics: Arc<Metrics>,
         wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
@@ -79,10 +99,12 @@ impl Context {
     ) -> Self {
         Self {
             client,
+            drain_client,
             settings,
             policies,
             nodes,
             agent_pods,
+            daemonsets,
             events,
             metrics,
             drains: DrainTracker::default(),
@@ -90,6 +112,7 @@ impl Context {
             wake,
             synced,
             written: Mutex::default(),
+            applied: Mutex::default(),
         }
     }
 
@@ -108,6 +131,24 @@ impl Context {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(uid.to_owned(), written);
+    }
+
+    /// What was last applied as DaemonSet `name`.
+    pub fn applied(&self, name: &str) -> Option<Applied> {
+        self.applied
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// Remembers what was applied as DaemonSet `name` (`None`: forget it).
+    pub fn remember_applied(&self, name: &str, applied: Option<Applied>) {
+        let mut map = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        match applied {
+            Some(a) => map.insert(name.to_owned(), a),
+            None => map.remove(name),
+        };
     }
 
     /// Forgets a deleted policy.

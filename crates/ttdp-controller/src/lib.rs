@@ -38,6 +38,7 @@ pub mod server;
 pub mod settings;
 pub mod status;
 pub mod transition;
+pub mod trim;
 
 pub use args::ControllerArgs;
 pub use error::Error;

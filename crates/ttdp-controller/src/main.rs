@@ -35,10 +35,19 @@ async fn main() -> anyhow::Result<()> {
             .init(),
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),
     }
-    let options = cli.controller.run_options()?;
-    let client = kube::Client::try_default().await.context(
-        "cannot build a kubernetes client; set KUBECONFIG or run in a pod with a service account",
+    let mut options = cli.controller.run_options()?;
+    let config = kube::Config::infer().await.context(
+        "cannot find a kubernetes configuration; set KUBECONFIG or run in a pod with a service account",
     )?;
+    // Drains retry refused evictions at their own back-off; kube's default retry would resend
+    // a PodDisruptionBudget's 429 within milliseconds.
+    let mut drain_config = config.clone();
+    drain_config.default_retry = false;
+    options.drain_client = Some(
+        kube::Client::try_from(drain_config)
+            .context("cannot build the drains' kubernetes client")?,
+    );
+    let client = kube::Client::try_from(config).context("cannot build a kubernetes client")?;
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {

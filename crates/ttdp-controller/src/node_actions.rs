@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::{self, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -46,68 +47,189 @@ async fn merge_patch_node(
     }
 }
 
-/// Cordons `node` for `policy` (someone else's cordon is left as it is) and closes the deploy
-/// gates (labels set to `"false"`, remembered in an annotation).
+/// How many times a cordon or release re-reads the node after a write conflict.
+const CONFLICT_RETRIES: usize = 5;
+
+fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .map(String::as_str)
+}
+
+fn is_unschedulable(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// Cordons `node` for `policy` (someone else's cordon is left as it is, never claimed) and
+/// closes the deploy gates (labels set to `"false"`, remembered in an annotation): one read and
+/// one JSON merge patch carrying the node's `resourceVersion`, re-read and decided again on a
+/// conflict. The cordon's ownership protocol is ttdp-drain's ([`ttdp_drain::cordon`]: the owner
+/// and time annotations of [`cordon_owner`]); gates and cordon go in one write here.
 pub async fn cordon_and_close_gates(
     client: &Client,
     policy: &str,
     node: &str,
     gates: &[String],
 ) -> Result<CordonOutcome, Error> {
-    let outcome = ttdp_drain::cordon(client, node, &cordon_owner(policy))
-        .await
-        .map_err(|e| drain_error("cordon", node, e))?;
-    if !gates.is_empty() {
-        let labels: BTreeMap<&str, &str> = gates
-            .iter()
-            .map(|g| (g.as_str(), DEPLOY_GATE_CLOSED))
-            .collect();
-        let patch = json!({"metadata": {
-            "labels": labels,
-            "annotations": {annotations::DEPLOY_GATES: gates.join(",")},
-        }});
-        merge_patch_node(client, node, patch, "close deploy gates").await?;
+    let api: Api<Node> = Api::all(client.clone());
+    let owner = cordon_owner(policy);
+    let gates_value = gates.join(",");
+    for _ in 0..CONFLICT_RETRIES {
+        let current = api.get(node).await.map_err(|source| {
+            drain_error(
+                "cordon",
+                node,
+                ttdp_drain::DrainError::NodeRead {
+                    node: node.to_owned(),
+                    source,
+                },
+            )
+        })?;
+        let recorded = annotation(&current, &owner.owner_annotation);
+        let outcome = match (
+            is_unschedulable(&current),
+            recorded == Some(owner.owner.as_str()),
+        ) {
+            (false, _) => CordonOutcome::Cordoned,
+            (true, true) => CordonOutcome::AlreadyOwned,
+            (true, false) => CordonOutcome::External {
+                owner: recorded.map(str::to_owned),
+            },
+        };
+        let gates_closed = gates.is_empty()
+            || (gates
+                .iter()
+                .all(|g| label(&current, g) == Some(DEPLOY_GATE_CLOSED))
+                && annotation(&current, annotations::DEPLOY_GATES) == Some(gates_value.as_str()));
+        if outcome != CordonOutcome::Cordoned && gates_closed {
+            return Ok(outcome);
+        }
+        let mut patch = json!({"metadata": {"resourceVersion": current.metadata.resource_version}});
+        if outcome == CordonOutcome::Cordoned {
+            let now = Timestamp::now()
+                .round(jiff::Unit::Second)
+                .unwrap_or_else(|_| Timestamp::now());
+            patch["metadata"]["annotations"] = json!({
+                owner.owner_annotation.as_str(): owner.owner,
+                owner.time_annotation.as_str(): now.to_string(),
+            });
+            patch["spec"] = json!({"unschedulable": true});
+        }
+        if !gates.is_empty() {
+            let labels: BTreeMap<&str, &str> = gates
+                .iter()
+                .map(|g| (g.as_str(), DEPLOY_GATE_CLOSED))
+                .collect();
+            patch["metadata"]["labels"] = json!(labels);
+            patch["metadata"]["annotations"][annotations::DEPLOY_GATES] = json!(gates_value);
+        }
+        match api
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                info!(
+                    node,
+                    policy,
+                    ?outcome,
+                    gates = gates.len(),
+                    "node cordoned for upgrade"
+                );
+                return Ok(outcome);
+            }
+            Err(e) if is_conflict(&e) => continue,
+            Err(e) => return Err(Error::kube(format!("cordon node {node}"), e)),
+        }
     }
-    info!(
+    Err(drain_error(
+        "cordon",
         node,
-        policy,
-        ?outcome,
-        gates = gates.len(),
-        "node cordoned for upgrade"
-    );
-    Ok(outcome)
+        ttdp_drain::DrainError::NodeConflict {
+            node: node.to_owned(),
+            action: "cordon",
+        },
+    ))
 }
 
 /// Reopens the deploy gates the node's annotation lists (removing the labels and the
-/// annotation), then lifts `policy`'s cordon (never someone else's). Reads the node first, so a
-/// stale cache never leaves a gate closed.
+/// annotation) and lifts `policy`'s cordon (never someone else's), in one JSON merge patch
+/// carrying the node's `resourceVersion` after a fresh read (so a stale cache never leaves a gate
+/// closed), re-read and decided again on a conflict.
 pub async fn release(client: &Client, policy: &str, node: &str) -> Result<UncordonOutcome, Error> {
     let api: Api<Node> = Api::all(client.clone());
-    let current = match api.get_opt(node).await {
-        Ok(Some(n)) => n,
-        Ok(None) => return Ok(UncordonOutcome::NotCordoned),
-        Err(e) => return Err(Error::kube(format!("get node {node}"), e)),
-    };
-    let closed = crate::observe::closed_gates(&current.metadata);
-    if !closed.is_empty() {
-        let labels: BTreeMap<&str, Value> =
-            closed.iter().map(|g| (g.as_str(), Value::Null)).collect();
-        let patch = json!({"metadata": {
-            "labels": labels,
-            "annotations": {annotations::DEPLOY_GATES: null},
-        }});
-        merge_patch_node(client, node, patch, "reopen deploy gates").await?;
+    let owner = cordon_owner(policy);
+    for _ in 0..CONFLICT_RETRIES {
+        let current = match api.get_opt(node).await {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(UncordonOutcome::NotCordoned),
+            Err(e) => return Err(Error::kube(format!("get node {node}"), e)),
+        };
+        let closed = crate::observe::closed_gates(&current.metadata);
+        let recorded = annotation(&current, &owner.owner_annotation);
+        let ours = recorded == Some(owner.owner.as_str());
+        let unschedulable = is_unschedulable(&current);
+        let outcome = match (unschedulable, ours) {
+            (true, true) => UncordonOutcome::Uncordoned,
+            (true, false) => UncordonOutcome::External {
+                owner: recorded.map(str::to_owned),
+            },
+            (false, _) => UncordonOutcome::NotCordoned,
+        };
+        if closed.is_empty() && !ours {
+            return Ok(outcome);
+        }
+        let mut patch = json!({"metadata": {"resourceVersion": current.metadata.resource_version}});
+        if !closed.is_empty() {
+            let labels: BTreeMap<&str, Value> =
+                closed.iter().map(|g| (g.as_str(), Value::Null)).collect();
+            patch["metadata"]["labels"] = json!(labels);
+            patch["metadata"]["annotations"] = json!({annotations::DEPLOY_GATES: null});
+        }
+        if ours {
+            patch["metadata"]["annotations"][owner.owner_annotation.as_str()] = Value::Null;
+            patch["metadata"]["annotations"][owner.time_annotation.as_str()] = Value::Null;
+            if unschedulable {
+                patch["spec"] = json!({"unschedulable": null});
+            }
+        }
+        match api
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                info!(node, policy, ?outcome, "node released");
+                return Ok(outcome);
+            }
+            Err(e) if is_conflict(&e) => continue,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(UncordonOutcome::NotCordoned),
+            Err(e) => return Err(Error::kube(format!("release node {node}"), e)),
+        }
     }
-    let outcome = match ttdp_drain::uncordon(client, node, &cordon_owner(policy)).await {
-        Ok(o) => o,
-        Err(ttdp_drain::DrainError::NodeRead {
-            source: kube::Error::Api(s),
-            ..
-        }) if s.code == 404 => UncordonOutcome::NotCordoned,
-        Err(e) => return Err(drain_error("uncordon", node, e)),
-    };
-    info!(node, policy, ?outcome, "node released");
-    Ok(outcome)
+    Err(drain_error(
+        "uncordon",
+        node,
+        ttdp_drain::DrainError::NodeConflict {
+            node: node.to_owned(),
+            action: "uncordon",
+        },
+    ))
 }
 
 /// Removes the retry annotation.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -16,12 +16,13 @@ use kube::runtime::controller::Action as Requeue;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
 use tracing::{info, instrument, warn};
 use ttdp_api::names::{self, labels};
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
-use ttdp_drain::{DevicePredicate, DrainOptions, TwoPassDrain};
+use ttdp_drain::{DevicePredicate, DrainOptions, TwoPassDrain, UncordonOutcome};
 
-use crate::context::{Context, Written};
+use crate::context::{Applied, Context, Written};
 use crate::daemonset::{daemonset_template_hash, desired_daemonset};
 use crate::error::Error;
 use crate::node_actions;
@@ -196,7 +197,33 @@ async fn write_status(
     Ok(())
 }
 
-/// Applies the DaemonSet (unless paused and it exists) and returns its template hash.
+/// sha256 (hex) of an object's JSON.
+fn digest_of(value: &impl serde::Serialize) -> Result<String, Error> {
+    let json = serde_json::to_vec(value).map_err(Error::Serialize)?;
+    Ok(hex::encode(Sha256::digest(&json)))
+}
+
+/// Whether the cached DaemonSet is still what the controller applied (same object, same
+/// generation, our labels and owner) and the desired one is unchanged: then applying again would
+/// change nothing.
+fn up_to_date(existing: &DaemonSet, desired: &DaemonSet, applied: &Applied, digest: &str) -> bool {
+    let has_labels = desired
+        .labels()
+        .iter()
+        .all(|(k, v)| existing.labels().get(k) == Some(v));
+    let owned = desired
+        .owner_references()
+        .iter()
+        .all(|o| existing.owner_references().iter().any(|e| e.uid == o.uid));
+    applied.digest == digest
+        && applied.uid == existing.metadata.uid
+        && applied.generation == existing.metadata.generation
+        && has_labels
+        && owned
+}
+
+/// Applies the DaemonSet (unless paused and it exists, or it is already as desired) and returns
+/// its template hash. Reads the DaemonSet from the cache, so an unchanged policy costs no request.
 async fn ensure_daemonset(
     ctx: &Context,
     policy: &TenstorrentDriverPolicy,
@@ -205,28 +232,41 @@ async fn ensure_daemonset(
     let desired = desired_daemonset(policy, &ctx.settings, selection)?;
     let ds_name = names::daemonset_name(&policy.name_any());
     let ns = &ctx.settings.namespace;
-    let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), ns);
-    if policy.spec.paused {
-        match api.get_opt(&ds_name).await {
-            Ok(Some(existing)) => {
-                if let Some(hash) = daemonset_template_hash(&existing) {
-                    return Ok(hash.to_owned());
-                }
-            }
-            Ok(None) => {}
-            Err(e) => return Err(Error::kube(format!("get daemonset {ns}/{ds_name}"), e)),
-        }
+    let existing = ctx
+        .daemonsets
+        .get(&ObjectRef::<DaemonSet>::new(&ds_name).within(ns));
+    if policy.spec.paused
+        && let Some(hash) = existing.as_deref().and_then(daemonset_template_hash)
+    {
+        return Ok(hash.to_owned());
     }
-    api.patch(
-        &ds_name,
-        &PatchParams::apply(names::CONTROLLER_MANAGER).force(),
-        &Patch::Apply(&desired),
-    )
-    .await
-    .map_err(|e| Error::kube(format!("apply daemonset {ns}/{ds_name}"), e))?;
-    Ok(daemonset_template_hash(&desired)
+    let hash = daemonset_template_hash(&desired)
         .unwrap_or_default()
-        .to_owned())
+        .to_owned();
+    let digest = digest_of(&desired)?;
+    if let (Some(existing), Some(applied)) = (existing.as_deref(), ctx.applied(&ds_name))
+        && up_to_date(existing, &desired, &applied, &digest)
+    {
+        return Ok(hash);
+    }
+    let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), ns);
+    let result = api
+        .patch(
+            &ds_name,
+            &PatchParams::apply(names::CONTROLLER_MANAGER).force(),
+            &Patch::Apply(&desired),
+        )
+        .await
+        .map_err(|e| Error::kube(format!("apply daemonset {ns}/{ds_name}"), e))?;
+    ctx.remember_applied(
+        &ds_name,
+        Some(Applied {
+            digest,
+            uid: result.metadata.uid,
+            generation: result.metadata.generation,
+        }),
+    );
+    Ok(hash)
 }
 
 /// Whether a node holds something of ours: our cordon, or gates we closed while it was ours.
@@ -234,16 +274,18 @@ fn holds_ours(meta: &kube::core::ObjectMeta, policy: &str, ours_before: bool) ->
     observe::cordoned_by(meta, policy) || (ours_before && !observe::closed_gates(meta).is_empty())
 }
 
-/// Observe, plan, record, act.
+/// Observe, plan, record, act. When nodes were released in this pass (their upgrade finished),
+/// a second pass records them Done and hands their slots to the next nodes at once, instead of
+/// waiting for the nodes' watch events to start another reconcile.
 pub async fn apply(
     policy: Arc<TenstorrentDriverPolicy>,
     ctx: Arc<Context>,
 ) -> Result<Requeue, Error> {
     let name = policy.name_any();
     let uid = policy.uid().unwrap_or_default();
-    let now = Time(Timestamp::now());
+    let mut now = Time(Timestamp::now());
     let settings = &ctx.settings;
-    let (previous, recorded) = previous_of(&policy, &ctx);
+    let (mut previous, mut recorded) = previous_of(&policy, &ctx);
     if let Err(err) = policy.spec.validate() {
         return invalid_spec(&policy, &ctx, &previous, &recorded, err, &now).await;
     }
@@ -279,30 +321,6 @@ pub async fn apply(
         }
     }
 
-    // Who else cordoned the nodes in flight, or the Done nodes left cordoned for someone else
-    // (metadata alone does not say).
-    let node_api: Api<Node> = Api::all(ctx.client.clone());
-    let mut unschedulable = HashMap::new();
-    for n in &matched {
-        let node = n.name_any();
-        let in_flight = recorded.get(&node).is_some_and(|r| {
-            r.state.is_in_flight()
-                || r.reason.as_deref() == Some(crate::transition::reasons::CORDONED_BY_OTHER)
-        });
-        if in_flight || observe::cordoned_by(&n.metadata, &name) {
-            match node_api.get_opt(&node).await {
-                Ok(Some(full)) => {
-                    unschedulable.insert(
-                        node,
-                        full.spec.and_then(|s| s.unschedulable).unwrap_or(false),
-                    );
-                }
-                Ok(None) => {}
-                Err(e) => return Err(Error::kube(format!("get node {node}"), e)),
-            }
-        }
-    }
-
     let mut next_retry: Option<Duration> = None;
     let mut observations: Vec<(String, NodeObservation)> = Vec::with_capacity(matched.len());
     for n in &matched {
@@ -318,10 +336,22 @@ pub async fn apply(
         if let Some(w) = wait {
             next_retry = Some(next_retry.map_or(w, |c: Duration| c.min(w)));
         }
+        // Who else cordoned the nodes in flight, or the Done nodes left cordoned for someone
+        // else: only those look at `spec.unschedulable` (from the node cache).
+        let in_flight = recorded.get(&node).is_some_and(|r| {
+            r.state.is_in_flight()
+                || r.reason.as_deref() == Some(crate::transition::reasons::CORDONED_BY_OTHER)
+        });
+        let unschedulable = (in_flight || observe::cordoned_by(&n.metadata, &name)).then(|| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false)
+        });
         let obs = observe::observe(ObserveInput {
             policy: &name,
             meta: &n.metadata,
-            unschedulable: unschedulable.get(&node).copied(),
+            unschedulable,
             pod,
             current_hash: &hash,
             recorded: recorded.get(&node),
@@ -349,20 +379,9 @@ pub async fn apply(
         max_unavailable,
         paused: spec.paused,
     };
-    let transitions = rollout::plan(&plan, &observations);
-
     let metas: HashMap<String, &kube::core::ObjectMeta> = matched
         .iter()
         .map(|n| (n.name_any(), &n.metadata))
-        .collect();
-    let reports = transitions
-        .iter()
-        .map(|(node, t)| NodeReport {
-            name: node.clone(),
-            transition: t.clone(),
-            current_version: metas.get(node).and_then(|m| observe::loaded_version(m)),
-            install_mode: metas.get(node).and_then(|m| observe::install_mode_label(m)),
-        })
         .collect();
     let facts = PolicyFacts {
         generation: policy.metadata.generation,
@@ -371,44 +390,90 @@ pub async fn apply(
         invalid_spec: None,
         max_unavailable,
     };
-    let built = build_status(&facts, &previous, &recorded, reports, &now);
-    write_status(&ctx, &policy, &built.status, &previous).await?;
-    ctx.remember(
-        &uid,
-        Written {
-            status: built.status.clone(),
-            nodes: built.all_nodes.clone(),
-        },
-    );
 
-    // Act, node by node; one node's failure does not stop the others.
     let mut first_error = None;
-    let obs_by_node: HashMap<&str, &NodeObservation> =
-        observations.iter().map(|(n, o)| (n.as_str(), o)).collect();
-    for (node, t) in &transitions {
-        let pod = observe::pick_agent_pod(by_node.get(node).into_iter().flatten().copied());
-        let entered = built
-            .all_nodes
-            .get(node)
-            .and_then(|e| e.last_transition_time.clone());
-        for action in &t.actions {
-            let result = act(
-                &ctx,
-                &policy,
-                node,
-                *action,
-                obs_by_node.get(node.as_str()).copied(),
-                pod,
-                entered.as_ref(),
-                &now,
-            )
-            .await;
-            if let Err(e) = result {
-                warn!(node = %node, ?action, error = %error_chain(&e), "node action failed");
-                first_error.get_or_insert(e);
+    // Actions already taken per node (a second pass does not repeat them).
+    let mut performed: HashMap<String, Vec<Action>> = HashMap::new();
+    let mut second_pass = false;
+    let (transitions, all_nodes) = loop {
+        let transitions = rollout::plan(&plan, &observations);
+        let reports = transitions
+            .iter()
+            .map(|(node, t)| NodeReport {
+                name: node.clone(),
+                transition: t.clone(),
+                current_version: metas.get(node).and_then(|m| observe::loaded_version(m)),
+                install_mode: metas.get(node).and_then(|m| observe::install_mode_label(m)),
+            })
+            .collect();
+        let built = build_status(&facts, &previous, &recorded, reports, &now);
+        write_status(&ctx, &policy, &built.status, &previous).await?;
+        ctx.remember(
+            &uid,
+            Written {
+                status: built.status.clone(),
+                nodes: built.all_nodes.clone(),
+            },
+        );
+
+        // Act, node by node; one node's failure does not stop the others.
+        let obs_by_node: HashMap<&str, &NodeObservation> =
+            observations.iter().map(|(n, o)| (n.as_str(), o)).collect();
+        let mut released: HashMap<String, UncordonOutcome> = HashMap::new();
+        for (node, t) in &transitions {
+            let pod = observe::pick_agent_pod(by_node.get(node).into_iter().flatten().copied());
+            let entered = built
+                .all_nodes
+                .get(node)
+                .and_then(|e| e.last_transition_time.clone());
+            let done = performed.entry(node.clone()).or_default();
+            for action in &t.actions {
+                if done.contains(action) {
+                    continue;
+                }
+                done.push(*action);
+                let result = act(
+                    &ctx,
+                    &policy,
+                    node,
+                    *action,
+                    obs_by_node.get(node.as_str()).copied(),
+                    pod,
+                    entered.as_ref(),
+                    &now,
+                )
+                .await;
+                match result {
+                    Ok(Some(outcome)) => {
+                        released.insert(node.clone(), outcome);
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        warn!(node = %node, ?action, error = %error_chain(&e), "node action failed");
+                        first_error.get_or_insert(e);
+                    }
+                }
             }
         }
-    }
+        report_changes(&ctx, &policy, &built.changes);
+        if second_pass || released.is_empty() || first_error.is_some() {
+            break (transitions, built.all_nodes);
+        }
+        // The released nodes no longer hold anything of ours: plan again with that known.
+        second_pass = true;
+        for (node, obs) in &mut observations {
+            obs.recorded = built.all_nodes.get(node).map(|e| e.state);
+            if let Some(outcome) = released.get(node) {
+                obs.cordoned_by_us = false;
+                obs.gates_closed_by_us = false;
+                obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
+            }
+        }
+        previous = built.status;
+        recorded = built.all_nodes;
+        now = Time(Timestamp::now());
+    };
+    set_node_counts(&ctx, &name, &all_nodes);
     let draining: HashSet<&str> = transitions
         .iter()
         .filter(|(_, t)| t.state == NodeState::Draining)
@@ -431,7 +496,6 @@ pub async fn apply(
         }
     }
 
-    report_changes(&ctx, &policy, &built.changes, &built.all_nodes).await;
     if let Some(e) = first_error {
         return Err(e);
     }
@@ -457,7 +521,7 @@ async fn act(
     pod: Option<&Pod>,
     entered: Option<&Time>,
     now: &Time,
-) -> Result<(), Error> {
+) -> Result<Option<UncordonOutcome>, Error> {
     let name = policy.name_any();
     match action {
         Action::Cordon => {
@@ -503,8 +567,14 @@ async fn act(
             let wake = Arc::new(move || {
                 let _ = wake_tx.unbounded_send(wake_ref.clone());
             });
-            ctx.drains
-                .ensure(&ctx.client, &name, node, plan, ctx.metrics.clone(), wake);
+            ctx.drains.ensure(
+                &ctx.drain_client,
+                &name,
+                node,
+                plan,
+                ctx.metrics.clone(),
+                wake,
+            );
         }
         Action::ReplaceAgent { even_current } => {
             let replace = match obs.map(|o| &o.agent) {
@@ -519,34 +589,36 @@ async fn act(
             }
         }
         Action::Release => {
-            node_actions::release(&ctx.client, &name, node).await?;
+            return node_actions::release(&ctx.client, &name, node)
+                .await
+                .map(Some);
         }
         Action::ClearRetry => node_actions::clear_retry(&ctx.client, node).await?,
     }
-    Ok(())
+    Ok(None)
 }
 
-async fn report_changes(
+/// Logs the state changes, queues their Events ([`crate::events`]) and counts them.
+fn report_changes(
     ctx: &Context,
     policy: &TenstorrentDriverPolicy,
     changes: &[crate::status::StateChange],
-    all: &BTreeMap<String, NodeStatus>,
 ) {
-    let name = policy.name_any();
     for c in changes {
         info!(node = %c.node, from = ?c.from, to = %c.to, reason = ?c.reason, message = ?c.message, "node state changed");
-        // A first sighting of a settled node is not news (a 5,000-node policy would flood).
-        if c.from.is_some() || c.to.is_in_flight() || c.to == NodeState::Failed {
-            ctx.events.node_changed(policy, c).await;
-        }
+        ctx.events.node_changed(policy, c);
     }
-    ctx.metrics.record_changes(&name, changes);
+    ctx.metrics.record_changes(&policy.name_any(), changes);
+}
+
+/// Sets the `ttdp_nodes` gauge from every node entry.
+fn set_node_counts(ctx: &Context, name: &str, all: &BTreeMap<String, NodeStatus>) {
     let mut counts: BTreeMap<(NodeState, String), i64> = BTreeMap::new();
     for n in all.values() {
         let version = n.current_version.clone().unwrap_or_else(|| "none".into());
         *counts.entry((n.state, version)).or_default() += 1;
     }
-    ctx.metrics.set_nodes(&name, &counts);
+    ctx.metrics.set_nodes(name, &counts);
 }
 
 /// The spec cannot be acted on: say so in the status and touch nothing else.
@@ -593,14 +665,12 @@ async fn invalid_spec(
     );
     if !was_invalid {
         warn!(policy = %policy.name_any(), error = %err, "invalid spec");
-        ctx.events
-            .policy_event(
-                policy,
-                true,
-                "InvalidSpec",
-                format!("{err}; fix the spec, nothing is rolled out until then"),
-            )
-            .await;
+        ctx.events.policy_event(
+            policy,
+            true,
+            "InvalidSpec",
+            format!("{err}; fix the spec, nothing is rolled out until then"),
+        );
     }
     Ok(Requeue::await_change())
 }
@@ -637,14 +707,13 @@ pub async fn cleanup(
         Err(e) => return Err(Error::kube(format!("delete daemonset {ns}/{ds_name}"), e)),
     }
     info!(policy = %name, released, "policy deleted: nodes released, daemonset deleted, modules left loaded");
-    ctx.events
-        .policy_event(
-            &policy,
-            false,
-            "Cleanup",
-            format!("released {released} nodes and deleted daemonset {ds_name}; loaded modules are left as they are"),
-        )
-        .await;
+    ctx.events.policy_event(
+        &policy,
+        false,
+        "Cleanup",
+        format!("released {released} nodes and deleted daemonset {ds_name}; loaded modules are left as they are"),
+    );
+    ctx.remember_applied(&ds_name, None);
     ctx.forget(&policy.uid().unwrap_or_default());
     ctx.metrics.forget_policy(&name);
     Ok(Requeue::await_change())

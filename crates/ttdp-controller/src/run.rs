@@ -1,29 +1,33 @@
 //! Wiring: reflector stores and watches, the kube-runtime `Controller`, the admin server, leader
 //! election and graceful shutdown. [`run`] is what the binary (and in-process tests) call.
 //!
-//! Watches: policies; nodes (metadata only, triggering on label/annotation changes, mapped to
-//! the policies that select the node, hold its cordon or list it in their status); agent pods
-//! (label `app.kubernetes.io/name=ttdp-agent` in the operator namespace, mapped by their policy
-//! label); DaemonSets (same label, for drift). A finished drain wakes its policy directly.
+//! Watches, each trimmed before it is cached ([`crate::trim`]) so memory stays small at fleet
+//! scale: policies (triggering on spec, finalizer and deletion changes, not on the controller's
+//! own status writes); nodes (labels, ttdp's annotations and `spec.unschedulable`, triggering on
+//! changes of those, mapped to the policies that select the node, hold its cordon or list it in
+//! their status); agent pods (label `app.kubernetes.io/name=ttdp-agent` in the operator
+//! namespace, mapped by their policy label); DaemonSets (same label, triggering on spec changes
+//! and deletion, for drift). A finished drain wakes its policy directly.
 //!
 //! RBAC the controller needs: `tenstorrentdriverpolicies` get/list/watch/patch and
 //! `tenstorrentdriverpolicies/status` patch; nodes get/list/watch/patch; in the operator
 //! namespace daemonsets get/list/watch/patch/delete and leases get/create/update/patch; pods
 //! list/watch/delete in every namespace (drains list a node's pods, and agent pods are
 //! replaced), `pods/eviction` create, poddisruptionbudgets list (to name blocking budgets);
-//! events.k8s.io events create/patch.
+//! events.k8s.io events create.
 
-use std::collections::BTreeMap;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
-use kube::runtime::{Controller, Predicate, PredicateConfig, WatchStreamExt, predicates};
+use kube::runtime::{Controller, PredicateConfig, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -41,6 +45,7 @@ use crate::overlap::selection_of;
 use crate::reconcile::{error_policy, reconcile};
 use crate::server::{self, Readiness};
 use crate::settings::Settings;
+use crate::trim;
 
 /// Bit of the synced mask: the policy list arrived.
 const SYNCED_POLICIES: u8 = 1;
@@ -48,8 +53,60 @@ const SYNCED_POLICIES: u8 = 1;
 const SYNCED_NODES: u8 = 2;
 /// Bit of the synced mask: the agent pod list arrived.
 const SYNCED_PODS: u8 = 4;
+/// Bit of the synced mask: the DaemonSet list arrived.
+const SYNCED_DAEMONSETS: u8 = 8;
 /// Every initial list arrived.
-pub const SYNCED_ALL: u8 = SYNCED_POLICIES | SYNCED_NODES | SYNCED_PODS;
+pub const SYNCED_ALL: u8 = SYNCED_POLICIES | SYNCED_NODES | SYNCED_PODS | SYNCED_DAEMONSETS;
+/// Objects per page of the initial lists (bounds the memory a large fleet's list takes).
+const LIST_PAGE: u32 = 250;
+
+fn hash_of(value: impl Hash) -> u64 {
+    let mut h = DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
+
+/// What of a policy wakes its reconcile: spec (generation), finalizers, deletion, identity. The
+/// controller's own status writes do not.
+fn policy_trigger(p: &TenstorrentDriverPolicy) -> Option<u64> {
+    let m = &p.metadata;
+    Some(hash_of((
+        &m.uid,
+        m.generation,
+        m.deletion_timestamp.as_ref().map(|t| t.0),
+        &m.finalizers,
+    )))
+}
+
+/// What of a (trimmed) node wakes reconciles: labels, ttdp's annotations, `spec.unschedulable`.
+fn node_trigger(n: &Node) -> Option<u64> {
+    Some(hash_of((
+        &n.metadata.labels,
+        &n.metadata.annotations,
+        n.spec.as_ref().and_then(|s| s.unschedulable),
+    )))
+}
+
+/// Passes a DaemonSet on when it is new, deleted, or its spec (generation), uid or labels
+/// changed; its status updates are not the controller's business.
+fn daemonset_trigger(
+    seen: &mut HashMap<String, u64>,
+    event: Result<watcher::Event<DaemonSet>, watcher::Error>,
+) -> Option<Result<DaemonSet, watcher::Error>> {
+    match event {
+        Ok(watcher::Event::Apply(ds) | watcher::Event::InitApply(ds)) => {
+            let m = &ds.metadata;
+            let key = hash_of((&m.uid, m.generation, &m.labels));
+            (seen.insert(ds.name_any(), key) != Some(key)).then_some(Ok(ds))
+        }
+        Ok(watcher::Event::Delete(ds)) => {
+            seen.remove(&ds.name_any());
+            Some(Ok(ds))
+        }
+        Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
+        Err(e) => Some(Err(e)),
+    }
+}
 
 /// A stream inspector that sets `bit` in the synced mask at the watch's first InitDone.
 fn mark_synced<K>(
@@ -69,7 +126,7 @@ fn mark_synced<K>(
 }
 
 /// How the controller process runs, beyond [`Settings`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct RunOptions {
     /// Where to serve `/metrics`, `/healthz` and `/readyz` (`None`: no server).
     pub admin_address: Option<SocketAddr>,
@@ -77,17 +134,33 @@ pub struct RunOptions {
     pub leader_election: Option<LeaderElection>,
     /// This replica's name on Events (the pod name).
     pub instance: Option<String>,
+    /// The client drains use (`None`: the main client). It should have kube's built-in retry
+    /// of 429/503/504 turned off (`kube::Config::default_retry = false`): with it, an eviction
+    /// a PodDisruptionBudget refuses is retried within milliseconds, up to 15 times, instead of
+    /// at ttdp-drain's back-off.
+    pub drain_client: Option<Client>,
     /// Shared metrics (a fresh set when `None`).
     pub metrics: Option<Arc<Metrics>>,
     /// Readiness flag (a fresh one when `None`).
     pub readiness: Option<Readiness>,
 }
 
+impl std::fmt::Debug for RunOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("admin_address", &self.admin_address)
+            .field("leader_election", &self.leader_election)
+            .field("instance", &self.instance)
+            .field("drain_client", &self.drain_client.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 /// The policies a node event concerns: those selecting the node, and the one whose cordon it
 /// carries (so a node that left a selection is released).
 fn policies_for_node(
     policies: &reflector::Store<TenstorrentDriverPolicy>,
-    node: &kube::core::PartialObjectMeta<Node>,
+    node: &Node,
     require_nfd: bool,
 ) -> Vec<ObjectRef<TenstorrentDriverPolicy>> {
     let name = node.name_any();
@@ -159,45 +232,67 @@ pub async fn run(
     // can miss the wake-up, so the streams report their first InitDone here instead.)
     let (synced_tx, synced_rx) = tokio::sync::watch::channel(0u8);
     let (policy_store, policy_writer) = reflector::store();
-    let policy_stream = watcher::watcher(policies, watcher::Config::default().any_semantic())
+    let policy_stream = watcher::watcher(policies, watcher::Config::default())
         .default_backoff()
+        .modify(trim::policy)
         .inspect(mark_synced(&synced_tx, SYNCED_POLICIES))
         .reflect(policy_writer)
-        .touched_objects();
+        .touched_objects()
+        .predicate_filter(policy_trigger, PredicateConfig::default());
     let controller = Controller::for_stream(policy_stream, policy_store.clone());
 
     let (node_store, node_writer) = reflector::store();
     let node_stream = watcher::watcher(
-        Api::<PartialObjectMeta<Node>>::all(client.clone()),
-        watcher::Config::default().any_semantic(),
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default().page_size(LIST_PAGE),
     )
     .default_backoff()
+    .modify(move |n| trim::node(n, require_nfd))
     .inspect(mark_synced(&synced_tx, SYNCED_NODES))
     .reflect(node_writer)
     .touched_objects()
-    .predicate_filter(
-        predicates::labels.combine(predicates::annotations),
-        PredicateConfig::default(),
-    );
+    .predicate_filter(node_trigger, PredicateConfig::default());
     let (pod_store, pod_writer) = reflector::store();
     let pod_stream = watcher::watcher(
         Api::<Pod>::namespaced(client.clone(), &ns),
         watcher::Config::default()
             .labels(&all_agent_pods_selector())
-            .any_semantic(),
+            .page_size(LIST_PAGE),
     )
     .default_backoff()
+    .modify(trim::agent_pod)
     .inspect(mark_synced(&synced_tx, SYNCED_PODS))
     .reflect(pod_writer)
     .touched_objects();
 
+    let (ds_store, ds_writer) = reflector::store();
+    let mut ds_seen = HashMap::new();
+    let ds_stream = watcher::watcher(
+        Api::<DaemonSet>::namespaced(client.clone(), &ns),
+        watcher::Config::default().labels(&format!(
+            "{}={}",
+            labels::APP_NAME,
+            labels::APP_NAME_AGENT
+        )),
+    )
+    .default_backoff()
+    .modify(trim::daemonset)
+    .inspect(mark_synced(&synced_tx, SYNCED_DAEMONSETS))
+    .reflect(ds_writer)
+    .filter_map(move |event| futures::future::ready(daemonset_trigger(&mut ds_seen, event)));
+
     let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
     let ctx = Arc::new(Context::new(
         client.clone(),
+        options
+            .drain_client
+            .clone()
+            .unwrap_or_else(|| client.clone()),
         settings,
         policy_store.clone(),
         node_store.clone(),
         pod_store.clone(),
+        ds_store,
         EventPublisher::new(client.clone(), options.instance.clone()),
         metrics,
         wake_tx,
@@ -216,24 +311,15 @@ pub async fn run(
     }
 
     let node_policies = policy_store.clone();
-    let ds_config = watcher::Config::default().labels(&format!(
-        "{}={}",
-        labels::APP_NAME,
-        labels::APP_NAME_AGENT
-    ));
     let graceful = stop.clone();
     // Owned DaemonSets, mapped by label: `owns` would give the cluster-scoped policy the
     // DaemonSet's namespace.
     controller
-        .watches(
-            Api::<DaemonSet>::namespaced(client.clone(), &ns),
-            ds_config,
-            |ds| {
-                ds.labels()
-                    .get(labels::POLICY)
-                    .map(|p| ObjectRef::<TenstorrentDriverPolicy>::new(p))
-            },
-        )
+        .watches_stream(ds_stream, |ds| {
+            ds.labels()
+                .get(labels::POLICY)
+                .map(|p| ObjectRef::<TenstorrentDriverPolicy>::new(p))
+        })
         .watches_stream(node_stream, move |node| {
             policies_for_node(&node_policies, &node, require_nfd)
         })
