@@ -205,6 +205,7 @@ async fn foreground_deletion_keeps_the_owner_until_blocking_dependents_are_gone(
     })
     .await;
     assert!(!gone(&cms, "owner").await);
+    // No kubelet serves the node: finish the pod's deletion as its kubelet would, with grace 0.
     pods.delete(
         "dep",
         &DeleteParams {
