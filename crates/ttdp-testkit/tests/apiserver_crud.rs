@@ -233,6 +233,16 @@ async fn limit_and_continue_page_through_a_list() {
     let first = leases.list(&ListParams::default().limit(2)).await.unwrap();
     assert_eq!(first.items.len(), 2);
     assert_eq!(first.metadata.remaining_item_count, Some(3));
+    let filtered = leases
+        .list(&ListParams::default().fields("metadata.name!=n0").limit(2))
+        .await
+        .unwrap();
+    assert_eq!(filtered.items.len(), 2);
+    assert!(filtered.metadata.continue_.is_some());
+    assert_eq!(
+        filtered.metadata.remaining_item_count, None,
+        "a filtered list does not count what is left"
+    );
     let token = first.metadata.continue_.clone().unwrap();
     let second = leases
         .list(&ListParams::default().limit(2).continue_token(&token))

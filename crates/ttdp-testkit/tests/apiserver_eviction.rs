@@ -166,10 +166,21 @@ async fn max_unavailable_percent_of_a_replica_set_allows_exactly_one_eviction() 
         }
     }))
     .unwrap();
-    Api::<ReplicaSet>::default_namespaced(client)
+    let rs = Api::<ReplicaSet>::default_namespaced(client)
         .create(&PostParams::default(), &rs)
         .await
         .unwrap();
+    // Adopt the pods as the ReplicaSet controller does (the test server runs none; on a real
+    // cluster it may already have, and this writes the same controller reference).
+    let adopted = json!({"metadata": {"ownerReferences": [{
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "w",
+        "uid": rs.metadata.uid, "controller": true, "blockOwnerDeletion": true
+    }]}});
+    for name in ["p1", "p2", "p3"] {
+        pods.patch(name, &PatchParams::default(), &Patch::Merge(&adopted))
+            .await
+            .unwrap();
+    }
     // 33% of 3 pods rounds up to 1 (the disruption controller rounds percentages up).
     pdbs.create(
         &PostParams::default(),

@@ -291,7 +291,13 @@ impl ClusterState {
             items.truncate(limit);
             if let Some(last) = items.last() {
                 list_meta["continue"] = json!(encode_continue(list_rv, &continue_key(last)));
-                list_meta["remainingItemCount"] = json!(remaining);
+                // The real server counts what is left only when no selector filters the list.
+                let filtered = [&q.label_selector, &q.field_selector]
+                    .iter()
+                    .any(|sel| sel.as_deref().is_some_and(|s| !s.is_empty()));
+                if !filtered {
+                    list_meta["remainingItemCount"] = json!(remaining);
+                }
             }
         }
         let items: Vec<Value> = items

@@ -1,21 +1,32 @@
-//! PodDisruptionBudget status, computed as the disruption controller does: pods matching the
-//! selector in the budget's namespace, healthy when Ready and not terminating, desired healthy
-//! from `minAvailable` / `maxUnavailable` (integer or percent, rounded up), and
-//! `disruptionsAllowed = currentHealthy - desiredHealthy` (never negative).
+//! PodDisruptionBudget status, computed as the disruption controller
+//! (`pkg/controller/disruption`) does: pods matching the selector in the budget's namespace;
+//! healthy when Ready, not terminating and not evicted in the last two minutes (the budget's
+//! `disruptedPods`); for an integer `minAvailable` the expected count is the number of matching
+//! pods, otherwise (`maxUnavailable`, a percentage `minAvailable`) it is the sum of the scales of
+//! the pods' controllers (pods without a controller count for nothing, and a controller whose
+//! scale cannot be found fails the budget safe: no disruptions allowed); percentages round up;
+//! `disruptionsAllowed = currentHealthy - desiredHealthy`, 0 when negative or when nothing is
+//! expected.
+
+use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
 use super::meta;
 use super::selectors::LabelSelector;
 
+/// How long an eviction keeps counting its pod as disrupted while the pod is still there
+/// (the controller's `DeletionTimeout`).
+const DISRUPTED_POD_TIMEOUT_SECONDS: i64 = 120;
+
 /// The numbers of a budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
-    /// Matching pods that are Ready and not terminating.
+    /// Matching pods that are Ready, not terminating and not just evicted.
     pub current_healthy: i64,
     /// How many must stay healthy.
     pub desired_healthy: i64,
-    /// Matching pods.
+    /// The pods the budget expects (see the module docs).
     pub expected_pods: i64,
     /// How many may be disrupted now.
     pub disruptions_allowed: i64,
@@ -52,59 +63,119 @@ fn scaled(value: &Value, total: i64) -> i64 {
     }
 }
 
-/// Evaluate a budget against all pods of the cluster.
-pub fn evaluate<'a>(pdb: &Value, pods: impl IntoIterator<Item = &'a Value>) -> Budget {
+/// Evaluates a budget against the pods of its namespace. `controller_scale` answers, for a
+/// pod's controller reference, the controller's uid and desired scale (None when no such
+/// controller with a scale exists). Err is the message of a failed sync ("found no controllers
+/// for pod ...").
+pub fn evaluate<'a>(
+    pdb: &Value,
+    pods: impl IntoIterator<Item = &'a Value>,
+    controller_scale: impl Fn(&Value) -> Option<(String, i64)>,
+) -> Result<Budget, String> {
     let matching: Vec<&Value> = pods.into_iter().filter(|p| selects(pdb, p)).collect();
-    let expected = matching.len() as i64;
-    let healthy = matching.iter().filter(|p| is_healthy(p)).count() as i64;
-    let spec = &pdb["spec"];
-    let desired = if !spec["maxUnavailable"].is_null() {
-        (expected - scaled(&spec["maxUnavailable"], expected)).max(0)
-    } else if !spec["minAvailable"].is_null() {
-        scaled(&spec["minAvailable"], expected)
-    } else {
-        1
+    let now = jiff::Timestamp::now();
+    let disrupted = &pdb["status"]["disruptedPods"];
+    let recently_disrupted = |pod: &Value| {
+        disrupted[meta::name(pod)]
+            .as_str()
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .is_some_and(|t| now.as_second() - t.as_second() < DISRUPTED_POD_TIMEOUT_SECONDS)
     };
-    Budget {
+    let healthy = matching
+        .iter()
+        .filter(|p| is_healthy(p) && !recently_disrupted(p))
+        .count() as i64;
+    let spec = &pdb["spec"];
+    let scale = || -> Result<i64, String> {
+        let mut scales: BTreeMap<String, i64> = BTreeMap::new();
+        for pod in &matching {
+            let Some(controller) = pod["metadata"]["ownerReferences"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["controller"] == true)
+            else {
+                continue;
+            };
+            let (uid, n) = controller_scale(controller)
+                .ok_or_else(|| format!("found no controllers for pod {:?}", meta::name(pod)))?;
+            scales.insert(uid, n);
+        }
+        Ok(scales.values().sum())
+    };
+    let (expected, desired) = match (&spec["maxUnavailable"], &spec["minAvailable"]) {
+        (max, _) if !max.is_null() => {
+            let expected = scale()?;
+            (expected, (expected - scaled(max, expected)).max(0))
+        }
+        (_, Value::Number(min)) => (matching.len() as i64, min.as_i64().unwrap_or(0)),
+        (_, min) if !min.is_null() => {
+            let expected = scale()?;
+            (expected, scaled(min, expected))
+        }
+        _ => (0, 0),
+    };
+    let allowed = healthy - desired;
+    Ok(Budget {
         current_healthy: healthy,
         desired_healthy: desired,
         expected_pods: expected,
-        disruptions_allowed: (healthy - desired).max(0),
-    }
+        disruptions_allowed: if expected <= 0 || allowed <= 0 {
+            0
+        } else {
+            allowed
+        },
+    })
 }
 
-/// The `status` the disruption controller would write, keeping condition transition times
-/// from `previous` when the condition did not change.
-pub fn status(pdb: &Value, budget: &Budget) -> Value {
-    let allowed = budget.disruptions_allowed > 0;
-    let (cond_status, reason) = if allowed {
-        ("True", "SufficientPods")
-    } else {
-        ("False", "InsufficientPods")
-    };
+/// The status of a budget whose sync failed: no disruptions allowed, the reason in the
+/// `DisruptionAllowed` condition, the rest as it was.
+pub fn fail_safe_status(pdb: &Value, message: &str) -> Value {
+    let mut status = pdb["status"].clone();
+    if !status.is_object() {
+        status = json!({});
+    }
+    status["disruptionsAllowed"] = json!(0);
+    let observed = status["observedGeneration"].clone();
+    status["conditions"] = json!([condition(pdb, "False", "SyncFailed", message, observed)]);
+    status
+}
+
+fn condition(pdb: &Value, status: &str, reason: &str, message: &str, observed: Value) -> Value {
     let previous = pdb["status"]["conditions"]
         .as_array()
         .and_then(|c| c.iter().find(|c| c["type"] == "DisruptionAllowed"))
         .cloned();
     let transition = match &previous {
-        Some(p) if p["status"] == cond_status => p["lastTransitionTime"].clone(),
+        Some(p) if p["status"] == status => p["lastTransitionTime"].clone(),
         _ => json!(meta::now()),
     };
-    let generation = pdb["metadata"]["generation"].as_i64().unwrap_or(1);
+    json!({
+        "type": "DisruptionAllowed",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": observed,
+        "lastTransitionTime": transition,
+    })
+}
+
+/// The `status` the disruption controller would write, keeping the condition's transition
+/// time when it did not change and the `disruptedPods` the budget has.
+pub fn status(pdb: &Value, budget: &Budget) -> Value {
+    let (cond_status, reason) = if budget.disruptions_allowed > 0 {
+        ("True", "SufficientPods")
+    } else {
+        ("False", "InsufficientPods")
+    };
+    let generation = json!(pdb["metadata"]["generation"].as_i64().unwrap_or(1));
     let mut status = json!({
         "observedGeneration": generation,
         "disruptionsAllowed": budget.disruptions_allowed,
         "currentHealthy": budget.current_healthy,
         "desiredHealthy": budget.desired_healthy,
         "expectedPods": budget.expected_pods,
-        "conditions": [{
-            "type": "DisruptionAllowed",
-            "status": cond_status,
-            "reason": reason,
-            "message": "",
-            "observedGeneration": generation,
-            "lastTransitionTime": transition,
-        }],
+        "conditions": [condition(pdb, cond_status, reason, "", generation.clone())],
     });
     if let Some(disrupted) = pdb["status"]["disruptedPods"].as_object()
         && !disrupted.is_empty()
@@ -123,24 +194,84 @@ mod tests {
                "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}})
     }
 
+    fn owned(name: &str, ready: bool, rs: &str) -> Value {
+        let mut p = pod(name, ready);
+        p["metadata"]["ownerReferences"] =
+            json!([{"kind": "ReplicaSet", "name": rs, "uid": rs, "controller": true}]);
+        p
+    }
+
+    /// ReplicaSet "rs" has 3 replicas; nothing else has a scale.
+    fn scale_of(owner: &Value) -> Option<(String, i64)> {
+        (owner["uid"] == "rs").then(|| ("rs".to_owned(), 3))
+    }
+
+    fn pdb(spec: Value) -> Value {
+        let mut spec = spec;
+        spec["selector"] = json!({"matchLabels": {"app": "w"}});
+        json!({"metadata": {"name": "b", "namespace": "ns"}, "spec": spec})
+    }
+
     #[test]
-    fn percent_and_int_budgets_round_up_like_the_disruption_controller() {
-        let pods = [pod("a", true), pod("b", true), pod("c", false)];
-        let pdb = |spec: Value| json!({"metadata": {"namespace": "ns"}, "spec": spec});
-        let sel = json!({"matchLabels": {"app": "w"}});
-        let b = evaluate(&pdb(json!({"selector": sel, "minAvailable": 2})), &pods);
+    fn integer_min_available_counts_pods_and_the_rest_counts_controller_scale() {
+        let pods = [
+            owned("a", true, "rs"),
+            owned("b", true, "rs"),
+            owned("c", false, "rs"),
+        ];
+        let b = evaluate(&pdb(json!({"minAvailable": 2})), &pods, scale_of).unwrap();
         assert_eq!(
-            (b.current_healthy, b.desired_healthy, b.disruptions_allowed),
-            (2, 2, 0)
+            (
+                b.current_healthy,
+                b.desired_healthy,
+                b.expected_pods,
+                b.disruptions_allowed
+            ),
+            (2, 2, 3, 0)
         );
-        let b = evaluate(&pdb(json!({"selector": sel, "minAvailable": "50%"})), &pods);
-        assert_eq!((b.desired_healthy, b.disruptions_allowed), (2, 0));
-        let b = evaluate(
-            &pdb(json!({"selector": sel, "maxUnavailable": "34%"})),
-            &pods,
+        let b = evaluate(&pdb(json!({"minAvailable": "50%"})), &pods, scale_of).unwrap();
+        assert_eq!(
+            (b.desired_healthy, b.disruptions_allowed),
+            (2, 0),
+            "50% of 3 rounds up"
         );
-        assert_eq!((b.desired_healthy, b.disruptions_allowed), (1, 1));
-        let b = evaluate(&pdb(json!({"selector": sel, "maxUnavailable": 0})), &pods);
+        let b = evaluate(&pdb(json!({"maxUnavailable": "34%"})), &pods, scale_of).unwrap();
+        assert_eq!(
+            (b.desired_healthy, b.disruptions_allowed),
+            (1, 1),
+            "34% of 3 rounds up to 2"
+        );
+        let b = evaluate(&pdb(json!({"maxUnavailable": 0})), &pods, scale_of).unwrap();
         assert_eq!(b.disruptions_allowed, 0);
+    }
+
+    #[test]
+    fn bare_pods_expect_nothing_and_an_unknown_controller_fails_safe() {
+        let bare = [pod("a", true), pod("b", true)];
+        let b = evaluate(&pdb(json!({"maxUnavailable": 1})), &bare, scale_of).unwrap();
+        assert_eq!((b.expected_pods, b.disruptions_allowed), (0, 0));
+        let b = evaluate(&pdb(json!({"minAvailable": 1})), &bare, scale_of).unwrap();
+        assert_eq!(
+            b.disruptions_allowed, 1,
+            "an integer minAvailable needs no controller"
+        );
+        let orphan = [owned("a", true, "gone")];
+        let err = evaluate(&pdb(json!({"maxUnavailable": 1})), &orphan, scale_of).unwrap_err();
+        assert_eq!(err, "found no controllers for pod \"a\"");
+        let failed = fail_safe_status(&pdb(json!({"maxUnavailable": 1})), &err);
+        assert_eq!(failed["disruptionsAllowed"], 0);
+        assert_eq!(failed["conditions"][0]["reason"], "SyncFailed");
+    }
+
+    #[test]
+    fn a_pod_evicted_in_the_last_two_minutes_is_not_healthy() {
+        let pods = [owned("a", true, "rs"), owned("b", true, "rs")];
+        let mut budget = pdb(json!({"minAvailable": 1}));
+        budget["status"]["disruptedPods"] = json!({"a": meta::now()});
+        let b = evaluate(&budget, &pods, scale_of).unwrap();
+        assert_eq!((b.current_healthy, b.disruptions_allowed), (1, 0));
+        budget["status"]["disruptedPods"] = json!({"a": "2020-01-01T00:00:00Z"});
+        let b = evaluate(&budget, &pods, scale_of).unwrap();
+        assert_eq!(b.current_healthy, 2, "an old disruption no longer counts");
     }
 }

@@ -51,39 +51,61 @@ pub fn evict(
             Ok(created_status())
         }
         [pdb] => {
-            let budget =
-                disruption::evaluate(pdb, state.store.list(&pods.storage_key(), Some(namespace)));
-            let healthy = disruption::is_healthy(&pod);
+            // As the eviction REST does: decide from the budget's status, as the disruption
+            // controller last wrote it, and decrement it.
+            let status = &pdb["status"];
+            let number = |field: &str| status[field].as_i64().unwrap_or(0);
             let policy = pdb["spec"]["unhealthyPodEvictionPolicy"]
                 .as_str()
                 .unwrap_or("IfHealthyBudget");
-            if !healthy
-                && (policy == "AlwaysAllow" || budget.current_healthy >= budget.desired_healthy)
+            let (current, desired) = (number("currentHealthy"), number("desiredHealthy"));
+            if !disruption::is_healthy(&pod)
+                && (policy == "AlwaysAllow" || (current >= desired && desired > 0))
             {
                 state.delete(pods, namespace, name, &opts)?;
                 return Ok(created_status());
             }
-            if budget.disruptions_allowed <= 0 {
-                write_status(state, &pdb_rt, pdb, &budget, None);
+            let generation = pdb["metadata"]["generation"].as_i64().unwrap_or(1);
+            let refusal = if number("observedGeneration") < generation {
+                Some(format!(
+                    "The disruption budget {} is still being processed by the server.",
+                    meta::name(pdb)
+                ))
+            } else if number("disruptionsAllowed") <= 0 {
+                Some(format!(
+                    "The disruption budget {} needs {desired} healthy pods and has {current} currently",
+                    meta::name(pdb)
+                ))
+            } else {
+                None
+            };
+            if let Some(message) = refusal {
                 return Err(ApiError::too_many_requests(
                     "Cannot evict pod as it would violate the pod's disruption budget.",
                     vec![StatusCause {
                         reason: "DisruptionBudget".into(),
-                        message: format!(
-                            "The disruption budget {} needs {} healthy pods and has {} currently",
-                            meta::name(pdb),
-                            budget.desired_healthy,
-                            budget.current_healthy
-                        ),
+                        message,
                         field: None,
                     }],
                 ));
             }
-            let after = Budget {
-                disruptions_allowed: budget.disruptions_allowed - 1,
-                ..budget
-            };
-            write_status(state, &pdb_rt, pdb, &after, Some(name));
+            if !opts.dry_run {
+                let mut updated = pdb.clone();
+                let allowed = number("disruptionsAllowed") - 1;
+                updated["status"]["disruptionsAllowed"] = json!(allowed);
+                if allowed == 0 {
+                    let budget = Budget {
+                        current_healthy: current,
+                        desired_healthy: desired,
+                        expected_pods: number("expectedPods"),
+                        disruptions_allowed: 0,
+                    };
+                    updated["status"]["conditions"] =
+                        disruption::status(pdb, &budget)["conditions"].clone();
+                }
+                updated["status"]["disruptedPods"][name] = json!(meta::now());
+                state.store_direct(&pdb_rt, pdb, updated);
+            }
             state.delete(pods, namespace, name, &opts)?;
             Ok(created_status())
         }
@@ -91,21 +113,6 @@ pub fn evict(
             "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
         )),
     }
-}
-
-fn write_status(
-    state: &mut ClusterState,
-    pdb_rt: &ResourceType,
-    pdb: &Value,
-    budget: &Budget,
-    disrupted: Option<&str>,
-) {
-    let mut updated = pdb.clone();
-    updated["status"] = disruption::status(pdb, budget);
-    if let Some(pod) = disrupted {
-        updated["status"]["disruptedPods"][pod] = json!(meta::now());
-    }
-    state.store_direct(pdb_rt, pdb, updated);
 }
 
 /// `POST .../pods/<name>/binding`: set `spec.nodeName` once.

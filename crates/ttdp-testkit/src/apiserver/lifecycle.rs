@@ -346,21 +346,28 @@ impl ClusterState {
         self.budgets_synced_at = self.store.revision();
         let mut updates: Vec<(Value, Value)> = Vec::new();
         for pdb in self.store.list(&pdb_key, None) {
-            let pods = self.store.list(&pods_key, Some(meta::namespace(pdb)));
-            let budget = disruption::evaluate(pdb, pods.iter().copied());
-            let mut status = disruption::status(pdb, &budget);
-            // Evicted pods stop counting once they are gone.
-            if let Some(disrupted) = status["disruptedPods"].as_object_mut() {
-                disrupted.retain(|name, _| {
-                    pods.iter()
-                        .any(|p| meta::name(p) == name && !meta::is_deleting(p))
-                });
-                if disrupted.is_empty()
-                    && let Some(s) = status.as_object_mut()
-                {
-                    s.remove("disruptedPods");
+            let namespace = meta::namespace(pdb);
+            let pods = self.store.list(&pods_key, Some(namespace));
+            let scale = |owner: &Value| self.controller_scale(owner, namespace);
+            let status = match disruption::evaluate(pdb, pods.iter().copied(), scale) {
+                Ok(budget) => {
+                    let mut status = disruption::status(pdb, &budget);
+                    // Evicted pods stop counting once they are gone or terminating.
+                    if let Some(disrupted) = status["disruptedPods"].as_object_mut() {
+                        disrupted.retain(|name, _| {
+                            pods.iter()
+                                .any(|p| meta::name(p) == name && !meta::is_deleting(p))
+                        });
+                        if disrupted.is_empty()
+                            && let Some(s) = status.as_object_mut()
+                        {
+                            s.remove("disruptedPods");
+                        }
+                    }
+                    status
                 }
-            }
+                Err(message) => disruption::fail_safe_status(pdb, &message),
+            };
             if pdb["status"] != status {
                 updates.push((pdb.clone(), status));
             }
@@ -369,6 +376,34 @@ impl ClusterState {
             let mut updated = pdb.clone();
             updated["status"] = status;
             self.store_direct(&pdb_rt, &pdb, updated);
+        }
+    }
+
+    /// The uid and desired scale of a pod's controller, as the disruption controller's finders
+    /// answer it: a ReplicaSet's replicas, or its Deployment's when a Deployment controls it
+    /// (replicas default to 1). Other controllers (DaemonSets among them) have no scale here.
+    fn controller_scale(&self, owner: &Value, namespace: &str) -> Option<(String, i64)> {
+        let find = |plural: &str, reference: &Value| {
+            let obj = self.store.get(
+                &format!("apps/{plural}"),
+                namespace,
+                reference["name"].as_str()?,
+            )?;
+            (meta::uid(obj) == reference["uid"].as_str()?).then_some(obj)
+        };
+        let replicas = |obj: &Value| obj["spec"]["replicas"].as_i64().unwrap_or(1);
+        if owner["kind"] != "ReplicaSet" || owner["apiVersion"] != "apps/v1" {
+            return None;
+        }
+        let rs = find("replicasets", owner)?;
+        let parent = rs["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["controller"] == true && r["kind"] == "Deployment");
+        match parent {
+            Some(d) => find("deployments", d).map(|d| (meta::uid(d).to_owned(), replicas(d))),
+            None => Some((meta::uid(rs).to_owned(), replicas(rs))),
         }
     }
 }
