@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests need, then runs format,
-# lint, docs, unit and end-to-end tests, the CRD staleness check and the real-kernel VM tests.
+# lint, docs, unit and end-to-end tests, the CRD staleness check, the API-server suites in
+# real-cluster mode and the real-kernel VM tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,9 @@ cargo xtask crd --check
 
 step "cargo test"
 cargo test --workspace
+
+step "API-server suites in real-cluster mode (TTDP_TEST_KUBECONFIG, against a separate server process)"
+./scripts/test-real-cluster-mode.sh
 
 step "cargo xtask vm-test (real Linux kernel under QEMU)"
 cargo xtask vm-test

@@ -13,8 +13,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The suites that assert Kubernetes behaviour; apiserver_instruments tests the test server's
-# own instruments and always runs in-process.
-SUITES=(apiserver_crd apiserver_crud apiserver_eviction apiserver_kubectl apiserver_lifecycle apiserver_patch apiserver_watch)
+# own instruments and always runs in-process. Then the simulated-cluster suites whose real-cluster
+# mode needs only what the server process plays here (API server and DaemonSet controller):
+# sim_device and the controller's rollout suite also need a ReplicaSet controller and a
+# scheduler, which only a real cluster has; sim_resilience injects faults and always runs
+# in-process.
+SUITES=(apiserver_crd apiserver_crud apiserver_eviction apiserver_kubectl apiserver_lifecycle apiserver_patch apiserver_watch
+  sim_agent sim_cluster sim_daemonset sim_existing_cluster sim_kubelet)
 
 export PATH="$HOME/.local/ttdp-tools/bin:$PATH"
 if ! command -v kubectl >/dev/null && [[ -z "${TTDP_KUBECTL:-}" ]]; then
@@ -35,7 +40,7 @@ stop() {
 }
 trap stop EXIT
 
-"$target_dir/debug/ttdp-testkit-apiserver" --kubelet-deletes \
+"$target_dir/debug/ttdp-testkit-apiserver" --kubelet-deletes --daemonsets \
   --kubeconfig "$work/kubeconfig" >"$work/stdout" 2>"$work/server.log" &
 server_pid=$!
 for _ in $(seq 100); do
@@ -77,7 +82,8 @@ for i in "${!pids[@]}"; do
 done
 [[ $failed -eq 0 ]] || exit 1
 
-# Everything the tests created is named tk-<suffix>: nothing of it may be left behind (namespaces
+# Everything the tests created is named tk-<suffix> (API-server suites) or sim-<suffix> (simulated
+# clusters): nothing of it may be left behind (namespaces
 # may still be terminating for a moment).
 kubectl_bin="${TTDP_KUBECTL:-kubectl}"
 k() { "$kubectl_bin" --kubeconfig "$TTDP_TEST_KUBECONFIG" "$@"; }
@@ -87,7 +93,7 @@ for _ in $(seq 30); do
     k get namespaces,nodes,customresourcedefinitions -o name
     k get leases -n kube-node-lease -o name
   )"
-  leftovers="$(grep -E '/tk-|\.tk-' <<<"$leftovers" || true)"
+  leftovers="$(grep -E '/(tk|sim)-|\.tk-' <<<"$leftovers" || true)"
   [[ -z "$leftovers" ]] && break
   sleep 1
 done
@@ -96,4 +102,4 @@ if [[ -n "$leftovers" ]]; then
   echo "$leftovers" >&2
   exit 1
 fi
-echo "real-cluster mode: all portable suites passed, nothing left behind"
+echo "real-cluster mode: all ${#SUITES[@]} portable suites passed, nothing left behind"

@@ -49,8 +49,12 @@ async fn nodes_hosts_and_heartbeats() {
     );
 
     let nodes: Api<Node> = Api::all(cluster.client());
+    // Only this scenario's nodes: on a shared (real) cluster other scenarios add theirs.
     let listed = nodes
-        .list(&ListParams::default().labels(&format!("{NFD}=true")))
+        .list(
+            &ListParams::default()
+                .labels(&format!("{NFD}=true,{SCENARIO_LABEL}={}", cluster.prefix())),
+        )
         .await
         .unwrap();
     let mut names: Vec<String> = listed

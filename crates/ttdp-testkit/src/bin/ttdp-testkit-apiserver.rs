@@ -1,8 +1,11 @@
 //! Runs the in-process test API server as a standalone process (for the demo and for manual
 //! kubectl sessions): prints the kubeconfig path and serves until Ctrl-C or SIGTERM.
 
+use std::time::Duration;
+
 use clap::Parser;
 use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
+use ttdp_testkit::sim::daemonset::DaemonSetController;
 
 /// Serve the ttdp test Kubernetes API server on 127.0.0.1.
 #[derive(Debug, Parser)]
@@ -14,6 +17,10 @@ struct Args {
     /// Leave graceful pod deletions to a kubelet instead of completing them after 200 ms.
     #[arg(long, env = "TTDP_APISERVER_KUBELET_DELETES")]
     kubelet_deletes: bool,
+    /// Also run the DaemonSet controller stand-in, so that the server plays a whole control plane
+    /// for suites run in real-cluster mode (`TTDP_TEST_KUBECONFIG`).
+    #[arg(long, env = "TTDP_APISERVER_DAEMONSETS")]
+    daemonsets: bool,
     /// Also copy the kubeconfig to this path.
     #[arg(long, env = "TTDP_APISERVER_KUBECONFIG")]
     kubeconfig: Option<std::path::PathBuf>,
@@ -38,6 +45,12 @@ async fn main() -> anyhow::Result<()> {
         }
         None => server.kubeconfig_path().to_path_buf(),
     };
+    let daemonsets = if args.daemonsets {
+        let client = server.client().await?;
+        Some(DaemonSetController::start(client, Duration::from_secs(30)))
+    } else {
+        None
+    };
     println!("{}", path.display());
     eprintln!(
         "serving {} ; export KUBECONFIG={} ; Ctrl-C to stop",
@@ -48,6 +61,9 @@ async fn main() -> anyhow::Result<()> {
     tokio::select! {
         r = tokio::signal::ctrl_c() => r?,
         _ = terminate.recv() => {}
+    }
+    if let Some(controller) = daemonsets {
+        controller.shutdown().await;
     }
     server.shutdown().await;
     Ok(())
