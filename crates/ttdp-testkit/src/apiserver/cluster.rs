@@ -137,6 +137,8 @@ pub struct ClusterState {
     pub warnings: Vec<String>,
     /// The revision PodDisruptionBudget statuses were last computed at.
     pub budgets_synced_at: u64,
+    /// The revision namespaces last got their default ServiceAccount and root CA at.
+    pub namespaces_synced_at: u64,
 }
 
 /// The shared handle to the state and the wake-up signal of the background controllers.
@@ -157,6 +159,7 @@ impl Cluster {
             terminating_since: HashMap::new(),
             warnings: Vec::new(),
             budgets_synced_at: 0,
+            namespaces_synced_at: 0,
         };
         state.seed();
         Self {

@@ -11,9 +11,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::CRD_CLEANUP_FINALIZER;
 use super::catalog::ResourceType;
-use super::cluster::{Cluster, ClusterState, DeleteOpts, PodTermination};
+use super::cluster::{Cluster, ClusterState, DeleteOpts, PodTermination, WriteCtx};
 use super::disruption;
 use super::meta;
+
+/// The `ca.crt` published into every namespace (the test server serves plain HTTP, so no client
+/// verifies it).
+const TEST_ROOT_CA: &str = "-----BEGIN CERTIFICATE-----\nttdp test API server: plain HTTP, no CA\n-----END CERTIFICATE-----\n";
 
 /// Run the controllers until `stop` is cancelled: after every write and every 100 ms.
 pub async fn run(cluster: Cluster, stop: CancellationToken) {
@@ -82,6 +86,7 @@ impl ClusterState {
     /// One pass of every controller.
     pub fn reconcile(&mut self) {
         self.collect_garbage();
+        self.publish_namespace_defaults();
         self.terminate_namespaces();
         self.clean_up_crds();
         self.finish_pod_deletions();
@@ -193,6 +198,49 @@ impl ClusterState {
         }
         if finalizers.iter().any(|f| f == "orphan") && dependents.is_empty() {
             self.drop_finalizer(&rt, &obj, "orphan");
+        }
+    }
+
+    /// What the service-account controller and the root-CA publisher add to every namespace:
+    /// the `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap.
+    fn publish_namespace_defaults(&mut self) {
+        let changed = self.store.last_change("/namespaces");
+        if changed <= self.namespaces_synced_at {
+            return;
+        }
+        self.namespaces_synced_at = changed;
+        let active: Vec<String> = self
+            .store
+            .list("/namespaces", None)
+            .into_iter()
+            .filter(|ns| !meta::is_deleting(ns))
+            .map(|ns| meta::name(ns).to_owned())
+            .collect();
+        let ctx = WriteCtx {
+            manager: "kube-controller-manager".into(),
+            ..Default::default()
+        };
+        let defaults = [
+            ("serviceaccounts", json!({"metadata": {"name": "default"}})),
+            (
+                "configmaps",
+                json!({"metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": TEST_ROOT_CA}}),
+            ),
+        ];
+        for (plural, body) in defaults {
+            let Some(rt) = self.resource("", "v1", plural) else {
+                continue;
+            };
+            for ns in &active {
+                if self
+                    .store
+                    .get(&rt.storage_key(), ns, meta::name(&body))
+                    .is_none()
+                {
+                    // A client may have created it first; nothing else can fail here.
+                    let _ = self.create(&rt, ns, body.clone(), &ctx);
+                }
+            }
         }
     }
 

@@ -27,9 +27,13 @@
 //!   `ConfigMap` and `ServiceAccount` (what `kubectl drain` / `kubectl create` send); other
 //!   protobuf bodies get 415. No OpenAPI schemas are served (`kubectl explain` fails).
 //! - Controllers the real control plane runs are reduced to what tests need: garbage
-//!   collection, namespace and CRD cleanup, the PodDisruptionBudget status, and (unless
+//!   collection, namespace and CRD cleanup, the PodDisruptionBudget status (the disruption
+//!   controller's rules, including controllers' scale for percentages), each namespace's
+//!   `default` ServiceAccount and `kube-root-ca.crt` ConfigMap, and (unless
 //!   [`PodTermination::Kubelet`]) completing graceful pod deletion. No scheduler, no
-//!   DaemonSet/ReplicaSet controllers (see [`crate::sim`]).
+//!   DaemonSet/ReplicaSet controllers (see [`crate::sim`]). Admission does not refuse pods
+//!   whose ServiceAccount does not exist yet, and new nodes get no `not-ready` taint
+//!   (TaintNodesByCondition).
 //! - [`TestApiServer::client`] turns kube's own retry of 429/503 off so callers see them.
 //!
 //! ```no_run
