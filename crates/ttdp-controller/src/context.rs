@@ -6,12 +6,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 use ttdp_api::{NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 
 use crate::backoff::ErrorBackoff;
+use crate::cached::{CachedNode, CachedPod};
 use crate::drain_tracker::DrainTracker;
 use crate::events::EventPublisher;
 use crate::metrics::Metrics;
@@ -50,11 +50,11 @@ pub struct Context {
     pub settings: Settings,
     /// Every policy (the controller's own store).
     pub policies: Store<TenstorrentDriverPolicy>,
-    /// Every node, trimmed to what the controller reads ([`crate::trim::node`]).
-    pub nodes: Store<Node>,
-    /// Every agent pod in the operator namespace, trimmed ([`crate::trim::agent_pod`]).
-    pub agent_pods: Store<Pod>,
-    /// The agent DaemonSets in the operator namespace, trimmed ([`crate::trim::daemonset`]).
+    /// Every node, as much as the controller reads of it.
+    pub nodes: Store<CachedNode>,
+    /// Every agent pod in the operator namespace, as much as the controller reads of it.
+    pub agent_pods: Store<CachedPod>,
+    /// The agent DaemonSets in the operator namespace, trimmed ([`crate::cached::daemonset`]).
     pub daemonsets: Store<DaemonSet>,
     /// Event publishing.
     pub events: EventPublisher,
@@ -89,8 +89,8 @@ impl Context {
         drain_client: Client,
         settings: Settings,
         policies: Store<TenstorrentDriverPolicy>,
-        nodes: Store<Node>,
-        agent_pods: Store<Pod>,
+        nodes: Store<CachedNode>,
+        agent_pods: Store<CachedPod>,
         daemonsets: Store<DaemonSet>,
         events: EventPublisher,
         metrics: Arc<Metrics>,

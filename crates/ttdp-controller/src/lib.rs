@@ -21,6 +21,7 @@
 
 pub mod args;
 pub mod backoff;
+pub mod cached;
 pub mod context;
 pub mod daemonset;
 pub mod drain_tracker;
@@ -38,7 +39,6 @@ pub mod server;
 pub mod settings;
 pub mod status;
 pub mod transition;
-pub mod trim;
 
 pub use args::ControllerArgs;
 pub use error::Error;

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+
+use crate::cached::CachedPod;
 use k8s_openapi::jiff::{self, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -239,7 +241,7 @@ pub async fn clear_retry(client: &Client, node: &str) -> Result<(), Error> {
 }
 
 /// Deletes an agent pod so the DaemonSet recreates it from the current template.
-pub async fn delete_agent_pod(client: &Client, pod: &Pod) -> Result<(), Error> {
+pub async fn delete_agent_pod(client: &Client, pod: &CachedPod) -> Result<(), Error> {
     let ns = pod.namespace().unwrap_or_default();
     let name = pod.name_any();
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -256,7 +258,7 @@ pub async fn delete_agent_pod(client: &Client, pod: &Pod) -> Result<(), Error> {
     };
     match api.delete(&name, &params).await {
         Ok(_) => {
-            info!(pod = %name, node = ?pod.spec.as_ref().and_then(|s| s.node_name.clone()), "agent pod deleted for replacement");
+            info!(pod = %name, node = ?pod.node_name, "agent pod deleted for replacement");
             Ok(())
         }
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),

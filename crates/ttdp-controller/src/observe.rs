@@ -8,12 +8,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_api::names::{self, annotations, install_mode, labels};
 use ttdp_api::{NodeState, NodeStatus};
 
+use crate::cached::CachedPod;
 use crate::transition::{
     AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, StartGate,
 };
@@ -73,40 +73,24 @@ pub fn retry_requested(meta: &ObjectMeta) -> bool {
 }
 
 /// The agent's report on its pod, if present and parseable.
-pub fn agent_report(pod: &Pod) -> Option<AgentReport> {
+pub fn agent_report(pod: &CachedPod) -> Option<AgentReport> {
     let raw = get(&pod.metadata.annotations, annotations::AGENT_REPORT)?;
     serde_json::from_str(raw).ok()
 }
 
 /// The template hash a pod was created from.
-pub fn pod_template_hash(pod: &Pod) -> Option<&str> {
+pub fn pod_template_hash(pod: &CachedPod) -> Option<&str> {
     get(&pod.metadata.annotations, annotations::TEMPLATE_HASH)
 }
 
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn agent_status(pod: &Pod) -> Option<&ContainerStatus> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == names::AGENT_CONTAINER)
-}
-
 /// Picks the agent pod of a node among the pods found there: a live one over a terminating one.
-pub fn pick_agent_pod<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Option<&'a Pod> {
+pub fn pick_agent_pod<'a>(pods: impl IntoIterator<Item = &'a CachedPod>) -> Option<&'a CachedPod> {
     pods.into_iter()
         .min_by_key(|p| p.metadata.deletion_timestamp.is_some())
 }
 
 /// How the agent pod on a node is doing, relative to the DaemonSet's current template hash.
-pub fn agent_pod(pod: Option<&Pod>, current_hash: &str) -> AgentPod {
+pub fn agent_pod(pod: Option<&CachedPod>, current_hash: &str) -> AgentPod {
     let Some(pod) = pod else {
         return AgentPod::Missing;
     };
@@ -119,20 +103,13 @@ pub fn agent_pod(pod: Option<&Pod>, current_hash: &str) -> AgentPod {
     AgentPod::Current(agent_condition(pod))
 }
 
-fn agent_condition(pod: &Pod) -> AgentCondition {
-    let status = agent_status(pod);
-    let image = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.image.clone())
-        .unwrap_or_default();
-    if let Some(waiting) = status
-        .and_then(|s| s.state.as_ref())
-        .and_then(|s| s.waiting.as_ref())
+fn agent_condition(pod: &CachedPod) -> AgentCondition {
+    let status = pod.agent.as_ref();
+    let image = pod.image.clone().unwrap_or_default();
+    if let Some(status) = status
+        && let Some(reason) = status.waiting_reason.as_deref()
     {
-        let reason = waiting.reason.as_deref().unwrap_or_default();
-        let detail = waiting.message.clone().unwrap_or_default();
+        let detail = status.waiting_message.clone().unwrap_or_default();
         if IMAGE_PULL_REASONS.contains(&reason) {
             return AgentCondition::Failed {
                 reason: "ImagePullFailed".into(),
@@ -142,17 +119,16 @@ fn agent_condition(pod: &Pod) -> AgentCondition {
             };
         }
         if reason == "CrashLoopBackOff" {
-            let restarts = status.map(|s| s.restart_count).unwrap_or_default();
+            let restarts = status.restart_count;
             let last = status
-                .and_then(|s| s.last_state.as_ref())
-                .and_then(|s| s.terminated.as_ref())
-                .map(|t| {
-                    let line = t
-                        .message
+                .last_exit
+                .as_ref()
+                .map(|(code, message)| {
+                    let line = message
                         .as_deref()
                         .and_then(|m| m.lines().rev().find(|l| !l.trim().is_empty()))
                         .unwrap_or("no output");
-                    format!("exit code {}: {line}", t.exit_code)
+                    format!("exit code {code}: {line}")
                 })
                 .unwrap_or_else(|| "no termination record".into());
             return AgentCondition::Failed {
@@ -165,7 +141,7 @@ fn agent_condition(pod: &Pod) -> AgentCondition {
             };
         }
     }
-    if pod_ready(pod) {
+    if pod.ready {
         return AgentCondition::Ready;
     }
     match agent_report(pod) {
@@ -186,7 +162,7 @@ fn agent_condition(pod: &Pod) -> AgentCondition {
 }
 
 /// Whether the node is host-managed: labelled so by its agent, or reported so.
-pub fn host_managed(meta: &ObjectMeta, pod: Option<&Pod>) -> bool {
+pub fn host_managed(meta: &ObjectMeta, pod: Option<&CachedPod>) -> bool {
     get(&meta.labels, labels::INSTALL_MODE) == Some(install_mode::HOST)
         || pod
             .and_then(agent_report)
@@ -238,7 +214,7 @@ pub struct ObserveInput<'a> {
     /// `spec.unschedulable` when the full node was read.
     pub unschedulable: Option<bool>,
     /// The node's agent pod.
-    pub pod: Option<&'a Pod>,
+    pub pod: Option<&'a CachedPod>,
     /// The DaemonSet's current template hash.
     pub current_hash: &'a str,
     /// The node's recorded status entry.
@@ -273,7 +249,8 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateTerminated, ContainerStateWaiting, PodCondition, PodStatus,
+        ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, Pod,
+        PodCondition, PodStatus,
     };
     use k8s_openapi::jiff::Timestamp;
     use ttdp_api::agent_report::Holder;
@@ -292,6 +269,11 @@ mod tests {
             annotations: map(annotations),
             ..Default::default()
         }
+    }
+
+    /// The classification of a full pod, through the cache's conversion.
+    fn agent_pod(pod: Option<&Pod>, hash: &str) -> AgentPod {
+        super::agent_pod(pod.map(|p| CachedPod::of(p.clone())).as_ref(), hash)
     }
 
     fn pod(hash: &str, ready: bool) -> Pod {
@@ -380,11 +362,9 @@ mod tests {
         let mut deleting = pod("h2", true);
         deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
         assert_eq!(agent_pod(Some(&deleting), "h2"), AgentPod::Terminating);
+        let cached = [CachedPod::of(deleting), CachedPod::of(pod("h2", false))];
         assert_eq!(
-            pick_agent_pod([&deleting, &pod("h2", false)])
-                .unwrap()
-                .metadata
-                .deletion_timestamp,
+            pick_agent_pod(&cached).unwrap().metadata.deletion_timestamp,
             None
         );
     }

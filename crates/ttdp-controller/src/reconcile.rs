@@ -1,27 +1,27 @@
 //! The reconciler: finalizer dispatch to [`apply`] and [`cleanup`]; `apply` observes the
-//! cluster, runs the pure planner, writes the status (server-side apply, forced, field manager
-//! `ttdp-controller`), then acts: the new state is recorded before the action, so a crash in
-//! between repeats the action on the next reconcile instead of skipping it.
+//! cluster, runs the pure planner, writes the status (one JSON patch replacing it), then acts:
+//! the new state is recorded before the action, so a crash in between repeats the action on the
+//! next reconcile instead of skipping it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 use tracing::{info, instrument, warn};
 use ttdp_api::names::{self, labels};
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 use ttdp_drain::{DevicePredicate, DrainOptions, TwoPassDrain, UncordonOutcome};
 
+use crate::cached::CachedPod;
 use crate::context::{Applied, Context, Written};
 use crate::daemonset::{daemonset_template_hash, desired_daemonset};
 use crate::error::Error;
@@ -170,6 +170,10 @@ fn previous_of(
     }
 }
 
+/// Writes the whole status with one JSON patch (`add /status`, which replaces it): the
+/// controller is the status's only writer, and a replace costs the API server a plain write,
+/// where a server-side apply of a status with thousands of node entries makes it merge every
+/// entry's managed fields.
 async fn write_status(
     ctx: &Context,
     policy: &TenstorrentDriverPolicy,
@@ -181,19 +185,16 @@ async fn write_status(
     }
     let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
     let name = policy.name_any();
-    let patch = serde_json::json!({
-        "apiVersion": TenstorrentDriverPolicy::api_version(&()),
-        "kind": TenstorrentDriverPolicy::kind(&()),
-        "metadata": {"name": name},
-        "status": status,
-    });
-    api.patch_status(
-        &name,
-        &PatchParams::apply(names::CONTROLLER_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(|e| Error::kube(format!("write status of policy {name}"), e))?;
+    let value = serde_json::to_value(status).map_err(Error::Serialize)?;
+    let patch = json_patch::Patch(vec![json_patch::PatchOperation::Add(
+        json_patch::AddOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["status"]),
+            value,
+        },
+    )]);
+    api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+        .map_err(|e| Error::kube(format!("write status of policy {name}"), e))?;
     Ok(())
 }
 
@@ -311,12 +312,12 @@ pub async fn apply(
     let hash = ensure_daemonset(&ctx, &policy, &selection).await?;
 
     let pods = ctx.agent_pods.state();
-    let mut by_node: HashMap<String, Vec<&Pod>> = HashMap::new();
+    let mut by_node: HashMap<String, Vec<&CachedPod>> = HashMap::new();
     for pod in pods
         .iter()
         .filter(|p| p.labels().get(labels::POLICY) == Some(&name))
     {
-        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+        if let Some(node) = pod.node_name.clone() {
             by_node.entry(node).or_default().push(pod);
         }
     }
@@ -342,12 +343,8 @@ pub async fn apply(
             r.state.is_in_flight()
                 || r.reason.as_deref() == Some(crate::transition::reasons::CORDONED_BY_OTHER)
         });
-        let unschedulable = (in_flight || observe::cordoned_by(&n.metadata, &name)).then(|| {
-            n.spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false)
-        });
+        let unschedulable =
+            (in_flight || observe::cordoned_by(&n.metadata, &name)).then_some(n.unschedulable);
         let obs = observe::observe(ObserveInput {
             policy: &name,
             meta: &n.metadata,
@@ -518,7 +515,7 @@ async fn act(
     node: &str,
     action: Action,
     obs: Option<&NodeObservation>,
-    pod: Option<&Pod>,
+    pod: Option<&CachedPod>,
     entered: Option<&Time>,
     now: &Time,
 ) -> Result<Option<UncordonOutcome>, Error> {

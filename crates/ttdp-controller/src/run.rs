@@ -1,8 +1,8 @@
 //! Wiring: reflector stores and watches, the kube-runtime `Controller`, the admin server, leader
 //! election and graceful shutdown. [`run`] is what the binary (and in-process tests) call.
 //!
-//! Watches, each trimmed before it is cached ([`crate::trim`]) so memory stays small at fleet
-//! scale: policies (triggering on spec, finalizer and deletion changes, not on the controller's
+//! Watches, each converted or trimmed before it is cached ([`crate::cached`]) so memory stays
+//! small at fleet scale: policies (triggering on spec, finalizer and deletion changes, not on the controller's
 //! own status writes); nodes (labels, ttdp's annotations and `spec.unschedulable`, triggering on
 //! changes of those, mapped to the policies that select the node, hold its cordon or list it in
 //! their status); agent pods (label `app.kubernetes.io/name=ttdp-agent` in the operator
@@ -23,6 +23,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -34,6 +35,7 @@ use tracing::{info, warn};
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_api::names::labels;
 
+use crate::cached::{self, CachedNode};
 use crate::context::Context;
 use crate::daemonset::all_agent_pods_selector;
 use crate::error::Error;
@@ -45,7 +47,6 @@ use crate::overlap::selection_of;
 use crate::reconcile::{error_policy, reconcile};
 use crate::server::{self, Readiness};
 use crate::settings::Settings;
-use crate::trim;
 
 /// Bit of the synced mask: the policy list arrived.
 const SYNCED_POLICIES: u8 = 1;
@@ -78,12 +79,12 @@ fn policy_trigger(p: &TenstorrentDriverPolicy) -> Option<u64> {
     )))
 }
 
-/// What of a (trimmed) node wakes reconciles: labels, ttdp's annotations, `spec.unschedulable`.
-fn node_trigger(n: &Node) -> Option<u64> {
+/// What of a cached node wakes reconciles: labels, ttdp's annotations, `spec.unschedulable`.
+fn node_trigger(n: &CachedNode) -> Option<u64> {
     Some(hash_of((
         &n.metadata.labels,
         &n.metadata.annotations,
-        n.spec.as_ref().and_then(|s| s.unschedulable),
+        n.unschedulable,
     )))
 }
 
@@ -160,7 +161,7 @@ impl std::fmt::Debug for RunOptions {
 /// carries (so a node that left a selection is released).
 fn policies_for_node(
     policies: &reflector::Store<TenstorrentDriverPolicy>,
-    node: &Node,
+    node: &CachedNode,
     require_nfd: bool,
 ) -> Vec<ObjectRef<TenstorrentDriverPolicy>> {
     let name = node.name_any();
@@ -234,7 +235,7 @@ pub async fn run(
     let (policy_store, policy_writer) = reflector::store();
     let policy_stream = watcher::watcher(policies, watcher::Config::default())
         .default_backoff()
-        .modify(trim::policy)
+        .modify(cached::policy)
         .inspect(mark_synced(&synced_tx, SYNCED_POLICIES))
         .reflect(policy_writer)
         .touched_objects()
@@ -247,7 +248,7 @@ pub async fn run(
         watcher::Config::default().page_size(LIST_PAGE),
     )
     .default_backoff()
-    .modify(move |n| trim::node(n, require_nfd))
+    .map_ok(move |event| cached::node_event(event, require_nfd))
     .inspect(mark_synced(&synced_tx, SYNCED_NODES))
     .reflect(node_writer)
     .touched_objects()
@@ -260,7 +261,7 @@ pub async fn run(
             .page_size(LIST_PAGE),
     )
     .default_backoff()
-    .modify(trim::agent_pod)
+    .map_ok(cached::agent_pod_event)
     .inspect(mark_synced(&synced_tx, SYNCED_PODS))
     .reflect(pod_writer)
     .touched_objects();
@@ -276,7 +277,7 @@ pub async fn run(
         )),
     )
     .default_backoff()
-    .modify(trim::daemonset)
+    .modify(cached::daemonset)
     .inspect(mark_synced(&synced_tx, SYNCED_DAEMONSETS))
     .reflect(ds_writer)
     .filter_map(move |event| futures::future::ready(daemonset_trigger(&mut ds_seen, event)));

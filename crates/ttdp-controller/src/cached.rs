@@ -1,0 +1,366 @@
+//! What the controller caches of watched nodes and agent pods: small types holding only the
+//! fields it reads, so memory grows with the fleet by a few hundred bytes per node instead of a
+//! full `Node` or `Pod` (whose Rust structs alone are kilobytes, before images, conditions and
+//! managed fields). Watch events are converted ([`node_event`], [`agent_pod_event`]) before they
+//! reach a reflector store; policies and DaemonSets are few and are only trimmed ([`policy`],
+//! [`daemonset`]).
+//!
+//! Anything the reconciler, [`observe`](crate::observe) or
+//! [`node_actions`](crate::node_actions) reads must be kept here; the unit tests pin each field.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
+use kube::Resource;
+use kube::core::ObjectMeta;
+use kube::runtime::watcher;
+use serde::Deserialize;
+use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_api::names::{self, labels};
+
+/// Annotation keys of ttdp's own (`driver.tenstorrent.com/...`): the only annotations read.
+fn is_ours(key: &str) -> bool {
+    key.strip_prefix(names::GROUP)
+        .is_some_and(|rest| rest.starts_with('/'))
+}
+
+fn our_annotations(all: Option<BTreeMap<String, String>>) -> Option<BTreeMap<String, String>> {
+    all.map(|a| a.into_iter().filter(|(k, _)| is_ours(k)).collect())
+        .filter(|a: &BTreeMap<String, String>| !a.is_empty())
+}
+
+/// A node as cached: name, resourceVersion, labels, ttdp's annotations, `spec.unschedulable`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct CachedNode {
+    /// Name, resourceVersion, labels (none when no policy can select the node) and ttdp's
+    /// annotations.
+    pub metadata: ObjectMeta,
+    /// `spec.unschedulable`.
+    pub unschedulable: bool,
+}
+
+impl CachedNode {
+    /// What is kept of `node`. With `require_nfd`, a node without the NFD Tenstorrent label can
+    /// match no policy, so its labels are dropped too (its annotations still say whether it
+    /// holds a cordon of ours).
+    pub fn of(node: Node, require_nfd: bool) -> Self {
+        let meta = node.metadata;
+        let selectable = !require_nfd
+            || meta.labels.as_ref().is_some_and(|l| {
+                l.get(labels::NFD_TENSTORRENT).map(String::as_str) == Some(labels::NFD_PRESENT)
+            });
+        Self {
+            metadata: ObjectMeta {
+                name: meta.name,
+                resource_version: meta.resource_version,
+                labels: if selectable { meta.labels } else { None },
+                annotations: our_annotations(meta.annotations),
+                ..ObjectMeta::default()
+            },
+            unschedulable: node.spec.and_then(|s| s.unschedulable).unwrap_or(false),
+        }
+    }
+}
+
+impl Resource for CachedNode {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Node".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "nodes".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// The agent container's state, as far as failures are concerned.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct AgentContainer {
+    /// `state.waiting.reason`.
+    pub waiting_reason: Option<String>,
+    /// `state.waiting.message`.
+    pub waiting_message: Option<String>,
+    /// `restartCount`.
+    pub restart_count: i32,
+    /// `lastState.terminated`: exit code and message.
+    pub last_exit: Option<(i32, Option<String>)>,
+}
+
+/// An agent pod as cached: identity, labels, ttdp's annotations (template hash, agent report),
+/// deletion, node, image, readiness and the agent container's state.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct CachedPod {
+    /// Name, namespace, uid, resourceVersion, labels, ttdp's annotations, deletionTimestamp.
+    pub metadata: ObjectMeta,
+    /// `spec.nodeName`.
+    pub node_name: Option<String>,
+    /// The first container's image.
+    pub image: Option<String>,
+    /// The Ready condition is True.
+    pub ready: bool,
+    /// The agent container's status, once reported.
+    pub agent: Option<AgentContainer>,
+}
+
+impl CachedPod {
+    /// What is kept of `pod`.
+    pub fn of(pod: Pod) -> Self {
+        let meta = pod.metadata;
+        let spec = pod.spec.unwrap_or_default();
+        let status = pod.status.unwrap_or_default();
+        let ready = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let agent = status
+            .container_statuses
+            .into_iter()
+            .flatten()
+            .find(|c| c.name == names::AGENT_CONTAINER)
+            .map(|c| {
+                let waiting = c.state.and_then(|s| s.waiting);
+                AgentContainer {
+                    waiting_reason: waiting.as_ref().and_then(|w| w.reason.clone()),
+                    waiting_message: waiting.and_then(|w| w.message),
+                    restart_count: c.restart_count,
+                    last_exit: c
+                        .last_state
+                        .and_then(|s| s.terminated)
+                        .map(|t| (t.exit_code, t.message)),
+                }
+            });
+        Self {
+            metadata: ObjectMeta {
+                name: meta.name,
+                namespace: meta.namespace,
+                uid: meta.uid,
+                resource_version: meta.resource_version,
+                labels: meta.labels,
+                annotations: our_annotations(meta.annotations),
+                deletion_timestamp: meta.deletion_timestamp,
+                ..ObjectMeta::default()
+            },
+            node_name: spec.node_name,
+            image: spec.containers.into_iter().next().and_then(|c| c.image),
+            ready,
+            agent,
+        }
+    }
+}
+
+impl Resource for CachedPod {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+    fn kind(_: &()) -> Cow<'_, str> {
+        "Pod".into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        "pods".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// A watch event with its object converted by `f`.
+fn map_event<A, B>(event: watcher::Event<A>, f: impl Fn(A) -> B) -> watcher::Event<B> {
+    match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(f(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(f(o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(f(o)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+/// A node watch event, converted to [`CachedNode`].
+pub fn node_event(event: watcher::Event<Node>, require_nfd: bool) -> watcher::Event<CachedNode> {
+    map_event(event, |n| CachedNode::of(n, require_nfd))
+}
+
+/// An agent pod watch event, converted to [`CachedPod`].
+pub fn agent_pod_event(event: watcher::Event<Pod>) -> watcher::Event<CachedPod> {
+    map_event(event, CachedPod::of)
+}
+
+/// Drops a policy's managed fields (an apply records one entry per status node).
+pub fn policy(policy: &mut TenstorrentDriverPolicy) {
+    policy.metadata.managed_fields = None;
+}
+
+/// Drops a DaemonSet's managed fields and status (the controller compares only its identity,
+/// labels, owner, generation and template hash).
+pub fn daemonset(ds: &mut DaemonSet) {
+    ds.metadata.managed_fields = None;
+    ds.status = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    use serde_json::json;
+    use ttdp_api::names::annotations;
+
+    fn full_node(nfd: bool) -> Node {
+        let mut labels = json!({"kubernetes.io/hostname": "n1", labels::KMD_VERSION: "2.0.0"});
+        if nfd {
+            labels[labels::NFD_TENSTORRENT] = json!(labels::NFD_PRESENT);
+        }
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "n1", "uid": "u1", "resourceVersion": "7", "labels": labels,
+                "annotations": {
+                    annotations::CORDONED_BY: "ttdp/fleet",
+                    annotations::DEPLOY_GATES: "g",
+                    "node.alpha.kubernetes.io/ttl": "0",
+                    "driver.tenstorrent.com.evil/x": "y",
+                },
+                "managedFields": [{"manager": "kubelet", "operation": "Update"}],
+            },
+            "spec": {"unschedulable": true, "podCIDR": "10.0.0.0/24"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}], "images": [{"names": ["a"], "sizeBytes": 1}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn nodes_keep_labels_our_annotations_and_the_cordon() {
+        let n = CachedNode::of(full_node(true), true);
+        assert_eq!(n.metadata.name.as_deref(), Some("n1"));
+        assert_eq!(n.metadata.resource_version.as_deref(), Some("7"));
+        let l = n.metadata.labels.as_ref().unwrap();
+        assert_eq!(
+            l.get(labels::KMD_VERSION).map(String::as_str),
+            Some("2.0.0")
+        );
+        assert_eq!(l.len(), 3);
+        let a = n.metadata.annotations.as_ref().unwrap();
+        assert_eq!(
+            a.keys().map(String::as_str).collect::<Vec<_>>(),
+            [annotations::CORDONED_BY, annotations::DEPLOY_GATES]
+        );
+        assert!(n.metadata.managed_fields.is_none() && n.metadata.uid.is_none());
+        assert!(n.unschedulable);
+    }
+
+    #[test]
+    fn nodes_no_policy_can_select_keep_only_our_annotations() {
+        let n = CachedNode::of(full_node(false), true);
+        assert!(n.metadata.labels.is_none());
+        assert_eq!(n.metadata.annotations.as_ref().unwrap().len(), 2);
+        let n = CachedNode::of(full_node(false), false);
+        assert_eq!(
+            n.metadata.labels.as_ref().unwrap().len(),
+            2,
+            "every node is selectable"
+        );
+        let plain: Node = serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
+        let plain = CachedNode::of(plain, true);
+        assert_eq!(
+            (plain.metadata.annotations, plain.unschedulable),
+            (None, false)
+        );
+    }
+
+    #[test]
+    fn agent_pods_keep_what_observation_reads() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": "ttdrv-fleet-x", "namespace": "ns", "uid": "u", "resourceVersion": "3",
+                "labels": {labels::POLICY: "fleet"},
+                "annotations": {annotations::TEMPLATE_HASH: "h", annotations::AGENT_REPORT: "{}", "other": "x"},
+                "deletionTimestamp": "2026-11-29T18:00:00Z",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "d"}],
+            },
+            "spec": {"nodeName": "n1", "containers": [{"name": "agent", "image": "img", "env": [{"name": "A", "value": "b"}]}],
+                     "volumes": [{"name": "v", "hostPath": {"path": "/sys"}}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1",
+                       "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                       "containerStatuses": [{"name": "agent", "image": "img", "imageID": "", "ready": false, "restartCount": 4,
+                           "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "m"}},
+                           "lastState": {"terminated": {"exitCode": 2, "message": "boom"}}}]},
+        }))
+        .unwrap();
+        let p = CachedPod::of(pod);
+        let m = &p.metadata;
+        assert_eq!(
+            (m.name.as_deref(), m.namespace.as_deref(), m.uid.as_deref()),
+            (Some("ttdrv-fleet-x"), Some("ns"), Some("u"))
+        );
+        assert!(m.deletion_timestamp.is_some() && m.owner_references.is_none());
+        assert_eq!(m.labels.as_ref().unwrap()[labels::POLICY], "fleet");
+        assert_eq!(m.annotations.as_ref().unwrap().len(), 2);
+        assert_eq!(p.node_name.as_deref(), Some("n1"));
+        assert_eq!(p.image.as_deref(), Some("img"));
+        assert!(p.ready);
+        assert_eq!(
+            p.agent,
+            Some(AgentContainer {
+                waiting_reason: Some("CrashLoopBackOff".into()),
+                waiting_message: Some("m".into()),
+                restart_count: 4,
+                last_exit: Some((2, Some("boom".into()))),
+            })
+        );
+        let bare = CachedPod::of(Pod::default());
+        assert!(!bare.ready && bare.agent.is_none() && bare.image.is_none());
+    }
+
+    #[test]
+    fn events_are_converted_and_keep_their_kind() {
+        let n = full_node(true);
+        assert!(matches!(
+            node_event(watcher::Event::Delete(n), true),
+            watcher::Event::Delete(c) if c.unschedulable
+        ));
+        assert!(matches!(
+            agent_pod_event(watcher::Event::InitDone),
+            watcher::Event::InitDone
+        ));
+    }
+
+    #[test]
+    fn policies_and_daemonsets_lose_managed_fields() {
+        let mut p: TenstorrentDriverPolicy = serde_json::from_value(json!({
+            "apiVersion": "driver.tenstorrent.com/v1alpha1", "kind": "TenstorrentDriverPolicy",
+            "metadata": {"name": "fleet", "finalizers": [names::FINALIZER]},
+            "spec": {"version": "2.0.0", "nodeAffinity": {}},
+        }))
+        .unwrap();
+        p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        policy(&mut p);
+        assert!(p.metadata.managed_fields.is_none());
+        assert_eq!(p.metadata.finalizers.as_ref().unwrap().len(), 1);
+        let mut ds = DaemonSet::default();
+        ds.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        ds.status = Some(Default::default());
+        daemonset(&mut ds);
+        assert!(ds.metadata.managed_fields.is_none() && ds.status.is_none());
+    }
+}
