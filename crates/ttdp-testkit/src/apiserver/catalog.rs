@@ -68,41 +68,36 @@ impl ResourceType {
     }
 }
 
-/// One built-in type as the table below lists it.
-struct Builtin {
-    group: &'static str,
-    plural: &'static str,
-    kind: &'static str,
-    namespaced: bool,
-    short: &'static [&'static str],
-    /// In kubectl's `all` category.
-    all: bool,
-    status: bool,
-    field_labels: &'static [&'static str],
-}
+/// A row of [`BUILTINS`]: group, plural, kind, namespaced, short names, in kubectl's `all`
+/// category, status subresource, extra field-selector labels (every built-in served is v1).
+type Builtin = (
+    &'static str,
+    &'static str,
+    &'static str,
+    bool,
+    &'static [&'static str],
+    bool,
+    bool,
+    &'static [&'static str],
+);
 
-impl Builtin {
-    fn resource_type(&self) -> ResourceType {
-        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
-        ResourceType {
-            group: self.group.into(),
-            version: "v1".into(),
-            plural: self.plural.into(),
-            singular: self.kind.to_lowercase(),
-            kind: self.kind.into(),
-            namespaced: self.namespaced,
-            short_names: strings(self.short),
-            categories: if self.all {
-                vec!["all".into()]
-            } else {
-                Vec::new()
-            },
-            status_subresource: self.status,
-            field_labels: strings(self.field_labels),
-            schema: None,
-            printer_columns: Vec::new(),
-            crd: None,
-        }
+fn builtin_type(row: &Builtin) -> ResourceType {
+    let (group, plural, kind, namespaced, short, all, status, field_labels) = *row;
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+    ResourceType {
+        group: group.into(),
+        version: "v1".into(),
+        plural: plural.into(),
+        singular: kind.to_lowercase(),
+        kind: kind.into(),
+        namespaced,
+        short_names: strings(short),
+        categories: if all { vec!["all".into()] } else { Vec::new() },
+        status_subresource: status,
+        field_labels: strings(field_labels),
+        schema: None,
+        printer_columns: Vec::new(),
+        crd: None,
     }
 }
 
@@ -140,54 +135,29 @@ const EVENT_FIELDS: &[&str] = &[
 /// Every built-in type served (all at version v1).
 #[rustfmt::skip]
 const BUILTINS: &[Builtin] = &[
-    //      group                   plural                       kind                        namespaced short names     in all status field labels
-    builtin("",                     "namespaces",                "Namespace",                false, &["ns"],            false, true,  &["status.phase"]),
-    builtin("",                     "nodes",                     "Node",                     false, &["no"],            false, true,  &["spec.unschedulable"]),
-    builtin("",                     "pods",                      "Pod",                      true,  &["po"],            true,  true,  POD_FIELDS),
-    builtin("",                     "events",                    "Event",                    true,  &["ev"],            false, false, EVENT_FIELDS),
-    builtin("",                     "serviceaccounts",           "ServiceAccount",           true,  &["sa"],            false, false, &[]),
-    builtin("",                     "configmaps",                "ConfigMap",                true,  &["cm"],            false, false, &[]),
-    builtin("",                     "secrets",                   "Secret",                   true,  &[],                false, false, &["type"]),
-    builtin("apps",                 "daemonsets",                "DaemonSet",                true,  &["ds"],            true,  true,  &[]),
-    builtin("apps",                 "deployments",               "Deployment",               true,  &["deploy"],        true,  true,  &[]),
-    builtin("apps",                 "replicasets",               "ReplicaSet",               true,  &["rs"],            true,  true,  &[]),
-    builtin("apps",                 "controllerrevisions",       "ControllerRevision",       true,  &[],                false, false, &[]),
-    builtin("policy",               "poddisruptionbudgets",      "PodDisruptionBudget",      true,  &["pdb"],           false, true,  &[]),
-    builtin("coordination.k8s.io",  "leases",                    "Lease",                    true,  &[],                false, false, &[]),
-    builtin("events.k8s.io",        "events",                    "Event",                    true,  &["ev"],            false, false, &[]),
-    builtin("apiextensions.k8s.io", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"],   false, true,  &[]),
+    // group                   plural                       kind                        namespaced  short names       in all  status  field labels
+    ("",                     "namespaces",                "Namespace",                false,      &["ns"],          false,  true,   &["status.phase"]),
+    ("",                     "nodes",                     "Node",                     false,      &["no"],          false,  true,   &["spec.unschedulable"]),
+    ("",                     "pods",                      "Pod",                      true,       &["po"],          true,   true,   POD_FIELDS),
+    ("",                     "events",                    "Event",                    true,       &["ev"],          false,  false,  EVENT_FIELDS),
+    ("",                     "serviceaccounts",           "ServiceAccount",           true,       &["sa"],          false,  false,  &[]),
+    ("",                     "configmaps",                "ConfigMap",                true,       &["cm"],          false,  false,  &[]),
+    ("",                     "secrets",                   "Secret",                   true,       &[],              false,  false,  &["type"]),
+    ("apps",                 "daemonsets",                "DaemonSet",                true,       &["ds"],          true,   true,   &[]),
+    ("apps",                 "deployments",               "Deployment",               true,       &["deploy"],      true,   true,   &[]),
+    ("apps",                 "replicasets",               "ReplicaSet",               true,       &["rs"],          true,   true,   &[]),
+    ("apps",                 "controllerrevisions",       "ControllerRevision",       true,       &[],              false,  false,  &[]),
+    ("policy",               "poddisruptionbudgets",      "PodDisruptionBudget",      true,       &["pdb"],         false,  true,   &[]),
+    ("coordination.k8s.io",  "leases",                    "Lease",                    true,       &[],              false,  false,  &[]),
+    ("events.k8s.io",        "events",                    "Event",                    true,       &["ev"],          false,  false,  &[]),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "CustomResourceDefinition", false,      &["crd", "crds"], false,  true,   &[]),
 ];
-
-/// A table row: group, plural, kind, namespaced, short names, in `all`, status subresource,
-/// extra field-selector labels.
-#[allow(clippy::too_many_arguments)]
-const fn builtin(
-    group: &'static str,
-    plural: &'static str,
-    kind: &'static str,
-    namespaced: bool,
-    short: &'static [&'static str],
-    all: bool,
-    status: bool,
-    field_labels: &'static [&'static str],
-) -> Builtin {
-    Builtin {
-        group,
-        plural,
-        kind,
-        namespaced,
-        short,
-        all,
-        status,
-        field_labels,
-    }
-}
 
 impl Catalog {
     /// The built-in types.
     pub fn builtin() -> Self {
         Self {
-            types: BUILTINS.iter().map(Builtin::resource_type).collect(),
+            types: BUILTINS.iter().map(builtin_type).collect(),
         }
     }
 

@@ -307,7 +307,10 @@ impl SimCluster {
                 path: std::env::temp_dir(),
                 source,
             })?;
-        let prefix = options.name_prefix.clone().unwrap_or_else(random_prefix);
+        let prefix = options
+            .name_prefix
+            .clone()
+            .unwrap_or_else(|| random_prefix("sim"));
         let (server, client, kubeconfig) = match options.existing_cluster.clone() {
             Some(path) => {
                 let client = client_for(&path).await?;
@@ -701,13 +704,15 @@ impl SimCluster {
     }
 }
 
-fn random_prefix() -> String {
+/// `<kind>-` and five random characters: a DNS label, unique enough to keep the objects of one
+/// scenario apart from others' on a shared cluster.
+pub fn random_prefix(kind: &str) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
     let suffix: String = (0..5)
         .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
         .collect();
-    format!("sim-{suffix}")
+    format!("{kind}-{suffix}")
 }
 
 /// A client for the kubeconfig at `path`, without kube's default retries: a 429 (e.g. an eviction

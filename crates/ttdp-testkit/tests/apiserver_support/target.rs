@@ -23,10 +23,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
-use rand::Rng;
 use serde_json::{Value, json};
 use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
-use ttdp_testkit::sim::cluster::REAL_CLUSTER_KUBECONFIG_ENV;
+use ttdp_testkit::sim::cluster::{REAL_CLUSTER_KUBECONFIG_ENV, random_prefix};
 use ttdp_testkit::sim::{KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale};
 
 /// The label every node a test creates through [`Target::node`] carries, valued with the
@@ -45,7 +44,7 @@ impl Target {
     /// Connects to `TTDP_TEST_KUBECONFIG` if set, else starts an in-process server; creates the
     /// test's namespace and makes it the client's default namespace.
     pub async fn start() -> Target {
-        let prefix = random_prefix();
+        let prefix = random_prefix("tk");
         let (server, kubeconfig) = match std::env::var_os(REAL_CLUSTER_KUBECONFIG_ENV) {
             Some(path) => (None, PathBuf::from(path)),
             None => {
@@ -203,16 +202,6 @@ impl Drop for Target {
         });
         let _ = cleanup.join();
     }
-}
-
-/// `tk-` and five random characters: a DNS label, unique enough per test run.
-fn random_prefix() -> String {
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let mut rng = rand::rng();
-    let suffix: String = (0..5)
-        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
-        .collect();
-    format!("tk-{suffix}")
 }
 
 /// Like `ttdp_testkit::sim::cluster::client_for` (no kube retries, so a budget-blocked eviction
