@@ -12,7 +12,7 @@ use apiserver_support::{Target, pod};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, VersionMatch};
 use serde_json::json;
 
 fn api_error(e: kube::Error) -> kube::core::Status {
@@ -216,6 +216,110 @@ async fn field_selectors_filter_pods_by_node_phase_and_name() {
             .contains("field label not supported: spec.color"),
         "{}",
         err.message
+    );
+}
+
+fn lease(name: &str) -> Lease {
+    serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+}
+
+fn names(list: &kube::core::ObjectList<Lease>) -> Vec<String> {
+    list.items
+        .iter()
+        .map(|l| l.metadata.name.clone().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_list_at_an_exact_resource_version_shows_the_state_of_then() {
+    // resourceVersionMatch=Exact serves the list as it was at that revision (the real server
+    // reads it from etcd until compaction); NotOlderThan a revision the server does not have yet
+    // is 504 "Too large resource version".
+    let t = Target::start().await;
+    let leases: Api<Lease> = Api::default_namespaced(t.client());
+    leases
+        .create(&PostParams::default(), &lease("a"))
+        .await
+        .unwrap();
+    let then = leases.list(&ListParams::default()).await.unwrap();
+    let rv = then.metadata.resource_version.clone().unwrap();
+    leases
+        .create(&PostParams::default(), &lease("b"))
+        .await
+        .unwrap();
+    let relabel = json!({"metadata": {"labels": {"changed": "yes"}}});
+    leases
+        .patch("a", &PatchParams::default(), &Patch::Merge(&relabel))
+        .await
+        .unwrap();
+    leases.delete("a", &DeleteParams::default()).await.unwrap();
+
+    let now = leases.list(&ListParams::default()).await.unwrap();
+    assert_eq!(names(&now), ["b"]);
+    let exact = leases
+        .list(&ListParams::default().at(&rv).matching(VersionMatch::Exact))
+        .await
+        .unwrap();
+    assert_eq!(names(&exact), ["a"], "the list as it was at {rv}");
+    assert_eq!(
+        exact.metadata.resource_version.as_deref(),
+        Some(rv.as_str())
+    );
+    assert!(
+        exact.items[0].metadata.labels.is_none(),
+        "with a's labels of then"
+    );
+
+    let future = (rv.parse::<u64>().unwrap() + 1_000_000).to_string();
+    let err = leases
+        .list(
+            &ListParams::default()
+                .at(&future)
+                .matching(VersionMatch::NotOlderThan),
+        )
+        .await
+        .unwrap_err();
+    let status = api_error(err);
+    assert_eq!(status.code, 504, "{status:?}");
+    assert!(
+        status.message.contains("Too large resource version"),
+        "{}",
+        status.message
+    );
+}
+
+#[tokio::test]
+async fn continued_pages_show_the_list_as_it_was_at_the_first_page() {
+    // A continue token carries the revision of the first page: objects created meanwhile do not
+    // appear on later pages (a consistent snapshot, as the real server serves from etcd).
+    let t = Target::start().await;
+    let leases: Api<Lease> = Api::default_namespaced(t.client());
+    for name in ["x1", "x2", "x3"] {
+        leases
+            .create(&PostParams::default(), &lease(name))
+            .await
+            .unwrap();
+    }
+    let first = leases.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(names(&first), ["x1", "x2"]);
+    leases
+        .create(&PostParams::default(), &lease("x2a"))
+        .await
+        .unwrap();
+    leases.delete("x3", &DeleteParams::default()).await.unwrap();
+    let token = first.metadata.continue_.clone().unwrap();
+    let rest = leases
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(
+        names(&rest),
+        ["x3"],
+        "x2a was created and x3 deleted after the first page"
+    );
+    assert_eq!(
+        rest.metadata.resource_version,
+        first.metadata.resource_version
     );
 }
 

@@ -120,6 +120,10 @@ pub struct ListQuery {
     pub limit: Option<usize>,
     /// `continue`.
     pub continue_token: Option<String>,
+    /// `resourceVersion`.
+    pub resource_version: Option<String>,
+    /// `resourceVersionMatch` (`Exact` or `NotOlderThan`).
+    pub resource_version_match: Option<String>,
 }
 
 /// Everything the server knows.
@@ -279,12 +283,29 @@ impl ClusterState {
             q.field_selector.as_deref().unwrap_or_default(),
             &rt.field_labels,
         )?;
-        let mut items = self.matching(rt, namespace, &labels, &fields);
-        let mut list_rv = self.store.revision();
-        if let Some(token) = q.continue_token.as_deref().filter(|t| !t.is_empty()) {
-            let (rv, start) = decode_continue(token)?;
-            list_rv = rv;
-            items.retain(|o| continue_key(o) > start);
+        let (list_rv, start) = self.list_revision(q)?;
+        let snapshot;
+        let mut items = if list_rv < self.store.revision() {
+            let ns = namespace.filter(|_| rt.namespaced);
+            snapshot = self
+                .store
+                .snapshot(&rt.storage_key(), ns, list_rv)
+                .ok_or_else(|| {
+                    ApiError::gone(if start.is_some() {
+                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter."
+                    } else {
+                        "The resourceVersion for the provided list is too old."
+                    })
+                })?;
+            snapshot
+                .iter()
+                .filter(|o| labels.matches(&o["metadata"]["labels"]) && fields.matches(o))
+                .collect()
+        } else {
+            self.matching(rt, namespace, &labels, &fields)
+        };
+        if let Some(start) = &start {
+            items.retain(|o| continue_key(o) > *start);
         }
         let mut list_meta = json!({"resourceVersion": list_rv.to_string()});
         if let Some(limit) = q.limit.filter(|l| *l > 0)
@@ -313,6 +334,60 @@ impl ClusterState {
             "metadata": list_meta,
             "items": items,
         }))
+    }
+
+    /// The revision a list is served at, and where a continued list goes on from, checked as
+    /// the real server checks them: a `continue` token's revision; `resourceVersionMatch=Exact`
+    /// (or a non-zero `resourceVersion` with `limit`) that revision; otherwise the latest, and a
+    /// `resourceVersion` newer than that is a 504 "Too large resource version".
+    fn list_revision(&self, q: &ListQuery) -> Result<(u64, Option<String>), ApiError> {
+        let current = self.store.revision();
+        let rv = q.resource_version.as_deref().filter(|v| !v.is_empty());
+        let version_match = q
+            .resource_version_match
+            .as_deref()
+            .filter(|m| !m.is_empty());
+        if let Some(token) = q.continue_token.as_deref().filter(|t| !t.is_empty()) {
+            if version_match.is_some() {
+                return Err(ApiError::bad_request(
+                    "resourceVersionMatch is forbidden when continue is provided",
+                ));
+            }
+            let (at, start) = decode_continue(token)?;
+            return Ok((at, Some(start)));
+        }
+        let Some(rv) = rv else {
+            if version_match.is_some() {
+                return Err(ApiError::bad_request(
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                ));
+            }
+            return Ok((current, None));
+        };
+        let asked: u64 = rv.parse().map_err(|_| {
+            ApiError::bad_request(format!(
+                "resourceVersion: Invalid value: {rv:?}: must be an integer"
+            ))
+        })?;
+        let exact = match version_match {
+            Some("Exact") if asked == 0 => {
+                return Err(ApiError::bad_request(
+                    "resourceVersionMatch \"Exact\" is forbidden for resourceVersion \"0\"",
+                ));
+            }
+            Some("Exact") => true,
+            Some("NotOlderThan") => false,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\""
+                )));
+            }
+            None => asked != 0 && q.limit.is_some_and(|l| l > 0),
+        };
+        if asked > current {
+            return Err(ApiError::too_large_resource_version(asked, current));
+        }
+        Ok((if exact { asked } else { current }, None))
     }
 
     /// POST a new object. Returns the stored object.

@@ -16,9 +16,10 @@
 //!
 //! Where behaviour is implemented it follows the real API server, including its `Status`
 //! bodies and messages. Known approximations:
-//! - Lists are served from the current state: `resourceVersion`/`resourceVersionMatch` on a
-//!   list and expired `continue` tokens are not checked (watches do honour resourceVersions and
-//!   answer 410 Expired beyond the kept history).
+//! - Lists at an older revision (`resourceVersionMatch=Exact`, `continue` tokens) are rebuilt
+//!   from the kept change history, so they answer 410 Expired once that history no longer
+//!   reaches back (the real server keeps etcd's, compacted every 5 minutes); a list or watch
+//!   at a revision the server does not have yet fails at once instead of after a wait.
 //! - Server-side apply tracks ownership per leaf field with list-map/set semantics from the
 //!   CRD schema or a table of the built-in fields kubectl and ttdp touch; other built-in lists
 //!   are atomic. Built-in types are validated by decoding into k8s-openapi's types plus a few

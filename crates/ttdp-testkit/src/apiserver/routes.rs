@@ -349,6 +349,8 @@ fn list_query(query: &HashMap<String, String>) -> ListQuery {
         field_selector: query.get("fieldSelector").cloned(),
         limit: query.get("limit").and_then(|l| l.parse().ok()),
         continue_token: query.get("continue").cloned(),
+        resource_version: query.get("resourceVersion").cloned(),
+        resource_version_match: query.get("resourceVersionMatch").cloned(),
     }
 }
 

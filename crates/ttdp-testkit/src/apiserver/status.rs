@@ -171,6 +171,23 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
+    /// 504 for a read at a `resourceVersion` newer than the server has (after the real server
+    /// has waited for it for a while).
+    pub fn too_large_resource_version(asked: u64, current: u64) -> Self {
+        let mut err = Self::new(
+            504,
+            "Timeout",
+            format!("Timeout: Too large resource version: {asked}, current: {current}"),
+        );
+        err.causes = vec![StatusCause {
+            reason: "ResourceVersionTooLarge".into(),
+            message: "Too large resource version".into(),
+            field: None,
+        }];
+        err.retry_after_seconds = Some(1);
+        err
+    }
+
     /// 415 for a request body this server cannot decode.
     pub fn unsupported_body(content_type: &str) -> Self {
         Self::new(

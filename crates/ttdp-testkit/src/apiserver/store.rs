@@ -108,6 +108,53 @@ impl Store {
         }
     }
 
+    /// The objects of a storage key as they were at `revision` (current state with the later
+    /// changes undone), in key order; None when the history no longer reaches back that far.
+    pub fn snapshot(
+        &self,
+        storage: &str,
+        namespace: Option<&str>,
+        revision: u64,
+    ) -> Option<Vec<Value>> {
+        if revision < self.compacted {
+            return None;
+        }
+        let mut objects: BTreeMap<ObjectKey, Value> = self
+            .objects
+            .get(storage)
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        for change in self.history.iter().rev() {
+            if change.revision <= revision {
+                break;
+            }
+            if change.storage != storage {
+                continue;
+            }
+            let key = (
+                change.object["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                change.object["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+            match &change.previous {
+                Some(previous) => objects.insert(key, previous.clone()),
+                None => objects.remove(&key),
+            };
+        }
+        Some(
+            objects
+                .into_iter()
+                .filter(|((ns, _), _)| namespace.is_none_or(|want| want == ns))
+                .map(|(_, v)| v)
+                .collect(),
+        )
+    }
+
     /// The revision of the last change to a storage key (0: never changed).
     pub fn last_change(&self, storage: &str) -> u64 {
         self.last_change.get(storage).copied().unwrap_or(0)
