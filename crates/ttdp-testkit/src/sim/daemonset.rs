@@ -5,7 +5,7 @@
 //! The decisions are made by [`plan_daemonset`]; this file
 //! only watches and writes. Like the real controller it remembers the creations and deletions it
 //! sent until its caches show them ("expectations"), so a slow watch never doubles a pod: a
-//! creation the caches still miss after [`EXPECTATION_TIMEOUT`] is looked up on the server, and
+//! creation the caches still miss after `EXPECTATION_TIMEOUT` (30 s) is looked up on the server, and
 //! only forgotten when the pod is really not there. It must not run against a real cluster,
 //! which has its own DaemonSet controller.
 
