@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Runs the portable API-server suites of ttdp-testkit in real-cluster mode: against a separate
-# `ttdp-testkit-apiserver` process (standing in for a real cluster, with pod deletion left to
-# kubelets as on one) through TTDP_TEST_KUBECONFIG, all suites at the same time on that one
-# server. It proves that the suites need nothing from their own in-process server, do not get in
-# each other's way on a shared cluster, and clean up after themselves. Fails if any suite fails
-# or if the server is left with objects a test created.
+# Runs the end-to-end suites in real-cluster mode: through TTDP_TEST_KUBECONFIG against a separate
+# `ttdp-testkit-apiserver --controllers` process standing in for a real cluster (pod deletion left
+# to kubelets, DaemonSet and ReplicaSet controllers and a scheduler as stand-ins). The portable
+# ttdp-testkit suites run all at the same time on that one server, then the controller's rollout
+# scenarios one at a time. It proves that the suites need nothing from their own in-process server,
+# do not get in each other's way on a shared cluster, and clean up after themselves. Fails if any
+# suite fails or if the server is left with objects a test created.
 #
 # Usage: scripts/test-real-cluster-mode.sh
 # Env:   CARGO_TARGET_DIR (as usual), TTDP_KUBECTL (else ~/.local/ttdp-tools/bin/kubectl).
@@ -13,13 +14,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The suites that assert Kubernetes behaviour; apiserver_instruments tests the test server's
-# own instruments and always runs in-process. Then the simulated-cluster suites whose real-cluster
-# mode needs only what the server process plays here (API server and DaemonSet controller):
-# sim_device and the controller's rollout suite also need a ReplicaSet controller and a
-# scheduler, which only a real cluster has; sim_resilience injects faults and always runs
-# in-process.
+# own instruments and always runs in-process. Then the simulated-cluster suites, against the
+# control plane the server process plays with --controllers (DaemonSet and ReplicaSet controllers,
+# a scheduler); sim_resilience injects faults and always runs in-process.
 SUITES=(apiserver_crd apiserver_crud apiserver_eviction apiserver_kubectl apiserver_lifecycle apiserver_patch apiserver_watch
-  sim_agent sim_cluster sim_daemonset sim_existing_cluster sim_kubelet)
+  sim_agent sim_cluster sim_daemonset sim_device sim_existing_cluster sim_kubelet)
 
 export PATH="$HOME/.local/ttdp-tools/bin:$PATH"
 if ! command -v kubectl >/dev/null && [[ -z "${TTDP_KUBECTL:-}" ]]; then
@@ -40,7 +39,7 @@ stop() {
 }
 trap stop EXIT
 
-"$target_dir/debug/ttdp-testkit-apiserver" --kubelet-deletes --daemonsets \
+"$target_dir/debug/ttdp-testkit-apiserver" --kubelet-deletes --controllers \
   --kubeconfig "$work/kubeconfig" >"$work/stdout" 2>"$work/server.log" &
 server_pid=$!
 for _ in $(seq 100); do
@@ -82,6 +81,11 @@ for i in "${!pids[@]}"; do
 done
 [[ $failed -eq 0 ]] || exit 1
 
+# The controller's end-to-end scenarios, one at a time: each runs its own controller, and a
+# controller manages every policy of the cluster it is given.
+echo "ttdp-controller rollout scenarios (one at a time)"
+cargo test -q -p ttdp-controller --test rollout -- --test-threads=1
+
 # Everything the tests created is named tk-<suffix> (API-server suites) or sim-<suffix> (simulated
 # clusters): nothing of it may be left behind (namespaces
 # may still be terminating for a moment).
@@ -102,4 +106,4 @@ if [[ -n "$leftovers" ]]; then
   echo "$leftovers" >&2
   exit 1
 fi
-echo "real-cluster mode: all ${#SUITES[@]} portable suites passed, nothing left behind"
+echo "real-cluster mode: all ${#SUITES[@]} testkit suites and the controller scenarios passed, nothing left behind"

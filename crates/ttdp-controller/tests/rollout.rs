@@ -300,7 +300,14 @@ async fn device_held_without_drain(force_unload: bool) {
         .await;
     h.wait_ready(&policy, STEP).await;
     let node = h.nodes()[0].clone();
-    let holder = device_workload(&h, "holder", &node).await;
+    // A bare pod: deleting it must free the device, which a ReplicaSet's pod would not on a real
+    // cluster (its controller puts a replacement back on the uncordoned node).
+    let holder = h
+        .cluster
+        .add_workload(&Workload::new("holder", &node).device(DeviceUse::HostPath))
+        .await
+        .unwrap();
+    let holder = kube::ResourceExt::name_any(&holder);
     tokio::time::sleep(Duration::from_secs(1)).await;
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     if !force_unload {

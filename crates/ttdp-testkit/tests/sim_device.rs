@@ -142,7 +142,19 @@ async fn device_workloads_hold_the_device_until_evicted_or_deleted() {
     );
     assert_eq!(refcnt(&root), Some(2));
 
-    // Without the budget the eviction goes through and the holder lets go.
+    // Without the budget the eviction goes through and the holder lets go. The node is cordoned
+    // first, as a drain does: on a real cluster the ReplicaSet controller replaces the evicted pod
+    // at once, and its replacement (pinned to this node) must stay Pending instead of taking the
+    // device again.
+    let cordon = serde_json::json!({"spec": {"unschedulable": true}});
+    Api::<k8s_openapi::api::core::v1::Node>::all(cluster.client())
+        .patch(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&cordon),
+        )
+        .await
+        .unwrap();
     Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
         cluster.client(),
         cluster.namespace(),

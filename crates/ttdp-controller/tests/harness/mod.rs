@@ -4,7 +4,10 @@
 //!
 //! With `TTDP_TEST_KUBECONFIG` set, the same scenarios run against that real cluster: every
 //! name (nodes, namespaces, policies) is prefixed per scenario and policies select only the
-//! scenario's nodes (label `ttdp.test/run=<prefix>`), so scenarios can share one cluster.
+//! scenario's nodes (label `ttdp.test/run=<prefix>`), so scenarios can share one cluster one at a
+//! time: each scenario runs its own controller, and a controller manages every policy of the
+//! cluster, so run them with `-- --test-threads=1` there (concurrent scenarios' controllers would
+//! both write each other's policy status).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
-use ttdp_testkit::sim::daemonset::DaemonSetController;
+use ttdp_testkit::sim::DaemonSetController;
+use ttdp_testkit::sim::control_plane::WorkloadControlPlane;
 
 /// Serve the ttdp test Kubernetes API server on 127.0.0.1.
 #[derive(Debug, Parser)]
@@ -17,10 +18,11 @@ struct Args {
     /// Leave graceful pod deletions to a kubelet instead of completing them after 200 ms.
     #[arg(long, env = "TTDP_APISERVER_KUBELET_DELETES")]
     kubelet_deletes: bool,
-    /// Also run the DaemonSet controller stand-in, so that the server plays a whole control plane
-    /// for suites run in real-cluster mode (`TTDP_TEST_KUBECONFIG`).
-    #[arg(long, env = "TTDP_APISERVER_DAEMONSETS")]
-    daemonsets: bool,
+    /// Also run the DaemonSet and ReplicaSet controller and scheduler stand-ins, so that the
+    /// server plays a whole control plane for suites run in real-cluster mode
+    /// (`TTDP_TEST_KUBECONFIG`).
+    #[arg(long, env = "TTDP_APISERVER_CONTROLLERS")]
+    controllers: bool,
     /// Also copy the kubeconfig to this path.
     #[arg(long, env = "TTDP_APISERVER_KUBECONFIG")]
     kubeconfig: Option<std::path::PathBuf>,
@@ -45,9 +47,12 @@ async fn main() -> anyhow::Result<()> {
         }
         None => server.kubeconfig_path().to_path_buf(),
     };
-    let daemonsets = if args.daemonsets {
+    let controllers = if args.controllers {
         let client = server.client().await?;
-        Some(DaemonSetController::start(client, Duration::from_secs(30)))
+        Some((
+            DaemonSetController::start(client.clone(), Duration::from_secs(30)),
+            WorkloadControlPlane::start(client, Duration::from_secs(1)),
+        ))
     } else {
         None
     };
@@ -62,8 +67,9 @@ async fn main() -> anyhow::Result<()> {
         r = tokio::signal::ctrl_c() => r?,
         _ = terminate.recv() => {}
     }
-    if let Some(controller) = daemonsets {
-        controller.shutdown().await;
+    if let Some((daemonsets, workloads)) = controllers {
+        daemonsets.shutdown().await;
+        workloads.shutdown().await;
     }
     server.shutdown().await;
     Ok(())

@@ -141,7 +141,8 @@ async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
     info!("daemonset controller stand-in stopped");
 }
 
-fn boxed_unit<S, T, E>(stream: S) -> std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>
+/// A watch stream as a stream of wake-ups (errors are logged; the watcher retries them).
+pub(super) fn boxed_unit<S, T, E>(stream: S) -> std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>
 where
     S: Stream<Item = Result<T, E>> + Send + 'static,
     E: std::fmt::Display,

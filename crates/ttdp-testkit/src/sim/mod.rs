@@ -10,7 +10,8 @@
 //! - [`SimCluster`] is the entry point: nodes with simulated hosts ([`TenstorrentNode`]),
 //!   workloads ([`Workload`]), PodDisruptionBudgets, cleanup.
 //! - [`DaemonSetController`] places one pod per eligible node ([`node_fit`], [`daemonset_pod`],
-//!   [`daemonset_plan`]).
+//!   [`daemonset_plan`]); [`control_plane`] adds a ReplicaSet controller and a scheduler for a
+//!   standalone test server that plays a whole cluster (`ttdp-testkit-apiserver --controllers`).
 //! - [`SimKubelet`] registers nodes, keeps them alive ([`node_heartbeat`]) and runs their pods:
 //!   images in the [`ImageMap`] as child processes ([`container_spec`]), all others as
 //!   process-less workloads that may hold the device in the node's simulated kernel
@@ -29,6 +30,7 @@
 pub mod cluster;
 mod container_runtime;
 pub mod container_spec;
+pub mod control_plane;
 pub mod daemonset;
 pub mod daemonset_plan;
 pub mod daemonset_pod;
