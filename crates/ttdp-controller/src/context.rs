@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -39,6 +40,9 @@ pub struct Applied {
     pub generation: Option<i64>,
 }
 
+/// How long a deleted agent pod is not deleted again (its cached copy may lag its deletion).
+const DELETION_MEMORY: Duration = Duration::from_secs(30);
+
 /// Shared by every reconcile.
 pub struct Context {
     /// The API client.
@@ -70,6 +74,7 @@ pub struct Context {
     pub synced: tokio::sync::watch::Receiver<u8>,
     written: Mutex<HashMap<String, Written>>,
     applied: Mutex<HashMap<String, Applied>>,
+    deleted_pods: Mutex<HashMap<String, Instant>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -113,6 +118,7 @@ impl Context {
             synced,
             written: Mutex::default(),
             applied: Mutex::default(),
+            deleted_pods: Mutex::default(),
         }
     }
 
@@ -149,6 +155,29 @@ impl Context {
             Some(a) => map.insert(name.to_owned(), a),
             None => map.remove(name),
         };
+    }
+
+    /// Whether the agent pod with this uid is to be deleted now: false when it was deleted in
+    /// the last [`DELETION_MEMORY`] (an empty uid is always deleted).
+    pub fn first_deletion(&self, uid: &str) -> bool {
+        if uid.is_empty() {
+            return true;
+        }
+        let now = Instant::now();
+        let mut map = self
+            .deleted_pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        map.retain(|_, at| now.duration_since(*at) < DELETION_MEMORY);
+        map.insert(uid.to_owned(), now).is_none()
+    }
+
+    /// Forgets a deletion that failed, so the next reconcile tries again.
+    pub fn forget_deletion(&self, uid: &str) {
+        self.deleted_pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
     }
 
     /// Forgets a deleted policy.

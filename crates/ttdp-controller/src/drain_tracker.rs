@@ -2,6 +2,10 @@
 //! a drain. The reconciler asks for a drain to be running ([`DrainTracker::ensure`]) and reads its
 //! progress; a finished drain wakes the policy's reconcile.
 //!
+//! At most [`MAX_CONCURRENT_DRAINS`] drains run at once; more wait for a slot (their node stays
+//! Draining, saying so). Each drain lists its node's pods and evicts them: a 500-node wave draining
+//! at once would hold 500 pod lists in memory and send 500 bursts of requests together.
+//!
 //! Nothing here is durable, and nothing needs to be: after a controller restart a node recorded
 //! as Draining simply drains again (ttdp-drain lists the node's pods afresh: pods already evicted
 //! are gone, the cordon keeps new ones away), with the deadline counted from when the node entered
@@ -9,9 +13,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::Client;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 use ttdp_drain::{DrainError, DrainEventKind, Drainer, EventSink, TwoPassDrain};
@@ -21,6 +26,8 @@ use crate::transition::DrainProgress;
 
 /// How long to wait before retrying a drain that hit an API error.
 const API_ERROR_RETRY: Duration = Duration::from_secs(2);
+/// Drains running at once at most.
+pub const MAX_CONCURRENT_DRAINS: usize = 32;
 
 type Key = (String, String);
 
@@ -30,9 +37,19 @@ struct Entry {
 }
 
 /// The background drains.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct DrainTracker {
     entries: Arc<Mutex<HashMap<Key, Entry>>>,
+    slots: Arc<Semaphore>,
+}
+
+impl Default for DrainTracker {
+    fn default() -> Self {
+        Self {
+            entries: Arc::default(),
+            slots: Arc::new(Semaphore::new(MAX_CONCURRENT_DRAINS)),
+        }
+    }
 }
 
 impl std::fmt::Debug for DrainTracker {
@@ -98,7 +115,7 @@ impl DrainTracker {
         client: &Client,
         policy: &str,
         node: &str,
-        plan: TwoPassDrain,
+        mut plan: TwoPassDrain,
         metrics: Arc<Metrics>,
         wake: Arc<dyn Fn() + Send + Sync>,
     ) {
@@ -133,7 +150,34 @@ impl DrainTracker {
         let drainer = Drainer::new(client.clone()).with_events(sink);
         let node_name = node.to_owned();
         let task_progress = progress.clone();
+        let slots = self.slots.clone();
+        let deadline = plan.options.timeout.map(|t| Instant::now() + t);
         let task = tokio::spawn(async move {
+            let _slot = match slots.clone().try_acquire_owned() {
+                Ok(slot) => slot,
+                Err(_) => {
+                    set(
+                        &task_progress,
+                        DrainProgress::Running {
+                            message: format!(
+                                "waiting for a drain slot ({MAX_CONCURRENT_DRAINS} nodes drain at once)"
+                            ),
+                        },
+                    );
+                    match slots.acquire_owned().await {
+                        Ok(slot) => slot,
+                        Err(_) => return,
+                    }
+                }
+            };
+            // The wait for a slot counts against the drain's timeout.
+            if let Some(deadline) = deadline {
+                plan.options.timeout = Some(
+                    deadline
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_secs(1)),
+                );
+            }
             let outcome = loop {
                 match drainer.drain_two_pass(&node_name, &plan).await {
                     Ok(report) => {

@@ -581,8 +581,16 @@ async fn act(
                 )) => even_current,
                 _ => false,
             };
-            if let (true, Some(pod)) = (replace, pod) {
-                node_actions::delete_agent_pod(&ctx.client, pod).await?;
+            // A pod deleted moments ago may still look alive in the cache: once is enough.
+            let uid = pod
+                .and_then(|p| p.metadata.uid.as_deref())
+                .unwrap_or_default();
+            if let (true, Some(pod)) = (replace, pod)
+                && ctx.first_deletion(uid)
+                && let Err(e) = node_actions::delete_agent_pod(&ctx.client, pod).await
+            {
+                ctx.forget_deletion(uid);
+                return Err(e);
             }
         }
         Action::Release => {
