@@ -18,10 +18,13 @@ pub struct Backoff {
 }
 
 impl Default for Backoff {
-    /// 1 s doubling up to 10 s (kubectl retries every 5 s).
+    /// 5 s, then 10 s (both jittered down to half): kubectl retries a refused eviction every
+    /// 5 s, so the first retry comes no later than kubectl's and later ones at most as often on
+    /// average (every 7.5 s). A budget that stays blocked for minutes costs a request every few
+    /// seconds, not several per second.
     fn default() -> Self {
         Self {
-            initial: Duration::from_secs(1),
+            initial: Duration::from_secs(5),
             max: Duration::from_secs(10),
         }
     }
@@ -66,5 +69,15 @@ mod tests {
         // Jitter: 50 draws at the cap are not all equal.
         let draws: std::collections::BTreeSet<Duration> = (0..50).map(|_| b.delay(9)).collect();
         assert!(draws.len() > 1);
+    }
+
+    #[test]
+    fn by_default_a_blocked_eviction_is_retried_no_more_often_than_kubectl_does() {
+        let b = Backoff::default();
+        // kubectl waits 5 s between attempts: the first retry comes no later than that...
+        assert!(b.delay(0) <= Duration::from_secs(5));
+        // ...and later ones average at least 5 s apart.
+        let mean = (1..200).map(|n| b.delay(n)).sum::<Duration>() / 199;
+        assert!(mean >= Duration::from_secs(5), "{mean:?}");
     }
 }

@@ -36,7 +36,7 @@ pub enum OnRefused {
 }
 
 /// How one drain runs. [`Default`] matches `kubectl drain` without flags, except that requests
-/// are bounded to 16 at a time and 429s back off from 1 s to 10 s.
+/// are bounded to 16 at a time and 429s back off from 5 s to 10 s.
 #[derive(Clone, Debug)]
 pub struct DrainOptions {
     /// Which pods are removed.
