@@ -9,7 +9,9 @@ use super::bench_machine::Machine;
 
 /// Controller resident memory at 5,000 nodes, MiB.
 const MEMORY_LIMIT_MIB: f64 = 64.0;
-/// p95 of the hand-off from Done to the next Cordoning, ms.
+/// p95 of the hand-off from a node's agent Ready to the next node's Cordoning, ms. (Checked on
+/// that figure, the controller's whole reaction: from Done to Cordoning is 0 by construction,
+/// both are recorded in one status write.)
 const HANDOFF_P95_LIMIT_MS: f64 = 100.0;
 /// Total rollout time over the ideal.
 const TOTAL_OVER_IDEAL_LIMIT: f64 = 1.05;
@@ -51,10 +53,10 @@ pub fn check(results: &[Value], quick: bool) -> Vec<String> {
                 "fleet {n}: {upgraded} of {n} nodes were seen reaching Done"
             ));
         }
-        let p95 = num(&f["handoff_done_to_cordoning_ms"]["p95"]);
+        let p95 = num(&f["handoff_agent_ready_to_cordoning_ms"]["p95"]);
         if !below(p95, HANDOFF_P95_LIMIT_MS) {
             missed.push(format!(
-                "fleet {n}: hand-off p95 {p95:.1} ms (target < {HANDOFF_P95_LIMIT_MS} ms)"
+                "fleet {n}: hand-off (agent Ready to next Cordoning) p95 {p95:.1} ms (target < {HANDOFF_P95_LIMIT_MS} ms)"
             ));
         }
         let ratio = num(&f["total_over_ideal"]);
@@ -250,7 +252,8 @@ mod tests {
     fn fleet(nodes: u64, p95: f64, ratio: f64, peak: f64) -> Value {
         json!({ "suite": "fleet", "completed": true, "nodes": nodes, "nodes_upgraded": nodes, "total_over_ideal": ratio,
             "total_seconds": 10.0, "ideal_seconds": 10.0, "rss_peak_mib": peak,
-            "handoff_done_to_cordoning_ms": { "p95": p95 } })
+            "handoff_done_to_cordoning_ms": { "p95": 0.0 },
+            "handoff_agent_ready_to_cordoning_ms": { "p95": p95 } })
     }
 
     #[test]
@@ -259,7 +262,7 @@ mod tests {
         let missed = check(&results, false);
         assert_eq!(missed.len(), 3, "{missed:?}");
         assert!(
-            missed[0].contains("fleet 5000: hand-off p95 150.0 ms"),
+            missed[0].contains("fleet 5000: hand-off (agent Ready to next Cordoning) p95 150.0 ms"),
             "{missed:?}"
         );
         assert!(missed[1].contains("1.200 × the ideal"), "{missed:?}");

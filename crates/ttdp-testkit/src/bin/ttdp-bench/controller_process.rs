@@ -1,8 +1,15 @@
 //! The real `ttdp-controller` binary as a child process, so its memory is its own: resident set
 //! (`VmRSS`) and peak (`VmHWM`) are read from `/proc/<pid>/status`.
+//!
+//! The controller never outlives the benchmark: it is started through util-linux's `setpriv
+//! --pdeathsig KILL` when available (the kernel kills it when the benchmark dies, even by
+//! SIGKILL), and [`stop_children_on_signal`] kills it on SIGINT, SIGTERM or SIGHUP before the
+//! benchmark exits.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -12,6 +19,42 @@ use tokio::process::{Child, Command};
 
 /// How long the controller may take to stop after SIGTERM before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+/// util-linux's `setpriv`, which sets the parent-death signal of what it runs.
+const SETPRIV: &str = "/usr/bin/setpriv";
+
+/// Controllers started and not yet stopped, by pid.
+static RUNNING: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+
+fn running() -> std::sync::MutexGuard<'static, BTreeSet<i32>> {
+    RUNNING.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Kills every running controller and exits (status 128 + the signal) on SIGINT, SIGTERM or
+/// SIGHUP. Call once, inside the runtime, before starting controllers.
+pub fn stop_children_on_signal() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut streams = Vec::new();
+    for (kind, number) in [
+        (SignalKind::interrupt(), 2),
+        (SignalKind::terminate(), 15),
+        (SignalKind::hangup(), 1),
+    ] {
+        let stream = signal(kind).context("cannot install a signal handler")?;
+        streams.push((stream, number));
+    }
+    for (mut stream, number) in streams {
+        tokio::spawn(async move {
+            if stream.recv().await.is_some() {
+                for pid in running().iter() {
+                    let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+                    eprintln!("ttdp-bench: signal {number}: killed the controller (pid {pid})");
+                }
+                std::process::exit(128 + number);
+            }
+        });
+    }
+    Ok(())
+}
 
 /// A running controller.
 #[derive(Debug)]
@@ -19,6 +62,15 @@ pub struct ControllerProcess {
     child: Child,
     pid: u32,
     log_file: PathBuf,
+}
+
+impl Drop for ControllerProcess {
+    /// The child is killed on drop (`kill_on_drop`); it is no longer one to kill on a signal.
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.pid) {
+            running().remove(&pid);
+        }
+    }
 }
 
 /// Memory figures of a process, in KiB.
@@ -43,7 +95,14 @@ impl ControllerProcess {
         let err = log
             .try_clone()
             .with_context(|| format!("cannot reopen the controller log {}", log_file.display()))?;
-        let child = Command::new(binary)
+        let mut command = if Path::new(SETPRIV).is_file() {
+            let mut c = Command::new(SETPRIV);
+            c.args(["--pdeathsig", "KILL", "--"]).arg(binary);
+            c
+        } else {
+            Command::new(binary)
+        };
+        let child = command
             .env("KUBECONFIG", kubeconfig)
             .env("NO_COLOR", "1")
             .env("RUST_LOG", std::env::var("TTDP_BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "info".to_owned()))
@@ -65,6 +124,9 @@ impl ControllerProcess {
                 log_file.display()
             );
         };
+        if let Ok(pid) = i32::try_from(pid) {
+            running().insert(pid);
+        }
         Ok(Self {
             child,
             pid,

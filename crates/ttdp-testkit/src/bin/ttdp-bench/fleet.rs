@@ -67,6 +67,7 @@ struct Tally {
     reads: usize,
     writes: usize,
     writes_by_kind: BTreeMap<String, usize>,
+    reads_by_kind: BTreeMap<String, usize>,
 }
 
 impl Tally {
@@ -85,19 +86,18 @@ impl Tally {
     }
 
     fn count(&mut self, r: &RecordedRequest) {
+        let sub = if r.subresource.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", r.subresource)
+        };
+        let kind = format!("{} {}{sub}", r.verb, r.resource);
         if r.is_write() {
             self.writes += 1;
-            let sub = if r.subresource.is_empty() {
-                String::new()
-            } else {
-                format!("/{}", r.subresource)
-            };
-            *self
-                .writes_by_kind
-                .entry(format!("{} {}{sub}", r.verb, r.resource))
-                .or_default() += 1;
+            *self.writes_by_kind.entry(kind).or_default() += 1;
         } else {
             self.reads += 1;
+            *self.reads_by_kind.entry(kind).or_default() += 1;
         }
     }
 }
@@ -280,6 +280,8 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         "reads_per_node": rollout.reads as f64 / upgraded as f64,
         "writes_per_node": rollout.writes as f64 / upgraded as f64,
         "writes_by_kind": rollout.writes_by_kind,
+        "reads_by_kind": rollout.reads_by_kind,
+        "idle_requests_by_kind": idle.writes_by_kind.iter().chain(idle.reads_by_kind.iter()).collect::<BTreeMap<_, _>>(),
         "handoff_done_to_cordoning_ms": spread_json(&done_to_cordon),
         "handoff_agent_ready_to_cordoning_ms": spread_json(&ready_to_cordon),
         "agent_ready_to_done_ms": spread_json(&spread(ready_to_done)),

@@ -81,6 +81,7 @@ fn run(cli: Cli) -> Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
+        controller_process::stop_children_on_signal()?;
         match cli.suite {
             Suite::Fleet(args) => fleet::run(&args).await,
             Suite::Drain(args) => drain::run(&args).await,
