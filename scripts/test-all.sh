@@ -29,7 +29,7 @@ cargo xtask crd --check
 step "cargo test"
 cargo test --workspace
 
-step "API-server suites in real-cluster mode (TTDP_TEST_KUBECONFIG, against a separate server process)"
+step "end-to-end suites in real-cluster mode (TTDP_TEST_KUBECONFIG, against a separate server process)"
 ./scripts/test-real-cluster-mode.sh
 
 step "cargo xtask vm-test (real Linux kernel under QEMU)"
