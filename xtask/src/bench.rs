@@ -208,41 +208,36 @@ fn describe(command: &Command) -> String {
 
 fn build(root: &Path) -> Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    for args in [
-        &[
-            "build",
-            "--release",
-            "-p",
-            "ttdp-controller",
-            "-p",
-            "kubectl-tt-driver",
-            "-p",
-            "ttdp-testkit",
-            "--bin",
-            "ttdp-controller",
-            "--bin",
-            "kubectl-tt-driver",
-            "--bin",
-            "ttdp-bench",
-        ][..],
-        &[
-            "build",
-            "--release",
-            "-p",
-            "ttdp-drain",
-            "--example",
-            "drain",
-        ][..],
-    ] {
-        println!("bench: cargo {}", args.join(" "));
-        let status = Command::new(&cargo)
-            .args(args)
-            .current_dir(root)
-            .status()
-            .context("cannot run cargo")?;
-        if !status.success() {
-            bail!("`cargo {}` failed ({status})", args.join(" "));
-        }
+    // One invocation: building the drain example on its own resolves the shared dependencies'
+    // features differently, so two invocations rebuild kube and its TLS stack twice.
+    let args = [
+        "build",
+        "--release",
+        "-p",
+        "ttdp-controller",
+        "-p",
+        "kubectl-tt-driver",
+        "-p",
+        "ttdp-testkit",
+        "-p",
+        "ttdp-drain",
+        "--bin",
+        "ttdp-controller",
+        "--bin",
+        "kubectl-tt-driver",
+        "--bin",
+        "ttdp-bench",
+        "--example",
+        "drain",
+    ];
+    println!("bench: cargo {}", args.join(" "));
+    let status = Command::new(&cargo)
+        .args(args)
+        .current_dir(root)
+        .status()
+        .context("cannot run cargo")?;
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
     }
     Ok(())
 }
