@@ -158,7 +158,7 @@ impl Context {
     }
 
     /// Whether the agent pod with this uid is to be deleted now: false when it was deleted in
-    /// the last [`DELETION_MEMORY`] (an empty uid is always deleted).
+    /// the last 30 s (an empty uid is always deleted).
     pub fn first_deletion(&self, uid: &str) -> bool {
         if uid.is_empty() {
             return true;
