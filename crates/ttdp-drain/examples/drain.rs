@@ -77,7 +77,7 @@ struct Args {
 }
 
 async fn client(args: &Args) -> anyhow::Result<Client> {
-    let config = if args.kubeconfig.is_some() || args.context.is_some() {
+    let mut config = if args.kubeconfig.is_some() || args.context.is_some() {
         let kubeconfig = match &args.kubeconfig {
             Some(path) => Kubeconfig::read_from(path)
                 .with_context(|| format!("cannot read kubeconfig {}", path.display()))?,
@@ -95,6 +95,9 @@ async fn client(args: &Args) -> anyhow::Result<Client> {
             .await
             .context("cannot find a kubeconfig or in-cluster config")?
     };
+    // ttdp-drain paces refused evictions itself (as kubectl does); kube's own retry of 429s
+    // would resend them within milliseconds instead.
+    config.default_retry = false;
     Client::try_from(config).context("cannot build a Kubernetes client")
 }
 

@@ -57,7 +57,9 @@
 //!   hold a slot), which keeps a node with many pods from flooding the API server.
 //! - **Budget back-off**: kubectl retries a 429 every 5 s; here the delay doubles from
 //!   [`Backoff::initial`] to [`Backoff::max`] with jitter, so blocked pods neither spin nor
-//!   retry in lock-step.
+//!   retry in lock-step. Give the drainer a client built with `Config::default_retry = false`:
+//!   kube's own retry would otherwise resend a refused eviction within milliseconds, before this
+//!   back-off sees it.
 //! - **Transient errors** (5xx, connection failures) are retried with the same back-off until the
 //!   timeout; kubectl gives up on the pod at once. Other errors fail the pod, the other pods
 //!   carry on, and the drain ends with [`DrainError::Failed`].

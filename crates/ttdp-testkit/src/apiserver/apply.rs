@@ -2,6 +2,8 @@
 //! with fields other managers own (409 unless forced), drop fields the applier stopped
 //! applying, and record the applier's field set in `managedFields`.
 
+use std::collections::HashMap;
+
 use serde_json::{Value, json};
 
 use super::catalog::ResourceType;
@@ -34,11 +36,19 @@ pub fn merge(rt: &ResourceType, live: &mut Value, applied: &Value, path: &mut Ve
         _ => match (live.as_array_mut(), applied) {
             (Some(target), Value::Array(items)) => match list_kind(rt, path, Merger::Apply) {
                 ListKind::Map(keys) => {
+                    // Index the live list once: applying n items to an n-item list stays linear.
+                    let mut at: HashMap<String, usize> = HashMap::new();
+                    for (i, t) in target.iter().enumerate() {
+                        at.entry(item_key(t, &keys)).or_insert(i);
+                    }
                     for item in items {
                         let key = item_key(item, &keys);
-                        match target.iter_mut().find(|t| item_key(t, &keys) == key) {
-                            Some(existing) => merge(rt, existing, item, path),
-                            None => target.push(item.clone()),
+                        match at.get(&key) {
+                            Some(&i) => merge(rt, &mut target[i], item, path),
+                            None => {
+                                at.insert(key, target.len());
+                                target.push(item.clone());
+                            }
                         }
                     }
                 }
