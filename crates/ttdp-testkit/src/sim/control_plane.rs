@@ -20,11 +20,11 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use ttdp_api::selector::Selector;
 
+use super::background::BackgroundTask;
 use super::daemonset::boxed_unit;
 use super::error::SimError;
 use super::node_fit::pod_fits_node;
@@ -35,34 +35,17 @@ const CREATION_EXPECTATION: Duration = Duration::from_secs(30);
 /// A running ReplicaSet controller and scheduler. Stop it with
 /// [`WorkloadControlPlane::shutdown`]; dropping it stops it too.
 #[derive(Debug)]
-pub struct WorkloadControlPlane {
-    cancel: CancellationToken,
-    task: Option<JoinHandle<()>>,
-}
+pub struct WorkloadControlPlane(BackgroundTask);
 
 impl WorkloadControlPlane {
     /// Starts both on `client`; they also reconcile every `resync` without events.
     pub fn start(client: Client, resync: Duration) -> Self {
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(client, resync, cancel.clone()));
-        Self {
-            cancel,
-            task: Some(task),
-        }
+        Self(BackgroundTask::spawn(|cancel| run(client, resync, cancel)))
     }
 
     /// Stops and waits for the loop to finish.
-    pub async fn shutdown(mut self) {
-        self.cancel.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for WorkloadControlPlane {
-    fn drop(&mut self) {
-        self.cancel.cancel();
+    pub async fn shutdown(self) {
+        self.0.shutdown().await;
     }
 }
 

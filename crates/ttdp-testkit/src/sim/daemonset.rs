@@ -20,10 +20,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::background::BackgroundTask;
 use super::daemonset_plan::{DaemonSetView, plan_daemonset};
 use super::daemonset_pod::render_daemon_pod;
 use super::error::{SimError, is_not_found};
@@ -35,34 +35,17 @@ const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(30);
 /// A running DaemonSet controller stand-in. Stop it with [`DaemonSetController::shutdown`];
 /// dropping it stops it too.
 #[derive(Debug)]
-pub struct DaemonSetController {
-    cancel: CancellationToken,
-    task: Option<JoinHandle<()>>,
-}
+pub struct DaemonSetController(BackgroundTask);
 
 impl DaemonSetController {
     /// Starts the controller on `client`; it also reconciles every `resync` without events.
     pub fn start(client: Client, resync: Duration) -> Self {
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(client, resync, cancel.clone()));
-        Self {
-            cancel,
-            task: Some(task),
-        }
+        Self(BackgroundTask::spawn(|cancel| run(client, resync, cancel)))
     }
 
     /// Stops the controller and waits for it to finish.
-    pub async fn shutdown(mut self) {
-        self.cancel.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for DaemonSetController {
-    fn drop(&mut self) {
-        self.cancel.cancel();
+    pub async fn shutdown(self) {
+        self.0.shutdown().await;
     }
 }
 

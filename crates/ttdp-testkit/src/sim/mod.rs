@@ -27,6 +27,7 @@
 //!   non-daemon pods). Container output goes to `<log dir>/<namespace>_<pod>_<container>.log`,
 //!   not to the API's `log` subresource.
 
+mod background;
 pub mod cluster;
 mod container_runtime;
 pub mod container_spec;
