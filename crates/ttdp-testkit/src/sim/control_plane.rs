@@ -11,13 +11,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -25,9 +23,9 @@ use tracing::{info, warn};
 use ttdp_api::selector::Selector;
 
 use super::background::BackgroundTask;
-use super::daemonset::boxed_unit;
 use super::error::SimError;
 use super::node_fit::pod_fits_node;
+use super::watched::{has_synced, next_batch, watched};
 
 /// How long a created pod is counted as there before the caches show it.
 const CREATION_EXPECTATION: Duration = Duration::from_secs(30);
@@ -56,50 +54,16 @@ struct Caches {
 }
 
 async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
-    let (sets, set_writer) = reflector::store::<ReplicaSet>();
-    let (pods, pod_writer) = reflector::store::<Pod>();
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let config = watcher::Config::default;
-    let mut events = futures::stream::select_all([
-        boxed_unit(
-            watcher(Api::<ReplicaSet>::all(client.clone()), config())
-                .default_backoff()
-                .reflect(set_writer),
-        ),
-        boxed_unit(
-            watcher(Api::<Pod>::all(client.clone()), config())
-                .default_backoff()
-                .reflect(pod_writer),
-        ),
-        boxed_unit(
-            watcher(Api::<Node>::all(client.clone()), config())
-                .default_backoff()
-                .reflect(node_writer),
-        ),
-    ]);
+    let (sets, set_events) = watched::<ReplicaSet>(&client);
+    let (pods, pod_events) = watched::<Pod>(&client);
+    let (nodes, node_events) = watched::<Node>(&client);
+    let mut events = futures::stream::select_all([set_events, pod_events, node_events]);
     let caches = Caches { sets, pods, nodes };
     // Pods created per ReplicaSet uid that the caches have not shown yet.
     let mut created: HashMap<String, Vec<(String, Instant)>> = HashMap::new();
     info!("replicaset controller and scheduler stand-ins started");
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => break,
-            event = events.next() => {
-                if event.is_none() {
-                    break;
-                }
-                while let Some(Some(_)) = events.next().now_or_never() {}
-            }
-            () = tokio::time::sleep(resync) => {}
-        }
-        let ready = [
-            caches.sets.wait_until_ready().now_or_never(),
-            caches.pods.wait_until_ready().now_or_never(),
-            caches.nodes.wait_until_ready().now_or_never(),
-        ]
-        .iter()
-        .all(|r| matches!(r, Some(Ok(()))));
-        if !ready {
+    while next_batch(&mut events, &cancel, resync).await {
+        if !(has_synced(&caches.sets) && has_synced(&caches.pods) && has_synced(&caches.nodes)) {
             continue;
         }
         let pods = caches.pods.state();

@@ -13,12 +13,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -27,6 +25,7 @@ use super::background::BackgroundTask;
 use super::daemonset_plan::{DaemonSetView, plan_daemonset};
 use super::daemonset_pod::render_daemon_pod;
 use super::error::{SimError, is_not_found};
+use super::watched::{has_synced, next_batch, watched};
 
 /// How long a sent creation or deletion is waited for in the caches before it is checked on the
 /// server (a creation) or assumed done (a deletion: deleting again is harmless).
@@ -71,24 +70,10 @@ struct Expectations {
 }
 
 async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
-    let (daemonsets, ds_writer) = reflector::store::<DaemonSet>();
-    let (pods, pod_writer) = reflector::store::<Pod>();
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let config = watcher::Config::default;
-    let ds_events = watcher(Api::<DaemonSet>::all(client.clone()), config())
-        .default_backoff()
-        .reflect(ds_writer);
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), config())
-        .default_backoff()
-        .reflect(pod_writer);
-    let node_events = watcher(Api::<Node>::all(client.clone()), config())
-        .default_backoff()
-        .reflect(node_writer);
-    let mut events = futures::stream::select_all([
-        boxed_unit(ds_events),
-        boxed_unit(pod_events),
-        boxed_unit(node_events),
-    ]);
+    let (daemonsets, ds_events) = watched::<DaemonSet>(&client);
+    let (pods, pod_events) = watched::<Pod>(&client);
+    let (nodes, node_events) = watched::<Node>(&client);
+    let mut events = futures::stream::select_all([ds_events, pod_events, node_events]);
     let caches = Caches {
         daemonsets,
         pods,
@@ -99,52 +84,16 @@ async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
     // as the real controller requeues with back-off.
     let mut wait = resync;
     info!("daemonset controller stand-in started");
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => break,
-            event = events.next() => {
-                if event.is_none() {
-                    break;
-                }
-                // Take every event that is already there, then reconcile once.
-                while let Some(Some(_)) = events.next().now_or_never() {}
-            }
-            () = tokio::time::sleep(wait) => {}
-        }
-        if !ready(&caches) {
-            wait = RETRY_AFTER_ERROR.min(resync);
-            continue;
-        }
-        wait = if reconcile_all(&client, &caches, &mut expectations).await {
+    while next_batch(&mut events, &cancel, wait).await {
+        let ready =
+            has_synced(&caches.daemonsets) && has_synced(&caches.pods) && has_synced(&caches.nodes);
+        wait = if ready && reconcile_all(&client, &caches, &mut expectations).await {
             resync
         } else {
             RETRY_AFTER_ERROR.min(resync)
         };
     }
     info!("daemonset controller stand-in stopped");
-}
-
-/// A watch stream as a stream of wake-ups (errors are logged; the watcher retries them).
-pub(super) fn boxed_unit<S, T, E>(stream: S) -> std::pin::Pin<Box<dyn Stream<Item = ()> + Send>>
-where
-    S: Stream<Item = Result<T, E>> + Send + 'static,
-    E: std::fmt::Display,
-{
-    Box::pin(stream.map(|event| {
-        if let Err(err) = event {
-            debug!(error = %err, "daemonset controller watch error; retrying");
-        }
-    }))
-}
-
-fn ready(caches: &Caches) -> bool {
-    [
-        caches.daemonsets.wait_until_ready().now_or_never(),
-        caches.pods.wait_until_ready().now_or_never(),
-        caches.nodes.wait_until_ready().now_or_never(),
-    ]
-    .iter()
-    .all(|r| matches!(r, Some(Ok(()))))
 }
 
 /// How soon a failed reconcile is retried.

@@ -45,6 +45,7 @@ pub mod node_kernel;
 mod pod_status;
 mod pod_worker;
 pub mod time_scale;
+mod watched;
 pub mod workload;
 
 pub use cluster::{SCENARIO_LABEL, SimCluster, SimClusterOptions, SimNode, TenstorrentNode};

@@ -1,0 +1,64 @@
+//! What the stand-in controllers share: a cached watch of one kind whose events only wake the
+//! controller up, and the wait for the next batch of wake-ups.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::stream::SelectAll;
+use futures::{FutureExt, Stream, StreamExt};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+/// A watch stream reduced to wake-ups.
+pub type Wakeups = Pin<Box<dyn Stream<Item = ()> + Send>>;
+
+/// A cache of every object of kind `K` and the wake-ups of its watch (errors are logged; the
+/// watcher retries them with back-off).
+pub fn watched<K>(client: &Client) -> (Store<K>, Wakeups)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let (store, writer) = reflector::store::<K>();
+    let events = watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .map(|event| {
+            if let Err(err) = event {
+                debug!(error = %err, "stand-in watch error; retrying");
+            }
+        });
+    (store, Box::pin(events))
+}
+
+/// Whether a cache has had its first full list.
+pub fn has_synced<K>(store: &Store<K>) -> bool
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
+}
+
+/// Waits for wake-ups (taking every one already there, so a burst makes one reconcile) or for
+/// `wait`; false when `cancel` fired or the watches ended.
+pub async fn next_batch(
+    events: &mut SelectAll<Wakeups>,
+    cancel: &CancellationToken,
+    wait: Duration,
+) -> bool {
+    tokio::select! {
+        () = cancel.cancelled() => false,
+        event = events.next() => {
+            while let Some(Some(())) = events.next().now_or_never() {}
+            event.is_some()
+        }
+        () = tokio::time::sleep(wait) => true,
+    }
+}
