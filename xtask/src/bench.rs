@@ -97,8 +97,8 @@ pub fn run(args: &[String]) -> Result<()> {
             "unknown bench argument {unknown:?}; usage: cargo xtask bench [--quick] [--only fleet|drain|swap]"
         );
     }
-    let root = repo_root()?;
-    let target = target_dir(&root)?;
+    let root = crate::tools::repo_root()?;
+    let target = crate::tools::target_dir(&root)?;
     let release = target.join("release");
     build(&root)?;
     let kubectl = kubectl(&root)?;
@@ -256,20 +256,4 @@ fn kubectl(root: &Path) -> Result<PathBuf> {
         bail!("bash .ci/kube-tools failed ({status}); the drain benchmark needs kubectl v1.35");
     }
     crate::tools::kube_tool("kubectl")
-}
-
-fn repo_root() -> Result<PathBuf> {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .context("xtask's manifest directory has no parent")
-}
-
-fn target_dir(root: &Path) -> Result<PathBuf> {
-    Ok(match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => std::env::current_dir()
-            .context("reading the current directory")?
-            .join(dir),
-        None => root.join("target"),
-    })
 }

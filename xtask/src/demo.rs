@@ -6,7 +6,6 @@
 //! `<target>/ttdp-demo/logs` unless FLAGS say otherwise.
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -18,8 +17,8 @@ const AGENT: &str = "ttdp-agent";
 const PLUGIN: &str = "kubectl-tt-driver";
 
 pub fn run(args: &[String]) -> Result<()> {
-    let root = repo_root()?;
-    let target = target_dir(&root)?;
+    let root = crate::tools::repo_root()?;
+    let target = crate::tools::target_dir(&root)?;
     println!("demo: building the workspace's binaries (cargo build --workspace --bins) ...");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
@@ -58,24 +57,6 @@ fn has_flag(args: &[String], flag: &str) -> bool {
         a == flag
             || a.strip_prefix(flag)
                 .is_some_and(|rest| rest.starts_with('='))
-    })
-}
-
-/// The repository root (the parent of the xtask crate).
-fn repo_root() -> Result<PathBuf> {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .context("xtask's manifest directory has no parent")
-}
-
-/// `CARGO_TARGET_DIR` (relative to the current directory) or `<root>/target`.
-fn target_dir(root: &Path) -> Result<PathBuf> {
-    Ok(match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => std::env::current_dir()
-            .context("reading the current directory")?
-            .join(dir),
-        None => root.join("target"),
     })
 }
 

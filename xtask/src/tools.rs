@@ -1,9 +1,27 @@
 //! Finding the external tools xtask drives (helm, kubectl, container engines).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+
+/// The repository root (the parent of the xtask crate).
+pub fn repo_root() -> Result<PathBuf> {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask's manifest directory has no parent")
+}
+
+/// `CARGO_TARGET_DIR` (relative to the current directory) or `<root>/target`.
+pub fn target_dir(root: &Path) -> Result<PathBuf> {
+    Ok(match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => std::env::current_dir()
+            .context("reading the current directory")?
+            .join(dir),
+        None => root.join("target"),
+    })
+}
 
 /// Finds `name` (helm or kubectl): `$TTDP_<NAME>`, then `~/.local/ttdp-tools/bin`, then PATH.
 pub fn kube_tool(name: &str) -> Result<PathBuf> {

@@ -70,6 +70,7 @@ mod vm_test_report;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::tools::{repo_root, target_dir};
 use anyhow::{Context, Result, bail};
 
 /// One VM boot: what goes into its initramfs and what runs there.
@@ -225,23 +226,9 @@ fn selected_scenarios(names: &[String]) -> Result<Vec<&'static Scenario>> {
         .collect()
 }
 
-/// The repository root (the parent of the xtask crate).
-fn repo_root() -> Result<PathBuf> {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .context("xtask's manifest directory has no parent")
-}
-
 /// `<target dir>/vm`, honouring `CARGO_TARGET_DIR`.
 fn vm_cache_dir(root: &Path) -> Result<PathBuf> {
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => std::env::current_dir()
-            .context("reading the current directory")?
-            .join(dir),
-        None => root.join("target"),
-    };
-    Ok(target.join("vm"))
+    Ok(target_dir(root)?.join("vm"))
 }
 
 fn step<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
