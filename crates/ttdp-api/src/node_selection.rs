@@ -129,35 +129,36 @@ pub fn term_matches(
     if expressions.is_empty() && fields.is_empty() {
         return false;
     }
-    let node_fields = BTreeMap::from([("metadata.name".to_owned(), node_name.to_owned())]);
     expressions
         .iter()
         .all(|r| requirement_matches(r, node_labels))
         && fields.iter().all(|r| {
             r.key == "metadata.name"
                 && matches!(r.operator.as_str(), "In" | "NotIn")
-                && requirement_matches(r, &node_fields)
+                && operator_of(r).is_some_and(|op| op.holds(Some(node_name), values_of(r)))
         })
 }
 
 /// One node selector requirement against a label map, with [`Requirement::matches`]'s
 /// semantics; an unknown operator matches nothing.
 pub fn requirement_matches(r: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
-    let operator = match r.operator.as_str() {
+    operator_of(r).is_some_and(|op| op.holds(labels.get(&r.key).map(String::as_str), values_of(r)))
+}
+
+fn operator_of(r: &NodeSelectorRequirement) -> Option<Operator> {
+    Some(match r.operator.as_str() {
         "In" => Operator::In,
         "NotIn" => Operator::NotIn,
         "Exists" => Operator::Exists,
         "DoesNotExist" => Operator::DoesNotExist,
         "Gt" => Operator::Gt,
         "Lt" => Operator::Lt,
-        _ => return false,
-    };
-    Requirement {
-        key: r.key.clone(),
-        operator,
-        values: r.values.clone().unwrap_or_default(),
-    }
-    .matches(labels)
+        _ => return None,
+    })
+}
+
+fn values_of(r: &NodeSelectorRequirement) -> &[String] {
+    r.values.as_deref().unwrap_or_default()
 }
 
 #[cfg(test)]

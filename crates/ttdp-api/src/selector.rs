@@ -80,18 +80,27 @@ impl Requirement {
     /// Whether a set of labels satisfies this requirement (Kubernetes' semantics: `NotIn` and
     /// `!=` hold when the label is absent).
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        let value = labels.get(&self.key);
-        match self.operator {
-            Operator::In => value.is_some_and(|v| self.values.contains(v)),
-            Operator::NotIn => value.is_none_or(|v| !self.values.contains(v)),
+        self.operator
+            .holds(labels.get(&self.key).map(String::as_str), &self.values)
+    }
+}
+
+impl Operator {
+    /// Whether a label's value (`None`: the label is absent) satisfies this operator with these
+    /// values (Kubernetes' semantics: `NotIn` holds when the label is absent; `Gt`/`Lt` compare
+    /// integers and need exactly one value).
+    pub fn holds(self, value: Option<&str>, values: &[String]) -> bool {
+        match self {
+            Operator::In => value.is_some_and(|v| values.iter().any(|w| w == v)),
+            Operator::NotIn => value.is_none_or(|v| values.iter().all(|w| w != v)),
             Operator::Exists => value.is_some(),
             Operator::DoesNotExist => value.is_none(),
             Operator::Gt | Operator::Lt => {
-                let (Some(v), [bound]) = (value, self.values.as_slice()) else {
+                let (Some(v), [bound]) = (value, values) else {
                     return false;
                 };
                 match (v.parse::<i64>(), bound.parse::<i64>()) {
-                    (Ok(v), Ok(b)) if self.operator == Operator::Gt => v > b,
+                    (Ok(v), Ok(b)) if self == Operator::Gt => v > b,
                     (Ok(v), Ok(b)) => v < b,
                     _ => false,
                 }

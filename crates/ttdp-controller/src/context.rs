@@ -72,7 +72,7 @@ pub struct Context {
     pub wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
     /// Bit mask of the watches whose initial list arrived ([`crate::run::SYNCED_ALL`] when all).
     pub synced: tokio::sync::watch::Receiver<u8>,
-    written: Mutex<HashMap<String, Written>>,
+    written: Mutex<HashMap<String, Arc<Written>>>,
     applied: Mutex<HashMap<String, Applied>>,
     deleted_pods: Mutex<HashMap<String, Instant>>,
 }
@@ -123,7 +123,7 @@ impl Context {
     }
 
     /// What was last written for the policy with this uid.
-    pub fn written(&self, uid: &str) -> Option<Written> {
+    pub fn written(&self, uid: &str) -> Option<Arc<Written>> {
         self.written
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -132,7 +132,7 @@ impl Context {
     }
 
     /// Remembers what was written for the policy with this uid.
-    pub fn remember(&self, uid: &str, written: Written) {
+    pub fn remember(&self, uid: &str, written: Arc<Written>) {
         self.written
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

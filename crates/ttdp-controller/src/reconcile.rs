@@ -7,14 +7,15 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 use tracing::{info, instrument, warn};
 use ttdp_api::names::{self, labels};
@@ -40,6 +41,10 @@ const IN_FLIGHT_RESYNC: Duration = Duration::from_secs(30);
 const STORE_SYNC_WAIT: Duration = Duration::from_secs(30);
 /// Requeue when nothing is happening.
 const IDLE_RESYNC: Duration = Duration::from_secs(300);
+/// How many nodes' actions (cordon, delete the agent pod, release) run at once in a reconcile:
+/// with hundreds of nodes in flight, one request after another would make every reconcile as
+/// slow as the sum of them.
+const NODE_ACTIONS_AT_ONCE: usize = 16;
 
 /// Reconciles one policy.
 #[instrument(skip_all, fields(policy = %policy.name_any()))]
@@ -151,29 +156,26 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 }
 
 /// The previous status and node entries: what this controller last wrote, else the API's copy.
-fn previous_of(
-    policy: &TenstorrentDriverPolicy,
-    ctx: &Context,
-) -> (TenstorrentDriverPolicyStatus, BTreeMap<String, NodeStatus>) {
+/// Shared, not copied: with thousands of nodes a copy costs megabytes.
+fn previous_of(policy: &TenstorrentDriverPolicy, ctx: &Context) -> Arc<Written> {
     let uid = policy.uid().unwrap_or_default();
-    match ctx.written(&uid) {
-        Some(w) => (w.status, w.nodes),
-        None => {
-            let status = policy.status.clone().unwrap_or_default();
-            let nodes = status
-                .nodes
-                .iter()
-                .map(|n| (n.name.clone(), n.clone()))
-                .collect();
-            (status, nodes)
-        }
-    }
+    ctx.written(&uid).unwrap_or_else(|| {
+        let status = policy.status.clone().unwrap_or_default();
+        let nodes = status
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.clone()))
+            .collect();
+        Arc::new(Written { status, nodes })
+    })
 }
 
 /// Writes the whole status with one JSON patch (`add /status`, which replaces it): the
 /// controller is the status's only writer, and a replace costs the API server a plain write,
 /// where a server-side apply of a status with thousands of node entries makes it merge every
-/// entry's managed fields.
+/// entry's managed fields. The patch is serialized straight from the status and the response
+/// is not decoded (the watch delivers the object): with 5,000 nodes either would hold several
+/// more megabytes at every write.
 async fn write_status(
     ctx: &Context,
     policy: &TenstorrentDriverPolicy,
@@ -183,18 +185,33 @@ async fn write_status(
     if status == previous && policy.status.as_ref() == Some(status) {
         return Ok(());
     }
-    let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
+    #[derive(serde::Serialize)]
+    struct ReplaceStatus<'a> {
+        op: &'static str,
+        path: &'static str,
+        value: &'a TenstorrentDriverPolicyStatus,
+    }
     let name = policy.name_any();
-    let value = serde_json::to_value(status).map_err(Error::Serialize)?;
-    let patch = json_patch::Patch(vec![json_patch::PatchOperation::Add(
-        json_patch::AddOperation {
-            path: json_patch::jsonptr::PointerBuf::from_tokens(["status"]),
-            value,
-        },
-    )]);
-    api.patch_status(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-        .map_err(|e| Error::kube(format!("write status of policy {name}"), e))?;
+    let failed = |e: kube::Error| Error::kube(format!("write status of policy {name}"), e);
+    let body = serde_json::to_vec(&[ReplaceStatus {
+        op: "add",
+        path: "/status",
+        value: status,
+    }])
+    .map_err(Error::Serialize)?;
+    let url = format!(
+        "{}/{name}/status",
+        TenstorrentDriverPolicy::url_path(&(), None)
+    );
+    let request = http::Request::patch(url)
+        .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+        .body(body)
+        .map_err(|e| {
+            failed(kube::Error::BuildRequest(
+                kube::core::request::Error::BuildRequest(e),
+            ))
+        })?;
+    ctx.client.request_text(request).await.map_err(failed)?;
     Ok(())
 }
 
@@ -286,10 +303,12 @@ pub async fn apply(
     let uid = policy.uid().unwrap_or_default();
     let mut now = Time(Timestamp::now());
     let settings = &ctx.settings;
-    let (mut previous, mut recorded) = previous_of(&policy, &ctx);
+    let first = previous_of(&policy, &ctx);
     if let Err(err) = policy.spec.validate() {
-        return invalid_spec(&policy, &ctx, &previous, &recorded, err, &now).await;
+        return invalid_spec(&policy, &ctx, &first, err, &now).await;
     }
+    let recorded = &first.nodes;
+    let mut last = first.clone();
     let Some(mut selection) = selection_of(&policy, settings.require_nfd) else {
         return Ok(Requeue::await_change());
     };
@@ -392,7 +411,7 @@ pub async fn apply(
     // Actions already taken per node (a second pass does not repeat them).
     let mut performed: HashMap<String, Vec<Action>> = HashMap::new();
     let mut second_pass = false;
-    let (transitions, all_nodes) = loop {
+    let (transitions, written) = loop {
         let transitions = rollout::plan(&plan, &observations);
         let reports = transitions
             .iter()
@@ -403,43 +422,51 @@ pub async fn apply(
                 install_mode: metas.get(node).and_then(|m| observe::install_mode_label(m)),
             })
             .collect();
-        let built = build_status(&facts, &previous, &recorded, reports, &now);
-        write_status(&ctx, &policy, &built.status, &previous).await?;
-        ctx.remember(
-            &uid,
-            Written {
-                status: built.status.clone(),
-                nodes: built.all_nodes.clone(),
-            },
-        );
+        let built = build_status(&facts, &last.status, &last.nodes, reports, &now);
+        write_status(&ctx, &policy, &built.status, &last.status).await?;
+        let written = Arc::new(Written {
+            status: built.status,
+            nodes: built.all_nodes,
+        });
+        ctx.remember(&uid, written.clone());
 
-        // Act, node by node; one node's failure does not stop the others.
+        // Act: up to NODE_ACTIONS_AT_ONCE nodes at a time, each node's actions in order; one
+        // node's failure does not stop the others.
         let obs_by_node: HashMap<&str, &NodeObservation> =
             observations.iter().map(|(n, o)| (n.as_str(), o)).collect();
-        let mut released: HashMap<String, UncordonOutcome> = HashMap::new();
+        let mut work = Vec::new();
         for (node, t) in &transitions {
-            let pod = observe::pick_agent_pod(by_node.get(node).into_iter().flatten().copied());
-            let entered = built
-                .all_nodes
-                .get(node)
-                .and_then(|e| e.last_transition_time.clone());
             let done = performed.entry(node.clone()).or_default();
-            for action in &t.actions {
-                if done.contains(action) {
-                    continue;
-                }
-                done.push(*action);
-                let result = act(
-                    &ctx,
-                    &policy,
-                    node,
-                    *action,
-                    obs_by_node.get(node.as_str()).copied(),
-                    pod,
-                    entered.as_ref(),
-                    &now,
-                )
-                .await;
+            let todo: Vec<Action> = t
+                .actions
+                .iter()
+                .filter(|a| !done.contains(a))
+                .copied()
+                .collect();
+            done.extend(&todo);
+            if !todo.is_empty() {
+                work.push((node, todo));
+            }
+        }
+        let mut pending = Vec::with_capacity(work.len());
+        for (node, todo) in work {
+            let pod = observe::pick_agent_pod(by_node.get(node).into_iter().flatten().copied());
+            let entered = written
+                .nodes
+                .get(node)
+                .and_then(|e| e.last_transition_time.as_ref());
+            let obs = obs_by_node.get(node.as_str()).copied();
+            pending.push(act_in_order(
+                &ctx, &policy, node, todo, obs, pod, entered, &now,
+            ));
+        }
+        let outcomes: Vec<_> = futures::stream::iter(pending)
+            .buffer_unordered(NODE_ACTIONS_AT_ONCE)
+            .collect()
+            .await;
+        let mut released: HashMap<String, UncordonOutcome> = HashMap::new();
+        for (node, results) in outcomes {
+            for (action, result) in results {
                 match result {
                     Ok(Some(outcome)) => {
                         released.insert(node.clone(), outcome);
@@ -454,23 +481,22 @@ pub async fn apply(
         }
         report_changes(&ctx, &policy, &built.changes);
         if second_pass || released.is_empty() || first_error.is_some() {
-            break (transitions, built.all_nodes);
+            break (transitions, written);
         }
         // The released nodes no longer hold anything of ours: plan again with that known.
         second_pass = true;
         for (node, obs) in &mut observations {
-            obs.recorded = built.all_nodes.get(node).map(|e| e.state);
+            obs.recorded = written.nodes.get(node).map(|e| e.state);
             if let Some(outcome) = released.get(node) {
                 obs.cordoned_by_us = false;
                 obs.gates_closed_by_us = false;
                 obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
             }
         }
-        previous = built.status;
-        recorded = built.all_nodes;
+        last = written;
         now = Time(Timestamp::now());
     };
-    set_node_counts(&ctx, &name, &all_nodes);
+    set_node_counts(&ctx, &name, &written.nodes);
     let draining: HashSet<&str> = transitions
         .iter()
         .filter(|(_, t)| t.state == NodeState::Draining)
@@ -485,7 +511,7 @@ pub async fn apply(
         .filter(|n| !matched_names.contains(&n.name_any()))
     {
         let node = n.name_any();
-        if holds_ours(&n.metadata, &name, recorded.contains_key(&node)) {
+        if holds_ours(&n.metadata, &name, written.nodes.contains_key(&node)) {
             info!(node = %node, "node left the policy's selection; releasing it");
             if let Err(e) = node_actions::release(&ctx.client, &name, &node).await {
                 first_error.get_or_insert(e);
@@ -506,6 +532,29 @@ pub async fn apply(
         requeue = requeue.min(w + Duration::from_millis(50));
     }
     Ok(Requeue::requeue(requeue))
+}
+
+/// One node's actions, in order; every result is returned.
+#[allow(clippy::too_many_arguments)]
+async fn act_in_order<'a>(
+    ctx: &Arc<Context>,
+    policy: &TenstorrentDriverPolicy,
+    node: &'a String,
+    todo: Vec<Action>,
+    obs: Option<&NodeObservation>,
+    pod: Option<&CachedPod>,
+    entered: Option<&Time>,
+    now: &Time,
+) -> (
+    &'a String,
+    Vec<(Action, Result<Option<UncordonOutcome>, Error>)>,
+) {
+    let mut results = Vec::with_capacity(todo.len());
+    for action in todo {
+        let result = act(ctx, policy, node, action, obs, pod, entered, now).await;
+        results.push((action, result));
+    }
+    (node, results)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -630,11 +679,11 @@ fn set_node_counts(ctx: &Context, name: &str, all: &BTreeMap<String, NodeStatus>
 async fn invalid_spec(
     policy: &TenstorrentDriverPolicy,
     ctx: &Context,
-    previous: &TenstorrentDriverPolicyStatus,
-    recorded: &BTreeMap<String, NodeStatus>,
+    last: &Written,
     err: ttdp_api::driver::v1alpha1::SpecError,
     now: &Time,
 ) -> Result<Requeue, Error> {
+    let (previous, recorded) = (&last.status, &last.nodes);
     let reports = recorded
         .values()
         .map(|e| NodeReport {
@@ -663,10 +712,10 @@ async fn invalid_spec(
     write_status(ctx, policy, &built.status, previous).await?;
     ctx.remember(
         &policy.uid().unwrap_or_default(),
-        Written {
+        Arc::new(Written {
             status: built.status,
             nodes: built.all_nodes,
-        },
+        }),
     );
     if !was_invalid {
         warn!(policy = %policy.name_any(), error = %err, "invalid spec");
@@ -688,7 +737,8 @@ pub async fn cleanup(
 ) -> Result<Requeue, Error> {
     let name = policy.name_any();
     ctx.drains.retain(&name, |_| false);
-    let (_, recorded) = previous_of(&policy, &ctx);
+    let last = previous_of(&policy, &ctx);
+    let recorded = &last.nodes;
     let mut released = 0;
     let mut seen = HashSet::new();
     for n in ctx.nodes.state() {

@@ -204,6 +204,29 @@ async fn field_selectors_filter_pods_by_node_phase_and_name() {
         "p1"
     );
     assert_eq!(names(&pods, "metadata.name=p2".into()).await, "p2");
+    // An unscheduled pod (no scheduler of that name picks it up) matches an empty nodeName;
+    // once bound, it is listed with its node's pods.
+    let mut p3 = pod("p3", &n1, json!({}));
+    if let Some(spec) = p3.spec.as_mut() {
+        spec.node_name = None;
+        spec.scheduler_name = Some("tk-no-such-scheduler".into());
+    }
+    pods.create(&PostParams::default(), &p3).await.unwrap();
+    assert_eq!(names(&pods, "spec.nodeName=".into()).await, "p3");
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p3"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": n1}
+    });
+    pods.create_subresource::<_, serde_json::Value>(
+        "binding",
+        "p3",
+        &PostParams::default(),
+        &binding,
+    )
+    .await
+    .unwrap();
+    assert_eq!(names(&all, format!("spec.nodeName={n1}")).await, "p1,p3");
+    assert_eq!(names(&pods, "spec.nodeName=".into()).await, "");
     // The real server rejects field labels a resource does not support.
     let err = api_error(
         all.list(&ListParams::default().fields("spec.color=red"))

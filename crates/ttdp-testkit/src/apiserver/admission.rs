@@ -4,11 +4,11 @@
 //! schema defaults, pruning, structural validation and CEL `x-kubernetes-validations` (with
 //! `oldSelf` transition rules on updates), failing with 422 `Invalid`.
 
-use kube::core::cel::{RootContext, Validator, apply_defaults};
+use kube::core::cel::{RootContext, Validator};
 use serde_json::{Value, json};
 
 use super::builtin_types;
-use super::catalog::ResourceType;
+use super::catalog::{CrdSchema, ResourceType};
 use super::meta;
 use super::schema_validation;
 use super::status::{ApiError, ObjectRef, StatusCause};
@@ -414,17 +414,22 @@ pub fn admit(
     Err(err)
 }
 
+thread_local! {
+    /// A CEL environment with the Kubernetes functions registered (costly to build; not `Sync`).
+    static CEL: Validator = Validator::new();
+}
+
 /// Returns the validation failures and the unknown (pruned) fields.
 fn admit_custom(
     rt: &ResourceType,
-    schema: &Value,
+    crd_schema: &CrdSchema,
     old: Option<&Value>,
     obj: &mut Value,
 ) -> (Vec<StatusCause>, Vec<String>) {
-    let mut defaulted = apply_defaults(schema, obj);
+    let schema = &crd_schema.openapi;
+    schema_validation::apply_defaults(schema, obj);
     let mut removed = Vec::new();
-    schema_validation::prune(schema, &mut defaulted, "", &mut removed);
-    *obj = defaulted;
+    schema_validation::prune(schema, obj, "", &mut removed);
     let mut causes = Vec::new();
     schema_validation::validate(schema, obj, "", &mut causes);
     if !causes.is_empty() {
@@ -435,7 +440,12 @@ fn admit_custom(
         api_group: rt.group.clone(),
         kind: rt.kind.clone(),
     };
-    if let Err(errors) = Validator::new().validate_with_context(schema, obj, old, Some(&root)) {
+    let view = crd_schema.cel_view(obj);
+    let old_view = old.map(|o| crd_schema.cel_view(o));
+    let checked = CEL.with(|cel| {
+        cel.validate_compiled_with_context(&crd_schema.cel, &view, old_view.as_deref(), Some(&root))
+    });
+    if let Err(errors) = checked {
         for e in errors.iter() {
             let field = if e.field_path.is_empty() {
                 "<nil>".to_string()

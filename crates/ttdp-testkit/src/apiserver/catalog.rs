@@ -1,6 +1,9 @@
 //! The resource types the server serves: the built-in ones ttdp uses and the custom resources of
 //! every CustomResourceDefinition created through it.
 
+use std::sync::Arc;
+
+use kube::core::cel::{CompiledSchema, compile_schema};
 use serde_json::Value;
 
 /// One served resource at one group/version.
@@ -26,12 +29,101 @@ pub struct ResourceType {
     pub status_subresource: bool,
     /// Extra field-selector labels beyond `metadata.name` / `metadata.namespace`.
     pub field_labels: Vec<String>,
-    /// The CRD's `openAPIV3Schema` for this version (None for built-ins).
-    pub schema: Option<Value>,
+    /// The CRD's schema for this version (None for built-ins); shared, as every request clones
+    /// its resource type.
+    pub schema: Option<Arc<CrdSchema>>,
     /// The CRD's `additionalPrinterColumns` for this version.
     pub printer_columns: Vec<Value>,
     /// Name of the CRD that defines this type (None for built-ins).
     pub crd: Option<String>,
+}
+
+/// A custom resource version's `openAPIV3Schema`, with its `x-kubernetes-validations` rules
+/// compiled once (the API server also compiles them when the CRD is written, not per request).
+#[derive(Debug)]
+pub struct CrdSchema {
+    /// The schema as written in the CRD.
+    pub openapi: Value,
+    /// Its CEL rules, compiled.
+    pub cel: CompiledSchema,
+    /// Top-level fields no CEL rule can read: none inside them, and the root's rules only name
+    /// other fields (`self.metadata.name`). See [`CrdSchema::cel_view`].
+    unread_by_cel: Vec<String>,
+}
+
+impl CrdSchema {
+    /// Compiles the CEL rules of `openapi`.
+    pub fn new(openapi: Value) -> Self {
+        let cel = compile_schema(&openapi);
+        let unread_by_cel = unread_by_cel(&openapi);
+        Self {
+            openapi,
+            cel,
+            unread_by_cel,
+        }
+    }
+
+    /// The object as the CEL rules need to see it. The API server's CEL reads `self` lazily, so
+    /// a root rule such as `size(self.metadata.name) <= 57` costs the same with a status of
+    /// thousands of entries; kube-cel converts all of `self` first. Leaving out the fields no
+    /// rule can read keeps a status write as cheap as on a real server, with the same verdict.
+    pub fn cel_view<'a>(&self, obj: &'a Value) -> std::borrow::Cow<'a, Value> {
+        let Value::Object(map) = obj else {
+            return std::borrow::Cow::Borrowed(obj);
+        };
+        if !self.unread_by_cel.iter().any(|f| map.contains_key(f)) {
+            return std::borrow::Cow::Borrowed(obj);
+        }
+        let kept = map
+            .iter()
+            .filter(|(k, _)| !self.unread_by_cel.contains(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        std::borrow::Cow::Owned(Value::Object(kept))
+    }
+}
+
+/// The top-level properties without rules of their own that the root's rules (and messages)
+/// never name. Any use of `self` or `oldSelf` other than `.field` (the whole object, `self[...]`,
+/// `self.?field`) means every field may be read, and none is listed.
+fn unread_by_cel(schema: &Value) -> Vec<String> {
+    let Ok(access) = regex::Regex::new(r"\b(?:self|oldSelf)\b(\.[A-Za-z_][A-Za-z0-9_]*)?") else {
+        return Vec::new();
+    };
+    let mut named = Vec::new();
+    for rule in schema["x-kubernetes-validations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        for text in ["rule", "messageExpression"]
+            .iter()
+            .filter_map(|k| rule[*k].as_str())
+        {
+            for found in access.captures_iter(text) {
+                match found.get(1) {
+                    Some(field) => named.push(field.as_str()[1..].to_string()),
+                    None => return Vec::new(),
+                }
+            }
+        }
+    }
+    fn has_rules(schema: &Value) -> bool {
+        match schema {
+            Value::Object(map) => {
+                map.contains_key("x-kubernetes-validations") || map.values().any(has_rules)
+            }
+            Value::Array(items) => items.iter().any(has_rules),
+            _ => false,
+        }
+    }
+    schema["properties"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(name, sub)| !named.contains(name) && !has_rules(sub))
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 impl ResourceType {
@@ -255,7 +347,7 @@ pub fn types_from_crd(crd: &Value) -> Vec<ResourceType> {
                 .collect(),
             schema: version["schema"]["openAPIV3Schema"]
                 .as_object()
-                .map(|o| Value::Object(o.clone())),
+                .map(|o| Arc::new(CrdSchema::new(Value::Object(o.clone())))),
             printer_columns: version["additionalPrinterColumns"]
                 .as_array()
                 .cloned()
@@ -264,4 +356,49 @@ pub fn types_from_crd(crd: &Value) -> Vec<ResourceType> {
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema(root_rule: &str) -> CrdSchema {
+        CrdSchema::new(json!({
+            "type": "object",
+            "x-kubernetes-validations": [{"rule": root_rule}],
+            "properties": {
+                "spec": {"type": "object", "properties": {"v": {
+                    "type": "string",
+                    "x-kubernetes-validations": [{"rule": "self != 'bad'"}]
+                }}},
+                "status": {"type": "object", "properties": {"n": {"type": "integer"}}},
+                "extra": {"type": "object"}
+            }
+        }))
+    }
+
+    #[test]
+    fn fields_no_rule_reads_are_left_out_of_the_cel_view() {
+        let s = schema("size(self.metadata.name) <= 5 && has(self.extra)");
+        let obj =
+            json!({"metadata": {"name": "a"}, "spec": {"v": "x"}, "extra": {}, "status": {"n": 1}});
+        // spec has a rule inside, extra is named by the root rule: both stay.
+        assert_eq!(
+            *s.cel_view(&obj),
+            json!({"metadata": {"name": "a"}, "spec": {"v": "x"}, "extra": {}})
+        );
+    }
+
+    #[test]
+    fn a_root_rule_on_the_whole_object_sees_every_field() {
+        for rule in [
+            "self == oldSelf",
+            "self['status'] != null",
+            "has(self.?status)",
+        ] {
+            let obj = json!({"metadata": {"name": "a"}, "status": {"n": 1}});
+            assert_eq!(*schema(rule).cel_view(&obj), obj, "{rule}");
+        }
+    }
 }

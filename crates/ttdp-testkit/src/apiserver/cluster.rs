@@ -264,8 +264,14 @@ impl ClusterState {
         fields: &FieldSelector,
     ) -> Vec<&Value> {
         let ns = namespace.filter(|_| rt.namespaced);
-        self.store
-            .list(&rt.storage_key(), ns)
+        let storage = rt.storage_key();
+        let candidates = match fields.required("spec.nodeName") {
+            Some(node) if storage == "/pods" && !node.is_empty() => {
+                self.store.pods_on_node(node, ns)
+            }
+            _ => self.store.list(&storage, ns),
+        };
+        candidates
             .into_iter()
             .filter(|o| labels.matches(&o["metadata"]["labels"]) && fields.matches(o))
             .collect()
@@ -575,7 +581,7 @@ impl ClusterState {
         let mut patched = existing.clone();
         match patch_type {
             PatchType::Merge => patch::merge_patch(&mut patched, &patch),
-            PatchType::Json => patch::json_patch(&mut patched, &patch)?,
+            PatchType::Json => patch::json_patch(&mut patched, patch)?,
             PatchType::Strategic => {
                 if rt.is_custom() {
                     return Err(ApiError::unsupported_media_type(
@@ -1007,14 +1013,21 @@ fn spec_of(rt: &ResourceType, obj: &Value) -> Value {
 /// write of a type with a status subresource cannot change `status`.
 fn scope_write(rt: &ResourceType, existing: &Value, mut new: Value, subresource: &str) -> Value {
     if subresource == "status" {
-        let mut out = existing.clone();
-        match new.get("status") {
-            Some(s) => out["status"] = s.clone(),
-            None => {
-                if let Some(o) = out.as_object_mut() {
-                    o.remove("status");
-                }
-            }
+        // The existing object with the new status; built from `new`, as the status is the
+        // large part (thousands of entries) and the rest is small.
+        let status = new.as_object_mut().and_then(|o| o.remove("status"));
+        let mut out = match existing {
+            Value::Object(fields) => Value::Object(
+                fields
+                    .iter()
+                    .filter(|(k, _)| k.as_str() != "status")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            ),
+            other => other.clone(),
+        };
+        if let (Some(status), Some(o)) = (status, out.as_object_mut()) {
+            o.insert("status".to_string(), status);
         }
         return out;
     }

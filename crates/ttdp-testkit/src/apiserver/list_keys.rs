@@ -116,7 +116,7 @@ pub fn list_kind(rt: &ResourceType, path: &[String], merger: Merger) -> ListKind
         return builtin_kind(rt, path, merger);
     }
     match &rt.schema {
-        Some(schema) => schema_kind(schema, path),
+        Some(schema) => schema_kind(&schema.openapi, path),
         None => builtin_kind(rt, path, merger),
     }
 }
@@ -124,8 +124,9 @@ pub fn list_kind(rt: &ResourceType, path: &[String], merger: Merger) -> ListKind
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::catalog::Catalog;
+    use crate::apiserver::catalog::{Catalog, CrdSchema};
     use serde_json::json;
+    use std::sync::Arc;
 
     fn path(p: &str) -> Vec<String> {
         p.split('.').map(str::to_string).collect()
@@ -156,7 +157,7 @@ mod tests {
     #[test]
     fn crd_schema_markers_decide_for_custom_resources() {
         let mut rt = Catalog::builtin().find("", "v1", "pods").unwrap().clone();
-        rt.schema = Some(json!({
+        rt.schema = Some(Arc::new(CrdSchema::new(json!({
             "type": "object",
             "properties": {"status": {"type": "object", "properties": {"nodes": {
                 "type": "array",
@@ -164,7 +165,7 @@ mod tests {
                 "x-kubernetes-list-map-keys": ["name"],
                 "items": {"type": "object", "properties": {"name": {"type": "string"}}}
             }}}}
-        }));
+        }))));
         assert_eq!(
             list_kind(&rt, &path("status.nodes"), Merger::Apply),
             keys(&["name"])

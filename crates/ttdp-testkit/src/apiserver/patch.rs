@@ -57,8 +57,8 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 /// RFC 6902 JSON patch; a failed operation (e.g. a failed `test`) is 422, as on the real server.
-pub fn json_patch(target: &mut Value, patch: &Value) -> Result<(), ApiError> {
-    let mut ops: json_patch::Patch = serde_json::from_value(patch.clone())
+pub fn json_patch(target: &mut Value, patch: Value) -> Result<(), ApiError> {
+    let mut ops: json_patch::Patch = serde_json::from_value(patch)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     // The real server (evanphx/json-patch) treats a missing path as null in `test`, so
     // `{"op":"test","path":"/metadata/finalizers","value":null}` passes on an object without
@@ -69,7 +69,8 @@ pub fn json_patch(target: &mut Value, patch: &Value) -> Result<(), ApiError> {
         }
         _ => true,
     });
-    json_patch::patch(target, &ops).map_err(|e| ApiError {
+    // Not atomic (no copy of the whole object first): on an error the caller drops `target`.
+    json_patch::patch_unsafe(target, &ops).map_err(|e| ApiError {
         code: 422,
         reason: "Invalid",
         message: format!("the server rejected our request due to an error in our request: {e}"),

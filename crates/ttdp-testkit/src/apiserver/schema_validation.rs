@@ -1,6 +1,8 @@
 //! Structural OpenAPI v3 schema validation of custom resources, with the real server's pruning
 //! of unknown fields and its error messages (`spec.x: Invalid value: ...`).
 
+use std::collections::HashSet;
+
 use regex::Regex;
 use serde_json::{Map, Value};
 
@@ -39,6 +41,39 @@ fn join(path: &str, field: &str) -> String {
         field.to_string()
     } else {
         format!("{path}.{field}")
+    }
+}
+
+/// Fill in the schema's `default`s for absent fields, in place (kube-cel's `apply_defaults`
+/// semantics without copying the object at every level: a default is not itself defaulted;
+/// `x-kubernetes-preserve-unknown-fields` turns `additionalProperties` off).
+pub fn apply_defaults(schema: &Value, value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            let props = schema["properties"].as_object();
+            let additional = Some(&schema["additionalProperties"]).filter(|a| {
+                a.is_object()
+                    && schema["x-kubernetes-preserve-unknown-fields"].as_bool() != Some(true)
+            });
+            for (key, child) in map.iter_mut() {
+                if let Some(child_schema) = props.and_then(|p| p.get(key)).or(additional) {
+                    apply_defaults(child_schema, child);
+                }
+            }
+            for (key, prop) in props.into_iter().flatten() {
+                if let Some(default) = prop.get("default")
+                    && !map.contains_key(key)
+                {
+                    map.insert(key.clone(), default.clone());
+                }
+            }
+        }
+        Value::Array(items) if schema.get("items").is_some() => {
+            for item in items {
+                apply_defaults(&schema["items"], item);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -293,10 +328,12 @@ fn validate_list_map_keys(schema: &Value, items: &[Value], path: &str, out: &mut
                 .flatten()
                 .filter_map(Value::as_str)
                 .collect();
-            let mut seen: Vec<Vec<&Value>> = Vec::new();
+            // Keys as their JSON text: a status can list thousands of entries.
+            let mut seen: HashSet<String> = HashSet::new();
             for (i, item) in items.iter().enumerate() {
                 let key: Vec<&Value> = keys.iter().map(|k| &item[*k]).collect();
-                if seen.contains(&key) {
+                let text: Vec<String> = key.iter().map(|v| v.to_string()).collect();
+                if !seen.insert(text.join(",")) {
                     let shown_key = keys
                         .iter()
                         .zip(&key)
@@ -309,12 +346,12 @@ fn validate_list_map_keys(schema: &Value, items: &[Value], path: &str, out: &mut
                         format!("Duplicate value: map[string]interface {{}}{{{shown_key}}}"),
                     ));
                 }
-                seen.push(key);
             }
         }
         Some("set") => {
+            let mut seen: HashSet<String> = HashSet::new();
             for (i, item) in items.iter().enumerate() {
-                if items[..i].contains(item) {
+                if !seen.insert(item.to_string()) {
                     out.push(cause(
                         "FieldValueDuplicate",
                         &format!("{path}[{i}]"),

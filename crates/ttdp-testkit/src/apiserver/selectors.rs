@@ -230,6 +230,14 @@ impl FieldSelector {
         Ok(Self { requirements })
     }
 
+    /// The value `field` must equal, when the selector requires one (`field=value`).
+    pub fn required(&self, field: &str) -> Option<&str> {
+        self.requirements
+            .iter()
+            .find(|(f, equal, _)| *equal && f == field)
+            .map(|(_, _, value)| value.as_str())
+    }
+
     /// Whether the object satisfies the selector.
     pub fn matches(&self, object: &Value) -> bool {
         self.requirements.iter().all(|(field, equal, value)| {

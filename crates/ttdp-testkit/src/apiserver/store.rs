@@ -1,7 +1,7 @@
 //! Object storage: every object as JSON, one global `resourceVersion` counter (like etcd's
 //! revision), and a bounded history of change events that watches replay and resume from.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -52,7 +52,13 @@ pub struct Store {
     last_change: HashMap<String, u64>,
     /// The owner graph of everything stored, for garbage collection.
     pub owners: OwnerIndex,
+    /// Pods by `spec.nodeName`, as the real server's watch cache indexes them: kubelets and
+    /// drains list one node's pods among thousands.
+    pods_by_node: HashMap<String, BTreeSet<ObjectKey>>,
 }
+
+/// The storage key of pods.
+const PODS: &str = "/pods";
 
 impl Store {
     /// An empty store keeping `history_limit` change events.
@@ -67,6 +73,7 @@ impl Store {
             changes,
             last_change: HashMap::new(),
             owners: OwnerIndex::default(),
+            pods_by_node: HashMap::new(),
         }
     }
 
@@ -105,6 +112,43 @@ impl Store {
                 .take_while(|((ns, _), _)| ns == want)
                 .map(|(_, v)| v)
                 .collect(),
+        }
+    }
+
+    /// The pods bound to `node`, in key order; `namespace` filters.
+    pub fn pods_on_node(&self, node: &str, namespace: Option<&str>) -> Vec<&Value> {
+        let (Some(keys), Some(pods)) = (self.pods_by_node.get(node), self.objects.get(PODS)) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .filter(|(ns, _)| namespace.is_none_or(|want| want == ns))
+            .filter_map(|key| pods.get(key))
+            .collect()
+    }
+
+    fn index_pod(&mut self, key: &ObjectKey, before: Option<&Value>, after: Option<&Value>) {
+        let node = |pod: Option<&Value>| {
+            pod.and_then(|p| p["spec"]["nodeName"].as_str())
+                .filter(|n| !n.is_empty())
+                .map(str::to_string)
+        };
+        let (old, new) = (node(before), node(after));
+        if old == new {
+            return;
+        }
+        if let Some(old) = old
+            && let Some(keys) = self.pods_by_node.get_mut(&old)
+        {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.pods_by_node.remove(&old);
+            }
+        }
+        if let Some(new) = new {
+            self.pods_by_node
+                .entry(new)
+                .or_default()
+                .insert(key.clone());
         }
     }
 
@@ -169,7 +213,12 @@ impl Store {
         object: Value,
         revision: u64,
     ) {
-        let previous = self.get(storage, namespace, name).cloned();
+        let key = (namespace.to_string(), name.to_string());
+        let previous = self
+            .objects
+            .entry(storage.to_string())
+            .or_default()
+            .insert(key.clone(), object.clone());
         self.owners.stored(
             (storage.to_string(), namespace.to_string(), name.to_string()),
             previous.as_ref(),
@@ -180,10 +229,9 @@ impl Store {
         } else {
             ChangeKind::Added
         };
-        self.objects
-            .entry(storage.to_string())
-            .or_default()
-            .insert((namespace.to_string(), name.to_string()), object.clone());
+        if storage == PODS {
+            self.index_pod(&key, previous.as_ref(), Some(&object));
+        }
         self.record(Change {
             revision,
             storage: storage.to_string(),
@@ -202,10 +250,11 @@ impl Store {
         last: Value,
         revision: u64,
     ) {
-        let previous = self
-            .objects
-            .get_mut(storage)
-            .and_then(|m| m.remove(&(namespace.to_string(), name.to_string())));
+        let key = (namespace.to_string(), name.to_string());
+        let previous = self.objects.get_mut(storage).and_then(|m| m.remove(&key));
+        if storage == PODS {
+            self.index_pod(&key, previous.as_ref(), None);
+        }
         self.owners.removed(&last);
         self.record(Change {
             revision,

@@ -4,7 +4,6 @@
 //! history (an ERROR event with a 410 `Expired` status when it is too old), then follows changes,
 //! with periodic BOOKMARKs when asked for.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -194,7 +193,7 @@ pub fn watch(
                     Ok(change) => {
                         last_revision = last_revision.max(change.revision);
                         if let Some(kind) = filter.event_type(&change) {
-                            let chunk = line(kind, &present(&rt, Arc::unwrap_or_clone(change).object, q.as_table.as_deref()));
+                            let chunk = line(kind, &present(&rt, change.object.clone(), q.as_table.as_deref()));
                             if tx.send(Ok(chunk)).await.is_err() {
                                 return;
                             }

@@ -62,7 +62,7 @@ async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
     // Pods created per ReplicaSet uid that the caches have not shown yet.
     let mut created: HashMap<String, Vec<(String, Instant)>> = HashMap::new();
     info!("replicaset controller and scheduler stand-ins started");
-    while next_batch(&mut events, &cancel, resync).await {
+    while next_batch(&mut events, &cancel, resync, Instant::now()).await {
         if !(has_synced(&caches.sets) && has_synced(&caches.pods) && has_synced(&caches.nodes)) {
             continue;
         }

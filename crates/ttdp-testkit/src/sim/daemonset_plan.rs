@@ -65,16 +65,20 @@ pub fn plan_daemonset(view: DaemonSetView<'_>) -> Result<DaemonSetPlan, SimError
     let hash = template_hash(&spec.template);
     let pod_spec = daemon_pod_spec(ds)?;
 
-    let mut by_node: BTreeMap<String, Vec<&Pod>> = BTreeMap::new();
+    let mut by_node: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
     for pod in view.pods {
         let node = pod
             .spec
             .as_ref()
-            .and_then(|s| s.node_name.clone())
+            .and_then(|s| s.node_name.as_deref())
             .unwrap_or_default();
         by_node.entry(node).or_default().push(pod);
     }
-    let node_names: HashSet<String> = view.nodes.iter().map(|n| n.name_any()).collect();
+    let node_names: HashSet<&str> = view
+        .nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.as_deref())
+        .collect();
 
     let mut plan = DaemonSetPlan {
         revision_hash: hash.clone(),
@@ -92,7 +96,7 @@ pub fn plan_daemonset(view: DaemonSetView<'_>) -> Result<DaemonSetPlan, SimError
         let name = node.name_any();
         let fit = pod_fits_node(&pod_spec, node);
         let mut live: Vec<&Pod> = by_node
-            .get(&name)
+            .get(name.as_str())
             .map(|pods| {
                 pods.iter()
                     .copied()

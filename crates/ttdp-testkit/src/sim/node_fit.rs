@@ -105,13 +105,14 @@ pub fn matches_required_affinity(affinity: Option<&Affinity>, node: &Node) -> bo
             affinity_matches(
                 na,
                 node.metadata.name.as_deref().unwrap_or_default(),
-                &node_labels(node),
+                node_labels(node),
             )
         })
 }
 
-fn node_labels(node: &Node) -> BTreeMap<String, String> {
-    node.metadata.labels.clone().unwrap_or_default()
+fn node_labels(node: &Node) -> &BTreeMap<String, String> {
+    static NONE: BTreeMap<String, String> = BTreeMap::new();
+    node.metadata.labels.as_ref().unwrap_or(&NONE)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::stream::SelectAll;
 use futures::{FutureExt, Stream, StreamExt};
@@ -47,18 +47,29 @@ where
 }
 
 /// Waits for wake-ups (taking every one already there, so a burst makes one reconcile) or for
-/// `wait`; false when `cancel` fired or the watches ended.
+/// `wait`; false when `cancel` fired or the watches ended. Returns no sooner than `not_before`,
+/// reading the watches meanwhile (a watch left unread is closed by the server as too slow).
 pub async fn next_batch(
     events: &mut SelectAll<Wakeups>,
     cancel: &CancellationToken,
     wait: Duration,
+    not_before: Instant,
 ) -> bool {
-    tokio::select! {
-        () = cancel.cancelled() => false,
-        event = events.next() => {
-            while let Some(Some(())) = events.next().now_or_never() {}
-            event.is_some()
-        }
-        () = tokio::time::sleep(wait) => true,
+    let first = tokio::select! {
+        () = cancel.cancelled() => return false,
+        event = events.next() => event,
+        () = tokio::time::sleep(wait) => Some(()),
+    };
+    if first.is_none() {
+        return false;
     }
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return false,
+            event = events.next() => if event.is_none() { return false },
+            () = tokio::time::sleep_until(not_before.into()) => break,
+        }
+    }
+    while let Some(Some(())) = events.next().now_or_never() {}
+    true
 }
