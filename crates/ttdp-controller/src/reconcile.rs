@@ -434,7 +434,7 @@ pub async fn apply(
         // node's failure does not stop the others.
         let obs_by_node: HashMap<&str, &NodeObservation> =
             observations.iter().map(|(n, o)| (n.as_str(), o)).collect();
-        let mut work = Vec::new();
+        let mut pending = Vec::new();
         for (node, t) in &transitions {
             let done = performed.entry(node.clone()).or_default();
             let todo: Vec<Action> = t
@@ -443,13 +443,10 @@ pub async fn apply(
                 .filter(|a| !done.contains(a))
                 .copied()
                 .collect();
-            done.extend(&todo);
-            if !todo.is_empty() {
-                work.push((node, todo));
+            if todo.is_empty() {
+                continue;
             }
-        }
-        let mut pending = Vec::with_capacity(work.len());
-        for (node, todo) in work {
+            done.extend(&todo);
             let pod = observe::pick_agent_pod(by_node.get(node).into_iter().flatten().copied());
             let entered = written
                 .nodes

@@ -265,12 +265,11 @@ impl ClusterState {
     ) -> Vec<&Value> {
         let ns = namespace.filter(|_| rt.namespaced);
         let storage = rt.storage_key();
-        let candidates = match fields.required("spec.nodeName") {
-            Some(node) if storage == "/pods" && !node.is_empty() => {
-                self.store.pods_on_node(node, ns)
-            }
-            _ => self.store.list(&storage, ns),
-        };
+        let candidates = fields
+            .required("spec.nodeName")
+            .filter(|node| !node.is_empty())
+            .and_then(|node| self.store.list_on_node(&storage, node, ns))
+            .unwrap_or_else(|| self.store.list(&storage, ns));
         candidates
             .into_iter()
             .filter(|o| labels.matches(&o["metadata"]["labels"]) && fields.matches(o))

@@ -115,15 +115,26 @@ impl Store {
         }
     }
 
-    /// The pods bound to `node`, in key order; `namespace` filters.
-    pub fn pods_on_node(&self, node: &str, namespace: Option<&str>) -> Vec<&Value> {
+    /// The objects of a storage key bound to `node` (`spec.nodeName`), in key order; `namespace`
+    /// filters. None when that storage key is not indexed by node (only pods are).
+    pub fn list_on_node(
+        &self,
+        storage: &str,
+        node: &str,
+        namespace: Option<&str>,
+    ) -> Option<Vec<&Value>> {
+        if storage != PODS {
+            return None;
+        }
         let (Some(keys), Some(pods)) = (self.pods_by_node.get(node), self.objects.get(PODS)) else {
-            return Vec::new();
+            return Some(Vec::new());
         };
-        keys.iter()
-            .filter(|(ns, _)| namespace.is_none_or(|want| want == ns))
-            .filter_map(|key| pods.get(key))
-            .collect()
+        Some(
+            keys.iter()
+                .filter(|(ns, _)| namespace.is_none_or(|want| want == ns))
+                .filter_map(|key| pods.get(key))
+                .collect(),
+        )
     }
 
     fn index_pod(&mut self, key: &ObjectKey, before: Option<&Value>, after: Option<&Value>) {
