@@ -4,7 +4,7 @@
 //! Policies are required (their absence is an error the user can act on); Nodes, DaemonSets and
 //! Events only enrich the view, so a failure to read them (typically RBAC) becomes a warning.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
@@ -157,27 +157,74 @@ impl Connection {
         Ok(facts)
     }
 
-    /// Events about a policy, from `core/v1` and `events.k8s.io/v1` (deduplicated; a real
-    /// server shows the same Event through both).
+    /// Events about a policy. A server shows every Event through both `events.k8s.io/v1` and
+    /// `core/v1`, so one list is enough: `events.k8s.io/v1` (what the controller writes), or
+    /// `core/v1` from servers that lack that API or its field selectors (400/403/404).
     pub async fn events(&self, policy: &str) -> Result<Vec<EventFacts>, Error> {
         let kind = "TenstorrentDriverPolicy";
+        let modern: Api<events_v1::Event> = Api::all(self.client.clone());
+        let params =
+            ListParams::default().fields(&format!("regarding.kind={kind},regarding.name={policy}"));
+        match list_all(&modern, &params).await {
+            Ok(events) => Ok(events
+                .iter()
+                .filter(|e| {
+                    let regarding = e.regarding.as_ref();
+                    regarding.and_then(|r| r.kind.as_deref()) == Some(kind)
+                        && regarding.and_then(|r| r.name.as_deref()) == Some(policy)
+                })
+                .map(|e| EventFacts {
+                    type_: e.type_.clone().unwrap_or_default(),
+                    reason: e.reason.clone().unwrap_or_default(),
+                    last_seen: e
+                        .series
+                        .as_ref()
+                        .map(|s| s.last_observed_time.0)
+                        .or_else(|| e.event_time.as_ref().map(|t| t.0))
+                        .or_else(|| e.deprecated_last_timestamp.as_ref().map(|t| t.0))
+                        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0)),
+                    count: e
+                        .series
+                        .as_ref()
+                        .map(|s| s.count)
+                        .or(e.deprecated_count)
+                        .unwrap_or(1),
+                    from: e
+                        .reporting_controller
+                        .clone()
+                        .filter(|c| !c.is_empty())
+                        .or_else(|| {
+                            e.deprecated_source
+                                .as_ref()
+                                .and_then(|s| s.component.clone())
+                        })
+                        .unwrap_or_default(),
+                    message: e.note.clone().unwrap_or_default(),
+                })
+                .collect()),
+            Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 404) => {
+                self.core_events(kind, policy).await
+            }
+            Err(e) => Err(self.error(e, "list", "events.events.k8s.io")),
+        }
+    }
+
+    /// Events about a policy from `core/v1`, for servers without `events.k8s.io/v1`.
+    async fn core_events(&self, kind: &str, policy: &str) -> Result<Vec<EventFacts>, Error> {
         let core: Api<Event> = Api::all(self.client.clone());
         let params = ListParams::default().fields(&format!(
             "involvedObject.kind={kind},involvedObject.name={policy}"
         ));
-        let mut seen = HashSet::new();
-        let mut out = Vec::new();
-        let core_events = list_all(&core, &params)
+        let events = list_all(&core, &params)
             .await
             .map_err(|e| self.error(e, "list", "events"))?;
-        for e in core_events {
-            if e.involved_object.kind.as_deref() != Some(kind)
-                || e.involved_object.name.as_deref() != Some(policy)
-            {
-                continue;
-            }
-            seen.insert((e.metadata.namespace.clone(), e.metadata.name.clone()));
-            out.push(EventFacts {
+        Ok(events
+            .iter()
+            .filter(|e| {
+                e.involved_object.kind.as_deref() == Some(kind)
+                    && e.involved_object.name.as_deref() == Some(policy)
+            })
+            .map(|e| EventFacts {
                 type_: e.type_.clone().unwrap_or_default(),
                 reason: e.reason.clone().unwrap_or_default(),
                 last_seen: e
@@ -194,41 +241,8 @@ impl Connection {
                     .or_else(|| e.source.as_ref().and_then(|s| s.component.clone()))
                     .unwrap_or_default(),
                 message: e.message.clone().unwrap_or_default(),
-            });
-        }
-        // events.k8s.io/v1: servers that do not support these field selectors (or the API)
-        // answer 400/404; what core/v1 returned is then all there is.
-        let modern: Api<events_v1::Event> = Api::all(self.client.clone());
-        let params =
-            ListParams::default().fields(&format!("regarding.kind={kind},regarding.name={policy}"));
-        match list_all(&modern, &params).await {
-            Ok(events) => {
-                for e in events {
-                    let regarding = e.regarding.as_ref();
-                    if regarding.and_then(|r| r.kind.as_deref()) != Some(kind)
-                        || regarding.and_then(|r| r.name.as_deref()) != Some(policy)
-                        || !seen.insert((e.metadata.namespace.clone(), e.metadata.name.clone()))
-                    {
-                        continue;
-                    }
-                    out.push(EventFacts {
-                        type_: e.type_.clone().unwrap_or_default(),
-                        reason: e.reason.clone().unwrap_or_default(),
-                        last_seen: e
-                            .series
-                            .as_ref()
-                            .map(|s| s.last_observed_time.0)
-                            .or_else(|| e.event_time.as_ref().map(|t| t.0)),
-                        count: e.series.as_ref().map_or(1, |s| s.count),
-                        from: e.reporting_controller.clone().unwrap_or_default(),
-                        message: e.note.clone().unwrap_or_default(),
-                    });
-                }
-            }
-            Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 404) => {}
-            Err(e) => return Err(self.error(e, "list", "events.events.k8s.io")),
-        }
-        Ok(out)
+            })
+            .collect())
     }
 
     /// The fleet: every policy (or only `only`), with the extras asked for. Missing extras

@@ -208,9 +208,16 @@ pub fn agent_pod_event(event: watcher::Event<Pod>) -> watcher::Event<CachedPod> 
     map_event(event, CachedPod::of)
 }
 
-/// Drops a policy's managed fields (an apply records one entry per status node).
+/// Drops a policy's managed fields (an apply records one entry per status node) and its
+/// `status.nodes`: the controller keeps the node entries it last wrote itself
+/// ([`Context::written`](crate::context::Context::written)), reads them from the API only when
+/// it has none, and would otherwise hold a copy of thousands of entries in every cached
+/// version of the policy.
 pub fn policy(policy: &mut TenstorrentDriverPolicy) {
     policy.metadata.managed_fields = None;
+    if let Some(status) = policy.status.as_mut() {
+        status.nodes = Vec::new();
+    }
 }
 
 /// Drops a DaemonSet's managed fields and status (the controller compares only its identity,
@@ -346,17 +353,21 @@ mod tests {
     }
 
     #[test]
-    fn policies_and_daemonsets_lose_managed_fields() {
+    fn policies_lose_managed_fields_and_node_entries_and_daemonsets_their_status() {
         let mut p: TenstorrentDriverPolicy = serde_json::from_value(json!({
             "apiVersion": "driver.tenstorrent.com/v1alpha1", "kind": "TenstorrentDriverPolicy",
             "metadata": {"name": "fleet", "finalizers": [names::FINALIZER]},
             "spec": {"version": "2.0.0", "nodeAffinity": {}},
+            "status": {"observedGeneration": 3, "nodes": [{"name": "n1", "state": "Done"}]},
         }))
         .unwrap();
         p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
         policy(&mut p);
         assert!(p.metadata.managed_fields.is_none());
         assert_eq!(p.metadata.finalizers.as_ref().unwrap().len(), 1);
+        let status = p.status.unwrap();
+        assert!(status.nodes.is_empty());
+        assert_eq!(status.observed_generation, Some(3));
         let mut ds = DaemonSet::default();
         ds.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
         ds.status = Some(Default::default());

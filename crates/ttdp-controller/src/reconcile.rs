@@ -155,19 +155,43 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     out
 }
 
-/// The previous status and node entries: what this controller last wrote, else the API's copy.
+/// The previous status and node entries: what this controller last wrote, else the API's copy
+/// (read once: the cached policy carries no node entries, see [`crate::cached::policy`]).
 /// Shared, not copied: with thousands of nodes a copy costs megabytes.
-fn previous_of(policy: &TenstorrentDriverPolicy, ctx: &Context) -> Arc<Written> {
+async fn previous_of(
+    policy: &TenstorrentDriverPolicy,
+    ctx: &Context,
+) -> Result<Arc<Written>, Error> {
     let uid = policy.uid().unwrap_or_default();
-    ctx.written(&uid).unwrap_or_else(|| {
-        let status = policy.status.clone().unwrap_or_default();
-        let nodes = status
-            .nodes
-            .iter()
-            .map(|n| (n.name.clone(), n.clone()))
-            .collect();
-        Arc::new(Written { status, nodes })
-    })
+    if let Some(written) = ctx.written(&uid) {
+        return Ok(written);
+    }
+    let name = policy.name_any();
+    let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
+    let status = match api.get_opt(&name).await {
+        Ok(Some(p)) if p.uid() == policy.uid() => p.status.unwrap_or_default(),
+        Ok(_) => policy.status.clone().unwrap_or_default(),
+        Err(e) => return Err(Error::kube(format!("get policy {name}"), e)),
+    };
+    let nodes = status
+        .nodes
+        .iter()
+        .map(|n| (n.name.clone(), n.clone()))
+        .collect();
+    Ok(Arc::new(Written { status, nodes }))
+}
+
+/// Whether two statuses are equal but for `nodes` (the cached policy's status has none).
+fn same_but_nodes(a: &TenstorrentDriverPolicyStatus, b: &TenstorrentDriverPolicyStatus) -> bool {
+    let TenstorrentDriverPolicyStatus {
+        observed_generation,
+        conditions,
+        summary,
+        nodes: _,
+    } = a;
+    *observed_generation == b.observed_generation
+        && *conditions == b.conditions
+        && *summary == b.summary
 }
 
 /// Writes the whole status with one JSON patch (`add /status`, which replaces it): the
@@ -182,7 +206,12 @@ async fn write_status(
     status: &TenstorrentDriverPolicyStatus,
     previous: &TenstorrentDriverPolicyStatus,
 ) -> Result<(), Error> {
-    if status == previous && policy.status.as_ref() == Some(status) {
+    if status == previous
+        && policy
+            .status
+            .as_ref()
+            .is_some_and(|s| same_but_nodes(s, status))
+    {
         return Ok(());
     }
     #[derive(serde::Serialize)]
@@ -303,7 +332,7 @@ pub async fn apply(
     let uid = policy.uid().unwrap_or_default();
     let mut now = Time(Timestamp::now());
     let settings = &ctx.settings;
-    let first = previous_of(&policy, &ctx);
+    let first = previous_of(&policy, &ctx).await?;
     if let Err(err) = policy.spec.validate() {
         return invalid_spec(&policy, &ctx, &first, err, &now).await;
     }
@@ -734,7 +763,7 @@ pub async fn cleanup(
 ) -> Result<Requeue, Error> {
     let name = policy.name_any();
     ctx.drains.retain(&name, |_| false);
-    let last = previous_of(&policy, &ctx);
+    let last = previous_of(&policy, &ctx).await?;
     let recorded = &last.nodes;
     let mut released = 0;
     let mut seen = HashSet::new();

@@ -157,10 +157,12 @@ impl std::fmt::Debug for RunOptions {
     }
 }
 
-/// The policies a node event concerns: those selecting the node, and the one whose cordon it
-/// carries (so a node that left a selection is released).
+/// The policies a node event concerns: those selecting the node, the one whose cordon it
+/// carries (so a node that left a selection is released), and those whose last written status
+/// lists it.
 fn policies_for_node(
     policies: &reflector::Store<TenstorrentDriverPolicy>,
+    ctx: &Context,
     node: &CachedNode,
     require_nfd: bool,
 ) -> Vec<ObjectRef<TenstorrentDriverPolicy>> {
@@ -173,9 +175,9 @@ fn policies_for_node(
         .filter(|p| {
             observe::cordoned_by(&node.metadata, &p.name_any())
                 || selection_of(p, require_nfd).is_some_and(|s| s.matches(&name, node_labels))
-                || p.status
-                    .as_ref()
-                    .is_some_and(|s| s.nodes.iter().any(|n| n.name == name))
+                || ctx
+                    .written(&p.uid().unwrap_or_default())
+                    .is_some_and(|w| w.nodes.contains_key(&name))
         })
         .map(|p| ObjectRef::from_obj(&*p))
         .collect()
@@ -312,6 +314,7 @@ pub async fn run(
     }
 
     let node_policies = policy_store.clone();
+    let node_ctx = ctx.clone();
     let graceful = stop.clone();
     // Owned DaemonSets, mapped by label: `owns` would give the cluster-scoped policy the
     // DaemonSet's namespace.
@@ -322,7 +325,7 @@ pub async fn run(
                 .map(|p| ObjectRef::<TenstorrentDriverPolicy>::new(p))
         })
         .watches_stream(node_stream, move |node| {
-            policies_for_node(&node_policies, &node, require_nfd)
+            policies_for_node(&node_policies, &node_ctx, &node, require_nfd)
         })
         .watches_stream(pod_stream, |pod| {
             pod.labels()

@@ -393,6 +393,47 @@ async fn limit_and_continue_page_through_a_list() {
 }
 
 #[tokio::test]
+async fn pages_across_namespaces_whose_names_prefix_each_other_miss_nothing() {
+    // `x` and `x-b`: "x-b/..." sorts before "x/..." as a string but after it as (namespace,
+    // name); a continue token must pick up where the page ended either way.
+    let t = Target::start().await;
+    let (a, b) = (t.name("pg"), t.name("pg-b"));
+    let mut want = Vec::new();
+    for ns in [&a, &b] {
+        t.create_namespace(ns).await;
+        let leases: Api<Lease> = Api::namespaced(t.client(), ns);
+        for name in ["l1", "l2"] {
+            let lease: Lease = serde_json::from_value(
+                json!({"metadata": {"name": name, "labels": {RUN_LABEL: t.namespace()}}}),
+            )
+            .unwrap();
+            leases.create(&PostParams::default(), &lease).await.unwrap();
+            want.push(format!("{ns}/{name}"));
+        }
+    }
+    let all: Api<Lease> = Api::all(t.client());
+    let mut params = ListParams::default().labels(&t.run_selector()).limit(1);
+    let mut seen = Vec::new();
+    loop {
+        let page = all.list(&params).await.unwrap();
+        seen.extend(page.items.iter().map(|l| {
+            format!(
+                "{}/{}",
+                l.metadata.namespace.as_deref().unwrap(),
+                l.metadata.name.as_deref().unwrap()
+            )
+        }));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    seen.sort();
+    want.sort();
+    assert_eq!(seen, want, "every lease once, over pages of one");
+}
+
+#[tokio::test]
 async fn status_subresource_splits_spec_and_status_and_generation_tracks_spec_only() {
     let t = Target::start().await;
     let ds_api: Api<DaemonSet> = Api::default_namespaced(t.client());

@@ -255,25 +255,21 @@ impl ClusterState {
             .ok_or_else(|| ApiError::not_found(object_ref(rt, &q, name)))
     }
 
-    /// Objects of a type matching selectors (namespace None: all namespaces).
-    fn matching(
+    /// The objects of a type a list looks at, in key order (namespace None: all namespaces):
+    /// only the node's pods when a field selector names `spec.nodeName`.
+    fn candidates(
         &self,
         rt: &ResourceType,
         namespace: Option<&str>,
-        labels: &LabelSelector,
         fields: &FieldSelector,
     ) -> Vec<&Value> {
         let ns = namespace.filter(|_| rt.namespaced);
         let storage = rt.storage_key();
-        let candidates = fields
+        fields
             .required("spec.nodeName")
             .filter(|node| !node.is_empty())
             .and_then(|node| self.store.list_on_node(&storage, node, ns))
-            .unwrap_or_else(|| self.store.list(&storage, ns));
-        candidates
-            .into_iter()
-            .filter(|o| labels.matches(&o["metadata"]["labels"]) && fields.matches(o))
-            .collect()
+            .unwrap_or_else(|| self.store.list(&storage, ns))
     }
 
     /// LIST with selectors and pagination.
@@ -290,7 +286,7 @@ impl ClusterState {
         )?;
         let (list_rv, start) = self.list_revision(q)?;
         let snapshot;
-        let mut items = if list_rv < self.store.revision() {
+        let candidates: Vec<&Value> = if list_rv < self.store.revision() {
             let ns = namespace.filter(|_| rt.namespaced);
             snapshot = self
                 .store
@@ -302,21 +298,30 @@ impl ClusterState {
                         "The resourceVersion for the provided list is too old."
                     })
                 })?;
-            snapshot
-                .iter()
-                .filter(|o| labels.matches(&o["metadata"]["labels"]) && fields.matches(o))
-                .collect()
+            snapshot.iter().collect()
         } else {
-            self.matching(rt, namespace, &labels, &fields)
+            self.candidates(rt, namespace, &fields)
         };
-        if let Some(start) = &start {
-            items.retain(|o| continue_key(o) > *start);
-        }
+        // A page starts after the continue key and stops one past the limit, as an etcd range
+        // read does: the candidates are in key order, so neither scans the whole type again.
+        let from = match &start {
+            Some(start) => {
+                let (ns, name) = start.split_once('/').unwrap_or(("", start.as_str()));
+                candidates.partition_point(|o| (meta::namespace(o), meta::name(o)) <= (ns, name))
+            }
+            None => 0,
+        };
+        let limit = q.limit.filter(|l| *l > 0);
+        let mut items: Vec<&Value> = candidates[from..]
+            .iter()
+            .copied()
+            .filter(|o| labels.matches(&o["metadata"]["labels"]) && fields.matches(o))
+            .take(limit.map_or(usize::MAX, |l| l + 1))
+            .collect();
         let mut list_meta = json!({"resourceVersion": list_rv.to_string()});
-        if let Some(limit) = q.limit.filter(|l| *l > 0)
+        if let Some(limit) = limit
             && items.len() > limit
         {
-            let remaining = items.len() - limit;
             items.truncate(limit);
             if let Some(last) = items.last() {
                 list_meta["continue"] = json!(encode_continue(list_rv, &continue_key(last)));
@@ -325,7 +330,7 @@ impl ClusterState {
                     .iter()
                     .any(|sel| sel.as_deref().is_some_and(|s| !s.is_empty()));
                 if !filtered {
-                    list_meta["remainingItemCount"] = json!(remaining);
+                    list_meta["remainingItemCount"] = json!(candidates.len() - from - limit);
                 }
             }
         }
@@ -989,12 +994,22 @@ impl ClusterState {
 /// A stored object as clients of `rt` see it: `apiVersion`/`kind` of the requested version, and
 /// events.k8s.io Events converted from the stored core shape.
 pub fn present(rt: &ResourceType, mut obj: Value) -> Value {
+    if is_presented(rt, &obj) {
+        return obj;
+    }
     if events::is_events_v1(rt) {
         return events::to_events_v1(&obj);
     }
     obj["apiVersion"] = json!(rt.api_version());
     obj["kind"] = json!(rt.kind);
     obj
+}
+
+/// Whether `obj` is already as [`present`] would return it (so it can be sent without a copy).
+pub fn is_presented(rt: &ResourceType, obj: &Value) -> bool {
+    !events::is_events_v1(rt)
+        && obj["apiVersion"].as_str() == Some(rt.api_version().as_str())
+        && obj["kind"].as_str() == Some(rt.kind.as_str())
 }
 
 /// The part of an object whose change bumps `metadata.generation`.

@@ -76,9 +76,18 @@ impl Filter {
     }
 }
 
+/// One watch event line, `type` first as a real API server writes it: clients decoding the
+/// adjacently tagged event (kube's `WatchEvent`) can then read the object straight into its
+/// type, where an `object` before its `type` must first be buffered whole.
 fn line(kind: &str, object: &Value) -> Bytes {
-    let mut s = json!({"type": kind, "object": object}).to_string();
-    s.push('\n');
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        #[serde(rename = "type")]
+        kind: &'a str,
+        object: &'a Value,
+    }
+    let mut s = serde_json::to_vec(&Line { kind, object }).unwrap_or_default();
+    s.push(b'\n');
     Bytes::from(s)
 }
 
@@ -193,7 +202,10 @@ pub fn watch(
                     Ok(change) => {
                         last_revision = last_revision.max(change.revision);
                         if let Some(kind) = filter.event_type(&change) {
-                            let chunk = line(kind, &present(&rt, change.object.clone(), q.as_table.as_deref()));
+                            let chunk = match q.as_table.as_deref() {
+                                None if cluster::is_presented(&rt, &change.object) => line(kind, &change.object),
+                                table => line(kind, &present(&rt, change.object.clone(), table)),
+                            };
                             if tx.send(Ok(chunk)).await.is_err() {
                                 return;
                             }
