@@ -43,6 +43,20 @@ pub struct CachedNode {
 }
 
 impl CachedNode {
+    /// The node as far as cached (metadata and `spec.unschedulable`), for deciding how to
+    /// release it; `None` when its labels were not kept (the deploy gates would look open).
+    pub fn to_node(&self) -> Option<Node> {
+        self.metadata.labels.as_ref()?;
+        Some(Node {
+            metadata: self.metadata.clone(),
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                unschedulable: Some(self.unschedulable),
+                ..Default::default()
+            }),
+            status: None,
+        })
+    }
+
     /// What is kept of `node`. With `require_nfd`, a node without the NFD Tenstorrent label can
     /// match no policy, so its labels are dropped too (its annotations still say whether it
     /// holds a cordon of ours).

@@ -16,13 +16,14 @@ use crate::cached::{CachedNode, CachedPod};
 use crate::drain_tracker::DrainTracker;
 use crate::events::EventPublisher;
 use crate::metrics::Metrics;
+use crate::node_tasks::NodeTasks;
 use crate::settings::Settings;
 
 /// The last status the controller wrote for a policy (by uid), uncompacted. The API server's copy
 /// is the durable one; this only bridges the moment between a write and its watch event.
 #[derive(Clone, Debug, Default)]
 pub struct Written {
-    /// The status as written.
+    /// The status as written, without its node entries (those are in `nodes`).
     pub status: TenstorrentDriverPolicyStatus,
     /// Every node entry, including ones compacted out of the status.
     pub nodes: BTreeMap<String, NodeStatus>,
@@ -66,6 +67,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Background drains.
     pub drains: DrainTracker,
+    /// Background node actions.
+    pub node_tasks: NodeTasks,
     /// Per-object error back-off.
     pub backoff: ErrorBackoff,
     /// Wakes a policy's reconcile (drain finished).
@@ -113,6 +116,7 @@ impl Context {
             events,
             metrics,
             drains: DrainTracker::default(),
+            node_tasks: NodeTasks::default(),
             backoff: ErrorBackoff::default(),
             wake,
             synced,

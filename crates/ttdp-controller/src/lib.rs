@@ -30,6 +30,7 @@ pub mod events;
 pub mod leader;
 pub mod metrics;
 pub mod node_actions;
+pub mod node_tasks;
 pub mod observe;
 pub mod overlap;
 pub mod reconcile;

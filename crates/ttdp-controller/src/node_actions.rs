@@ -172,16 +172,29 @@ pub async fn cordon_and_close_gates(
 
 /// Reopens the deploy gates the node's annotation lists (removing the labels and the
 /// annotation) and lifts `policy`'s cordon (never someone else's), in one JSON merge patch
-/// carrying the node's `resourceVersion` after a fresh read (so a stale cache never leaves a gate
-/// closed), re-read and decided again on a conflict.
-pub async fn release(client: &Client, policy: &str, node: &str) -> Result<UncordonOutcome, Error> {
+/// carrying the node's `resourceVersion`, re-read and decided again on a conflict. The first
+/// decision may come from `cached` (the controller's copy of the node, saving a read on the
+/// hand-off from one node to the next): a patch from a stale copy fails its precondition and is
+/// decided again from a fresh read, and a copy that shows nothing to do is confirmed by one, so
+/// a stale cache never leaves a gate closed or a cordon in place.
+pub async fn release(
+    client: &Client,
+    policy: &str,
+    node: &str,
+    cached: Option<Node>,
+) -> Result<UncordonOutcome, Error> {
     let api: Api<Node> = Api::all(client.clone());
     let owner = cordon_owner(policy);
+    let mut first = cached;
     for _ in 0..CONFLICT_RETRIES {
-        let current = match api.get_opt(node).await {
-            Ok(Some(n)) => n,
-            Ok(None) => return Ok(UncordonOutcome::NotCordoned),
-            Err(e) => return Err(Error::kube(format!("get node {node}"), e)),
+        let from_cache = first.is_some();
+        let current = match first.take() {
+            Some(n) => n,
+            None => match api.get_opt(node).await {
+                Ok(Some(n)) => n,
+                Ok(None) => return Ok(UncordonOutcome::NotCordoned),
+                Err(e) => return Err(Error::kube(format!("get node {node}"), e)),
+            },
         };
         let closed = crate::observe::closed_gates(&current.metadata);
         let recorded = annotation(&current, &owner.owner_annotation);
@@ -195,6 +208,9 @@ pub async fn release(client: &Client, policy: &str, node: &str) -> Result<Uncord
             (false, _) => UncordonOutcome::NotCordoned,
         };
         if closed.is_empty() && !ours {
+            if from_cache {
+                continue;
+            }
             return Ok(outcome);
         }
         let mut patch = json!({"metadata": {"resourceVersion": current.metadata.resource_version}});

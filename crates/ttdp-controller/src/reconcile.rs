@@ -30,7 +30,7 @@ use crate::node_actions;
 use crate::observe::{self, ObserveInput};
 use crate::overlap::{OlderPolicies, selection_of};
 use crate::rollout::{self, RolloutPlan};
-use crate::status::{NodeReport, PolicyFacts, build_status};
+use crate::status::{BuiltStatus, NodeReport, PolicyFacts, build_status};
 use crate::transition::{
     Action, AgentCondition, AgentPod, NodeObservation, NodeTransition, RolloutRules,
 };
@@ -41,9 +41,8 @@ const IN_FLIGHT_RESYNC: Duration = Duration::from_secs(30);
 const STORE_SYNC_WAIT: Duration = Duration::from_secs(30);
 /// Requeue when nothing is happening.
 const IDLE_RESYNC: Duration = Duration::from_secs(300);
-/// How many nodes' actions (cordon, delete the agent pod, release) run at once in a reconcile:
-/// with hundreds of nodes in flight, one request after another would make every reconcile as
-/// slow as the sum of them.
+/// How many nodes' actions the reconcile itself waits for (lifting cordons, whose outcome its
+/// second pass needs) run at once; the others run in [`crate::node_tasks`].
 const NODE_ACTIONS_AT_ONCE: usize = 16;
 
 /// Reconciles one policy.
@@ -168,15 +167,14 @@ async fn previous_of(
     }
     let name = policy.name_any();
     let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
-    let status = match api.get_opt(&name).await {
+    let mut status = match api.get_opt(&name).await {
         Ok(Some(p)) if p.uid() == policy.uid() => p.status.unwrap_or_default(),
         Ok(_) => policy.status.clone().unwrap_or_default(),
         Err(e) => return Err(Error::kube(format!("get policy {name}"), e)),
     };
-    let nodes = status
-        .nodes
-        .iter()
-        .map(|n| (n.name.clone(), n.clone()))
+    let nodes = std::mem::take(&mut status.nodes)
+        .into_iter()
+        .map(|n| (n.name.clone(), n))
         .collect();
     Ok(Arc::new(Written { status, nodes }))
 }
@@ -197,16 +195,16 @@ fn same_but_nodes(a: &TenstorrentDriverPolicyStatus, b: &TenstorrentDriverPolicy
 /// Writes the whole status with one JSON patch (`add /status`, which replaces it): the
 /// controller is the status's only writer, and a replace costs the API server a plain write,
 /// where a server-side apply of a status with thousands of node entries makes it merge every
-/// entry's managed fields. The patch is serialized straight from the status and the response
-/// is not decoded (the watch delivers the object): with 5,000 nodes either would hold several
-/// more megabytes at every write.
+/// entry's managed fields. The patch is serialized straight from the status, and the reply is
+/// asked for as `PartialObjectMetadata` and not decoded (the watch delivers the object): with
+/// 5,000 nodes the whole object back would be 0.7 MB to encode, send and read at every write.
 async fn write_status(
     ctx: &Context,
     policy: &TenstorrentDriverPolicy,
     status: &TenstorrentDriverPolicyStatus,
-    previous: &TenstorrentDriverPolicyStatus,
+    unchanged: bool,
 ) -> Result<(), Error> {
-    if status == previous
+    if unchanged
         && policy
             .status
             .as_ref()
@@ -234,6 +232,10 @@ async fn write_status(
     );
     let request = http::Request::patch(url)
         .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+        .header(
+            http::header::ACCEPT,
+            "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+        )
         .body(body)
         .map_err(|e| {
             failed(kube::Error::BuildRequest(
@@ -242,6 +244,26 @@ async fn write_status(
         })?;
     ctx.client.request_text(request).await.map_err(failed)?;
     Ok(())
+}
+
+/// Writes `built` unless it is what was last written (and the API's copy agrees), and
+/// remembers it, the node entries once (in `nodes`, not again in `status`).
+async fn record(
+    ctx: &Context,
+    policy: &TenstorrentDriverPolicy,
+    built: BuiltStatus,
+    last: &Written,
+) -> Result<Arc<Written>, Error> {
+    let unchanged = built.all_nodes == last.nodes && same_but_nodes(&built.status, &last.status);
+    write_status(ctx, policy, &built.status, unchanged).await?;
+    let mut status = built.status;
+    status.nodes = Vec::new();
+    let written = Arc::new(Written {
+        status,
+        nodes: built.all_nodes,
+    });
+    ctx.remember(&policy.uid().unwrap_or_default(), written.clone());
+    Ok(written)
 }
 
 /// sha256 (hex) of an object's JSON.
@@ -329,7 +351,11 @@ pub async fn apply(
     ctx: Arc<Context>,
 ) -> Result<Requeue, Error> {
     let name = policy.name_any();
-    let uid = policy.uid().unwrap_or_default();
+    // A background action failed: fail this reconcile with it, so the policy backs off before
+    // the action is tried again.
+    if let Some(e) = ctx.node_tasks.take_failures(&name).into_iter().next() {
+        return Err(e);
+    }
     let mut now = Time(Timestamp::now());
     let settings = &ctx.settings;
     let first = previous_of(&policy, &ctx).await?;
@@ -451,16 +477,13 @@ pub async fn apply(
                 install_mode: metas.get(node).and_then(|m| observe::install_mode_label(m)),
             })
             .collect();
-        let built = build_status(&facts, &last.status, &last.nodes, reports, &now);
-        write_status(&ctx, &policy, &built.status, &last.status).await?;
-        let written = Arc::new(Written {
-            status: built.status,
-            nodes: built.all_nodes,
-        });
-        ctx.remember(&uid, written.clone());
+        let mut built = build_status(&facts, &last.status, &last.nodes, reports, &now);
+        let changes = std::mem::take(&mut built.changes);
+        let written = record(&ctx, &policy, built, &last).await?;
 
-        // Act: up to NODE_ACTIONS_AT_ONCE nodes at a time, each node's actions in order; one
-        // node's failure does not stop the others.
+        // Act, each node's actions in order; one node's failure does not stop the others.
+        // Cordons, agent replacements and retry clearing go to the background; the rest (lifting
+        // a cordon, starting a drain) here, up to NODE_ACTIONS_AT_ONCE nodes at a time.
         let obs_by_node: HashMap<&str, &NodeObservation> =
             observations.iter().map(|(n, o)| (n.as_str(), o)).collect();
         let mut pending = Vec::new();
@@ -472,7 +495,8 @@ pub async fn apply(
                 .filter(|a| !done.contains(a))
                 .copied()
                 .collect();
-            if todo.is_empty() {
+            // A node whose background task still runs waits for it (which then wakes us).
+            if todo.is_empty() || ctx.node_tasks.busy(&name, node) {
                 continue;
             }
             done.extend(&todo);
@@ -482,6 +506,22 @@ pub async fn apply(
                 .get(node)
                 .and_then(|e| e.last_transition_time.as_ref());
             let obs = obs_by_node.get(node.as_str()).copied();
+            if todo.iter().all(in_background) {
+                let (task_ctx, task_policy, task_node) =
+                    (ctx.clone(), policy.clone(), node.clone());
+                let (obs, pod, entered, now) =
+                    (obs.cloned(), pod.cloned(), entered.cloned(), now.clone());
+                let work = async move {
+                    for action in todo {
+                        act(&task_ctx, &task_policy, &task_node, action, obs.as_ref(), pod.as_ref(), entered.as_ref(), &now)
+                            .await
+                            .inspect_err(|e| warn!(node = %task_node, ?action, error = %error_chain(e), "node action failed"))?;
+                    }
+                    Ok(())
+                };
+                ctx.node_tasks.spawn(&name, node, work, waker(&ctx, &name));
+                continue;
+            }
             pending.push(act_in_order(
                 &ctx, &policy, node, todo, obs, pod, entered, &now,
             ));
@@ -505,7 +545,7 @@ pub async fn apply(
                 }
             }
         }
-        report_changes(&ctx, &policy, &built.changes);
+        report_changes(&ctx, &policy, &changes);
         if second_pass || released.is_empty() || first_error.is_some() {
             break (transitions, written);
         }
@@ -539,7 +579,7 @@ pub async fn apply(
         let node = n.name_any();
         if holds_ours(&n.metadata, &name, written.nodes.contains_key(&node)) {
             info!(node = %node, "node left the policy's selection; releasing it");
-            if let Err(e) = node_actions::release(&ctx.client, &name, &node).await {
+            if let Err(e) = node_actions::release(&ctx.client, &name, &node, None).await {
                 first_error.get_or_insert(e);
             }
         }
@@ -558,6 +598,23 @@ pub async fn apply(
         requeue = requeue.min(w + Duration::from_millis(50));
     }
     Ok(Requeue::requeue(requeue))
+}
+
+/// Whether an action runs in the background ([`crate::node_tasks`]).
+fn in_background(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::Cordon | Action::ReplaceAgent { .. } | Action::ClearRetry
+    )
+}
+
+/// Wakes the policy's reconcile.
+fn waker(ctx: &Context, policy: &str) -> crate::node_tasks::Wake {
+    let tx = ctx.wake.clone();
+    let policy = ObjectRef::<TenstorrentDriverPolicy>::new(policy);
+    Arc::new(move || {
+        let _ = tx.unbounded_send(policy.clone());
+    })
 }
 
 /// One node's actions, in order; every result is returned.
@@ -634,18 +691,13 @@ async fn act(
                     ..DrainOptions::default()
                 },
             };
-            let wake_tx = ctx.wake.clone();
-            let wake_ref = ObjectRef::<TenstorrentDriverPolicy>::new(&name);
-            let wake = Arc::new(move || {
-                let _ = wake_tx.unbounded_send(wake_ref.clone());
-            });
             ctx.drains.ensure(
                 &ctx.drain_client,
                 &name,
                 node,
                 plan,
                 ctx.metrics.clone(),
-                wake,
+                waker(ctx, &name),
             );
         }
         Action::ReplaceAgent { even_current } => {
@@ -669,7 +721,11 @@ async fn act(
             }
         }
         Action::Release => {
-            return node_actions::release(&ctx.client, &name, node)
+            let cached = ctx
+                .nodes
+                .get(&ObjectRef::new(node))
+                .and_then(|n| n.to_node());
+            return node_actions::release(&ctx.client, &name, node, cached)
                 .await
                 .map(Some);
         }
@@ -735,14 +791,7 @@ async fn invalid_spec(
     let was_invalid = previous.conditions.iter().any(|c| {
         c.type_ == ttdp_api::driver::v1alpha1::condition::INVALID_SPEC && c.status == "True"
     });
-    write_status(ctx, policy, &built.status, previous).await?;
-    ctx.remember(
-        &policy.uid().unwrap_or_default(),
-        Arc::new(Written {
-            status: built.status,
-            nodes: built.all_nodes,
-        }),
-    );
+    record(ctx, policy, built, last).await?;
     if !was_invalid {
         warn!(policy = %policy.name_any(), error = %err, "invalid spec");
         ctx.events.policy_event(
@@ -763,6 +812,7 @@ pub async fn cleanup(
 ) -> Result<Requeue, Error> {
     let name = policy.name_any();
     ctx.drains.retain(&name, |_| false);
+    ctx.node_tasks.settle(&name).await;
     let last = previous_of(&policy, &ctx).await?;
     let recorded = &last.nodes;
     let mut released = 0;
@@ -775,7 +825,7 @@ pub async fn cleanup(
             .get(&node)
             .is_some_and(|r| r.state.is_in_flight() || r.state == NodeState::Failed);
         if holds_ours(&n.metadata, &name, was_ours) || in_flight {
-            node_actions::release(&ctx.client, &name, &node).await?;
+            node_actions::release(&ctx.client, &name, &node, None).await?;
             released += 1;
         }
     }

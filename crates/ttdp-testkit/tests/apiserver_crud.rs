@@ -393,6 +393,36 @@ async fn limit_and_continue_page_through_a_list() {
 }
 
 #[tokio::test]
+async fn a_write_asking_for_partial_object_metadata_is_answered_with_the_metadata_only() {
+    // What a writer that does not need the object back asks for (the controller's status
+    // writes): the server still applies the whole patch.
+    let t = Target::start().await;
+    let cms: Api<ConfigMap> = Api::default_namespaced(t.client());
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "pom"}, "data": {"a": "1"}})).unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let request = http::Request::patch(format!(
+        "/api/v1/namespaces/{}/configmaps/pom",
+        t.namespace()
+    ))
+    .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+    .header(
+        http::header::ACCEPT,
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+    )
+    .body(br#"{"metadata":{"labels":{"l":"x"}},"data":{"b":"2"}}"#.to_vec())
+    .unwrap();
+    let reply: serde_json::Value =
+        serde_json::from_str(&t.client().request_text(request).await.unwrap()).unwrap();
+    assert_eq!(reply["kind"], "PartialObjectMetadata", "{reply}");
+    assert_eq!(reply["apiVersion"], "meta.k8s.io/v1");
+    assert_eq!(reply["metadata"]["labels"]["l"], "x");
+    assert!(reply.get("data").is_none(), "{reply}");
+    let stored = cms.get("pom").await.unwrap();
+    assert_eq!(stored.data.unwrap().get("b").map(String::as_str), Some("2"));
+}
+
+#[tokio::test]
 async fn pages_across_namespaces_whose_names_prefix_each_other_miss_nothing() {
     // `x` and `x-b`: "x-b/..." sorts before "x/..." as a string but after it as (namespace,
     // name); a continue token must pick up where the page ended either way.

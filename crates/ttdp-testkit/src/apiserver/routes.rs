@@ -9,7 +9,7 @@ use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::admission::FieldValidation;
@@ -415,12 +415,15 @@ fn resource(
         field_validation: FieldValidation::parse(query.get("fieldValidation").map(String::as_str)),
     };
     let wants_table = accept.contains("as=Table");
+    let wants_metadata = accept.contains("as=PartialObjectMetadata");
     let respond = |code: StatusCode, v: Value| -> Response {
         if wants_table && method == Method::GET {
             json_response(
                 code,
                 &table::render(rt, &v, query.get("includeObject").map(String::as_str)),
             )
+        } else if wants_metadata {
+            json_response(code, &partial_metadata(&v))
         } else {
             json_response(code, &v)
         }
@@ -468,10 +471,7 @@ fn resource(
         ("POST", None) => {
             let input = decode_body(content_type, body)?;
             let (obj, warnings) = write(app, |s| s.create(rt, ns, input, &ctx))?;
-            Ok(with_warnings(
-                json_response(StatusCode::CREATED, &obj),
-                &warnings,
-            ))
+            Ok(with_warnings(respond(StatusCode::CREATED, obj), &warnings))
         }
         ("POST", Some(name)) if rp.subresource == "eviction" => {
             let result = eviction::evict(
@@ -499,10 +499,7 @@ fn resource(
         ("PUT", Some(name)) => {
             let input = decode_body(content_type, body)?;
             let (obj, warnings) = write(app, |s| s.update(rt, ns, name, input, &ctx))?;
-            Ok(with_warnings(
-                json_response(StatusCode::OK, &obj),
-                &warnings,
-            ))
+            Ok(with_warnings(respond(StatusCode::OK, obj), &warnings))
         }
         ("PATCH", Some(name)) => {
             let patch_type = PatchType::from_content_type(content_type)?;
@@ -515,7 +512,7 @@ fn resource(
             } else {
                 StatusCode::OK
             };
-            Ok(with_warnings(json_response(code, &obj), &warnings))
+            Ok(with_warnings(respond(code, obj), &warnings))
         }
         ("DELETE", name) => {
             let mut opts = DeleteOpts {
@@ -545,5 +542,20 @@ fn resource(
             "the server does not allow this method on the requested resource ({method} {})",
             rt.qualified()
         ))),
+    }
+}
+
+/// An object (or list) as `PartialObjectMetadata` (`PartialObjectMetadataList`): what a real
+/// server answers a read or write whose `Accept` asks for only the metadata.
+fn partial_metadata(v: &Value) -> Value {
+    let one = |o: &Value| json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]});
+    match v["items"].as_array() {
+        Some(items) => json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": v["metadata"],
+            "items": items.iter().map(one).collect::<Vec<_>>(),
+        }),
+        None => one(v),
     }
 }
