@@ -2,8 +2,8 @@
 //! fields it reads, so memory grows with the fleet by a few hundred bytes per node instead of a
 //! full `Node` or `Pod` (whose Rust structs alone are kilobytes, before images, conditions and
 //! managed fields). Watch events are converted ([`node_event`], [`agent_pod_event`]) before they
-//! reach a reflector store; policies and DaemonSets are few and are only trimmed ([`policy`],
-//! [`daemonset`]).
+//! reach a reflector store; policies are decoded without their node entries
+//! ([`WatchedPolicy`]); DaemonSets are few and are only trimmed ([`daemonset`]).
 //!
 //! Anything the reconciler, [`observe`](crate::observe) or
 //! [`node_actions`](crate::node_actions) reads must be kept here; the unit tests pin each field.
@@ -13,13 +13,17 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
 use kube::Resource;
 use kube::core::ObjectMeta;
 use kube::runtime::watcher;
 use serde::Deserialize;
-use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_api::driver::v1alpha1::Summary;
 use ttdp_api::names::{self, labels};
+use ttdp_api::{
+    TenstorrentDriverPolicy, TenstorrentDriverPolicySpec, TenstorrentDriverPolicyStatus,
+};
 
 /// Annotation keys of ttdp's own (`driver.tenstorrent.com/...`): the only annotations read.
 fn is_ours(key: &str) -> bool {
@@ -222,16 +226,77 @@ pub fn agent_pod_event(event: watcher::Event<Pod>) -> watcher::Event<CachedPod> 
     map_event(event, CachedPod::of)
 }
 
-/// Drops a policy's managed fields (an apply records one entry per status node) and its
-/// `status.nodes`: the controller keeps the node entries it last wrote itself
-/// ([`Context::written`](crate::context::Context::written)), reads them from the API only when
-/// it has none, and would otherwise hold a copy of thousands of entries in every cached
-/// version of the policy.
-pub fn policy(policy: &mut TenstorrentDriverPolicy) {
-    policy.metadata.managed_fields = None;
-    if let Some(status) = policy.status.as_mut() {
-        status.nodes = Vec::new();
+/// A policy as watched: decoded without `status.nodes`, which would be thousands of entries
+/// to decode at every status write and to hold in every cached version of the policy. The
+/// controller keeps the node entries it last wrote itself
+/// ([`Context::written`](crate::context::Context::written)) and reads them from the API only
+/// when it has none. Converted to a [`TenstorrentDriverPolicy`] (with no node entries and no
+/// managed fields) by [`policy_event`].
+#[derive(Clone, Debug, Deserialize)]
+pub struct WatchedPolicy {
+    metadata: ObjectMeta,
+    spec: TenstorrentDriverPolicySpec,
+    #[serde(default)]
+    status: Option<WatchedStatus>,
+}
+
+/// A policy's status without `nodes` (serde skips what is not named here).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatchedStatus {
+    #[serde(default)]
+    observed_generation: Option<i64>,
+    #[serde(default)]
+    conditions: Vec<Condition>,
+    #[serde(default)]
+    summary: Option<Summary>,
+}
+
+impl Resource for WatchedPolicy {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+    fn kind(dt: &()) -> Cow<'_, str> {
+        TenstorrentDriverPolicy::kind(dt)
     }
+    fn group(dt: &()) -> Cow<'_, str> {
+        TenstorrentDriverPolicy::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        TenstorrentDriverPolicy::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        TenstorrentDriverPolicy::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl WatchedPolicy {
+    fn into_policy(self) -> TenstorrentDriverPolicy {
+        let mut metadata = self.metadata;
+        metadata.managed_fields = None;
+        TenstorrentDriverPolicy {
+            metadata,
+            spec: self.spec,
+            status: self.status.map(|s| TenstorrentDriverPolicyStatus {
+                observed_generation: s.observed_generation,
+                conditions: s.conditions,
+                summary: s.summary,
+                nodes: Vec::new(),
+            }),
+        }
+    }
+}
+
+/// A policy watch event, converted to a [`TenstorrentDriverPolicy`] without node entries.
+pub fn policy_event(
+    event: watcher::Event<WatchedPolicy>,
+) -> watcher::Event<TenstorrentDriverPolicy> {
+    map_event(event, WatchedPolicy::into_policy)
 }
 
 /// Drops a DaemonSet's managed fields and status (the controller compares only its identity,
@@ -368,20 +433,28 @@ mod tests {
 
     #[test]
     fn policies_lose_managed_fields_and_node_entries_and_daemonsets_their_status() {
-        let mut p: TenstorrentDriverPolicy = serde_json::from_value(json!({
+        let watched: WatchedPolicy = serde_json::from_value(json!({
             "apiVersion": "driver.tenstorrent.com/v1alpha1", "kind": "TenstorrentDriverPolicy",
-            "metadata": {"name": "fleet", "finalizers": [names::FINALIZER]},
+            "metadata": {"name": "fleet", "finalizers": [names::FINALIZER],
+                "managedFields": [{"manager": "m", "operation": "Update"}]},
             "spec": {"version": "2.0.0", "nodeAffinity": {}},
-            "status": {"observedGeneration": 3, "nodes": [{"name": "n1", "state": "Done"}]},
+            "status": {"observedGeneration": 3, "nodes": [{"name": "n1", "state": "Done"}],
+                "conditions": [{"type": "Ready", "status": "True", "reason": "R", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "summary": {"matched": 1, "upToDate": 1}},
         }))
         .unwrap();
-        p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
-        policy(&mut p);
+        let watcher::Event::Apply(p) = policy_event(watcher::Event::Apply(watched)) else {
+            panic!("an Apply stays an Apply");
+        };
         assert!(p.metadata.managed_fields.is_none());
         assert_eq!(p.metadata.finalizers.as_ref().unwrap().len(), 1);
+        assert_eq!(p.spec.version, "2.0.0");
         let status = p.status.unwrap();
         assert!(status.nodes.is_empty());
         assert_eq!(status.observed_generation, Some(3));
+        assert_eq!(status.conditions[0].type_, "Ready");
+        assert_eq!(status.summary.unwrap().up_to_date, 1);
         let mut ds = DaemonSet::default();
         ds.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
         ds.status = Some(Default::default());

@@ -155,7 +155,7 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 }
 
 /// The previous status and node entries: what this controller last wrote, else the API's copy
-/// (read once: the cached policy carries no node entries, see [`crate::cached::policy`]).
+/// (read once: the cached policy carries no node entries, see [`crate::cached::WatchedPolicy`]).
 /// Shared, not copied: with thousands of nodes a copy costs megabytes.
 async fn previous_of(
     policy: &TenstorrentDriverPolicy,
@@ -358,12 +358,11 @@ pub async fn apply(
     }
     let mut now = Time(Timestamp::now());
     let settings = &ctx.settings;
-    let first = previous_of(&policy, &ctx).await?;
+    let mut last = previous_of(&policy, &ctx).await?;
     if let Err(err) = policy.spec.validate() {
-        return invalid_spec(&policy, &ctx, &first, err, &now).await;
+        return invalid_spec(&policy, &ctx, &last, err, &now).await;
     }
-    let recorded = &first.nodes;
-    let mut last = first.clone();
+    let recorded = &last.nodes;
     let Some(mut selection) = selection_of(&policy, settings.require_nfd) else {
         return Ok(Requeue::await_change());
     };
@@ -386,12 +385,12 @@ pub async fn apply(
     let hash = ensure_daemonset(&ctx, &policy, &selection).await?;
 
     let pods = ctx.agent_pods.state();
-    let mut by_node: HashMap<String, Vec<&CachedPod>> = HashMap::new();
+    let mut by_node: HashMap<&str, Vec<&CachedPod>> = HashMap::new();
     for pod in pods
         .iter()
         .filter(|p| p.labels().get(labels::POLICY) == Some(&name))
     {
-        if let Some(node) = pod.node_name.clone() {
+        if let Some(node) = pod.node_name.as_deref() {
             by_node.entry(node).or_default().push(pod);
         }
     }
@@ -400,7 +399,8 @@ pub async fn apply(
     let mut observations: Vec<(String, NodeObservation)> = Vec::with_capacity(matched.len());
     for n in &matched {
         let node = n.name_any();
-        let pod = observe::pick_agent_pod(by_node.get(&node).into_iter().flatten().copied());
+        let pod =
+            observe::pick_agent_pod(by_node.get(node.as_str()).into_iter().flatten().copied());
         let (retry, wait) = observe::retry_gate(
             &n.metadata,
             recorded.get(&node),
@@ -450,9 +450,9 @@ pub async fn apply(
         max_unavailable,
         paused: spec.paused,
     };
-    let metas: HashMap<String, &kube::core::ObjectMeta> = matched
+    let metas: HashMap<&str, &kube::core::ObjectMeta> = matched
         .iter()
-        .map(|n| (n.name_any(), &n.metadata))
+        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), &n.metadata))
         .collect();
     let facts = PolicyFacts {
         generation: policy.metadata.generation,
@@ -466,15 +466,24 @@ pub async fn apply(
     // Actions already taken per node (a second pass does not repeat them).
     let mut performed: HashMap<String, Vec<Action>> = HashMap::new();
     let mut second_pass = false;
-    let (transitions, written) = loop {
-        let transitions = rollout::plan(&plan, &observations);
-        let reports = transitions
-            .iter()
-            .map(|(node, t)| NodeReport {
-                name: node.clone(),
-                transition: t.clone(),
-                current_version: metas.get(node).and_then(|m| observe::loaded_version(m)),
-                install_mode: metas.get(node).and_then(|m| observe::install_mode_label(m)),
+    let (steps, written) = loop {
+        // Each node's new state and actions, in the order of `observations`; the rest of each
+        // transition goes into the status.
+        let mut steps: Vec<(NodeState, Vec<Action>)> = Vec::with_capacity(observations.len());
+        let reports = rollout::plan(&plan, &observations)
+            .into_iter()
+            .map(|(node, mut t)| {
+                steps.push((t.state, std::mem::take(&mut t.actions)));
+                NodeReport {
+                    current_version: metas
+                        .get(node.as_str())
+                        .and_then(|m| observe::loaded_version(m)),
+                    install_mode: metas
+                        .get(node.as_str())
+                        .and_then(|m| observe::install_mode_label(m)),
+                    name: node,
+                    transition: t,
+                }
             })
             .collect();
         let mut built = build_status(&facts, &last.status, &last.nodes, reports, &now);
@@ -487,10 +496,9 @@ pub async fn apply(
         let obs_by_node: HashMap<&str, &NodeObservation> =
             observations.iter().map(|(n, o)| (n.as_str(), o)).collect();
         let mut pending = Vec::new();
-        for (node, t) in &transitions {
+        for ((node, _), (_, actions)) in observations.iter().zip(&steps) {
             let done = performed.entry(node.clone()).or_default();
-            let todo: Vec<Action> = t
-                .actions
+            let todo: Vec<Action> = actions
                 .iter()
                 .filter(|a| !done.contains(a))
                 .copied()
@@ -500,7 +508,8 @@ pub async fn apply(
                 continue;
             }
             done.extend(&todo);
-            let pod = observe::pick_agent_pod(by_node.get(node).into_iter().flatten().copied());
+            let pod =
+                observe::pick_agent_pod(by_node.get(node.as_str()).into_iter().flatten().copied());
             let entered = written
                 .nodes
                 .get(node)
@@ -547,7 +556,7 @@ pub async fn apply(
         }
         report_changes(&ctx, &policy, &changes);
         if second_pass || released.is_empty() || first_error.is_some() {
-            break (transitions, written);
+            break (steps, written);
         }
         // The released nodes no longer hold anything of ours: plan again with that known.
         second_pass = true;
@@ -563,18 +572,18 @@ pub async fn apply(
         now = Time(Timestamp::now());
     };
     set_node_counts(&ctx, &name, &written.nodes);
-    let draining: HashSet<&str> = transitions
+    let draining: HashSet<&str> = observations
         .iter()
-        .filter(|(_, t)| t.state == NodeState::Draining)
-        .map(|(n, _)| n.as_str())
+        .zip(&steps)
+        .filter(|(_, (state, _))| *state == NodeState::Draining)
+        .map(|((n, _), _)| n.as_str())
         .collect();
     ctx.drains.retain(&name, |n| draining.contains(n));
 
     // Nodes no longer matched (skip label, selector change) keep nothing of ours.
-    let matched_names: HashSet<String> = metas.keys().cloned().collect();
     for n in node_metas
         .iter()
-        .filter(|n| !matched_names.contains(&n.name_any()))
+        .filter(|n| !metas.contains_key(n.metadata.name.as_deref().unwrap_or_default()))
     {
         let node = n.name_any();
         if holds_ours(&n.metadata, &name, written.nodes.contains_key(&node)) {
@@ -588,7 +597,7 @@ pub async fn apply(
     if let Some(e) = first_error {
         return Err(e);
     }
-    let in_flight = transitions.iter().any(|(_, t)| t.state.is_in_flight());
+    let in_flight = steps.iter().any(|(state, _)| state.is_in_flight());
     let mut requeue = if in_flight {
         IN_FLIGHT_RESYNC
     } else {

@@ -230,14 +230,14 @@ pub async fn run(
 
     let ns = settings.namespace.clone();
     let require_nfd = settings.require_nfd;
-    let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
+    let policies: Api<cached::WatchedPolicy> = Api::all(client.clone());
     // Which initial lists have arrived. (Several tasks awaiting one `Store::wait_until_ready`
     // can miss the wake-up, so the streams report their first InitDone here instead.)
     let (synced_tx, synced_rx) = tokio::sync::watch::channel(0u8);
     let (policy_store, policy_writer) = reflector::store();
     let policy_stream = watcher::watcher(policies, watcher::Config::default())
         .default_backoff()
-        .modify(cached::policy)
+        .map_ok(cached::policy_event)
         .inspect(mark_synced(&synced_tx, SYNCED_POLICIES))
         .reflect(policy_writer)
         .touched_objects()
