@@ -13,6 +13,8 @@
 //! controller emits one per state change, so there is nothing to aggregate), and memory does
 //! not grow with the number of Events sent.
 
+use std::sync::Arc;
+
 use futures::StreamExt;
 use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
@@ -36,8 +38,68 @@ const CONCURRENT_WRITES: usize = 4;
 /// Publishes the controller's Events through a background task.
 #[derive(Clone)]
 pub struct EventPublisher {
-    queue: mpsc::Sender<K8sEvent>,
-    instance: String,
+    queue: mpsc::Sender<Queued>,
+    instance: Arc<str>,
+}
+
+/// An Event waiting in the queue: only what differs between Events (a built `Event` is a few
+/// kilobytes, and a wave of hundreds of nodes can queue thousands).
+struct Queued {
+    at: Timestamp,
+    warning: bool,
+    reason: String,
+    note: String,
+    regarding: Subject,
+    related: Option<Subject>,
+}
+
+/// What an Event is about: a node (by name) or an object (shared by the Events of one change).
+#[derive(Clone)]
+enum Subject {
+    Node(String),
+    Object(Arc<ObjectReference>),
+}
+
+impl Subject {
+    fn reference(self) -> ObjectReference {
+        match self {
+            Subject::Node(name) => node_ref(&name),
+            Subject::Object(r) => Arc::unwrap_or_clone(r),
+        }
+    }
+}
+
+impl Queued {
+    /// The `events.k8s.io/v1` Event.
+    fn event(self, instance: &str) -> K8sEvent {
+        let regarding = self.regarding.reference();
+        K8sEvent {
+            action: Some("Reconcile".into()),
+            reason: Some(self.reason),
+            event_time: Some(MicroTime(self.at)),
+            note: Some(truncate(self.note, 1000)),
+            metadata: ObjectMeta {
+                namespace: Some(
+                    regarding
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".to_owned()),
+                ),
+                name: Some(format!(
+                    "{}.{:x}",
+                    regarding.name.as_deref().unwrap_or(REPORTING_CONTROLLER),
+                    self.at.as_nanosecond()
+                )),
+                ..Default::default()
+            },
+            regarding: Some(regarding),
+            related: self.related.map(Subject::reference),
+            reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
+            reporting_instance: Some(instance.to_owned()),
+            type_: Some(if self.warning { "Warning" } else { "Normal" }.to_owned()),
+            ..Default::default()
+        }
+    }
 }
 
 impl std::fmt::Debug for EventPublisher {
@@ -90,10 +152,15 @@ impl EventPublisher {
     /// A publisher reporting as `ttdp-controller`, instance `instance` (the pod name). Starts
     /// the background writer on the current tokio runtime; it ends when every clone is dropped.
     pub fn new(client: Client, instance: Option<String>) -> Self {
-        let (queue, pending) = mpsc::channel::<K8sEvent>(QUEUE_CAPACITY);
+        let (queue, pending) = mpsc::channel::<Queued>(QUEUE_CAPACITY);
+        let instance: Arc<str> = instance
+            .unwrap_or_else(|| REPORTING_CONTROLLER.to_owned())
+            .into();
+        let writer_instance = instance.clone();
         tokio::spawn(
-            pending.for_each_concurrent(CONCURRENT_WRITES, move |event| {
+            pending.for_each_concurrent(CONCURRENT_WRITES, move |queued| {
                 let client = client.clone();
+                let event = queued.event(&writer_instance);
                 async move {
                     let ns = event.metadata.namespace.clone().unwrap_or_default();
                     let api: Api<K8sEvent> = Api::namespaced(client, &ns);
@@ -103,10 +170,7 @@ impl EventPublisher {
                 }
             }),
         );
-        Self {
-            queue,
-            instance: instance.unwrap_or_else(|| REPORTING_CONTROLLER.to_owned()),
-        }
+        Self { queue, instance }
     }
 
     /// The Events for a node's state change: on the policy ([`on_policy`]) and on the node
@@ -121,24 +185,19 @@ impl EventPublisher {
         let from = change.from.map_or("new".to_owned(), |s| s.to_string());
         let note = format!("node {} {from} -> {}{detail}", change.node, change.to);
         let reason = reason_for(change.to);
-        let policy_ref = policy.object_ref(&());
+        let policy_ref = Subject::Object(Arc::new(policy.object_ref(&())));
+        let node = Subject::Node(change.node.clone());
         if on_policy(change) {
             self.send(
                 warning,
                 &reason,
                 note.clone(),
                 policy_ref.clone(),
-                Some(node_ref(&change.node)),
+                Some(node.clone()),
             );
         }
         if on_node(change) {
-            self.send(
-                warning,
-                &reason,
-                note,
-                node_ref(&change.node),
-                Some(policy_ref),
-            );
+            self.send(warning, &reason, note, node, Some(policy_ref));
         }
     }
 
@@ -150,7 +209,8 @@ impl EventPublisher {
         reason: &str,
         note: String,
     ) {
-        self.send(warning, reason, note, policy.object_ref(&()), None);
+        let policy_ref = Subject::Object(Arc::new(policy.object_ref(&())));
+        self.send(warning, reason, note, policy_ref, None);
     }
 
     fn send(
@@ -158,37 +218,18 @@ impl EventPublisher {
         warning: bool,
         reason: &str,
         note: String,
-        regarding: ObjectReference,
-        related: Option<ObjectReference>,
+        regarding: Subject,
+        related: Option<Subject>,
     ) {
-        let now = Timestamp::now();
-        let event = K8sEvent {
-            action: Some("Reconcile".into()),
-            reason: Some(reason.to_owned()),
-            event_time: Some(MicroTime(now)),
-            note: Some(truncate(note, 1000)),
-            metadata: ObjectMeta {
-                namespace: Some(
-                    regarding
-                        .namespace
-                        .clone()
-                        .unwrap_or_else(|| "default".to_owned()),
-                ),
-                name: Some(format!(
-                    "{}.{:x}",
-                    regarding.name.as_deref().unwrap_or(REPORTING_CONTROLLER),
-                    now.as_nanosecond()
-                )),
-                ..Default::default()
-            },
-            regarding: Some(regarding),
+        let queued = Queued {
+            at: Timestamp::now(),
+            warning,
+            reason: reason.to_owned(),
+            note,
+            regarding,
             related,
-            reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
-            reporting_instance: Some(self.instance.clone()),
-            type_: Some(if warning { "Warning" } else { "Normal" }.to_owned()),
-            ..Default::default()
         };
-        if let Err(err) = self.queue.clone().try_send(event) {
+        if let Err(err) = self.queue.clone().try_send(queued) {
             warn!(
                 reason,
                 full = err.is_full(),
@@ -235,6 +276,36 @@ mod tests {
         );
         assert!(!on_policy(&change(None, Done)));
         assert!(!on_policy(&change(None, Pending)));
+    }
+
+    #[test]
+    fn a_queued_event_becomes_an_event_about_its_subject() {
+        let policy = ObjectReference {
+            kind: Some("TenstorrentDriverPolicy".into()),
+            name: Some("fleet".into()),
+            ..Default::default()
+        };
+        let at = Timestamp::now();
+        let e = Queued {
+            at,
+            warning: true,
+            reason: "NodeFailed".into(),
+            note: "x".repeat(1200),
+            regarding: Subject::Node("n1".into()),
+            related: Some(Subject::Object(Arc::new(policy))),
+        }
+        .event("ctl-0");
+        assert_eq!(e.metadata.namespace.as_deref(), Some("default"));
+        assert_eq!(
+            e.metadata.name,
+            Some(format!("n1.{:x}", at.as_nanosecond()))
+        );
+        assert_eq!(e.regarding.unwrap().kind.as_deref(), Some("Node"));
+        assert_eq!(e.related.unwrap().name.as_deref(), Some("fleet"));
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        assert_eq!(e.note.unwrap().len(), 1000);
+        assert_eq!(e.reporting_instance.as_deref(), Some("ctl-0"));
+        assert_eq!(e.event_time.unwrap().0, at);
     }
 
     #[test]

@@ -86,10 +86,13 @@ impl NodeTasks {
         }
     }
 
-    /// Runs `work` for `node` unless a task for it is running. `wake` is called when it fails,
-    /// or ends after a reconcile found it busy.
-    pub fn spawn<F>(&self, policy: &str, node: &str, work: F, wake: Wake)
+    /// Runs the future `work` makes, once a slot is free, for `node` unless a task for it is
+    /// running. `wake` is called when it fails, or ends after a reconcile found it busy. (The
+    /// future is made, and boxed, only in its slot: a wave's hundreds of waiting tasks then hold
+    /// only what `work` captured, not request futures of kilobytes each.)
+    pub fn spawn<W, F>(&self, policy: &str, node: &str, work: W, wake: Wake)
     where
+        W: FnOnce() -> F + Send + 'static,
         F: Future<Output = Result<(), Error>> + Send + 'static,
     {
         let k = key(policy, node);
@@ -104,7 +107,7 @@ impl NodeTasks {
         let task_key = k.clone();
         let task = tokio::spawn(async move {
             let result = match slots.acquire_owned().await {
-                Ok(_slot) => work.await,
+                Ok(_slot) => Box::pin(work()).await,
                 Err(_) => Ok(()),
             };
             lock(&inner.running).remove(&task_key);
@@ -186,7 +189,7 @@ mod tests {
         tasks.spawn(
             "p",
             "n1",
-            async move {
+            move || async move {
                 let _ = wait.await;
                 r.fetch_add(1, Ordering::SeqCst);
                 Ok(())
@@ -197,7 +200,7 @@ mod tests {
         tasks.spawn(
             "p",
             "n1",
-            async move {
+            move || async move {
                 r.fetch_add(10, Ordering::SeqCst);
                 Ok(())
             },
@@ -223,7 +226,7 @@ mod tests {
         tasks.spawn(
             "p",
             "n1",
-            async { Err(Error::NotSynced { policy: "p".into() }) },
+            || async { Err(Error::NotSynced { policy: "p".into() }) },
             wake.clone(),
         );
         until(|| wakes.load(Ordering::SeqCst) == 1).await;
@@ -235,7 +238,7 @@ mod tests {
         tasks.spawn(
             "p",
             "n2",
-            async move {
+            move || async move {
                 r.store(true, Ordering::SeqCst);
                 Ok(())
             },
@@ -255,7 +258,7 @@ mod tests {
         tasks.spawn(
             "p",
             "n1",
-            async move {
+            move || async move {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 d.store(true, Ordering::SeqCst);
                 Ok(())

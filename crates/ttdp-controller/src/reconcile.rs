@@ -520,7 +520,7 @@ pub async fn apply(
                     (ctx.clone(), policy.clone(), node.clone());
                 let (obs, pod, entered, now) =
                     (obs.cloned(), pod.cloned(), entered.cloned(), now.clone());
-                let work = async move {
+                let work = move || async move {
                     for action in todo {
                         act(&task_ctx, &task_policy, &task_node, action, obs.as_ref(), pod.as_ref(), entered.as_ref(), &now)
                             .await
@@ -531,14 +531,29 @@ pub async fn apply(
                 ctx.node_tasks.spawn(&name, node, work, waker(&ctx, &name));
                 continue;
             }
-            pending.push(act_in_order(
-                &ctx, &policy, node, todo, obs, pod, entered, &now,
-            ));
+            pending.push((node, todo, obs, pod, entered));
         }
-        let outcomes: Vec<_> = futures::stream::iter(pending)
-            .buffer_unordered(NODE_ACTIONS_AT_ONCE)
-            .collect()
-            .await;
+        // The futures are made as slots free up: a wave of hundreds of nodes starting their
+        // drains would otherwise hold hundreds of request futures of kilobytes each.
+        let mut outcomes = Vec::new();
+        {
+            let mut pending = pending.into_iter();
+            let mut running = futures::stream::FuturesUnordered::new();
+            loop {
+                while running.len() < NODE_ACTIONS_AT_ONCE {
+                    let Some((node, todo, obs, pod, entered)) = pending.next() else {
+                        break;
+                    };
+                    running.push(act_in_order(
+                        &ctx, &policy, node, todo, obs, pod, entered, &now,
+                    ));
+                }
+                match running.next().await {
+                    Some(outcome) => outcomes.push(outcome),
+                    None => break,
+                }
+            }
+        }
         let mut released: HashMap<String, UncordonOutcome> = HashMap::new();
         for (node, results) in outcomes {
             for (action, result) in results {
