@@ -352,7 +352,7 @@ impl ClusterState {
             .map(|(k, v)| (k.clone(), *v))
             .collect();
         for (key, since) in asked {
-            let Some(pod) = self.store.get(&storage, &key.0, &key.1).cloned() else {
+            let Some(pod) = self.store.get(&storage, &key.0, &key.1) else {
                 self.terminating_since.remove(&key);
                 continue;
             };
@@ -361,9 +361,12 @@ impl ClusterState {
                 .unwrap_or(0)
                 .max(0) as u64;
             let wait = delay.min(Duration::from_secs(grace));
-            if !meta::is_deleting(&pod) || now.duration_since(since) < wait {
+            if !meta::is_deleting(pod) || now.duration_since(since) < wait {
                 continue;
             }
+            // Copied only when it is acted on: a pass runs after every write, and hundreds of
+            // pods can be waiting out their grace period.
+            let pod = pod.clone();
             if meta::finalizers(&pod).is_empty() {
                 self.remove_now(&pods_rt, &pod);
             } else if grace > 0 {
