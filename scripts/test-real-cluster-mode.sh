@@ -82,9 +82,11 @@ done
 [[ $failed -eq 0 ]] || exit 1
 
 # The controller's end-to-end scenarios, one at a time: each runs its own controller, and a
-# controller manages every policy of the cluster it is given.
+# controller manages every policy of the cluster it is given. Then lifting a cordon from a stale
+# cached node.
 echo "ttdp-controller rollout scenarios (one at a time)"
 cargo test -q -p ttdp-controller --test rollout -- --test-threads=1
+cargo test -q -p ttdp-controller --test node_release
 
 # Everything the tests created is named tk-<suffix> (API-server suites) or sim-<suffix> (simulated
 # clusters): nothing of it may be left behind (namespaces
