@@ -216,6 +216,19 @@ async fn describe_shows_spec_conditions_nodes_and_events() {
     ] {
         assert!(out.contains(part), "missing {part:?} in\n{out}");
     }
+    // A server without events.k8s.io/v1 (or its field selectors): the Events come from core/v1.
+    h.server
+        .faults()
+        .inject(Fault::error(404).verb("list").resource("events").times(1));
+    let fallback = h.kubectl(&["tt", "driver", "describe", "fleet"]).await.ok();
+    assert_eq!(fallback.stderr, "");
+    for part in ["Events:", "Warning   DrainTimeout", "ttdp-controller"] {
+        assert!(
+            fallback.stdout.contains(part),
+            "missing {part:?} in\n{}",
+            fallback.stdout
+        );
+    }
     let missing = h
         .kubectl(&["tt", "driver", "describe", "nope"])
         .await

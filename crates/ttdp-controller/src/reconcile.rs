@@ -521,12 +521,24 @@ pub async fn apply(
                 let (obs, pod, entered, now) =
                     (obs.cloned(), pod.cloned(), entered.cloned(), now.clone());
                 let work = move || async move {
-                    for action in todo {
-                        act(&task_ctx, &task_policy, &task_node, action, obs.as_ref(), pod.as_ref(), entered.as_ref(), &now)
-                            .await
-                            .inspect_err(|e| warn!(node = %task_node, ?action, error = %error_chain(e), "node action failed"))?;
+                    let (node, results) = act_in_order(
+                        &task_ctx,
+                        &task_policy,
+                        &task_node,
+                        todo,
+                        obs.as_ref(),
+                        pod.as_ref(),
+                        entered.as_ref(),
+                        &now,
+                    )
+                    .await;
+                    let mut first_error = None;
+                    for (action, result) in results {
+                        if let Err(e) = result {
+                            keep_failure(node, action, e, &mut first_error);
+                        }
                     }
-                    Ok(())
+                    first_error.map_or(Ok(()), Err)
                 };
                 ctx.node_tasks.spawn(&name, node, work, waker(&ctx, &name));
                 continue;
@@ -534,7 +546,9 @@ pub async fn apply(
             pending.push((node, todo, obs, pod, entered));
         }
         // The futures are made as slots free up: a wave of hundreds of nodes starting their
-        // drains would otherwise hold hundreds of request futures of kilobytes each.
+        // drains would otherwise hold hundreds of request futures of kilobytes each. (A loop, not
+        // `stream::iter(..).map(..).buffer_unordered(..)`: rustc cannot show that closure's future
+        // `Send` for every lifetime of the borrowed arguments.)
         let mut outcomes = Vec::new();
         {
             let mut pending = pending.into_iter();
@@ -562,10 +576,7 @@ pub async fn apply(
                         released.insert(node.clone(), outcome);
                     }
                     Ok(None) => {}
-                    Err(e) => {
-                        warn!(node = %node, ?action, error = %error_chain(&e), "node action failed");
-                        first_error.get_or_insert(e);
-                    }
+                    Err(e) => keep_failure(node, action, e, &mut first_error),
                 }
             }
         }
@@ -641,7 +652,13 @@ fn waker(ctx: &Context, policy: &str) -> crate::node_tasks::Wake {
     })
 }
 
-/// One node's actions, in order; every result is returned.
+/// Logs a node action's failure and keeps it if it is the first.
+fn keep_failure(node: &str, action: Action, e: Error, first: &mut Option<Error>) {
+    warn!(node = %node, ?action, error = %error_chain(&e), "node action failed");
+    first.get_or_insert(e);
+}
+
+/// One node's actions, in order (a failure does not stop the next); every result is returned.
 #[allow(clippy::too_many_arguments)]
 async fn act_in_order<'a>(
     ctx: &Arc<Context>,
