@@ -88,4 +88,5 @@ async fn a_stale_cached_copy_still_lifts_the_cordon_and_reopens_the_gates() {
             .map(String::as_str),
         Some("x")
     );
+    cluster.shutdown().await.unwrap();
 }

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
 };
@@ -17,6 +18,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use ttdp_testkit::sim::{
     SCENARIO_LABEL, SimCluster, SimClusterOptions, TenstorrentNode, eventually,
@@ -335,6 +337,37 @@ async fn taints_need_tolerations_and_cordoned_nodes_keep_daemon_pods() {
     .await;
     wait_nodes(&cluster, "plain", &[tt[0].clone()]).await;
     wait_nodes(&cluster, "tolerant", &[tt[0].clone(), tt[1].clone()]).await;
+    cluster.shutdown().await.unwrap();
+}
+
+/// A daemon pod deleted the moment it appears, before the controller's next pass can see it in
+/// its cache, is replaced at once: the controller does not wait out its expectation of the
+/// creation (30 s).
+#[tokio::test]
+async fn a_daemon_pod_deleted_as_soon_as_it_appears_is_replaced() {
+    let cluster = start(SimClusterOptions::new().tenstorrent_nodes(1)).await;
+    let tt = cluster.tenstorrent_node_names();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
+    let mut appeared = std::pin::pin!(
+        watcher(pods.clone(), watcher::Config::default().labels("app=quick")).applied_objects()
+    );
+    create(
+        &cluster,
+        daemonset(&cluster, "quick", installer_terms(), "OnDelete"),
+    )
+    .await;
+    let first = appeared.try_next().await.unwrap().unwrap();
+    pods.delete(
+        &first.name_any(),
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        },
+    )
+    .await
+    .unwrap();
+    let after = wait_nodes(&cluster, "quick", &tt).await;
+    assert_ne!(after[&tt[0]].uid(), first.uid(), "a new pod");
     cluster.shutdown().await.unwrap();
 }
 

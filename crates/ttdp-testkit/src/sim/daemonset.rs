@@ -4,13 +4,15 @@
 //!
 //! The decisions are made by [`plan_daemonset`]; this file
 //! only watches and writes. Like the real controller it remembers the creations and deletions it
-//! sent until its caches show them ("expectations"), so a slow watch never doubles a pod: a
-//! creation the caches still miss after `EXPECTATION_TIMEOUT` (30 s) is looked up on the server, and
-//! only forgotten when the pod is really not there. It must not run against a real cluster,
+//! sent until its watches show them ("expectations"), so a slow watch never doubles a pod: a
+//! creation the watch still has not delivered after `EXPECTATION_TIMEOUT` (30 s) is looked up on
+//! the server, and only forgotten when the pod is really not there. A pod the watch delivered
+//! counts even if it was deleted before the next pass, as in the real controller, which lowers
+//! its expectations in the watch's event handlers. It must not run against a real cluster,
 //! which has its own DaemonSet controller.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
@@ -25,7 +27,7 @@ use super::background::BackgroundTask;
 use super::daemonset_plan::{DaemonSetView, plan_daemonset};
 use super::daemonset_pod::render_daemon_pod;
 use super::error::{SimError, is_not_found};
-use super::watched::{has_synced, next_batch, watched};
+use super::watched::{has_synced, next_batch, watched, watched_observing};
 
 /// How long a sent creation or deletion is waited for in the caches before it is checked on the
 /// server (a creation) or assumed done (a deletion: deleting again is harmless).
@@ -71,7 +73,16 @@ struct Expectations {
 
 async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
     let (daemonsets, ds_events) = watched::<DaemonSet>(&client);
-    let (pods, pod_events) = watched::<Pod>(&client);
+    // The uids of the pods the watch delivered since the last pass.
+    let delivered: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let (pods, pod_events) = watched_observing::<Pod>(&client, {
+        let delivered = Arc::clone(&delivered);
+        move |pod| {
+            if let Some(uid) = pod.uid() {
+                lock(&delivered).insert(uid);
+            }
+        }
+    });
     let (nodes, node_events) = watched::<Node>(&client);
     let mut events = futures::stream::select_all([ds_events, pod_events, node_events]);
     let caches = Caches {
@@ -93,6 +104,11 @@ async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
         let ready =
             has_synced(&caches.daemonsets) && has_synced(&caches.pods) && has_synced(&caches.nodes);
         let started = Instant::now();
+        // A creation is seen once the watch delivered the pod, even if it is gone by now.
+        let delivered = std::mem::take(&mut *lock(&delivered));
+        expectations
+            .creating
+            .retain(|_, sent| !delivered.contains(&sent.uid));
         wait = if ready && reconcile_all(&client, &caches, &mut expectations).await {
             resync
         } else {
@@ -101,6 +117,10 @@ async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
         not_before = Instant::now() + started.elapsed().min(MAX_PAUSE);
     }
     info!("daemonset controller stand-in stopped");
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The longest pause between two passes.

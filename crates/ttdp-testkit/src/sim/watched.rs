@@ -25,14 +25,31 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
 {
+    watched_observing(client, |_: &K| {})
+}
+
+/// [`watched`], also showing `observe` every object its watch delivers (added, changed or
+/// deleted), including the ones the cache no longer holds by the time anyone looks.
+pub fn watched_observing<K>(
+    client: &Client,
+    mut observe: impl FnMut(&K) + Send + 'static,
+) -> (Store<K>, Wakeups)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
     let (store, writer) = reflector::store::<K>();
     let events = watcher(Api::<K>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .reflect(writer)
-        .map(|event| {
-            if let Err(err) = event {
-                debug!(error = %err, "stand-in watch error; retrying");
-            }
+        .map(move |event| match event {
+            Ok(
+                watcher::Event::Apply(object)
+                | watcher::Event::Delete(object)
+                | watcher::Event::InitApply(object),
+            ) => observe(&object),
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
+            Err(err) => debug!(error = %err, "stand-in watch error; retrying"),
         });
     (store, Box::pin(events))
 }
