@@ -27,6 +27,9 @@ pub struct Written {
     pub status: TenstorrentDriverPolicyStatus,
     /// Every node entry, including ones compacted out of the status.
     pub nodes: BTreeMap<String, NodeStatus>,
+    /// The policy's `resourceVersion` right after that write (or when the status was read):
+    /// while the policy still has it, the next write can send only what changed.
+    pub resource_version: Option<String>,
 }
 
 /// A DaemonSet as the controller last applied it: skipping an apply is safe while the cached

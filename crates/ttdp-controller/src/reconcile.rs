@@ -1,7 +1,7 @@
 //! The reconciler: finalizer dispatch to [`apply`] and [`cleanup`]; `apply` observes the
-//! cluster, runs the pure planner, writes the status (one JSON patch replacing it), then acts:
-//! the new state is recorded before the action, so a crash in between repeats the action on the
-//! next reconcile instead of skipping it.
+//! cluster, runs the pure planner, writes the status (one JSON patch: what changed, or the whole
+//! status), then acts: the new state is recorded before the action, so a crash in between
+//! repeats the action on the next reconcile instead of skipping it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -167,16 +167,22 @@ async fn previous_of(
     }
     let name = policy.name_any();
     let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
-    let mut status = match api.get_opt(&name).await {
-        Ok(Some(p)) if p.uid() == policy.uid() => p.status.unwrap_or_default(),
-        Ok(_) => policy.status.clone().unwrap_or_default(),
+    let (mut status, resource_version) = match api.get_opt(&name).await {
+        Ok(Some(p)) if p.uid() == policy.uid() => {
+            (p.status.unwrap_or_default(), p.metadata.resource_version)
+        }
+        Ok(_) => (policy.status.clone().unwrap_or_default(), None),
         Err(e) => return Err(Error::kube(format!("get policy {name}"), e)),
     };
     let nodes = std::mem::take(&mut status.nodes)
         .into_iter()
         .map(|n| (n.name.clone(), n))
         .collect();
-    Ok(Arc::new(Written { status, nodes }))
+    Ok(Arc::new(Written {
+        status,
+        nodes,
+        resource_version,
+    }))
 }
 
 /// Whether two statuses are equal but for `nodes` (the cached policy's status has none).
@@ -192,25 +198,44 @@ fn same_but_nodes(a: &TenstorrentDriverPolicyStatus, b: &TenstorrentDriverPolicy
         && *summary == b.summary
 }
 
-/// Writes the whole status with one JSON patch (`add /status`, which replaces it): the
-/// controller is the status's only writer, and a replace costs the API server a plain write,
-/// where a server-side apply of a status with thousands of node entries makes it merge every
-/// entry's managed fields. The patch is serialized straight from the status, and the reply is
-/// asked for as `PartialObjectMetadata` and not decoded (the watch delivers the object): with
-/// 5,000 nodes the whole object back would be 0.7 MB to encode, send and read at every write.
+/// Writes the status unless it is unchanged (and the cached policy's copy agrees); returns the
+/// policy's new `resourceVersion` when it wrote.
+///
+/// While the policy is still at the version of the last write, only what changed is sent: a JSON
+/// patch replacing the changed node entries and top-level fields, guarded by a `test` of that
+/// `resourceVersion` (see [`status_delta`]). Otherwise (after a start, someone else's write, a
+/// node joining or leaving, most entries changed) the whole status is replaced with one
+/// `add /status`: the controller is the status's only writer, and a replace costs the API
+/// server a plain write, where a server-side apply of thousands of node entries makes it merge
+/// every entry's managed fields. The reply is asked for as `PartialObjectMetadata` (the watch
+/// delivers the object): with 5,000 nodes the whole object back would be 0.7 MB at every write.
 async fn write_status(
     ctx: &Context,
     policy: &TenstorrentDriverPolicy,
     status: &TenstorrentDriverPolicyStatus,
+    last: &Written,
     unchanged: bool,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     if unchanged
         && policy
             .status
             .as_ref()
             .is_some_and(|s| same_but_nodes(s, status))
     {
-        return Ok(());
+        return Ok(None);
+    }
+    let name = policy.name_any();
+    let failed = |e: kube::Error| Error::kube(format!("write status of policy {name}"), e);
+    if let Some(ops) = status_delta(last, status) {
+        let body = serde_json::to_vec(&ops).map_err(Error::Serialize)?;
+        match patch_status(ctx, &name, body).await {
+            Ok(version) => return Ok(version),
+            // The policy moved on since (or the server refused the patch): replace it whole.
+            Err(kube::Error::Api(e)) => {
+                tracing::debug!(policy = %name, code = e.code, "status delta not applied; writing the whole status");
+            }
+            Err(e) => return Err(failed(e)),
+        }
     }
     #[derive(serde::Serialize)]
     struct ReplaceStatus<'a> {
@@ -218,14 +243,21 @@ async fn write_status(
         path: &'static str,
         value: &'a TenstorrentDriverPolicyStatus,
     }
-    let name = policy.name_any();
-    let failed = |e: kube::Error| Error::kube(format!("write status of policy {name}"), e);
     let body = serde_json::to_vec(&[ReplaceStatus {
         op: "add",
         path: "/status",
         value: status,
     }])
     .map_err(Error::Serialize)?;
+    patch_status(ctx, &name, body).await.map_err(failed)
+}
+
+/// Sends a JSON patch to the policy's status; returns the new `resourceVersion`.
+async fn patch_status(
+    ctx: &Context,
+    name: &str,
+    body: Vec<u8>,
+) -> Result<Option<String>, kube::Error> {
     let url = format!(
         "{}/{name}/status",
         TenstorrentDriverPolicy::url_path(&(), None)
@@ -237,13 +269,68 @@ async fn write_status(
             "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
         )
         .body(body)
-        .map_err(|e| {
-            failed(kube::Error::BuildRequest(
-                kube::core::request::Error::BuildRequest(e),
-            ))
-        })?;
-    ctx.client.request_text(request).await.map_err(failed)?;
-    Ok(())
+        .map_err(|e| kube::Error::BuildRequest(kube::core::request::Error::BuildRequest(e)))?;
+    let reply = ctx.client.request_text(request).await?;
+    let meta: kube::core::PartialObjectMeta<TenstorrentDriverPolicy> =
+        serde_json::from_str(&reply).map_err(kube::Error::SerdeError)?;
+    Ok(meta.metadata.resource_version)
+}
+
+/// The JSON patch from the status last written to `status`: a `test` that the policy is still
+/// at the `resourceVersion` of that write, then the changed top-level fields and node entries
+/// (by index). None when that is unknown or not worth it: no `resourceVersion`, a field
+/// removed, a different list of node entries (a node joined or left, compaction), or more than
+/// half of the entries changed (a version bump).
+fn status_delta(
+    last: &Written,
+    status: &TenstorrentDriverPolicyStatus,
+) -> Option<Vec<serde_json::Value>> {
+    use serde_json::json;
+    let version = last.resource_version.as_ref()?;
+    let before = &last.status;
+    let whole_before = before
+        .summary
+        .as_ref()
+        .is_some_and(|s| s.nodes_omitted == 0);
+    if !whole_before
+        || status.observed_generation.is_none()
+        || status.summary.is_none()
+        || status.conditions.is_empty()
+        || status.nodes.len() != last.nodes.len()
+        || !status
+            .nodes
+            .iter()
+            .zip(last.nodes.keys())
+            .all(|(n, name)| &n.name == name)
+    {
+        return None;
+    }
+    let changed: Vec<(usize, &NodeStatus)> = status
+        .nodes
+        .iter()
+        .zip(last.nodes.values())
+        .enumerate()
+        .filter(|(_, (new, old))| new != old)
+        .map(|(i, (new, _))| (i, new))
+        .collect();
+    if changed.len() > status.nodes.len() / 2 {
+        return None;
+    }
+    let mut ops =
+        vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": version})];
+    if status.observed_generation != before.observed_generation {
+        ops.push(json!({"op": "add", "path": "/status/observedGeneration", "value": status.observed_generation}));
+    }
+    if status.conditions != before.conditions {
+        ops.push(json!({"op": "add", "path": "/status/conditions", "value": status.conditions}));
+    }
+    if status.summary != before.summary {
+        ops.push(json!({"op": "add", "path": "/status/summary", "value": status.summary}));
+    }
+    for (i, entry) in changed {
+        ops.push(json!({"op": "replace", "path": format!("/status/nodes/{i}"), "value": entry}));
+    }
+    Some(ops)
 }
 
 /// Writes `built` unless it is what was last written (and the API's copy agrees), and
@@ -255,12 +342,13 @@ async fn record(
     last: &Written,
 ) -> Result<Arc<Written>, Error> {
     let unchanged = built.all_nodes == last.nodes && same_but_nodes(&built.status, &last.status);
-    write_status(ctx, policy, &built.status, unchanged).await?;
+    let version = write_status(ctx, policy, &built.status, last, unchanged).await?;
     let mut status = built.status;
     status.nodes = Vec::new();
     let written = Arc::new(Written {
         status,
         nodes: built.all_nodes,
+        resource_version: version.or_else(|| last.resource_version.clone()),
     });
     ctx.remember(&policy.uid().unwrap_or_default(), written.clone());
     Ok(written)
@@ -889,4 +977,109 @@ pub async fn cleanup(
     ctx.forget(&policy.uid().unwrap_or_default());
     ctx.metrics.forget_policy(&name);
     Ok(Requeue::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use serde_json::json;
+    use ttdp_api::driver::v1alpha1::Summary;
+
+    fn entry(name: &str, state: NodeState) -> NodeStatus {
+        NodeStatus {
+            name: name.into(),
+            state,
+            current_version: Some("2.7.0".into()),
+            target_version: None,
+            install_mode: None,
+            reason: None,
+            message: None,
+            last_transition_time: None,
+            phase_start_time: None,
+            attempts: None,
+        }
+    }
+
+    fn status(nodes: Vec<NodeStatus>, omitted: i32) -> TenstorrentDriverPolicyStatus {
+        TenstorrentDriverPolicyStatus {
+            observed_generation: Some(2),
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                reason: "RollingOut".into(),
+                message: String::new(),
+                observed_generation: Some(2),
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            }],
+            summary: Some(Summary {
+                matched: 3,
+                nodes_omitted: omitted,
+                ..Summary::default()
+            }),
+            nodes,
+        }
+    }
+
+    fn written(nodes: Vec<NodeStatus>, omitted: i32, version: Option<&str>) -> Written {
+        let mut status = status(Vec::new(), omitted);
+        status.nodes = Vec::new();
+        Written {
+            status,
+            nodes: nodes.into_iter().map(|n| (n.name.clone(), n)).collect(),
+            resource_version: version.map(str::to_owned),
+        }
+    }
+
+    fn fleet(states: [NodeState; 4]) -> Vec<NodeStatus> {
+        ["a", "b", "c", "d"]
+            .iter()
+            .zip(states)
+            .map(|(n, s)| entry(n, s))
+            .collect()
+    }
+
+    #[test]
+    fn a_hand_off_sends_the_changed_entries_guarded_by_the_last_written_version() {
+        use NodeState::*;
+        let last = written(fleet([Upgrading, Pending, Done, Pending]), 0, Some("41"));
+        let mut next = status(fleet([Done, Cordoning, Done, Pending]), 0);
+        next.observed_generation = Some(3);
+        let ops = status_delta(&last, &next).unwrap();
+        assert_eq!(
+            ops,
+            vec![
+                json!({"op": "test", "path": "/metadata/resourceVersion", "value": "41"}),
+                json!({"op": "add", "path": "/status/observedGeneration", "value": 3}),
+                json!({"op": "replace", "path": "/status/nodes/0", "value": {"name": "a", "state": "Done", "currentVersion": "2.7.0"}}),
+                json!({"op": "replace", "path": "/status/nodes/1", "value": {"name": "b", "state": "Cordoning", "currentVersion": "2.7.0"}}),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_whole_status_is_written_when_a_delta_cannot_be_trusted_or_is_not_worth_it() {
+        use NodeState::*;
+        let next = status(fleet([Done, Cordoning, Done, Pending]), 0);
+        let states = [Upgrading, Pending, Done, Pending];
+        // Never written by this controller (or read) at a known version.
+        assert!(status_delta(&written(fleet(states), 0, None), &next).is_none());
+        // The last write left entries out (compaction): indexes do not match.
+        assert!(status_delta(&written(fleet(states), 2, Some("41")), &next).is_none());
+        // A node joined.
+        let mut joined = next.clone();
+        joined.nodes.push(entry("e", Pending));
+        assert!(status_delta(&written(fleet(states), 0, Some("41")), &joined).is_none());
+        // Another node in the same place.
+        let mut renamed = next.clone();
+        renamed.nodes[2].name = "z".into();
+        assert!(status_delta(&written(fleet(states), 0, Some("41")), &renamed).is_none());
+        // Most entries changed (a version bump queues every node).
+        let bumped = status(fleet([Pending, Pending, Pending, Done]), 0);
+        let done = written(fleet([Done, Done, Done, Done]), 0, Some("41"));
+        assert!(status_delta(&done, &bumped).is_none());
+        // Nothing changed: only the guard (record() skips the write before it gets here).
+        let same = written(fleet([Done, Cordoning, Done, Pending]), 0, Some("41"));
+        assert_eq!(status_delta(&same, &next).map(|ops| ops.len()), Some(1));
+    }
 }

@@ -748,3 +748,39 @@ async fn hand_edits_to_the_daemonset_are_reverted() {
     .expect("the controller reverts the hand edit");
     h.shutdown().await;
 }
+
+/// The status is the controller's: a hand edit of it is replaced at the controller's next write
+/// (which otherwise sends only what changed, while the policy is as it last wrote it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_edits_to_the_status_are_replaced_at_the_next_write() {
+    let h = Harness::start(loaded("2.7.0", 3)).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    let p = h.wait_ready(&policy, STEP).await;
+    let node = h.nodes()[1].clone();
+    let mut nodes = p.status.unwrap().nodes;
+    let edited = nodes.iter_mut().find(|n| n.name == node).unwrap();
+    edited.state = Failed;
+    edited.reason = Some("HandEdited".into());
+    h.policies()
+        .patch_status(
+            &policy,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"nodes": nodes}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        node_state(&h.policies().get(&policy).await.unwrap(), &node),
+        Some(Failed)
+    );
+    // Pausing changes the status's conditions, not its node entries.
+    h.patch_spec(&policy, json!({"paused": true})).await;
+    let p = h
+        .wait_policy(&policy, "paused and the edit replaced", STEP, |p| {
+            condition(p, "Paused").is_some_and(|(status, _, _)| status == "True")
+                && node_state(p, &node) == Some(Done)
+        })
+        .await;
+    assert_eq!(node_entry(&p, &node).unwrap().reason, None);
+    h.shutdown().await;
+}
