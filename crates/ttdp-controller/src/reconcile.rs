@@ -1,7 +1,8 @@
 //! The reconciler: finalizer dispatch to [`apply`] and [`cleanup`]; `apply` observes the
 //! cluster, runs the pure planner, writes the status (one JSON patch: what changed, or the whole
 //! status), then acts: the new state is recorded before the action, so a crash in between
-//! repeats the action on the next reconcile instead of skipping it.
+//! repeats the action on the next reconcile instead of skipping it. Lifting a cordon, harmless
+//! to repeat, runs while its Uncordoning is written.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -576,11 +577,29 @@ pub async fn apply(
             .collect();
         let mut built = build_status(&facts, &last.status, &last.nodes, reports, &now);
         let changes = std::mem::take(&mut built.changes);
-        let written = record(&ctx, &policy, built, &last).await?;
+        // Lifting a cordon does not wait for its Uncordoning to be recorded: it runs while the
+        // status is written (it is harmless to repeat, and after a crash in between the node,
+        // seen uncordoned with its agent Ready, goes the same way to Done).
+        let mut lifting = Vec::new();
+        for ((node, _), (_, actions)) in observations.iter().zip(&steps) {
+            let done = performed.entry(node.clone()).or_default();
+            if actions.as_slice() == [Action::Release]
+                && !done.contains(&Action::Release)
+                && !ctx.node_tasks.busy(&name, node)
+            {
+                done.push(Action::Release);
+                lifting.push((node, vec![Action::Release], None, None, None));
+            }
+        }
+        let (written, mut outcomes) = futures::join!(
+            record(&ctx, &policy, built, &last),
+            act_on_nodes(&ctx, &policy, lifting, &now)
+        );
+        let written = written?;
 
         // Act, each node's actions in order; one node's failure does not stop the others.
-        // Cordons, agent replacements and retry clearing go to the background; the rest (lifting
-        // a cordon, starting a drain) here, up to NODE_ACTIONS_AT_ONCE nodes at a time.
+        // Cordons, agent replacements and retry clearing go to the background; the rest
+        // (starting a drain) here, up to NODE_ACTIONS_AT_ONCE nodes at a time.
         let obs_by_node: HashMap<&str, &NodeObservation> =
             observations.iter().map(|(n, o)| (n.as_str(), o)).collect();
         let mut pending = Vec::new();
@@ -633,29 +652,7 @@ pub async fn apply(
             }
             pending.push((node, todo, obs, pod, entered));
         }
-        // The futures are made as slots free up: a wave of hundreds of nodes starting their
-        // drains would otherwise hold hundreds of request futures of kilobytes each. (A loop, not
-        // `stream::iter(..).map(..).buffer_unordered(..)`: rustc cannot show that closure's future
-        // `Send` for every lifetime of the borrowed arguments.)
-        let mut outcomes = Vec::new();
-        {
-            let mut pending = pending.into_iter();
-            let mut running = futures::stream::FuturesUnordered::new();
-            loop {
-                while running.len() < NODE_ACTIONS_AT_ONCE {
-                    let Some((node, todo, obs, pod, entered)) = pending.next() else {
-                        break;
-                    };
-                    running.push(act_in_order(
-                        &ctx, &policy, node, todo, obs, pod, entered, &now,
-                    ));
-                }
-                match running.next().await {
-                    Some(outcome) => outcomes.push(outcome),
-                    None => break,
-                }
-            }
-        }
+        outcomes.extend(act_on_nodes(&ctx, &policy, pending, &now).await);
         let mut released: HashMap<String, UncordonOutcome> = HashMap::new();
         for (node, results) in outcomes {
             for (action, result) in results {
@@ -744,6 +741,53 @@ fn waker(ctx: &Context, policy: &str) -> crate::node_tasks::Wake {
 fn keep_failure(node: &str, action: Action, e: Error, first: &mut Option<Error>) {
     warn!(node = %node, ?action, error = %error_chain(&e), "node action failed");
     first.get_or_insert(e);
+}
+
+/// One node's actions with what they need: the node, its actions, observation, agent pod and
+/// when it entered its state.
+type NodeWork<'a> = (
+    &'a String,
+    Vec<Action>,
+    Option<&'a NodeObservation>,
+    Option<&'a CachedPod>,
+    Option<&'a Time>,
+);
+
+/// What each node's actions returned.
+type NodeOutcome<'a> = (
+    &'a String,
+    Vec<(Action, Result<Option<UncordonOutcome>, Error>)>,
+);
+
+/// Runs the nodes' actions, each node's in order, up to [`NODE_ACTIONS_AT_ONCE`] nodes at a time.
+/// The futures are made as slots free up: a wave of hundreds of nodes starting their drains
+/// would otherwise hold hundreds of request futures of kilobytes each. (A loop, not
+/// `stream::iter(..).map(..).buffer_unordered(..)`: rustc cannot show that closure's future
+/// `Send` for every lifetime of the borrowed arguments.)
+async fn act_on_nodes<'a>(
+    ctx: &Arc<Context>,
+    policy: &TenstorrentDriverPolicy,
+    work: Vec<NodeWork<'a>>,
+    now: &Time,
+) -> Vec<NodeOutcome<'a>> {
+    let mut outcomes = Vec::new();
+    let mut work = work.into_iter();
+    let mut running = futures::stream::FuturesUnordered::new();
+    loop {
+        while running.len() < NODE_ACTIONS_AT_ONCE {
+            let Some((node, todo, obs, pod, entered)) = work.next() else {
+                break;
+            };
+            running.push(act_in_order(
+                ctx, policy, node, todo, obs, pod, entered, now,
+            ));
+        }
+        match running.next().await {
+            Some(outcome) => outcomes.push(outcome),
+            None => break,
+        }
+    }
+    outcomes
 }
 
 /// One node's actions, in order (a failure does not stop the next); every result is returned.

@@ -245,6 +245,19 @@ impl ClusterState {
         rt.clone()
     }
 
+    /// One object as [`ClusterState::get`] returns it, shared with the store when it is stored
+    /// as presented (the common case): a writer copies it once, to change it.
+    fn get_shared(&self, rt: &ResourceType, namespace: &str, name: &str) -> Option<Arc<Value>> {
+        let stored = self
+            .store
+            .get_shared(&rt.storage_key(), &ns_key(rt, namespace), name)?;
+        Some(if is_presented(rt, stored) {
+            stored.clone()
+        } else {
+            Arc::new(Self::present(rt, (**stored).clone()))
+        })
+    }
+
     /// GET one object.
     pub fn get(&self, rt: &ResourceType, namespace: &str, name: &str) -> Result<Value, ApiError> {
         let q = rt.qualified();
@@ -557,7 +570,7 @@ impl ClusterState {
         }
         meta::set(&mut body, "name", json!(name));
         let new = scope_write(rt, &existing, body, &ctx.subresource);
-        self.commit(rt, Some(existing), new, ctx)
+        self.commit(rt, Some(Arc::new(existing)), new, ctx)
     }
 
     /// PATCH (main resource or `status`); `apply` patches may create the object.
@@ -571,10 +584,11 @@ impl ClusterState {
         body: &[u8],
         force: bool,
         ctx: &WriteCtx,
-    ) -> Result<(Value, bool), ApiError> {
+    ) -> Result<(Arc<Value>, bool), ApiError> {
         let q = rt.qualified();
-        let existing = self.get(rt, namespace, name).ok();
+        let existing = self.get_shared(rt, namespace, name);
         if patch_type == PatchType::Apply {
+            let existing = existing.map(Arc::unwrap_or_clone);
             return self.apply_patch(rt, namespace, name, existing, body, force, ctx);
         }
         let Some(existing) = existing else {
@@ -582,7 +596,7 @@ impl ClusterState {
         };
         let patch: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-        let mut patched = existing.clone();
+        let mut patched = (*existing).clone();
         match patch_type {
             PatchType::Merge => patch::merge_patch(&mut patched, &patch),
             PatchType::Json => patch::json_patch(&mut patched, patch)?,
@@ -606,7 +620,7 @@ impl ClusterState {
             ));
         }
         let new = scope_write(rt, &existing, patched, &ctx.subresource);
-        Ok((self.commit(rt, Some(existing), new, ctx)?, false))
+        Ok((self.commit_shared(rt, Some(existing), new, ctx)?, false))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -619,7 +633,7 @@ impl ClusterState {
         body: &[u8],
         force: bool,
         ctx: &WriteCtx,
-    ) -> Result<(Value, bool), ApiError> {
+    ) -> Result<(Arc<Value>, bool), ApiError> {
         let q = rt.qualified();
         if ctx.manager.is_empty() {
             return Err(ApiError::invalid(
@@ -664,7 +678,10 @@ impl ClusterState {
                     manager: String::new(),
                     ..ctx.clone()
                 };
-                Ok((self.commit(rt, Some(existing), merged, &ctx)?, false))
+                Ok((
+                    self.commit_shared(rt, Some(Arc::new(existing)), merged, &ctx)?,
+                    false,
+                ))
             }
             None if ctx.subresource.is_empty() => {
                 let mut merged = apply::apply(rt, None, &applied, &ctx.manager, force, "")?;
@@ -673,7 +690,7 @@ impl ClusterState {
                     manager: String::new(),
                     ..ctx.clone()
                 };
-                Ok((self.create(rt, namespace, merged, &ctx)?, true))
+                Ok((Arc::new(self.create(rt, namespace, merged, &ctx)?), true))
             }
             None => Err(ApiError::not_found(object_ref(rt, &q, name))),
         }
@@ -684,15 +701,27 @@ impl ClusterState {
     pub fn commit(
         &mut self,
         rt: &ResourceType,
-        old: Option<Value>,
-        mut new: Value,
+        old: Option<Arc<Value>>,
+        new: Value,
         ctx: &WriteCtx,
     ) -> Result<Value, ApiError> {
+        self.commit_shared(rt, old, new, ctx)
+            .map(Arc::unwrap_or_clone)
+    }
+
+    /// [`ClusterState::commit`], returning the stored object itself (no copy of it).
+    fn commit_shared(
+        &mut self,
+        rt: &ResourceType,
+        old: Option<Arc<Value>>,
+        mut new: Value,
+        ctx: &WriteCtx,
+    ) -> Result<Arc<Value>, ApiError> {
         if events::is_events_v1(rt) {
             let core = self.storage_type(rt);
-            let old = old.map(|o| events::to_core(&o));
+            let old = old.map(|o| Arc::new(events::to_core(&o)));
             let stored = self.commit(&core, old, events::to_core(&new), ctx)?;
-            return Ok(present(rt, stored));
+            return Ok(Arc::new(present(rt, stored)));
         }
         let q = rt.qualified();
         let name = meta::name(&new).to_string();
@@ -738,12 +767,12 @@ impl ClusterState {
                 None => meta::remove(&mut new, "generation"),
             }
         }
-        let warnings = admission::admit(rt, old.as_ref(), &mut new, ctx.field_validation)?;
+        let warnings = admission::admit(rt, old.as_deref(), &mut new, ctx.field_validation)?;
         self.warnings.extend(warnings);
         if !ctx.manager.is_empty() {
             managed_fields::record_update(
                 rt,
-                old.as_ref(),
+                old.as_deref(),
                 &mut new,
                 &ctx.manager,
                 &ctx.subresource,
@@ -755,12 +784,12 @@ impl ClusterState {
                 "resourceVersion",
                 json!(meta::resource_version(old)),
             );
-            if *old == new {
+            if **old == new {
                 return Ok(old.clone());
             }
         }
         if ctx.dry_run {
-            return Ok(new);
+            return Ok(Arc::new(new));
         }
         let revision = self.store.next_revision();
         meta::set(&mut new, "resourceVersion", json!(revision.to_string()));
@@ -768,8 +797,9 @@ impl ClusterState {
         if rt.plural == "customresourcedefinitions" && rt.group == "apiextensions.k8s.io" {
             self.catalog.set_crd_types(&name, types_from_crd(&new));
         }
+        let new = Arc::new(new);
         self.store
-            .put(&rt.storage_key(), &namespace, &name, new.clone(), revision);
+            .put_shared(&rt.storage_key(), &namespace, &name, new.clone(), revision);
         if meta::is_deleting(&new)
             && meta::finalizers(&new).is_empty()
             && !self.awaits_kubelet(rt, &new)

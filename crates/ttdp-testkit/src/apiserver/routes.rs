@@ -416,16 +416,16 @@ fn resource(
     };
     let wants_table = accept.contains("as=Table");
     let wants_metadata = accept.contains("as=PartialObjectMetadata");
-    let respond = |code: StatusCode, v: Value| -> Response {
+    let respond = |code: StatusCode, v: &Value| -> Response {
         if wants_table && method == Method::GET {
             json_response(
                 code,
-                &table::render(rt, &v, query.get("includeObject").map(String::as_str)),
+                &table::render(rt, v, query.get("includeObject").map(String::as_str)),
             )
         } else if wants_metadata {
-            json_response(code, &partial_metadata(&v))
+            json_response(code, &partial_metadata(v))
         } else {
-            json_response(code, &v)
+            json_response(code, v)
         }
     };
     match (method.as_str(), rp.name.as_deref()) {
@@ -462,16 +462,16 @@ fn resource(
                 .cluster
                 .lock()
                 .list(rt, rp.namespace.as_deref(), &list_query(query))?;
-            Ok(respond(StatusCode::OK, list))
+            Ok(respond(StatusCode::OK, &list))
         }
         ("GET", Some(name)) => {
             let obj = app.cluster.lock().get(rt, ns, name)?;
-            Ok(respond(StatusCode::OK, obj))
+            Ok(respond(StatusCode::OK, &obj))
         }
         ("POST", None) => {
             let input = decode_body(content_type, body)?;
             let (obj, warnings) = write(app, |s| s.create(rt, ns, input, &ctx))?;
-            Ok(with_warnings(respond(StatusCode::CREATED, obj), &warnings))
+            Ok(with_warnings(respond(StatusCode::CREATED, &obj), &warnings))
         }
         ("POST", Some(name)) if rp.subresource == "eviction" => {
             let result = eviction::evict(
@@ -499,7 +499,7 @@ fn resource(
         ("PUT", Some(name)) => {
             let input = decode_body(content_type, body)?;
             let (obj, warnings) = write(app, |s| s.update(rt, ns, name, input, &ctx))?;
-            Ok(with_warnings(respond(StatusCode::OK, obj), &warnings))
+            Ok(with_warnings(respond(StatusCode::OK, &obj), &warnings))
         }
         ("PATCH", Some(name)) => {
             let patch_type = PatchType::from_content_type(content_type)?;
@@ -512,7 +512,7 @@ fn resource(
             } else {
                 StatusCode::OK
             };
-            Ok(with_warnings(respond(code, obj), &warnings))
+            Ok(with_warnings(respond(code, &obj), &warnings))
         }
         ("DELETE", name) => {
             let mut opts = DeleteOpts {

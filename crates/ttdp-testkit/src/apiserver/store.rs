@@ -30,10 +30,11 @@ pub struct Change {
     /// What happened.
     pub kind: ChangeKind,
     /// The object after the change (for deletes: the last state, with the delete's revision).
-    pub object: Value,
+    /// Shared with the store's current copy: a change costs no copy of the object.
+    pub object: Arc<Value>,
     /// The object before the change (None for creates); watches with selectors use it to turn
     /// an object leaving the selection into DELETED and one entering it into ADDED.
-    pub previous: Option<Value>,
+    pub previous: Option<Arc<Value>>,
 }
 
 /// Namespace ("" for cluster-scoped) and name.
@@ -42,7 +43,7 @@ pub type ObjectKey = (String, String);
 /// The object store.
 #[derive(Debug)]
 pub struct Store {
-    objects: BTreeMap<String, BTreeMap<ObjectKey, Value>>,
+    objects: BTreeMap<String, BTreeMap<ObjectKey, Arc<Value>>>,
     revision: u64,
     history: VecDeque<Arc<Change>>,
     history_limit: usize,
@@ -95,6 +96,11 @@ impl Store {
 
     /// One object.
     pub fn get(&self, storage: &str, namespace: &str, name: &str) -> Option<&Value> {
+        self.get_shared(storage, namespace, name).map(|v| &**v)
+    }
+
+    /// One object, shared (a writer copies it only to change it).
+    pub fn get_shared(&self, storage: &str, namespace: &str, name: &str) -> Option<&Arc<Value>> {
         self.objects
             .get(storage)
             .and_then(|m| m.get(&(namespace.to_string(), name.to_string())))
@@ -106,11 +112,11 @@ impl Store {
             return Vec::new();
         };
         match namespace {
-            None => m.values().collect(),
+            None => m.values().map(|v| &**v).collect(),
             Some(want) => m
                 .range((want.to_string(), String::new())..)
                 .take_while(|((ns, _), _)| ns == want)
-                .map(|(_, v)| v)
+                .map(|(_, v)| &**v)
                 .collect(),
         }
     }
@@ -132,7 +138,7 @@ impl Store {
         Some(
             keys.iter()
                 .filter(|(ns, _)| namespace.is_none_or(|want| want == ns))
-                .filter_map(|key| pods.get(key))
+                .filter_map(|key| pods.get(key).map(|v| &**v))
                 .collect(),
         )
     }
@@ -177,7 +183,7 @@ impl Store {
         let mut objects: BTreeMap<ObjectKey, Value> = self
             .objects
             .get(storage)
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), (**v).clone())).collect())
             .unwrap_or_default();
         for change in self.history.iter().rev() {
             if change.revision <= revision {
@@ -197,7 +203,7 @@ impl Store {
                     .to_string(),
             );
             match &change.previous {
-                Some(previous) => objects.insert(key, previous.clone()),
+                Some(previous) => objects.insert(key, (**previous).clone()),
                 None => objects.remove(&key),
             };
         }
@@ -224,6 +230,18 @@ impl Store {
         object: Value,
         revision: u64,
     ) {
+        self.put_shared(storage, namespace, name, Arc::new(object), revision);
+    }
+
+    /// [`Store::put`] of an object the caller keeps sharing.
+    pub fn put_shared(
+        &mut self,
+        storage: &str,
+        namespace: &str,
+        name: &str,
+        object: Arc<Value>,
+        revision: u64,
+    ) {
         let key = (namespace.to_string(), name.to_string());
         let previous = self
             .objects
@@ -232,7 +250,7 @@ impl Store {
             .insert(key.clone(), object.clone());
         self.owners.stored(
             (storage.to_string(), namespace.to_string(), name.to_string()),
-            previous.as_ref(),
+            previous.as_deref(),
             &object,
         );
         let kind = if previous.is_some() {
@@ -241,7 +259,7 @@ impl Store {
             ChangeKind::Added
         };
         if storage == PODS {
-            self.index_pod(&key, previous.as_ref(), Some(&object));
+            self.index_pod(&key, previous.as_deref(), Some(&object));
         }
         self.record(Change {
             revision,
@@ -264,14 +282,14 @@ impl Store {
         let key = (namespace.to_string(), name.to_string());
         let previous = self.objects.get_mut(storage).and_then(|m| m.remove(&key));
         if storage == PODS {
-            self.index_pod(&key, previous.as_ref(), None);
+            self.index_pod(&key, previous.as_deref(), None);
         }
         self.owners.removed(&last);
         self.record(Change {
             revision,
             storage: storage.to_string(),
             kind: ChangeKind::Deleted,
-            object: last,
+            object: Arc::new(last),
             previous,
         });
     }

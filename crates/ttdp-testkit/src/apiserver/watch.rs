@@ -157,7 +157,7 @@ pub fn watch(
                         if let Some(kind) = filter.event_type(&change) {
                             initial.push(line(
                                 kind,
-                                &present(rt, change.object.clone(), q.as_table.as_deref()),
+                                &present(rt, (*change.object).clone(), q.as_table.as_deref()),
                             ));
                         }
                     }
@@ -204,7 +204,7 @@ pub fn watch(
                         if let Some(kind) = filter.event_type(&change) {
                             let chunk = match q.as_table.as_deref() {
                                 None if cluster::is_presented(&rt, &change.object) => line(kind, &change.object),
-                                table => line(kind, &present(&rt, change.object.clone(), table)),
+                                table => line(kind, &present(&rt, (*change.object).clone(), table)),
                             };
                             if tx.send(Ok(chunk)).await.is_err() {
                                 return;
