@@ -427,11 +427,11 @@ fn admit_custom(
     obj: &mut Value,
 ) -> (Vec<StatusCause>, Vec<String>) {
     let schema = &crd_schema.openapi;
-    schema_validation::apply_defaults(schema, obj);
+    schema_validation::apply_defaults(schema, obj, old);
     let mut removed = Vec::new();
-    schema_validation::prune(schema, obj, "", &mut removed);
+    schema_validation::prune(schema, obj, "", old, &mut removed);
     let mut causes = Vec::new();
-    schema_validation::validate(schema, obj, "", &mut causes);
+    schema_validation::validate(schema, obj, "", old, &mut causes);
     if !causes.is_empty() {
         return (causes, removed);
     }

@@ -44,10 +44,19 @@ fn join(path: &str, field: &str) -> String {
     }
 }
 
+/// The stored object's counterpart of a list item, when the update left the item as it was: it
+/// was defaulted, pruned and validated when it was stored, so it is not walked again (on an
+/// update of a status listing thousands of nodes, most items are unchanged). Like the real
+/// server's validation ratcheting, an unchanged item is not failed for rules added since.
+fn unchanged(old: Option<&Value>, i: usize, item: &Value) -> bool {
+    old.and_then(|o| o.get(i)).is_some_and(|o| o == item)
+}
+
 /// Fill in the schema's `default`s for absent fields, in place (kube-cel's `apply_defaults`
 /// semantics without copying the object at every level: a default is not itself defaulted;
-/// `x-kubernetes-preserve-unknown-fields` turns `additionalProperties` off).
-pub fn apply_defaults(schema: &Value, value: &mut Value) {
+/// `x-kubernetes-preserve-unknown-fields` turns `additionalProperties` off). `old` is the
+/// stored object on an update: list items it has unchanged are skipped.
+pub fn apply_defaults(schema: &Value, value: &mut Value, old: Option<&Value>) {
     match value {
         Value::Object(map) => {
             let props = schema["properties"].as_object();
@@ -57,7 +66,7 @@ pub fn apply_defaults(schema: &Value, value: &mut Value) {
             });
             for (key, child) in map.iter_mut() {
                 if let Some(child_schema) = props.and_then(|p| p.get(key)).or(additional) {
-                    apply_defaults(child_schema, child);
+                    apply_defaults(child_schema, child, old.and_then(|o| o.get(key)));
                 }
             }
             for (key, prop) in props.into_iter().flatten() {
@@ -69,8 +78,10 @@ pub fn apply_defaults(schema: &Value, value: &mut Value) {
             }
         }
         Value::Array(items) if schema.get("items").is_some() => {
-            for item in items {
-                apply_defaults(&schema["items"], item);
+            for (i, item) in items.iter_mut().enumerate() {
+                if !unchanged(old, i, item) {
+                    apply_defaults(&schema["items"], item, old.and_then(|o| o.get(i)));
+                }
             }
         }
         _ => {}
@@ -78,8 +89,15 @@ pub fn apply_defaults(schema: &Value, value: &mut Value) {
 }
 
 /// Remove fields the schema does not declare (unless `x-kubernetes-preserve-unknown-fields`).
-/// Returns the removed paths. The root's `apiVersion`, `kind` and `metadata` are kept.
-pub fn prune(schema: &Value, value: &mut Value, path: &str, removed: &mut Vec<String>) {
+/// Returns the removed paths. The root's `apiVersion`, `kind` and `metadata` are kept. List
+/// items `old` (the stored object) has unchanged are skipped.
+pub fn prune(
+    schema: &Value,
+    value: &mut Value,
+    path: &str,
+    old: Option<&Value>,
+    removed: &mut Vec<String>,
+) {
     if schema["x-kubernetes-preserve-unknown-fields"].as_bool() == Some(true)
         && schema["properties"].is_null()
     {
@@ -98,13 +116,14 @@ pub fn prune(schema: &Value, value: &mut Value, path: &str, removed: &mut Vec<St
                     continue;
                 }
                 let child_path = join(path, &k);
+                let old_child = old.and_then(|o| o.get(&k));
                 if let Some(child_schema) = props.and_then(|p| p.get(&k)) {
                     if let Some(child) = map.get_mut(&k) {
-                        prune(child_schema, child, &child_path, removed);
+                        prune(child_schema, child, &child_path, old_child, removed);
                     }
                 } else if additional.is_object() {
                     if let Some(child) = map.get_mut(&k) {
-                        prune(additional, child, &child_path, removed);
+                        prune(additional, child, &child_path, old_child, removed);
                     }
                 } else if additional.as_bool() == Some(true) || preserve {
                 } else {
@@ -115,15 +134,31 @@ pub fn prune(schema: &Value, value: &mut Value, path: &str, removed: &mut Vec<St
         }
         Value::Array(items) => {
             for (i, item) in items.iter_mut().enumerate() {
-                prune(&schema["items"], item, &format!("{path}[{i}]"), removed);
+                if !unchanged(old, i, item) {
+                    let old_item = old.and_then(|o| o.get(i));
+                    prune(
+                        &schema["items"],
+                        item,
+                        &format!("{path}[{i}]"),
+                        old_item,
+                        removed,
+                    );
+                }
             }
         }
         _ => {}
     }
 }
 
-/// Validate `value` against `schema`; `path` is the field path so far ("" at the root).
-pub fn validate(schema: &Value, value: &Value, path: &str, out: &mut Vec<StatusCause>) {
+/// Validate `value` against `schema`; `path` is the field path so far ("" at the root). List
+/// items `old` (the stored object) has unchanged are not validated again.
+pub fn validate(
+    schema: &Value,
+    value: &Value,
+    path: &str,
+    old: Option<&Value>,
+    out: &mut Vec<StatusCause>,
+) {
     if value.is_null() {
         if schema["nullable"].as_bool() != Some(true) && !path.is_empty() {
             out.push(cause(
@@ -195,11 +230,20 @@ pub fn validate(schema: &Value, value: &Value, path: &str, out: &mut Vec<StatusC
                 ));
             }
             for (i, item) in items.iter().enumerate() {
-                validate(&schema["items"], item, &format!("{path}[{i}]"), out);
+                if !unchanged(old, i, item) {
+                    let old_item = old.and_then(|o| o.get(i));
+                    validate(
+                        &schema["items"],
+                        item,
+                        &format!("{path}[{i}]"),
+                        old_item,
+                        out,
+                    );
+                }
             }
             validate_list_map_keys(schema, items, path, out);
         }
-        Value::Object(map) => validate_object(schema, map, path, out),
+        Value::Object(map) => validate_object(schema, map, path, old, out),
         _ => {}
     }
 }
@@ -278,6 +322,7 @@ fn validate_object(
     schema: &Value,
     map: &Map<String, Value>,
     path: &str,
+    old: Option<&Value>,
     out: &mut Vec<StatusCause>,
 ) {
     for required in schema["required"]
@@ -309,10 +354,11 @@ fn validate_object(
             continue;
         }
         let child = join(path, k);
+        let old_child = old.and_then(|o| o.get(k));
         match props.and_then(|p| p.get(k)) {
-            Some(s) => validate(s, v, &child, out),
+            Some(s) => validate(s, v, &child, old_child, out),
             None if schema["additionalProperties"].is_object() => {
-                validate(&schema["additionalProperties"], v, &child, out)
+                validate(&schema["additionalProperties"], v, &child, old_child, out)
             }
             None => {}
         }
@@ -380,11 +426,12 @@ mod tests {
             }
         }}});
         let mut out = Vec::new();
-        validate(&schema, &json!({"spec": {"max": 0}}), "", &mut out);
+        validate(&schema, &json!({"spec": {"max": 0}}), "", None, &mut out);
         validate(
             &schema,
             &json!({"spec": {"version": "x", "max": "a"}}),
             "",
+            None,
             &mut out,
         );
         let fields: Vec<_> = out.iter().map(|c| c.field.clone().unwrap()).collect();
@@ -404,8 +451,32 @@ mod tests {
         let schema = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {"a": {"type": "string"}}}}});
         let mut obj = json!({"apiVersion": "x/v1", "spec": {"a": "1", "b": 2}});
         let mut removed = Vec::new();
-        prune(&schema, &mut obj, "", &mut removed);
+        prune(&schema, &mut obj, "", None, &mut removed);
         assert_eq!(obj, json!({"apiVersion": "x/v1", "spec": {"a": "1"}}));
         assert_eq!(removed, ["spec.b"]);
+    }
+
+    #[test]
+    fn list_items_an_update_leaves_unchanged_are_not_walked_again() {
+        let schema = json!({"type": "object", "properties": {"items": {"type": "array", "items": {
+            "type": "object",
+            "properties": {"n": {"type": "integer", "minimum": 1}, "d": {"type": "string", "default": "x"}}
+        }}}});
+        // The stored object has an item that no longer passes (a rule added since): it is
+        // ratcheted while unchanged; the new and the changed items are checked and defaulted.
+        let old = json!({"items": [{"n": 0, "d": "x"}, {"n": 1, "d": "x"}]});
+        let mut new = json!({"items": [{"n": 0, "d": "x"}, {"n": 0}, {"n": 2, "e": true}]});
+        apply_defaults(&schema, &mut new, Some(&old));
+        let mut removed = Vec::new();
+        prune(&schema, &mut new, "", Some(&old), &mut removed);
+        let mut out = Vec::new();
+        validate(&schema, &new, "", Some(&old), &mut out);
+        assert_eq!(
+            new,
+            json!({"items": [{"n": 0, "d": "x"}, {"n": 0, "d": "x"}, {"n": 2, "d": "x"}]})
+        );
+        assert_eq!(removed, ["items[2].e"]);
+        let fields: Vec<_> = out.iter().map(|c| c.field.clone().unwrap()).collect();
+        assert_eq!(fields, ["items[1].n"]);
     }
 }
