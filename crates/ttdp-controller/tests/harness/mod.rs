@@ -570,7 +570,13 @@ impl Monitor {
         let (max, now) = (max_cordoned.clone(), cordoned_now.clone());
         let config = watcher::Config::default().labels(&format!("{RUN_LABEL}={prefix}"));
         let t1 = tokio::spawn(async move {
-            let mut stream = watcher::watcher(nodes, config).applied_objects().boxed();
+            // With back-off, a watch error waits before the retry: without it, a watch whose
+            // server is gone retries in a loop that never yields, and neither `Monitor::stop`
+            // nor the test runtime's shutdown can end the task (the test hangs).
+            let mut stream = watcher::watcher(nodes, config)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
             while let Some(n) = stream.next().await {
                 let Ok(n) = n else { continue };
                 let mut now = now.lock().unwrap();
@@ -597,6 +603,7 @@ impl Monitor {
         let prefix = prefix.to_owned();
         let t2 = tokio::spawn(async move {
             let mut stream = watcher::watcher(policies, watcher::Config::default())
+                .default_backoff()
                 .applied_objects()
                 .boxed();
             while let Some(p) = stream.next().await {
