@@ -769,11 +769,8 @@ async fn hand_edits_to_the_status_are_replaced_at_the_next_write() {
         )
         .await
         .unwrap();
-    assert_eq!(
-        node_state(&h.policies().get(&policy).await.unwrap(), &node),
-        Some(Failed)
-    );
-    // Pausing changes the status's conditions, not its node entries.
+    // (A write the controller had under way may already replace the edit.) Pausing changes
+    // the status's conditions, not its node entries.
     h.patch_spec(&policy, json!({"paused": true})).await;
     let p = h
         .wait_policy(&policy, "paused and the edit replaced", STEP, |p| {
