@@ -582,11 +582,11 @@ pub async fn apply(
         // seen uncordoned with its agent Ready, goes the same way to Done).
         let mut lifting = Vec::new();
         for ((node, _), (_, actions)) in observations.iter().zip(&steps) {
+            if actions.as_slice() != [Action::Release] || ctx.node_tasks.busy(&name, node) {
+                continue;
+            }
             let done = performed.entry(node.clone()).or_default();
-            if actions.as_slice() == [Action::Release]
-                && !done.contains(&Action::Release)
-                && !ctx.node_tasks.busy(&name, node)
-            {
+            if !done.contains(&Action::Release) {
                 done.push(Action::Release);
                 lifting.push((node, vec![Action::Release], None, None, None));
             }
