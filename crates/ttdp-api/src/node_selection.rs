@@ -53,9 +53,14 @@ impl NodeSelection {
     }
 
     /// Whether a node with this name and these labels is selected.
+    /// The same test as [`Self::requirements`], without building them (it runs for every node
+    /// at every reconcile).
     pub fn matches(&self, node_name: &str, node_labels: &BTreeMap<String, String>) -> bool {
+        let label = |key: &str| node_labels.get(key).map(String::as_str);
         !self.excluded.contains(node_name)
-            && self.requirements().iter().all(|r| r.matches(node_labels))
+            && self.user.matches(node_labels)
+            && (!self.require_nfd || label(labels::NFD_TENSTORRENT) == Some(labels::NFD_PRESENT))
+            && label(labels::SKIP).is_none()
     }
 
     /// The DaemonSet pod template's required node affinity: one term holding every

@@ -19,8 +19,9 @@ use kube::Resource;
 use kube::core::ObjectMeta;
 use kube::runtime::watcher;
 use serde::Deserialize;
+use ttdp_api::agent_report::AgentReport;
 use ttdp_api::driver::v1alpha1::Summary;
-use ttdp_api::names::{self, labels};
+use ttdp_api::names::{self, annotations, labels};
 use ttdp_api::{
     TenstorrentDriverPolicy, TenstorrentDriverPolicySpec, TenstorrentDriverPolicyStatus,
 };
@@ -133,6 +134,10 @@ pub struct CachedPod {
     pub ready: bool,
     /// The agent container's status, once reported.
     pub agent: Option<AgentContainer>,
+    /// The agent's report (its pod annotation, which is not kept in `metadata`), parsed once
+    /// here rather than at every reconcile; absent when missing or unparseable.
+    #[serde(skip)]
+    pub report: Option<AgentReport>,
 }
 
 impl CachedPod {
@@ -163,6 +168,11 @@ impl CachedPod {
                         .map(|t| (t.exit_code, t.message)),
                 }
             });
+        let mut ours = our_annotations(meta.annotations);
+        let report = ours
+            .as_mut()
+            .and_then(|a| a.remove(annotations::AGENT_REPORT))
+            .and_then(|raw| serde_json::from_str(&raw).ok());
         Self {
             metadata: ObjectMeta {
                 name: meta.name,
@@ -170,7 +180,7 @@ impl CachedPod {
                 uid: meta.uid,
                 resource_version: meta.resource_version,
                 labels: meta.labels,
-                annotations: our_annotations(meta.annotations),
+                annotations: ours.filter(|a| !a.is_empty()),
                 deletion_timestamp: meta.deletion_timestamp,
                 ..ObjectMeta::default()
             },
@@ -178,6 +188,7 @@ impl CachedPod {
             image: spec.containers.into_iter().next().and_then(|c| c.image),
             ready,
             agent,
+            report,
         }
     }
 }
@@ -311,7 +322,7 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
     use serde_json::json;
-    use ttdp_api::names::annotations;
+    use ttdp_api::agent_report::AgentPhase;
 
     fn full_node(nfd: bool) -> Node {
         let mut labels = json!({"kubernetes.io/hostname": "n1", labels::KMD_VERSION: "2.0.0"});
@@ -380,7 +391,7 @@ mod tests {
             "metadata": {
                 "name": "ttdrv-fleet-x", "namespace": "ns", "uid": "u", "resourceVersion": "3",
                 "labels": {labels::POLICY: "fleet"},
-                "annotations": {annotations::TEMPLATE_HASH: "h", annotations::AGENT_REPORT: "{}", "other": "x"},
+                "annotations": {annotations::TEMPLATE_HASH: "h", annotations::AGENT_REPORT: r#"{"phase":"Failed","targetVersion":"2.8.0","installMode":"container","reason":"BuildFailed"}"#, "other": "x"},
                 "deletionTimestamp": "2026-11-29T18:00:00Z",
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "d"}],
             },
@@ -401,7 +412,12 @@ mod tests {
         );
         assert!(m.deletion_timestamp.is_some() && m.owner_references.is_none());
         assert_eq!(m.labels.as_ref().unwrap()[labels::POLICY], "fleet");
-        assert_eq!(m.annotations.as_ref().unwrap().len(), 2);
+        assert_eq!(m.annotations.as_ref().unwrap().len(), 1);
+        let report = p.report.as_ref().unwrap();
+        assert_eq!(
+            (report.phase, report.reason.as_deref()),
+            (AgentPhase::Failed, Some("BuildFailed"))
+        );
         assert_eq!(p.node_name.as_deref(), Some("n1"));
         assert_eq!(p.image.as_deref(), Some("img"));
         assert!(p.ready);

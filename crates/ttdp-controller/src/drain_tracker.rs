@@ -95,17 +95,16 @@ impl DrainTracker {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The progress of `node`'s drain for `policy`.
-    pub fn progress(&self, policy: &str, node: &str) -> DrainProgress {
+    /// The progress of every drain of `policy`, by node (one lock for a whole reconcile).
+    pub fn progress_of(&self, policy: &str) -> HashMap<String, DrainProgress> {
         self.lock()
-            .get(&key(policy, node))
-            .map(|e| {
-                e.progress
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone()
+            .iter()
+            .filter(|((p, _), _)| p == policy)
+            .map(|((_, node), e)| {
+                let progress = e.progress.lock().unwrap_or_else(PoisonError::into_inner);
+                (node.clone(), progress.clone())
             })
-            .unwrap_or(DrainProgress::NotStarted)
+            .collect()
     }
 
     /// Starts a drain of `node` with `plan` unless one is running or finished. `wake` is called

@@ -51,20 +51,27 @@ pub fn install_mode_label(meta: &ObjectMeta) -> Option<String> {
 
 /// Whether the node carries `policy`'s cordon annotation.
 pub fn cordoned_by(meta: &ObjectMeta, policy: &str) -> bool {
-    get(&meta.annotations, annotations::CORDONED_BY) == Some(names::cordon_owner(policy).as_str())
+    get(&meta.annotations, annotations::CORDONED_BY)
+        .and_then(|owner| owner.strip_prefix(names::CORDON_OWNER_PREFIX))
+        == Some(policy)
 }
 
 /// The deploy gates the controller closed on this node (from its annotation).
 pub fn closed_gates(meta: &ObjectMeta) -> Vec<String> {
+    gate_names(meta).map(str::to_owned).collect()
+}
+
+/// Whether the controller closed deploy gates on this node.
+pub fn gates_closed(meta: &ObjectMeta) -> bool {
+    gate_names(meta).next().is_some()
+}
+
+fn gate_names(meta: &ObjectMeta) -> impl Iterator<Item = &str> {
     get(&meta.annotations, annotations::DEPLOY_GATES)
-        .map(|v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
 }
 
 /// Whether someone asked for a retry of this node.
@@ -73,9 +80,8 @@ pub fn retry_requested(meta: &ObjectMeta) -> bool {
 }
 
 /// The agent's report on its pod, if present and parseable.
-pub fn agent_report(pod: &CachedPod) -> Option<AgentReport> {
-    let raw = get(&pod.metadata.annotations, annotations::AGENT_REPORT)?;
-    serde_json::from_str(raw).ok()
+pub fn agent_report(pod: &CachedPod) -> Option<&AgentReport> {
+    pod.report.as_ref()
 }
 
 /// The template hash a pod was created from.
@@ -238,7 +244,7 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         agent: agent_pod(input.pod, input.current_hash),
         cordoned_by_us,
         externally_cordoned: input.unschedulable == Some(true) && !cordoned_by_us,
-        gates_closed_by_us: !closed_gates(input.meta).is_empty(),
+        gates_closed_by_us: gates_closed(input.meta),
         drain: input.drain,
         retry: input.retry,
         start: StartGate::NoSlot,

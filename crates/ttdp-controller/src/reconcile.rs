@@ -428,8 +428,12 @@ async fn ensure_daemonset(
 }
 
 /// Whether a node holds something of ours: our cordon, or gates we closed while it was ours.
-fn holds_ours(meta: &kube::core::ObjectMeta, policy: &str, ours_before: bool) -> bool {
-    observe::cordoned_by(meta, policy) || (ours_before && !observe::closed_gates(meta).is_empty())
+fn holds_ours(
+    meta: &kube::core::ObjectMeta,
+    policy: &str,
+    ours_before: impl FnOnce() -> bool,
+) -> bool {
+    observe::cordoned_by(meta, policy) || (observe::gates_closed(meta) && ours_before())
 }
 
 /// Observe, plan, record, act. When nodes were released in this pass (their upgrade finished),
@@ -459,15 +463,19 @@ pub async fn apply(
     let older = OlderPolicies::of(&policy, &all_policies, settings.require_nfd);
     let node_metas = ctx.nodes.state();
     let empty = BTreeMap::new();
-    let matched: Vec<_> = node_metas
+    // In name order: the planner hands out slots in that order, and the status lists nodes so.
+    let (mut matched, unmatched): (Vec<(&str, &crate::cached::CachedNode)>, Vec<_>) = node_metas
         .iter()
-        .filter(|n| selection.matches(&n.name_any(), n.metadata.labels.as_ref().unwrap_or(&empty)))
-        .collect();
+        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), n.as_ref()))
+        .partition(|(name, n)| {
+            selection.matches(name, n.metadata.labels.as_ref().unwrap_or(&empty))
+        });
+    matched.sort_unstable_by_key(|(name, _)| *name);
     let conflicts: BTreeMap<String, String> = matched
         .iter()
-        .filter_map(|n| {
-            let owner = older.owner(&n.name_any(), n.metadata.labels.as_ref().unwrap_or(&empty))?;
-            Some((n.name_any(), owner.to_owned()))
+        .filter_map(|(name, n)| {
+            let owner = older.owner(name, n.metadata.labels.as_ref().unwrap_or(&empty))?;
+            Some((name.to_string(), owner.to_owned()))
         })
         .collect();
     selection.excluded = conflicts.keys().cloned().collect();
@@ -485,14 +493,14 @@ pub async fn apply(
     }
 
     let mut next_retry: Option<Duration> = None;
+    let mut drains = ctx.drains.progress_of(&name);
     let mut observations: Vec<(String, NodeObservation)> = Vec::with_capacity(matched.len());
-    for n in &matched {
-        let node = n.name_any();
-        let pod =
-            observe::pick_agent_pod(by_node.get(node.as_str()).into_iter().flatten().copied());
+    for (node, n) in &matched {
+        let pod = observe::pick_agent_pod(by_node.get(node).into_iter().flatten().copied());
+        let entry = recorded.get(*node);
         let (retry, wait) = observe::retry_gate(
             &n.metadata,
-            recorded.get(&node),
+            entry,
             &now,
             settings.retry_base,
             settings.retry_max,
@@ -502,7 +510,7 @@ pub async fn apply(
         }
         // Who else cordoned the nodes in flight, or the Done nodes left cordoned for someone
         // else: only those look at `spec.unschedulable` (from the node cache).
-        let in_flight = recorded.get(&node).is_some_and(|r| {
+        let in_flight = entry.is_some_and(|r| {
             r.state.is_in_flight()
                 || r.reason.as_deref() == Some(crate::transition::reasons::CORDONED_BY_OTHER)
         });
@@ -514,12 +522,14 @@ pub async fn apply(
             unschedulable,
             pod,
             current_hash: &hash,
-            recorded: recorded.get(&node),
-            conflict_with: conflicts.get(&node).cloned(),
-            drain: ctx.drains.progress(&name, &node),
+            recorded: entry,
+            conflict_with: conflicts.get(*node).cloned(),
+            drain: drains
+                .remove(*node)
+                .unwrap_or(crate::transition::DrainProgress::NotStarted),
             retry,
         });
-        observations.push((node, obs));
+        observations.push((node.to_string(), obs));
     }
 
     let spec = &policy.spec;
@@ -539,10 +549,6 @@ pub async fn apply(
         max_unavailable,
         paused: spec.paused,
     };
-    let metas: HashMap<&str, &kube::core::ObjectMeta> = matched
-        .iter()
-        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), &n.metadata))
-        .collect();
     let facts = PolicyFacts {
         generation: policy.metadata.generation,
         target_version: spec.version.clone(),
@@ -559,17 +565,14 @@ pub async fn apply(
         // Each node's new state and actions, in the order of `observations`; the rest of each
         // transition goes into the status.
         let mut steps: Vec<(NodeState, Vec<Action>)> = Vec::with_capacity(observations.len());
-        let reports = rollout::plan(&plan, &observations)
+        let reports = rollout::plan(&plan, &mut observations)
             .into_iter()
-            .map(|(node, mut t)| {
+            .zip(&matched)
+            .map(|((node, mut t), (_, n))| {
                 steps.push((t.state, std::mem::take(&mut t.actions)));
                 NodeReport {
-                    current_version: metas
-                        .get(node.as_str())
-                        .and_then(|m| observe::loaded_version(m)),
-                    install_mode: metas
-                        .get(node.as_str())
-                        .and_then(|m| observe::install_mode_label(m)),
+                    current_version: observe::loaded_version(&n.metadata),
+                    install_mode: observe::install_mode_label(&n.metadata),
                     name: node,
                     transition: t,
                 }
@@ -600,10 +603,11 @@ pub async fn apply(
         // Act, each node's actions in order; one node's failure does not stop the others.
         // Cordons, agent replacements and retry clearing go to the background; the rest
         // (starting a drain) here, up to NODE_ACTIONS_AT_ONCE nodes at a time.
-        let obs_by_node: HashMap<&str, &NodeObservation> =
-            observations.iter().map(|(n, o)| (n.as_str(), o)).collect();
         let mut pending = Vec::new();
-        for ((node, _), (_, actions)) in observations.iter().zip(&steps) {
+        for ((node, obs), (_, actions)) in observations.iter().zip(&steps) {
+            if actions.is_empty() {
+                continue;
+            }
             let done = performed.entry(node.clone()).or_default();
             let todo: Vec<Action> = actions
                 .iter()
@@ -621,7 +625,7 @@ pub async fn apply(
                 .nodes
                 .get(node)
                 .and_then(|e| e.last_transition_time.as_ref());
-            let obs = obs_by_node.get(node.as_str()).copied();
+            let obs = Some(obs);
             if todo.iter().all(in_background) {
                 let (task_ctx, task_policy, task_node) =
                     (ctx.clone(), policy.clone(), node.clone());
@@ -692,14 +696,10 @@ pub async fn apply(
     ctx.drains.retain(&name, |n| draining.contains(n));
 
     // Nodes no longer matched (skip label, selector change) keep nothing of ours.
-    for n in node_metas
-        .iter()
-        .filter(|n| !metas.contains_key(n.metadata.name.as_deref().unwrap_or_default()))
-    {
-        let node = n.name_any();
-        if holds_ours(&n.metadata, &name, written.nodes.contains_key(&node)) {
+    for (node, n) in unmatched {
+        if holds_ours(&n.metadata, &name, || written.nodes.contains_key(node)) {
             info!(node = %node, "node left the policy's selection; releasing it");
-            if let Err(e) = node_actions::release(&ctx.client, &name, &node, None).await {
+            if let Err(e) = node_actions::release(&ctx.client, &name, node, None).await {
                 first_error.get_or_insert(e);
             }
         }
@@ -997,7 +997,7 @@ pub async fn cleanup(
         let in_flight = recorded
             .get(&node)
             .is_some_and(|r| r.state.is_in_flight() || r.state == NodeState::Failed);
-        if holds_ours(&n.metadata, &name, was_ours) || in_flight {
+        if holds_ours(&n.metadata, &name, || was_ours) || in_flight {
             node_actions::release(&ctx.client, &name, &node, None).await?;
             released += 1;
         }

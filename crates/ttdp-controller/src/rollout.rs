@@ -26,10 +26,11 @@ pub struct RolloutPlan {
     pub paused: bool,
 }
 
-/// Every node's transition, in the order given.
+/// Every node's transition, in the order given. Sets each observation's start gate (the
+/// planner's to decide).
 pub fn plan(
     plan: &RolloutPlan,
-    nodes: &[(String, NodeObservation)],
+    nodes: &mut [(String, NodeObservation)],
 ) -> Vec<(String, NodeTransition)> {
     let closed = if plan.paused {
         StartGate::Paused
@@ -37,13 +38,10 @@ pub fn plan(
         StartGate::NoSlot
     };
     let mut out: Vec<(String, NodeTransition)> = nodes
-        .iter()
+        .iter_mut()
         .map(|(name, obs)| {
-            let o = NodeObservation {
-                start: closed,
-                ..obs.clone()
-            };
-            (name.clone(), transition::next(&o, &plan.rules))
+            obs.start = closed;
+            (name.clone(), transition::next(obs, &plan.rules))
         })
         .collect();
     if plan.paused {
@@ -57,9 +55,11 @@ pub fn plan(
     let in_flight = out.iter().filter(|(_, t)| t.state.is_in_flight()).count();
     let mut slots = plan.max_unavailable.saturating_sub(in_flight);
     let mut order: Vec<usize> = (0..nodes.len()).collect();
-    order.sort_by(|a, b| nodes[*a].0.cmp(&nodes[*b].0));
+    if !nodes.is_sorted_by(|a, b| a.0 <= b.0) {
+        order.sort_by(|a, b| nodes[*a].0.cmp(&nodes[*b].0));
+    }
     for i in order {
-        let (_, obs) = &nodes[i];
+        let (_, obs) = &mut nodes[i];
         let candidate = match out[i].1.state {
             NodeState::Pending => true,
             NodeState::Failed => obs.retry != RetryGate::NotYet,
@@ -75,13 +75,8 @@ pub fn plan(
         } else {
             continue;
         };
-        let t = transition::next(
-            &NodeObservation {
-                start: gate,
-                ..obs.clone()
-            },
-            &plan.rules,
-        );
+        obs.start = gate;
+        let t = transition::next(obs, &plan.rules);
         if t.state.is_in_flight() {
             slots -= 1;
         }
@@ -129,7 +124,10 @@ mod tests {
     }
 
     fn states(p: &RolloutPlan, nodes: &[(String, NodeObservation)]) -> Vec<NodeState> {
-        plan(p, nodes).into_iter().map(|(_, t)| t.state).collect()
+        plan(p, &mut nodes.to_vec())
+            .into_iter()
+            .map(|(_, t)| t.state)
+            .collect()
     }
 
     fn policy(max: usize, paused: bool) -> RolloutPlan {
@@ -184,7 +182,7 @@ mod tests {
         }
         nodes[2].1.retry = RetryGate::NotYet;
         nodes[3].1.retry = RetryGate::Requested;
-        let out = plan(&policy(1, false), &nodes);
+        let out = plan(&policy(1, false), &mut nodes);
         let got: Vec<NodeState> = out.iter().map(|(_, t)| t.state).collect();
         assert_eq!(got, [Failed, Failed, Pending, Cordoning]);
         assert_eq!(

@@ -119,19 +119,28 @@ pub fn build_status(
     facts: &PolicyFacts,
     previous: &TenstorrentDriverPolicyStatus,
     recorded: &BTreeMap<String, NodeStatus>,
-    reports: Vec<NodeReport>,
+    mut reports: Vec<NodeReport>,
     now: &Time,
 ) -> BuiltStatus {
-    let mut all_nodes = BTreeMap::new();
+    // Both in name order, `recorded` is walked alongside the reports (no lookup per node), and
+    // the entries, collected in order, make the map without a search per node.
+    if !reports.is_sorted_by(|a, b| a.name <= b.name) {
+        reports.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    let mut recorded = recorded.iter().peekable();
+    let mut entries = Vec::with_capacity(reports.len());
     let mut changes = Vec::new();
     for report in reports {
+        while recorded.next_if(|(name, _)| **name < report.name).is_some() {}
         let prev = recorded
-            .get(&report.name)
+            .next_if(|(name, _)| **name == report.name)
+            .map(|(_, e)| e)
             .or_else(|| previous.nodes.iter().find(|n| n.name == report.name));
         let (entry, change) = node_entry(prev, report, &facts.target_version, now);
         changes.extend(change);
-        all_nodes.insert(entry.name.clone(), entry);
+        entries.push((entry.name.clone(), entry));
     }
+    let all_nodes: BTreeMap<String, NodeStatus> = entries.into_iter().collect();
     let summary = summarize(&all_nodes);
     let mut conditions = previous.conditions.clone();
     for c in conditions_for(facts, &summary, &all_nodes, now) {
@@ -551,6 +560,45 @@ mod tests {
         assert_eq!(b4.status.nodes[0].phase_start_time, None);
         assert_eq!(cond(&b4.status, "Ready").status, "False");
         assert_eq!(cond(&b4.status, "Progressing").status, "True");
+    }
+
+    #[test]
+    fn each_report_finds_its_recorded_entry_whatever_the_order_and_gaps() {
+        let first = build(
+            vec![
+                report("n1", NodeState::Done, Some("2.8.0")),
+                report("n3", NodeState::Draining, Some("2.7.0")),
+                report("n4", NodeState::Pending, Some("2.7.0")),
+            ],
+            &Default::default(),
+            0,
+        );
+        // n1 left, n2 and n5 joined; given out of name order.
+        let reports = vec![
+            report("n5", NodeState::Pending, Some("2.7.0")),
+            report("n3", NodeState::Draining, Some("2.7.0")),
+            report("n2", NodeState::Pending, Some("2.7.0")),
+            report("n4", NodeState::Cordoning, Some("2.7.0")),
+        ];
+        let empty = TenstorrentDriverPolicyStatus::default();
+        let b = build_status(&facts(), &empty, &first.all_nodes, reports, &at(10));
+        let names: Vec<&str> = b.status.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["n2", "n3", "n4", "n5"]);
+        let since = |n: &str| b.all_nodes[n].last_transition_time.clone();
+        assert_eq!(since("n3"), Some(at(0)), "n3 kept its state");
+        assert_eq!(
+            (since("n2"), since("n4"), since("n5")),
+            (Some(at(10)), Some(at(10)), Some(at(10)))
+        );
+        let changed: Vec<(&str, Option<NodeState>)> = b
+            .changes
+            .iter()
+            .map(|c| (c.node.as_str(), c.from))
+            .collect();
+        assert_eq!(
+            changed,
+            [("n2", None), ("n4", Some(NodeState::Pending)), ("n5", None)]
+        );
     }
 
     #[test]
