@@ -1066,10 +1066,8 @@ mod tests {
     }
 
     fn written(nodes: Vec<NodeStatus>, omitted: i32, version: Option<&str>) -> Written {
-        let mut status = status(Vec::new(), omitted);
-        status.nodes = Vec::new();
         Written {
-            status,
+            status: status(Vec::new(), omitted),
             nodes: nodes.into_iter().map(|n| (n.name.clone(), n)).collect(),
             resource_version: version.map(str::to_owned),
         }

@@ -260,12 +260,9 @@ impl ClusterState {
 
     /// GET one object.
     pub fn get(&self, rt: &ResourceType, namespace: &str, name: &str) -> Result<Value, ApiError> {
-        let q = rt.qualified();
-        self.store
-            .get(&rt.storage_key(), &ns_key(rt, namespace), name)
-            .cloned()
-            .map(|o| Self::present(rt, o))
-            .ok_or_else(|| ApiError::not_found(object_ref(rt, &q, name)))
+        self.get_shared(rt, namespace, name)
+            .map(Arc::unwrap_or_clone)
+            .ok_or_else(|| ApiError::not_found(object_ref(rt, &rt.qualified(), name)))
     }
 
     /// The objects of a type a list looks at, in key order (namespace None: all namespaces):

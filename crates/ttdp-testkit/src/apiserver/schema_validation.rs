@@ -44,12 +44,14 @@ fn join(path: &str, field: &str) -> String {
     }
 }
 
-/// The stored object's counterpart of a list item, when the update left the item as it was: it
-/// was defaulted, pruned and validated when it was stored, so it is not walked again (on an
-/// update of a status listing thousands of nodes, most items are unchanged). Like the real
-/// server's validation ratcheting, an unchanged item is not failed for rules added since.
-fn unchanged(old: Option<&Value>, i: usize, item: &Value) -> bool {
-    old.and_then(|o| o.get(i)).is_some_and(|o| o == item)
+/// Whether list item `i` is walked again: `None` when the update left it as it was (equal to
+/// the stored object's counterpart), since it was defaulted, pruned and validated when it was
+/// stored (on an update of a status listing thousands of nodes, most items are unchanged; like
+/// the real server's validation ratcheting, an unchanged item is not failed for rules added
+/// since). Otherwise `Some` of the stored counterpart, if any, to walk it with.
+fn changed<'o>(old: Option<&'o Value>, i: usize, item: &Value) -> Option<Option<&'o Value>> {
+    let old_item = old.and_then(|o| o.get(i));
+    (old_item != Some(item)).then_some(old_item)
 }
 
 /// Fill in the schema's `default`s for absent fields, in place (kube-cel's `apply_defaults`
@@ -79,8 +81,8 @@ pub fn apply_defaults(schema: &Value, value: &mut Value, old: Option<&Value>) {
         }
         Value::Array(items) if schema.get("items").is_some() => {
             for (i, item) in items.iter_mut().enumerate() {
-                if !unchanged(old, i, item) {
-                    apply_defaults(&schema["items"], item, old.and_then(|o| o.get(i)));
+                if let Some(old_item) = changed(old, i, item) {
+                    apply_defaults(&schema["items"], item, old_item);
                 }
             }
         }
@@ -134,8 +136,7 @@ pub fn prune(
         }
         Value::Array(items) => {
             for (i, item) in items.iter_mut().enumerate() {
-                if !unchanged(old, i, item) {
-                    let old_item = old.and_then(|o| o.get(i));
+                if let Some(old_item) = changed(old, i, item) {
                     prune(
                         &schema["items"],
                         item,
@@ -230,8 +231,7 @@ pub fn validate(
                 ));
             }
             for (i, item) in items.iter().enumerate() {
-                if !unchanged(old, i, item) {
-                    let old_item = old.and_then(|o| o.get(i));
+                if let Some(old_item) = changed(old, i, item) {
                     validate(
                         &schema["items"],
                         item,

@@ -91,11 +91,19 @@ fn line(kind: &str, object: &Value) -> Bytes {
     Bytes::from(s)
 }
 
-fn present(rt: &ResourceType, obj: Value, as_table: Option<&str>) -> Value {
-    let obj = cluster::present(rt, obj);
+/// The event line of a stored object as the watch presents it: as stored when it already is
+/// (no copy), else presented or rendered as a table.
+fn object_line(rt: &ResourceType, kind: &str, obj: &Value, as_table: Option<&str>) -> Bytes {
     match as_table {
-        Some(include) => table::render(rt, &obj, Some(include).filter(|i| !i.is_empty())),
-        None => obj,
+        None if cluster::is_presented(rt, obj) => line(kind, obj),
+        None => line(kind, &cluster::present(rt, obj.clone())),
+        Some(include) => {
+            let obj = cluster::present(rt, obj.clone());
+            line(
+                kind,
+                &table::render(rt, &obj, Some(include).filter(|i| !i.is_empty())),
+            )
+        }
     }
 }
 
@@ -138,10 +146,7 @@ pub fn watch(
                 .list(&filter.storage, filter.namespace.as_deref())
             {
                 if filter.matches(obj) {
-                    initial.push(line(
-                        "ADDED",
-                        &present(rt, obj.clone(), q.as_table.as_deref()),
-                    ));
+                    initial.push(object_line(rt, "ADDED", obj, q.as_table.as_deref()));
                 }
             }
             if q.send_initial_events {
@@ -155,9 +160,11 @@ pub fn watch(
                 Some(changes) => {
                     for change in changes {
                         if let Some(kind) = filter.event_type(&change) {
-                            initial.push(line(
+                            initial.push(object_line(
+                                rt,
                                 kind,
-                                &present(rt, (*change.object).clone(), q.as_table.as_deref()),
+                                &change.object,
+                                q.as_table.as_deref(),
                             ));
                         }
                     }
@@ -202,10 +209,7 @@ pub fn watch(
                     Ok(change) => {
                         last_revision = last_revision.max(change.revision);
                         if let Some(kind) = filter.event_type(&change) {
-                            let chunk = match q.as_table.as_deref() {
-                                None if cluster::is_presented(&rt, &change.object) => line(kind, &change.object),
-                                table => line(kind, &present(&rt, (*change.object).clone(), table)),
-                            };
+                            let chunk = object_line(&rt, kind, &change.object, q.as_table.as_deref());
                             if tx.send(Ok(chunk)).await.is_err() {
                                 return;
                             }
