@@ -150,6 +150,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if wants("swap") {
         results.push(suite(Command::new(&bench).arg("swap"))?);
+        results.push(swap_on_a_real_kernel());
     }
     let elapsed = started.elapsed();
     print!("{}", render(&results, &machine));
@@ -199,6 +200,35 @@ fn suite(command: &mut Command) -> Result<Value> {
         result["error"] = Value::from(format!("{} failed ({})", describe(command), output.status));
     }
     Ok(result)
+}
+
+/// Load and unload times on a real kernel: boots scenario `swap-timing` of `cargo xtask vm-test`
+/// (QEMU without KVM) and returns its result line; one with `"error"` set when the VM could not
+/// run or printed none.
+fn swap_on_a_real_kernel() -> Value {
+    println!(
+        "bench: real-kernel swap in a VM (cargo xtask vm-test machinery, scenario swap-timing)"
+    );
+    let failed = |why: String| serde_json::json!({ "suite": "swap-vm", "error": why });
+    let boot = match crate::vm_test::Vm::prepare()
+        .and_then(|vm| vm.boot(&crate::vm_test::SWAP_TIMING, &[], None))
+    {
+        Ok(boot) => boot,
+        Err(e) => return failed(format!("the VM did not run: {e:#}")),
+    };
+    let line = boot
+        .output
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(RESULT_PREFIX));
+    match (boot.exit_code, line.map(serde_json::from_str::<Value>)) {
+        (Some(0), Some(Ok(result))) => result,
+        _ => failed(format!(
+            "the swap-timing VM exited with {:?}{} and printed no result; its output: {}",
+            boot.exit_code,
+            if boot.timed_out { " (timed out)" } else { "" },
+            boot.run_dir.join("output.log").display()
+        )),
+    }
 }
 
 fn describe(command: &Command) -> String {

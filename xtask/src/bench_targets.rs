@@ -241,6 +241,87 @@ pub fn render(results: &[Value], machine: &Machine) -> String {
             );
         }
     }
+    for vm in suites(results, "swap-vm").filter(|v| v.get("error").is_none()) {
+        let _ = writeln!(
+            out,
+            "\n### Node swap on a real kernel ({} under QEMU without KVM), median of {} (commit {})\n",
+            vm["release"].as_str().unwrap_or("?"),
+            vm["runs"],
+            machine.commit
+        );
+        let _ = writeln!(
+            out,
+            "| case | probe | cache lookup | unload | load | swap |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|");
+        for (name, key) in [
+            ("cache hit, nothing loaded", "cache_hit_nothing_loaded"),
+            ("cache hit, swap", "cache_hit_swap"),
+        ] {
+            let c = &vm[key];
+            let _ = writeln!(
+                out,
+                "| {name} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.1} ms |",
+                num(&c["probe_ms"]),
+                num(&c["build_ms"]),
+                num(&c["unload_ms"]),
+                num(&c["load_ms"]),
+                num(&c["total_ms"]),
+            );
+        }
+        if let Some(host) = suites(results, "swap").next() {
+            out.push_str(&start_to_ready(host, vm));
+        }
+    }
+    out
+}
+
+/// The agent's steps: probe, cache lookup, unload and load from the real kernel; the build of a
+/// cache miss and the label from the host. A cache miss then loads as a cache hit with nothing
+/// loaded does.
+fn start_to_ready(host: &Value, vm: &Value) -> String {
+    let mut out = String::from(
+        "\nStart to ready: probe, cache lookup, unload and load on the real kernel; the build and \
+         the label on the host:\n\n\
+         | case | probe | build | unload | load | label | sum |\n|---|---|---|---|---|---|---|\n",
+    );
+    for (name, host_key, vm_key) in [
+        (
+            "cache hit, nothing loaded",
+            "cache_hit_nothing_loaded",
+            "cache_hit_nothing_loaded",
+        ),
+        ("cache hit, swap", "cache_hit_swap", "cache_hit_swap"),
+        (
+            "cache miss (build)",
+            "cache_miss_build",
+            "cache_hit_nothing_loaded",
+        ),
+    ] {
+        let (h, v) = (&host[host_key], &vm[vm_key]);
+        let build = if host_key == vm_key {
+            &v["build_ms"]
+        } else {
+            &h["build_ms"]
+        };
+        let steps = [
+            num(&v["probe_ms"]),
+            num(build),
+            num(&v["unload_ms"]),
+            num(&v["load_ms"]),
+            num(&h["label_ms"]),
+        ];
+        let _ = writeln!(
+            out,
+            "| {name} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.1} ms | {:.0} ms |",
+            steps[0],
+            steps[1],
+            steps[2],
+            steps[3],
+            steps[4],
+            steps.iter().sum::<f64>(),
+        );
+    }
     out
 }
 
@@ -290,5 +371,42 @@ mod tests {
             ]
         );
         assert!(check(&[fleet(100, 50.0, 1.03, 40.0)], true).is_empty());
+    }
+
+    #[test]
+    fn a_swap_vm_that_did_not_run_is_named_as_missed() {
+        let failed = json!({ "suite": "swap-vm", "error": "the VM did not run: qemu-system-x86_64 not found" });
+        assert_eq!(
+            check(&[failed], true),
+            vec![
+                "swap-vm suite did not finish: the VM did not run: qemu-system-x86_64 not found"
+                    .to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn start_to_ready_takes_the_kernel_steps_from_the_vm_and_the_build_from_the_host() {
+        let step = |probe: f64, build: f64, unload: f64, load: f64| json!({ "probe_ms": probe, "build_ms": build, "unload_ms": unload, "load_ms": load, "label_ms": 0.4 });
+        let host = json!({ "suite": "swap", "cache_hit_nothing_loaded": step(0.0, 0.0, 0.0, 0.0),
+            "cache_hit_swap": step(0.0, 0.0, 0.0, 0.0), "cache_miss_build": step(0.0, 120.0, 0.0, 0.0) });
+        let vm = json!({ "suite": "swap-vm", "cache_hit_nothing_loaded": step(4.0, 1.0, 0.0, 7.0),
+            "cache_hit_swap": step(4.0, 1.0, 45.0, 10.0) });
+        let table = start_to_ready(&host, &vm);
+        assert!(
+            table.contains(
+                "| cache hit, nothing loaded | 4 ms | 1 ms | 0 ms | 7 ms | 0.4 ms | 12 ms |"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("| cache hit, swap | 4 ms | 1 ms | 45 ms | 10 ms | 0.4 ms | 60 ms |"),
+            "{table}"
+        );
+        assert!(
+            table
+                .contains("| cache miss (build) | 4 ms | 120 ms | 0 ms | 7 ms | 0.4 ms | 131 ms |"),
+            "{table}"
+        );
     }
 }

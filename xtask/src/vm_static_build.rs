@@ -1,4 +1,4 @@
-//! Builds a scenario's test and binary targets as static executables (the guest has no libc):
+//! Builds a scenario's test, binary and example targets as static executables (the guest has no libc):
 //! `--target x86_64-unknown-linux-gnu` with `-C target-feature=+crt-static`, located through
 //! cargo's JSON messages.
 
@@ -41,6 +41,18 @@ pub fn build(root: &Path, scenario: &Scenario) -> Result<Vec<Executable>> {
         executables.push(Executable {
             host,
             guest: format!("/opt/ttdp/bin/{bin}"),
+        });
+    }
+    for (package, example) in scenario.examples {
+        let host = cargo_build(
+            root,
+            &["build", "-p", package, "--example", example],
+            "example",
+            example,
+        )?;
+        executables.push(Executable {
+            host,
+            guest: format!("/opt/ttdp/bin/{example}"),
         });
     }
     Ok(executables)

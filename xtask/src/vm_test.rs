@@ -37,8 +37,8 @@
 //!   git, make, gcc and `/lib/modules/<release>/build` then work in the guest.
 //!
 //! # Adding a scenario
-//! Add a [`Scenario`] to [`SCENARIOS`]: its integration tests (`tests`) and binaries (`bins`) are
-//! built static (and copied in without their debug info), `files` are copied from the repository
+//! Add a [`Scenario`] to [`SCENARIOS`]: its integration tests (`tests`), binaries (`bins`) and
+//! examples (`examples`) are built static (and copied in without their debug info), `files` are copied from the repository
 //! to the given guest paths, `host_usr` gives it a toolchain, and `script` (a busybox `sh` script
 //! under `tests/vm/scenarios/`) is the workload. The script's exit status decides, and it must
 //! report what ran: either libtest's `test result:` lines or a plain `N passed, N failed` line of
@@ -49,6 +49,9 @@
 //! (`tests/vm/scenarios/agent.sh`) drives the long-running agent against `TTDP_VM_STUB_REPO`,
 //! with `TTDP_REPORT=file:...` standing in for the Kubernetes API, and checks the module, the
 //! probe, the report file and the agent's JSON log.
+//!
+//! [`SWAP_TIMING`] is a scenario outside [`SCENARIOS`]: `cargo xtask bench` boots it through
+//! [`Vm`] for the real-kernel load and unload times.
 
 #[path = "vm_boot.rs"]
 mod vm_boot;
@@ -72,6 +75,7 @@ use std::time::{Duration, Instant};
 
 use crate::tools::{repo_root, target_dir};
 use anyhow::{Context, Result, bail};
+pub use vm_boot::Boot;
 
 /// One VM boot: what goes into its initramfs and what runs there.
 #[derive(Debug)]
@@ -84,6 +88,8 @@ pub struct Scenario {
     pub tests: &'static [(&'static str, &'static str)],
     /// Binary targets (package, bin name), built static, at `/opt/ttdp/bin/<bin>` (on `PATH`).
     pub bins: &'static [(&'static str, &'static str)],
+    /// Example targets (package, example name), built static, at `/opt/ttdp/bin/<example>`.
+    pub examples: &'static [(&'static str, &'static str)],
     /// Extra files: (path relative to the repository root, absolute path in the guest); they keep
     /// their permissions.
     pub files: &'static [(&'static str, &'static str)],
@@ -105,6 +111,7 @@ pub const SCENARIOS: &[Scenario] = &[
                       force unload, swap, rollback, .ko cache",
         tests: &[("ttdp-kmod", "real_kernel")],
         bins: &[],
+        examples: &[],
         files: &[],
         host_usr: false,
         script: "kmod.sh",
@@ -117,6 +124,7 @@ pub const SCENARIOS: &[Scenario] = &[
                       then hits the cache; a missing tag fails before anything is unloaded",
         tests: &[("ttdp-kmod", "real_kernel")],
         bins: &[],
+        examples: &[],
         files: &[],
         host_usr: true,
         script: "kmod-build.sh",
@@ -131,6 +139,7 @@ pub const SCENARIOS: &[Scenario] = &[
                       unload, cache hit on a second run, SIGTERM leaves the module loaded",
         tests: &[],
         bins: &[("ttdp-agent", "ttdp-agent")],
+        examples: &[],
         files: &[],
         host_usr: true,
         script: "agent.sh",
@@ -138,6 +147,21 @@ pub const SCENARIOS: &[Scenario] = &[
         timeout: Duration::from_secs(600),
     },
 ];
+
+/// Not a test: `cargo xtask bench` boots it for the real-kernel load and unload times
+/// (`crates/ttdp-kmod/examples/swap_timing.rs`, which prints one `BENCH-RESULT` line).
+pub const SWAP_TIMING: Scenario = Scenario {
+    name: "swap-timing",
+    description: "times ttdp-kmod's swap on the real kernel: cache hit with nothing loaded, \
+                  cache hit replacing a loaded version",
+    tests: &[],
+    bins: &[],
+    examples: &[("ttdp-kmod", "swap_timing")],
+    files: &[],
+    host_usr: false,
+    script: "swap-timing.sh",
+    timeout: Duration::from_secs(240),
+};
 
 /// One build of the stub `tenstorrent` module.
 #[derive(Debug)]
@@ -253,46 +277,83 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let scenarios = selected_scenarios(&args.scenarios)?;
     let started = Instant::now();
-    let root = repo_root()?;
-    let cache = vm_cache_dir(&root)?;
-
-    let host = step("checking host tools", vm_host_tools::check)?;
-    let kernel = step("fetching the kernel image", || {
-        vm_kernel::ensure(&cache, &host.headers)
-    })?;
-    println!(
-        "vm-test: kernel {} ({})",
-        kernel.release,
-        kernel.vmlinuz.display()
-    );
-    let modules = step("building the stub tenstorrent module", || {
-        vm_stub_module::build_all(&root, &cache, &host.headers)
-    })?;
-
+    let vm = Vm::prepare()?;
     let mut reports = Vec::new();
     for scenario in scenarios {
+        let boot = vm.boot(scenario, &args.guest_args, args.timeout)?;
+        let report = vm_test_report::ScenarioReport::new(scenario.name, boot);
+        report.print();
+        reports.push(report);
+    }
+    vm_test_report::judge(&reports, started.elapsed())
+}
+
+/// What every scenario's VM shares: the host tools, the kernel and the stub modules (steps 1 to 3
+/// of the module documentation).
+pub struct Vm {
+    root: PathBuf,
+    cache: PathBuf,
+    host: vm_host_tools::HostTools,
+    kernel: vm_kernel::Kernel,
+    modules: Vec<vm_stub_module::BuiltModule>,
+}
+
+impl Vm {
+    /// Checks the host tools, fetches the kernel and builds the stub modules.
+    pub fn prepare() -> Result<Self> {
+        let root = repo_root()?;
+        let cache = vm_cache_dir(&root)?;
+        let host = step("checking host tools", vm_host_tools::check)?;
+        let kernel = step("fetching the kernel image", || {
+            vm_kernel::ensure(&cache, &host.headers)
+        })?;
+        println!(
+            "vm-test: kernel {} ({})",
+            kernel.release,
+            kernel.vmlinuz.display()
+        );
+        let modules = step("building the stub tenstorrent module", || {
+            vm_stub_module::build_all(&root, &cache, &host.headers)
+        })?;
+        Ok(Self {
+            root,
+            cache,
+            host,
+            kernel,
+            modules,
+        })
+    }
+
+    /// Builds the scenario's executables, packs its initramfs and boots it (steps 4 and 5), with
+    /// `guest_args` for its script and `timeout` instead of the scenario's own when given.
+    pub fn boot(
+        &self,
+        scenario: &'static Scenario,
+        guest_args: &[String],
+        timeout: Option<Duration>,
+    ) -> Result<Boot> {
         let executables = step(
             &format!("[{}] building static executables", scenario.name),
-            || vm_static_build::build(&root, scenario),
+            || vm_static_build::build(&self.root, scenario),
         )?;
         let initrd = step(
             &format!("[{}] packing the initramfs", scenario.name),
             || {
                 vm_initramfs::pack(&vm_initramfs::Contents {
-                    root: &root,
-                    cache: &cache,
+                    root: &self.root,
+                    cache: &self.cache,
                     scenario,
-                    busybox: &host.busybox,
-                    kernel: &kernel,
-                    modules: &modules,
+                    busybox: &self.host.busybox,
+                    kernel: &self.kernel,
+                    modules: &self.modules,
                     executables: &executables,
-                    guest_args: &args.guest_args,
+                    guest_args,
                 })
             },
         )?;
-        let timeout = args.timeout.unwrap_or(scenario.timeout);
-        let run_dir = cache.join("runs").join(scenario.name);
-        let boot = step(
+        let timeout = timeout.unwrap_or(scenario.timeout);
+        let run_dir = self.cache.join("runs").join(scenario.name);
+        step(
             &format!(
                 "[{}] booting the VM (timeout {} s)",
                 scenario.name,
@@ -300,19 +361,15 @@ pub fn run(args: &[String]) -> Result<()> {
             ),
             || {
                 vm_boot::boot(&vm_boot::Machine {
-                    vmlinuz: &kernel.vmlinuz,
+                    vmlinuz: &self.kernel.vmlinuz,
                     initrd: &initrd,
                     run_dir: &run_dir,
                     limit: timeout,
                     host_usr: scenario.host_usr,
                 })
             },
-        )?;
-        let report = vm_test_report::ScenarioReport::new(scenario.name, boot);
-        report.print();
-        reports.push(report);
+        )
     }
-    vm_test_report::judge(&reports, started.elapsed())
 }
 
 #[cfg(test)]
