@@ -78,6 +78,8 @@ pub struct Context {
     pub wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
     /// Bit mask of the watches whose initial list arrived ([`crate::run::SYNCED_ALL`] when all).
     pub synced: tokio::sync::watch::Receiver<u8>,
+    /// What the node and agent-pod watches changed, for reconciles following the fleet.
+    pub changes: Arc<crate::refresh::Changes>,
     written: Mutex<HashMap<String, Arc<Written>>>,
     applied: Mutex<HashMap<String, Applied>>,
     deleted_pods: Mutex<HashMap<String, Instant>>,
@@ -107,6 +109,7 @@ impl Context {
         metrics: Arc<Metrics>,
         wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
         synced: tokio::sync::watch::Receiver<u8>,
+        changes: Arc<crate::refresh::Changes>,
     ) -> Self {
         Self {
             client,
@@ -123,6 +126,7 @@ impl Context {
             backoff: ErrorBackoff::default(),
             wake,
             synced,
+            changes,
             written: Mutex::default(),
             applied: Mutex::default(),
             deleted_pods: Mutex::default(),

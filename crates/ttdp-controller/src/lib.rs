@@ -34,6 +34,7 @@ pub mod node_tasks;
 pub mod observe;
 pub mod overlap;
 pub mod reconcile;
+pub mod refresh;
 pub mod rollout;
 pub mod run;
 pub mod server;

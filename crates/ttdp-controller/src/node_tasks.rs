@@ -122,6 +122,13 @@ impl NodeTasks {
         running.insert(k, Running { task, asked_again });
     }
 
+    /// Whether `policy` has task failures not taken yet.
+    pub fn has_failures(&self, policy: &str) -> bool {
+        lock(&self.inner.failures)
+            .get(policy)
+            .is_some_and(|f| !f.is_empty())
+    }
+
     /// The failures of `policy`'s tasks since the last call.
     pub fn take_failures(&self, policy: &str) -> Vec<Error> {
         lock(&self.inner.failures)

@@ -2,7 +2,9 @@
 //! cluster, runs the pure planner, writes the status (one JSON patch: what changed, or the whole
 //! status), then acts: the new state is recorded before the action, so a crash in between
 //! repeats the action on the next reconcile instead of skipping it. Lifting a cordon, harmless
-//! to repeat, runs while its Uncordoning is written.
+//! to repeat, runs while its Uncordoning is written. While the fleet keeps changing, one
+//! reconcile follows it pass after pass for up to [`FOLLOW_FOR`], observing again only the nodes
+//! whose inputs changed ([`crate::refresh`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -19,17 +21,18 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 use tracing::{info, instrument, warn};
-use ttdp_api::names::{self, labels};
+use ttdp_api::names;
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 use ttdp_drain::{DevicePredicate, DrainOptions, TwoPassDrain, UncordonOutcome};
 
-use crate::cached::CachedPod;
+use crate::cached::{CachedNode, CachedPod};
 use crate::context::{Applied, Context, Written};
 use crate::daemonset::{daemonset_template_hash, desired_daemonset};
 use crate::error::Error;
 use crate::node_actions;
 use crate::observe::{self, ObserveInput};
 use crate::overlap::{OlderPolicies, selection_of};
+use crate::refresh::{self, node_labels, node_name};
 use crate::rollout::{self, RolloutPlan};
 use crate::status::{BuiltStatus, NodeReport, PolicyFacts, build_status};
 use crate::transition::{
@@ -42,8 +45,11 @@ const IN_FLIGHT_RESYNC: Duration = Duration::from_secs(30);
 const STORE_SYNC_WAIT: Duration = Duration::from_secs(30);
 /// Requeue when nothing is happening.
 const IDLE_RESYNC: Duration = Duration::from_secs(300);
+/// How long one reconcile follows the fleet pass after pass (see [`apply`]) before it ends and
+/// the next one observes everything again.
+pub const FOLLOW_FOR: Duration = Duration::from_secs(5);
 /// How many nodes' actions the reconcile itself waits for (lifting cordons, whose outcome its
-/// second pass needs) run at once; the others run in [`crate::node_tasks`].
+/// next pass needs) run at once; the others run in [`crate::node_tasks`].
 const NODE_ACTIONS_AT_ONCE: usize = 16;
 
 /// Reconciles one policy.
@@ -436,9 +442,13 @@ fn holds_ours(
     observe::cordoned_by(meta, policy) || (observe::gates_closed(meta) && ours_before())
 }
 
-/// Observe, plan, record, act. When nodes were released in this pass (their upgrade finished),
-/// a second pass records them Done and hands their slots to the next nodes at once, instead of
-/// waiting for the nodes' watch events to start another reconcile.
+/// Observe, plan, record, act; then, while something changed, again with only the changed nodes
+/// observed anew: nodes released in a pass (their upgrade finished) are recorded Done and their
+/// slots handed to the next nodes in the next pass, and an agent's Ready, a finished cordon or
+/// drain is acted on in the pass after it arrives, instead of in a new reconcile that observes
+/// the whole fleet. It stops when a pass finds nothing changed, after [`FOLLOW_FOR`], when a
+/// retry gate opens, when an action fails, or when a policy, the selection or the set of nodes
+/// changed ([`refresh::Restart`]); the next reconcile observes everything again.
 pub async fn apply(
     policy: Arc<TenstorrentDriverPolicy>,
     ctx: Arc<Context>,
@@ -455,59 +465,55 @@ pub async fn apply(
     if let Err(err) = policy.spec.validate() {
         return invalid_spec(&policy, &ctx, &last, err, &now).await;
     }
-    let recorded = &last.nodes;
     let Some(mut selection) = selection_of(&policy, settings.require_nfd) else {
         return Ok(Requeue::await_change());
     };
     let all_policies = ctx.policies.state();
     let older = OlderPolicies::of(&policy, &all_policies, settings.require_nfd);
+    // Subscribed before the caches are read: no change after the read goes unrecorded.
+    let watched = ctx.changes.subscribe();
+    let policies_before = refresh::policy_keys(&ctx.policies);
     let node_metas = ctx.nodes.state();
-    let empty = BTreeMap::new();
     // In name order: the planner hands out slots in that order, and the status lists nodes so.
-    let (mut matched, unmatched): (Vec<(&str, &crate::cached::CachedNode)>, Vec<_>) = node_metas
-        .iter()
-        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), n.as_ref()))
-        .partition(|(name, n)| {
-            selection.matches(name, n.metadata.labels.as_ref().unwrap_or(&empty))
-        });
-    matched.sort_unstable_by_key(|(name, _)| *name);
+    let (mut matched, unmatched): (Vec<Arc<CachedNode>>, Vec<Arc<CachedNode>>) = node_metas
+        .into_iter()
+        .partition(|n| selection.matches(node_name(n), node_labels(n)));
+    matched.sort_unstable_by(|a, b| node_name(a).cmp(node_name(b)));
     let conflicts: BTreeMap<String, String> = matched
         .iter()
-        .filter_map(|(name, n)| {
-            let owner = older.owner(name, n.metadata.labels.as_ref().unwrap_or(&empty))?;
-            Some((name.to_string(), owner.to_owned()))
+        .filter_map(|n| {
+            let owner = older.owner(node_name(n), node_labels(n))?;
+            Some((node_name(n).to_owned(), owner.to_owned()))
         })
         .collect();
     selection.excluded = conflicts.keys().cloned().collect();
     let hash = ensure_daemonset(&ctx, &policy, &selection).await?;
-
-    let pods = ctx.agent_pods.state();
-    let mut by_node: HashMap<&str, Vec<&CachedPod>> = HashMap::new();
-    for pod in pods
-        .iter()
-        .filter(|p| p.labels().get(labels::POLICY) == Some(&name))
-    {
-        if let Some(node) = pod.node_name.as_deref() {
-            by_node.entry(node).or_default().push(pod);
-        }
-    }
+    let mut by_node = refresh::agent_pods_by_node(ctx.agent_pods.state(), &name, &matched);
+    let seen = refresh::Seen {
+        policy: &name,
+        selection: &selection,
+        older: &older,
+        conflicts: &conflicts,
+        policies: &policies_before,
+    };
 
     let mut next_retry: Option<Duration> = None;
     let mut drains = ctx.drains.progress_of(&name);
-    let mut observations: Vec<(String, NodeObservation)> = Vec::with_capacity(matched.len());
-    for (node, n) in &matched {
-        let pod = observe::pick_agent_pod(by_node.get(node).into_iter().flatten().copied());
-        let entry = recorded.get(*node);
+    // A node's observation, and how long until its retry gate opens.
+    let observe_node = |n: &CachedNode,
+                        pods: &[Arc<CachedPod>],
+                        entry: Option<&NodeStatus>,
+                        drain: Option<crate::transition::DrainProgress>,
+                        now: &Time| {
+        let node = node_name(n);
+        let pod = observe::pick_agent_pod(pods.iter().map(|p| p.as_ref()));
         let (retry, wait) = observe::retry_gate(
             &n.metadata,
             entry,
-            &now,
+            now,
             settings.retry_base,
             settings.retry_max,
         );
-        if let Some(w) = wait {
-            next_retry = Some(next_retry.map_or(w, |c: Duration| c.min(w)));
-        }
         // Who else cordoned the nodes in flight, or the Done nodes left cordoned for someone
         // else: only those look at `spec.unschedulable` (from the node cache).
         let in_flight = entry.is_some_and(|r| {
@@ -523,14 +529,27 @@ pub async fn apply(
             pod,
             current_hash: &hash,
             recorded: entry,
-            conflict_with: conflicts.get(*node).cloned(),
-            drain: drains
-                .remove(*node)
-                .unwrap_or(crate::transition::DrainProgress::NotStarted),
+            conflict_with: conflicts.get(node).cloned(),
+            drain: drain.unwrap_or(crate::transition::DrainProgress::NotStarted),
             retry,
         });
-        observations.push((node.to_string(), obs));
-    }
+        (obs, wait)
+    };
+    let soonest = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let mut observations: Vec<(String, NodeObservation)> = matched
+        .iter()
+        .zip(&by_node)
+        .map(|(n, pods)| {
+            let node = node_name(n);
+            let (obs, wait) =
+                observe_node(n, pods, last.nodes.get(node), drains.remove(node), &now);
+            next_retry = soonest(next_retry, wait);
+            (node.to_owned(), obs)
+        })
+        .collect();
 
     let spec = &policy.spec;
     let managed = matched.len().saturating_sub(conflicts.len());
@@ -558,20 +577,24 @@ pub async fn apply(
     };
 
     let mut first_error = None;
-    // Actions already taken per node (a second pass does not repeat them).
+    // Actions already taken per node in its current state (a later pass does not repeat them).
     let mut performed: HashMap<String, Vec<Action>> = HashMap::new();
-    let mut second_pass = false;
+    // Nodes whose cordon this reconcile lifted, with the node as the cache showed it then: until
+    // the cache shows the change, the observation says what the lifting did.
+    let mut lifted: HashMap<String, (Arc<CachedNode>, UncordonOutcome)> = HashMap::new();
+    let following = Instant::now();
     let (steps, written) = loop {
         // Each node's new state and actions, in the order of `observations`; the rest of each
         // transition goes into the status.
         let mut steps: Vec<(NodeState, Vec<Action>)> = Vec::with_capacity(observations.len());
-        let reports = rollout::plan(&plan, &mut observations)
+        let transitions = rollout::plan(&plan, &mut observations);
+        let reports = transitions
             .into_iter()
-            .zip(&matched)
-            .map(|((node, mut t), (_, n))| {
+            .zip(matched.iter().zip(&observations))
+            .map(|((node, mut t), (n, (_, obs)))| {
                 steps.push((t.state, std::mem::take(&mut t.actions)));
                 NodeReport {
-                    current_version: observe::loaded_version(&n.metadata),
+                    current_version: obs.loaded_version.clone(),
                     install_mode: observe::install_mode_label(&n.metadata),
                     name: node,
                     transition: t,
@@ -580,6 +603,9 @@ pub async fn apply(
             .collect();
         let mut built = build_status(&facts, &last.status, &last.nodes, reports, &now);
         let changes = std::mem::take(&mut built.changes);
+        for change in &changes {
+            performed.remove(&change.node);
+        }
         // Lifting a cordon does not wait for its Uncordoning to be recorded: it runs while the
         // status is written (it is harmless to repeat, and after a crash in between the node,
         // seen uncordoned with its agent Ready, goes the same way to Done).
@@ -604,7 +630,7 @@ pub async fn apply(
         // Cordons, agent replacements and retry clearing go to the background; the rest
         // (starting a drain) here, up to NODE_ACTIONS_AT_ONCE nodes at a time.
         let mut pending = Vec::new();
-        for ((node, obs), (_, actions)) in observations.iter().zip(&steps) {
+        for (((node, obs), (_, actions)), pods) in observations.iter().zip(&steps).zip(&by_node) {
             if actions.is_empty() {
                 continue;
             }
@@ -619,8 +645,7 @@ pub async fn apply(
                 continue;
             }
             done.extend(&todo);
-            let pod =
-                observe::pick_agent_pod(by_node.get(node.as_str()).into_iter().flatten().copied());
+            let pod = observe::pick_agent_pod(pods.iter().map(|p| p.as_ref()));
             let entered = written
                 .nodes
                 .get(node)
@@ -657,12 +682,15 @@ pub async fn apply(
             pending.push((node, todo, obs, pod, entered));
         }
         outcomes.extend(act_on_nodes(&ctx, &policy, pending, &now).await);
-        let mut released: HashMap<String, UncordonOutcome> = HashMap::new();
+        let mut released = 0;
         for (node, results) in outcomes {
             for (action, result) in results {
                 match result {
                     Ok(Some(outcome)) => {
-                        released.insert(node.clone(), outcome);
+                        released += 1;
+                        if let Some(i) = refresh::position(&matched, node) {
+                            lifted.insert(node.clone(), (matched[i].clone(), outcome));
+                        }
                     }
                     Ok(None) => {}
                     Err(e) => keep_failure(node, action, e, &mut first_error),
@@ -670,21 +698,64 @@ pub async fn apply(
             }
         }
         report_changes(&ctx, &policy, &changes);
-        if second_pass || released.is_empty() || first_error.is_some() {
+        let retry_due = next_retry.is_some_and(|w| following.elapsed() >= w);
+        if first_error.is_some() || retry_due || following.elapsed() >= FOLLOW_FOR {
             break (steps, written);
         }
-        // The released nodes no longer hold anything of ours: plan again with that known.
-        second_pass = true;
-        for (node, obs) in &mut observations {
-            obs.recorded = written.nodes.get(node).map(|e| e.state);
-            if let Some(outcome) = released.get(node) {
-                obs.cordoned_by_us = false;
-                obs.gates_closed_by_us = false;
-                obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
+        // Follow the fleet: observe again the nodes whose node, agent pods, drain or entry
+        // changed since, with the cordons just lifted known.
+        let mut changed =
+            match refresh::changed_nodes(&ctx, &seen, &watched, &mut matched, &mut by_node) {
+                Ok(changed) => changed,
+                Err(restart) => {
+                    tracing::debug!(
+                        ?restart,
+                        "the fleet changed; the next reconcile observes it whole"
+                    );
+                    break (steps, written);
+                }
+            };
+        let mut drains = ctx.drains.progress_of(&name);
+        for (i, (node, obs)) in observations.iter().enumerate() {
+            let drain = drains.get(node);
+            if drain.unwrap_or(&crate::transition::DrainProgress::NotStarted) != &obs.drain {
+                changed.push(i);
             }
         }
-        last = written;
+        changed.extend(changed_entries(&last.nodes, &written.nodes, &matched));
+        if changed.is_empty() && released == 0 {
+            break (steps, written);
+        }
+        changed.sort_unstable();
+        changed.dedup();
         now = Time(Timestamp::now());
+        for i in changed {
+            let n = &matched[i];
+            let node = node_name(n);
+            let (obs, wait) = observe_node(
+                n,
+                &by_node[i],
+                written.nodes.get(node),
+                drains.remove(node),
+                &now,
+            );
+            observations[i].1 = obs;
+            next_retry = soonest(next_retry, wait);
+        }
+        lifted.retain(|node, (before, outcome)| {
+            let Some(i) = refresh::position(&matched, node) else {
+                return false;
+            };
+            if !Arc::ptr_eq(before, &matched[i]) {
+                return false;
+            }
+            let obs = &mut observations[i].1;
+            obs.cordoned_by_us = false;
+            obs.gates_closed_by_us = false;
+            obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
+            true
+        });
+        last = written;
     };
     set_node_counts(&ctx, &name, &written.nodes);
     let draining: HashSet<&str> = observations
@@ -696,7 +767,8 @@ pub async fn apply(
     ctx.drains.retain(&name, |n| draining.contains(n));
 
     // Nodes no longer matched (skip label, selector change) keep nothing of ours.
-    for (node, n) in unmatched {
+    for n in &unmatched {
+        let node = node_name(n);
         if holds_ours(&n.metadata, &name, || written.nodes.contains_key(node)) {
             info!(node = %node, "node left the policy's selection; releasing it");
             if let Err(e) = node_actions::release(&ctx.client, &name, node, None).await {
@@ -718,6 +790,34 @@ pub async fn apply(
         requeue = requeue.min(w + Duration::from_millis(50));
     }
     Ok(Requeue::requeue(requeue))
+}
+
+/// The indexes (in `matched`) of the nodes whose entry differs between two versions of the
+/// status.
+fn changed_entries(
+    before: &BTreeMap<String, NodeStatus>,
+    after: &BTreeMap<String, NodeStatus>,
+    matched: &[Arc<CachedNode>],
+) -> Vec<usize> {
+    let differs: Vec<&String> =
+        if before.len() == after.len() && before.keys().zip(after.keys()).all(|(a, b)| a == b) {
+            before
+                .iter()
+                .zip(after.values())
+                .filter(|((_, a), b)| a != b)
+                .map(|((name, _), _)| name)
+                .collect()
+        } else {
+            after
+                .iter()
+                .filter(|(name, entry)| before.get(*name) != Some(*entry))
+                .map(|(name, _)| name)
+                .collect()
+        };
+    differs
+        .into_iter()
+        .filter_map(|name| refresh::position(matched, name))
+        .collect()
 }
 
 /// Whether an action runs in the background ([`crate::node_tasks`]).

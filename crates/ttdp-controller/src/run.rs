@@ -244,6 +244,9 @@ pub async fn run(
         .predicate_filter(policy_trigger, PredicateConfig::default());
     let controller = Controller::for_stream(policy_stream, policy_store.clone());
 
+    let changes = Arc::new(crate::refresh::Changes::default());
+    let node_changes = changes.clone();
+    let pod_changes = changes.clone();
     let (node_store, node_writer) = reflector::store();
     let node_stream = watcher::watcher(
         Api::<Node>::all(client.clone()),
@@ -253,6 +256,7 @@ pub async fn run(
     .map_ok(move |event| cached::node_event(event, require_nfd))
     .inspect(mark_synced(&synced_tx, SYNCED_NODES))
     .reflect(node_writer)
+    .inspect(move |event| node_changes.node_event(event))
     .touched_objects()
     .predicate_filter(node_trigger, PredicateConfig::default());
     let (pod_store, pod_writer) = reflector::store();
@@ -266,6 +270,7 @@ pub async fn run(
     .map_ok(cached::agent_pod_event)
     .inspect(mark_synced(&synced_tx, SYNCED_PODS))
     .reflect(pod_writer)
+    .inspect(move |event| pod_changes.pod_event(event))
     .touched_objects();
 
     let (ds_store, ds_writer) = reflector::store();
@@ -300,6 +305,7 @@ pub async fn run(
         metrics,
         wake_tx,
         synced_rx.clone(),
+        changes,
     ));
 
     {
