@@ -223,23 +223,18 @@ pub fn render(results: &[Value], machine: &Machine) -> String {
             "| case | probe | build | unload | load | label | start to ready |"
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|");
-        for (name, key) in [
-            ("cache hit, nothing loaded", "cache_hit_nothing_loaded"),
-            ("cache hit, swap", "cache_hit_swap"),
-            ("cache miss (build)", "cache_miss_build"),
-        ] {
-            let c = &s[key];
-            let _ = writeln!(
-                out,
-                "| {name} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.1} ms | {:.0} ms |",
-                num(&c["probe_ms"]),
-                num(&c["build_ms"]),
-                num(&c["unload_ms"]),
-                num(&c["load_ms"]),
-                num(&c["label_ms"]),
-                num(&c["start_to_ready_ms"]),
-            );
-        }
+        out.push_str(&case_rows(
+            s,
+            &SWAP_CASES,
+            &[
+                ("probe_ms", 0),
+                ("build_ms", 0),
+                ("unload_ms", 0),
+                ("load_ms", 0),
+                ("label_ms", 1),
+                ("start_to_ready_ms", 0),
+            ],
+        ));
     }
     for vm in suites(results, "swap-vm").filter(|v| v.get("error").is_none()) {
         let _ = writeln!(
@@ -254,21 +249,17 @@ pub fn render(results: &[Value], machine: &Machine) -> String {
             "| case | probe | cache lookup | unload | load | swap |"
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|");
-        for (name, key) in [
-            ("cache hit, nothing loaded", "cache_hit_nothing_loaded"),
-            ("cache hit, swap", "cache_hit_swap"),
-        ] {
-            let c = &vm[key];
-            let _ = writeln!(
-                out,
-                "| {name} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.1} ms |",
-                num(&c["probe_ms"]),
-                num(&c["build_ms"]),
-                num(&c["unload_ms"]),
-                num(&c["load_ms"]),
-                num(&c["total_ms"]),
-            );
-        }
+        out.push_str(&case_rows(
+            vm,
+            &SWAP_CASES[..2],
+            &[
+                ("probe_ms", 0),
+                ("build_ms", 0),
+                ("unload_ms", 0),
+                ("load_ms", 0),
+                ("total_ms", 1),
+            ],
+        ));
         if let Some(host) = suites(results, "swap").next() {
             out.push_str(&start_to_ready(host, vm));
         }
@@ -311,18 +302,52 @@ fn start_to_ready(host: &Value, vm: &Value) -> String {
             num(&v["load_ms"]),
             num(&h["label_ms"]),
         ];
-        let _ = writeln!(
-            out,
-            "| {name} | {:.0} ms | {:.0} ms | {:.0} ms | {:.0} ms | {:.1} ms | {:.0} ms |",
-            steps[0],
-            steps[1],
-            steps[2],
-            steps[3],
-            steps[4],
-            steps.iter().sum::<f64>(),
-        );
+        let sum = steps.iter().sum::<f64>();
+        let [probe, build, unload, load, label] = steps;
+        out.push_str(&ms_row(
+            name,
+            &[
+                (probe, 0),
+                (build, 0),
+                (unload, 0),
+                (load, 0),
+                (label, 1),
+                (sum, 0),
+            ],
+        ));
     }
     out
+}
+
+/// The swap cases: the name in the tables, the key in a suite's result.
+const SWAP_CASES: [(&str, &str); 3] = [
+    ("cache hit, nothing loaded", "cache_hit_nothing_loaded"),
+    ("cache hit, swap", "cache_hit_swap"),
+    ("cache miss (build)", "cache_miss_build"),
+];
+
+/// One row per case of `result`, one cell per (field in milliseconds, decimals).
+fn case_rows(result: &Value, cases: &[(&str, &str)], fields: &[(&str, usize)]) -> String {
+    cases
+        .iter()
+        .map(|(name, key)| {
+            let cells: Vec<(f64, usize)> = fields
+                .iter()
+                .map(|(field, decimals)| (num(&result[*key][*field]), *decimals))
+                .collect();
+            ms_row(name, &cells)
+        })
+        .collect()
+}
+
+/// One table row: the case, then each value in milliseconds with its number of decimals.
+fn ms_row(name: &str, cells: &[(f64, usize)]) -> String {
+    let mut row = format!("| {name} |");
+    for (value, decimals) in cells {
+        let _ = write!(row, " {value:.decimals$} ms |");
+    }
+    row.push('\n');
+    row
 }
 
 #[cfg(test)]
