@@ -75,7 +75,8 @@ pub fn policy_keys(
     keys
 }
 
-/// The fleet as the last observation saw it.
+/// What a reconcile decided from when it started (selection, conflicts, policies): a change to
+/// any of it ends the following.
 #[derive(Debug)]
 pub struct Seen<'a> {
     /// The policy.
@@ -99,6 +100,8 @@ pub enum Restart {
     Policies,
     /// A node joined or left, or the policy's selection or a conflict changed.
     Membership,
+    /// A watch listed its objects again.
+    Relisted,
 }
 
 /// Brings `matched` and `by_node` (see [`agent_pods_by_node`]) up to date with what the watches
@@ -119,7 +122,7 @@ pub fn changed_nodes(
     }
     let changes = watched.take();
     if changes.relisted {
-        return Err(Restart::Membership);
+        return Err(Restart::Relisted);
     }
     let mut changed = Vec::new();
     for name in &changes.nodes {
