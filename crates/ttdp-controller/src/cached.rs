@@ -48,6 +48,11 @@ pub struct CachedNode {
 }
 
 impl CachedNode {
+    /// The node's name (borrowed; `ResourceExt::name_any` copies it).
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
     /// The node as far as cached (metadata and `spec.unschedulable`), for deciding how to
     /// release it; `None` when its labels were not kept (the deploy gates would look open).
     pub fn to_node(&self) -> Option<Node> {

@@ -32,7 +32,7 @@ use crate::error::Error;
 use crate::node_actions;
 use crate::observe::{self, ObserveInput};
 use crate::overlap::{OlderPolicies, selection_of};
-use crate::refresh::{self, node_labels, node_name};
+use crate::refresh;
 use crate::rollout::{self, RolloutPlan};
 use crate::status::{BuiltStatus, NodeReport, PolicyFacts, build_status};
 use crate::transition::{
@@ -472,18 +472,18 @@ pub async fn apply(
     let older = OlderPolicies::of(&policy, &all_policies, settings.require_nfd);
     // Subscribed before the caches are read: no change after the read goes unrecorded.
     let watched = ctx.changes.subscribe();
-    let policies_before = refresh::policy_keys(&ctx.policies);
+    let policies_before = refresh::policy_keys(&all_policies);
     let node_metas = ctx.nodes.state();
     // In name order: the planner hands out slots in that order, and the status lists nodes so.
     let (mut matched, unmatched): (Vec<Arc<CachedNode>>, Vec<Arc<CachedNode>>) = node_metas
         .into_iter()
-        .partition(|n| selection.matches(node_name(n), node_labels(n)));
-    matched.sort_unstable_by(|a, b| node_name(a).cmp(node_name(b)));
+        .partition(|n| selection.matches(n.name(), n.labels()));
+    matched.sort_unstable_by(|a, b| a.name().cmp(b.name()));
     let conflicts: BTreeMap<String, String> = matched
         .iter()
         .filter_map(|n| {
-            let owner = older.owner(node_name(n), node_labels(n))?;
-            Some((node_name(n).to_owned(), owner.to_owned()))
+            let owner = older.owner(n.name(), n.labels())?;
+            Some((n.name().to_owned(), owner.to_owned()))
         })
         .collect();
     selection.excluded = conflicts.keys().cloned().collect();
@@ -505,7 +505,7 @@ pub async fn apply(
                         entry: Option<&NodeStatus>,
                         drain: Option<crate::transition::DrainProgress>,
                         now: &Time| {
-        let node = node_name(n);
+        let node = n.name();
         let pod = observe::pick_agent_pod(pods.iter().map(|p| p.as_ref()));
         let (retry, wait) = observe::retry_gate(
             &n.metadata,
@@ -535,15 +535,12 @@ pub async fn apply(
         });
         (obs, wait)
     };
-    let soonest = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
+    let soonest = |a: Option<Duration>, b: Option<Duration>| a.into_iter().chain(b).min();
     let mut observations: Vec<(String, NodeObservation)> = matched
         .iter()
         .zip(&by_node)
         .map(|(n, pods)| {
-            let node = node_name(n);
+            let node = n.name();
             let (obs, wait) =
                 observe_node(n, pods, last.nodes.get(node), drains.remove(node), &now);
             next_retry = soonest(next_retry, wait);
@@ -731,7 +728,7 @@ pub async fn apply(
         now = Time(Timestamp::now());
         for i in changed {
             let n = &matched[i];
-            let node = node_name(n);
+            let node = n.name();
             let (obs, wait) = observe_node(
                 n,
                 &by_node[i],
@@ -768,7 +765,7 @@ pub async fn apply(
 
     // Nodes no longer matched (skip label, selector change) keep nothing of ours.
     for n in &unmatched {
-        let node = node_name(n);
+        let node = n.name();
         if holds_ours(&n.metadata, &name, || written.nodes.contains_key(node)) {
             info!(node = %node, "node left the policy's selection; releasing it");
             if let Err(e) = node_actions::release(&ctx.client, &name, node, None).await {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kube::ResourceExt;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_api::names::labels;
@@ -21,20 +21,9 @@ use crate::cached::{CachedNode, CachedPod};
 use crate::context::Context;
 use crate::overlap::OlderPolicies;
 
-/// A node's name.
-pub fn node_name(node: &CachedNode) -> &str {
-    node.metadata.name.as_deref().unwrap_or_default()
-}
-
-/// A node's labels.
-pub fn node_labels(node: &CachedNode) -> &BTreeMap<String, String> {
-    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-    node.metadata.labels.as_ref().unwrap_or(&EMPTY)
-}
-
 /// The index of the node `name` in `matched` (in name order).
 pub fn position(matched: &[Arc<CachedNode>], name: &str) -> Option<usize> {
-    matched.binary_search_by(|n| node_name(n).cmp(name)).ok()
+    matched.binary_search_by(|n| n.name().cmp(name)).ok()
 }
 
 /// `policy`'s agent pods on each of the `matched` nodes (in name order), in that order.
@@ -45,7 +34,7 @@ pub fn agent_pods_by_node(
 ) -> Vec<Vec<Arc<CachedPod>>> {
     let mut by_node = vec![Vec::new(); matched.len()];
     for pod in pods {
-        if pod.labels().get(labels::POLICY).map(String::as_str) != Some(policy) {
+        if !of_policy(&pod, policy) {
             continue;
         }
         if let Some(i) = pod.node_name.as_deref().and_then(|n| position(matched, n)) {
@@ -55,13 +44,17 @@ pub fn agent_pods_by_node(
     by_node
 }
 
+/// Whether the agent pod belongs to `policy` (its policy label).
+fn of_policy(pod: &CachedPod, policy: &str) -> bool {
+    pod.labels().get(labels::POLICY).map(String::as_str) == Some(policy)
+}
+
 /// What decides which policy owns which node: every policy's uid, generation and whether it is
 /// being deleted.
 pub fn policy_keys(
-    policies: &Store<TenstorrentDriverPolicy>,
+    policies: &[Arc<TenstorrentDriverPolicy>],
 ) -> Vec<(Option<String>, Option<i64>, bool)> {
     let mut keys: Vec<_> = policies
-        .state()
         .iter()
         .map(|p| {
             (
@@ -117,7 +110,7 @@ pub fn changed_nodes(
     if ctx.node_tasks.has_failures(seen.policy) {
         return Err(Restart::TaskFailed);
     }
-    if policy_keys(&ctx.policies) != seen.policies {
+    if policy_keys(&ctx.policies.state()) != seen.policies {
         return Err(Restart::Policies);
     }
     let changes = watched.take();
@@ -129,7 +122,7 @@ pub fn changed_nodes(
         let node = ctx.nodes.get(&ObjectRef::new(name));
         let matches = node
             .as_ref()
-            .is_some_and(|n| seen.selection.matches(name, node_labels(n)));
+            .is_some_and(|n| seen.selection.matches(name, n.labels()));
         let Some(i) = position(matched, name) else {
             if matches {
                 return Err(Restart::Membership);
@@ -139,7 +132,7 @@ pub fn changed_nodes(
         let Some(node) = node else {
             return Err(Restart::Membership);
         };
-        let owner = seen.older.owner(name, node_labels(&node));
+        let owner = seen.older.owner(name, node.labels());
         if !matches || owner != seen.conflicts.get(name).map(String::as_str) {
             return Err(Restart::Membership);
         }
@@ -153,7 +146,7 @@ pub fn changed_nodes(
         let pods = &mut by_node[i];
         pods.retain(|p| p.metadata.name.as_deref() != Some(pod.name.as_str()));
         if let Some(now) = ctx.agent_pods.get(pod)
-            && now.labels().get(labels::POLICY).map(String::as_str) == Some(seen.policy)
+            && of_policy(&now, seen.policy)
             && now.node_name.as_deref() == Some(node.as_str())
         {
             pods.push(now);
@@ -193,7 +186,7 @@ impl Changes {
     pub fn node_event(&self, event: &Result<watcher::Event<CachedNode>, watcher::Error>) {
         match event {
             Ok(watcher::Event::Apply(n) | watcher::Event::Delete(n)) => {
-                let name = node_name(n);
+                let name = n.name();
                 self.record(|c| {
                     c.nodes.insert(name.to_owned());
                 });

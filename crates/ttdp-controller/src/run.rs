@@ -16,8 +16,8 @@
 //! replaced), `pods/eviction` create, poddisruptionbudgets list (to name blocking budgets);
 //! events.k8s.io events create.
 
+use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -167,8 +167,7 @@ fn policies_for_node(
     require_nfd: bool,
 ) -> Vec<ObjectRef<TenstorrentDriverPolicy>> {
     let name = node.name_any();
-    let empty = BTreeMap::new();
-    let node_labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+    let node_labels = node.labels();
     policies
         .state()
         .into_iter()
