@@ -188,9 +188,8 @@ fn suite(command: &mut Command) -> Result<Value> {
         .output()
         .with_context(|| format!("cannot run {}", describe(command)))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().find_map(|l| l.strip_prefix(RESULT_PREFIX));
-    let mut result: Value = match line {
-        Some(line) => serde_json::from_str(line)
+    let mut result: Value = match result_line(&stdout) {
+        Some(line) => line
             .with_context(|| format!("{} printed an unreadable result line", describe(command)))?,
         None => {
             serde_json::json!({ "suite": command.get_args().next().map(|a| a.to_string_lossy().into_owned()) })
@@ -216,11 +215,7 @@ fn swap_on_a_real_kernel() -> Value {
         Ok(boot) => boot,
         Err(e) => return failed(format!("the VM did not run: {e:#}")),
     };
-    let line = boot
-        .output
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(RESULT_PREFIX));
-    match (boot.exit_code, line.map(serde_json::from_str::<Value>)) {
+    match (boot.exit_code, result_line(&boot.output)) {
         (Some(0), Some(Ok(result))) => result,
         _ => failed(format!(
             "the swap-timing VM exited with {:?}{} and printed no result; its output: {}",
@@ -229,6 +224,14 @@ fn swap_on_a_real_kernel() -> Value {
             boot.run_dir.join("output.log").display()
         )),
     }
+}
+
+/// The `BENCH-RESULT {json}` line of a suite's output, parsed.
+fn result_line(output: &str) -> Option<serde_json::Result<Value>> {
+    output
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(RESULT_PREFIX))
+        .map(serde_json::from_str)
 }
 
 fn describe(command: &Command) -> String {

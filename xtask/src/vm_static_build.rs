@@ -36,23 +36,14 @@ pub fn build(root: &Path, scenario: &Scenario) -> Result<Vec<Executable>> {
             guest: format!("/tests/{package}/{test}"),
         });
     }
-    for (package, bin) in scenario.bins {
-        let host = cargo_build(root, &["build", "-p", package, "--bin", bin], "bin", bin)?;
+    let programs = (scenario.bins.iter().map(|t| ("bin", t)))
+        .chain(scenario.examples.iter().map(|t| ("example", t)));
+    for (kind, (package, name)) in programs {
+        let flag = format!("--{kind}");
+        let host = cargo_build(root, &["build", "-p", package, &flag, name], kind, name)?;
         executables.push(Executable {
             host,
-            guest: format!("/opt/ttdp/bin/{bin}"),
-        });
-    }
-    for (package, example) in scenario.examples {
-        let host = cargo_build(
-            root,
-            &["build", "-p", package, "--example", example],
-            "example",
-            example,
-        )?;
-        executables.push(Executable {
-            host,
-            guest: format!("/opt/ttdp/bin/{example}"),
+            guest: format!("/opt/ttdp/bin/{name}"),
         });
     }
     Ok(executables)
