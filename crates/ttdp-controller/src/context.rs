@@ -1,7 +1,7 @@
 //! What every reconcile shares: the client, settings, reflector stores, Events, metrics, the
 //! background drains, the memory of recorded node states and the error back-off.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -9,7 +9,7 @@ use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
-use ttdp_api::{NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
+use ttdp_api::{TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 
 use crate::backoff::ErrorBackoff;
 use crate::cached::{CachedNode, CachedPod};
@@ -26,10 +26,12 @@ pub struct Written {
     /// The status as written, without its node entries (those are in `nodes`).
     pub status: TenstorrentDriverPolicyStatus,
     /// Every node entry, including ones compacted out of the status.
-    pub nodes: BTreeMap<String, NodeStatus>,
+    pub nodes: crate::status::Entries,
     /// The policy's `resourceVersion` right after that write (or when the status was read):
     /// while the policy still has it, the next write can send only what changed.
     pub resource_version: Option<String>,
+    /// When that write started (None: not written by this process).
+    pub written_at: Option<Instant>,
 }
 
 /// A DaemonSet as the controller last applied it: skipping an apply is safe while the cached

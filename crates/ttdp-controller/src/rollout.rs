@@ -6,7 +6,8 @@
 //! reconcile). Then nodes that could start (Pending ones, and Failed ones whose back-off elapsed
 //! or that a user asked to retry) are evaluated again in name order with the gate open while
 //! slots remain. With more Failed nodes than `maxUnavailable` the rollout is halted: only a
-//! requested retry starts.
+//! requested retry starts. A [`Planner`] keeps the closed-gate transitions between the passes
+//! of a reconcile, so that a pass evaluates again only the nodes whose observation changed.
 
 use ttdp_api::NodeState;
 
@@ -32,57 +33,141 @@ pub fn plan(
     plan: &RolloutPlan,
     nodes: &mut [(String, NodeObservation)],
 ) -> Vec<(String, NodeTransition)> {
-    let closed = if plan.paused {
-        StartGate::Paused
-    } else {
-        StartGate::NoSlot
-    };
-    let mut out: Vec<(String, NodeTransition)> = nodes
-        .iter_mut()
-        .map(|(name, obs)| {
-            obs.start = closed;
-            (name.clone(), transition::next(obs, &plan.rules))
-        })
-        .collect();
-    if plan.paused {
-        return out;
-    }
-    let failed = out
-        .iter()
-        .filter(|(_, t)| t.state == NodeState::Failed)
-        .count();
-    let halted = is_halted(failed, plan.max_unavailable);
-    let in_flight = out.iter().filter(|(_, t)| t.state.is_in_flight()).count();
-    let mut slots = plan.max_unavailable.saturating_sub(in_flight);
-    let mut order: Vec<usize> = (0..nodes.len()).collect();
-    if !nodes.is_sorted_by(|a, b| a.0 <= b.0) {
-        order.sort_by(|a, b| nodes[*a].0.cmp(&nodes[*b].0));
-    }
-    for i in order {
-        let (_, obs) = &mut nodes[i];
-        let candidate = match out[i].1.state {
-            NodeState::Pending => true,
-            NodeState::Failed => obs.retry != RetryGate::NotYet,
-            _ => false,
-        };
-        if !candidate {
-            continue;
+    Planner::new(plan.clone())
+        .plan(nodes, &[])
+        .into_iter()
+        .map(|(i, t)| (nodes[i].0.clone(), t))
+        .collect()
+}
+
+/// The planner across the passes of one reconcile: it remembers every node's transition with
+/// its start gate closed, so that a pass plans again only the nodes whose observation changed,
+/// and hands out the slots from those.
+#[derive(Clone, Debug)]
+pub struct Planner {
+    plan: RolloutPlan,
+    /// Each node's transition with its start gate closed.
+    closed: Vec<NodeTransition>,
+    /// The nodes given a start gate by the last call.
+    gated: Vec<usize>,
+    /// The nodes' indexes in name order, when they are not given so.
+    order: Option<Vec<usize>>,
+}
+
+impl Planner {
+    /// A planner that has planned nothing yet.
+    pub fn new(plan: RolloutPlan) -> Self {
+        Self {
+            plan,
+            closed: Vec::new(),
+            gated: Vec::new(),
+            order: None,
         }
-        let gate = if halted && obs.retry != RetryGate::Requested {
-            StartGate::Halted
-        } else if slots > 0 {
-            StartGate::Allowed
+    }
+
+    /// Plans `nodes`: every node the first time, then the nodes in `dirty` (indexes of the
+    /// nodes whose observation changed since the last call; the same nodes in the same order).
+    /// Returns, in index order, the transition of every node whose transition may differ from
+    /// the last call's. Sets each planned observation's start gate.
+    pub fn plan(
+        &mut self,
+        nodes: &mut [(String, NodeObservation)],
+        dirty: &[usize],
+    ) -> Vec<(usize, NodeTransition)> {
+        let closed = if self.plan.paused {
+            StartGate::Paused
         } else {
-            continue;
+            StartGate::NoSlot
         };
-        obs.start = gate;
-        let t = transition::next(obs, &plan.rules);
-        if t.state.is_in_flight() {
-            slots -= 1;
+        let mut redo: Vec<usize>;
+        if self.closed.len() != nodes.len() {
+            redo = (0..nodes.len()).collect();
+            self.closed.clear();
+            for (_, obs) in nodes.iter_mut() {
+                obs.start = closed;
+                self.closed.push(transition::next(obs, &self.plan.rules));
+            }
+            self.order = (!nodes.is_sorted_by(|a, b| a.0 <= b.0)).then(|| {
+                let mut order: Vec<usize> = (0..nodes.len()).collect();
+                order.sort_by(|a, b| nodes[*a].0.cmp(&nodes[*b].0));
+                order
+            });
+        } else {
+            redo = dirty.iter().chain(&self.gated).copied().collect();
+            redo.sort_unstable();
+            redo.dedup();
+            for &i in &redo {
+                let obs = &mut nodes[i].1;
+                obs.start = closed;
+                self.closed[i] = transition::next(obs, &self.plan.rules);
+            }
         }
-        out[i].1 = t;
+        let gated = if self.plan.paused {
+            Vec::new()
+        } else {
+            self.hand_out_slots(nodes)
+        };
+        self.gated = gated.iter().map(|(i, _)| *i).collect();
+        redo.extend(&self.gated);
+        redo.sort_unstable();
+        redo.dedup();
+        let mut gated = gated.into_iter().peekable();
+        redo.into_iter()
+            .map(|i| match gated.next_if(|(g, _)| *g == i) {
+                Some(given) => given,
+                None => (i, self.closed[i].clone()),
+            })
+            .collect()
     }
-    out
+
+    /// Evaluates again, in name order and while slots remain, the nodes that could start
+    /// (Pending ones, and Failed ones whose back-off elapsed or that a user asked to retry)
+    /// with their start gate open. With more Failed nodes than `maxUnavailable` the rollout is
+    /// halted: only a requested retry starts. Returns those nodes' transitions, in index order.
+    fn hand_out_slots(
+        &self,
+        nodes: &mut [(String, NodeObservation)],
+    ) -> Vec<(usize, NodeTransition)> {
+        let failed = self
+            .closed
+            .iter()
+            .filter(|t| t.state == NodeState::Failed)
+            .count();
+        let halted = is_halted(failed, self.plan.max_unavailable);
+        let in_flight = self
+            .closed
+            .iter()
+            .filter(|t| t.state.is_in_flight())
+            .count();
+        let mut slots = self.plan.max_unavailable.saturating_sub(in_flight);
+        let mut gated = Vec::new();
+        for k in 0..nodes.len() {
+            let i = self.order.as_ref().map_or(k, |order| order[k]);
+            let obs = &mut nodes[i].1;
+            let candidate = match self.closed[i].state {
+                NodeState::Pending => true,
+                NodeState::Failed => obs.retry != RetryGate::NotYet,
+                _ => false,
+            };
+            if !candidate {
+                continue;
+            }
+            obs.start = if halted && obs.retry != RetryGate::Requested {
+                StartGate::Halted
+            } else if slots > 0 {
+                StartGate::Allowed
+            } else {
+                continue;
+            };
+            let t = transition::next(obs, &self.plan.rules);
+            if t.state.is_in_flight() {
+                slots -= 1;
+            }
+            gated.push((i, t));
+        }
+        gated.sort_unstable_by_key(|(i, _)| *i);
+        gated
+    }
 }
 
 #[cfg(test)]
@@ -202,5 +287,62 @@ mod tests {
         );
         nodes[0].1.retry = RetryGate::Due;
         assert_eq!(states(&policy(1, false), &nodes), [Cordoning, Pending]);
+    }
+
+    #[test]
+    fn a_planner_given_the_changed_nodes_plans_as_planning_everything_would() {
+        let p = policy(2, false);
+        let mut nodes = fleet(&[Pending; 6]);
+        nodes[4].1.recorded = Some(Failed);
+        let mut planner = Planner::new(p.clone());
+        let mut current: Vec<NodeTransition> = Vec::new();
+        let mut pass = |nodes: &mut Vec<(String, NodeObservation)>, dirty: &[usize]| {
+            for (i, t) in planner.plan(nodes, dirty) {
+                if i == current.len() {
+                    current.push(t);
+                } else {
+                    current[i] = t;
+                }
+            }
+            let whole: Vec<NodeTransition> = plan(&p, &mut nodes.clone())
+                .into_iter()
+                .map(|(_, t)| t)
+                .collect();
+            assert_eq!(current, whole, "after dirty {dirty:?}");
+            current.iter().map(|t| t.state).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            pass(&mut nodes, &[]),
+            [Cordoning, Cordoning, Pending, Pending, Failed, Pending]
+        );
+        // Recorded as planned: nothing else moves.
+        nodes[0].1.recorded = Some(Cordoning);
+        nodes[1].1.recorded = Some(Cordoning);
+        assert_eq!(
+            pass(&mut nodes, &[0, 1]),
+            [Cordoning, Cordoning, Pending, Pending, Failed, Pending]
+        );
+        // n0 finishes: its slot goes to n2 in the same pass.
+        nodes[0].1 = stale_node(Uncordoning);
+        nodes[0].1.agent = AgentPod::Current(AgentCondition::Ready);
+        nodes[0].1.loaded_version = Some("2.8.0".into());
+        assert_eq!(
+            pass(&mut nodes, &[0]),
+            [Done, Cordoning, Cordoning, Pending, Failed, Pending]
+        );
+        // The failed node's retry is asked for, unseen by a pass that changed nothing else.
+        nodes[4].1.retry = RetryGate::Requested;
+        assert_eq!(
+            pass(&mut nodes, &[]),
+            [Done, Cordoning, Cordoning, Pending, Failed, Pending]
+        );
+        nodes[1].1.recorded = Some(Done);
+        nodes[1].1.agent = AgentPod::Current(AgentCondition::Ready);
+        nodes[1].1.loaded_version = Some("2.8.0".into());
+        nodes[2].1.recorded = Some(Cordoning);
+        assert_eq!(
+            pass(&mut nodes, &[1, 2, 4]),
+            [Done, Done, Cordoning, Cordoning, Failed, Pending]
+        );
     }
 }

@@ -176,7 +176,7 @@ fn policies_for_node(
                 || selection_of(p, require_nfd).is_some_and(|s| s.matches(&name, node_labels))
                 || ctx
                     .written(&p.uid().unwrap_or_default())
-                    .is_some_and(|w| w.nodes.contains_key(&name))
+                    .is_some_and(|w| w.nodes.contains_key(name.as_str()))
         })
         .map(|p| ObjectRef::from_obj(&*p))
         .collect()

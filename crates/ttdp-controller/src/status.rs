@@ -10,6 +10,7 @@
 //! `kubectl tt driver` and the node labels (`driver.tenstorrent.com/kmd-version`) show every node.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::SignedDuration;
@@ -72,15 +73,38 @@ pub struct PolicyFacts {
     pub max_unavailable: usize,
 }
 
+/// Every node entry by name: the controller's memory of recorded states. Names and entries are
+/// shared, so a pass copies the map, not the entries.
+pub type Entries = BTreeMap<Arc<str>, Arc<NodeStatus>>;
+
 /// The built status and the state changes in it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BuiltStatus {
-    /// The status to write.
+    /// The status to write, without its node entries (see [`BuiltStatus::listed`]).
     pub status: TenstorrentDriverPolicyStatus,
-    /// Every node entry, uncompacted (the controller's memory of recorded states).
-    pub all_nodes: BTreeMap<String, NodeStatus>,
+    /// Every node entry, uncompacted.
+    pub all_nodes: Entries,
     /// Nodes whose state changed.
     pub changes: Vec<StateChange>,
+    /// The nodes whose entry differs from the recorded one (new nodes included), in name order.
+    pub changed: Vec<Arc<str>>,
+    /// Whether the entries are for the recorded nodes: none joined, none left.
+    pub same_nodes: bool,
+}
+
+impl BuiltStatus {
+    /// The node entries `status.nodes` lists (see [`COMPACT_THRESHOLD`]).
+    pub fn listed(&self) -> Vec<NodeStatus> {
+        compact(&self.all_nodes)
+    }
+
+    /// The status with its node entries.
+    pub fn whole(&self) -> TenstorrentDriverPolicyStatus {
+        TenstorrentDriverPolicyStatus {
+            nodes: self.listed(),
+            ..self.status.clone()
+        }
+    }
 }
 
 /// Condition reasons.
@@ -112,53 +136,84 @@ pub fn is_halted(failed: usize, max_unavailable: usize) -> bool {
     failed > max_unavailable
 }
 
-/// Builds the status from this reconcile's node reports (any order) and the previous status.
-/// `recorded` is the uncompacted memory of the previous entries (falls back to
-/// `previous.nodes`).
+/// Builds the status from the reports of every matched node (any order) and the previous
+/// status and entries: the nodes not reported leave it.
 pub fn build_status(
     facts: &PolicyFacts,
     previous: &TenstorrentDriverPolicyStatus,
-    recorded: &BTreeMap<String, NodeStatus>,
+    recorded: &Entries,
     mut reports: Vec<NodeReport>,
     now: &Time,
 ) -> BuiltStatus {
-    // Both in name order, `recorded` is walked alongside the reports (no lookup per node), and
-    // the entries, collected in order, make the map without a search per node.
+    // Both in name order: the recorded entries of the reported nodes are found in one walk.
     if !reports.is_sorted_by(|a, b| a.name <= b.name) {
         reports.sort_by(|a, b| a.name.cmp(&b.name));
     }
-    let mut recorded = recorded.iter().peekable();
-    let mut entries = Vec::with_capacity(reports.len());
+    let mut names = reports.iter().map(|r| r.name.as_str()).peekable();
+    let kept: Entries = recorded
+        .iter()
+        .filter(|(name, _)| {
+            while names.next_if(|n| *n < &***name).is_some() {}
+            names.peek() == Some(&&***name)
+        })
+        .map(|(name, entry)| (name.clone(), entry.clone()))
+        .collect();
+    let left = kept.len() != recorded.len();
+    let mut built = update_status(facts, previous, &kept, reports, now);
+    built.same_nodes &= !left;
+    built
+}
+
+/// The status after this pass's reports, for the nodes that may have changed: the other
+/// entries stay as `recorded`.
+pub fn update_status(
+    facts: &PolicyFacts,
+    previous: &TenstorrentDriverPolicyStatus,
+    recorded: &Entries,
+    reports: Vec<NodeReport>,
+    now: &Time,
+) -> BuiltStatus {
+    let mut all_nodes = recorded.clone();
     let mut changes = Vec::new();
+    let mut changed = Vec::new();
+    let mut same_nodes = true;
     for report in reports {
-        while recorded.next_if(|(name, _)| **name < report.name).is_some() {}
-        let prev = recorded
-            .next_if(|(name, _)| **name == report.name)
-            .map(|(_, e)| e)
-            .or_else(|| previous.nodes.iter().find(|n| n.name == report.name));
-        let (entry, change) = node_entry(prev, report, &facts.target_version, now);
+        let prev = all_nodes.get_key_value(report.name.as_str());
+        let (entry, change) =
+            node_entry(prev.map(|(_, e)| &**e), report, &facts.target_version, now);
+        let key = match prev {
+            Some((_, e)) if **e == entry => continue,
+            Some((key, _)) => key.clone(),
+            None => {
+                same_nodes = false;
+                Arc::from(entry.name.as_str())
+            }
+        };
         changes.extend(change);
-        entries.push((entry.name.clone(), entry));
+        changed.push(key.clone());
+        all_nodes.insert(key, Arc::new(entry));
     }
-    let all_nodes: BTreeMap<String, NodeStatus> = entries.into_iter().collect();
+    changed.sort_unstable();
     let summary = summarize(&all_nodes);
     let mut conditions = previous.conditions.clone();
     for c in conditions_for(facts, &summary, &all_nodes, now) {
         set_condition(&mut conditions, c);
     }
-    let (nodes, omitted) = compact(&all_nodes);
+    let nodes_omitted = omitted(&all_nodes, &summary);
     BuiltStatus {
         status: TenstorrentDriverPolicyStatus {
             observed_generation: facts.generation,
             conditions,
             summary: Some(Summary {
-                nodes_omitted: omitted,
+                nodes_omitted,
                 ..summary
             }),
-            nodes,
+            nodes: Vec::new(),
         },
         all_nodes,
         changes,
+        changed,
+        same_nodes,
     }
 }
 
@@ -229,7 +284,7 @@ fn node_entry(
     (entry, change)
 }
 
-fn summarize(nodes: &BTreeMap<String, NodeStatus>) -> Summary {
+fn summarize(nodes: &Entries) -> Summary {
     let mut s = Summary {
         matched: count(nodes.len()),
         ..Summary::default()
@@ -254,12 +309,7 @@ fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-fn conditions_for(
-    facts: &PolicyFacts,
-    s: &Summary,
-    nodes: &BTreeMap<String, NodeStatus>,
-    now: &Time,
-) -> Vec<Condition> {
+fn conditions_for(facts: &PolicyFacts, s: &Summary, nodes: &Entries, now: &Time) -> Vec<Condition> {
     let make = |type_: &str, status: bool, reason: &str, message: String| {
         condition(
             type_,
@@ -392,10 +442,20 @@ fn conditions_for(
     out
 }
 
-/// The entries to write and how many nodes are left out.
-fn compact(all: &BTreeMap<String, NodeStatus>) -> (Vec<NodeStatus>, i32) {
+/// How many nodes `status.nodes` leaves out (see [`compact`]).
+fn omitted(all: &Entries, s: &Summary) -> i32 {
     if all.len() <= COMPACT_THRESHOLD {
-        return (all.values().cloned().collect(), 0);
+        return 0;
+    }
+    let not_done = all.len() - usize::try_from(s.up_to_date).unwrap_or(0);
+    count(all.len() - not_done.min(MAX_NODE_ENTRIES))
+}
+
+/// The entries to write: every node up to [`COMPACT_THRESHOLD`], else the nodes not Done, at
+/// most [`MAX_NODE_ENTRIES`] of them (Failed first, then in flight, then the rest).
+fn compact(all: &Entries) -> Vec<NodeStatus> {
+    if all.len() <= COMPACT_THRESHOLD {
+        return all.values().map(|e| NodeStatus::clone(e)).collect();
     }
     let rank = |s: NodeState| match s {
         NodeState::Failed => 0,
@@ -405,13 +465,13 @@ fn compact(all: &BTreeMap<String, NodeStatus>) -> (Vec<NodeStatus>, i32) {
     };
     let mut kept: Vec<&NodeStatus> = all
         .values()
+        .map(|e| &**e)
         .filter(|n| n.state != NodeState::Done)
         .collect();
     kept.sort_by_key(|n| rank(n.state));
     kept.truncate(MAX_NODE_ENTRIES);
     kept.sort_by(|a, b| a.name.cmp(&b.name));
-    let omitted = count(all.len() - kept.len());
-    (kept.into_iter().cloned().collect(), omitted)
+    kept.into_iter().cloned().collect()
 }
 
 #[cfg(test)]
@@ -448,12 +508,18 @@ mod tests {
         }
     }
 
-    fn build(
-        reports: Vec<NodeReport>,
-        previous: &TenstorrentDriverPolicyStatus,
-        now: i64,
-    ) -> BuiltStatus {
-        build_status(&facts(), previous, &BTreeMap::new(), reports, &at(now))
+    /// The status built after `previous` (None: the first).
+    fn build(reports: Vec<NodeReport>, previous: Option<&BuiltStatus>, now: i64) -> BuiltStatus {
+        match previous {
+            Some(p) => build_status(&facts(), &p.status, &p.all_nodes, reports, &at(now)),
+            None => build_status(
+                &facts(),
+                &Default::default(),
+                &Entries::new(),
+                reports,
+                &at(now),
+            ),
+        }
     }
 
     fn cond<'a>(s: &'a TenstorrentDriverPolicyStatus, t: &str) -> &'a Condition {
@@ -468,7 +534,7 @@ mod tests {
                 report("n2", NodeState::HostManaged, Some("2.6.0")),
                 report("n3", NodeState::Conflict, None),
             ],
-            &Default::default(),
+            None,
             0,
         );
         let s = b.status.summary.clone().unwrap();
@@ -482,7 +548,7 @@ mod tests {
         assert_eq!(cond(&b.status, "Paused").status, "False");
         assert_eq!(cond(&b.status, "InvalidSpec").status, "False");
         assert_eq!(b.status.observed_generation, Some(3));
-        let n1 = &b.status.nodes[0];
+        let n1 = &b.listed()[0];
         assert_eq!(n1.current_version.as_deref(), Some("2.8.0"));
         assert_eq!(
             n1.install_mode, None,
@@ -501,7 +567,7 @@ mod tests {
                 report("n1", NodeState::Pending, Some("2.7.0")),
                 report("n2", NodeState::Pending, Some("2.7.0")),
             ],
-            &Default::default(),
+            None,
             0,
         );
         let b2 = build(
@@ -509,11 +575,11 @@ mod tests {
                 report("n1", NodeState::Cordoning, Some("2.7.0")),
                 report("n2", NodeState::Pending, Some("2.7.0")),
             ],
-            &b1.status,
+            Some(&b1),
             10,
         );
-        let n1 = &b2.status.nodes[0];
-        let n2 = &b2.status.nodes[1];
+        let n1 = &b2.listed()[0];
+        let n2 = &b2.listed()[1];
         assert_eq!(n1.last_transition_time, Some(at(10)));
         assert_eq!(n1.phase_start_time, Some(at(10)));
         assert_eq!(n1.target_version.as_deref(), Some("2.8.0"));
@@ -532,11 +598,11 @@ mod tests {
                 report("n1", NodeState::Draining, Some("2.7.0")),
                 report("n2", NodeState::Pending, Some("2.7.0")),
             ],
-            &b2.status,
+            Some(&b2),
             20,
         );
         assert_eq!(
-            b3.status.nodes[0].phase_start_time,
+            b3.listed()[0].phase_start_time,
             Some(at(10)),
             "upgrade start kept"
         );
@@ -550,14 +616,14 @@ mod tests {
                 report("n1", NodeState::Done, Some("2.8.0")),
                 report("n2", NodeState::Pending, Some("2.7.0")),
             ],
-            &b3.status,
+            Some(&b3),
             50,
         );
         assert_eq!(
             b4.changes[0].upgrade_total,
             Some(SignedDuration::from_secs(40))
         );
-        assert_eq!(b4.status.nodes[0].phase_start_time, None);
+        assert_eq!(b4.listed()[0].phase_start_time, None);
         assert_eq!(cond(&b4.status, "Ready").status, "False");
         assert_eq!(cond(&b4.status, "Progressing").status, "True");
     }
@@ -570,7 +636,7 @@ mod tests {
                 report("n3", NodeState::Draining, Some("2.7.0")),
                 report("n4", NodeState::Pending, Some("2.7.0")),
             ],
-            &Default::default(),
+            None,
             0,
         );
         // n1 left, n2 and n5 joined; given out of name order.
@@ -582,7 +648,8 @@ mod tests {
         ];
         let empty = TenstorrentDriverPolicyStatus::default();
         let b = build_status(&facts(), &empty, &first.all_nodes, reports, &at(10));
-        let names: Vec<&str> = b.status.nodes.iter().map(|n| n.name.as_str()).collect();
+        let listed = b.listed();
+        let names: Vec<&str> = listed.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["n2", "n3", "n4", "n5"]);
         let since = |n: &str| b.all_nodes[n].last_transition_time.clone();
         assert_eq!(since("n3"), Some(at(0)), "n3 kept its state");
@@ -609,10 +676,10 @@ mod tests {
             Some("default/web-0 blocked by PodDisruptionBudget default/web".into());
         let b1 = build(
             vec![failing, report("n2", NodeState::Pending, Some("2.7.0"))],
-            &Default::default(),
+            None,
             0,
         );
-        let n1 = &b1.status.nodes[0];
+        let n1 = &b1.listed()[0];
         assert_eq!(n1.attempts, Some(1));
         assert_eq!(n1.target_version.as_deref(), Some("2.8.0"));
         let degraded = cond(&b1.status, "Degraded");
@@ -631,32 +698,32 @@ mod tests {
                 report("n1", NodeState::Failed, Some("2.7.0")),
                 report("n2", NodeState::Failed, Some("2.7.0")),
             ],
-            &b1.status,
+            Some(&b1),
             10,
         );
-        assert_eq!(b2.status.nodes[0].reason.as_deref(), Some("DrainTimeout"));
-        assert_eq!(b2.status.nodes[0].attempts, Some(1));
+        assert_eq!(b2.listed()[0].reason.as_deref(), Some("DrainTimeout"));
+        assert_eq!(b2.listed()[0].attempts, Some(1));
         let degraded = cond(&b2.status, "Degraded");
         assert_eq!(degraded.reason, reasons::ROLLOUT_HALTED);
         // A retry keeps counting attempts; Done clears them.
         let b3 = build(
             vec![report("n1", NodeState::Cordoning, Some("2.7.0"))],
-            &b2.status,
+            Some(&b2),
             20,
         );
-        assert_eq!(b3.status.nodes[0].attempts, Some(1));
+        assert_eq!(b3.listed()[0].attempts, Some(1));
         let b4 = build(
             vec![report("n1", NodeState::Failed, Some("2.7.0"))],
-            &b3.status,
+            Some(&b3),
             30,
         );
-        assert_eq!(b4.status.nodes[0].attempts, Some(2));
+        assert_eq!(b4.listed()[0].attempts, Some(2));
         let b5 = build(
             vec![report("n1", NodeState::Done, Some("2.8.0"))],
-            &b4.status,
+            Some(&b4),
             40,
         );
-        assert_eq!(b5.status.nodes[0].attempts, None);
+        assert_eq!(b5.listed()[0].attempts, None);
     }
 
     #[test]
@@ -666,7 +733,7 @@ mod tests {
         let b = build_status(
             &f,
             &Default::default(),
-            &BTreeMap::new(),
+            &Entries::new(),
             vec![report("n1", NodeState::Pending, Some("2.7.0"))],
             &at(0),
         );
@@ -677,7 +744,7 @@ mod tests {
         let b = build_status(
             &f,
             &Default::default(),
-            &BTreeMap::new(),
+            &Entries::new(),
             vec![report("n1", NodeState::Done, Some("2.8.0"))],
             &at(0),
         );
@@ -710,13 +777,13 @@ mod tests {
     #[test]
     fn five_thousand_nodes_fit_well_under_the_object_size_limit() {
         for done in [0, 2_500, 4_999] {
-            let b = build(fleet(5_000, done), &Default::default(), 0);
+            let b = build(fleet(5_000, done), None, 0);
             assert_eq!(
-                b.status.nodes.len(),
+                b.listed().len(),
                 5_000,
                 "every node listed up to the threshold"
             );
-            let bytes = serde_json::to_vec(&b.status).unwrap().len();
+            let bytes = serde_json::to_vec(&b.whole()).unwrap().len();
             assert!(
                 bytes < 1024 * 1024,
                 "{done} done: {bytes} bytes, limit 1.5 MiB"
@@ -726,30 +793,65 @@ mod tests {
 
     #[test]
     fn past_the_threshold_done_nodes_are_omitted_but_counted() {
-        let b = build(fleet(20_000, 19_000), &Default::default(), 0);
+        let b = build(fleet(20_000, 19_000), None, 0);
         let s = b.status.summary.clone().unwrap();
         assert_eq!(s.matched, 20_000);
         assert_eq!(s.up_to_date, 19_000);
         assert_eq!(s.pending, 999);
-        assert_eq!(b.status.nodes.len(), 1_000);
+        assert_eq!(b.listed().len(), 1_000);
         assert_eq!(s.nodes_omitted, 19_000);
-        assert!(b.status.nodes.iter().all(|n| n.state != NodeState::Done));
+        assert!(b.listed().iter().all(|n| n.state != NodeState::Done));
         assert_eq!(
             b.all_nodes.len(),
             20_000,
             "the controller still remembers every node"
         );
         // Even mid-rollout on a huge fleet the entry count is capped, in-flight first.
-        let b = build(fleet(50_000, 0), &Default::default(), 0);
-        assert_eq!(b.status.nodes.len(), MAX_NODE_ENTRIES);
-        assert!(
-            b.status
-                .nodes
-                .iter()
-                .any(|n| n.state == NodeState::Upgrading)
-        );
+        let b = build(fleet(50_000, 0), None, 0);
+        assert_eq!(b.listed().len(), MAX_NODE_ENTRIES);
+        assert!(b.listed().iter().any(|n| n.state == NodeState::Upgrading));
         assert_eq!(b.status.summary.as_ref().unwrap().nodes_omitted, 45_000);
-        let bytes = serde_json::to_vec(&b.status).unwrap().len();
+        let bytes = serde_json::to_vec(&b.whole()).unwrap().len();
         assert!(bytes < 1024 * 1024, "{bytes} bytes");
+    }
+
+    #[test]
+    fn an_update_rebuilds_only_the_reported_entries_and_says_which_changed() {
+        let first = build(
+            vec![
+                report("n1", NodeState::Upgrading, Some("2.7.0")),
+                report("n2", NodeState::Pending, Some("2.7.0")),
+                report("n3", NodeState::Done, Some("2.8.0")),
+            ],
+            None,
+            0,
+        );
+        let up =
+            |reports| update_status(&facts(), &first.status, &first.all_nodes, reports, &at(10));
+        // n1 finished, n3 reported as it was: only n1 changed; n2, not reported, is kept.
+        let b = up(vec![
+            report("n1", NodeState::Done, Some("2.8.0")),
+            report("n3", NodeState::Done, Some("2.8.0")),
+        ]);
+        assert_eq!(b.changed, [Arc::from("n1")]);
+        assert!(b.same_nodes);
+        assert!(Arc::ptr_eq(&b.all_nodes["n2"], &first.all_nodes["n2"]));
+        assert!(Arc::ptr_eq(&b.all_nodes["n3"], &first.all_nodes["n3"]));
+        assert_eq!(b.changes.len(), 1);
+        assert_eq!(b.status.summary.as_ref().unwrap().up_to_date, 2);
+        assert!(b.status.nodes.is_empty(), "entries are listed on demand");
+        assert_eq!(b.listed().len(), 3);
+        // A node the entries do not know joins: not the same nodes (a whole write).
+        let joined = up(vec![report("n4", NodeState::Pending, Some("2.7.0"))]);
+        assert!(!joined.same_nodes);
+        assert_eq!(joined.changed, [Arc::from("n4")]);
+        // The whole build drops the nodes not reported.
+        let left = build(
+            vec![report("n1", NodeState::Done, Some("2.8.0"))],
+            Some(&b),
+            20,
+        );
+        assert!(!left.same_nodes);
+        assert_eq!(left.all_nodes.len(), 1);
     }
 }
