@@ -276,25 +276,15 @@ fn start_to_ready(host: &Value, vm: &Value) -> String {
          the label on the host:\n\n\
          | case | probe | build | unload | load | label | sum |\n|---|---|---|---|---|---|---|\n",
     );
-    for (name, host_key, vm_key) in [
-        (
-            "cache hit, nothing loaded",
-            "cache_hit_nothing_loaded",
-            "cache_hit_nothing_loaded",
-        ),
-        ("cache hit, swap", "cache_hit_swap", "cache_hit_swap"),
-        (
-            "cache miss (build)",
-            "cache_miss_build",
-            "cache_hit_nothing_loaded",
-        ),
-    ] {
-        let (h, v) = (&host[host_key], &vm[vm_key]);
-        let build = if host_key == vm_key {
-            &v["build_ms"]
+    for (name, key) in SWAP_CASES {
+        let miss = key == "cache_miss_build";
+        let vm_key = if miss {
+            "cache_hit_nothing_loaded"
         } else {
-            &h["build_ms"]
+            key
         };
+        let (h, v) = (&host[key], &vm[vm_key]);
+        let build = if miss { &h["build_ms"] } else { &v["build_ms"] };
         let steps = [
             num(&v["probe_ms"]),
             num(build),

@@ -759,8 +759,7 @@ pub async fn apply(
         changed.sort_unstable();
         changed.dedup();
         now = Time(Timestamp::now());
-        dirty.clone_from(&changed);
-        for i in changed {
+        for &i in &changed {
             let n = &matched[i];
             let node = n.name();
             let (obs, wait) = observe_node(
@@ -773,6 +772,7 @@ pub async fn apply(
             observations[i].1 = obs;
             next_retry = soonest(next_retry, wait);
         }
+        dirty = changed;
         lifted.retain(|node, (before, outcome)| {
             let Some(i) = refresh::position(&matched, node) else {
                 return false;

@@ -27,19 +27,6 @@ pub struct RolloutPlan {
     pub paused: bool,
 }
 
-/// Every node's transition, in the order given. Sets each observation's start gate (the
-/// planner's to decide).
-pub fn plan(
-    plan: &RolloutPlan,
-    nodes: &mut [(String, NodeObservation)],
-) -> Vec<(String, NodeTransition)> {
-    Planner::new(plan.clone())
-        .plan(nodes, &[])
-        .into_iter()
-        .map(|(i, t)| (nodes[i].0.clone(), t))
-        .collect()
-}
-
 /// The planner across the passes of one reconcile: it remembers every node's transition with
 /// its start gate closed, so that a pass plans again only the nodes whose observation changed,
 /// and hands out the slots from those.
@@ -175,6 +162,18 @@ mod tests {
     use super::*;
     use crate::transition::{Action, AgentCondition, AgentPod, DrainProgress};
     use NodeState::*;
+
+    /// Every node's transition, in the order given, from one planner's first call.
+    fn plan(
+        plan: &RolloutPlan,
+        nodes: &mut [(String, NodeObservation)],
+    ) -> Vec<(String, NodeTransition)> {
+        Planner::new(plan.clone())
+            .plan(nodes, &[])
+            .into_iter()
+            .map(|(i, t)| (nodes[i].0.clone(), t))
+            .collect()
+    }
 
     fn rules() -> RolloutRules {
         RolloutRules {

@@ -166,17 +166,17 @@ fn policies_for_node(
     node: &CachedNode,
     require_nfd: bool,
 ) -> Vec<ObjectRef<TenstorrentDriverPolicy>> {
-    let name = node.name_any();
+    let name = node.name();
     let node_labels = node.labels();
     policies
         .state()
         .into_iter()
         .filter(|p| {
             observe::cordoned_by(&node.metadata, &p.name_any())
-                || selection_of(p, require_nfd).is_some_and(|s| s.matches(&name, node_labels))
+                || selection_of(p, require_nfd).is_some_and(|s| s.matches(name, node_labels))
                 || ctx
                     .written(&p.uid().unwrap_or_default())
-                    .is_some_and(|w| w.nodes.contains_key(name.as_str()))
+                    .is_some_and(|w| w.nodes.contains_key(name))
         })
         .map(|p| ObjectRef::from_obj(&*p))
         .collect()

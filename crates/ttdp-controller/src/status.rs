@@ -145,17 +145,13 @@ pub fn build_status(
     mut reports: Vec<NodeReport>,
     now: &Time,
 ) -> BuiltStatus {
-    // Both in name order: the recorded entries of the reported nodes are found in one walk.
+    // In name order: the state changes are reported in that order.
     if !reports.is_sorted_by(|a, b| a.name <= b.name) {
         reports.sort_by(|a, b| a.name.cmp(&b.name));
     }
-    let mut names = reports.iter().map(|r| r.name.as_str()).peekable();
-    let kept: Entries = recorded
+    let kept: Entries = reports
         .iter()
-        .filter(|(name, _)| {
-            while names.next_if(|n| *n < &***name).is_some() {}
-            names.peek() == Some(&&***name)
-        })
+        .filter_map(|r| recorded.get_key_value(r.name.as_str()))
         .map(|(name, entry)| (name.clone(), entry.clone()))
         .collect();
     let left = kept.len() != recorded.len();
