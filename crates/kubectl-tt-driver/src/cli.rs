@@ -172,7 +172,7 @@ pub enum Command {
     /// One row per node: policy, state, current → target version, install mode, who cordoned
     /// it, how long it has been in its state, and why (blocking pods, holders, build errors).
     ///
-    /// Done nodes that a large fleet's status omits are listed from node labels.
+    /// Nodes that a large fleet's status omits (Done, or waiting for a slot) are listed from node labels.
     Nodes(NodesArgs),
 
     /// Everything about one policy: spec summary, DaemonSet, conditions, per-node detail and

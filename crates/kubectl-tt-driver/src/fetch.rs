@@ -30,7 +30,7 @@ const PAGE: u32 = 500;
 /// What a view needs besides the policies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Extras {
-    /// Read Nodes (cordoned-by, omitted Done nodes).
+    /// Read Nodes (cordoned-by, nodes omitted from large statuses).
     pub nodes: bool,
     /// Read the policies' DaemonSets.
     pub daemonsets: bool,
@@ -258,7 +258,7 @@ impl Connection {
                 Ok(nodes) => nodes,
                 Err(e) => {
                     warnings.push(format!(
-                        "cannot read nodes, so CORDONED-BY and Done nodes omitted from large statuses are not shown: {e}"
+                        "cannot read nodes, so CORDONED-BY and the nodes omitted from large statuses are not shown: {e}"
                     ));
                     BTreeMap::new()
                 }

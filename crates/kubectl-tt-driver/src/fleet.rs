@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use ttdp_api::driver::v1alpha1::WAITING_FOR_SLOT;
 use ttdp_api::names::{annotations, labels};
 use ttdp_api::node_selection::NodeSelection;
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy};
@@ -224,8 +225,9 @@ impl Fleet {
     }
 
     /// One row per node of each policy, sorted by policy then node ([`natural_cmp`]): the nodes in
-    /// `status.nodes`, plus (when the status omits Done nodes) the Nodes whose labels the
-    /// policy selects that the status does not list, shown as Done with their `kmd-version`.
+    /// `status.nodes`, plus (when a large fleet's status omits nodes) the Nodes whose labels the
+    /// policy selects that the status does not list: Done when their `kmd-version` is
+    /// `spec.version`, else Pending waiting for a slot (the only nodes the controller omits).
     pub fn node_rows(&self) -> Vec<NodeRow> {
         let mut rows = Vec::new();
         for view in &self.policies {
@@ -256,7 +258,7 @@ impl Fleet {
                 });
             }
             if nodes_omitted(policy) > 0 {
-                rows.extend(self.omitted_done_rows(view, &listed));
+                rows.extend(self.omitted_rows(view, &listed));
             }
         }
         rows.sort_by(|a, b| {
@@ -267,8 +269,8 @@ impl Fleet {
         rows
     }
 
-    /// The Done nodes of a large-fleet policy that its status leaves out, found by labels.
-    fn omitted_done_rows(&self, view: &PolicyView, listed: &BTreeSet<&str>) -> Vec<NodeRow> {
+    /// The nodes of a large-fleet policy that its status leaves out, found by labels.
+    fn omitted_rows(&self, view: &PolicyView, listed: &BTreeSet<&str>) -> Vec<NodeRow> {
         let policy = &view.policy;
         let Ok(selection) = NodeSelection::new(&policy.spec.user_selector()) else {
             return Vec::new();
@@ -276,21 +278,29 @@ impl Fleet {
         self.nodes
             .values()
             .filter(|n| !listed.contains(n.name.as_str()) && selection.matches(&n.name, &n.labels))
-            .map(|n| NodeRow {
-                policy: policy_name(policy).to_owned(),
-                node: n.name.clone(),
-                state: NodeState::Done,
-                current_version: n.labels.get(labels::KMD_VERSION).cloned(),
-                target_version: policy.spec.version.clone(),
-                install_mode: n.labels.get(labels::INSTALL_MODE).cloned(),
-                cordoned_by: n.cordoned_by.clone(),
-                unschedulable: Some(n.unschedulable),
-                since: None,
-                reason: None,
-                message: None,
-                attempts: None,
-                retry_requested: n.retry_requested.is_some(),
-                source: RowSource::NodeLabels,
+            .map(|n| {
+                let current_version = n.labels.get(labels::KMD_VERSION).cloned();
+                let done = current_version.as_ref() == Some(&policy.spec.version);
+                NodeRow {
+                    policy: policy_name(policy).to_owned(),
+                    node: n.name.clone(),
+                    state: if done {
+                        NodeState::Done
+                    } else {
+                        NodeState::Pending
+                    },
+                    current_version,
+                    target_version: policy.spec.version.clone(),
+                    install_mode: n.labels.get(labels::INSTALL_MODE).cloned(),
+                    cordoned_by: n.cordoned_by.clone(),
+                    unschedulable: Some(n.unschedulable),
+                    since: None,
+                    reason: (!done).then(|| WAITING_FOR_SLOT.to_owned()),
+                    message: None,
+                    attempts: None,
+                    retry_requested: n.retry_requested.is_some(),
+                    source: RowSource::NodeLabels,
+                }
             })
             .collect()
     }

@@ -51,7 +51,7 @@ pub struct PolicyReport {
     pub host_managed: i32,
     /// Nodes left to an older policy.
     pub conflicts: i32,
-    /// Done nodes left out of `nodes` by the controller (large fleets).
+    /// Done and waiting nodes left out of `nodes` by the controller (large fleets).
     pub nodes_omitted: i32,
     /// `status.conditions`.
     pub conditions: Vec<ConditionReport>,

@@ -151,7 +151,7 @@ async fn nodes_explains_each_node() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nodes_lists_done_nodes_a_large_status_omits() {
+async fn nodes_lists_the_nodes_a_large_status_omits() {
     let h = Harness::with_crd().await;
     let mut p = fixture::policy(
         "large",
@@ -163,35 +163,47 @@ async fn nodes_lists_done_nodes_a_large_status_omits() {
             "2.8.0",
         )],
         vec![],
-        2,
+        3,
     );
-    p.status.as_mut().unwrap().observed_generation = Some(1);
+    let status = p.status.as_mut().unwrap();
+    status.observed_generation = Some(1);
+    if let Some(s) = status.summary.as_mut() {
+        s.up_to_date -= 1;
+        s.pending += 1;
+    }
     h.create_policy(&p).await;
     for name in ["big-1", "big-2"] {
         h.create_node(&fixture::k8s_node(name, Some("2.8.0"), None))
             .await;
     }
-    h.create_node(&fixture::k8s_node("big-3", Some("2.7.0"), None))
-        .await;
+    for name in ["big-3", "big-4"] {
+        h.create_node(&fixture::k8s_node(name, Some("2.7.0"), None))
+            .await;
+    }
     let status = h.kubectl(&["tt", "driver"]).await.ok();
     assert!(
         status
             .stdout
-            .contains("2 Done nodes are omitted from status.nodes"),
+            .contains("3 Done and waiting nodes are omitted from status.nodes"),
         "{}",
         status.stdout
     );
     assert!(status.stdout.contains("kubectl tt driver nodes large"));
     let nodes = h.kubectl(&["tt", "driver", "nodes", "large"]).await.ok();
-    for n in ["big-1", "big-2", "big-3"] {
-        assert!(nodes.stdout.contains(n), "{n} missing:\n{}", nodes.stdout);
+    let row = |n: &str| {
+        nodes
+            .stdout
+            .lines()
+            .find(|l| l.contains(n))
+            .unwrap_or_else(|| panic!("{n} missing:\n{}", nodes.stdout))
+            .to_owned()
+    };
+    for n in ["big-1", "big-2"] {
+        assert!(row(n).contains(" Done "), "{}", nodes.stdout);
     }
-    let done = nodes
-        .stdout
-        .lines()
-        .filter(|l| l.contains(" Done "))
-        .count();
-    assert_eq!(done, 2, "{}", nodes.stdout);
+    assert!(row("big-3").contains(" Upgrading "), "{}", nodes.stdout);
+    assert!(row("big-4").contains(" Pending "), "{}", nodes.stdout);
+    assert!(row("big-4").contains("WaitingForSlot"), "{}", nodes.stdout);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

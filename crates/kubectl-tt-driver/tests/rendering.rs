@@ -122,7 +122,7 @@ fn status_explains_what_needs_attention() {
         "status_attention_colour",
         &text(&fleet, View::Status, Output::Table, &opts(true, 80)),
     );
-    assert!(plain.contains("2 Done nodes are omitted"));
+    assert!(plain.contains("3 Done and waiting nodes are omitted"));
     assert!(plain.contains("kubectl tt driver nodes large"));
     assert!(plain.contains("no status yet"));
     assert!(plain.contains("InvalidSpec=True"));
@@ -144,13 +144,27 @@ fn nodes_every_state() {
 }
 
 #[test]
-fn nodes_lists_omitted_done_nodes_from_labels() {
+fn nodes_lists_omitted_nodes_from_labels() {
     let fleet = fixture::attention();
     let plain = text(&fleet, View::Nodes, Output::Table, &opts(false, 80));
     golden("nodes_attention_plain", &plain);
-    for n in ["big-001", "big-002", "big-003"] {
-        assert!(plain.contains(n), "{n} missing:\n{plain}");
+    let row = |n: &str| {
+        plain
+            .lines()
+            .find(|l| l.contains(n))
+            .unwrap_or_else(|| panic!("{n} missing:\n{plain}"))
+    };
+    for n in ["big-001", "big-002"] {
+        assert!(row(n).contains(" Done "), "{}", row(n));
     }
+    assert!(row("big-003").contains(" Upgrading "), "{}", row("big-003"));
+    // Omitted but not at spec.version: waiting for a slot.
+    assert!(row("big-004").contains(" Pending "), "{}", row("big-004"));
+    assert!(
+        row("big-004").contains("WaitingForSlot"),
+        "{}",
+        row("big-004")
+    );
     golden(
         "nodes_attention_json",
         &text(&fleet, View::Nodes, Output::Json, &opts(false, 80)),

@@ -50,12 +50,13 @@ const IDLE_RESYNC: Duration = Duration::from_secs(300);
 /// How long one reconcile follows the fleet pass after pass (see [`apply`]) before it ends and
 /// the next one observes everything again.
 pub const FOLLOW_FOR: Duration = Duration::from_secs(5);
-/// The least time between the starts of two status writes of a policy, per node entry. At
-/// each write the API server stores the whole object (etcd keeps every revision until it
-/// compacts) and sends it to every watcher; at thousands of nodes the object is mostly node
-/// entries, about 140 bytes each. Spacing the writes by the entries bounds what a rollout
-/// writes to about 14 MB/s however fast the fleet changes: a write at most every 50 ms at
-/// 5,000 nodes, every 5 ms at 500.
+/// The least time between the starts of two status writes of a policy, per node entry listed
+/// in `status.nodes`. At each write the API server stores the whole object (etcd keeps every
+/// revision until it compacts) and sends it to every watcher; at many nodes the object is
+/// mostly node entries, about 140 bytes each. Spacing the writes by the entries bounds what a
+/// rollout writes to about 14 MB/s however fast the fleet changes: a write at most every 10 ms
+/// with 1,000 entries (the most listed before [`crate::status::COMPACT_THRESHOLD`] leaves the
+/// Done and waiting nodes out), every 5 ms with 500.
 pub const WRITE_SPACING_PER_ENTRY: Duration = Duration::from_micros(10);
 /// How many nodes' actions the reconcile itself waits for (lifting cordons, whose outcome its
 /// next pass needs) run at once; the others run in [`crate::node_tasks`].
@@ -824,10 +825,12 @@ pub async fn apply(
     Ok(Requeue::requeue(requeue))
 }
 
-/// When the status write after `w` may start: [`WRITE_SPACING_PER_ENTRY`] per node entry
-/// after `w`'s (None: `w` was not written by this process).
+/// When the status write after `w` may start: [`WRITE_SPACING_PER_ENTRY`] per node entry `w`
+/// listed, after `w`'s start (None: `w` was not written by this process).
 fn next_write(w: &Written) -> Option<Instant> {
-    let entries = u32::try_from(w.nodes.len()).unwrap_or(u32::MAX);
+    let omitted = w.status.summary.as_ref().map_or(0, |s| s.nodes_omitted);
+    let listed = w.nodes.len() - usize::try_from(omitted).unwrap_or(0).min(w.nodes.len());
+    let entries = u32::try_from(listed).unwrap_or(u32::MAX);
     Some(w.written_at? + WRITE_SPACING_PER_ENTRY * entries)
 }
 
@@ -1263,5 +1266,20 @@ mod tests {
         // Nothing changed: only the guard (record() skips the write before it gets here).
         let same = written(now.clone(), 0, Some("41"));
         assert_eq!(delta(&same, now, 0).map(|ops| ops.len()), Some(1));
+    }
+
+    #[test]
+    fn writes_are_spaced_by_the_entries_listed() {
+        let nodes: Vec<NodeStatus> = (0..5_000)
+            .map(|i| entry(&format!("n{i:04}"), NodeState::Done))
+            .collect();
+        let start = Instant::now();
+        let mut w = written(nodes, 0, None);
+        assert_eq!(next_write(&w), None, "not written by this process: no wait");
+        w.written_at = Some(start);
+        assert_eq!(next_write(&w), Some(start + Duration::from_millis(50)));
+        // The same fleet with all but 500 nodes left out of status.nodes.
+        w.status.summary.as_mut().unwrap().nodes_omitted = 4_500;
+        assert_eq!(next_write(&w), Some(start + Duration::from_millis(5)));
     }
 }

@@ -172,7 +172,7 @@ pub struct NodeTransition {
 /// Reasons the state machine gives.
 pub mod reasons {
     /// Waiting for a free slot.
-    pub const WAITING_FOR_SLOT: &str = "WaitingForSlot";
+    pub const WAITING_FOR_SLOT: &str = ttdp_api::driver::v1alpha1::WAITING_FOR_SLOT;
     /// The policy is paused.
     pub const PAUSED: &str = "Paused";
     /// The rollout is halted: too many failures.

@@ -183,7 +183,7 @@ pub fn render(
             );
             if s.nodes_omitted > 0 {
                 text.push_str(&format!(
-                    " ({} Done nodes omitted from status.nodes, listed below from node labels)",
+                    " ({} Done and waiting nodes omitted from status.nodes, listed below from node labels)",
                     s.nodes_omitted
                 ));
             }
@@ -219,7 +219,7 @@ pub fn render(
     out.push_str("Nodes:\n");
     if rows.is_empty() {
         let note = if nodes_omitted(policy) > 0 {
-            "  <none listed; Done nodes are omitted and none were found by node labels>\n"
+            "  <none listed; Done and waiting nodes are omitted and none were found by node labels>\n"
         } else {
             "  <none>\n"
         };

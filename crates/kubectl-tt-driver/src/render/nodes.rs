@@ -40,8 +40,8 @@ pub fn message(row: &NodeRow) -> String {
     }
 }
 
-/// The table for these rows, and a note for each policy whose omitted Done nodes could not all
-/// be found by their labels.
+/// The table for these rows, and a note for each policy whose omitted nodes could not all be
+/// found by their labels.
 pub fn render(fleet: &Fleet, rows: &[NodeRow], opts: &RenderOptions) -> String {
     let mut table = Table::new(HEADER);
     for row in rows {
@@ -73,7 +73,7 @@ pub fn render(fleet: &Fleet, rows: &[NodeRow], opts: &RenderOptions) -> String {
             .count();
         if found < omitted as usize {
             out.push_str(&format!(
-                "\nnote: {name} omits {omitted} Done nodes from its status; only {found} were found by node labels (are Nodes readable, and does the controller require the NFD label?)\n"
+                "\nnote: {name} omits {omitted} Done and waiting nodes from its status; only {found} were found by node labels (are Nodes readable, and does the controller require the NFD label?)\n"
             ));
         }
     }

@@ -1,6 +1,6 @@
 //! The summary lines under the status table: one line per policy with its version and counts,
 //! then indented notes for what needs attention (conditions that are not OK, no status yet, a
-//! status behind the spec, Done nodes left out of the status).
+//! status behind the spec, Done and waiting nodes left out of the status).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use ttdp_api::driver::v1alpha1::condition;
@@ -97,7 +97,7 @@ pub fn render(view: &PolicyView, palette: Palette) -> String {
     let omitted = nodes_omitted(policy);
     if omitted > 0 {
         out.push_str(&format!(
-            "  {omitted} Done nodes are omitted from status.nodes to keep it small; list every node (from node labels) with: kubectl tt driver nodes {name}\n"
+            "  {omitted} Done and waiting nodes are omitted from status.nodes to keep it small; list every node (from node labels) with: kubectl tt driver nodes {name}\n"
         ));
     }
     out

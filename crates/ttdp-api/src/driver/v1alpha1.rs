@@ -270,8 +270,9 @@ pub struct TenstorrentDriverPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<Summary>,
 
-    /// Per-node state. On very large fleets only nodes that are not Done are listed (see
-    /// `summary.nodesOmitted`).
+    /// Per-node state. Past 1,000 matched nodes, Done nodes and Pending nodes waiting for a slot
+    /// (reason `WaitingForSlot`) are left out to keep the object small; `summary` counts them
+    /// and `summary.nodesOmitted` says how many. `kubectl tt driver nodes` lists every node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub nodes: Vec<NodeStatus>,
@@ -302,7 +303,8 @@ pub struct Summary {
     /// Nodes also selected by an older policy, left to it.
     #[serde(default)]
     pub conflicts: i32,
-    /// Done nodes left out of `status.nodes` to keep the object small (large fleets only).
+    /// Done nodes and Pending nodes waiting for a slot left out of `status.nodes` to keep the
+    /// object small (past 1,000 matched nodes only).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub nodes_omitted: i32,
 }
@@ -310,6 +312,9 @@ pub struct Summary {
 fn is_zero(n: &i32) -> bool {
     *n == 0
 }
+
+/// The reason of a Pending node waiting for a free `maxUnavailable` slot.
+pub const WAITING_FOR_SLOT: &str = "WaitingForSlot";
 
 /// One node's place in the rollout. Optional fields are omitted when empty to keep the status
 /// small at fleet scale.
@@ -344,6 +349,14 @@ pub struct NodeStatus {
     /// Failed attempts so far in this rollout (retries back off exponentially).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<i32>,
+}
+
+impl NodeStatus {
+    /// Whether the node is Pending only because no slot is free: the commonest entry of a large
+    /// rollout, left out of `status.nodes` past 1,000 nodes.
+    pub fn is_waiting_for_slot(&self) -> bool {
+        self.state == NodeState::Pending && self.reason.as_deref() == Some(WAITING_FOR_SLOT)
+    }
 }
 
 /// The per-node upgrade state machine:

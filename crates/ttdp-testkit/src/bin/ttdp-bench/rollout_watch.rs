@@ -1,7 +1,7 @@
 //! Follows the policy through a watch: every per-node state change with the time the benchmark
 //! saw it, the largest serialized status seen, and the latest policy.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -110,7 +110,9 @@ fn lock(seen: &Mutex<Seen>) -> MutexGuard<'_, Seen> {
 
 fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Instant) {
     seen.events += 1;
+    let mut listed = HashSet::new();
     for node in policy.status.iter().flat_map(|s| s.nodes.iter()) {
+        listed.insert(node.name.as_str());
         let previous = seen.states.insert(node.name.clone(), node.state);
         if previous != Some(node.state) {
             seen.changes.push(StateChange {
@@ -118,6 +120,25 @@ fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Instant) {
                 node: node.name.clone(),
                 state: node.state,
             });
+        }
+    }
+    // Past 1,000 nodes the status leaves Done nodes (and ones waiting for a slot) out: a node
+    // in flight that leaves the list has reached Done.
+    let omits = policy
+        .status
+        .as_ref()
+        .and_then(|s| s.summary.as_ref())
+        .is_some_and(|s| s.nodes_omitted > 0);
+    if omits {
+        for (name, state) in &mut seen.states {
+            if state.is_in_flight() && !listed.contains(name.as_str()) {
+                *state = NodeState::Done;
+                seen.changes.push(StateChange {
+                    at,
+                    node: name.clone(),
+                    state: NodeState::Done,
+                });
+            }
         }
     }
     if seen
@@ -163,4 +184,66 @@ pub fn rolled_out(policy: &TenstorrentDriverPolicy, nodes: usize, version: &str)
             .nodes
             .iter()
             .all(|n| n.state == NodeState::Done && n.current_version.as_deref() == Some(version))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(nodes: serde_json::Value, omitted: i32) -> TenstorrentDriverPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "driver.tenstorrent.com/v1alpha1",
+            "kind": "TenstorrentDriverPolicy",
+            "metadata": { "name": "bench" },
+            "spec": { "version": "2.8.0" },
+            "status": { "summary": { "matched": 1_001, "nodesOmitted": omitted }, "nodes": nodes },
+        }))
+        .unwrap()
+    }
+
+    fn states(seen: &Seen) -> Vec<(&str, NodeState)> {
+        seen.changes
+            .iter()
+            .map(|c| (c.node.as_str(), c.state))
+            .collect()
+    }
+
+    #[test]
+    fn a_node_in_flight_that_leaves_a_compacted_status_is_done() {
+        let mut seen = Seen::default();
+        let at = Instant::now();
+        let both = serde_json::json!([
+            { "name": "a", "state": "Uncordoning" },
+            { "name": "b", "state": "Failed" },
+        ]);
+        record(&mut seen, policy(both, 999), at);
+        let only_b = serde_json::json!([{ "name": "b", "state": "Failed" }]);
+        record(&mut seen, policy(only_b.clone(), 1_000), at);
+        record(&mut seen, policy(only_b, 1_000), at);
+        assert_eq!(
+            states(&seen),
+            [
+                ("a", NodeState::Uncordoning),
+                ("b", NodeState::Failed),
+                ("a", NodeState::Done),
+            ],
+            "a left the list once (Done); b stays Failed"
+        );
+    }
+
+    #[test]
+    fn a_status_that_lists_every_node_says_done_itself() {
+        let mut seen = Seen::default();
+        let at = Instant::now();
+        record(
+            &mut seen,
+            policy(
+                serde_json::json!([{ "name": "a", "state": "Upgrading" }]),
+                0,
+            ),
+            at,
+        );
+        record(&mut seen, policy(serde_json::json!([]), 0), at);
+        assert_eq!(states(&seen), [("a", NodeState::Upgrading)]);
+    }
 }
