@@ -203,15 +203,11 @@ pub fn update_status(
     for c in conditions_for(facts, &summary, &all_nodes, now) {
         set_condition(&mut conditions, c);
     }
-    let nodes_omitted = omitted(&all_nodes);
     BuiltStatus {
         status: TenstorrentDriverPolicyStatus {
             observed_generation: facts.generation,
             conditions,
-            summary: Some(Summary {
-                nodes_omitted,
-                ..summary
-            }),
+            summary: Some(summary),
             nodes: Vec::new(),
         },
         all_nodes,
@@ -288,12 +284,15 @@ fn node_entry(
     (entry, change)
 }
 
+/// Counts of `nodes` by state, and how many `status.nodes` leaves out (see [`compact`]).
 fn summarize(nodes: &Entries) -> Summary {
     let mut s = Summary {
         matched: count(nodes.len()),
         ..Summary::default()
     };
+    let mut listed = 0;
     for n in nodes.values() {
+        listed += usize::from(listed_past_threshold(n));
         match n.state {
             NodeState::Done => s.up_to_date += 1,
             NodeState::Pending => s.pending += 1,
@@ -305,6 +304,9 @@ fn summarize(nodes: &Entries) -> Summary {
             | NodeState::Upgrading
             | NodeState::Uncordoning => s.in_progress += 1,
         }
+    }
+    if nodes.len() > COMPACT_THRESHOLD {
+        s.nodes_omitted = count(nodes.len() - listed.min(MAX_NODE_ENTRIES));
     }
     s
 }
@@ -444,15 +446,6 @@ fn conditions_for(facts: &PolicyFacts, s: &Summary, nodes: &Entries, now: &Time)
         make(cond::PAUSED, false, reasons::NOT_PAUSED, String::new())
     });
     out
-}
-
-/// How many nodes `status.nodes` leaves out (see [`compact`]).
-fn omitted(all: &Entries) -> i32 {
-    if all.len() <= COMPACT_THRESHOLD {
-        return 0;
-    }
-    let kept = all.values().filter(|n| listed_past_threshold(n)).count();
-    count(all.len() - kept.min(MAX_NODE_ENTRIES))
 }
 
 /// Whether a large fleet's status lists this node: not Done and not just waiting for a slot.
