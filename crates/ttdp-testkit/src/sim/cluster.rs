@@ -53,9 +53,10 @@ use super::workload::{
     DEVICE_RESOURCE, DisruptionLimit, Workload, WorkloadOwner, disruption_budget,
 };
 use crate::apiserver::{PodTermination, TestApiServer};
+use crate::launcher;
 
 /// The environment variable naming a real cluster's kubeconfig to run scenarios against.
-pub const REAL_CLUSTER_KUBECONFIG_ENV: &str = "TTDP_TEST_KUBECONFIG";
+pub const REAL_CLUSTER_KUBECONFIG_ENV: &str = launcher::EXISTING_CLUSTER_ENV;
 /// Label on every node a scenario registers, valued with the scenario's prefix: a DaemonSet that
 /// selects it stays on the scenario's own nodes even in a shared real cluster.
 pub const SCENARIO_LABEL: &str = "sim.ttdp.tenstorrent.com/scenario";
@@ -133,9 +134,13 @@ pub struct SimClusterOptions {
     pub name_prefix: Option<String>,
     /// Run the DaemonSet controller stand-in (simulation only; default true).
     pub daemonset_controller: bool,
-    /// Join the existing cluster of this kubeconfig instead of starting a test API server
-    /// (default: the `TTDP_TEST_KUBECONFIG` environment variable, if set).
+    /// Join the existing cluster of this kubeconfig (default: the test control plane of
+    /// [`launcher::test_kubeconfig`]: `TTDP_TEST_KUBECONFIG`, else a real control plane started
+    /// for the test process).
     pub existing_cluster: Option<PathBuf>,
+    /// Start the in-process imitation API server instead (fault injection and the demo's
+    /// fallback only).
+    pub in_process: bool,
 }
 
 impl Default for SimClusterOptions {
@@ -150,7 +155,8 @@ impl Default for SimClusterOptions {
             env: Vec::new(),
             name_prefix: None,
             daemonset_controller: true,
-            existing_cluster: std::env::var_os(REAL_CLUSTER_KUBECONFIG_ENV).map(PathBuf::from),
+            existing_cluster: None,
+            in_process: false,
         }
     }
 }
@@ -224,9 +230,11 @@ impl SimClusterOptions {
         self
     }
 
-    /// Starts a test API server even when `TTDP_TEST_KUBECONFIG` is set.
+    /// Starts the in-process imitation API server instead of joining a real control plane
+    /// (for injected faults, and the demo when no control plane can be had).
     pub fn in_process(mut self) -> Self {
         self.existing_cluster = None;
+        self.in_process = true;
         self
     }
 }
@@ -311,7 +319,15 @@ impl SimCluster {
             .name_prefix
             .clone()
             .unwrap_or_else(|| random_prefix("sim"));
-        let (server, client, kubeconfig) = match options.existing_cluster.clone() {
+        let joined = match (&options.existing_cluster, options.in_process) {
+            (_, true) => None,
+            (Some(path), false) => Some(path.clone()),
+            (None, false) => Some(
+                launcher::try_test_kubeconfig()
+                    .map_err(|message| SimError::ApiServer { message })?,
+            ),
+        };
+        let (server, client, kubeconfig) = match joined {
             Some(path) => {
                 let client = client_for(&path).await?;
                 info!(kubeconfig = %path.display(), "simulated nodes join a real cluster");

@@ -25,7 +25,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
 use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
-use ttdp_testkit::sim::cluster::{REAL_CLUSTER_KUBECONFIG_ENV, random_prefix};
+use ttdp_testkit::launcher;
+use ttdp_testkit::sim::cluster::random_prefix;
 use ttdp_testkit::sim::{KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale};
 
 /// The label every node a test creates through [`Target::node`] carries, valued with the
@@ -45,18 +46,7 @@ impl Target {
     /// test's namespace and makes it the client's default namespace.
     pub async fn start() -> Target {
         let prefix = random_prefix("tk");
-        let (server, kubeconfig) = match std::env::var_os(REAL_CLUSTER_KUBECONFIG_ENV) {
-            Some(path) => (None, PathBuf::from(path)),
-            None => {
-                let server = TestApiServer::builder()
-                    .pod_termination(PodTermination::Kubelet)
-                    .start()
-                    .await
-                    .expect("in-process test api server starts");
-                let path = server.kubeconfig_path().to_path_buf();
-                (Some(server), path)
-            }
-        };
+        let (server, kubeconfig) = (None::<TestApiServer>, launcher::test_kubeconfig());
         let client = client_for(&kubeconfig, &prefix).await;
         let target = Target {
             server,

@@ -629,7 +629,8 @@ async fn start_cluster(args: &DemoArgs, fleet: &Fleet, log_dir: &Path) -> Result
         .env("TTDP_PROBE_PERIOD", &scaled(10.0))
         .env("TTDP_RETRY_INITIAL", &scaled(5.0))
         .env("TTDP_RETRY_MAX", &scaled(60.0))
-        .env("TTDP_BUILD_JOBS", "1");
+        .env("TTDP_BUILD_JOBS", "1")
+        .in_process();
     SimCluster::start(options)
         .await
         .context("cannot start the simulated cluster")

@@ -1,0 +1,54 @@
+//! Starts a real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
+//! on loopback for a test run, prints its admin kubeconfig's path, and keeps it up until
+//! SIGTERM, SIGINT or the end of standard input. Its processes die with it, even on SIGKILL.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use clap::Parser;
+use ttdp_testkit::launcher::{Assets, ControlPlane};
+
+/// Run a real Kubernetes control plane for tests.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Also copy the admin kubeconfig to this path.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Where the run folder (logs, certificates, etcd data) goes.
+    #[arg(long, default_value = "target/ttdp-kube/runs")]
+    runs: PathBuf,
+    /// Stop when standard input ends (for callers that hold a pipe to it).
+    #[arg(long)]
+    stdin: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let assets = Assets::locate()?;
+    let plane = ControlPlane::start(&assets, &args.runs)?;
+    let path = match &args.kubeconfig {
+        Some(copy) => {
+            std::fs::copy(plane.kubeconfig(), copy)?;
+            copy.clone()
+        }
+        None => plane.kubeconfig().to_path_buf(),
+    };
+    eprintln!(
+        "control plane up at {} (logs in {})",
+        plane.server(),
+        plane.dir().join("logs").display()
+    );
+    println!("{}", path.display());
+    if args.stdin {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    } else {
+        let mut signals = nix::sys::signal::SigSet::empty();
+        signals.add(nix::sys::signal::Signal::SIGTERM);
+        signals.add(nix::sys::signal::Signal::SIGINT);
+        signals.thread_block()?;
+        signals.wait()?;
+    }
+    drop(plane);
+    Ok(())
+}

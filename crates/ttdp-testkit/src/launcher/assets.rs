@@ -1,0 +1,144 @@
+//! Where the control-plane binaries come from.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::LaunchError;
+
+/// A folder holding `bin/` with the four binaries, or a `control-plane-*.tar.xz` archive of
+/// one.
+pub const ASSETS_ENV: &str = "TTDP_KUBE_ASSETS";
+
+/// The binaries the launcher runs.
+const BINARIES: [&str; 4] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+];
+
+/// The folder whose `bin/` holds etcd, kube-apiserver, kube-controller-manager and
+/// kube-scheduler.
+#[derive(Debug, Clone)]
+pub struct Assets {
+    bin: PathBuf,
+}
+
+impl Assets {
+    /// `TTDP_KUBE_ASSETS`, else the archive in `../shared/kube` beside the repository; an
+    /// archive is unpacked once under the target directory.
+    pub fn locate() -> Result<Assets, LaunchError> {
+        let source = match std::env::var_os(ASSETS_ENV) {
+            Some(path) => PathBuf::from(path),
+            None => shared_archive()?,
+        };
+        if source.is_dir() {
+            return Assets::in_folder(&source);
+        }
+        if source.is_file() {
+            return Assets::unpacked(&source);
+        }
+        Err(LaunchError::MissingAssets(format!(
+            "{} does not exist",
+            source.display()
+        )))
+    }
+
+    /// The binaries in `folder/bin`.
+    pub fn in_folder(folder: &Path) -> Result<Assets, LaunchError> {
+        let bin = folder.join("bin");
+        let missing: Vec<&str> = BINARIES
+            .into_iter()
+            .filter(|name| !bin.join(name).is_file())
+            .collect();
+        if missing.is_empty() {
+            Ok(Assets { bin })
+        } else {
+            Err(LaunchError::MissingAssets(format!(
+                "{} lacks {}",
+                bin.display(),
+                missing.join(", ")
+            )))
+        }
+    }
+
+    /// The binaries of `archive`, unpacked under the target directory on first use (into a
+    /// temporary folder renamed into place, so concurrent test processes never see half of it).
+    pub fn unpacked(archive: &Path) -> Result<Assets, LaunchError> {
+        let stem = archive
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(|n| n.trim_end_matches(".tar.xz").to_string())
+            .unwrap_or_else(|| "control-plane".to_string());
+        let folder = target_dir().join("ttdp-kube").join(stem);
+        if let Ok(assets) = Assets::in_folder(&folder) {
+            return Ok(assets);
+        }
+        let parent = target_dir().join("ttdp-kube");
+        std::fs::create_dir_all(&parent).map_err(LaunchError::io(parent.display().to_string()))?;
+        let staging = tempfile::tempdir_in(&parent).map_err(LaunchError::io("a staging folder"))?;
+        let status = Command::new("tar")
+            .arg("-xJf")
+            .arg(archive)
+            .arg("-C")
+            .arg(staging.path())
+            .status()
+            .map_err(LaunchError::io("running tar"))?;
+        if !status.success() {
+            return Err(LaunchError::MissingAssets(format!(
+                "tar -xJf {} failed ({status})",
+                archive.display()
+            )));
+        }
+        // Another process may have won the race: its copy is as good as ours.
+        let _ = std::fs::rename(staging.keep(), &folder);
+        Assets::in_folder(&folder)
+    }
+
+    /// The path of one binary.
+    pub fn binary(&self, name: &str) -> PathBuf {
+        self.bin.join(name)
+    }
+}
+
+/// `../shared/kube/control-plane-*-linux-amd64.tar.xz` beside the repository.
+fn shared_archive() -> Result<PathBuf, LaunchError> {
+    let folder = repo_root().join("../shared/kube");
+    let entries = std::fs::read_dir(&folder).map_err(|e| {
+        LaunchError::MissingAssets(format!(
+            "{ASSETS_ENV} is not set and {}: {e}",
+            folder.display()
+        ))
+    })?;
+    entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("control-plane-") && n.ends_with(".tar.xz"))
+        })
+        .max()
+        .ok_or_else(|| {
+            LaunchError::MissingAssets(format!(
+                "{ASSETS_ENV} is not set and {} holds no control-plane-*.tar.xz",
+                folder.display()
+            ))
+        })
+}
+
+/// The repository's root (this crate is `crates/ttdp-testkit`).
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `CARGO_TARGET_DIR`, else the repository's `target/`.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+}
+
+/// Where control-plane runs keep their folders.
+pub(super) fn runs_dir() -> PathBuf {
+    target_dir().join("ttdp-kube").join("runs")
+}

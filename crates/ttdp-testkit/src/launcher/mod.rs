@@ -1,0 +1,188 @@
+//! A real Kubernetes control plane for tests: etcd, kube-apiserver, kube-controller-manager and
+//! kube-scheduler started on loopback from static binaries (the role envtest's assets play for
+//! controller-runtime).
+//!
+//! - [`Assets`] finds the binaries: `TTDP_KUBE_ASSETS` (a folder holding `bin/`, or an archive),
+//!   else the archive in the repository's `../shared/kube`, unpacked once under the target
+//!   directory. Missing assets are an error that says what to provide; nothing falls back to the
+//!   imitation server.
+//! - [`ControlPlane::start`] gives every process free ports, fresh certificates and
+//!   service-account keys, waits until `/readyz` is ok and the controllers run, and writes an
+//!   admin kubeconfig. Logs stay in the run folder ([`ControlPlane::dir`]).
+//! - Every process is started under `setpriv --pdeathsig KILL`: it dies with the thread that
+//!   started it, so no process is left behind even when the test process is killed.
+//! - [`test_kubeconfig`] is what end-to-end suites call: the cluster `TTDP_TEST_KUBECONFIG`
+//!   names, else one control plane shared by the whole test process.
+
+mod assets;
+mod pki;
+mod process;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub use assets::{ASSETS_ENV, Assets};
+
+/// A kubeconfig naming an existing cluster to run the end-to-end suites against; nothing is
+/// started then.
+pub const EXISTING_CLUSTER_ENV: &str = "TTDP_TEST_KUBECONFIG";
+
+/// Why a control plane could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The binaries are not where they were looked for.
+    #[error(
+        "no Kubernetes control-plane binaries: {0}. Set {ASSETS_ENV} to a folder holding \
+         bin/{{etcd,kube-apiserver,kube-controller-manager,kube-scheduler}} (v1.36) or to \
+         control-plane-*-linux-amd64.tar.xz, or put that archive in ../shared/kube beside the \
+         repository; or set {EXISTING_CLUSTER_ENV} to the kubeconfig of a disposable cluster"
+    )]
+    MissingAssets(String),
+    /// A file could not be read or written.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A certificate or key could not be made.
+    #[error("certificates: {0}")]
+    Pki(#[from] rcgen::Error),
+    /// A component exited or did not become ready in time.
+    #[error("{component} {problem}; its log: {log}")]
+    Component {
+        /// etcd, kube-apiserver, ...
+        component: &'static str,
+        /// What went wrong.
+        problem: String,
+        /// Where its output is.
+        log: PathBuf,
+    },
+    /// A request to the started server failed.
+    #[error("{0}")]
+    Kube(String),
+}
+
+impl LaunchError {
+    fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LaunchError {
+        let what = what.into();
+        move |source| LaunchError::Io { what, source }
+    }
+}
+
+/// A running control plane. Dropping it stops its processes and removes its etcd data; the
+/// logs stay in [`ControlPlane::dir`] for a failed run to be read.
+#[derive(Debug)]
+pub struct ControlPlane {
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    server: String,
+    processes: process::Processes,
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler from `assets` in
+    /// a fresh folder under `runs`, and returns once the API server is ready and the
+    /// controller manager has created the `default` ServiceAccount (so pods can be created).
+    ///
+    /// Blocking; each process dies with the calling thread (see the module docs).
+    pub fn start(assets: &Assets, runs: &Path) -> Result<ControlPlane, LaunchError> {
+        let dir = process::fresh_run_dir(runs)?;
+        let pki = pki::Pki::write(&dir.join("pki"))?;
+        let ports = process::Ports::pick()?;
+        let server = format!("https://127.0.0.1:{}", ports.apiserver);
+        let kubeconfig = pki.write_kubeconfig(&dir, "admin", &server, pki::Identity::Admin)?;
+        let mut processes = process::Processes::new(dir.join("logs"))?;
+        processes.start_etcd(assets, &dir, &ports)?;
+        processes.start_apiserver(assets, &pki, &ports)?;
+        let ready = process::Readiness::new(&kubeconfig)?;
+        ready.wait_for_readyz(&mut processes, Duration::from_secs(60))?;
+        for identity in [pki::Identity::ControllerManager, pki::Identity::Scheduler] {
+            let own = pki.write_kubeconfig(&dir, identity.file_stem(), &server, identity)?;
+            processes.start_controller(assets, identity, &own, &pki, &ports)?;
+        }
+        ready.wait_for_default_service_account(&mut processes, Duration::from_secs(60))?;
+        Ok(ControlPlane {
+            dir,
+            kubeconfig,
+            server,
+            processes,
+        })
+    }
+
+    /// The admin (`system:masters`) kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The API server's URL.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The run folder: `logs/`, `pki/`, the kubeconfigs and etcd's data.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether every process still runs.
+    pub fn is_running(&mut self) -> bool {
+        self.processes.all_running()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.processes.stop();
+        let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
+    }
+}
+
+/// The kubeconfig an end-to-end test runs against: `TTDP_TEST_KUBECONFIG` when set, else the
+/// control plane this test process shares, started on first use from [`Assets::locate`].
+///
+/// # Panics
+/// When no control plane can be had: the message says what is missing and how to provide it.
+/// A test must fail there rather than run against anything else.
+pub fn test_kubeconfig() -> PathBuf {
+    try_test_kubeconfig().unwrap_or_else(|message| panic!("{message}"))
+}
+
+/// [`test_kubeconfig`], with the reason as an error instead of a panic.
+pub fn try_test_kubeconfig() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os(EXISTING_CLUSTER_ENV) {
+        return Ok(PathBuf::from(path));
+    }
+    static SHARED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    SHARED.get_or_init(start_shared).clone()
+}
+
+/// Starts the process-wide control plane on a thread that lives as long as the process, so that
+/// its processes (tied to that thread) end exactly when the test process does.
+fn start_shared() -> Result<PathBuf, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("ttdp-control-plane".into())
+        .spawn(move || {
+            let started = Assets::locate()
+                .and_then(|assets| ControlPlane::start(&assets, &assets::runs_dir()));
+            match started {
+                Ok(plane) => {
+                    let _ = tx.send(Ok(plane.kubeconfig().to_path_buf()));
+                    // Keeps `plane` (and the parent of its processes) alive until the process
+                    // exits.
+                    loop {
+                        std::thread::park();
+                    }
+                }
+                Err(error) => {
+                    let _ = tx.send(Err(format!("starting the test control plane: {error}")));
+                }
+            }
+        })
+        .map_err(|e| format!("starting the control-plane thread: {e}"))?;
+    rx.recv()
+        .map_err(|_| "the control-plane thread ended without an answer".to_string())?
+}

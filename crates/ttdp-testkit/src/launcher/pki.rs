@@ -1,0 +1,169 @@
+//! Fresh certificates for one control plane: a CA, the API server's serving certificate, client
+//! certificates per component, and the service-account signing key. ECDSA P-256 keys: made in
+//! microseconds, and every component accepts them.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+use super::LaunchError;
+
+/// Who a client certificate speaks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Identity {
+    /// `system:masters`: everything.
+    Admin,
+    /// `system:kube-controller-manager`.
+    ControllerManager,
+    /// `system:kube-scheduler`.
+    Scheduler,
+}
+
+impl Identity {
+    /// The file names of its certificate, key and kubeconfig.
+    pub(super) fn file_stem(self) -> &'static str {
+        match self {
+            Identity::Admin => "admin",
+            Identity::ControllerManager => "kube-controller-manager",
+            Identity::Scheduler => "kube-scheduler",
+        }
+    }
+
+    fn subject(self) -> (&'static str, Option<&'static str>) {
+        match self {
+            Identity::Admin => ("ttdp-test-admin", Some("system:masters")),
+            Identity::ControllerManager => ("system:kube-controller-manager", None),
+            Identity::Scheduler => ("system:kube-scheduler", None),
+        }
+    }
+}
+
+/// The written files of one control plane's PKI.
+#[derive(Debug)]
+pub(super) struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    /// Makes every certificate and key under `dir`.
+    pub(super) fn write(dir: &Path) -> Result<Pki, LaunchError> {
+        std::fs::create_dir_all(dir).map_err(LaunchError::io(dir.display().to_string()))?;
+        let pki = Pki {
+            dir: dir.to_path_buf(),
+        };
+        let ca_key = KeyPair::generate()?;
+        let mut ca = CertificateParams::new(Vec::<String>::new())?;
+        ca.distinguished_name
+            .push(DnType::CommonName, "ttdp-test-ca");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca.self_signed(&ca_key)?;
+        pki.put("ca.crt", &ca_cert.pem())?;
+        pki.put("ca.key", &ca_key.serialize_pem())?;
+        let issuer = Issuer::new(ca, ca_key);
+
+        let names = [
+            "127.0.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default.svc",
+        ];
+        let mut serving = CertificateParams::new(names.map(String::from).to_vec())?;
+        serving
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver");
+        serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        pki.signed("serving", &serving, &issuer)?;
+
+        for identity in [
+            Identity::Admin,
+            Identity::ControllerManager,
+            Identity::Scheduler,
+        ] {
+            let (common_name, organization) = identity.subject();
+            let mut client = CertificateParams::new(Vec::<String>::new())?;
+            client
+                .distinguished_name
+                .push(DnType::CommonName, common_name);
+            if let Some(organization) = organization {
+                client
+                    .distinguished_name
+                    .push(DnType::OrganizationName, organization);
+            }
+            client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            pki.signed(identity.file_stem(), &client, &issuer)?;
+        }
+
+        let service_accounts = KeyPair::generate()?;
+        pki.put("sa.key", &service_accounts.serialize_pem())?;
+        pki.put("sa.pub", &service_accounts.public_key_pem())?;
+        Ok(pki)
+    }
+
+    /// The path of one written file (`ca.crt`, `serving.key`, `sa.pub`, ...).
+    pub(super) fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Writes `<dir>/<stem>.kubeconfig` for `identity` against `server`.
+    pub(super) fn write_kubeconfig(
+        &self,
+        dir: &Path,
+        stem: &str,
+        server: &str,
+        identity: Identity,
+    ) -> Result<PathBuf, LaunchError> {
+        let user = identity.file_stem();
+        let user_entry = format!(
+            "    client-certificate: {}\n    client-key: {}\n",
+            self.path(&format!("{user}.crt")).display(),
+            self.path(&format!("{user}.key")).display()
+        );
+        write_kubeconfig(dir, stem, server, &self.path("ca.crt"), &user_entry)
+    }
+
+    fn signed(
+        &self,
+        stem: &str,
+        params: &CertificateParams,
+        issuer: &Issuer<'_, KeyPair>,
+    ) -> Result<(), LaunchError> {
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, issuer)?;
+        self.put(&format!("{stem}.crt"), &cert.pem())?;
+        self.put(&format!("{stem}.key"), &key.serialize_pem())
+    }
+
+    fn put(&self, name: &str, contents: &str) -> Result<(), LaunchError> {
+        let path = self.path(name);
+        std::fs::write(&path, contents).map_err(LaunchError::io(path.display().to_string()))
+    }
+}
+
+/// Writes `<dir>/<stem>.kubeconfig`: one cluster (`server`, trusting `ca`), one user whose
+/// indented entry is `user_entry`, and a context joining them.
+pub(super) fn write_kubeconfig(
+    dir: &Path,
+    stem: &str,
+    server: &str,
+    ca: &Path,
+    user_entry: &str,
+) -> Result<PathBuf, LaunchError> {
+    let path = dir.join(format!("{stem}.kubeconfig"));
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: ttdp-test\n  cluster:\n    \
+         server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {stem}\n  user:\n\
+         {user_entry}contexts:\n- name: ttdp-test\n  context:\n    cluster: ttdp-test\n    \
+         user: {stem}\n    namespace: default\ncurrent-context: ttdp-test\n",
+        ca = ca.display()
+    );
+    std::fs::write(&path, text).map_err(LaunchError::io(path.display().to_string()))?;
+    Ok(path)
+}
