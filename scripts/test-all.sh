@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests need, then runs format,
-# lint, docs, unit and end-to-end tests, the CRD staleness check, the API-server suites in
-# real-cluster mode and the real-kernel VM tests.
+# lint, docs and the CRD staleness check, starts one real Kubernetes control plane (or uses the
+# cluster TTDP_TEST_KUBECONFIG names), runs every unit and end-to-end test against it, checks
+# that the tests left nothing behind on it, and runs the real-kernel VM tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,11 +27,18 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo xtask crd --check"
 cargo xtask crd --check
 
-step "cargo test"
+step "a real control plane (kube-apiserver, kube-controller-manager, kube-scheduler v1.36, etcd)"
+source scripts/control-plane.sh
+run_dir="${CARGO_TARGET_DIR:-target}/ttdp-kube/test-all"
+trap control_plane_down EXIT
+control_plane_up "$run_dir"
+
+step "cargo test (every end-to-end suite on the control plane above)"
 cargo test --workspace
 
-step "end-to-end suites in real-cluster mode (TTDP_TEST_KUBECONFIG, against a separate server process)"
-./scripts/test-real-cluster-mode.sh
+step "nothing left behind on the control plane"
+control_plane_leftovers "$run_dir"
+control_plane_down
 
 step "cargo xtask vm-test (real Linux kernel under QEMU)"
 cargo xtask vm-test

@@ -1,8 +1,11 @@
 //! End-to-end: the real `kubectl` runs the plugin (`kubectl tt driver ...`, found on PATH)
-//! against the ttdp-testkit API server holding a populated fleet, for every command.
+//! against a real control plane (`ttdp_testkit::launcher::test_kubeconfig`) holding a populated
+//! fleet, for every command.
 //!
-//! kubectl comes from `.ci/kube-tools` (`~/.local/ttdp-tools/bin/kubectl`) or `TTDP_KUBECTL`;
-//! without it these tests fail with instructions rather than skip.
+//! Every test has its own prefixed policies and nodes ([`harness::Harness`]); the plugin shows
+//! every policy of the cluster, so assertions look at the test's own rows, summaries and JSON
+//! entries. kubectl comes from `.ci/kube-tools` (`~/.local/ttdp-tools/bin/kubectl`) or
+//! `TTDP_KUBECTL`; without it these tests fail with instructions rather than skip.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod fixture;
@@ -12,20 +15,32 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
+use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use ttdp_api::names::annotations;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_testkit::apiserver::Fault;
+use ttdp_testkit::fault_proxy::Override;
 
 use harness::Harness;
 
+/// The API group of policies.
+const GROUP: &str = "driver.tenstorrent.com";
+/// The resource of policies.
+const POLICIES: &str = "tenstorrentdriverpolicies";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_is_the_default_command() {
-    let h = Harness::populated().await;
+    let h = Harness::populated_with_agents().await;
     let run = h.kubectl(&["tt", "driver"]).await.ok();
     assert_eq!(run.stderr, "", "no warnings when everything is readable");
     let out = &run.stdout;
     assert!(out.starts_with("POLICY "), "{out}");
+    let fleet_rows: String = out
+        .lines()
+        .filter(|l| l.starts_with(&format!("{} ", h.n("fleet"))))
+        .collect::<Vec<_>>()
+        .join("\n");
     for cell in [
         "Pending 2.7.0",
         "Cordoning 2.7.0",
@@ -36,20 +51,39 @@ async fn status_is_the_default_command() {
         "Failed 2.7.0",
         "HostManaged 2.6.0",
         "Conflict 2.7.0",
-        "Done 2.8.1",
     ] {
-        assert!(out.contains(cell), "missing {cell:?} in\n{out}");
+        assert!(fleet_rows.contains(cell), "missing {cell:?} in\n{out}");
     }
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&format!("{} ", h.n("canary"))) && l.contains("Done 2.8.1")),
+        "{out}"
+    );
     assert!(
         !out.contains('\x1b'),
         "colour when stdout is a pipe:\n{out}"
     );
-    assert!(out.contains("fleet: version 2.8.0, matched 9, up-to-date 1, in-progress 4, failed 1"));
-    assert!(out.contains("daemonset tt-k8s-driver-manager-system/ttdrv-fleet: 8/9 ready"));
-    assert!(out.contains("Degraded=True (NodesFailed)"));
+    let summaries = h.own_summaries(out);
+    assert!(
+        summaries.contains(&format!(
+            "{}: version 2.8.0, matched 9, up-to-date 1, in-progress 4, failed 1",
+            h.n("fleet")
+        )),
+        "{summaries}"
+    );
+    // The real DaemonSet controller's counters: node-6's agent is Ready, node-7's crash-loops.
+    assert!(
+        summaries.contains(&format!(
+            "daemonset {}/ttdrv-{}: 1/2 ready",
+            h.ns(),
+            h.n("fleet")
+        )),
+        "{summaries}"
+    );
+    assert!(summaries.contains("Degraded=True (NodesFailed)"));
 
     let explicit = h.kubectl(&["tt", "driver", "status"]).await.ok();
-    assert_eq!(explicit.stdout, run.stdout);
+    assert_eq!(h.own_summaries(&explicit.stdout), summaries);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,29 +104,37 @@ async fn status_wraps_to_columns_and_o_wide_is_per_node() {
     );
     let wide = h.kubectl(&["tt", "driver", "-o", "wide"]).await.ok();
     assert!(wide.stdout.starts_with("NODE "), "{}", wide.stdout);
+    let header = wide.stdout.lines().next().unwrap();
+    assert!(header.contains(&h.n("canary")) && header.contains(&h.n("fleet")));
     assert_eq!(
         wide.stdout
             .lines()
-            .filter(|l| l.starts_with("node-"))
+            .filter(|l| l.starts_with(&h.n("node-")))
             .count(),
-        11
+        11,
+        "{}",
+        wide.stdout
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_json_and_yaml() {
-    let h = Harness::populated().await;
+    let h = Harness::populated_with_agents().await;
     let json = h
         .kubectl(&["tt", "driver", "status", "-o", "json"])
         .await
         .ok();
     let doc: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!(doc["kind"], "Status");
-    assert_eq!(doc["policies"][0]["name"], "canary");
-    assert_eq!(doc["policies"][1]["name"], "fleet");
-    assert_eq!(doc["policies"][1]["failed"], 1);
-    assert_eq!(doc["policies"][1]["daemonSet"]["ready"], 8);
-    let states: Vec<&str> = doc["policies"][1]["nodes"]
+    let policies = h.own(&doc["policies"]);
+    assert_eq!(policies.len(), 2, "{policies:#?}");
+    assert_eq!(policies[0]["name"], h.n("canary"));
+    assert_eq!(policies[1]["name"], h.n("fleet"));
+    assert_eq!(policies[1]["failed"], 1);
+    assert_eq!(policies[1]["daemonSet"]["namespace"], h.ns());
+    assert_eq!(policies[1]["daemonSet"]["desired"], 2);
+    assert_eq!(policies[1]["daemonSet"]["ready"], 1);
+    let states: Vec<&str> = policies[1]["nodes"]
         .as_array()
         .unwrap()
         .iter()
@@ -103,28 +145,37 @@ async fn status_json_and_yaml() {
 
     let yaml = h.kubectl(&["tt", "driver", "-o", "yaml"]).await.ok();
     let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml.stdout).unwrap();
-    assert_eq!(from_yaml, doc, "yaml and json carry the same document");
+    assert_eq!(from_yaml["kind"], doc["kind"]);
+    assert_eq!(
+        h.own(&from_yaml["policies"]),
+        policies,
+        "yaml and json carry the same document"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_explains_each_node() {
     let h = Harness::populated().await;
-    let run = h.kubectl(&["tt", "driver", "nodes", "fleet"]).await.ok();
+    let run = h
+        .kubectl(&["tt", "driver", "nodes", &h.n("fleet")])
+        .await
+        .ok();
     let out = &run.stdout;
-    assert!(out.starts_with("POLICY   NODE"), "{out}");
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header[..2], ["POLICY", "NODE"], "{out}");
     assert_eq!(out.lines().count(), 10, "header + 9 nodes:\n{out}");
-    let failed = out.lines().find(|l| l.contains("node-7")).unwrap();
+    let failed = out.lines().find(|l| l.contains(&h.n("node-7"))).unwrap();
     assert!(failed.contains("Failed"), "{failed}");
     assert!(failed.contains("2.7.0 → 2.8.0"), "{failed}");
     assert!(
-        failed.contains("ttdp/fleet"),
+        failed.contains(&format!("ttdp/{}", h.n("fleet"))),
         "cordoned-by from the node annotation: {failed}"
     );
     assert!(
         failed.contains("DrainTimeout: pods ml/trainer-0"),
         "{failed}"
     );
-    assert!(!out.contains("canary"));
+    assert!(!out.contains(&h.n("canary")));
 
     let all = h
         .kubectl(&["tt", "driver", "nodes", "-o", "json"])
@@ -132,14 +183,10 @@ async fn nodes_explains_each_node() {
         .ok();
     let doc: serde_json::Value = serde_json::from_str(&all.stdout).unwrap();
     assert_eq!(doc["kind"], "NodeList");
-    assert_eq!(doc["nodes"].as_array().unwrap().len(), 11);
-    let n3 = doc["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["name"] == "node-3")
-        .unwrap();
-    assert_eq!(n3["cordonedBy"], "ttdp/fleet");
+    let nodes = h.own(&doc["nodes"]);
+    assert_eq!(nodes.len(), 11, "{nodes:#?}");
+    let n3 = nodes.iter().find(|n| n["name"] == h.n("node-3")).unwrap();
+    assert_eq!(n3["cordonedBy"], format!("ttdp/{}", h.n("fleet")));
     assert_eq!(n3["unschedulable"], true);
     assert_eq!(n3["source"], "status");
     let yaml = h
@@ -147,12 +194,13 @@ async fn nodes_explains_each_node() {
         .await
         .ok();
     let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml.stdout).unwrap();
-    assert_eq!(from_yaml, doc);
+    assert_eq!(from_yaml["kind"], doc["kind"]);
+    assert_eq!(h.own(&from_yaml["nodes"]), nodes);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_lists_the_nodes_a_large_status_omits() {
-    let h = Harness::with_crd().await;
+    let h = Harness::start().await;
     let mut p = fixture::policy(
         "large",
         "2.8.0",
@@ -171,6 +219,8 @@ async fn nodes_lists_the_nodes_a_large_status_omits() {
         s.up_to_date -= 1;
         s.pending += 1;
     }
+    // Named by the harness, the policy selects only this test's nodes (its scenario label), so
+    // other tests' Tenstorrent nodes on the cluster are not counted as omitted ones.
     h.create_policy(&p).await;
     for name in ["big-1", "big-2"] {
         h.create_node(&fixture::k8s_node(name, Some("2.8.0"), None))
@@ -181,23 +231,27 @@ async fn nodes_lists_the_nodes_a_large_status_omits() {
             .await;
     }
     let status = h.kubectl(&["tt", "driver"]).await.ok();
+    let summaries = h.own_summaries(&status.stdout);
     assert!(
-        status
-            .stdout
-            .contains("3 Done and waiting nodes are omitted from status.nodes"),
+        summaries.contains("3 Done and waiting nodes are omitted from status.nodes"),
         "{}",
         status.stdout
     );
-    assert!(status.stdout.contains("kubectl tt driver nodes large"));
-    let nodes = h.kubectl(&["tt", "driver", "nodes", "large"]).await.ok();
+    assert!(summaries.contains(&format!("kubectl tt driver nodes {}", h.n("large"))));
+    let nodes = h
+        .kubectl(&["tt", "driver", "nodes", &h.n("large")])
+        .await
+        .ok();
     let row = |n: &str| {
+        let n = h.n(n);
         nodes
             .stdout
             .lines()
-            .find(|l| l.contains(n))
+            .find(|l| l.contains(&format!("{n} ")))
             .unwrap_or_else(|| panic!("{n} missing:\n{}", nodes.stdout))
             .to_owned()
     };
+    assert_eq!(nodes.stdout.lines().count(), 5, "{}", nodes.stdout);
     for n in ["big-1", "big-2"] {
         assert!(row(n).contains(" Done "), "{}", nodes.stdout);
     }
@@ -208,31 +262,58 @@ async fn nodes_lists_the_nodes_a_large_status_omits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn describe_shows_spec_conditions_nodes_and_events() {
-    let h = Harness::populated().await;
-    let run = h.kubectl(&["tt", "driver", "describe", "fleet"]).await.ok();
+    let h = Harness::populated_with_agents().await;
+    let fleet = h.n("fleet");
+    let run = h.kubectl(&["tt", "driver", "describe", &fleet]).await.ok();
     assert_eq!(run.stderr, "", "no warnings when everything is readable");
     let out = &run.stdout;
     for part in [
-        "Name:                fleet",
-        "Version:           2.8.0",
-        "DaemonSet:           tt-k8s-driver-manager-system/ttdrv-fleet (desired 9, ready 8",
-        "Conditions:",
-        "Degraded      True",
-        "Nodes:",
-        "node-7   Failed",
-        "Agent pods:",
-        "ttdrv-fleet-node-7",
-        "Events:",
-        "Warning   DrainTimeout",
-        "ttdp-controller",
+        format!("Name:                {fleet}"),
+        "Version:           2.8.0".to_owned(),
+        format!(
+            "DaemonSet:           {}/ttdrv-{fleet} (desired 2, ready 1, up-to-date 2)",
+            h.ns()
+        ),
+        "Conditions:".to_owned(),
+        "Degraded      True".to_owned(),
+        "Nodes:".to_owned(),
+        format!("{}   Failed", h.n("node-7")),
+        "Agent pods:".to_owned(),
+        "Events:".to_owned(),
+        "Warning   DrainTimeout".to_owned(),
+        "ttdp-controller".to_owned(),
     ] {
-        assert!(out.contains(part), "missing {part:?} in\n{out}");
+        assert!(out.contains(&part), "missing {part:?} in\n{out}");
     }
-    // A server without events.k8s.io/v1 (or its field selectors): the Events come from core/v1.
-    h.server
-        .faults()
-        .inject(Fault::error(404).verb("list").resource("events").times(1));
-    let fallback = h.kubectl(&["tt", "driver", "describe", "fleet"]).await.ok();
+    // The agent pods as the kubelets and the DaemonSet controller left them.
+    let pods: Vec<&str> = out
+        .lines()
+        .skip_while(|l| *l != "Agent pods:")
+        .skip(2)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    assert_eq!(pods.len(), 2, "{out}");
+    let cells = |row: &str| {
+        row.split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let healthy = cells(pods[0]);
+    assert_eq!(healthy[0], h.n("node-6"), "{out}");
+    assert!(healthy[1].starts_with(&format!("ttdrv-{fleet}-")), "{out}");
+    assert_eq!(healthy[2..5], ["1/1", "Running", "0"], "{out}");
+    let crashing = cells(pods[1]);
+    assert_eq!(crashing[0], h.n("node-7"), "{out}");
+    assert_eq!(crashing[2..4], ["0/1", "CrashLoopBackOff"], "{out}");
+
+    // A server without events.k8s.io/v1 (kube-apiserver answers its paths with a plain
+    // `404 page not found`): the Events come from core/v1.
+    h.proxy
+        .answer(Override::not_served("events.k8s.io", "events"));
+    let fallback = h
+        .kubectl_via_proxy(&["tt", "driver", "describe", &fleet])
+        .await
+        .ok();
     assert_eq!(fallback.stderr, "");
     for part in ["Events:", "Warning   DrainTimeout", "ttdp-controller"] {
         assert!(
@@ -241,14 +322,29 @@ async fn describe_shows_spec_conditions_nodes_and_events() {
             fallback.stdout
         );
     }
+    let lists: Vec<(String, u16)> = h
+        .proxy
+        .recorder()
+        .requests()
+        .into_iter()
+        .filter(|r| r.resource == "events")
+        .map(|r| (r.group, r.status))
+        .collect();
+    assert_eq!(
+        lists,
+        [("events.k8s.io".to_owned(), 404), (String::new(), 200)],
+        "tried events.k8s.io/v1, then core/v1"
+    );
+
+    let nope = h.n("nope");
     let missing = h
-        .kubectl(&["tt", "driver", "describe", "nope"])
+        .kubectl(&["tt", "driver", "describe", &nope])
         .await
         .failed();
     assert!(
-        missing
-            .stderr
-            .contains("error: tenstorrentdriverpolicies.driver.tenstorrent.com \"nope\" not found"),
+        missing.stderr.contains(&format!(
+            "error: tenstorrentdriverpolicies.driver.tenstorrent.com \"{nope}\" not found"
+        )),
         "{}",
         missing.stderr
     );
@@ -257,31 +353,33 @@ async fn describe_shows_spec_conditions_nodes_and_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_and_resume_patch_spec_paused() {
     let h = Harness::populated().await;
+    let (fleet, canary) = (h.n("fleet"), h.n("canary"));
     let api: Api<TenstorrentDriverPolicy> = Api::all(h.client.clone());
-    let run = h.kubectl(&["tt", "driver", "pause", "fleet"]).await.ok();
+    let run = h.kubectl(&["tt", "driver", "pause", &fleet]).await.ok();
     assert_eq!(
         run.stdout,
-        "tenstorrentdriverpolicy.driver.tenstorrent.com/fleet paused\n"
+        format!("tenstorrentdriverpolicy.driver.tenstorrent.com/{fleet} paused\n")
     );
-    assert!(api.get("fleet").await.unwrap().spec.paused);
-    let again = h.kubectl(&["tt", "driver", "pause", "fleet"]).await.ok();
+    assert!(api.get(&fleet).await.unwrap().spec.paused);
+    let again = h.kubectl(&["tt", "driver", "pause", &fleet]).await.ok();
     assert!(again.stdout.contains("already paused"), "{}", again.stdout);
     let status = h.kubectl(&["tt", "driver"]).await.ok();
     assert!(
-        status.stdout.contains("failed 1, paused"),
+        h.own_summaries(&status.stdout).contains("failed 1, paused"),
         "{}",
         status.stdout
     );
 
-    h.kubectl(&["tt", "driver", "resume", "fleet"]).await.ok();
-    assert!(!api.get("fleet").await.unwrap().spec.paused);
+    h.kubectl(&["tt", "driver", "resume", &fleet]).await.ok();
+    assert!(!api.get(&fleet).await.unwrap().spec.paused);
     assert!(
-        !api.get("canary").await.unwrap().spec.paused,
+        !api.get(&canary).await.unwrap().spec.paused,
         "other policies untouched"
     );
-    let missing = h.kubectl(&["tt", "driver", "pause", "nope"]).await.failed();
+    let nope = h.n("nope");
+    let missing = h.kubectl(&["tt", "driver", "pause", &nope]).await.failed();
     assert!(
-        missing.stderr.contains("\"nope\" not found"),
+        missing.stderr.contains(&format!("\"{nope}\" not found")),
         "{}",
         missing.stderr
     );
@@ -290,16 +388,20 @@ async fn pause_and_resume_patch_spec_paused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_annotates_the_failed_node() {
     let h = Harness::populated().await;
+    let (fleet, node7) = (h.n("fleet"), h.n("node-7"));
     let nodes: Api<Node> = Api::all(h.client.clone());
     let run = h
-        .kubectl(&["tt", "driver", "retry", "fleet", "node-7"])
+        .kubectl(&["tt", "driver", "retry", &fleet, &node7])
         .await
         .ok();
     assert!(
+        run.stdout.starts_with(&format!(
+            "node/{node7} annotated driver.tenstorrent.com/retry="
+        )),
+        "{}",
         run.stdout
-            .starts_with("node/node-7 annotated driver.tenstorrent.com/retry=")
     );
-    let node = nodes.get("node-7").await.unwrap();
+    let node = nodes.get(&node7).await.unwrap();
     let stamp = node
         .metadata
         .annotations
@@ -310,25 +412,27 @@ async fn retry_annotates_the_failed_node() {
     let when: jiff::Timestamp = stamp.parse().expect("RFC 3339 timestamp");
     let age = jiff::Timestamp::now().duration_since(when);
     assert!(age.as_secs() < 120, "stamped now, got {stamp}");
-    let shown = h.kubectl(&["tt", "driver", "nodes", "fleet"]).await.ok();
-    assert!(
-        shown.stdout.contains("(retry requested)"),
-        "{}",
-        shown.stdout
-    );
+    let shown = h.kubectl(&["tt", "driver", "nodes", &fleet]).await.ok();
+    let row = shown
+        .stdout
+        .lines()
+        .find(|l| l.contains(&node7))
+        .unwrap_or_default();
+    assert!(row.contains("(retry requested)"), "{}", shown.stdout);
 
+    let node1 = h.n("node-1");
     let not_failed = h
-        .kubectl(&["tt", "driver", "retry", "fleet", "node-1"])
+        .kubectl(&["tt", "driver", "retry", &fleet, &node1])
         .await
         .failed();
     assert!(
-        not_failed
-            .stderr
-            .contains("error: node node-1 is Pending in policy fleet, not Failed"),
+        not_failed.stderr.contains(&format!(
+            "error: node {node1} is Pending in policy {fleet}, not Failed"
+        )),
         "{}",
         not_failed.stderr
     );
-    let n1 = nodes.get("node-1").await.unwrap();
+    let n1 = nodes.get(&node1).await.unwrap();
     assert!(
         !n1.metadata
             .annotations
@@ -336,28 +440,31 @@ async fn retry_annotates_the_failed_node() {
             .contains_key(annotations::RETRY),
         "no annotation on a node that was refused"
     );
+    let node99 = h.n("node-99");
     let unknown = h
-        .kubectl(&["tt", "driver", "retry", "fleet", "node-99"])
+        .kubectl(&["tt", "driver", "retry", &fleet, &node99])
         .await
         .failed();
     assert!(
-        unknown.stderr.contains("node node-99 is not listed"),
+        unknown
+            .stderr
+            .contains(&format!("node {node99} is not listed")),
         "{}",
         unknown.stderr
     );
 }
 
-/// Reads lines from a child's stdout until one contains `needle` (bounded).
+/// Reads lines from a child's stdout until one contains every one of `needles` (bounded).
 async fn read_until(
     lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    needle: &str,
+    needles: &[&str],
     seen: &mut String,
 ) {
     let found = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(line) = lines.next_line().await.unwrap() {
             seen.push_str(&line);
             seen.push('\n');
-            if line.contains(needle) {
+            if needles.iter().all(|n| line.contains(n)) {
                 return true;
             }
         }
@@ -366,25 +473,26 @@ async fn read_until(
     .await;
     assert!(
         matches!(found, Ok(true)),
-        "watch output never showed {needle:?}; got:\n{seen}"
+        "watch output never showed a line with {needles:?}; got:\n{seen}"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_redraws_when_the_status_changes() {
     let h = Harness::populated().await;
+    let fleet = h.n("fleet");
     for args in [
         vec!["tt", "driver", "watch"],
-        vec!["tt", "driver", "nodes", "fleet", "--watch"],
+        vec!["tt", "driver", "nodes", &fleet, "--watch"],
     ] {
         let mut child = h.command(&args).spawn().unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut seen = String::new();
-        read_until(&mut lines, "Draining", &mut seen).await;
-        assert!(!seen.contains("Failed 2.9.9") && !seen.contains("2.9.9"));
+        read_until(&mut lines, &[&fleet, "Draining"], &mut seen).await;
+        assert!(!seen.contains("2.9.9"), "{seen}");
         h.set_node_state("fleet", "node-3", NodeState::Failed, "2.9.9")
             .await;
-        read_until(&mut lines, "2.9.9", &mut seen).await;
+        read_until(&mut lines, &[&fleet, "2.9.9"], &mut seen).await;
         h.set_node_state("fleet", "node-3", NodeState::Draining, "2.7.0")
             .await;
         child.kill().await.unwrap();
@@ -393,15 +501,18 @@ async fn watch_redraws_when_the_status_changes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_read_like_kubectl() {
-    // No CRD.
-    let bare = Harness::bare().await;
-    let run = bare.kubectl(&["tt", "driver"]).await.failed();
+    let h = Harness::start().await;
+    // No CRD. The shared cluster has it (other suites need it), so the proxy answers the
+    // policies' paths the way kube-apiserver answers them without the CRD: `404 page not
+    // found`.
+    h.proxy.answer(Override::not_served(GROUP, POLICIES));
+    let run = h.kubectl_via_proxy(&["tt", "driver"]).await.failed();
     assert_eq!(
         run.stderr,
         "error: the TenstorrentDriverPolicy CRD is not installed; install the chart\n"
     );
-    let run = bare
-        .kubectl(&["tt", "driver", "describe", "x"])
+    let run = h
+        .kubectl_via_proxy(&["tt", "driver", "describe", "x"])
         .await
         .failed();
     assert!(
@@ -409,10 +520,12 @@ async fn errors_read_like_kubectl() {
         "{}",
         run.stderr
     );
+    h.proxy.clear_overrides();
 
-    // CRD, no policies: kubectl's "No resources found", on stderr, success.
-    let empty = Harness::with_crd().await;
-    let run = empty.kubectl(&["tt", "driver"]).await.ok();
+    // CRD, no policies: kubectl's "No resources found", on stderr, success. Other tests'
+    // policies may exist on the shared cluster, so the proxy empties the server's list.
+    h.proxy.answer(Override::empty_list(GROUP, POLICIES));
+    let run = h.kubectl_via_proxy(&["tt", "driver"]).await.ok();
     assert_eq!(run.stdout, "");
     assert!(
         run.stderr
@@ -420,17 +533,17 @@ async fn errors_read_like_kubectl() {
         "{}",
         run.stderr
     );
-    let run = empty.kubectl(&["tt", "driver", "-o", "json"]).await.ok();
+    let run = h
+        .kubectl_via_proxy(&["tt", "driver", "-o", "json"])
+        .await
+        .ok();
     let doc: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
-    assert_eq!(doc["policies"], serde_json::json!([]));
+    assert_eq!(doc["policies"], json!([]));
+    h.proxy.clear_overrides();
 
-    // RBAC forbidden.
-    empty.server.faults().inject(
-        Fault::error(403)
-            .verb("list")
-            .resource("tenstorrentdriverpolicies"),
-    );
-    let run = empty.kubectl(&["tt", "driver"]).await.failed();
+    // RBAC forbidden: a ServiceAccount nobody granted anything.
+    let nobody = h.identity("nobody", json!([])).await;
+    let run = h.kubectl_as(&nobody, &["tt", "driver"]).await.failed();
     assert!(run.stderr.starts_with("error: "), "{}", run.stderr);
     assert!(
         run.stderr.contains(
@@ -449,12 +562,13 @@ async fn errors_read_like_kubectl() {
     let config = dir.path().join("kubeconfig");
     std::fs::write(
         &config,
-        ttdp_testkit_kubeconfig(&format!("http://127.0.0.1:{port}")),
+        plain_kubeconfig(&format!("http://127.0.0.1:{port}")),
     )
     .unwrap();
-    let mut cmd = empty.command(&["tt", "driver", "--request-timeout", "10s"]);
-    cmd.env("KUBECONFIG", &config);
-    let run = empty.run(cmd).await.failed();
+    let run = h
+        .kubectl_as(&config, &["tt", "driver", "--request-timeout", "10s"])
+        .await
+        .failed();
     assert!(
         run.stderr.starts_with(&format!(
             "error: the connection to the server http://127.0.0.1:{port}/ failed"
@@ -468,7 +582,7 @@ async fn errors_read_like_kubectl() {
     );
 
     // A context that does not exist.
-    let run = empty
+    let run = h
         .kubectl(&["tt", "driver", "--context", "no-such-context"])
         .await
         .failed();
@@ -479,7 +593,7 @@ async fn errors_read_like_kubectl() {
     );
 }
 
-fn ttdp_testkit_kubeconfig(url: &str) -> String {
+fn plain_kubeconfig(url: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {url}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\nusers:\n- name: u\n  user: {{}}\n"
     )
@@ -488,19 +602,23 @@ fn ttdp_testkit_kubeconfig(url: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubeconfig_and_context_flags_select_the_cluster() {
     let h = Harness::populated().await;
-    let path = h.server.kubeconfig_path().to_str().unwrap().to_owned();
+    let path = h.kubeconfig().to_str().unwrap().to_owned();
+    let context = kube::config::Kubeconfig::read_from(h.kubeconfig())
+        .unwrap()
+        .current_context
+        .expect("the test kubeconfig names its context");
     let mut cmd = h.command(&[
         "tt",
         "driver",
         "--kubeconfig",
         &path,
         "--context",
-        ttdp_testkit::apiserver::KUBECONFIG_CONTEXT,
+        &context,
         "nodes",
     ]);
     cmd.env("KUBECONFIG", "/nonexistent/kubeconfig");
     let run = h.run(cmd).await.ok();
-    assert!(run.stdout.contains("node-7"), "{}", run.stdout);
+    assert!(run.stdout.contains(&h.n("node-7")), "{}", run.stdout);
 
     let mut cmd = h.command(&["tt", "driver", "--kubeconfig", "/nonexistent/kubeconfig"]);
     cmd.env_remove("KUBECONFIG");
@@ -515,7 +633,7 @@ async fn kubeconfig_and_context_flags_select_the_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn help_and_completion() {
-    let h = Harness::bare().await;
+    let h = Harness::start().await;
     let run = h.kubectl(&["tt", "driver", "--help"]).await.ok();
     assert!(
         run.stdout.contains("Usage: kubectl tt driver"),
@@ -560,20 +678,27 @@ async fn help_and_completion() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_starts_empty_and_shows_a_new_policy() {
-    let h = Harness::with_crd().await;
-    let mut child = h.command(&["tt", "driver", "watch"]).spawn().unwrap();
+    let h = Harness::start().await;
+    // Other tests' policies may exist on the shared cluster: the proxy empties the server's
+    // lists of policies (keeping its resourceVersion), so the watch starts from "none" and
+    // then sees what the server sends.
+    h.proxy.answer(Override::empty_list(GROUP, POLICIES));
+    let mut child = h
+        .command_with(h.proxy.kubeconfig(), &["tt", "driver", "watch"])
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut seen = String::new();
     read_until(
         &mut lines,
-        "No TenstorrentDriverPolicy resources found",
+        &["No TenstorrentDriverPolicy resources found"],
         &mut seen,
     )
     .await;
     for view in fixture::narrow().policies {
         h.create_policy(&view.policy).await;
     }
-    read_until(&mut lines, "Draining 2.7.0", &mut seen).await;
+    read_until(&mut lines, &[&h.n("default"), "Draining 2.7.0"], &mut seen).await;
     child.kill().await.unwrap();
 }
 
@@ -585,7 +710,7 @@ async fn on_a_terminal(h: &Harness, args: &str, extra_env: &[(&str, &str)]) -> h
     script
         .args(["-qec", &line, "/dev/null"])
         .env("PATH", h.path_env())
-        .env("KUBECONFIG", h.server.kubeconfig_path())
+        .env("KUBECONFIG", h.kubeconfig())
         .env_remove("NO_COLOR")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
@@ -606,10 +731,12 @@ async fn on_a_terminal(h: &Harness, args: &str, extra_env: &[(&str, &str)]) -> h
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn colour_only_on_a_terminal_without_no_color() {
     let h = Harness::populated().await;
+    let fleet = h.n("fleet");
     let tty = on_a_terminal(&h, "tt driver", &[]).await.ok();
+    let own_rows: String = tty.stdout.lines().filter(|l| l.contains(&fleet)).collect();
     for code in ["\x1b[32m", "\x1b[36m", "\x1b[33m", "\x1b[31m", "\x1b[90m"] {
         assert!(
-            tty.stdout.contains(code),
+            own_rows.contains(code),
             "no {code:?} on a terminal:\n{}",
             tty.stdout
         );
@@ -623,7 +750,7 @@ async fn colour_only_on_a_terminal_without_no_color() {
         no_color_env.stdout
     );
     assert!(no_color_env.stdout.contains("Done 2.8.0"));
-    let no_color_flag = on_a_terminal(&h, "tt driver nodes --no-color", &[])
+    let no_color_flag = on_a_terminal(&h, &format!("tt driver nodes {fleet} --no-color"), &[])
         .await
         .ok();
     assert!(
@@ -637,29 +764,37 @@ async fn colour_only_on_a_terminal_without_no_color() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_extras_become_warnings_and_server_errors_are_named() {
     let h = Harness::populated().await;
-    h.server
-        .faults()
-        .inject(Fault::error(403).verb("list").resource("nodes"));
-    let run = h.kubectl(&["tt", "driver", "nodes", "fleet"]).await.ok();
+    let fleet = h.n("fleet");
+    // A user who may read policies, DaemonSets, pods and Events, but not Nodes.
+    let no_nodes = h
+        .identity(
+            "no-nodes",
+            json!([
+                {"apiGroups": [GROUP], "resources": [POLICIES], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["list"]},
+                {"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["list"]},
+                {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["list"]},
+            ]),
+        )
+        .await;
+    let run = h
+        .kubectl_as(&no_nodes, &["tt", "driver", "nodes", &fleet])
+        .await
+        .ok();
     assert!(
         run.stderr.starts_with("warning: cannot read nodes"),
         "{}",
         run.stderr
     );
     assert!(
-        run.stdout.contains("node-7"),
+        run.stdout.contains(&h.n("node-7")),
         "still lists the status: {}",
         run.stdout
     );
 
-    h.server.faults().inject(
-        Fault::error(401)
-            .verb("get")
-            .resource("tenstorrentdriverpolicies")
-            .times(1),
-    );
+    // A token the server never issued: a real 401.
     let run = h
-        .kubectl(&["tt", "driver", "describe", "fleet"])
+        .kubectl_as(&h.stranger(), &["tt", "driver", "describe", &fleet])
         .await
         .failed();
     assert_eq!(
@@ -667,12 +802,11 @@ async fn unreadable_extras_become_warnings_and_server_errors_are_named() {
         "error: you must be logged in to the server (Unauthorized); check the credentials of your kubeconfig context\n"
     );
 
-    h.server.faults().inject(
-        Fault::error(500)
-            .verb("list")
-            .resource("tenstorrentdriverpolicies"),
-    );
-    let run = h.kubectl(&["tt", "driver"]).await.failed();
+    // A 500 no real server gives on demand: injected by the proxy.
+    h.proxy
+        .faults()
+        .inject(Fault::error(500).verb("list").resource(POLICIES));
+    let run = h.kubectl_via_proxy(&["tt", "driver"]).await.failed();
     assert!(
         run.stderr.starts_with(
             "error: the server could not list tenstorrentdriverpolicies.driver.tenstorrent.com"

@@ -1,5 +1,8 @@
-//! The agent against the testkit's API server: labels on its own node only (minimal merge
-//! patches), its report in its own pod's annotation, node Events for holders and installs.
+//! The agent against the real API server (`ttdp_testkit::launcher::test_kubeconfig`): labels on
+//! its own node only (minimal merge patches), its report in its own pod's annotation, node
+//! Events for holders and installs. The agent talks through a recording proxy, so the test sees
+//! exactly what it wrote; each test has its own namespace and `<prefix>-node-N` nodes, removed
+//! when it ends.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -15,10 +18,13 @@ use ttdp_agent::{KubeReporter, NodeAgent, NodeKernel, PodRef};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_api::names::{annotations, labels};
 use ttdp_kmod::Kernel;
-use ttdp_testkit::apiserver::TestApiServer;
+
+use ttdp_testkit::fault_proxy::FaultProxy;
+use ttdp_testkit::scratch::Scratch;
 
 const WAIT: Duration = Duration::from_secs(30);
-const NAMESPACE: &str = "default";
+/// Where a cluster-scoped object's Events go.
+const EVENTS_NAMESPACE: &str = "default";
 const POD: &str = "ttdrv-default-abcde";
 
 async fn create_node(client: &kube::Client, name: &str) {
@@ -34,18 +40,18 @@ async fn create_node(client: &kube::Client, name: &str) {
         .unwrap();
 }
 
-async fn create_pod(client: &kube::Client) {
+async fn create_pod(client: &kube::Client, namespace: &str, node: &str) {
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": { "name": POD, "namespace": NAMESPACE },
+        "metadata": { "name": POD, "namespace": namespace },
         "spec": {
-            "nodeName": "node-1",
+            "nodeName": node,
             "containers": [{ "name": "agent", "image": "ghcr.io/tenstorrent/ttdp-agent:dev" }]
         },
     }))
     .unwrap();
-    Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+    Api::<Pod>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &pod)
         .await
         .unwrap();
@@ -64,8 +70,8 @@ async fn node_labels(
         .unwrap_or_default()
 }
 
-async fn pod_report(client: &kube::Client) -> Option<AgentReport> {
-    let pod = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+async fn pod_report(client: &kube::Client, namespace: &str) -> Option<AgentReport> {
+    let pod = Api::<Pod>::namespaced(client.clone(), namespace)
         .get(POD)
         .await
         .unwrap();
@@ -77,8 +83,8 @@ async fn pod_report(client: &kube::Client) -> Option<AgentReport> {
     Some(serde_json::from_str(&json).unwrap())
 }
 
-async fn node_events(client: &kube::Client, reason: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(client.clone(), NAMESPACE)
+async fn node_events(client: &kube::Client, node: &str, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), EVENTS_NAMESPACE)
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -87,7 +93,7 @@ async fn node_events(client: &kube::Client, reason: &str) -> Vec<Event> {
         .filter(|e| {
             e.reason.as_deref() == Some(reason)
                 && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Node")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("node-1")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
         })
         .collect()
 }
@@ -108,11 +114,18 @@ macro_rules! eventually {
 
 #[tokio::test]
 async fn labels_report_and_events_reach_the_api_for_its_own_node_only() {
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
-    create_node(&client, "node-1").await;
-    create_node(&client, "node-2").await;
-    create_pod(&client).await;
+    let scratch = Scratch::new("ag")
+        .await
+        .expect("a scratch namespace on the test cluster");
+    let client = scratch.client();
+    let ns = scratch.namespace().to_owned();
+    let (node1, node2) = (scratch.name("node-1"), scratch.name("node-2"));
+    create_node(&client, &node1).await;
+    create_node(&client, &node2).await;
+    create_pod(&client, &ns, &node1).await;
+    let proxy = FaultProxy::start(client.clone())
+        .await
+        .expect("the fault proxy starts");
 
     let node = Node::new(&["1.0.0", "2.0.0"]);
     node.preinstall("1.0.0");
@@ -122,10 +135,10 @@ async fn labels_report_and_events_reach_the_api_for_its_own_node_only() {
 
     let config = node.config("2.0.0");
     let reporter = KubeReporter::new(
-        client.clone(),
-        "node-1",
+        proxy.client(&ns).expect("a client of the fault proxy"),
+        &node1,
         PodRef {
-            namespace: NAMESPACE.into(),
+            namespace: ns.clone(),
             name: POD.into(),
         },
     );
@@ -135,17 +148,16 @@ async fn labels_report_and_events_reach_the_api_for_its_own_node_only() {
         reporter,
     )
     .unwrap();
-    let setup_writes = server.recorder().writes().len();
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(agent.run(shutdown.clone()));
 
     // held: the pod says who holds the device, the node gets a Warning Event, labels tell the truth
     eventually!("a WaitingForHolders report on the pod", {
-        pod_report(&client)
+        pod_report(&client, &ns)
             .await
             .is_some_and(|r| r.phase == AgentPhase::WaitingForHolders)
     });
-    let report = pod_report(&client).await.unwrap();
+    let report = pod_report(&client, &ns).await.unwrap();
     assert_eq!(
         report.holders_text().as_deref(),
         Some("held by pid 1234 (python3), pid 1240 (tt-smi)")
@@ -153,9 +165,9 @@ async fn labels_report_and_events_reach_the_api_for_its_own_node_only() {
     assert_eq!(report.reason.as_deref(), Some("DeviceHeld"));
     eventually!(
         "a DeviceHeld event",
-        !node_events(&client, "DeviceHeld").await.is_empty()
+        !node_events(&client, &node1, "DeviceHeld").await.is_empty()
     );
-    let held = node_events(&client, "DeviceHeld").await;
+    let held = node_events(&client, &node1, "DeviceHeld").await;
     assert_eq!(held[0].type_.as_deref(), Some("Warning"));
     assert!(
         held[0]
@@ -167,7 +179,7 @@ async fn labels_report_and_events_reach_the_api_for_its_own_node_only() {
         held[0].note
     );
     assert_eq!(held[0].reporting_controller.as_deref(), Some("ttdp-agent"));
-    let labels_now = node_labels(&client, "node-1").await;
+    let labels_now = node_labels(&client, &node1).await;
     assert_eq!(labels_now[labels::KMD_VERSION], "1.0.0");
     assert_eq!(labels_now[labels::INSTALL_MODE], "container");
     assert_eq!(
@@ -179,25 +191,25 @@ async fn labels_report_and_events_reach_the_api_for_its_own_node_only() {
     kernel.release(1234).unwrap();
     kernel.release(1240).unwrap();
     eventually!("kmd-version 2.0.0 on the node", {
-        node_labels(&client, "node-1")
+        node_labels(&client, &node1)
             .await
             .get(labels::KMD_VERSION)
             .map(String::as_str)
             == Some("2.0.0")
     });
     eventually!("tt-smi labelled", {
-        node_labels(&client, "node-1")
+        node_labels(&client, &node1)
             .await
             .get(labels::TT_SMI_VERSION)
             .map(String::as_str)
             == Some(common::TT_SMI_VERSION)
     });
     eventually!("a Ready report", {
-        pod_report(&client)
+        pod_report(&client, &ns)
             .await
             .is_some_and(|r| r.phase == AgentPhase::Ready)
     });
-    let replaced = node_events(&client, "ModuleReplaced").await;
+    let replaced = node_events(&client, &node1, "ModuleReplaced").await;
     assert_eq!(replaced.len(), 1);
     assert_eq!(replaced[0].type_.as_deref(), Some("Normal"));
 
@@ -205,16 +217,16 @@ async fn labels_report_and_events_reach_the_api_for_its_own_node_only() {
     node.kernel().unload("tenstorrent").unwrap();
     eventually!("reinstalled and relabelled", {
         node.loaded().as_deref() == Some("2.0.0")
-            && !node_events(&client, "ModuleChangedExternally")
+            && !node_events(&client, &node1, "ModuleChangedExternally")
                 .await
                 .is_empty()
-            && node_labels(&client, "node-1")
+            && node_labels(&client, &node1)
                 .await
                 .get(labels::KMD_VERSION)
                 .map(String::as_str)
                 == Some("2.0.0")
     });
-    let removal = server.recorder().writes().into_iter().any(|r| {
+    let removal = proxy.recorder().writes().into_iter().any(|r| {
         r.resource == "nodes"
             && r.body.as_ref().is_some_and(|b| {
                 b["metadata"]["labels"][labels::KMD_VERSION].is_null()
@@ -230,8 +242,8 @@ async fn labels_report_and_events_reach_the_api_for_its_own_node_only() {
     running.await.unwrap().unwrap();
 
     // only its own node and pod were written, with merge patches; node-2 is untouched
-    let writes = server.recorder().writes();
-    for w in writes[setup_writes..]
+    let writes = proxy.recorder().writes();
+    for w in writes
         .iter()
         .filter(|w| w.resource == "nodes" || w.resource == "pods")
     {
@@ -241,7 +253,7 @@ async fn labels_report_and_events_reach_the_api_for_its_own_node_only() {
             "{w:?}"
         );
         assert!(
-            w.name == "node-1" || w.name == POD,
+            w.name == node1 || w.name == POD,
             "wrote another object: {w:?}"
         );
         let body = w.body.as_ref().unwrap();
@@ -252,23 +264,23 @@ async fn labels_report_and_events_reach_the_api_for_its_own_node_only() {
             "only labels or annotations: {body}"
         );
     }
-    let node2 = node_labels(&client, "node-2").await;
+    let node2 = node_labels(&client, &node2).await;
     assert!(!node2.contains_key(labels::KMD_VERSION) && !node2.contains_key(labels::INSTALL_MODE));
-    server.shutdown().await;
 }
 
 #[tokio::test]
 async fn an_unreachable_api_never_stops_the_node_flow() {
     // the API server exists but the node and pod do not: every publication fails
-    let server = TestApiServer::start().await.unwrap();
-    let client = server.client().await.unwrap();
+    let scratch = Scratch::new("ag")
+        .await
+        .expect("a scratch namespace on the test cluster");
     let node = Node::new(&["2.0.0"]);
     let config = node.config("2.0.0");
     let reporter = KubeReporter::new(
-        client,
-        "node-1",
+        scratch.client(),
+        &scratch.name("node-1"),
         PodRef {
-            namespace: NAMESPACE.into(),
+            namespace: scratch.namespace().into(),
             name: POD.into(),
         },
     );
@@ -287,5 +299,4 @@ async fn an_unreachable_api_never_stops_the_node_flow() {
     assert!(!running.is_finished());
     shutdown.cancel();
     running.await.unwrap().unwrap();
-    server.shutdown().await;
 }

@@ -1,6 +1,8 @@
-//! The real agent binary as the DaemonSet pods of a simulated cluster (testkit API server,
-//! DaemonSet stand-in, simulated kubelets running the binary with the downward-API env and its
-//! exec readiness probe): `--report kube` end to end.
+//! The real agent binary as the DaemonSet pods of a simulated cluster joined to the real
+//! control plane (the real DaemonSet controller and scheduler, simulated kubelets running the
+//! binary with the downward-API env and its exec readiness probe): `--report kube` end to end.
+//! The DaemonSet selects only this scenario's nodes (`SCENARIO_LABEL`), so other tests sharing
+//! the cluster are untouched.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -11,13 +13,15 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_api::names::{annotations, labels};
-use ttdp_testkit::sim::{SimCluster, SimClusterOptions, TenstorrentNode, eventually};
+use ttdp_testkit::sim::{
+    SCENARIO_LABEL, SimCluster, SimClusterOptions, TenstorrentNode, eventually,
+};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_ttdp-agent");
 const IMAGE: &str = "sim.test/ttdp-agent";
 const WAIT: Duration = Duration::from_secs(120);
 
-fn daemonset(version: &str) -> DaemonSet {
+fn daemonset(version: &str, scenario: &str) -> DaemonSet {
     let field = |name: &str, path: &str| serde_json::json!({ "name": name, "valueFrom": { "fieldRef": { "fieldPath": path } } });
     serde_json::from_value(serde_json::json!({
         "apiVersion": "apps/v1",
@@ -29,7 +33,7 @@ fn daemonset(version: &str) -> DaemonSet {
             "template": {
                 "metadata": { "labels": { "app": "ttdp-agent" } },
                 "spec": {
-                    "nodeSelector": { labels::NFD_TENSTORRENT: "true" },
+                    "nodeSelector": { labels::NFD_TENSTORRENT: "true", SCENARIO_LABEL: scenario },
                     "containers": [{
                         "name": "agent",
                         "image": format!("{IMAGE}:dev"),
@@ -73,7 +77,10 @@ async fn agents_install_label_and_report_across_a_simulated_cluster() {
     let client = cluster.client();
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), cluster.namespace());
     daemonsets
-        .create(&PostParams::default(), &daemonset("2.8.0"))
+        .create(
+            &PostParams::default(),
+            &daemonset("2.8.0", cluster.prefix()),
+        )
         .await
         .unwrap();
 

@@ -1,5 +1,7 @@
-//! End-to-end drains against the ttdp-testkit API server (eviction with PodDisruptionBudget
-//! evaluation, graceful deletion completed by the server after 200 ms, finalizers honoured).
+//! End-to-end drains against the real control plane: real eviction, PodDisruptionBudget status
+//! from the real disruption controller, graceful deletion completed by a simulated kubelet,
+//! finalizers honoured. The drainer talks through a recording, fault-injecting proxy (see
+//! `support`), which also injects the 503/403/409 answers of the retry tests.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -79,7 +81,7 @@ async fn refuses_like_kubectl_without_flags_and_drains_every_kind_with_them() {
     let drainer = h.drainer();
 
     let err = drainer
-        .drain("n1", &fast(PodRules::default()))
+        .drain(&h.n("n1"), &fast(PodRules::default()))
         .await
         .unwrap_err();
     let DrainError::Refused { pods, .. } = &err else {
@@ -110,7 +112,7 @@ async fn refuses_like_kubectl_without_flags_and_drains_every_kind_with_them() {
         .collect()
     );
     assert!(
-        h.server
+        h.proxy
             .recorder()
             .filter(
                 |r| r.subresource == "eviction" || (r.resource == "pods" && r.method == "DELETE")
@@ -118,9 +120,14 @@ async fn refuses_like_kubectl_without_flags_and_drains_every_kind_with_them() {
             .is_empty(),
         "a refused drain removes nothing"
     );
-    assert_eq!(h.pod_names("n1").await.len(), 8);
+    assert_eq!(
+        h.pod_names("n1").await.len(),
+        8,
+        "{:?}",
+        h.pod_names("n1").await
+    );
 
-    let report = drainer.drain("n1", &fast(all_flags())).await.unwrap();
+    let report = drainer.drain(&h.n("n1"), &fast(all_flags())).await.unwrap();
     assert_eq!(
         names(&report.evicted),
         set(&["web-1", "db-0", "batch-run", "bare", "cache"])
@@ -148,7 +155,7 @@ async fn refuses_like_kubectl_without_flags_and_drains_every_kind_with_them() {
 
     // Pods were only ever listed per node, evicted through the subresource, and the finished
     // pod deleted directly.
-    let rec = h.server.recorder();
+    let rec = h.proxy.recorder();
     let pod_lists = rec.filter(|r| r.resource == "pods" && r.verb == "list");
     assert!(!pod_lists.is_empty());
     for r in &pod_lists {
@@ -196,7 +203,7 @@ async fn refuses_like_kubectl_without_flags_and_drains_every_kind_with_them() {
     let c = drainer.counters();
     assert_eq!((c.evictions, c.deletions, c.pods_gone), (5, 1, 6));
     assert_eq!(c.budget_blocks, 0);
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -210,11 +217,11 @@ async fn pod_selector_limits_the_drain_and_unselected_pods_cannot_block_it() {
         selector: Selector::parse("app in (web)").unwrap(),
         ..PodRules::default()
     };
-    let report = h.drainer().drain("n1", &fast(rules)).await.unwrap();
+    let report = h.drainer().drain(&h.n("n1"), &fast(rules)).await.unwrap();
     assert_eq!(names(&report.evicted), set(&["web-1"]));
     assert_eq!(h.pod_names("n1").await, set(&["api-1", "bare"]));
     assert_eq!(report.with(Disposition::Skip).count(), 2);
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -234,9 +241,10 @@ async fn budget_blocks_then_allows_as_replacements_become_ready() {
             events.lock().unwrap().push(e.clone());
             let _ = tx.send(e.clone());
         }));
+        let n1 = h.n("n1");
         // The drainer (and with it the channel's sender) is dropped when the drain ends.
         async move {
-            let result = drainer.drain("n1", &fast(PodRules::default())).await;
+            let result = drainer.drain(&n1, &fast(PodRules::default())).await;
             *counters.lock().unwrap() = Some(drainer.counters());
             result
         }
@@ -253,7 +261,7 @@ async fn budget_blocks_then_allows_as_replacements_become_ready() {
                     disruptions_allowed,
                     ..
                 } if !relaxed => {
-                    assert_eq!(budget, Some(ObjectKey::new("default", "web-pdb")));
+                    assert_eq!(budget, Some(ObjectKey::new(h.ns(), "web-pdb")));
                     assert_eq!(disruptions_allowed, Some(0));
                     h.patch_pdb("web-pdb", json!({"minAvailable": 1})).await;
                     relaxed = true;
@@ -282,12 +290,12 @@ async fn budget_blocks_then_allows_as_replacements_become_ready() {
     assert!(c.eviction_requests > c.evictions);
     // Never below the budget: each 201 eviction was granted by the server's budget check.
     let granted = h
-        .server
+        .proxy
         .recorder()
         .filter(|r| r.subresource == "eviction" && r.status == 201)
         .len();
     assert_eq!(granted, 2);
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -312,7 +320,7 @@ async fn timeout_names_each_remaining_pod_and_why() {
         ..fast(PodRules::default())
     };
     let started = std::time::Instant::now();
-    let err = h.drainer().drain("n1", &options).await.unwrap_err();
+    let err = h.drainer().drain(&h.n("n1"), &options).await.unwrap_err();
     let elapsed = started.elapsed();
     assert!(
         elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(4),
@@ -323,13 +331,17 @@ async fn timeout_names_each_remaining_pod_and_why() {
     };
     let text = err.to_string();
     assert!(
-        text.contains(
-            "default/web-0: eviction blocked by PodDisruptionBudget default/web-pdb (0 disruptions allowed)"
-        ),
+        text.contains(&format!(
+            "{ns}/web-0: eviction blocked by PodDisruptionBudget {ns}/web-pdb (0 disruptions allowed)",
+            ns = h.ns()
+        )),
         "{text}"
     );
     assert!(
-        text.contains("default/slow: still terminating (removal accepted"),
+        text.contains(&format!(
+            "{}: still terminating (removal accepted",
+            h.key("slow")
+        )),
         "{text}"
     );
     assert!(text.contains("finalizers: example.com/hold"), "{text}");
@@ -340,7 +352,7 @@ async fn timeout_names_each_remaining_pod_and_why() {
     ));
     // Back-off, not a tight loop: 2 s with 50..400 ms delays allows ~10 attempts at most.
     let attempts = h
-        .server
+        .proxy
         .recorder()
         .filter(|r| r.subresource == "eviction" && r.name == "web-0")
         .len();
@@ -349,7 +361,7 @@ async fn timeout_names_each_remaining_pod_and_why() {
     // Dropping the drain left no request running.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let later = h
-        .server
+        .proxy
         .recorder()
         .filter(|r| r.subresource == "eviction" && r.name == "web-0")
         .len();
@@ -357,7 +369,7 @@ async fn timeout_names_each_remaining_pod_and_why() {
         attempts, later,
         "eviction retries continued after the timeout"
     );
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -381,7 +393,8 @@ async fn a_new_pod_with_the_same_name_counts_as_gone() {
         ..fast(PodRules::default())
     };
     let drainer = h.drainer();
-    let drain = drainer.drain("n1", &options);
+    let n1 = h.n("n1");
+    let drain = drainer.drain(&n1, &options);
     let statefulset = async {
         let pods = h.pods();
         loop {
@@ -409,7 +422,7 @@ async fn a_new_pod_with_the_same_name_counts_as_gone() {
     assert_eq!(names(&report.evicted), set(&["db-0"]));
     assert_eq!(report.evicted[0].uid, old_uid);
     assert_eq!(h.pod_names("n1").await, set(&["db-0"]), "the new pod stays");
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -432,7 +445,8 @@ async fn concurrent_drains_of_two_nodes_stay_on_their_nodes() {
         concurrency: 2,
         ..fast(all_flags())
     };
-    let (a, b) = tokio::join!(drainer.drain("n1", &options), drainer.drain("n2", &options));
+    let (n1, n2) = (h.n("n1"), h.n("n2"));
+    let (a, b) = tokio::join!(drainer.drain(&n1, &options), drainer.drain(&n2, &options));
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a.evicted.len(), 6);
     assert_eq!(b.evicted.len(), 7);
@@ -443,12 +457,12 @@ async fn concurrent_drains_of_two_nodes_stay_on_their_nodes() {
         let gone = h
             .events()
             .iter()
-            .filter(|e| e.node == node && matches!(e.kind, DrainEventKind::Gone { .. }))
+            .filter(|e| e.node == h.n(node) && matches!(e.kind, DrainEventKind::Gone { .. }))
             .count();
         assert_eq!(gone, if node == "n1" { 6 } else { 7 });
     }
     assert_eq!(drainer.counters().pods_gone, 13);
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 fn owner(name: &str) -> CordonOwner {
@@ -477,31 +491,34 @@ async fn cordon_ownership_never_claims_or_lifts_someone_elses_cordon() {
     let (a, b) = (owner("ttdp/policy-a"), owner("ttdp/policy-b"));
     let d = h.drainer();
 
-    assert_eq!(d.cordon("n1", &a).await.unwrap(), CordonOutcome::Cordoned);
+    assert_eq!(
+        d.cordon(&h.n("n1"), &a).await.unwrap(),
+        CordonOutcome::Cordoned
+    );
     let n1 = h.get_node("n1").await;
     assert!(unschedulable(&n1));
     assert_eq!(annotations(&n1)["example.com/cordoned-by"], "ttdp/policy-a");
     let at: jiff::Timestamp = annotations(&n1)["example.com/cordoned-at"].parse().unwrap();
     assert!((jiff::Timestamp::now() - at).get_seconds().abs() < 60);
     assert_eq!(
-        d.cordon("n1", &a).await.unwrap(),
+        d.cordon(&h.n("n1"), &a).await.unwrap(),
         CordonOutcome::AlreadyOwned
     );
     assert_eq!(
-        d.cordon("n1", &b).await.unwrap(),
+        d.cordon(&h.n("n1"), &b).await.unwrap(),
         CordonOutcome::External {
             owner: Some("ttdp/policy-a".into())
         }
     );
     assert_eq!(
-        d.uncordon("n1", &b).await.unwrap(),
+        d.uncordon(&h.n("n1"), &b).await.unwrap(),
         UncordonOutcome::External {
             owner: Some("ttdp/policy-a".into())
         }
     );
     assert!(unschedulable(&h.get_node("n1").await));
     assert_eq!(
-        d.uncordon("n1", &a).await.unwrap(),
+        d.uncordon(&h.n("n1"), &a).await.unwrap(),
         UncordonOutcome::Uncordoned
     );
     let n1 = h.get_node("n1").await;
@@ -509,33 +526,33 @@ async fn cordon_ownership_never_claims_or_lifts_someone_elses_cordon() {
     assert!(!annotations(&n1).contains_key("example.com/cordoned-by"));
     assert!(!annotations(&n1).contains_key("example.com/cordoned-at"));
     assert_eq!(
-        d.uncordon("n1", &a).await.unwrap(),
+        d.uncordon(&h.n("n1"), &a).await.unwrap(),
         UncordonOutcome::NotCordoned
     );
 
     // An administrator's cordon is reported, not claimed, and survives our uncordon.
     assert_eq!(
-        d.cordon("n2", &a).await.unwrap(),
+        d.cordon(&h.n("n2"), &a).await.unwrap(),
         CordonOutcome::External { owner: None }
     );
     assert!(!annotations(&h.get_node("n2").await).contains_key("example.com/cordoned-by"));
     assert_eq!(
-        d.uncordon("n2", &a).await.unwrap(),
+        d.uncordon(&h.n("n2"), &a).await.unwrap(),
         UncordonOutcome::External { owner: None }
     );
     assert!(unschedulable(&h.get_node("n2").await));
     assert_eq!(
-        d.uncordon("gone", &a).await.unwrap(),
+        d.uncordon(&h.n("gone"), &a).await.unwrap(),
         UncordonOutcome::NodeMissing
     );
     assert!(matches!(
-        d.cordon("gone", &a).await,
+        d.cordon(&h.n("gone"), &a).await,
         Err(DrainError::NodeRead { .. })
     ));
 
     // Node writes were minimal merge patches carrying the resourceVersion.
     let patches = h
-        .server
+        .proxy
         .recorder()
         .filter(|r| r.resource == "nodes" && r.verb == "patch");
     assert_eq!(patches.len(), 2, "one cordon, one uncordon");
@@ -567,19 +584,19 @@ async fn cordon_ownership_never_claims_or_lifts_someone_elses_cordon() {
             ["annotations", "resourceVersion"].into_iter().collect()
         );
     }
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
 async fn cordon_retries_after_a_write_conflict() {
     let h = Harness::start(&["n1"]).await;
-    h.server
+    h.proxy
         .faults()
         .inject(Fault::conflict().resource("nodes").verb("patch").times(2));
-    let outcome = h.drainer().cordon("n1", &owner("me")).await.unwrap();
+    let outcome = h.drainer().cordon(&h.n("n1"), &owner("me")).await.unwrap();
     assert_eq!(outcome, CordonOutcome::Cordoned);
     assert!(unschedulable(&h.get_node("n1").await));
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -592,11 +609,11 @@ async fn disable_eviction_deletes_and_bypasses_budgets() {
         disable_eviction: true,
         ..fast(PodRules::default())
     };
-    let report = h.drainer().drain("n1", &options).await.unwrap();
+    let report = h.drainer().drain(&h.n("n1"), &options).await.unwrap();
     assert_eq!(names(&report.deleted), set(&["web-0"]));
     assert!(report.evicted.is_empty());
     let deletes = h
-        .server
+        .proxy
         .recorder()
         .filter(|r| r.resource == "pods" && r.method == "DELETE");
     assert_eq!(deletes.len(), 1);
@@ -607,12 +624,12 @@ async fn disable_eviction_deletes_and_bypasses_budgets() {
         "{body}"
     );
     assert!(
-        h.server
+        h.proxy
             .recorder()
             .filter(|r| r.subresource == "eviction")
             .is_empty()
     );
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -620,18 +637,18 @@ async fn dry_run_writes_nothing() {
     let h = Harness::start(&["n1"]).await;
     let rs = h.owner("ReplicaSet", "web").await;
     h.pod("n1", "web-0", rs).await;
-    h.server.recorder().clear();
+    h.proxy.recorder().clear();
     let options = DrainOptions {
         dry_run: true,
         ..fast(PodRules::default())
     };
-    let report = h.drainer().drain("n1", &options).await.unwrap();
+    let report = h.drainer().drain(&h.n("n1"), &options).await.unwrap();
     assert!(report.dry_run);
     assert_eq!(report.with(Disposition::Evict).count(), 1);
     assert!(report.evicted.is_empty());
-    assert!(h.server.recorder().writes().is_empty());
+    assert!(h.proxy.recorder().writes().is_empty());
     assert_eq!(h.pod_names("n1").await, set(&["web-0"]));
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -641,7 +658,7 @@ async fn transient_errors_are_retried_and_fatal_ones_fail_only_their_pod() {
     h.pod("n1", "flaky", rs.clone()).await;
     h.pod("n1", "forbidden", rs.clone()).await;
     h.pod("n1", "fine", rs).await;
-    let faults = h.server.faults();
+    let faults = h.proxy.faults();
     faults.inject(
         Fault::error(503)
             .subresource("eviction")
@@ -651,7 +668,7 @@ async fn transient_errors_are_retried_and_fatal_ones_fail_only_their_pod() {
     faults.inject(Fault::error(403).subresource("eviction").name("forbidden"));
     let drainer = h.drainer();
     let err = drainer
-        .drain("n1", &fast(PodRules::default()))
+        .drain(&h.n("n1"), &fast(PodRules::default()))
         .await
         .unwrap_err();
     let DrainError::Failed { failed, .. } = &err else {
@@ -661,7 +678,7 @@ async fn transient_errors_are_retried_and_fatal_ones_fail_only_their_pod() {
     assert_eq!(failed[0].pod.name, "forbidden");
     assert!(
         err.to_string()
-            .contains("default/forbidden: removal failed"),
+            .contains(&format!("{}: removal failed", h.key("forbidden"))),
         "{err}"
     );
     assert_eq!(h.pod_names("n1").await, set(&["forbidden"]));
@@ -674,7 +691,7 @@ async fn transient_errors_are_retried_and_fatal_ones_fail_only_their_pod() {
         .count();
     assert_eq!(retried, 2);
     assert!(drainer.counters().request_errors >= 3);
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -731,7 +748,7 @@ async fn two_pass_drain_frees_the_device_first_then_sweeps_selected_pods() {
         delete_emptydir_data: false,
         options: fast(PodRules::default()),
     };
-    let report = h.drainer().drain_two_pass("n1", &plan).await.unwrap();
+    let report = h.drainer().drain_two_pass(&h.n("n1"), &plan).await.unwrap();
     assert_eq!(names(&report.device.evicted), set(&["llm", "llm-scratch"]));
     let full = report.full_node.unwrap();
     assert_eq!(names(&full.evicted), set(&["privileged"]));
@@ -761,27 +778,33 @@ async fn two_pass_drain_frees_the_device_first_then_sweeps_selected_pods() {
         )
         .unwrap();
     assert!(device_gone < pass2_start && pass2_start < first_pass2_eviction);
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_dropped_drain_is_resumed_by_the_next_call() {
     let h = Harness::start(&["n1"]).await;
     let rs = h.owner("ReplicaSet", "web").await;
-    h.pod("n1", "web-0", with(rs.clone(), labels("web"))).await;
-    h.pod("n1", "other", rs).await;
+    h.pod("n1", "web-0", with(rs, labels("web"))).await;
+    // Its own owner: a budget's maxUnavailable counts against the scale of the selected pods'
+    // controllers, so sharing web's ReplicaSet would leave web no disruption to spend.
+    let other = h.owner("ReplicaSet", "other").await;
+    h.pod("n1", "other", other).await;
     h.pdb("web-pdb", "web", json!({"maxUnavailable": 0})).await;
     let drainer = h.drainer();
     let options = fast(PodRules::default());
-    let first =
-        tokio::time::timeout(Duration::from_millis(800), drainer.drain("n1", &options)).await;
+    let first = tokio::time::timeout(
+        Duration::from_millis(800),
+        drainer.drain(&h.n("n1"), &options),
+    )
+    .await;
     assert!(first.is_err(), "the budget keeps the first call waiting");
     assert_eq!(h.pod_names("n1").await, set(&["web-0"]));
     h.patch_pdb("web-pdb", json!({"maxUnavailable": 1})).await;
-    let report = drainer.drain("n1", &options).await.unwrap();
+    let report = drainer.drain(&h.n("n1"), &options).await.unwrap();
     assert_eq!(names(&report.evicted), set(&["web-0"]));
     assert!(h.pod_names("n1").await.is_empty());
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -793,8 +816,8 @@ async fn evictions_carry_the_pods_uid_as_a_precondition() {
         grace_period: Some(5),
         ..fast(PodRules::default())
     };
-    h.drainer().drain("n1", &options).await.unwrap();
-    let evictions = h.server.recorder().filter(|r| r.subresource == "eviction");
+    h.drainer().drain(&h.n("n1"), &options).await.unwrap();
+    let evictions = h.proxy.recorder().filter(|r| r.subresource == "eviction");
     assert_eq!(evictions.len(), 1);
     let body = evictions[0].body.clone().unwrap();
     assert_eq!(body["kind"], "Eviction");
@@ -804,7 +827,7 @@ async fn evictions_carry_the_pods_uid_as_a_precondition() {
         body["deleteOptions"]["preconditions"]["uid"],
         json!(pod.metadata.uid.unwrap())
     );
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -817,7 +840,7 @@ async fn two_budgets_selecting_one_pod_fail_it_at_once() {
     let started = std::time::Instant::now();
     let err = h
         .drainer()
-        .drain("n1", &fast(PodRules::default()))
+        .drain(&h.n("n1"), &fast(PodRules::default()))
         .await
         .unwrap_err();
     assert!(
@@ -830,7 +853,7 @@ async fn two_budgets_selecting_one_pod_fail_it_at_once() {
             .contains("more than one PodDisruptionBudget"),
         "{err}"
     );
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -843,14 +866,14 @@ async fn many_pods_drain_in_parallel_not_one_by_one() {
     let started = std::time::Instant::now();
     let report = h
         .drainer()
-        .drain("n1", &fast(PodRules::default()))
+        .drain(&h.n("n1"), &fast(PodRules::default()))
         .await
         .unwrap();
     let elapsed = started.elapsed();
     assert_eq!(report.evicted.len(), 60);
-    // Each pod takes 200 ms to terminate on this server; one at a time would take 12 s or more.
+    // Each pod takes a kubelet round trip to terminate; one at a time would take far longer.
     assert!(elapsed < Duration::from_secs(6), "{elapsed:?}");
-    h.server.shutdown().await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
@@ -863,11 +886,11 @@ async fn on_refused_skip_removes_the_rest_and_reports_the_refused() {
         on_refused: ttdp_drain::OnRefused::Skip,
         ..fast(PodRules::default())
     };
-    let report = h.drainer().drain("n1", &options).await.unwrap();
+    let report = h.drainer().drain(&h.n("n1"), &options).await.unwrap();
     assert_eq!(names(&report.evicted), set(&["web-0"]));
     let refused: Vec<_> = report.with(Disposition::Refuse).collect();
     assert_eq!(refused.len(), 1);
     assert_eq!(refused[0].reason, Reason::Unmanaged);
     assert_eq!(h.pod_names("n1").await, set(&["bare"]));
-    h.server.shutdown().await;
+    h.shutdown().await;
 }

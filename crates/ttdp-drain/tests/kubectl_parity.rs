@@ -13,7 +13,6 @@ use serde_json::json;
 use support::{Harness, fast, labels, with};
 use ttdp_api::selector::Selector;
 use ttdp_drain::{DrainError, PodRules};
-use ttdp_testkit::apiserver::KUBECONFIG_CONTEXT;
 
 /// `$TTDP_KUBECTL`, then `$HOME/.local/ttdp-tools/bin/kubectl`; panics with instructions.
 fn kubectl() -> PathBuf {
@@ -75,14 +74,8 @@ async fn compare(flags: &[&str]) -> BTreeSet<String> {
 
     let out = tokio::process::Command::new(kubectl())
         .arg("--kubeconfig")
-        .arg(h.server.kubeconfig_path())
-        .args([
-            "--context",
-            KUBECONFIG_CONTEXT,
-            "drain",
-            "kubectl",
-            "--timeout=20s",
-        ])
+        .arg(h.scratch.kubeconfig())
+        .args(["drain", &h.n("kubectl"), "--timeout=20s"])
         .args(flags)
         .output()
         .await
@@ -105,7 +98,7 @@ async fn compare(flags: &[&str]) -> BTreeSet<String> {
         selector: Selector::parse(selector).unwrap(),
         ..PodRules::default()
     };
-    let ours = h.drainer().drain("ours", &fast(rules)).await;
+    let ours = h.drainer().drain(&h.n("ours"), &fast(rules)).await;
     match &ours {
         Ok(_) | Err(DrainError::Refused { .. }) => {}
         Err(e) => panic!("{flags:?}: our drain failed: {e}"),
@@ -132,7 +125,7 @@ async fn compare(flags: &[&str]) -> BTreeSet<String> {
             );
         }
     }
-    h.server.shutdown().await;
+    h.shutdown().await;
     left
 }
 

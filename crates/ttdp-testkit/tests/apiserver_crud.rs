@@ -1,7 +1,8 @@
 //! Get, list (selectors, pagination), create, update and the status subresource, through kube-rs.
 //!
-//! Kubernetes behaviour only: every test runs against its own in-process server, or against the
-//! cluster `TTDP_TEST_KUBECONFIG` names (each test in a namespace of its own, with uniquely
+//! Kubernetes behaviour only: every test runs against the real control plane of
+//! `ttdp_testkit::launcher::test_kubeconfig` (`TTDP_TEST_KUBECONFIG`, else one started for the
+//! test process; each test in a namespace of its own, with uniquely
 //! named nodes that selectors restrict to the test's own).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -608,8 +609,10 @@ async fn pod_specs_are_immutable_except_images() {
     pods.create(&PostParams::default(), &pod("p1", &t.name("n1"), json!({})))
         .await
         .unwrap();
+    // Strategic: the containers merge by name and keep what admission added (the
+    // service-account token's volume mount); a JSON merge patch would replace the list and drop it.
     let image =
-        Patch::Merge(json!({"spec": {"containers": [{"name": "c", "image": "busybox:1.37"}]}}));
+        Patch::Strategic(json!({"spec": {"containers": [{"name": "c", "image": "busybox:1.37"}]}}));
     pods.patch("p1", &PatchParams::default(), &image)
         .await
         .unwrap();
@@ -705,11 +708,15 @@ async fn built_in_objects_are_decoded_like_the_go_types() {
         err.message
     );
 
-    // Unknown fields are dropped (the default fieldValidation is Warn).
+    // Unknown fields are dropped (the default fieldValidation is Warn); what the spec holds is
+    // the taint the TaintNodesByCondition admission plugin puts on every new node.
     let odd: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": t.name("n1")}, "spec": {"colour": "red"}
     }))
     .unwrap();
     let created = nodes.create(&PostParams::default(), &odd).await.unwrap();
-    assert_eq!(created.data["spec"], json!({}));
+    assert_eq!(
+        created.data["spec"],
+        json!({"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]})
+    );
 }

@@ -1,7 +1,8 @@
 //! The eviction subresource with PodDisruptionBudgets, and PDB status, through kube-rs.
 //!
-//! Kubernetes behaviour only: every test runs against its own in-process server, or against the
-//! cluster `TTDP_TEST_KUBECONFIG` names. Pods are bound to a node name no kubelet serves and the
+//! Kubernetes behaviour only: every test runs against the real control plane of
+//! `ttdp_testkit::launcher::test_kubeconfig` (`TTDP_TEST_KUBECONFIG`, else one started for the
+//! test process). Pods are bound to a node name no kubelet serves and the
 //! tests write their status, as a kubelet would; evicted pods stay terminating, as on a real
 //! cluster without a kubelet for their node.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

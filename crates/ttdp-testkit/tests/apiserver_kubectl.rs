@@ -1,11 +1,12 @@
-//! The real kubectl v1.35 against the test API server: get, apply (client- and server-side),
+//! The real kubectl v1.35 against a real API server: get, apply (client- and server-side),
 //! patch, label, cordon, drain with a PodDisruptionBudget, delete, get --watch, CRDs.
 //! Needs kubectl from `.ci/kube-tools` (or `TTDP_KUBECTL`); fails, not skips, without it.
 //!
-//! Kubernetes behaviour only: every test runs against its own in-process server, or against the
-//! cluster `TTDP_TEST_KUBECONFIG` names (kubectl then works in the test's own namespace, on
+//! Kubernetes behaviour only: every test runs against the real control plane of
+//! `ttdp_testkit::launcher::test_kubeconfig` (`TTDP_TEST_KUBECONFIG`, else one started for the
+//! test process; kubectl then works in the test's own namespace, on
 //! uniquely named nodes). Where a pod must finish terminating (drain, delete), a simulated
-//! kubelet from `ttdp_testkit::sim` serves its node, in-process and on a real cluster alike.
+//! kubelet from `ttdp_testkit::sim` serves its node.
 //! That drain goes through the eviction subresource is checked with the in-process request
 //! recorder, in apiserver_instruments.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -489,16 +490,16 @@ async fn kubectl_create_namespace_configmap_and_serviceaccount_through_protobuf(
             .contains("serviceaccount/s1")
     );
     let events = format!(
-        "apiVersion: v1\nkind: Event\nmetadata:\n  name: e1\n  namespace: {demo}\ninvolvedObject:\n  kind: Namespace\n  name: {demo}\nreason: Tested\nmessage: hello\ntype: Normal\n"
+        "apiVersion: v1\nkind: Event\nmetadata:\n  name: e1\n  namespace: {demo}\ninvolvedObject:\n  kind: ConfigMap\n  name: c1\n  namespace: {demo}\nreason: Tested\nmessage: hello\ntype: Normal\n"
     );
-    // The object names its namespace; kubectl refuses a different --namespace.
+    // The object names its namespace; kubectl refuses a different --namespace. The involved
+    // object lives in the event's namespace (a real server refuses an Event whose
+    // involvedObject.namespace differs from its own, except cluster-scoped objects in `default`).
     let applied = k.apply(&["-n", demo], &events).await;
     assert_eq!(applied.code, 0, "{}", applied.stderr);
     let table = k.ok(&["get", "events", "-n", demo]).await;
     assert!(
-        table.contains("Tested")
-            && table.contains(&format!("namespace/{demo}"))
-            && table.contains("hello"),
+        table.contains("Tested") && table.contains("configmap/c1") && table.contains("hello"),
         "{table}"
     );
 }

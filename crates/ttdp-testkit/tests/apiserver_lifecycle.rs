@@ -1,11 +1,12 @@
 //! Deletion: graceful pod deletion, finalizers, owner-reference garbage collection (background,
 //! foreground, orphan) and namespace termination.
 //!
-//! Kubernetes behaviour only: every test runs against its own in-process server, or against the
-//! cluster `TTDP_TEST_KUBECONFIG` names. Pods are bound to node names that no kubelet serves, so
+//! Kubernetes behaviour only: every test runs against the real control plane of
+//! `ttdp_testkit::launcher::test_kubeconfig` (`TTDP_TEST_KUBECONFIG`, else one started for the
+//! test process). Pods are bound to node names that no kubelet serves, so
 //! graceful deletions stay pending as on a real cluster until the test deletes with grace
-//! period 0 (the kubelet's final delete). How the in-process server completes graceful deletion
-//! when no kubelet runs is a testkit instrument, tested in apiserver_instruments.rs.
+//! period 0 (the kubelet's final delete). How the in-process imitation completes graceful
+//! deletion when no kubelet runs is a testkit instrument, tested in apiserver_instruments.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod apiserver_support;
@@ -66,19 +67,18 @@ async fn a_bound_pod_terminates_gracefully_and_the_kubelet_completes_the_deletio
         "nobody but the kubelet removes it"
     );
 
-    // The kubelet's final delete.
-    let done = pods
-        .delete(
-            "p1",
-            &DeleteParams {
-                grace_period_seconds: Some(0),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    assert!(done.is_right(), "grace period 0 removes it at once");
-    assert!(gone(&pods, "p1").await);
+    // The kubelet's final delete. Pods answer a delete with the pod as it was deleted (not a
+    // Status), so the proof that it went at once is that it is gone right after.
+    pods.delete(
+        "p1",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(gone(&pods, "p1").await, "grace period 0 removes it at once");
 }
 
 #[tokio::test]
@@ -91,12 +91,14 @@ async fn an_unscheduled_pod_is_deleted_immediately() {
     // A node selector no node matches, so a real scheduler cannot bind it in the meantime.
     spec.node_selector = Some([(RUN_LABEL.to_owned(), t.name("no-node"))].into());
     pods.create(&PostParams::default(), &p).await.unwrap();
-    assert!(
-        pods.delete("p1", &DeleteParams::default())
-            .await
-            .unwrap()
-            .is_right()
-    );
+    // The answer is the deleted pod (pods return the object, not a Status): gone right after.
+    let deleted = pods
+        .delete("p1", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .expect("pods answer a delete with the pod");
+    assert_eq!(deleted.metadata.deletion_grace_period_seconds, Some(0));
     assert!(gone(&pods, "p1").await);
 }
 

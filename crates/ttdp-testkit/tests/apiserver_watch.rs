@@ -1,8 +1,9 @@
 //! Watch: event streams, resume from a resourceVersion, selector transitions, and kube-runtime's
 //! watcher (list-watch and streaming lists) over all of it.
 //!
-//! Kubernetes behaviour only: every test runs against its own in-process server, or against the
-//! cluster `TTDP_TEST_KUBECONFIG` names. The watched objects are ConfigMaps in the test's own
+//! Kubernetes behaviour only: every test runs against the real control plane of
+//! `ttdp_testkit::launcher::test_kubeconfig` (`TTDP_TEST_KUBECONFIG`, else one started for the
+//! test process). The watched objects are ConfigMaps in the test's own
 //! namespace carrying the test's run label (selected by it): nothing else writes them, whereas
 //! on a real cluster controllers update new Node objects (node IPAM, node lifecycle), which
 //! would add events. 410 Gone after compaction, bookmark timing and dropped watches need the

@@ -1,5 +1,5 @@
-//! Smoke test of the whole chain with the real `ttdp-agent` binary: DaemonSet stand-in -> simulated
-//! kubelet -> agent process on a simulated host -> simulated kernel, tt-kmd built from the
+//! Smoke test of the whole chain with the real `ttdp-agent` binary: the real DaemonSet controller
+//! -> simulated kubelet -> agent process on a simulated host -> simulated kernel, tt-kmd built from the
 //! simulated repository. It runs the `ttdp-agent` binary of this target directory (built here
 //! when missing), or `TTDP_AGENT_BIN`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

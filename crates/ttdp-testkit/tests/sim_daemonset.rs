@@ -1,7 +1,7 @@
-//! The DaemonSet controller stand-in against the test API server: placement by node affinity,
-//! taints and cordons, update strategies, and eviction by the skip label.
-//! On a real cluster (`TTDP_TEST_KUBECONFIG`) these tests exercise the real DaemonSet controller
-//! with the same assertions.
+//! The real DaemonSet controller with simulated nodes (the control plane of
+//! `ttdp_testkit::launcher::test_kubeconfig`): placement by node affinity, taints and cordons,
+//! update strategies, and eviction by the skip label. What the product relies on from it; the
+//! in-process DaemonSet stand-in is exercised in sim_resilience.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -455,14 +455,16 @@ async fn on_delete_replaces_only_deleted_pods_from_the_current_template() {
             "OnDelete must not replace the pod on {node}"
         );
     }
+    // No pod runs the new template yet (0 is left out of the status: omitempty).
     assert_eq!(
         api.get("agent")
             .await
             .unwrap()
             .status
             .unwrap()
-            .updated_number_scheduled,
-        Some(0)
+            .updated_number_scheduled
+            .unwrap_or_default(),
+        0
     );
 
     Api::<Pod>::namespaced(cluster.client(), cluster.namespace())

@@ -1,49 +1,48 @@
-//! `SimCluster` joining an existing cluster (what `TTDP_TEST_KUBECONFIG` does with a real one),
-//! played here by a separate test API server with its own DaemonSet controller: the simulated
-//! nodes join it, its controller places daemon pods on them, the simulated kubelet runs them, and
-//! shutdown removes everything the scenario created and nothing else.
+//! `SimCluster` joining an existing cluster given by its kubeconfig (what `TTDP_TEST_KUBECONFIG`
+//! does), here the real control plane of the test process, which already holds a node of
+//! someone else's: the simulated nodes join it, its DaemonSet controller places daemon pods on
+//! them, the simulated kubelet runs them, and shutdown removes everything the scenario created
+//! and nothing else.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod apiserver_support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use apiserver_support::Target;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Container, Namespace, Node, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
-use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
+use serde_json::json;
 use ttdp_testkit::sim::{
-    DaemonSetController, DeviceUse, SCENARIO_LABEL, SimCluster, SimClusterOptions, TenstorrentNode,
-    Workload, eventually,
+    DeviceUse, SCENARIO_LABEL, SimCluster, SimClusterOptions, TenstorrentNode, Workload, eventually,
 };
 
 const WAIT: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn joins_an_existing_cluster_and_cleans_up_after_itself() {
-    // The "existing cluster": an API server with its own DaemonSet controller and one node of
-    // its own that the scenario must not touch.
-    let server = TestApiServer::builder()
-        .pod_termination(PodTermination::Kubelet)
-        .start()
-        .await
-        .unwrap();
-    let admin = server.client().await.unwrap();
-    let controller = DaemonSetController::start(admin.clone(), Duration::from_millis(200));
+    // Someone else on the existing cluster: a namespace and a node the scenario must not touch
+    // (removed when `other` drops).
+    let other = Target::start().await;
+    let admin = other.client();
     let nodes: Api<Node> = Api::all(admin.clone());
-    let mut bystander = Node::default();
-    bystander.metadata.name = Some("bystander".to_owned());
-    nodes
-        .create(&PostParams::default(), &bystander)
+    let bystander = nodes
+        .create(&PostParams::default(), &other.node("bystander", json!({})))
         .await
-        .unwrap();
+        .unwrap()
+        .name_any();
 
     let cluster = SimCluster::start(
         SimClusterOptions::new()
             .node(TenstorrentNode::new().loaded("2.0.0"))
             .tenstorrent_nodes(1)
             .time_scale(0.05)
-            .existing_cluster(server.kubeconfig_path()),
+            .existing_cluster(other.kubeconfig()),
     )
     .await
     .unwrap();
@@ -120,21 +119,38 @@ async fn joins_an_existing_cluster_and_cleans_up_after_itself() {
     .unwrap();
 
     let namespace = cluster.namespace().to_owned();
+    let prefix = cluster.prefix().to_owned();
     cluster.shutdown().await.unwrap();
+    let both = format!("{SCENARIO_LABEL} in ({prefix},{})", other.namespace());
     let names: Vec<String> = nodes
-        .list(&ListParams::default())
+        .list(&ListParams::default().labels(&both))
         .await
         .unwrap()
         .items
-        .into_iter()
-        .map(|n| n.metadata.name.unwrap())
+        .iter()
+        .map(ResourceExt::name_any)
         .collect();
-    assert_eq!(
-        names,
-        vec!["bystander".to_owned()],
-        "only the scenario's nodes are gone"
-    );
+    assert_eq!(names, [bystander], "only the scenario's nodes are gone");
+    // Their Leases follow them (the garbage collector, through the Leases' owner references).
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    eventually("the scenario's node leases to be gone", WAIT, || {
+        let (leases, tt) = (leases.clone(), tt.clone());
+        async move {
+            let left = leases.list(&ListParams::default()).await.ok()?.items;
+            (!left.iter().any(|l| tt.contains(&l.name_any()))).then_some(())
+        }
+    })
+    .await
+    .unwrap();
     let namespaces: Api<Namespace> = Api::all(admin);
+    assert!(
+        namespaces
+            .get_opt(other.namespace())
+            .await
+            .unwrap()
+            .is_some(),
+        "the other namespace stays"
+    );
     eventually("the scenario namespace to be gone", WAIT, || {
         let (namespaces, namespace) = (namespaces.clone(), namespace.clone());
         async move {
@@ -148,6 +164,4 @@ async fn joins_an_existing_cluster_and_cleans_up_after_itself() {
     })
     .await
     .unwrap();
-    controller.shutdown().await;
-    server.shutdown().await;
 }

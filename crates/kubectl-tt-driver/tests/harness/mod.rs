@@ -1,26 +1,55 @@
-//! Running the real `kubectl` with the plugin on its PATH against the ttdp-testkit API server,
-//! with a populated fleet.
+//! Running the real `kubectl` with the plugin on its PATH against a real control plane
+//! (`ttdp_testkit::launcher::test_kubeconfig`), with a populated fleet.
+//!
+//! Each test works in its own [`Scratch`]: its policies and nodes are named `<prefix>-fleet`,
+//! `<prefix>-node-7`, ... and removed when the test ends. The plugin lists every policy and
+//! node of the cluster, so tests assert on their own objects only (other tests' policies may
+//! be there at the same time).
+//!
+//! Nothing here fakes what the real server can do: the DaemonSet's counters come from the real
+//! DaemonSet controller, its agent pods run on simulated kubelets (one healthy, one
+//! crash-looping), 403s come from ServiceAccounts that RBAC limits and 401s from a token the
+//! server does not know. Only what a shared real cluster cannot be made to answer goes through
+//! the [`FaultProxy`]: an API the server does not serve (the CRD not installed,
+//! events.k8s.io/v1 missing), a cluster without policies, and a 500.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetStatus};
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, ObjectReference, Pod, PodTemplateSpec};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{Event, Node, ObjectReference, Pod, Taint};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use ttdp_api::names::DEFAULT_NAMESPACE;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
-use ttdp_testkit::apiserver::TestApiServer;
+use ttdp_testkit::fault_proxy::FaultProxy;
+use ttdp_testkit::launcher::tokens;
+use ttdp_testkit::scratch::Scratch;
+use ttdp_testkit::sim::{
+    ImageMap, KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale,
+};
 
 use crate::fixture;
 
 /// How long any single kubectl run may take.
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the cluster may take to reach a state a test set up.
+const SETTLE: Duration = Duration::from_secs(60);
+/// The agent image of the test DaemonSet; the simulated kubelets run it as `/bin/sh`.
+const AGENT_IMAGE: &str = "ttdp.test/agent";
+/// The agent's script: crash at once where the node says so (`CRASH=1`), else stay up.
+const AGENT_SCRIPT: &str = "if [ \"$CRASH\" = 1 ]; then echo 'modprobe: ERROR: could not insert tenstorrent' >&2; exit 1; fi; exec /bin/sleep 600";
+/// Nodes of the populated fleet that run an agent pod: node-6 (healthy) and node-7
+/// (crash-looping).
+pub const AGENT_NODES: [&str; 2] = ["node-6", "node-7"];
 
 /// The real kubectl: `$TTDP_KUBECTL`, else `~/.local/ttdp-tools/bin/kubectl` (installed by
 /// `.ci/kube-tools`), else `kubectl` on PATH. Panics with instructions when there is none:
@@ -80,22 +109,30 @@ impl Run {
     }
 }
 
-/// A test API server, a client, and a directory holding the plugin for PATH.
+/// A test's corner of the real cluster, a fault proxy in front of it, and a directory holding
+/// the plugin for PATH (and the kubeconfigs of limited identities).
 pub struct Harness {
-    /// The server.
-    pub server: TestApiServer,
-    /// A client of it.
+    /// The test's prefix, namespace and cleanup.
+    pub scratch: Scratch,
+    /// An admin client of the real server.
     pub client: Client,
+    /// A proxy in front of the real server, for what the server cannot be made to answer.
+    pub proxy: FaultProxy,
+    kubelet: Option<SimKubelet>,
     bin: tempfile::TempDir,
 }
 
 impl Harness {
-    /// A server without the CRD.
-    pub async fn bare() -> Harness {
-        let server = TestApiServer::start()
+    /// The CRD installed (shared, left in place), no policies of this test yet.
+    pub async fn start() -> Harness {
+        let scratch = Scratch::new("kt")
             .await
-            .expect("test api server starts");
-        let client = server.client().await.expect("client");
+            .expect("a scratch namespace on the test cluster");
+        scratch.install_ttdp_crd().await.expect("the ttdp CRD");
+        let client = scratch.client();
+        let proxy = FaultProxy::start(client.clone())
+            .await
+            .expect("the fault proxy starts");
         let bin = tempfile::tempdir().expect("tempdir");
         std::os::unix::fs::symlink(
             env!("CARGO_BIN_EXE_kubectl-tt-driver"),
@@ -103,67 +140,129 @@ impl Harness {
         )
         .expect("symlink the plugin");
         Harness {
-            server,
+            scratch,
             client,
+            proxy,
+            kubelet: None,
             bin,
         }
     }
 
-    /// A server with the CRD installed and no policies.
-    pub async fn with_crd() -> Harness {
-        let h = Harness::bare().await;
-        let crds: Api<CustomResourceDefinition> = Api::all(h.client.clone());
-        crds.create(&PostParams::default(), &ttdp_api::crd())
-            .await
-            .expect("install the CRD");
-        h
+    /// The fleet of [`fixture::every_state`] named for this test (`<prefix>-fleet` over
+    /// `<prefix>-node-1..9`, `<prefix>-canary` over `<prefix>-node-10..11`), with statuses,
+    /// its Nodes (node-3 and node-7 cordoned by fleet) and a Warning
+    /// Event about fleet.
+    pub async fn populated() -> Harness {
+        Harness::populate(false).await
     }
 
-    /// A server with the fleet of [`fixture::every_state`] (both policies with their
-    /// statuses), its Nodes (node-3 and node-7 cordoned by fleet), the DaemonSet of `fleet`
-    /// and a Warning Event about `fleet`.
-    pub async fn populated() -> Harness {
-        let h = Harness::with_crd().await;
+    /// [`Harness::populated`], and the real DaemonSet `ttdrv-<prefix>-fleet` in the test's
+    /// namespace running on [`AGENT_NODES`], served by simulated kubelets: the agent on node-6
+    /// is Ready, the one on node-7 crash-loops, so the DaemonSet controller reports 1/2 ready.
+    pub async fn populated_with_agents() -> Harness {
+        Harness::populate(true).await
+    }
+
+    async fn populate(agents: bool) -> Harness {
+        let mut h = Harness::start().await;
         let fleet = fixture::every_state();
         for view in &fleet.policies {
             h.create_policy(&view.policy).await;
         }
+        let on_kubelet: &[&str] = if agents { &AGENT_NODES } else { &[] };
         for i in 1..=11 {
-            let name = format!("node-{i}");
-            let cordoned = matches!(i, 3 | 7).then_some("fleet");
-            h.create_node(&fixture::k8s_node(&name, Some("2.7.0"), cordoned))
-                .await;
+            let short = format!("node-{i}");
+            if !on_kubelet.contains(&short.as_str()) {
+                h.create_node(&fixture::k8s_node(&short, Some("2.7.0"), None))
+                    .await;
+            }
         }
-        h.create_daemonset("fleet", 9, 8).await;
-        h.create_agent_pod("fleet", "node-7").await;
+        if agents {
+            h.start_kubelet(on_kubelet).await;
+        }
+        for short in ["node-3", "node-7"] {
+            h.cordon(short, "fleet").await;
+        }
         h.create_event(
             "fleet",
             "Warning",
             "DrainTimeout",
-            "node-7: pods ml/trainer-0 did not leave within 600s",
+            &format!(
+                "{}: pods ml/trainer-0 did not leave within 600s",
+                h.n("node-7")
+            ),
         )
         .await;
+        if agents {
+            h.create_agent_daemonset("fleet").await;
+        }
         h
     }
 
-    /// Creates a policy and then writes its status through the status subresource.
+    /// The test's prefix.
+    pub fn prefix(&self) -> &str {
+        self.scratch.prefix()
+    }
+
+    /// `<prefix>-<short>`.
+    pub fn n(&self, short: &str) -> String {
+        self.scratch.name(short)
+    }
+
+    /// The test's namespace (where its DaemonSet runs).
+    pub fn ns(&self) -> &str {
+        self.scratch.namespace()
+    }
+
+    /// The admin kubeconfig of the real cluster.
+    pub fn kubeconfig(&self) -> &Path {
+        self.scratch.kubeconfig()
+    }
+
+    /// `policy` with this test's names: the policy, its nodes and the node names in its
+    /// condition and node messages get the prefix. Nodes are selected by the test's
+    /// [`SCENARIO_LABEL`], so no other test's node counts as one of its nodes.
+    pub fn named(&self, policy: &TenstorrentDriverPolicy) -> TenstorrentDriverPolicy {
+        let rename = |text: &str| text.replace("node-", &self.n("node-"));
+        let mut p = policy.clone();
+        p.metadata.name = p.metadata.name.as_deref().map(|n| self.n(n));
+        p.spec.node_affinity = Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                SCENARIO_LABEL.to_owned(),
+                self.prefix().to_owned(),
+            )])),
+            ..LabelSelector::default()
+        });
+        if let Some(status) = p.status.as_mut() {
+            for node in &mut status.nodes {
+                node.name = self.n(&node.name);
+                node.message = node.message.as_deref().map(rename);
+            }
+            for c in &mut status.conditions {
+                c.message = rename(&c.message);
+            }
+        }
+        p
+    }
+
+    /// Creates [`Harness::named`]`(policy)`, then writes its status through the status
+    /// subresource.
     pub async fn create_policy(&self, policy: &TenstorrentDriverPolicy) {
+        let named = self.named(policy);
         let api: Api<TenstorrentDriverPolicy> = Api::all(self.client.clone());
-        let mut new = policy.clone();
+        let mut new = named.clone();
         new.metadata = ObjectMeta {
-            name: policy.metadata.name.clone(),
+            name: named.metadata.name.clone(),
             ..ObjectMeta::default()
         };
         new.status = None;
-        let name = policy.metadata.name.clone().expect("named");
         api.create(&PostParams::default(), &new)
             .await
             .expect("create policy");
-        self.set_status(policy).await;
-        let _ = name;
+        self.set_status(&named).await;
     }
 
-    /// Replaces a policy's status.
+    /// Replaces a policy's status (the policy already carries this test's names).
     pub async fn set_status(&self, policy: &TenstorrentDriverPolicy) {
         let api: Api<TenstorrentDriverPolicy> = Api::all(self.client.clone());
         let name = policy.metadata.name.clone().expect("named");
@@ -177,13 +276,15 @@ impl Harness {
             &Patch::Merge(json!({ "status": status })),
         )
         .await
-        .expect("write status");
+        .unwrap_or_else(|e| panic!("write the status of policy {name}: {e}"));
     }
 
-    /// Moves one node of a policy to `state` with loaded `version`.
+    /// Moves node `node` (short name) of policy `policy` (short name) to `state` with loaded
+    /// `version`.
     pub async fn set_node_state(&self, policy: &str, node: &str, state: NodeState, version: &str) {
         let api: Api<TenstorrentDriverPolicy> = Api::all(self.client.clone());
-        let mut p = api.get(policy).await.expect("get policy");
+        let mut p = api.get(&self.n(policy)).await.expect("get policy");
+        let node = self.n(node);
         let status = p.status.as_mut().expect("has status");
         let n = status
             .nodes
@@ -195,96 +296,152 @@ impl Harness {
         self.set_status(&p).await;
     }
 
-    /// Creates a Node.
+    /// Creates `node` renamed `<prefix>-<name>` and labelled with the test's
+    /// [`SCENARIO_LABEL`]. No kubelet serves it: the plugin reads only its labels, annotations
+    /// and `spec.unschedulable`.
     pub async fn create_node(&self, node: &Node) {
+        let mut node = node.clone();
+        let short = node.metadata.name.clone().expect("named");
+        node.metadata.name = Some(self.n(&short));
+        node.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(SCENARIO_LABEL.to_owned(), self.prefix().to_owned());
         let api: Api<Node> = Api::all(self.client.clone());
-        api.create(&PostParams::default(), node)
+        api.create(&PostParams::default(), &node)
             .await
-            .expect("create node");
+            .unwrap_or_else(|e| panic!("create node {}: {e}", self.n(&short)));
     }
 
-    /// Creates the namespace (if needed) and DaemonSet `ttdrv-<policy>` with these counters.
-    pub async fn create_daemonset(&self, policy: &str, desired: i32, ready: i32) {
-        let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        let ns = Namespace {
-            metadata: ObjectMeta {
-                name: Some(DEFAULT_NAMESPACE.to_owned()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        let _ = namespaces.create(&PostParams::default(), &ns).await;
-        let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), DEFAULT_NAMESPACE);
-        let labels = std::collections::BTreeMap::from([("app".to_owned(), "x".to_owned())]);
-        let ds = DaemonSet {
-            metadata: ObjectMeta {
-                name: Some(ttdp_api::names::daemonset_name(policy)),
-                ..ObjectMeta::default()
-            },
-            spec: Some(DaemonSetSpec {
-                selector: LabelSelector {
-                    match_labels: Some(labels.clone()),
-                    ..LabelSelector::default()
-                },
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        labels: Some(labels),
-                        ..ObjectMeta::default()
-                    }),
-                    spec: Some(
-                        serde_json::from_value(json!({
-                            "containers": [{"name": "agent", "image": "ttdp-agent:test"}]
-                        }))
-                        .expect("pod spec"),
-                    ),
-                },
-                ..DaemonSetSpec::default()
-            }),
-            status: None,
-        };
-        let name = ds.metadata.name.clone().expect("named");
-        api.create(&PostParams::default(), &ds)
-            .await
-            .expect("create daemonset");
-        let status = DaemonSetStatus {
-            desired_number_scheduled: desired,
-            number_ready: ready,
-            current_number_scheduled: desired,
-            number_misscheduled: 0,
-            updated_number_scheduled: Some(ready),
-            ..DaemonSetStatus::default()
-        };
-        api.patch_status(
-            &name,
+    /// Cordons node `short` the way the controller does for policy `policy` (short name).
+    pub async fn cordon(&self, short: &str, policy: &str) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let patch = json!({
+            "metadata": {"annotations": {
+                ttdp_api::names::annotations::CORDONED_BY: ttdp_api::names::cordon_owner(&self.n(policy)),
+            }},
+            "spec": {"unschedulable": true},
+        });
+        api.patch(
+            &self.n(short),
             &PatchParams::default(),
-            &Patch::Merge(json!({ "status": status })),
+            &Patch::Merge(patch),
         )
         .await
-        .expect("daemonset status");
+        .unwrap_or_else(|e| panic!("cordon node {}: {e}", self.n(short)));
     }
 
-    /// Creates an agent pod of `policy` on `node` in the operator namespace (which
-    /// [`Harness::create_daemonset`] creates).
-    pub async fn create_agent_pod(&self, policy: &str, node: &str) {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), DEFAULT_NAMESPACE);
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {
-                "name": format!("ttdrv-{policy}-{node}"),
-                "labels": { ttdp_api::names::labels::POLICY: policy },
-            },
+    /// Registers nodes `shorts` (labelled like [`fixture::k8s_node`] at 2.7.0, tainted
+    /// `SCENARIO_LABEL=<prefix>:NoSchedule` so nothing else is scheduled there) on a simulated
+    /// kubelet that runs [`AGENT_IMAGE`] as `/bin/sh`; node-7's agent crashes.
+    async fn start_kubelet(&mut self, shorts: &[&str]) {
+        let specs = shorts
+            .iter()
+            .map(|short| {
+                let template = fixture::k8s_node(short, Some("2.7.0"), None);
+                let mut spec = SimNodeSpec::new(self.n(short));
+                spec.labels = template.metadata.labels.unwrap_or_default();
+                spec.labels
+                    .insert(SCENARIO_LABEL.to_owned(), self.prefix().to_owned());
+                spec.taints = vec![Taint {
+                    key: SCENARIO_LABEL.to_owned(),
+                    value: Some(self.prefix().to_owned()),
+                    effect: "NoSchedule".to_owned(),
+                    time_added: None,
+                }];
+                if *short == "node-7" {
+                    spec.env = vec![("CRASH".to_owned(), "1".to_owned())];
+                }
+                spec
+            })
+            .collect();
+        // Real time: the crash-looping agent then spends 10 s, 20 s, ... in CrashLoopBackOff
+        // between runs of a few milliseconds, so every read sees it backing off.
+        let config = KubeletConfig {
+            image_map: ImageMap::new().with(AGENT_IMAGE, "/bin/sh"),
+            time_scale: TimeScale::REAL,
+            ..KubeletConfig::default()
+        };
+        let kubelet = SimKubelet::start(self.client.clone(), config, specs)
+            .await
+            .expect("simulated kubelet starts");
+        self.kubelet = Some(kubelet);
+    }
+
+    /// Creates the DaemonSet `ttdrv-<prefix>-<policy>` in the test's namespace, its pods
+    /// labelled with the policy as the controller labels them, on [`AGENT_NODES`]; waits until
+    /// the DaemonSet controller reports 2 desired and 1 ready and node-7's agent is in
+    /// CrashLoopBackOff.
+    pub async fn create_agent_daemonset(&self, policy: &str) {
+        let policy = self.n(policy);
+        let name = ttdp_api::names::daemonset_name(&policy);
+        let nodes: Vec<String> = AGENT_NODES.iter().map(|n| self.n(n)).collect();
+        let ds: DaemonSet = serde_json::from_value(json!({
+            "metadata": {"name": name},
             "spec": {
-                "nodeName": node,
-                "containers": [{"name": "agent", "image": "ttdp-agent:test"}],
+                "selector": {"matchLabels": {ttdp_api::names::labels::POLICY: policy}},
+                "template": {
+                    "metadata": {"labels": {ttdp_api::names::labels::POLICY: policy}},
+                    "spec": {
+                        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [{
+                                "key": "kubernetes.io/hostname", "operator": "In", "values": nodes,
+                            }]}],
+                        }}},
+                        "tolerations": [{"key": SCENARIO_LABEL, "operator": "Equal",
+                                         "value": self.prefix(), "effect": "NoSchedule"}],
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [{
+                            "name": "agent",
+                            "image": AGENT_IMAGE,
+                            "command": ["/bin/sh"],
+                            "args": ["-c", AGENT_SCRIPT],
+                        }],
+                    },
+                },
             },
         }))
-        .expect("pod");
-        api.create(&PostParams::default(), &pod)
+        .expect("daemonset");
+        let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), self.ns());
+        api.create(&PostParams::default(), &ds)
             .await
-            .expect("create agent pod");
+            .unwrap_or_else(|e| panic!("create daemonset {name}: {e}"));
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
+        let crashing = self.n("node-7");
+        let started = Instant::now();
+        loop {
+            let status = api.get(&name).await.ok().and_then(|d| d.status);
+            let counted = status
+                .as_ref()
+                .is_some_and(|s| s.desired_number_scheduled == 2 && s.number_ready == 1);
+            let backing_off = pods
+                .list(
+                    &ListParams::default()
+                        .labels(&format!("{}={policy}", ttdp_api::names::labels::POLICY)),
+                )
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+                .iter()
+                .any(|p| {
+                    let facts = kubectl_tt_driver::fleet::PodFacts::from(p);
+                    facts.node == crashing && facts.status == "CrashLoopBackOff"
+                });
+            if counted && backing_off {
+                return;
+            }
+            assert!(
+                started.elapsed() < SETTLE,
+                "daemonset {name} did not reach 1/2 ready with a crash-looping agent on \
+                 {crashing} within {SETTLE:?}; status {status:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
-    /// Creates a core/v1 Event about a policy in namespace `default`.
+    /// Creates a core/v1 Event in namespace `default` about policy `policy` (short name).
     pub async fn create_event(&self, policy: &str, type_: &str, reason: &str, message: &str) {
+        let policy = self.n(policy);
         let api: Api<Event> = Api::namespaced(self.client.clone(), "default");
         let now = Time(jiff::Timestamp::now());
         let ev = Event {
@@ -296,7 +453,7 @@ impl Harness {
             involved_object: ObjectReference {
                 api_version: Some("driver.tenstorrent.com/v1alpha1".to_owned()),
                 kind: Some("TenstorrentDriverPolicy".to_owned()),
-                name: Some(policy.to_owned()),
+                name: Some(policy.clone()),
                 ..ObjectReference::default()
             },
             type_: Some(type_.to_owned()),
@@ -310,7 +467,96 @@ impl Harness {
         };
         api.create(&PostParams::default(), &ev)
             .await
-            .expect("create event");
+            .unwrap_or_else(|e| panic!("create an event about {policy}: {e}"));
+    }
+
+    /// A kubeconfig for the ServiceAccount `<namespace>/<short>` (created here) that RBAC
+    /// lets do only `rules` (none: a ClusterRole `<prefix>-<short>` and its binding otherwise,
+    /// both removed with the test). Waits until the server's authorizer agrees.
+    pub async fn identity(&self, short: &str, rules: serde_json::Value) -> PathBuf {
+        self.scratch
+            .create_service_account(self.ns(), short)
+            .await
+            .expect("service account");
+        let user = format!("system:serviceaccount:{}:{short}", self.ns());
+        let granted = rules.as_array().is_some_and(|r| !r.is_empty());
+        if granted {
+            let role: ClusterRole = serde_json::from_value(json!({
+                "metadata": {"name": self.n(short)},
+                "rules": rules,
+            }))
+            .expect("cluster role");
+            Api::<ClusterRole>::all(self.client.clone())
+                .create(&PostParams::default(), &role)
+                .await
+                .expect("create cluster role");
+            let binding: ClusterRoleBinding = serde_json::from_value(json!({
+                "metadata": {"name": self.n(short)},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": self.n(short)},
+                "subjects": [{"kind": "ServiceAccount", "name": short, "namespace": self.ns()}],
+            }))
+            .expect("cluster role binding");
+            Api::<ClusterRoleBinding>::all(self.client.clone())
+                .create(&PostParams::default(), &binding)
+                .await
+                .expect("create cluster role binding");
+            // The authorizer reads RBAC from an informer: wait until it sees the binding.
+            let started = Instant::now();
+            while !self
+                .allowed(
+                    &user,
+                    "list",
+                    "driver.tenstorrent.com",
+                    "tenstorrentdriverpolicies",
+                )
+                .await
+            {
+                assert!(
+                    started.elapsed() < SETTLE,
+                    "RBAC for {user} not in effect within {SETTLE:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let token = tokens::service_account_token(&self.client, self.ns(), short)
+            .await
+            .expect("service account token");
+        tokens::write_token_kubeconfig(self.kubeconfig(), &token, self.bin.path(), short)
+            .expect("token kubeconfig")
+    }
+
+    /// A kubeconfig for the real server with a token it never issued.
+    pub fn stranger(&self) -> PathBuf {
+        tokens::write_token_kubeconfig(
+            self.kubeconfig(),
+            "not-a-token-this-server-issued",
+            self.bin.path(),
+            "stranger",
+        )
+        .expect("stranger kubeconfig")
+    }
+
+    async fn allowed(&self, user: &str, verb: &str, group: &str, resource: &str) -> bool {
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.to_owned()),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.to_owned()),
+                    group: Some(group.to_owned()),
+                    resource: Some(resource.to_owned()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SubjectAccessReviewSpec::default()
+            },
+            ..SubjectAccessReview::default()
+        };
+        Api::<SubjectAccessReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .ok()
+            .and_then(|r| r.status)
+            .is_some_and(|s| s.allowed)
     }
 
     /// PATH with the plugin first, then kubectl's directory, then the system.
@@ -326,12 +572,17 @@ impl Harness {
         std::env::join_paths(dirs).expect("PATH")
     }
 
-    /// A `kubectl` command with the plugin on PATH and KUBECONFIG pointing at the server.
+    /// A `kubectl` command with the plugin on PATH and KUBECONFIG naming the real cluster.
     pub fn command(&self, args: &[&str]) -> tokio::process::Command {
+        self.command_with(self.kubeconfig(), args)
+    }
+
+    /// A `kubectl` command with the plugin on PATH and KUBECONFIG=`kubeconfig`.
+    pub fn command_with(&self, kubeconfig: &Path, args: &[&str]) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(kubectl());
         cmd.args(args)
             .env("PATH", self.path_env())
-            .env("KUBECONFIG", self.server.kubeconfig_path())
+            .env("KUBECONFIG", kubeconfig)
             .env_remove("NO_COLOR")
             .env_remove("COLUMNS")
             .stdin(Stdio::null())
@@ -341,9 +592,21 @@ impl Harness {
         cmd
     }
 
-    /// Runs `kubectl <args>` to completion (bounded by [`RUN_TIMEOUT`]).
+    /// Runs `kubectl <args>` against the real cluster to completion (bounded by
+    /// [`RUN_TIMEOUT`]).
     pub async fn kubectl(&self, args: &[&str]) -> Run {
         self.run(self.command(args)).await
+    }
+
+    /// Runs `kubectl <args>` through the fault proxy.
+    pub async fn kubectl_via_proxy(&self, args: &[&str]) -> Run {
+        self.run(self.command_with(self.proxy.kubeconfig(), args))
+            .await
+    }
+
+    /// Runs `kubectl <args>` with KUBECONFIG=`kubeconfig`.
+    pub async fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> Run {
+        self.run(self.command_with(kubeconfig, args)).await
     }
 
     /// Runs a prepared command to completion.
@@ -357,5 +620,39 @@ impl Harness {
             stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         }
+    }
+
+    /// The summary blocks of this test's policies in `status` output (a `<policy>: version
+    /// ...` line and its indented lines), in order.
+    pub fn own_summaries(&self, out: &str) -> String {
+        let mut kept = String::new();
+        let mut in_own = false;
+        for line in out.lines() {
+            if line.starts_with("  ") {
+                if in_own {
+                    kept.push_str(line);
+                    kept.push('\n');
+                }
+                continue;
+            }
+            in_own =
+                line.starts_with(&format!("{}-", self.prefix())) && line.contains(": version ");
+            if in_own {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        kept
+    }
+
+    /// The entries of a JSON array whose `name` is one of this test's names.
+    pub fn own(&self, items: &serde_json::Value) -> Vec<serde_json::Value> {
+        items
+            .as_array()
+            .expect("an array")
+            .iter()
+            .filter(|i| i["name"].as_str().is_some_and(|n| self.scratch.owns(n)))
+            .cloned()
+            .collect()
     }
 }

@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use clap::Parser;
-use ttdp_testkit::launcher::{Assets, ControlPlane};
+use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
 
 /// Run a real Kubernetes control plane for tests.
 #[derive(Debug, Parser)]
@@ -15,9 +15,10 @@ struct Args {
     /// Also copy the admin kubeconfig to this path.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// Where the run folder (logs, certificates, etcd data) goes.
-    #[arg(long, default_value = "target/ttdp-kube/runs")]
-    runs: PathBuf,
+    /// Where the run folder (logs, certificates, etcd data) goes (default:
+    /// `<target>/ttdp-kube/runs`).
+    #[arg(long)]
+    runs: Option<PathBuf>,
     /// Stop when standard input ends (for callers that hold a pipe to it).
     #[arg(long)]
     stdin: bool,
@@ -26,7 +27,8 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let assets = Assets::locate()?;
-    let plane = ControlPlane::start(&assets, &args.runs)?;
+    let runs = args.runs.unwrap_or_else(runs_dir);
+    let plane = ControlPlane::start(&assets, &runs)?;
     let path = match &args.kubeconfig {
         Some(copy) => {
             std::fs::copy(plane.kubeconfig(), copy)?;

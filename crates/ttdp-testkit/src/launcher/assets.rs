@@ -138,7 +138,7 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| repo_root().join("target"))
 }
 
-/// Where control-plane runs keep their folders.
-pub(super) fn runs_dir() -> PathBuf {
+/// Where control-plane runs keep their folders: `<target>/ttdp-kube/runs`.
+pub fn runs_dir() -> PathBuf {
     target_dir().join("ttdp-kube").join("runs")
 }

@@ -17,12 +17,13 @@
 mod assets;
 mod pki;
 mod process;
+pub mod tokens;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-pub use assets::{ASSETS_ENV, Assets};
+pub use assets::{ASSETS_ENV, Assets, runs_dir};
 
 /// A kubeconfig naming an existing cluster to run the end-to-end suites against; nothing is
 /// started then.

@@ -126,7 +126,8 @@ impl Pki {
             self.path(&format!("{user}.crt")).display(),
             self.path(&format!("{user}.key")).display()
         );
-        write_kubeconfig(dir, stem, server, &self.path("ca.crt"), &user_entry)
+        let ca = self.path("ca.crt");
+        write_kubeconfig(dir, stem, server, ServerTrust::CaFile(&ca), &user_entry)
     }
 
     fn signed(
@@ -147,22 +148,34 @@ impl Pki {
     }
 }
 
-/// Writes `<dir>/<stem>.kubeconfig`: one cluster (`server`, trusting `ca`), one user whose
-/// indented entry is `user_entry`, and a context joining them.
+/// How a kubeconfig's cluster entry trusts the API server's certificate.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum ServerTrust<'a> {
+    /// `certificate-authority`: a PEM file.
+    CaFile(&'a Path),
+    /// `certificate-authority-data`: the base64 of a PEM bundle, as another kubeconfig holds it.
+    CaData(&'a str),
+}
+
+/// Writes `<dir>/<stem>.kubeconfig`: one cluster (`server`, trusted as `trust` says), one user
+/// whose indented entry is `user_entry`, and a context joining them.
 pub(super) fn write_kubeconfig(
     dir: &Path,
     stem: &str,
     server: &str,
-    ca: &Path,
+    trust: ServerTrust<'_>,
     user_entry: &str,
 ) -> Result<PathBuf, LaunchError> {
     let path = dir.join(format!("{stem}.kubeconfig"));
+    let trust = match trust {
+        ServerTrust::CaFile(ca) => format!("certificate-authority: {}", ca.display()),
+        ServerTrust::CaData(data) => format!("certificate-authority-data: {data}"),
+    };
     let text = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: ttdp-test\n  cluster:\n    \
-         server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {stem}\n  user:\n\
+         server: {server}\n    {trust}\nusers:\n- name: {stem}\n  user:\n\
          {user_entry}contexts:\n- name: ttdp-test\n  context:\n    cluster: ttdp-test\n    \
-         user: {stem}\n    namespace: default\ncurrent-context: ttdp-test\n",
-        ca = ca.display()
+         user: {stem}\n    namespace: default\ncurrent-context: ttdp-test\n"
     );
     std::fs::write(&path, text).map_err(LaunchError::io(path.display().to_string()))?;
     Ok(path)

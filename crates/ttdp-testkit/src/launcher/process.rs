@@ -53,6 +53,8 @@ impl Ports {
 /// few keep their logs.
 pub(super) fn fresh_run_dir(runs: &Path) -> Result<PathBuf, LaunchError> {
     std::fs::create_dir_all(runs).map_err(LaunchError::io(runs.display().to_string()))?;
+    // Kubeconfigs name their certificates by absolute path.
+    let runs = &std::path::absolute(runs).map_err(LaunchError::io(runs.display().to_string()))?;
     prune_finished_runs(runs);
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -1,7 +1,8 @@
-//! [`SimCluster`]: one entry point for tests and the demo. It starts the test API server (or,
-//! when `TTDP_TEST_KUBECONFIG` is set, connects to that real cluster), registers simulated
-//! Tenstorrent and plain nodes with a simulated host each, runs the DaemonSet controller stand-in
-//! (simulation only) and the simulated kubelet, and cleans up what it created.
+//! [`SimCluster`]: one entry point for tests and the demo. It joins the real control plane of
+//! [`launcher::test_kubeconfig`] (or another existing cluster; or, for fault injection and the
+//! demo's fallback, starts the in-process imitation API server with its DaemonSet controller
+//! stand-in), registers simulated Tenstorrent and plain nodes with a simulated host each, runs
+//! their simulated kubelet, and cleans up what it created.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ttdp_testkit::sim::SimError> {
@@ -28,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount, Taint};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -292,6 +293,9 @@ pub struct SimCluster {
     kubelet_config: KubeletConfig,
     kubelets: Vec<SimKubelet>,
     daemonsets: Option<DaemonSetController>,
+    /// Set once [`SimCluster::shutdown`] has succeeded; until then dropping the cluster on a
+    /// real cluster deletes what it created (a test that panics never reaches its shutdown).
+    shut_down: bool,
     dir: tempfile::TempDir,
 }
 
@@ -431,6 +435,7 @@ impl SimCluster {
             kubelet_config,
             kubelets: vec![kubelet],
             daemonsets,
+            shut_down: false,
             dir,
         })
     }
@@ -509,7 +514,8 @@ impl SimCluster {
         Ok(())
     }
 
-    /// True when running against an existing (real) cluster rather than the test API server.
+    /// True when running against an existing (real) cluster rather than the in-process
+    /// imitation API server.
     pub fn is_real(&self) -> bool {
         self.server.is_none()
     }
@@ -716,8 +722,88 @@ impl SimCluster {
         if let Some(server) = self.server.take() {
             server.shutdown().await;
         }
+        self.shut_down = true;
         Ok(())
     }
+}
+
+impl Drop for SimCluster {
+    /// A cluster dropped without [`SimCluster::shutdown`] (a test that panicked) on a real
+    /// cluster: stop the kubelets and delete the scenario's namespace (its pods at once, since no
+    /// kubelet is left to finish them) and nodes, best effort, from a thread with a runtime and
+    /// client of its own (the test's runtime may be unwinding or blocked right here).
+    fn drop(&mut self) {
+        if self.shut_down || !self.is_real() {
+            return;
+        }
+        // Dropping a kubelet stops its tasks before its nodes go.
+        self.kubelets.clear();
+        let kubeconfig = self.kubeconfig.clone();
+        let namespace = self.namespace.clone();
+        let nodes: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        let cleanup = std::thread::spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    eprintln!("cleanup of scenario {namespace}: no runtime: {e}");
+                    return;
+                }
+            };
+            runtime.block_on(async {
+                let run = delete_scenario(&kubeconfig, &namespace, &nodes);
+                match tokio::time::timeout(Duration::from_secs(30), run).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => eprintln!("cleanup of scenario {namespace}: {e}"),
+                    Err(_) => {
+                        eprintln!("cleanup of scenario {namespace} did not finish within 30s")
+                    }
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Deletes a scenario's namespace (its pods first, with grace period 0) and nodes; their Leases
+/// go with them (the garbage collector follows the Leases' owner references to the nodes).
+async fn delete_scenario(
+    kubeconfig: &Path,
+    namespace: &str,
+    nodes: &[String],
+) -> Result<(), SimError> {
+    let client = client_for(kubeconfig).await?;
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let listed = pods
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| SimError::api(format!("list the pods of namespace {namespace}"), e))?;
+    for pod in listed.items {
+        let _ = pods.delete(&pod.name_any(), &now).await;
+    }
+    match Api::<Namespace>::all(client.clone())
+        .delete(namespace, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => {}
+        Err(err) if is_not_found(&err) => {}
+        Err(err) => return Err(SimError::api(format!("delete namespace {namespace}"), err)),
+    }
+    let api: Api<Node> = Api::all(client);
+    for name in nodes {
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(err) if is_not_found(&err) => {}
+            Err(err) => return Err(SimError::api(format!("delete simulated node {name}"), err)),
+        }
+    }
+    Ok(())
 }
 
 /// `<kind>-` and five random characters: a DNS label, unique enough to keep the objects of one
@@ -757,9 +843,28 @@ async fn create_namespace(client: &Client, name: &str) -> Result<(), SimError> {
         ..Namespace::default()
     };
     match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(err) if is_conflict(&err) => {}
+        Err(err) => return Err(SimError::api(format!("create namespace {name}"), err)),
+    }
+    // A real cluster refuses pods in a namespace until its `default` ServiceAccount exists (the
+    // ServiceAccount admission plugin), which the controller manager creates shortly after the
+    // namespace: create it right away instead of waiting (409 when the controller was first).
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("default".to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    match accounts.create(&PostParams::default(), &account).await {
         Ok(_) => Ok(()),
         Err(err) if is_conflict(&err) => Ok(()),
-        Err(err) => Err(SimError::api(format!("create namespace {name}"), err)),
+        Err(err) => Err(SimError::api(
+            format!("create service account {name}/default"),
+            err,
+        )),
     }
 }
 

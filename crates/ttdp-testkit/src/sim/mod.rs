@@ -1,11 +1,12 @@
-//! The simulated cluster around the test API server: a DaemonSet controller and scheduler
-//! stand-in, and simulated nodes whose "kubelet" runs pods' containers as child processes against a
-//! simulated host.
+//! Simulated nodes for a real control plane: their "kubelet" runs pods' containers as child
+//! processes against a simulated host; and, for the in-process imitation API server only, a
+//! DaemonSet controller and scheduler stand-in.
 //!
-//! Everything here is a kube-rs client: the same code runs against the in-process test API server
-//! and, when `TTDP_TEST_KUBECONFIG` names one, against a real cluster (where the DaemonSet stand-in
-//! stays off and the kubelet manages only the nodes it created). It must never be used by
-//! production code.
+//! Everything here is a kube-rs client. By default it joins the real control plane of
+//! [`crate::launcher::test_kubeconfig`] (or another existing cluster), where the stand-ins stay
+//! off and the kubelet manages only the nodes it created; the in-process imitation is the
+//! explicit opt-in of fault-injection tests and the demo's fallback
+//! ([`SimClusterOptions::in_process`]). It must never be used by production code.
 //!
 //! - [`SimCluster`] is the entry point: nodes with simulated hosts ([`TenstorrentNode`]),
 //!   workloads ([`Workload`]), PodDisruptionBudgets, cleanup.

@@ -139,7 +139,7 @@ pub fn widget_crd(t: &Target) -> Value {
                                     "type": "array",
                                     "x-kubernetes-list-type": "map",
                                     "x-kubernetes-list-map-keys": ["type"],
-                                    "items": {"type": "object", "properties": {
+                                    "items": {"type": "object", "required": ["type"], "properties": {
                                         "type": {"type": "string"},
                                         "status": {"type": "string"},
                                         "reason": {"type": "string"}

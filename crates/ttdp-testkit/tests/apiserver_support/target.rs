@@ -1,17 +1,17 @@
-//! Where an API-server semantic test runs: its own in-process [`TestApiServer`], or, when
-//! `TTDP_TEST_KUBECONFIG` names a kubeconfig, that (real) cluster.
+//! Where an API-server semantic test runs: the real control plane of
+//! [`launcher::test_kubeconfig`] (the cluster `TTDP_TEST_KUBECONFIG` names, else one started for
+//! the test process and shared by its tests).
 //!
-//! Either way a test gets a client whose default namespace is a fresh namespace of its own, the
-//! kubeconfig for kubectl, and [`Target::name`] / [`Target::group`] for unique cluster-scoped
-//! names (nodes, namespaces, CRD groups), so that many tests can share one cluster and run in
-//! parallel. In real mode nothing is started, and dropping the target removes what the test
-//! created (also when the test panics): the namespaces, nodes, node leases and CRDs named with
-//! the test's prefix, and the events it left in `default` about its nodes.
+//! A test gets a client whose default namespace is a fresh namespace of its own, the kubeconfig
+//! for kubectl, and [`Target::name`] / [`Target::group`] for unique cluster-scoped names (nodes,
+//! namespaces, CRD groups), so that many tests, and several suites, can share one cluster and
+//! run in parallel. Dropping the target removes what the test created (also when the test
+//! panics): the namespaces, nodes, node leases and CRDs named with the test's prefix, and the
+//! events it left in `default` about its nodes.
 //!
-//! In-process, the server leaves graceful pod deletion to a kubelet
-//! ([`PodTermination::Kubelet`]) as a real cluster does: a test that needs a pod to finish
-//! terminating either runs a simulated kubelet for its node ([`Target::kubelet`], the part of
-//! `ttdp_testkit::sim` that also serves real clusters) or deletes with grace period 0.
+//! No kubelet serves the nodes a test creates: a test that needs a pod to finish terminating
+//! either runs a simulated kubelet for its node ([`Target::kubelet`], from `ttdp_testkit::sim`)
+//! or deletes with grace period 0, as a kubelet finally does.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -24,7 +24,6 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
-use ttdp_testkit::apiserver::{PodTermination, TestApiServer};
 use ttdp_testkit::launcher;
 use ttdp_testkit::sim::cluster::random_prefix;
 use ttdp_testkit::sim::{KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale};
@@ -35,32 +34,25 @@ pub const RUN_LABEL: &str = SCENARIO_LABEL;
 
 /// One test's view of the API server it runs against.
 pub struct Target {
-    server: Option<TestApiServer>,
     client: Client,
     kubeconfig: PathBuf,
     prefix: String,
 }
 
 impl Target {
-    /// Connects to `TTDP_TEST_KUBECONFIG` if set, else starts an in-process server; creates the
-    /// test's namespace and makes it the client's default namespace.
+    /// Connects to the test control plane ([`launcher::test_kubeconfig`]); creates the test's
+    /// namespace and makes it the client's default namespace.
     pub async fn start() -> Target {
         let prefix = random_prefix("tk");
-        let (server, kubeconfig) = (None::<TestApiServer>, launcher::test_kubeconfig());
+        let kubeconfig = launcher::test_kubeconfig();
         let client = client_for(&kubeconfig, &prefix).await;
         let target = Target {
-            server,
             client,
             kubeconfig,
             prefix,
         };
         target.create_namespace(target.namespace()).await;
         target
-    }
-
-    /// Whether this runs against the cluster `TTDP_TEST_KUBECONFIG` names.
-    pub fn is_real(&self) -> bool {
-        self.server.is_none()
     }
 
     /// A client (no automatic retries of 429/503) whose default namespace is [`Target::namespace`].
@@ -116,10 +108,10 @@ impl Target {
         super::node(&self.name(short), labels)
     }
 
-    /// Creates a namespace with its `default` service account: a real cluster's service account
-    /// controller creates that one shortly after the namespace, and pods cannot be created
-    /// before it exists; creating it right away (409 if the controller was first) avoids the
-    /// wait, and the test API server has no such controller.
+    /// Creates a namespace with its `default` service account: the controller manager creates
+    /// that one shortly after the namespace, and pods cannot be created before it exists
+    /// (ServiceAccount admission); creating it right away (409 if the controller was first)
+    /// avoids the wait.
     pub async fn create_namespace(&self, name: &str) {
         let api: Api<Namespace> = Api::all(self.client.clone());
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
@@ -138,7 +130,7 @@ impl Target {
 
     /// A simulated kubelet (from `ttdp_testkit::sim`) registering and serving the node
     /// `name(short)` with `labels` plus the run label: it runs the pods bound there and completes
-    /// their graceful deletion, in-process and on a real cluster alike. The node is tainted
+    /// their graceful deletion. The node is tainted
     /// `RUN_LABEL=<prefix>:NoSchedule`, so a real scheduler places no other workloads on it (the
     /// tests bind their pods by `nodeName`). Stop it with
     /// [`SimKubelet::shutdown_and_unregister`].
@@ -167,9 +159,6 @@ impl Target {
 
 impl Drop for Target {
     fn drop(&mut self) {
-        if !self.is_real() {
-            return;
-        }
         let kubeconfig = self.kubeconfig.clone();
         let prefix = self.prefix.clone();
         let group = self.group();

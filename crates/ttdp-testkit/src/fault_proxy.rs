@@ -1,0 +1,621 @@
+//! A recording, fault-injecting proxy in front of a real API server.
+//!
+//! The real control plane keeps no request log and fails no request on demand, yet some tests
+//! must prove what a component sent (only merge patches, evictions carrying the pod's UID, pods
+//! listed per node) or how it copes with a 5xx, a 409 or an API the server does not serve. A
+//! [`FaultProxy`] listens on loopback over plain HTTP, records every request like the imitation
+//! server's [`Recorder`] does, lets [`Faults`] (the imitation's rules: verb, resource,
+//! subresource, name, times) and [`Override`]s answer instead of the server, and forwards
+//! everything else through an admin client of the real server, streaming the answer back
+//! (watches included). Only the requests of the clients made by [`FaultProxy::client`] or run
+//! with [`FaultProxy::kubeconfig`] pass through it; everything else in a shared cluster talks to
+//! the server directly.
+//!
+//! It must not be used for what a real server can do itself: a 403 comes from an identity RBAC
+//! limits (see [`crate::launcher::tokens`]), a 401 from a token the server does not know.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri, header};
+use kube::Client;
+
+use crate::apiserver::{FaultEffect, Faults, RecordedRequest, Recorder};
+
+/// Why a proxy could not be started or a client of it made.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultProxyError {
+    /// No loopback port could be bound.
+    #[error("binding the fault proxy to a loopback port: {0}")]
+    Bind(#[source] std::io::Error),
+    /// The directory for its kubeconfig could not be made or written.
+    #[error("writing the fault proxy's kubeconfig under {path}: {source}")]
+    Kubeconfig {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A client of the proxy could not be built.
+    #[error("building a client of the fault proxy at {url}: {reason}")]
+    Client {
+        /// The proxy's URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// What an [`Override`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverrideAction {
+    /// Answer as a server that does not serve the API at all (a CRD that is not installed, an
+    /// API group that is disabled): 404 with the plain-text body `404 page not found`, which is
+    /// what kube-apiserver sends for such a path, not a `Status` object.
+    NotServed,
+    /// Forward the list, then drop every item (the server's resourceVersion is kept, so a watch
+    /// may start from it): a cluster where nothing of this kind exists.
+    EmptyList,
+}
+
+/// A proxy-side answer for requests the real server would answer differently on a shared
+/// cluster. Matches on the API group (`""` for core), the resource plural and optionally the
+/// verb.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Override {
+    group: String,
+    resource: String,
+    verb: Option<String>,
+    remaining: Option<u32>,
+    action: OverrideAction,
+}
+
+impl Override {
+    /// Every request for `resource` of `group` is answered as [`OverrideAction::NotServed`].
+    pub fn not_served(group: &str, resource: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            resource: resource.to_owned(),
+            verb: None,
+            remaining: None,
+            action: OverrideAction::NotServed,
+        }
+    }
+
+    /// Lists of `resource` of `group` come back empty ([`OverrideAction::EmptyList`]).
+    pub fn empty_list(group: &str, resource: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            resource: resource.to_owned(),
+            verb: Some("list".to_owned()),
+            remaining: None,
+            action: OverrideAction::EmptyList,
+        }
+    }
+
+    /// Only requests with this verb (`get`, `list`, `watch`, ...).
+    pub fn verb(mut self, verb: &str) -> Self {
+        self.verb = Some(verb.to_owned());
+        self
+    }
+
+    /// Only the next `n` matching requests.
+    pub fn times(mut self, n: u32) -> Self {
+        self.remaining = Some(n);
+        self
+    }
+
+    fn matches(&self, verb: &str, target: &Target) -> bool {
+        self.group == target.group
+            && self.resource == target.resource
+            && self.verb.as_deref().is_none_or(|v| v == verb)
+            && self.remaining != Some(0)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Overrides(Arc<Mutex<Vec<Override>>>);
+
+impl Overrides {
+    fn push(&self, rule: Override) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(rule);
+    }
+
+    fn clear(&self) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// The action of the first matching rule, consuming one of its `times`.
+    fn decide(&self, verb: &str, target: &Target) -> Option<OverrideAction> {
+        let mut rules = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let rule = rules.iter_mut().find(|r| r.matches(verb, target))?;
+        if let Some(n) = rule.remaining.as_mut() {
+            *n -= 1;
+        }
+        Some(rule.action)
+    }
+}
+
+/// A running proxy; dropping it stops serving.
+pub struct FaultProxy {
+    url: String,
+    recorder: Recorder,
+    faults: Faults,
+    overrides: Overrides,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl std::fmt::Debug for FaultProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultProxy")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone)]
+struct Upstream {
+    client: Client,
+    recorder: Recorder,
+    faults: Faults,
+    overrides: Overrides,
+}
+
+impl FaultProxy {
+    /// Serves on a free loopback port, forwarding to the server `upstream` talks to (with
+    /// `upstream`'s credentials: give it an admin client).
+    pub async fn start(upstream: Client) -> Result<FaultProxy, FaultProxyError> {
+        let recorder = Recorder::default();
+        let faults = Faults::default();
+        let overrides = Overrides::default();
+        let state = Upstream {
+            client: upstream,
+            recorder: recorder.clone(),
+            faults: faults.clone(),
+            overrides: overrides.clone(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(FaultProxyError::Bind)?;
+        let url = format!(
+            "http://{}",
+            listener.local_addr().map_err(FaultProxyError::Bind)?
+        );
+        let dir = tempfile::tempdir().map_err(|source| FaultProxyError::Kubeconfig {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_text(&url, "default")).map_err(|source| {
+            FaultProxyError::Kubeconfig {
+                path: kubeconfig.clone(),
+                source,
+            }
+        })?;
+        let app = axum::Router::new().fallback(forward).with_state(state);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(FaultProxy {
+            url,
+            recorder,
+            faults,
+            overrides,
+            kubeconfig,
+            _dir: dir,
+            stop: Some(stop),
+        })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The requests that went through the proxy.
+    pub fn recorder(&self) -> Recorder {
+        self.recorder.clone()
+    }
+
+    /// The fault rules applied before forwarding.
+    pub fn faults(&self) -> Faults {
+        self.faults.clone()
+    }
+
+    /// Adds an [`Override`]; the first matching one answers.
+    pub fn answer(&self, rule: Override) {
+        self.overrides.push(rule);
+    }
+
+    /// Removes every [`Override`].
+    pub fn clear_overrides(&self) {
+        self.overrides.clear();
+    }
+
+    /// A kubeconfig (context `proxy`, namespace `default`) naming the proxy, for kubectl.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// A client of the proxy with `namespace` as its default namespace and without kube's
+    /// automatic retries (a 429 from a budget reaches the caller at once).
+    pub fn client(&self, namespace: &str) -> Result<Client, FaultProxyError> {
+        let failed = |reason: String| FaultProxyError::Client {
+            url: self.url.clone(),
+            reason,
+        };
+        let mut config = kube::Config::new(
+            self.url
+                .parse()
+                .map_err(|e: axum::http::uri::InvalidUri| failed(e.to_string()))?,
+        );
+        config.default_namespace = namespace.to_owned();
+        config.default_retry = false;
+        Client::try_from(config).map_err(|e| failed(e.to_string()))
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A kubeconfig whose only context, `proxy`, talks to `url` without credentials.
+pub fn kubeconfig_text(url: &str, namespace: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: {url}\n\
+         contexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\n    namespace: {namespace}\n\
+         current-context: proxy\nusers:\n- name: proxy\n  user: {{}}\n"
+    )
+}
+
+/// Query parameters of a recorded request.
+pub fn query_params(query: &str) -> HashMap<String, String> {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// What a request path names.
+#[derive(Debug, Default, PartialEq)]
+struct Target {
+    group: String,
+    resource: String,
+    subresource: String,
+    namespace: String,
+    name: String,
+}
+
+/// Parses `/api/v1/...` and `/apis/<group>/<version>/...`; `None` for discovery, `/version`,
+/// OpenAPI and other non-resource paths.
+fn parse_target(path: &str) -> Option<Target> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _version, rest @ ..] => (String::new(), rest),
+        ["apis", group, _version, rest @ ..] => ((*group).to_owned(), rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, more @ ..] if !more.is_empty() => ((*ns).to_owned(), more),
+        other => (String::new(), other),
+    };
+    let target = match rest {
+        [] => return None,
+        [resource] => Target {
+            resource: (*resource).to_owned(),
+            ..Target::default()
+        },
+        [resource, name] => Target {
+            resource: (*resource).to_owned(),
+            name: (*name).to_owned(),
+            ..Target::default()
+        },
+        [resource, name, sub, ..] => Target {
+            resource: (*resource).to_owned(),
+            name: (*name).to_owned(),
+            subresource: (*sub).to_owned(),
+            ..Target::default()
+        },
+    };
+    Some(Target {
+        group,
+        namespace,
+        ..target
+    })
+}
+
+fn verb_of(method: &Method, target: &Target, query: &str) -> &'static str {
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    match *method {
+        Method::GET if watch => "watch",
+        Method::GET if target.name.is_empty() => "list",
+        Method::GET => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if target.name.is_empty() => "deletecollection",
+        Method::DELETE => "delete",
+        _ => "",
+    }
+}
+
+fn status_body(code: u16, message: &str) -> Response<Body> {
+    let reason = match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        409 => "Conflict",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        _ => "InternalError",
+    };
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code,
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() =
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    if code == 429 {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    }
+    response
+}
+
+/// kube-apiserver's answer for a path it does not serve.
+fn not_served() -> Response<Body> {
+    let mut response = Response::new(Body::from("404 page not found\n"));
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
+fn injected(code: u16, target: &Target) -> Response<Body> {
+    let message = match code {
+        409 => format!(
+            "Operation cannot be fulfilled on {} \"{}\": the object has been modified; please apply \
+             your changes to the latest version and try again",
+            if target.group.is_empty() {
+                target.resource.clone()
+            } else {
+                format!("{}.{}", target.resource, target.group)
+            },
+            target.name
+        ),
+        429 => "injected: too many requests, please try again later".to_owned(),
+        503 => "injected: the server is currently unable to handle the request".to_owned(),
+        _ => "injected failure".to_owned(),
+    };
+    status_body(code, &message)
+}
+
+fn header_text(headers: &HeaderMap, name: header::HeaderName) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn forward(State(up): State<Upstream>, request: Request<Body>) -> Response<Body> {
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => return status_body(400, &format!("proxy: reading the body: {e}")),
+    };
+    let uri: Uri = parts.uri.clone();
+    let path = uri.path().to_owned();
+    let query = uri.query().unwrap_or_default().to_owned();
+    let target = parse_target(&path);
+    let content_type = header_text(&parts.headers, header::CONTENT_TYPE);
+    let mut record = RecordedRequest {
+        method: parts.method.to_string(),
+        verb: String::new(),
+        path: path.clone(),
+        query: query.clone(),
+        user_agent: header_text(&parts.headers, header::USER_AGENT),
+        content_type: content_type.clone(),
+        body: parse_body(&body),
+        group: String::new(),
+        resource: String::new(),
+        subresource: String::new(),
+        namespace: String::new(),
+        name: String::new(),
+        status: 0,
+    };
+    let mut failed = None;
+    let mut action = None;
+    if let Some(t) = &target {
+        let verb = verb_of(&parts.method, t, &query);
+        record.verb = verb.to_owned();
+        record.group = t.group.clone();
+        record.resource = t.resource.clone();
+        record.subresource = t.subresource.clone();
+        record.namespace = t.namespace.clone();
+        record.name = t.name.clone();
+        for effect in up.faults.decide(verb, &t.resource, &t.subresource, &t.name) {
+            match effect {
+                FaultEffect::Latency(d) => tokio::time::sleep(d).await,
+                FaultEffect::Error(code) => failed = Some(injected(code, t)),
+                FaultEffect::Conflict => failed = Some(injected(409, t)),
+            }
+        }
+        if failed.is_none() {
+            action = up.overrides.decide(verb, t);
+        }
+    }
+    let response = match (failed, action) {
+        (Some(response), _) => response,
+        (None, Some(OverrideAction::NotServed)) => not_served(),
+        (None, Some(OverrideAction::EmptyList)) => {
+            let answer = send(&up.client, &parts.method, &uri, &parts.headers, body).await;
+            without_items(answer).await
+        }
+        (None, None) => send(&up.client, &parts.method, &uri, &parts.headers, body).await,
+    };
+    record.status = response.status().as_u16();
+    up.recorder.record(record);
+    response
+}
+
+async fn send(
+    client: &Client,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response<Body> {
+    let path_and_query = uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "/".to_owned());
+    let mut builder = Request::builder()
+        .method(method.clone())
+        .uri(path_and_query);
+    for (name, value) in headers {
+        if matches!(
+            name.as_str(),
+            "host" | "connection" | "content-length" | "transfer-encoding" | "authorization"
+        ) {
+            continue;
+        }
+        builder = builder.header(name, value);
+    }
+    let request = match builder.body(kube::client::Body::from(body.to_vec())) {
+        Ok(r) => r,
+        Err(e) => return status_body(400, &format!("proxy: building the request: {e}")),
+    };
+    match client.send(request).await {
+        Ok(response) => {
+            let (parts, body) = response.into_parts();
+            Response::from_parts(parts, Body::new(body))
+        }
+        Err(e) => status_body(502, &format!("proxy: forwarding to the API server: {e}")),
+    }
+}
+
+/// A successful JSON list answer with its items removed (and no `continue` token); anything
+/// else unchanged.
+async fn without_items(response: Response<Body>) -> Response<Body> {
+    if !response.status().is_success() {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => return status_body(502, &format!("proxy: reading the server's list: {e}")),
+    };
+    let mut list: serde_json::Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(_) => return Response::from_parts(parts, Body::from(bytes)),
+    };
+    list["items"] = serde_json::json!([]);
+    if let Some(meta) = list
+        .get_mut("metadata")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        meta.remove("continue");
+        meta.remove("remainingItemCount");
+    }
+    // The body is new and whole: the server's framing headers no longer apply.
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.remove(header::TRANSFER_ENCODING);
+    Response::from_parts(parts, Body::from(list.to_string()))
+}
+
+fn parse_body(body: &[u8]) -> Option<serde_json::Value> {
+    if body.is_empty() {
+        return None;
+    }
+    serde_json::from_slice(body).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_name_their_targets() {
+        let t = parse_target("/api/v1/namespaces/ns/pods/p/eviction");
+        assert_eq!(
+            t,
+            Some(Target {
+                group: String::new(),
+                resource: "pods".into(),
+                subresource: "eviction".into(),
+                namespace: "ns".into(),
+                name: "p".into(),
+            })
+        );
+        let t = parse_target("/apis/driver.tenstorrent.com/v1alpha1/tenstorrentdriverpolicies");
+        assert_eq!(
+            t.as_ref().map(|t| (t.group.as_str(), t.resource.as_str())),
+            Some(("driver.tenstorrent.com", "tenstorrentdriverpolicies"))
+        );
+        assert_eq!(parse_target("/apis/apps/v1"), None);
+        assert_eq!(parse_target("/version"), None);
+    }
+
+    #[test]
+    fn overrides_match_group_resource_verb_and_times() {
+        let rules = Overrides::default();
+        rules.push(Override::not_served("events.k8s.io", "events").times(1));
+        let modern = Target {
+            group: "events.k8s.io".into(),
+            resource: "events".into(),
+            ..Target::default()
+        };
+        let core = Target {
+            resource: "events".into(),
+            ..Target::default()
+        };
+        assert_eq!(rules.decide("list", &core), None);
+        assert_eq!(
+            rules.decide("list", &modern),
+            Some(OverrideAction::NotServed)
+        );
+        assert_eq!(rules.decide("list", &modern), None, "used up");
+        rules.push(Override::empty_list("", "events"));
+        assert_eq!(rules.decide("get", &core), None, "lists only");
+        assert_eq!(rules.decide("list", &core), Some(OverrideAction::EmptyList));
+    }
+}

@@ -1,0 +1,158 @@
+//! The control-plane launcher as a test run meets it: missing assets fail loudly with what to
+//! provide, a started control plane serves the admin kubeconfig, and killing the process that
+//! started it leaves no etcd or Kubernetes process behind.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ttdp_testkit::launcher::{ASSETS_ENV, Assets, EXISTING_CLUSTER_ENV, LaunchError};
+
+const LAUNCHER: &str = env!("CARGO_BIN_EXE_ttdp-control-plane");
+const COMPONENTS: [&str; 4] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+];
+
+#[test]
+fn a_folder_without_the_binaries_names_what_is_missing() {
+    let empty = tempfile::tempdir().unwrap();
+    std::fs::create_dir(empty.path().join("bin")).unwrap();
+    std::fs::write(empty.path().join("bin/etcd"), "").unwrap();
+    let error = Assets::in_folder(empty.path()).unwrap_err();
+    assert!(matches!(error, LaunchError::MissingAssets(_)), "{error:?}");
+    let message = error.to_string();
+    for missing in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+    ] {
+        assert!(message.contains(missing), "{message}");
+    }
+    assert!(!message.contains("lacks etcd"), "{message}");
+    assert!(
+        message.contains(ASSETS_ENV),
+        "says how to provide them: {message}"
+    );
+}
+
+#[test]
+fn missing_assets_fail_the_launch_and_say_how_to_provide_them() {
+    let output = Command::new(LAUNCHER)
+        .env(ASSETS_ENV, "/nonexistent/kube-assets")
+        .env_remove(EXISTING_CLUSTER_ENV)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("/nonexistent/kube-assets does not exist"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("../shared/kube"), "{stderr}");
+    assert!(stderr.contains(EXISTING_CLUSTER_ENV), "{stderr}");
+}
+
+#[test]
+fn a_killed_launcher_takes_its_control_plane_with_it() {
+    let runs = tempfile::tempdir().unwrap();
+    let mut launcher = Command::new(LAUNCHER)
+        .arg("--runs")
+        .arg(runs.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(launcher.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let kubeconfig = line.trim();
+    assert!(Path::new(kubeconfig).is_file(), "printed {line:?}");
+    let get = Command::new(kubectl())
+        .args(["--kubeconfig", kubeconfig, "get", "--raw", "/readyz"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&get.stdout).trim(), "ok");
+
+    let children = children_of(launcher.id());
+    let mut names: Vec<&str> = children.iter().map(|(_, name)| name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, COMPONENTS.to_vec());
+
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let alive: Vec<_> = children
+            .iter()
+            .filter(|(pid, _)| Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(*pid))
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running after SIGKILL: {alive:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `(pid, command name)` of every process whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<(u32, String)> {
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        if field("PPid:") == parent.to_string() {
+            // The comm name is cut at 15 characters: kube-controller-manager is "kube-controller".
+            let comm = field("Name:");
+            let name = COMPONENTS
+                .into_iter()
+                .find(|c| c.starts_with(&comm))
+                .unwrap_or(&comm)
+                .to_string();
+            children.push((pid, name));
+        }
+    }
+    children
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            stat.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(true)
+}
+
+fn kubectl() -> String {
+    std::env::var("TTDP_KUBECTL").unwrap_or_else(|_| {
+        let ours = Path::new(&std::env::var("HOME").unwrap()).join(".local/ttdp-tools/bin/kubectl");
+        if ours.is_file() {
+            ours.display().to_string()
+        } else {
+            "kubectl".to_string()
+        }
+    })
+}
