@@ -1,16 +1,16 @@
 //! ttdp-testkit: test and demo infrastructure for ttdp, never used by production code.
 //!
-//! - [`apiserver`]: an in-process Kubernetes API server on 127.0.0.1 that speaks the subset of the
-//!   API ttdp uses, with the real server's semantics (watch, optimistic concurrency, patches,
-//!   server-side apply, finalizers, garbage collection, eviction with PodDisruptionBudgets, CRD
-//!   admission with defaults and CEL), usable from kube-rs and from the real `kubectl`.
+//! - [`launcher`]: a real control plane (etcd, kube-apiserver, kube-controller-manager,
+//!   kube-scheduler) started on loopback from static binaries; every end-to-end suite runs on it,
+//!   or on the cluster `TTDP_TEST_KUBECONFIG` names.
+//! - [`sim`]: simulated Tenstorrent nodes on that control plane: a kubelet that keeps them Ready
+//!   and runs their pods' entrypoints against a simulated host (kernel, devices, holders).
+//! - [`scratch`]: one test's prefixed corner of a shared cluster, deleted when the test ends.
 //! - [`fault_proxy`]: a recording, fault-injecting HTTP proxy in front of a real API server, for
 //!   the faults a real server cannot produce on demand.
-//! - [`launcher`]: a real control plane (etcd, kube-apiserver, kube-controller-manager,
-//!   kube-scheduler) started on loopback from static binaries; every end-to-end suite runs on it.
-//! - [`scratch`]: one test's prefixed corner of a shared real cluster, deleted when the test ends.
-//! - [`sim`]: the cluster around it: a DaemonSet controller and scheduler stand-in, and simulated
-//!   Tenstorrent nodes whose "kubelet" runs pods' entrypoints against a simulated host.
+//! - [`apiserver`]: the in-process imitation of a Kubernetes API server, kept for injected faults
+//!   (`sim_resilience`) and for the demo when no control-plane assets are at hand. It is not a
+//!   reference for Kubernetes behaviour: the real control plane is.
 #![deny(missing_docs)]
 
 pub mod apiserver;
