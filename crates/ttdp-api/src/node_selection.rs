@@ -64,8 +64,8 @@ impl NodeSelection {
     }
 
     /// The DaemonSet pod template's required node affinity: one term holding every
-    /// requirement (terms are ORed, expressions within a term ANDed), plus a `metadata.name
-    /// NotIn` field requirement for excluded nodes.
+    /// requirement (terms are ORed, expressions within a term ANDed), plus one `metadata.name
+    /// NotIn` field requirement per excluded node.
     pub fn node_affinity(&self) -> NodeAffinity {
         let match_expressions = self
             .requirements()
@@ -84,12 +84,17 @@ impl NodeSelection {
                 values: (!r.values.is_empty()).then_some(r.values),
             })
             .collect();
+        // One requirement per excluded node: the API server accepts exactly one value in a
+        // `metadata.name` field requirement, and requirements within a term are ANDed.
         let match_fields = (!self.excluded.is_empty()).then(|| {
-            vec![NodeSelectorRequirement {
-                key: "metadata.name".to_owned(),
-                operator: "NotIn".to_owned(),
-                values: Some(self.excluded.iter().cloned().collect()),
-            }]
+            self.excluded
+                .iter()
+                .map(|node| NodeSelectorRequirement {
+                    key: "metadata.name".to_owned(),
+                    operator: "NotIn".to_owned(),
+                    values: Some(vec![node.clone()]),
+                })
+                .collect()
         });
         NodeAffinity {
             required_during_scheduling_ignored_during_execution: Some(NodeSelector {

@@ -49,6 +49,10 @@ pub struct ControllerArgs {
     #[arg(long, env = "TTDP_RETRY_MAX_SECONDS", default_value_t = 600)]
     pub retry_max_seconds: u64,
 
+    /// Manage only the policies matching this label selector (default: every policy).
+    #[arg(long, env = "TTDP_POLICY_SELECTOR")]
+    pub policy_selector: Option<String>,
+
     /// Address of /metrics, /healthz and /readyz; empty disables the server.
     #[arg(long, env = "TTDP_METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
     pub metrics_address: String,
@@ -99,6 +103,10 @@ impl ControllerArgs {
             retry_max: Duration::from_secs(
                 self.retry_max_seconds.max(self.retry_base_seconds).max(1),
             ),
+            policy_selector: self
+                .policy_selector
+                .clone()
+                .filter(|s| !s.trim().is_empty()),
         }
     }
 

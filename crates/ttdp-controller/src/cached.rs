@@ -45,6 +45,30 @@ pub struct CachedNode {
     pub metadata: ObjectMeta,
     /// `spec.unschedulable`.
     pub unschedulable: bool,
+    /// The node's Ready condition when it is not True (e.g. `Ready=Unknown: NodeStatusUnknown:
+    /// Kubelet stopped posting node status.`); `None` when Ready.
+    #[serde(default)]
+    pub not_ready: Option<String>,
+}
+
+/// The node's Ready condition as text when it is not True (a node without one is not Ready).
+fn not_ready(node: &Node) -> Option<String> {
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+    let Some(c) = ready else {
+        return Some("no Ready condition reported".to_owned());
+    };
+    (c.status != "True").then(|| {
+        let mut text = format!("Ready={}", c.status);
+        for part in [&c.reason, &c.message].into_iter().flatten() {
+            text.push_str(": ");
+            text.push_str(part);
+        }
+        text
+    })
 }
 
 impl CachedNode {
@@ -71,6 +95,7 @@ impl CachedNode {
     /// match no policy, so its labels are dropped too (its annotations still say whether it
     /// holds a cordon of ours).
     pub fn of(node: Node, require_nfd: bool) -> Self {
+        let not_ready = not_ready(&node);
         let meta = node.metadata;
         let selectable = !require_nfd
             || meta.labels.as_ref().is_some_and(|l| {
@@ -85,6 +110,7 @@ impl CachedNode {
                 ..ObjectMeta::default()
             },
             unschedulable: node.spec.and_then(|s| s.unschedulable).unwrap_or(false),
+            not_ready,
         }
     }
 }
@@ -131,8 +157,12 @@ pub struct AgentContainer {
 pub struct CachedPod {
     /// Name, namespace, uid, resourceVersion, labels, ttdp's annotations, deletionTimestamp.
     pub metadata: ObjectMeta,
-    /// `spec.nodeName`.
+    /// `spec.nodeName`, or before the pod is bound, the node the DaemonSet controller made it
+    /// for (its node affinity's `metadata.name In [node]`).
     pub node_name: Option<String>,
+    /// The `PodScheduled` condition's reason and message when it is False.
+    #[serde(default)]
+    pub unschedulable: Option<(String, String)>,
     /// The first container's image.
     pub image: Option<String>,
     /// The Ready condition is True.
@@ -173,6 +203,18 @@ impl CachedPod {
                         .map(|t| (t.exit_code, t.message)),
                 }
             });
+        let unschedulable = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+            .map(|c| {
+                (
+                    c.reason.clone().unwrap_or_default(),
+                    c.message.clone().unwrap_or_default(),
+                )
+            });
+        let node_name = spec.node_name.clone().or_else(|| daemon_pod_node(&spec));
         let mut ours = our_annotations(meta.annotations);
         let report = ours
             .as_mut()
@@ -187,15 +229,38 @@ impl CachedPod {
                 labels: meta.labels,
                 annotations: ours.filter(|a| !a.is_empty()),
                 deletion_timestamp: meta.deletion_timestamp,
+                creation_timestamp: meta.creation_timestamp,
                 ..ObjectMeta::default()
             },
-            node_name: spec.node_name,
+            node_name,
+            unschedulable,
             image: spec.containers.into_iter().next().and_then(|c| c.image),
             ready,
             agent,
             report,
         }
     }
+}
+
+/// The node a DaemonSet pod that is not bound yet was made for: the DaemonSet controller
+/// requires `metadata.name In [node]` in every term of its node affinity.
+fn daemon_pod_node(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<String> {
+    let terms = &spec
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms;
+    terms
+        .iter()
+        .flat_map(|t| t.match_fields.iter().flatten())
+        .find(|r| r.key == "metadata.name" && r.operator == "In")
+        .and_then(|r| match r.values.as_deref() {
+            Some([node]) => Some(node.clone()),
+            _ => None,
+        })
 }
 
 impl Resource for CachedPod {
@@ -437,6 +502,45 @@ mod tests {
         );
         let bare = CachedPod::of(Pod::default());
         assert!(!bare.ready && bare.agent.is_none() && bare.image.is_none());
+    }
+
+    #[test]
+    fn nodes_keep_their_ready_condition_only_when_not_ready() {
+        assert_eq!(CachedNode::of(full_node(true), true).not_ready, None);
+        let mut n = full_node(true);
+        n.status =
+            serde_json::from_value(json!({"conditions": [{"type": "Ready", "status": "Unknown",
+            "reason": "NodeStatusUnknown", "message": "Kubelet stopped posting node status."}]}))
+            .unwrap();
+        assert_eq!(
+            CachedNode::of(n, true).not_ready.as_deref(),
+            Some("Ready=Unknown: NodeStatusUnknown: Kubelet stopped posting node status.")
+        );
+        let plain: Node = serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
+        assert!(CachedNode::of(plain, true).not_ready.is_some());
+    }
+
+    #[test]
+    fn an_unbound_daemon_pod_is_on_its_target_node_with_the_schedulers_message() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "ttdrv-fleet-y", "namespace": "ns", "creationTimestamp": "2026-11-29T18:00:00Z"},
+            "spec": {"containers": [{"name": "agent", "image": "img"}],
+                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                         "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]}}}},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                "reason": "Unschedulable", "message": "0/3 nodes are available: 1 Insufficient cpu."}]},
+        }))
+        .unwrap();
+        let p = CachedPod::of(pod);
+        assert_eq!(p.node_name.as_deref(), Some("n2"));
+        assert_eq!(
+            p.unschedulable,
+            Some((
+                "Unschedulable".into(),
+                "0/3 nodes are available: 1 Insufficient cpu.".into()
+            ))
+        );
+        assert!(p.metadata.creation_timestamp.is_some());
     }
 
     #[test]

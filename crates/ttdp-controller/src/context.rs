@@ -18,6 +18,7 @@ use crate::events::EventPublisher;
 use crate::metrics::Metrics;
 use crate::node_tasks::NodeTasks;
 use crate::settings::Settings;
+use crate::status::ReconcileFailure;
 
 /// The last status the controller wrote for a policy (by uid), uncompacted. The API server's copy
 /// is the durable one; this only bridges the moment between a write and its watch event.
@@ -83,6 +84,7 @@ pub struct Context {
     /// What the node and agent-pod watches changed, for reconciles following the fleet.
     pub changes: Arc<crate::refresh::Changes>,
     written: Mutex<HashMap<String, Arc<Written>>>,
+    failures: Mutex<HashMap<String, ReconcileFailure>>,
     applied: Mutex<HashMap<String, Applied>>,
     deleted_pods: Mutex<HashMap<String, Instant>>,
 }
@@ -130,6 +132,7 @@ impl Context {
             synced,
             changes,
             written: Mutex::default(),
+            failures: Mutex::default(),
             applied: Mutex::default(),
             deleted_pods: Mutex::default(),
         }
@@ -150,6 +153,28 @@ impl Context {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(uid.to_owned(), written);
+    }
+
+    /// The failure the last reconcile of the policy with this uid reported, if it failed.
+    pub fn failure(&self, uid: &str) -> Option<ReconcileFailure> {
+        self.failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(uid)
+            .cloned()
+    }
+
+    /// Remembers the policy's failure (`None`: it reconciled); returns the one it replaces.
+    pub fn remember_failure(
+        &self,
+        uid: &str,
+        failure: Option<ReconcileFailure>,
+    ) -> Option<ReconcileFailure> {
+        let mut map = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        match failure {
+            Some(f) => map.insert(uid.to_owned(), f),
+            None => map.remove(uid),
+        }
     }
 
     /// What was last applied as DaemonSet `name`.
@@ -196,6 +221,10 @@ impl Context {
     /// Forgets a deleted policy.
     pub fn forget(&self, uid: &str) {
         self.written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
+        self.failures
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(uid);

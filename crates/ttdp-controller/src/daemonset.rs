@@ -620,6 +620,71 @@ mod tests {
         assert!(!affinity_matches(affinity, "n1", &other_pool));
     }
 
+    /// The API server accepts a `metadata.name` field requirement only with exactly one value
+    /// for `In` and `NotIn`: nodes owned by older policies are excluded one requirement each.
+    #[test]
+    fn every_excluded_node_gets_its_own_single_value_field_requirement() {
+        let p = policy("fleet", "2.8.0");
+        let mut sel = NodeSelection::new(&p.spec.user_selector()).unwrap();
+        for n in ["n2", "n3", "n4"] {
+            sel.excluded.insert(n.into());
+        }
+        let ds = desired_daemonset(&p, &Settings::default(), &sel).unwrap();
+        let affinity = pod_spec(&ds)
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap();
+        let terms = &affinity
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 1, "one term: its requirements are ANDed");
+        let fields = terms[0].match_fields.as_ref().unwrap();
+        let excluded: Vec<(&str, &str, &[String])> = fields
+            .iter()
+            .map(|r| {
+                (
+                    r.key.as_str(),
+                    r.operator.as_str(),
+                    r.values.as_deref().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            excluded,
+            vec![
+                ("metadata.name", "NotIn", &["n2".to_owned()][..]),
+                ("metadata.name", "NotIn", &["n3".to_owned()][..]),
+                ("metadata.name", "NotIn", &["n4".to_owned()][..]),
+            ]
+        );
+        let tt = BTreeMap::from([(labels::NFD_TENSTORRENT.to_owned(), "true".to_owned())]);
+        assert!(affinity_matches(affinity, "n1", &tt));
+        for n in ["n2", "n3", "n4"] {
+            assert!(!affinity_matches(affinity, n, &tt), "{n} is excluded");
+        }
+        let none = render(&p);
+        let term = &pod_spec(&none)
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()
+            .node_selector_terms[0];
+        assert_eq!(
+            term.match_fields, None,
+            "no field requirement without exclusions"
+        );
+    }
+
     #[test]
     fn template_hash_follows_the_template() {
         let a = render(&policy("fleet", "2.8.0"));

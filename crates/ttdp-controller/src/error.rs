@@ -26,6 +26,15 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// The API server refused (or could not be asked) to apply a policy's DaemonSet.
+    #[error("apply daemonset {daemonset} failed; the controller retries with back-off")]
+    ApplyDaemonSet {
+        /// `namespace/name` of the DaemonSet.
+        daemonset: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
     /// Cordoning or uncordoning a node failed.
     #[error("cannot {action}; the controller retries with back-off")]
     NodeAction {
@@ -90,6 +99,7 @@ impl Error {
             Error::MissingUid { .. } => "MissingUid",
             Error::Serialize(_) => "SerializeFailed",
             Error::Kube { .. } => "KubeApiError",
+            Error::ApplyDaemonSet { .. } => "DaemonSetApplyFailed",
             Error::NodeAction { .. } => "NodeActionFailed",
             Error::InvalidSpec { .. } => "InvalidSpec",
             Error::NotSynced { .. } => "NotSynced",
@@ -99,11 +109,94 @@ impl Error {
         }
     }
 
+    /// What failed, for a condition or an Event: what was being done and, for an API error,
+    /// the API server's own message (HTTP code and reason), then what happens next.
+    pub fn user_message(&self) -> String {
+        let (action, source) = match self {
+            Error::Kube { action, source } => (action.clone(), source),
+            Error::ApplyDaemonSet { daemonset, source } => {
+                (format!("apply daemonset {daemonset}"), source)
+            }
+            other => return error_chain(other),
+        };
+        format!(
+            "{action} failed: {}; the controller retries with back-off",
+            kube_message(source)
+        )
+    }
+
     /// Wraps a client error with what was being done.
     pub fn kube(action: impl Into<String>, source: kube::Error) -> Self {
         Error::Kube {
             action: action.into(),
             source,
         }
+    }
+}
+
+/// A client error as the API server put it: its message, HTTP code and reason.
+pub fn kube_message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if !status.message.is_empty() => {
+            format!(
+                "{} (HTTP {} {})",
+                status.message, status.code, status.reason
+            )
+        }
+        other => error_chain(other),
+    }
+}
+
+/// The error and its sources, skipping sources whose text is already included.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            message: message.to_owned(),
+            reason: "Invalid".to_owned(),
+            code: 422,
+            ..kube::core::Status::default()
+        }))
+    }
+
+    #[test]
+    fn an_api_refusal_reaches_the_user_in_the_servers_words() {
+        let err = Error::ApplyDaemonSet {
+            daemonset: "ttdp-system/ttdrv-fleet".into(),
+            source: refused(
+                "DaemonSet.apps \"ttdrv-fleet\" is invalid: spec.template.spec.containers[0].image: Invalid value",
+            ),
+        };
+        assert_eq!(err.reason(), "DaemonSetApplyFailed");
+        assert_eq!(
+            err.user_message(),
+            "apply daemonset ttdp-system/ttdrv-fleet failed: DaemonSet.apps \"ttdrv-fleet\" is invalid: spec.template.spec.containers[0].image: Invalid value (HTTP 422 Invalid); the controller retries with back-off"
+        );
+        let other = Error::kube("get policy fleet", refused("boom"));
+        assert!(
+            other
+                .user_message()
+                .starts_with("get policy fleet failed: boom (HTTP 422")
+        );
+        let uid = Error::MissingUid {
+            policy: "fleet".into(),
+        };
+        assert_eq!(uid.user_message(), uid.to_string());
     }
 }

@@ -19,6 +19,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod agent_blocker;
 pub mod args;
 pub mod backoff;
 pub mod cached;

@@ -13,6 +13,7 @@ use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_api::names::{self, annotations, install_mode, labels};
 use ttdp_api::{NodeState, NodeStatus};
 
+use crate::agent_blocker::{Blocker, pod_blocker};
 use crate::cached::CachedPod;
 use crate::transition::{
     AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, StartGate,
@@ -96,9 +97,16 @@ pub fn pick_agent_pod<'a>(pods: impl IntoIterator<Item = &'a CachedPod>) -> Opti
 }
 
 /// How the agent pod on a node is doing, relative to the DaemonSet's current template hash.
-pub fn agent_pod(pod: Option<&CachedPod>, current_hash: &str) -> AgentPod {
+/// `node_not_ready`: the node's Ready condition when not True; `not_created`: why the
+/// DaemonSet controller cannot create agent pods, if it says.
+pub fn agent_pod(
+    pod: Option<&CachedPod>,
+    current_hash: &str,
+    node_not_ready: Option<&str>,
+    not_created: Option<&Blocker>,
+) -> AgentPod {
     let Some(pod) = pod else {
-        return AgentPod::Missing;
+        return not_created.map_or(AgentPod::Missing, |b| AgentPod::NotCreated(b.clone()));
     };
     if pod.metadata.deletion_timestamp.is_some() {
         return AgentPod::Terminating;
@@ -106,10 +114,10 @@ pub fn agent_pod(pod: Option<&CachedPod>, current_hash: &str) -> AgentPod {
     if pod_template_hash(pod) != Some(current_hash) {
         return AgentPod::Stale;
     }
-    AgentPod::Current(agent_condition(pod))
+    AgentPod::Current(agent_condition(pod, node_not_ready))
 }
 
-fn agent_condition(pod: &CachedPod) -> AgentCondition {
+fn agent_condition(pod: &CachedPod, node_not_ready: Option<&str>) -> AgentCondition {
     let status = pod.agent.as_ref();
     let image = pod.image.clone().unwrap_or_default();
     if let Some(status) = status
@@ -163,7 +171,10 @@ fn agent_condition(pod: &CachedPod) -> AgentCondition {
                 .or_else(|| r.message.clone())
                 .unwrap_or_else(|| "the device is held by processes".into()),
         },
-        _ => AgentCondition::Working,
+        _ => match pod_blocker(pod, node_not_ready) {
+            Some(b) => AgentCondition::Stuck(b),
+            None => AgentCondition::Working,
+        },
     }
 }
 
@@ -231,6 +242,10 @@ pub struct ObserveInput<'a> {
     pub drain: DrainProgress,
     /// The retry gate.
     pub retry: RetryGate,
+    /// The node's Ready condition when it is not True.
+    pub node_not_ready: Option<&'a str>,
+    /// Why the DaemonSet controller cannot create agent pods, if it says.
+    pub not_created: Option<&'a Blocker>,
 }
 
 /// The node's observation (with the start gate still closed: the planner opens it).
@@ -241,7 +256,12 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         conflict_with: input.conflict_with,
         host_managed: host_managed(input.meta, input.pod),
         loaded_version: loaded_version(input.meta),
-        agent: agent_pod(input.pod, input.current_hash),
+        agent: agent_pod(
+            input.pod,
+            input.current_hash,
+            input.node_not_ready,
+            input.not_created,
+        ),
         cordoned_by_us,
         externally_cordoned: input.unschedulable == Some(true) && !cordoned_by_us,
         gates_closed_by_us: gates_closed(input.meta),
@@ -279,7 +299,12 @@ mod tests {
 
     /// The classification of a full pod, through the cache's conversion.
     fn agent_pod(pod: Option<&Pod>, hash: &str) -> AgentPod {
-        super::agent_pod(pod.map(|p| CachedPod::of(p.clone())).as_ref(), hash)
+        super::agent_pod(
+            pod.map(|p| CachedPod::of(p.clone())).as_ref(),
+            hash,
+            None,
+            None,
+        )
     }
 
     fn pod(hash: &str, ready: bool) -> Pod {
@@ -414,6 +439,59 @@ mod tests {
         );
     }
 
+    /// What Kubernetes says about an agent it does not run reaches the node's observation: the
+    /// DaemonSet controller's FailedCreate for a node without a pod, the scheduler's message
+    /// for a pod it cannot place, the node's Ready condition for a pod no kubelet starts.
+    #[test]
+    fn agents_kubernetes_does_not_run_say_why() {
+        let failed_create = Blocker {
+            reason: "FailedCreate".into(),
+            message: "serviceaccount \"ttdp-agent\" not found".into(),
+        };
+        assert_eq!(
+            super::agent_pod(None, "h", None, Some(&failed_create)),
+            AgentPod::NotCreated(failed_create.clone())
+        );
+        let mut unschedulable = pod("h", false);
+        unschedulable
+            .status
+            .get_or_insert_with(PodStatus::default)
+            .conditions = Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/3 nodes are available: 1 Insufficient cpu.".into()),
+            ..Default::default()
+        }]);
+        let AgentPod::Current(AgentCondition::Stuck(b)) = agent_pod(Some(&unschedulable), "h")
+        else {
+            panic!("an unschedulable pod is stuck")
+        };
+        assert_eq!(b.reason, "Unschedulable");
+        assert!(b.message.contains("1 Insufficient cpu."), "{b:?}");
+        let on_lost_node = CachedPod::of(pod("h", false));
+        let AgentPod::Current(AgentCondition::Stuck(b)) = super::agent_pod(
+            Some(&on_lost_node),
+            "h",
+            Some("Ready=Unknown: NodeStatusUnknown: Kubelet stopped posting node status."),
+            None,
+        ) else {
+            panic!("a pod on a node that is not Ready is stuck")
+        };
+        assert_eq!(b.reason, "NodeNotReady");
+        let AgentPod::Current(AgentCondition::Failed { reason, .. }) = agent_pod(
+            Some(&waiting(
+                pod("h", false),
+                "ErrImagePull",
+                "manifest unknown",
+            )),
+            "h",
+        ) else {
+            panic!("an image that cannot be pulled fails the node")
+        };
+        assert_eq!(reason, "ImagePullFailed");
+    }
+
     #[test]
     fn holders_are_surfaced_while_waiting() {
         let mut r = report(AgentPhase::WaitingForHolders);
@@ -464,6 +542,8 @@ mod tests {
             conflict_with: None,
             drain: DrainProgress::NotStarted,
             retry: RetryGate::NotYet,
+            node_not_ready: None,
+            not_created: None,
         });
         assert!(obs.externally_cordoned && !obs.cordoned_by_us);
     }

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
@@ -27,10 +28,11 @@ use ttdp_api::names;
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 use ttdp_drain::{DevicePredicate, DrainOptions, TwoPassDrain, UncordonOutcome};
 
+use crate::agent_blocker::{self, Blocker};
 use crate::cached::{CachedNode, CachedPod};
 use crate::context::{Applied, Context, Written};
 use crate::daemonset::{daemonset_template_hash, desired_daemonset};
-use crate::error::Error;
+use crate::error::{Error, error_chain};
 use crate::node_actions;
 use crate::observe::{self, ObserveInput};
 use crate::overlap::{OlderPolicies, selection_of};
@@ -45,6 +47,8 @@ use crate::transition::{
 const IN_FLIGHT_RESYNC: Duration = Duration::from_secs(30);
 /// How long a reconcile waits for the node and agent-pod caches to fill.
 const STORE_SYNC_WAIT: Duration = Duration::from_secs(30);
+/// Requeue while a managed node has no agent pod (to read the DaemonSet's Events again).
+const MISSING_AGENT_RESYNC: Duration = Duration::from_secs(5);
 /// Requeue when nothing is happening.
 const IDLE_RESYNC: Duration = Duration::from_secs(300);
 /// How long one reconcile follows the fleet pass after pass (see [`apply`]) before it ends and
@@ -154,21 +158,6 @@ async fn ensure_finalizer(
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(true),
         Err(e) => Err(Error::kube(format!("add finalizer to policy {name}"), e)),
     }
-}
-
-/// The error and its sources, skipping sources whose text is already included.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 /// The previous status and node entries: what this controller last wrote, else the API's copy
@@ -432,7 +421,10 @@ async fn ensure_daemonset(
             &Patch::Apply(&desired),
         )
         .await
-        .map_err(|e| Error::kube(format!("apply daemonset {ns}/{ds_name}"), e))?;
+        .map_err(|source| Error::ApplyDaemonSet {
+            daemonset: format!("{ns}/{ds_name}"),
+            source,
+        })?;
     ctx.remember_applied(
         &ds_name,
         Some(Applied {
@@ -442,6 +434,64 @@ async fn ensure_daemonset(
         }),
     );
     Ok(hash)
+}
+
+/// Why the policy's DaemonSet cannot create agent pods, when a node it manages has none and
+/// the DaemonSet controller's `FailedCreate` Events say (see [`agent_blocker::failed_create`]).
+/// Without permission to list Events the nodes just wait, as without an Event.
+async fn daemonset_blocker(
+    ctx: &Context,
+    policy: &str,
+    matched: &[Arc<CachedNode>],
+    by_node: &[Vec<Arc<CachedPod>>],
+    conflicts: &BTreeMap<String, String>,
+) -> Option<Blocker> {
+    let missing = matched
+        .iter()
+        .zip(by_node)
+        .any(|(n, pods)| pods.is_empty() && !conflicts.contains_key(n.name()));
+    if !missing {
+        return None;
+    }
+    let ns = &ctx.settings.namespace;
+    let ds_name = names::daemonset_name(policy);
+    let uid = ctx
+        .daemonsets
+        .get(&ObjectRef::<DaemonSet>::new(&ds_name).within(ns))
+        .and_then(|d| d.metadata.uid.clone());
+    let fields = format!(
+        "involvedObject.kind=DaemonSet,involvedObject.name={ds_name},reason={}",
+        agent_blocker::FAILED_CREATE
+    );
+    let events = match Api::<Event>::namespaced(ctx.client.clone(), ns)
+        .list(&ListParams::default().fields(&fields))
+        .await
+    {
+        Ok(list) => list.items,
+        Err(e) => {
+            tracing::warn!(policy, error = %e, "cannot list the DaemonSet's events");
+            return None;
+        }
+    };
+    let newest_pod = ctx
+        .agent_pods
+        .state()
+        .iter()
+        .filter(|p| {
+            p.labels()
+                .get(ttdp_api::names::labels::POLICY)
+                .map(String::as_str)
+                == Some(policy)
+        })
+        .filter_map(|p| p.metadata.creation_timestamp.clone())
+        .max_by_key(|t| t.0);
+    agent_blocker::failed_create(
+        &events,
+        &format!("{ns}/{ds_name}"),
+        uid.as_deref(),
+        newest_pod.as_ref(),
+        &Time(Timestamp::now()),
+    )
 }
 
 /// Whether a node holds something of ours: our cordon, or gates we closed while it was ours.
@@ -460,7 +510,122 @@ fn holds_ours(
 /// the whole fleet. It stops when a pass finds nothing changed, after [`FOLLOW_FOR`], when a
 /// retry gate opens, when an action fails, or when a policy, the selection or the set of nodes
 /// changed ([`refresh::Restart`]); the next reconcile observes everything again.
+///
+/// A failure reaches the user: the policy's `Reconciled` condition turns False with the API
+/// server's message (and stays so until a reconcile succeeds) and a Warning Event is recorded
+/// when the failure is new.
 pub async fn apply(
+    policy: Arc<TenstorrentDriverPolicy>,
+    ctx: Arc<Context>,
+) -> Result<Requeue, Error> {
+    let result = apply_policy(policy.clone(), ctx.clone()).await;
+    match &result {
+        Ok(_) => clear_failure(&policy, &ctx).await,
+        Err(err) if reaches_the_user(err) => report_failure(&policy, &ctx, err).await,
+        Err(_) => {}
+    }
+    result
+}
+
+/// Whether a reconcile error is the user's business (not a controller still starting).
+fn reaches_the_user(err: &Error) -> bool {
+    !matches!(err, Error::NotSynced { .. } | Error::InvalidSpec { .. })
+}
+
+/// The facts of a policy whose nodes are left as recorded (the spec is invalid, or the
+/// reconcile failed before planning them).
+fn facts_as_recorded(
+    policy: &TenstorrentDriverPolicy,
+    recorded: &Entries,
+    invalid_spec: Option<String>,
+    failure: Option<crate::status::ReconcileFailure>,
+) -> PolicyFacts {
+    let managed = recorded
+        .values()
+        .filter(|e| e.state != NodeState::Conflict)
+        .count();
+    PolicyFacts {
+        generation: policy.metadata.generation,
+        target_version: policy.spec.version.clone(),
+        paused: policy.spec.paused,
+        max_unavailable: policy.spec.max_unavailable(managed).unwrap_or(1),
+        invalid_spec,
+        failure,
+    }
+}
+
+/// Writes the status with every node entry as recorded and the conditions of `facts`.
+async fn record_as_recorded(
+    ctx: &Context,
+    policy: &TenstorrentDriverPolicy,
+    last: &Written,
+    facts: &PolicyFacts,
+    now: &Time,
+) -> Result<Arc<Written>, Error> {
+    let reports = last
+        .nodes
+        .values()
+        .map(|e| NodeReport {
+            name: e.name.clone(),
+            transition: NodeTransition {
+                state: e.state,
+                reason: e.reason.clone(),
+                message: e.message.clone(),
+                actions: vec![],
+            },
+            current_version: e.current_version.clone(),
+            install_mode: e.install_mode.clone(),
+        })
+        .collect();
+    let built = build_status(facts, &last.status, &last.nodes, reports, now);
+    record(ctx, policy, built, last).await
+}
+
+/// Shows a failed reconcile on the policy: `Reconciled` False with the API server's message,
+/// and a Warning Event when the failure differs from the last one reported.
+async fn report_failure(policy: &TenstorrentDriverPolicy, ctx: &Context, err: &Error) {
+    let uid = policy.uid().unwrap_or_default();
+    let failure = crate::status::ReconcileFailure::of(err);
+    let before = ctx.remember_failure(&uid, Some(failure.clone()));
+    if before.as_ref() != Some(&failure) {
+        ctx.events
+            .policy_event(policy, true, &failure.reason, failure.message.clone());
+    }
+    let now = Time(Timestamp::now());
+    let written = match previous_of(policy, ctx).await {
+        Ok(last) => {
+            let facts = facts_as_recorded(policy, &last.nodes, None, Some(failure));
+            record_as_recorded(ctx, policy, &last, &facts, &now).await
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = written {
+        warn!(policy = %policy.name_any(), error = %error_chain(&e), "cannot report the failure in the status");
+    }
+}
+
+/// After a failed reconcile, a successful one turns `Reconciled` True again.
+async fn clear_failure(policy: &TenstorrentDriverPolicy, ctx: &Context) {
+    let uid = policy.uid().unwrap_or_default();
+    if ctx.remember_failure(&uid, None).is_none() {
+        return;
+    }
+    info!(policy = %policy.name_any(), "reconciled again after a failure");
+    let now = Time(Timestamp::now());
+    let written = match previous_of(policy, ctx).await {
+        Ok(last) => {
+            let facts = facts_as_recorded(policy, &last.nodes, None, None);
+            record_as_recorded(ctx, policy, &last, &facts, &now).await
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = written {
+        warn!(policy = %policy.name_any(), error = %error_chain(&e), "cannot clear the failure in the status");
+    }
+}
+
+/// [`apply`] without the failure report.
+async fn apply_policy(
     policy: Arc<TenstorrentDriverPolicy>,
     ctx: Arc<Context>,
 ) -> Result<Requeue, Error> {
@@ -500,6 +665,7 @@ pub async fn apply(
     selection.excluded = conflicts.keys().cloned().collect();
     let hash = ensure_daemonset(&ctx, &policy, &selection).await?;
     let mut by_node = refresh::agent_pods_by_node(ctx.agent_pods.state(), &name, &matched);
+    let not_created = daemonset_blocker(&ctx, &name, &matched, &by_node, &conflicts).await;
     let seen = refresh::Seen {
         policy: &name,
         selection: &selection,
@@ -543,6 +709,8 @@ pub async fn apply(
             conflict_with: conflicts.get(node).cloned(),
             drain: drain.unwrap_or(crate::transition::DrainProgress::NotStarted),
             retry,
+            node_not_ready: n.not_ready.as_deref(),
+            not_created: not_created.as_ref(),
         });
         (obs, wait)
     };
@@ -587,6 +755,7 @@ pub async fn apply(
         paused: spec.paused,
         invalid_spec: None,
         max_unavailable,
+        failure: ctx.failure(&policy.uid().unwrap_or_default()),
     };
 
     let mut first_error = None;
@@ -822,6 +991,14 @@ pub async fn apply(
     if let Some(w) = next_retry {
         requeue = requeue.min(w + Duration::from_millis(50));
     }
+    // No watch says why an agent pod does not appear (the DaemonSet controller's Events are not
+    // watched): look again soon.
+    let waiting_for_pods = observations.iter().any(|(_, o)| {
+        o.conflict_with.is_none() && matches!(o.agent, AgentPod::Missing | AgentPod::NotCreated(_))
+    });
+    if waiting_for_pods {
+        requeue = requeue.min(MISSING_AGENT_RESYNC);
+    }
     Ok(Requeue::requeue(requeue))
 }
 
@@ -1052,33 +1229,11 @@ async fn invalid_spec(
     err: ttdp_api::driver::v1alpha1::SpecError,
     now: &Time,
 ) -> Result<Requeue, Error> {
-    let (previous, recorded) = (&last.status, &last.nodes);
-    let reports = recorded
-        .values()
-        .map(|e| NodeReport {
-            name: e.name.clone(),
-            transition: NodeTransition {
-                state: e.state,
-                reason: e.reason.clone(),
-                message: e.message.clone(),
-                actions: vec![],
-            },
-            current_version: e.current_version.clone(),
-            install_mode: e.install_mode.clone(),
-        })
-        .collect();
-    let facts = PolicyFacts {
-        generation: policy.metadata.generation,
-        target_version: policy.spec.version.clone(),
-        paused: policy.spec.paused,
-        invalid_spec: Some(err.to_string()),
-        max_unavailable: 1,
-    };
-    let built = build_status(&facts, previous, recorded, reports, now);
-    let was_invalid = previous.conditions.iter().any(|c| {
+    let facts = facts_as_recorded(policy, &last.nodes, Some(err.to_string()), None);
+    let was_invalid = last.status.conditions.iter().any(|c| {
         c.type_ == ttdp_api::driver::v1alpha1::condition::INVALID_SPEC && c.status == "True"
     });
-    record(ctx, policy, built, last).await?;
+    record_as_recorded(ctx, policy, last, &facts, now).await?;
     if !was_invalid {
         warn!(policy = %policy.name_any(), error = %err, "invalid spec");
         ctx.events.policy_event(

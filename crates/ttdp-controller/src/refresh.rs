@@ -267,6 +267,7 @@ mod tests {
                 ..ObjectMeta::default()
             },
             unschedulable: false,
+            not_ready: None,
         }
     }
 

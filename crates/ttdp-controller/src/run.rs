@@ -14,7 +14,12 @@
 //! namespace daemonsets get/list/watch/patch/delete and leases get/create/update/patch; pods
 //! list/watch/delete in every namespace (drains list a node's pods, and agent pods are
 //! replaced), `pods/eviction` create, poddisruptionbudgets list (to name blocking budgets);
-//! events.k8s.io events create.
+//! events.k8s.io events create; core events list in the operator namespace (to quote the
+//! DaemonSet controller's `FailedCreate` on nodes left without an agent; without it those
+//! nodes only say they wait).
+//!
+//! With `policy_selector` ([`Settings::policy_selector`]) only the selected policies are
+//! watched, reconciled and weighed for overlaps.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -79,12 +84,14 @@ fn policy_trigger(p: &TenstorrentDriverPolicy) -> Option<u64> {
     )))
 }
 
-/// What of a cached node wakes reconciles: labels, ttdp's annotations, `spec.unschedulable`.
+/// What of a cached node wakes reconciles: labels, ttdp's annotations, `spec.unschedulable`,
+/// and its Ready condition when not True (the node's message names it).
 fn node_trigger(n: &CachedNode) -> Option<u64> {
     Some(hash_of((
         &n.metadata.labels,
         &n.metadata.annotations,
         n.unschedulable,
+        &n.not_ready,
     )))
 }
 
@@ -234,7 +241,11 @@ pub async fn run(
     // can miss the wake-up, so the streams report their first InitDone here instead.)
     let (synced_tx, synced_rx) = tokio::sync::watch::channel(0u8);
     let (policy_store, policy_writer) = reflector::store();
-    let policy_stream = watcher::watcher(policies, watcher::Config::default())
+    let mut policy_config = watcher::Config::default();
+    if let Some(selector) = &settings.policy_selector {
+        policy_config = policy_config.labels(selector);
+    }
+    let policy_stream = watcher::watcher(policies, policy_config)
         .default_backoff()
         .map_ok(cached::policy_event)
         .inspect(mark_synced(&synced_tx, SYNCED_POLICIES))

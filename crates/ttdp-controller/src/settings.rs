@@ -23,6 +23,11 @@ pub struct Settings {
     pub retry_base: Duration,
     /// Longest back-off before a Failed node is retried.
     pub retry_max: Duration,
+    /// A label selector limiting the policies this controller manages (`None`: every policy).
+    /// Policies it does not select are neither reconciled nor considered for overlaps: for
+    /// controllers sharing a cluster (tests, a canary controller), never for two controllers
+    /// managing overlapping nodes.
+    pub policy_selector: Option<String>,
 }
 
 impl Default for Settings {
@@ -37,6 +42,7 @@ impl Default for Settings {
             agent_service_account: DEFAULT_AGENT_SERVICE_ACCOUNT.to_owned(),
             retry_base: Duration::from_secs(30),
             retry_max: Duration::from_secs(600),
+            policy_selector: None,
         }
     }
 }

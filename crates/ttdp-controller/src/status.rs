@@ -79,6 +79,28 @@ pub struct PolicyFacts {
     pub invalid_spec: Option<String>,
     /// The effective `maxUnavailable`.
     pub max_unavailable: usize,
+    /// What kept the controller from reconciling the policy (applying its DaemonSet, reaching
+    /// an object it needs), if anything, until a reconcile succeeds again.
+    pub failure: Option<ReconcileFailure>,
+}
+
+/// A failure to reconcile a policy, as its `Reconciled` condition and Event show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReconcileFailure {
+    /// UpperCamelCase reason ([`crate::Error::reason`]).
+    pub reason: String,
+    /// What failed, in the API server's words ([`crate::Error::user_message`]).
+    pub message: String,
+}
+
+impl ReconcileFailure {
+    /// The failure `err` reports.
+    pub fn of(err: &crate::Error) -> Self {
+        Self {
+            reason: err.reason().to_owned(),
+            message: err.user_message(),
+        }
+    }
 }
 
 /// Every node entry by name: the controller's memory of recorded states. Names and entries are
@@ -137,6 +159,8 @@ pub mod reasons {
     pub const SPEC_INVALID: &str = "SpecInvalid";
     /// The spec is valid.
     pub const SPEC_VALID: &str = "SpecValid";
+    /// The last reconcile applied the DaemonSet and reached every object it needed.
+    pub const RECONCILED: &str = "Reconciled";
 }
 
 /// Whether more nodes failed than `maxUnavailable` allows: no new node starts.
@@ -355,7 +379,11 @@ fn conditions_for(facts: &PolicyFacts, s: &Summary, nodes: &Entries, now: &Time)
             String::new(),
         ),
     });
-    let ready = facts.invalid_spec.is_none() && ready_nodes == managed;
+    out.push(match &facts.failure {
+        Some(f) => make(cond::RECONCILED, false, &f.reason, f.message.clone()),
+        None => make(cond::RECONCILED, true, reasons::RECONCILED, String::new()),
+    });
+    let ready = facts.invalid_spec.is_none() && facts.failure.is_none() && ready_nodes == managed;
     out.push(if ready {
         make(
             cond::READY,
@@ -369,6 +397,13 @@ fn conditions_for(facts: &PolicyFacts, s: &Summary, nodes: &Entries, now: &Time)
             false,
             reasons::SPEC_INVALID,
             "the spec is invalid; see the InvalidSpec condition".into(),
+        )
+    } else if let Some(f) = &facts.failure {
+        make(
+            cond::READY,
+            false,
+            &f.reason,
+            format!("{progress}; see the Reconciled condition"),
         )
     } else if s.failed > 0 {
         make(cond::READY, false, reasons::NODES_FAILED, progress.clone())
@@ -493,6 +528,7 @@ mod tests {
             paused: false,
             invalid_spec: None,
             max_unavailable: 1,
+            failure: None,
         }
     }
 
@@ -754,6 +790,43 @@ mod tests {
         assert_eq!(invalid.status, "True");
         assert!(invalid.message.contains("podSelectorLabel"));
         assert_eq!(cond(&b.status, "Ready").status, "False");
+    }
+
+    #[test]
+    fn a_reconcile_failure_shows_in_the_reconciled_condition_and_holds_ready_back() {
+        let done = vec![report("n1", NodeState::Done, Some("2.8.0"))];
+        let b = build_status(
+            &facts(),
+            &Default::default(),
+            &Entries::new(),
+            done.clone(),
+            &at(0),
+        );
+        assert_eq!(cond(&b.status, "Reconciled").status, "True");
+        assert_eq!(cond(&b.status, "Ready").status, "True");
+        let mut f = facts();
+        f.failure = Some(ReconcileFailure {
+            reason: "DaemonSetApplyFailed".into(),
+            message:
+                "apply daemonset ttdp-system/ttdrv-fleet failed: it is invalid (HTTP 422 Invalid)"
+                    .into(),
+        });
+        let failing = build_status(&f, &b.status, &b.all_nodes, done.clone(), &at(5));
+        let reconciled = cond(&failing.status, "Reconciled");
+        assert_eq!(
+            (reconciled.status.as_str(), reconciled.reason.as_str()),
+            ("False", "DaemonSetApplyFailed")
+        );
+        assert!(reconciled.message.contains("HTTP 422"), "{reconciled:?}");
+        let ready = cond(&failing.status, "Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "DaemonSetApplyFailed")
+        );
+        assert!(ready.message.contains("see the Reconciled condition"));
+        let recovered = build_status(&facts(), &failing.status, &failing.all_nodes, done, &at(9));
+        assert_eq!(cond(&recovered.status, "Reconciled").status, "True");
+        assert_eq!(cond(&recovered.status, "Ready").status, "True");
     }
 
     fn fleet(n: usize, done: usize) -> Vec<NodeReport> {

@@ -17,6 +17,7 @@
 //! (a drain runs to its end, a swapping agent completes, Uncordoning proceeds), and a node then
 //! waits at the next step boundary.
 
+use crate::agent_blocker::Blocker;
 use ttdp_api::NodeState;
 
 /// The agent pod on a node, as far as the state machine cares.
@@ -24,6 +25,9 @@ use ttdp_api::NodeState;
 pub enum AgentPod {
     /// No agent pod on the node (not scheduled yet, or just deleted).
     Missing,
+    /// No agent pod on the node, and the DaemonSet controller says why it cannot create one
+    /// (its `FailedCreate` Event).
+    NotCreated(Blocker),
     /// The agent pod is being deleted.
     Terminating,
     /// The agent pod runs an older pod template.
@@ -37,6 +41,9 @@ pub enum AgentPod {
 pub enum AgentCondition {
     /// Starting, building or swapping.
     Working,
+    /// Kubernetes does not run it, and says why: unschedulable, a container that cannot be
+    /// created, a node that is not Ready. Kubernetes keeps retrying, so the node waits.
+    Stuck(Blocker),
     /// Ready: its readiness probe passes.
     Ready,
     /// Waiting for processes holding `/dev/tenstorrent` (without forceUnload).
@@ -364,11 +371,13 @@ impl Ctx<'_> {
             }
             AgentPod::Current(_) => self.upgrading(true),
             AgentPod::Stale => self.start(),
-            AgentPod::Missing | AgentPod::Terminating => {
+            AgentPod::Missing | AgentPod::Terminating | AgentPod::NotCreated(_) => {
                 if self.obs.recorded == Some(NodeState::Done)
                     && self.obs.loaded_version.as_deref() == Some(self.target())
                 {
                     NodeTransition::to(NodeState::Done)
+                } else if let AgentPod::NotCreated(b) = &self.obs.agent {
+                    NodeTransition::to(NodeState::Pending).because(&b.reason, b.message.clone())
                 } else {
                     NodeTransition::to(NodeState::Pending).because(
                         reasons::WAITING_FOR_AGENT,
@@ -438,6 +447,9 @@ impl Ctx<'_> {
                 reasons::WAITING_FOR_AGENT,
                 format!("waiting for the DaemonSet to start the agent for {}", self.target()),
             ),
+            AgentPod::NotCreated(b) | AgentPod::Current(AgentCondition::Stuck(b)) => {
+                t.because(&b.reason, b.message.clone())
+            }
             AgentPod::Current(AgentCondition::Ready) => t.because(
                 "WaitingForVersionLabel",
                 format!("agent ready; waiting for the node to report {} loaded", self.target()),
@@ -783,6 +795,58 @@ mod tests {
             }
         }
         assert_eq!(checked, 19 * 9);
+    }
+
+    /// What Kubernetes says about an agent it does not run becomes the node's reason and
+    /// message, and the node waits (Kubernetes keeps retrying) instead of failing.
+    #[test]
+    fn agents_kubernetes_does_not_run_wait_with_kubernetes_words() {
+        let blocker = |reason: &str| Blocker {
+            reason: reason.into(),
+            message: format!("{reason}: what Kubernetes says"),
+        };
+        let not_created = with(|o| o.agent = AgentPod::NotCreated(blocker("FailedCreate")));
+        for recorded in [None, Some(Pending)] {
+            let mut obs = not_created.clone();
+            obs.recorded = recorded;
+            let t = next(&obs, &rules());
+            assert_eq!(t.state, Pending, "{recorded:?}");
+            assert_eq!(t.reason.as_deref(), Some("FailedCreate"));
+            assert_eq!(
+                t.message.as_deref(),
+                Some("FailedCreate: what Kubernetes says")
+            );
+        }
+        let mut upgrading = not_created.clone();
+        upgrading.recorded = Some(Upgrading);
+        let t = next(&upgrading, &rules());
+        assert_eq!(
+            (t.state, t.reason.as_deref()),
+            (Upgrading, Some("FailedCreate"))
+        );
+        for reason in [
+            "Unschedulable",
+            "NodeNotReady",
+            "CreateContainerConfigError",
+        ] {
+            let stuck = with(|o| {
+                o.agent = AgentPod::Current(AgentCondition::Stuck(blocker(reason)));
+                old(o)
+            });
+            for recorded in [None, Some(Upgrading)] {
+                let mut obs = stuck.clone();
+                obs.recorded = recorded;
+                let t = next(&obs, &rules());
+                assert_eq!(t.state, Upgrading, "{reason} {recorded:?}");
+                assert_eq!(t.reason.as_deref(), Some(reason));
+                assert!(
+                    t.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("what Kubernetes says"))
+                );
+                assert!(t.actions.is_empty(), "nothing to replace: {t:?}");
+            }
+        }
     }
 
     #[test]

@@ -554,32 +554,78 @@ async fn deleting_the_policy_mid_rollout_leaves_no_node_cordoned() {
     h.shutdown().await;
 }
 
+/// Three nodes shared with an older policy and one of its own: the newer policy's DaemonSet
+/// (excluding the three shared nodes, one `metadata.name NotIn` requirement each, which is what
+/// the API server accepts) runs an agent only on its own node, and both policies become Ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlapping_policies_leave_shared_nodes_to_the_older() {
-    let h = Harness::start(loaded("2.7.0", 2)).await;
-    let older = h.create_policy("older", "2.7.0", json!({})).await;
+    let h = Harness::start(|p| {
+        let mut nodes: Vec<_> = (0..3)
+            .map(|_| tt_node(p).loaded("2.7.0").label("pool", "shared"))
+            .collect();
+        nodes.push(tt_node(p).loaded("2.7.0"));
+        nodes
+    })
+    .await;
+    let all = h.nodes();
+    let (shared, own) = (&all[..3], &all[3]);
+    let older = h
+        .create_policy_selecting(
+            "older",
+            "2.7.0",
+            json!({"matchLabels": {harness::RUN_LABEL: h.prefix, "pool": "shared"}}),
+            json!({}),
+        )
+        .await;
     h.wait_ready(&older, STEP).await;
     // creationTimestamp has one-second resolution and ties go to the name ("newer" < "older"):
     // make sure the second policy really is created in a later second.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let newer = h.create_policy("newer", "2.8.0", json!({})).await;
-    let p = h
-        .wait_policy(&newer, "conflicts reported", STEP, |p| {
-            h.nodes().iter().all(|n| node_state(p, n) == Some(Conflict))
-        })
-        .await;
-    for node in h.nodes() {
-        let e = node_entry(&p, &node).unwrap();
+    let p = h.wait_ready(&newer, STEP * 2).await;
+    for node in shared {
+        let e = node_entry(&p, node).unwrap();
+        assert_eq!(e.state, Conflict, "{e:?}");
         assert!(e.message.as_deref().unwrap().contains(&older), "{e:?}");
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        agent_pods(&h, &newer).await.is_empty(),
-        "the newer policy runs no agent on shared nodes"
+    assert_eq!(node_state(&p, own), Some(Done));
+    assert_eq!(h.kmd_version(own).await.as_deref(), Some("2.8.0"));
+    let summary = p.status.as_ref().unwrap().summary.clone().unwrap();
+    assert_eq!((summary.matched, summary.conflicts), (4, 3));
+    let ds = Api::<DaemonSet>::namespaced(h.client.clone(), &h.namespace)
+        .get(&names::daemonset_name(&newer))
+        .await
+        .expect("the newer policy's DaemonSet was accepted");
+    let term = &ds
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .affinity
+        .unwrap()
+        .node_affinity
+        .unwrap()
+        .required_during_scheduling_ignored_during_execution
+        .unwrap()
+        .node_selector_terms[0];
+    let mut excluded: Vec<String> = term
+        .match_fields
+        .iter()
+        .flatten()
+        .flat_map(|r| r.values.clone().unwrap_or_default())
+        .collect();
+    excluded.sort();
+    assert_eq!(excluded, shared.to_vec());
+    let pods = agent_pods(&h, &newer).await;
+    assert_eq!(
+        pods.keys().collect::<Vec<_>>(),
+        vec![own],
+        "the newer policy runs an agent only on its own node"
     );
-    for node in h.nodes() {
+    for node in shared {
         assert_eq!(
-            h.kmd_version(&node).await.as_deref(),
+            h.kmd_version(node).await.as_deref(),
             Some("2.7.0"),
             "the older policy's version stays"
         );

@@ -445,6 +445,9 @@ pub mod condition {
     pub const PAUSED: &str = "Paused";
     /// The spec cannot be acted on (e.g. `podSelectorLabel` does not parse).
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The controller could apply the policy's DaemonSet and reach every object it needs;
+    /// False carries what failed in the API server's words.
+    pub const RECONCILED: &str = "Reconciled";
 }
 
 /// A spec problem the schema cannot express.

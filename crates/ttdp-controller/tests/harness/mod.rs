@@ -1,13 +1,22 @@
-//! End-to-end harness: a simulated cluster (the ttdp-testkit API server, DaemonSet stand-in and
-//! simulated nodes whose kubelet runs the real `ttdp-agent` binary against simulated kernels)
-//! and the real controller running in-process through `ttdp_controller::run`.
+//! End-to-end harness: simulated Tenstorrent nodes (their kubelet runs the real `ttdp-agent`
+//! binary against simulated kernels) joined to a real control plane, and the real controller
+//! running in-process through `ttdp_controller::run`.
 //!
-//! With `TTDP_TEST_KUBECONFIG` set, the same scenarios run against that real cluster: every
-//! name (nodes, namespaces, policies) is prefixed per scenario and policies select only the
-//! scenario's nodes (label `ttdp.test/run=<prefix>`), so scenarios can share one cluster one at a
-//! time: each scenario runs its own controller, and a controller manages every policy of the
-//! cluster, so run them with `-- --test-threads=1` there (concurrent scenarios' controllers would
-//! both write each other's policy status).
+//! The control plane is `TTDP_TEST_KUBECONFIG`'s cluster when set, else one the testkit's
+//! launcher starts for this test process. Either may be shared with other suites, so:
+//! - every name (nodes, namespaces, policies) is prefixed per scenario and policies select only
+//!   the scenario's nodes (label `ttdp.test/run=<prefix>`);
+//! - each scenario's controller manages only the scenario's policies (they carry the run label
+//!   and the controller's `policy_selector` selects it), so neither concurrent scenarios nor
+//!   policies other suites left behind are touched; at most [`SCENARIOS_AT_ONCE`] scenarios of
+//!   one test binary run at once (each [`Harness`] holds a turn from start to shutdown), however
+//!   many test threads cargo uses; cargo runs test binaries one after another;
+//! - [`Harness::shutdown`] deletes the scenario's policies (waiting for the controller to run
+//!   their finalizers), its namespaces and its nodes; a scenario that panics is cleaned up when
+//!   its harness is dropped (policies without their finalizers, pods forced, namespaces,
+//!   nodes);
+//! - the CRD is cluster-scoped and shared: it is applied idempotently (server-side apply) and
+//!   never deleted here; whoever owns the whole run removes it at the end.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -107,6 +116,13 @@ pub fn tt_node(prefix: &str) -> TenstorrentNode {
     TenstorrentNode::new().label(RUN_LABEL, prefix)
 }
 
+/// How many scenarios of one test binary run at once. Each scenario's controller manages only
+/// its own policies, so they cannot disturb each other's rollouts; the bound keeps the load on
+/// a small machine (and the scenarios' timings) predictable.
+const SCENARIOS_AT_ONCE: usize = 2;
+/// Turns on the shared control plane (see [`SCENARIOS_AT_ONCE`]).
+static TURNS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(SCENARIOS_AT_ONCE);
+
 /// One scenario's cluster and controller.
 pub struct Harness {
     pub cluster: SimCluster,
@@ -122,6 +138,79 @@ pub struct Harness {
     /// The controller's metrics (shared across restarts).
     pub metrics: Arc<ttdp_controller::metrics::Metrics>,
     _tmp: tempfile::TempDir,
+    /// Cleans up if the scenario ends without [`Harness::shutdown`].
+    cleanup: CleanupGuard,
+    /// This scenario's turn on the control plane (released when the harness is dropped).
+    _turn: tokio::sync::SemaphorePermit<'static>,
+}
+
+/// Armed while a scenario runs: dropped armed (the scenario panicked), it deletes what the
+/// scenario made on a shared cluster, on a thread of its own (the test's runtime is unwinding).
+struct CleanupGuard {
+    client: Client,
+    prefix: String,
+    namespaces: Vec<String>,
+    armed: bool,
+}
+
+impl Drop for CleanupGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (client, prefix) = (self.client.clone(), self.prefix.clone());
+        let namespaces = std::mem::take(&mut self.namespaces);
+        let cleanup = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(leave_nothing_behind(client, prefix, namespaces));
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Deletes at once everything a scenario made: its policies (finalizers removed), its
+/// namespaces (their pods forced first) and its nodes.
+async fn leave_nothing_behind(client: Client, prefix: String, namespaces: Vec<String>) {
+    let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
+    let label = ListParams::default().labels(&format!("{RUN_LABEL}={prefix}"));
+    for p in policies
+        .list(&label)
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let name = p.name_any();
+        let _ = policies
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+        let _ = policies.delete(&name, &DeleteParams::default()).await;
+    }
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    for ns in &namespaces {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let _ = pods.delete_collection(&force, &ListParams::default()).await;
+        let _ = Api::<Namespace>::all(client.clone())
+            .delete(ns, &DeleteParams::default())
+            .await;
+    }
+    let nodes: Api<Node> = Api::all(client);
+    let scenario =
+        ListParams::default().labels(&format!("{}={prefix}", ttdp_testkit::sim::SCENARIO_LABEL));
+    let _ = nodes
+        .delete_collection(&DeleteParams::default(), &scenario)
+        .await;
 }
 
 impl Harness {
@@ -152,6 +241,10 @@ impl Harness {
             )
             .with_test_writer()
             .try_init();
+        let turn = TURNS
+            .acquire()
+            .await
+            .expect("the turns semaphore is never closed");
         let tmp = tempfile::tempdir().unwrap();
         let prefix = random_prefix();
         let mut options = SimClusterOptions::new()
@@ -186,9 +279,20 @@ impl Harness {
             agent_service_account: "ttdp-agent".into(),
             retry_base: Duration::from_secs(2),
             retry_max: Duration::from_secs(10),
+            policy_selector: Some(format!("{RUN_LABEL}={prefix}")),
         };
         adjust(&mut settings);
         let monitor = Monitor::start(client.clone(), &prefix).await;
+        let cleanup = CleanupGuard {
+            client: client.clone(),
+            prefix: prefix.clone(),
+            namespaces: vec![
+                namespace.clone(),
+                settings.namespace.clone(),
+                cluster.namespace().to_owned(),
+            ],
+            armed: cluster.is_real(),
+        };
         Harness {
             cluster,
             client,
@@ -199,6 +303,8 @@ impl Harness {
             monitor,
             metrics: ttdp_controller::metrics::Metrics::shared(),
             _tmp: tmp,
+            cleanup,
+            _turn: turn,
         }
     }
 
@@ -270,7 +376,7 @@ impl Harness {
         let policy: TenstorrentDriverPolicy = serde_json::from_value(json!({
             "apiVersion": "driver.tenstorrent.com/v1alpha1",
             "kind": "TenstorrentDriverPolicy",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": {RUN_LABEL: self.prefix}},
             "spec": spec,
         }))
         .unwrap();
@@ -442,33 +548,72 @@ impl Harness {
             .cloned()
     }
 
-    /// Stops everything (deleting policies first on a real cluster).
+    /// Stops everything, leaving nothing behind on a real cluster: the scenario's policies
+    /// (deleted while the controller still runs, so their finalizers lift what they hold and
+    /// their DaemonSets go), the operator namespace, then the simulated cluster (its namespace
+    /// and nodes).
     pub async fn shutdown(mut self) {
         if self.cluster.is_real() {
-            let lp = ListParams::default();
-            if let Ok(list) = self.policies().list(&lp).await {
-                for p in list
-                    .items
-                    .iter()
-                    .filter(|p| p.name_any().starts_with(&self.prefix))
-                {
-                    let _ = self
-                        .policies()
-                        .delete(&p.name_any(), &DeleteParams::default())
-                        .await;
-                }
-            }
-            tokio::time::sleep(Duration::from_secs(3)).await;
+            self.delete_policies().await;
         }
         self.stop_controller().await;
         self.monitor.stop();
         if self.cluster.is_real() {
-            let _ = Api::<Namespace>::all(self.client.clone())
-                .delete(&self.namespace, &DeleteParams::default())
+            let namespaces = Api::<Namespace>::all(self.client.clone());
+            delete_and_wait(&namespaces, &self.namespace, Duration::from_secs(60)).await;
+            if self.settings.namespace != self.namespace {
+                delete_and_wait(
+                    &namespaces,
+                    &self.settings.namespace,
+                    Duration::from_secs(60),
+                )
                 .await;
+            }
         }
+        self.cleanup.armed = false;
         let _ = self.cluster.shutdown().await;
     }
+
+    /// Deletes the scenario's policies and waits until they are gone (a controller must be
+    /// running to remove the finalizer; without one, the finalizer is removed here).
+    async fn delete_policies(&self) {
+        let api = self.policies();
+        let Ok(list) = api.list(&ListParams::default()).await else {
+            return;
+        };
+        let ours: Vec<String> = list
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .filter(|n| n.starts_with(&format!("{}-", self.prefix)))
+            .collect();
+        for name in &ours {
+            if self.controller.is_none() {
+                let _ = api
+                    .patch(
+                        name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+            delete_and_wait(&api, name, STEP).await;
+        }
+    }
+}
+
+/// Deletes an object and waits (up to `timeout`) until it is gone.
+async fn delete_and_wait<K>(api: &Api<K>, name: &str, timeout: Duration)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let _ = api.delete(name, &DeleteParams::default()).await;
+    let _ = tokio::time::timeout(timeout, async {
+        while !matches!(api.get_opt(name).await, Ok(None)) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
 }
 
 fn merge(into: &mut Value, extra: Value) {
@@ -482,14 +627,19 @@ fn merge(into: &mut Value, extra: Value) {
     }
 }
 
+/// Applies the CRD (server-side apply: it may already exist, installed by another suite or an
+/// older build) and waits until the resource is served. Never deleted by the tests.
 async fn install_crd(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = ttdp_api::crd();
-    match api.create(&PostParams::default(), &crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("cannot install the CRD: {e}"),
-    }
+    let name = crd.name_any();
+    api.patch(
+        &name,
+        &PatchParams::apply("ttdp-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cannot apply the CRD: {e}"));
     // Wait until the resource is served.
     let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
     for _ in 0..100 {
@@ -501,7 +651,8 @@ async fn install_crd(client: &Client) {
     panic!("the TenstorrentDriverPolicy resource is not served");
 }
 
-async fn create_namespace(client: &Client, name: &str) {
+/// Creates a namespace (if missing) with the agents' ServiceAccount `ttdp-agent`.
+pub async fn create_namespace(client: &Client, name: &str) {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
     match Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
