@@ -10,17 +10,22 @@
 //! 3. pods terminating for longer than [`PodRules::skip_wait_for_delete_timeout`] are skipped;
 //! 4. DaemonSet-managed pods that have not finished: skipped with
 //!    [`ignore_daemonsets`](PodRules::ignore_daemonsets), refused without it; a pod whose
-//!    DaemonSet no longer exists is removed with [`force`](PodRules::force), refused without it;
+//!    DaemonSet no longer exists is removed with [`force`](PodRules::force), and without it
+//!    refused, or skipped with [`skip_unmanaged`](PodRules::skip_unmanaged);
 //! 5. mirror (static) pods are skipped;
-//! 6. unfinished pods with `emptyDir` volumes are refused without
+//! 6. with [`skip_unmanaged`](PodRules::skip_unmanaged) and without [`force`](PodRules::force),
+//!    unfinished pods without a controller are skipped ([`Reason::UnmanagedSkipped`]), before
+//!    the `emptyDir` check: a pod that stays keeps its data;
+//! 7. unfinished pods with `emptyDir` volumes are refused without
 //!    [`delete_emptydir_data`](PodRules::delete_emptydir_data);
-//! 7. unfinished pods without a controller are refused without [`force`](PodRules::force);
-//! 8. the caller's [`extra`](PodRules::extra) predicate;
-//! 9. what is left is removed: finished pods (`Succeeded`/`Failed`) are deleted, all others
-//!    evicted.
+//! 8. unfinished pods without a controller are refused without [`force`](PodRules::force);
+//! 9. the caller's [`extra`](PodRules::extra) predicate;
+//! 10. what is left is removed: finished pods (`Succeeded`/`Failed`) are deleted, all others
+//!     evicted.
 //!
-//! Steps 3 to 7 are `kubectl drain`'s filters in kubectl's order with kubectl's messages, so a
-//! caller can print them the way kubectl does.
+//! Steps 3 to 8 are `kubectl drain`'s filters in kubectl's order with kubectl's messages, so a
+//! caller can print them the way kubectl does. Step 6 and the skip in step 4 are not in
+//! kubectl: `kubectl drain` without `--force` refuses those pods and drains nothing.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -48,6 +53,11 @@ pub struct PodRules {
     pub delete_emptydir_data: bool,
     /// Remove pods without a controller and pods whose DaemonSet is gone (`--force`).
     pub force: bool,
+    /// Without [`force`](Self::force), skip the pods it would remove (pods without a
+    /// controller, pods whose DaemonSet is gone) and drain the rest, instead of refusing to
+    /// drain. Not in `kubectl drain`, which refuses them; no effect with `force`. The skipped
+    /// pods are the ones [`PodDecision::skipped_without_force`] picks out.
+    pub skip_unmanaged: bool,
     /// Only pods whose labels match (`--pod-selector`); the empty selector selects every pod.
     pub selector: Selector,
     /// Only pods that use this device; `None` considers every pod.
@@ -149,6 +159,9 @@ pub enum Reason {
     DeletingLocalStorage,
     /// It has no controller, so nothing recreates it (refused).
     Unmanaged,
+    /// It has no controller and is left on the node because force is off (skipped; not in
+    /// kubectl, see [`PodRules::skip_unmanaged`]).
+    UnmanagedSkipped,
     /// Warning: it has no controller and is removed anyway.
     DeletingUnmanaged,
     /// It has no controller and is removed because of force.
@@ -195,6 +208,9 @@ impl fmt::Display for Reason {
             Self::Unmanaged => f.write_str(
                 "cannot delete Pods that declare no controller (use --force to override)",
             ),
+            Self::UnmanagedSkipped => {
+                f.write_str("declares no controller; skipped because force is off")
+            }
             Self::DeletingUnmanaged => f.write_str("deleting Pods that declare no controller"),
             Self::NoController => f.write_str("declares no controller; removed because of force"),
             Self::Finished { phase } => write!(f, "pod has finished ({phase})"),
@@ -216,6 +232,18 @@ pub struct PodDecision {
     /// kubectl's warnings about removing it ([`Reason::DeletingLocalStorage`],
     /// [`Reason::DeletingUnmanaged`], [`Reason::DaemonSetMissing`]); empty unless it is removed.
     pub warnings: Vec<Reason>,
+}
+
+impl PodDecision {
+    /// Whether the pod is left on the node only because force is off: a pod without a
+    /// controller, or whose DaemonSet is gone, skipped under [`PodRules::skip_unmanaged`].
+    pub fn skipped_without_force(&self) -> bool {
+        self.disposition == Disposition::Skip
+            && matches!(
+                self.reason,
+                Reason::UnmanagedSkipped | Reason::DaemonSetMissing { .. }
+            )
+    }
 }
 
 /// What a DaemonSet lookup found, for [`ClassifyContext::daemonsets`].
@@ -309,98 +337,148 @@ fn deletion_overdue(pod: &Pod, rules: &PodRules, now: Timestamp) -> bool {
     since.0.checked_add(limit).is_ok_and(|until| until < now)
 }
 
+/// A check's verdict that ends classification.
+type Verdict = (Disposition, Reason);
+
 /// Decide what a drain with `rules` does with `pod`. See the module docs for the order.
 pub fn classify(pod: &Pod, rules: &PodRules, ctx: &ClassifyContext) -> PodDecision {
-    let decision = |disposition, reason, warnings| PodDecision {
+    let mut warnings = Vec::new();
+    let (disposition, reason) = match verdict(pod, rules, ctx, &mut warnings) {
+        Ok(removal) => removal,
+        Err(verdict) => {
+            warnings.clear();
+            verdict
+        }
+    };
+    PodDecision {
         pod: PodRef::of(pod),
         disposition,
         reason,
         warnings,
-    };
+    }
+}
+
+/// The checks in order: `Err` is a check that decided (skip or refuse), `Ok` the removal of
+/// what is left. Warnings about removing the pod are pushed to `warnings`.
+fn verdict(
+    pod: &Pod,
+    rules: &PodRules,
+    ctx: &ClassifyContext,
+    warnings: &mut Vec<Reason>,
+) -> Result<Verdict, Verdict> {
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     if !rules.selector.matches(&labels) {
-        return decision(Disposition::Skip, Reason::NotSelected, vec![]);
+        return Err((Disposition::Skip, Reason::NotSelected));
     }
     if rules.device.as_ref().is_some_and(|d| !d.matches(pod)) {
-        return decision(Disposition::Skip, Reason::NotDeviceUser, vec![]);
+        return Err((Disposition::Skip, Reason::NotDeviceUser));
     }
     if deletion_overdue(pod, rules, ctx.now) {
-        return decision(Disposition::Skip, Reason::DeletionOverdue, vec![]);
+        return Err((Disposition::Skip, Reason::DeletionOverdue));
     }
-    let finished = has_finished(pod);
-    let controller = controller_of(pod);
-    let mut warnings = Vec::new();
-
-    if let Some(daemonset) = daemonset_to_look_up(pod, rules) {
-        match ctx.daemonsets.get(&daemonset) {
-            Some(DaemonSetLookup::Missing) if rules.force => {
-                warnings.push(Reason::DaemonSetMissing { daemonset });
-            }
-            Some(DaemonSetLookup::Missing) => {
-                let reason = Reason::DaemonSetMissing { daemonset };
-                return decision(Disposition::Refuse, reason, vec![]);
-            }
-            Some(DaemonSetLookup::Failed(error)) => {
-                let error = error.clone();
-                let reason = Reason::DaemonSetUnknown { daemonset, error };
-                return decision(Disposition::Refuse, reason, vec![]);
-            }
-            None if rules.ignore_daemonsets => {
-                return decision(Disposition::Skip, Reason::DaemonSetIgnored, vec![]);
-            }
-            None => return decision(Disposition::Refuse, Reason::DaemonSetManaged, vec![]),
-        }
+    check_daemonset(pod, rules, ctx, warnings)?;
+    if is_mirror(pod) {
+        return Err((Disposition::Skip, Reason::Mirror));
     }
-
-    let is_mirror = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION));
-    if is_mirror {
-        return decision(Disposition::Skip, Reason::Mirror, vec![]);
-    }
-
-    if !finished && has_empty_dir(pod) {
-        if !rules.delete_emptydir_data {
-            return decision(Disposition::Refuse, Reason::LocalStorage, vec![]);
-        }
-        warnings.push(Reason::DeletingLocalStorage);
-    }
-
-    if !finished && controller.is_none() {
-        if !rules.force {
-            return decision(Disposition::Refuse, Reason::Unmanaged, vec![]);
-        }
-        warnings.push(Reason::DeletingUnmanaged);
-    }
-
+    check_local_data(pod, rules, warnings)?;
     if let Some(extra) = &rules.extra {
         match extra.check(pod) {
             CallerVerdict::Allow => {}
-            CallerVerdict::Skip(why) => {
-                return decision(Disposition::Skip, Reason::Caller(why), vec![]);
-            }
-            CallerVerdict::Refuse(why) => {
-                return decision(Disposition::Refuse, Reason::Caller(why), vec![]);
-            }
+            CallerVerdict::Skip(why) => return Err((Disposition::Skip, Reason::Caller(why))),
+            CallerVerdict::Refuse(why) => return Err((Disposition::Refuse, Reason::Caller(why))),
         }
     }
+    Ok(removal(pod))
+}
 
-    if finished {
-        let reason = Reason::Finished {
-            phase: phase(pod).to_owned(),
-        };
-        return decision(Disposition::Delete, reason, warnings);
+/// Step 4: DaemonSet-managed pods.
+fn check_daemonset(
+    pod: &Pod,
+    rules: &PodRules,
+    ctx: &ClassifyContext,
+    warnings: &mut Vec<Reason>,
+) -> Result<(), Verdict> {
+    let Some(daemonset) = daemonset_to_look_up(pod, rules) else {
+        return Ok(());
+    };
+    match ctx.daemonsets.get(&daemonset) {
+        Some(DaemonSetLookup::Missing) if rules.force => {
+            warnings.push(Reason::DaemonSetMissing { daemonset });
+            Ok(())
+        }
+        Some(DaemonSetLookup::Missing) => {
+            Err((unforced(rules), Reason::DaemonSetMissing { daemonset }))
+        }
+        Some(DaemonSetLookup::Failed(error)) => {
+            let error = error.clone();
+            Err((
+                Disposition::Refuse,
+                Reason::DaemonSetUnknown { daemonset, error },
+            ))
+        }
+        None if rules.ignore_daemonsets => Err((Disposition::Skip, Reason::DaemonSetIgnored)),
+        None => Err((Disposition::Refuse, Reason::DaemonSetManaged)),
     }
-    let reason = match controller {
+}
+
+/// What happens without force to a pod that only force removes.
+fn unforced(rules: &PodRules) -> Disposition {
+    if rules.skip_unmanaged {
+        Disposition::Skip
+    } else {
+        Disposition::Refuse
+    }
+}
+
+fn is_mirror(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION))
+}
+
+/// Steps 6 to 8: unfinished pods that nothing recreates, and pods with `emptyDir` data.
+fn check_local_data(
+    pod: &Pod,
+    rules: &PodRules,
+    warnings: &mut Vec<Reason>,
+) -> Result<(), Verdict> {
+    if has_finished(pod) {
+        return Ok(());
+    }
+    let unmanaged = controller_of(pod).is_none();
+    if unmanaged && !rules.force && rules.skip_unmanaged {
+        return Err((Disposition::Skip, Reason::UnmanagedSkipped));
+    }
+    if has_empty_dir(pod) {
+        if !rules.delete_emptydir_data {
+            return Err((Disposition::Refuse, Reason::LocalStorage));
+        }
+        warnings.push(Reason::DeletingLocalStorage);
+    }
+    if unmanaged {
+        if !rules.force {
+            return Err((Disposition::Refuse, Reason::Unmanaged));
+        }
+        warnings.push(Reason::DeletingUnmanaged);
+    }
+    Ok(())
+}
+
+/// Step 10: finished pods are deleted, the others evicted.
+fn removal(pod: &Pod) -> Verdict {
+    if has_finished(pod) {
+        let phase = phase(pod).to_owned();
+        return (Disposition::Delete, Reason::Finished { phase });
+    }
+    let reason = match controller_of(pod) {
         Some(c) => Reason::Controlled {
             kind: c.kind.clone(),
             name: c.name.clone(),
         },
         None => Reason::NoController,
     };
-    decision(Disposition::Evict, reason, warnings)
+    (Disposition::Evict, reason)
 }
 
 /// [`classify`] every pod, keeping their order.

@@ -23,7 +23,7 @@ use crate::error::DrainError;
 use crate::event::{DrainEvent, DrainEventKind, EventSink, Pass, Removal};
 use crate::node_pods::list_node_pods;
 use crate::removal::{Removals, Settings};
-use crate::report::DrainReport;
+use crate::report::{DrainReport, skipped_without_force};
 
 /// What to do when some pods are refused ([`Disposition::Refuse`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -305,6 +305,7 @@ impl Drainer {
         }
         Ok(DrainReport {
             node: node.to_owned(),
+            skipped_without_force: skipped_without_force(&decisions),
             decisions,
             evicted,
             deleted,

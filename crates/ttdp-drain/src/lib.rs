@@ -52,6 +52,11 @@
 //!   pods as well as `create` on `pods/eviction`).
 //! - **Refused pods**: like kubectl, any refused pod stops the drain before anything is
 //!   removed; [`OnRefused::Skip`] instead leaves refused pods and removes the rest.
+//! - **Pods only force removes** (no controller, or a DaemonSet that is gone): kubectl without
+//!   `--force` refuses them and drains nothing. With [`PodRules::skip_unmanaged`] they are
+//!   skipped instead and the rest is drained; [`DrainReport::skipped_without_force`] names
+//!   them. [`TwoPassDrain`] always sets it: there `force` means "evict bare pods instead of
+//!   skipping them". Off by default, so [`PodRules::default`] stays kubectl.
 //! - **Concurrency**: kubectl sends every eviction at once; here at most
 //!   [`DrainOptions::concurrency`] requests are in flight (a pod waiting out a back-off does not
 //!   hold a slot), which keeps a node with many pods from flooding the API server.

@@ -17,6 +17,12 @@ pub struct DrainReport {
     pub evicted: Vec<PodRef>,
     /// Pods removed by deletion (empty in a dry run).
     pub deleted: Vec<PodRef>,
+    /// Pods left on the node only because force is off ([`PodRules::skip_unmanaged`]): pods
+    /// without a controller, or whose DaemonSet is gone. They are still running, so a caller
+    /// should name them; their reasons are in [`decisions`](Self::decisions).
+    ///
+    /// [`PodRules::skip_unmanaged`]: crate::PodRules::skip_unmanaged
+    pub skipped_without_force: Vec<PodRef>,
     /// Whether this was a dry run (nothing was removed).
     pub dry_run: bool,
     /// How long the drain took.
@@ -30,6 +36,15 @@ impl DrainReport {
             .iter()
             .filter(move |d| d.disposition == disposition)
     }
+}
+
+/// The pods of `decisions` that are left only because force is off, in their order.
+pub(crate) fn skipped_without_force(decisions: &[PodDecision]) -> Vec<PodRef> {
+    decisions
+        .iter()
+        .filter(|d| d.skipped_without_force())
+        .map(|d| d.pod.clone())
+        .collect()
 }
 
 /// A pod that should have been removed and is still on the node, and why.

@@ -7,9 +7,13 @@
 //!
 //! Both passes skip DaemonSet pods (a DaemonSet pod would come straight back; callers that need
 //! DaemonSet pods gone steer them away with node labels instead). `force` applies to both
-//! passes. `delete_emptydir_data` applies to pass 2 only: pass 1 removes device users even when
-//! they have `emptyDir` volumes, because the device cannot be freed otherwise.
+//! passes: with it, pods without a controller (and pods whose DaemonSet is gone) are evicted;
+//! without it they are skipped and the drain goes on ([`PodRules::skip_unmanaged`]), unlike
+//! `kubectl drain`, which refuses them. [`TwoPassReport::skipped_without_force`] names them.
+//! `delete_emptydir_data` applies to pass 2 only: pass 1 removes device users even when they
+//! have `emptyDir` volumes, because the device cannot be freed otherwise.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,6 +24,7 @@ use crate::device::DevicePredicate;
 use crate::drainer::{DrainOptions, Drainer};
 use crate::error::DrainError;
 use crate::event::{DrainEventKind, Pass};
+use crate::pod_ref::PodRef;
 use crate::report::DrainReport;
 
 /// A two-pass drain.
@@ -31,7 +36,7 @@ pub struct TwoPassDrain {
     pub full_node: bool,
     /// Restricts pass 2 to matching pods; the empty selector sweeps every pod.
     pub pod_selector: Selector,
-    /// Remove pods without a controller (both passes).
+    /// Evict pods without a controller (both passes); without it they are skipped.
     pub force: bool,
     /// Remove pods with `emptyDir` volumes in pass 2.
     pub delete_emptydir_data: bool,
@@ -48,6 +53,21 @@ pub struct TwoPassReport {
     pub device: DrainReport,
     /// Pass 2, if it ran.
     pub full_node: Option<DrainReport>,
+}
+
+impl TwoPassReport {
+    /// The pods left on the node only because force is off, over both passes, each once, in
+    /// the order the passes found them. Pass 1's ([`DrainReport::skipped_without_force`] of
+    /// [`device`](Self::device)) declare that they use the device, so they will still hold it.
+    pub fn skipped_without_force(&self) -> Vec<PodRef> {
+        let mut seen = BTreeSet::new();
+        let passes = std::iter::once(&self.device).chain(&self.full_node);
+        passes
+            .flat_map(|r| &r.skipped_without_force)
+            .filter(|p| seen.insert(*p))
+            .cloned()
+            .collect()
+    }
 }
 
 impl TwoPassDrain {
@@ -68,6 +88,7 @@ impl TwoPassDrain {
                 ignore_daemonsets: true,
                 delete_emptydir_data: true,
                 force: self.force,
+                skip_unmanaged: true,
                 selector: Selector::default(),
                 device: Some(self.device.clone()),
                 skip_wait_for_delete_timeout: base.skip_wait_for_delete_timeout,
@@ -77,6 +98,7 @@ impl TwoPassDrain {
                 ignore_daemonsets: true,
                 delete_emptydir_data: self.delete_emptydir_data,
                 force: self.force,
+                skip_unmanaged: true,
                 selector: self.pod_selector.clone(),
                 device: None,
                 skip_wait_for_delete_timeout: base.skip_wait_for_delete_timeout,

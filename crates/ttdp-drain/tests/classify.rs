@@ -11,7 +11,7 @@ use ttdp_api::selector::Selector;
 use ttdp_drain::{
     CallerVerdict, ClassifyContext, DaemonSetLookup, DevicePredicate, Disposition, DrainError,
     ObjectKey, Pass, PodDecision, PodPredicate, PodRef, PodRules, Reason, StuckPod, StuckReason,
-    TwoPassDrain, classify, classify_all,
+    TwoPassDrain, TwoPassReport, classify, classify_all,
 };
 
 /// A running pod `ns/name` with one container; `patch` is merged into it.
@@ -462,7 +462,7 @@ fn two_pass_options_follow_the_spec() {
     assert_eq!(plan.passes(), [Pass::Device, Pass::FullNode]);
     let p1 = plan.pass_options(Pass::Device).rules;
     assert!(p1.device.is_some() && p1.selector.is_empty());
-    assert!(p1.force && p1.ignore_daemonsets);
+    assert!(p1.force && p1.ignore_daemonsets && p1.skip_unmanaged);
     assert!(
         p1.delete_emptydir_data,
         "device users go even with emptyDir"
@@ -470,7 +470,7 @@ fn two_pass_options_follow_the_spec() {
     let p2 = plan.pass_options(Pass::FullNode).rules;
     assert!(p2.device.is_none());
     assert_eq!(p2.selector.to_string(), "team=ml");
-    assert!(p2.force && p2.ignore_daemonsets && !p2.delete_emptydir_data);
+    assert!(p2.force && p2.ignore_daemonsets && !p2.delete_emptydir_data && p2.skip_unmanaged);
 
     // Pass 2 refuses the emptyDir pod pass 1 removes, because deleteEmptyDir is off.
     let scratch_user = pod(
@@ -551,5 +551,257 @@ fn messages_name_the_pod_and_the_cause() {
     assert_eq!(
         refused.to_string(),
         "cannot drain node n1: default/web-0: cannot delete Pods that declare no controller (use --force to override)"
+    );
+}
+
+/// The spec's `force`: without it, pods nothing recreates are skipped and the drain goes on.
+fn spec_rules(force: bool) -> PodRules {
+    PodRules {
+        ignore_daemonsets: true,
+        delete_emptydir_data: true,
+        force,
+        skip_unmanaged: true,
+        ..PodRules::default()
+    }
+}
+
+#[test]
+fn bare_pods_are_skipped_without_force_and_evicted_with_it() {
+    let p = pod("bare", json!({}));
+    let d = classify(&p, &spec_rules(false), &ctx());
+    assert_eq!(
+        (d.disposition, &d.reason),
+        (Disposition::Skip, &Reason::UnmanagedSkipped)
+    );
+    assert!(d.warnings.is_empty() && d.skipped_without_force());
+    assert_eq!(
+        d.reason.to_string(),
+        "declares no controller; skipped because force is off"
+    );
+    let d = classify(&p, &spec_rules(true), &ctx());
+    assert_eq!(
+        (d.disposition, &d.reason),
+        (Disposition::Evict, &Reason::NoController)
+    );
+    assert_eq!(d.warnings, [Reason::DeletingUnmanaged]);
+    assert!(!d.skipped_without_force());
+}
+
+#[test]
+fn skip_unmanaged_is_off_by_default_so_default_rules_stay_kubectl() {
+    assert!(!PodRules::default().skip_unmanaged);
+    let p = pod("bare", json!({}));
+    let rules = PodRules {
+        skip_unmanaged: false,
+        ..spec_rules(false)
+    };
+    assert_eq!(decide(&p, &rules).1, Reason::Unmanaged);
+    assert!(!classify(&p, &rules, &ctx()).skipped_without_force());
+}
+
+#[test]
+fn a_bare_pod_with_emptydir_is_skipped_not_refused_for_its_data() {
+    // It stays, so its data is safe: skipped even when emptyDir data may not be deleted.
+    let p = pod("scratch", empty_dir());
+    let keep_data = PodRules {
+        delete_emptydir_data: false,
+        ..spec_rules(false)
+    };
+    assert_eq!(decide(&p, &keep_data).1, Reason::UnmanagedSkipped);
+    // With force it would be removed, so the emptyDir check refuses it, as kubectl does.
+    let forced = PodRules {
+        force: true,
+        ..keep_data
+    };
+    assert_eq!(decide(&p, &forced).1, Reason::LocalStorage);
+    // With both it goes, with both warnings.
+    let (d, _, w) = decide(&p, &spec_rules(true));
+    assert_eq!(d, Disposition::Evict);
+    assert_eq!(w, [Reason::DeletingLocalStorage, Reason::DeletingUnmanaged]);
+}
+
+#[test]
+fn controlled_emptydir_pods_are_still_refused_without_delete_emptydir_data() {
+    let p = pod("cache", with(owned_by("ReplicaSet", "cache"), empty_dir()));
+    let rules = PodRules {
+        delete_emptydir_data: false,
+        ..spec_rules(false)
+    };
+    assert_eq!(
+        decide(&p, &rules),
+        (Disposition::Refuse, Reason::LocalStorage, vec![])
+    );
+}
+
+#[test]
+fn finished_and_mirror_bare_pods_are_not_skipped_for_force() {
+    let done = pod("done", phase("Succeeded"));
+    let d = classify(&done, &spec_rules(false), &ctx());
+    assert_eq!(d.disposition, Disposition::Delete);
+    assert!(!d.skipped_without_force());
+    let mirror = pod(
+        "static",
+        json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}}),
+    );
+    let d = classify(&mirror, &spec_rules(false), &ctx());
+    assert_eq!(
+        (d.disposition, d.reason.clone()),
+        (Disposition::Skip, Reason::Mirror)
+    );
+    assert!(!d.skipped_without_force());
+}
+
+#[test]
+fn orphaned_daemonset_pods_are_skipped_without_force() {
+    let p = pod("proxy-x", owned_by("DaemonSet", "proxy"));
+    let key = ObjectKey::new("default", "proxy");
+    let mut c = ctx();
+    c.daemonsets.insert(key.clone(), DaemonSetLookup::Missing);
+    let d = classify(&p, &spec_rules(false), &c);
+    assert_eq!(d.disposition, Disposition::Skip);
+    assert_eq!(d.reason, Reason::DaemonSetMissing { daemonset: key });
+    assert!(d.skipped_without_force());
+    assert_eq!(
+        classify(&p, &spec_rules(true), &c).disposition,
+        Disposition::Evict
+    );
+    // A DaemonSet that could not be looked up still refuses: that is not force's to decide.
+    c.daemonsets.insert(
+        ObjectKey::new("default", "proxy"),
+        DaemonSetLookup::Failed("forbidden".into()),
+    );
+    assert_eq!(
+        classify(&p, &spec_rules(false), &c).disposition,
+        Disposition::Refuse
+    );
+}
+
+#[test]
+fn a_mixed_node_without_force_refuses_nothing_and_skips_only_bare_pods() {
+    let pods = [
+        pod("web", owned_by("ReplicaSet", "web")),
+        pod(
+            "agent",
+            with(owned_by("DaemonSet", "ttdrv-x"), host_path("/dev", true)),
+        ),
+        pod("bare", json!({})),
+        pod("bare-scratch", empty_dir()),
+        pod("cache", with(owned_by("ReplicaSet", "cache"), empty_dir())),
+        pod(
+            "etcd-n1",
+            json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "h"}}}),
+        ),
+        pod("bare-done", phase("Failed")),
+    ];
+    let decisions = classify_all(&pods, &spec_rules(false), &ctx());
+    let got: Vec<_> = decisions
+        .iter()
+        .map(|d| {
+            (
+                d.pod.name.as_str(),
+                d.disposition,
+                d.skipped_without_force(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("web", Disposition::Evict, false),
+            ("agent", Disposition::Skip, false),
+            ("bare", Disposition::Skip, true),
+            ("bare-scratch", Disposition::Skip, true),
+            ("cache", Disposition::Evict, false),
+            ("etcd-n1", Disposition::Skip, false),
+            ("bare-done", Disposition::Delete, false),
+        ]
+    );
+    let forced = classify_all(&pods, &spec_rules(true), &ctx());
+    let removed: Vec<_> = forced
+        .iter()
+        .filter(|d| d.disposition.removes())
+        .map(|d| d.pod.name.as_str())
+        .collect();
+    assert_eq!(
+        removed,
+        ["web", "bare", "bare-scratch", "cache", "bare-done"]
+    );
+}
+
+#[test]
+fn the_device_pass_skips_bare_device_users_without_force() {
+    let plan = TwoPassDrain {
+        force: false,
+        ..two_pass()
+    };
+    let bare_user = pod("bare-llm", host_path("/dev/tenstorrent/1", false));
+    let bare_other = pod(
+        "bare-other",
+        json!({"metadata": {"labels": {"team": "ml"}}}),
+    );
+    let p1 = plan.pass_options(Pass::Device).rules;
+    assert_eq!(decide(&bare_user, &p1).1, Reason::UnmanagedSkipped);
+    assert_eq!(decide(&bare_other, &p1).1, Reason::NotDeviceUser);
+    let p2 = plan.pass_options(Pass::FullNode).rules;
+    assert_eq!(decide(&bare_other, &p2).1, Reason::UnmanagedSkipped);
+    let forced = two_pass().pass_options(Pass::Device).rules;
+    assert_eq!(decide(&bare_user, &forced).0, Disposition::Evict);
+}
+
+#[test]
+fn the_two_pass_report_names_each_skipped_pod_once() {
+    let bare_user = pod("bare-llm", host_path("/dev/tenstorrent/1", false));
+    let bare_other = pod(
+        "bare-other",
+        json!({"metadata": {"labels": {"team": "ml"}}}),
+    );
+    let web = pod(
+        "web",
+        with(
+            owned_by("ReplicaSet", "web"),
+            json!({"metadata": {"labels": {"team": "ml"}}}),
+        ),
+    );
+    let plan = TwoPassDrain {
+        force: false,
+        ..two_pass()
+    };
+    let report = |pass: Pass, pods: &[&Pod]| {
+        let decisions = classify_all(pods.iter().copied(), &plan.pass_options(pass).rules, &ctx());
+        ttdp_drain::DrainReport {
+            node: "n1".into(),
+            skipped_without_force: decisions
+                .iter()
+                .filter(|d| d.skipped_without_force())
+                .map(|d| d.pod.clone())
+                .collect(),
+            decisions,
+            evicted: vec![],
+            deleted: vec![],
+            dry_run: false,
+            elapsed: Duration::ZERO,
+        }
+    };
+    let all = [&bare_user, &bare_other, &web];
+    let two = TwoPassReport {
+        device: report(Pass::Device, &all),
+        full_node: Some(report(Pass::FullNode, &all)),
+    };
+    let names: Vec<_> = two
+        .skipped_without_force()
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    assert_eq!(names, ["bare-llm", "bare-other"]);
+    let device: Vec<_> = two
+        .device
+        .skipped_without_force
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(
+        device,
+        ["bare-llm"],
+        "pass 1's skipped pods are the device users"
     );
 }

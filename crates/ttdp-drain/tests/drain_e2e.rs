@@ -894,3 +894,114 @@ async fn on_refused_skip_removes_the_rest_and_reports_the_refused() {
     assert_eq!(h.pod_names("n1").await, set(&["bare"]));
     h.shutdown().await;
 }
+
+/// The plan the operator runs for `upgradePolicy.drain` (device prefixes as in ttdp-api).
+fn spec_plan(force: bool) -> TwoPassDrain {
+    TwoPassDrain {
+        device: DevicePredicate {
+            host_path_prefixes: vec![ttdp_api::names::DEVICE_PATH.into()],
+            resource_prefixes: vec![ttdp_api::names::DEVICE_RESOURCE_PREFIX.into()],
+        },
+        full_node: true,
+        pod_selector: Selector::default(),
+        force,
+        delete_emptydir_data: true,
+        options: fast(PodRules::default()),
+    }
+}
+
+/// A node with a ReplicaSet pod, a DaemonSet pod, a mirror pod, a bare pod with `emptyDir`
+/// and a bare pod that uses the device.
+async fn node_with_bare_pods(h: &Harness, node: &str) {
+    let rs = h.owner("ReplicaSet", &format!("{node}-web")).await;
+    let ds = h.owner("DaemonSet", &format!("{node}-agent")).await;
+    let device_mount = json!({"spec": {
+        "volumes": [{"name": "tt", "hostPath": {"path": "/dev/tenstorrent"}}],
+        "containers": [{"name": "main", "image": "busybox",
+            "volumeMounts": [{"name": "tt", "mountPath": "/dev/tenstorrent"}]}]}});
+    h.pod(node, &format!("{node}-web"), with(rs, labels("web")))
+        .await;
+    h.pod(
+        node,
+        &format!("{node}-agent"),
+        with(ds, device_mount.clone()),
+    )
+    .await;
+    h.pod(
+        node,
+        &format!("{node}-etcd"),
+        json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "hash"}}}),
+    )
+    .await;
+    h.pod(
+        node,
+        &format!("{node}-debug"),
+        json!({"spec": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}),
+    )
+    .await;
+    h.pod(node, &format!("{node}-bare-llm"), device_mount).await;
+}
+
+#[tokio::test]
+async fn without_force_bare_pods_are_skipped_and_named_and_with_force_evicted() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    node_with_bare_pods(&h, "n1").await;
+    node_with_bare_pods(&h, "n2").await;
+
+    // Without force: the drain completes, the bare pods stay and are named.
+    let report = h
+        .drainer()
+        .drain_two_pass(&h.n("n1"), &spec_plan(false))
+        .await
+        .unwrap();
+    assert!(report.device.evicted.is_empty());
+    assert_eq!(
+        names(&report.device.skipped_without_force),
+        set(&["n1-bare-llm"]),
+        "pass 1 names the bare device user it left"
+    );
+    let full = report.full_node.as_ref().unwrap();
+    assert_eq!(names(&full.evicted), set(&["n1-web"]));
+    let skipped: Vec<String> = report
+        .skipped_without_force()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        skipped,
+        [h.key("n1-bare-llm"), h.key("n1-debug")],
+        "each skipped pod once, as namespace/name"
+    );
+    assert_eq!(
+        h.pod_names("n1").await,
+        set(&["n1-agent", "n1-etcd", "n1-debug", "n1-bare-llm"])
+    );
+    let evictions: BTreeSet<String> = h
+        .proxy
+        .recorder()
+        .filter(|r| r.subresource == "eviction")
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(evictions, set(&["n1-web"]), "skipped pods are not touched");
+
+    // With force: the bare pods are evicted too; DaemonSet and mirror pods stay.
+    let report = h
+        .drainer()
+        .drain_two_pass(&h.n("n2"), &spec_plan(true))
+        .await
+        .unwrap();
+    assert_eq!(names(&report.device.evicted), set(&["n2-bare-llm"]));
+    assert_eq!(
+        names(&report.full_node.as_ref().unwrap().evicted),
+        set(&["n2-web", "n2-debug"])
+    );
+    assert!(report.skipped_without_force().is_empty());
+    assert_eq!(h.pod_names("n2").await, set(&["n2-agent", "n2-etcd"]));
+    assert_eq!(
+        h.pod_names("n1").await.len(),
+        4,
+        "the other node is untouched"
+    );
+    h.shutdown().await;
+}
