@@ -121,7 +121,9 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "kmod-build",
         description: "ttdp-kmod building inside the VM: a cache miss fetches tag ttkmd-<version> from \
                       the stub git repository and builds it with the host's /usr over 9p, loads it, \
-                      then hits the cache; a missing tag fails before anything is unloaded",
+                      then hits the cache; a missing tag fails before anything is unloaded; a \
+                      module loaded from outside the cache is built from its tag before the \
+                      unload and loaded back when the new version fails",
         tests: &[("ttdp-kmod", "real_kernel")],
         bins: &[],
         examples: &[],
@@ -136,7 +138,10 @@ pub const SCENARIOS: &[Scenario] = &[
         description: "the real ttdp-agent binary (report in a file, no cluster): fresh install built \
                       in the VM from the stub repository, upgrade from the cache, busy module \
                       waiting for its holder then swapping, module removed behind its back, force \
-                      unload, cache hit on a second run, SIGTERM leaves the module loaded",
+                      unload, cache hit on a second run, SIGTERM leaves the module loaded, two \
+                      agents on one node take turns (one module lock), SIGKILL before the unload, \
+                      between unload and load and after the load converges on restart, no \
+                      rollback path refuses to unload until the node opts in",
         tests: &[],
         bins: &[("ttdp-agent", "ttdp-agent")],
         examples: &[],

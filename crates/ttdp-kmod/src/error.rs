@@ -248,6 +248,23 @@ pub enum KmodError {
         /// How long we waited.
         seconds: u64,
     },
+    /// The loaded version has no verified `.ko` in the cache and none could be made (its version is
+    /// unknown, or fetching or building its tag failed): unloading it would leave no way back if
+    /// the new version failed to load, so nothing was unloaded.
+    #[error("module {module} {} is loaded but no verified {module}.ko of it is in the cache and none can be made ({why}); nothing was unloaded, because if {target} then failed to load, the node would be left without any {module} driver: make tag ttkmd-<loaded version> fetchable from the repository (or put a verified build of it in the .ko cache), or explicitly allow this node to upgrade without a rollback path", shown(.loaded))]
+    NoRollbackPath {
+        /// Module name.
+        module: String,
+        /// The loaded version, when sysfs reports one.
+        loaded: Option<String>,
+        /// The version that was to replace it.
+        target: String,
+        /// Why no `.ko` of the loaded version can be had.
+        why: String,
+        /// The fetch, build or cache error behind `why`, if any.
+        #[source]
+        source: Option<Box<KmodError>>,
+    },
     /// Loading the new version failed; the previous version was loaded back.
     #[error(
         "loading {module} {version} failed and {module} {previous} was loaded back: {load_error}"
@@ -307,6 +324,7 @@ impl KmodError {
             Self::NotCached { .. } => "NotCached",
             Self::Io { .. } => "IoError",
             Self::LockTimeout { .. } => "LockTimeout",
+            Self::NoRollbackPath { .. } => "NoRollbackPath",
             Self::RolledBack { .. } => "LoadFailedRolledBack",
             Self::RollbackFailed { .. } => "LoadFailedRollbackFailed",
         }

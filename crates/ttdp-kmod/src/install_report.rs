@@ -31,6 +31,10 @@ pub struct SwapOptions {
     pub unload: UnloadOptions,
     /// Module parameters passed at load, e.g. `reset_limit=5` (empty for none).
     pub params: String,
+    /// Unload the loaded module even when no `.ko` of it can be had to load back if the new
+    /// version fails (an explicit per-node opt-in; off by default, when such a swap fails with
+    /// [`crate::KmodError::NoRollbackPath`] before anything is unloaded).
+    pub allow_no_rollback: bool,
 }
 
 /// Where the `.ko` came from.
@@ -100,6 +104,9 @@ pub struct SwapReport {
     pub outcome: SwapOutcome,
     /// Where the `.ko` came from (`None` when already loaded).
     pub cache: Option<CacheOutcome>,
+    /// Where the `.ko` of the previous version, secured before the unload for a rollback, came
+    /// from (`None` when nothing was loaded, or none could be had and that was allowed).
+    pub rollback: Option<CacheOutcome>,
     /// Processes killed by force unload.
     pub killed: Vec<DeviceHolder>,
     /// Reading the module status.

@@ -16,10 +16,13 @@ use crate::ko_cache::{CacheLookup, CachedKo, KoCache};
 use crate::modinfo::{ModInfo, is_signed};
 use crate::source_build::{BuildOptions, build_module, millis};
 use crate::status::ModuleStatus;
+use crate::test_hook::{AFTER_LOAD, AFTER_UNLOAD, BEFORE_UNLOAD, checkpoint};
 use crate::version::validate_version;
 use crate::{DEVICE_DIR, KmodError, MODULE_NAME};
 
-/// Host directory of the node-wide module lock.
+/// Host directory of the node-wide module lock (the default of [`InstallerConfig::lock_dir`]).
+/// An agent in a pod must see the host's directory here: ttdp's DaemonSet mounts the host's
+/// `/run/ttdp` (and nothing else of `/run`) at `<host root>/run/ttdp`.
 pub const MODULE_LOCK_DIR: &str = "/run/ttdp";
 /// How often unload re-reads refcnt while waiting for it to reach 0.
 const REFCNT_POLL: Duration = Duration::from_millis(50);
@@ -39,6 +42,10 @@ pub struct InstallerConfig {
     /// The `.ko` cache directory as this process sees it; `None` is `/var/cache/tt-kmd` under the
     /// host root (the spec's location).
     pub cache_dir: Option<PathBuf>,
+    /// The directory of the node-wide module lock as this process sees it; `None` is
+    /// [`MODULE_LOCK_DIR`] under the host root. Every installer on a node must use the same host
+    /// directory, or two of them can swap at the same time.
+    pub lock_dir: Option<PathBuf>,
 }
 
 impl Default for InstallerConfig {
@@ -49,6 +56,7 @@ impl Default for InstallerConfig {
             build: BuildOptions::default(),
             cache_lock_timeout: Duration::from_secs(20 * 60),
             cache_dir: None,
+            lock_dir: None,
         }
     }
 }
@@ -324,22 +332,70 @@ impl<K: Kernel> ModuleInstaller<K> {
         Ok(())
     }
 
-    /// Takes the node-wide module lock (`/run/ttdp/<module>.lock` on the host), so two installers
-    /// on one node never interleave their unloads and loads. [`ModuleInstaller::swap`] takes it
-    /// itself; callers running the steps one by one hold it around their unload and load.
+    /// The node-wide module lock file: `<lock dir>/<module>.lock`.
+    pub fn module_lock_path(&self) -> PathBuf {
+        let dir = match &self.config.lock_dir {
+            Some(dir) => dir.clone(),
+            None => self.host.path(MODULE_LOCK_DIR),
+        };
+        dir.join(format!("{}.lock", self.config.module))
+    }
+
+    /// Takes the node-wide module lock ([`ModuleInstaller::module_lock_path`], by default
+    /// `/run/ttdp/<module>.lock` on the host), so two installers on one node never interleave
+    /// their unloads and loads. [`ModuleInstaller::swap`] takes it itself; callers running the
+    /// steps one by one hold it around their unload and load.
     pub fn lock_module(&self) -> Result<FileLock, KmodError> {
-        let path = self
-            .host
-            .path(MODULE_LOCK_DIR)
-            .join(format!("{}.lock", self.config.module));
-        FileLock::acquire(&path, self.config.cache_lock_timeout)
+        FileLock::acquire(&self.module_lock_path(), self.config.cache_lock_timeout)
+    }
+
+    /// Makes sure the module loaded now (in `status`) can be loaded back if `target` fails to
+    /// load: its verified cache entry, or its tag built into the cache first (as
+    /// [`ModuleInstaller::ensure_ko`]). `Ok(None)` when nothing is loaded or `target` is.
+    /// Fails with [`KmodError::NoRollbackPath`] when the loaded module declares no release
+    /// version or its `.ko` cannot be fetched, built or cached. Never touches the loaded module.
+    pub fn ensure_rollback_ko(
+        &self,
+        status: &ModuleStatus,
+        target: &str,
+    ) -> Result<Option<EnsuredKo>, KmodError> {
+        if !status.loaded || status.loaded_version() == Some(target) {
+            return Ok(None);
+        }
+        let no_path = |why: String, source: Option<KmodError>| KmodError::NoRollbackPath {
+            module: self.config.module.clone(),
+            loaded: status.version.clone(),
+            target: target.to_string(),
+            why,
+            source: source.map(Box::new),
+        };
+        let Some(loaded) = status.version.as_deref() else {
+            return Err(no_path(
+                "it declares no version, so which tag to build is unknown".into(),
+                None,
+            ));
+        };
+        if validate_version(loaded).is_err() {
+            return Err(no_path(
+                format!(
+                    "its version {loaded:?} is not a tt-kmd release (a custom build?), so there is no tag to build"
+                ),
+                None,
+            ));
+        }
+        self.ensure_ko(loaded)
+            .map(Some)
+            .map_err(|e| no_path(format!("{}: {e}", e.reason()), Some(e)))
     }
 
     /// Makes `version` the loaded module: ensures its `.ko` first (so a failed build never unloads
-    /// a working module), then unloads the old module (see [`ModuleInstaller::unload`]) and loads
-    /// the new one. If loading fails, the previous version is loaded back from the cache and the
-    /// error reports both outcomes ([`KmodError::RolledBack`] or [`KmodError::RollbackFailed`]).
-    /// Holds [`ModuleInstaller::lock_module`] throughout.
+    /// a working module) and a `.ko` of the loaded version to roll back to
+    /// ([`ModuleInstaller::ensure_rollback_ko`]; without one nothing is unloaded unless
+    /// `options.allow_no_rollback`), then unloads the old module (see [`ModuleInstaller::unload`])
+    /// and loads the new one. If loading fails, the previous version is loaded back from the cache
+    /// and the error reports both outcomes ([`KmodError::RolledBack`] or
+    /// [`KmodError::RollbackFailed`]). Holds [`ModuleInstaller::lock_module`] throughout; the
+    /// [`crate::test_hook`] points are on the way.
     pub fn swap(&self, version: &str, options: &SwapOptions) -> Result<SwapReport, KmodError> {
         validate_version(version)?;
         let started = Instant::now();
@@ -352,6 +408,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             previous: previous.clone(),
             outcome: SwapOutcome::AlreadyLoaded,
             cache: None,
+            rollback: None,
             killed: Vec::new(),
             probe_ms,
             build_ms: 0,
@@ -370,7 +427,10 @@ impl<K: Kernel> ModuleInstaller<K> {
         report.cache = Some(ensured.cache.clone());
 
         self.check_signature_policy(&ensured.ko)?;
+        report.rollback = self.rollback_ko_or_allowed(&status, version, options)?;
+        report.build_ms = millis(step.elapsed());
 
+        checkpoint(BEFORE_UNLOAD);
         let step = Instant::now();
         report.outcome = if status.loaded {
             report.killed = self.unload(&options.unload)?.killed;
@@ -379,6 +439,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             SwapOutcome::Installed
         };
         report.unload_ms = millis(step.elapsed());
+        checkpoint(AFTER_UNLOAD);
 
         let step = Instant::now();
         if let Err(load_error) = self.load(&ensured.ko, &options.params) {
@@ -391,8 +452,23 @@ impl<K: Kernel> ModuleInstaller<K> {
             ));
         }
         report.load_ms = millis(step.elapsed());
+        checkpoint(AFTER_LOAD);
         report.total_ms = millis(started.elapsed());
         Ok(report)
+    }
+
+    /// The rollback `.ko`'s cache outcome; without one, `None` when the options allow it.
+    fn rollback_ko_or_allowed(
+        &self,
+        status: &ModuleStatus,
+        version: &str,
+        options: &SwapOptions,
+    ) -> Result<Option<CacheOutcome>, KmodError> {
+        match self.ensure_rollback_ko(status, version) {
+            Ok(ensured) => Ok(ensured.map(|e| e.cache)),
+            Err(KmodError::NoRollbackPath { .. }) if options.allow_no_rollback => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Fails with [`KmodError::SignatureRequired`] when the host only loads signed modules and

@@ -43,6 +43,7 @@ mod sim_kernel;
 mod sim_source;
 mod source_build;
 mod status;
+pub mod test_hook;
 mod timed_command;
 mod version;
 

@@ -402,7 +402,31 @@ fn a_failed_rollback_says_that_no_module_is_loaded() {
     installer.load_file(&stub_ko(V1), V1, "").unwrap();
     cache_stub(&installer, BROKEN);
 
+    // 1.0.0 cannot be rebuilt here (this scenario has no kernel headers): nothing is unloaded
     let err = installer.swap(BROKEN, &SwapOptions::default()).unwrap_err();
+    assert_eq!(err.reason(), "NoRollbackPath", "{err}");
+    match &err {
+        KmodError::NoRollbackPath {
+            loaded,
+            target,
+            source,
+            ..
+        } => {
+            assert_eq!((loaded.as_deref(), target.as_str()), (Some(V1), BROKEN));
+            let source = source.as_deref().map(KmodError::reason);
+            assert_eq!(source, Some("HeadersMissing"), "{err}");
+        }
+        other => panic!("expected NoRollbackPath, got {other:?}"),
+    }
+    assert!(err.to_string().contains("nothing was unloaded"), "{err}");
+    assert_eq!(loaded_version(&installer).as_deref(), Some(V1));
+
+    // the node opted in to upgrading without a rollback path
+    let unprotected = SwapOptions {
+        allow_no_rollback: true,
+        ..SwapOptions::default()
+    };
+    let err = installer.swap(BROKEN, &unprotected).unwrap_err();
     assert_eq!(err.reason(), "LoadFailedRollbackFailed", "{err}");
     match &err {
         KmodError::RollbackFailed {
@@ -539,6 +563,43 @@ fn a_cache_miss_is_built_from_source_loaded_and_then_hits_the_cache() {
         "a second install must not rebuild"
     );
     assert_eq!(loaded_version(&installer).as_deref(), Some(V2));
+}
+
+#[test]
+#[ignore = "needs a real kernel: run by cargo xtask vm-test"]
+fn a_module_loaded_from_outside_the_cache_is_built_from_source_before_the_unload_and_rolled_back_to()
+ {
+    let build = stub_repo_build_options();
+    let installer = fresh_installer_with(InstallerConfig {
+        build,
+        ..InstallerConfig::default()
+    });
+    // 2.0.0 loaded by hand (insmod of a .ko that is not in the cache, no sidecar)
+    installer.load_file(&stub_ko(V2), V2, "").unwrap();
+    assert_eq!(
+        installer.cache().lookup(installer.release(), V2).unwrap(),
+        CacheLookup::Miss
+    );
+    cache_stub(&installer, BROKEN);
+
+    let err = installer.swap(BROKEN, &SwapOptions::default()).unwrap_err();
+    assert_eq!(err.reason(), "LoadFailedRolledBack", "{err}");
+    match &err {
+        KmodError::RolledBack {
+            version, previous, ..
+        } => assert_eq!((version.as_str(), previous.as_str()), (BROKEN, V2)),
+        other => panic!("expected RolledBack, got {other:?}"),
+    }
+    assert_eq!(
+        loaded_version(&installer).as_deref(),
+        Some(V2),
+        "the module loaded before is back"
+    );
+    assert!(Path::new(DEVICE).exists());
+    match installer.cache().lookup(installer.release(), V2).unwrap() {
+        CacheLookup::Hit(ko) => assert_eq!(ko.record.source_commit.len(), 40, "{:?}", ko.record),
+        other => panic!("2.0.0 must have been built from its tag into the cache, got {other:?}"),
+    }
 }
 
 #[test]

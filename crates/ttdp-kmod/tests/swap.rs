@@ -23,6 +23,7 @@ fn forced() -> SwapOptions {
             wait: Duration::from_secs(5),
         },
         params: String::new(),
+        allow_no_rollback: false,
     }
 }
 
@@ -138,6 +139,7 @@ fn a_held_module_is_not_unloaded_without_force_and_the_holders_are_named() {
     let options = SwapOptions {
         unload: no_wait(),
         params: String::new(),
+        allow_no_rollback: false,
     };
     let err = installer.swap("2.0.0", &options).unwrap_err();
     assert_eq!(err.reason(), "ModuleInUse");
@@ -323,11 +325,23 @@ fn when_rollback_is_impossible_the_error_says_nothing_is_loaded() {
     let fx = Fixture::new(&["1.0.0", "2.0.0"]);
     let installer = fx.installer();
     installer.swap("1.0.0", &SwapOptions::default()).unwrap();
+    installer.ensure_ko("2.0.0").unwrap();
+    // 1.0.0's .ko is gone and cannot be built again: no rollback path
     installer.cache().evict(RELEASE, "1.0.0").unwrap();
+    fx.sim.fail_builds(true).unwrap();
     fx.kernel().fail_load("2.0.0", true).unwrap();
     let err = installer
         .swap("2.0.0", &SwapOptions::default())
         .unwrap_err();
+    assert_eq!(err.reason(), "NoRollbackPath", "{err}");
+    assert!(err.to_string().contains("nothing was unloaded"), "{err}");
+    assert_eq!(installer.status().unwrap().loaded_version(), Some("1.0.0"));
+    // the node opted in to upgrading without a rollback path
+    let unprotected = SwapOptions {
+        allow_no_rollback: true,
+        ..SwapOptions::default()
+    };
+    let err = installer.swap("2.0.0", &unprotected).unwrap_err();
     let KmodError::RollbackFailed { rollback_error, .. } = &err else {
         panic!("{err}")
     };
@@ -459,6 +473,17 @@ fn a_loaded_module_without_a_version_cannot_be_rolled_back_and_says_so() {
     let err = installer
         .swap("2.0.0", &SwapOptions::default())
         .unwrap_err();
+    let KmodError::NoRollbackPath { loaded, why, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(loaded, &None);
+    assert!(why.contains("declares no version"), "{why}");
+    assert!(installer.status().unwrap().loaded, "nothing was unloaded");
+    let unprotected = SwapOptions {
+        allow_no_rollback: true,
+        ..SwapOptions::default()
+    };
+    let err = installer.swap("2.0.0", &unprotected).unwrap_err();
     let KmodError::RollbackFailed {
         previous,
         rollback_error,
@@ -522,4 +547,50 @@ fn a_repository_created_by_another_process_can_be_opened() {
     let reopened = ttdp_kmod::SimKmdRepo::open(fx.repo.dir()).unwrap();
     assert_eq!(reopened.url(), fx.repo.url());
     assert!(ttdp_kmod::SimKmdRepo::open(fx.dir.path().join("nothing")).is_err());
+}
+
+#[test]
+fn a_loaded_version_missing_from_the_cache_is_built_before_the_unload_and_rolled_back_to() {
+    let fx = Fixture::new(&["1.0.0", "2.0.0"]);
+    let installer = fx.installer();
+    installer.swap("1.0.0", &SwapOptions::default()).unwrap();
+    // as if 1.0.0 had been loaded by another tool, or the cache wiped since
+    installer.cache().evict(RELEASE, "1.0.0").unwrap();
+    fx.kernel().fail_load("2.0.0", true).unwrap();
+    let err = installer
+        .swap("2.0.0", &SwapOptions::default())
+        .unwrap_err();
+    assert_eq!(err.reason(), "LoadFailedRolledBack", "{err}");
+    assert_eq!(installer.status().unwrap().loaded_version(), Some("1.0.0"));
+    assert!(matches!(
+        installer.cache().lookup(RELEASE, "1.0.0").unwrap(),
+        CacheLookup::Hit(_)
+    ));
+
+    fx.kernel().fail_load("2.0.0", false).unwrap();
+    installer.cache().evict(RELEASE, "1.0.0").unwrap();
+    let report = installer.swap("2.0.0", &SwapOptions::default()).unwrap();
+    assert_eq!(report.rollback, Some(CacheOutcome::Miss), "{report:?}");
+}
+
+#[test]
+fn the_module_lock_lives_where_the_config_says() {
+    let fx = Fixture::new(&["1.0.0"]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = ttdp_kmod::InstallerConfig {
+        lock_dir: Some(dir.path().join("locks")),
+        ..fx.installer().config().clone()
+    };
+    let installer =
+        ttdp_kmod::ModuleInstaller::new(fx.sim.host().clone(), fx.kernel(), config).unwrap();
+    assert_eq!(
+        installer.module_lock_path(),
+        dir.path().join("locks/tenstorrent.lock")
+    );
+    let held = installer.lock_module().unwrap();
+    assert_eq!(held.path(), installer.module_lock_path());
+    assert_eq!(
+        fx.installer().module_lock_path(),
+        fx.sim.host().path("/run/ttdp/tenstorrent.lock")
+    );
 }

@@ -16,7 +16,14 @@
 #   4. force unload (TT_FORCE_UNLOAD=true) SIGKILLs the holder and swaps to 2.0.0;
 #      SIGTERM after ready leaves the module loaded;
 #   5. failures keep the working module: a version without a tag fails to fetch before anything
-#      is unloaded; the broken stub version (seeded into the cache, its init fails) is rolled back.
+#      is unloaded; the broken stub version (seeded into the cache, its init fails) is rolled back;
+#   7. one lock per node: an agent paused (test hook) between unload and load holds the module
+#      lock in /run/ttdp; a second agent started meanwhile waits, then finds the target loaded;
+#   8. SIGKILL (test hook TTDP_TEST_KILL_AT) before the unload, between unload and load, and after
+#      the load before the label: the next agent run converges to its target;
+#   9. no rollback path (the loaded version's .ko gone from the cache and its tag missing): nothing
+#      is unloaded and NoRollbackPath is reported, until the node is labelled
+#      driver.tenstorrent.com/allow-no-rollback=true.
 # Each check prints a libtest-style line; the last line sums them up for the harness. A step whose
 # outcome the next steps depend on aborts the run when it fails. Arguments are not used.
 set -u
@@ -307,5 +314,98 @@ check a_rolled_back_node_stays_not_ready_for_the_target eval \
   'probe_fails $BROKEN && probe_passes $NEW && labelled $NEW && builds_so_far_are 1'
 stop_agent
 check sigterm_after_a_rollback_leaves_the_old_module_loaded exited_cleanly_leaving "$NEW"
+
+# --- 7. one module lock per node: a second agent waits, and does not undo the first one's load ---
+# The first agent pauses (test hook) between its unload and its load, holding the lock in
+# /run/ttdp; a second agent (a replacement pod) starts meanwhile with the same target.
+
+PAUSE=$WORK/pause
+start_agent 7-lock-first "$OLD" TTDP_TEST_PAUSE_AT=after-unload TTDP_TEST_PAUSE_FILE="$PAUSE"
+FIRST_PID=$AGENT_PID
+FIRST_LOG=$AGENT_LOG
+require the_first_agent_pauses_between_unload_and_load wait_until "$STEP_LIMIT" eval \
+  '[ -e $PAUSE ] && [ ! -e /sys/module/tenstorrent ]'
+start_agent 7-lock-second "$OLD" TTDP_REPORT="file:$WORK/report-second.json" TTDP_LOCK_DIR=/run/ttdp
+SECOND_PID=$AGENT_PID
+SECOND_LOG=$AGENT_LOG
+sleep 3
+check the_second_agent_waits_for_the_module_lock eval \
+  '[ ! -e /sys/module/tenstorrent ] && alive $SECOND_PID &&
+   grep -q -F "\"step\":\"ensure-ko\"" $SECOND_LOG && ! grep -q -F "\"step\":\"swap\"" $SECOND_LOG'
+rm -f "$PAUSE"
+step_started=$(date +%s)
+require after_the_pause_both_agents_see_the_target_loaded wait_until "$STEP_LIMIT" eval \
+  'loaded_is $OLD && grep -q -F "\"step\":\"swap\"" $FIRST_LOG && grep -q -F "\"step\":\"swap\"" $SECOND_LOG'
+took "two agents, one swap"
+check only_the_first_agent_swapped_the_second_found_it_loaded eval \
+  'grep -F "\"step\":\"swap\"" $FIRST_LOG | grep -q -F "\"outcome\":\"Replaced\"" &&
+   grep -F "\"step\":\"swap\"" $SECOND_LOG | grep -q -F "\"outcome\":\"AlreadyLoaded\"" &&
+   [ -e /run/ttdp/tenstorrent.lock ] && loaded_is $OLD'
+AGENT_PID=$SECOND_PID AGENT_LOG=$SECOND_LOG
+stop_agent
+AGENT_PID=$FIRST_PID AGENT_LOG=$FIRST_LOG
+stop_agent
+check both_agents_leave_the_module_loaded exited_cleanly_leaving "$OLD"
+
+# --- 8. SIGKILL at every point of a swap, then a restart converges ------------------------------
+
+# killed_at NAME VERSION POINT: an agent run the test hook SIGKILLs at POINT of its swap
+killed_at() {
+  start_agent "$1" "$2" TTDP_TEST_KILL_AT="$3"
+  wait_until "$STEP_LIMIT" eval '! alive $AGENT_PID'
+  wait "$AGENT_PID"
+  KILLED_STATUS=$?
+  AGENT_PID=
+  echo "agent: killed at $3, exit status $KILLED_STATUS"
+  [ "$KILLED_STATUS" = 137 ]
+}
+# converges NAME VERSION: a restarted agent (no hook) makes VERSION loaded, ready and labelled
+converges() {
+  target=$2
+  start_agent "$1" "$target"
+  wait_until "$STEP_LIMIT" eval 'loaded_is $target && report_ready_for $target && labelled $target'
+}
+
+require sigkill_before_the_unload killed_at 8-kill-before-unload "$NEW" before-unload
+check sigkill_before_the_unload_leaves_the_old_module loaded_is "$OLD"
+require a_restart_after_sigkill_before_the_unload_converges converges 8-restart-1 "$NEW"
+took "restart after SIGKILL before the unload"
+stop_agent
+
+require sigkill_between_unload_and_load killed_at 8-kill-after-unload "$OLD" after-unload
+check sigkill_between_unload_and_load_leaves_no_module eval '[ ! -e /sys/module/tenstorrent ] && probe_fails $OLD'
+require a_restart_after_sigkill_between_unload_and_load_converges converges 8-restart-2 "$OLD"
+took "no module loaded until the restart converged"
+stop_agent
+
+require sigkill_after_the_load_before_the_label killed_at 8-kill-after-load "$NEW" after-load
+check sigkill_after_the_load_leaves_the_new_module_with_the_old_label eval 'loaded_is $NEW && labelled $OLD'
+require a_restart_after_sigkill_after_the_load_converges converges 8-restart-3 "$NEW"
+took "restart after SIGKILL after the load"
+check the_restart_after_the_load_only_labels eval 'log_lacks "\"step\":\"swap\"" && labelled $NEW'
+stop_agent
+
+# --- 9. no rollback path: nothing is unloaded, unless the node opts in --------------------------
+# $NEW is loaded, its cache entry is removed and its tag is missing from the repository the agent
+# uses, so no .ko of it can be had if $OLD failed to load.
+
+PARTIAL=$WORK/partial.git
+rm -rf "${CACHE:?}/$RELEASE/$NEW"
+git clone -q --bare "$TTDP_VM_STUB_REPO" "$PARTIAL" && git --git-dir="$PARTIAL" tag -d "ttkmd-$NEW" >/dev/null
+start_agent 9-no-rollback "$OLD" TT_KMD_REPOSITORY="$PARTIAL" TTDP_RETRY_INITIAL=1s TTDP_RETRY_MAX=1s
+require without_a_rollback_path_nothing_is_unloaded wait_until "$STEP_LIMIT" failed_keeping "$OLD" NoRollbackPath
+took "missing rollback path reported"
+check the_failure_says_how_to_opt_in eval \
+  'report_has "driver.tenstorrent.com/allow-no-rollback=true" && report_has "nothing was unloaded" &&
+   probe_fails $OLD && probe_passes $NEW'
+sleep 2
+check it_stays_refused_while_not_opted_in failed_keeping "$OLD" NoRollbackPath
+# the admin labels the node (the report file stands for the Node object)
+sed -i 's|"labels": {|"labels": {\n    "driver.tenstorrent.com/allow-no-rollback": "true",|' "$REPORT"
+step_started=$(date +%s)
+require with_the_opt_in_label_the_agent_upgrades wait_until "$STEP_LIMIT" eval 'loaded_is $OLD && report_ready_for $OLD'
+took "upgrade without a rollback path after the opt-in"
+check the_upgrade_without_rollback_is_announced report_has '"reason": "UpgradingWithoutRollback"'
+stop_agent
 
 finish
