@@ -2,7 +2,8 @@
 # building tt-kmd against the host's headers needs (make, gcc matching the supported host
 # kernels, libelf, git), and a self-contained tt-smi (PyInstaller build, no host Python needed).
 # Build from the repository root:  cargo xtask image agent
-# Keep equal to the chart's driver.ttSmiVersion: the controller passes that value to the agents.
+# The chart's driver.ttSmiVersion names the same default. The agent labels its node with the
+# TT_SMI_VERSION set below, so the label always names the tt-smi this image carries.
 ARG TT_SMI_VERSION=3.0.0
 
 FROM docker.io/library/rust:1.89-bookworm AS agent

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ttdp_api::names::env;
 use ttdp_hostprobe::HostRoot;
-use ttdp_kmod::{BuildOptions, KoCache};
+use ttdp_kmod::{BuildOptions, KoCache, MODULE_LOCK_DIR};
 
 use crate::error::ConfigError;
 
@@ -103,6 +103,9 @@ pub struct AgentConfig {
     pub build: BuildOptions,
     /// The `.ko` cache directory as seen by the agent (`<host>/var/cache/tt-kmd`).
     pub cache_dir: PathBuf,
+    /// The directory of the node-wide module lock as seen by the agent (`TTDP_LOCK_DIR`, default
+    /// `<host>/run/ttdp`). Every agent on the node must see the same host directory.
+    pub lock_dir: PathBuf,
     /// How often the agent re-reads the module and host (the spec's 10 s).
     pub probe_period: Duration,
     /// Back-off after failures and while the device is held.
@@ -118,6 +121,7 @@ impl AgentConfig {
     /// A configuration with the defaults for everything but the target version, node and host.
     pub fn new(target_version: &str, node_name: &str, host: HostRoot) -> Self {
         let cache_dir = KoCache::new(&host).dir().to_path_buf();
+        let lock_dir = host.path(MODULE_LOCK_DIR);
         Self {
             target_version: target_version.to_string(),
             node_name: node_name.to_string(),
@@ -130,6 +134,7 @@ impl AgentConfig {
                 ..BuildOptions::default()
             },
             cache_dir,
+            lock_dir,
             probe_period: Duration::from_secs(10),
             retry: RetryPolicy {
                 initial: Duration::from_secs(5),
@@ -286,6 +291,12 @@ mod tests {
             config.build_options("6.1.0-31-amd64").build_dir,
             Some(PathBuf::from("/lib/modules/6.1.0-31-amd64/build"))
         );
+    }
+
+    #[test]
+    fn the_module_lock_defaults_to_the_hosts_run_ttdp() {
+        let config = AgentConfig::new("2.8.0", "node-1", HostRoot::new("/host"));
+        assert_eq!(config.lock_dir, PathBuf::from("/host/run/ttdp"));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! next ([`Step`], [`UnloadGate`]), and the [`AgentReport`] texts. No I/O here.
 
 use ttdp_api::agent_report::{AgentPhase, AgentReport, Holder};
+use ttdp_api::names::labels;
 use ttdp_hostprobe::{DkmsSignal, HostInstall};
 use ttdp_kmod::{DeviceHolder, ModuleStatus};
 
@@ -123,6 +124,24 @@ pub fn holders_message(status: &ModuleStatus, target: &str) -> String {
     )
 }
 
+/// Whether the node's [`labels::ALLOW_NO_ROLLBACK`] label value opts in to unloading without a
+/// rollback path.
+pub fn allows_no_rollback(label: Option<&str>) -> bool {
+    label == Some(labels::ALLOW_NO_ROLLBACK_ENABLED)
+}
+
+/// The message when no rollback path exists and the node did not opt in: the installer's
+/// account (`cause`), and how the admin opts in.
+pub fn no_rollback_message(cause: &str) -> String {
+    format!(
+        "{cause}; to upgrade this node anyway, label it {}={} (kubectl label node <node> {}={})",
+        labels::ALLOW_NO_ROLLBACK,
+        labels::ALLOW_NO_ROLLBACK_ENABLED,
+        labels::ALLOW_NO_ROLLBACK,
+        labels::ALLOW_NO_ROLLBACK_ENABLED
+    )
+}
+
 /// The message of a host-managed node.
 pub fn host_managed_message(install: &HostInstall) -> String {
     let signals: Vec<String> = install
@@ -225,6 +244,20 @@ mod tests {
         );
         let anonymous = holders_message(&status(Some("2.7.0"), 1, &[]), "2.8.0");
         assert!(anonymous.contains("hostPID"), "{anonymous}");
+    }
+
+    #[test]
+    fn only_the_true_label_opts_in_to_no_rollback() {
+        assert!(allows_no_rollback(Some("true")));
+        for other in [None, Some("false"), Some("True"), Some("")] {
+            assert!(!allows_no_rollback(other), "{other:?}");
+        }
+        let message = no_rollback_message("no .ko of 2.7.0");
+        assert!(
+            message.starts_with("no .ko of 2.7.0; ")
+                && message.contains("driver.tenstorrent.com/allow-no-rollback=true"),
+            "{message}"
+        );
     }
 
     #[test]

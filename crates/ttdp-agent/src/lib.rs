@@ -29,6 +29,7 @@ pub mod backoff;
 pub mod config;
 pub mod convergence;
 mod error;
+pub mod grant;
 pub mod labels;
 mod node_flow;
 mod node_kernel;

@@ -112,6 +112,10 @@ struct RunArgs {
     /// The .ko cache directory as seen by the agent (default <host root>/var/cache/tt-kmd).
     #[arg(long, env = env::CACHE_DIR, value_name = "TTDP_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// Directory of the node-wide module lock as seen by the agent (default <host root>/run/ttdp;
+    /// the DaemonSet mounts the host's /run/ttdp there). Every agent on a node must share it.
+    #[arg(long, env = env::LOCK_DIR, value_name = "TTDP_LOCK_DIR")]
+    lock_dir: Option<PathBuf>,
     /// How often the module and host are re-read (readiness and labels follow within one period).
     #[arg(long, env = env::PROBE_PERIOD, value_name = "TTDP_PROBE_PERIOD", default_value = "10s", value_parser = parse_duration)]
     probe_period: Duration,
@@ -217,6 +221,9 @@ impl RunArgs {
             .collect();
         if let Some(dir) = &self.cache_dir {
             config.cache_dir = dir.clone();
+        }
+        if let Some(dir) = &self.lock_dir {
+            config.lock_dir = dir.clone();
         }
         config.probe_period = self.probe_period;
         config.retry = RetryPolicy {

@@ -6,9 +6,15 @@
 //!    the cache);
 //! 3. container mode, target loaded: copy tt-smi if it differs, label, report Ready;
 //! 4. otherwise, when a retry is due: ensure the target `.ko` (cache hit, or fetch + build: this
-//!    step may be abandoned on shutdown, nothing has been changed yet), then check holders (wait
-//!    with back-off unless force unload), then swap with rollback (never abandoned half-way: on
-//!    shutdown it finishes first); observe again, label and report.
+//!    step may be abandoned on shutdown, nothing has been changed yet), then secure the rollback
+//!    path: a verified `.ko` of the loaded version (cache hit, or built from its tag; also
+//!    abandonable). Without one (unknown or custom version, tag missing) nothing is unloaded: the
+//!    failure `NoRollbackPath` is reported, unless the node is labelled
+//!    `driver.tenstorrent.com/allow-no-rollback=true`. With another version loaded, wait for the
+//!    controller's upgrade grant (node annotation `driver.tenstorrent.com/upgrade-grant`,
+//!    [`crate::grant`]; `WaitingForGrant` until then, nothing unloaded, no holder touched).
+//!    Then check holders (wait with back-off unless force unload), then swap with rollback (never abandoned half-way: on shutdown it
+//!    finishes first); observe again, label and report.
 //!
 //! Failures and holders are reported (pod annotation, node Event) and retried with back-off; the
 //! agent never exits on them. It never unloads the module on exit.
@@ -19,6 +25,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
+use ttdp_api::names::labels;
 use ttdp_hostprobe::{detect_host_install, kernel_release};
 use ttdp_kmod::{
     CacheLookup, CacheOutcome, InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions,
@@ -28,14 +35,27 @@ use ttdp_kmod::{
 use crate::backoff::Backoff;
 use crate::config::AgentConfig;
 use crate::convergence::{
-    Observation, Step, UnloadGate, base_report, holders_message, host_managed_message, next_step,
-    report_holders, unload_gate,
+    Observation, Step, UnloadGate, allows_no_rollback, base_report, holders_message,
+    host_managed_message, next_step, no_rollback_message, report_holders, unload_gate,
 };
 use crate::error::AgentError;
+use crate::grant::{self, GrantDecision};
 use crate::labels::{InstallMode, NodeLabels};
 use crate::reasons;
 use crate::reporting::{EventKind, NodeEvent, ReportError, Reporter};
 use crate::tt_smi::{TtSmiInstaller, TtSmiOutcome};
+
+/// Whether the loaded module can be loaded back if the target fails to load.
+enum RollbackPath {
+    /// A verified `.ko` of the loaded version is in the cache (or nothing is loaded).
+    Secured,
+    /// None can be had, and the node opted in to unloading anyway.
+    Allowed,
+    /// None can be had and the node did not opt in: reported, nothing unloaded.
+    Refused,
+    /// Shutdown arrived while fetching or building it; nothing was changed.
+    Abandoned,
+}
 
 /// How an attempt to install the target ended.
 enum Attempt {
@@ -79,6 +99,7 @@ where
         let installer_config = InstallerConfig {
             build: config.build_options(&release),
             cache_dir: Some(config.cache_dir.clone()),
+            lock_dir: Some(config.lock_dir.clone()),
             ..InstallerConfig::default()
         };
         let installer = ModuleInstaller::new(config.host.clone(), kernel, installer_config)
@@ -401,6 +422,18 @@ where
                 return Ok(Attempt::Done);
             }
         };
+        let allow_no_rollback = match self.secure_rollback(observation, &status, shutdown).await? {
+            RollbackPath::Secured => false,
+            RollbackPath::Allowed => true,
+            RollbackPath::Refused => return Ok(Attempt::Done),
+            RollbackPath::Abandoned => return Ok(Attempt::Abandoned),
+        };
+        if status.loaded
+            && status.loaded_version() != Some(target.as_str())
+            && !self.granted(observation, &status).await
+        {
+            return Ok(Attempt::Done);
+        }
         if unload_gate(&status, self.config.force_unload) == UnloadGate::WaitForHolders {
             self.wait_for_holders(observation, &status).await;
             return Ok(Attempt::Done);
@@ -422,6 +455,7 @@ where
                 },
             },
             params: String::new(),
+            allow_no_rollback,
         };
         let installer = Arc::clone(&self.installer);
         let version = target.clone();
@@ -454,6 +488,66 @@ where
         Ok(Attempt::Done)
     }
 
+    /// Before anything is unloaded: a verified `.ko` of the loaded version in the cache (built
+    /// from its tag when missing; may be abandoned on shutdown), or the node's opt-in to go on
+    /// without one.
+    async fn secure_rollback(
+        &mut self,
+        observation: &Observation,
+        status: &ttdp_kmod::ModuleStatus,
+        shutdown: &CancellationToken,
+    ) -> Result<RollbackPath, AgentError> {
+        let installer = Arc::clone(&self.installer);
+        let (status, target) = (status.clone(), self.config.target_version.clone());
+        let ensure =
+            tokio::task::spawn_blocking(move || installer.ensure_rollback_ko(&status, &target));
+        let ensured = tokio::select! {
+            joined = ensure => joined.map_err(|source| AgentError::Task { task: "ensure rollback .ko", source })?,
+            () = shutdown.cancelled() => {
+                info!(step = "rollback-ko", "shutdown while securing the rollback .ko: abandoned, the loaded module was not touched");
+                return Ok(RollbackPath::Abandoned);
+            }
+        };
+        let cause = match ensured {
+            Ok(None) => return Ok(RollbackPath::Secured),
+            Ok(Some(ensured)) => {
+                info!(
+                    step = "rollback-ko",
+                    version = %ensured.ko.record.version,
+                    cache = ?ensured.cache,
+                    elapsed_ms = ensured.elapsed_ms,
+                    "rollback module file ready"
+                );
+                return Ok(RollbackPath::Secured);
+            }
+            Err(e) => e,
+        };
+        let label = bounded_read(self.reporter.node_label(labels::ALLOW_NO_ROLLBACK)).await;
+        if allows_no_rollback(label.as_ref().ok().and_then(Option::as_deref)) {
+            let note = format!(
+                "{cause}; proceeding anyway because the node is labelled {}={}: if the new version fails to load, no tt-kmd module will be loaded",
+                labels::ALLOW_NO_ROLLBACK,
+                labels::ALLOW_NO_ROLLBACK_ENABLED
+            );
+            warn!(step = "rollback-ko", %note);
+            self.event(
+                EventKind::Warning,
+                reasons::NO_ROLLBACK_ALLOWED,
+                "Unload",
+                note,
+            )
+            .await;
+            return Ok(RollbackPath::Allowed);
+        }
+        let mut message = no_rollback_message(&cause.to_string());
+        if let Err(e) = label {
+            message = format!("{message} (the label could not be read: {e})");
+        }
+        self.fail(cause.reason(), "Unload", message, Some(observation))
+            .await;
+        Ok(RollbackPath::Refused)
+    }
+
     /// Logs and announces a successful swap.
     async fn swapped(&mut self, report: SwapReport) {
         info!(
@@ -483,6 +577,10 @@ where
             self.event(EventKind::Warning, reasons::HOLDERS_KILLED, "Unload", note)
                 .await;
         }
+        if report.outcome == SwapOutcome::AlreadyLoaded {
+            // another agent on the node loaded the target while this one waited for the lock
+            return;
+        }
         let (reason, note) = match (report.outcome, &report.previous) {
             (SwapOutcome::Replaced, Some(previous)) => (
                 reasons::MODULE_REPLACED,
@@ -501,6 +599,42 @@ where
         };
         self.last_event = None;
         self.event(EventKind::Normal, reason, "Load", note).await;
+    }
+
+    /// Whether the controller granted this node the swap of the loaded module (see
+    /// [`crate::grant`]). Without a grant (or when it cannot be read): report `WaitingForGrant`,
+    /// leave the module and its holders alone, and look again after a probe period.
+    async fn granted(
+        &mut self,
+        observation: &Observation,
+        status: &ttdp_kmod::ModuleStatus,
+    ) -> bool {
+        let target = self.config.target_version.clone();
+        let message = match bounded_read(self.reporter.upgrade_grant()).await {
+            Ok(view) => match grant::decide(&view, status.loaded_version(), &target) {
+                GrantDecision::Granted => return true,
+                GrantDecision::Waiting { message } => message,
+            },
+            Err(e) => format!(
+                "cannot read the node's upgrade grant ({e}); the loaded module stays loaded until it can be read"
+            ),
+        };
+        let mut report = base_report(AgentPhase::WaitingForGrant, &target, observation);
+        report.reason = Some(reasons::WAITING_FOR_GRANT.to_string());
+        report.message = Some(message.clone());
+        self.next_attempt = Some(Instant::now() + self.config.probe_period);
+        if self.last_report.as_ref().map(|r| r.phase) != Some(AgentPhase::WaitingForGrant) {
+            info!(step = "grant", node = %self.config.node_name, loaded = ?status.loaded_version(), target = %target, "waiting for the controller's upgrade grant");
+        }
+        self.publish_report(report).await;
+        self.event(
+            EventKind::Normal,
+            reasons::WAITING_FOR_GRANT,
+            "Unload",
+            message,
+        )
+        .await;
+        false
     }
 
     /// Not forced and held: report the holders, retry with back-off.
@@ -656,6 +790,17 @@ async fn bounded(
             "no answer within {} s; giving up until the next pass",
             PUBLISH_TIMEOUT.as_secs()
         )),
+    }
+}
+
+/// A read from the reporter, given up after [`PUBLISH_TIMEOUT`].
+async fn bounded_read<T>(
+    read: impl std::future::Future<Output = Result<T, ReportError>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(PUBLISH_TIMEOUT, read).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {} s", PUBLISH_TIMEOUT.as_secs())),
     }
 }
 

@@ -9,6 +9,8 @@ pub const MODULE_INSTALLED: &str = "ModuleInstalled";
 pub const MODULE_REPLACED: &str = "ModuleReplaced";
 /// The loaded module changed (unloaded or replaced) without the agent.
 pub const MODULE_CHANGED: &str = "ModuleChangedExternally";
+/// Another version is loaded and the controller has not granted the node its upgrade yet.
+pub const WAITING_FOR_GRANT: &str = "WaitingForGrant";
 /// Holders were killed before unloading (force unload).
 pub const HOLDERS_KILLED: &str = "HoldersKilled";
 /// The host's DKMS state or module status could not be read.
@@ -19,3 +21,6 @@ pub const TT_SMI_INSTALLED: &str = "TtSmiInstalled";
 pub const TT_SMI_COPY_FAILED: &str = "TtSmiCopyFailed";
 /// The node is host-managed (DKMS); the agent stands down.
 pub const HOST_MANAGED: &str = "HostManaged";
+/// The loaded module was unloaded without a `.ko` to roll back to, because the node opted in
+/// (`driver.tenstorrent.com/allow-no-rollback=true`).
+pub const NO_ROLLBACK_ALLOWED: &str = "UpgradingWithoutRollback";

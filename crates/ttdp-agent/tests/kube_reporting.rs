@@ -151,6 +151,40 @@ async fn labels_report_and_events_reach_the_api_for_its_own_node_only() {
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(agent.run(shutdown.clone()));
 
+    // another version loaded and no grant: the agent waits for its turn, touching nothing
+    eventually!("a WaitingForGrant report on the pod", {
+        pod_report(&client, &ns)
+            .await
+            .is_some_and(|r| r.phase == AgentPhase::WaitingForGrant)
+    });
+    let report = pod_report(&client, &ns).await.unwrap();
+    assert_eq!(report.reason.as_deref(), Some("WaitingForGrant"));
+    assert!(
+        report
+            .message
+            .as_deref()
+            .unwrap()
+            .contains(annotations::UPGRADE_GRANT),
+        "{report:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(node.loaded().as_deref(), Some("1.0.0"), "nothing unloaded");
+    assert!(
+        kernel.process_alive(1234) && kernel.process_alive(1240),
+        "every holder alive"
+    );
+    // the controller's grant (the test pod carries no policy label: the version must match)
+    Api::<KubeNode>::all(client.clone())
+        .patch(
+            &node1,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                annotations::UPGRADE_GRANT: ttdp_api::names::upgrade_grant("default", "2.0.0")
+            }}})),
+        )
+        .await
+        .unwrap();
+
     // held: the pod says who holds the device, the node gets a Warning Event, labels tell the truth
     eventually!("a WaitingForHolders report on the pod", {
         pod_report(&client, &ns)

@@ -12,6 +12,10 @@ pub enum AgentPhase {
     Building,
     /// The module is held by processes and `forceUnload` is off: waiting for them to go.
     WaitingForHolders,
+    /// Another version is loaded and the controller has not granted this node its upgrade
+    /// (node annotation `driver.tenstorrent.com/upgrade-grant`) yet: the module stays loaded and
+    /// every holder alive until the node's turn comes.
+    WaitingForGrant,
     /// Unloading the old module and loading the target.
     Swapping,
     /// The target version is loaded (container mode).

@@ -46,6 +46,20 @@ pub fn cordon_owner(policy: &str) -> String {
     format!("{CORDON_OWNER_PREFIX}{policy}")
 }
 
+/// The value of the [`annotations::UPGRADE_GRANT`] annotation the controller writes when it grants
+/// a node the upgrade of `policy` to `version`: `<policy>/<version>`.
+pub fn upgrade_grant(policy: &str, version: &str) -> String {
+    format!("{policy}/{version}")
+}
+
+/// The policy and version of an [`annotations::UPGRADE_GRANT`] value (`<policy>/<version>`),
+/// `None` when it is not of that form.
+pub fn parse_upgrade_grant(value: &str) -> Option<(&str, &str)> {
+    let (policy, version) = value.split_once('/')?;
+    (!policy.is_empty() && !version.is_empty() && !version.contains('/'))
+        .then_some((policy, version))
+}
+
 /// Node labels.
 pub mod labels {
     /// The running module's version, from `/sys/module/tenstorrent/version`; set by the agent.
@@ -56,6 +70,12 @@ pub mod labels {
     pub const INSTALL_MODE: &str = "driver.tenstorrent.com/install-mode";
     /// Any value opts the node out of ttdp entirely.
     pub const SKIP: &str = "driver.tenstorrent.com/skip";
+    /// [`ALLOW_NO_ROLLBACK_ENABLED`] lets the agent unload the loaded module even when no `.ko`
+    /// of it can be had to load back if the new version fails (a per-node opt-in; without it the
+    /// agent reports `NoRollbackPath` and leaves the module loaded).
+    pub const ALLOW_NO_ROLLBACK: &str = "driver.tenstorrent.com/allow-no-rollback";
+    /// The value of [`ALLOW_NO_ROLLBACK`] that opts in.
+    pub const ALLOW_NO_ROLLBACK_ENABLED: &str = "true";
     /// Set by Node Feature Discovery on nodes with a Tenstorrent PCI device (vendor 0x1e52,
     /// class 0x1200).
     pub const NFD_TENSTORRENT: &str = "feature.node.kubernetes.io/pci-1200_1e52.present";
@@ -94,6 +114,12 @@ pub mod annotations {
     /// On nodes: set by `kubectl tt driver retry` (any value, usually a timestamp) to ask the
     /// controller to retry the node's Failed upgrade now; the controller removes it.
     pub const RETRY: &str = "driver.tenstorrent.com/retry";
+    /// On nodes: the controller's go-ahead for the agent to swap a loaded module,
+    /// `<policy>/<version>` ([`super::upgrade_grant`]). Written by the controller only while the
+    /// node holds a `maxUnavailable` slot and, with drain enabled, once it is cordoned and
+    /// drained; removed when the node is released. The agent reads it and never unloads a loaded
+    /// module or kills a holder without it; the agent may not write it (admission policy).
+    pub const UPGRADE_GRANT: &str = "driver.tenstorrent.com/upgrade-grant";
 }
 
 /// Environment variables of the agent container.
@@ -148,4 +174,22 @@ pub mod env {
     pub const UNLOAD_WAIT: &str = "TTDP_UNLOAD_WAIT";
     /// How often labels and the report are rewritten even when nothing changed.
     pub const RESYNC_PERIOD: &str = "TTDP_RESYNC_PERIOD";
+    /// The directory of the node-wide module lock as the agent sees it (default
+    /// `<host root>/run/ttdp`, where the DaemonSet mounts the host's `/run/ttdp`).
+    pub const LOCK_DIR: &str = "TTDP_LOCK_DIR";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upgrade_grants_round_trip() {
+        let value = upgrade_grant("fleet", "2.8.0");
+        assert_eq!(value, "fleet/2.8.0");
+        assert_eq!(parse_upgrade_grant(&value), Some(("fleet", "2.8.0")));
+        for bad in ["", "fleet", "/2.8.0", "fleet/", "a/b/c"] {
+            assert_eq!(parse_upgrade_grant(bad), None, "{bad}");
+        }
+    }
 }

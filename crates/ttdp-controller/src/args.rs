@@ -21,10 +21,6 @@ pub struct ControllerArgs {
     #[arg(long, env = "TTDP_DEFAULT_IMAGE", default_value_t = settings::default_image())]
     pub default_image: String,
 
-    /// The tt-smi version bundled in the agent image.
-    #[arg(long, env = "TTDP_TT_SMI_VERSION", default_value = settings::DEFAULT_TT_SMI_VERSION)]
-    pub tt_smi_version: String,
-
     /// Node label keys set to "false" while a node is upgraded, comma-separated; empty disables.
     #[arg(long, env = "TTDP_DEPLOY_GATES", value_delimiter = ',', default_value = ttdp_api::names::DEFAULT_DEPLOY_GATE)]
     pub deploy_gates: Vec<String>,
@@ -89,7 +85,6 @@ impl ControllerArgs {
         Settings {
             namespace: self.namespace.clone(),
             default_image: self.default_image.clone(),
-            tt_smi_version: self.tt_smi_version.clone(),
             deploy_gates: self
                 .deploy_gates
                 .iter()

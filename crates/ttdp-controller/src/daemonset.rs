@@ -16,6 +16,7 @@
 //! | `/var/lib/dkms` | ro | DKMS state (host-install detection) |
 //! | `/var/cache/tt-kmd` | rw | the per-kernel, per-version `.ko` cache |
 //! | `/usr/local/bin` | rw | where tt-smi is installed |
+//! | `/run/ttdp` | rw | the node-wide module lock, shared by every agent pod on the node |
 //! | `/dev` | ro | `/dev/tenstorrent/*` device presence |
 //!
 //! `/lib/modules` and `/usr/src` are also mounted read-only at their own paths: Debian and Ubuntu
@@ -70,7 +71,7 @@ struct HostMount {
     kind: &'static str,
 }
 
-const HOST_MOUNTS: [HostMount; 8] = [
+const HOST_MOUNTS: [HostMount; 9] = [
     HostMount {
         name: "host-sys",
         path: "/sys",
@@ -110,6 +111,14 @@ const HOST_MOUNTS: [HostMount; 8] = [
     HostMount {
         name: "host-usr-local-bin",
         path: "/usr/local/bin",
+        read_only: false,
+        kind: "DirectoryOrCreate",
+    },
+    // The node-wide module lock: every agent pod on the node (an old one terminating, another
+    // policy's during a hand-over) takes the same file, so one swap runs at a time.
+    HostMount {
+        name: "host-run-ttdp",
+        path: "/run/ttdp",
         read_only: false,
         kind: "DirectoryOrCreate",
     },
@@ -353,7 +362,8 @@ fn agent_env(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Vec<EnvVa
             env::TT_FORCE_UNLOAD,
             policy.spec.upgrade_policy.force_unload.to_string(),
         ),
-        value(env::TT_SMI_VERSION, settings.tt_smi_version.clone()),
+        // No TT_SMI_VERSION: the image's own ENV names the tt-smi it carries, so the node
+        // label cannot name one the node does not have when installer.image is overridden.
         value(env::LOG_FORMAT, "json".to_owned()),
         field(env::NODE_NAME, "spec.nodeName"),
         field(env::POD_NAME, "metadata.name"),
@@ -475,7 +485,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_documented_host_paths_with_write_access_only_to_cache_and_bin() {
+    fn only_the_documented_host_paths_with_write_access_only_to_cache_bin_and_lock() {
         let ds = render(&policy("fleet", "2.8.0"));
         let spec = pod_spec(&ds);
         let host_paths: BTreeSet<&str> = spec
@@ -495,6 +505,7 @@ mod tests {
                 "/var/lib/dkms",
                 "/var/cache/tt-kmd",
                 "/usr/local/bin",
+                "/run/ttdp",
                 "/dev"
             ])
         );
@@ -509,7 +520,11 @@ mod tests {
             .collect();
         assert_eq!(
             writable,
-            BTreeSet::from(["/host/var/cache/tt-kmd", "/host/usr/local/bin"])
+            BTreeSet::from([
+                "/host/var/cache/tt-kmd",
+                "/host/usr/local/bin",
+                "/host/run/ttdp"
+            ])
         );
         let own_paths: BTreeSet<&str> = spec.containers[0]
             .volume_mounts
@@ -532,9 +547,9 @@ mod tests {
         let e = env_of(&ds);
         assert_eq!(e[env::TT_KMD_VERSION].value.as_deref(), Some("2.8.0"));
         assert_eq!(e[env::TT_FORCE_UNLOAD].value.as_deref(), Some("false"));
-        assert_eq!(
-            e[env::TT_SMI_VERSION].value.as_deref(),
-            Some(crate::settings::DEFAULT_TT_SMI_VERSION)
+        assert!(
+            !e.contains_key(env::TT_SMI_VERSION),
+            "the tt-smi label's version comes from the image's own ENV"
         );
         let path = |k: &str| {
             e[k].value_from

@@ -19,7 +19,7 @@ use kube::Client;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
-use ttdp_drain::{DrainError, DrainEventKind, Drainer, EventSink, TwoPassDrain};
+use ttdp_drain::{DrainError, DrainEventKind, Drainer, EventSink, TwoPassDrain, TwoPassReport};
 
 use crate::metrics::Metrics;
 use crate::transition::DrainProgress;
@@ -67,6 +67,23 @@ fn set(progress: &Mutex<DrainProgress>, value: DrainProgress) {
     *progress.lock().unwrap_or_else(PoisonError::into_inner) = value;
 }
 
+/// The pods a successful drain left because `drain.force` is off, each named once; those the
+/// device pass selected are marked as using the device.
+fn skipped_pods(report: &TwoPassReport) -> Vec<String> {
+    let device = &report.device.skipped_without_force;
+    report
+        .skipped_without_force()
+        .into_iter()
+        .map(|pod| {
+            if device.contains(&pod) {
+                format!("{pod} (uses /dev/tenstorrent)")
+            } else {
+                pod.to_string()
+            }
+        })
+        .collect()
+}
+
 /// The failure a drain error means for the node, or `None` for an API error worth retrying.
 pub fn failure_of(err: &DrainError) -> Option<DrainProgress> {
     let (reason, hint) = match err {
@@ -76,7 +93,7 @@ pub fn failure_of(err: &DrainError) -> Option<DrainProgress> {
         ),
         DrainError::Refused { .. } => (
             "DrainRefused",
-            "set upgradePolicy.drain.force (bare pods) or deleteEmptyDir, or move those pods away",
+            "set upgradePolicy.drain.deleteEmptyDir, or move those pods away",
         ),
         DrainError::Failed { .. } => (
             "DrainFailed",
@@ -182,7 +199,9 @@ impl DrainTracker {
                     Ok(report) => {
                         info!(node = %node_name, evicted = report.device.evicted.len()
                             + report.full_node.as_ref().map_or(0, |r| r.evicted.len()), "node drained");
-                        break DrainProgress::Succeeded;
+                        break DrainProgress::Succeeded {
+                            skipped: skipped_pods(&report),
+                        };
                     }
                     Err(err) => match failure_of(&err) {
                         Some(failed) => {

@@ -170,8 +170,25 @@ pub async fn cordon_and_close_gates(
     ))
 }
 
+/// Grants `node` the upgrade of `policy` to `version`: the annotation
+/// [`annotations::UPGRADE_GRANT`] (`<policy>/<version>`), which the node's agent waits for before
+/// it swaps a loaded module. One JSON merge patch; a node gone is nothing to grant.
+pub async fn grant_upgrade(
+    client: &Client,
+    policy: &str,
+    node: &str,
+    version: &str,
+) -> Result<(), Error> {
+    let grant = names::upgrade_grant(policy, version);
+    let patch = json!({"metadata": {"annotations": {annotations::UPGRADE_GRANT: grant}}});
+    merge_patch_node(client, node, patch, "grant the upgrade").await?;
+    info!(node, policy, version, "node granted its upgrade");
+    Ok(())
+}
+
 /// Reopens the deploy gates the node's annotation lists (removing the labels and the
-/// annotation) and lifts `policy`'s cordon (never someone else's), in one JSON merge patch
+/// annotation), removes `policy`'s upgrade grant and lifts `policy`'s cordon (never someone
+/// else's), in one JSON merge patch
 /// carrying the node's `resourceVersion`, re-read and decided again on a conflict. The first
 /// decision may come from `cached` (the controller's copy of the node, saving a read on the
 /// hand-off from one node to the next): a patch from a stale copy fails its precondition and is
@@ -199,6 +216,7 @@ pub async fn release(
         let closed = crate::observe::closed_gates(&current.metadata);
         let recorded = annotation(&current, &owner.owner_annotation);
         let ours = recorded == Some(owner.owner.as_str());
+        let granted = crate::observe::granted_by(&current.metadata, policy);
         let unschedulable = is_unschedulable(&current);
         let outcome = match (unschedulable, ours) {
             (true, true) => UncordonOutcome::Uncordoned,
@@ -207,7 +225,7 @@ pub async fn release(
             },
             (false, _) => UncordonOutcome::NotCordoned,
         };
-        if closed.is_empty() && !ours {
+        if closed.is_empty() && !ours && !granted {
             if from_cache {
                 continue;
             }
@@ -219,6 +237,9 @@ pub async fn release(
                 closed.iter().map(|g| (g.as_str(), Value::Null)).collect();
             patch["metadata"]["labels"] = json!(labels);
             patch["metadata"]["annotations"] = json!({annotations::DEPLOY_GATES: null});
+        }
+        if granted {
+            patch["metadata"]["annotations"][annotations::UPGRADE_GRANT] = Value::Null;
         }
         if ours {
             patch["metadata"]["annotations"][owner.owner_annotation.as_str()] = Value::Null;

@@ -16,7 +16,7 @@ use ttdp_api::{NodeState, NodeStatus};
 use crate::agent_blocker::{Blocker, pod_blocker};
 use crate::cached::CachedPod;
 use crate::transition::{
-    AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, StartGate,
+    AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, StartGate, UpgradeGrant,
 };
 
 /// Container waiting reasons that mean the image cannot be pulled.
@@ -55,6 +55,22 @@ pub fn cordoned_by(meta: &ObjectMeta, policy: &str) -> bool {
     get(&meta.annotations, annotations::CORDONED_BY)
         .and_then(|owner| owner.strip_prefix(names::CORDON_OWNER_PREFIX))
         == Some(policy)
+}
+
+/// `policy`'s upgrade grant on the node, relative to the `target` version.
+pub fn upgrade_grant(meta: &ObjectMeta, policy: &str, target: &str) -> UpgradeGrant {
+    match get(&meta.annotations, annotations::UPGRADE_GRANT).and_then(names::parse_upgrade_grant) {
+        Some((p, v)) if p == policy && v == target => UpgradeGrant::Target,
+        Some((p, _)) if p == policy => UpgradeGrant::OtherVersion,
+        _ => UpgradeGrant::Absent,
+    }
+}
+
+/// Whether the node carries an upgrade grant of `policy` (for any version).
+pub fn granted_by(meta: &ObjectMeta, policy: &str) -> bool {
+    get(&meta.annotations, annotations::UPGRADE_GRANT)
+        .and_then(names::parse_upgrade_grant)
+        .is_some_and(|(p, _)| p == policy)
 }
 
 /// The deploy gates the controller closed on this node (from its annotation).
@@ -165,14 +181,16 @@ fn agent_condition(pod: &CachedPod, node_not_ready: Option<&str>) -> AgentCondit
                 "the agent reported a failure without details; see its logs".into()
             }),
         },
+        Some(r) if r.phase == AgentPhase::WaitingForGrant => AgentCondition::WaitingForGrant,
         Some(r) if r.phase == AgentPhase::WaitingForHolders => AgentCondition::WaitingForHolders {
             message: r
                 .holders_text()
                 .or_else(|| r.message.clone())
                 .unwrap_or_else(|| "the device is held by processes".into()),
         },
-        _ => match pod_blocker(pod, node_not_ready) {
+        report => match pod_blocker(pod, node_not_ready) {
             Some(b) => AgentCondition::Stuck(b),
+            None if report.is_none() => AgentCondition::Starting,
             None => AgentCondition::Working,
         },
     }
@@ -226,6 +244,8 @@ pub fn retry_gate(
 pub struct ObserveInput<'a> {
     /// The policy's name.
     pub policy: &'a str,
+    /// The policy's target version (`spec.version`).
+    pub target_version: &'a str,
     /// The node's metadata.
     pub meta: &'a ObjectMeta,
     /// `spec.unschedulable` when the full node was read.
@@ -265,6 +285,7 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         cordoned_by_us,
         externally_cordoned: input.unschedulable == Some(true) && !cordoned_by_us,
         gates_closed_by_us: gates_closed(input.meta),
+        grant: upgrade_grant(input.meta, input.policy, input.target_version),
         drain: input.drain,
         retry: input.retry,
         start: StartGate::NoSlot,
@@ -388,7 +409,28 @@ mod tests {
         );
         assert_eq!(
             agent_pod(Some(&pod("h2", false)), "h2"),
+            AgentPod::Current(AgentCondition::Starting),
+            "not reported yet"
+        );
+        assert_eq!(
+            agent_pod(
+                Some(&with_report(
+                    pod("h2", false),
+                    &report(AgentPhase::Building)
+                )),
+                "h2"
+            ),
             AgentPod::Current(AgentCondition::Working)
+        );
+        assert_eq!(
+            agent_pod(
+                Some(&with_report(
+                    pod("h2", false),
+                    &report(AgentPhase::WaitingForGrant)
+                )),
+                "h2"
+            ),
+            AgentPod::Current(AgentCondition::WaitingForGrant)
         );
         let mut deleting = pod("h2", true);
         deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
@@ -534,6 +576,7 @@ mod tests {
         assert!(host_managed(&host, None));
         let obs = observe(ObserveInput {
             policy: "fleet",
+            target_version: "2.8.0",
             meta: &meta(&[], &[(annotations::CORDONED_BY, "someone")]),
             unschedulable: Some(true),
             pod: None,
@@ -546,6 +589,30 @@ mod tests {
             not_created: None,
         });
         assert!(obs.externally_cordoned && !obs.cordoned_by_us);
+        assert_eq!(obs.grant, UpgradeGrant::Absent);
+    }
+
+    #[test]
+    fn upgrade_grants_are_read_for_this_policy_and_target() {
+        let granted = |value: &str| meta(&[], &[(annotations::UPGRADE_GRANT, value)]);
+        assert_eq!(
+            upgrade_grant(&granted("fleet/2.8.0"), "fleet", "2.8.0"),
+            UpgradeGrant::Target
+        );
+        assert_eq!(
+            upgrade_grant(&granted("fleet/2.7.0"), "fleet", "2.8.0"),
+            UpgradeGrant::OtherVersion
+        );
+        for other in ["lab/2.8.0", "garbage", ""] {
+            assert_eq!(
+                upgrade_grant(&granted(other), "fleet", "2.8.0"),
+                UpgradeGrant::Absent,
+                "{other}"
+            );
+        }
+        assert!(granted_by(&granted("fleet/2.7.0"), "fleet"));
+        assert!(!granted_by(&granted("lab/2.7.0"), "fleet"));
+        assert!(!granted_by(&meta(&[], &[]), "fleet"));
     }
 
     #[test]

@@ -494,13 +494,16 @@ async fn daemonset_blocker(
     )
 }
 
-/// Whether a node holds something of ours: our cordon, or gates we closed while it was ours.
+/// Whether a node holds something of ours: our cordon or upgrade grant, or gates we closed
+/// while it was ours.
 fn holds_ours(
     meta: &kube::core::ObjectMeta,
     policy: &str,
     ours_before: impl FnOnce() -> bool,
 ) -> bool {
-    observe::cordoned_by(meta, policy) || (observe::gates_closed(meta) && ours_before())
+    observe::cordoned_by(meta, policy)
+        || observe::granted_by(meta, policy)
+        || (observe::gates_closed(meta) && ours_before())
 }
 
 /// Observe, plan, record, act; then, while something changed, again with only the changed nodes
@@ -701,6 +704,7 @@ async fn apply_policy(
             (in_flight || observe::cordoned_by(&n.metadata, &name)).then_some(n.unschedulable);
         let obs = observe::observe(ObserveInput {
             policy: &name,
+            target_version: &policy.spec.version,
             meta: &n.metadata,
             unschedulable,
             pod,
@@ -954,6 +958,7 @@ async fn apply_policy(
             let obs = &mut observations[i].1;
             obs.cordoned_by_us = false;
             obs.gates_closed_by_us = false;
+            obs.grant = crate::transition::UpgradeGrant::Absent;
             obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
             true
         });
@@ -1015,7 +1020,7 @@ fn next_write(w: &Written) -> Option<Instant> {
 fn in_background(action: &Action) -> bool {
     matches!(
         action,
-        Action::Cordon | Action::ReplaceAgent { .. } | Action::ClearRetry
+        Action::Cordon | Action::Grant | Action::ReplaceAgent { .. } | Action::ClearRetry
     )
 }
 
@@ -1163,6 +1168,9 @@ async fn act(
                 ctx.metrics.clone(),
                 waker(ctx, &name),
             );
+        }
+        Action::Grant => {
+            node_actions::grant_upgrade(&ctx.client, &name, node, &policy.spec.version).await?;
         }
         Action::ReplaceAgent { even_current } => {
             let replace = match obs.map(|o| &o.agent) {

@@ -160,7 +160,7 @@ impl Planner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transition::{Action, AgentCondition, AgentPod, DrainProgress};
+    use crate::transition::{Action, AgentCondition, AgentPod, DrainProgress, UpgradeGrant};
     use NodeState::*;
 
     /// Every node's transition, in the order given, from one planner's first call.
@@ -193,6 +193,7 @@ mod tests {
             cordoned_by_us: false,
             externally_cordoned: false,
             gates_closed_by_us: false,
+            grant: UpgradeGrant::Absent,
             drain: DrainProgress::NotStarted,
             retry: RetryGate::NotYet,
             start: StartGate::NoSlot,
@@ -250,6 +251,56 @@ mod tests {
         nodes[0].1.agent = AgentPod::Current(AgentCondition::Ready);
         nodes[0].1.loaded_version = Some("2.8.0".into());
         assert_eq!(states(&policy(1, false), &nodes), [Done, Cordoning]);
+    }
+
+    /// The fleet: a new policy over seven nodes, two of them already running 2.7.0
+    /// from an earlier policy, every agent pod already on the current template. The fresh
+    /// installs go ahead in parallel; each loaded node waits for a slot, is cordoned, and is
+    /// granted its swap only after its drain.
+    #[test]
+    fn current_agents_on_loaded_nodes_wait_for_a_slot_and_a_grant() {
+        let mut nodes = fleet(&[Pending; 7]);
+        for (i, (_, obs)) in nodes.iter_mut().enumerate() {
+            obs.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+            if i >= 2 {
+                obs.loaded_version = None;
+                obs.agent = AgentPod::Current(AgentCondition::Working);
+            }
+        }
+        let out = plan(&policy(1, false), &mut nodes.clone());
+        let got: Vec<NodeState> = out.iter().map(|(_, t)| t.state).collect();
+        assert_eq!(
+            got,
+            [
+                Pending, Pending, Upgrading, Upgrading, Upgrading, Upgrading, Upgrading
+            ],
+            "fresh installs need no slot; the loaded nodes wait for theirs"
+        );
+        assert!(out.iter().all(|(_, t)| !t.actions.contains(&Action::Grant)));
+        let loaded = &mut nodes[..2];
+        assert_eq!(
+            states(&policy(1, false), loaded),
+            [Cordoning, Pending],
+            "one slot: one loaded node starts, through the cordon"
+        );
+        loaded[0].1.recorded = Some(Draining);
+        loaded[0].1.cordoned_by_us = true;
+        loaded[0].1.gates_closed_by_us = true;
+        loaded[0].1.drain = DrainProgress::Succeeded { skipped: vec![] };
+        let out = plan(&policy(1, false), &mut loaded.to_vec());
+        assert_eq!(out[0].1.state, Upgrading);
+        assert_eq!(out[0].1.actions[0], Action::Grant, "granted once drained");
+        assert_eq!(out[1].1.state, Pending);
+        let mut no_drain = policy(1, false);
+        no_drain.rules.drain_enabled = false;
+        let out = plan(&no_drain, &mut nodes[..2].to_vec());
+        assert_eq!(
+            out.iter()
+                .map(|(_, t)| (t.state, t.actions.contains(&Action::Grant)))
+                .collect::<Vec<_>>(),
+            [(Upgrading, true), (Pending, false)],
+            "without drain the grant still waits for a slot"
+        );
     }
 
     #[test]

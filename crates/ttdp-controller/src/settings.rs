@@ -9,8 +9,6 @@ pub struct Settings {
     pub namespace: String,
     /// The agent image used when a policy sets no `installer.image` (the chart's `driver.image`).
     pub default_image: String,
-    /// The tt-smi version bundled in the agent image (`TT_SMI_VERSION` in the agent).
-    pub tt_smi_version: String,
     /// Node label keys set to `"false"` while a node is upgraded (`controller.deployGates`).
     pub deploy_gates: Vec<String>,
     /// Whether nodes must carry the NFD Tenstorrent label to be selected.
@@ -35,7 +33,6 @@ impl Default for Settings {
         Self {
             namespace: ttdp_api::names::DEFAULT_NAMESPACE.to_owned(),
             default_image: default_image(),
-            tt_smi_version: DEFAULT_TT_SMI_VERSION.to_owned(),
             deploy_gates: vec![ttdp_api::names::DEFAULT_DEPLOY_GATE.to_owned()],
             require_nfd: true,
             kmd_repository: None,
@@ -49,8 +46,6 @@ impl Default for Settings {
 
 /// Repository of the default agent (builder) image.
 pub const DEFAULT_IMAGE_REPOSITORY: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder";
-/// The tt-smi version assumed when none is configured.
-pub const DEFAULT_TT_SMI_VERSION: &str = "3.0.0";
 /// The agent pods' service account (created by the chart).
 pub const DEFAULT_AGENT_SERVICE_ACCOUNT: &str = "ttdp-agent";
 

@@ -16,6 +16,16 @@
 //! Pausing stops nodes from *entering* Cordoning, Draining or Upgrading; steps in flight finish
 //! (a drain runs to its end, a swapping agent completes, Uncordoning proceeds), and a node then
 //! waits at the next step boundary.
+//!
+//! The upgrade grant: the agent swaps a loaded module of another version only when the node
+//! carries this policy's grant for the target ([`Action::Grant`], the node annotation
+//! `driver.tenstorrent.com/upgrade-grant`). The grant is given only on entering Upgrading through
+//! the gate (a slot, and with drain enabled after the drain), so an agent pod that runs the
+//! current template on a node it has not reached yet (recreated after a deletion or an eviction,
+//! or on a node that joined with a module loaded) waits for its turn instead of swapping at
+//! once. A node in Upgrading that needs a grant and has none, and did not come through the
+//! drain, goes back through the gate. A fresh install (nothing loaded) and a template-only
+//! change need no grant. [`Action::Release`] removes it.
 
 use crate::agent_blocker::Blocker;
 use ttdp_api::NodeState;
@@ -39,13 +49,17 @@ pub enum AgentPod {
 /// How an agent pod on the current template is doing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AgentCondition {
-    /// Starting, building or swapping.
+    /// Running but it has not reported yet: what the node has loaded may not be known yet.
+    Starting,
+    /// Building or swapping.
     Working,
     /// Kubernetes does not run it, and says why: unschedulable, a container that cannot be
     /// created, a node that is not Ready. Kubernetes keeps retrying, so the node waits.
     Stuck(Blocker),
     /// Ready: its readiness probe passes.
     Ready,
+    /// Waiting for the controller's upgrade grant before it swaps the loaded module.
+    WaitingForGrant,
     /// Waiting for processes holding `/dev/tenstorrent` (without forceUnload).
     WaitingForHolders {
         /// e.g. "held by pid 1234 (python3)".
@@ -71,7 +85,11 @@ pub enum DrainProgress {
         message: String,
     },
     /// Every pod to evict is gone.
-    Succeeded,
+    Succeeded {
+        /// Pods the drain left because they have no controller and `drain.force` is off
+        /// (`namespace/name`, "(uses /dev/tenstorrent)" after those that declare the device).
+        skipped: Vec<String>,
+    },
     /// The drain failed, e.g. timed out with blockers.
     Failed {
         /// UpperCamelCase reason (e.g. `DrainTimeout`).
@@ -79,6 +97,17 @@ pub enum DrainProgress {
         /// The blockers and what to do.
         message: String,
     },
+}
+
+/// This policy's upgrade grant on the node (annotation `driver.tenstorrent.com/upgrade-grant`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpgradeGrant {
+    /// The node carries no grant of this policy.
+    Absent,
+    /// A grant of this policy for another version (the target changed since it was given).
+    OtherVersion,
+    /// A grant of this policy for the target version.
+    Target,
 }
 
 /// Whether a Failed node may be retried.
@@ -124,6 +153,8 @@ pub struct NodeObservation {
     pub externally_cordoned: bool,
     /// The node carries our deploy-gates annotation (we closed its gates).
     pub gates_closed_by_us: bool,
+    /// This policy's upgrade grant on the node.
+    pub grant: UpgradeGrant,
     /// The node's drain.
     pub drain: DrainProgress,
     /// Whether a Failed node may be retried (ignored in other states, except that a request is
@@ -157,7 +188,10 @@ pub enum Action {
         /// Also replace a current-template pod that is not ready.
         even_current: bool,
     },
-    /// Reopen the deploy gates we closed and lift the cordon we placed.
+    /// Grant the node the upgrade to the target: the agent may now swap the loaded module
+    /// (and, with forceUnload, kill its holders).
+    Grant,
+    /// Reopen the deploy gates we closed, lift the cordon we placed and remove our grant.
     Release,
     /// Remove the node's retry annotation.
     ClearRetry,
@@ -196,6 +230,20 @@ pub mod reasons {
     pub const CORDONED_BY_OTHER: &str = "CordonedByOther";
     /// A Failed node is retried.
     pub const RETRYING: &str = "Retrying";
+    /// The node is granted its upgrade; its agent has not read the grant yet.
+    pub const WAITING_FOR_GRANT: &str = "WaitingForGrant";
+    /// The drain left pods without a controller because `drain.force` is off.
+    pub const BARE_PODS_SKIPPED: &str = "BarePodsSkipped";
+}
+
+/// What the node's message (and so its Upgrading Event) says of the pods a drain skipped.
+fn skipped_message(skipped: &[String]) -> String {
+    format!(
+        "drained; left {} pod(s) without a controller because upgradePolicy.drain.force is off: \
+         {}; set force: true to evict them",
+        skipped.len(),
+        skipped.join(", ")
+    )
 }
 
 impl NodeTransition {
@@ -230,7 +278,8 @@ pub fn next(obs: &NodeObservation, rules: &RolloutRules) -> NodeTransition {
 }
 
 fn decide(obs: &NodeObservation, rules: &RolloutRules) -> NodeTransition {
-    let holds_ours = obs.cordoned_by_us || obs.gates_closed_by_us;
+    let holds_ours =
+        obs.cordoned_by_us || obs.gates_closed_by_us || obs.grant != UpgradeGrant::Absent;
     let release = |t: NodeTransition| {
         if holds_ours {
             t.doing(Action::Release)
@@ -286,14 +335,38 @@ impl Ctx<'_> {
             && self.obs.loaded_version.as_deref() == Some(self.target())
     }
 
+    /// A different version is loaded: the agent swaps it only with a grant.
+    fn needs_grant(&self) -> bool {
+        self.obs
+            .loaded_version
+            .as_deref()
+            .is_some_and(|v| v != self.target())
+    }
+
     /// A different version is loaded: swapping it disrupts workloads, so drain first.
     fn needs_drain(&self) -> bool {
-        self.rules.drain_enabled
-            && self
-                .obs
-                .loaded_version
-                .as_deref()
-                .is_some_and(|v| v != self.target())
+        self.rules.drain_enabled && self.needs_grant()
+    }
+
+    /// The agent pod runs (or is to be replaced) and has neither finished (Ready) nor failed:
+    /// given a grant, it would swap the loaded module.
+    fn agent_would_swap(&self) -> bool {
+        matches!(
+            self.obs.agent,
+            AgentPod::Stale
+                | AgentPod::Current(
+                    AgentCondition::Starting
+                        | AgentCondition::Working
+                        | AgentCondition::WaitingForGrant
+                        | AgentCondition::WaitingForHolders { .. }
+                )
+        )
+    }
+
+    /// With drain enabled, the node went through Cordoning (it carries our cordon, or someone
+    /// else's and the gates we closed), so being recorded in Upgrading means it was drained.
+    fn cordoned_for_us(&self) -> bool {
+        self.obs.cordoned_by_us || (self.obs.externally_cordoned && self.obs.gates_closed_by_us)
     }
 
     fn paused(&self) -> bool {
@@ -342,8 +415,37 @@ impl Ctx<'_> {
         }
     }
 
+    /// Entering Upgrading through the gate: grant the swap when one is needed (before the
+    /// agent is replaced, so the new pod finds it), then give the agent a fresh start.
     fn enter_upgrading(&self) -> NodeTransition {
-        NodeTransition::to(NodeState::Upgrading).doing(Action::ReplaceAgent { even_current: true })
+        let t = NodeTransition::to(NodeState::Upgrading);
+        let t = if self.needs_grant() {
+            t.doing(Action::Grant)
+        } else {
+            t
+        };
+        t.doing(Action::ReplaceAgent { even_current: true })
+    }
+
+    /// In (or found in) Upgrading with a loaded module to swap and no grant for it: grant it
+    /// when the node came through the gate (recorded in Upgrading after its drain; a crash lost
+    /// the grant), drain again when it holds our cordon but the drain is not known to be done,
+    /// else start it through the gate (Pending while no slot, Cordoning, or Upgrading granted).
+    fn grant_or_gate(&self, observed: bool) -> NodeTransition {
+        if self.rules.drain_enabled && self.cordoned_for_us() {
+            return if observed {
+                NodeTransition::to(NodeState::Draining).doing(Action::Drain)
+            } else {
+                let t = NodeTransition::to(NodeState::Upgrading).doing(Action::Grant);
+                match self.obs.agent {
+                    AgentPod::Stale => t.doing(Action::ReplaceAgent {
+                        even_current: false,
+                    }),
+                    _ => t,
+                }
+            };
+        }
+        self.start()
     }
 
     fn settled(&self) -> NodeTransition {
@@ -364,10 +466,16 @@ impl Ctx<'_> {
             AgentPod::Current(AgentCondition::Failed { reason, message }) => {
                 NodeTransition::to(NodeState::Failed).because(reason, message.clone())
             }
-            // The DaemonSet already runs the current template here (fresh install or a recreated
-            // pod) but the device is held by a different loaded version: drain to free it.
-            AgentPod::Current(AgentCondition::WaitingForHolders { .. }) if self.needs_drain() => {
-                self.start()
+            // The DaemonSet already runs the current template here (a fresh install, a recreated
+            // pod, a node that joined): with a different version loaded, `upgrading` sends the
+            // node through the gate, as a stale pod would be.
+            // Until its first report the node may not have labelled the module it has loaded:
+            // a node with nothing known loaded waits rather than taking it for a fresh install.
+            AgentPod::Current(AgentCondition::Starting) if self.obs.loaded_version.is_none() => {
+                NodeTransition::to(NodeState::Pending).because(
+                    reasons::WAITING_FOR_AGENT,
+                    "waiting for the agent's first report",
+                )
             }
             AgentPod::Current(_) => self.upgrading(true),
             AgentPod::Stale => self.start(),
@@ -414,12 +522,16 @@ impl Ctx<'_> {
             return self.finish();
         }
         match &self.obs.drain {
-            DrainProgress::Succeeded if self.paused() => NodeTransition::to(NodeState::Draining)
-                .because(
+            DrainProgress::Succeeded { .. } if self.paused() => {
+                NodeTransition::to(NodeState::Draining).because(
                     reasons::PAUSED,
                     "drained; the policy is paused before the module swap",
-                ),
-            DrainProgress::Succeeded => self.enter_upgrading(),
+                )
+            }
+            DrainProgress::Succeeded { skipped } if !skipped.is_empty() => self
+                .enter_upgrading()
+                .because(reasons::BARE_PODS_SKIPPED, skipped_message(skipped)),
+            DrainProgress::Succeeded { .. } => self.enter_upgrading(),
             DrainProgress::Failed { reason, message } => NodeTransition::to(NodeState::Failed)
                 .because(reason, message.clone())
                 .doing(Action::Release),
@@ -439,6 +551,9 @@ impl Ctx<'_> {
         if self.up_to_date() {
             return self.finish();
         }
+        if self.agent_would_swap() && self.needs_grant() && self.obs.grant != UpgradeGrant::Target {
+            return self.grant_or_gate(observed);
+        }
         let t = NodeTransition::to(NodeState::Upgrading);
         match &self.obs.agent {
             AgentPod::Stale if observed && self.paused() => self.pending(StartGate::Paused),
@@ -454,9 +569,16 @@ impl Ctx<'_> {
                 "WaitingForVersionLabel",
                 format!("agent ready; waiting for the node to report {} loaded", self.target()),
             ),
-            AgentPod::Current(AgentCondition::Working) => t.because(
+            AgentPod::Current(AgentCondition::Starting | AgentCondition::Working) => t.because(
                 "Installing",
                 format!("agent installing tt-kmd {}", self.target()),
+            ),
+            AgentPod::Current(AgentCondition::WaitingForGrant) => t.because(
+                reasons::WAITING_FOR_GRANT,
+                format!(
+                    "upgrade to {} granted; waiting for the agent to read the grant",
+                    self.target()
+                ),
             ),
             AgentPod::Current(AgentCondition::WaitingForHolders { message }) => t.because(
                 reasons::DEVICE_HELD,
@@ -528,6 +650,7 @@ mod tests {
             cordoned_by_us: false,
             externally_cordoned: false,
             gates_closed_by_us: false,
+            grant: UpgradeGrant::Absent,
             drain: DrainProgress::NotStarted,
             retry: RetryGate::NotYet,
             start: StartGate::Allowed,
@@ -549,6 +672,41 @@ mod tests {
         o.gates_closed_by_us = true;
     }
 
+    #[test]
+    fn a_drain_that_skipped_bare_pods_names_them_and_goes_on() {
+        let t = next(
+            &with(|o| {
+                o.recorded = Some(Draining);
+                ours(o);
+                o.agent = AgentPod::Stale;
+                old(o);
+                o.drain = DrainProgress::Succeeded {
+                    skipped: vec![
+                        "jobs/notebook (uses /dev/tenstorrent)".into(),
+                        "default/debug".into(),
+                    ],
+                }
+            }),
+            &rules(),
+        );
+        assert_eq!(
+            (t.state, t.reason.as_deref()),
+            (Upgrading, Some(reasons::BARE_PODS_SKIPPED))
+        );
+        let message = t.message.unwrap_or_default();
+        assert!(
+            message.contains("left 2 pod(s)")
+                && message.contains("jobs/notebook (uses /dev/tenstorrent), default/debug")
+                && message.contains("drain.force is off"),
+            "{message}"
+        );
+        assert_eq!(
+            t.actions,
+            vec![Action::Grant, Action::ReplaceAgent { even_current: true }],
+            "the swap goes on: skipped pods do not hold the node back"
+        );
+    }
+
     fn ready_on_target(o: &mut NodeObservation) {
         o.agent = AgentPod::Current(AgentCondition::Ready);
         o.loaded_version = Some("2.8.0".into());
@@ -567,13 +725,15 @@ mod tests {
                 ],
             ),
             (
+                // Found in Upgrading without our cordon or grant: it never went through the
+                // drain, so it goes through the gate again.
                 "stale agent, old module loaded",
                 with(|o| {
                     o.agent = AgentPod::Stale;
                     old(o)
                 }),
                 [
-                    Cordoning, Cordoning, Draining, Upgrading, Done, Cordoning, Failed, Cordoning,
+                    Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
                     Cordoning,
                 ],
             ),
@@ -597,13 +757,73 @@ mod tests {
                 ],
             ),
             (
+                // A recreated pod, or a node that joined with a module loaded: it takes the
+                // gate like a stale pod, never straight to Upgrading.
                 "current agent working, old module",
                 with(|o| {
                     o.agent = AgentPod::Current(AgentCondition::Working);
                     old(o)
                 }),
                 [
+                    Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
+                    Cordoning,
+                ],
+            ),
+            (
+                "current agent waiting for the grant, old module",
+                with(|o| {
+                    o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+                    old(o)
+                }),
+                [
+                    Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
+                    Cordoning,
+                ],
+            ),
+            (
+                "current agent working, no module (fresh install)",
+                with(|o| o.agent = AgentPod::Current(AgentCondition::Working)),
+                [
                     Upgrading, Cordoning, Draining, Upgrading, Done, Upgrading, Failed, Upgrading,
+                    Upgrading,
+                ],
+            ),
+            (
+                "cordoned by us, current agent waiting for the grant, old module",
+                with(|o| {
+                    ours(o);
+                    o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+                    old(o)
+                }),
+                [
+                    Draining,
+                    Draining,
+                    Draining,
+                    Upgrading,
+                    Uncordoning,
+                    Draining,
+                    Failed,
+                    Draining,
+                    Draining,
+                ],
+            ),
+            (
+                "cordoned by us and granted, current agent working, old module",
+                with(|o| {
+                    ours(o);
+                    o.grant = UpgradeGrant::Target;
+                    o.agent = AgentPod::Current(AgentCondition::Working);
+                    old(o)
+                }),
+                [
+                    Upgrading,
+                    Draining,
+                    Draining,
+                    Upgrading,
+                    Uncordoning,
+                    Upgrading,
+                    Failed,
+                    Upgrading,
                     Upgrading,
                 ],
             ),
@@ -632,7 +852,7 @@ mod tests {
                     old(o)
                 }),
                 [
-                    Cordoning, Cordoning, Draining, Upgrading, Done, Cordoning, Failed, Cordoning,
+                    Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
                     Cordoning,
                 ],
             ),
@@ -693,7 +913,7 @@ mod tests {
                     ours(o);
                     o.agent = AgentPod::Stale;
                     old(o);
-                    o.drain = DrainProgress::Succeeded
+                    o.drain = DrainProgress::Succeeded { skipped: vec![] }
                 }),
                 [
                     Draining,
@@ -762,7 +982,7 @@ mod tests {
                     old(o)
                 }),
                 [
-                    Cordoning, Cordoning, Draining, Upgrading, Done, Cordoning, Cordoning,
+                    Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Cordoning,
                     Cordoning, Cordoning,
                 ],
             ),
@@ -794,7 +1014,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert_eq!(checked, 19 * 9);
+        assert_eq!(checked, 23 * 9);
     }
 
     /// What Kubernetes says about an agent it does not run becomes the node's reason and
@@ -934,7 +1154,7 @@ mod tests {
             ours(o);
             o.agent = AgentPod::Stale;
             old(o);
-            o.drain = DrainProgress::Succeeded
+            o.drain = DrainProgress::Succeeded { skipped: vec![] }
         });
         assert_eq!(
             (t.state, t.reason.as_deref()),
@@ -976,14 +1196,30 @@ mod tests {
                 ours(o);
                 o.agent = AgentPod::Stale;
                 old(o);
-                o.drain = DrainProgress::Succeeded
+                o.drain = DrainProgress::Succeeded { skipped: vec![] }
             }),
             &rules(),
         );
         assert_eq!(
             t.actions,
-            vec![Action::ReplaceAgent { even_current: true }],
-            "entering Upgrading gives the agent a fresh start"
+            vec![Action::Grant, Action::ReplaceAgent { even_current: true }],
+            "entering Upgrading grants the swap, then gives the agent a fresh start"
+        );
+        let t = next(
+            &with(|o| {
+                o.recorded = Some(Upgrading);
+                ours(o);
+                o.grant = UpgradeGrant::Target;
+                o.agent = AgentPod::Stale;
+                old(o)
+            }),
+            &rules(),
+        );
+        assert_eq!(
+            t.actions,
+            vec![Action::ReplaceAgent {
+                even_current: false
+            }]
         );
         let t = next(
             &with(|o| {
@@ -995,10 +1231,17 @@ mod tests {
             &rules(),
         );
         assert_eq!(
-            t.actions,
-            vec![Action::ReplaceAgent {
-                even_current: false
-            }]
+            (t.state, t.actions),
+            (
+                Upgrading,
+                vec![
+                    Action::Grant,
+                    Action::ReplaceAgent {
+                        even_current: false
+                    }
+                ]
+            ),
+            "drained, but a crash lost the grant: grant it again"
         );
         let t = next(
             &with(|o| {
@@ -1043,6 +1286,81 @@ mod tests {
     }
 
     #[test]
+    fn grants_are_given_only_through_the_gate_and_released_at_the_end() {
+        let recreated = with(|o| {
+            o.recorded = Some(Pending);
+            o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+            old(o)
+        });
+        for gate in [StartGate::NoSlot, StartGate::Paused, StartGate::Halted] {
+            let t = next(
+                &NodeObservation {
+                    start: gate,
+                    ..recreated.clone()
+                },
+                &rules(),
+            );
+            assert_eq!((t.state, t.actions), (Pending, vec![]), "{gate:?}");
+        }
+        let t = next(&recreated, &rules());
+        assert_eq!((t.state, t.actions), (Cordoning, vec![Action::Cordon]));
+        let starting = with(|o| o.agent = AgentPod::Current(AgentCondition::Starting));
+        assert_eq!(
+            next(&starting, &rules()).state,
+            Pending,
+            "nothing known loaded before the agent's first report: no fresh install assumed"
+        );
+        let fresh = with(|o| o.agent = AgentPod::Current(AgentCondition::Working));
+        let t = next(
+            &NodeObservation {
+                start: StartGate::NoSlot,
+                ..fresh
+            },
+            &rules(),
+        );
+        assert_eq!(
+            (t.state, t.actions),
+            (Upgrading, vec![]),
+            "a fresh install needs neither slot nor grant"
+        );
+        let granted = with(|o| {
+            o.recorded = Some(Upgrading);
+            ours(o);
+            o.grant = UpgradeGrant::Target;
+            o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+            old(o)
+        });
+        let t = next(&granted, &rules());
+        assert_eq!(
+            (t.state, t.reason.as_deref(), t.actions),
+            (Upgrading, Some(reasons::WAITING_FOR_GRANT), vec![])
+        );
+        let done_but_granted = with(|o| {
+            o.recorded = Some(Upgrading);
+            o.grant = UpgradeGrant::Target;
+            ready_on_target(o)
+        });
+        let t = next(&done_but_granted, &rules());
+        assert_eq!(
+            (t.state, t.actions),
+            (Uncordoning, vec![Action::Release]),
+            "the grant goes with the release"
+        );
+        let stale_grant = with(|o| {
+            o.recorded = Some(Upgrading);
+            ours(o);
+            o.grant = UpgradeGrant::OtherVersion;
+            o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+            old(o)
+        });
+        assert_eq!(
+            next(&stale_grant, &rules()).actions,
+            vec![Action::Grant],
+            "the target changed: grant the new one"
+        );
+    }
+
+    #[test]
     fn retry_requests_are_cleared_once_acted_on() {
         let requested = with(|o| {
             o.recorded = Some(Failed);
@@ -1079,6 +1397,7 @@ mod tests {
                 o.recorded = Some(Upgrading);
                 ours(o);
                 old(o);
+                o.grant = UpgradeGrant::Target;
                 o.agent = AgentPod::Current(AgentCondition::WaitingForHolders {
                     message: "held by pid 1234 (python3)".into(),
                 });
@@ -1140,7 +1459,10 @@ mod tests {
             &r,
         );
         assert_eq!(t.state, Upgrading);
-        assert_eq!(t.actions, vec![Action::ReplaceAgent { even_current: true }]);
+        assert_eq!(
+            t.actions,
+            vec![Action::Grant, Action::ReplaceAgent { even_current: true }]
+        );
         let t = next(
             &with(|o| {
                 o.recorded = Some(Upgrading);

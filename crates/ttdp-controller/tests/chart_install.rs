@@ -683,6 +683,9 @@ async fn run_scenario(
         .time_scale(SPEED)
         .kmd_versions(&["2.7.0", "2.8.0"])
         .env("TTDP_TT_SMI_PATH", &tt_smi.display().to_string())
+        // As the agent image's ENV: the version of the tt-smi it carries (the node label's
+        // value; the chart's driver.ttSmiVersion no longer reaches the agents).
+        .env("TT_SMI_VERSION", TT_SMI)
         .env("TTDP_PROBE_PERIOD", &scaled(10.0))
         .env("TTDP_RETRY_INITIAL", &scaled(5.0))
         .env("TTDP_RETRY_MAX", &scaled(20.0))
@@ -1066,6 +1069,22 @@ async fn agent_admission(s: &Scenario, nodes: &[String], pods: &BTreeMap<String,
                     own_node,
                     &pp,
                     &merge(json!({"metadata": {"annotations": {annotations::CORDONED_BY: "x"}}})),
+                )
+                .await,
+        ),
+        422,
+        "may not change a node's annotations",
+    );
+    expect(
+        "grant itself its upgrade",
+        answer(
+            node_api
+                .patch(
+                    own_node,
+                    &pp,
+                    &merge(json!({"metadata": {"annotations": {
+                        annotations::UPGRADE_GRANT: ttdp_api::names::upgrade_grant("any", "9.9.9")
+                    }}})),
                 )
                 .await,
         ),

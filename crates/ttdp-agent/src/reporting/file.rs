@@ -138,6 +138,23 @@ impl Reporter for FileReporter {
             state.events.drain(..excess);
         })
     }
+
+    /// The file stands for the Node: a label an admin (or a test) added to its `labels`, even
+    /// while the agent runs, is read from the file and kept in it.
+    async fn node_label(&self, key: &str) -> Result<Option<String>, ReportError> {
+        let on_disk = ReportFile::read(&self.path)
+            .ok()
+            .and_then(|f| f.labels.get(key).cloned());
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &on_disk {
+            Some(value) => state.labels.insert(key.to_string(), value.clone()),
+            None => state.labels.remove(key),
+        };
+        Ok(on_disk)
+    }
 }
 
 #[cfg(test)]
@@ -207,6 +224,40 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(json["events"][0]["type"], "Normal");
+    }
+
+    #[tokio::test]
+    async fn a_label_added_to_the_file_is_read_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("report.json");
+        let reporter = FileReporter::new(&path, "n1");
+        reporter
+            .patch_labels(&NodeLabels::desired(InstallMode::Container, None, None))
+            .await
+            .unwrap();
+        assert_eq!(
+            reporter.node_label("example.com/opt-in").await.unwrap(),
+            None
+        );
+        let mut file = ReportFile::read(&path).unwrap();
+        file.labels
+            .insert("example.com/opt-in".into(), "true".into());
+        std::fs::write(&path, serde_json::to_vec(&file).unwrap()).unwrap();
+        assert_eq!(
+            reporter.node_label("example.com/opt-in").await.unwrap(),
+            Some("true".into())
+        );
+        // the agent's next write keeps it
+        reporter
+            .patch_labels(&NodeLabels::desired(
+                InstallMode::Container,
+                Some("2.8.0"),
+                None,
+            ))
+            .await
+            .unwrap();
+        let file = ReportFile::read(&path).unwrap();
+        assert_eq!(file.labels["example.com/opt-in"], "true");
     }
 
     #[tokio::test]

@@ -1,7 +1,10 @@
 //! [`KubeReporter`]: labels on the agent's own Node (JSON merge patch), the report as an
 //! annotation on its own Pod (JSON merge patch) and Events about the Node (`events.k8s.io/v1`).
 //!
-//! RBAC it needs: `nodes` get + patch, `pods` patch (its own pod), `events.k8s.io` `events`
+//! It also reads labels an admin set on its node ([`Reporter::node_label`]) and the controller's
+//! upgrade grant on it ([`Reporter::upgrade_grant`]; the policy from its own pod's label).
+//!
+//! RBAC it needs: `nodes` get + patch, `pods` get + patch (its own pod), `events.k8s.io` `events`
 //! create + patch.
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
@@ -9,9 +12,10 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter as EventReporter};
 use tokio::sync::OnceCell;
 use ttdp_api::agent_report::AgentReport;
-use ttdp_api::names::{AGENT_MANAGER, annotations};
+use ttdp_api::names::{AGENT_MANAGER, annotations, labels};
 
 use super::{EventKind, NodeEvent, ReportError, Reporter};
+use crate::grant::GrantView;
 use crate::labels::NodeLabels;
 
 /// Longest Event note the API accepts.
@@ -35,6 +39,7 @@ pub struct KubeReporter {
     pod: PodRef,
     recorder: Recorder,
     node_ref: OnceCell<ObjectReference>,
+    policy: OnceCell<Option<String>>,
 }
 
 impl std::fmt::Debug for KubeReporter {
@@ -63,6 +68,7 @@ impl KubeReporter {
             pod,
             recorder,
             node_ref: OnceCell::new(),
+            policy: OnceCell::new(),
         }
     }
 
@@ -98,6 +104,31 @@ impl KubeReporter {
                 }
             }
         }
+    }
+}
+
+impl KubeReporter {
+    /// The policy whose DaemonSet made the agent's pod (its `driver.tenstorrent.com/policy`
+    /// label), read once.
+    async fn policy(&self) -> Result<Option<String>, ReportError> {
+        self.policy
+            .get_or_try_init(|| async {
+                let pod =
+                    self.pods
+                        .get(&self.pod.name)
+                        .await
+                        .map_err(|source| ReportError::Kube {
+                            action: "read labels of",
+                            object: format!("pod {}/{}", self.pod.namespace, self.pod.name),
+                            source,
+                        })?;
+                Ok(pod
+                    .metadata
+                    .labels
+                    .and_then(|mut l| l.remove(labels::POLICY)))
+            })
+            .await
+            .cloned()
     }
 }
 
@@ -154,6 +185,37 @@ impl Reporter for KubeReporter {
                 object: format!("node {}", self.node_name),
                 source,
             })
+    }
+
+    async fn node_label(&self, key: &str) -> Result<Option<String>, ReportError> {
+        let node = self
+            .nodes
+            .get(&self.node_name)
+            .await
+            .map_err(|source| ReportError::Kube {
+                action: "read labels of",
+                object: format!("node {}", self.node_name),
+                source,
+            })?;
+        Ok(node.metadata.labels.and_then(|mut l| l.remove(key)))
+    }
+
+    async fn upgrade_grant(&self) -> Result<GrantView, ReportError> {
+        let policy = self.policy().await?;
+        let node = self
+            .nodes
+            .get(&self.node_name)
+            .await
+            .map_err(|source| ReportError::Kube {
+                action: "read the upgrade grant of",
+                object: format!("node {}", self.node_name),
+                source,
+            })?;
+        let grant = node
+            .metadata
+            .annotations
+            .and_then(|mut a| a.remove(annotations::UPGRADE_GRANT));
+        Ok(GrantView::Node { grant, policy })
     }
 }
 

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use ttdp_api::agent_report::AgentReport;
 
+use crate::grant::GrantView;
 use crate::labels::NodeLabels;
 
 pub use disabled::NoReporter;
@@ -96,6 +97,23 @@ pub trait Reporter: Send + Sync {
         &self,
         event: &NodeEvent,
     ) -> impl Future<Output = Result<(), ReportError>> + Send;
+
+    /// The value of label `key` on this node as an admin set it (e.g. the per-node opt-in
+    /// `driver.tenstorrent.com/allow-no-rollback`); `None` when unset or when the backend has no
+    /// node to read (the default).
+    fn node_label(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<String>, ReportError>> + Send {
+        let _ = key;
+        std::future::ready(Ok(None))
+    }
+
+    /// The controller's upgrade grant on this node, read fresh (see [`crate::grant`]). Backends
+    /// without a controller behind them (the default) answer [`GrantView::NotEnforced`].
+    fn upgrade_grant(&self) -> impl Future<Output = Result<GrantView, ReportError>> + Send {
+        std::future::ready(Ok(GrantView::NotEnforced))
+    }
 }
 
 impl<R: Reporter> Reporter for Arc<R> {
@@ -118,5 +136,16 @@ impl<R: Reporter> Reporter for Arc<R> {
         event: &NodeEvent,
     ) -> impl Future<Output = Result<(), ReportError>> + Send {
         self.as_ref().record_event(event)
+    }
+
+    fn node_label(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<String>, ReportError>> + Send {
+        self.as_ref().node_label(key)
+    }
+
+    fn upgrade_grant(&self) -> impl Future<Output = Result<GrantView, ReportError>> + Send {
+        self.as_ref().upgrade_grant()
     }
 }

@@ -126,7 +126,9 @@ pub struct DrainPolicy {
     #[schemars(length(max = 1024))]
     pub pod_selector_label: String,
 
-    /// Evict bare pods (no controller) instead of refusing to drain. Applies to both passes.
+    /// Evict bare pods (no controller, or whose DaemonSet is gone) instead of skipping them.
+    /// Without it they stay on the node, the drain goes on, and the node's message and an
+    /// Event name them. Applies to both passes.
     #[serde(default)]
     pub force: bool,
 
@@ -261,7 +263,8 @@ pub struct TenstorrentDriverPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// `Ready`, `Progressing`, `Degraded`, `Paused` and `InvalidSpec`, merged by type.
+    /// `Ready`, `Progressing`, `Degraded`, `Paused`, `InvalidSpec` and `Reconciled`, merged by
+    /// type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<metav1::Condition>,

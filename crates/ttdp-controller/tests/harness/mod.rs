@@ -256,6 +256,8 @@ impl Harness {
                 "TTDP_TT_SMI_PATH",
                 &fake_tt_smi(tmp.path()).display().to_string(),
             )
+            // As the agent image's ENV: the version of the tt-smi it carries.
+            .env("TT_SMI_VERSION", "3.0.0")
             .env("TTDP_PROBE_PERIOD", &scaled(10.0))
             .env("TTDP_RETRY_INITIAL", &scaled(5.0))
             .env("TTDP_RETRY_MAX", &scaled(20.0))
@@ -272,7 +274,6 @@ impl Harness {
         let mut settings = Settings {
             namespace: namespace.clone(),
             default_image: format!("{IMAGE_REPOSITORY}:test"),
-            tt_smi_version: "3.0.0".into(),
             deploy_gates: vec!["tenstorrent.com/deploy.tt-telemetry".into()],
             require_nfd: true,
             kmd_repository: Some(cluster.kmd_repo().url()),
@@ -528,6 +529,10 @@ impl Harness {
             assert!(
                 !n.annotations().contains_key(annotations::DEPLOY_GATES),
                 "node {node} keeps the gates annotation"
+            );
+            assert!(
+                !n.annotations().contains_key(annotations::UPGRADE_GRANT),
+                "node {node} keeps an upgrade grant"
             );
             assert!(
                 !n.labels()

@@ -28,8 +28,6 @@ pub struct ControllerConfig {
     pub installer_image: String,
     /// The tt-kmd repository the agents fetch from (the simulated one).
     pub kmd_repository: String,
-    /// The tt-smi version the agents label nodes with.
-    pub tt_smi_version: String,
     /// First back-off before a Failed node is retried (whole seconds, at least 1).
     pub retry_base_seconds: u64,
     /// Longest back-off before a Failed node is retried.
@@ -72,7 +70,6 @@ impl ControllerProcess {
             .arg(format!("--namespace={}", config.namespace))
             .arg(format!("--default-image={}", config.installer_image))
             .arg(format!("--kmd-repository={}", config.kmd_repository))
-            .arg(format!("--tt-smi-version={}", config.tt_smi_version))
             .arg(format!(
                 "--retry-base-seconds={}",
                 config.retry_base_seconds

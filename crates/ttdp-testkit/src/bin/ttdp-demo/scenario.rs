@@ -140,7 +140,6 @@ impl Demo {
             namespace: DEFAULT_NAMESPACE.to_owned(),
             installer_image: INSTALLER_IMAGE.to_owned(),
             kmd_repository: self.cluster.kmd_repo().url(),
-            tt_smi_version: TT_SMI_VERSION.to_owned(),
             retry_base_seconds: scaled_seconds(30.0, self.args.speed),
             retry_max_seconds: scaled_seconds(600.0, self.args.speed),
             log_file: self.log_dir.join("controller.log"),
@@ -626,6 +625,8 @@ async fn start_cluster(args: &DemoArgs, fleet: &Fleet, log_dir: &Path) -> Result
         .time_scale(args.speed)
         .kmd_versions(&[&args.from, &args.to])
         .env("TTDP_TT_SMI_PATH", &tt_smi.display().to_string())
+        // As the agent image's ENV: the version of the tt-smi it carries.
+        .env("TT_SMI_VERSION", TT_SMI_VERSION)
         .env("TTDP_PROBE_PERIOD", &scaled(10.0))
         .env("TTDP_RETRY_INITIAL", &scaled(5.0))
         .env("TTDP_RETRY_MAX", &scaled(60.0))
