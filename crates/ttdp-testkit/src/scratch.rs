@@ -13,8 +13,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -288,6 +289,24 @@ fn mine(prefix: &str, name: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
 }
 
+/// Removes the finalizers of every object of `api` that has some.
+async fn strip_finalizers<K>(api: &Api<K>)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let no_finalizers = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    let objects = api
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    for object in objects.iter().filter(|o| !o.finalizers().is_empty()) {
+        let _ = api
+            .patch(&object.name_any(), &PatchParams::default(), &no_finalizers)
+            .await;
+    }
+}
+
 async fn names_of<K>(api: &Api<K>, prefix: &str) -> Vec<String>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -302,8 +321,10 @@ where
         .collect()
 }
 
-/// Best effort: deletes everything named with `prefix`, reporting what could not be deleted.
-async fn cleanup(kubeconfig: &Path, prefix: &str) -> Result<(), ScratchError> {
+/// Best effort: deletes everything named with `prefix` (namespaces with their pods at once and
+/// finalizers of their ConfigMaps and DaemonSets removed, policies, nodes, node leases, cluster
+/// roles and bindings, Events in `default` about them), reporting what could not be deleted.
+pub async fn cleanup(kubeconfig: &Path, prefix: &str) -> Result<(), ScratchError> {
     let client = admin_client(kubeconfig, "default").await?;
     let now = DeleteParams {
         grace_period_seconds: Some(0),
@@ -326,6 +347,10 @@ async fn cleanup(kubeconfig: &Path, prefix: &str) -> Result<(), ScratchError> {
             }
             let _ = pods.delete(&name, &now).await;
         }
+        let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        strip_finalizers(&config_maps).await;
+        let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &ns);
+        strip_finalizers(&daemonsets).await;
         if let Err(e) = namespaces.delete(&ns, &DeleteParams::default()).await {
             eprintln!("cleanup {prefix}: delete namespace {ns}: {e}");
         }
@@ -345,6 +370,7 @@ async fn cleanup(kubeconfig: &Path, prefix: &str) -> Result<(), ScratchError> {
     }
     let nodes: Api<Node> = Api::all(client.clone());
     for name in names_of(&nodes, prefix).await {
+        let _ = nodes.patch(&name, &pp, &no_finalizers).await;
         if let Err(e) = nodes.delete(&name, &DeleteParams::default()).await {
             eprintln!("cleanup {prefix}: delete node {name}: {e}");
         }

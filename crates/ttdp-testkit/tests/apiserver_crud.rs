@@ -584,10 +584,14 @@ async fn events_from_a_kube_recorder_are_visible_as_core_events() {
     recorder.publish(&ev, &n.object_ref(&())).await.unwrap();
 
     // Mirrors the real server: events.k8s.io/v1 and core/v1 Events are one object in two shapes.
-    // Events about a cluster-scoped object go to `default`.
+    // Events about a cluster-scoped object go to `default`. (The node lifecycle controller
+    // records its own RegisteredNode event about the new node.)
     let core: Api<CoreEvent> = Api::namespaced(client, "default");
     let list = core
-        .list(&ListParams::default().fields(&format!("involvedObject.name={}", t.name("n1"))))
+        .list(&ListParams::default().fields(&format!(
+            "involvedObject.name={},reason=Cordoned",
+            t.name("n1")
+        )))
         .await
         .unwrap();
     assert_eq!(list.items.len(), 1);

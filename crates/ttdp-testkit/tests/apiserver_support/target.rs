@@ -16,17 +16,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, ServiceAccount, Taint};
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount, Taint};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
-use ttdp_testkit::launcher;
 use ttdp_testkit::sim::cluster::random_prefix;
 use ttdp_testkit::sim::{KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale};
+use ttdp_testkit::{launcher, scratch};
 
 /// The label every node a test creates through [`Target::node`] carries, valued with the
 /// test's prefix; selectors include it so a test only ever sees its own nodes.
@@ -196,104 +194,13 @@ async fn client_for(path: &Path, namespace: &str) -> Client {
     Client::try_from(config).expect("kube client")
 }
 
-fn mine(prefix: &str, name: &str) -> bool {
-    name == prefix || name.starts_with(&format!("{prefix}-"))
-}
-
-/// Best effort: delete everything named with `prefix` (finalizers removed first, pods with
-/// grace period 0 since no kubelet may be left to finish them) and the CRDs of `group`.
+/// Best effort: delete everything named with `prefix` (`ttdp_testkit::scratch::cleanup`) and
+/// the CRDs of `group`.
 async fn cleanup(kubeconfig: &Path, prefix: &str, group: &str) {
+    if let Err(e) = scratch::cleanup(kubeconfig, prefix).await {
+        eprintln!("cleanup {prefix}: {e}");
+    }
     let client = client_for(kubeconfig, "default").await;
-    let now = DeleteParams {
-        grace_period_seconds: Some(0),
-        ..DeleteParams::default()
-    };
-    let no_finalizers = Patch::Merge(json!({"metadata": {"finalizers": null}}));
-    let pp = PatchParams::default();
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns_names: Vec<String> = match namespaces.list(&ListParams::default()).await {
-        Ok(list) => list
-            .items
-            .iter()
-            .map(ResourceExt::name_any)
-            .filter(|n| mine(prefix, n))
-            .collect(),
-        Err(e) => {
-            eprintln!("cleanup {prefix}: list namespaces: {e}");
-            Vec::new()
-        }
-    };
-    for ns in &ns_names {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        for pod in pods
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
-            let name = pod.name_any();
-            if !pod.finalizers().is_empty() {
-                let _ = pods.patch(&name, &pp, &no_finalizers).await;
-            }
-            let _ = pods.delete(&name, &now).await;
-        }
-        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-        for cm in cms
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
-            if !cm.finalizers().is_empty() {
-                let _ = cms.patch(&cm.name_any(), &pp, &no_finalizers).await;
-            }
-        }
-        let dss: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
-        for ds in dss
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
-            if !ds.finalizers().is_empty() {
-                let _ = dss.patch(&ds.name_any(), &pp, &no_finalizers).await;
-            }
-        }
-        if let Err(e) = namespaces.delete(ns, &DeleteParams::default()).await {
-            eprintln!("cleanup {prefix}: delete namespace {ns}: {e}");
-        }
-    }
-    let nodes: Api<Node> = Api::all(client.clone());
-    for node in nodes
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-    {
-        let name = node.name_any();
-        if !mine(prefix, &name) {
-            continue;
-        }
-        if !node.finalizers().is_empty() {
-            let _ = nodes.patch(&name, &pp, &no_finalizers).await;
-        }
-        if let Err(e) = nodes.delete(&name, &DeleteParams::default()).await {
-            eprintln!("cleanup {prefix}: delete node {name}: {e}");
-        }
-    }
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    for lease in leases
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-    {
-        if mine(prefix, &lease.name_any()) {
-            let _ = leases
-                .delete(&lease.name_any(), &DeleteParams::default())
-                .await;
-        }
-    }
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in crds
         .list(&ListParams::default())
@@ -305,24 +212,6 @@ async fn cleanup(kubeconfig: &Path, prefix: &str, group: &str) {
             && let Err(e) = crds.delete(&crd.name_any(), &DeleteParams::default()).await
         {
             eprintln!("cleanup {prefix}: delete crd {}: {e}", crd.name_any());
-        }
-    }
-    let events: Api<Event> = Api::namespaced(client, "default");
-    for event in events
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-    {
-        if event
-            .involved_object
-            .name
-            .as_deref()
-            .is_some_and(|n| mine(prefix, n))
-        {
-            let _ = events
-                .delete(&event.name_any(), &DeleteParams::default())
-                .await;
         }
     }
 }
