@@ -2,17 +2,18 @@
 //! control plane (the real DaemonSet controller and scheduler, simulated kubelets running the
 //! binary with the downward-API env and its exec readiness probe): `--report kube` end to end.
 //! The DaemonSet selects only this scenario's nodes (`SCENARIO_LABEL`), so other tests sharing
-//! the cluster are untouched.
+//! the cluster are untouched. No controller runs: the test grants the loaded node its upgrade
+//! as the controller would once the node is cordoned and drained.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
-use ttdp_api::names::{annotations, labels};
+use ttdp_api::names::{annotations, labels, upgrade_grant};
 use ttdp_testkit::sim::{
     SCENARIO_LABEL, SimCluster, SimClusterOptions, TenstorrentNode, eventually,
 };
@@ -20,6 +21,7 @@ use ttdp_testkit::sim::{
 const AGENT: &str = env!("CARGO_BIN_EXE_ttdp-agent");
 const IMAGE: &str = "sim.test/ttdp-agent";
 const WAIT: Duration = Duration::from_secs(120);
+const POLICY: &str = "sim";
 
 fn daemonset(version: &str, scenario: &str) -> DaemonSet {
     let field = |name: &str, path: &str| serde_json::json!({ "name": name, "valueFrom": { "fieldRef": { "fieldPath": path } } });
@@ -31,7 +33,7 @@ fn daemonset(version: &str, scenario: &str) -> DaemonSet {
             "selector": { "matchLabels": { "app": "ttdp-agent" } },
             "updateStrategy": { "type": "OnDelete" },
             "template": {
-                "metadata": { "labels": { "app": "ttdp-agent" } },
+                "metadata": { "labels": { "app": "ttdp-agent", labels::POLICY: POLICY } },
                 "spec": {
                     "nodeSelector": { labels::NFD_TENSTORRENT: "true", SCENARIO_LABEL: scenario },
                     "containers": [{
@@ -86,6 +88,55 @@ async fn agents_install_label_and_report_across_a_simulated_cluster() {
 
     let names = cluster.tenstorrent_node_names();
     assert_eq!(names.len(), 3);
+
+    // The node with 2.7.0 loaded waits for its grant, module and all.
+    let loaded_node = names[0].clone();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), cluster.namespace());
+    eventually("the loaded node's agent waits for its grant", WAIT, || {
+        let pods = pods.clone();
+        let node = loaded_node.clone();
+        async move {
+            let pod = pods
+                .list(&ListParams::default().labels("app=ttdp-agent"))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
+                })?;
+            let json = pod
+                .metadata
+                .annotations?
+                .remove(annotations::AGENT_REPORT)?;
+            let report: AgentReport = serde_json::from_str(&json).ok()?;
+            (report.phase == AgentPhase::WaitingForGrant).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    let sysfs_version = |name: &str| {
+        std::fs::read_to_string(
+            cluster
+                .node(name)
+                .unwrap()
+                .host_root()
+                .unwrap()
+                .join("sys/module/tenstorrent/version"),
+        )
+        .unwrap()
+    };
+    assert_eq!(sysfs_version(&loaded_node).trim(), "2.7.0");
+    Api::<Node>::all(client.clone())
+        .patch(
+            &loaded_node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                annotations::UPGRADE_GRANT: upgrade_grant(POLICY, "2.8.0")
+            }}})),
+        )
+        .await
+        .unwrap();
     let result = eventually("every agent pod ready", WAIT, || {
         let daemonsets = daemonsets.clone();
         async move {
@@ -110,15 +161,7 @@ async fn agents_install_label_and_report_across_a_simulated_cluster() {
         let node_labels = node.metadata.labels.unwrap_or_default();
         let mode = node_labels[labels::INSTALL_MODE].clone();
         let kmd = node_labels.get(labels::KMD_VERSION).cloned();
-        let loaded = std::fs::read_to_string(
-            cluster
-                .node(name)
-                .unwrap()
-                .host_root()
-                .unwrap()
-                .join("sys/module/tenstorrent/version"),
-        )
-        .unwrap();
+        let loaded = sysfs_version(name);
         assert_eq!(kmd.as_deref(), Some(loaded.trim()), "{name}: label = sysfs");
         by_mode
             .entry(mode)
@@ -142,7 +185,6 @@ async fn agents_install_label_and_report_across_a_simulated_cluster() {
         );
     }
 
-    let pods: Api<Pod> = Api::namespaced(client.clone(), cluster.namespace());
     let reports: Vec<AgentReport> = pods
         .list(&ListParams::default().labels("app=ttdp-agent"))
         .await

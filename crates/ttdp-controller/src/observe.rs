@@ -266,6 +266,14 @@ pub struct ObserveInput<'a> {
     pub node_not_ready: Option<&'a str>,
     /// Why the DaemonSet controller cannot create agent pods, if it says.
     pub not_created: Option<&'a Blocker>,
+    /// The reconcile's clock reading.
+    pub now: &'a Time,
+}
+
+/// How long the node has been in its recorded state, if the entry says when it entered it.
+pub fn in_state_for(recorded: Option<&NodeStatus>, now: &Time) -> Option<Duration> {
+    let entered = recorded?.last_transition_time.as_ref()?;
+    Duration::try_from(now.0.duration_since(entered.0)).ok()
 }
 
 /// The node's observation (with the start gate still closed: the planner opens it).
@@ -289,6 +297,7 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         drain: input.drain,
         retry: input.retry,
         start: StartGate::NoSlot,
+        in_state_for: in_state_for(input.recorded, input.now),
     }
 }
 
@@ -587,6 +596,7 @@ mod tests {
             retry: RetryGate::NotYet,
             node_not_ready: None,
             not_created: None,
+            now: &Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
         });
         assert!(obs.externally_cordoned && !obs.cordoned_by_us);
         assert_eq!(obs.grant, UpgradeGrant::Absent);

@@ -678,8 +678,10 @@ async fn apply_policy(
     };
 
     let mut next_retry: Option<Duration> = None;
+    let plan_drain_timeout = drain_timeout(&policy);
     let mut drains = ctx.drains.progress_of(&name);
-    // A node's observation, and how long until its retry gate opens.
+    // A node's observation, and how long until its retry gate opens or its wait on the
+    // device's holders reaches the drain timeout.
     let observe_node = |n: &CachedNode,
                         pods: &[Arc<CachedPod>],
                         entry: Option<&NodeStatus>,
@@ -715,8 +717,10 @@ async fn apply_policy(
             retry,
             node_not_ready: n.not_ready.as_deref(),
             not_created: not_created.as_ref(),
+            now,
         });
-        (obs, wait)
+        let deadline = holders_deadline(entry, now, plan_drain_timeout);
+        (obs, wait.into_iter().chain(deadline).min())
     };
     let soonest = |a: Option<Duration>, b: Option<Duration>| a.into_iter().chain(b).min();
     let mut observations: Vec<(String, NodeObservation)> = matched
@@ -749,6 +753,7 @@ async fn apply_policy(
             target_version: spec.version.clone(),
             drain_enabled: spec.upgrade_policy.drain.enable,
             gates_configured: !settings.deploy_gates.is_empty(),
+            drain_timeout: plan_drain_timeout,
         },
         max_unavailable,
         paused: spec.paused,
@@ -965,13 +970,14 @@ async fn apply_policy(
         last = written;
     };
     set_node_counts(&ctx, &name, &written.nodes);
-    let draining: HashSet<&str> = observations
+    // Kept through Upgrading: the pods a drain skipped name the device's holders there.
+    let keep_drain: HashSet<&str> = observations
         .iter()
         .zip(&steps)
-        .filter(|(_, (state, _))| *state == NodeState::Draining)
+        .filter(|(_, (state, _))| matches!(state, NodeState::Draining | NodeState::Upgrading))
         .map(|((n, _), _)| n.as_str())
         .collect();
-    ctx.drains.retain(&name, |n| draining.contains(n));
+    ctx.drains.retain(&name, |n| keep_drain.contains(n));
 
     // Nodes no longer matched (skip label, selector change) keep nothing of ours.
     for n in &unmatched {
@@ -1005,6 +1011,28 @@ async fn apply_policy(
         requeue = requeue.min(MISSING_AGENT_RESYNC);
     }
     Ok(Requeue::requeue(requeue))
+}
+
+/// `upgradePolicy.drain.timeoutSeconds` when the drain is enabled.
+fn drain_timeout(policy: &TenstorrentDriverPolicy) -> Option<Duration> {
+    let drain = &policy.spec.upgrade_policy.drain;
+    let secs = u64::try_from(drain.timeout_seconds).unwrap_or(1);
+    drain.enable.then(|| Duration::from_secs(secs))
+}
+
+/// How long until a node waiting in Upgrading on the device's holders reaches its deadline
+/// (`timeout` after it entered Upgrading), so the reconcile looks again then.
+fn holders_deadline(
+    entry: Option<&NodeStatus>,
+    now: &Time,
+    timeout: Option<Duration>,
+) -> Option<Duration> {
+    let entry = entry.filter(|e| {
+        e.state == NodeState::Upgrading
+            && e.reason.as_deref() == Some(crate::transition::reasons::DEVICE_HELD)
+    })?;
+    let waited = observe::in_state_for(Some(entry), now)?;
+    Some(timeout?.saturating_sub(waited))
 }
 
 /// When the status write after `w` may start: [`WRITE_SPACING_PER_ENTRY`] per node entry `w`

@@ -180,6 +180,7 @@ mod tests {
             target_version: "2.8.0".into(),
             drain_enabled: true,
             gates_configured: true,
+            drain_timeout: None,
         }
     }
 
@@ -197,6 +198,7 @@ mod tests {
             drain: DrainProgress::NotStarted,
             retry: RetryGate::NotYet,
             start: StartGate::NoSlot,
+            in_state_for: None,
         }
     }
 

@@ -27,6 +27,8 @@
 //! drain, goes back through the gate. A fresh install (nothing loaded) and a template-only
 //! change need no grant. [`Action::Release`] removes it.
 
+use std::time::Duration;
+
 use crate::agent_blocker::Blocker;
 use ttdp_api::NodeState;
 
@@ -162,6 +164,9 @@ pub struct NodeObservation {
     pub retry: RetryGate,
     /// Whether the node may start a new step.
     pub start: StartGate,
+    /// How long the node has been in its recorded state (its `lastTransitionTime` to the
+    /// reconcile's `now`); `None` when unknown.
+    pub in_state_for: Option<Duration>,
 }
 
 /// What holds for every node of a policy.
@@ -173,6 +178,9 @@ pub struct RolloutRules {
     pub drain_enabled: bool,
     /// Whether any deploy gate is configured (otherwise there is nothing to close).
     pub gates_configured: bool,
+    /// `upgradePolicy.drain.timeoutSeconds`: also how long a drained node may wait in
+    /// Upgrading for the processes holding the device before it fails.
+    pub drain_timeout: Option<Duration>,
 }
 
 /// Something to make true on the cluster for a node. Every action is idempotent.
@@ -234,7 +242,13 @@ pub mod reasons {
     pub const WAITING_FOR_GRANT: &str = "WaitingForGrant";
     /// The drain left pods without a controller because `drain.force` is off.
     pub const BARE_PODS_SKIPPED: &str = "BarePodsSkipped";
+    /// The drain, or the wait for the device's holders after it, outlasted
+    /// `upgradePolicy.drain.timeoutSeconds`.
+    pub const DRAIN_TIMEOUT: &str = "DrainTimeout";
 }
+
+/// The suffix the drain tracker puts after skipped pods that declare the device.
+const USES_DEVICE: &str = " (uses /dev/tenstorrent)";
 
 /// What the node's message (and so its Upgrading Event) says of the pods a drain skipped.
 fn skipped_message(skipped: &[String]) -> String {
@@ -557,17 +571,25 @@ impl Ctx<'_> {
         let t = NodeTransition::to(NodeState::Upgrading);
         match &self.obs.agent {
             AgentPod::Stale if observed && self.paused() => self.pending(StartGate::Paused),
-            AgentPod::Stale => t.doing(Action::ReplaceAgent { even_current: false }),
+            AgentPod::Stale => t.doing(Action::ReplaceAgent {
+                even_current: false,
+            }),
             AgentPod::Missing | AgentPod::Terminating => t.because(
                 reasons::WAITING_FOR_AGENT,
-                format!("waiting for the DaemonSet to start the agent for {}", self.target()),
+                format!(
+                    "waiting for the DaemonSet to start the agent for {}",
+                    self.target()
+                ),
             ),
             AgentPod::NotCreated(b) | AgentPod::Current(AgentCondition::Stuck(b)) => {
                 t.because(&b.reason, b.message.clone())
             }
             AgentPod::Current(AgentCondition::Ready) => t.because(
                 "WaitingForVersionLabel",
-                format!("agent ready; waiting for the node to report {} loaded", self.target()),
+                format!(
+                    "agent ready; waiting for the node to report {} loaded",
+                    self.target()
+                ),
             ),
             AgentPod::Current(AgentCondition::Starting | AgentCondition::Working) => t.because(
                 "Installing",
@@ -580,16 +602,72 @@ impl Ctx<'_> {
                     self.target()
                 ),
             ),
-            AgentPod::Current(AgentCondition::WaitingForHolders { message }) => t.because(
-                reasons::DEVICE_HELD,
-                format!(
-                    "{message}; stop those processes, drain them (upgradePolicy.drain.fullNode), or set upgradePolicy.forceUnload"
-                ),
-            ),
+            AgentPod::Current(AgentCondition::WaitingForHolders { message }) => self.held(message),
             AgentPod::Current(AgentCondition::Failed { reason, message }) => {
                 let failed = NodeTransition::to(NodeState::Failed).because(reason, message.clone());
-                if self.holds_ours { failed.doing(Action::Release) } else { failed }
+                if self.holds_ours {
+                    failed.doing(Action::Release)
+                } else {
+                    failed
+                }
             }
+        }
+    }
+
+    /// The bare pods the node's drain skipped that declare the device (`namespace/name`);
+    /// empty when the drain is not known (e.g. after a controller restart).
+    fn skipped_device_pods(&self) -> Vec<&str> {
+        match &self.obs.drain {
+            DrainProgress::Succeeded { skipped } => skipped
+                .iter()
+                .filter_map(|p| p.strip_suffix(USES_DEVICE))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Recorded in Upgrading after a drain for longer than the drain timeout.
+    fn past_holders_deadline(&self) -> bool {
+        let limit = self
+            .rules
+            .drain_timeout
+            .filter(|_| self.rules.drain_enabled);
+        self.obs.recorded == Some(NodeState::Upgrading)
+            && limit
+                .zip(self.obs.in_state_for)
+                .is_some_and(|(limit, waited)| waited >= limit)
+    }
+
+    /// The agent waits for the device's holders (`holders`, e.g. "held by pid 1234 (python3)"):
+    /// name them and the device pods the drain skipped; Failed once the drain timeout passed.
+    fn held(&self, holders: &str) -> NodeTransition {
+        let pods = self.skipped_device_pods();
+        let pods = if pods.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; bare pod(s) the drain skipped that use the device: {}",
+                pods.join(", ")
+            )
+        };
+        if !self.past_holders_deadline() {
+            return NodeTransition::to(NodeState::Upgrading).because(
+                reasons::DEVICE_HELD,
+                format!(
+                    "{holders}{pods}; stop those processes, drain them (upgradePolicy.drain.fullNode), or set upgradePolicy.forceUnload"
+                ),
+            );
+        }
+        let failed = NodeTransition::to(NodeState::Failed).because(
+            reasons::DRAIN_TIMEOUT,
+            format!(
+                "the device is still in use after upgradePolicy.drain.timeoutSeconds in Upgrading; blockers: {holders}{pods}; stop them or set upgradePolicy.drain.force: true (or upgradePolicy.forceUnload: true), then retry"
+            ),
+        );
+        if self.holds_ours {
+            failed.doing(Action::Release)
+        } else {
+            failed
         }
     }
 
@@ -637,6 +715,7 @@ mod tests {
             target_version: "2.8.0".into(),
             drain_enabled: true,
             gates_configured: true,
+            drain_timeout: None,
         }
     }
 
@@ -654,6 +733,7 @@ mod tests {
             drain: DrainProgress::NotStarted,
             retry: RetryGate::NotYet,
             start: StartGate::Allowed,
+            in_state_for: None,
         }
     }
 
@@ -1499,5 +1579,104 @@ mod tests {
             "no gates configured: nothing to close"
         );
         assert_eq!(next(&o, &rules()).state, Cordoning, "gates still to close");
+    }
+
+    /// A drained node in Upgrading whose agent waits for a skipped bare pod holding the
+    /// device, `waited` after it entered Upgrading.
+    fn held_by_bare_pod(waited: u64) -> NodeObservation {
+        with(|o| {
+            o.recorded = Some(Upgrading);
+            ours(o);
+            o.grant = UpgradeGrant::Target;
+            old(o);
+            o.agent = AgentPod::Current(AgentCondition::WaitingForHolders {
+                message: "held by pid 1234 (python3)".into(),
+            });
+            o.drain = DrainProgress::Succeeded {
+                skipped: vec![
+                    "jobs/notebook (uses /dev/tenstorrent)".into(),
+                    "default/debug".into(),
+                ],
+            };
+            o.in_state_for = Some(Duration::from_secs(waited));
+        })
+    }
+
+    fn timed(secs: u64) -> RolloutRules {
+        RolloutRules {
+            drain_timeout: Some(Duration::from_secs(secs)),
+            ..rules()
+        }
+    }
+
+    #[test]
+    fn holders_are_waited_for_until_the_drain_timeout_naming_skipped_device_pods() {
+        let t = next(&held_by_bare_pod(599), &timed(600));
+        assert_eq!(
+            (t.state, t.reason.as_deref()),
+            (Upgrading, Some(reasons::DEVICE_HELD))
+        );
+        let message = t.message.unwrap_or_default();
+        assert!(
+            message.contains("held by pid 1234 (python3)")
+                && message.contains("drain skipped that use the device: jobs/notebook;")
+                && !message.contains("default/debug"),
+            "{message}"
+        );
+        assert!(t.actions.is_empty());
+    }
+
+    #[test]
+    fn holders_past_the_drain_timeout_fail_the_node_naming_the_blockers() {
+        let t = next(&held_by_bare_pod(600), &timed(600));
+        assert_eq!(
+            (t.state, t.reason.as_deref()),
+            (Failed, Some(reasons::DRAIN_TIMEOUT))
+        );
+        assert_eq!(t.actions, vec![Action::Release]);
+        let message = t.message.unwrap_or_default();
+        assert!(
+            message.contains("held by pid 1234 (python3)")
+                && message.contains("jobs/notebook")
+                && message.contains("stop them or set upgradePolicy.drain.force: true"),
+            "{message}"
+        );
+        // After a controller restart the drain's skipped pods are unknown: the pids alone.
+        let restarted = NodeObservation {
+            drain: DrainProgress::NotStarted,
+            ..held_by_bare_pod(600)
+        };
+        let t = next(&restarted, &timed(600));
+        assert_eq!(t.state, Failed);
+        let message = t.message.unwrap_or_default();
+        assert!(
+            message.contains("held by pid 1234 (python3)") && !message.contains("bare pod"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn holders_have_no_deadline_without_a_drain_timeout() {
+        let long = held_by_bare_pod(86_400);
+        let t = next(&long, &rules());
+        assert_eq!(
+            (t.state, t.reason.as_deref()),
+            (Upgrading, Some(reasons::DEVICE_HELD)),
+            "no drain timeout"
+        );
+        let no_drain = RolloutRules {
+            drain_enabled: false,
+            ..timed(600)
+        };
+        assert_eq!(next(&long, &no_drain).state, Upgrading, "drain disabled");
+        let unknown = NodeObservation {
+            in_state_for: None,
+            ..long.clone()
+        };
+        assert_eq!(
+            next(&unknown, &timed(600)).state,
+            Upgrading,
+            "entry time unknown"
+        );
     }
 }

@@ -289,6 +289,57 @@ async fn drain_timeout_fails_the_node_naming_blockers_then_recovers() {
     h.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipped_bare_pod_holding_the_device_fails_the_node_at_the_drain_timeout() {
+    let h = Harness::start(loaded("2.7.0", 1)).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let node = h.nodes()[0].clone();
+    // A bare pod using the device: the drain skips it (force off), so it keeps holding it.
+    let holder = h
+        .cluster
+        .add_workload(&Workload::new("notebook", &node).device(DeviceUse::HostPath))
+        .await
+        .unwrap();
+    let holder = kube::ResourceExt::name_any(&holder);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.patch_spec(
+        &policy,
+        json!({"version": "2.8.0", "upgradePolicy": {"forceUnload": false,
+            "drain": {"force": false, "timeoutSeconds": 3}}}),
+    )
+    .await;
+    let p = h
+        .wait_policy(&policy, "node Failed with DrainTimeout", STEP, |p| {
+            node_entry(p, &node)
+                .is_some_and(|n| n.state == Failed && n.reason.as_deref() == Some("DrainTimeout"))
+        })
+        .await;
+    let message = node_entry(&p, &node)
+        .unwrap()
+        .message
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        message.contains("held by pid") && message.contains(&holder),
+        "{message}"
+    );
+    assert_eq!(
+        h.kmd_version(&node).await.as_deref(),
+        Some("2.7.0"),
+        "nothing swapped while held"
+    );
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(h.client.clone(), h.cluster.namespace());
+    pods.delete(&holder, &DeleteParams::default())
+        .await
+        .unwrap();
+    h.wait_ready(&policy, STEP * 2).await;
+    assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.8.0"));
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}
+
 async fn device_held_without_drain(force_unload: bool) {
     let h = Harness::start(loaded("2.7.0", 1)).await;
     let policy = h

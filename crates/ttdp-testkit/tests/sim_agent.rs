@@ -10,16 +10,19 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, ExecAction, ObjectFieldSelector, PodSpec, PodTemplateSpec,
-    Probe,
+    Container, EnvVar, EnvVarSource, ExecAction, Node, ObjectFieldSelector, PodSpec,
+    PodTemplateSpec, Probe,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use ttdp_api::names;
 use ttdp_testkit::sim::{
     SCENARIO_LABEL, SimCluster, SimClusterOptions, TenstorrentNode, eventually,
 };
 
 const AGENT_IMAGE: &str = "sim.test/ttdp-agent";
+/// The policy the agents belong to (their pods' policy label, and the grant's).
+const POLICY: &str = "smoke";
 
 /// `TTDP_AGENT_BIN`, or `ttdp-agent` next to this test's `deps/` directory.
 fn agent_binary() -> PathBuf {
@@ -86,7 +89,12 @@ fn agent_daemonset(cluster: &SimCluster, version: &str) -> DaemonSet {
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels),
+                    labels: Some(
+                        labels
+                            .into_iter()
+                            .chain([(names::labels::POLICY.to_owned(), POLICY.to_owned())])
+                            .collect(),
+                    ),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
@@ -144,6 +152,19 @@ async fn the_real_agent_installs_upgrades_and_stands_down() {
     )
     .await
     .unwrap();
+    // No controller runs here: grant the node with 2.7.0 loaded its upgrade, as the controller
+    // does once the node is cordoned and drained (without it the agent keeps 2.7.0 loaded).
+    let loaded_node = &cluster.tenstorrent_node_names()[0];
+    Api::<Node>::all(cluster.client())
+        .patch(
+            loaded_node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                names::annotations::UPGRADE_GRANT: names::upgrade_grant(POLICY, "2.8.0")
+            }}})),
+        )
+        .await
+        .unwrap();
     let api: Api<DaemonSet> = Api::namespaced(cluster.client(), cluster.namespace());
     api.create(&PostParams::default(), &agent_daemonset(&cluster, "2.8.0"))
         .await
