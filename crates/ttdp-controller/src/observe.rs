@@ -283,7 +283,14 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         recorded: input.recorded.map(|r| r.state),
         conflict_with: input.conflict_with,
         host_managed: host_managed(input.meta, input.pod),
-        loaded_version: loaded_version(input.meta),
+        // The node's label, else the agent's report: the two arrive by different watches, and a
+        // node seen Working before its label is not a fresh install.
+        loaded_version: loaded_version(input.meta).or_else(|| {
+            input
+                .pod
+                .and_then(agent_report)
+                .and_then(|r| r.loaded_version.clone())
+        }),
         agent: agent_pod(
             input.pod,
             input.current_hash,
@@ -600,6 +607,40 @@ mod tests {
         });
         assert!(obs.externally_cordoned && !obs.cordoned_by_us);
         assert_eq!(obs.grant, UpgradeGrant::Absent);
+    }
+
+    #[test]
+    fn the_loaded_version_comes_from_the_report_until_the_label_is_seen() {
+        let mut working = report(AgentPhase::Building);
+        working.loaded_version = Some("2.7.0".into());
+        let pod = CachedPod::of(with_report(pod("h", false), &working));
+        let input = |meta| ObserveInput {
+            policy: "fleet",
+            target_version: "2.8.0",
+            meta,
+            unschedulable: None,
+            pod: Some(&pod),
+            current_hash: "h",
+            recorded: None,
+            conflict_with: None,
+            drain: DrainProgress::NotStarted,
+            retry: RetryGate::NotYet,
+            node_not_ready: None,
+            not_created: None,
+            now: &Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        };
+        let unlabelled = meta(&[], &[]);
+        assert_eq!(
+            observe(input(&unlabelled)).loaded_version.as_deref(),
+            Some("2.7.0"),
+            "a node whose label is not seen yet is not taken for a fresh install"
+        );
+        let labelled = meta(&[(labels::KMD_VERSION, "2.6.0")], &[]);
+        assert_eq!(
+            observe(input(&labelled)).loaded_version.as_deref(),
+            Some("2.6.0"),
+            "the node's label wins"
+        );
     }
 
     #[test]

@@ -209,7 +209,8 @@ fn assert_safe_rollout(h: &Harness, policy: &str, nodes: &[String], kills: &Kill
     let in_flight = max_in_flight(h, nodes);
     assert!(
         in_flight <= max,
-        "{in_flight} nodes in flight at once, allowed {max}"
+        "{in_flight} nodes in flight at once, allowed {max}; timeline: {:?}",
+        h.monitor.timeline.lock().unwrap()
     );
     let cordoned = h.monitor.max_cordoned();
     assert!(
