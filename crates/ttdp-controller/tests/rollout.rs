@@ -5,18 +5,15 @@
 
 mod harness;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use harness::{Harness, STEP, agent_pods, condition, node_entry, node_state, tt_node};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use ttdp_api::NodeState::{self, *};
 use ttdp_api::names::{self, annotations, labels};
-use ttdp_testkit::sim::{DeviceUse, DisruptionLimit, Workload, WorkloadOwner};
+use ttdp_testkit::sim::{DeviceUse, Workload, WorkloadOwner};
 
 const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordoning, Done];
 
@@ -48,24 +45,6 @@ async fn device_workload(h: &Harness, name: &str, node: &str) -> String {
         .await
         .unwrap();
     kube::ResourceExt::name_any(&pod)
-}
-
-async fn blocking_budget(h: &Harness) {
-    h.cluster
-        .add_disruption_budget(
-            "inference",
-            BTreeMap::from([("app".to_owned(), "inference".to_owned())]),
-            DisruptionLimit::MaxUnavailable(IntOrString::Int(0)),
-        )
-        .await
-        .unwrap();
-}
-
-async fn delete_budget(h: &Harness) {
-    Api::<PodDisruptionBudget>::namespaced(h.client.clone(), h.cluster.namespace())
-        .delete("inference", &DeleteParams::default())
-        .await
-        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,7 +206,7 @@ async fn drain_blocked_by_a_budget_waits_until_it_is_relaxed() {
     h.wait_ready(&policy, STEP).await;
     let nodes = h.nodes();
     device_workload(&h, "inference-0", &nodes[0]).await;
-    blocking_budget(&h).await;
+    h.blocking_budget().await;
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     let p = h
         .wait_policy(&policy, "drain blocked by the budget", STEP, |p| {
@@ -249,7 +228,7 @@ async fn drain_blocked_by_a_budget_waits_until_it_is_relaxed() {
         node_state(&h.policies().get(&policy).await.unwrap(), &nodes[0]),
         Some(Draining)
     );
-    delete_budget(&h).await;
+    h.delete_budget().await;
     h.wait_ready(&policy, STEP * 2).await;
     assert_eq!(h.monitor.max_cordoned(), 1);
     h.assert_nothing_left_behind().await;
@@ -263,7 +242,7 @@ async fn drain_timeout_fails_the_node_naming_blockers_then_recovers() {
     h.wait_ready(&policy, STEP).await;
     let node = h.nodes()[0].clone();
     device_workload(&h, "inference-0", &node).await;
-    blocking_budget(&h).await;
+    h.blocking_budget().await;
     h.patch_spec(
         &policy,
         json!({"version": "2.8.0", "upgradePolicy": {"drain": {"timeoutSeconds": 3}}}),
@@ -281,7 +260,7 @@ async fn drain_timeout_fails_the_node_naming_blockers_then_recovers() {
         "{entry:?}"
     );
     assert!(condition(&p, "Degraded").is_some_and(|c| c.0 == "True"));
-    delete_budget(&h).await;
+    h.delete_budget().await;
     let p = h.wait_ready(&policy, STEP * 2).await;
     assert!(condition(&p, "Degraded").is_some_and(|c| c.0 == "False"));
     assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.8.0"));
@@ -424,7 +403,7 @@ async fn skip_label_mid_rollout_releases_the_node() {
     h.wait_ready(&policy, STEP).await;
     let nodes = h.nodes();
     device_workload(&h, "inference-0", &nodes[0]).await;
-    blocking_budget(&h).await;
+    h.blocking_budget().await;
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     h.wait_nodes(&policy, &nodes[..1], Draining, STEP).await;
     h.label_node(&nodes[0], labels::SKIP, Some("true")).await;
@@ -574,7 +553,7 @@ async fn deleting_the_policy_mid_rollout_leaves_no_node_cordoned() {
     h.wait_ready(&policy, STEP).await;
     let nodes = h.nodes();
     device_workload(&h, "inference-0", &nodes[0]).await;
-    blocking_budget(&h).await;
+    h.blocking_budget().await;
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     h.wait_nodes(&policy, &nodes[..1], Draining, STEP).await;
     h.policies()
@@ -781,7 +760,7 @@ async fn retry_annotation_retries_a_failed_node_at_once() {
     h.wait_ready(&policy, STEP).await;
     let node = h.nodes()[0].clone();
     device_workload(&h, "inference-0", &node).await;
-    blocking_budget(&h).await;
+    h.blocking_budget().await;
     h.patch_spec(
         &policy,
         json!({"version": "2.8.0", "upgradePolicy": {"drain": {"timeoutSeconds": 2}}}),
@@ -796,7 +775,7 @@ async fn retry_annotation_retries_a_failed_node_at_once() {
             .unwrap_or(false)
     })
     .await;
-    delete_budget(&h).await;
+    h.delete_budget().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         node_state(&h.policies().get(&policy).await.unwrap(), &node),

@@ -7,15 +7,13 @@
 
 mod harness;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use harness::{Harness, STEP, agent_pods, node_state, tt_node};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -24,7 +22,7 @@ use tokio::task::JoinHandle;
 use ttdp_api::NodeState::{self, *};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_api::names::annotations;
-use ttdp_testkit::sim::{DeviceUse, DisruptionLimit, Workload, WorkloadOwner};
+use ttdp_testkit::sim::{DeviceUse, Workload, WorkloadOwner};
 
 const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordoning, Done];
 /// What the simulated kubelet says of a workload whose process the host SIGKILLed.
@@ -112,24 +110,6 @@ async fn holder(h: &Harness, name: &str, node: &str) -> String {
     .await
     .expect("the workload holds the device");
     name
-}
-
-async fn blocking_budget(h: &Harness) {
-    h.cluster
-        .add_disruption_budget(
-            "inference",
-            BTreeMap::from([("app".to_owned(), "inference".to_owned())]),
-            DisruptionLimit::MaxUnavailable(IntOrString::Int(0)),
-        )
-        .await
-        .unwrap();
-}
-
-async fn delete_budget(h: &Harness) {
-    Api::<PodDisruptionBudget>::namespaced(h.client.clone(), h.cluster.namespace())
-        .delete("inference", &DeleteParams::default())
-        .await
-        .unwrap();
 }
 
 /// The report of the agent pod on `node`, if any.
@@ -237,7 +217,7 @@ async fn a_recreated_agent_pod_waits_for_its_grant() {
     for (i, node) in nodes.iter().enumerate() {
         holder(&h, &format!("inference-{i}"), node).await;
     }
-    blocking_budget(&h).await;
+    h.blocking_budget().await;
     h.monitor.reset();
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     h.wait_nodes(&policy, &nodes[..1], Draining, STEP).await;
@@ -269,7 +249,7 @@ async fn a_recreated_agent_pod_waits_for_its_grant() {
         Some(1),
         "still held"
     );
-    delete_budget(&h).await;
+    h.delete_budget().await;
     h.wait_ready(&policy, STEP * 3).await;
     for node in &nodes {
         assert_eq!(h.kmd_version(node).await.as_deref(), Some("2.8.0"));

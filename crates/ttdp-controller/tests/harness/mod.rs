@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -37,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use ttdp_api::names::{annotations, labels};
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_controller::{RunOptions, Settings};
-use ttdp_testkit::sim::{SimCluster, SimClusterOptions, TenstorrentNode};
+use ttdp_testkit::sim::{DisruptionLimit, SimCluster, SimClusterOptions, TenstorrentNode};
 
 /// Time scale of the simulation (agent probe periods, retries, grace periods).
 pub const SPEED: f64 = 0.2;
@@ -214,6 +216,27 @@ async fn leave_nothing_behind(client: Client, prefix: String, namespaces: Vec<St
 }
 
 impl Harness {
+    /// A PodDisruptionBudget `inference` that allows no disruption of `app=inference` pods:
+    /// drains of nodes running them wait.
+    pub async fn blocking_budget(&self) {
+        self.cluster
+            .add_disruption_budget(
+                "inference",
+                BTreeMap::from([("app".to_owned(), "inference".to_owned())]),
+                DisruptionLimit::MaxUnavailable(IntOrString::Int(0)),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Removes [`Harness::blocking_budget`]'s budget.
+    pub async fn delete_budget(&self) {
+        Api::<PodDisruptionBudget>::namespaced(self.client.clone(), self.cluster.namespace())
+            .delete("inference", &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
     /// Starts a cluster with the nodes `nodes(prefix)` and the controller.
     pub async fn start(nodes: impl Fn(&str) -> Vec<TenstorrentNode>) -> Harness {
         Self::start_with(nodes, |_| {}).await
