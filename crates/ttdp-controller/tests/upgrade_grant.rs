@@ -138,16 +138,24 @@ async fn wait_for_grant_report(h: &Harness, policy: &str, node: &str) -> AgentRe
     .expect("the agent reports WaitingForGrant")
 }
 
-/// The most of `nodes` that were in flight at once, from the monitor's timeline.
+/// The most of `nodes` that were in flight at once, from the monitor's timeline. The changes
+/// of one status (one instant) count together: a hand-off that records one node Done and the
+/// next Cordoning in the same write never had both in flight.
 fn max_in_flight(h: &Harness, nodes: &[String]) -> usize {
     let timeline = h.monitor.timeline.lock().unwrap().clone();
     let mut now: BTreeSet<String> = BTreeSet::new();
     let mut max = 0;
-    for (node, state, _) in timeline.iter().filter(|(n, _, _)| nodes.contains(n)) {
-        if state.is_in_flight() {
-            now.insert(node.clone());
-        } else {
-            now.remove(node);
+    let ours: Vec<_> = timeline
+        .iter()
+        .filter(|(n, _, _)| nodes.contains(n))
+        .collect();
+    for write in ours.chunk_by(|a, b| a.2 == b.2) {
+        for (node, state, _) in write {
+            if state.is_in_flight() {
+                now.insert(node.clone());
+            } else {
+                now.remove(node);
+            }
         }
         max = max.max(now.len());
     }

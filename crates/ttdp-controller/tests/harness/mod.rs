@@ -792,14 +792,14 @@ impl Monitor {
                         continue;
                     }
                     let mut s = s.lock().unwrap();
+                    // One status is one moment: every change it carries gets the same instant.
+                    let at = Instant::now();
                     for n in p.status.iter().flat_map(|st| st.nodes.iter()) {
                         let seq: &mut Vec<NodeState> =
                             s.entry((p.name_any(), n.name.clone())).or_default();
                         if seq.last() != Some(&n.state) {
                             seq.push(n.state);
-                            t.lock()
-                                .unwrap()
-                                .push((n.name.clone(), n.state, Instant::now()));
+                            t.lock().unwrap().push((n.name.clone(), n.state, at));
                         }
                     }
                 }
