@@ -594,17 +594,7 @@ async fn report_failure(policy: &TenstorrentDriverPolicy, ctx: &Context, err: &E
         ctx.events
             .policy_event(policy, true, &failure.reason, failure.message.clone());
     }
-    let now = Time(Timestamp::now());
-    let written = match previous_of(policy, ctx).await {
-        Ok(last) => {
-            let facts = facts_as_recorded(policy, &last.nodes, None, Some(failure));
-            record_as_recorded(ctx, policy, &last, &facts, &now).await
-        }
-        Err(e) => Err(e),
-    };
-    if let Err(e) = written {
-        warn!(policy = %policy.name_any(), error = %error_chain(&e), "cannot report the failure in the status");
-    }
+    record_failure(policy, ctx, Some(failure)).await;
 }
 
 /// After a failed reconcile, a successful one turns `Reconciled` True again.
@@ -614,16 +604,26 @@ async fn clear_failure(policy: &TenstorrentDriverPolicy, ctx: &Context) {
         return;
     }
     info!(policy = %policy.name_any(), "reconciled again after a failure");
+    record_failure(policy, ctx, None).await;
+}
+
+/// Writes the status with every node entry as recorded and `Reconciled` set from `failure`
+/// (False with it, True without).
+async fn record_failure(
+    policy: &TenstorrentDriverPolicy,
+    ctx: &Context,
+    failure: Option<crate::status::ReconcileFailure>,
+) {
     let now = Time(Timestamp::now());
     let written = match previous_of(policy, ctx).await {
         Ok(last) => {
-            let facts = facts_as_recorded(policy, &last.nodes, None, None);
+            let facts = facts_as_recorded(policy, &last.nodes, None, failure);
             record_as_recorded(ctx, policy, &last, &facts, &now).await
         }
         Err(e) => Err(e),
     };
     if let Err(e) = written {
-        warn!(policy = %policy.name_any(), error = %error_chain(&e), "cannot clear the failure in the status");
+        warn!(policy = %policy.name_any(), error = %error_chain(&e), "cannot write the Reconciled condition");
     }
 }
 
@@ -1016,8 +1016,12 @@ async fn apply_policy(
 /// `upgradePolicy.drain.timeoutSeconds` when the drain is enabled.
 fn drain_timeout(policy: &TenstorrentDriverPolicy) -> Option<Duration> {
     let drain = &policy.spec.upgrade_policy.drain;
-    let secs = u64::try_from(drain.timeout_seconds).unwrap_or(1);
-    drain.enable.then(|| Duration::from_secs(secs))
+    drain.enable.then(|| drain_timeout_seconds(drain))
+}
+
+/// `timeoutSeconds` of `drain` as a duration (a negative value counts as one second).
+fn drain_timeout_seconds(drain: &ttdp_api::driver::v1alpha1::DrainPolicy) -> Duration {
+    Duration::from_secs(u64::try_from(drain.timeout_seconds).unwrap_or(1))
 }
 
 /// How long until a node waiting in Upgrading on the device's holders reaches its deadline
@@ -1165,7 +1169,7 @@ async fn act(
                 .map(|t| now.0.duration_since(t.0))
                 .and_then(|d| Duration::try_from(d).ok())
                 .unwrap_or_default();
-            let total = Duration::from_secs(u64::try_from(drain.timeout_seconds).unwrap_or(1));
+            let total = drain_timeout_seconds(drain);
             let timeout = total.saturating_sub(elapsed).max(Duration::from_secs(1));
             let pod_selector = policy
                 .spec
