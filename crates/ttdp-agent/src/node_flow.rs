@@ -13,8 +13,8 @@
 //!    `driver.tenstorrent.com/allow-no-rollback=true`. With another version loaded, wait for the
 //!    controller's upgrade grant (node annotation `driver.tenstorrent.com/upgrade-grant`,
 //!    [`crate::grant`]; `WaitingForGrant` until then, nothing unloaded, no holder touched).
-//!    Then check holders (wait with back-off unless force unload), then swap with rollback (never abandoned half-way: on shutdown it
-//!    finishes first); observe again, label and report.
+//!    Then check holders (wait with back-off unless force unload), then swap with rollback
+//!    (never abandoned half-way: on shutdown it finishes first); observe again, label and report.
 //!
 //! Failures and holders are reported (pod annotation, node Event) and retried with back-off; the
 //! agent never exits on them. It never unloads the module on exit.

@@ -16,11 +16,13 @@
 //! it from `crds/` only when it is missing, and it is left in place at the end.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod harness;
+
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt};
@@ -98,35 +100,6 @@ fn helm(kubeconfig: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// `target/<profile>`, where cargo puts the workspace binaries.
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-}
-
-/// The ttdp-agent binary (another package's), built once if missing.
-fn agent_binary() -> PathBuf {
-    static AGENT: OnceLock<PathBuf> = OnceLock::new();
-    AGENT
-        .get_or_init(|| {
-            let path = bin_dir().join("ttdp-agent");
-            if !path.is_file() {
-                let target = bin_dir().parent().unwrap().to_path_buf();
-                let status =
-                    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                        .args(["build", "-p", "ttdp-agent", "--bin", "ttdp-agent"])
-                        .env("CARGO_TARGET_DIR", target)
-                        .current_dir(env!("CARGO_MANIFEST_DIR"))
-                        .status()
-                        .unwrap();
-                assert!(status.success(), "building ttdp-agent failed");
-            }
-            assert!(path.is_file(), "{} is missing", path.display());
-            path
-        })
-        .clone()
-}
-
 fn executable(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, text).unwrap();
@@ -154,7 +127,7 @@ fn agent_entrypoint(dir: &Path, tokens: &Path) -> PathBuf {
              done\n\
              KUBECONFIG=\"$kubeconfig\" exec \"{agent}\" \"$@\"\n",
             tokens = tokens.display(),
-            agent = agent_binary().display(),
+            agent = harness::agent_binary().display(),
         ),
     );
     path

@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use ttdp_api::NodeState::{self, *};
 use ttdp_api::names::{self, annotations, labels};
-use ttdp_testkit::sim::{DeviceUse, Workload, WorkloadOwner};
+use ttdp_testkit::sim::{DeviceUse, Workload};
 
 const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordoning, Done];
 
@@ -30,21 +30,6 @@ fn from_cordoning(seq: &[NodeState]) -> Vec<NodeState> {
         .skip_while(|s| **s != Cordoning)
         .copied()
         .collect()
-}
-
-/// Places a ReplicaSet-owned pod that mounts /dev/tenstorrent on `node`; returns the pod's name.
-async fn device_workload(h: &Harness, name: &str, node: &str) -> String {
-    let pod = h
-        .cluster
-        .add_workload(
-            &Workload::new(name, node)
-                .device(DeviceUse::HostPath)
-                .owner(WorkloadOwner::ReplicaSet)
-                .label("app", "inference"),
-        )
-        .await
-        .unwrap();
-    kube::ResourceExt::name_any(&pod)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,7 +75,7 @@ async fn upgrade_five_nodes(max_unavailable: i32) {
         .await;
     h.wait_ready(&policy, STEP).await;
     for (i, node) in h.nodes().iter().enumerate() {
-        device_workload(&h, &format!("inference-{i}"), node).await;
+        h.device_workload(&format!("inference-{i}"), node).await;
     }
     h.monitor.reset();
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
@@ -205,7 +190,7 @@ async fn drain_blocked_by_a_budget_waits_until_it_is_relaxed() {
     let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
     h.wait_ready(&policy, STEP).await;
     let nodes = h.nodes();
-    device_workload(&h, "inference-0", &nodes[0]).await;
+    h.device_workload("inference-0", &nodes[0]).await;
     h.blocking_budget().await;
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     let p = h
@@ -241,7 +226,7 @@ async fn drain_timeout_fails_the_node_naming_blockers_then_recovers() {
     let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
     h.wait_ready(&policy, STEP).await;
     let node = h.nodes()[0].clone();
-    device_workload(&h, "inference-0", &node).await;
+    h.device_workload("inference-0", &node).await;
     h.blocking_budget().await;
     h.patch_spec(
         &policy,
@@ -402,7 +387,7 @@ async fn skip_label_mid_rollout_releases_the_node() {
     let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
     h.wait_ready(&policy, STEP).await;
     let nodes = h.nodes();
-    device_workload(&h, "inference-0", &nodes[0]).await;
+    h.device_workload("inference-0", &nodes[0]).await;
     h.blocking_budget().await;
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     h.wait_nodes(&policy, &nodes[..1], Draining, STEP).await;
@@ -505,7 +490,7 @@ async fn controller_killed_at_every_state_resumes_without_losing_a_cordon() {
     h.wait_ready(&policy, STEP).await;
     let nodes = h.nodes();
     for (i, node) in nodes.iter().enumerate() {
-        device_workload(&h, &format!("inference-{i}"), node).await;
+        h.device_workload(&format!("inference-{i}"), node).await;
     }
     h.monitor.reset();
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
@@ -552,7 +537,7 @@ async fn deleting_the_policy_mid_rollout_leaves_no_node_cordoned() {
     let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
     h.wait_ready(&policy, STEP).await;
     let nodes = h.nodes();
-    device_workload(&h, "inference-0", &nodes[0]).await;
+    h.device_workload("inference-0", &nodes[0]).await;
     h.blocking_budget().await;
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     h.wait_nodes(&policy, &nodes[..1], Draining, STEP).await;
@@ -759,7 +744,7 @@ async fn retry_annotation_retries_a_failed_node_at_once() {
     let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
     h.wait_ready(&policy, STEP).await;
     let node = h.nodes()[0].clone();
-    device_workload(&h, "inference-0", &node).await;
+    h.device_workload("inference-0", &node).await;
     h.blocking_budget().await;
     h.patch_spec(
         &policy,

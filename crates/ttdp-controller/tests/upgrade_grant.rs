@@ -22,7 +22,6 @@ use tokio::task::JoinHandle;
 use ttdp_api::NodeState::{self, *};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_api::names::annotations;
-use ttdp_testkit::sim::{DeviceUse, Workload, WorkloadOwner};
 
 const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordoning, Done];
 /// What the simulated kubelet says of a workload whose process the host SIGKILLed.
@@ -90,17 +89,7 @@ fn killed(pod: &Pod) -> bool {
 
 /// A ReplicaSet-owned pod on `node` holding /dev/tenstorrent; waits until it holds it.
 async fn holder(h: &Harness, name: &str, node: &str) -> String {
-    let pod = h
-        .cluster
-        .add_workload(
-            &Workload::new(name, node)
-                .device(DeviceUse::HostPath)
-                .owner(WorkloadOwner::ReplicaSet)
-                .label("app", "inference"),
-        )
-        .await
-        .unwrap();
-    let name = pod.name_any();
+    let name = h.device_workload(name, node).await;
     let sim = h.cluster.node(node).unwrap().clone();
     tokio::time::timeout(STEP, async {
         while sim.device_refcnt().unwrap_or(0) == 0 {

@@ -1,6 +1,6 @@
-//! Smoke test of the whole chain with the real `ttdp-agent` binary: the real DaemonSet controller
-//! -> simulated kubelet -> agent process on a simulated host -> simulated kernel, tt-kmd built from the
-//! simulated repository. It runs the `ttdp-agent` binary of this target directory (built here
+//! Smoke test of the whole chain with the real `ttdp-agent` binary: the real DaemonSet
+//! controller -> simulated kubelet -> agent process on a simulated host -> simulated kernel,
+//! tt-kmd built from the simulated repository. It runs the `ttdp-agent` binary of this target directory (built here
 //! when missing), or `TTDP_AGENT_BIN`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

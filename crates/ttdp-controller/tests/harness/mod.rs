@@ -39,7 +39,10 @@ use tokio_util::sync::CancellationToken;
 use ttdp_api::names::{annotations, labels};
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_controller::{RunOptions, Settings};
-use ttdp_testkit::sim::{DisruptionLimit, SimCluster, SimClusterOptions, TenstorrentNode};
+use ttdp_testkit::sim::{
+    DeviceUse, DisruptionLimit, SimCluster, SimClusterOptions, TenstorrentNode, Workload,
+    WorkloadOwner,
+};
 
 /// Time scale of the simulation (agent probe periods, retries, grace periods).
 pub const SPEED: f64 = 0.2;
@@ -216,6 +219,22 @@ async fn leave_nothing_behind(client: Client, prefix: String, namespaces: Vec<St
 }
 
 impl Harness {
+    /// Places a ReplicaSet-owned pod `app=inference` that mounts /dev/tenstorrent on `node`;
+    /// returns the pod's name.
+    pub async fn device_workload(&self, name: &str, node: &str) -> String {
+        let pod = self
+            .cluster
+            .add_workload(
+                &Workload::new(name, node)
+                    .device(DeviceUse::HostPath)
+                    .owner(WorkloadOwner::ReplicaSet)
+                    .label("app", "inference"),
+            )
+            .await
+            .unwrap();
+        pod.name_any()
+    }
+
     /// A PodDisruptionBudget `inference` that allows no disruption of `app=inference` pods:
     /// drains of nodes running them wait.
     pub async fn blocking_budget(&self) {
