@@ -15,7 +15,8 @@ cp_pid=""
 cp_kubectl() { "${TTDP_KUBECTL:-kubectl}" --kubeconfig "$TTDP_TEST_KUBECONFIG" "$@"; }
 
 control_plane_up() {
-  local dir="$1"
+  local dir
+  dir="$(realpath -m "$1")"
   mkdir -p "$dir"
   if [[ -n "${TTDP_TEST_KUBECONFIG:-}" ]]; then
     echo "using the existing cluster of TTDP_TEST_KUBECONFIG=$TTDP_TEST_KUBECONFIG"
