@@ -1,10 +1,11 @@
 //! ttdp-controller: the operator that turns `TenstorrentDriverPolicy` objects into per-node tt-kmd
 //! rollouts.
 //!
-//! What it is for: one DaemonSet `ttdrv-<policy>` per policy ([`daemonset`]), the per-node upgrade
-//! state machine ([`transition`], [`rollout`]), the status ([`status`]), and the thin layer that
-//! observes the cluster ([`observe`]) and writes those decisions back ([`reconcile`],
-//! [`node_actions`]), with Events, metrics, an admin server and leader election.
+//! Two floors. The pure core (`src/pure/`) decides, from data to data: one DaemonSet
+//! `ttdrv-<policy>` per policy, the per-node upgrade state machine, the rollout plan, the status
+//! and the drain plan. The runtime (`src/runtime/`) feeds it from watches and caches and carries
+//! its decisions out: the reconcile pass, node actions, drains, the status writer, Events,
+//! metrics, the admin server and leader election.
 //!
 //! What it must not do: host work. Building, loading and unloading the module is the agent's job;
 //! the controller only cordons, drains, replaces agent pods and reports.
@@ -19,31 +20,14 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod agent_blocker;
 pub mod args;
-pub mod backoff;
-pub mod cached;
-pub mod context;
-pub mod daemonset;
-pub mod drain_tracker;
 pub mod error;
-pub mod events;
-pub mod leader;
-pub mod metrics;
-pub mod node_actions;
-pub mod node_tasks;
-pub mod observe;
-pub mod overlap;
-pub mod reconcile;
-pub mod refresh;
-pub mod rollout;
-pub mod run;
-pub mod server;
+mod pure;
+mod runtime;
 pub mod settings;
-pub mod status;
-pub mod transition;
 
 pub use args::ControllerArgs;
 pub use error::Error;
-pub use run::{RunOptions, run};
+pub use runtime::run::{RunOptions, run};
+pub use runtime::{leader, metrics, node_actions, server};
 pub use settings::Settings;

@@ -13,9 +13,9 @@ use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_api::names::{self, annotations, install_mode, labels};
 use ttdp_api::{NodeState, NodeStatus};
 
-use crate::agent_blocker::{Blocker, pod_blocker};
-use crate::cached::CachedPod;
-use crate::transition::{
+use crate::pure::agent_blocker::{Blocker, pod_blocker};
+use crate::pure::cached::CachedPod;
+use crate::pure::transition::{
     AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, StartGate, UpgradeGrant,
 };
 
@@ -26,15 +26,6 @@ const IMAGE_PULL_REASONS: [&str; 4] = [
     "InvalidImageName",
     "ErrImageNeverPull",
 ];
-
-/// The facts about one node that do not come from its agent pod.
-#[derive(Clone, Debug, Default)]
-pub struct NodeFacts<'a> {
-    /// The node's metadata (labels, annotations).
-    pub meta: Option<&'a ObjectMeta>,
-    /// `spec.unschedulable`, when the full node was read.
-    pub unschedulable: Option<bool>,
-}
 
 fn get<'a>(map: &'a Option<BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
     map.as_ref()?.get(key).map(String::as_str)

@@ -26,7 +26,7 @@ use kube::{Client, Resource};
 use tracing::warn;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 
-use crate::status::StateChange;
+use crate::pure::status::StateChange;
 
 /// The reporting controller name on Events.
 pub const REPORTING_CONTROLLER: &str = "ttdp-controller";

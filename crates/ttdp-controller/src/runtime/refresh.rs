@@ -1,6 +1,6 @@
 //! Between the passes of one reconcile: which matched nodes' inputs changed in the caches, so
 //! that only those are observed again. A reconcile follows the fleet this way while it changes
-//! (see [`crate::reconcile::apply`]), instead of observing every node again in a new reconcile.
+//! (see [`crate::runtime::reconcile::apply`]), instead of observing every node again in a new reconcile.
 //!
 //! The node and agent-pod watches record what they change in the caches ([`Changes`]); a
 //! reconcile that follows the fleet takes those records between its passes, so a pass costs what
@@ -17,9 +17,9 @@ use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_api::names::labels;
 use ttdp_api::node_selection::NodeSelection;
 
-use crate::cached::{CachedNode, CachedPod};
-use crate::context::Context;
-use crate::overlap::OlderPolicies;
+use crate::pure::cached::{CachedNode, CachedPod};
+use crate::pure::overlap::OlderPolicies;
+use crate::runtime::context::Context;
 
 /// The index of the node `name` in `matched` (in name order).
 pub fn position(matched: &[Arc<CachedNode>], name: &str) -> Option<usize> {

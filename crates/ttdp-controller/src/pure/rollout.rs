@@ -11,8 +11,8 @@
 
 use ttdp_api::NodeState;
 
-use crate::status::is_halted;
-use crate::transition::{
+use crate::pure::status::is_halted;
+use crate::pure::transition::{
     self, NodeObservation, NodeTransition, RetryGate, RolloutRules, StartGate,
 };
 
@@ -160,7 +160,7 @@ impl Planner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transition::{Action, AgentCondition, AgentPod, DrainProgress, UpgradeGrant};
+    use crate::pure::transition::{Action, AgentCondition, AgentPod, DrainProgress, UpgradeGrant};
     use NodeState::*;
 
     /// Every node's transition, in the order given, from one planner's first call.

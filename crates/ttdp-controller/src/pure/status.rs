@@ -27,7 +27,7 @@ use ttdp_api::driver::v1alpha1::{Summary, condition as cond};
 use ttdp_api::names::install_mode;
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicyStatus};
 
-use crate::transition::NodeTransition;
+use crate::pure::transition::NodeTransition;
 
 /// Matched nodes up to which every node has an entry in `status.nodes`.
 pub const COMPACT_THRESHOLD: usize = 1_000;
@@ -514,7 +514,7 @@ fn compact(all: &Entries) -> Vec<NodeStatus> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transition::reasons as tr;
+    use crate::pure::transition::reasons as tr;
     use k8s_openapi::jiff::Timestamp;
 
     fn at(secs: i64) -> Time {

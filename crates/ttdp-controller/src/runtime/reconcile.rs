@@ -4,7 +4,7 @@
 //! repeats the action on the next reconcile instead of skipping it. Lifting a cordon, harmless
 //! to repeat, runs while its Uncordoning is written. While the fleet keeps changing, one
 //! reconcile follows it pass after pass for up to [`FOLLOW_FOR`], observing and planning again
-//! only the nodes whose inputs changed ([`crate::refresh`], [`rollout::Planner`]) and building
+//! only the nodes whose inputs changed ([`crate::runtime::refresh`], [`rollout::Planner`]) and building
 //! only their status entries; status writes are spaced by the status's size
 //! ([`WRITE_SPACING_PER_ENTRY`]).
 
@@ -28,20 +28,22 @@ use ttdp_api::names;
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 use ttdp_drain::{DevicePredicate, DrainOptions, TwoPassDrain, UncordonOutcome};
 
-use crate::agent_blocker::{self, Blocker};
-use crate::cached::{CachedNode, CachedPod};
-use crate::context::{Applied, Context, Written};
-use crate::daemonset::{daemonset_template_hash, desired_daemonset};
 use crate::error::{Error, error_chain};
-use crate::node_actions;
-use crate::observe::{self, ObserveInput};
-use crate::overlap::{OlderPolicies, selection_of};
-use crate::refresh;
-use crate::rollout::{self, RolloutPlan};
-use crate::status::{BuiltStatus, Entries, NodeReport, PolicyFacts, build_status, update_status};
-use crate::transition::{
+use crate::pure::agent_blocker::{self, Blocker};
+use crate::pure::cached::{CachedNode, CachedPod};
+use crate::pure::daemonset::{daemonset_template_hash, desired_daemonset};
+use crate::pure::observe::{self, ObserveInput};
+use crate::pure::overlap::{OlderPolicies, selection_of};
+use crate::pure::rollout::{self, RolloutPlan};
+use crate::pure::status::{
+    BuiltStatus, Entries, NodeReport, PolicyFacts, build_status, update_status,
+};
+use crate::pure::transition::{
     Action, AgentCondition, AgentPod, NodeObservation, NodeTransition, RolloutRules,
 };
+use crate::runtime::context::{Applied, Context, Written};
+use crate::runtime::node_actions;
+use crate::runtime::refresh;
 
 /// Requeue while nodes are in flight (a safety net; watches drive progress).
 const IN_FLIGHT_RESYNC: Duration = Duration::from_secs(30);
@@ -59,11 +61,11 @@ pub const FOLLOW_FOR: Duration = Duration::from_secs(5);
 /// revision until it compacts) and sends it to every watcher; at many nodes the object is
 /// mostly node entries, about 140 bytes each. Spacing the writes by the entries bounds what a
 /// rollout writes to about 14 MB/s however fast the fleet changes: a write at most every 10 ms
-/// with 1,000 entries (the most listed before [`crate::status::COMPACT_THRESHOLD`] leaves the
+/// with 1,000 entries (the most listed before [`crate::pure::status::COMPACT_THRESHOLD`] leaves the
 /// Done and waiting nodes out), every 5 ms with 500.
 pub const WRITE_SPACING_PER_ENTRY: Duration = Duration::from_micros(10);
 /// How many nodes' actions the reconcile itself waits for (lifting cordons, whose outcome its
-/// next pass needs) run at once; the others run in [`crate::node_tasks`].
+/// next pass needs) run at once; the others run in [`crate::runtime::node_tasks`].
 const NODE_ACTIONS_AT_ONCE: usize = 16;
 
 /// Reconciles one policy.
@@ -79,7 +81,7 @@ pub async fn reconcile(
     let mut synced_rx = ctx.synced.clone();
     let synced = tokio::time::timeout(STORE_SYNC_WAIT, async {
         synced_rx
-            .wait_for(|v| *v == crate::run::SYNCED_ALL)
+            .wait_for(|v| *v == crate::runtime::run::SYNCED_ALL)
             .await
             .is_ok()
     })
@@ -161,7 +163,7 @@ async fn ensure_finalizer(
 }
 
 /// The previous status and node entries: what this controller last wrote, else the API's copy
-/// (read once: the cached policy carries no node entries, see [`crate::cached::WatchedPolicy`]).
+/// (read once: the cached policy carries no node entries, see [`crate::pure::cached::WatchedPolicy`]).
 /// Shared, not copied: with thousands of nodes a copy costs megabytes.
 async fn previous_of(
     policy: &TenstorrentDriverPolicy,
@@ -541,7 +543,7 @@ fn facts_as_recorded(
     policy: &TenstorrentDriverPolicy,
     recorded: &Entries,
     invalid_spec: Option<String>,
-    failure: Option<crate::status::ReconcileFailure>,
+    failure: Option<crate::pure::status::ReconcileFailure>,
 ) -> PolicyFacts {
     let managed = recorded
         .values()
@@ -588,7 +590,7 @@ async fn record_as_recorded(
 /// and a Warning Event when the failure differs from the last one reported.
 async fn report_failure(policy: &TenstorrentDriverPolicy, ctx: &Context, err: &Error) {
     let uid = policy.uid().unwrap_or_default();
-    let failure = crate::status::ReconcileFailure::of(err);
+    let failure = crate::pure::status::ReconcileFailure::of(err);
     let before = ctx.remember_failure(&uid, Some(failure.clone()));
     if before.as_ref() != Some(&failure) {
         ctx.events
@@ -612,7 +614,7 @@ async fn clear_failure(policy: &TenstorrentDriverPolicy, ctx: &Context) {
 async fn record_failure(
     policy: &TenstorrentDriverPolicy,
     ctx: &Context,
-    failure: Option<crate::status::ReconcileFailure>,
+    failure: Option<crate::pure::status::ReconcileFailure>,
 ) {
     let now = Time(Timestamp::now());
     let written = match previous_of(policy, ctx).await {
@@ -685,7 +687,7 @@ async fn apply_policy(
     let observe_node = |n: &CachedNode,
                         pods: &[Arc<CachedPod>],
                         entry: Option<&NodeStatus>,
-                        drain: Option<crate::transition::DrainProgress>,
+                        drain: Option<crate::pure::transition::DrainProgress>,
                         now: &Time| {
         let node = n.name();
         let pod = observe::pick_agent_pod(pods.iter().map(|p| p.as_ref()));
@@ -700,7 +702,7 @@ async fn apply_policy(
         // else: only those look at `spec.unschedulable` (from the node cache).
         let in_flight = entry.is_some_and(|r| {
             r.state.is_in_flight()
-                || r.reason.as_deref() == Some(crate::transition::reasons::CORDONED_BY_OTHER)
+                || r.reason.as_deref() == Some(crate::pure::transition::reasons::CORDONED_BY_OTHER)
         });
         let unschedulable =
             (in_flight || observe::cordoned_by(&n.metadata, &name)).then_some(n.unschedulable);
@@ -713,7 +715,7 @@ async fn apply_policy(
             current_hash: &hash,
             recorded: entry,
             conflict_with: conflicts.get(node).cloned(),
-            drain: drain.unwrap_or(crate::transition::DrainProgress::NotStarted),
+            drain: drain.unwrap_or(crate::pure::transition::DrainProgress::NotStarted),
             retry,
             node_not_ready: n.not_ready.as_deref(),
             not_created: not_created.as_ref(),
@@ -927,7 +929,7 @@ async fn apply_policy(
         let mut drains = ctx.drains.progress_of(&name);
         for (i, (node, obs)) in observations.iter().enumerate() {
             let drain = drains.get(node);
-            if drain.unwrap_or(&crate::transition::DrainProgress::NotStarted) != &obs.drain {
+            if drain.unwrap_or(&crate::pure::transition::DrainProgress::NotStarted) != &obs.drain {
                 changed.push(i);
             }
         }
@@ -963,7 +965,7 @@ async fn apply_policy(
             let obs = &mut observations[i].1;
             obs.cordoned_by_us = false;
             obs.gates_closed_by_us = false;
-            obs.grant = crate::transition::UpgradeGrant::Absent;
+            obs.grant = crate::pure::transition::UpgradeGrant::Absent;
             obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
             true
         });
@@ -1033,7 +1035,7 @@ fn holders_deadline(
 ) -> Option<Duration> {
     let entry = entry.filter(|e| {
         e.state == NodeState::Upgrading
-            && e.reason.as_deref() == Some(crate::transition::reasons::DEVICE_HELD)
+            && e.reason.as_deref() == Some(crate::pure::transition::reasons::DEVICE_HELD)
     })?;
     let waited = observe::in_state_for(Some(entry), now)?;
     Some(timeout?.saturating_sub(waited))
@@ -1048,7 +1050,7 @@ fn next_write(w: &Written) -> Option<Instant> {
     Some(w.written_at? + WRITE_SPACING_PER_ENTRY * entries)
 }
 
-/// Whether an action runs in the background ([`crate::node_tasks`]).
+/// Whether an action runs in the background ([`crate::runtime::node_tasks`]).
 fn in_background(action: &Action) -> bool {
     matches!(
         action,
@@ -1057,7 +1059,7 @@ fn in_background(action: &Action) -> bool {
 }
 
 /// Wakes the policy's reconcile.
-fn waker(ctx: &Context, policy: &str) -> crate::node_tasks::Wake {
+fn waker(ctx: &Context, policy: &str) -> crate::runtime::node_tasks::Wake {
     let tx = ctx.wake.clone();
     let policy = ObjectRef::<TenstorrentDriverPolicy>::new(policy);
     Arc::new(move || {
@@ -1238,11 +1240,11 @@ async fn act(
     Ok(None)
 }
 
-/// Logs the state changes, queues their Events ([`crate::events`]) and counts them.
+/// Logs the state changes, queues their Events ([`crate::runtime::events`]) and counts them.
 fn report_changes(
     ctx: &Context,
     policy: &TenstorrentDriverPolicy,
-    changes: &[crate::status::StateChange],
+    changes: &[crate::pure::status::StateChange],
 ) {
     for c in changes {
         info!(node = %c.node, from = ?c.from, to = %c.to, reason = ?c.reason, message = ?c.message, "node state changed");

@@ -5,14 +5,14 @@
 //! `CreateContainerConfigError`), or the pod's node is not Ready (no kubelet starts it).
 //!
 //! Image pull errors and crash loops fail the node outright (see
-//! [`observe`](crate::observe)); these blockers leave it waiting, since Kubernetes keeps
+//! [`observe`](crate::pure::observe)); these blockers leave it waiting, since Kubernetes keeps
 //! retrying, but with the message that says what to fix. Pure functions over what was read.
 
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::cached::CachedPod;
+use crate::pure::cached::CachedPod;
 
 /// The reason of the DaemonSet controller's Event when it cannot create a pod.
 pub const FAILED_CREATE: &str = "FailedCreate";
@@ -37,7 +37,7 @@ pub struct Blocker {
 
 /// Why an agent pod on the current template is not running, if Kubernetes says: it cannot be
 /// scheduled, its container cannot be created, or its node is not Ready (`node_not_ready`:
-/// the node's Ready condition as [`crate::cached::CachedNode::not_ready`] keeps it). A Ready
+/// the node's Ready condition as [`crate::pure::cached::CachedNode::not_ready`] keeps it). A Ready
 /// pod has no blocker.
 pub fn pod_blocker(pod: &CachedPod, node_not_ready: Option<&str>) -> Option<Blocker> {
     if pod.ready {
@@ -135,7 +135,7 @@ fn pod_name(pod: &CachedPod) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cached::AgentContainer;
+    use crate::pure::cached::AgentContainer;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use serde_json::json;
 

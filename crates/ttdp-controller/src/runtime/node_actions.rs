@@ -1,11 +1,11 @@
-//! The writes the state machine's [`Action`](crate::transition::Action)s stand for. Nodes and
+//! The writes the state machine's [`Action`](crate::pure::transition::Action)s stand for. Nodes and
 //! pods are not ours, so each write is a minimal patch (or a delete), and each is idempotent.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
-use crate::cached::CachedPod;
+use crate::pure::cached::CachedPod;
 use k8s_openapi::jiff::{self, Timestamp};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
@@ -213,10 +213,10 @@ pub async fn release(
                 Err(e) => return Err(Error::kube(format!("get node {node}"), e)),
             },
         };
-        let closed = crate::observe::closed_gates(&current.metadata);
+        let closed = crate::pure::observe::closed_gates(&current.metadata);
         let recorded = annotation(&current, &owner.owner_annotation);
         let ours = recorded == Some(owner.owner.as_str());
-        let granted = crate::observe::granted_by(&current.metadata, policy);
+        let granted = crate::pure::observe::granted_by(&current.metadata, policy);
         let unschedulable = is_unschedulable(&current);
         let outcome = match (unschedulable, ours) {
             (true, true) => UncordonOutcome::Uncordoned,

@@ -29,7 +29,7 @@
 
 use std::time::Duration;
 
-use crate::agent_blocker::Blocker;
+use crate::pure::agent_blocker::Blocker;
 use ttdp_api::NodeState;
 
 /// The agent pod on a node, as far as the state machine cares.

@@ -1,4 +1,4 @@
-//! Prometheus metrics (prometheus-client), served on `/metrics` by [`crate::server`].
+//! Prometheus metrics (prometheus-client), served on `/metrics` by [`crate::runtime::server`].
 //!
 //! - `ttdp_nodes{policy,state,version}`: matched nodes by state and loaded version
 //! - `ttdp_node_transitions_total{policy,from,to}`: state changes
@@ -21,7 +21,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use ttdp_api::NodeState;
 
-use crate::status::StateChange;
+use crate::pure::status::StateChange;
 
 /// Labels of `ttdp_nodes`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

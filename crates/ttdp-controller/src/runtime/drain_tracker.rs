@@ -21,8 +21,8 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 use ttdp_drain::{DrainError, DrainEventKind, Drainer, EventSink, TwoPassDrain, TwoPassReport};
 
-use crate::metrics::Metrics;
-use crate::transition::DrainProgress;
+use crate::pure::transition::DrainProgress;
+use crate::runtime::metrics::Metrics;
 
 /// How long to wait before retrying a drain that hit an API error.
 const API_ERROR_RETRY: Duration = Duration::from_secs(2);
@@ -221,13 +221,6 @@ impl DrainTracker {
             wake();
         });
         entries.insert(k, Entry { progress, task });
-    }
-
-    /// Stops and forgets the drain of `node` for `policy`.
-    pub fn forget(&self, policy: &str, node: &str) {
-        if let Some(e) = self.lock().remove(&key(policy, node)) {
-            e.task.abort();
-        }
     }
 
     /// Stops and forgets every drain of `policy` whose node `keep` rejects.

@@ -11,14 +11,14 @@ use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 use ttdp_api::{TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 
-use crate::backoff::ErrorBackoff;
-use crate::cached::{CachedNode, CachedPod};
-use crate::drain_tracker::DrainTracker;
-use crate::events::EventPublisher;
-use crate::metrics::Metrics;
-use crate::node_tasks::NodeTasks;
+use crate::pure::cached::{CachedNode, CachedPod};
+use crate::pure::status::ReconcileFailure;
+use crate::runtime::backoff::ErrorBackoff;
+use crate::runtime::drain_tracker::DrainTracker;
+use crate::runtime::events::EventPublisher;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::node_tasks::NodeTasks;
 use crate::settings::Settings;
-use crate::status::ReconcileFailure;
 
 /// The last status the controller wrote for a policy (by uid), uncompacted. The API server's copy
 /// is the durable one; this only bridges the moment between a write and its watch event.
@@ -27,7 +27,7 @@ pub struct Written {
     /// The status as written, without its node entries (those are in `nodes`).
     pub status: TenstorrentDriverPolicyStatus,
     /// Every node entry, including ones compacted out of the status.
-    pub nodes: crate::status::Entries,
+    pub nodes: crate::pure::status::Entries,
     /// The policy's `resourceVersion` right after that write (or when the status was read):
     /// while the policy still has it, the next write can send only what changed.
     pub resource_version: Option<String>,
@@ -65,7 +65,7 @@ pub struct Context {
     pub nodes: Store<CachedNode>,
     /// Every agent pod in the operator namespace, as much as the controller reads of it.
     pub agent_pods: Store<CachedPod>,
-    /// The agent DaemonSets in the operator namespace, trimmed ([`crate::cached::daemonset`]).
+    /// The agent DaemonSets in the operator namespace, trimmed ([`crate::pure::cached::daemonset`]).
     pub daemonsets: Store<DaemonSet>,
     /// Event publishing.
     pub events: EventPublisher,
@@ -79,10 +79,10 @@ pub struct Context {
     pub backoff: ErrorBackoff,
     /// Wakes a policy's reconcile (drain finished).
     pub wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
-    /// Bit mask of the watches whose initial list arrived ([`crate::run::SYNCED_ALL`] when all).
+    /// Bit mask of the watches whose initial list arrived ([`crate::runtime::run::SYNCED_ALL`] when all).
     pub synced: tokio::sync::watch::Receiver<u8>,
     /// What the node and agent-pod watches changed, for reconciles following the fleet.
-    pub changes: Arc<crate::refresh::Changes>,
+    pub changes: Arc<crate::runtime::refresh::Changes>,
     written: Mutex<HashMap<String, Arc<Written>>>,
     failures: Mutex<HashMap<String, ReconcileFailure>>,
     applied: Mutex<HashMap<String, Applied>>,
@@ -113,7 +113,7 @@ impl Context {
         metrics: Arc<Metrics>,
         wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
         synced: tokio::sync::watch::Receiver<u8>,
-        changes: Arc<crate::refresh::Changes>,
+        changes: Arc<crate::runtime::refresh::Changes>,
     ) -> Self {
         Self {
             client,

@@ -1,7 +1,7 @@
 //! Wiring: reflector stores and watches, the kube-runtime `Controller`, the admin server, leader
 //! election and graceful shutdown. [`run`] is what the binary (and in-process tests) call.
 //!
-//! Watches, each converted or trimmed before it is cached ([`crate::cached`]) so memory stays
+//! Watches, each converted or trimmed before it is cached ([`crate::pure::cached`]) so memory stays
 //! small at fleet scale: policies (triggering on spec, finalizer and deletion changes, not on the controller's
 //! own status writes); nodes (labels, ttdp's annotations and `spec.unschedulable`, triggering on
 //! changes of those, mapped to the policies that select the node, hold its cordon or list it in
@@ -40,17 +40,17 @@ use tracing::{info, warn};
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_api::names::labels;
 
-use crate::cached::{self, CachedNode};
-use crate::context::Context;
-use crate::daemonset::all_agent_pods_selector;
 use crate::error::Error;
-use crate::events::EventPublisher;
-use crate::leader::{self, LeaderElection};
-use crate::metrics::Metrics;
-use crate::observe;
-use crate::overlap::selection_of;
-use crate::reconcile::{error_policy, reconcile};
-use crate::server::{self, Readiness};
+use crate::pure::cached::{self, CachedNode};
+use crate::pure::daemonset::all_agent_pods_selector;
+use crate::pure::observe;
+use crate::pure::overlap::selection_of;
+use crate::runtime::context::Context;
+use crate::runtime::events::EventPublisher;
+use crate::runtime::leader::{self, LeaderElection};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::reconcile::{error_policy, reconcile};
+use crate::runtime::server::{self, Readiness};
 use crate::settings::Settings;
 
 /// Bit of the synced mask: the policy list arrived.
@@ -254,7 +254,7 @@ pub async fn run(
         .predicate_filter(policy_trigger, PredicateConfig::default());
     let controller = Controller::for_stream(policy_stream, policy_store.clone());
 
-    let changes = Arc::new(crate::refresh::Changes::default());
+    let changes = Arc::new(crate::runtime::refresh::Changes::default());
     let node_changes = changes.clone();
     let pod_changes = changes.clone();
     let (node_store, node_writer) = reflector::store();
