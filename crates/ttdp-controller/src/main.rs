@@ -39,8 +39,8 @@ fn main() -> anyhow::Result<()> {
 /// threads, and resident memory then stays near the sum of each arena's peak. So: one arena;
 /// buffers above 64 KiB (a status of thousands of nodes, its watch events) from `mmap`, so that
 /// freeing them returns them; and, every second, the free pages inside the heap handed back
-/// (`malloc_trim`). At 5,000 nodes this is about 40 % less resident memory for a few
-/// milliseconds of CPU a second (docs/benchmarks.md). The image's musl build has none of these
+/// (`malloc_trim`): much less resident memory at fleet scale for a few milliseconds of CPU a
+/// second (`docs/benchmarks.md` has the figures). The image's musl build has none of these
 /// tunables and keeps little.
 #[allow(unsafe_code)]
 fn tune_malloc() {

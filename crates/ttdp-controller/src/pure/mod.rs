@@ -8,6 +8,7 @@
 pub(crate) mod agent_blocker;
 pub(crate) mod cached;
 pub(crate) mod daemonset;
+pub(crate) mod drain_plan;
 pub(crate) mod observe;
 pub(crate) mod overlap;
 pub(crate) mod rollout;

@@ -41,6 +41,12 @@ pub fn install_mode_label(meta: &ObjectMeta) -> Option<String> {
     get(&meta.labels, labels::INSTALL_MODE).map(str::to_owned)
 }
 
+/// Whether a node holds something of `policy`'s: its cordon or upgrade grant, or deploy gates
+/// closed while the node was the policy's (`ours_before`).
+pub fn holds_ours(meta: &ObjectMeta, policy: &str, ours_before: impl FnOnce() -> bool) -> bool {
+    cordoned_by(meta, policy) || granted_by(meta, policy) || (gates_closed(meta) && ours_before())
+}
+
 /// Whether the node carries `policy`'s cordon annotation.
 pub fn cordoned_by(meta: &ObjectMeta, policy: &str) -> bool {
     get(&meta.annotations, annotations::CORDONED_BY)

@@ -11,11 +11,11 @@
 //! how many are not listed. `kubectl tt driver nodes` shows every node, from the node labels
 //! (`driver.tenstorrent.com/kmd-version`).
 //!
-//! Why 1,000: every write stores the whole object in etcd and sends it to every watcher, and the
-//! controller spaces its writes by the entries listed (see `reconcile::WRITE_SPACING_PER_ENTRY`).
-//! Listing all 5,000 nodes of a fleet made each write 0.7 MB, 50 ms apart (about 14 MB/s into
-//! etcd), and the hand-off from one node to the next waited on two such writes; listing only the
-//! few hundred nodes in flight makes each write about 10× smaller.
+//! Why a limit: every write stores the whole object in etcd and sends it to every watcher, and
+//! the controller spaces its writes by the entries listed (`WRITE_SPACING_PER_ENTRY` in the
+//! status writer), so listing every node of a large fleet makes each write large and the
+//! hand-off from one node to the next slow; listing only the nodes in flight keeps each write
+//! small (`docs/benchmarks.md` has the figures).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -105,7 +105,7 @@ impl ReconcileFailure {
 
 /// Every node entry by name: the controller's memory of recorded states. Names and entries are
 /// shared, so a pass copies the map, not the entries.
-pub type Entries = BTreeMap<Arc<str>, Arc<NodeStatus>>;
+pub type NodeEntries = BTreeMap<Arc<str>, Arc<NodeStatus>>;
 
 /// The built status and the state changes in it.
 #[derive(Clone, Debug, PartialEq)]
@@ -113,7 +113,7 @@ pub struct BuiltStatus {
     /// The status to write, without its node entries (see [`BuiltStatus::listed`]).
     pub status: TenstorrentDriverPolicyStatus,
     /// Every node entry, uncompacted.
-    pub all_nodes: Entries,
+    pub all_nodes: NodeEntries,
     /// Nodes whose state changed.
     pub changes: Vec<StateChange>,
     /// The nodes whose entry differs from the recorded one (new nodes included), in name order.
@@ -173,7 +173,7 @@ pub fn is_halted(failed: usize, max_unavailable: usize) -> bool {
 pub fn build_status(
     facts: &PolicyFacts,
     previous: &TenstorrentDriverPolicyStatus,
-    recorded: &Entries,
+    recorded: &NodeEntries,
     mut reports: Vec<NodeReport>,
     now: &Time,
 ) -> BuiltStatus {
@@ -181,7 +181,7 @@ pub fn build_status(
     if !reports.is_sorted_by(|a, b| a.name <= b.name) {
         reports.sort_by(|a, b| a.name.cmp(&b.name));
     }
-    let kept: Entries = reports
+    let kept: NodeEntries = reports
         .iter()
         .filter_map(|r| recorded.get_key_value(r.name.as_str()))
         .map(|(name, entry)| (name.clone(), entry.clone()))
@@ -197,7 +197,7 @@ pub fn build_status(
 pub fn update_status(
     facts: &PolicyFacts,
     previous: &TenstorrentDriverPolicyStatus,
-    recorded: &Entries,
+    recorded: &NodeEntries,
     reports: Vec<NodeReport>,
     now: &Time,
 ) -> BuiltStatus {
@@ -309,7 +309,7 @@ fn node_entry(
 }
 
 /// Counts of `nodes` by state, and how many `status.nodes` leaves out (see [`compact`]).
-fn summarize(nodes: &Entries) -> Summary {
+fn summarize(nodes: &NodeEntries) -> Summary {
     let mut s = Summary {
         matched: count(nodes.len()),
         ..Summary::default()
@@ -339,7 +339,12 @@ fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-fn conditions_for(facts: &PolicyFacts, s: &Summary, nodes: &Entries, now: &Time) -> Vec<Condition> {
+fn conditions_for(
+    facts: &PolicyFacts,
+    s: &Summary,
+    nodes: &NodeEntries,
+    now: &Time,
+) -> Vec<Condition> {
     let make = |type_: &str, status: bool, reason: &str, message: String| {
         condition(
             type_,
@@ -491,7 +496,7 @@ fn listed_past_threshold(n: &NodeStatus) -> bool {
 /// The entries to write: every node up to [`COMPACT_THRESHOLD`], else the nodes
 /// [`listed_past_threshold`], at most [`MAX_NODE_ENTRIES`] of them (Failed first, then in
 /// flight, then the rest).
-fn compact(all: &Entries) -> Vec<NodeStatus> {
+fn compact(all: &NodeEntries) -> Vec<NodeStatus> {
     if all.len() <= COMPACT_THRESHOLD {
         return all.values().map(|e| NodeStatus::clone(e)).collect();
     }
@@ -509,6 +514,17 @@ fn compact(all: &Entries) -> Vec<NodeStatus> {
     kept.truncate(MAX_NODE_ENTRIES);
     kept.sort_by(|a, b| a.name.cmp(&b.name));
     kept.into_iter().cloned().collect()
+}
+
+/// How many node entries are in each state at each loaded version ("none" when none is), for
+/// the `ttdp_nodes` gauge.
+pub fn node_counts(all: &NodeEntries) -> BTreeMap<(NodeState, String), i64> {
+    let mut counts = BTreeMap::new();
+    for n in all.values() {
+        let version = n.current_version.clone().unwrap_or_else(|| "none".into());
+        *counts.entry((n.state, version)).or_default() += 1;
+    }
+    counts
 }
 
 #[cfg(test)]
@@ -553,7 +569,7 @@ mod tests {
             None => build_status(
                 &facts(),
                 &Default::default(),
-                &Entries::new(),
+                &NodeEntries::new(),
                 reports,
                 &at(now),
             ),
@@ -771,7 +787,7 @@ mod tests {
         let b = build_status(
             &f,
             &Default::default(),
-            &Entries::new(),
+            &NodeEntries::new(),
             vec![report("n1", NodeState::Pending, Some("2.7.0"))],
             &at(0),
         );
@@ -782,7 +798,7 @@ mod tests {
         let b = build_status(
             &f,
             &Default::default(),
-            &Entries::new(),
+            &NodeEntries::new(),
             vec![report("n1", NodeState::Done, Some("2.8.0"))],
             &at(0),
         );
@@ -798,7 +814,7 @@ mod tests {
         let b = build_status(
             &facts(),
             &Default::default(),
-            &Entries::new(),
+            &NodeEntries::new(),
             done.clone(),
             &at(0),
         );

@@ -1,5 +1,6 @@
 //! What every reconcile shares: the client, settings, reflector stores, Events, metrics, the
-//! background drains, the memory of recorded node states and the error back-off.
+//! background drains, the memory of recorded statuses and applied DaemonSets, and the error
+//! back-off.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -9,10 +10,15 @@ use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
-use ttdp_api::{TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
+use ttdp_api::TenstorrentDriverPolicy;
 
 use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::status::ReconcileFailure;
+use crate::runtime::agent_daemonset::AppliedDaemonSet;
+use crate::runtime::initial_lists::InitialLists;
+use crate::runtime::status_writer::RecordedStatus;
+use crate::runtime::watch_changes::WatchChanges;
+
 use crate::runtime::backoff::ErrorBackoff;
 use crate::runtime::drain_tracker::DrainTracker;
 use crate::runtime::events::EventPublisher;
@@ -20,31 +26,22 @@ use crate::runtime::metrics::Metrics;
 use crate::runtime::node_tasks::NodeTasks;
 use crate::settings::Settings;
 
-/// The last status the controller wrote for a policy (by uid), uncompacted. The API server's copy
-/// is the durable one; this only bridges the moment between a write and its watch event.
-#[derive(Clone, Debug, Default)]
-pub struct Written {
-    /// The status as written, without its node entries (those are in `nodes`).
-    pub status: TenstorrentDriverPolicyStatus,
-    /// Every node entry, including ones compacted out of the status.
-    pub nodes: crate::pure::status::Entries,
-    /// The policy's `resourceVersion` right after that write (or when the status was read):
-    /// while the policy still has it, the next write can send only what changed.
-    pub resource_version: Option<String>,
-    /// When that write started (None: not written by this process).
-    pub written_at: Option<Instant>,
-}
-
-/// A DaemonSet as the controller last applied it: skipping an apply is safe while the cached
-/// DaemonSet is still this object at this generation and the desired one has not changed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Applied {
-    /// sha256 of the desired DaemonSet's JSON.
-    pub digest: String,
-    /// The DaemonSet's uid after the apply.
-    pub uid: Option<String>,
-    /// Its `metadata.generation` after the apply.
-    pub generation: Option<i64>,
+/// What the watches keep: reflector stores, which watches have listed once, and what they
+/// changed since (for reconciles following the fleet).
+#[derive(Clone)]
+pub struct Caches {
+    /// Every (selected) policy.
+    pub policies: Store<TenstorrentDriverPolicy>,
+    /// Every node, as much as the controller reads of it.
+    pub nodes: Store<CachedNode>,
+    /// Every agent pod in the operator namespace, as much as the controller reads of it.
+    pub agent_pods: Store<CachedPod>,
+    /// The agent DaemonSets in the operator namespace, trimmed ([`crate::pure::cached::daemonset`]).
+    pub daemonsets: Store<DaemonSet>,
+    /// Which watches have listed their objects once.
+    pub initial_lists: InitialLists,
+    /// What the node and agent-pod watches changed.
+    pub changes: Arc<WatchChanges>,
 }
 
 /// How long a deleted agent pod is not deleted again (its cached copy may lag its deletion).
@@ -59,14 +56,8 @@ pub struct Context {
     pub drain_client: Client,
     /// The controller's settings.
     pub settings: Settings,
-    /// Every policy (the controller's own store).
-    pub policies: Store<TenstorrentDriverPolicy>,
-    /// Every node, as much as the controller reads of it.
-    pub nodes: Store<CachedNode>,
-    /// Every agent pod in the operator namespace, as much as the controller reads of it.
-    pub agent_pods: Store<CachedPod>,
-    /// The agent DaemonSets in the operator namespace, trimmed ([`crate::pure::cached::daemonset`]).
-    pub daemonsets: Store<DaemonSet>,
+    /// The watched objects.
+    pub caches: Caches,
     /// Event publishing.
     pub events: EventPublisher,
     /// Metrics.
@@ -79,13 +70,9 @@ pub struct Context {
     pub backoff: ErrorBackoff,
     /// Wakes a policy's reconcile (drain finished).
     pub wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
-    /// Bit mask of the watches whose initial list arrived ([`crate::runtime::run::SYNCED_ALL`] when all).
-    pub synced: tokio::sync::watch::Receiver<u8>,
-    /// What the node and agent-pod watches changed, for reconciles following the fleet.
-    pub changes: Arc<crate::runtime::refresh::Changes>,
-    written: Mutex<HashMap<String, Arc<Written>>>,
+    recorded: Mutex<HashMap<String, Arc<RecordedStatus>>>,
     failures: Mutex<HashMap<String, ReconcileFailure>>,
-    applied: Mutex<HashMap<String, Applied>>,
+    applied: Mutex<HashMap<String, AppliedDaemonSet>>,
     deleted_pods: Mutex<HashMap<String, Instant>>,
 }
 
@@ -100,59 +87,48 @@ impl std::fmt::Debug for Context {
 
 impl Context {
     /// A context with empty memory.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         client: Client,
         drain_client: Client,
         settings: Settings,
-        policies: Store<TenstorrentDriverPolicy>,
-        nodes: Store<CachedNode>,
-        agent_pods: Store<CachedPod>,
-        daemonsets: Store<DaemonSet>,
+        caches: Caches,
         events: EventPublisher,
         metrics: Arc<Metrics>,
         wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
-        synced: tokio::sync::watch::Receiver<u8>,
-        changes: Arc<crate::runtime::refresh::Changes>,
     ) -> Self {
         Self {
             client,
             drain_client,
             settings,
-            policies,
-            nodes,
-            agent_pods,
-            daemonsets,
+            caches,
             events,
             metrics,
             drains: DrainTracker::default(),
             node_tasks: NodeTasks::default(),
             backoff: ErrorBackoff::default(),
             wake,
-            synced,
-            changes,
-            written: Mutex::default(),
+            recorded: Mutex::default(),
             failures: Mutex::default(),
             applied: Mutex::default(),
             deleted_pods: Mutex::default(),
         }
     }
 
-    /// What was last written for the policy with this uid.
-    pub fn written(&self, uid: &str) -> Option<Arc<Written>> {
-        self.written
+    /// The status last recorded for the policy with this uid.
+    pub fn recorded(&self, uid: &str) -> Option<Arc<RecordedStatus>> {
+        self.recorded
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(uid)
             .cloned()
     }
 
-    /// Remembers what was written for the policy with this uid.
-    pub fn remember(&self, uid: &str, written: Arc<Written>) {
-        self.written
+    /// Remembers the status recorded for the policy with this uid.
+    pub fn remember_recorded(&self, uid: &str, recorded: Arc<RecordedStatus>) {
+        self.recorded
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(uid.to_owned(), written);
+            .insert(uid.to_owned(), recorded);
     }
 
     /// The failure the last reconcile of the policy with this uid reported, if it failed.
@@ -178,7 +154,7 @@ impl Context {
     }
 
     /// What was last applied as DaemonSet `name`.
-    pub fn applied(&self, name: &str) -> Option<Applied> {
+    pub fn applied(&self, name: &str) -> Option<AppliedDaemonSet> {
         self.applied
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -187,7 +163,7 @@ impl Context {
     }
 
     /// Remembers what was applied as DaemonSet `name` (`None`: forget it).
-    pub fn remember_applied(&self, name: &str, applied: Option<Applied>) {
+    pub fn remember_applied(&self, name: &str, applied: Option<AppliedDaemonSet>) {
         let mut map = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
         match applied {
             Some(a) => map.insert(name.to_owned(), a),
@@ -220,7 +196,7 @@ impl Context {
 
     /// Forgets a deleted policy.
     pub fn forget(&self, uid: &str) {
-        self.written
+        self.recorded
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(uid);

@@ -26,12 +26,12 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use futures::StreamExt;
-use futures::TryStreamExt;
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::runtime::{Controller, PredicateConfig, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
@@ -41,28 +41,20 @@ use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_api::names::labels;
 
 use crate::error::Error;
-use crate::pure::cached::{self, CachedNode};
+use crate::pure::cached::{self, CachedNode, CachedPod};
 use crate::pure::daemonset::all_agent_pods_selector;
 use crate::pure::observe;
 use crate::pure::overlap::selection_of;
-use crate::runtime::context::Context;
+use crate::runtime::context::{Caches, Context};
 use crate::runtime::events::EventPublisher;
+use crate::runtime::initial_lists::{InitialLists, Watched};
 use crate::runtime::leader::{self, LeaderElection};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::reconcile::{error_policy, reconcile};
 use crate::runtime::server::{self, Readiness};
+use crate::runtime::watch_changes::WatchChanges;
 use crate::settings::Settings;
 
-/// Bit of the synced mask: the policy list arrived.
-const SYNCED_POLICIES: u8 = 1;
-/// Bit of the synced mask: the node list arrived.
-const SYNCED_NODES: u8 = 2;
-/// Bit of the synced mask: the agent pod list arrived.
-const SYNCED_PODS: u8 = 4;
-/// Bit of the synced mask: the DaemonSet list arrived.
-const SYNCED_DAEMONSETS: u8 = 8;
-/// Every initial list arrived.
-pub const SYNCED_ALL: u8 = SYNCED_POLICIES | SYNCED_NODES | SYNCED_PODS | SYNCED_DAEMONSETS;
 /// Objects per page of the initial lists (bounds the memory a large fleet's list takes).
 const LIST_PAGE: u32 = 250;
 
@@ -116,23 +108,6 @@ fn daemonset_trigger(
     }
 }
 
-/// A stream inspector that sets `bit` in the synced mask at the watch's first InitDone.
-fn mark_synced<K>(
-    tx: &tokio::sync::watch::Sender<u8>,
-    bit: u8,
-) -> impl FnMut(&Result<watcher::Event<K>, watcher::Error>) + use<K> {
-    let tx = tx.clone();
-    move |event| {
-        if matches!(event, Ok(watcher::Event::InitDone)) {
-            tx.send_if_modified(|v| {
-                let before = *v;
-                *v |= bit;
-                before != *v
-            });
-        }
-    }
-}
-
 /// How the controller process runs, beyond [`Settings`].
 #[derive(Clone, Default)]
 pub struct RunOptions {
@@ -168,22 +143,22 @@ impl std::fmt::Debug for RunOptions {
 /// carries (so a node that left a selection is released), and those whose last written status
 /// lists it.
 fn policies_for_node(
-    policies: &reflector::Store<TenstorrentDriverPolicy>,
     ctx: &Context,
     node: &CachedNode,
     require_nfd: bool,
 ) -> Vec<ObjectRef<TenstorrentDriverPolicy>> {
     let name = node.name();
     let node_labels = node.labels();
-    policies
+    ctx.caches
+        .policies
         .state()
         .into_iter()
         .filter(|p| {
             observe::cordoned_by(&node.metadata, &p.name_any())
                 || selection_of(p, require_nfd).is_some_and(|s| s.matches(name, node_labels))
                 || ctx
-                    .written(&p.uid().unwrap_or_default())
-                    .is_some_and(|w| w.nodes.contains_key(name))
+                    .recorded(&p.uid().unwrap_or_default())
+                    .is_some_and(|r| r.nodes.contains_key(name))
         })
         .map(|p| ObjectRef::from_obj(&*p))
         .collect()
@@ -199,15 +174,15 @@ pub async fn run(
     let metrics = options.metrics.clone().unwrap_or_else(Metrics::shared);
     let readiness = options.readiness.clone().unwrap_or_default();
     let admin = match options.admin_address {
-        Some(address) => Some(
-            server::serve(
+        Some(address) => {
+            let serving = server::serve(
                 address,
                 metrics.clone(),
                 readiness.clone(),
                 shutdown.clone(),
-            )
-            .await?,
-        ),
+            );
+            Some(serving.await?)
+        }
         None => None,
     };
     let leadership = match &options.leader_election {
@@ -217,146 +192,8 @@ pub async fn run(
         },
         None => None,
     };
-    let stop = CancellationToken::new();
-    {
-        let stop = stop.clone();
-        let shutdown = shutdown.clone();
-        let lost = leadership.as_ref().map(|l| l.lost.clone());
-        tokio::spawn(async move {
-            match lost {
-                Some(lost) => tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    _ = lost.cancelled() => {}
-                },
-                None => shutdown.cancelled().await,
-            }
-            stop.cancel();
-        });
-    }
-
-    let ns = settings.namespace.clone();
-    let require_nfd = settings.require_nfd;
-    let policies: Api<cached::WatchedPolicy> = Api::all(client.clone());
-    // Which initial lists have arrived. (Several tasks awaiting one `Store::wait_until_ready`
-    // can miss the wake-up, so the streams report their first InitDone here instead.)
-    let (synced_tx, synced_rx) = tokio::sync::watch::channel(0u8);
-    let (policy_store, policy_writer) = reflector::store();
-    let mut policy_config = watcher::Config::default();
-    if let Some(selector) = &settings.policy_selector {
-        policy_config = policy_config.labels(selector);
-    }
-    let policy_stream = watcher::watcher(policies, policy_config)
-        .default_backoff()
-        .map_ok(cached::policy_event)
-        .inspect(mark_synced(&synced_tx, SYNCED_POLICIES))
-        .reflect(policy_writer)
-        .touched_objects()
-        .predicate_filter(policy_trigger, PredicateConfig::default());
-    let controller = Controller::for_stream(policy_stream, policy_store.clone());
-
-    let changes = Arc::new(crate::runtime::refresh::Changes::default());
-    let node_changes = changes.clone();
-    let pod_changes = changes.clone();
-    let (node_store, node_writer) = reflector::store();
-    let node_stream = watcher::watcher(
-        Api::<Node>::all(client.clone()),
-        watcher::Config::default().page_size(LIST_PAGE),
-    )
-    .default_backoff()
-    .map_ok(move |event| cached::node_event(event, require_nfd))
-    .inspect(mark_synced(&synced_tx, SYNCED_NODES))
-    .reflect(node_writer)
-    .inspect(move |event| node_changes.node_event(event))
-    .touched_objects()
-    .predicate_filter(node_trigger, PredicateConfig::default());
-    let (pod_store, pod_writer) = reflector::store();
-    let pod_stream = watcher::watcher(
-        Api::<Pod>::namespaced(client.clone(), &ns),
-        watcher::Config::default()
-            .labels(&all_agent_pods_selector())
-            .page_size(LIST_PAGE),
-    )
-    .default_backoff()
-    .map_ok(cached::agent_pod_event)
-    .inspect(mark_synced(&synced_tx, SYNCED_PODS))
-    .reflect(pod_writer)
-    .inspect(move |event| pod_changes.pod_event(event))
-    .touched_objects();
-
-    let (ds_store, ds_writer) = reflector::store();
-    let mut ds_seen = HashMap::new();
-    let ds_stream = watcher::watcher(
-        Api::<DaemonSet>::namespaced(client.clone(), &ns),
-        watcher::Config::default().labels(&format!(
-            "{}={}",
-            labels::APP_NAME,
-            labels::APP_NAME_AGENT
-        )),
-    )
-    .default_backoff()
-    .modify(cached::daemonset)
-    .inspect(mark_synced(&synced_tx, SYNCED_DAEMONSETS))
-    .reflect(ds_writer)
-    .filter_map(move |event| futures::future::ready(daemonset_trigger(&mut ds_seen, event)));
-
-    let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        options
-            .drain_client
-            .clone()
-            .unwrap_or_else(|| client.clone()),
-        settings,
-        policy_store.clone(),
-        node_store.clone(),
-        pod_store.clone(),
-        ds_store,
-        EventPublisher::new(client.clone(), options.instance.clone()),
-        metrics,
-        wake_tx,
-        synced_rx.clone(),
-        changes,
-    ));
-
-    {
-        let mut synced = synced_rx.clone();
-        let readiness = readiness.clone();
-        tokio::spawn(async move {
-            if synced.wait_for(|v| *v == SYNCED_ALL).await.is_ok() {
-                info!("initial watches synced; ready");
-                readiness.set(true);
-            }
-        });
-    }
-
-    let node_policies = policy_store.clone();
-    let node_ctx = ctx.clone();
-    let graceful = stop.clone();
-    // Owned DaemonSets, mapped by label: `owns` would give the cluster-scoped policy the
-    // DaemonSet's namespace.
-    controller
-        .watches_stream(ds_stream, |ds| {
-            ds.labels()
-                .get(labels::POLICY)
-                .map(|p| ObjectRef::<TenstorrentDriverPolicy>::new(p))
-        })
-        .watches_stream(node_stream, move |node| {
-            policies_for_node(&node_policies, &node_ctx, &node, require_nfd)
-        })
-        .watches_stream(pod_stream, |pod| {
-            pod.labels()
-                .get(labels::POLICY)
-                .map(|p| ObjectRef::<TenstorrentDriverPolicy>::new(p))
-        })
-        .reconcile_on(wake_rx)
-        .graceful_shutdown_on(async move { graceful.cancelled().await })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                warn!(error = %err, "controller event");
-            }
-        })
-        .await;
+    let stop = stop_on(&shutdown, leadership.as_ref().map(|l| l.lost.clone()));
+    watch_and_reconcile(client, settings, &options, metrics, readiness.clone(), stop).await;
     readiness.set(false);
     info!("controller stopped");
     if let Some(l) = leadership {
@@ -367,4 +204,190 @@ pub async fn run(
         let _ = task.await;
     }
     Ok(())
+}
+
+/// A token cancelled at `shutdown` or when leadership is `lost`.
+fn stop_on(shutdown: &CancellationToken, lost: Option<CancellationToken>) -> CancellationToken {
+    let stop = CancellationToken::new();
+    let (token, shutdown) = (stop.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        match lost {
+            Some(lost) => tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = lost.cancelled() => {}
+            },
+            None => shutdown.cancelled().await,
+        }
+        token.cancel();
+    });
+    stop
+}
+
+/// Watches policies, nodes, agent pods and DaemonSets and reconciles until `stop`.
+async fn watch_and_reconcile(
+    client: Client,
+    settings: Settings,
+    options: &RunOptions,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+    stop: CancellationToken,
+) {
+    let ns = settings.namespace.clone();
+    let require_nfd = settings.require_nfd;
+    let initial_lists = InitialLists::default();
+    let changes = Arc::new(WatchChanges::default());
+    let (policies, policy_stream) = watch_policies(&client, &settings, &initial_lists);
+    let (nodes, node_stream) = watch_nodes(&client, require_nfd, &initial_lists, changes.clone());
+    let (agent_pods, pod_stream) = watch_agent_pods(&client, &ns, &initial_lists, changes.clone());
+    let (daemonsets, ds_stream) = watch_daemonsets(&client, &ns, &initial_lists);
+    let caches = Caches {
+        policies: policies.clone(),
+        nodes,
+        agent_pods,
+        daemonsets,
+        initial_lists: initial_lists.clone(),
+        changes,
+    };
+    let (wake_tx, wake_rx) = futures::channel::mpsc::unbounded();
+    let drain_client = options
+        .drain_client
+        .clone()
+        .unwrap_or_else(|| client.clone());
+    let events = EventPublisher::new(client.clone(), options.instance.clone());
+    let ctx = Arc::new(Context::new(
+        client,
+        drain_client,
+        settings,
+        caches,
+        events,
+        metrics,
+        wake_tx,
+    ));
+    tokio::spawn(async move {
+        if initial_lists.wait(Duration::MAX).await {
+            info!("initial watches synced; ready");
+            readiness.set(true);
+        }
+    });
+    let node_ctx = ctx.clone();
+    // Owned DaemonSets, mapped by label: `owns` would give the cluster-scoped policy the
+    // DaemonSet's namespace.
+    Controller::for_stream(policy_stream, policies)
+        .watches_stream(ds_stream, |ds| policy_label_of(&ds))
+        .watches_stream(node_stream, move |node| {
+            policies_for_node(&node_ctx, &node, require_nfd)
+        })
+        .watches_stream(pod_stream, |pod| policy_label_of(&pod))
+        .reconcile_on(wake_rx)
+        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                warn!(error = %err, "controller event");
+            }
+        })
+        .await;
+}
+
+/// The policy an object of ours belongs to, by its policy label.
+fn policy_label_of(object: &impl ResourceExt) -> Option<ObjectRef<TenstorrentDriverPolicy>> {
+    let policy = object.labels().get(labels::POLICY)?;
+    Some(ObjectRef::new(policy))
+}
+
+/// The policies (with `policy_selector`, the selected ones), cached without their node entries,
+/// triggering on spec, finalizer and deletion changes.
+fn watch_policies(
+    client: &Client,
+    settings: &Settings,
+    lists: &InitialLists,
+) -> (
+    Store<TenstorrentDriverPolicy>,
+    impl Stream<Item = Result<TenstorrentDriverPolicy, watcher::Error>> + use<>,
+) {
+    let (store, writer) = reflector::store();
+    let mut config = watcher::Config::default();
+    if let Some(selector) = &settings.policy_selector {
+        config = config.labels(selector);
+    }
+    let stream = watcher::watcher(Api::<cached::WatchedPolicy>::all(client.clone()), config)
+        .default_backoff()
+        .map_ok(cached::policy_event)
+        .inspect(lists.recorder(Watched::Policies))
+        .reflect(writer)
+        .touched_objects()
+        .predicate_filter(policy_trigger, PredicateConfig::default());
+    (store, stream)
+}
+
+/// Every node, trimmed, recording its changes for reconciles following the fleet.
+fn watch_nodes(
+    client: &Client,
+    require_nfd: bool,
+    lists: &InitialLists,
+    changes: Arc<WatchChanges>,
+) -> (
+    Store<CachedNode>,
+    impl Stream<Item = Result<CachedNode, watcher::Error>> + use<>,
+) {
+    let (store, writer) = reflector::store();
+    let config = watcher::Config::default().page_size(LIST_PAGE);
+    let stream = watcher::watcher(Api::<Node>::all(client.clone()), config)
+        .default_backoff()
+        .map_ok(move |event| cached::node_event(event, require_nfd))
+        .inspect(lists.recorder(Watched::Nodes))
+        .reflect(writer)
+        .inspect(move |event| changes.node_event(event))
+        .touched_objects()
+        .predicate_filter(node_trigger, PredicateConfig::default());
+    (store, stream)
+}
+
+/// The agent pods in the operator namespace, trimmed, recording their changes.
+fn watch_agent_pods(
+    client: &Client,
+    ns: &str,
+    lists: &InitialLists,
+    changes: Arc<WatchChanges>,
+) -> (
+    Store<CachedPod>,
+    impl Stream<Item = Result<CachedPod, watcher::Error>> + use<>,
+) {
+    let (store, writer) = reflector::store();
+    let config = watcher::Config::default()
+        .labels(&all_agent_pods_selector())
+        .page_size(LIST_PAGE);
+    let stream = watcher::watcher(Api::<Pod>::namespaced(client.clone(), ns), config)
+        .default_backoff()
+        .map_ok(cached::agent_pod_event)
+        .inspect(lists.recorder(Watched::AgentPods))
+        .reflect(writer)
+        .inspect(move |event| changes.pod_event(event))
+        .touched_objects();
+    (store, stream)
+}
+
+/// The agent DaemonSets in the operator namespace, trimmed, passed on when their spec changes.
+fn watch_daemonsets(
+    client: &Client,
+    ns: &str,
+    lists: &InitialLists,
+) -> (
+    Store<DaemonSet>,
+    impl Stream<Item = Result<DaemonSet, watcher::Error>> + use<>,
+) {
+    let (store, writer) = reflector::store();
+    let mut seen = HashMap::new();
+    let config = watcher::Config::default().labels(&format!(
+        "{}={}",
+        labels::APP_NAME,
+        labels::APP_NAME_AGENT
+    ));
+    let stream = watcher::watcher(Api::<DaemonSet>::namespaced(client.clone(), ns), config)
+        .default_backoff()
+        .modify(cached::daemonset)
+        .inspect(lists.recorder(Watched::DaemonSets))
+        .reflect(writer)
+        .filter_map(move |event| futures::future::ready(daemonset_trigger(&mut seen, event)));
+    (store, stream)
 }

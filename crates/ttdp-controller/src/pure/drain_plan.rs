@@ -1,0 +1,144 @@
+//! How a node is drained, from the policy's `upgradePolicy.drain`: the two-pass plan ttdp-drain
+//! runs, its timeout (counted from when the node entered Draining, so a restarted drain does not
+//! start the clock again), and when a node waiting in Upgrading on the device's holders reaches
+//! that timeout. Pure: the time is an argument.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use ttdp_api::driver::v1alpha1::{DrainPolicy, SpecError, TenstorrentDriverPolicySpec};
+use ttdp_api::{NodeState, NodeStatus, names};
+use ttdp_drain::{DevicePredicate, DrainOptions, TwoPassDrain};
+
+use crate::pure::observe;
+use crate::pure::transition::reasons;
+
+/// `upgradePolicy.drain.timeoutSeconds` when the drain is enabled.
+pub fn drain_timeout(spec: &TenstorrentDriverPolicySpec) -> Option<Duration> {
+    let drain = &spec.upgrade_policy.drain;
+    drain.enable.then(|| timeout_of(drain))
+}
+
+/// `timeoutSeconds` of `drain` as a duration (a negative value counts as one second).
+fn timeout_of(drain: &DrainPolicy) -> Duration {
+    Duration::from_secs(u64::try_from(drain.timeout_seconds).unwrap_or(1))
+}
+
+/// The drain of a node that entered Draining `elapsed` ago: what remains of the timeout (at
+/// least a second), the device's pods in the first pass, the selected or all pods in the second.
+pub fn two_pass_drain(
+    spec: &TenstorrentDriverPolicySpec,
+    elapsed: Duration,
+) -> Result<TwoPassDrain, SpecError> {
+    let drain = &spec.upgrade_policy.drain;
+    let timeout = timeout_of(drain)
+        .saturating_sub(elapsed)
+        .max(Duration::from_secs(1));
+    Ok(TwoPassDrain {
+        device: DevicePredicate {
+            host_path_prefixes: vec![names::DEVICE_PATH.to_owned()],
+            resource_prefixes: vec![names::DEVICE_RESOURCE_PREFIX.to_owned()],
+        },
+        full_node: drain.full_node,
+        pod_selector: spec.pod_selector()?,
+        force: drain.force,
+        delete_emptydir_data: drain.delete_empty_dir,
+        options: DrainOptions {
+            timeout: Some(timeout),
+            ..DrainOptions::default()
+        },
+    })
+}
+
+/// How long since `entered`, at `now` (zero when unknown or in the future).
+pub fn elapsed_since(entered: Option<&Time>, now: &Time) -> Duration {
+    entered
+        .map(|t| now.0.duration_since(t.0))
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or_default()
+}
+
+/// How long until a node waiting in Upgrading on the device's holders reaches its deadline
+/// (`timeout` after it entered Upgrading), so the reconcile looks again then.
+pub fn holders_deadline(
+    entry: Option<&NodeStatus>,
+    now: &Time,
+    timeout: Option<Duration>,
+) -> Option<Duration> {
+    let entry = entry.filter(|e| {
+        e.state == NodeState::Upgrading && e.reason.as_deref() == Some(reasons::DEVICE_HELD)
+    })?;
+    let waited = observe::in_state_for(Some(entry), now)?;
+    Some(timeout?.saturating_sub(waited))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+
+    fn spec(timeout_seconds: i64, enable: bool) -> TenstorrentDriverPolicySpec {
+        let mut spec: TenstorrentDriverPolicySpec =
+            serde_json::from_value(serde_json::json!({"version": "2.8.0"})).unwrap();
+        spec.upgrade_policy.drain.timeout_seconds = timeout_seconds;
+        spec.upgrade_policy.drain.enable = enable;
+        spec
+    }
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn the_drain_timeout_counts_from_entering_draining() {
+        let plan = two_pass_drain(&spec(300, true), Duration::from_secs(120)).unwrap();
+        assert_eq!(plan.options.timeout, Some(Duration::from_secs(180)));
+        let late = two_pass_drain(&spec(300, true), Duration::from_secs(900)).unwrap();
+        assert_eq!(late.options.timeout, Some(Duration::from_secs(1)));
+        assert_eq!(plan.device.host_path_prefixes, vec![names::DEVICE_PATH]);
+        assert_eq!(
+            elapsed_since(Some(&at(100)), &at(160)),
+            Duration::from_secs(60)
+        );
+        assert_eq!(elapsed_since(Some(&at(200)), &at(160)), Duration::ZERO);
+        assert_eq!(elapsed_since(None, &at(160)), Duration::ZERO);
+    }
+
+    #[test]
+    fn without_a_drain_there_is_no_drain_timeout() {
+        assert_eq!(drain_timeout(&spec(60, false)), None);
+        assert_eq!(
+            drain_timeout(&spec(60, true)),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(drain_timeout(&spec(-5, true)), Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn only_a_node_held_in_upgrading_has_a_holders_deadline() {
+        let held = NodeStatus {
+            name: "n".into(),
+            state: NodeState::Upgrading,
+            reason: Some(reasons::DEVICE_HELD.into()),
+            last_transition_time: Some(at(100)),
+            current_version: None,
+            target_version: None,
+            install_mode: None,
+            message: None,
+            phase_start_time: None,
+            attempts: None,
+        };
+        let timeout = Some(Duration::from_secs(60));
+        assert_eq!(
+            holders_deadline(Some(&held), &at(130), timeout),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(holders_deadline(Some(&held), &at(130), None), None);
+        let draining = NodeStatus {
+            state: NodeState::Draining,
+            ..held.clone()
+        };
+        assert_eq!(holders_deadline(Some(&draining), &at(130), timeout), None);
+    }
+}

@@ -1,0 +1,438 @@
+//! Where a node goes next, state by state ([`super::next`] without the retry clearing). A
+//! [`Deciding`] holds one node's observation and the rollout's rules while each state's rule
+//! reads them.
+
+use ttdp_api::NodeState;
+
+use super::{
+    Action, AgentCondition, AgentPod, DrainProgress, NodeObservation, NodeTransition, RetryGate,
+    RolloutRules, StartGate, UpgradeGrant, reasons,
+};
+
+/// The suffix the drain tracker puts after skipped pods that declare the device.
+const USES_DEVICE: &str = " (uses /dev/tenstorrent)";
+
+/// What the node's message (and so its Upgrading Event) says of the pods a drain skipped.
+fn skipped_message(skipped: &[String]) -> String {
+    format!(
+        "drained; left {} pod(s) without a controller because upgradePolicy.drain.force is off: \
+         {}; set force: true to evict them",
+        skipped.len(),
+        skipped.join(", ")
+    )
+}
+
+pub(super) fn decide(obs: &NodeObservation, rules: &RolloutRules) -> NodeTransition {
+    let holds_ours =
+        obs.cordoned_by_us || obs.gates_closed_by_us || obs.grant != UpgradeGrant::Absent;
+    let release = |t: NodeTransition| {
+        if holds_ours {
+            t.doing(Action::Release)
+        } else {
+            t
+        }
+    };
+    if let Some(owner) = &obs.conflict_with {
+        return release(NodeTransition::to(NodeState::Conflict).because(
+            reasons::OWNED_BY_OLDER_POLICY,
+            format!(
+                "also selected by policy {owner}, which is older and manages this node; make the selectors disjoint"
+            ),
+        ));
+    }
+    if obs.host_managed {
+        return release(NodeTransition::to(NodeState::HostManaged).because(
+            reasons::HOST_MANAGED,
+            "the host manages tt-kmd (DKMS); ttdp only observes. Remove the host's DKMS install to hand the node to ttdp",
+        ));
+    }
+    let deciding = Deciding {
+        obs,
+        rules,
+        holds_ours,
+    };
+    match obs.recorded.unwrap_or(NodeState::Pending) {
+        NodeState::Cordoning => deciding.cordoning(),
+        NodeState::Draining => deciding.draining(),
+        NodeState::Upgrading => deciding.upgrading(false),
+        NodeState::Uncordoning => deciding.uncordoning(),
+        NodeState::Failed => deciding.failed(),
+        NodeState::Pending | NodeState::Done | NodeState::HostManaged | NodeState::Conflict => {
+            deciding.settled()
+        }
+    }
+}
+
+/// One node's decision in the making.
+struct Deciding<'a> {
+    obs: &'a NodeObservation,
+    rules: &'a RolloutRules,
+    holds_ours: bool,
+}
+
+impl Deciding<'_> {
+    fn target(&self) -> &str {
+        &self.rules.target_version
+    }
+
+    /// The agent on the current template is ready and the node reports the target loaded.
+    fn up_to_date(&self) -> bool {
+        self.obs.agent == AgentPod::Current(AgentCondition::Ready)
+            && self.obs.loaded_version.as_deref() == Some(self.target())
+    }
+
+    /// A different version is loaded: the agent swaps it only with a grant.
+    fn needs_grant(&self) -> bool {
+        self.obs
+            .loaded_version
+            .as_deref()
+            .is_some_and(|v| v != self.target())
+    }
+
+    /// A different version is loaded: swapping it disrupts workloads, so drain first.
+    fn needs_drain(&self) -> bool {
+        self.rules.drain_enabled && self.needs_grant()
+    }
+
+    /// The agent pod runs (or is to be replaced) and has neither finished (Ready) nor failed:
+    /// given a grant, it would swap the loaded module.
+    fn agent_would_swap(&self) -> bool {
+        matches!(
+            self.obs.agent,
+            AgentPod::Stale
+                | AgentPod::Current(
+                    AgentCondition::Starting
+                        | AgentCondition::Working
+                        | AgentCondition::WaitingForGrant
+                        | AgentCondition::WaitingForHolders { .. }
+                )
+        )
+    }
+
+    /// With drain enabled, the node went through Cordoning (it carries our cordon, or someone
+    /// else's and the gates we closed), so being recorded in Upgrading means it was drained.
+    fn cordoned_for_us(&self) -> bool {
+        self.obs.cordoned_by_us || (self.obs.externally_cordoned && self.obs.gates_closed_by_us)
+    }
+
+    fn paused(&self) -> bool {
+        self.obs.start == StartGate::Paused
+    }
+
+    /// Finished: release what we hold first, else Done.
+    fn finish(&self) -> NodeTransition {
+        if self.holds_ours {
+            NodeTransition::to(NodeState::Uncordoning).doing(Action::Release)
+        } else if self.obs.externally_cordoned {
+            NodeTransition::to(NodeState::Done).because(
+                reasons::CORDONED_BY_OTHER,
+                "upgraded; left cordoned because someone else cordoned it before the upgrade (kubectl uncordon when done)",
+            )
+        } else {
+            NodeTransition::to(NodeState::Done)
+        }
+    }
+
+    /// A node that may start an upgrade: Cordoning when a loaded module must be swapped,
+    /// straight to Upgrading otherwise; Pending while the gate is closed.
+    fn start(&self) -> NodeTransition {
+        match self.obs.start {
+            StartGate::Allowed if self.needs_drain() => {
+                NodeTransition::to(NodeState::Cordoning).doing(Action::Cordon)
+            }
+            StartGate::Allowed => self.enter_upgrading(),
+            gate => self.pending(gate),
+        }
+    }
+
+    fn pending(&self, gate: StartGate) -> NodeTransition {
+        let t = NodeTransition::to(NodeState::Pending);
+        match gate {
+            StartGate::Paused => t.because(reasons::PAUSED, "the policy is paused; set spec.paused=false to continue"),
+            StartGate::Halted => t.because(
+                reasons::ROLLOUT_HALTED,
+                "the rollout is halted: more nodes failed than maxUnavailable allows; fix them or run kubectl tt driver retry",
+            ),
+            // The most common state of a large rollout: kept to the reason alone (status size).
+            StartGate::NoSlot | StartGate::Allowed => NodeTransition {
+                reason: Some(reasons::WAITING_FOR_SLOT.to_owned()),
+                ..t
+            },
+        }
+    }
+
+    /// Entering Upgrading through the gate: grant the swap when one is needed (before the
+    /// agent is replaced, so the new pod finds it), then give the agent a fresh start.
+    fn enter_upgrading(&self) -> NodeTransition {
+        let t = NodeTransition::to(NodeState::Upgrading);
+        let t = if self.needs_grant() {
+            t.doing(Action::Grant)
+        } else {
+            t
+        };
+        t.doing(Action::ReplaceAgent { even_current: true })
+    }
+
+    /// In (or found in) Upgrading with a loaded module to swap and no grant for it: grant it
+    /// when the node came through the gate (recorded in Upgrading after its drain; a crash lost
+    /// the grant), drain again when it holds our cordon but the drain is not known to be done,
+    /// else start it through the gate (Pending while no slot, Cordoning, or Upgrading granted).
+    fn grant_or_gate(&self, observed: bool) -> NodeTransition {
+        if self.rules.drain_enabled && self.cordoned_for_us() {
+            return if observed {
+                NodeTransition::to(NodeState::Draining).doing(Action::Drain)
+            } else {
+                let t = NodeTransition::to(NodeState::Upgrading).doing(Action::Grant);
+                match self.obs.agent {
+                    AgentPod::Stale => t.doing(Action::ReplaceAgent {
+                        even_current: false,
+                    }),
+                    _ => t,
+                }
+            };
+        }
+        self.start()
+    }
+
+    fn settled(&self) -> NodeTransition {
+        if self.holds_ours {
+            // We cordoned it but the recorded state was lost: resume, never cordon twice.
+            return if self.up_to_date() {
+                self.finish()
+            } else if matches!(self.obs.agent, AgentPod::Current(_)) || !self.rules.drain_enabled {
+                self.upgrading(true)
+            } else {
+                NodeTransition::to(NodeState::Draining).doing(Action::Drain)
+            };
+        }
+        if self.up_to_date() {
+            return self.finish();
+        }
+        match &self.obs.agent {
+            AgentPod::Current(AgentCondition::Failed { reason, message }) => {
+                NodeTransition::to(NodeState::Failed).because(reason, message.clone())
+            }
+            // The DaemonSet already runs the current template here (a fresh install, a recreated
+            // pod, a node that joined): with a different version loaded, `upgrading` sends the
+            // node through the gate, as a stale pod would be.
+            // Until its first report the node may not have labelled the module it has loaded:
+            // a node with nothing known loaded waits rather than taking it for a fresh install.
+            AgentPod::Current(AgentCondition::Starting) if self.obs.loaded_version.is_none() => {
+                NodeTransition::to(NodeState::Pending).because(
+                    reasons::WAITING_FOR_AGENT,
+                    "waiting for the agent's first report",
+                )
+            }
+            AgentPod::Current(_) => self.upgrading(true),
+            AgentPod::Stale => self.start(),
+            AgentPod::Missing | AgentPod::Terminating | AgentPod::NotCreated(_) => {
+                if self.obs.recorded == Some(NodeState::Done)
+                    && self.obs.loaded_version.as_deref() == Some(self.target())
+                {
+                    NodeTransition::to(NodeState::Done)
+                } else if let AgentPod::NotCreated(b) = &self.obs.agent {
+                    NodeTransition::to(NodeState::Pending).because(&b.reason, b.message.clone())
+                } else {
+                    NodeTransition::to(NodeState::Pending).because(
+                        reasons::WAITING_FOR_AGENT,
+                        "waiting for the DaemonSet to run an agent pod on this node",
+                    )
+                }
+            }
+        }
+    }
+
+    fn cordoning(&self) -> NodeTransition {
+        if self.up_to_date() {
+            return self.finish();
+        }
+        if !self.rules.drain_enabled {
+            return self.upgrading(false);
+        }
+        let cordoned = self.obs.cordoned_by_us || self.obs.externally_cordoned;
+        let gates_closed = self.obs.gates_closed_by_us || !self.rules.gates_configured;
+        if !(cordoned && gates_closed) {
+            return NodeTransition::to(NodeState::Cordoning).doing(Action::Cordon);
+        }
+        if self.paused() {
+            return NodeTransition::to(NodeState::Cordoning).because(
+                reasons::PAUSED,
+                "cordoned; the policy is paused before the drain",
+            );
+        }
+        NodeTransition::to(NodeState::Draining).doing(Action::Drain)
+    }
+
+    fn draining(&self) -> NodeTransition {
+        if self.up_to_date() {
+            return self.finish();
+        }
+        match &self.obs.drain {
+            DrainProgress::Succeeded { .. } if self.paused() => {
+                NodeTransition::to(NodeState::Draining).because(
+                    reasons::PAUSED,
+                    "drained; the policy is paused before the module swap",
+                )
+            }
+            DrainProgress::Succeeded { skipped } if !skipped.is_empty() => self
+                .enter_upgrading()
+                .because(reasons::BARE_PODS_SKIPPED, skipped_message(skipped)),
+            DrainProgress::Succeeded { .. } => self.enter_upgrading(),
+            DrainProgress::Failed { reason, message } => NodeTransition::to(NodeState::Failed)
+                .because(reason, message.clone())
+                .doing(Action::Release),
+            DrainProgress::Running { message } => NodeTransition::to(NodeState::Draining)
+                .because("Draining", message.clone())
+                .doing(Action::Drain),
+            DrainProgress::NotStarted => {
+                NodeTransition::to(NodeState::Draining).doing(Action::Drain)
+            }
+        }
+    }
+
+    /// In Upgrading (or found there): wait for the agent on the current template.
+    /// `observed`: the node is in Upgrading because the DaemonSet put a current pod there, not
+    /// because we entered the step (nothing to replace then).
+    fn upgrading(&self, observed: bool) -> NodeTransition {
+        if self.up_to_date() {
+            return self.finish();
+        }
+        if self.agent_would_swap() && self.needs_grant() && self.obs.grant != UpgradeGrant::Target {
+            return self.grant_or_gate(observed);
+        }
+        let t = NodeTransition::to(NodeState::Upgrading);
+        match &self.obs.agent {
+            AgentPod::Stale if observed && self.paused() => self.pending(StartGate::Paused),
+            AgentPod::Stale => t.doing(Action::ReplaceAgent {
+                even_current: false,
+            }),
+            AgentPod::Missing | AgentPod::Terminating => t.because(
+                reasons::WAITING_FOR_AGENT,
+                format!(
+                    "waiting for the DaemonSet to start the agent for {}",
+                    self.target()
+                ),
+            ),
+            AgentPod::NotCreated(b) | AgentPod::Current(AgentCondition::Stuck(b)) => {
+                t.because(&b.reason, b.message.clone())
+            }
+            AgentPod::Current(AgentCondition::Ready) => t.because(
+                "WaitingForVersionLabel",
+                format!(
+                    "agent ready; waiting for the node to report {} loaded",
+                    self.target()
+                ),
+            ),
+            AgentPod::Current(AgentCondition::Starting | AgentCondition::Working) => t.because(
+                "Installing",
+                format!("agent installing tt-kmd {}", self.target()),
+            ),
+            AgentPod::Current(AgentCondition::WaitingForGrant) => t.because(
+                reasons::WAITING_FOR_GRANT,
+                format!(
+                    "upgrade to {} granted; waiting for the agent to read the grant",
+                    self.target()
+                ),
+            ),
+            AgentPod::Current(AgentCondition::WaitingForHolders { message }) => self.held(message),
+            AgentPod::Current(AgentCondition::Failed { reason, message }) => {
+                let failed = NodeTransition::to(NodeState::Failed).because(reason, message.clone());
+                if self.holds_ours {
+                    failed.doing(Action::Release)
+                } else {
+                    failed
+                }
+            }
+        }
+    }
+
+    /// The bare pods the node's drain skipped that declare the device (`namespace/name`);
+    /// empty when the drain is not known (e.g. after a controller restart).
+    fn skipped_device_pods(&self) -> Vec<&str> {
+        match &self.obs.drain {
+            DrainProgress::Succeeded { skipped } => skipped
+                .iter()
+                .filter_map(|p| p.strip_suffix(USES_DEVICE))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Recorded in Upgrading after a drain for longer than the drain timeout.
+    fn past_holders_deadline(&self) -> bool {
+        let limit = self
+            .rules
+            .drain_timeout
+            .filter(|_| self.rules.drain_enabled);
+        self.obs.recorded == Some(NodeState::Upgrading)
+            && limit
+                .zip(self.obs.in_state_for)
+                .is_some_and(|(limit, waited)| waited >= limit)
+    }
+
+    /// The agent waits for the device's holders (`holders`, e.g. "held by pid 1234 (python3)"):
+    /// name them and the device pods the drain skipped; Failed once the drain timeout passed.
+    fn held(&self, holders: &str) -> NodeTransition {
+        let pods = self.skipped_device_pods();
+        let pods = if pods.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; bare pod(s) the drain skipped that use the device: {}",
+                pods.join(", ")
+            )
+        };
+        if !self.past_holders_deadline() {
+            return NodeTransition::to(NodeState::Upgrading).because(
+                reasons::DEVICE_HELD,
+                format!(
+                    "{holders}{pods}; stop those processes, drain them (upgradePolicy.drain.fullNode), or set upgradePolicy.forceUnload"
+                ),
+            );
+        }
+        let failed = NodeTransition::to(NodeState::Failed).because(
+            reasons::DRAIN_TIMEOUT,
+            format!(
+                "the device is still in use after upgradePolicy.drain.timeoutSeconds in Upgrading; blockers: {holders}{pods}; stop them or set upgradePolicy.drain.force: true (or upgradePolicy.forceUnload: true), then retry"
+            ),
+        );
+        if self.holds_ours {
+            failed.doing(Action::Release)
+        } else {
+            failed
+        }
+    }
+
+    fn uncordoning(&self) -> NodeTransition {
+        if self.holds_ours {
+            return NodeTransition::to(NodeState::Uncordoning).doing(Action::Release);
+        }
+        self.finish()
+    }
+
+    fn failed(&self) -> NodeTransition {
+        if self.up_to_date() {
+            return self.finish();
+        }
+        let may_retry = match self.obs.retry {
+            RetryGate::Requested => true,
+            RetryGate::Due => true,
+            RetryGate::NotYet => false,
+        };
+        if may_retry && self.obs.start == StartGate::Allowed {
+            let mut t = self.start();
+            t.reason = Some(reasons::RETRYING.to_owned());
+            t.message = Some(format!("retrying the install of {}", self.target()));
+            return t;
+        }
+        let mut t = NodeTransition::to(NodeState::Failed);
+        if let AgentPod::Current(AgentCondition::Failed { reason, message }) = &self.obs.agent {
+            t = t.because(reason, message.clone());
+        }
+        if self.holds_ours {
+            t.doing(Action::Release)
+        } else {
+            t
+        }
+    }
+}

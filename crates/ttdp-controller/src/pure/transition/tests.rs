@@ -1,0 +1,970 @@
+use super::*;
+use NodeState::*;
+
+fn rules() -> RolloutRules {
+    RolloutRules {
+        target_version: "2.8.0".into(),
+        drain_enabled: true,
+        gates_configured: true,
+        drain_timeout: None,
+    }
+}
+
+fn base() -> NodeObservation {
+    NodeObservation {
+        recorded: None,
+        conflict_with: None,
+        host_managed: false,
+        loaded_version: None,
+        agent: AgentPod::Missing,
+        cordoned_by_us: false,
+        externally_cordoned: false,
+        gates_closed_by_us: false,
+        grant: UpgradeGrant::Absent,
+        drain: DrainProgress::NotStarted,
+        retry: RetryGate::NotYet,
+        start: StartGate::Allowed,
+        in_state_for: None,
+    }
+}
+
+fn with(f: impl FnOnce(&mut NodeObservation)) -> NodeObservation {
+    let mut o = base();
+    f(&mut o);
+    o
+}
+
+fn old(o: &mut NodeObservation) {
+    o.loaded_version = Some("2.7.0".into());
+}
+
+fn ours(o: &mut NodeObservation) {
+    o.cordoned_by_us = true;
+    o.gates_closed_by_us = true;
+}
+
+#[test]
+fn a_drain_that_skipped_bare_pods_names_them_and_goes_on() {
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Draining);
+            ours(o);
+            o.agent = AgentPod::Stale;
+            old(o);
+            o.drain = DrainProgress::Succeeded {
+                skipped: vec![
+                    "jobs/notebook (uses /dev/tenstorrent)".into(),
+                    "default/debug".into(),
+                ],
+            }
+        }),
+        &rules(),
+    );
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Upgrading, Some(reasons::BARE_PODS_SKIPPED))
+    );
+    let message = t.message.unwrap_or_default();
+    assert!(
+        message.contains("left 2 pod(s)")
+            && message.contains("jobs/notebook (uses /dev/tenstorrent), default/debug")
+            && message.contains("drain.force is off"),
+        "{message}"
+    );
+    assert_eq!(
+        t.actions,
+        vec![Action::Grant, Action::ReplaceAgent { even_current: true }],
+        "the swap goes on: skipped pods do not hold the node back"
+    );
+}
+
+fn ready_on_target(o: &mut NodeObservation) {
+    o.agent = AgentPod::Current(AgentCondition::Ready);
+    o.loaded_version = Some("2.8.0".into());
+}
+
+/// Columns in the order of `NodeState::ALL`:
+/// Pending, Cordoning, Draining, Upgrading, Uncordoning, Done, Failed, HostManaged, Conflict.
+fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
+    vec![
+        (
+            "no agent pod, no module",
+            base(),
+            [
+                Pending, Cordoning, Draining, Upgrading, Done, Pending, Failed, Pending, Pending,
+            ],
+        ),
+        (
+            // Found in Upgrading without our cordon or grant: it never went through the
+            // drain, so it goes through the gate again.
+            "stale agent, old module loaded",
+            with(|o| {
+                o.agent = AgentPod::Stale;
+                old(o)
+            }),
+            [
+                Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
+                Cordoning,
+            ],
+        ),
+        (
+            "stale agent, no module loaded",
+            with(|o| o.agent = AgentPod::Stale),
+            [
+                Upgrading, Cordoning, Draining, Upgrading, Done, Upgrading, Failed, Upgrading,
+                Upgrading,
+            ],
+        ),
+        (
+            "stale agent, target already loaded (template-only change)",
+            with(|o| {
+                o.agent = AgentPod::Stale;
+                o.loaded_version = Some("2.8.0".into())
+            }),
+            [
+                Upgrading, Cordoning, Draining, Upgrading, Done, Upgrading, Failed, Upgrading,
+                Upgrading,
+            ],
+        ),
+        (
+            // A recreated pod, or a node that joined with a module loaded: it takes the
+            // gate like a stale pod, never straight to Upgrading.
+            "current agent working, old module",
+            with(|o| {
+                o.agent = AgentPod::Current(AgentCondition::Working);
+                old(o)
+            }),
+            [
+                Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
+                Cordoning,
+            ],
+        ),
+        (
+            "current agent waiting for the grant, old module",
+            with(|o| {
+                o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+                old(o)
+            }),
+            [
+                Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
+                Cordoning,
+            ],
+        ),
+        (
+            "current agent working, no module (fresh install)",
+            with(|o| o.agent = AgentPod::Current(AgentCondition::Working)),
+            [
+                Upgrading, Cordoning, Draining, Upgrading, Done, Upgrading, Failed, Upgrading,
+                Upgrading,
+            ],
+        ),
+        (
+            "cordoned by us, current agent waiting for the grant, old module",
+            with(|o| {
+                ours(o);
+                o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+                old(o)
+            }),
+            [
+                Draining,
+                Draining,
+                Draining,
+                Upgrading,
+                Uncordoning,
+                Draining,
+                Failed,
+                Draining,
+                Draining,
+            ],
+        ),
+        (
+            "cordoned by us and granted, current agent working, old module",
+            with(|o| {
+                ours(o);
+                o.grant = UpgradeGrant::Target;
+                o.agent = AgentPod::Current(AgentCondition::Working);
+                old(o)
+            }),
+            [
+                Upgrading,
+                Draining,
+                Draining,
+                Upgrading,
+                Uncordoning,
+                Upgrading,
+                Failed,
+                Upgrading,
+                Upgrading,
+            ],
+        ),
+        (
+            "up to date",
+            with(ready_on_target),
+            [Done, Done, Done, Done, Done, Done, Done, Done, Done],
+        ),
+        (
+            "current agent ready, label not yet flipped",
+            with(|o| {
+                o.agent = AgentPod::Current(AgentCondition::Ready);
+                old(o)
+            }),
+            [
+                Upgrading, Cordoning, Draining, Upgrading, Done, Upgrading, Failed, Upgrading,
+                Upgrading,
+            ],
+        ),
+        (
+            "current agent waiting for holders of the old module",
+            with(|o| {
+                o.agent = AgentPod::Current(AgentCondition::WaitingForHolders {
+                    message: "held by pid 7 (python3)".into(),
+                });
+                old(o)
+            }),
+            [
+                Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
+                Cordoning,
+            ],
+        ),
+        (
+            "current agent failed",
+            with(|o| {
+                o.agent = AgentPod::Current(AgentCondition::Failed {
+                    reason: "BuildFailed".into(),
+                    message: "make failed".into(),
+                });
+                old(o)
+            }),
+            [
+                Failed, Cordoning, Draining, Failed, Done, Failed, Failed, Failed, Failed,
+            ],
+        ),
+        (
+            "agent pod terminating",
+            with(|o| {
+                o.agent = AgentPod::Terminating;
+                old(o)
+            }),
+            [
+                Pending, Cordoning, Draining, Upgrading, Done, Pending, Failed, Pending, Pending,
+            ],
+        ),
+        (
+            "cordoned by us, stale agent, old module",
+            with(|o| {
+                ours(o);
+                o.agent = AgentPod::Stale;
+                old(o)
+            }),
+            [
+                Draining,
+                Draining,
+                Draining,
+                Upgrading,
+                Uncordoning,
+                Draining,
+                Failed,
+                Draining,
+                Draining,
+            ],
+        ),
+        (
+            "cordoned by us, up to date",
+            with(|o| {
+                ours(o);
+                ready_on_target(o)
+            }),
+            [Uncordoning; 9],
+        ),
+        (
+            "cordoned by us, drain finished",
+            with(|o| {
+                ours(o);
+                o.agent = AgentPod::Stale;
+                old(o);
+                o.drain = DrainProgress::Succeeded { skipped: vec![] }
+            }),
+            [
+                Draining,
+                Draining,
+                Upgrading,
+                Upgrading,
+                Uncordoning,
+                Draining,
+                Failed,
+                Draining,
+                Draining,
+            ],
+        ),
+        (
+            "cordoned by us, drain failed",
+            with(|o| {
+                ours(o);
+                o.agent = AgentPod::Stale;
+                old(o);
+                o.drain = DrainProgress::Failed {
+                    reason: "DrainTimeout".into(),
+                    message: "web-0 blocked".into(),
+                }
+            }),
+            [
+                Draining,
+                Draining,
+                Failed,
+                Upgrading,
+                Uncordoning,
+                Draining,
+                Failed,
+                Draining,
+                Draining,
+            ],
+        ),
+        (
+            "host-managed",
+            with(|o| {
+                o.host_managed = true;
+                old(o)
+            }),
+            [HostManaged; 9],
+        ),
+        (
+            "selected by an older policy",
+            with(|o| {
+                o.conflict_with = Some("prod".into());
+                o.agent = AgentPod::Stale
+            }),
+            [Conflict; 9],
+        ),
+        (
+            "cordoned by someone else, up to date",
+            with(|o| {
+                o.externally_cordoned = true;
+                ready_on_target(o)
+            }),
+            [Done; 9],
+        ),
+        (
+            "retry requested, stale agent, old module",
+            with(|o| {
+                o.retry = RetryGate::Requested;
+                o.agent = AgentPod::Stale;
+                old(o)
+            }),
+            [
+                Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Cordoning, Cordoning,
+                Cordoning,
+            ],
+        ),
+        (
+            "retry due, stale agent, no module",
+            with(|o| {
+                o.retry = RetryGate::Due;
+                o.agent = AgentPod::Stale
+            }),
+            [
+                Upgrading, Cordoning, Draining, Upgrading, Done, Upgrading, Upgrading, Upgrading,
+                Upgrading,
+            ],
+        ),
+    ]
+}
+
+#[test]
+fn every_state_times_every_observation() {
+    let mut checked = 0;
+    for (name, obs, expected) in table() {
+        for (from, want) in NodeState::ALL.iter().zip(expected) {
+            let o = NodeObservation {
+                recorded: Some(*from),
+                ..obs.clone()
+            };
+            let got = next(&o, &rules());
+            assert_eq!(got.state, want, "{from} + {name}: {got:?}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 23 * 9);
+}
+
+/// What Kubernetes says about an agent it does not run becomes the node's reason and
+/// message, and the node waits (Kubernetes keeps retrying) instead of failing.
+#[test]
+fn agents_kubernetes_does_not_run_wait_with_kubernetes_words() {
+    let blocker = |reason: &str| Blocker {
+        reason: reason.into(),
+        message: format!("{reason}: what Kubernetes says"),
+    };
+    let not_created = with(|o| o.agent = AgentPod::NotCreated(blocker("FailedCreate")));
+    for recorded in [None, Some(Pending)] {
+        let mut obs = not_created.clone();
+        obs.recorded = recorded;
+        let t = next(&obs, &rules());
+        assert_eq!(t.state, Pending, "{recorded:?}");
+        assert_eq!(t.reason.as_deref(), Some("FailedCreate"));
+        assert_eq!(
+            t.message.as_deref(),
+            Some("FailedCreate: what Kubernetes says")
+        );
+    }
+    let mut upgrading = not_created.clone();
+    upgrading.recorded = Some(Upgrading);
+    let t = next(&upgrading, &rules());
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Upgrading, Some("FailedCreate"))
+    );
+    for reason in [
+        "Unschedulable",
+        "NodeNotReady",
+        "CreateContainerConfigError",
+    ] {
+        let stuck = with(|o| {
+            o.agent = AgentPod::Current(AgentCondition::Stuck(blocker(reason)));
+            old(o)
+        });
+        for recorded in [None, Some(Upgrading)] {
+            let mut obs = stuck.clone();
+            obs.recorded = recorded;
+            let t = next(&obs, &rules());
+            assert_eq!(t.state, Upgrading, "{reason} {recorded:?}");
+            assert_eq!(t.reason.as_deref(), Some(reason));
+            assert!(
+                t.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("what Kubernetes says"))
+            );
+            assert!(t.actions.is_empty(), "nothing to replace: {t:?}");
+        }
+    }
+}
+
+#[test]
+fn a_never_seen_node_is_treated_as_pending() {
+    for (name, obs, expected) in table() {
+        assert_eq!(next(&obs, &rules()).state, expected[0], "{name}");
+    }
+}
+
+#[test]
+fn closed_gates_keep_new_nodes_waiting_with_a_reason() {
+    let stale_old = with(|o| {
+        o.agent = AgentPod::Stale;
+        old(o)
+    });
+    for (gate, reason) in [
+        (StartGate::NoSlot, reasons::WAITING_FOR_SLOT),
+        (StartGate::Paused, reasons::PAUSED),
+        (StartGate::Halted, reasons::ROLLOUT_HALTED),
+    ] {
+        let o = NodeObservation {
+            start: gate,
+            recorded: Some(Pending),
+            ..stale_old.clone()
+        };
+        let t = next(&o, &rules());
+        assert_eq!(t.state, Pending);
+        assert_eq!(t.reason.as_deref(), Some(reason));
+        assert!(t.actions.is_empty());
+        let failed = NodeObservation {
+            start: gate,
+            recorded: Some(Failed),
+            retry: RetryGate::Due,
+            ..stale_old.clone()
+        };
+        assert_eq!(
+            next(&failed, &rules()).state,
+            Failed,
+            "{gate:?}: a retry needs a slot too"
+        );
+    }
+}
+
+#[test]
+fn pause_stops_at_step_boundaries_but_lets_steps_in_flight_finish() {
+    let paused = |f: &dyn Fn(&mut NodeObservation)| {
+        let mut o = base();
+        o.start = StartGate::Paused;
+        f(&mut o);
+        next(&o, &rules())
+    };
+    let t = paused(&|o| {
+        o.recorded = Some(Cordoning);
+        ours(o);
+        o.agent = AgentPod::Stale;
+        old(o)
+    });
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Cordoning, Some(reasons::PAUSED))
+    );
+    let t = paused(&|o| {
+        o.recorded = Some(Cordoning);
+        o.agent = AgentPod::Stale;
+        old(o)
+    });
+    assert_eq!(
+        t.actions,
+        vec![Action::Cordon],
+        "a cordon in flight completes"
+    );
+    let t = paused(&|o| {
+        o.recorded = Some(Draining);
+        ours(o);
+        o.agent = AgentPod::Stale;
+        old(o)
+    });
+    assert_eq!(
+        t.actions,
+        vec![Action::Drain],
+        "a drain in flight runs to its end"
+    );
+    let t = paused(&|o| {
+        o.recorded = Some(Draining);
+        ours(o);
+        o.agent = AgentPod::Stale;
+        old(o);
+        o.drain = DrainProgress::Succeeded { skipped: vec![] }
+    });
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Draining, Some(reasons::PAUSED))
+    );
+    let t = paused(&|o| {
+        o.recorded = Some(Upgrading);
+        ours(o);
+        ready_on_target(o)
+    });
+    assert_eq!(t.state, Uncordoning);
+    let t = paused(&|o| o.recorded = Some(Uncordoning));
+    assert_eq!(t.state, Done);
+}
+
+#[test]
+fn actions_follow_the_step() {
+    let t = next(
+        &with(|o| {
+            o.agent = AgentPod::Stale;
+            old(o)
+        }),
+        &rules(),
+    );
+    assert_eq!(t.actions, vec![Action::Cordon]);
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Cordoning);
+            ours(o);
+            o.agent = AgentPod::Stale;
+            old(o)
+        }),
+        &rules(),
+    );
+    assert_eq!(t.actions, vec![Action::Drain]);
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Draining);
+            ours(o);
+            o.agent = AgentPod::Stale;
+            old(o);
+            o.drain = DrainProgress::Succeeded { skipped: vec![] }
+        }),
+        &rules(),
+    );
+    assert_eq!(
+        t.actions,
+        vec![Action::Grant, Action::ReplaceAgent { even_current: true }],
+        "entering Upgrading grants the swap, then gives the agent a fresh start"
+    );
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Upgrading);
+            ours(o);
+            o.grant = UpgradeGrant::Target;
+            o.agent = AgentPod::Stale;
+            old(o)
+        }),
+        &rules(),
+    );
+    assert_eq!(
+        t.actions,
+        vec![Action::ReplaceAgent {
+            even_current: false
+        }]
+    );
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Upgrading);
+            ours(o);
+            o.agent = AgentPod::Stale;
+            old(o)
+        }),
+        &rules(),
+    );
+    assert_eq!(
+        (t.state, t.actions),
+        (
+            Upgrading,
+            vec![
+                Action::Grant,
+                Action::ReplaceAgent {
+                    even_current: false
+                }
+            ]
+        ),
+        "drained, but a crash lost the grant: grant it again"
+    );
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Upgrading);
+            ours(o);
+            ready_on_target(o)
+        }),
+        &rules(),
+    );
+    assert_eq!((t.state, t.actions), (Uncordoning, vec![Action::Release]));
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Upgrading);
+            ready_on_target(o)
+        }),
+        &rules(),
+    );
+    assert_eq!(t.state, Done, "nothing to release: straight to Done");
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Failed);
+            ours(o);
+            o.agent = AgentPod::Stale;
+            old(o)
+        }),
+        &rules(),
+    );
+    assert_eq!(
+        t.actions,
+        vec![Action::Release],
+        "a Failed node does not keep its cordon or slot"
+    );
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Conflict);
+            ours(o);
+            o.conflict_with = Some("prod".into())
+        }),
+        &rules(),
+    );
+    assert_eq!(t.actions, vec![Action::Release]);
+}
+
+#[test]
+fn grants_are_given_only_through_the_gate_and_released_at_the_end() {
+    let recreated = with(|o| {
+        o.recorded = Some(Pending);
+        o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+        old(o)
+    });
+    for gate in [StartGate::NoSlot, StartGate::Paused, StartGate::Halted] {
+        let t = next(
+            &NodeObservation {
+                start: gate,
+                ..recreated.clone()
+            },
+            &rules(),
+        );
+        assert_eq!((t.state, t.actions), (Pending, vec![]), "{gate:?}");
+    }
+    let t = next(&recreated, &rules());
+    assert_eq!((t.state, t.actions), (Cordoning, vec![Action::Cordon]));
+    let starting = with(|o| o.agent = AgentPod::Current(AgentCondition::Starting));
+    assert_eq!(
+        next(&starting, &rules()).state,
+        Pending,
+        "nothing known loaded before the agent's first report: no fresh install assumed"
+    );
+    let fresh = with(|o| o.agent = AgentPod::Current(AgentCondition::Working));
+    let t = next(
+        &NodeObservation {
+            start: StartGate::NoSlot,
+            ..fresh
+        },
+        &rules(),
+    );
+    assert_eq!(
+        (t.state, t.actions),
+        (Upgrading, vec![]),
+        "a fresh install needs neither slot nor grant"
+    );
+    let granted = with(|o| {
+        o.recorded = Some(Upgrading);
+        ours(o);
+        o.grant = UpgradeGrant::Target;
+        o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+        old(o)
+    });
+    let t = next(&granted, &rules());
+    assert_eq!(
+        (t.state, t.reason.as_deref(), t.actions),
+        (Upgrading, Some(reasons::WAITING_FOR_GRANT), vec![])
+    );
+    let done_but_granted = with(|o| {
+        o.recorded = Some(Upgrading);
+        o.grant = UpgradeGrant::Target;
+        ready_on_target(o)
+    });
+    let t = next(&done_but_granted, &rules());
+    assert_eq!(
+        (t.state, t.actions),
+        (Uncordoning, vec![Action::Release]),
+        "the grant goes with the release"
+    );
+    let stale_grant = with(|o| {
+        o.recorded = Some(Upgrading);
+        ours(o);
+        o.grant = UpgradeGrant::OtherVersion;
+        o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+        old(o)
+    });
+    assert_eq!(
+        next(&stale_grant, &rules()).actions,
+        vec![Action::Grant],
+        "the target changed: grant the new one"
+    );
+}
+
+#[test]
+fn retry_requests_are_cleared_once_acted_on() {
+    let requested = with(|o| {
+        o.recorded = Some(Failed);
+        o.retry = RetryGate::Requested;
+        o.agent = AgentPod::Stale;
+        old(o)
+    });
+    let t = next(&requested, &rules());
+    assert_eq!(t.state, Cordoning);
+    assert_eq!(t.reason.as_deref(), Some(reasons::RETRYING));
+    assert!(t.actions.contains(&Action::ClearRetry));
+    let waiting = NodeObservation {
+        start: StartGate::NoSlot,
+        ..requested.clone()
+    };
+    let t = next(&waiting, &rules());
+    assert_eq!(t.state, Failed);
+    assert!(
+        !t.actions.contains(&Action::ClearRetry),
+        "kept until it can act"
+    );
+    let stray = with(|o| {
+        o.recorded = Some(Done);
+        o.retry = RetryGate::Requested;
+        ready_on_target(o)
+    });
+    assert_eq!(next(&stray, &rules()).actions, vec![Action::ClearRetry]);
+}
+
+#[test]
+fn messages_say_what_is_happening() {
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Upgrading);
+            ours(o);
+            old(o);
+            o.grant = UpgradeGrant::Target;
+            o.agent = AgentPod::Current(AgentCondition::WaitingForHolders {
+                message: "held by pid 1234 (python3)".into(),
+            });
+        }),
+        &rules(),
+    );
+    assert_eq!(t.reason.as_deref(), Some(reasons::DEVICE_HELD));
+    assert!(
+        t.message
+            .as_deref()
+            .unwrap()
+            .starts_with("held by pid 1234 (python3)")
+    );
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Draining);
+            ours(o);
+            old(o);
+            o.agent = AgentPod::Stale;
+            o.drain = DrainProgress::Failed {
+                reason: "DrainTimeout".into(),
+                message: "default/web-0: eviction blocked by PodDisruptionBudget default/web"
+                    .into(),
+            };
+        }),
+        &rules(),
+    );
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Failed, Some("DrainTimeout"))
+    );
+    assert!(t.message.as_deref().unwrap().contains("default/web-0"));
+    assert_eq!(t.actions, vec![Action::Release]);
+    let t = next(&with(|o| o.conflict_with = Some("prod".into())), &rules());
+    assert!(t.message.as_deref().unwrap().contains("prod"));
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Uncordoning);
+            o.externally_cordoned = true;
+            ready_on_target(o)
+        }),
+        &rules(),
+    );
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Done, Some(reasons::CORDONED_BY_OTHER))
+    );
+}
+
+#[test]
+fn without_drain_a_version_change_goes_straight_to_upgrading() {
+    let mut r = rules();
+    r.drain_enabled = false;
+    let t = next(
+        &with(|o| {
+            o.agent = AgentPod::Stale;
+            old(o)
+        }),
+        &r,
+    );
+    assert_eq!(t.state, Upgrading);
+    assert_eq!(
+        t.actions,
+        vec![Action::Grant, Action::ReplaceAgent { even_current: true }]
+    );
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Upgrading);
+            ready_on_target(o)
+        }),
+        &r,
+    );
+    assert_eq!(t.state, Done);
+}
+
+#[test]
+fn an_externally_cordoned_node_is_drained_without_claiming_it() {
+    let o = with(|o| {
+        o.recorded = Some(Cordoning);
+        o.externally_cordoned = true;
+        o.gates_closed_by_us = true;
+        o.agent = AgentPod::Stale;
+        old(o);
+    });
+    assert_eq!(next(&o, &rules()).state, Draining);
+    let no_gates = RolloutRules {
+        gates_configured: false,
+        ..rules()
+    };
+    let o = with(|o| {
+        o.recorded = Some(Cordoning);
+        o.externally_cordoned = true;
+        o.agent = AgentPod::Stale;
+        old(o)
+    });
+    assert_eq!(
+        next(&o, &no_gates).state,
+        Draining,
+        "no gates configured: nothing to close"
+    );
+    assert_eq!(next(&o, &rules()).state, Cordoning, "gates still to close");
+}
+
+/// A drained node in Upgrading whose agent waits for a skipped bare pod holding the
+/// device, `waited` after it entered Upgrading.
+fn held_by_bare_pod(waited: u64) -> NodeObservation {
+    with(|o| {
+        o.recorded = Some(Upgrading);
+        ours(o);
+        o.grant = UpgradeGrant::Target;
+        old(o);
+        o.agent = AgentPod::Current(AgentCondition::WaitingForHolders {
+            message: "held by pid 1234 (python3)".into(),
+        });
+        o.drain = DrainProgress::Succeeded {
+            skipped: vec![
+                "jobs/notebook (uses /dev/tenstorrent)".into(),
+                "default/debug".into(),
+            ],
+        };
+        o.in_state_for = Some(Duration::from_secs(waited));
+    })
+}
+
+fn timed(secs: u64) -> RolloutRules {
+    RolloutRules {
+        drain_timeout: Some(Duration::from_secs(secs)),
+        ..rules()
+    }
+}
+
+#[test]
+fn holders_are_waited_for_until_the_drain_timeout_naming_skipped_device_pods() {
+    let t = next(&held_by_bare_pod(599), &timed(600));
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Upgrading, Some(reasons::DEVICE_HELD))
+    );
+    let message = t.message.unwrap_or_default();
+    assert!(
+        message.contains("held by pid 1234 (python3)")
+            && message.contains("drain skipped that use the device: jobs/notebook;")
+            && !message.contains("default/debug"),
+        "{message}"
+    );
+    assert!(t.actions.is_empty());
+}
+
+#[test]
+fn holders_past_the_drain_timeout_fail_the_node_naming_the_blockers() {
+    let t = next(&held_by_bare_pod(600), &timed(600));
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Failed, Some(reasons::DRAIN_TIMEOUT))
+    );
+    assert_eq!(t.actions, vec![Action::Release]);
+    let message = t.message.unwrap_or_default();
+    assert!(
+        message.contains("held by pid 1234 (python3)")
+            && message.contains("jobs/notebook")
+            && message.contains("stop them or set upgradePolicy.drain.force: true"),
+        "{message}"
+    );
+    // After a controller restart the drain's skipped pods are unknown: the pids alone.
+    let restarted = NodeObservation {
+        drain: DrainProgress::NotStarted,
+        ..held_by_bare_pod(600)
+    };
+    let t = next(&restarted, &timed(600));
+    assert_eq!(t.state, Failed);
+    let message = t.message.unwrap_or_default();
+    assert!(
+        message.contains("held by pid 1234 (python3)") && !message.contains("bare pod"),
+        "{message}"
+    );
+}
+
+#[test]
+fn holders_have_no_deadline_without_a_drain_timeout() {
+    let long = held_by_bare_pod(86_400);
+    let t = next(&long, &rules());
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Upgrading, Some(reasons::DEVICE_HELD)),
+        "no drain timeout"
+    );
+    let no_drain = RolloutRules {
+        drain_enabled: false,
+        ..timed(600)
+    };
+    assert_eq!(next(&long, &no_drain).state, Upgrading, "drain disabled");
+    let unknown = NodeObservation {
+        in_state_for: None,
+        ..long.clone()
+    };
+    assert_eq!(
+        next(&unknown, &timed(600)).state,
+        Upgrading,
+        "entry time unknown"
+    );
+}

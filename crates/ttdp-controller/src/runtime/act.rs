@@ -1,0 +1,211 @@
+//! Carrying out a node's [`Action`]s: each node's in order (a failure does not stop the next),
+//! several nodes at once. Cordons, grants, agent replacements and retry clearing run in the
+//! background ([`crate::runtime::node_tasks`]); a reconcile waits for the others (starting a
+//! drain, lifting a cordon), whose outcome its next round needs.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+use tracing::warn;
+use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_drain::UncordonOutcome;
+
+use crate::error::{Error, error_chain};
+use crate::pure::cached::CachedPod;
+use crate::pure::drain_plan;
+use crate::pure::transition::Action;
+use crate::runtime::context::Context;
+use crate::runtime::node_actions;
+use crate::runtime::node_tasks::Wake;
+
+/// How many nodes' actions a reconcile waits for at once.
+const NODE_ACTIONS_AT_ONCE: usize = 16;
+
+/// One node's actions with what they need.
+#[derive(Clone, Debug)]
+pub struct NodeWork {
+    /// The node.
+    pub node: String,
+    /// Its actions, in order.
+    pub actions: Vec<Action>,
+    /// The agent pod a `ReplaceAgent` deletes (None: there is none to replace).
+    pub stale_agent: Option<CachedPod>,
+    /// When the node entered its state (a drain's timeout counts from there).
+    pub entered: Option<Time>,
+}
+
+/// What one node's actions returned; a lifted cordon says how it was lifted.
+pub type NodeOutcome = (
+    String,
+    Vec<(Action, Result<Option<UncordonOutcome>, Error>)>,
+);
+
+/// Whether an action runs in the background.
+pub fn in_background(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::Cordon | Action::Grant | Action::ReplaceAgent { .. } | Action::ClearRetry
+    )
+}
+
+/// Runs `work` in the background; its first failure fails the policy's next reconcile.
+pub fn spawn_in_background(
+    ctx: &Arc<Context>,
+    policy: &Arc<TenstorrentDriverPolicy>,
+    work: NodeWork,
+    now: &Time,
+) {
+    let (task_ctx, task_policy, now) = (ctx.clone(), policy.clone(), now.clone());
+    let name = policy.name_any();
+    let node = work.node.clone();
+    let task = move || async move {
+        let (node, results) = on_node(&task_ctx, &task_policy, work, &now).await;
+        let mut first_error = None;
+        for (action, result) in results {
+            if let Err(e) = result {
+                keep_failure(&node, action, e, &mut first_error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    };
+    ctx.node_tasks.spawn(&name, &node, task, waker(ctx, &name));
+}
+
+/// Runs the nodes' work, up to [`NODE_ACTIONS_AT_ONCE`] nodes at a time. The futures are made
+/// as slots free up: a wave of hundreds of nodes starting their drains would otherwise hold
+/// hundreds of request futures at once.
+pub async fn on_nodes(
+    ctx: &Arc<Context>,
+    policy: &TenstorrentDriverPolicy,
+    work: Vec<NodeWork>,
+    now: &Time,
+) -> Vec<NodeOutcome> {
+    let mut outcomes = Vec::new();
+    let mut work = work.into_iter();
+    let mut running = futures::stream::FuturesUnordered::new();
+    loop {
+        while running.len() < NODE_ACTIONS_AT_ONCE {
+            let Some(next) = work.next() else {
+                break;
+            };
+            running.push(on_node(ctx, policy, next, now));
+        }
+        match running.next().await {
+            Some(outcome) => outcomes.push(outcome),
+            None => break,
+        }
+    }
+    outcomes
+}
+
+/// One node's actions, in order (a failure does not stop the next); every result is returned.
+async fn on_node(
+    ctx: &Arc<Context>,
+    policy: &TenstorrentDriverPolicy,
+    work: NodeWork,
+    now: &Time,
+) -> NodeOutcome {
+    let mut results = Vec::with_capacity(work.actions.len());
+    for &action in &work.actions {
+        results.push((action, act(ctx, policy, &work, action, now).await));
+    }
+    (work.node, results)
+}
+
+/// One action on one node.
+async fn act(
+    ctx: &Arc<Context>,
+    policy: &TenstorrentDriverPolicy,
+    work: &NodeWork,
+    action: Action,
+    now: &Time,
+) -> Result<Option<UncordonOutcome>, Error> {
+    let name = policy.name_any();
+    let node = work.node.as_str();
+    match action {
+        Action::Cordon => {
+            node_actions::cordon_and_close_gates(
+                &ctx.client,
+                &name,
+                node,
+                &ctx.settings.deploy_gates,
+            )
+            .await?;
+        }
+        Action::Drain => start_drain(ctx, policy, work, now)?,
+        Action::Grant => {
+            node_actions::grant_upgrade(&ctx.client, &name, node, &policy.spec.version).await?;
+        }
+        Action::ReplaceAgent { .. } => {
+            if let Some(pod) = &work.stale_agent {
+                replace_agent(ctx, pod).await?;
+            }
+        }
+        Action::Release => {
+            let cached = ctx
+                .caches
+                .nodes
+                .get(&ObjectRef::new(node))
+                .and_then(|n| n.to_node());
+            return node_actions::release(&ctx.client, &name, node, cached)
+                .await
+                .map(Some);
+        }
+        Action::ClearRetry => node_actions::clear_retry(&ctx.client, node).await?,
+    }
+    Ok(None)
+}
+
+/// Starts the node's drain in the background (once; a drain already running goes on).
+fn start_drain(
+    ctx: &Arc<Context>,
+    policy: &TenstorrentDriverPolicy,
+    work: &NodeWork,
+    now: &Time,
+) -> Result<(), Error> {
+    let name = policy.name_any();
+    let elapsed = drain_plan::elapsed_since(work.entered.as_ref(), now);
+    let plan =
+        drain_plan::two_pass_drain(&policy.spec, elapsed).map_err(|source| Error::InvalidSpec {
+            policy: name.clone(),
+            source,
+        })?;
+    ctx.drains.ensure(
+        &ctx.drain_client,
+        &name,
+        &work.node,
+        plan,
+        ctx.metrics.clone(),
+        waker(ctx, &name),
+    );
+    Ok(())
+}
+
+/// Deletes the agent pod, once: a pod deleted moments ago may still look alive in the cache.
+async fn replace_agent(ctx: &Context, pod: &CachedPod) -> Result<(), Error> {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    if !ctx.first_deletion(uid) {
+        return Ok(());
+    }
+    node_actions::delete_agent_pod(&ctx.client, pod)
+        .await
+        .inspect_err(|_| ctx.forget_deletion(uid))
+}
+
+/// Wakes the policy's reconcile.
+pub fn waker(ctx: &Context, policy: &str) -> Wake {
+    let tx = ctx.wake.clone();
+    let policy = ObjectRef::<TenstorrentDriverPolicy>::new(policy);
+    Arc::new(move || {
+        let _ = tx.unbounded_send(policy.clone());
+    })
+}
+
+/// Logs a node action's failure and keeps it if it is the first.
+pub fn keep_failure(node: &str, action: Action, e: Error, first: &mut Option<Error>) {
+    warn!(node = %node, ?action, error = %error_chain(&e), "node action failed");
+    first.get_or_insert(e);
+}

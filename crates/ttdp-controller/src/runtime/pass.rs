@@ -1,0 +1,586 @@
+//! One reconcile of one policy as a value that owns what it knows. [`Pass::observe`] reads the
+//! caches and observes every matched node; each [`Pass::round`] plans, records the status and
+//! acts, then follows the fleet: it observes again only the nodes whose node, agent pods, drain
+//! or entry changed, so an agent's Ready or a finished drain is acted on in the next round, not
+//! in a new reconcile that observes the whole fleet. [`Pass::finish`] releases the nodes that
+//! left the selection and says when to look again.
+//!
+//! The new state is recorded before the action, so a crash in between repeats the action on the
+//! next reconcile instead of skipping it. Lifting a cordon, harmless to repeat, runs while its
+//! Uncordoning is written.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::controller::Action as Requeue;
+use tracing::info;
+use ttdp_api::node_selection::NodeSelection;
+use ttdp_api::{NodeState, TenstorrentDriverPolicy};
+use ttdp_drain::UncordonOutcome;
+
+use crate::error::Error;
+use crate::pure::agent_blocker::Blocker;
+use crate::pure::cached::{CachedNode, CachedPod};
+use crate::pure::drain_plan;
+use crate::pure::observe::{self, ObserveInput};
+use crate::pure::overlap::{OlderPolicies, selection_of};
+use crate::pure::rollout::{Planner, RolloutPlan};
+use crate::pure::status::{
+    BuiltStatus, NodeReport, PolicyFacts, StateChange, build_status, node_counts, update_status,
+};
+use crate::pure::transition::{
+    Action, AgentPod, DrainProgress, NodeObservation, RolloutRules, UpgradeGrant, reasons,
+};
+use crate::runtime::act::{self, NodeOutcome, NodeWork};
+use crate::runtime::context::Context;
+use crate::runtime::follow::{self, FollowBasis, PolicyKey};
+use crate::runtime::status_writer::{self, RecordedStatus};
+use crate::runtime::watch_changes::ChangeSubscription;
+use crate::runtime::{agent_daemonset, node_actions};
+
+/// How long one reconcile follows the fleet round after round before it ends and the next one
+/// observes everything again.
+pub const FOLLOW_FOR: Duration = Duration::from_secs(5);
+/// Requeue while nodes are in flight (a safety net; watches drive progress).
+const IN_FLIGHT_RESYNC: Duration = Duration::from_secs(30);
+/// Requeue while a managed node has no agent pod (to read the DaemonSet's Events again).
+const MISSING_AGENT_RESYNC: Duration = Duration::from_secs(5);
+/// Requeue when nothing is happening.
+const IDLE_RESYNC: Duration = Duration::from_secs(300);
+
+/// What the reconcile decided from when it started; a change to any of it ends the following.
+struct Basis {
+    selection: NodeSelection,
+    older: OlderPolicies,
+    /// The matched nodes an older policy owns, with that policy.
+    conflicts: BTreeMap<String, String>,
+    policies: Vec<PolicyKey>,
+    /// The agent DaemonSet's template hash.
+    template_hash: String,
+    /// Why the DaemonSet cannot create agent pods, when it says so.
+    not_created: Option<Blocker>,
+}
+
+/// One reconcile of one policy.
+pub struct Pass {
+    ctx: Arc<Context>,
+    policy: Arc<TenstorrentDriverPolicy>,
+    name: String,
+    basis: Basis,
+    watched: ChangeSubscription,
+    facts: PolicyFacts,
+    drain_timeout: Option<Duration>,
+    /// The matched nodes in name order; their agent pods, observations and planned steps are at
+    /// the same index.
+    matched: Vec<Arc<CachedNode>>,
+    unmatched: Vec<Arc<CachedNode>>,
+    agent_pods: Vec<Vec<Arc<CachedPod>>>,
+    observations: Vec<(String, NodeObservation)>,
+    planned: Vec<(NodeState, Vec<Action>)>,
+    planner: Planner,
+    /// The nodes observed again since the last round (the first round plans every node).
+    reobserved: Vec<usize>,
+    first_round: bool,
+    /// Actions already taken per node in its current state (a later round does not repeat them).
+    actions_taken: HashMap<String, Vec<Action>>,
+    /// Nodes whose cordon this reconcile lifted, with the node as the cache showed it then: until
+    /// the cache shows the change, the observation says what the lifting did.
+    uncordoned: HashMap<String, (Arc<CachedNode>, UncordonOutcome)>,
+    recorded: Arc<RecordedStatus>,
+    now: Time,
+    /// How long until the soonest retry gate opens or wait on the device's holders times out.
+    next_retry: Option<Duration>,
+    first_error: Option<Error>,
+    following_since: Instant,
+}
+
+/// What one round planned and recorded, for following the fleet after it.
+struct Planned {
+    built: BuiltStatus,
+    /// The matched nodes whose entry changed.
+    changed_entries: Vec<usize>,
+    changes: Vec<StateChange>,
+}
+
+impl Pass {
+    /// Applies the DaemonSet and observes every matched node (None: the policy selects none).
+    pub async fn observe(
+        policy: Arc<TenstorrentDriverPolicy>,
+        ctx: Arc<Context>,
+        recorded: Arc<RecordedStatus>,
+    ) -> Result<Option<Self>, Error> {
+        let require_nfd = ctx.settings.require_nfd;
+        let Some(selection) = selection_of(&policy, require_nfd) else {
+            return Ok(None);
+        };
+        let name = policy.name_any();
+        let all_policies = ctx.caches.policies.state();
+        let older = OlderPolicies::of(&policy, &all_policies, require_nfd);
+        // Subscribed before the caches are read: no change after the read goes unrecorded.
+        let watched = ctx.caches.changes.subscribe();
+        let (matched, unmatched) = split_by_selection(ctx.caches.nodes.state(), &selection);
+        let conflicts = conflicts_of(&matched, &older);
+        let mut selection = selection;
+        selection.excluded = conflicts.keys().cloned().collect();
+        let template_hash = agent_daemonset::ensure(&ctx, &policy, &selection).await?;
+        let agent_pods = follow::agent_pods_by_node(ctx.caches.agent_pods.state(), &name, &matched);
+        let not_created =
+            agent_daemonset::blocker(&ctx, &name, &matched, &agent_pods, &conflicts).await;
+        let managed = matched.len().saturating_sub(conflicts.len());
+        let (facts, plan) = plan_of(&ctx, &policy, managed)?;
+        let basis = Basis {
+            selection,
+            older,
+            conflicts,
+            policies: follow::policy_keys(&all_policies),
+            template_hash,
+            not_created,
+        };
+        let mut pass = Self {
+            drain_timeout: plan.rules.drain_timeout,
+            planner: Planner::new(plan),
+            planned: vec![(NodeState::Pending, Vec::new()); matched.len()],
+            observations: Vec::with_capacity(matched.len()),
+            ctx,
+            policy,
+            name,
+            basis,
+            watched,
+            facts,
+            matched,
+            unmatched,
+            agent_pods,
+            reobserved: Vec::new(),
+            first_round: true,
+            actions_taken: HashMap::new(),
+            uncordoned: HashMap::new(),
+            recorded,
+            now: Time(Timestamp::now()),
+            next_retry: None,
+            first_error: None,
+            following_since: Instant::now(),
+        };
+        let mut drains = pass.ctx.drains.progress_of(&pass.name);
+        for i in 0..pass.matched.len() {
+            let drain = drains.remove(pass.matched[i].name());
+            let observation = pass.observe_node(i, drain);
+            pass.observations.push(observation);
+        }
+        Ok(Some(pass))
+    }
+
+    /// Plans, records the status and acts; then follows the fleet. Returns whether to go on with
+    /// another round.
+    pub async fn round(&mut self) -> Result<bool, Error> {
+        let Planned {
+            built,
+            changed_entries,
+            changes,
+        } = self.plan();
+        let lifting = self.cordons_to_lift();
+        let (recorded, lifted) = futures::join!(
+            status_writer::record(&self.ctx, &self.policy, built, &self.recorded),
+            act::on_nodes(&self.ctx, &self.policy, lifting, &self.now)
+        );
+        self.recorded = recorded?;
+        let foreground = self.start_actions();
+        let mut outcomes = act::on_nodes(&self.ctx, &self.policy, foreground, &self.now).await;
+        outcomes.extend(lifted);
+        let released = self.take_outcomes(outcomes);
+        self.report(&changes);
+        let retry_due = self
+            .next_retry
+            .is_some_and(|w| self.following_since.elapsed() >= w);
+        if self.first_error.is_some() || retry_due || self.following_since.elapsed() >= FOLLOW_FOR {
+            return Ok(false);
+        }
+        Ok(self.follow(changed_entries, released).await)
+    }
+
+    /// Keeps the drains still needed, releases the nodes that left the selection, and says when
+    /// to reconcile again.
+    pub async fn finish(mut self) -> Result<Requeue, Error> {
+        let counts = node_counts(&self.recorded.nodes);
+        self.ctx.metrics.set_nodes(&self.name, &counts);
+        // Kept through Upgrading: the pods a drain skipped name the device's holders there.
+        let keep_drain: HashSet<&str> = self
+            .observations
+            .iter()
+            .zip(&self.planned)
+            .filter(|(_, (state, _))| matches!(state, NodeState::Draining | NodeState::Upgrading))
+            .map(|((n, _), _)| n.as_str())
+            .collect();
+        self.ctx
+            .drains
+            .retain(&self.name, |n| keep_drain.contains(n));
+        self.release_unmatched().await;
+        if let Some(e) = self.first_error.take() {
+            return Err(e);
+        }
+        Ok(Requeue::requeue(self.requeue_after()))
+    }
+
+    /// Node `i`'s observation, and how long until its retry gate opens or its wait on the
+    /// device's holders reaches the drain timeout.
+    fn observe_node(
+        &mut self,
+        i: usize,
+        drain: Option<DrainProgress>,
+    ) -> (String, NodeObservation) {
+        let (n, settings) = (&self.matched[i], &self.ctx.settings);
+        let node = n.name();
+        let entry = self.recorded.nodes.get(node).map(Arc::as_ref);
+        let (retry, wait) = observe::retry_gate(
+            &n.metadata,
+            entry,
+            &self.now,
+            settings.retry_base,
+            settings.retry_max,
+        );
+        // Who else cordoned the nodes in flight, or the Done nodes left cordoned for someone
+        // else: only those look at `spec.unschedulable` (from the node cache).
+        let in_flight = entry.is_some_and(|r| {
+            r.state.is_in_flight() || r.reason.as_deref() == Some(reasons::CORDONED_BY_OTHER)
+        });
+        let unschedulable =
+            (in_flight || observe::cordoned_by(&n.metadata, &self.name)).then_some(n.unschedulable);
+        let observation = observe::observe(ObserveInput {
+            policy: &self.name,
+            target_version: &self.policy.spec.version,
+            meta: &n.metadata,
+            unschedulable,
+            pod: observe::pick_agent_pod(self.agent_pods[i].iter().map(|p| p.as_ref())),
+            current_hash: &self.basis.template_hash,
+            recorded: entry,
+            conflict_with: self.basis.conflicts.get(node).cloned(),
+            drain: drain.unwrap_or(DrainProgress::NotStarted),
+            retry,
+            node_not_ready: n.not_ready.as_deref(),
+            not_created: self.basis.not_created.as_ref(),
+            now: &self.now,
+        });
+        let deadline = drain_plan::holders_deadline(entry, &self.now, self.drain_timeout);
+        let soonest = wait
+            .into_iter()
+            .chain(deadline)
+            .chain(self.next_retry)
+            .min();
+        let observed = (node.to_owned(), observation);
+        self.next_retry = soonest;
+        observed
+    }
+
+    /// Plans the nodes observed anew and builds their status entries.
+    fn plan(&mut self) -> Planned {
+        let reports: Vec<NodeReport> = self
+            .planner
+            .plan(&mut self.observations, &self.reobserved)
+            .into_iter()
+            .map(|(i, mut t)| {
+                self.planned[i] = (t.state, std::mem::take(&mut t.actions));
+                let (node, obs) = &self.observations[i];
+                NodeReport {
+                    current_version: obs.loaded_version.clone(),
+                    install_mode: observe::install_mode_label(&self.matched[i].metadata),
+                    name: node.clone(),
+                    transition: t,
+                }
+            })
+            .collect();
+        let (facts, last) = (&self.facts, &self.recorded);
+        let mut built = if std::mem::take(&mut self.first_round) {
+            build_status(facts, &last.status, &last.nodes, reports, &self.now)
+        } else {
+            update_status(facts, &last.status, &last.nodes, reports, &self.now)
+        };
+        let changed_entries = built
+            .changed
+            .iter()
+            .filter_map(|name| follow::position(&self.matched, name))
+            .collect();
+        let changes = std::mem::take(&mut built.changes);
+        for change in &changes {
+            self.actions_taken.remove(&change.node);
+        }
+        Planned {
+            built,
+            changed_entries,
+            changes,
+        }
+    }
+
+    /// The cordons to lift now. They do not wait for their Uncordoning to be recorded: lifting is
+    /// harmless to repeat, and after a crash in between the node, seen uncordoned with its agent
+    /// Ready, goes the same way to Done.
+    fn cordons_to_lift(&mut self) -> Vec<NodeWork> {
+        let mut lifting = Vec::new();
+        for ((node, _), (_, actions)) in self.observations.iter().zip(&self.planned) {
+            if actions.as_slice() != [Action::Release] || self.ctx.node_tasks.busy(&self.name, node)
+            {
+                continue;
+            }
+            let taken = self.actions_taken.entry(node.clone()).or_default();
+            if !taken.contains(&Action::Release) {
+                taken.push(Action::Release);
+                lifting.push(NodeWork {
+                    node: node.clone(),
+                    actions: vec![Action::Release],
+                    stale_agent: None,
+                    entered: None,
+                });
+            }
+        }
+        lifting
+    }
+
+    /// Starts each node's actions not yet taken: background ones in the background, the others
+    /// are returned for the round to wait on. A node whose background task still runs waits for
+    /// it (which then wakes the policy).
+    fn start_actions(&mut self) -> Vec<NodeWork> {
+        let mut foreground = Vec::new();
+        let planned = self
+            .observations
+            .iter()
+            .zip(&self.planned)
+            .zip(&self.agent_pods);
+        for (((node, obs), (_, actions)), pods) in planned {
+            let taken = self.actions_taken.entry(node.clone()).or_default();
+            let todo: Vec<Action> = actions
+                .iter()
+                .filter(|a| !taken.contains(a))
+                .copied()
+                .collect();
+            if todo.is_empty() || self.ctx.node_tasks.busy(&self.name, node) {
+                continue;
+            }
+            taken.extend(&todo);
+            let work = NodeWork {
+                node: node.clone(),
+                stale_agent: stale_agent(&todo, &obs.agent, pods),
+                entered: (self.recorded.nodes.get(node.as_str()))
+                    .and_then(|e| e.last_transition_time.clone()),
+                actions: todo,
+            };
+            if work.actions.iter().all(act::in_background) {
+                act::spawn_in_background(&self.ctx, &self.policy, work, &self.now);
+            } else {
+                foreground.push(work);
+            }
+        }
+        foreground
+    }
+
+    /// Keeps the first failure and the cordons lifted; returns how many were lifted.
+    fn take_outcomes(&mut self, outcomes: Vec<NodeOutcome>) -> usize {
+        let mut released = 0;
+        for (node, results) in outcomes {
+            for (action, result) in results {
+                match result {
+                    Ok(Some(outcome)) => {
+                        released += 1;
+                        if let Some(i) = follow::position(&self.matched, &node) {
+                            self.uncordoned
+                                .insert(node.clone(), (self.matched[i].clone(), outcome));
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => act::keep_failure(&node, action, e, &mut self.first_error),
+                }
+            }
+        }
+        released
+    }
+
+    /// Logs the state changes, queues their Events and counts them.
+    fn report(&self, changes: &[StateChange]) {
+        for c in changes {
+            info!(node = %c.node, from = ?c.from, to = %c.to, reason = ?c.reason, message = ?c.message, "node state changed");
+            self.ctx.events.node_changed(&self.policy, c);
+        }
+        self.ctx.metrics.record_changes(&self.name, changes);
+    }
+
+    /// Waits for the next write's turn, then observes again the nodes whose inputs changed.
+    /// Returns false when nothing changed or the fleet changed too much to follow.
+    async fn follow(&mut self, changed_entries: Vec<usize>, released: usize) -> bool {
+        if let Some(due) = status_writer::next_write_at(&self.recorded) {
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let basis = FollowBasis {
+            policy: &self.name,
+            selection: &self.basis.selection,
+            older: &self.basis.older,
+            conflicts: &self.basis.conflicts,
+            policies: &self.basis.policies,
+        };
+        let found = follow::changed_nodes(
+            &self.ctx,
+            &basis,
+            &self.watched,
+            &mut self.matched,
+            &mut self.agent_pods,
+        );
+        let mut changed = match found {
+            Ok(changed) => changed,
+            Err(restart) => {
+                tracing::debug!(
+                    ?restart,
+                    "the fleet changed; the next reconcile observes it whole"
+                );
+                return false;
+            }
+        };
+        let mut drains = self.ctx.drains.progress_of(&self.name);
+        for (i, (node, obs)) in self.observations.iter().enumerate() {
+            if drains.get(node).unwrap_or(&DrainProgress::NotStarted) != &obs.drain {
+                changed.push(i);
+            }
+        }
+        changed.extend(changed_entries);
+        if changed.is_empty() && released == 0 {
+            return false;
+        }
+        changed.sort_unstable();
+        changed.dedup();
+        self.now = Time(Timestamp::now());
+        for &i in &changed {
+            let drain = drains.remove(self.matched[i].name());
+            self.observations[i] = self.observe_node(i, drain);
+        }
+        self.reobserved = changed;
+        self.apply_uncordoned();
+        true
+    }
+
+    /// Until the cache shows a lifted cordon, the observation says what the lifting did.
+    fn apply_uncordoned(&mut self) {
+        let (matched, observations, reobserved) =
+            (&self.matched, &mut self.observations, &mut self.reobserved);
+        self.uncordoned.retain(|node, (before, outcome)| {
+            let Some(i) = follow::position(matched, node) else {
+                return false;
+            };
+            if !Arc::ptr_eq(before, &matched[i]) {
+                return false;
+            }
+            reobserved.push(i);
+            let obs = &mut observations[i].1;
+            obs.cordoned_by_us = false;
+            obs.gates_closed_by_us = false;
+            obs.grant = UpgradeGrant::Absent;
+            obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
+            true
+        });
+    }
+
+    /// Nodes no longer matched (skip label, selector change) keep nothing of ours.
+    async fn release_unmatched(&mut self) {
+        for n in &self.unmatched {
+            let node = n.name();
+            let was_ours = || self.recorded.nodes.contains_key(node);
+            if observe::holds_ours(&n.metadata, &self.name, was_ours) {
+                info!(node = %node, "node left the policy's selection; releasing it");
+                if let Err(e) =
+                    node_actions::release(&self.ctx.client, &self.name, node, None).await
+                {
+                    self.first_error.get_or_insert(e);
+                }
+            }
+        }
+    }
+
+    /// When to reconcile again: soon while nodes are in flight, a retry gate is about to open or
+    /// an agent pod is missing (no watch says why it does not appear), else after a while.
+    fn requeue_after(&self) -> Duration {
+        let in_flight = self.planned.iter().any(|(state, _)| state.is_in_flight());
+        let mut after = if in_flight {
+            IN_FLIGHT_RESYNC
+        } else {
+            IDLE_RESYNC
+        };
+        if let Some(w) = self.next_retry {
+            after = after.min(w + Duration::from_millis(50));
+        }
+        let waiting_for_pods = self.observations.iter().any(|(_, o)| {
+            o.conflict_with.is_none()
+                && matches!(o.agent, AgentPod::Missing | AgentPod::NotCreated(_))
+        });
+        if waiting_for_pods {
+            after = after.min(MISSING_AGENT_RESYNC);
+        }
+        after
+    }
+}
+
+/// The policy-wide facts of the status and the planner's inputs.
+fn plan_of(
+    ctx: &Context,
+    policy: &TenstorrentDriverPolicy,
+    managed: usize,
+) -> Result<(PolicyFacts, RolloutPlan), Error> {
+    let spec = &policy.spec;
+    let max_unavailable = spec
+        .max_unavailable(managed)
+        .map_err(|source| Error::InvalidSpec {
+            policy: policy.name_any(),
+            source,
+        })?;
+    let plan = RolloutPlan {
+        rules: RolloutRules {
+            target_version: spec.version.clone(),
+            drain_enabled: spec.upgrade_policy.drain.enable,
+            gates_configured: !ctx.settings.deploy_gates.is_empty(),
+            drain_timeout: drain_plan::drain_timeout(spec),
+        },
+        max_unavailable,
+        paused: spec.paused,
+    };
+    let facts = PolicyFacts {
+        generation: policy.metadata.generation,
+        target_version: spec.version.clone(),
+        paused: spec.paused,
+        invalid_spec: None,
+        max_unavailable,
+        failure: ctx.failure(&policy.uid().unwrap_or_default()),
+    };
+    Ok((facts, plan))
+}
+
+/// The nodes `selection` matches, in name order (the planner hands out slots in that order and
+/// the status lists nodes so), and the others.
+fn split_by_selection(
+    nodes: Vec<Arc<CachedNode>>,
+    selection: &NodeSelection,
+) -> (Vec<Arc<CachedNode>>, Vec<Arc<CachedNode>>) {
+    let (mut matched, unmatched): (Vec<_>, Vec<_>) = nodes
+        .into_iter()
+        .partition(|n| selection.matches(n.name(), n.labels()));
+    matched.sort_unstable_by(|a, b| a.name().cmp(b.name()));
+    (matched, unmatched)
+}
+
+/// The matched nodes an older policy owns, with that policy.
+fn conflicts_of(matched: &[Arc<CachedNode>], older: &OlderPolicies) -> BTreeMap<String, String> {
+    matched
+        .iter()
+        .filter_map(|n| {
+            let owner = older.owner(n.name(), n.labels())?;
+            Some((n.name().to_owned(), owner.to_owned()))
+        })
+        .collect()
+}
+
+/// The agent pod a `ReplaceAgent` among `todo` deletes, if any.
+fn stale_agent(todo: &[Action], agent: &AgentPod, pods: &[Arc<CachedPod>]) -> Option<CachedPod> {
+    let replaces = todo.iter().any(|a| match a {
+        Action::ReplaceAgent { even_current } => agent.replaced_by(*even_current),
+        _ => false,
+    });
+    replaces
+        .then(|| observe::pick_agent_pod(pods.iter().map(|p| p.as_ref())).cloned())
+        .flatten()
+}
