@@ -27,6 +27,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo xtask crd --check"
 cargo xtask crd --check
 
+step "cargo xtask shape (controller: files <= 600 lines, functions <= 80)"
+cargo xtask shape
+
 step "a real control plane (kube-apiserver, kube-controller-manager, kube-scheduler v1.36, etcd)"
 source scripts/control-plane.sh
 # Absolute: every test binary runs in its own crate directory.

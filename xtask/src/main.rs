@@ -1,5 +1,5 @@
 //! `cargo xtask`: project automation (CRD generation, chart and image builds, releases, the
-//! real-kernel VM tests, the demo and the benchmarks).
+//! real-kernel VM tests, the demo, the benchmarks and the source shape check).
 
 mod bench;
 mod chart;
@@ -9,8 +9,9 @@ mod image;
 mod krew;
 mod reference;
 mod release;
+mod shape;
 mod tools;
-mod vm_test;
+mod vm;
 
 use anyhow::{Result, bail};
 
@@ -25,6 +26,9 @@ commands:
                   build a container image with docker or podman
   release VERSION bump versions, regenerate, and dry-run publishing the library crates
   krew DIR        fill the krew manifest's URIs and checksums from the release archives in DIR
+  shape [--dir DIR]... [--max-file-lines N] [--max-fn-lines N]
+                  fail on source files over 600 lines of code or functions over 80 lines
+                  (default: the controller crate; tests aside)
   vm-test         boot a real Linux kernel under QEMU and run the real-kernel tests inside it";
 
 fn main() {
@@ -46,7 +50,8 @@ fn run() -> Result<()> {
         "image" => image::run(&rest),
         "release" => release::run(&rest),
         "krew" => krew::run(&rest),
-        "vm-test" => vm_test::run(&rest),
+        "shape" => shape::run(&rest),
+        "vm-test" => vm::run(&rest),
         "" | "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())

@@ -1,6 +1,6 @@
 #!/bin/sh
 # VM scenario for the ttdp-agent binary on a real kernel (issue 6's last paragraph), for
-# `cargo xtask vm-test` (see xtask/src/vm_test.rs, "Adding a scenario"): bins
+# `cargo xtask vm-test` (see xtask/src/vm/mod.rs, "Adding a scenario"): bins
 # [("ttdp-agent", "ttdp-agent")], host_usr true for the in-VM build (cache miss), this file as the
 # scenario script. Host root `/`, TTDP_KERNEL=real, reporting to a file (no cluster, no network).
 #

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use super::STUB_MODULES;
+use super::scenarios::STUB_MODULES;
 
 /// Builds the repository at `dest` (a bare repository), using `work` as scratch space.
 pub fn build(root: &Path, work: &Path, dest: &Path) -> Result<()> {

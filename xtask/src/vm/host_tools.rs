@@ -1,9 +1,11 @@
 //! Finds the host tools `cargo xtask vm-test` needs, or fails with the command that installs them.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{Result, bail};
+
+use super::elf::is_static_elf;
+use super::headers::{self, Headers};
 
 /// Programs run by the harness and the Debian package that provides each.
 const PROGRAMS: &[(&str, &str)] = &[
@@ -21,15 +23,6 @@ const PROGRAMS: &[(&str, &str)] = &[
 
 /// Where busybox-static puts its binary.
 const BUSYBOX: &str = "/bin/busybox";
-
-/// The kernel headers the stub module is built against; the VM boots the image of the same ABI.
-#[derive(Debug, Clone)]
-pub struct Headers {
-    /// Kernel release, e.g. `6.1.0-57-amd64`.
-    pub release: String,
-    /// The build tree, `/usr/src/linux-headers-<release>`.
-    pub dir: PathBuf,
-}
 
 /// What was found on the host.
 #[derive(Debug)]
@@ -50,7 +43,7 @@ pub fn check() -> Result<HostTools> {
 
     let busybox = PathBuf::from(BUSYBOX);
     match std::fs::read(&busybox) {
-        Ok(bytes) if super::vm_initramfs::is_static_elf(&bytes) => {}
+        Ok(bytes) if is_static_elf(&bytes) => {}
         Ok(_) => missing.push((
             format!("{BUSYBOX} (it is dynamically linked)"),
             "busybox-static".into(),
@@ -58,10 +51,10 @@ pub fn check() -> Result<HostTools> {
         Err(_) => missing.push((BUSYBOX.into(), "busybox-static".into())),
     }
 
-    let headers = newest_installed_headers();
+    let headers = headers::newest_installed();
     if headers.is_none() {
         let package =
-            offered_headers_package().unwrap_or_else(|| "linux-headers-6.1.0-<abi>-amd64".into());
+            headers::offered_package().unwrap_or_else(|| "linux-headers-6.1.0-<abi>-amd64".into());
         missing.push((format!("/usr/src/{package}"), package));
     }
 
@@ -98,66 +91,4 @@ fn find_on_path(program: &str) -> Option<PathBuf> {
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// The ABI number in `6.1.0-<abi>-amd64`.
-fn abi_of(release: &str) -> Option<u32> {
-    release
-        .strip_prefix("6.1.0-")?
-        .strip_suffix("-amd64")?
-        .parse()
-        .ok()
-}
-
-/// `/usr/src/linux-headers-6.1.0-<abi>-amd64` with a Makefile, highest ABI first.
-fn newest_installed_headers() -> Option<Headers> {
-    let entries = std::fs::read_dir("/usr/src").ok()?;
-    entries
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let name = entry.file_name().into_string().ok()?;
-            let release = name.strip_prefix("linux-headers-")?.to_string();
-            let abi = abi_of(&release)?;
-            entry.path().join("Makefile").is_file().then(|| {
-                (
-                    abi,
-                    Headers {
-                        release,
-                        dir: entry.path(),
-                    },
-                )
-            })
-        })
-        .max_by_key(|(abi, _)| *abi)
-        .map(|(_, headers)| headers)
-}
-
-/// The `linux-headers-6.1.0-<abi>-amd64` package apt would install now, if apt knows.
-fn offered_headers_package() -> Option<String> {
-    let output = Command::new("apt-cache")
-        .args(["depends", "linux-headers-amd64"])
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| line.trim().strip_prefix("Depends: "))
-        .find(|dep| {
-            dep.strip_prefix("linux-headers-")
-                .and_then(abi_of)
-                .is_some()
-        })
-        .map(str::to_string)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn abi_is_read_from_debian_release_names() {
-        assert_eq!(abi_of("6.1.0-57-amd64"), Some(57));
-        assert_eq!(abi_of("6.1.0-57-common"), None);
-        assert_eq!(abi_of("6.1.0-57-rt-amd64"), None);
-        assert_eq!(abi_of("6.12.0-1-amd64"), None);
-    }
 }

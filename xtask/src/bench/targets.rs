@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use super::bench_machine::Machine;
+use super::machine::Machine;
 
 /// Controller resident memory at 5,000 nodes, MiB.
 const MEMORY_LIMIT_MIB: f64 = 64.0;
@@ -42,9 +42,7 @@ pub fn check(results: &[Value], quick: bool) -> Vec<String> {
             ))
         })
         .collect();
-    let fleets: Vec<&Value> = suites(results, "fleet")
-        .filter(|f| f["completed"] == true)
-        .collect();
+    let fleets = completed_fleets(results);
     for f in &fleets {
         let n = f["nodes"].as_u64().unwrap_or(0);
         let upgraded = f["nodes_upgraded"].as_u64().unwrap_or(0);
@@ -87,184 +85,213 @@ pub fn check(results: &[Value], quick: bool) -> Vec<String> {
 pub fn render(results: &[Value], machine: &Machine) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "\n## Results\n\n{}\n", machine.header());
-    let fleets: Vec<&Value> = suites(results, "fleet")
-        .filter(|f| f["completed"] == true)
-        .collect();
     if suites(results, "fleet").next().is_some() {
-        let _ = writeln!(
-            out,
-            "### Controller at fleet scale (commit {})\n",
-            machine.commit
-        );
-        let _ = writeln!(
-            out,
-            "| TT nodes (+plain) | maxUnavailable | RSS steady | RSS rollout max | RSS peak (VmHWM) | reads/node | writes/node | hand-off Done→Cordoning p50/p95/max | agent Ready→Cordoning p50/p95/max | per node p50 (agent work) | status steady / max | total vs ideal |"
-        );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
-        for f in &fleets {
-            let spread = |key: &str| {
-                format!(
-                    "{:.0} / {:.0} / {:.0} ms",
-                    num(&f[key]["p50"]),
-                    num(&f[key]["p95"]),
-                    num(&f[key]["max"])
-                )
-            };
-            let _ = writeln!(
-                out,
-                "| {} (+{}) | {} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} | {:.1} | {} | {} | {:.0} ms ({} ms) | {:.1} / {:.1} KiB | {:.1} s vs {:.1} s = {:.3} |",
-                f["nodes"],
-                f["plain_nodes"],
-                f["max_unavailable"],
-                num(&f["rss_steady_mib"]),
-                num(&f["rss_rollout_max_mib"]),
-                num(&f["rss_peak_mib"]),
-                num(&f["reads_per_node"]),
-                num(&f["writes_per_node"]),
-                spread("handoff_done_to_cordoning_ms"),
-                spread("handoff_agent_ready_to_cordoning_ms"),
-                num(&f["per_node_ms"]["p50"]),
-                f["work_ms"],
-                num(&f["status_bytes_steady"]) / 1024.0,
-                num(&f["status_bytes_rollout_max"]) / 1024.0,
-                num(&f["total_seconds"]),
-                num(&f["ideal_seconds"]),
-                num(&f["total_over_ideal"]),
-            );
-        }
-        for f in suites(results, "fleet").filter(|f| f["completed"] != true) {
-            let _ = writeln!(
-                out,
-                "\n**Fleet of {} did not finish** ({}): stopped in {} after {:.0} s with {} nodes up to date; controller resident {:.1} MiB, peak {:.1} MiB.",
-                f["nodes"],
-                f["error"].as_str().unwrap_or("unknown error"),
-                f["stopped_in"].as_str().unwrap_or("?"),
-                num(&f["seconds_in_phase"]),
-                f["up_to_date"],
-                num(&f["rss_now_mib"]),
-                num(&f["rss_peak_mib"]),
-            );
-        }
-        let plugins: Vec<&&Value> = fleets.iter().filter(|f| f["plugin"].is_object()).collect();
-        if !plugins.is_empty() {
-            let _ = writeln!(
-                out,
-                "\n### `kubectl tt driver` wall time, median (commit {})\n",
-                machine.commit
-            );
-            let _ = writeln!(
-                out,
-                "| TT nodes (+plain) | status | nodes POLICY | describe POLICY |"
-            );
-            let _ = writeln!(out, "|---|---|---|---|");
-            for f in plugins {
-                let p = &f["plugin"];
-                let _ = writeln!(
-                    out,
-                    "| {} (+{}) | {:.0} ms | {:.0} ms | {:.0} ms |",
-                    f["nodes"],
-                    f["plain_nodes"],
-                    num(&p["status"]["median_ms"]),
-                    num(&p["nodes"]["median_ms"]),
-                    num(&p["describe"]["median_ms"])
-                );
-            }
-        }
+        render_fleets(&mut out, results, machine);
+        render_plugin(&mut out, results, machine);
     }
     for d in suites(results, "drain") {
-        let _ = writeln!(
-            out,
-            "\n### Drain: ttdp-drain vs kubectl drain v1.35 (commit {})\n",
-            machine.commit
-        );
-        let _ = writeln!(
-            out,
-            "| pods on the node | kubectl wall | ttdp wall | wall ratio ttdp/kubectl | kubectl requests (r/w) | ttdp requests (r/w) | request ratio |"
-        );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|");
-        for s in d["sizes"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                out,
-                "| {} | {:.0} ms | {:.0} ms | {:.2} | {} ({}/{}) | {} ({}/{}) | {:.2} |",
-                s["pods"],
-                num(&s["kubectl"]["wall_ms"]),
-                num(&s["ttdp"]["wall_ms"]),
-                num(&s["wall_ratio_ttdp_over_kubectl"]),
-                s["kubectl"]["reads"].as_u64().unwrap_or(0)
-                    + s["kubectl"]["writes"].as_u64().unwrap_or(0),
-                s["kubectl"]["reads"],
-                s["kubectl"]["writes"],
-                s["ttdp"]["reads"].as_u64().unwrap_or(0)
-                    + s["ttdp"]["writes"].as_u64().unwrap_or(0),
-                s["ttdp"]["reads"],
-                s["ttdp"]["writes"],
-                num(&s["requests_ratio_ttdp_over_kubectl"]),
-            );
-        }
-        let b = &d["pdb_blocked"];
-        let _ = writeln!(
-            out,
-            "\nBlocked by a PodDisruptionBudget for {} s: kubectl {:.2} evictions/s ({:.2} requests/s), ttdp-drain {:.2} evictions/s ({:.2} requests/s).",
-            b["seconds"],
-            num(&b["kubectl"]["evictions_per_s"]),
-            num(&b["kubectl"]["requests_per_s"]),
-            num(&b["ttdp"]["evictions_per_s"]),
-            num(&b["ttdp"]["requests_per_s"]),
-        );
+        render_drain(&mut out, d, machine);
     }
     for s in suites(results, "swap") {
-        let _ = writeln!(
-            out,
-            "\n### Node swap on the host, simulated kernel, median of {} (commit {})\n",
-            s["runs"], machine.commit
-        );
-        let _ = writeln!(
-            out,
-            "| case | probe | build | unload | load | label | start to ready |"
-        );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|");
-        out.push_str(&case_rows(
-            s,
-            &SWAP_CASES,
-            &[
-                ("probe_ms", 0),
-                ("build_ms", 0),
-                ("unload_ms", 0),
-                ("load_ms", 0),
-                ("label_ms", 1),
-                ("start_to_ready_ms", 0),
-            ],
-        ));
+        render_swap(&mut out, s, machine);
     }
     for vm in suites(results, "swap-vm").filter(|v| v.get("error").is_none()) {
+        render_swap_vm(&mut out, vm, suites(results, "swap").next(), machine);
+    }
+    out
+}
+
+fn completed_fleets(results: &[Value]) -> Vec<&Value> {
+    suites(results, "fleet")
+        .filter(|f| f["completed"] == true)
+        .collect()
+}
+
+/// The fleet table, then a note for each fleet that did not finish.
+fn render_fleets(out: &mut String, results: &[Value], machine: &Machine) {
+    let fleets = completed_fleets(results);
+    let _ = writeln!(
+        out,
+        "### Controller at fleet scale (commit {})\n",
+        machine.commit
+    );
+    let _ = writeln!(
+        out,
+        "| TT nodes (+plain) | maxUnavailable | RSS steady | RSS rollout max | RSS peak (VmHWM) | reads/node | writes/node | hand-off Done→Cordoning p50/p95/max | agent Ready→Cordoning p50/p95/max | per node p50 (agent work) | status steady / max | total vs ideal |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for f in &fleets {
+        let spread = |key: &str| {
+            format!(
+                "{:.0} / {:.0} / {:.0} ms",
+                num(&f[key]["p50"]),
+                num(&f[key]["p95"]),
+                num(&f[key]["max"])
+            )
+        };
         let _ = writeln!(
             out,
-            "\n### Node swap on a real kernel ({} under QEMU without KVM), median of {} (commit {})\n",
-            vm["release"].as_str().unwrap_or("?"),
-            vm["runs"],
+            "| {} (+{}) | {} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} | {:.1} | {} | {} | {:.0} ms ({} ms) | {:.1} / {:.1} KiB | {:.1} s vs {:.1} s = {:.3} |",
+            f["nodes"],
+            f["plain_nodes"],
+            f["max_unavailable"],
+            num(&f["rss_steady_mib"]),
+            num(&f["rss_rollout_max_mib"]),
+            num(&f["rss_peak_mib"]),
+            num(&f["reads_per_node"]),
+            num(&f["writes_per_node"]),
+            spread("handoff_done_to_cordoning_ms"),
+            spread("handoff_agent_ready_to_cordoning_ms"),
+            num(&f["per_node_ms"]["p50"]),
+            f["work_ms"],
+            num(&f["status_bytes_steady"]) / 1024.0,
+            num(&f["status_bytes_rollout_max"]) / 1024.0,
+            num(&f["total_seconds"]),
+            num(&f["ideal_seconds"]),
+            num(&f["total_over_ideal"]),
+        );
+    }
+    for f in suites(results, "fleet").filter(|f| f["completed"] != true) {
+        let _ = writeln!(
+            out,
+            "\n**Fleet of {} did not finish** ({}): stopped in {} after {:.0} s with {} nodes up to date; controller resident {:.1} MiB, peak {:.1} MiB.",
+            f["nodes"],
+            f["error"].as_str().unwrap_or("unknown error"),
+            f["stopped_in"].as_str().unwrap_or("?"),
+            num(&f["seconds_in_phase"]),
+            f["up_to_date"],
+            num(&f["rss_now_mib"]),
+            num(&f["rss_peak_mib"]),
+        );
+    }
+}
+
+/// The `kubectl tt driver` table of the fleets that timed the plugin.
+fn render_plugin(out: &mut String, results: &[Value], machine: &Machine) {
+    let fleets = completed_fleets(results);
+    let plugins: Vec<&&Value> = fleets.iter().filter(|f| f["plugin"].is_object()).collect();
+    if !plugins.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n### `kubectl tt driver` wall time, median (commit {})\n",
             machine.commit
         );
         let _ = writeln!(
             out,
-            "| case | probe | cache lookup | unload | load | swap |"
+            "| TT nodes (+plain) | status | nodes POLICY | describe POLICY |"
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|");
-        out.push_str(&case_rows(
-            vm,
-            &SWAP_CASES[..2],
-            &[
-                ("probe_ms", 0),
-                ("build_ms", 0),
-                ("unload_ms", 0),
-                ("load_ms", 0),
-                ("total_ms", 1),
-            ],
-        ));
-        if let Some(host) = suites(results, "swap").next() {
-            out.push_str(&start_to_ready(host, vm));
+        let _ = writeln!(out, "|---|---|---|---|");
+        for f in plugins {
+            let p = &f["plugin"];
+            let _ = writeln!(
+                out,
+                "| {} (+{}) | {:.0} ms | {:.0} ms | {:.0} ms |",
+                f["nodes"],
+                f["plain_nodes"],
+                num(&p["status"]["median_ms"]),
+                num(&p["nodes"]["median_ms"]),
+                num(&p["describe"]["median_ms"])
+            );
         }
     }
-    out
+}
+
+/// One drain suite: ttdp-drain against kubectl drain.
+fn render_drain(out: &mut String, d: &Value, machine: &Machine) {
+    let _ = writeln!(
+        out,
+        "\n### Drain: ttdp-drain vs kubectl drain v1.35 (commit {})\n",
+        machine.commit
+    );
+    let _ = writeln!(
+        out,
+        "| pods on the node | kubectl wall | ttdp wall | wall ratio ttdp/kubectl | kubectl requests (r/w) | ttdp requests (r/w) | request ratio |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    for s in d["sizes"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} ms | {:.0} ms | {:.2} | {} ({}/{}) | {} ({}/{}) | {:.2} |",
+            s["pods"],
+            num(&s["kubectl"]["wall_ms"]),
+            num(&s["ttdp"]["wall_ms"]),
+            num(&s["wall_ratio_ttdp_over_kubectl"]),
+            s["kubectl"]["reads"].as_u64().unwrap_or(0)
+                + s["kubectl"]["writes"].as_u64().unwrap_or(0),
+            s["kubectl"]["reads"],
+            s["kubectl"]["writes"],
+            s["ttdp"]["reads"].as_u64().unwrap_or(0) + s["ttdp"]["writes"].as_u64().unwrap_or(0),
+            s["ttdp"]["reads"],
+            s["ttdp"]["writes"],
+            num(&s["requests_ratio_ttdp_over_kubectl"]),
+        );
+    }
+    let b = &d["pdb_blocked"];
+    let _ = writeln!(
+        out,
+        "\nBlocked by a PodDisruptionBudget for {} s: kubectl {:.2} evictions/s ({:.2} requests/s), ttdp-drain {:.2} evictions/s ({:.2} requests/s).",
+        b["seconds"],
+        num(&b["kubectl"]["evictions_per_s"]),
+        num(&b["kubectl"]["requests_per_s"]),
+        num(&b["ttdp"]["evictions_per_s"]),
+        num(&b["ttdp"]["requests_per_s"]),
+    );
+}
+
+/// The host swap suite, on a simulated kernel.
+fn render_swap(out: &mut String, s: &Value, machine: &Machine) {
+    let _ = writeln!(
+        out,
+        "\n### Node swap on the host, simulated kernel, median of {} (commit {})\n",
+        s["runs"], machine.commit
+    );
+    let _ = writeln!(
+        out,
+        "| case | probe | build | unload | load | label | start to ready |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    out.push_str(&case_rows(
+        s,
+        &SWAP_CASES,
+        &[
+            ("probe_ms", 0),
+            ("build_ms", 0),
+            ("unload_ms", 0),
+            ("load_ms", 0),
+            ("label_ms", 1),
+            ("start_to_ready_ms", 0),
+        ],
+    ));
+}
+
+/// The real-kernel swap, and start to ready from it and the `host` swap suite.
+fn render_swap_vm(out: &mut String, vm: &Value, host: Option<&Value>, machine: &Machine) {
+    let _ = writeln!(
+        out,
+        "\n### Node swap on a real kernel ({} under QEMU without KVM), median of {} (commit {})\n",
+        vm["release"].as_str().unwrap_or("?"),
+        vm["runs"],
+        machine.commit
+    );
+    let _ = writeln!(
+        out,
+        "| case | probe | cache lookup | unload | load | swap |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    out.push_str(&case_rows(
+        vm,
+        &SWAP_CASES[..2],
+        &[
+            ("probe_ms", 0),
+            ("build_ms", 0),
+            ("unload_ms", 0),
+            ("load_ms", 0),
+            ("total_ms", 1),
+        ],
+    ));
+    if let Some(host) = host {
+        out.push_str(&start_to_ready(host, vm));
+    }
 }
 
 /// The agent's steps: probe, cache lookup, unload and load from the real kernel; the build of a

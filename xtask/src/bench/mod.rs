@@ -18,13 +18,12 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-#[path = "bench_machine.rs"]
-mod bench_machine;
-#[path = "bench_targets.rs"]
-mod bench_targets;
+mod machine;
+mod targets;
 
-use bench_machine::Machine;
-use bench_targets::{check, render};
+use crate::vm::{SWAP_TIMING, Vm};
+use machine::Machine;
+use targets::{check, render};
 
 const RESULT_PREFIX: &str = "BENCH-RESULT ";
 
@@ -83,75 +82,18 @@ const PROFILE: &str = "benchmark";
 /// Simulated agent work per node.
 const WORK_MS: &str = "500";
 
+/// Entry point of `cargo xtask bench`.
 pub fn run(args: &[String]) -> Result<()> {
-    let quick = args.iter().any(|a| a == "--quick");
-    let only = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str);
-    if let Some(unknown) = args.iter().find(|a| {
-        !matches!(
-            a.as_str(),
-            "--quick" | "--only" | "fleet" | "drain" | "swap"
-        )
-    }) {
-        bail!(
-            "unknown bench argument {unknown:?}; usage: cargo xtask bench [--quick] [--only fleet|drain|swap]"
-        );
-    }
+    let (quick, only) = parse_args(args)?;
     let root = crate::tools::repo_root()?;
     let target = crate::tools::target_dir(&root)?;
-    let built = target.join(PROFILE);
     build(&root)?;
     let kubectl = kubectl(&root)?;
     let machine = Machine::describe(&root);
     println!("{}", machine.header());
     let started = Instant::now();
-    let bench = built.join("ttdp-bench");
-    let mut results: Vec<Value> = Vec::new();
-    let wants = |suite: &str| only.is_none_or(|o| o == suite);
-    if wants("fleet") {
-        for plan in if quick { &QUICK_FLEETS } else { &FULL_FLEETS } {
-            let mut command = Command::new(&bench);
-            command
-                .arg("fleet")
-                .arg(format!("--nodes={}", plan.nodes))
-                .arg(format!("--max-unavailable={}", plan.max_unavailable))
-                .arg(format!("--work-ms={WORK_MS}"))
-                .arg(format!("--timeout-seconds={}", plan.timeout_seconds))
-                .arg(format!(
-                    "--controller={}",
-                    built.join("ttdp-controller").display()
-                ))
-                .arg(format!("--log-dir={}", target.join("bench").display()));
-            if plan.plugin {
-                command.arg(format!(
-                    "--plugin={}",
-                    built.join("kubectl-tt-driver").display()
-                ));
-            }
-            results.push(suite(&mut command)?);
-        }
-    }
-    if wants("drain") {
-        let mut command = Command::new(&bench);
-        command
-            .arg("drain")
-            .arg(format!(
-                "--ttdp-drain={}",
-                built.join("examples").join("drain").display()
-            ))
-            .arg(format!("--kubectl={}", kubectl.display()));
-        if quick {
-            command.arg("--pods=10,50");
-        }
-        results.push(suite(&mut command)?);
-    }
-    if wants("swap") {
-        results.push(suite(Command::new(&bench).arg("swap"))?);
-        results.push(swap_on_a_real_kernel());
-    }
+    let built = target.join(PROFILE);
+    let results = run_suites(&built, &target, &kubectl, quick, only)?;
     let elapsed = started.elapsed();
     print!("{}", render(&results, &machine));
     println!(
@@ -176,6 +118,88 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     println!("every target met");
     Ok(())
+}
+
+/// `--quick` and the suite of `--only`, if any.
+fn parse_args(args: &[String]) -> Result<(bool, Option<&str>)> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str);
+    if let Some(unknown) = args.iter().find(|a| {
+        !matches!(
+            a.as_str(),
+            "--quick" | "--only" | "fleet" | "drain" | "swap"
+        )
+    }) {
+        bail!(
+            "unknown bench argument {unknown:?}; usage: cargo xtask bench [--quick] [--only fleet|drain|swap]"
+        );
+    }
+    Ok((quick, only))
+}
+
+/// Runs the suites `only` selects (all by default) one after the other, with the binaries in
+/// `built`; returns their result lines.
+fn run_suites(
+    built: &Path,
+    target: &Path,
+    kubectl: &Path,
+    quick: bool,
+    only: Option<&str>,
+) -> Result<Vec<Value>> {
+    let bench = built.join("ttdp-bench");
+    let mut results: Vec<Value> = Vec::new();
+    let wants = |suite: &str| only.is_none_or(|o| o == suite);
+    if wants("fleet") {
+        for plan in if quick { &QUICK_FLEETS } else { &FULL_FLEETS } {
+            results.push(suite(&mut fleet_command(&bench, built, target, plan))?);
+        }
+    }
+    if wants("drain") {
+        let mut command = Command::new(&bench);
+        command
+            .arg("drain")
+            .arg(format!(
+                "--ttdp-drain={}",
+                built.join("examples").join("drain").display()
+            ))
+            .arg(format!("--kubectl={}", kubectl.display()));
+        if quick {
+            command.arg("--pods=10,50");
+        }
+        results.push(suite(&mut command)?);
+    }
+    if wants("swap") {
+        results.push(suite(Command::new(&bench).arg("swap"))?);
+        results.push(swap_on_a_real_kernel());
+    }
+    Ok(results)
+}
+
+/// `ttdp-bench fleet` for one fleet of the plan.
+fn fleet_command(bench: &Path, built: &Path, target: &Path, plan: &FleetPlan) -> Command {
+    let mut command = Command::new(bench);
+    command
+        .arg("fleet")
+        .arg(format!("--nodes={}", plan.nodes))
+        .arg(format!("--max-unavailable={}", plan.max_unavailable))
+        .arg(format!("--work-ms={WORK_MS}"))
+        .arg(format!("--timeout-seconds={}", plan.timeout_seconds))
+        .arg(format!(
+            "--controller={}",
+            built.join("ttdp-controller").display()
+        ))
+        .arg(format!("--log-dir={}", target.join("bench").display()));
+    if plan.plugin {
+        command.arg(format!(
+            "--plugin={}",
+            built.join("kubectl-tt-driver").display()
+        ));
+    }
+    command
 }
 
 /// Runs one `ttdp-bench` suite, passing its progress through, and returns its result line. A
@@ -209,9 +233,7 @@ fn swap_on_a_real_kernel() -> Value {
         "bench: real-kernel swap in a VM (cargo xtask vm-test machinery, scenario swap-timing)"
     );
     let failed = |why: String| serde_json::json!({ "suite": "swap-vm", "error": why });
-    let boot = match crate::vm_test::Vm::prepare()
-        .and_then(|vm| vm.boot(&crate::vm_test::SWAP_TIMING, &[], None))
-    {
+    let boot = match Vm::prepare().and_then(|vm| vm.boot(&SWAP_TIMING, &[], None)) {
         Ok(boot) => boot,
         Err(e) => return failed(format!("the VM did not run: {e:#}")),
     };

@@ -8,8 +8,8 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use super::vm_host_tools::Headers;
-use super::{STUB_MODULES, StubModule};
+use super::headers::Headers;
+use super::scenarios::{STUB_MODULES, StubModule};
 
 /// The files that make up the stub module's source.
 const SOURCES: &[&str] = &["Kbuild", "tenstorrent.c"];

@@ -50,13 +50,7 @@ pub const HOST_USR_TAG: &str = "hostusr";
 
 /// Boots the machine and waits for it to power off (or for its time limit).
 pub fn boot(machine: &Machine<'_>) -> Result<Boot> {
-    let Machine {
-        vmlinuz,
-        initrd,
-        run_dir,
-        limit,
-        host_usr,
-    } = *machine;
+    let run_dir = machine.run_dir;
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let console = run_dir.join("console.log");
     let output = run_dir.join("output.log");
@@ -67,45 +61,8 @@ pub fn boot(machine: &Machine<'_>) -> Result<Boot> {
             std::fs::remove_file(file).with_context(|| format!("removing {}", file.display()))?;
         }
     }
-    let serial = |path: &Path| format!("file:{}", path.display());
-
-    let mut qemu = Command::new("timeout");
-    qemu.args([
-        "--kill-after=10",
-        &limit.as_secs().to_string(),
-        "qemu-system-x86_64",
-    ])
-    .args([
-        "-accel",
-        "tcg",
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-no-reboot",
-    ])
-    .args(["-m", "1024", "-smp", "2", "-nic", "none"])
-    .arg("-kernel")
-    .arg(vmlinuz)
-    .arg("-initrd")
-    .arg(initrd)
-    .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=3"])
-    .args([
-        "-serial",
-        &serial(&console),
-        "-serial",
-        &serial(&output),
-        "-serial",
-        &serial(&status_file),
-    ]);
-    if host_usr {
-        qemu.args([
-            "-virtfs",
-            &format!("local,path=/usr,mount_tag={HOST_USR_TAG},security_model=none,readonly=on"),
-        ]);
-    }
     let start = Instant::now();
-    let result = qemu
+    let result = qemu(machine, [&console, &output, &status_file])
         .output()
         .context("running qemu-system-x86_64 under timeout")?;
     let elapsed = start.elapsed();
@@ -133,6 +90,49 @@ pub fn boot(machine: &Machine<'_>) -> Result<Boot> {
         run_dir: run_dir.to_path_buf(),
         elapsed,
     })
+}
+
+/// The `timeout ... qemu-system-x86_64 ...` command for `machine`, its three serial ports written
+/// to `serial_files` (console, scenario output, exit status).
+fn qemu(machine: &Machine<'_>, serial_files: [&Path; 3]) -> Command {
+    let Machine {
+        vmlinuz,
+        initrd,
+        limit,
+        host_usr,
+        ..
+    } = *machine;
+    let mut qemu = Command::new("timeout");
+    qemu.args([
+        "--kill-after=10",
+        &limit.as_secs().to_string(),
+        "qemu-system-x86_64",
+    ])
+    .args([
+        "-accel",
+        "tcg",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+    ])
+    .args(["-m", "1024", "-smp", "2", "-nic", "none"])
+    .arg("-kernel")
+    .arg(vmlinuz)
+    .arg("-initrd")
+    .arg(initrd)
+    .args(["-append", "console=ttyS0 panic=-1 quiet loglevel=3"]);
+    for file in serial_files {
+        qemu.arg("-serial").arg(format!("file:{}", file.display()));
+    }
+    if host_usr {
+        qemu.args([
+            "-virtfs",
+            &format!("local,path=/usr,mount_tag={HOST_USR_TAG},security_model=none,readonly=on"),
+        ]);
+    }
+    qemu
 }
 
 /// Reads `TTDP_VM_EXIT=<code>` written by `/init`.

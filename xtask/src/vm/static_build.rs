@@ -8,7 +8,8 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-use super::Scenario;
+use super::elf::is_static_elf;
+use super::scenarios::Scenario;
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 
@@ -96,7 +97,7 @@ fn cargo_build(root: &Path, args: &[&str], kind: &str, name: &str) -> Result<Pat
     })?;
     let bytes =
         std::fs::read(&executable).with_context(|| format!("reading {}", executable.display()))?;
-    if !super::vm_initramfs::is_static_elf(&bytes) {
+    if !is_static_elf(&bytes) {
         bail!(
             "{} is dynamically linked; the VM has no libc (is RUSTFLAGS overriding +crt-static?)",
             executable.display()

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 
-use super::vm_boot::Boot;
+use super::boot::Boot;
 
 /// Test counts reported by a scenario's output.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-use super::vm_host_tools::Headers;
+use super::headers::Headers;
 
 /// A bootable kernel whose release matches the headers the stub module is built against.
 #[derive(Debug)]
@@ -60,64 +60,9 @@ pub fn ensure(cache: &Path, headers: &Headers) -> Result<Kernel> {
     }
     std::fs::create_dir_all(&download)
         .with_context(|| format!("creating {}", download.display()))?;
-    let package = format!("linux-image-{release}");
-    let status = Command::new("timeout")
-        .args([
-            "600",
-            "apt-get",
-            "-q",
-            "-o",
-            "APT::Sandbox::User=root",
-            "download",
-            &package,
-        ])
-        .current_dir(&download)
-        .status()
-        .context("running apt-get download")?;
-    if !status.success() {
-        bail!(
-            "`apt-get download {package}` failed ({status}); the VM boots the image matching the installed \
-             linux-headers-{release}: run `apt-get update`, or `sudo bash .ci/vm-deps` to install the headers apt offers now"
-        );
-    }
-    let deb = std::fs::read_dir(&download)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|ext| ext == "deb"))
-        .with_context(|| format!("apt-get download left no .deb in {}", download.display()))?;
-
-    // dpkg-deb --fsys-tarfile DEB | tar -x -C unpacked ./boot/vmlinuz-<release> ./lib/modules/...
+    let deb = download_image(&download, &release)?;
     let unpacked = download.join("unpacked");
-    std::fs::create_dir_all(&unpacked)
-        .with_context(|| format!("creating {}", unpacked.display()))?;
-    let members: Vec<String> = std::iter::once(format!("./boot/vmlinuz-{release}"))
-        .chain(
-            NINEP_MODULES
-                .iter()
-                .map(|m| format!("./lib/modules/{release}/kernel/{m}")),
-        )
-        .collect();
-    let mut unpack = Command::new("dpkg-deb")
-        .arg("--fsys-tarfile")
-        .arg(&deb)
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("running dpkg-deb")?;
-    let tar_input = unpack.stdout.take().context("dpkg-deb has no stdout")?;
-    let tar_status = Command::new("tar")
-        .args(["-x", "-f", "-", "-C"])
-        .arg(&unpacked)
-        .args(&members)
-        .stdin(tar_input)
-        .status()
-        .context("running tar")?;
-    let unpack_status = unpack.wait().context("waiting for dpkg-deb")?;
-    if !unpack_status.success() || !tar_status.success() {
-        bail!(
-            "could not unpack {} from {}",
-            members.join(" "),
-            deb.display()
-        );
-    }
+    unpack(&deb, &unpacked, &release)?;
     std::fs::create_dir_all(&ninep_dir)
         .with_context(|| format!("creating {}", ninep_dir.display()))?;
     for (member, module) in NINEP_MODULES.iter().zip(&ninep_modules) {
@@ -135,6 +80,71 @@ pub fn ensure(cache: &Path, headers: &Headers) -> Result<Kernel> {
         vmlinuz,
         ninep_modules,
     })
+}
+
+/// `apt-get download linux-image-<release>` into `download`; returns the `.deb`.
+fn download_image(download: &Path, release: &str) -> Result<PathBuf> {
+    let package = format!("linux-image-{release}");
+    let status = Command::new("timeout")
+        .args([
+            "600",
+            "apt-get",
+            "-q",
+            "-o",
+            "APT::Sandbox::User=root",
+            "download",
+            &package,
+        ])
+        .current_dir(download)
+        .status()
+        .context("running apt-get download")?;
+    if !status.success() {
+        bail!(
+            "`apt-get download {package}` failed ({status}); the VM boots the image matching the installed \
+             linux-headers-{release}: run `apt-get update`, or `sudo bash .ci/vm-deps` to install the headers apt offers now"
+        );
+    }
+    std::fs::read_dir(download)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|ext| ext == "deb"))
+        .with_context(|| format!("apt-get download left no .deb in {}", download.display()))
+}
+
+/// Unpacks `boot/vmlinuz-<release>` and the [`NINEP_MODULES`] of `deb` into `unpacked`:
+/// `dpkg-deb --fsys-tarfile DEB | tar -x -C unpacked ./boot/vmlinuz-<release> ./lib/modules/...`.
+fn unpack(deb: &Path, unpacked: &Path, release: &str) -> Result<()> {
+    std::fs::create_dir_all(unpacked)
+        .with_context(|| format!("creating {}", unpacked.display()))?;
+    let members: Vec<String> = std::iter::once(format!("./boot/vmlinuz-{release}"))
+        .chain(
+            NINEP_MODULES
+                .iter()
+                .map(|m| format!("./lib/modules/{release}/kernel/{m}")),
+        )
+        .collect();
+    let mut unpack = Command::new("dpkg-deb")
+        .arg("--fsys-tarfile")
+        .arg(deb)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running dpkg-deb")?;
+    let tar_input = unpack.stdout.take().context("dpkg-deb has no stdout")?;
+    let tar_status = Command::new("tar")
+        .args(["-x", "-f", "-", "-C"])
+        .arg(unpacked)
+        .args(&members)
+        .stdin(tar_input)
+        .status()
+        .context("running tar")?;
+    let unpack_status = unpack.wait().context("waiting for dpkg-deb")?;
+    if !unpack_status.success() || !tar_status.success() {
+        bail!(
+            "could not unpack {} from {}",
+            members.join(" "),
+            deb.display()
+        );
+    }
+    Ok(())
 }
 
 /// `fs/9p/9p.ko` -> `9p.ko`.

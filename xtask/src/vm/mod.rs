@@ -7,8 +7,8 @@
 //!    `linux-image-6.1.0-<abi>-amd64` with `apt-get download` (only `boot/vmlinuz-*` and the
 //!    virtio/9p modules are unpacked), cached under `<target dir>/vm/kernel/`;
 //! 3. builds the stub `tenstorrent` module (`tests/vm/stub-module/`) against those headers at every
-//!    version in [`STUB_MODULES`] (one of them fails its init on purpose), cached under
-//!    `<target dir>/vm/modules/` and rebuilt only when its source changes;
+//!    version in [`STUB_MODULES`](scenarios::STUB_MODULES) (one of them fails its init on
+//!    purpose), cached under `<target dir>/vm/modules/` and rebuilt only when its source changes;
 //! 4. builds each scenario's test and binary targets as static executables;
 //! 5. packs one gzip initramfs per scenario (busybox, `tests/vm/init.sh` as `/init`, the `.ko`
 //!    files, a git repository of the stub module, the executables, the scenario script) and boots
@@ -37,7 +37,7 @@
 //!   git, make, gcc and `/lib/modules/<release>/build` then work in the guest.
 //!
 //! # Adding a scenario
-//! Add a [`Scenario`] to [`SCENARIOS`]: its integration tests (`tests`), binaries (`bins`) and
+//! Add a [`Scenario`] to [`SCENARIOS`] (in `scenarios.rs`): its integration tests (`tests`), binaries (`bins`) and
 //! examples (`examples`) are built static (and copied in without their debug info), `files` are copied from the repository
 //! to the given guest paths, `host_usr` gives it a toolchain, and `script` (a busybox `sh` script
 //! under `tests/vm/scenarios/`) is the workload. The script's exit status decides, and it must
@@ -52,146 +52,40 @@
 //!
 //! [`SWAP_TIMING`] is a scenario outside [`SCENARIOS`]: `cargo xtask bench` boots it through
 //! [`Vm`] for the real-kernel load and unload times.
+//!
+//! # Layout
+//! This module parses the command line and drives the steps above; one submodule per step does
+//! the work, and imports between them only go one way (no cycles):
+//! - [`scenarios`] (the scenarios and the stub module versions, plain data), [`elf`] (is a file a
+//!   static executable?), [`headers`] (the installed kernel headers) and [`boot`] (step 5's QEMU
+//!   run) import no sibling;
+//! - [`host_tools`] (step 1) uses [`elf`] and [`headers`]; [`kernel`] (step 2) uses [`headers`];
+//!   [`stub_module`] (step 3) uses [`headers`] and [`scenarios`]; [`static_build`] (step 4) uses
+//!   [`elf`] and [`scenarios`]; [`stub_repo`] uses [`scenarios`];
+//! - [`initramfs`] (step 5) packs what [`kernel`], [`stub_module`], [`static_build`] and
+//!   [`stub_repo`] produce;
+//! - [`test_report`] (step 6) reads what [`boot`] returns.
 
-#[path = "vm_boot.rs"]
-mod vm_boot;
-#[path = "vm_host_tools.rs"]
-mod vm_host_tools;
-#[path = "vm_initramfs.rs"]
-mod vm_initramfs;
-#[path = "vm_kernel.rs"]
-mod vm_kernel;
-#[path = "vm_static_build.rs"]
-mod vm_static_build;
-#[path = "vm_stub_module.rs"]
-mod vm_stub_module;
-#[path = "vm_stub_repo.rs"]
-mod vm_stub_repo;
-#[path = "vm_test_report.rs"]
-mod vm_test_report;
+mod boot;
+mod elf;
+mod headers;
+mod host_tools;
+mod initramfs;
+mod kernel;
+mod scenarios;
+mod static_build;
+mod stub_module;
+mod stub_repo;
+mod test_report;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::tools::{repo_root, target_dir};
 use anyhow::{Context, Result, bail};
-pub use vm_boot::Boot;
 
-/// One VM boot: what goes into its initramfs and what runs there.
-#[derive(Debug)]
-pub struct Scenario {
-    /// Name used on the command line and in the output.
-    pub name: &'static str,
-    /// What the scenario proves, for `--list`.
-    pub description: &'static str,
-    /// Integration-test targets (package, test target name), built static, at `/tests/<package>/<test>`.
-    pub tests: &'static [(&'static str, &'static str)],
-    /// Binary targets (package, bin name), built static, at `/opt/ttdp/bin/<bin>` (on `PATH`).
-    pub bins: &'static [(&'static str, &'static str)],
-    /// Example targets (package, example name), built static, at `/opt/ttdp/bin/<example>`.
-    pub examples: &'static [(&'static str, &'static str)],
-    /// Extra files: (path relative to the repository root, absolute path in the guest); they keep
-    /// their permissions.
-    pub files: &'static [(&'static str, &'static str)],
-    /// Share the host's `/usr` read-only over 9p as the guest's `/usr` (with `/lib`, `/lib64`
-    /// leading into it): gcc, make, git and the kernel headers, so the guest can build modules.
-    /// Costs about 1 s at boot; a stub module build then takes ~35 s in the guest (2 s on the host).
-    pub host_usr: bool,
-    /// The workload: a script relative to `tests/vm/scenarios/`, run as `/scenario.sh`.
-    pub script: &'static str,
-    /// Wall-clock limit for the whole boot-run-poweroff cycle under TCG.
-    pub timeout: Duration,
-}
-
-/// Every scenario, run in this order by default.
-pub const SCENARIOS: &[Scenario] = &[
-    Scenario {
-        name: "kmod",
-        description: "ttdp-kmod against a real kernel: status, load, unload, busy unload and holders, \
-                      force unload, swap, rollback, .ko cache",
-        tests: &[("ttdp-kmod", "real_kernel")],
-        bins: &[],
-        examples: &[],
-        files: &[],
-        host_usr: false,
-        script: "kmod.sh",
-        timeout: Duration::from_secs(240),
-    },
-    Scenario {
-        name: "kmod-build",
-        description: "ttdp-kmod building inside the VM: a cache miss fetches tag ttkmd-<version> from \
-                      the stub git repository and builds it with the host's /usr over 9p, loads it, \
-                      then hits the cache; a missing tag fails before anything is unloaded; a \
-                      module loaded from outside the cache is built from its tag before the \
-                      unload and loaded back when the new version fails",
-        tests: &[("ttdp-kmod", "real_kernel")],
-        bins: &[],
-        examples: &[],
-        files: &[],
-        host_usr: true,
-        script: "kmod-build.sh",
-        // one in-VM build: ~35 s on an idle machine, 180 s seen with the 2 cores shared 6 ways
-        timeout: Duration::from_secs(600),
-    },
-    Scenario {
-        name: "agent",
-        description: "the real ttdp-agent binary (report in a file, no cluster): fresh install built \
-                      in the VM from the stub repository, upgrade from the cache, busy module \
-                      waiting for its holder then swapping, module removed behind its back, force \
-                      unload, cache hit on a second run, SIGTERM leaves the module loaded, two \
-                      agents on one node take turns (one module lock), SIGKILL before the unload, \
-                      between unload and load and after the load converges on restart, no \
-                      rollback path refuses to unload until the node opts in",
-        tests: &[],
-        bins: &[("ttdp-agent", "ttdp-agent")],
-        examples: &[],
-        files: &[],
-        host_usr: true,
-        script: "agent.sh",
-        // one in-VM build (as kmod-build) plus ~30 s of agent runs
-        timeout: Duration::from_secs(600),
-    },
-];
-
-/// Not a test: `cargo xtask bench` boots it for the real-kernel load and unload times
-/// (`crates/ttdp-kmod/examples/swap_timing.rs`, which prints one `BENCH-RESULT` line).
-pub const SWAP_TIMING: Scenario = Scenario {
-    name: "swap-timing",
-    description: "times ttdp-kmod's swap on the real kernel: cache hit with nothing loaded, \
-                  cache hit replacing a loaded version",
-    tests: &[],
-    bins: &[],
-    examples: &[("ttdp-kmod", "swap_timing")],
-    files: &[],
-    host_usr: false,
-    script: "swap-timing.sh",
-    timeout: Duration::from_secs(240),
-};
-
-/// One build of the stub `tenstorrent` module.
-#[derive(Debug)]
-pub struct StubModule {
-    /// `MODULE_VERSION`, also the directory name under `/ko` in the guest.
-    pub version: &'static str,
-    /// Built with `TT_STUB_FAIL_INIT=1`: its init returns -EINVAL, so loading it fails.
-    pub fail_init: bool,
-}
-
-/// The stub module versions every scenario gets.
-pub const STUB_MODULES: &[StubModule] = &[
-    StubModule {
-        version: "1.0.0",
-        fail_init: false,
-    },
-    StubModule {
-        version: "2.0.0",
-        fail_init: false,
-    },
-    StubModule {
-        version: "3.0.0",
-        fail_init: true,
-    },
-];
+use crate::tools::{repo_root, target_dir};
+pub use boot::Boot;
+pub use scenarios::{SCENARIOS, SWAP_TIMING, Scenario};
 
 /// Parsed `cargo xtask vm-test` arguments.
 #[derive(Debug, Default)]
@@ -286,11 +180,11 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut reports = Vec::new();
     for scenario in scenarios {
         let boot = vm.boot(scenario, &args.guest_args, args.timeout)?;
-        let report = vm_test_report::ScenarioReport::new(scenario.name, boot);
+        let report = test_report::ScenarioReport::new(scenario.name, boot);
         report.print();
         reports.push(report);
     }
-    vm_test_report::judge(&reports, started.elapsed())
+    test_report::judge(&reports, started.elapsed())
 }
 
 /// What every scenario's VM shares: the host tools, the kernel and the stub modules (steps 1 to 3
@@ -298,9 +192,9 @@ pub fn run(args: &[String]) -> Result<()> {
 pub struct Vm {
     root: PathBuf,
     cache: PathBuf,
-    host: vm_host_tools::HostTools,
-    kernel: vm_kernel::Kernel,
-    modules: Vec<vm_stub_module::BuiltModule>,
+    host: host_tools::HostTools,
+    kernel: kernel::Kernel,
+    modules: Vec<stub_module::BuiltModule>,
 }
 
 impl Vm {
@@ -308,9 +202,9 @@ impl Vm {
     pub fn prepare() -> Result<Self> {
         let root = repo_root()?;
         let cache = vm_cache_dir(&root)?;
-        let host = step("checking host tools", vm_host_tools::check)?;
+        let host = step("checking host tools", host_tools::check)?;
         let kernel = step("fetching the kernel image", || {
-            vm_kernel::ensure(&cache, &host.headers)
+            kernel::ensure(&cache, &host.headers)
         })?;
         println!(
             "vm-test: kernel {} ({})",
@@ -318,7 +212,7 @@ impl Vm {
             kernel.vmlinuz.display()
         );
         let modules = step("building the stub tenstorrent module", || {
-            vm_stub_module::build_all(&root, &cache, &host.headers)
+            stub_module::build_all(&root, &cache, &host.headers)
         })?;
         Ok(Self {
             root,
@@ -339,12 +233,12 @@ impl Vm {
     ) -> Result<Boot> {
         let executables = step(
             &format!("[{}] building static executables", scenario.name),
-            || vm_static_build::build(&self.root, scenario),
+            || static_build::build(&self.root, scenario),
         )?;
         let initrd = step(
             &format!("[{}] packing the initramfs", scenario.name),
             || {
-                vm_initramfs::pack(&vm_initramfs::Contents {
+                initramfs::pack(&initramfs::Contents {
                     root: &self.root,
                     cache: &self.cache,
                     scenario,
@@ -365,7 +259,7 @@ impl Vm {
                 timeout.as_secs()
             ),
             || {
-                vm_boot::boot(&vm_boot::Machine {
+                boot::boot(&boot::Machine {
                     vmlinuz: &self.kernel.vmlinuz,
                     initrd: &initrd,
                     run_dir: &run_dir,
@@ -411,47 +305,5 @@ mod tests {
         let err = selected_scenarios(&strings(&["nope"])).unwrap_err();
         assert!(err.to_string().contains("known: kmod"), "{err}");
         assert_eq!(selected_scenarios(&[]).unwrap().len(), SCENARIOS.len());
-    }
-
-    #[test]
-    fn every_scenario_has_a_unique_name_and_an_executable_script() {
-        use std::os::unix::fs::PermissionsExt;
-        let root = repo_root().unwrap();
-        for (i, scenario) in SCENARIOS.iter().enumerate() {
-            assert!(
-                SCENARIOS[..i].iter().all(|s| s.name != scenario.name),
-                "duplicate scenario {}",
-                scenario.name
-            );
-            let script = root.join("tests/vm/scenarios").join(scenario.script);
-            let mode = std::fs::metadata(&script).unwrap().permissions().mode();
-            assert!(mode & 0o111 != 0, "{} is not executable", script.display());
-            for (host, _) in scenario.files {
-                assert!(
-                    root.join(host).is_file(),
-                    "scenario {} lists missing file {host}",
-                    scenario.name
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn stub_versions_are_distinct_release_versions_with_one_broken() {
-        for (i, module) in STUB_MODULES.iter().enumerate() {
-            let parts: Vec<&str> = module.version.split('.').collect();
-            assert!(
-                parts.len() == 3 && parts.iter().all(|p| p.parse::<u32>().is_ok()),
-                "{} is not MAJOR.MINOR.PATCH",
-                module.version
-            );
-            assert!(
-                STUB_MODULES[..i]
-                    .iter()
-                    .all(|m| m.version != module.version)
-            );
-        }
-        assert_eq!(STUB_MODULES.iter().filter(|m| m.fail_init).count(), 1);
-        assert!(STUB_MODULES.iter().filter(|m| !m.fail_init).count() >= 2);
     }
 }

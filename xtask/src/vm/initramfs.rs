@@ -9,10 +9,11 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use super::Scenario;
-use super::vm_kernel::Kernel;
-use super::vm_static_build::Executable;
-use super::vm_stub_module::BuiltModule;
+use super::kernel::Kernel;
+use super::scenarios::Scenario;
+use super::static_build::Executable;
+use super::stub_module::BuiltModule;
+use super::stub_repo;
 
 /// The guest directory holding `<version>/tenstorrent.ko`.
 const GUEST_KO_DIR: &str = "/ko";
@@ -66,71 +67,91 @@ pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
         let path = stage.join(sub);
         std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
     }
+    copy_files(contents, &stage)?;
+    stub_repo::build(
+        contents.root,
+        &dir.join("stub-repo-work"),
+        &stage.join(GUEST_STUB_REPO.trim_start_matches('/')),
+    )?;
+    let ninep_names = if contents.scenario.host_usr {
+        prepare_host_usr(contents.kernel, &stage)?
+    } else {
+        Vec::new()
+    };
+    let env = guest_env(contents, &ninep_names);
+    std::fs::write(stage.join("etc/ttdp-vm.env"), env).context("writing /etc/ttdp-vm.env")?;
 
+    let initrd = dir.join("initramfs.cpio.gz");
+    archive(&stage, &initrd)?;
+    Ok(initrd)
+}
+
+/// Copies busybox, `/init`, the scenario script, the stub modules, the executables and the
+/// scenario's files into `stage`.
+fn copy_files(contents: &Contents<'_>, stage: &Path) -> Result<()> {
     let vm_dir = contents.root.join("tests/vm");
-    copy(contents.busybox, &stage, "/bin/busybox", 0o755)?;
+    copy(contents.busybox, stage, "/bin/busybox", 0o755)?;
     std::os::unix::fs::symlink("busybox", stage.join("bin/sh"))
         .context("linking /bin/sh to busybox")?;
-    copy(&vm_dir.join("init.sh"), &stage, "/init", 0o755)?;
+    copy(&vm_dir.join("init.sh"), stage, "/init", 0o755)?;
     copy(
         &vm_dir.join("scenarios").join(contents.scenario.script),
-        &stage,
+        stage,
         "/scenario.sh",
         0o755,
     )?;
     for built in contents.modules {
         copy(
             &built.ko,
-            &stage,
+            stage,
             &format!("{GUEST_KO_DIR}/{}/tenstorrent.ko", built.module.version),
             0o644,
         )?;
     }
     for executable in contents.executables {
-        copy_without_debug_info(&executable.host, &stage, &executable.guest)?;
+        copy_without_debug_info(&executable.host, stage, &executable.guest)?;
     }
     for (host, guest) in contents.scenario.files {
         // std::fs::copy keeps the host file's permissions: an executable stays executable
-        copy_keeping_mode(&contents.root.join(host), &stage, guest)?;
+        copy_keeping_mode(&contents.root.join(host), stage, guest)?;
     }
-    super::vm_stub_repo::build(
-        contents.root,
-        &dir.join("stub-repo-work"),
-        &stage.join(GUEST_STUB_REPO.trim_start_matches('/')),
-    )?;
-    let mut ninep_names = Vec::new();
-    if contents.scenario.host_usr {
-        for module in &contents.kernel.ninep_modules {
-            let name = module
-                .file_name()
-                .and_then(|n| n.to_str())
-                .context("a 9p module path has no file name")?;
-            copy(
-                module,
-                &stage,
-                &format!("{GUEST_9P_MODULE_DIR}/{name}"),
-                0o644,
-            )?;
-            ninep_names.push(name.to_string());
-        }
-        // Debian's merged /usr: once the host's /usr is mounted, /lib and /lib64 lead into it.
-        std::os::unix::fs::symlink("usr/lib", stage.join("lib"))
-            .context("linking /lib to usr/lib")?;
-        std::os::unix::fs::symlink("usr/lib64", stage.join("lib64"))
-            .context("linking /lib64 to usr/lib64")?;
-    }
-    let env = guest_env(contents, &ninep_names);
-    std::fs::write(stage.join("etc/ttdp-vm.env"), env).context("writing /etc/ttdp-vm.env")?;
+    Ok(())
+}
 
-    let initrd = dir.join("initramfs.cpio.gz");
+/// Copies the kernel's virtio and 9p modules into `stage` and links `/lib` and `/lib64` into the
+/// `/usr` the guest will mount from the host; returns the modules' file names in load order.
+fn prepare_host_usr(kernel: &Kernel, stage: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for module in &kernel.ninep_modules {
+        let name = module
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("a 9p module path has no file name")?;
+        copy(
+            module,
+            stage,
+            &format!("{GUEST_9P_MODULE_DIR}/{name}"),
+            0o644,
+        )?;
+        names.push(name.to_string());
+    }
+    // Debian's merged /usr: once the host's /usr is mounted, /lib and /lib64 lead into it.
+    std::os::unix::fs::symlink("usr/lib", stage.join("lib")).context("linking /lib to usr/lib")?;
+    std::os::unix::fs::symlink("usr/lib64", stage.join("lib64"))
+        .context("linking /lib64 to usr/lib64")?;
+    Ok(names)
+}
+
+/// Archives `stage` into the gzip cpio `initrd`.
+fn archive(stage: &Path, initrd: &Path) -> Result<()> {
     let status = Command::new("bash")
         .args([
             "-c",
             r#"set -euo pipefail; cd "$1"; find . -print0 | LC_ALL=C sort -z | cpio --null --quiet -o -H newc -R 0:0 | gzip -1 > "$2""#,
             "pack",
         ])
-        .arg(&stage)
-        .arg(&initrd)
+        .arg(stage)
+        .arg(initrd)
         .status()
         .context("running cpio | gzip")?;
     if !status.success() {
@@ -140,7 +161,7 @@ pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
             initrd.display()
         );
     }
-    Ok(initrd)
+    Ok(())
 }
 
 /// `/etc/ttdp-vm.env`, sourced by `/init`.
@@ -232,37 +253,6 @@ fn copy_keeping_mode(host: &Path, stage: &Path, guest: &str) -> Result<PathBuf> 
     Ok(target)
 }
 
-/// True for an ELF file without a program interpreter (`PT_INTERP`): it runs without a libc.
-pub fn is_static_elf(bytes: &[u8]) -> bool {
-    const PT_INTERP: u32 = 3;
-    let u16_at = |at: usize| {
-        bytes
-            .get(at..at + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
-    };
-    let u32_at = |at: usize| {
-        bytes
-            .get(at..at + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let u64_at = |at: usize| {
-        bytes
-            .get(at..at + 8)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_le_bytes)
-            .and_then(|v| usize::try_from(v).ok())
-    };
-    // 64-bit little-endian ELF only (what x86_64 produces).
-    if bytes.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
-        return false;
-    }
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
-    else {
-        return false;
-    };
-    (0..phnum).all(|i| u32_at(phoff + i * phentsize).is_some_and(|kind| kind != PT_INTERP))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,27 +261,6 @@ mod tests {
     fn shell_quote_survives_single_quotes() {
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_quote(""), "''");
-    }
-
-    /// A 64-bit little-endian ELF header followed by program headers of the given types.
-    fn elf_with_program_headers(types: &[u32]) -> Vec<u8> {
-        let mut elf = vec![0u8; 64];
-        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
-        elf[0x20..0x28].copy_from_slice(&64u64.to_le_bytes());
-        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
-        elf[0x38..0x3a].copy_from_slice(&(types.len() as u16).to_le_bytes());
-        for kind in types {
-            let mut header = vec![0u8; 56];
-            header[..4].copy_from_slice(&kind.to_le_bytes());
-            elf.extend(header);
-        }
-        elf
-    }
-
-    #[test]
-    fn an_executable_with_an_interpreter_is_not_static() {
-        assert!(is_static_elf(&elf_with_program_headers(&[6, 1, 1])));
-        assert!(!is_static_elf(&elf_with_program_headers(&[6, 3, 1])));
     }
 
     #[test]
@@ -312,13 +281,5 @@ mod tests {
             stripped.len()
         );
         assert_eq!(mode, 0o755);
-    }
-
-    #[test]
-    fn non_elf_and_truncated_files_are_not_static() {
-        assert!(!is_static_elf(b"#!/bin/sh\n"));
-        let mut truncated = elf_with_program_headers(&[1, 1]);
-        truncated.truncate(64 + 56);
-        assert!(!is_static_elf(&truncated));
     }
 }

@@ -1,0 +1,169 @@
+//! The scenarios `cargo xtask vm-test` boots (what goes into each VM and what runs there) and the
+//! stub `tenstorrent` module versions every scenario gets. Plain data: the other `vm` modules read
+//! it, it reads none of them.
+
+use std::time::Duration;
+
+/// One VM boot: what goes into its initramfs and what runs there.
+#[derive(Debug)]
+pub struct Scenario {
+    /// Name used on the command line and in the output.
+    pub name: &'static str,
+    /// What the scenario proves, for `--list`.
+    pub description: &'static str,
+    /// Integration-test targets (package, test target name), built static, at `/tests/<package>/<test>`.
+    pub tests: &'static [(&'static str, &'static str)],
+    /// Binary targets (package, bin name), built static, at `/opt/ttdp/bin/<bin>` (on `PATH`).
+    pub bins: &'static [(&'static str, &'static str)],
+    /// Example targets (package, example name), built static, at `/opt/ttdp/bin/<example>`.
+    pub examples: &'static [(&'static str, &'static str)],
+    /// Extra files: (path relative to the repository root, absolute path in the guest); they keep
+    /// their permissions.
+    pub files: &'static [(&'static str, &'static str)],
+    /// Share the host's `/usr` read-only over 9p as the guest's `/usr` (with `/lib`, `/lib64`
+    /// leading into it): gcc, make, git and the kernel headers, so the guest can build modules.
+    /// Costs about 1 s at boot; a stub module build then takes ~35 s in the guest (2 s on the host).
+    pub host_usr: bool,
+    /// The workload: a script relative to `tests/vm/scenarios/`, run as `/scenario.sh`.
+    pub script: &'static str,
+    /// Wall-clock limit for the whole boot-run-poweroff cycle under TCG.
+    pub timeout: Duration,
+}
+
+/// Every scenario, run in this order by default.
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "kmod",
+        description: "ttdp-kmod against a real kernel: status, load, unload, busy unload and holders, \
+                      force unload, swap, rollback, .ko cache",
+        tests: &[("ttdp-kmod", "real_kernel")],
+        bins: &[],
+        examples: &[],
+        files: &[],
+        host_usr: false,
+        script: "kmod.sh",
+        timeout: Duration::from_secs(240),
+    },
+    Scenario {
+        name: "kmod-build",
+        description: "ttdp-kmod building inside the VM: a cache miss fetches tag ttkmd-<version> from \
+                      the stub git repository and builds it with the host's /usr over 9p, loads it, \
+                      then hits the cache; a missing tag fails before anything is unloaded; a \
+                      module loaded from outside the cache is built from its tag before the \
+                      unload and loaded back when the new version fails",
+        tests: &[("ttdp-kmod", "real_kernel")],
+        bins: &[],
+        examples: &[],
+        files: &[],
+        host_usr: true,
+        script: "kmod-build.sh",
+        // one in-VM build: ~35 s on an idle machine, 180 s seen with the 2 cores shared 6 ways
+        timeout: Duration::from_secs(600),
+    },
+    Scenario {
+        name: "agent",
+        description: "the real ttdp-agent binary (report in a file, no cluster): fresh install built \
+                      in the VM from the stub repository, upgrade from the cache, busy module \
+                      waiting for its holder then swapping, module removed behind its back, force \
+                      unload, cache hit on a second run, SIGTERM leaves the module loaded, two \
+                      agents on one node take turns (one module lock), SIGKILL before the unload, \
+                      between unload and load and after the load converges on restart, no \
+                      rollback path refuses to unload until the node opts in",
+        tests: &[],
+        bins: &[("ttdp-agent", "ttdp-agent")],
+        examples: &[],
+        files: &[],
+        host_usr: true,
+        script: "agent.sh",
+        // one in-VM build (as kmod-build) plus ~30 s of agent runs
+        timeout: Duration::from_secs(600),
+    },
+];
+
+/// Not a test: `cargo xtask bench` boots it for the real-kernel load and unload times
+/// (`crates/ttdp-kmod/examples/swap_timing.rs`, which prints one `BENCH-RESULT` line).
+pub const SWAP_TIMING: Scenario = Scenario {
+    name: "swap-timing",
+    description: "times ttdp-kmod's swap on the real kernel: cache hit with nothing loaded, \
+                  cache hit replacing a loaded version",
+    tests: &[],
+    bins: &[],
+    examples: &[("ttdp-kmod", "swap_timing")],
+    files: &[],
+    host_usr: false,
+    script: "swap-timing.sh",
+    timeout: Duration::from_secs(240),
+};
+
+/// One build of the stub `tenstorrent` module.
+#[derive(Debug)]
+pub struct StubModule {
+    /// `MODULE_VERSION`, also the directory name under `/ko` in the guest.
+    pub version: &'static str,
+    /// Built with `TT_STUB_FAIL_INIT=1`: its init returns -EINVAL, so loading it fails.
+    pub fail_init: bool,
+}
+
+/// The stub module versions every scenario gets.
+pub const STUB_MODULES: &[StubModule] = &[
+    StubModule {
+        version: "1.0.0",
+        fail_init: false,
+    },
+    StubModule {
+        version: "2.0.0",
+        fail_init: false,
+    },
+    StubModule {
+        version: "3.0.0",
+        fail_init: true,
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::repo_root;
+
+    #[test]
+    fn every_scenario_has_a_unique_name_and_an_executable_script() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = repo_root().unwrap();
+        for (i, scenario) in SCENARIOS.iter().enumerate() {
+            assert!(
+                SCENARIOS[..i].iter().all(|s| s.name != scenario.name),
+                "duplicate scenario {}",
+                scenario.name
+            );
+            let script = root.join("tests/vm/scenarios").join(scenario.script);
+            let mode = std::fs::metadata(&script).unwrap().permissions().mode();
+            assert!(mode & 0o111 != 0, "{} is not executable", script.display());
+            for (host, _) in scenario.files {
+                assert!(
+                    root.join(host).is_file(),
+                    "scenario {} lists missing file {host}",
+                    scenario.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn stub_versions_are_distinct_release_versions_with_one_broken() {
+        for (i, module) in STUB_MODULES.iter().enumerate() {
+            let parts: Vec<&str> = module.version.split('.').collect();
+            assert!(
+                parts.len() == 3 && parts.iter().all(|p| p.parse::<u32>().is_ok()),
+                "{} is not MAJOR.MINOR.PATCH",
+                module.version
+            );
+            assert!(
+                STUB_MODULES[..i]
+                    .iter()
+                    .all(|m| m.version != module.version)
+            );
+        }
+        assert_eq!(STUB_MODULES.iter().filter(|m| m.fail_init).count(), 1);
+        assert!(STUB_MODULES.iter().filter(|m| !m.fail_init).count() >= 2);
+    }
+}
