@@ -227,15 +227,37 @@ fn pod_template(
     settings: &Settings,
     selection: &NodeSelection,
 ) -> PodTemplateSpec {
-    let name = policy.name_any();
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(agent_pod_labels(&policy.name_any())),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            containers: vec![agent_container(policy, settings)],
+            host_pid: policy.spec.upgrade_policy.force_unload.then_some(true),
+            priority_class_name: Some(PRIORITY_CLASS.to_owned()),
+            service_account_name: Some(settings.agent_service_account.clone()),
+            termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+            tolerations: Some(tolerations()),
+            affinity: Some(Affinity {
+                node_affinity: Some(selection.node_affinity()),
+                ..Default::default()
+            }),
+            volumes: Some(host_volumes()),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The agent: privileged, with the host's paths mounted, ready when the target is loaded.
+fn agent_container(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Container {
     let spec = &policy.spec;
     let image = spec
         .installer
         .image
         .clone()
         .unwrap_or_else(|| settings.default_image.clone());
-    let force_unload = spec.upgrade_policy.force_unload;
-    let container = Container {
+    Container {
         name: names::AGENT_CONTAINER.to_owned(),
         image: Some(image),
         image_pull_policy: Some(spec.installer.image_pull_policy.clone()),
@@ -262,65 +284,47 @@ fn pod_template(
             ])),
             ..Default::default()
         }),
-        volume_mounts: Some(
-            HOST_MOUNTS
-                .iter()
-                .map(|m| VolumeMount {
-                    name: m.name.to_owned(),
-                    mount_path: format!("{HOST_ROOT}{}", m.path),
-                    read_only: Some(m.read_only),
-                    ..Default::default()
-                })
-                // Kernel headers also at their own paths: Debian and Ubuntu header trees refer
-                // to each other by absolute path, so `make` must run against the host's paths.
-                .chain(
-                    HOST_MOUNTS
-                        .iter()
-                        .filter(|m| BUILD_TREE_PATHS.contains(&m.path))
-                        .map(|m| VolumeMount {
-                            name: m.name.to_owned(),
-                            mount_path: m.path.to_owned(),
-                            read_only: Some(true),
-                            ..Default::default()
-                        }),
-                )
-                .collect(),
-        ),
+        volume_mounts: Some(host_mounts()),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         ..Default::default()
-    };
-    PodTemplateSpec {
-        metadata: Some(ObjectMeta {
-            labels: Some(agent_pod_labels(&name)),
-            ..Default::default()
-        }),
-        spec: Some(PodSpec {
-            containers: vec![container],
-            host_pid: force_unload.then_some(true),
-            priority_class_name: Some(PRIORITY_CLASS.to_owned()),
-            service_account_name: Some(settings.agent_service_account.clone()),
-            termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
-            tolerations: Some(tolerations()),
-            affinity: Some(Affinity {
-                node_affinity: Some(selection.node_affinity()),
-                ..Default::default()
-            }),
-            volumes: Some(
-                HOST_MOUNTS
-                    .iter()
-                    .map(|m| Volume {
-                        name: m.name.to_owned(),
-                        host_path: Some(HostPathVolumeSource {
-                            path: m.path.to_owned(),
-                            type_: Some(m.kind.to_owned()),
-                        }),
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
-            ..Default::default()
-        }),
     }
+}
+
+/// Every host path under the host root, and the kernel headers also at their own paths: Debian
+/// and Ubuntu header trees refer to each other by absolute path, so `make` must run against the
+/// host's paths.
+fn host_mounts() -> Vec<VolumeMount> {
+    let under_root = HOST_MOUNTS.iter().map(|m| VolumeMount {
+        name: m.name.to_owned(),
+        mount_path: format!("{HOST_ROOT}{}", m.path),
+        read_only: Some(m.read_only),
+        ..Default::default()
+    });
+    let build_tree = HOST_MOUNTS
+        .iter()
+        .filter(|m| BUILD_TREE_PATHS.contains(&m.path))
+        .map(|m| VolumeMount {
+            name: m.name.to_owned(),
+            mount_path: m.path.to_owned(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    under_root.chain(build_tree).collect()
+}
+
+/// The host paths the agent mounts.
+fn host_volumes() -> Vec<Volume> {
+    HOST_MOUNTS
+        .iter()
+        .map(|m| Volume {
+            name: m.name.to_owned(),
+            host_path: Some(HostPathVolumeSource {
+                path: m.path.to_owned(),
+                type_: Some(m.kind.to_owned()),
+            }),
+            ..Default::default()
+        })
+        .collect()
 }
 
 /// Tolerate every NoSchedule and NoExecute taint (a cordoned node keeps its agent; the agent

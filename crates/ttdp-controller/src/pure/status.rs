@@ -339,153 +339,175 @@ fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
+/// The policy's conditions: each from the facts and the summary, stamped with the generation
+/// and `now` (a condition's time moves only when its status does, see [`set_condition`]).
 fn conditions_for(
     facts: &PolicyFacts,
     s: &Summary,
     nodes: &NodeEntries,
     now: &Time,
 ) -> Vec<Condition> {
-    let make = |type_: &str, status: bool, reason: &str, message: String| {
+    let rollup = Rollup::of(facts, s, nodes);
+    [
+        (cond::INVALID_SPEC, rollup.invalid_spec()),
+        (cond::RECONCILED, rollup.reconciled()),
+        (cond::READY, rollup.ready()),
+        (cond::PROGRESSING, rollup.progressing()),
+        (cond::DEGRADED, rollup.degraded()),
+        (cond::PAUSED, rollup.paused()),
+    ]
+    .into_iter()
+    .map(|(type_, (status, reason, message))| {
         condition(
             type_,
             status,
-            reason,
+            &reason,
             message,
             facts.generation,
             now.clone(),
         )
-    };
-    let managed = s.matched - s.conflicts;
-    let ready_nodes = s.up_to_date + s.host_managed;
-    let progress = format!(
-        "{ready_nodes}/{managed} nodes on {} (or host-managed), {} in progress, {} pending, {} failed",
-        facts.target_version, s.in_progress, s.pending, s.failed
-    );
-    let halted = is_halted(
-        usize::try_from(s.failed).unwrap_or(0),
-        facts.max_unavailable,
-    );
-    let failed_names: Vec<String> = nodes
-        .values()
-        .filter(|n| n.state == NodeState::Failed)
-        .take(5)
-        .map(|n| match &n.reason {
-            Some(r) => format!("{} ({r})", n.name),
-            None => n.name.clone(),
-        })
-        .collect();
-    let mut out = Vec::new();
-    out.push(match &facts.invalid_spec {
-        Some(msg) => make(cond::INVALID_SPEC, true, reasons::SPEC_INVALID, msg.clone()),
-        None => make(
-            cond::INVALID_SPEC,
-            false,
-            reasons::SPEC_VALID,
-            String::new(),
-        ),
-    });
-    out.push(match &facts.failure {
-        Some(f) => make(cond::RECONCILED, false, &f.reason, f.message.clone()),
-        None => make(cond::RECONCILED, true, reasons::RECONCILED, String::new()),
-    });
-    let ready = facts.invalid_spec.is_none() && facts.failure.is_none() && ready_nodes == managed;
-    out.push(if ready {
-        make(
-            cond::READY,
-            true,
-            reasons::ALL_NODES_READY,
-            progress.clone(),
-        )
-    } else if facts.invalid_spec.is_some() {
-        make(
-            cond::READY,
-            false,
-            reasons::SPEC_INVALID,
-            "the spec is invalid; see the InvalidSpec condition".into(),
-        )
-    } else if let Some(f) = &facts.failure {
-        make(
-            cond::READY,
-            false,
-            &f.reason,
-            format!("{progress}; see the Reconciled condition"),
-        )
-    } else if s.failed > 0 {
-        make(cond::READY, false, reasons::NODES_FAILED, progress.clone())
-    } else {
-        make(cond::READY, false, reasons::ROLLING_OUT, progress.clone())
-    });
-    let work_left = s.pending + s.in_progress > 0;
-    out.push(
-        if s.in_progress > 0
-            || (work_left && !facts.paused && !halted && facts.invalid_spec.is_none())
-        {
-            make(
-                cond::PROGRESSING,
-                true,
-                reasons::ROLLING_OUT,
-                progress.clone(),
+    })
+    .collect()
+}
+
+/// A condition's status, reason and message.
+type Verdict = (bool, String, String);
+
+fn verdict(status: bool, reason: &str, message: impl Into<String>) -> Verdict {
+    (status, reason.to_owned(), message.into())
+}
+
+/// What the conditions are decided from.
+struct Rollup<'a> {
+    facts: &'a PolicyFacts,
+    s: &'a Summary,
+    /// "n/m nodes on V (or host-managed), ..." for the messages.
+    progress: String,
+    halted: bool,
+    all_ready: bool,
+    /// The first few Failed nodes, with their reasons.
+    failed_names: Vec<String>,
+}
+
+impl<'a> Rollup<'a> {
+    fn of(facts: &'a PolicyFacts, s: &'a Summary, nodes: &NodeEntries) -> Self {
+        let managed = s.matched - s.conflicts;
+        let ready_nodes = s.up_to_date + s.host_managed;
+        let progress = format!(
+            "{ready_nodes}/{managed} nodes on {} (or host-managed), {} in progress, {} pending, {} failed",
+            facts.target_version, s.in_progress, s.pending, s.failed
+        );
+        let failed_names = nodes
+            .values()
+            .filter(|n| n.state == NodeState::Failed)
+            .take(5)
+            .map(|n| match &n.reason {
+                Some(r) => format!("{} ({r})", n.name),
+                None => n.name.clone(),
+            })
+            .collect();
+        Self {
+            facts,
+            s,
+            progress,
+            halted: is_halted(
+                usize::try_from(s.failed).unwrap_or(0),
+                facts.max_unavailable,
+            ),
+            all_ready: ready_nodes == managed,
+            failed_names,
+        }
+    }
+
+    fn invalid_spec(&self) -> Verdict {
+        match &self.facts.invalid_spec {
+            Some(msg) => verdict(true, reasons::SPEC_INVALID, msg.clone()),
+            None => verdict(false, reasons::SPEC_VALID, ""),
+        }
+    }
+
+    fn reconciled(&self) -> Verdict {
+        match &self.facts.failure {
+            Some(f) => verdict(false, &f.reason, f.message.clone()),
+            None => verdict(true, reasons::RECONCILED, ""),
+        }
+    }
+
+    fn ready(&self) -> Verdict {
+        let (facts, progress) = (self.facts, &self.progress);
+        if facts.invalid_spec.is_some() {
+            verdict(
+                false,
+                reasons::SPEC_INVALID,
+                "the spec is invalid; see the InvalidSpec condition",
             )
+        } else if let Some(f) = &facts.failure {
+            verdict(
+                false,
+                &f.reason,
+                format!("{progress}; see the Reconciled condition"),
+            )
+        } else if self.all_ready {
+            verdict(true, reasons::ALL_NODES_READY, progress.clone())
+        } else if self.s.failed > 0 {
+            verdict(false, reasons::NODES_FAILED, progress.clone())
+        } else {
+            verdict(false, reasons::ROLLING_OUT, progress.clone())
+        }
+    }
+
+    fn progressing(&self) -> Verdict {
+        let (facts, s) = (self.facts, self.s);
+        let work_left = s.pending + s.in_progress > 0;
+        let may_start = !facts.paused && !self.halted && facts.invalid_spec.is_none();
+        if s.in_progress > 0 || (work_left && may_start) {
+            verdict(true, reasons::ROLLING_OUT, self.progress.clone())
         } else if work_left && facts.paused {
-            make(
-                cond::PROGRESSING,
+            verdict(
                 false,
                 reasons::PAUSED,
-                "paused; set spec.paused=false to continue".into(),
+                "paused; set spec.paused=false to continue",
             )
-        } else if work_left && halted {
-            make(
-                cond::PROGRESSING,
-                false,
+        } else if work_left && self.halted {
+            verdict(false, reasons::ROLLOUT_HALTED, self.progress.clone())
+        } else {
+            verdict(false, reasons::ROLLOUT_COMPLETE, self.progress.clone())
+        }
+    }
+
+    fn degraded(&self) -> Verdict {
+        let (failed, names) = (self.s.failed, self.failed_names.join(", "));
+        if failed == 0 {
+            verdict(false, reasons::NO_FAILURES, "")
+        } else if self.halted {
+            let max = self.facts.max_unavailable;
+            verdict(
+                true,
                 reasons::ROLLOUT_HALTED,
-                progress.clone(),
+                format!(
+                    "{failed} nodes failed, more than maxUnavailable {max}: no new node starts until they recover or kubectl tt driver retry; failed: {names}"
+                ),
             )
         } else {
-            make(
-                cond::PROGRESSING,
-                false,
-                reasons::ROLLOUT_COMPLETE,
-                progress.clone(),
+            verdict(
+                true,
+                reasons::NODES_FAILED,
+                format!("{failed} nodes failed and are retried with back-off: {names}"),
             )
-        },
-    );
-    out.push(if s.failed == 0 {
-        make(cond::DEGRADED, false, reasons::NO_FAILURES, String::new())
-    } else if halted {
-        make(
-            cond::DEGRADED,
-            true,
-            reasons::ROLLOUT_HALTED,
-            format!(
-                "{} nodes failed, more than maxUnavailable {}: no new node starts until they recover or kubectl tt driver retry; failed: {}",
-                s.failed,
-                facts.max_unavailable,
-                failed_names.join(", ")
-            ),
-        )
-    } else {
-        make(
-            cond::DEGRADED,
-            true,
-            reasons::NODES_FAILED,
-            format!(
-                "{} nodes failed and are retried with back-off: {}",
-                s.failed,
-                failed_names.join(", ")
-            ),
-        )
-    });
-    out.push(if facts.paused {
-        make(
-            cond::PAUSED,
-            true,
-            reasons::PAUSED,
-            "spec.paused is true: no node starts a new step".into(),
-        )
-    } else {
-        make(cond::PAUSED, false, reasons::NOT_PAUSED, String::new())
-    });
-    out
+        }
+    }
+
+    fn paused(&self) -> Verdict {
+        if self.facts.paused {
+            verdict(
+                true,
+                reasons::PAUSED,
+                "spec.paused is true: no node starts a new step",
+            )
+        } else {
+            verdict(false, reasons::NOT_PAUSED, "")
+        }
+    }
 }
 
 /// Whether a large fleet's status lists this node: not Done and not just waiting for a slot.

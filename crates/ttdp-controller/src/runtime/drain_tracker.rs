@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kube::Client;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 use ttdp_drain::{DrainError, DrainEventKind, Drainer, EventSink, TwoPassDrain, TwoPassReport};
@@ -107,6 +107,72 @@ pub fn failure_of(err: &DrainError) -> Option<DrainProgress> {
     })
 }
 
+/// Keeps the drain's progress message up to date from its events; a blocked eviction also wakes
+/// the policy, so the status can say so.
+fn progress_sink(
+    progress: Arc<Mutex<DrainProgress>>,
+    wake: Arc<dyn Fn() + Send + Sync>,
+) -> EventSink {
+    EventSink::new(move |event| {
+        let message = match &event.kind {
+            DrainEventKind::PassStarted { pass } => format!("{pass} pass"),
+            DrainEventKind::Planned { decisions } => {
+                format!("{} pods on the node classified", decisions.len())
+            }
+            DrainEventKind::EvictionBlocked { pod, budget, .. } => {
+                let by = budget
+                    .as_ref()
+                    .map(|b| format!("PodDisruptionBudget {}/{}", b.namespace, b.name))
+                    .unwrap_or_else(|| "a PodDisruptionBudget".into());
+                wake();
+                format!("eviction of {pod} blocked by {by}; retrying")
+            }
+            _ => return,
+        };
+        set(&progress, DrainProgress::Running { message });
+    })
+}
+
+/// One of the drain slots, saying so in the progress while all are taken (None: the tracker
+/// is gone).
+async fn drain_slot(
+    slots: Arc<Semaphore>,
+    progress: &Mutex<DrainProgress>,
+) -> Option<OwnedSemaphorePermit> {
+    if let Ok(slot) = slots.clone().try_acquire_owned() {
+        return Some(slot);
+    }
+    let message = format!("waiting for a drain slot ({MAX_CONCURRENT_DRAINS} nodes drain at once)");
+    set(progress, DrainProgress::Running { message });
+    slots.acquire_owned().await.ok()
+}
+
+/// Drains until it succeeds or fails for good; API errors are retried.
+async fn drain_to_the_end(drainer: &Drainer, node: &str, plan: &TwoPassDrain) -> DrainProgress {
+    loop {
+        match drainer.drain_two_pass(node, plan).await {
+            Ok(report) => {
+                let evicted = report.device.evicted.len()
+                    + report.full_node.as_ref().map_or(0, |r| r.evicted.len());
+                info!(node = %node, evicted, "node drained");
+                return DrainProgress::Succeeded {
+                    skipped: skipped_pods(&report),
+                };
+            }
+            Err(err) => match failure_of(&err) {
+                Some(failed) => {
+                    warn!(node = %node, error = %err, "drain failed");
+                    return failed;
+                }
+                None => {
+                    warn!(node = %node, error = %err, "drain hit an api error; retrying");
+                    tokio::time::sleep(API_ERROR_RETRY).await;
+                }
+            },
+        }
+    }
+}
+
 impl DrainTracker {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
@@ -143,48 +209,15 @@ impl DrainTracker {
         let progress = Arc::new(Mutex::new(DrainProgress::Running {
             message: "draining".into(),
         }));
-        let sink_progress = progress.clone();
-        let sink_wake = wake.clone();
-        let sink = EventSink::new(move |event| {
-            let message = match &event.kind {
-                DrainEventKind::PassStarted { pass } => format!("{pass} pass"),
-                DrainEventKind::Planned { decisions } => {
-                    format!("{} pods on the node classified", decisions.len())
-                }
-                DrainEventKind::EvictionBlocked { pod, budget, .. } => {
-                    let by = budget
-                        .as_ref()
-                        .map(|b| format!("PodDisruptionBudget {}/{}", b.namespace, b.name))
-                        .unwrap_or_else(|| "a PodDisruptionBudget".into());
-                    sink_wake();
-                    format!("eviction of {pod} blocked by {by}; retrying")
-                }
-                _ => return,
-            };
-            set(&sink_progress, DrainProgress::Running { message });
-        });
+        let sink = progress_sink(progress.clone(), wake.clone());
         let drainer = Drainer::new(client.clone()).with_events(sink);
         let node_name = node.to_owned();
         let task_progress = progress.clone();
         let slots = self.slots.clone();
         let deadline = plan.options.timeout.map(|t| Instant::now() + t);
         let task = tokio::spawn(async move {
-            let _slot = match slots.clone().try_acquire_owned() {
-                Ok(slot) => slot,
-                Err(_) => {
-                    set(
-                        &task_progress,
-                        DrainProgress::Running {
-                            message: format!(
-                                "waiting for a drain slot ({MAX_CONCURRENT_DRAINS} nodes drain at once)"
-                            ),
-                        },
-                    );
-                    match slots.acquire_owned().await {
-                        Ok(slot) => slot,
-                        Err(_) => return,
-                    }
-                }
+            let Some(_slot) = drain_slot(slots, &task_progress).await else {
+                return;
             };
             // The wait for a slot counts against the drain's timeout.
             if let Some(deadline) = deadline {
@@ -194,27 +227,7 @@ impl DrainTracker {
                         .max(Duration::from_secs(1)),
                 );
             }
-            let outcome = loop {
-                match drainer.drain_two_pass(&node_name, &plan).await {
-                    Ok(report) => {
-                        info!(node = %node_name, evicted = report.device.evicted.len()
-                            + report.full_node.as_ref().map_or(0, |r| r.evicted.len()), "node drained");
-                        break DrainProgress::Succeeded {
-                            skipped: skipped_pods(&report),
-                        };
-                    }
-                    Err(err) => match failure_of(&err) {
-                        Some(failed) => {
-                            warn!(node = %node_name, error = %err, "drain failed");
-                            break failed;
-                        }
-                        None => {
-                            warn!(node = %node_name, error = %err, "drain hit an api error; retrying");
-                            tokio::time::sleep(API_ERROR_RETRY).await;
-                        }
-                    },
-                }
-            };
+            let outcome = drain_to_the_end(&drainer, &node_name, &plan).await;
             let counters = drainer.counters();
             metrics.record_drain(counters.evictions, counters.budget_blocks);
             set(&task_progress, outcome);
