@@ -1,7 +1,8 @@
 //! [`AgentConfig`]: everything the agent is told by its pod (env) and flags, validated.
 //!
 //! The parsers here (`parse_*`) are what the binary's clap arguments use, so a malformed value is
-//! rejected at startup with a message naming the variable.
+//! rejected at startup with a message naming the variable. The tt-kmd version is parsed there too,
+//! once, into a [`KmdVersion`] (its `FromStr`); nothing past that checks it again.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use ttdp_api::names::env;
 use ttdp_hostprobe::HostRoot;
-use ttdp_kmod::{BuildOptions, KoCache, MODULE_LOCK_DIR};
+use ttdp_kmod::{BuildOptions, KmdVersion, KoCache, MODULE_LOCK_DIR};
 
 use crate::error::ConfigError;
 
@@ -87,7 +88,7 @@ pub struct RetryPolicy {
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// The tt-kmd version to make loaded (`TT_KMD_VERSION`).
-    pub target_version: String,
+    pub target_version: KmdVersion,
     /// This node (`NODE_NAME`).
     pub node_name: String,
     /// Where the host's root is mounted (`TTDP_HOST_ROOT`).
@@ -119,11 +120,11 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     /// A configuration with the defaults for everything but the target version, node and host.
-    pub fn new(target_version: &str, node_name: &str, host: HostRoot) -> Self {
+    pub fn new(target_version: KmdVersion, node_name: &str, host: HostRoot) -> Self {
         let cache_dir = KoCache::new(&host).dir().to_path_buf();
         let lock_dir = host.path(MODULE_LOCK_DIR);
         Self {
-            target_version: target_version.to_string(),
+            target_version,
             node_name: node_name.to_string(),
             host,
             kernel: KernelKind::Real,
@@ -165,13 +166,9 @@ impl AgentConfig {
         build
     }
 
-    /// Checks the values that flags cannot check one by one.
+    /// Checks the values that flags cannot check one by one (the target version needs no check:
+    /// a [`KmdVersion`] is valid by construction).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        parse_version(&self.target_version).map_err(|problem| ConfigError::Invalid {
-            variable: env::TT_KMD_VERSION,
-            value: self.target_version.clone(),
-            problem,
-        })?;
         parse_object_name(&self.node_name).map_err(|problem| ConfigError::Invalid {
             variable: env::NODE_NAME,
             value: self.node_name.clone(),
@@ -193,13 +190,6 @@ impl AgentConfig {
         }
         Ok(())
     }
-}
-
-/// A tt-kmd version: `MAJOR.MINOR.PATCH`, the release tag without `ttkmd-`.
-pub fn parse_version(s: &str) -> Result<String, String> {
-    ttdp_kmod::validate_version(s)
-        .map(|()| s.to_string())
-        .map_err(|e| e.to_string())
 }
 
 /// A Kubernetes object name (DNS subdomain: lowercase letters, digits, `-` and `.`, at most 253).
@@ -282,9 +272,13 @@ mod tests {
         assert!(is_label_value(""));
     }
 
+    fn v(text: &str) -> KmdVersion {
+        text.parse().unwrap()
+    }
+
     #[test]
     fn the_kernel_build_dir_gets_the_host_release() {
-        let mut config = AgentConfig::new("2.8.0", "node-1", HostRoot::new("/host"));
+        let mut config = AgentConfig::new(v("2.8.0"), "node-1", HostRoot::new("/host"));
         assert_eq!(config.build_options("6.1.0-31-amd64").build_dir, None);
         config.build.build_dir = Some("/lib/modules/{release}/build".into());
         assert_eq!(
@@ -295,24 +289,17 @@ mod tests {
 
     #[test]
     fn the_module_lock_defaults_to_the_hosts_run_ttdp() {
-        let config = AgentConfig::new("2.8.0", "node-1", HostRoot::new("/host"));
+        let config = AgentConfig::new(v("2.8.0"), "node-1", HostRoot::new("/host"));
         assert_eq!(config.lock_dir, PathBuf::from("/host/run/ttdp"));
     }
 
     #[test]
     fn validate_names_the_variable_at_fault() {
         let host = HostRoot::new("/host");
-        let ok = AgentConfig::new("2.8.0", "node-1", host.clone());
+        let ok = AgentConfig::new(v("2.8.0"), "node-1", host.clone());
         ok.validate().unwrap();
 
-        let bad_version = AgentConfig::new("2.8", "node-1", host.clone());
-        let err = bad_version.validate().unwrap_err().to_string();
-        assert!(
-            err.contains("TT_KMD_VERSION") && err.contains("2.8"),
-            "{err}"
-        );
-
-        let bad_node = AgentConfig::new("2.8.0", "Node_1", host.clone());
+        let bad_node = AgentConfig::new(v("2.8.0"), "Node_1", host.clone());
         assert!(
             bad_node
                 .validate()

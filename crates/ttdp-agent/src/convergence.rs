@@ -4,7 +4,7 @@
 use ttdp_api::agent_report::{AgentPhase, AgentReport, Holder};
 use ttdp_api::names::labels;
 use ttdp_hostprobe::{DkmsSignal, HostInstall};
-use ttdp_kmod::{DeviceHolder, ModuleStatus};
+use ttdp_kmod::{DeviceHolder, KmdVersion, ModuleStatus};
 
 use crate::labels::InstallMode;
 
@@ -45,10 +45,10 @@ pub enum Step {
 }
 
 /// The next step for a node showing `observation` when `target` is wanted.
-pub fn next_step(observation: &Observation, target: &str) -> Step {
+pub fn next_step(observation: &Observation, target: &KmdVersion) -> Step {
     if observation.host_install.is_host_managed() {
         Step::StandDown
-    } else if observation.loaded_version() == Some(target) {
+    } else if observation.loaded_version() == Some(target.as_str()) {
         Step::Converged
     } else {
         Step::Install
@@ -85,7 +85,11 @@ pub fn report_holders(holders: &[DeviceHolder]) -> Vec<Holder> {
 }
 
 /// A report in `phase` for `observation`, without holders, reason or message.
-pub fn base_report(phase: AgentPhase, target: &str, observation: &Observation) -> AgentReport {
+pub fn base_report(
+    phase: AgentPhase,
+    target: &KmdVersion,
+    observation: &Observation,
+) -> AgentReport {
     AgentReport {
         phase,
         target_version: target.to_string(),
@@ -98,7 +102,7 @@ pub fn base_report(phase: AgentPhase, target: &str, observation: &Observation) -
 }
 
 /// The message while waiting for holders: who holds the module and what the user can do.
-pub fn holders_message(status: &ModuleStatus, target: &str) -> String {
+pub fn holders_message(status: &ModuleStatus, target: &KmdVersion) -> String {
     let loaded = status.version.as_deref().unwrap_or("(unknown version)");
     let refcnt = status.refcnt.unwrap_or(0);
     let who = if !status.device_holders.is_empty() {
@@ -201,9 +205,13 @@ mod tests {
         }
     }
 
+    fn v(text: &str) -> KmdVersion {
+        text.parse().unwrap()
+    }
+
     #[test]
     fn steps_follow_the_spec() {
-        let target = "2.8.0";
+        let target = &v("2.8.0");
         assert_eq!(
             next_step(&observation(status(Some("2.7.0"), 0, &[]), true), target),
             Step::StandDown
@@ -235,14 +243,14 @@ mod tests {
             unload_gate(&status(None, 0, &[]), false),
             UnloadGate::Proceed
         );
-        let message = holders_message(&held, "2.8.0");
+        let message = holders_message(&held, &v("2.8.0"));
         assert!(
             message.contains("held by pid 1234 (python3), pid 1240 (tt-smi)")
                 && message.contains("refcnt 2")
                 && message.contains("forceUnload"),
             "{message}"
         );
-        let anonymous = holders_message(&status(Some("2.7.0"), 1, &[]), "2.8.0");
+        let anonymous = holders_message(&status(Some("2.7.0"), 1, &[]), &v("2.8.0"));
         assert!(anonymous.contains("hostPID"), "{anonymous}");
     }
 
@@ -263,7 +271,7 @@ mod tests {
     #[test]
     fn reports_carry_mode_and_the_loaded_version() {
         let obs = observation(status(Some("1.29.0"), 0, &[]), true);
-        let report = base_report(AgentPhase::HostManaged, "2.8.0", &obs);
+        let report = base_report(AgentPhase::HostManaged, &v("2.8.0"), &obs);
         assert_eq!(report.install_mode, "host");
         assert_eq!(report.loaded_version.as_deref(), Some("1.29.0"));
         assert!(

@@ -9,6 +9,7 @@
 //! the agent any change to its node's annotations).
 
 use ttdp_api::names::{self, annotations};
+use ttdp_kmod::KmdVersion;
 
 /// What the agent's backend knows about the grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,19 +40,19 @@ pub enum GrantDecision {
 }
 
 /// The decision for swapping `loaded` (the loaded version, `None` when unknown) for `target`.
-pub fn decide(view: &GrantView, loaded: Option<&str>, target: &str) -> GrantDecision {
+pub fn decide(view: &GrantView, loaded: Option<&str>, target: &KmdVersion) -> GrantDecision {
     let (grant, policy) = match view {
         GrantView::NotEnforced => return GrantDecision::Granted,
         GrantView::Node { grant, policy } => (grant.as_deref(), policy.as_deref()),
     };
     let parsed = grant.and_then(names::parse_upgrade_grant);
     if let Some((p, v)) = parsed
-        && v == target
+        && v == target.as_str()
         && policy.is_none_or(|mine| mine == p)
     {
         return GrantDecision::Granted;
     }
-    let expected = names::upgrade_grant(policy.unwrap_or("<policy>"), target);
+    let expected = names::upgrade_grant(policy.unwrap_or("<policy>"), target.as_str());
     let found = grant.map_or(String::new(), |g| {
         format!(" (the node's grant {g} is for another policy or version)")
     });
@@ -77,7 +78,8 @@ mod tests {
 
     #[test]
     fn only_this_policys_grant_for_the_target_lets_the_swap_go() {
-        let go = |view: &GrantView| decide(view, Some("2.7.0"), "2.8.0") == GrantDecision::Granted;
+        let target: KmdVersion = "2.8.0".parse().unwrap();
+        let go = |view: &GrantView| decide(view, Some("2.7.0"), &target) == GrantDecision::Granted;
         assert!(
             go(&GrantView::NotEnforced),
             "no controller, nothing to wait for"
@@ -100,7 +102,7 @@ mod tests {
         let GrantDecision::Waiting { message } = decide(
             &node(Some("fleet/2.7.0"), Some("fleet")),
             Some("2.7.0"),
-            "2.8.0",
+            &"2.8.0".parse().unwrap(),
         ) else {
             panic!("a grant for another version is no grant")
         };

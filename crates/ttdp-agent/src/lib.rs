@@ -16,8 +16,9 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use ttdp_agent::{AgentConfig, FileReporter, HostRoot};
-//! let config = AgentConfig::new("2.8.0", "node-1", HostRoot::new("/host"));
+//! use ttdp_agent::{AgentConfig, FileReporter, HostRoot, KmdVersion};
+//! let version: KmdVersion = "2.8.0".parse()?;
+//! let config = AgentConfig::new(version, "node-1", HostRoot::new("/host"));
 //! let reporter = FileReporter::new("/tmp/agent-report.json", "node-1");
 //! let shutdown = ttdp_agent::signals::shutdown_on_signals()?;
 //! ttdp_agent::run(config, reporter, shutdown).await?;
@@ -45,6 +46,7 @@ pub use node_flow::NodeAgent;
 pub use node_kernel::NodeKernel;
 pub use reporting::{FileReporter, KubeReporter, NoReporter, PodRef, Reporter};
 pub use ttdp_hostprobe::HostRoot;
+pub use ttdp_kmod::KmdVersion;
 
 use tokio_util::sync::CancellationToken;
 

@@ -10,10 +10,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use ttdp_agent::config::{parse_duration, parse_label_value, parse_object_name, parse_version};
+use ttdp_agent::config::{parse_duration, parse_label_value, parse_object_name};
 use ttdp_agent::{
-    AgentConfig, ConfigError, FileReporter, HostRoot, KernelKind, KubeReporter, NoReporter, PodRef,
-    ReportTarget, RetryPolicy, TtSmiSource,
+    AgentConfig, ConfigError, FileReporter, HostRoot, KernelKind, KmdVersion, KubeReporter,
+    NoReporter, PodRef, ReportTarget, RetryPolicy, TtSmiSource,
 };
 use ttdp_api::names::{DEFAULT_KMD_REPOSITORY, env};
 
@@ -40,9 +40,9 @@ enum Command {
 /// What both subcommands need.
 #[derive(Debug, Args)]
 struct TargetArgs {
-    /// tt-kmd version to make loaded (MAJOR.MINOR.PATCH).
-    #[arg(long = "kmd-version", env = env::TT_KMD_VERSION, value_name = "TT_KMD_VERSION", value_parser = parse_version)]
-    kmd_version: String,
+    /// tt-kmd version to make loaded (MAJOR.MINOR.PATCH), parsed here once.
+    #[arg(long = "kmd-version", env = env::TT_KMD_VERSION, value_name = "TT_KMD_VERSION")]
+    kmd_version: KmdVersion,
     /// Where the host's root file system is mounted.
     #[arg(long, env = env::HOST_ROOT, value_name = "TTDP_HOST_ROOT", default_value = "/host")]
     host_root: PathBuf,
@@ -180,7 +180,7 @@ impl RunArgs {
             (None, _) => LOCAL_NODE.to_string(),
         };
         let host = HostRoot::new(&self.target.host_root);
-        let mut config = AgentConfig::new(&self.target.kmd_version, &node, host);
+        let mut config = AgentConfig::new(self.target.kmd_version.clone(), &node, host);
         config.kernel = self.kernel;
         config.force_unload = self.force_unload;
         config.tt_smi = match (self.tt_smi_path.as_str(), &self.tt_smi_version) {

@@ -689,7 +689,7 @@ where
             Some(obs) => base_report(AgentPhase::Failed, &self.config.target_version, obs),
             None => AgentReport {
                 phase: AgentPhase::Failed,
-                target_version: self.config.target_version.clone(),
+                target_version: self.config.target_version.to_string(),
                 loaded_version: None,
                 install_mode: self
                     .last_report

@@ -6,6 +6,7 @@
 
 use ttdp_api::names::MODULE_NAME;
 use ttdp_hostprobe::{HostRoot, detect_host_install};
+use ttdp_kmod::KmdVersion;
 
 /// The probe's answer, with a one-line reason for the kubelet's probe message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +32,7 @@ impl Readiness {
 }
 
 /// Whether the node is ready for `target_version`, read from the host under `host`.
-pub fn readiness(host: &HostRoot, target_version: &str) -> Readiness {
+pub fn readiness(host: &HostRoot, target_version: &KmdVersion) -> Readiness {
     match detect_host_install(host) {
         Ok(install) if install.is_host_managed() => {
             return Readiness::Ready(
@@ -51,7 +52,7 @@ pub fn readiness(host: &HostRoot, target_version: &str) -> Readiness {
         (None, _) => Readiness::NotReady(format!(
             "module {MODULE_NAME} is not loaded; want {target_version}"
         )),
-        (Some("live"), Some(version)) if version == target_version => {
+        (Some("live"), Some(version)) if version == target_version.as_str() => {
             Readiness::Ready(format!("module {MODULE_NAME} {version} is loaded"))
         }
         (Some("live"), version) => Readiness::NotReady(format!(
@@ -76,28 +77,30 @@ mod tests {
 
     #[test]
     fn ready_only_with_the_target_version_live() {
+        let target: KmdVersion = "2.8.0".parse().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path());
-        let r = readiness(&host, "2.8.0");
+        let r = readiness(&host, &target);
         assert!(!r.is_ready() && r.reason().contains("not loaded"), "{r:?}");
 
         write(&host, "/sys/module/tenstorrent/initstate", "live\n");
         write(&host, "/sys/module/tenstorrent/version", "2.7.0\n");
-        let r = readiness(&host, "2.8.0");
+        let r = readiness(&host, &target);
         assert!(
             !r.is_ready() && r.reason().contains("2.7.0 is loaded; want 2.8.0"),
             "{r:?}"
         );
 
         write(&host, "/sys/module/tenstorrent/version", "2.8.0\n");
-        assert!(readiness(&host, "2.8.0").is_ready());
+        assert!(readiness(&host, &target).is_ready());
 
         write(&host, "/sys/module/tenstorrent/initstate", "going\n");
-        assert!(!readiness(&host, "2.8.0").is_ready());
+        assert!(!readiness(&host, &target).is_ready());
     }
 
     #[test]
     fn a_host_managed_node_is_always_ready() {
+        let target: KmdVersion = "2.8.0".parse().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let host = HostRoot::new(dir.path());
         write(
@@ -105,7 +108,7 @@ mod tests {
             "/usr/src/tenstorrent-1.29/dkms.conf",
             "PACKAGE_NAME=tenstorrent\n",
         );
-        let r = readiness(&host, "2.8.0");
+        let r = readiness(&host, &target);
         assert!(r.is_ready() && r.reason().contains("host-managed"), "{r:?}");
     }
 }

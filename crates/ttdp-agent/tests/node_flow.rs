@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Node, Recording, TT_SMI_CONTENT, TT_SMI_VERSION, wait_until};
+use common::{Node, Recording, TT_SMI_CONTENT, TT_SMI_VERSION, v, wait_until};
 use tokio_util::sync::CancellationToken;
 use ttdp_agent::probe::readiness;
 use ttdp_agent::reasons;
@@ -37,7 +37,7 @@ async fn fresh_install_builds_loads_copies_tt_smi_and_labels() {
     let node = Node::new(&["1.0.0", "2.0.0"]);
     let reporter = Recording::default();
     let mut agent = agent(&node, "2.0.0", &reporter);
-    assert!(!readiness(node.host(), "2.0.0").is_ready());
+    assert!(!readiness(node.host(), &v("2.0.0")).is_ready());
 
     agent.pass(&CancellationToken::new()).await.unwrap();
 
@@ -74,7 +74,7 @@ async fn fresh_install_builds_loads_copies_tt_smi_and_labels() {
     // the first label patch told the truth before anything was loaded
     let first = reporter.get().label_patches[0].clone();
     assert_eq!(first.get(labels::KMD_VERSION), Some(None));
-    assert!(readiness(node.host(), "2.0.0").is_ready());
+    assert!(readiness(node.host(), &v("2.0.0")).is_ready());
 
     // a second pass changes and publishes nothing
     let counts = |r: &Recording| {
@@ -180,7 +180,7 @@ async fn host_managed_node_is_reported_and_never_touched() {
         "unchanged reports are not republished"
     );
     assert_eq!(reporter.events_with(reasons::HOST_MANAGED).len(), 1);
-    assert!(readiness(node.host(), "2.0.0").is_ready());
+    assert!(readiness(node.host(), &v("2.0.0")).is_ready());
 }
 
 #[tokio::test]
@@ -267,7 +267,7 @@ async fn holders_block_the_swap_until_they_are_gone() {
         Some("1.0.0")
     );
     assert_eq!(reporter.events_with(reasons::DEVICE_HELD).len(), 1);
-    assert!(!readiness(node.host(), "2.0.0").is_ready());
+    assert!(!readiness(node.host(), &v("2.0.0")).is_ready());
 
     kernel.release(1234).unwrap();
     kernel.release(1240).unwrap();
@@ -396,7 +396,7 @@ async fn load_failure_rolls_back_to_the_previous_version() {
         reporter.events_with("LoadFailedRolledBack")[0].kind,
         EventKind::Warning
     );
-    assert!(!readiness(node.host(), "2.0.0").is_ready());
+    assert!(!readiness(node.host(), &v("2.0.0")).is_ready());
 }
 
 #[tokio::test]

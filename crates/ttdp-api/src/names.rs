@@ -6,8 +6,6 @@
 pub const GROUP: &str = "driver.tenstorrent.com";
 /// The kernel module's name, as in `/sys/module/tenstorrent`.
 pub const MODULE_NAME: &str = "tenstorrent";
-/// Prefix of tt-kmd release tags: version `2.8.0` is tag `ttkmd-2.8.0`.
-pub const KMD_TAG_PREFIX: &str = "ttkmd-";
 /// The default tt-kmd source repository.
 pub const DEFAULT_KMD_REPOSITORY: &str = "https://github.com/tenstorrent/tt-kmd.git";
 /// The device directory workloads open; holding a file under it raises the module's refcnt.

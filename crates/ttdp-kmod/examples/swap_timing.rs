@@ -14,8 +14,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ttdp_kmod::{
-    HostRoot, InstallerConfig, KmodError, ModuleInstaller, RealKernel, SwapOptions, SwapReport,
-    UnloadOptions,
+    HostRoot, InstallerConfig, KmdVersion, KmodError, ModuleInstaller, RealKernel, SwapOptions,
+    SwapReport, UnloadOptions,
 };
 
 const USAGE: &str = "usage: swap_timing KO_DIR OLD NEW [RUNS]";
@@ -27,6 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         [dir, old, new, runs] => (dir, old, new, runs.parse()?),
         _ => return Err(USAGE.into()),
     };
+    let (old, new): (KmdVersion, KmdVersion) = (old.parse()?, new.parse()?);
     let host = HostRoot::system();
     let installer = ModuleInstaller::new(
         host.clone(),
@@ -37,14 +38,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut replace = Vec::new();
     for _ in 0..runs {
         reset(&installer)?;
-        for version in [old, new] {
-            let ko = Path::new(ko_dir).join(version).join("tenstorrent.ko");
+        for version in [&old, &new] {
+            let ko = Path::new(ko_dir)
+                .join(version.as_str())
+                .join("tenstorrent.ko");
             installer
                 .cache()
                 .store_file(&ko, installer.release(), version, ko_dir, "stub")?;
         }
-        fresh.push(timed_swap(&installer, old)?);
-        replace.push(timed_swap(&installer, new)?);
+        fresh.push(timed_swap(&installer, &old)?);
+        replace.push(timed_swap(&installer, &new)?);
     }
     reset(&installer)?;
     let result = serde_json::json!({
@@ -79,7 +82,7 @@ fn reset(installer: &ModuleInstaller<RealKernel>) -> Result<(), Box<dyn std::err
 /// One swap and its wall time in microseconds (the report's steps are whole milliseconds).
 fn timed_swap(
     installer: &ModuleInstaller<RealKernel>,
-    version: &str,
+    version: &KmdVersion,
 ) -> Result<(SwapReport, u128), KmodError> {
     let started = Instant::now();
     let report = installer.swap(version, &SwapOptions::default())?;

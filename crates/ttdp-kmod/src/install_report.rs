@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::holders::DeviceHolder;
 use crate::ko_cache::CachedKo;
+use crate::version::KmdVersion;
 
 /// Options for unloading.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +73,7 @@ pub struct EnsuredKo {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UnloadReport {
-    /// The version that was unloaded, when sysfs reported one.
+    /// The version that was unloaded, as sysfs declared it (any text), when it declared one.
     pub version: Option<String>,
     /// Processes sent SIGKILL (force unload only).
     pub killed: Vec<DeviceHolder>,
@@ -97,8 +98,9 @@ pub enum SwapOutcome {
 #[serde(rename_all = "camelCase")]
 pub struct SwapReport {
     /// The version now loaded.
-    pub version: String,
-    /// The version loaded before, if any.
+    pub version: KmdVersion,
+    /// The version loaded before, if any, as sysfs declared it (not necessarily a release
+    /// version: a custom build may be replaced).
     pub previous: Option<String>,
     /// What happened.
     pub outcome: SwapOutcome,

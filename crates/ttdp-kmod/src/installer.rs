@@ -17,7 +17,7 @@ use crate::modinfo::{ModInfo, is_signed};
 use crate::source_build::{BuildOptions, build_module, millis};
 use crate::status::ModuleStatus;
 use crate::test_hook::{AFTER_LOAD, AFTER_UNLOAD, BEFORE_UNLOAD, checkpoint};
-use crate::version::validate_version;
+use crate::version::KmdVersion;
 use crate::{DEVICE_DIR, KmodError, MODULE_NAME};
 
 /// Host directory of the node-wide module lock (the default of [`InstallerConfig::lock_dir`]).
@@ -125,8 +125,7 @@ impl<K: Kernel> ModuleInstaller<K> {
     /// missing entry is fetched and built; an entry failing verification is removed and rebuilt.
     /// Holds the cache lock throughout, so two agents on one node never build over each other.
     /// Never touches the loaded module.
-    pub fn ensure_ko(&self, version: &str) -> Result<EnsuredKo, KmodError> {
-        validate_version(version)?;
+    pub fn ensure_ko(&self, version: &KmdVersion) -> Result<EnsuredKo, KmodError> {
         let started = Instant::now();
         let _lock = self.cache.lock(self.config.cache_lock_timeout)?;
         let cache = match self.cache.lookup(&self.release, version)? {
@@ -271,7 +270,12 @@ impl<K: Kernel> ModuleInstaller<K> {
     }
 
     /// Loads the module file at `path`, expected to be `version`, and verifies the loaded version.
-    pub fn load_file(&self, path: &Path, version: &str, params: &str) -> Result<(), KmodError> {
+    pub fn load_file(
+        &self,
+        path: &Path,
+        version: &KmdVersion,
+        params: &str,
+    ) -> Result<(), KmodError> {
         let module = self.config.module.clone();
         if let Err(e) = self.kernel.load(path, params) {
             return Err(match errno(&e) {
@@ -322,7 +326,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             });
         }
         let found = self.status()?.loaded_version().map(str::to_string);
-        if found.as_deref() != Some(version) {
+        if found.as_deref() != Some(version.as_str()) {
             return Err(KmodError::VersionAfterLoad {
                 module,
                 expected: version.to_string(),
@@ -353,13 +357,14 @@ impl<K: Kernel> ModuleInstaller<K> {
     /// load: its verified cache entry, or its tag built into the cache first (as
     /// [`ModuleInstaller::ensure_ko`]). `Ok(None)` when nothing is loaded or `target` is.
     /// Fails with [`KmodError::NoRollbackPath`] when the loaded module declares no release
-    /// version or its `.ko` cannot be fetched, built or cached. Never touches the loaded module.
+    /// version (none, or one that is not a [`KmdVersion`]: a custom build) or its `.ko` cannot be
+    /// fetched, built or cached. Never touches the loaded module.
     pub fn ensure_rollback_ko(
         &self,
         status: &ModuleStatus,
-        target: &str,
+        target: &KmdVersion,
     ) -> Result<Option<EnsuredKo>, KmodError> {
-        if !status.loaded || status.loaded_version() == Some(target) {
+        if !status.loaded || status.loaded_version() == Some(target.as_str()) {
             return Ok(None);
         }
         let no_path = |why: String, source: Option<KmodError>| KmodError::NoRollbackPath {
@@ -375,15 +380,16 @@ impl<K: Kernel> ModuleInstaller<K> {
                 None,
             ));
         };
-        if validate_version(loaded).is_err() {
+        // sysfs says what the module declares: a release version only if it parses as one
+        let Ok(loaded) = loaded.parse::<KmdVersion>() else {
             return Err(no_path(
                 format!(
                     "its version {loaded:?} is not a tt-kmd release (a custom build?), so there is no tag to build"
                 ),
                 None,
             ));
-        }
-        self.ensure_ko(loaded)
+        };
+        self.ensure_ko(&loaded)
             .map(Some)
             .map_err(|e| no_path(format!("{}: {e}", e.reason()), Some(e)))
     }
@@ -396,15 +402,18 @@ impl<K: Kernel> ModuleInstaller<K> {
     /// and the error reports both outcomes ([`KmodError::RolledBack`] or
     /// [`KmodError::RollbackFailed`]). Holds [`ModuleInstaller::lock_module`] throughout; the
     /// [`crate::test_hook`] points are on the way.
-    pub fn swap(&self, version: &str, options: &SwapOptions) -> Result<SwapReport, KmodError> {
-        validate_version(version)?;
+    pub fn swap(
+        &self,
+        version: &KmdVersion,
+        options: &SwapOptions,
+    ) -> Result<SwapReport, KmodError> {
         let started = Instant::now();
         let _module_lock = self.lock_module()?;
         let status = self.status()?;
         let probe_ms = millis(started.elapsed());
         let previous = status.loaded_version().map(str::to_string);
         let mut report = SwapReport {
-            version: version.to_string(),
+            version: version.clone(),
             previous: previous.clone(),
             outcome: SwapOutcome::AlreadyLoaded,
             cache: None,
@@ -416,7 +425,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             load_ms: 0,
             total_ms: 0,
         };
-        if previous.as_deref() == Some(version) {
+        if previous.as_deref() == Some(version.as_str()) {
             report.total_ms = millis(started.elapsed());
             return Ok(report);
         }
@@ -461,7 +470,7 @@ impl<K: Kernel> ModuleInstaller<K> {
     fn rollback_ko_or_allowed(
         &self,
         status: &ModuleStatus,
-        version: &str,
+        version: &KmdVersion,
         options: &SwapOptions,
     ) -> Result<Option<CacheOutcome>, KmodError> {
         match self.ensure_rollback_ko(status, version) {
@@ -485,7 +494,7 @@ impl<K: Kernel> ModuleInstaller<K> {
         };
         Err(KmodError::SignatureRequired {
             module: self.config.module.clone(),
-            version: ko.record.version.clone(),
+            version: ko.record.version.to_string(),
             release: self.release.clone(),
             enforcement,
         })
@@ -495,7 +504,7 @@ impl<K: Kernel> ModuleInstaller<K> {
     /// loaded before), and says what happened.
     fn roll_back(
         &self,
-        version: &str,
+        version: &KmdVersion,
         was_loaded: bool,
         previous: Option<String>,
         load_error: KmodError,
@@ -514,13 +523,16 @@ impl<K: Kernel> ModuleInstaller<K> {
         let rollback = match previous.as_deref() {
             // the old module declared no version: we cannot know which .ko to load back
             None => Err(not_cached("(unknown version)")),
-            Some(previous_version) => match self.cache.lookup(&self.release, previous_version) {
-                Ok(CacheLookup::Hit(ko)) => self
-                    .load(&ko, params)
-                    .map(|()| previous_version.to_string()),
-                Ok(_) => Err(not_cached(previous_version)),
-                Err(e) => Err(e),
-            },
+            // sysfs said it: a release version only if it parses as one
+            Some(previous_version) => previous_version
+                .parse::<KmdVersion>()
+                .and_then(|v| self.cache.lookup(&self.release, &v))
+                .and_then(|lookup| match lookup {
+                    CacheLookup::Hit(ko) => self
+                        .load(&ko, params)
+                        .map(|()| previous_version.to_string()),
+                    _ => Err(not_cached(previous_version)),
+                }),
         };
         match rollback {
             Ok(previous) => KmodError::RolledBack {

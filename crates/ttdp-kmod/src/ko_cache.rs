@@ -12,7 +12,7 @@ use ttdp_hostprobe::HostRoot;
 use crate::file_lock::FileLock;
 use crate::modinfo::ModInfo;
 use crate::source_build::BuiltModule;
-use crate::version::validate_version;
+use crate::version::KmdVersion;
 use crate::{KO_FILE_NAME, KmodError};
 
 /// Host path of the cache.
@@ -26,8 +26,8 @@ const LOCK_FILE_NAME: &str = ".lock";
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KoRecord {
-    /// tt-kmd version.
-    pub version: String,
+    /// tt-kmd version (a record naming anything else fails to read, so the entry is invalid).
+    pub version: KmdVersion,
     /// Kernel release it was built for.
     pub kernel_release: String,
     /// Hex sha256 of the `.ko`.
@@ -93,12 +93,12 @@ impl KoCache {
     }
 
     /// Local path of the `.ko` for `release` and `version` (whether or not it exists).
-    pub fn ko_path(&self, release: &str, version: &str) -> PathBuf {
+    pub fn ko_path(&self, release: &str, version: &KmdVersion) -> PathBuf {
         self.entry_dir(release, version).join(KO_FILE_NAME)
     }
 
-    fn entry_dir(&self, release: &str, version: &str) -> PathBuf {
-        self.dir.join(release).join(version)
+    fn entry_dir(&self, release: &str, version: &KmdVersion) -> PathBuf {
+        self.dir.join(release).join(version.as_str())
     }
 
     /// Takes the cache's exclusive lock, waiting at most `timeout` (another agent may be building).
@@ -107,8 +107,7 @@ impl KoCache {
     }
 
     /// Looks up and verifies the entry for `release` and `version`.
-    pub fn lookup(&self, release: &str, version: &str) -> Result<CacheLookup, KmodError> {
-        validate_version(version)?;
+    pub fn lookup(&self, release: &str, version: &KmdVersion) -> Result<CacheLookup, KmodError> {
         let ko = self.ko_path(release, version);
         let record_path = self.entry_dir(release, version).join(RECORD_FILE_NAME);
         let (ko_exists, record_exists) = (ko.exists(), record_path.exists());
@@ -145,7 +144,7 @@ impl KoCache {
             Ok(info) => info,
             Err(reason) => return invalid(format!("{}: {reason}", ko.display())),
         };
-        if info.version() != Some(version) || record.version != version {
+        if info.version() != Some(version.as_str()) || record.version != *version {
             return invalid(format!(
                 "module declares version {:?}, expected {version}",
                 info.version()
@@ -179,17 +178,16 @@ impl KoCache {
         &self,
         ko: &Path,
         release: &str,
-        version: &str,
+        version: &KmdVersion,
         repository: &str,
         source_commit: &str,
     ) -> Result<CachedKo, KmodError> {
-        validate_version(version)?;
         let bytes = std::fs::read(ko).map_err(|e| KmodError::io("read", ko, e))?;
         let info = ModInfo::parse(&bytes).map_err(|reason| KmodError::Modinfo {
             path: ko.to_path_buf(),
             reason,
         })?;
-        if info.version() != Some(version) || info.vermagic_release() != Some(release) {
+        if info.version() != Some(version.as_str()) || info.vermagic_release() != Some(release) {
             return Err(KmodError::BuiltWrongModule {
                 version: version.to_string(),
                 release: release.to_string(),
@@ -198,7 +196,7 @@ impl KoCache {
             });
         }
         let record = KoRecord {
-            version: version.to_string(),
+            version: version.clone(),
             kernel_release: release.to_string(),
             sha256: hex::encode(Sha256::digest(&bytes)),
             vermagic: info.vermagic().unwrap_or_default().to_string(),
@@ -230,22 +228,22 @@ impl KoCache {
     }
 
     /// Removes the entry for `release` and `version` (used for entries that failed verification).
-    pub fn evict(&self, release: &str, version: &str) -> Result<(), KmodError> {
-        validate_version(version)?;
+    pub fn evict(&self, release: &str, version: &KmdVersion) -> Result<(), KmodError> {
         let dir = self.entry_dir(release, version);
         remove_if_present(&dir.join(RECORD_FILE_NAME))?;
         remove_if_present(&dir.join(KO_FILE_NAME))
     }
 
-    /// Versions with a `.ko` cached for `release` (verified or not), sorted.
-    pub fn versions(&self, release: &str) -> Vec<String> {
+    /// Versions with a `.ko` cached for `release` (verified or not), oldest first. A directory
+    /// whose name is not a tt-kmd version is no entry of this cache and is left out.
+    pub fn versions(&self, release: &str) -> Vec<KmdVersion> {
         let Ok(entries) = std::fs::read_dir(self.dir.join(release)) else {
             return Vec::new();
         };
-        let mut versions: Vec<String> = entries
+        let mut versions: Vec<KmdVersion> = entries
             .filter_map(Result::ok)
             .filter(|e| e.path().join(KO_FILE_NAME).is_file())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
             .collect();
         versions.sort();
         versions

@@ -5,6 +5,8 @@
 //!
 //! - [`ModuleStatus`]: loaded or not, version, refcnt, initstate, dependent modules, and the
 //!   processes holding `/dev/tenstorrent` ([`find_device_holders`], a `/proc/*/fd` walk);
+//! - [`KmdVersion`]: a tt-kmd release version (`MAJOR.MINOR.PATCH`), checked once where it
+//!   enters the program; every operation below takes one and checks nothing again;
 //! - [`build_module`]: fetch tag `ttkmd-<version>` from a git repository ([`BuildOptions`]) and
 //!   `make -C /lib/modules/<release>/build M=<src> modules` with a job count and a timeout;
 //! - [`KoCache`]: `/var/cache/tt-kmd/<release>/<version>/tenstorrent.ko`, atomic writes, verified
@@ -21,10 +23,11 @@
 //! `ttdp_hostprobe::detect_host_install` first and leave such hosts alone).
 //!
 //! ```no_run
-//! use ttdp_kmod::{HostRoot, InstallerConfig, ModuleInstaller, RealKernel, SwapOptions};
+//! use ttdp_kmod::{HostRoot, InstallerConfig, KmdVersion, ModuleInstaller, RealKernel, SwapOptions};
+//! let version: KmdVersion = "2.8.0".parse()?;
 //! let host = HostRoot::new("/host");
 //! let installer = ModuleInstaller::new(host.clone(), RealKernel::new(host), InstallerConfig::default())?;
-//! let report = installer.swap("2.8.0", &SwapOptions::default())?;
+//! let report = installer.swap(&version, &SwapOptions::default())?;
 //! println!("{report:?}");
 //! # Ok::<(), ttdp_kmod::KmodError>(())
 //! ```
@@ -63,7 +66,7 @@ pub use sim_source::SimKmdRepo;
 pub use source_build::{BuildOptions, BuiltModule, DEFAULT_REPOSITORY, build_module, fetch_source};
 pub use status::{ModuleStatus, loaded_version};
 pub use ttdp_hostprobe::HostRoot;
-pub use version::{release_tag, validate_version};
+pub use version::{KmdVersion, RELEASE_TAG_PREFIX};
 
 /// The README's example, compiled as a doctest so it cannot rot.
 #[cfg(doctest)]

@@ -8,7 +8,7 @@ use ttdp_hostprobe::{HostRoot, build_tree};
 
 use crate::modinfo::ModInfo;
 use crate::timed_command::{log_tail, run_logged};
-use crate::version::{release_tag, validate_version};
+use crate::version::KmdVersion;
 use crate::{KO_FILE_NAME, KmodError};
 
 /// The public tt-kmd repository.
@@ -58,7 +58,7 @@ impl Default for BuildOptions {
 #[derive(Debug)]
 pub struct BuiltModule {
     /// The tt-kmd version built.
-    pub version: String,
+    pub version: KmdVersion,
     /// The kernel release built against.
     pub release: String,
     /// The built `.ko`.
@@ -82,29 +82,22 @@ pub struct BuiltModule {
 /// returns the commit it points at plus git's output.
 pub fn fetch_source(
     repository: &str,
-    version: &str,
+    version: &KmdVersion,
     dest: &Path,
     timeout: Duration,
 ) -> Result<(String, String), KmodError> {
-    validate_version(version)?;
+    let tag = version.release_tag();
     let mut clone = Command::new("git");
     clone
         .args([
-            "clone",
-            "--quiet",
-            "--depth",
-            "1",
-            "--branch",
-            &release_tag(version),
-            "--",
-            repository,
+            "clone", "--quiet", "--depth", "1", "--branch", &tag, "--", repository,
         ])
         .arg(dest)
         .env("GIT_TERMINAL_PROMPT", "0");
     let run = run_logged(clone, "git", timeout)?;
     if run.timed_out {
         return Err(KmodError::Timeout {
-            action: format!("fetching tag {} from {repository}", release_tag(version)),
+            action: format!("fetching tag {tag} from {repository}"),
             seconds: timeout.as_secs(),
             log_tail: log_tail(&run.log, LOG_TAIL_LINES),
         });
@@ -146,10 +139,9 @@ pub fn fetch_source(
 pub fn build_module(
     host: &HostRoot,
     release: &str,
-    version: &str,
+    version: &KmdVersion,
     options: &BuildOptions,
 ) -> Result<BuiltModule, KmodError> {
-    validate_version(version)?;
     let missing = |host_path: PathBuf| KmodError::HeadersMissing {
         release: release.to_string(),
         host_path,
@@ -218,7 +210,7 @@ pub fn build_module(
         });
     }
     let modinfo = ModInfo::from_file(&ko_path)?;
-    if modinfo.version() != Some(version) || modinfo.vermagic_release() != Some(release) {
+    if modinfo.version() != Some(version.as_str()) || modinfo.vermagic_release() != Some(release) {
         return Err(KmodError::BuiltWrongModule {
             version: version.to_string(),
             release: release.to_string(),
@@ -227,7 +219,7 @@ pub fn build_module(
         });
     }
     Ok(BuiltModule {
-        version: version.to_string(),
+        version: version.clone(),
         release: release.to_string(),
         ko_path,
         modinfo,

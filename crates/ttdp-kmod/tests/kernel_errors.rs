@@ -7,7 +7,7 @@ use std::io;
 use std::path::Path;
 use std::time::Duration;
 
-use fixture::Fixture;
+use fixture::{Fixture, v};
 use ttdp_kmod::{Kernel, ModuleInstaller, SimKernel, SwapOptions, UnloadOptions};
 
 /// Answers scripted errnos, and otherwise behaves like the simulated kernel underneath.
@@ -62,7 +62,7 @@ fn installer(
 #[test]
 fn load_errnos_map_to_typed_errors_naming_module_and_version() {
     let fx = Fixture::new(&["1.0.0"]);
-    let ko = fx.installer().ensure_ko("1.0.0").unwrap().ko;
+    let ko = fx.installer().ensure_ko(&v("1.0.0")).unwrap().ko;
     let cases = [
         (1, "PermissionDenied", "CAP_SYS_MODULE"),
         (22, "BadModule", "rebuild it against the running kernel"),
@@ -84,7 +84,7 @@ fn load_errnos_map_to_typed_errors_naming_module_and_version() {
 fn unload_errnos_map_to_typed_errors() {
     let fx = Fixture::new(&["1.0.0"]);
     fx.installer()
-        .swap("1.0.0", &SwapOptions::default())
+        .swap(&v("1.0.0"), &SwapOptions::default())
         .unwrap();
     let no_wait = UnloadOptions {
         force: false,
@@ -108,7 +108,7 @@ fn unload_errnos_map_to_typed_errors() {
 fn a_holder_that_cannot_be_killed_is_reported_after_the_others_are_killed() {
     let fx = Fixture::new(&["1.0.0"]);
     fx.installer()
-        .swap("1.0.0", &SwapOptions::default())
+        .swap(&v("1.0.0"), &SwapOptions::default())
         .unwrap();
     fx.kernel().hold(300, "protected").unwrap();
     fx.kernel().hold(301, "train").unwrap();

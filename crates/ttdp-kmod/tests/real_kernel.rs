@@ -19,8 +19,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use ttdp_kmod::{
-    BuildOptions, CacheLookup, CacheOutcome, HostRoot, InstallerConfig, Kernel, KmodError,
-    ModuleInstaller, RealKernel, SwapOptions, SwapOutcome, UnloadOptions,
+    BuildOptions, CacheLookup, CacheOutcome, HostRoot, InstallerConfig, Kernel, KmdVersion,
+    KmodError, ModuleInstaller, RealKernel, SwapOptions, SwapOutcome, UnloadOptions,
 };
 
 const V1: &str = "1.0.0";
@@ -28,6 +28,11 @@ const V2: &str = "2.0.0";
 const BROKEN: &str = "3.0.0";
 const DEVICE: &str = "/dev/tenstorrent/0";
 const EAGAIN: i32 = 11;
+
+/// `text` as a tt-kmd version (the tests write only valid ones).
+fn v(text: &str) -> KmdVersion {
+    text.parse().unwrap()
+}
 
 /// The stub module built at `version` on the host, as placed in the VM by `cargo xtask vm-test`.
 fn stub_ko(version: &str) -> PathBuf {
@@ -74,7 +79,7 @@ fn cache_stub(installer: &ModuleInstaller<RealKernel>, version: &str) -> PathBuf
         .store_file(
             &stub_ko(version),
             installer.release(),
-            version,
+            &v(version),
             "tests/vm/stub-module",
             "stub",
         )
@@ -144,7 +149,7 @@ fn load_reports_version_and_creates_the_device_then_unload_removes_both() {
     let absent = installer.status().unwrap();
     assert!(!absent.loaded && !absent.in_use(), "{absent:?}");
 
-    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+    installer.load_file(&stub_ko(V1), &v(V1), "").unwrap();
     let status = installer.status().unwrap();
     assert!(status.loaded, "{status:?}");
     assert_eq!(status.loaded_version(), Some(V1));
@@ -172,9 +177,9 @@ fn load_reports_version_and_creates_the_device_then_unload_removes_both() {
 #[ignore = "needs a real kernel: run by cargo xtask vm-test"]
 fn loading_while_another_version_is_loaded_is_already_loaded() {
     let installer = fresh_installer();
-    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+    installer.load_file(&stub_ko(V1), &v(V1), "").unwrap();
 
-    let err = installer.load_file(&stub_ko(V2), V2, "").unwrap_err();
+    let err = installer.load_file(&stub_ko(V2), &v(V2), "").unwrap_err();
     assert_eq!(err.reason(), "ModuleAlreadyLoaded", "{err}");
     match &err {
         KmodError::AlreadyLoaded { loaded, wanted, .. } => {
@@ -200,7 +205,7 @@ fn unloading_a_module_that_is_not_loaded_is_not_loaded() {
 #[ignore = "needs a real kernel: run by cargo xtask vm-test"]
 fn unloading_a_held_module_fails_naming_the_holder_and_leaves_it_loaded() {
     let installer = fresh_installer();
-    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+    installer.load_file(&stub_ko(V1), &v(V1), "").unwrap();
     let holder = Holder::spawn();
 
     let status = installer.status().unwrap();
@@ -242,7 +247,7 @@ fn unloading_a_held_module_fails_naming_the_holder_and_leaves_it_loaded() {
 fn a_holder_of_the_device_under_another_name_is_found_by_its_major_number() {
     // what a container that mounts the device somewhere else under /dev looks like from the host
     let installer = fresh_installer();
-    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+    installer.load_file(&stub_ko(V1), &v(V1), "").unwrap();
     let major = ttdp_kmod::chrdev_major(&HostRoot::system(), "tenstorrent")
         .expect("the stub registers a tenstorrent character device region in /proc/devices");
     let alias = "/dev/tt-alias";
@@ -266,7 +271,7 @@ fn a_holder_of_the_device_under_another_name_is_found_by_its_major_number() {
 #[ignore = "needs a real kernel: run by cargo xtask vm-test"]
 fn force_unload_kills_the_holder_and_unloads() {
     let installer = fresh_installer();
-    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+    installer.load_file(&stub_ko(V1), &v(V1), "").unwrap();
     let mut holder = Holder::spawn();
 
     let force = UnloadOptions {
@@ -294,20 +299,20 @@ fn swap_installs_upgrades_and_then_has_nothing_to_do() {
     cache_stub(&installer, V2);
     let options = SwapOptions::default();
 
-    let first = installer.swap(V1, &options).unwrap();
+    let first = installer.swap(&v(V1), &options).unwrap();
     assert_eq!(first.outcome, SwapOutcome::Installed);
     assert_eq!(first.previous, None);
     assert_eq!(first.cache, Some(CacheOutcome::Hit));
     assert_eq!(loaded_version(&installer).as_deref(), Some(V1));
 
-    let upgrade = installer.swap(V2, &options).unwrap();
+    let upgrade = installer.swap(&v(V2), &options).unwrap();
     assert_eq!(upgrade.outcome, SwapOutcome::Replaced);
     assert_eq!(upgrade.previous.as_deref(), Some(V1));
     assert_eq!(upgrade.cache, Some(CacheOutcome::Hit));
     assert_eq!(loaded_version(&installer).as_deref(), Some(V2));
     assert!(Path::new(DEVICE).exists());
 
-    let again = installer.swap(V2, &options).unwrap();
+    let again = installer.swap(&v(V2), &options).unwrap();
     assert_eq!(again.outcome, SwapOutcome::AlreadyLoaded);
     assert_eq!(loaded_version(&installer).as_deref(), Some(V2));
 }
@@ -318,7 +323,7 @@ fn swap_over_a_holder_is_refused_unless_forced() {
     let installer = fresh_installer();
     cache_stub(&installer, V1);
     cache_stub(&installer, V2);
-    installer.swap(V1, &SwapOptions::default()).unwrap();
+    installer.swap(&v(V1), &SwapOptions::default()).unwrap();
     let mut holder = Holder::spawn();
 
     let polite = SwapOptions {
@@ -328,7 +333,7 @@ fn swap_over_a_holder_is_refused_unless_forced() {
         },
         ..SwapOptions::default()
     };
-    let err = installer.swap(V2, &polite).unwrap_err();
+    let err = installer.swap(&v(V2), &polite).unwrap_err();
     assert_eq!(err.reason(), "ModuleInUse", "{err}");
     assert_eq!(
         loaded_version(&installer).as_deref(),
@@ -343,7 +348,7 @@ fn swap_over_a_holder_is_refused_unless_forced() {
         },
         ..SwapOptions::default()
     };
-    let report = installer.swap(V2, &forced).unwrap();
+    let report = installer.swap(&v(V2), &forced).unwrap();
     assert_eq!(report.outcome, SwapOutcome::Replaced);
     assert_eq!(
         report.killed.iter().map(|h| h.pid).collect::<Vec<_>>(),
@@ -359,9 +364,11 @@ fn swap_to_a_version_that_fails_to_load_rolls_back_and_reports_both() {
     let installer = fresh_installer();
     cache_stub(&installer, V1);
     cache_stub(&installer, BROKEN);
-    installer.swap(V1, &SwapOptions::default()).unwrap();
+    installer.swap(&v(V1), &SwapOptions::default()).unwrap();
 
-    let err = installer.swap(BROKEN, &SwapOptions::default()).unwrap_err();
+    let err = installer
+        .swap(&v(BROKEN), &SwapOptions::default())
+        .unwrap_err();
     assert_eq!(err.reason(), "LoadFailedRolledBack", "{err}");
     match &err {
         KmodError::RolledBack {
@@ -389,7 +396,7 @@ fn swap_to_a_version_that_fails_to_load_rolls_back_and_reports_both() {
     // the .ko the kernel refused is not trusted again
     let lookup = installer
         .cache()
-        .lookup(installer.release(), BROKEN)
+        .lookup(installer.release(), &v(BROKEN))
         .unwrap();
     assert_eq!(lookup, CacheLookup::Miss);
 }
@@ -399,11 +406,13 @@ fn swap_to_a_version_that_fails_to_load_rolls_back_and_reports_both() {
 fn a_failed_rollback_says_that_no_module_is_loaded() {
     // 1.0.0 was loaded from outside the cache (say, by hand), so there is nothing to roll back to
     let installer = fresh_installer();
-    installer.load_file(&stub_ko(V1), V1, "").unwrap();
+    installer.load_file(&stub_ko(V1), &v(V1), "").unwrap();
     cache_stub(&installer, BROKEN);
 
     // 1.0.0 cannot be rebuilt here (this scenario has no kernel headers): nothing is unloaded
-    let err = installer.swap(BROKEN, &SwapOptions::default()).unwrap_err();
+    let err = installer
+        .swap(&v(BROKEN), &SwapOptions::default())
+        .unwrap_err();
     assert_eq!(err.reason(), "NoRollbackPath", "{err}");
     match &err {
         KmodError::NoRollbackPath {
@@ -426,7 +435,7 @@ fn a_failed_rollback_says_that_no_module_is_loaded() {
         allow_no_rollback: true,
         ..SwapOptions::default()
     };
-    let err = installer.swap(BROKEN, &unprotected).unwrap_err();
+    let err = installer.swap(&v(BROKEN), &unprotected).unwrap_err();
     assert_eq!(err.reason(), "LoadFailedRollbackFailed", "{err}");
     match &err {
         KmodError::RollbackFailed {
@@ -457,12 +466,19 @@ fn a_failed_rollback_says_that_no_module_is_loaded() {
 fn a_verified_cache_entry_is_a_hit() {
     let installer = fresh_installer();
     assert_eq!(
-        installer.cache().lookup(installer.release(), V2).unwrap(),
+        installer
+            .cache()
+            .lookup(installer.release(), &v(V2))
+            .unwrap(),
         CacheLookup::Miss
     );
     let path = cache_stub(&installer, V2);
 
-    match installer.cache().lookup(installer.release(), V2).unwrap() {
+    match installer
+        .cache()
+        .lookup(installer.release(), &v(V2))
+        .unwrap()
+    {
         CacheLookup::Hit(ko) => {
             assert_eq!(ko.path, path);
             assert_eq!(ko.record.version, V2);
@@ -475,7 +491,7 @@ fn a_verified_cache_entry_is_a_hit() {
         }
         other => panic!("expected a hit, got {other:?}"),
     }
-    let ensured = installer.ensure_ko(V2).unwrap();
+    let ensured = installer.ensure_ko(&v(V2)).unwrap();
     assert_eq!(ensured.cache, CacheOutcome::Hit);
     assert_eq!(ensured.ko.path, path);
 }
@@ -485,20 +501,24 @@ fn a_verified_cache_entry_is_a_hit() {
 fn a_corrupt_cache_entry_is_never_loaded() {
     let installer = fresh_installer();
     cache_stub(&installer, V1);
-    installer.swap(V1, &SwapOptions::default()).unwrap();
+    installer.swap(&v(V1), &SwapOptions::default()).unwrap();
     let path = cache_stub(&installer, V2);
     let mut bytes = std::fs::read(&path).unwrap();
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
 
-    match installer.cache().lookup(installer.release(), V2).unwrap() {
+    match installer
+        .cache()
+        .lookup(installer.release(), &v(V2))
+        .unwrap()
+    {
         CacheLookup::Invalid { reason } => assert!(reason.contains("checksum"), "{reason}"),
         other => panic!("a corrupt entry must be invalid, got {other:?}"),
     }
     // swap evicts it and tries to rebuild; the VM has no kernel headers, so the rebuild fails
     // before anything is unloaded
-    let err = installer.swap(V2, &SwapOptions::default()).unwrap_err();
+    let err = installer.swap(&v(V2), &SwapOptions::default()).unwrap_err();
     assert_eq!(err.reason(), "HeadersMissing", "{err}");
     assert_eq!(
         loaded_version(&installer).as_deref(),
@@ -506,7 +526,10 @@ fn a_corrupt_cache_entry_is_never_loaded() {
         "the working module stays"
     );
     assert_eq!(
-        installer.cache().lookup(installer.release(), V2).unwrap(),
+        installer
+            .cache()
+            .lookup(installer.release(), &v(V2))
+            .unwrap(),
         CacheLookup::Miss
     );
 }
@@ -537,12 +560,16 @@ fn a_cache_miss_is_built_from_source_loaded_and_then_hits_the_cache() {
         ..InstallerConfig::default()
     });
 
-    let report = installer.swap(V2, &SwapOptions::default()).unwrap();
+    let report = installer.swap(&v(V2), &SwapOptions::default()).unwrap();
     eprintln!("fresh install from source: {report:?}");
     assert_eq!(report.outcome, SwapOutcome::Installed);
     assert_eq!(report.cache, Some(CacheOutcome::Miss));
     assert_eq!(loaded_version(&installer).as_deref(), Some(V2));
-    match installer.cache().lookup(installer.release(), V2).unwrap() {
+    match installer
+        .cache()
+        .lookup(installer.release(), &v(V2))
+        .unwrap()
+    {
         CacheLookup::Hit(ko) => {
             assert_eq!(ko.record.source_repository, repository);
             assert_eq!(ko.record.source_commit.len(), 40, "{:?}", ko.record);
@@ -556,7 +583,7 @@ fn a_cache_miss_is_built_from_source_loaded_and_then_hits_the_cache() {
     }
 
     installer.unload(&UnloadOptions::default()).unwrap();
-    let second = installer.swap(V2, &SwapOptions::default()).unwrap();
+    let second = installer.swap(&v(V2), &SwapOptions::default()).unwrap();
     assert_eq!(
         second.cache,
         Some(CacheOutcome::Hit),
@@ -575,14 +602,19 @@ fn a_module_loaded_from_outside_the_cache_is_built_from_source_before_the_unload
         ..InstallerConfig::default()
     });
     // 2.0.0 loaded by hand (insmod of a .ko that is not in the cache, no sidecar)
-    installer.load_file(&stub_ko(V2), V2, "").unwrap();
+    installer.load_file(&stub_ko(V2), &v(V2), "").unwrap();
     assert_eq!(
-        installer.cache().lookup(installer.release(), V2).unwrap(),
+        installer
+            .cache()
+            .lookup(installer.release(), &v(V2))
+            .unwrap(),
         CacheLookup::Miss
     );
     cache_stub(&installer, BROKEN);
 
-    let err = installer.swap(BROKEN, &SwapOptions::default()).unwrap_err();
+    let err = installer
+        .swap(&v(BROKEN), &SwapOptions::default())
+        .unwrap_err();
     assert_eq!(err.reason(), "LoadFailedRolledBack", "{err}");
     match &err {
         KmodError::RolledBack {
@@ -596,7 +628,11 @@ fn a_module_loaded_from_outside_the_cache_is_built_from_source_before_the_unload
         "the module loaded before is back"
     );
     assert!(Path::new(DEVICE).exists());
-    match installer.cache().lookup(installer.release(), V2).unwrap() {
+    match installer
+        .cache()
+        .lookup(installer.release(), &v(V2))
+        .unwrap()
+    {
         CacheLookup::Hit(ko) => assert_eq!(ko.record.source_commit.len(), 40, "{:?}", ko.record),
         other => panic!("2.0.0 must have been built from its tag into the cache, got {other:?}"),
     }
@@ -611,10 +647,10 @@ fn a_version_missing_from_source_fails_before_unloading_the_working_module() {
         ..InstallerConfig::default()
     });
     cache_stub(&installer, V1);
-    installer.swap(V1, &SwapOptions::default()).unwrap();
+    installer.swap(&v(V1), &SwapOptions::default()).unwrap();
 
     let err = installer
-        .swap("9.9.9", &SwapOptions::default())
+        .swap(&v("9.9.9"), &SwapOptions::default())
         .unwrap_err();
     assert_eq!(err.reason(), "FetchFailed", "{err}");
     assert!(err.to_string().contains("ttkmd-9.9.9"), "{err}");

@@ -5,7 +5,7 @@ mod fixture;
 
 use std::path::Path;
 
-use fixture::{Fixture, RELEASE};
+use fixture::{Fixture, RELEASE, v};
 use ttdp_hostprobe::{HostFacts, HostRoot};
 use ttdp_kmod::{Kernel, ModInfo, ModuleStatus, SimHost, SimKernel, build_module};
 
@@ -22,7 +22,7 @@ fn status(host: &HostRoot) -> ModuleStatus {
 
 /// Builds `version` with the real build path and returns the `.ko` copied out of the build dir.
 fn built_ko(fx: &Fixture, version: &str) -> std::path::PathBuf {
-    let built = build_module(fx.sim.host(), RELEASE, version, &fx.build_options()).unwrap();
+    let built = build_module(fx.sim.host(), RELEASE, &v(version), &fx.build_options()).unwrap();
     let out = fx.dir.path().join(format!("tenstorrent-{version}.ko"));
     std::fs::copy(&built.ko_path, &out).unwrap();
     out
@@ -122,7 +122,13 @@ fn holders_raise_refcnt_and_block_unload_until_released_or_killed() {
 fn modules_for_another_kernel_or_not_modules_at_all_are_enoexec() {
     let fx = Fixture::new(&["1.0.0"]);
     let other = SimHost::create(fx.dir.path().join("other-host"), "6.9.0-other").unwrap();
-    let built = build_module(other.host(), "6.9.0-other", "1.0.0", &fx.build_options()).unwrap();
+    let built = build_module(
+        other.host(),
+        "6.9.0-other",
+        &v("1.0.0"),
+        &fx.build_options(),
+    )
+    .unwrap();
     let kernel = fx.kernel();
     assert_eq!(
         kernel.load(&built.ko_path, "").unwrap_err().raw_os_error(),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ttdp_agent::labels::NodeLabels;
 use ttdp_agent::reporting::{NodeEvent, ReportError, Reporter};
-use ttdp_agent::{AgentConfig, HostRoot, KernelKind, RetryPolicy, TtSmiSource};
+use ttdp_agent::{AgentConfig, HostRoot, KernelKind, KmdVersion, RetryPolicy, TtSmiSource};
 use ttdp_api::agent_report::AgentReport;
 use ttdp_kmod::{InstallerConfig, ModuleInstaller, SimHost, SimKernel, SimKmdRepo, SwapOptions};
 
@@ -19,6 +19,11 @@ pub const RELEASE: &str = "6.8.0-sim";
 pub const TT_SMI_VERSION: &str = "3.0.0";
 /// The bundled tt-smi's content.
 pub const TT_SMI_CONTENT: &[u8] = b"#!/bin/sh\necho tt-smi 3.0.0\n";
+
+/// `text` as a tt-kmd version (the tests write only valid ones).
+pub fn v(text: &str) -> KmdVersion {
+    text.parse().unwrap()
+}
 
 /// A temporary simulated node.
 pub struct Node {
@@ -55,7 +60,7 @@ impl Node {
 
     /// The agent configuration for target `version`, with short periods for tests.
     pub fn config(&self, version: &str) -> AgentConfig {
-        let mut config = AgentConfig::new(version, "node-1", self.host().clone());
+        let mut config = AgentConfig::new(v(version), "node-1", self.host().clone());
         config.kernel = KernelKind::Sim;
         config.tt_smi = Some(TtSmiSource {
             path: self.tt_smi.clone(),
@@ -83,7 +88,7 @@ impl Node {
         };
         ModuleInstaller::new(self.host().clone(), self.kernel(), config)
             .unwrap()
-            .swap(version, &SwapOptions::default())
+            .swap(&v(version), &SwapOptions::default())
             .unwrap();
     }
 
@@ -101,7 +106,11 @@ impl Node {
 
     /// Versions cached for the simulated kernel.
     pub fn cached(&self) -> Vec<String> {
-        ttdp_kmod::KoCache::new(self.host()).versions(RELEASE)
+        ttdp_kmod::KoCache::new(self.host())
+            .versions(RELEASE)
+            .iter()
+            .map(KmdVersion::to_string)
+            .collect()
     }
 
     /// The host's copy of tt-smi.

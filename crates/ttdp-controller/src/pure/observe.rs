@@ -18,6 +18,7 @@ use crate::pure::cached::CachedPod;
 use crate::pure::transition::{
     AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, StartGate, UpgradeGrant,
 };
+use ttdp_kmod::KmdVersion;
 
 /// Container waiting reasons that mean the image cannot be pulled.
 const IMAGE_PULL_REASONS: [&str; 4] = [
@@ -55,9 +56,9 @@ pub fn cordoned_by(meta: &ObjectMeta, policy: &str) -> bool {
 }
 
 /// `policy`'s upgrade grant on the node, relative to the `target` version.
-pub fn upgrade_grant(meta: &ObjectMeta, policy: &str, target: &str) -> UpgradeGrant {
+pub fn upgrade_grant(meta: &ObjectMeta, policy: &str, target: &KmdVersion) -> UpgradeGrant {
     match get(&meta.annotations, annotations::UPGRADE_GRANT).and_then(names::parse_upgrade_grant) {
-        Some((p, v)) if p == policy && v == target => UpgradeGrant::Target,
+        Some((p, v)) if p == policy && v == target.as_str() => UpgradeGrant::Target,
         Some((p, _)) if p == policy => UpgradeGrant::OtherVersion,
         _ => UpgradeGrant::Absent,
     }
@@ -242,7 +243,7 @@ pub struct ObserveInput<'a> {
     /// The policy's name.
     pub policy: &'a str,
     /// The policy's target version (`spec.version`).
-    pub target_version: &'a str,
+    pub target_version: &'a KmdVersion,
     /// The node's metadata.
     pub meta: &'a ObjectMeta,
     /// `spec.unschedulable` when the full node was read.
@@ -314,6 +315,10 @@ mod tests {
     };
     use k8s_openapi::jiff::Timestamp;
     use ttdp_api::agent_report::Holder;
+
+    fn v(text: &str) -> KmdVersion {
+        text.parse().unwrap()
+    }
 
     fn meta(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> ObjectMeta {
         let map = |kv: &[(&str, &str)]| {
@@ -589,7 +594,7 @@ mod tests {
         assert!(host_managed(&host, None));
         let obs = observe(ObserveInput {
             policy: "fleet",
-            target_version: "2.8.0",
+            target_version: &v("2.8.0"),
             meta: &meta(&[], &[(annotations::CORDONED_BY, "someone")]),
             unschedulable: Some(true),
             pod: None,
@@ -611,9 +616,10 @@ mod tests {
         let mut working = report(AgentPhase::Building);
         working.loaded_version = Some("2.7.0".into());
         let pod = CachedPod::of(with_report(pod("h", false), &working));
+        let target = v("2.8.0");
         let input = |meta| ObserveInput {
             policy: "fleet",
-            target_version: "2.8.0",
+            target_version: &target,
             meta,
             unschedulable: None,
             pod: Some(&pod),
@@ -644,16 +650,16 @@ mod tests {
     fn upgrade_grants_are_read_for_this_policy_and_target() {
         let granted = |value: &str| meta(&[], &[(annotations::UPGRADE_GRANT, value)]);
         assert_eq!(
-            upgrade_grant(&granted("fleet/2.8.0"), "fleet", "2.8.0"),
+            upgrade_grant(&granted("fleet/2.8.0"), "fleet", &v("2.8.0")),
             UpgradeGrant::Target
         );
         assert_eq!(
-            upgrade_grant(&granted("fleet/2.7.0"), "fleet", "2.8.0"),
+            upgrade_grant(&granted("fleet/2.7.0"), "fleet", &v("2.8.0")),
             UpgradeGrant::OtherVersion
         );
         for other in ["lab/2.8.0", "garbage", ""] {
             assert_eq!(
-                upgrade_grant(&granted(other), "fleet", "2.8.0"),
+                upgrade_grant(&granted(other), "fleet", &v("2.8.0")),
                 UpgradeGrant::Absent,
                 "{other}"
             );

@@ -177,7 +177,7 @@ mod tests {
 
     fn rules() -> RolloutRules {
         RolloutRules {
-            target_version: "2.8.0".into(),
+            target_version: "2.8.0".parse().unwrap(),
             drain_enabled: true,
             gates_configured: true,
             drain_timeout: None,

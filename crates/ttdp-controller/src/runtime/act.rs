@@ -12,6 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 use tracing::warn;
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_drain::UncordonOutcome;
+use ttdp_kmod::KmdVersion;
 
 use crate::error::{Error, error_chain};
 use crate::pure::cached::CachedPod;
@@ -33,6 +34,8 @@ pub struct NodeWork {
     pub actions: Vec<Action>,
     /// The agent pod a `ReplaceAgent` deletes (None: there is none to replace).
     pub stale_agent: Option<CachedPod>,
+    /// The version a `Grant` grants (the policy's target).
+    pub grant: Option<KmdVersion>,
     /// When the node entered its state (a drain's timeout counts from there).
     pub entered: Option<Time>,
 }
@@ -137,7 +140,9 @@ async fn act(
         }
         Action::Drain => start_drain(ctx, policy, work, now)?,
         Action::Grant => {
-            node_actions::grant_upgrade(&ctx.client, &name, node, &policy.spec.version).await?;
+            if let Some(version) = &work.grant {
+                node_actions::grant_upgrade(&ctx.client, &name, node, version.as_str()).await?;
+            }
         }
         Action::ReplaceAgent { .. } => {
             if let Some(pod) = &work.stale_agent {

@@ -21,6 +21,7 @@ use tracing::info;
 use ttdp_api::node_selection::NodeSelection;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_drain::UncordonOutcome;
+use ttdp_kmod::KmdVersion;
 
 use crate::error::Error;
 use crate::pure::agent_blocker::Blocker;
@@ -54,6 +55,8 @@ const IDLE_RESYNC: Duration = Duration::from_secs(300);
 
 /// What the reconcile decided from when it started; a change to any of it ends the following.
 struct Basis {
+    /// `spec.version`, parsed.
+    target: KmdVersion,
     selection: NodeSelection,
     older: OlderPolicies,
     /// The matched nodes an older policy owns, with that policy.
@@ -112,6 +115,7 @@ impl Pass {
         policy: Arc<TenstorrentDriverPolicy>,
         ctx: Arc<Context>,
         recorded: Arc<RecordedStatus>,
+        target: KmdVersion,
     ) -> Result<Option<Self>, Error> {
         let require_nfd = ctx.settings.require_nfd;
         let Some(selection) = selection_of(&policy, require_nfd) else {
@@ -131,8 +135,9 @@ impl Pass {
         let not_created =
             agent_daemonset::blocker(&ctx, &name, &matched, &agent_pods, &conflicts).await;
         let managed = matched.len().saturating_sub(conflicts.len());
-        let (facts, plan) = plan_of(&ctx, &policy, managed)?;
+        let (facts, plan) = plan_of(&ctx, &policy, &target, managed)?;
         let basis = Basis {
+            target,
             selection,
             older,
             conflicts,
@@ -250,7 +255,7 @@ impl Pass {
             (in_flight || observe::cordoned_by(&n.metadata, &self.name)).then_some(n.unschedulable);
         let observation = observe::observe(ObserveInput {
             policy: &self.name,
-            target_version: &self.policy.spec.version,
+            target_version: &self.basis.target,
             meta: &n.metadata,
             unschedulable,
             pod: observe::pick_agent_pod(self.agent_pods[i].iter().map(|p| p.as_ref())),
@@ -330,6 +335,7 @@ impl Pass {
                     node: node.clone(),
                     actions: vec![Action::Release],
                     stale_agent: None,
+                    grant: None,
                     entered: None,
                 });
             }
@@ -361,6 +367,9 @@ impl Pass {
             let work = NodeWork {
                 node: node.clone(),
                 stale_agent: stale_agent(&todo, &obs.agent, pods),
+                grant: todo
+                    .contains(&Action::Grant)
+                    .then(|| self.basis.target.clone()),
                 entered: (self.recorded.nodes.get(node.as_str()))
                     .and_then(|e| e.last_transition_time.clone()),
                 actions: todo,
@@ -520,6 +529,7 @@ impl Pass {
 fn plan_of(
     ctx: &Context,
     policy: &TenstorrentDriverPolicy,
+    target: &KmdVersion,
     managed: usize,
 ) -> Result<(PolicyFacts, RolloutPlan), Error> {
     let spec = &policy.spec;
@@ -531,7 +541,7 @@ fn plan_of(
         })?;
     let plan = RolloutPlan {
         rules: RolloutRules {
-            target_version: spec.version.clone(),
+            target_version: target.clone(),
             drain_enabled: spec.upgrade_policy.drain.enable,
             gates_configured: !ctx.settings.deploy_gates.is_empty(),
             drain_timeout: drain_plan::drain_timeout(spec),

@@ -10,9 +10,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use tracing::{info, instrument, warn};
-use ttdp_api::driver::v1alpha1::{SpecError, condition};
+use ttdp_api::driver::v1alpha1::{TenstorrentDriverPolicySpec, condition};
 use ttdp_api::names;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
+use ttdp_kmod::KmdVersion;
 
 use crate::error::{Error, error_chain};
 use crate::pure::observe;
@@ -219,14 +220,24 @@ async fn apply_policy(
         return Err(e);
     }
     let recorded = status_writer::last_recorded(&policy, &ctx).await?;
-    if let Err(err) = policy.spec.validate() {
-        return invalid_spec(&policy, &ctx, &recorded, err).await;
-    }
-    let Some(mut pass) = Pass::observe(policy, ctx, recorded).await? else {
+    let target = match validated_target(&policy.spec) {
+        Ok(target) => target,
+        Err(problem) => return invalid_spec(&policy, &ctx, &recorded, problem).await,
+    };
+    let Some(mut pass) = Pass::observe(policy, ctx, recorded, target).await? else {
         return Ok(Requeue::await_change());
     };
     while pass.round().await? {}
     pass.finish().await
+}
+
+/// The spec's target version, parsed once here, when the controller can act on the spec;
+/// else what is wrong with it.
+fn validated_target(spec: &TenstorrentDriverPolicySpec) -> Result<KmdVersion, String> {
+    spec.validate().map_err(|e| e.to_string())?;
+    spec.version
+        .parse()
+        .map_err(|e: ttdp_kmod::KmodError| format!("spec.version: {e}"))
 }
 
 /// The spec cannot be acted on: say so in the status and touch nothing else.
@@ -234,9 +245,9 @@ async fn invalid_spec(
     policy: &TenstorrentDriverPolicy,
     ctx: &Context,
     last: &RecordedStatus,
-    err: SpecError,
+    err: String,
 ) -> Result<Requeue, Error> {
-    let facts = facts_as_recorded(policy, &last.nodes, Some(err.to_string()), None);
+    let facts = facts_as_recorded(policy, &last.nodes, Some(err.clone()), None);
     let was_invalid = last
         .status
         .conditions

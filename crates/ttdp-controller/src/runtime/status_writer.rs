@@ -283,10 +283,10 @@ pub fn next_write_at(w: &RecordedStatus) -> Option<Instant> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ttdp_api::{NodeState, NodeStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use serde_json::json;
     use ttdp_api::driver::v1alpha1::Summary;
+    use ttdp_api::{NodeState, NodeStatus};
 
     fn entry(name: &str, state: NodeState) -> NodeStatus {
         NodeStatus {

@@ -40,7 +40,8 @@ use rand::Rng;
 use tracing::info;
 use ttdp_api::names::{env, labels};
 use ttdp_kmod::{
-    BuildOptions, HostRoot, Kernel, MODULE_NAME, SimHost, SimKernel, SimKmdRepo, build_module,
+    BuildOptions, HostRoot, Kernel, KmdVersion, KmodError, MODULE_NAME, SimHost, SimKernel,
+    SimKmdRepo, build_module,
 };
 
 use super::daemonset::DaemonSetController;
@@ -970,7 +971,10 @@ fn load_version(
         ..BuildOptions::default()
     };
     let host_root: &HostRoot = host.host();
-    let built = build_module(host_root, host.release(), version, &options)
+    let kmd_version: KmdVersion = version
+        .parse()
+        .map_err(|e: KmodError| kernel_error(&format!("build tt-kmd {version}"), e.to_string()))?;
+    let built = build_module(host_root, host.release(), &kmd_version, &options)
         .map_err(|e| kernel_error(&format!("build tt-kmd {version}"), e.to_string()))?;
     host.kernel()
         .load(&built.ko_path, "")

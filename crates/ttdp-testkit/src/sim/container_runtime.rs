@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info};
 
 use super::container_spec::ProcessSpec;
-use super::node_kernel::NodeKernel;
+use super::node_kernel::WorkloadKernel;
 use super::time_scale::TimeScale;
 
 /// The kubelet's first restart delay.
@@ -53,7 +53,7 @@ pub(crate) enum ContainerBody {
 /// A workload's use of the device.
 #[derive(Debug, Clone)]
 pub(crate) struct DeviceHold {
-    pub kernel: Arc<dyn NodeKernel>,
+    pub kernel: Arc<dyn WorkloadKernel>,
     pub comm: String,
 }
 

@@ -56,6 +56,6 @@ pub use eventually::eventually;
 pub use image_map::ImageMap;
 pub use kubelet::{KubeletConfig, SimKubelet};
 pub use node_heartbeat::SimNodeSpec;
-pub use node_kernel::NodeKernel;
+pub use node_kernel::WorkloadKernel;
 pub use time_scale::TimeScale;
 pub use workload::{DeviceUse, DisruptionLimit, Workload, WorkloadOwner};

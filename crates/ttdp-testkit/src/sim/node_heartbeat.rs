@@ -17,7 +17,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 
 use super::error::{SimError, is_conflict, is_not_found};
-use super::node_kernel::NodeKernel;
+use super::node_kernel::WorkloadKernel;
 
 /// The namespace holding node leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -39,7 +39,7 @@ pub struct SimNodeSpec {
     /// simulated host's view of itself (e.g. `TTDP_HOST_ROOT`, `TTDP_KERNEL`).
     pub env: Vec<(String, String)>,
     /// The node's simulated kernel, if workloads may hold its device.
-    pub kernel: Option<Arc<dyn NodeKernel>>,
+    pub kernel: Option<Arc<dyn WorkloadKernel>>,
 }
 
 impl fmt::Debug for SimNodeSpec {

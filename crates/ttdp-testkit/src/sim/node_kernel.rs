@@ -10,8 +10,10 @@ use ttdp_kmod::{DEVICE_DIR, SimKernel};
 /// Prefix of the extended resources that give a pod Tenstorrent devices.
 pub const DEVICE_RESOURCE_PREFIX: &str = "tenstorrent.com/";
 
-/// A node's simulated kernel, as seen by workload containers.
-pub trait NodeKernel: Send + Sync + Debug {
+/// A node's simulated kernel as workload containers see it: their processes opening and closing
+/// the device, and whether the host killed them. (The agent's kernel, which loads and unloads the
+/// module, is `ttdp_kmod::Kernel`.)
+pub trait WorkloadKernel: Send + Sync + Debug {
     /// Simulated process `pid` (command `comm`) opens the device; fails when the module is not loaded.
     fn open_device(&self, pid: i32, comm: &str) -> io::Result<()>;
     /// Simulated process `pid` closes the device and exits.
@@ -20,7 +22,7 @@ pub trait NodeKernel: Send + Sync + Debug {
     fn process_alive(&self, pid: i32) -> bool;
 }
 
-impl NodeKernel for SimKernel {
+impl WorkloadKernel for SimKernel {
     fn open_device(&self, pid: i32, comm: &str) -> io::Result<()> {
         self.hold(pid, comm)
     }

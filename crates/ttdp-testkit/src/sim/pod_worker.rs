@@ -21,7 +21,7 @@ use super::container_runtime::{
 use super::container_spec::{InjectedEnv, container_process, probe_process};
 use super::error::{SimError, is_not_found};
 use super::image_map::ImageMap;
-use super::node_kernel::{NodeKernel, pod_uses_device};
+use super::node_kernel::{WorkloadKernel, pod_uses_device};
 use super::pod_status::{ConditionClock, PodFacts, pod_status};
 use super::time_scale::TimeScale;
 
@@ -41,7 +41,7 @@ pub(crate) struct NodeContext {
     pub default_env: Vec<(String, String)>,
     /// Environment mapped containers get over their own (the simulated host's view).
     pub forced_env: Vec<(String, String)>,
-    pub kernel: Option<Arc<dyn NodeKernel>>,
+    pub kernel: Option<Arc<dyn WorkloadKernel>>,
 }
 
 /// What every pod worker of a kubelet shares.

@@ -72,7 +72,7 @@ struct Deciding<'a> {
 
 impl Deciding<'_> {
     fn target(&self) -> &str {
-        &self.rules.target_version
+        self.rules.target_version.as_str()
     }
 
     /// The agent on the current template is ready and the node reports the target loaded.

@@ -30,6 +30,7 @@
 use std::time::Duration;
 
 use ttdp_api::NodeState;
+use ttdp_kmod::KmdVersion;
 
 use crate::pure::agent_blocker::Blocker;
 
@@ -177,8 +178,8 @@ pub struct NodeObservation {
 /// What holds for every node of a policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RolloutRules {
-    /// `spec.version`.
-    pub target_version: String,
+    /// `spec.version`, parsed.
+    pub target_version: KmdVersion,
     /// `upgradePolicy.drain.enable`.
     pub drain_enabled: bool,
     /// Whether any deploy gate is configured (otherwise there is nothing to close).

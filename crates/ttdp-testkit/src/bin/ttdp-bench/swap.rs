@@ -14,8 +14,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use ttdp_api::names::labels;
 use ttdp_kmod::{
-    BuildOptions, InstallerConfig, ModuleInstaller, SimHost, SimKernel, SimKmdRepo, SwapOptions,
-    SwapReport,
+    BuildOptions, InstallerConfig, KmdVersion, ModuleInstaller, SimHost, SimKernel, SimKmdRepo,
+    SwapOptions, SwapReport,
 };
 use ttdp_testkit::apiserver::TestApiServer;
 
@@ -104,6 +104,7 @@ pub fn run(args: &SwapArgs) -> Result<()> {
         .context("cannot create a temporary directory")?;
     let repo = SimKmdRepo::create(dir.path().join("tt-kmd"), &[V1, V2])
         .context("cannot create the simulated tt-kmd repository")?;
+    let (v1, v2): (KmdVersion, KmdVersion) = (V1.parse()?, V2.parse()?);
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).context("cannot create the build directory")?;
     let (mut miss, mut hit_fresh, mut hit_swap) =
@@ -114,28 +115,28 @@ pub fn run(args: &SwapArgs) -> Result<()> {
         // Cache miss, nothing loaded: fetch and build V1, load it.
         miss.add(
             &h.installer
-                .swap(V1, &SwapOptions::default())
+                .swap(&v1, &SwapOptions::default())
                 .context("cache-miss swap failed")?,
         );
         // Build V2 into the cache, then swap V1 -> V2: a cache hit with a swap.
         h.installer
-            .ensure_ko(V2)
+            .ensure_ko(&v2)
             .context("cannot build the second version")?;
         hit_swap.add(
             &h.installer
-                .swap(V2, &SwapOptions::default())
+                .swap(&v2, &SwapOptions::default())
                 .context("cache-hit swap failed")?,
         );
         // A second host sharing nothing but a pre-filled cache: hit with nothing loaded.
         let fresh = host(&repo, &work)?;
         fresh
             .installer
-            .ensure_ko(V1)
+            .ensure_ko(&v1)
             .context("cannot fill the cache")?;
         hit_fresh.add(
             &fresh
                 .installer
-                .swap(V1, &SwapOptions::default())
+                .swap(&v1, &SwapOptions::default())
                 .context("cache-hit install failed")?,
         );
     }

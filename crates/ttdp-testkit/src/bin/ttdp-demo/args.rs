@@ -77,15 +77,8 @@ pub struct DemoArgs {
 
 /// `MAJOR.MINOR.PATCH`, as the policy's `spec.version` requires.
 fn parse_version(text: &str) -> Result<String, String> {
-    let parts: Vec<&str> = text.split('.').collect();
-    let numeric = |p: &&str| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit());
-    if parts.len() == 3 && parts.iter().all(numeric) {
-        Ok(text.to_owned())
-    } else {
-        Err(format!(
-            "{text:?} is not a tt-kmd version; write MAJOR.MINOR.PATCH, e.g. 2.8.0"
-        ))
-    }
+    let version: ttdp_kmod::KmdVersion = text.parse().map_err(|e| format!("{e}"))?;
+    Ok(version.into())
 }
 
 /// A positive integer or a percentage from 1% to 100%.
