@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::Api;
 use tokio::time::Instant;
@@ -17,10 +17,13 @@ use crate::classify::{
     ClassifyContext, DaemonSetLookup, Disposition, PodDecision, PodRules, classify,
     daemonset_to_look_up,
 };
-use crate::cordon::{CordonOutcome, CordonOwner, UncordonOutcome, cordon, uncordon};
+use crate::cordon::{
+    CordonOutcome, CordonOwner, UncordonOutcome, cordon, cordon_with, uncordon, uncordon_with,
+};
 use crate::counters::{Counter, CounterSnapshot, DrainCounters};
 use crate::error::DrainError;
 use crate::event::{DrainEvent, DrainEventKind, EventSink, Pass, Removal};
+use crate::node_patch::ExtrasFor;
 use crate::node_pods::list_node_pods;
 use crate::removal::{Removals, Settings};
 use crate::report::{DrainReport, skipped_without_force};
@@ -139,6 +142,27 @@ impl Drainer {
         owner: &CordonOwner,
     ) -> Result<UncordonOutcome, DrainError> {
         uncordon(&self.client, node, owner).await
+    }
+
+    /// [`cordon_with()`](crate::cordon_with()) with this drainer's client.
+    pub async fn cordon_with(
+        &self,
+        node: &str,
+        owner: &CordonOwner,
+        extras: impl ExtrasFor,
+    ) -> Result<CordonOutcome, DrainError> {
+        cordon_with(&self.client, node, owner, extras).await
+    }
+
+    /// [`uncordon_with()`](crate::uncordon_with()) with this drainer's client.
+    pub async fn uncordon_with(
+        &self,
+        node: &str,
+        owner: &CordonOwner,
+        extras: impl ExtrasFor,
+        cached: Option<Node>,
+    ) -> Result<UncordonOutcome, DrainError> {
+        uncordon_with(&self.client, node, owner, extras, cached).await
     }
 
     pub(crate) fn emit(&self, node: &str, kind: DrainEventKind) {

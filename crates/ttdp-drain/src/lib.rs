@@ -34,7 +34,8 @@
 //! # Pieces
 //! - [`cordon()`] / [`uncordon()`]: ownership recorded in caller-named annotations; a node
 //!   cordoned by someone else is reported ([`CordonOutcome::External`]) and never claimed or
-//!   lifted.
+//!   lifted. [`cordon_with()`] / [`uncordon_with()`] also write a caller's labels and annotations
+//!   ([`NodePatchExtras`]) in the same patch, so they change together with the cordon.
 //! - [`classify()`]: the pure per-pod decision ([`Disposition`] and [`Reason`]), in kubectl's
 //!   order with kubectl's messages; see the [`classify`](mod@classify) module.
 //! - [`Drainer::drain`]: list the node's pods (`spec.nodeName` field selector only), classify,
@@ -102,6 +103,7 @@ mod device;
 mod drainer;
 mod error;
 mod event;
+mod node_patch;
 mod node_pods;
 mod pod_ref;
 mod removal;
@@ -114,12 +116,15 @@ pub use classify::{
     CallerVerdict, ClassifyContext, DaemonSetLookup, Disposition, PodDecision, PodPredicate,
     PodRules, Reason, classify, classify_all,
 };
-pub use cordon::{CordonOutcome, CordonOwner, UncordonOutcome, cordon, uncordon};
+pub use cordon::{
+    CordonOutcome, CordonOwner, UncordonOutcome, cordon, cordon_with, uncordon, uncordon_with,
+};
 pub use counters::{CounterSnapshot, DrainCounters};
 pub use device::DevicePredicate;
 pub use drainer::{DrainOptions, Drainer, OnRefused};
 pub use error::DrainError;
 pub use event::{DrainEvent, DrainEventKind, EventSink, Pass, Removal};
+pub use node_patch::{ExtrasFor, NodePatchExtras};
 pub use node_pods::list_node_pods;
 pub use pod_ref::{ObjectKey, PodRef};
 pub use report::{DrainReport, StuckPod, StuckReason};

@@ -17,8 +17,8 @@ use support::{Harness, fast, labels, with};
 use ttdp_api::selector::Selector;
 use ttdp_drain::{
     CordonOutcome, CordonOwner, DevicePredicate, Disposition, DrainError, DrainEventKind,
-    DrainOptions, Drainer, EventSink, ObjectKey, Pass, PodRules, Reason, Removal, StuckReason,
-    TwoPassDrain, UncordonOutcome,
+    DrainOptions, Drainer, EventSink, NodePatchExtras, ObjectKey, Pass, PodRules, Reason, Removal,
+    StuckReason, TwoPassDrain, UncordonOutcome,
 };
 use ttdp_testkit::apiserver::Fault;
 
@@ -550,11 +550,13 @@ async fn cordon_ownership_never_claims_or_lifts_someone_elses_cordon() {
         Err(DrainError::NodeRead { .. })
     ));
 
-    // Node writes were minimal merge patches carrying the resourceVersion.
+    // Node writes were minimal merge patches carrying the resourceVersion. A patch refused for a
+    // conflict with the cluster's own node writes (kubelet status, the unschedulable taint) is
+    // retried and wrote nothing, so only accepted patches count.
     let patches = h
         .proxy
         .recorder()
-        .filter(|r| r.resource == "nodes" && r.verb == "patch");
+        .filter(|r| r.resource == "nodes" && r.verb == "patch" && r.status < 300);
     assert_eq!(patches.len(), 2, "one cordon, one uncordon");
     for p in &patches {
         assert!(p.content_type.starts_with("application/merge-patch+json"));
@@ -596,6 +598,272 @@ async fn cordon_retries_after_a_write_conflict() {
     let outcome = h.drainer().cordon(&h.n("n1"), &owner("me")).await.unwrap();
     assert_eq!(outcome, CordonOutcome::Cordoned);
     assert!(unschedulable(&h.get_node("n1").await));
+    h.shutdown().await;
+}
+
+/// A caller's gate label and the annotation listing the gates it closed.
+const GATE: &str = "example.com/workloads";
+const OTHER_GATE: &str = "example.com/more-workloads";
+const GATES: &str = "example.com/closed-gates";
+
+fn closing_gate() -> NodePatchExtras {
+    NodePatchExtras::new()
+        .set_label(GATE, "false")
+        .set_annotation(GATES, GATE)
+}
+
+/// Reopens the gates the node's annotation lists: extras decided from the node as read.
+fn reopening_listed_gates(node: &Node) -> NodePatchExtras {
+    let listed = annotations(node).get(GATES).cloned().unwrap_or_default();
+    let extras = listed
+        .split(',')
+        .filter(|g| !g.is_empty())
+        .fold(NodePatchExtras::new(), |e, g| e.remove_label(g));
+    if extras.is_empty() {
+        extras
+    } else {
+        extras.remove_annotation(GATES)
+    }
+}
+
+fn node_labels(node: &Node) -> std::collections::BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+/// The node patches of the drainer the server accepted (writes), in order. A patch refused for a
+/// conflict (the node lifecycle controller taints a cordoned node, say) changed nothing.
+fn node_patches(h: &Harness) -> Vec<serde_json::Value> {
+    h.proxy
+        .recorder()
+        .filter(|r| r.resource == "nodes" && r.verb == "patch" && r.status < 300)
+        .into_iter()
+        .map(|r| r.body.unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn cordon_with_writes_the_extras_in_the_same_patch_as_the_cordon() {
+    let h = Harness::start(&["n1"]).await;
+    let a = owner("ttdp/policy-a");
+    let d = h.drainer();
+
+    assert_eq!(
+        d.cordon_with(&h.n("n1"), &a, closing_gate()).await.unwrap(),
+        CordonOutcome::Cordoned
+    );
+    let n1 = h.get_node("n1").await;
+    assert!(unschedulable(&n1));
+    assert_eq!(node_labels(&n1)[GATE], "false");
+    assert_eq!(annotations(&n1)[GATES], GATE);
+    assert_eq!(annotations(&n1)["example.com/cordoned-by"], "ttdp/policy-a");
+    let patches = node_patches(&h);
+    assert_eq!(patches.len(), 1, "cordon and extras in one write");
+    let p = &patches[0];
+    assert_eq!(p["spec"], json!({"unschedulable": true}));
+    assert_eq!(p["metadata"]["labels"], json!({GATE: "false"}));
+    assert_eq!(p["metadata"]["annotations"][GATES], GATE);
+    assert_eq!(
+        p["metadata"]["annotations"]["example.com/cordoned-by"],
+        "ttdp/policy-a"
+    );
+    assert!(p["metadata"]["annotations"]["example.com/cordoned-at"].is_string());
+    assert!(p["metadata"]["resourceVersion"].is_string());
+
+    // Cordon and extras in place: nothing to write.
+    assert_eq!(
+        d.cordon_with(&h.n("n1"), &a, closing_gate()).await.unwrap(),
+        CordonOutcome::AlreadyOwned
+    );
+    assert_eq!(node_patches(&h).len(), 1);
+
+    assert_eq!(
+        d.uncordon_with(&h.n("n1"), &a, reopening_listed_gates, None)
+            .await
+            .unwrap(),
+        UncordonOutcome::Uncordoned
+    );
+    let n1 = h.get_node("n1").await;
+    assert!(!unschedulable(&n1));
+    assert!(!node_labels(&n1).contains_key(GATE));
+    assert!(!annotations(&n1).contains_key(GATES));
+    assert!(!annotations(&n1).contains_key("example.com/cordoned-by"));
+    let patches = node_patches(&h);
+    assert_eq!(patches.len(), 2, "uncordon and extras in one write");
+    let p = &patches[1];
+    assert_eq!(p["spec"], json!({"unschedulable": null}));
+    assert_eq!(p["metadata"]["labels"], json!({GATE: null}));
+    assert_eq!(
+        p["metadata"]["annotations"],
+        json!({GATES: null, "example.com/cordoned-by": null, "example.com/cordoned-at": null})
+    );
+
+    assert_eq!(
+        d.uncordon_with(&h.n("n1"), &a, reopening_listed_gates, None)
+            .await
+            .unwrap(),
+        UncordonOutcome::NotCordoned
+    );
+    assert_eq!(node_patches(&h).len(), 2);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn extras_beside_someone_elses_cordon_never_touch_that_cordon() {
+    let h = Harness::start(&["n1"]).await;
+    h.node("n2", json!({"spec": {"unschedulable": true}})).await;
+    let (a, b) = (owner("ttdp/policy-a"), owner("ttdp/policy-b"));
+    let d = h.drainer();
+    assert_eq!(
+        d.cordon(&h.n("n1"), &b).await.unwrap(),
+        CordonOutcome::Cordoned
+    );
+
+    // Another owner's cordon and an administrator's: the extras are written, the cordon is
+    // neither claimed nor lifted, and the patch names nothing of it.
+    for (short, holder) in [("n1", Some("ttdp/policy-b")), ("n2", None)] {
+        let external = holder.map(str::to_owned);
+        h.proxy.recorder().clear();
+        assert_eq!(
+            d.cordon_with(&h.n(short), &a, closing_gate())
+                .await
+                .unwrap(),
+            CordonOutcome::External {
+                owner: external.clone()
+            }
+        );
+        let node = h.get_node(short).await;
+        assert!(unschedulable(&node));
+        assert_eq!(node_labels(&node)[GATE], "false");
+        assert_eq!(
+            annotations(&node)
+                .get("example.com/cordoned-by")
+                .map(String::as_str),
+            holder
+        );
+        let patches = node_patches(&h);
+        assert_eq!(patches.len(), 1);
+        assert_eq!(
+            patches[0]["metadata"],
+            json!({
+                "resourceVersion": patches[0]["metadata"]["resourceVersion"],
+                "labels": {GATE: "false"},
+                "annotations": {GATES: GATE},
+            })
+        );
+        assert!(patches[0].get("spec").is_none());
+
+        // Extras in place beside the foreign cordon: no write at all.
+        assert_eq!(
+            d.cordon_with(&h.n(short), &a, closing_gate())
+                .await
+                .unwrap(),
+            CordonOutcome::External {
+                owner: external.clone()
+            }
+        );
+        assert_eq!(node_patches(&h).len(), 1);
+
+        assert_eq!(
+            d.uncordon_with(&h.n(short), &a, reopening_listed_gates, None)
+                .await
+                .unwrap(),
+            UncordonOutcome::External {
+                owner: external.clone()
+            }
+        );
+        let node = h.get_node(short).await;
+        assert!(unschedulable(&node), "the foreign cordon stays");
+        assert!(!node_labels(&node).contains_key(GATE));
+        assert!(!annotations(&node).contains_key(GATES));
+        assert_eq!(
+            annotations(&node)
+                .get("example.com/cordoned-by")
+                .map(String::as_str),
+            holder
+        );
+        let patches = node_patches(&h);
+        assert_eq!(patches.len(), 2);
+        assert_eq!(patches[1]["metadata"]["labels"], json!({GATE: null}));
+        assert_eq!(patches[1]["metadata"]["annotations"], json!({GATES: null}));
+        assert!(patches[1].get("spec").is_none());
+
+        // Nothing of ours left: the foreign cordon is reported and nothing is written.
+        assert_eq!(
+            d.uncordon_with(&h.n(short), &a, reopening_listed_gates, None)
+                .await
+                .unwrap(),
+            UncordonOutcome::External { owner: external }
+        );
+        assert_eq!(node_patches(&h).len(), 2);
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn uncordon_with_a_stale_cached_copy_decides_again_from_a_fresh_read() {
+    let h = Harness::start(&["n1"]).await;
+    let a = owner("ttdp/policy-a");
+    let d = h.drainer();
+
+    // A copy from before the cordon shows nothing to lift: a fresh read decides.
+    let before = h.get_node("n1").await;
+    d.cordon_with(&h.n("n1"), &a, closing_gate()).await.unwrap();
+    assert_eq!(
+        d.uncordon_with(&h.n("n1"), &a, reopening_listed_gates, Some(before))
+            .await
+            .unwrap(),
+        UncordonOutcome::Uncordoned
+    );
+    let n1 = h.get_node("n1").await;
+    assert!(!unschedulable(&n1));
+    assert!(!node_labels(&n1).contains_key(GATE));
+
+    // A copy of the cordoned node that someone else's write has moved on (closing one more
+    // gate): the patch made from the copy fails its precondition, and the extras are decided
+    // again from the fresh read, so both gates reopen and the other write is kept.
+    d.cordon_with(&h.n("n1"), &a, closing_gate()).await.unwrap();
+    let cordoned = h.get_node("n1").await;
+    h.proxy.recorder().clear();
+    kube::Api::<Node>::all(h.admin.clone())
+        .patch(
+            &h.n("n1"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {
+                "labels": {OTHER_GATE: "false", "example.com/other": "x"},
+                "annotations": {GATES: format!("{GATE},{OTHER_GATE}")},
+            }})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        d.uncordon_with(&h.n("n1"), &a, reopening_listed_gates, Some(cordoned))
+            .await
+            .unwrap(),
+        UncordonOutcome::Uncordoned
+    );
+    let n1 = h.get_node("n1").await;
+    assert!(!unschedulable(&n1));
+    let labels = node_labels(&n1);
+    assert!(!labels.contains_key(GATE) && !labels.contains_key(OTHER_GATE));
+    assert_eq!(labels["example.com/other"], "x");
+    assert!(!annotations(&n1).contains_key(GATES));
+    let statuses: Vec<u16> = h
+        .proxy
+        .recorder()
+        .filter(|r| r.resource == "nodes" && r.verb == "patch")
+        .iter()
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(
+        statuses.first(),
+        Some(&409),
+        "the stale copy's patch is refused"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s < 300).count(),
+        1,
+        "then one write: {statuses:?}"
+    );
     h.shutdown().await;
 }
 

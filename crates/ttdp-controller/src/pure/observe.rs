@@ -6,6 +6,7 @@
 //! tested without a cluster.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -16,7 +17,8 @@ use ttdp_api::{NodeState, NodeStatus};
 use crate::pure::agent_blocker::{Blocker, pod_blocker};
 use crate::pure::cached::CachedPod;
 use crate::pure::transition::{
-    AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, StartGate, UpgradeGrant,
+    Action, AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, StartGate,
+    UpgradeGrant,
 };
 use ttdp_kmod::KmdVersion;
 
@@ -304,6 +306,21 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         start: StartGate::NoSlot,
         in_state_for: in_state_for(input.recorded, input.now),
     }
+}
+
+/// The agent pod a `ReplaceAgent` among `todo` deletes, if any.
+pub fn agent_to_replace(
+    todo: &[Action],
+    agent: &AgentPod,
+    pods: &[Arc<CachedPod>],
+) -> Option<CachedPod> {
+    let replaces = todo.iter().any(|a| match a {
+        Action::ReplaceAgent { even_current } => agent.replaced_by(*even_current),
+        _ => false,
+    });
+    replaces
+        .then(|| pick_agent_pod(pods.iter().map(|p| p.as_ref())).cloned())
+        .flatten()
 }
 
 #[cfg(test)]

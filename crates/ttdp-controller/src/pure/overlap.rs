@@ -9,6 +9,8 @@ use kube::ResourceExt;
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_api::node_selection::NodeSelection;
 
+use crate::pure::cached::CachedNode;
+
 /// The effective selection of a policy (user selector, NFD label, no skip label).
 pub fn selection_of(policy: &TenstorrentDriverPolicy, require_nfd: bool) -> Option<NodeSelection> {
     let mut s = NodeSelection::new(&policy.spec.user_selector()).ok()?;
@@ -54,6 +56,33 @@ impl OlderPolicies {
             .find(|(_, s)| s.matches(node, labels))
             .map(|(name, _)| name.as_str())
     }
+}
+
+/// The nodes `selection` matches, in name order (the planner hands out slots in that order and
+/// the status lists nodes so), and the others.
+pub fn split_by_selection(
+    nodes: Vec<Arc<CachedNode>>,
+    selection: &NodeSelection,
+) -> (Vec<Arc<CachedNode>>, Vec<Arc<CachedNode>>) {
+    let (mut matched, unmatched): (Vec<_>, Vec<_>) = nodes
+        .into_iter()
+        .partition(|n| selection.matches(n.name(), n.labels()));
+    matched.sort_unstable_by(|a, b| a.name().cmp(b.name()));
+    (matched, unmatched)
+}
+
+/// The matched nodes an older policy owns, with that policy.
+pub fn conflicts_of(
+    matched: &[Arc<CachedNode>],
+    older: &OlderPolicies,
+) -> BTreeMap<String, String> {
+    matched
+        .iter()
+        .filter_map(|n| {
+            let owner = older.owner(n.name(), n.labels())?;
+            Some((n.name().to_owned(), owner.to_owned()))
+        })
+        .collect()
 }
 
 #[cfg(test)]

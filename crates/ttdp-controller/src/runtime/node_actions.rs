@@ -1,18 +1,18 @@
 //! The writes the state machine's [`Action`](crate::pure::transition::Action)s stand for. Nodes and
 //! pods are not ours, so each write is a minimal patch (or a delete), and each is idempotent.
-
-use std::collections::BTreeMap;
+//! Cordon and release are ttdp-drain's cordon with ownership, the deploy gates and the upgrade
+//! grant riding along in the same patch as its extras.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::pure::cached::CachedPod;
-use k8s_openapi::jiff::{self, Timestamp};
+use crate::pure::observe;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tracing::info;
 use ttdp_api::names::{self, DEPLOY_GATE_CLOSED, annotations};
-use ttdp_drain::{CordonOutcome, CordonOwner, UncordonOutcome};
+use ttdp_drain::{CordonOutcome, CordonOwner, DrainError, NodePatchExtras, UncordonOutcome};
 
 use crate::error::Error;
 
@@ -25,7 +25,7 @@ pub fn cordon_owner(policy: &str) -> CordonOwner {
     }
 }
 
-fn drain_error(action: &str, node: &str, err: ttdp_drain::DrainError) -> Error {
+fn drain_error(action: &str, node: &str, err: DrainError) -> Error {
     Error::NodeAction {
         action: format!("{action} node {node}"),
         source: Box::new(err),
@@ -49,125 +49,58 @@ async fn merge_patch_node(
     }
 }
 
-/// How many times a cordon or release re-reads the node after a write conflict.
-const CONFLICT_RETRIES: usize = 5;
-
-fn annotation<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
-    node.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .map(String::as_str)
+/// The extras of a cordon for the upgrade: each deploy gate closed (its label set to
+/// [`DEPLOY_GATE_CLOSED`]) and the list of closed gates remembered in
+/// [`annotations::DEPLOY_GATES`], so [`release`] knows what to reopen. Nothing without gates.
+fn closing_gates(gates: &[String]) -> NodePatchExtras {
+    if gates.is_empty() {
+        return NodePatchExtras::new();
+    }
+    gates
+        .iter()
+        .fold(NodePatchExtras::new(), |extras, gate| {
+            extras.set_label(gate, DEPLOY_GATE_CLOSED)
+        })
+        .set_annotation(annotations::DEPLOY_GATES, gates.join(","))
 }
 
-fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
-    node.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(key))
-        .map(String::as_str)
-}
-
-fn is_unschedulable(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false)
-}
-
-fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
+/// The extras of a release of `node`: the deploy gates its annotation lists reopened (labels and
+/// annotation removed) and `policy`'s upgrade grant removed (another policy's stays).
+fn reopening_gates(node: &Node, policy: &str) -> NodePatchExtras {
+    let closed = observe::closed_gates(&node.metadata);
+    let mut extras = NodePatchExtras::new();
+    if !closed.is_empty() {
+        extras = closed
+            .into_iter()
+            .fold(extras, NodePatchExtras::remove_label)
+            .remove_annotation(annotations::DEPLOY_GATES);
+    }
+    if observe::granted_by(&node.metadata, policy) {
+        extras = extras.remove_annotation(annotations::UPGRADE_GRANT);
+    }
+    extras
 }
 
 /// Cordons `node` for `policy` (someone else's cordon is left as it is, never claimed) and
-/// closes the deploy gates (labels set to `"false"`, remembered in an annotation): one read and
-/// one JSON merge patch carrying the node's `resourceVersion`, re-read and decided again on a
-/// conflict. The cordon's ownership protocol is ttdp-drain's ([`ttdp_drain::cordon`]: the owner
-/// and time annotations of [`cordon_owner`]); gates and cordon go in one write here.
+/// closes the deploy gates (labels set to `"false"`, remembered in an annotation) in the same
+/// write: [`ttdp_drain::cordon_with`] with the owner of [`cordon_owner`] and the gates as its
+/// extras, so the ownership protocol, the `resourceVersion` precondition and the re-decision
+/// after a conflict are ttdp-drain's. The gates are closed beside someone else's cordon too.
 pub async fn cordon_and_close_gates(
     client: &Client,
     policy: &str,
     node: &str,
     gates: &[String],
 ) -> Result<CordonOutcome, Error> {
-    let api: Api<Node> = Api::all(client.clone());
-    let owner = cordon_owner(policy);
-    let gates_value = gates.join(",");
-    for _ in 0..CONFLICT_RETRIES {
-        let current = api.get(node).await.map_err(|source| {
-            drain_error(
-                "cordon",
-                node,
-                ttdp_drain::DrainError::NodeRead {
-                    node: node.to_owned(),
-                    source,
-                },
-            )
-        })?;
-        let recorded = annotation(&current, &owner.owner_annotation);
-        let outcome = match (
-            is_unschedulable(&current),
-            recorded == Some(owner.owner.as_str()),
-        ) {
-            (false, _) => CordonOutcome::Cordoned,
-            (true, true) => CordonOutcome::AlreadyOwned,
-            (true, false) => CordonOutcome::External {
-                owner: recorded.map(str::to_owned),
-            },
-        };
-        let gates_closed = gates.is_empty()
-            || (gates
-                .iter()
-                .all(|g| label(&current, g) == Some(DEPLOY_GATE_CLOSED))
-                && annotation(&current, annotations::DEPLOY_GATES) == Some(gates_value.as_str()));
-        if outcome != CordonOutcome::Cordoned && gates_closed {
-            return Ok(outcome);
-        }
-        let mut patch = json!({"metadata": {"resourceVersion": current.metadata.resource_version}});
-        if outcome == CordonOutcome::Cordoned {
-            let now = Timestamp::now()
-                .round(jiff::Unit::Second)
-                .unwrap_or_else(|_| Timestamp::now());
-            patch["metadata"]["annotations"] = json!({
-                owner.owner_annotation.as_str(): owner.owner,
-                owner.time_annotation.as_str(): now.to_string(),
-            });
-            patch["spec"] = json!({"unschedulable": true});
-        }
-        if !gates.is_empty() {
-            let labels: BTreeMap<&str, &str> = gates
-                .iter()
-                .map(|g| (g.as_str(), DEPLOY_GATE_CLOSED))
-                .collect();
-            patch["metadata"]["labels"] = json!(labels);
-            patch["metadata"]["annotations"][annotations::DEPLOY_GATES] = json!(gates_value);
-        }
-        match api
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                info!(
-                    node,
-                    policy,
-                    ?outcome,
-                    gates = gates.len(),
-                    "node cordoned for upgrade"
-                );
-                return Ok(outcome);
+    ttdp_drain::cordon_with(client, node, &cordon_owner(policy), closing_gates(gates))
+        .await
+        // A refused write is reported as the API error it is (reason `KubeApiError`), as before.
+        .map_err(|e| match e {
+            DrainError::NodeWrite { source, .. } => {
+                Error::kube(format!("cordon node {node}"), source)
             }
-            Err(e) if is_conflict(&e) => continue,
-            Err(e) => return Err(Error::kube(format!("cordon node {node}"), e)),
-        }
-    }
-    Err(drain_error(
-        "cordon",
-        node,
-        ttdp_drain::DrainError::NodeConflict {
-            node: node.to_owned(),
-            action: "cordon",
-        },
-    ))
+            other => drain_error("cordon", node, other),
+        })
 }
 
 /// Grants `node` the upgrade of `policy` to `version`: the annotation
@@ -188,87 +121,29 @@ pub async fn grant_upgrade(
 
 /// Reopens the deploy gates the node's annotation lists (removing the labels and the
 /// annotation), removes `policy`'s upgrade grant and lifts `policy`'s cordon (never someone
-/// else's), in one JSON merge patch
-/// carrying the node's `resourceVersion`, re-read and decided again on a conflict. The first
+/// else's) in one write: [`ttdp_drain::uncordon_with`] with those as its extras. The first
 /// decision may come from `cached` (the controller's copy of the node, saving a read on the
-/// hand-off from one node to the next): a patch from a stale copy fails its precondition and is
-/// decided again from a fresh read, and a copy that shows nothing to do is confirmed by one, so
-/// a stale cache never leaves a gate closed or a cordon in place.
+/// hand-off from one node to the next); ttdp-drain re-reads whenever a stale copy could mislead
+/// it, so a stale cache never leaves a gate closed or a cordon in place. A node that is gone is
+/// [`UncordonOutcome::NotCordoned`].
 pub async fn release(
     client: &Client,
     policy: &str,
     node: &str,
     cached: Option<Node>,
 ) -> Result<UncordonOutcome, Error> {
-    let api: Api<Node> = Api::all(client.clone());
-    let owner = cordon_owner(policy);
-    let mut first = cached;
-    for _ in 0..CONFLICT_RETRIES {
-        let from_cache = first.is_some();
-        let current = match first.take() {
-            Some(n) => n,
-            None => match api.get_opt(node).await {
-                Ok(Some(n)) => n,
-                Ok(None) => return Ok(UncordonOutcome::NotCordoned),
-                Err(e) => return Err(Error::kube(format!("get node {node}"), e)),
-            },
-        };
-        let closed = crate::pure::observe::closed_gates(&current.metadata);
-        let recorded = annotation(&current, &owner.owner_annotation);
-        let ours = recorded == Some(owner.owner.as_str());
-        let granted = crate::pure::observe::granted_by(&current.metadata, policy);
-        let unschedulable = is_unschedulable(&current);
-        let outcome = match (unschedulable, ours) {
-            (true, true) => UncordonOutcome::Uncordoned,
-            (true, false) => UncordonOutcome::External {
-                owner: recorded.map(str::to_owned),
-            },
-            (false, _) => UncordonOutcome::NotCordoned,
-        };
-        if closed.is_empty() && !ours && !granted {
-            if from_cache {
-                continue;
-            }
-            return Ok(outcome);
+    let reopen = |n: &Node| reopening_gates(n, policy);
+    match ttdp_drain::uncordon_with(client, node, &cordon_owner(policy), reopen, cached).await {
+        Ok(UncordonOutcome::NodeMissing) => Ok(UncordonOutcome::NotCordoned),
+        Ok(outcome) => Ok(outcome),
+        Err(DrainError::NodeRead { source, .. }) => {
+            Err(Error::kube(format!("get node {node}"), source))
         }
-        let mut patch = json!({"metadata": {"resourceVersion": current.metadata.resource_version}});
-        if !closed.is_empty() {
-            let labels: BTreeMap<&str, Value> =
-                closed.iter().map(|g| (g.as_str(), Value::Null)).collect();
-            patch["metadata"]["labels"] = json!(labels);
-            patch["metadata"]["annotations"] = json!({annotations::DEPLOY_GATES: null});
+        Err(DrainError::NodeWrite { source, .. }) => {
+            Err(Error::kube(format!("release node {node}"), source))
         }
-        if granted {
-            patch["metadata"]["annotations"][annotations::UPGRADE_GRANT] = Value::Null;
-        }
-        if ours {
-            patch["metadata"]["annotations"][owner.owner_annotation.as_str()] = Value::Null;
-            patch["metadata"]["annotations"][owner.time_annotation.as_str()] = Value::Null;
-            if unschedulable {
-                patch["spec"] = json!({"unschedulable": null});
-            }
-        }
-        match api
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                info!(node, policy, ?outcome, "node released");
-                return Ok(outcome);
-            }
-            Err(e) if is_conflict(&e) => continue,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(UncordonOutcome::NotCordoned),
-            Err(e) => return Err(Error::kube(format!("release node {node}"), e)),
-        }
+        Err(other) => Err(drain_error("uncordon", node, other)),
     }
-    Err(drain_error(
-        "uncordon",
-        node,
-        ttdp_drain::DrainError::NodeConflict {
-            node: node.to_owned(),
-            action: "uncordon",
-        },
-    ))
 }
 
 /// Removes the retry annotation.
@@ -300,5 +175,57 @@ pub async fn delete_agent_pod(client: &Client, pod: &CachedPod) -> Result<(), Er
         }
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(Error::kube(format!("delete agent pod {ns}/{name}"), e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GATE: &str = "tenstorrent.com/deploy.tt-telemetry";
+
+    fn node(labels: Value, node_annotations: Value) -> Node {
+        let node = json!({"metadata": {"name": "n1", "labels": labels,
+            "annotations": node_annotations}});
+        serde_json::from_value(node).unwrap()
+    }
+
+    #[test]
+    fn closing_gates_sets_each_label_false_and_remembers_the_list() {
+        let gates = vec![GATE.to_owned(), "example.com/other".to_owned()];
+        let extras = closing_gates(&gates);
+        assert_eq!(
+            extras,
+            NodePatchExtras::new()
+                .set_label(GATE, DEPLOY_GATE_CLOSED)
+                .set_label("example.com/other", DEPLOY_GATE_CLOSED)
+                .set_annotation(
+                    annotations::DEPLOY_GATES,
+                    "tenstorrent.com/deploy.tt-telemetry,example.com/other"
+                )
+        );
+        assert!(closing_gates(&[]).is_empty());
+    }
+
+    #[test]
+    fn reopening_gates_removes_the_listed_gates_and_only_this_policys_grant() {
+        let closed = node(
+            json!({GATE: "false"}),
+            json!({annotations::DEPLOY_GATES: GATE, annotations::UPGRADE_GRANT: "p/2.8.0"}),
+        );
+        assert_eq!(
+            reopening_gates(&closed, "p"),
+            NodePatchExtras::new()
+                .remove_label(GATE)
+                .remove_annotation(annotations::DEPLOY_GATES)
+                .remove_annotation(annotations::UPGRADE_GRANT)
+        );
+        assert_eq!(
+            reopening_gates(&closed, "q"),
+            NodePatchExtras::new()
+                .remove_label(GATE)
+                .remove_annotation(annotations::DEPLOY_GATES)
+        );
+        assert!(reopening_gates(&node(json!({GATE: "false"}), json!({})), "p").is_empty());
     }
 }

@@ -28,7 +28,7 @@ use crate::pure::agent_blocker::Blocker;
 use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::drain_plan;
 use crate::pure::observe::{self, ObserveInput};
-use crate::pure::overlap::{OlderPolicies, selection_of};
+use crate::pure::overlap::{self, OlderPolicies, selection_of};
 use crate::pure::rollout::{Planner, RolloutPlan};
 use crate::pure::status::{
     BuiltStatus, NodeReport, PolicyFacts, StateChange, build_status, node_counts, update_status,
@@ -126,8 +126,9 @@ impl Pass {
         let older = OlderPolicies::of(&policy, &all_policies, require_nfd);
         // Subscribed before the caches are read: no change after the read goes unrecorded.
         let watched = ctx.caches.changes.subscribe();
-        let (matched, unmatched) = split_by_selection(ctx.caches.nodes.state(), &selection);
-        let conflicts = conflicts_of(&matched, &older);
+        let (matched, unmatched) =
+            overlap::split_by_selection(ctx.caches.nodes.state(), &selection);
+        let conflicts = overlap::conflicts_of(&matched, &older);
         let mut selection = selection;
         selection.excluded = conflicts.keys().cloned().collect();
         let template_hash = agent_daemonset::ensure(&ctx, &policy, &selection).await?;
@@ -366,7 +367,7 @@ impl Pass {
             taken.extend(&todo);
             let work = NodeWork {
                 node: node.clone(),
-                stale_agent: stale_agent(&todo, &obs.agent, pods),
+                stale_agent: observe::agent_to_replace(&todo, &obs.agent, pods),
                 grant: todo
                     .contains(&Action::Grant)
                     .then(|| self.basis.target.clone()),
@@ -558,39 +559,4 @@ fn plan_of(
         failure: ctx.failure(&policy.uid().unwrap_or_default()),
     };
     Ok((facts, plan))
-}
-
-/// The nodes `selection` matches, in name order (the planner hands out slots in that order and
-/// the status lists nodes so), and the others.
-fn split_by_selection(
-    nodes: Vec<Arc<CachedNode>>,
-    selection: &NodeSelection,
-) -> (Vec<Arc<CachedNode>>, Vec<Arc<CachedNode>>) {
-    let (mut matched, unmatched): (Vec<_>, Vec<_>) = nodes
-        .into_iter()
-        .partition(|n| selection.matches(n.name(), n.labels()));
-    matched.sort_unstable_by(|a, b| a.name().cmp(b.name()));
-    (matched, unmatched)
-}
-
-/// The matched nodes an older policy owns, with that policy.
-fn conflicts_of(matched: &[Arc<CachedNode>], older: &OlderPolicies) -> BTreeMap<String, String> {
-    matched
-        .iter()
-        .filter_map(|n| {
-            let owner = older.owner(n.name(), n.labels())?;
-            Some((n.name().to_owned(), owner.to_owned()))
-        })
-        .collect()
-}
-
-/// The agent pod a `ReplaceAgent` among `todo` deletes, if any.
-fn stale_agent(todo: &[Action], agent: &AgentPod, pods: &[Arc<CachedPod>]) -> Option<CachedPod> {
-    let replaces = todo.iter().any(|a| match a {
-        Action::ReplaceAgent { even_current } => agent.replaced_by(*even_current),
-        _ => false,
-    });
-    replaces
-        .then(|| observe::pick_agent_pod(pods.iter().map(|p| p.as_ref())).cloned())
-        .flatten()
 }
