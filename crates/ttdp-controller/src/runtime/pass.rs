@@ -355,6 +355,10 @@ impl Pass {
             .zip(&self.planned)
             .zip(&self.agent_pods);
         for (((node, obs), (_, actions)), pods) in planned {
+            // Most nodes have nothing to do: no entry (a String and a Vec) for them.
+            if actions.is_empty() {
+                continue;
+            }
             let taken = self.actions_taken.entry(node.clone()).or_default();
             let todo: Vec<Action> = actions
                 .iter()
