@@ -1,4 +1,4 @@
-//! The writes the state machine's [`Action`](crate::pure::transition::Action)s stand for. Nodes and
+//! The writes the state machine's `Action`s stand for. Nodes and
 //! pods are not ours, so each write is a minimal patch (or a delete), and each is idempotent.
 //! Cordon and release are ttdp-drain's cordon with ownership, the deploy gates and the upgrade
 //! grant riding along in the same patch as its extras.
