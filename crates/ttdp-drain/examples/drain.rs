@@ -134,13 +134,15 @@ fn print_event(event: &DrainEvent, dry_run: &str) {
         DrainEventKind::EvictionBlocked {
             pod,
             message,
+            held,
             retry_in,
             ..
         } => eprintln!(
-            "error when evicting pods/\"{}\" -n \"{}\" (will retry after {:.1}s): {message}",
+            "error when evicting pods/\"{}\" -n \"{}\" (will retry after {:.1}s at the latest): {message}{}",
             pod.name,
             pod.namespace,
-            retry_in.as_secs_f64()
+            retry_in.as_secs_f64(),
+            ttdp_drain::held_text(held)
         ),
         DrainEventKind::RequestFailed {
             pod,

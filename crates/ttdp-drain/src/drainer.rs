@@ -13,6 +13,7 @@ use kube::api::Api;
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
+use crate::budget_watch::BudgetWatches;
 use crate::classify::{
     ClassifyContext, DaemonSetLookup, Disposition, PodDecision, PodRules, classify,
     daemonset_to_look_up,
@@ -250,6 +251,7 @@ impl Drainer {
         let started = Instant::now();
         let mut removals = Removals::default();
         let mut decisions = Vec::new();
+        let budgets = BudgetWatches::new(self.client.clone());
         let work = async {
             let planned = self.plan_pods(node, &options.rules).await?;
             decisions = planned.iter().map(|(_, d)| d.clone()).collect();
@@ -291,6 +293,7 @@ impl Drainer {
                 concurrency: options.concurrency,
                 backoff: options.backoff,
                 poll_interval: options.poll_interval,
+                budgets: &budgets,
             };
             removals.run(&settings).await;
             Ok(())

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::budget::HeldDisruption;
 use crate::classify::PodDecision;
 use crate::pod_ref::{ObjectKey, PodRef};
 
@@ -85,7 +86,10 @@ pub enum DrainEventKind {
         disruptions_allowed: Option<i32>,
         /// The API server's message.
         message: String,
-        /// When the next attempt is made.
+        /// Disruptions the budget granted to evictions that were never carried out
+        /// (`status.disruptedPods`): Kubernetes holds them until they expire.
+        held: Vec<HeldDisruption>,
+        /// When the next attempt is made at the latest (sooner when the budget allows one).
         retry_in: Duration,
     },
     /// A request failed with an error that may pass (5xx, connection); it is retried.

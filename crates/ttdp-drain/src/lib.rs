@@ -61,11 +61,22 @@
 //! - **Concurrency**: kubectl sends every eviction at once; here at most
 //!   [`DrainOptions::concurrency`] requests are in flight (a pod waiting out a back-off does not
 //!   hold a slot), which keeps a node with many pods from flooding the API server.
-//! - **Budget back-off**: kubectl retries a 429 every 5 s; here the delay doubles from
-//!   [`Backoff::initial`] to [`Backoff::max`] with jitter, so blocked pods neither spin nor
-//!   retry in lock-step. Give the drainer a client built with `Config::default_retry = false`:
-//!   kube's own retry would otherwise resend a refused eviction within milliseconds, before this
-//!   back-off sees it.
+//! - **Budget waits**: kubectl retries a 429 every 5 s; here a refused eviction waits on a watch
+//!   of the blocking budget (one per budget per drain, shared by all its blocked pods) and is
+//!   retried as soon as the budget's status allows a disruption, at most as many pods per
+//!   status change as it allows. The back-off (doubling from [`Backoff::initial`] to
+//!   [`Backoff::max`], jittered) is only the upper bound, so without `watch` permission on
+//!   budgets a drain is as fast as a timer-driven one. Give the drainer a client built with
+//!   `Config::default_retry = false`: kube's own retry would otherwise resend a refused
+//!   eviction within milliseconds.
+//! - **Granted but not carried out**: the API server's eviction handler records a pod in its
+//!   budget's `status.disruptedPods` before deleting it; a request cut off in between (its
+//!   client killed) leaves the pod running and counted as disrupted for 2 minutes
+//!   ([`DISRUPTED_POD_TIMEOUT`]), so the budget allows one disruption fewer. When a pod this
+//!   drain removes is such an entry (granted after the pod was created, at least 20 s from
+//!   expiring, pod not terminating), it is deleted directly: the budget already counts it as
+//!   disrupted, so this takes nothing more from it. Entries of other pods are named in the
+//!   blocked pods' messages with the time they expire ([`held_text`]).
 //! - **Transient errors** (5xx, connection failures) are retried with the same back-off until the
 //!   timeout; kubectl gives up on the pod at once. Other errors fail the pod, the other pods
 //!   carry on, and the drain ends with [`DrainError::Failed`].
@@ -96,6 +107,7 @@
 
 mod backoff;
 mod budget;
+mod budget_watch;
 pub mod classify;
 mod cordon;
 mod counters;
@@ -111,7 +123,10 @@ mod report;
 mod two_pass;
 
 pub use backoff::Backoff;
-pub use budget::{BudgetFound, find_budget, selects as budget_selects};
+pub use budget::{
+    BudgetFound, DISRUPTED_POD_TIMEOUT, HeldDisruption, disruption_already_granted, find_budget,
+    held_disruptions, held_text, selects as budget_selects,
+};
 pub use classify::{
     CallerVerdict, ClassifyContext, DaemonSetLookup, Disposition, PodDecision, PodPredicate,
     PodRules, Reason, classify, classify_all,

@@ -18,7 +18,10 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
-use crate::budget::find_budget;
+use crate::budget::{
+    BudgetFound, disruption_already_granted, find_budget_object, held_disruptions,
+};
+use crate::budget_watch::BudgetWatches;
 use crate::counters::{Counter, DrainCounters};
 use crate::event::{DrainEvent, DrainEventKind, EventSink, Removal};
 use crate::node_pods::list_node_pods;
@@ -36,6 +39,8 @@ pub(crate) struct Settings<'a> {
     pub concurrency: usize,
     pub backoff: Backoff,
     pub poll_interval: Duration,
+    /// Where evictions a budget blocks wait until it allows them (the back-off is the bound).
+    pub budgets: &'a BudgetWatches,
 }
 
 impl Settings<'_> {
@@ -223,7 +228,10 @@ impl Removals {
         };
         let pods: Api<Pod> = Api::namespaced(s.client.clone(), &pod_ref.namespace);
         let mut attempt: u32 = 0;
+        // The state of the blocking budget that last let this pod retry.
+        let mut last_turn: u64 = 0;
         loop {
+            let mut blocked_by = None;
             if self.is_gone(index) {
                 return;
             }
@@ -272,19 +280,53 @@ impl Removals {
                 },
                 ErrorKind::TooManyRequests => {
                     s.counters.bump(Counter::BudgetBlock);
-                    let found = match find_budget(s.client, &pod).await {
-                        Ok(found) => found,
+                    let watched = s.budgets.watched_budget_of(&pod);
+                    let looked_up = match watched {
+                        Some(pdb) => Ok(Some(pdb)),
+                        None => find_budget_object(s.client, &pod).await,
+                    };
+                    let pdb = match looked_up {
+                        Ok(pdb) => pdb,
                         Err(e) => {
                             s.counters.bump(Counter::RequestError);
                             tracing::debug!(pod = %pod_ref, error = %e, "cannot look up the pod's disruption budget");
                             None
                         }
                     };
+                    let now = jiff::Timestamp::now();
+                    if let Some(pdb) = &pdb
+                        && method == Removal::Evicted
+                        && disruption_already_granted(pdb, &pod, now)
+                    {
+                        // An earlier eviction of this very pod was granted and cut off before
+                        // the pod was deleted: the budget already counts it as disrupted.
+                        tracing::info!(node = s.node, pod = %pod_ref, "budget already granted this pod's eviction; deleting it");
+                        match request(&pods, &pod_ref, Removal::Deleted, 1, s).await {
+                            Ok(()) => {
+                                self.set_state(index, PodState::Accepted(Instant::now()));
+                                return;
+                            }
+                            Err(e) if matches!(error_kind(&e), ErrorKind::NotFound) => {
+                                self.mark_gone(index, s);
+                                return;
+                            }
+                            Err(e) => {
+                                s.counters.bump(Counter::RequestError);
+                                tracing::debug!(pod = %pod_ref, error = %api_message(&e), "deleting a pod whose eviction was granted failed");
+                            }
+                        }
+                    }
+                    let found = pdb.as_ref().map(BudgetFound::of);
                     let (budget, disruptions_allowed) = match found {
                         Some(f) => (Some(f.budget), f.disruptions_allowed),
                         None => (None, None),
                     };
                     let message = api_message(&error);
+                    let held = pdb
+                        .as_ref()
+                        .map(|pdb| held_disruptions(pdb, now))
+                        .unwrap_or_default();
+                    blocked_by = budget.clone();
                     tracing::debug!(node = s.node, pod = %pod_ref, ?budget, retry_in_ms = retry_in.as_millis() as u64, "eviction blocked by a disruption budget");
                     self.set_state(
                         index,
@@ -292,6 +334,7 @@ impl Removals {
                             budget: budget.clone(),
                             disruptions_allowed,
                             message: message.clone(),
+                            held: held.clone(),
                         }),
                     );
                     s.emit(DrainEventKind::EvictionBlocked {
@@ -299,6 +342,7 @@ impl Removals {
                         budget,
                         disruptions_allowed,
                         message,
+                        held,
                         retry_in,
                     });
                 }
@@ -322,7 +366,14 @@ impl Removals {
                 }
             }
             attempt = attempt.saturating_add(1);
-            tokio::time::sleep(retry_in).await;
+            match blocked_by {
+                Some(budget) => {
+                    s.budgets
+                        .wait_until_allows(&budget, &mut last_turn, retry_in)
+                        .await;
+                }
+                None => tokio::time::sleep(retry_in).await,
+            }
         }
     }
 

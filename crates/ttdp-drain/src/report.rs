@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::budget::{HeldDisruption, held_text};
 use crate::classify::{Disposition, PodDecision};
 use crate::pod_ref::{ObjectKey, PodRef};
 
@@ -76,6 +77,9 @@ pub enum StuckReason {
         disruptions_allowed: Option<i32>,
         /// The API server's message.
         message: String,
+        /// Disruptions the budget granted to evictions that were never carried out
+        /// (`status.disruptedPods`): Kubernetes holds them until they expire.
+        held: Vec<HeldDisruption>,
     },
     /// Its removal keeps failing with an error that may pass.
     Retrying {
@@ -107,6 +111,7 @@ impl fmt::Display for StuckReason {
             Self::Blocked {
                 budget: Some(budget),
                 disruptions_allowed,
+                held,
                 ..
             } => {
                 write!(f, "eviction blocked by PodDisruptionBudget {budget}")?;
@@ -114,7 +119,7 @@ impl fmt::Display for StuckReason {
                     let s = if *n == 1 { "" } else { "s" };
                     write!(f, " ({n} disruption{s} allowed)")?;
                 }
-                Ok(())
+                f.write_str(&held_text(held))
             }
             Self::Blocked {
                 budget: None,

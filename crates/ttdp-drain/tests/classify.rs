@@ -509,6 +509,7 @@ fn messages_name_the_pod_and_the_cause() {
             budget: Some(ObjectKey::new("default", "web-pdb")),
             disruptions_allowed: Some(0),
             message: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+            held: Vec::new(),
         },
     };
     assert_eq!(

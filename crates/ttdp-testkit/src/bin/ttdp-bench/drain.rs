@@ -1,20 +1,33 @@
 //! Drain: the `ttdp-drain` example program (`crates/ttdp-drain/examples/drain.rs`, the library
-//! behind a kubectl-like command line) side by side with the real `kubectl drain` on identical
-//! nodes of one test API server, in the same run: wall time and API requests for 10, 100 and 500
-//! pods, and the eviction retry rate while a PodDisruptionBudget blocks.
+//! behind a kubectl-like command line) side by side with the real `kubectl drain`, on identical
+//! nodes of a real control plane (`ttdp_testkit::launcher`: `TTDP_TEST_KUBECONFIG`, else one
+//! started for the run), in the same run: wall time and API requests (counted by a recording
+//! proxy in front of the server) for 10, 100 and 500 pods of mixed owners under a
+//! PodDisruptionBudget whose replacements turn Ready 2 s after they start; the pods each tool
+//! removed, compared; whether the budget ever fell below its minimum while a drain ran; and the
+//! eviction retry rate while a budget blocks.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use futures::StreamExt;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tokio::process::Command;
-use ttdp_testkit::apiserver::TestApiServer;
+use ttdp_testkit::fault_proxy::FaultProxy;
+use ttdp_testkit::scratch::Scratch;
 
-use crate::bench_client::{bench_client, is_bench, reads_and_writes};
-use crate::drain_fleet;
+use crate::bench_client::reads_and_writes;
+use crate::drain_fleet::{self, DrainNode};
 use crate::result_line::{self, ms};
 
 /// How long the blocked drains run before their timeout.
@@ -23,7 +36,7 @@ const BLOCKED_FOR: Duration = Duration::from_secs(12);
 /// Flags of `ttdp-bench drain`.
 #[derive(Debug, Args)]
 pub struct DrainArgs {
-    /// The ttdp-drain example binary (`cargo build --release -p ttdp-drain --example drain`).
+    /// The ttdp-drain example binary (`cargo build --profile benchmark -p ttdp-drain --example drain`).
     #[arg(long)]
     pub ttdp_drain: PathBuf,
     /// The kubectl binary (v1.35, from `bash .ci/kube-tools`).
@@ -65,33 +78,74 @@ impl Tool {
     }
 }
 
+/// The lowest `currentHealthy - desiredHealthy` a budget's status showed while it was watched:
+/// below 0, the budget was violated.
+struct BudgetFloor {
+    lowest: Arc<AtomicI64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl BudgetFloor {
+    fn watch(client: &Client, namespace: &str, name: &str) -> Self {
+        let lowest = Arc::new(AtomicI64::new(i64::MAX));
+        let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let seen = lowest.clone();
+        let task = tokio::spawn(async move {
+            let events = watcher::watcher(api, config);
+            futures::pin_mut!(events);
+            while let Some(event) = events.next().await {
+                let pdb = match event {
+                    Ok(watcher::Event::Apply(pdb) | watcher::Event::InitApply(pdb)) => pdb,
+                    _ => continue,
+                };
+                if let Some(s) = pdb.status {
+                    let headroom = i64::from(s.current_healthy) - i64::from(s.desired_healthy);
+                    seen.fetch_min(headroom, Ordering::Relaxed);
+                }
+            }
+        });
+        Self { lowest, task }
+    }
+
+    fn stop(self) -> i64 {
+        self.task.abort();
+        self.lowest.load(Ordering::Relaxed)
+    }
+}
+
 /// Runs the suite and prints its result line.
 pub async fn run(args: &DrainArgs) -> Result<()> {
     for binary in [&args.kubectl, &args.ttdp_drain] {
         if !binary.is_file() {
             bail!(
-                "{} not found (kubectl: bash .ci/kube-tools; ttdp-drain: cargo build --release -p ttdp-drain --example drain)",
+                "{} not found (kubectl: bash .ci/kube-tools; ttdp-drain: cargo build --profile benchmark -p ttdp-drain --example drain)",
                 binary.display()
             );
         }
     }
-    let server = TestApiServer::builder()
-        .watch_history(100_000)
-        .start()
-        .await?;
-    let client = bench_client(&server, "setup")?;
+    let scratch = Scratch::new("bench-drain")
+        .await
+        .context("cannot reach or start the real control plane")?;
+    let client = scratch.client();
+    let proxy = FaultProxy::start(client.clone())
+        .await
+        .context("cannot start the recording proxy")?;
     let mut sizes = Vec::new();
     for &pods in &args.pods {
         eprintln!("drain: {pods} pods per node");
         let mut row = json!({ "pods": pods });
+        let mut removed = Vec::new();
         for tool in [Tool::Kubectl, Tool::Ttdp] {
-            let node = format!("{}-{pods}", tool.name());
-            drain_fleet::populate(&client, &node, pods).await?;
+            let group = format!("{}-{pods}", tool.name());
+            let node = DrainNode::populate(&client, scratch.prefix(), &group, pods).await?;
+            let before = drain_fleet::roles_on(&client, &node.node).await?;
+            let floor = BudgetFloor::watch(&client, &node.namespace, &node.budget);
             let run = drain(
                 args,
-                &server,
+                &proxy,
                 tool,
-                &node,
+                &node.node,
                 &[
                     "--ignore-daemonsets",
                     "--delete-emptydir-data",
@@ -100,15 +154,38 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
                 ],
             )
             .await?;
-            let left = drain_fleet::pods_left(&client, &node).await?;
+            let lowest = floor.stop();
+            let after = drain_fleet::roles_on(&client, &node.node).await?;
+            node.shutdown().await;
             if !run.success {
-                bail!("{} drain of {node} failed:\n{}", tool.name(), run.output);
+                bail!("{} drain of {group} failed:\n{}", tool.name(), run.output);
             }
+            let gone: BTreeMap<String, usize> = before
+                .iter()
+                .map(|(role, n)| (role.clone(), n - after.get(role).copied().unwrap_or(0)))
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            eprintln!(
+                "  {}: {:.1} s, removed {gone:?}, budget headroom never below {lowest}",
+                tool.name(),
+                run.wall.as_secs_f64()
+            );
             row[tool.name()] = run.json();
-            row[tool.name()]["pods_left"] = json!(left);
+            row[tool.name()]["pods_left"] = json!(after.values().sum::<usize>());
+            row[tool.name()]["removed_by_owner"] = json!(gone);
+            row[tool.name()]["budget_lowest_headroom"] = json!(lowest);
+            row[tool.name()]["budget_violated"] = json!(lowest < 0);
+            removed.push(gone);
         }
+        row["same_removed_set"] = json!(removed.windows(2).all(|w| w[0] == w[1]));
         row["wall_ratio_ttdp_over_kubectl"] = json!(ratio(&row, "wall_ms"));
         row["requests_ratio_ttdp_over_kubectl"] = json!(requests_ratio(&row));
+        eprintln!(
+            "drain: {pods} pods: ttdp/kubectl wall {:.3}, requests {:.3}, same pods removed: {}",
+            ratio(&row, "wall_ms"),
+            requests_ratio(&row),
+            row["same_removed_set"]
+        );
         sizes.push(row);
     }
     eprintln!(
@@ -117,17 +194,18 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
     );
     let mut blocked = json!({ "seconds": BLOCKED_FOR.as_secs() });
     for tool in [Tool::Kubectl, Tool::Ttdp] {
-        let node = format!("blocked-{}", tool.name());
-        drain_fleet::populate_blocked(&client, &node).await?;
+        let group = format!("blocked-{}", tool.name());
+        let node = drain_fleet::populate_blocked(&client, scratch.prefix(), &group).await?;
         let timeout = format!("--timeout={}s", BLOCKED_FOR.as_secs());
         let run = drain(
             args,
-            &server,
+            &proxy,
             tool,
-            &node,
+            &node.node,
             &["--ignore-daemonsets", "--delete-emptydir-data", &timeout],
         )
         .await?;
+        node.shutdown().await;
         let secs = run.wall.as_secs_f64().max(0.001);
         blocked[tool.name()] = json!({
             "wall_ms": ms(run.wall), "gave_up": !run.success, "evictions": run.evictions,
@@ -135,8 +213,9 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
             "requests_per_s": (run.reads + run.writes) as f64 / secs,
         });
     }
-    server.shutdown().await;
-    result_line::print(&json!({ "suite": "drain", "sizes": sizes, "pdb_blocked": blocked }));
+    result_line::print(
+        &json!({ "suite": "drain", "server": "real control plane", "sizes": sizes, "pdb_blocked": blocked }),
+    );
     Ok(())
 }
 
@@ -159,7 +238,7 @@ fn requests_ratio(row: &Value) -> f64 {
 
 async fn drain(
     args: &DrainArgs,
-    server: &TestApiServer,
+    proxy: &FaultProxy,
     tool: Tool,
     node: &str,
     flags: &[&str],
@@ -174,14 +253,11 @@ async fn drain(
     }
     command
         .arg(node)
-        .arg(format!(
-            "--kubeconfig={}",
-            server.kubeconfig_path().display()
-        ))
+        .arg(format!("--kubeconfig={}", proxy.kubeconfig().display()))
         .args(flags)
         .stdin(Stdio::null())
         .kill_on_drop(true);
-    server.recorder().clear();
+    proxy.recorder().clear();
     let started = Instant::now();
     let output = tokio::time::timeout(Duration::from_secs(600), command.output())
         .await
@@ -193,7 +269,9 @@ async fn drain(
         })?
         .with_context(|| format!("cannot run {}", binary.display()))?;
     let wall = started.elapsed();
-    let requests = server.recorder().filter(|r| !is_bench(r));
+    // Only the drain talks through the proxy; the benchmark's own clients go straight to the
+    // server.
+    let requests = proxy.recorder().requests();
     let (reads, writes) = reads_and_writes(&requests);
     let evictions = requests
         .iter()

@@ -1,145 +1,288 @@
-//! The objects of the drain benchmark: a node with `n` pods of mixed controllers (ReplicaSets,
-//! pods with emptyDir, a DaemonSet's pods, bare pods) and a PodDisruptionBudget over some of them;
-//! and a node whose only pod a budget blocks.
+//! The objects of the drain benchmark on a real control plane: a node with `n` pods of mixed
+//! owners (two ReplicaSets, one of them with emptyDir, a DaemonSet, bare pods) and a spare node
+//! for the replacements, both served by a simulated kubelet; a PodDisruptionBudget over the
+//! ReplicaSets' pods, whose status the real disruption controller computes. The ReplicaSets'
+//! pods turn Ready 2 s after they start (a readiness probe's initial delay), replacements
+//! included: the real ReplicaSet controller makes them and the real scheduler puts them on the
+//! spare node. The budget allows half of them to be unavailable: a drain is blocked once, until
+//! the first half's replacements are Ready.
 
-use anyhow::{Context, Result};
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
+use ttdp_testkit::sim::{
+    ImageMap, KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale,
+};
 
-/// Namespace of the drained workloads.
-pub const NAMESPACE: &str = "default";
-/// Concurrent creations.
-const CONCURRENCY: usize = 16;
+/// The image the kubelet runs as `/bin/sleep`: a process with a readiness probe.
+const APP_IMAGE: &str = "ttdp.bench/app";
+/// Label saying what owns a pod (`web`, `scratch`, `logs`, `bare`).
+pub const ROLE_LABEL: &str = "bench.ttdp.tenstorrent.com/role";
+/// Label of the pair of nodes of one drain.
+const GROUP_LABEL: &str = "bench.ttdp.tenstorrent.com/group";
+/// How long setting up a node's pods may take.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// What kind of pod the `i`-th of `n` is: 60 % ReplicaSet, 20 % ReplicaSet with emptyDir, 10 %
-/// DaemonSet, 10 % bare (no controller).
-fn kind_of(i: usize) -> &'static str {
+/// The role of the `i`-th of `n` pods: 60 % `web` (ReplicaSet), 20 % `scratch` (ReplicaSet with
+/// emptyDir), 10 % `logs` (DaemonSet), 10 % `bare` (no controller).
+fn role_of(i: usize) -> &'static str {
     match i % 10 {
-        0..=5 => "replicaset",
-        6 | 7 => "emptydir",
-        8 => "daemonset",
+        0..=5 => "web",
+        6 | 7 => "scratch",
+        8 => "logs",
         _ => "bare",
     }
 }
 
-async fn create<K>(api: &Api<K>, body: Value) -> Result<K>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    let object: K = serde_json::from_value(body)?;
+/// One drained node and its spare, with their workloads and budget.
+pub struct DrainNode {
+    /// The node to drain.
+    pub node: String,
+    /// The budget's name (in `namespace`).
+    pub budget: String,
+    /// The namespace of the workloads.
+    pub namespace: String,
+    kubelet: Option<SimKubelet>,
+}
+
+async fn create_dynamic(
+    client: &Client,
+    namespace: &str,
+    gvk: (&str, &str, &str, &str),
+    body: Value,
+) -> Result<DynamicObject> {
+    let (group, version, kind, plural) = gvk;
+    let ar =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+    let object: DynamicObject = serde_json::from_value(body)?;
     api.create(&PostParams::default(), &object)
         .await
-        .context("cannot create a drain benchmark object")
+        .with_context(|| format!("cannot create a drain benchmark {kind}"))
 }
 
-fn owner(kind: &str, name: &str, uid: &str) -> Value {
-    json!([{ "apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": true }])
-}
-
-/// Creates node `node` with `pods` pods on it and a budget (`minAvailable: 0`, so it is checked
-/// on every eviction but never blocks) over its ReplicaSet pods.
-pub async fn populate(client: &Client, node: &str, pods: usize) -> Result<()> {
-    create(
-        &Api::<Node>::all(client.clone()),
-        json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": node } }),
-    )
-    .await?;
-    let template = |app: &str| json!({ "metadata": { "labels": { "app": app } }, "spec": { "containers": [{ "name": "c", "image": "busybox" }] } });
-    let rs_name = format!("{node}-web");
-    let rs = create(&Api::<ReplicaSet>::namespaced(client.clone(), NAMESPACE), json!({
-        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": { "name": rs_name, "namespace": NAMESPACE },
-        "spec": { "replicas": pods, "selector": { "matchLabels": { "app": rs_name } }, "template": template(&rs_name) },
-    })).await?;
-    let ds_name = format!("{node}-logs");
-    let ds = create(&Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE), json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": { "name": ds_name, "namespace": NAMESPACE },
-        "spec": { "selector": { "matchLabels": { "app": ds_name } }, "template": template(&ds_name) },
-    })).await?;
-    create(&Api::<PodDisruptionBudget>::namespaced(client.clone(), NAMESPACE), json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": { "name": rs_name, "namespace": NAMESPACE },
-        "spec": { "minAvailable": 0, "selector": { "matchLabels": { "app": rs_name } } },
-    })).await?;
-    let rs_uid = rs.metadata.uid.unwrap_or_default();
-    let ds_uid = ds.metadata.uid.unwrap_or_default();
-    let bodies: Vec<Value> = (0..pods)
-        .map(|i| {
-            let name = format!("{node}-p{i:04}");
-            let (labels, owners, volumes) = match kind_of(i) {
-                "replicaset" => (json!({ "app": rs_name }), owner("ReplicaSet", &rs_name, &rs_uid), json!([])),
-                "emptydir" => (json!({ "app": rs_name }), owner("ReplicaSet", &rs_name, &rs_uid), json!([{ "name": "scratch", "emptyDir": {} }])),
-                "daemonset" => (json!({ "app": ds_name }), owner("DaemonSet", &ds_name, &ds_uid), json!([])),
-                _ => (json!({ "app": "bare" }), json!([]), json!([])),
-            };
-            json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": { "name": name, "namespace": NAMESPACE, "labels": labels, "ownerReferences": owners },
-                "spec": { "nodeName": node, "volumes": volumes, "containers": [{ "name": "main", "image": "busybox" }] },
-            })
-        })
-        .collect();
-    create_running_pods(client, bodies).await
-}
-
-/// Creates node `node` with one pod that budget `minAvailable: 1` protects: every eviction is
-/// refused (429).
-pub async fn populate_blocked(client: &Client, node: &str) -> Result<()> {
-    create(
-        &Api::<Node>::all(client.clone()),
-        json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": node } }),
-    )
-    .await?;
-    let app = format!("{node}-db");
-    let rs = create(&Api::<ReplicaSet>::namespaced(client.clone(), NAMESPACE), json!({
-        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": { "name": app, "namespace": NAMESPACE },
-        "spec": { "replicas": 1, "selector": { "matchLabels": { "app": app } },
-            "template": { "metadata": { "labels": { "app": app } }, "spec": { "containers": [{ "name": "c", "image": "busybox" }] } } },
-    })).await?;
-    create(&Api::<PodDisruptionBudget>::namespaced(client.clone(), NAMESPACE), json!({
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": { "name": app, "namespace": NAMESPACE },
-        "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": app } } },
-    })).await?;
-    let body = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": format!("{app}-0"), "namespace": NAMESPACE, "labels": { "app": app },
-            "ownerReferences": owner("ReplicaSet", &app, &rs.metadata.uid.unwrap_or_default()) },
-        "spec": { "nodeName": node, "containers": [{ "name": "main", "image": "busybox" }] },
+fn node_spec(name: &str, group: &str, prefix: &str) -> SimNodeSpec {
+    let mut spec = SimNodeSpec::new(name);
+    spec.labels
+        .insert(SCENARIO_LABEL.to_owned(), prefix.to_owned());
+    spec.labels.insert(GROUP_LABEL.to_owned(), group.to_owned());
+    spec.taints.push(Taint {
+        key: SCENARIO_LABEL.to_owned(),
+        value: Some(prefix.to_owned()),
+        effect: "NoSchedule".to_owned(),
+        time_added: None,
     });
-    create_running_pods(client, vec![body]).await
+    spec.extra_capacity
+        .insert("pods".to_owned(), Quantity("2000".to_owned()));
+    spec
 }
 
-async fn create_running_pods(client: &Client, bodies: Vec<Value>) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let status = json!({ "status": { "phase": "Running", "conditions": [{ "type": "Ready", "status": "True" }] } });
-    futures::stream::iter(bodies)
-        .map(|body| {
-            let pods = pods.clone();
-            let status = status.clone();
-            async move {
-                let pod: Pod = create(&pods, body).await?;
-                let name = pod.metadata.name.unwrap_or_default();
-                pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                    .await
-                    .with_context(|| format!("cannot mark pod {name} running"))?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .try_collect::<Vec<()>>()
-        .await?;
+async fn set_unschedulable(client: &Client, node: &str, unschedulable: bool) -> Result<()> {
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "unschedulable": unschedulable } })),
+        )
+        .await
+        .with_context(|| format!("cannot (un)cordon {node}"))?;
     Ok(())
 }
 
-/// Pods still on `node` (any phase, terminating included).
-pub async fn pods_left(client: &Client, node: &str) -> Result<usize> {
+impl DrainNode {
+    /// Registers `<prefix>-<group>` and its spare `<prefix>-<group>-spare`, fills the first with
+    /// `pods` Running and Ready pods, then opens the spare for replacements.
+    pub async fn populate(client: &Client, prefix: &str, group: &str, pods: usize) -> Result<Self> {
+        let node = format!("{prefix}-{group}");
+        let spare = format!("{node}-spare");
+        let namespace = prefix.to_owned();
+        let config = KubeletConfig {
+            image_map: ImageMap::new().with(APP_IMAGE, "/bin/sleep"),
+            time_scale: TimeScale::REAL,
+            ..KubeletConfig::default()
+        };
+        let kubelet = SimKubelet::start(
+            client.clone(),
+            config,
+            vec![
+                node_spec(&node, group, prefix),
+                node_spec(&spare, group, prefix),
+            ],
+        )
+        .await
+        .context("cannot start the simulated kubelet")?;
+        set_unschedulable(client, &spare, true).await?;
+
+        let count = |role: &str| (0..pods).filter(|i| role_of(*i) == role).count();
+        let toleration =
+            json!([{ "key": SCENARIO_LABEL, "operator": "Exists", "effect": "NoSchedule" }]);
+        let app = |role: &str, volumes: Value| {
+            json!({
+                "metadata": { "labels": { ROLE_LABEL: role, "budget": node } },
+                "spec": {
+                    "nodeSelector": { GROUP_LABEL: group }, "tolerations": toleration,
+                    "terminationGracePeriodSeconds": 1, "volumes": volumes,
+                    "containers": [{ "name": "main", "image": APP_IMAGE, "args": ["3600"],
+                        "readinessProbe": { "httpGet": { "port": 80 }, "initialDelaySeconds": 2, "periodSeconds": 1 } }],
+                },
+            })
+        };
+        for (role, volumes) in [
+            ("web", json!([])),
+            ("scratch", json!([{ "name": "scratch", "emptyDir": {} }])),
+        ] {
+            let name = format!("{node}-{role}");
+            let mut template = app(role, volumes);
+            template["metadata"]["labels"]["app"] = json!(name);
+            create_dynamic(client, &namespace, ("apps", "v1", "ReplicaSet", "replicasets"), json!({
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": { "name": name, "namespace": namespace },
+                "spec": { "replicas": count(role), "selector": { "matchLabels": { "app": name } }, "template": template },
+            })).await?;
+        }
+        let logs = format!("{node}-logs");
+        create_dynamic(client, &namespace, ("apps", "v1", "DaemonSet", "daemonsets"), json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": { "name": logs, "namespace": namespace },
+            "spec": { "selector": { "matchLabels": { "app": logs } },
+                "template": { "metadata": { "labels": { "app": logs, ROLE_LABEL: "logs" } },
+                    "spec": { "nodeSelector": { "kubernetes.io/hostname": node }, "tolerations": toleration,
+                        "terminationGracePeriodSeconds": 1,
+                        "containers": [{ "name": "main", "image": "busybox" }] } } },
+        })).await?;
+        let budget = format!("{node}-budget");
+        create_dynamic(client, &namespace, ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets"), json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": { "name": budget, "namespace": namespace },
+            "spec": { "maxUnavailable": "50%", "selector": { "matchLabels": { "budget": node } } },
+        })).await?;
+        let pod_api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        for i in 0..count("bare") {
+            let body = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": { "name": format!("{node}-bare-{i:04}"), "namespace": namespace, "labels": { ROLE_LABEL: "bare" } },
+                "spec": { "nodeName": node, "tolerations": toleration, "terminationGracePeriodSeconds": 1,
+                    "containers": [{ "name": "main", "image": "busybox" }] },
+            });
+            pod_api
+                .create(&PostParams::default(), &serde_json::from_value(body)?)
+                .await
+                .context("cannot create a bare pod")?;
+        }
+        // The DaemonSet makes one pod per node: the `logs` share of the node's pods is one pod.
+        let expected = pods - count("logs") + 1;
+        let started = Instant::now();
+        loop {
+            let on_node = pods_on(client, &node).await?;
+            let ready = on_node.iter().filter(|p| is_ready(p)).count();
+            if on_node.len() == expected && ready == expected {
+                break;
+            }
+            if started.elapsed() > SETUP_TIMEOUT {
+                bail!("only {ready} of {expected} pods Ready on {node} after {SETUP_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        // The budget's status must count them all before the drain starts.
+        let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &namespace);
+        loop {
+            let pdb = budgets.get(&budget).await?;
+            let status = pdb.status.unwrap_or_default();
+            let in_budget = count("web") + count("scratch");
+            if status.observed_generation == pdb.metadata.generation
+                && usize::try_from(status.current_healthy).unwrap_or(0) == in_budget
+            {
+                break;
+            }
+            if started.elapsed() > SETUP_TIMEOUT {
+                bail!("the disruption controller never counted the pods of {budget}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        set_unschedulable(client, &spare, false).await?;
+        Ok(Self {
+            node,
+            budget,
+            namespace,
+            kubelet: Some(kubelet),
+        })
+    }
+
+    /// Stops the kubelet (the scratch space deletes the nodes and namespace).
+    pub async fn shutdown(mut self) {
+        if let Some(kubelet) = self.kubelet.take() {
+            let _ = kubelet.shutdown_and_unregister().await;
+        }
+    }
+}
+
+/// Whether `pod` is Ready.
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Pods on `node` (any phase, terminating included).
+pub async fn pods_on(client: &Client, node: &str) -> Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::all(client.clone());
     let list = pods
-        .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
         .with_context(|| format!("cannot list the pods on {node}"))?;
-    Ok(list.items.len())
+    Ok(list.items)
+}
+
+/// How many pods of each role are on `node`.
+pub async fn roles_on(client: &Client, node: &str) -> Result<BTreeMap<String, usize>> {
+    let mut roles = BTreeMap::new();
+    for pod in pods_on(client, node).await? {
+        let role = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ROLE_LABEL))
+            .cloned()
+            .unwrap_or_default();
+        *roles.entry(role).or_insert(0) += 1;
+    }
+    Ok(roles)
+}
+
+/// Creates `<prefix>-<group>` with one Ready pod that budget `minAvailable: 1` protects: every
+/// eviction is refused (429).
+pub async fn populate_blocked(client: &Client, prefix: &str, group: &str) -> Result<DrainNode> {
+    let node = DrainNode::populate(client, prefix, group, 0).await?;
+    let app = format!("{}-db", node.node);
+    let budget = format!("{app}-budget");
+    create_dynamic(client, &node.namespace, ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets"), json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": { "name": budget, "namespace": node.namespace },
+        "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": app } } },
+    })).await?;
+    create_dynamic(client, &node.namespace, ("apps", "v1", "ReplicaSet", "replicasets"), json!({
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": { "name": app, "namespace": node.namespace },
+        "spec": { "replicas": 1, "selector": { "matchLabels": { "app": app } },
+            "template": { "metadata": { "labels": { "app": app, ROLE_LABEL: "db" } },
+                "spec": { "nodeSelector": { "kubernetes.io/hostname": node.node },
+                    "tolerations": [{ "key": SCENARIO_LABEL, "operator": "Exists", "effect": "NoSchedule" }],
+                    "containers": [{ "name": "main", "image": "busybox" }] } } },
+    })).await?;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &node.namespace);
+    let started = Instant::now();
+    loop {
+        let pdb = budgets.get(&budget).await?;
+        if pdb.status.is_some_and(|s| s.current_healthy == 1) {
+            return Ok(node);
+        }
+        if started.elapsed() > SETUP_TIMEOUT {
+            bail!("the blocked pod of {} never turned Ready", node.node);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
