@@ -1,6 +1,7 @@
 //! End-to-end harness: simulated Tenstorrent nodes (their kubelet runs the real `ttdp-agent`
 //! binary against simulated kernels) joined to a real control plane, and the real controller
-//! running in-process through `ttdp_controller::run`.
+//! running in-process through `ttdp_controller::run` (or, for scenarios that kill it, its
+//! binary as a child process: [`Harness::spawn_controller_process`]).
 //!
 //! The control plane is `TTDP_TEST_KUBECONFIG`'s cluster when set, else one the testkit's
 //! launcher starts for this test process. Either may be shared with other suites, so:
@@ -377,13 +378,17 @@ impl Harness {
         self.controller = Some((token, task));
     }
 
-    /// Kills the controller abruptly (its tasks are dropped mid-flight, like a crash).
-    pub async fn kill_controller(&mut self) {
-        if let Some((token, task)) = self.controller.take() {
-            task.abort();
-            let _ = task.await;
-            token.cancel();
-        }
+    /// Starts the controller binary (`ttdp-controller`) as a child process with this scenario's
+    /// settings as flags, against the scenario's cluster; its output goes to `log`. Leader
+    /// election is on, with a fixed identity: a restarted process is the same pod's container
+    /// restarted, so it takes its own lease back at once.
+    pub fn spawn_controller_process(&self, log: &Path) -> ControllerProcess {
+        ControllerProcess::spawn(
+            &self.settings,
+            self.cluster.kubeconfig_path(),
+            &format!("{}-controller", self.prefix),
+            log,
+        )
     }
 
     /// Stops the controller gracefully.
@@ -874,4 +879,195 @@ pub async fn agent_pods(h: &Harness, policy: &str) -> BTreeMap<String, Pod> {
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p)))
         .collect()
+}
+
+/// The controller binary running as a child process (see [`Harness::spawn_controller_process`]).
+/// Started under `setpriv --pdeathsig KILL`, so it dies with the test; killed when dropped.
+pub struct ControllerProcess {
+    child: std::process::Child,
+    pub log: PathBuf,
+}
+
+impl ControllerProcess {
+    fn spawn(settings: &Settings, kubeconfig: &Path, identity: &str, log: &Path) -> Self {
+        let file = std::fs::File::create(log).unwrap();
+        let mut args: Vec<String> = vec![
+            format!("--namespace={}", settings.namespace),
+            format!("--default-image={}", settings.default_image),
+            format!("--deploy-gates={}", settings.deploy_gates.join(",")),
+            format!("--require-nfd={}", settings.require_nfd),
+            format!("--agent-service-account={}", settings.agent_service_account),
+            format!("--retry-base-seconds={}", settings.retry_base.as_secs()),
+            format!("--retry-max-seconds={}", settings.retry_max.as_secs()),
+            "--metrics-address=".into(),
+            "--leader-election=true".into(),
+            format!("--pod-name={identity}"),
+            "--log-format=text".into(),
+        ];
+        if let Some(repo) = &settings.kmd_repository {
+            args.push(format!("--kmd-repository={repo}"));
+        }
+        if let Some(selector) = &settings.policy_selector {
+            args.push(format!("--policy-selector={selector}"));
+        }
+        let child = {
+            use std::os::unix::process::CommandExt;
+            Command::new("setpriv")
+                .args(["--pdeathsig", "KILL", "--"])
+                .arg(env!("CARGO_BIN_EXE_ttdp-controller"))
+                .args(&args)
+                .env_clear()
+                .env("PATH", std::env::var("PATH").unwrap_or_default())
+                .env("KUBECONFIG", kubeconfig)
+                .env(
+                    "RUST_LOG",
+                    std::env::var("TTDP_TEST_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
+                )
+                // Its own process group: a signal meant for the test's group does not reach it.
+                .process_group(0)
+                .stdin(std::process::Stdio::null())
+                .stdout(file.try_clone().unwrap())
+                .stderr(file)
+                .spawn()
+                .expect("cannot start ttdp-controller under setpriv (util-linux)")
+        };
+        ControllerProcess {
+            child,
+            log: log.to_path_buf(),
+        }
+    }
+
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends the signal `name` (e.g. `STOP`, `CONT`) to the process (this PID only).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args(["-s", name, &self.child.id().to_string()])
+            .status()
+            .expect("cannot run kill");
+        assert!(
+            status.success(),
+            "kill -s {name} {} failed",
+            self.child.id()
+        );
+    }
+
+    /// SIGKILLs the process (this PID only) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits until the process has taken the lease and synced its watches (its log says
+    /// "initial watches synced; ready").
+    pub async fn wait_ready(&mut self, timeout: Duration) {
+        let start = Instant::now();
+        loop {
+            self.assert_running();
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if text.contains("initial watches synced; ready") {
+                return;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "the controller (pid {}) not ready after {timeout:?}; see {}",
+                self.child.id(),
+                self.log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Panics (with the end of its log) if the process has exited.
+    pub fn assert_running(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            panic!(
+                "the controller exited ({status}); the end of {}:\n{}",
+                self.log.display(),
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            );
+        }
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl std::fmt::Debug for ControllerProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerProcess")
+            .field("pid", &self.child.id())
+            .field("log", &self.log)
+            .finish()
+    }
+}
+
+/// Watches the pods of a namespace and records, per node, every pod that was deleted (or began
+/// terminating): a drain's evictions, counted through the API.
+pub struct PodRemovals {
+    removed: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>,
+    task: JoinHandle<()>,
+}
+
+impl PodRemovals {
+    /// Starts watching `namespace`'s pods with the label selector `labels`; returns once the
+    /// watch has listed them.
+    pub async fn start(client: Client, namespace: &str, labels: &str) -> PodRemovals {
+        let removed: Arc<Mutex<BTreeMap<String, BTreeSet<String>>>> = Arc::default();
+        let pods: Api<Pod> = Api::namespaced(client, namespace);
+        let config = watcher::Config::default().labels(labels);
+        let r = removed.clone();
+        let (listed_tx, listed) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut listed_tx = Some(listed_tx);
+            let mut stream = watcher::watcher(pods, config).default_backoff().boxed();
+            while let Some(event) = stream.next().await {
+                let Ok(event) = event else { continue };
+                let (pod, gone) = match event {
+                    watcher::Event::InitDone => {
+                        if let Some(tx) = listed_tx.take() {
+                            let _ = tx.send(());
+                        }
+                        continue;
+                    }
+                    watcher::Event::Init | watcher::Event::InitApply(_) => continue,
+                    watcher::Event::Apply(p) => {
+                        let gone = p.metadata.deletion_timestamp.is_some();
+                        (p, gone)
+                    }
+                    watcher::Event::Delete(p) => (p, true),
+                };
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+                if let (true, Some(node), Some(uid)) = (gone, node, pod.metadata.uid.clone()) {
+                    r.lock().unwrap().entry(node).or_default().insert(uid);
+                }
+            }
+        });
+        let _ = tokio::time::timeout(STEP, listed).await;
+        PodRemovals { removed, task }
+    }
+
+    /// How many distinct pods were removed from each node so far.
+    pub fn per_node(&self) -> BTreeMap<String, usize> {
+        self.removed
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(n, pods)| (n.clone(), pods.len()))
+            .collect()
+    }
+}
+
+impl Drop for PodRemovals {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
