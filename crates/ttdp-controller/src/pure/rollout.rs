@@ -52,6 +52,11 @@ impl Planner {
         }
     }
 
+    /// The per-node rules it plans with.
+    pub fn rules(&self) -> &RolloutRules {
+        &self.plan.rules
+    }
+
     /// Plans `nodes`: every node the first time, then the nodes in `dirty` (indexes of the
     /// nodes whose observation changed since the last call; the same nodes in the same order).
     /// Returns, in index order, the transition of every node whose transition may differ from

@@ -55,8 +55,6 @@ const IDLE_RESYNC: Duration = Duration::from_secs(300);
 
 /// What the reconcile decided from when it started; a change to any of it ends the following.
 struct Basis {
-    /// `spec.version`, parsed.
-    target: KmdVersion,
     selection: NodeSelection,
     older: OlderPolicies,
     /// The matched nodes an older policy owns, with that policy.
@@ -76,7 +74,6 @@ pub struct Pass {
     basis: Basis,
     watched: ChangeSubscription,
     facts: PolicyFacts,
-    drain_timeout: Option<Duration>,
     /// The matched nodes in name order; their agent pods, observations and planned steps are at
     /// the same index.
     matched: Vec<Arc<CachedNode>>,
@@ -138,7 +135,6 @@ impl Pass {
         let managed = matched.len().saturating_sub(conflicts.len());
         let (facts, plan) = plan_of(&ctx, &policy, &target, managed)?;
         let basis = Basis {
-            target,
             selection,
             older,
             conflicts,
@@ -147,7 +143,6 @@ impl Pass {
             not_created,
         };
         let mut pass = Self {
-            drain_timeout: plan.rules.drain_timeout,
             planner: Planner::new(plan),
             planned: vec![(NodeState::Pending, Vec::new()); matched.len()],
             observations: Vec::with_capacity(matched.len()),
@@ -256,7 +251,7 @@ impl Pass {
             (in_flight || observe::cordoned_by(&n.metadata, &self.name)).then_some(n.unschedulable);
         let observation = observe::observe(ObserveInput {
             policy: &self.name,
-            target_version: &self.basis.target,
+            target_version: &self.planner.rules().target_version,
             meta: &n.metadata,
             unschedulable,
             pod: observe::pick_agent_pod(self.agent_pods[i].iter().map(|p| p.as_ref())),
@@ -269,7 +264,8 @@ impl Pass {
             not_created: self.basis.not_created.as_ref(),
             now: &self.now,
         });
-        let deadline = drain_plan::holders_deadline(entry, &self.now, self.drain_timeout);
+        let deadline =
+            drain_plan::holders_deadline(entry, &self.now, self.planner.rules().drain_timeout);
         let soonest = wait
             .into_iter()
             .chain(deadline)
@@ -374,7 +370,7 @@ impl Pass {
                 stale_agent: observe::agent_to_replace(&todo, &obs.agent, pods),
                 grant: todo
                     .contains(&Action::Grant)
-                    .then(|| self.basis.target.clone()),
+                    .then(|| self.planner.rules().target_version.clone()),
                 entered: (self.recorded.nodes.get(node.as_str()))
                     .and_then(|e| e.last_transition_time.clone()),
                 actions: todo,
