@@ -20,7 +20,7 @@ use ttdp_drain::{
     DrainOptions, Drainer, EventSink, NodePatchExtras, ObjectKey, Pass, PodRules, Reason, Removal,
     StuckReason, TwoPassDrain, UncordonOutcome,
 };
-use ttdp_testkit::apiserver::Fault;
+use ttdp_testkit::faults::Fault;
 
 fn all_flags() -> PodRules {
     PodRules {

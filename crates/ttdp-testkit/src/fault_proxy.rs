@@ -23,7 +23,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri, header};
 use kube::Client;
 
-use crate::apiserver::{FaultEffect, Faults, RecordedRequest, Recorder};
+use crate::apiserver::{RecordedRequest, Recorder};
+use crate::faults::{FaultEffect, Faults};
 
 /// Why a proxy could not be started or a client of it made.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +61,11 @@ pub enum OverrideAction {
     /// Forward the list, then drop every item (the server's resourceVersion is kept, so a watch
     /// may start from it): a cluster where nothing of this kind exists.
     EmptyList,
+    /// Answer a watch with what kube-apiserver streams when the asked-for `resourceVersion`
+    /// was compacted away: one `ERROR` event carrying a 410 `Expired` Status, then the end. The
+    /// client must list again (`fault_proxy` cannot compact etcd on demand; this is the answer
+    /// a resumed watch gets after a compaction).
+    ExpiredWatch,
 }
 
 /// A proxy-side answer for requests the real server would answer differently on a shared
@@ -94,6 +100,17 @@ impl Override {
             verb: Some("list".to_owned()),
             remaining: None,
             action: OverrideAction::EmptyList,
+        }
+    }
+
+    /// Watches of `resource` of `group` are answered as [`OverrideAction::ExpiredWatch`].
+    pub fn expired_watch(group: &str, resource: &str) -> Self {
+        Self {
+            group: group.to_owned(),
+            resource: resource.to_owned(),
+            verb: Some("watch".to_owned()),
+            remaining: None,
+            action: OverrideAction::ExpiredWatch,
         }
     }
 
@@ -464,8 +481,13 @@ async fn forward(State(up): State<Upstream>, request: Request<Body>) -> Response
     };
     let mut failed = None;
     let mut action = None;
+    // Subscribed before forwarding: a drop asked for while the watch starts still ends it.
+    let mut watch_drop = None;
     if let Some(t) = &target {
         let verb = verb_of(&parts.method, t, &query);
+        if verb == "watch" {
+            watch_drop = Some(up.faults.watch_drops());
+        }
         record.verb = verb.to_owned();
         record.group = t.group.clone();
         record.resource = t.resource.clone();
@@ -486,6 +508,7 @@ async fn forward(State(up): State<Upstream>, request: Request<Body>) -> Response
     let response = match (failed, action) {
         (Some(response), _) => response,
         (None, Some(OverrideAction::NotServed)) => not_served(),
+        (None, Some(OverrideAction::ExpiredWatch)) => expired_watch(),
         (None, Some(OverrideAction::EmptyList)) => {
             let answer = send(&up.client, &parts.method, &uri, &parts.headers, body).await;
             without_items(answer).await
@@ -494,6 +517,43 @@ async fn forward(State(up): State<Upstream>, request: Request<Body>) -> Response
     };
     record.status = response.status().as_u16();
     up.recorder.record(record);
+    match watch_drop {
+        Some(drop) => ended_by(response, drop),
+        None => response,
+    }
+}
+
+/// The response with its body cut off when [`Faults::drop_watches`] fires: the client sees its
+/// watch stream end, as when a real server or a load balancer closes the connection.
+fn ended_by(
+    response: Response<Body>,
+    mut drop: tokio::sync::broadcast::Receiver<()>,
+) -> Response<Body> {
+    use futures::StreamExt;
+    let (parts, body) = response.into_parts();
+    let dropped = async move {
+        let _ = drop.recv().await;
+    };
+    let stream = body.into_data_stream().take_until(Box::pin(dropped));
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
+/// kube-apiserver's watch answer for a `resourceVersion` older than its history: 200, one
+/// `ERROR` event with a 410 `Expired` Status, then the end of the stream.
+fn expired_watch() -> Response<Body> {
+    let event = serde_json::json!({
+        "type": "ERROR",
+        "object": {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "too old resource version (injected by the fault proxy)",
+            "reason": "Expired", "code": 410,
+        },
+    });
+    let mut response = Response::new(Body::from(format!("{event}\n")));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     response
 }
 

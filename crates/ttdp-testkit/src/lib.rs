@@ -7,14 +7,15 @@
 //!   and runs their pods' entrypoints against a simulated host (kernel, devices, holders).
 //! - [`scratch`]: one test's prefixed corner of a shared cluster, deleted when the test ends.
 //! - [`fault_proxy`]: a recording, fault-injecting HTTP proxy in front of a real API server, for
-//!   the faults a real server cannot produce on demand.
-//! - [`apiserver`]: the in-process imitation of a Kubernetes API server, kept for injected faults
-//!   (`sim_resilience`) and for the demo when no control-plane assets are at hand. It is not a
-//!   reference for Kubernetes behaviour: the real control plane is.
+//!   the faults a real server cannot produce on demand; [`faults`] are its rules.
+//! - [`apiserver`]: the in-process imitation of a Kubernetes API server, kept for the demo when
+//!   no control-plane assets are at hand and the benchmark's imitation column. It injects no
+//!   faults and is not a reference for Kubernetes behaviour: the real control plane is.
 #![deny(missing_docs)]
 
 pub mod apiserver;
 pub mod fault_proxy;
+pub mod faults;
 pub mod launcher;
 pub mod scratch;
 pub mod sim;

@@ -1,6 +1,7 @@
-//! In-process only: tests of the test API server's own instruments (fault injection, the
-//! request recorder, forced compaction, bookmark timing, completing graceful pod deletion when
-//! no kubelet runs, the state of a fresh server). They test the testkit, not Kubernetes, and
+//! In-process only: tests of the test API server's own instruments (the request recorder,
+//! forced compaction, bookmark timing, completing graceful pod deletion when no kubelet runs,
+//! the state of a fresh server). Fault injection lives in the fault proxy, tested on the real
+//! control plane (`tests/fault_proxy.rs`). They test the testkit, not Kubernetes, and
 //! need a `TestApiServer` of their own, so they never run against `TTDP_TEST_KUBECONFIG`; the
 //! Kubernetes behaviour each one mirrors is named on it. Every other `apiserver_*` suite is
 //! portable and also runs against a real cluster.
@@ -8,7 +9,7 @@
 
 mod apiserver_support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use apiserver_support::{eventually, kubectl, node, pod};
 use futures::StreamExt;
@@ -16,9 +17,8 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
-use kube::runtime::watcher::{self, Event};
 use serde_json::json;
-use ttdp_testkit::apiserver::{Fault, TestApiServer};
+use ttdp_testkit::apiserver::TestApiServer;
 
 async fn next<S>(stream: &mut S) -> WatchEvent<Node>
 where
@@ -33,86 +33,6 @@ where
 
 fn label_patch(k: &str, v: &str) -> Patch<serde_json::Value> {
     Patch::Merge(json!({"metadata": {"labels": {k: v}}}))
-}
-
-#[tokio::test]
-async fn injected_errors_fire_the_given_number_of_times_on_matching_requests_only() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    nodes
-        .create(&PostParams::default(), &node("n1", json!({})))
-        .await
-        .unwrap();
-    server
-        .faults()
-        .inject(Fault::error(503).verb("patch").resource("nodes").times(2));
-    let p = Patch::Merge(json!({"metadata": {"labels": {"a": "1"}}}));
-    for _ in 0..2 {
-        match nodes
-            .patch("n1", &PatchParams::default(), &p)
-            .await
-            .unwrap_err()
-        {
-            kube::Error::Api(s) => {
-                assert_eq!((s.code, s.reason.as_str()), (503, "ServiceUnavailable"))
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-    // Reads were never affected, and the budget of two is spent.
-    nodes.get("n1").await.unwrap();
-    nodes
-        .patch("n1", &PatchParams::default(), &p)
-        .await
-        .unwrap();
-}
-
-#[tokio::test]
-async fn injected_conflicts_look_like_stale_resource_versions() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    let n = nodes
-        .create(&PostParams::default(), &node("n1", json!({})))
-        .await
-        .unwrap();
-    server
-        .faults()
-        .inject(Fault::conflict().verb("update").name("n1").times(1));
-    match nodes
-        .replace("n1", &PostParams::default(), &n)
-        .await
-        .unwrap_err()
-    {
-        kube::Error::Api(s) => {
-            assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
-            assert!(
-                s.message.contains("the object has been modified"),
-                "{}",
-                s.message
-            );
-        }
-        other => panic!("{other:?}"),
-    }
-    nodes
-        .replace("n1", &PostParams::default(), &n)
-        .await
-        .unwrap();
-}
-
-#[tokio::test]
-async fn injected_latency_delays_requests() {
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    server
-        .faults()
-        .inject(Fault::latency(Duration::from_millis(1500)).verb("list"));
-    let start = Instant::now();
-    nodes.list(&ListParams::default()).await.unwrap();
-    assert!(start.elapsed() >= Duration::from_millis(1500));
-    server.faults().clear();
-    let start = Instant::now();
-    nodes.list(&ListParams::default()).await.unwrap();
-    assert!(start.elapsed() < Duration::from_millis(1500));
 }
 
 #[tokio::test]
@@ -252,47 +172,6 @@ async fn bookmarks_carry_the_current_resource_version() {
             other => panic!("unexpected {other:?}"),
         }
     }
-}
-
-#[tokio::test]
-async fn dropped_watches_are_resumed_by_the_watcher_without_losing_events() {
-    // Mirrors a real server closing watches (timeouts, restarts): kube-runtime's watcher resumes
-    // from its last resourceVersion. Dropping watches on demand is a fault-injection instrument.
-    let server = TestApiServer::start().await.unwrap();
-    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let watched = nodes.clone();
-    let driver = tokio::spawn(async move {
-        let mut events = watcher::watcher(watched, watcher::Config::default()).boxed();
-        while let Some(ev) = events.next().await {
-            if let Ok(Event::Apply(n) | Event::InitApply(n)) = ev {
-                let _ = tx.send(n.metadata.name.unwrap_or_default());
-            }
-        }
-    });
-    // The watch request follows the initial list; drop it once it is open.
-    eventually(5, || async {
-        (!server.recorder().filter(|r| r.verb == "watch").is_empty()).then_some(())
-    })
-    .await;
-    server.faults().drop_watches();
-    nodes
-        .create(&PostParams::default(), &node("while-dropped", json!({})))
-        .await
-        .unwrap();
-    let name = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(name, "while-dropped");
-    let watches = server
-        .recorder()
-        .filter(|r| r.verb == "watch" && r.resource == "nodes");
-    assert!(
-        watches.len() >= 2,
-        "the watcher re-watched after the drop: {watches:?}"
-    );
-    driver.abort();
 }
 
 #[tokio::test]

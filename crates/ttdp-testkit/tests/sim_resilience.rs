@@ -1,6 +1,8 @@
-//! The stand-ins are ordinary API clients, so they must survive what a real API server does to
-//! clients: dropped watches, compacted history (410 Gone on resume) and failing requests.
-//! Simulation only (it injects faults into the test API server).
+//! The simulated nodes are ordinary API clients, so they must survive what a real API server
+//! does to clients: dropped watches, compacted history (410 Expired on resume) and failing
+//! requests. They run on the real control plane (`TTDP_TEST_KUBECONFIG`), every request of
+//! theirs through a [`FaultProxy`] that injects the faults; the real kube-controller-manager
+//! replaces the deleted daemon pod, and the real scheduler places it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -11,7 +13,11 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
-use ttdp_testkit::apiserver::Fault;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use ttdp_testkit::apiserver::Recorder;
+use ttdp_testkit::fault_proxy::{FaultProxy, Override};
+use ttdp_testkit::faults::Fault;
+use ttdp_testkit::launcher;
 use ttdp_testkit::sim::{
     DeviceUse, SCENARIO_LABEL, SimCluster, SimClusterOptions, TenstorrentNode, Workload, eventually,
 };
@@ -58,28 +64,41 @@ fn daemonset(cluster: &SimCluster) -> DaemonSet {
     }
 }
 
+/// Pod watches started, and pod lists answered 200, through the proxy so far.
+fn pod_reads(requests: &Recorder) -> (usize, usize) {
+    let pods = requests.for_resource("pods");
+    let watches = pods.iter().filter(|r| r.verb == "watch").count();
+    let lists = pods
+        .iter()
+        .filter(|r| r.verb == "list" && r.status == 200)
+        .count();
+    (watches, lists)
+}
+
 async fn ready_count(api: &Api<DaemonSet>) -> Option<i32> {
     Some(api.get("agent").await.ok()?.status?.number_ready)
 }
 
 #[tokio::test]
-async fn stand_ins_recover_from_dropped_watches_compaction_and_errors() {
+async fn simulated_nodes_recover_from_dropped_watches_expiry_and_errors() {
+    let kubeconfig = Kubeconfig::read_from(launcher::test_kubeconfig()).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    let admin = kube::Client::try_from(config).unwrap();
+    let proxy = FaultProxy::start(admin.clone()).await.unwrap();
     let cluster = SimCluster::start(
         SimClusterOptions::new()
             .node(TenstorrentNode::new().loaded("2.0.0"))
             .tenstorrent_nodes(1)
             .time_scale(0.05)
-            // Faults are injected into the test API server, so this test always runs on its own
-            // one, also when TTDP_TEST_KUBECONFIG names a real cluster.
-            .in_process(),
+            .existing_cluster(proxy.kubeconfig()),
     )
     .await
     .unwrap();
-    let server = cluster
-        .api_server()
-        .expect("an in-process cluster has its test API server");
-    let ds: Api<DaemonSet> = Api::namespaced(cluster.client(), cluster.namespace());
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), cluster.namespace());
+    // The test's own reads and writes go to the server directly, not through the faults.
+    let ds: Api<DaemonSet> = Api::namespaced(admin.clone(), cluster.namespace());
+    let pods: Api<Pod> = Api::namespaced(admin, cluster.namespace());
     ds.create(&PostParams::default(), &daemonset(&cluster))
         .await
         .unwrap();
@@ -90,14 +109,17 @@ async fn stand_ins_recover_from_dropped_watches_compaction_and_errors() {
     .await
     .unwrap();
 
-    // Every watch breaks and cannot resume where it was; pod creations and half the status
-    // writes fail for a while.
-    server.faults().drop_watches();
-    server.compact_history();
-    server
+    // Every watch breaks and cannot resume where it was; pod reads and half the status writes
+    // fail for a while.
+    let requests = proxy.recorder();
+    let (watches_before, lists_before) = pod_reads(&requests);
+    proxy.answer(Override::expired_watch("", "pods").times(2));
+    proxy.answer(Override::expired_watch("", "nodes").times(1));
+    proxy.faults().drop_watches();
+    proxy
         .faults()
-        .inject(Fault::error(500).verb("create").resource("pods").times(3));
-    server.faults().inject(
+        .inject(Fault::error(500).verb("list").resource("pods").times(2));
+    proxy.faults().inject(
         Fault::error(503)
             .resource("pods")
             .subresource("status")
@@ -127,6 +149,24 @@ async fn stand_ins_recover_from_dropped_watches_compaction_and_errors() {
     })
     .await
     .unwrap();
+    // The faults reached the simulated nodes: their pod watches were cut, met the expiry twice
+    // and came back after listing again.
+    let (watches, lists) = pod_reads(&requests);
+    assert!(
+        watches >= watches_before + 3,
+        "pod watches: {watches_before} before the faults, {watches} after"
+    );
+    assert!(
+        lists > lists_before,
+        "no pod list answered after the expiry"
+    );
+    assert!(
+        requests
+            .requests()
+            .iter()
+            .any(|r| r.resource == "pods" && r.subresource == "status" && r.status == 503),
+        "no pod status write met an injected 503"
+    );
 
     // The kubelet still sees new pods: a device workload starts and holds the device.
     let node = cluster.tenstorrent_node_names().remove(0);
@@ -146,5 +186,6 @@ async fn stand_ins_recover_from_dropped_watches_compaction_and_errors() {
     })
     .await
     .unwrap();
+    proxy.faults().clear();
     cluster.shutdown().await.unwrap();
 }

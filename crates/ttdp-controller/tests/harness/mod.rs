@@ -391,6 +391,17 @@ impl Harness {
         )
     }
 
+    /// Starts the controller binary talking to the API server through `kubeconfig` (a fault
+    /// proxy's, say) instead of the scenario's own.
+    pub fn spawn_controller_process_via(&self, kubeconfig: &Path, log: &Path) -> ControllerProcess {
+        ControllerProcess::spawn(
+            &self.settings,
+            kubeconfig,
+            &format!("{}-controller", self.prefix),
+            log,
+        )
+    }
+
     /// Stops the controller gracefully.
     pub async fn stop_controller(&mut self) {
         if let Some((token, task)) = self.controller.take() {

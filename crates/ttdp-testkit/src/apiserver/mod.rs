@@ -57,7 +57,6 @@ mod discovery;
 mod disruption;
 mod events;
 mod eviction;
-mod faults;
 mod field_set;
 mod kubeconfig;
 mod lifecycle;
@@ -85,7 +84,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use cluster::{PodTermination, ServerOptions};
-pub use faults::{Fault, FaultEffect, Faults};
 pub use kubeconfig::CONTEXT as KUBECONFIG_CONTEXT;
 pub use recorder::{RecordedRequest, Recorder};
 
@@ -197,7 +195,6 @@ impl TestApiServer {
         let app = routes::App {
             cluster: cluster::Cluster::new(options),
             recorder: Recorder::default(),
-            faults: Faults::default(),
             stop: stop.clone(),
             address: address.to_string(),
         };
@@ -273,11 +270,6 @@ impl TestApiServer {
     /// The request log.
     pub fn recorder(&self) -> &Recorder {
         &self.app.recorder
-    }
-
-    /// Fault injection.
-    pub fn faults(&self) -> &Faults {
-        &self.app.faults
     }
 
     /// Change how graceful pod deletions complete while running.

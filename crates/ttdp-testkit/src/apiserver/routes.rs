@@ -17,12 +17,11 @@ use super::catalog::ResourceType;
 use super::cluster::{Cluster, ClusterState, DeleteOpts, ListQuery, WriteCtx};
 use super::discovery;
 use super::eviction;
-use super::faults::{FaultEffect, Faults};
 use super::openapi;
 use super::patch::PatchType;
 use super::protobuf;
 use super::recorder::{RecordedRequest, Recorder};
-use super::status::{ApiError, ObjectRef};
+use super::status::ApiError;
 use super::table;
 use super::watch::{self, WatchQuery};
 
@@ -33,8 +32,6 @@ pub struct App {
     pub cluster: Cluster,
     /// Request log.
     pub recorder: Recorder,
-    /// Fault rules.
-    pub faults: Faults,
     /// Cancelled on shutdown (ends watches).
     pub stop: CancellationToken,
     /// `host:port` the server listens on.
@@ -226,44 +223,19 @@ async fn handle(
             record.subresource = rp.subresource.clone();
             record.namespace = rp.namespace.clone().unwrap_or_default();
             record.name = rp.name.clone().unwrap_or_default();
-            let name = rp.name.clone().unwrap_or_default();
-            let mut failed = None;
-            for effect in app
-                .faults
-                .decide(verb, &rp.rt.plural, &rp.subresource, &name)
-            {
-                match effect {
-                    FaultEffect::Latency(d) => tokio::time::sleep(d).await,
-                    FaultEffect::Error(code) => {
-                        failed = Some(injected_error(code));
-                    }
-                    FaultEffect::Conflict => {
-                        let q = rp.rt.qualified();
-                        failed = Some(ApiError::stale(ObjectRef {
-                            qualified_resource: &q,
-                            group: &rp.rt.group,
-                            plural: &rp.rt.plural,
-                            name: &name,
-                        }));
-                    }
-                }
-            }
-            match failed {
-                Some(e) => e.into_response(),
-                None => match resource(
-                    &app,
-                    &method,
-                    &rp,
-                    &query,
-                    &headers,
-                    &user_agent,
-                    &content_type,
-                    &accept,
-                    &body,
-                ) {
-                    Ok(r) => r,
-                    Err(e) => e.into_response(),
-                },
+            match resource(
+                &app,
+                &method,
+                &rp,
+                &query,
+                &headers,
+                &user_agent,
+                &content_type,
+                &accept,
+                &body,
+            ) {
+                Ok(r) => r,
+                Err(e) => e.into_response(),
             }
         }
         Ok(other) => non_resource(&app, other, &accept),
@@ -275,29 +247,6 @@ async fn handle(
     tracing::debug!(method = %record.method, path = %record.path, query = %record.query, accept = %accept, status = record.status, "request");
     app.recorder.record(record);
     response
-}
-
-fn injected_error(code: u16) -> ApiError {
-    match code {
-        409 => ApiError::conflict_plain("injected conflict"),
-        429 => {
-            let mut e = ApiError::too_many_requests(
-                "injected: too many requests, please try again later",
-                Vec::new(),
-            );
-            e.retry_after_seconds = Some(1);
-            e
-        }
-        503 => {
-            ApiError::unavailable("injected: the server is currently unable to handle the request")
-        }
-        500 => ApiError::internal("injected failure"),
-        other => {
-            let mut e = ApiError::internal("injected failure");
-            e.code = other;
-            e
-        }
-    }
 }
 
 fn non_resource(app: &App, target: Target, accept: &str) -> Response {
@@ -455,7 +404,6 @@ fn resource(
                     wq,
                     interval,
                     app.stop.clone(),
-                    app.faults.watch_drops(),
                 );
             }
             let list = app

@@ -226,11 +226,6 @@ impl ApiError {
         )
     }
 
-    /// 503 ServiceUnavailable (used by fault injection).
-    pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(503, "ServiceUnavailable", message)
-    }
-
     /// 403 Forbidden, e.g. creating objects in a terminating namespace.
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::new(403, "Forbidden", message)

@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use futures::SinkExt;
 use futures::channel::mpsc;
 use serde_json::{Value, json};
-use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::catalog::ResourceType;
@@ -123,7 +122,6 @@ pub fn watch(
     q: WatchQuery,
     bookmark_interval: Duration,
     stop: CancellationToken,
-    mut dropped: broadcast::Receiver<()>,
 ) -> Result<Response, ApiError> {
     let filter = Filter {
         storage: rt.storage_key(),
@@ -199,7 +197,6 @@ pub fn watch(
             tokio::select! {
                 _ = &mut deadline => return,
                 _ = stop.cancelled() => return,
-                _ = dropped.recv() => return,
                 _ = ticker.tick(), if q.bookmarks => {
                     if tx.send(Ok(line("BOOKMARK", &bookmark(&rt, last_revision, false)))).await.is_err() {
                         return;

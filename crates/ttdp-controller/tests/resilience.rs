@@ -1,0 +1,140 @@
+//! A rollout through injected faults, on the real control plane: the controller binary talks to
+//! the API server through a [`FaultProxy`] that fails about 5 % of its writes with a 500, 503 or
+//! 409 conflict, cuts its watches mid-rollout and answers their resumption with 410 Expired. The
+//! rollout must still end as a clean one does: every node Done once, nothing left cordoned.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use harness::{Harness, PodRemovals, STEP, node_state, tt_node};
+use serde_json::json;
+use ttdp_api::NodeState::{self, *};
+use ttdp_testkit::fault_proxy::{FaultProxy, Override};
+use ttdp_testkit::faults::Fault;
+
+const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordoning, Done];
+const WRITES: [&str; 4] = ["create", "update", "patch", "delete"];
+
+/// About 5 % of the controller's writes fail: 2 % with 500, 2 % with 503, 1 % with a conflict.
+fn inject_write_faults(proxy: &FaultProxy) {
+    for verb in WRITES {
+        proxy
+            .faults()
+            .inject(Fault::error(500).verb(verb).probability(0.02));
+        proxy
+            .faults()
+            .inject(Fault::error(503).verb(verb).probability(0.02));
+        proxy
+            .faults()
+            .inject(Fault::conflict().verb(verb).probability(0.01));
+    }
+}
+
+/// The watches of nodes and of policies started through the proxy so far.
+fn watches_of(proxy: &FaultProxy) -> (usize, usize) {
+    let requests = proxy.recorder().requests();
+    let count = |resource: &str| {
+        requests
+            .iter()
+            .filter(|r| r.verb == "watch" && r.resource == resource)
+            .count()
+    };
+    (count("nodes"), count("tenstorrentdriverpolicies"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_completes_under_injected_errors_conflicts_and_dropped_watches() {
+    let h = Harness::start_idle(
+        |p| (0..3).map(|_| tt_node(p).loaded("2.7.0")).collect(),
+        |_| {},
+    )
+    .await;
+    let proxy = FaultProxy::start(h.client.clone()).await.unwrap();
+    let logs = std::env::temp_dir().join(format!("ttdp-faults-{}", h.prefix));
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut controller =
+        h.spawn_controller_process_via(proxy.kubeconfig(), &logs.join("controller.log"));
+    controller.wait_ready(STEP).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    for (i, node) in nodes.iter().enumerate() {
+        h.device_workload(&format!("inference-{i}"), node).await;
+    }
+    let removals =
+        PodRemovals::start(h.client.clone(), h.cluster.namespace(), "app=inference").await;
+
+    inject_write_faults(&proxy);
+    h.monitor.reset();
+    let started = Instant::now();
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    // Mid-rollout, once a node is on its way: every watch is cut, and the first resumptions of
+    // the node and policy watches find their resourceVersion expired.
+    h.wait_policy(&policy, "a node upgrading", STEP, |p| {
+        nodes
+            .iter()
+            .any(|n| matches!(node_state(p, n), Some(Cordoning | Draining | Upgrading)))
+    })
+    .await;
+    let watches_before = watches_of(&proxy);
+    proxy.answer(Override::expired_watch("", "nodes").times(1));
+    proxy.answer(
+        Override::expired_watch("driver.tenstorrent.com", "tenstorrentdriverpolicies").times(1),
+    );
+    proxy.faults().drop_watches();
+
+    let p = h.wait_ready(&policy, STEP * 3).await;
+    let took = started.elapsed();
+    controller.assert_running();
+    for node in &nodes {
+        assert_eq!(node_state(&p, node), Some(Done), "{node}");
+        assert_eq!(
+            h.kmd_version(node).await.as_deref(),
+            Some("2.8.0"),
+            "{node}"
+        );
+        let path: Vec<NodeState> = h
+            .monitor
+            .sequence(&policy, node)
+            .into_iter()
+            .skip_while(|s| *s != Cordoning)
+            .collect();
+        assert_eq!(path, UPGRADE_PATH, "{node} went another way");
+    }
+    h.assert_nothing_left_behind().await;
+    for (node, removed) in removals.per_node() {
+        assert_eq!(
+            removed, 1,
+            "{node}: its one device pod evicted once, not {removed}"
+        );
+    }
+    // The faults did reach the controller.
+    let requests = proxy.recorder().requests();
+    let failed = requests
+        .iter()
+        .filter(|r| matches!(r.status, 409 | 500 | 503))
+        .count();
+    let writes = requests.iter().filter(|r| r.is_write()).count();
+    assert!(failed > 0, "no injected fault fired in {writes} writes");
+    // Each cut watch met its expiry, listed again and watched again.
+    let watches_after = watches_of(&proxy);
+    for (kind, before, after) in [
+        ("nodes", watches_before.0, watches_after.0),
+        ("policies", watches_before.1, watches_after.1),
+    ] {
+        assert!(
+            after >= before + 2,
+            "{kind} watches: {before} before the cut, {after} after"
+        );
+    }
+    // Retries are bounded by the controller's back-off (2 s base, 10 s max here), not by luck.
+    assert!(
+        took < Duration::from_secs(120),
+        "the rollout took {took:?} under faults"
+    );
+    eprintln!("rollout under faults: {took:?}, {failed} of {writes} writes failed by injection");
+    drop(controller);
+    h.shutdown().await;
+}
