@@ -153,7 +153,9 @@ fn print_event(event: &DrainEvent, dry_run: &str) {
             retry_in.as_secs_f64()
         ),
         DrainEventKind::Gone { pod, removal } => println!("pod/{} {removal}", pod.name),
-        DrainEventKind::PassStarted { .. } | DrainEventKind::Done { .. } => {}
+        DrainEventKind::PassStarted { .. }
+        | DrainEventKind::WaitingForCompletion { .. }
+        | DrainEventKind::Done { .. } => {}
     }
 }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::classify::PodDecision;
 use crate::event::Pass;
+use crate::pod_ref::PodRef;
 use crate::report::StuckPod;
 
 /// Why a cordon, uncordon or drain did not finish.
@@ -74,6 +75,19 @@ pub enum DrainError {
         /// Every pod that was to be removed and is still there, with why.
         remaining: Vec<StuckPod>,
     },
+    /// The wait for the node's selected pods to finish timed out, and the wait says to fail.
+    #[error(
+        "node {node}: {} selected pods still running after waiting {}s for them to finish: {}; nothing was evicted",
+        .running.len(), .timeout.as_secs(), PodList(.running)
+    )]
+    CompletionTimeout {
+        /// The node.
+        node: String,
+        /// The wait's timeout.
+        timeout: Duration,
+        /// The pods still running.
+        running: Vec<PodRef>,
+    },
     /// Some removals failed with errors that retrying does not fix; the others finished.
     #[error("drain of node {node}{} failed: {}", in_pass(*.pass), StuckList(.failed))]
     Failed {
@@ -116,6 +130,20 @@ impl fmt::Display for StuckList<'_> {
                 f.write_str("; ")?;
             }
             write!(f, "{s}")?;
+        }
+        Ok(())
+    }
+}
+
+struct PodList<'a>(&'a [PodRef]);
+
+impl fmt::Display for PodList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{p}")?;
         }
         Ok(())
     }

@@ -108,6 +108,15 @@ pub enum DrainEventKind {
         /// How it was removed.
         removal: Removal,
     },
+    /// Before the drain, the selected pods still running that it waits for
+    /// ([`crate::Drainer::wait_for_completion`]); sent whenever the set changes, last with an
+    /// empty set when they all finished.
+    WaitingForCompletion {
+        /// The pods still running, in name order.
+        running: Vec<PodRef>,
+        /// How long the wait has lasted.
+        waited: Duration,
+    },
     /// Every removable pod is gone.
     Done {
         /// How many pods were evicted.

@@ -42,6 +42,8 @@
 //!   refuse or remove, wait until gone by UID, all under an optional timeout.
 //! - [`TwoPassDrain`] / [`Drainer::drain_two_pass`]: device users first, then the full node.
 //! - [`DrainEvent`]s through an [`EventSink`], and [`CounterSnapshot`] counters for metrics.
+//! - [`Drainer::wait_for_completion`]: before a drain, let the node's selected pods (jobs)
+//!   finish, with a timeout that either goes on to the drain or fails ([`CompletionWait`]).
 //!
 //! # Differences from `kubectl drain`
 //! The set of pods removed is the same as `kubectl drain` with the same flags. How they are
@@ -109,6 +111,7 @@ mod backoff;
 mod budget;
 mod budget_watch;
 pub mod classify;
+mod completion;
 mod cordon;
 mod counters;
 mod device;
@@ -131,6 +134,7 @@ pub use classify::{
     CallerVerdict, ClassifyContext, DaemonSetLookup, Disposition, PodDecision, PodPredicate,
     PodRules, Reason, classify, classify_all,
 };
+pub use completion::{CompletionWait, OnCompletionTimeout, unfinished};
 pub use cordon::{
     CordonOutcome, CordonOwner, UncordonOutcome, cordon, cordon_with, uncordon, uncordon_with,
 };

@@ -37,6 +37,8 @@ pub use ttdp_testkit::scratch::Scratch;
 
 /// Image the kubelets run as `/bin/true`: a container that exits 0 at once.
 const EXIT_0_IMAGE: &str = "ttdp.test/exit-0";
+/// An image whose container sleeps for its first argument's seconds, then exits 0.
+pub const SLEEP_IMAGE: &str = "ttdp.test/sleep";
 /// A ServiceAccount that never exists: owners' templates name it so their controllers cannot
 /// create pods.
 const NO_SA: &str = "no-such-serviceaccount";
@@ -67,7 +69,9 @@ impl Harness {
             .expect("a client of the fault proxy");
         let specs = nodes.iter().map(|n| node_spec(&scratch, n)).collect();
         let config = KubeletConfig {
-            image_map: ImageMap::new().with(EXIT_0_IMAGE, "/bin/true"),
+            image_map: ImageMap::new()
+                .with(EXIT_0_IMAGE, "/bin/true")
+                .with(SLEEP_IMAGE, "/bin/sleep"),
             time_scale: TimeScale::new(0.05),
             ..KubeletConfig::default()
         };
