@@ -1,9 +1,11 @@
 //! `cargo xtask demo [FLAGS]`: builds every binary of the workspace and runs `ttdp-demo` with the
 //! paths of the controller, agent and plugin binaries it drives. FLAGS go to `ttdp-demo` (see
-//! `cargo xtask demo --help`).
+//! `cargo xtask demo --help`): `--kubeconfig FILE` runs it on an existing cluster; without it the
+//! demo starts a real control plane from `TTDP_KUBE_ASSETS` or `../shared/kube`, and only
+//! without those falls back to the testkit's imitation API server.
 //!
-//! The demo's kubeconfig is copied to `<target>/ttdp-demo/kubeconfig` and its logs go to
-//! `<target>/ttdp-demo/logs` unless FLAGS say otherwise.
+//! The kubeconfig of a cluster the demo starts is copied to `<target>/ttdp-demo/kubeconfig` and
+//! its logs go to `<target>/ttdp-demo/logs` unless FLAGS say otherwise.
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
@@ -39,8 +41,10 @@ pub fn run(args: &[String]) -> Result<()> {
         .arg("--plugin")
         .arg(bin.join(PLUGIN));
     let demo_dir = target.join("ttdp-demo");
-    if !has_flag(args, "--kubeconfig") {
-        command.arg("--kubeconfig").arg(demo_dir.join("kubeconfig"));
+    if !has_flag(args, "--kubeconfig") && !has_flag(args, "--write-kubeconfig") {
+        command
+            .arg("--write-kubeconfig")
+            .arg(demo_dir.join("kubeconfig"));
     }
     if !has_flag(args, "--log-dir") {
         command.arg("--log-dir").arg(demo_dir.join("logs"));

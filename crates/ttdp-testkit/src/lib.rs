@@ -6,6 +6,8 @@
 //! - [`sim`]: simulated Tenstorrent nodes on that control plane: a kubelet that keeps them Ready
 //!   and runs their pods' entrypoints against a simulated host (kernel, devices, holders).
 //! - [`scratch`]: one test's prefixed corner of a shared cluster, deleted when the test ends.
+//! - [`programs`]: what the testkit's programs `ttdp-demo` and `ttdp-bench` share: the real
+//!   controller as a child process and the watch that follows a policy's rollout.
 //! - [`fault_proxy`]: a recording, fault-injecting HTTP proxy in front of a real API server, for
 //!   the faults a real server cannot produce on demand; [`faults`] are its rules.
 //! - [`apiserver`]: the in-process imitation of a Kubernetes API server, kept for the demo when
@@ -17,5 +19,6 @@ pub mod apiserver;
 pub mod fault_proxy;
 pub mod faults;
 pub mod launcher;
+pub mod programs;
 pub mod scratch;
 pub mod sim;

@@ -3,24 +3,39 @@
 //! is Ready. The report it writes must show the rollout a user expects: every managed node Done
 //! at 2.8.0, the host-managed node untouched, plain nodes untouched, no node left cordoned.
 //!
+//! Three ways to get a cluster, one test each: a real control plane the demo starts from the
+//! assets (or, with `TTDP_TEST_KUBECONFIG`, that cluster through `--kubeconfig`); an existing
+//! cluster through `--kubeconfig`, which the demo must leave as it found it; and, only when no
+//! assets are at hand, the imitation, which the demo must announce. A missing control plane
+//! fails the first two tests; it never turns them into runs on the imitation.
+//!
 //! The controller, agent and plugin binaries come from the same target directory as this test;
 //! when they are missing they are built with `cargo build --workspace --bins`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
 use serde_json::Value;
+use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_testkit::launcher::{ASSETS_ENV, EXISTING_CLUSTER_ENV};
+use ttdp_testkit::sim::SCENARIO_LABEL;
 
 /// The demo's own limit for install plus upgrade.
-const DEMO_TIMEOUT: &str = "100s";
-/// The test's limit for the whole demo process (start and shutdown included).
-const PROCESS_TIMEOUT: Duration = Duration::from_secs(150);
+const DEMO_TIMEOUT: &str = "150s";
+/// The test's limit for the whole demo process (control plane, start and shutdown included).
+const PROCESS_TIMEOUT: Duration = Duration::from_secs(300);
 /// Limit for building missing binaries.
 const BUILD_TIMEOUT: Duration = Duration::from_secs(1200);
 
 const BINARIES: [&str; 3] = ["ttdp-controller", "ttdp-agent", "kubectl-tt-driver"];
+
+/// One demo at a time: each runs a controller, agents and maybe a control plane on a few CPUs.
+static ONE_DEMO: Mutex<()> = Mutex::new(());
 
 /// `target/<profile>`, where cargo put the demo binary.
 fn bin_dir() -> PathBuf {
@@ -97,41 +112,48 @@ fn nodes_of_kind<'a>(report: &'a Value, kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-#[test]
-fn the_demo_installs_then_upgrades_a_small_fleet_node_by_node() {
+/// What one demo run left: its output, its report and the first line of stdout.
+struct Run {
+    stdout: String,
+    context: String,
+    report: Value,
+}
+
+/// Runs the demo with `tenstorrent` + `plain` nodes, `args` and `env`, and asserts it succeeded.
+fn run_demo(tenstorrent: u16, plain: u16, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let _one = ONE_DEMO
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let binaries = other_binaries();
     let work = tempfile::tempdir().unwrap();
     let report_path = work.path().join("report.json");
-    let child = Command::new(env!("CARGO_BIN_EXE_ttdp-demo"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ttdp-demo"));
+    command
         .arg("--controller")
         .arg(&binaries[0])
         .arg("--agent")
         .arg(&binaries[1])
         .arg("--plugin")
         .arg(&binaries[2])
-        .args([
-            "--nodes",
-            "4",
-            "--plain-nodes",
-            "1",
-            "--speed",
-            "0.05",
-            "--max-unavailable",
-            "1",
-        ])
+        .args(["--nodes", &tenstorrent.to_string()])
+        .args(["--plain-nodes", &plain.to_string()])
+        .args(["--speed", "0.05", "--max-unavailable", "1"])
         .args(["--exit-after-rollout", "--plain", "--timeout", DEMO_TIMEOUT])
         .arg("--report")
         .arg(&report_path)
         .arg("--log-dir")
         .arg(work.path().join("logs"))
-        .env_remove("TTDP_TEST_KUBECONFIG")
+        .args(args)
+        .env_remove(EXISTING_CLUSTER_ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cannot start ttdp-demo");
+        .stderr(Stdio::piped());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let child = command.spawn().expect("cannot start ttdp-demo");
     let (output, finished) = wait_bounded(child, PROCESS_TIMEOUT);
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
     let context = format!("--- stdout\n{stdout}\n--- stderr\n{stderr}");
     assert!(
@@ -143,22 +165,32 @@ fn the_demo_installs_then_upgrades_a_small_fleet_node_by_node() {
         "the demo failed ({})\n{context}",
         output.status
     );
-
     let report: Value =
         serde_json::from_slice(&std::fs::read(&report_path).expect("the demo writes its report"))
             .expect("the report is JSON");
+    Run {
+        stdout,
+        context,
+        report,
+    }
+}
+
+/// The checks every successful run must pass: `managed` nodes Done at 2.8.0, the host-managed
+/// node untouched, plain nodes untouched, nothing left cordoned, workloads evicted exactly on
+/// upgraded nodes, and what the user sees printed.
+fn check_rollout(run: &Run, managed_nodes: usize, plain_nodes: usize) {
+    let report = &run.report;
     assert_eq!(report["success"], true, "{report:#}");
     assert_eq!(
         report["problems"].as_array().map(Vec::len),
         Some(0),
         "{report:#}"
     );
-
-    let managed = nodes_of_kind(&report, "tenstorrent");
+    let managed = nodes_of_kind(report, "tenstorrent");
     assert_eq!(
         managed.len(),
-        3,
-        "4 Tenstorrent nodes, the last host-managed: {report:#}"
+        managed_nodes,
+        "the last Tenstorrent node is host-managed: {report:#}"
     );
     for node in &managed {
         assert_eq!(node["state"], "Done", "{node:#}");
@@ -166,7 +198,7 @@ fn the_demo_installs_then_upgrades_a_small_fleet_node_by_node() {
         assert_eq!(node["kmdVersionLabel"], "2.8.0", "{node:#}");
         assert_eq!(node["installModeLabel"], "container", "{node:#}");
     }
-    let host = nodes_of_kind(&report, "host-managed");
+    let host = nodes_of_kind(report, "host-managed");
     assert_eq!(host.len(), 1, "{report:#}");
     assert_eq!(host[0]["state"], "HostManaged", "{:#}", host[0]);
     assert_eq!(host[0]["installModeLabel"], "host", "{:#}", host[0]);
@@ -175,18 +207,18 @@ fn the_demo_installs_then_upgrades_a_small_fleet_node_by_node() {
         "the DKMS driver stays: {:#}",
         host[0]
     );
-    let plain = nodes_of_kind(&report, "plain");
-    assert_eq!(plain.len(), 1, "{report:#}");
-    assert!(
-        plain[0]["state"].is_null(),
-        "a plain node is not in the policy: {:#}",
-        plain[0]
-    );
-    assert!(
-        plain[0]["kmdVersionLabel"].is_null() && plain[0]["installModeLabel"].is_null(),
-        "{:#}",
-        plain[0]
-    );
+    let plain = nodes_of_kind(report, "plain");
+    assert_eq!(plain.len(), plain_nodes, "{report:#}");
+    for node in &plain {
+        assert!(
+            node["state"].is_null(),
+            "a plain node is not in the policy: {node:#}"
+        );
+        assert!(
+            node["kmdVersionLabel"].is_null() && node["installModeLabel"].is_null(),
+            "{node:#}"
+        );
+    }
     for node in report["nodes"].as_array().unwrap() {
         assert_eq!(
             node["cordoned"], false,
@@ -200,29 +232,113 @@ fn the_demo_installs_then_upgrades_a_small_fleet_node_by_node() {
             "{workload:#}"
         );
     }
-    assert!(
+    assert_eq!(
         report["upgrade"]["perNode"]
             .as_object()
-            .map(serde_json::Map::len)
-            == Some(3),
+            .map(serde_json::Map::len),
+        Some(managed_nodes),
         "each managed node went through the upgrade: {report:#}"
     );
-    assert!(
-        report["upgrade"]["maxInFlight"].as_u64() == Some(1),
+    assert_eq!(
+        report["upgrade"]["maxInFlight"].as_u64(),
+        Some(1),
         "maxUnavailable 1 upgrades one node at a time: {report:#}"
     );
-
-    // What the user sees: transitions node by node, the plugin's table, the timings.
+    let context = &run.context;
     assert!(
-        stdout.contains("Draining"),
+        run.stdout.contains("Draining"),
         "the upgrade drains nodes\n{context}"
     );
     assert!(
-        stdout.contains("NODE") && stdout.contains("STATE"),
+        run.stdout.contains("NODE") && run.stdout.contains("STATE"),
         "the plugin's table is shown\n{context}"
     );
     assert!(
-        stdout.contains("Timings") && stdout.contains("total"),
+        run.stdout.contains("Timings") && run.stdout.contains("total"),
         "timings are printed\n{context}"
     );
+}
+
+#[test]
+fn the_demo_upgrades_a_small_fleet_node_by_node_on_a_real_control_plane() {
+    // The suites' cluster when one is named (a disposable cluster, or a control plane kept up for
+    // the session), else a control plane the demo starts itself from the assets.
+    let existing = std::env::var(EXISTING_CLUSTER_ENV).ok();
+    let args: Vec<&str> = match &existing {
+        Some(path) => vec!["--kubeconfig", path],
+        None => Vec::new(),
+    };
+    let run = run_demo(4, 1, &args, &[]);
+    let expected = if existing.is_some() {
+        "existing"
+    } else {
+        "launched"
+    };
+    assert_eq!(
+        run.report["cluster"], expected,
+        "the demo must run on a real control plane; provide the assets (../shared/kube or {ASSETS_ENV})\n{}",
+        run.context
+    );
+    let first = run.stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("cluster: a real control plane")
+            || first.starts_with("cluster: the existing cluster"),
+        "the first line says which cluster: {first}"
+    );
+    check_rollout(&run, 3, 1);
+}
+
+#[test]
+fn with_kubeconfig_the_demo_joins_an_existing_cluster_and_removes_what_it_created() {
+    let kubeconfig = ttdp_testkit::launcher::test_kubeconfig();
+    let path = kubeconfig.display().to_string();
+    let run = run_demo(3, 1, &["--kubeconfig", &path], &[]);
+    assert_eq!(run.report["cluster"], "existing", "{}", run.context);
+    check_rollout(&run, 2, 1);
+    // On a shared cluster the policy is named after the demo's random prefix, which labels its
+    // nodes too.
+    let prefix = run.report["policy"].as_str().unwrap().to_owned();
+    assert!(prefix.starts_with("demo-"), "{prefix}");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = ttdp_testkit::sim::cluster::client_for(&kubeconfig)
+            .await
+            .unwrap();
+        let nodes: Api<Node> = Api::all(client.clone());
+        let left = nodes
+            .list(&ListParams::default().labels(&format!("{SCENARIO_LABEL}={prefix}")))
+            .await
+            .unwrap();
+        assert!(
+            left.items.is_empty(),
+            "the demo's nodes are deleted: {:?}",
+            left.items
+        );
+        let policies: Api<TenstorrentDriverPolicy> = Api::all(client);
+        assert!(
+            policies.get_opt(&prefix).await.unwrap().is_none(),
+            "the demo's policy is deleted"
+        );
+    });
+}
+
+#[test]
+fn without_a_control_plane_the_demo_says_first_that_it_falls_back_to_the_imitation() {
+    let missing = std::env::temp_dir().join("ttdp-demo-test-no-such-assets");
+    let run = run_demo(4, 1, &[], &[(ASSETS_ENV, missing.to_str().unwrap())]);
+    assert_eq!(run.report["cluster"], "imitation", "{}", run.context);
+    let first = run.stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("cluster: NO real control plane") && first.contains("does not exist"),
+        "the first line says why: {first}"
+    );
+    assert!(
+        run.stdout
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("IMITATION")),
+        "the second line says what runs instead\n{}",
+        run.context
+    );
+    check_rollout(&run, 3, 1);
 }

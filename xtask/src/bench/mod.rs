@@ -5,11 +5,13 @@
 //!
 //! Plan: fleets of 100 (maxUnavailable 1), 1,000 (maxUnavailable 100) and 5,000 (maxUnavailable
 //! 500) Tenstorrent nodes plus as many plain nodes, 500 ms of simulated agent work per node, each
-//! phase (adoption, rollout) time-boxed so the whole run stays within about 15 minutes on 2 cores
-//! (a fleet that runs out of time reports what it measured and counts as a missed target);
-//! `kubectl tt driver` timed on the 1,000 and 5,000 fleets; drains of 10, 100 and 500 pods with
-//! ttdp-drain and kubectl; the module swap steps on a simulated kernel. `--quick` runs
-//! 20/100/200-node fleets and 10/50-pod drains (a smoke run, not for the documentation).
+//! on a real control plane started for the run (the targets are checked on these) and then on
+//! the testkit's imitation API server (reported beside it, for comparison with earlier figures),
+//! each phase (adoption, rollout) time-boxed (a fleet that runs out of time reports what it
+//! measured and counts as a missed target); `kubectl tt driver` timed on the 1,000 and 5,000
+//! fleets; drains of 10, 100 and 500 pods with ttdp-drain and kubectl; the module swap steps on
+//! a simulated kernel. `--quick` runs 20/100/200-node fleets and 10/50-pod drains (a smoke run,
+//! not for the documentation).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -28,13 +30,20 @@ use targets::{check, render};
 const RESULT_PREFIX: &str = "BENCH-RESULT ";
 
 /// One fleet run: Tenstorrent nodes, maxUnavailable, whether the plugin is timed on it, and how
-/// long the adoption and the rollout may each take.
+/// long the adoption and the rollout may each take (on the imitation; the real control plane
+/// gets [`REAL_TIMEOUT_FACTOR`] times as long: its DaemonSet controller and scheduler have
+/// thousands of pods to create and bind).
 struct FleetPlan {
     nodes: usize,
     max_unavailable: usize,
     plugin: bool,
     timeout_seconds: u64,
 }
+
+/// The servers each fleet runs on, in this order: `ttdp-bench fleet --server`.
+const FLEET_SERVERS: [&str; 2] = ["real", "imitation"];
+/// How much longer the phases of a real-control-plane fleet may take.
+const REAL_TIMEOUT_FACTOR: u64 = 3;
 
 const FULL_FLEETS: [FleetPlan; 3] = [
     FleetPlan {
@@ -155,7 +164,16 @@ fn run_suites(
     let wants = |suite: &str| only.is_none_or(|o| o == suite);
     if wants("fleet") {
         for plan in if quick { &QUICK_FLEETS } else { &FULL_FLEETS } {
-            results.push(suite(&mut fleet_command(&bench, built, target, plan))?);
+            for server in FLEET_SERVERS {
+                let mut command = fleet_command(&bench, built, target, plan, server);
+                let mut result = suite(&mut command)?;
+                // A run that failed before printing its line still says where it ran.
+                if result.get("server").is_none() {
+                    result["server"] = Value::from(server_label(server));
+                    result["nodes"] = Value::from(plan.nodes);
+                }
+                results.push(result);
+            }
         }
     }
     if wants("drain") {
@@ -179,15 +197,36 @@ fn run_suites(
     Ok(results)
 }
 
-/// `ttdp-bench fleet` for one fleet of the plan.
-fn fleet_command(bench: &Path, built: &Path, target: &Path, plan: &FleetPlan) -> Command {
+/// How `ttdp-bench` names a server in its results.
+fn server_label(server: &str) -> &'static str {
+    if server == "real" {
+        targets::REAL_SERVER
+    } else {
+        "imitation"
+    }
+}
+
+/// `ttdp-bench fleet` for one fleet of the plan on `server`.
+fn fleet_command(
+    bench: &Path,
+    built: &Path,
+    target: &Path,
+    plan: &FleetPlan,
+    server: &str,
+) -> Command {
+    let timeout = if server == "real" {
+        plan.timeout_seconds * REAL_TIMEOUT_FACTOR
+    } else {
+        plan.timeout_seconds
+    };
     let mut command = Command::new(bench);
     command
         .arg("fleet")
+        .arg(format!("--server={server}"))
         .arg(format!("--nodes={}", plan.nodes))
         .arg(format!("--max-unavailable={}", plan.max_unavailable))
         .arg(format!("--work-ms={WORK_MS}"))
-        .arg(format!("--timeout-seconds={}", plan.timeout_seconds))
+        .arg(format!("--timeout-seconds={timeout}"))
         .arg(format!(
             "--controller={}",
             built.join("ttdp-controller").display()

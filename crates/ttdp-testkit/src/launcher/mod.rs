@@ -83,6 +83,19 @@ pub struct ControlPlane {
     processes: process::Processes,
 }
 
+/// Extra flags for one control plane, for a run that needs the components tuned (the fleet
+/// benchmark: a node lifecycle controller that tolerates nodes without heartbeats, client rate
+/// limits that let the controllers keep up with thousands of nodes). The test suites use none.
+#[derive(Debug, Clone, Default)]
+pub struct ControlPlaneOptions {
+    /// Appended to kube-apiserver's flags.
+    pub apiserver_flags: Vec<String>,
+    /// Appended to kube-controller-manager's flags (e.g. `--node-monitor-grace-period=1h`).
+    pub controller_manager_flags: Vec<String>,
+    /// Appended to kube-scheduler's flags.
+    pub scheduler_flags: Vec<String>,
+}
+
 impl ControlPlane {
     /// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler from `assets` in
     /// a fresh folder under `runs`, and returns once the API server is ready and the
@@ -90,6 +103,15 @@ impl ControlPlane {
     ///
     /// Blocking; each process dies with the calling thread (see the module docs).
     pub fn start(assets: &Assets, runs: &Path) -> Result<ControlPlane, LaunchError> {
+        ControlPlane::start_with(assets, runs, &ControlPlaneOptions::default())
+    }
+
+    /// [`ControlPlane::start`] with extra flags for the components.
+    pub fn start_with(
+        assets: &Assets,
+        runs: &Path,
+        options: &ControlPlaneOptions,
+    ) -> Result<ControlPlane, LaunchError> {
         let dir = process::fresh_run_dir(runs)?;
         let pki = pki::Pki::write(&dir.join("pki"))?;
         let ports = process::Ports::pick()?;
@@ -97,12 +119,16 @@ impl ControlPlane {
         let kubeconfig = pki.write_kubeconfig(&dir, "admin", &server, pki::Identity::Admin)?;
         let mut processes = process::Processes::new(dir.join("logs"))?;
         processes.start_etcd(assets, &dir, &ports)?;
-        processes.start_apiserver(assets, &pki, &ports)?;
+        processes.start_apiserver(assets, &pki, &ports, &options.apiserver_flags)?;
         let ready = process::Readiness::new(&kubeconfig)?;
         ready.wait_for_readyz(&mut processes, Duration::from_secs(60))?;
         for identity in [pki::Identity::ControllerManager, pki::Identity::Scheduler] {
             let own = pki.write_kubeconfig(&dir, identity.file_stem(), &server, identity)?;
-            processes.start_controller(assets, identity, &own, &pki, &ports)?;
+            let extra = match identity {
+                pki::Identity::Scheduler => &options.scheduler_flags,
+                _ => &options.controller_manager_flags,
+            };
+            processes.start_controller(assets, identity, &own, &pki, &ports, extra)?;
         }
         ready.wait_for_default_service_account(&mut processes, Duration::from_secs(60))?;
         Ok(ControlPlane {

@@ -141,30 +141,30 @@ impl Processes {
         assets: &Assets,
         pki: &Pki,
         ports: &Ports,
+        extra: &[String],
     ) -> Result<(), LaunchError> {
         let file = |name: &str| pki.path(name).display().to_string();
-        self.spawn(
-            "kube-apiserver",
-            assets,
-            &[
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
-                format!("--secure-port={}", ports.apiserver),
-                format!("--etcd-servers=http://127.0.0.1:{}", ports.etcd_client),
-                format!("--tls-cert-file={}", file("serving.crt")),
-                format!("--tls-private-key-file={}", file("serving.key")),
-                format!("--client-ca-file={}", file("ca.crt")),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-                format!("--service-account-key-file={}", file("sa.pub")),
-                format!("--service-account-signing-key-file={}", file("sa.key")),
-                format!("--service-cluster-ip-range={SERVICE_RANGE}"),
-                "--authorization-mode=Node,RBAC".into(),
-                "--allow-privileged=true".into(),
-            ],
-        )
+        let mut args = vec![
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={}", ports.apiserver),
+            format!("--etcd-servers=http://127.0.0.1:{}", ports.etcd_client),
+            format!("--tls-cert-file={}", file("serving.crt")),
+            format!("--tls-private-key-file={}", file("serving.key")),
+            format!("--client-ca-file={}", file("ca.crt")),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", file("sa.pub")),
+            format!("--service-account-signing-key-file={}", file("sa.key")),
+            format!("--service-cluster-ip-range={SERVICE_RANGE}"),
+            "--authorization-mode=Node,RBAC".into(),
+            "--allow-privileged=true".into(),
+        ];
+        args.extend_from_slice(extra);
+        self.spawn("kube-apiserver", assets, &args)
     }
 
-    /// kube-controller-manager or kube-scheduler, each with its own identity.
+    /// kube-controller-manager or kube-scheduler, each with its own identity, with `extra`
+    /// flags after the usual ones.
     pub(super) fn start_controller(
         &mut self,
         assets: &Assets,
@@ -172,6 +172,7 @@ impl Processes {
         kubeconfig: &Path,
         pki: &Pki,
         ports: &Ports,
+        extra: &[String],
     ) -> Result<(), LaunchError> {
         let kubeconfig = kubeconfig.display().to_string();
         let mut args = vec![
@@ -202,6 +203,7 @@ impl Processes {
                 "kube-controller-manager"
             }
         };
+        args.extend_from_slice(extra);
         self.spawn(name, assets, &args)
     }
 

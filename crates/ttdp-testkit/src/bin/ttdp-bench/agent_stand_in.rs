@@ -3,7 +3,12 @@
 //! API: when the node does not report the pod's `TT_KMD_VERSION` yet, it "works" for a fixed
 //! simulated time and then labels the node (`kmd-version`, `install-mode=container`); then it
 //! marks the pod Ready. The pod keeps its DaemonSet template hash, which is what the controller
-//! compares (see `crates/ttdp-controller/src/observe.rs`).
+//! compares (see `crates/ttdp-controller/src/pure/observe.rs`).
+//!
+//! On a real server it also plays the kubelet's part in a pod's deletion: [`POD_TERMINATION`]
+//! after a pod is marked for deletion it deletes it for good (grace period 0), as a kubelet
+//! does once the containers have stopped, and as the imitation does by itself after the same
+//! time.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -11,12 +16,16 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use ttdp_api::names::{self, env, install_mode, labels};
+
+/// How long a deleted agent pod takes to terminate (the imitation's default, so both servers
+/// give the same figures).
+pub const POD_TERMINATION: Duration = Duration::from_millis(200);
 
 /// One agent finishing its work on a node.
 #[derive(Debug, Clone)]
@@ -45,20 +54,31 @@ impl Drop for AgentStandIn {
 }
 
 impl AgentStandIn {
-    /// Starts watching; each swap takes `work`.
-    pub fn start(client: Client, work: Duration) -> Self {
+    /// Starts watching; each swap takes `work`. With `terminate`, deleted pods are removed for
+    /// good after [`POD_TERMINATION`] (a real server waits for a kubelet to do that).
+    pub fn start(client: Client, work: Duration, terminate: bool) -> Self {
         let ready = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::clone(&ready);
         let task = tokio::spawn(async move {
             let pods: Api<Pod> = Api::namespaced(client.clone(), names::DEFAULT_NAMESPACE);
             let mut seen = HashSet::new();
-            let mut stream = watcher(pods, watcher::Config::default())
+            let mut terminating = HashSet::new();
+            let mut stream = watcher(pods.clone(), watcher::Config::default())
                 .default_backoff()
                 .applied_objects()
                 .boxed();
             while let Some(item) = stream.next().await {
                 let Ok(pod) = item else { continue };
-                if pod.metadata.deletion_timestamp.is_some() || is_ready(&pod) {
+                if pod.metadata.deletion_timestamp.is_some() {
+                    if terminate
+                        && let Some(uid) = pod.uid()
+                        && terminating.insert(uid.clone())
+                    {
+                        tokio::spawn(finish_deletion(pods.clone(), pod.name_any(), uid));
+                    }
+                    continue;
+                }
+                if is_ready(&pod) {
                     continue;
                 }
                 let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
@@ -86,6 +106,26 @@ impl AgentStandIn {
     /// Every agent that finished so far, oldest first.
     pub fn finished(&self) -> Vec<AgentReady> {
         lock(&self.ready).clone()
+    }
+}
+
+/// What a kubelet does once a deleted pod's containers have stopped.
+async fn finish_deletion(pods: Api<Pod>, name: String, uid: String) {
+    tokio::time::sleep(POD_TERMINATION).await;
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(&name, &now).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => {
+            tracing::warn!(pod = %name, error = %e, "agent stand-in could not finish a deletion")
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! The controller at fleet scale: `n` Tenstorrent nodes (plus `n` plain ones) on the testkit API
-//! server, the real `ttdp-controller` binary, the DaemonSet stand-in and the agent stand-in. The
+//! The controller at fleet scale: `n` Tenstorrent nodes (plus `n` plain ones), the real
+//! `ttdp-controller` binary and the agent stand-in, on a real control plane (`--server real`,
+//! the default) or on the testkit's imitation (`--server imitation`); see `fleet_server`. The
 //! fleet is installed at tt-kmd `from`, settles, then rolls out to `to`.
 
 use std::cell::RefCell;
@@ -10,16 +11,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use ttdp_testkit::apiserver::{RecordedRequest, Recorder, TestApiServer};
-use ttdp_testkit::sim::DaemonSetController;
+use ttdp_testkit::apiserver::{RecordedRequest, Recorder};
+use ttdp_testkit::programs::rollout_watch::is_rolled_out;
+use ttdp_testkit::programs::{ControllerConfig, ControllerProcess, Memory, RolloutWatch};
 
 use crate::agent_stand_in::AgentStandIn;
-use crate::bench_client::{bench_client, is_bench};
-use crate::controller_process::{ControllerProcess, Memory};
+use crate::bench_client::is_bench;
+use crate::fleet_server::{FleetServer, ServerKind};
 use crate::fleet_setup::{self, POLICY};
 use crate::handoff::{Spread, handoffs, ideal_total, node_times, spread};
 use crate::result_line::{self, ms};
-use crate::rollout_watch::RolloutWatch;
 
 /// The installed version and the one rolled out.
 const FROM: &str = "2.0.0";
@@ -49,6 +50,9 @@ pub struct FleetArgs {
     /// Give up on the install or the rollout after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_seconds: u64,
+    /// The server: a real control plane started for the run, or the testkit's imitation.
+    #[arg(long, value_enum, default_value_t = ServerKind::Real)]
+    pub server: ServerKind,
     /// The kubectl-tt-driver binary: when given, its views are timed on the rolled-out fleet.
     #[arg(long)]
     pub plugin: Option<PathBuf>,
@@ -102,12 +106,77 @@ impl Tally {
     }
 }
 
+/// What runs during one fleet benchmark.
+struct Bench {
+    server: FleetServer,
+    agents: AgentStandIn,
+    watch: RolloutWatch,
+    controller: ControllerProcess,
+    log_file: PathBuf,
+}
+
+/// Figures of the steady state before the rollout.
+struct Steady {
+    adopt: Duration,
+    memory: Memory,
+    idle: Tally,
+    status_bytes: usize,
+}
+
 /// Runs the suite and prints its result line.
 pub async fn run(args: &FleetArgs) -> Result<()> {
     let n = args.nodes;
-    let slots = args.max_unavailable.max(1);
-    let work = Duration::from_millis(args.work_ms);
     let timeout = Duration::from_secs(args.timeout_seconds);
+    let bench = start(args).await?;
+    let setup = bench.server.client("setup").await?;
+    let mut tally = Tally::default();
+    let started = Instant::now();
+    fleet_setup::create_policy(&setup, FROM, args.max_unavailable.max(1)).await?;
+    let installed = match wait_sampling(&bench, &mut tally, n, FROM, started + timeout).await {
+        Ok(w) => w,
+        Err(e) => return Err(give_up(args, "adopt", started, &bench, e).await),
+    };
+    let adopt = installed.done.duration_since(started);
+    eprintln!(
+        "fleet {n}: adopted at {FROM} in {:.1} s",
+        adopt.as_secs_f64()
+    );
+    tokio::time::sleep(SETTLE).await;
+    tally.drain(&bench.server.recorder());
+    let mut idle = Tally::default();
+    tokio::time::sleep(IDLE_WINDOW).await;
+    idle.drain(&bench.server.recorder());
+    let steady = Steady {
+        adopt,
+        memory: bench.controller.memory()?,
+        idle,
+        status_bytes: status_bytes(&bench.watch),
+    };
+    eprintln!(
+        "fleet {n}: steady state {:.1} MiB resident; rolling out {TO}",
+        mib(steady.memory.rss_kib)
+    );
+    bench.watch.reset_max_status();
+    let mut rollout = Tally::default();
+    let events_before = bench.watch.events();
+    let started = Instant::now();
+    fleet_setup::set_version(&setup, TO).await?;
+    let rolled = match wait_sampling(&bench, &mut rollout, n, TO, started + timeout).await {
+        Ok(w) => w,
+        Err(e) => return Err(give_up(args, "rollout", started, &bench, e).await),
+    };
+    rollout.drain(&bench.server.recorder());
+    let mut figures = rollout_figures(args, &bench, &steady, &rolled, &rollout, started)?;
+    figures["rollout_status_updates_seen"] = json!(bench.watch.events() - events_before);
+    figures["plugin"] = finish(args, bench).await?;
+    result_line::print(&figures);
+    Ok(())
+}
+
+/// Starts the server, creates the fleet, and starts the agent stand-in, the watch and the
+/// controller.
+async fn start(args: &FleetArgs) -> Result<Bench> {
+    let n = args.nodes;
     let log_dir = match &args.log_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("ttdp-bench-fleet-{}", std::process::id())),
@@ -115,101 +184,64 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     std::fs::create_dir_all(&log_dir)
         .with_context(|| format!("cannot create {}", log_dir.display()))?;
     eprintln!(
-        "fleet {n}: starting the test api server and {} nodes",
+        "fleet {n}: starting the {} and {} nodes",
+        args.server.label(),
         2 * n
     );
-    let server = TestApiServer::builder()
-        .watch_history(200_000)
-        .start()
-        .await?;
-    let setup = bench_client(&server, "setup")?;
+    let mut server = FleetServer::start(args.server).await?;
+    if let Some(logs) = server.logs() {
+        eprintln!("fleet {n}: control-plane logs in {}", logs.display());
+    }
+    let setup = server.client("setup").await?;
     fleet_setup::install_crd_and_namespace(&setup).await?;
     let started = Instant::now();
-    fleet_setup::create_nodes(&setup, n, n, FROM).await?;
+    fleet_setup::create_nodes(&setup, n, n, FROM, server.is_real()).await?;
     eprintln!(
         "fleet {n}: {} nodes created in {:.1} s",
         2 * n,
         started.elapsed().as_secs_f64()
     );
-    let daemonsets =
-        DaemonSetController::start(bench_client(&server, "daemonset")?, Duration::from_secs(30));
-    let agents = AgentStandIn::start(bench_client(&server, "agent")?, work);
-    let watch = RolloutWatch::start(bench_client(&server, "watch")?, POLICY);
-    let log_file = log_dir.join(format!("controller-{n}.log"));
-    let mut controller = ControllerProcess::start(
+    server.start_workload_controllers().await?;
+    let work = Duration::from_millis(args.work_ms);
+    let agents = AgentStandIn::start(server.client("agent").await?, work, server.is_real());
+    let watch = RolloutWatch::start(server.client("watch").await?, POLICY);
+    let server_name = match args.server {
+        ServerKind::Real => "real",
+        ServerKind::Imitation => "imitation",
+    };
+    let log_file = log_dir.join(format!("controller-{n}-{server_name}.log"));
+    let mut config = ControllerConfig::new(
         &args.controller,
-        server.kubeconfig_path(),
+        server.controller_kubeconfig(),
         ttdp_api::names::DEFAULT_NAMESPACE,
         &log_file,
-    )?;
-    let mut tally = Tally::default();
-
-    let install_started = Instant::now();
-    fleet_setup::create_policy(&setup, FROM, slots).await?;
-    let installed = match wait_sampling(
-        &watch,
-        &mut controller,
-        &server,
-        &mut tally,
-        n,
-        FROM,
-        install_started + timeout,
-    )
-    .await
-    {
-        Ok(w) => w,
-        Err(e) => {
-            return Err(give_up(args, "adopt", install_started, &watch, &mut controller, e).await);
-        }
-    };
-    eprintln!(
-        "fleet {n}: adopted at {FROM} in {:.1} s",
-        installed.done.duration_since(install_started).as_secs_f64()
     );
+    config.log_filter =
+        std::env::var("TTDP_BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "info".to_owned());
+    let controller = ControllerProcess::start(&config)?;
+    Ok(Bench {
+        server,
+        agents,
+        watch,
+        controller,
+        log_file,
+    })
+}
 
-    tokio::time::sleep(SETTLE).await;
-    tally.drain(server.recorder());
-    let mut idle = Tally::default();
-    tokio::time::sleep(IDLE_WINDOW).await;
-    idle.drain(server.recorder());
-    let steady = controller.memory()?;
-    let steady_status = watch
-        .policy()
-        .and_then(|p| p.status)
-        .and_then(|s| serde_json::to_vec(&s).ok())
-        .map_or(0, |v| v.len());
-    eprintln!(
-        "fleet {n}: steady state {:.1} MiB resident; rolling out {TO}",
-        mib(steady.rss_kib)
-    );
-
-    watch.reset_max_status();
-    let mut rollout = Tally::default();
-    let events_before = watch.events();
-    let rollout_started = Instant::now();
-    fleet_setup::set_version(&setup, TO).await?;
-    let rolled = match wait_sampling(
-        &watch,
-        &mut controller,
-        &server,
-        &mut rollout,
-        n,
-        TO,
-        rollout_started + timeout,
-    )
-    .await
-    {
-        Ok(w) => w,
-        Err(e) => {
-            return Err(
-                give_up(args, "rollout", rollout_started, &watch, &mut controller, e).await,
-            );
-        }
-    };
-    rollout.drain(server.recorder());
-    let end_memory = controller.memory()?;
-    let changes = watch.changes_since(rollout_started);
-    let times = node_times(&changes);
+/// The rollout's figures, as the result line reports them.
+fn rollout_figures(
+    args: &FleetArgs,
+    bench: &Bench,
+    steady: &Steady,
+    rolled: &Waited,
+    rollout: &Tally,
+    started: Instant,
+) -> Result<serde_json::Value> {
+    let n = args.nodes;
+    let slots = args.max_unavailable.max(1);
+    let work = Duration::from_millis(args.work_ms);
+    let end_memory = bench.controller.memory()?;
+    let times = node_times(&bench.watch.transitions_since(started));
     let cordons: Vec<Instant> = times.values().filter_map(|t| t.0).collect();
     let dones: Vec<Instant> = times.values().filter_map(|t| t.1).collect();
     // The last node reaching Done as the watch saw it (the wait loop only polls).
@@ -218,17 +250,18 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         .max()
         .copied()
         .unwrap_or(rolled.done)
-        .duration_since(rollout_started);
+        .duration_since(started);
     eprintln!("fleet {n}: rolled out in {:.1} s", total.as_secs_f64());
     let per_node: Vec<Duration> = times
         .values()
         .filter_map(|(c, d)| Some(d.as_ref()?.saturating_duration_since(*c.as_ref()?)))
         .collect();
     let overhead: Vec<Duration> = per_node.iter().map(|d| d.saturating_sub(work)).collect();
-    let finished: Vec<_> = agents
+    let finished: Vec<_> = bench
+        .agents
         .finished()
         .into_iter()
-        .filter(|a| a.worked && a.version == TO && a.at >= rollout_started)
+        .filter(|a| a.worked && a.version == TO && a.at >= started)
         .collect();
     let ready: Vec<Instant> = finished.iter().map(|a| a.at).collect();
     // The controller's finishing latency per node: agent Ready -> uncordoned and recorded Done.
@@ -236,44 +269,23 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         .iter()
         .filter_map(|a| Some(times.get(&a.node)?.1?.saturating_duration_since(a.at)))
         .collect();
-    let done_to_cordon = spread(handoffs(dones.clone(), cordons.clone(), slots));
-    let ready_to_cordon = spread(handoffs(ready.clone(), cordons.clone(), slots));
     let per_node_spread = spread(per_node);
     let ideal = ideal_total(n, slots, per_node_spread.p50);
-    let final_status = watch
-        .policy()
-        .and_then(|p| p.status)
-        .and_then(|s| serde_json::to_vec(&s).ok())
-        .map_or(0, |v| v.len());
-    let policy_events = watch.events() - events_before;
+    let final_status = status_bytes(&bench.watch);
     let upgraded = times.values().filter(|t| t.1.is_some()).count().max(1);
-
-    controller.stop().await;
-    let plugin = match &args.plugin {
-        Some(binary) => {
-            eprintln!("fleet {n}: timing kubectl tt driver");
-            crate::plugin_timing::time_plugin(binary, server.kubeconfig_path(), args.plugin_runs)
-                .await?
-        }
-        None => serde_json::Value::Null,
-    };
-    drop(agents);
-    drop(watch);
-    daemonsets.shutdown().await;
-    server.shutdown().await;
-
-    let figures = json!({
+    Ok(json!({
         "suite": "fleet",
+        "server": args.server.label(),
         "completed": true,
         "nodes": n,
         "plain_nodes": n,
         "max_unavailable": slots,
         "work_ms": args.work_ms,
-        "adopt_seconds": installed.done.duration_since(install_started).as_secs_f64(),
-        "rss_steady_mib": mib(steady.rss_kib),
+        "adopt_seconds": steady.adopt.as_secs_f64(),
+        "rss_steady_mib": mib(steady.memory.rss_kib),
         "rss_rollout_max_mib": mib(rolled.max_memory.rss_kib.max(end_memory.rss_kib)),
         "rss_peak_mib": mib(end_memory.hwm_kib),
-        "idle_requests_per_s": (idle.reads + idle.writes) as f64 / IDLE_WINDOW.as_secs_f64(),
+        "idle_requests_per_s": (steady.idle.reads + steady.idle.writes) as f64 / IDLE_WINDOW.as_secs_f64(),
         "nodes_upgraded": upgraded,
         "cordoned": cordons.len(),
         "agents_finished": ready.len(),
@@ -281,43 +293,73 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         "writes_per_node": rollout.writes as f64 / upgraded as f64,
         "writes_by_kind": rollout.writes_by_kind,
         "reads_by_kind": rollout.reads_by_kind,
-        "idle_requests_by_kind": idle.writes_by_kind.iter().chain(idle.reads_by_kind.iter()).collect::<BTreeMap<_, _>>(),
-        "handoff_done_to_cordoning_ms": spread_json(&done_to_cordon),
-        "handoff_agent_ready_to_cordoning_ms": spread_json(&ready_to_cordon),
+        "idle_requests_by_kind": steady.idle.writes_by_kind.iter().chain(steady.idle.reads_by_kind.iter()).collect::<BTreeMap<_, _>>(),
+        "handoff_done_to_cordoning_ms": spread_json(&spread(handoffs(dones, cordons.clone(), slots))),
+        "handoff_agent_ready_to_cordoning_ms": spread_json(&spread(handoffs(ready, cordons, slots))),
         "agent_ready_to_done_ms": spread_json(&spread(ready_to_done)),
         "per_node_ms": spread_json(&per_node_spread),
         "controller_overhead_per_node_ms": spread_json(&spread(overhead)),
-        "status_bytes_steady": steady_status,
-        "status_bytes_rollout_max": watch_max(rolled.max_status_bytes, final_status),
+        "status_bytes_steady": steady.status_bytes,
+        "status_bytes_rollout_max": rolled.max_status_bytes.max(final_status),
         "status_bytes_final": final_status,
         "total_seconds": total.as_secs_f64(),
         "ideal_seconds": ideal.as_secs_f64(),
         "total_over_ideal": if ideal.is_zero() { 0.0 } else { total.as_secs_f64() / ideal.as_secs_f64() },
-        "plugin": plugin,
-        "controller_log": log_file,
-        "rollout_status_updates_seen": policy_events,
-    });
-    result_line::print(&figures);
-    Ok(())
+        "controller_log": bench.log_file,
+    }))
 }
 
-/// Prints what was measured before the `phase` ran out of time (memory, progress) and returns
-/// the error.
+/// Stops the controller, times the plugin on the rolled-out fleet when asked, and stops the
+/// rest; returns the plugin's figures.
+async fn finish(args: &FleetArgs, bench: Bench) -> Result<serde_json::Value> {
+    let Bench {
+        server,
+        agents,
+        watch,
+        controller,
+        ..
+    } = bench;
+    controller.stop().await;
+    let plugin = match &args.plugin {
+        Some(binary) => {
+            eprintln!("fleet {}: timing kubectl tt driver", args.nodes);
+            crate::plugin_timing::time_plugin(binary, &server.admin_kubeconfig(), args.plugin_runs)
+                .await?
+        }
+        None => serde_json::Value::Null,
+    };
+    drop(agents);
+    drop(watch);
+    server.shutdown().await;
+    Ok(plugin)
+}
+
+fn status_bytes(watch: &RolloutWatch) -> usize {
+    watch
+        .policy()
+        .and_then(|p| p.status)
+        .and_then(|s| serde_json::to_vec(&s).ok())
+        .map_or(0, |v| v.len())
+}
+
+/// Prints what was measured before the `phase` ran out of time (memory, progress), stops the
+/// server and returns the error.
 async fn give_up(
     args: &FleetArgs,
     phase: &str,
     since: Instant,
-    watch: &RolloutWatch,
-    controller: &mut ControllerProcess,
+    bench: &Bench,
     error: anyhow::Error,
 ) -> anyhow::Error {
-    let memory = controller.memory().unwrap_or_default();
-    let summary = watch
+    let memory = bench.controller.memory().unwrap_or_default();
+    let summary = bench
+        .watch
         .policy()
         .and_then(|p| p.status)
         .and_then(|s| s.summary);
     result_line::print(&json!({
         "suite": "fleet",
+        "server": args.server.label(),
         "nodes": args.nodes,
         "plain_nodes": args.nodes,
         "max_unavailable": args.max_unavailable,
@@ -330,12 +372,9 @@ async fn give_up(
         "in_progress": summary.as_ref().map(|s| s.in_progress),
         "rss_now_mib": mib(memory.rss_kib),
         "rss_peak_mib": mib(memory.hwm_kib),
+        "controller_log": bench.log_file,
     }));
     error
-}
-
-fn watch_max(sampled: usize, last: usize) -> usize {
-    sampled.max(last)
 }
 
 fn mib(kib: u64) -> f64 {
@@ -355,9 +394,7 @@ struct Waited {
 /// Waits for the rollout to `version`, sampling the controller's memory and draining the request
 /// log every [`SAMPLE_EVERY`].
 async fn wait_sampling(
-    watch: &RolloutWatch,
-    controller: &mut ControllerProcess,
-    server: &TestApiServer,
+    bench: &Bench,
     tally: &mut Tally,
     nodes: usize,
     version: &str,
@@ -365,27 +402,26 @@ async fn wait_sampling(
 ) -> Result<Waited> {
     let mut max_memory = Memory::default();
     let mut last_report = Instant::now();
+    let recorder = bench.server.recorder();
     loop {
-        let memory = controller.memory()?;
+        let memory = bench.controller.memory()?;
         max_memory.rss_kib = max_memory.rss_kib.max(memory.rss_kib);
         max_memory.hwm_kib = max_memory.hwm_kib.max(memory.hwm_kib);
-        tally.drain(server.recorder());
-        if let Some(policy) = watch.policy()
-            && crate::rollout_watch::rolled_out(&policy, nodes, version)
+        tally.drain(&recorder);
+        let policy = bench.watch.policy();
+        if let Some(policy) = &policy
+            && is_rolled_out(policy, version, nodes)
         {
             return Ok(Waited {
                 done: Instant::now(),
                 max_memory,
-                max_status_bytes: watch.max_status_bytes(),
+                max_status_bytes: bench.watch.max_status_bytes(),
             });
         }
+        let summary = policy.and_then(|p| p.status).and_then(|s| s.summary);
         if last_report.elapsed() > Duration::from_secs(10) {
             last_report = Instant::now();
-            let summary = watch
-                .policy()
-                .and_then(|p| p.status)
-                .and_then(|s| s.summary);
-            if let Some(s) = summary {
+            if let Some(s) = &summary {
                 eprintln!(
                     "  {version}: {} of {nodes} up to date, {} in progress, {} failed",
                     s.up_to_date, s.in_progress, s.failed
@@ -393,10 +429,6 @@ async fn wait_sampling(
             }
         }
         if Instant::now() > deadline {
-            let summary = watch
-                .policy()
-                .and_then(|p| p.status)
-                .and_then(|s| s.summary);
             anyhow::bail!(
                 "the rollout to {version} did not finish in time; last summary {summary:?}"
             );

@@ -1,11 +1,12 @@
-//! The simulated fleet's objects: the CRD, the operator namespace, `n` Tenstorrent nodes already
-//! running tt-kmd `from` (labelled as an agent would have) and `n` plain nodes, and the policy.
+//! The simulated fleet's objects: the CRD, the operator namespace and the agents'
+//! ServiceAccount, `n` Tenstorrent nodes already running tt-kmd `from` (labelled as an agent
+//! would have) and `n` plain nodes, and the policy.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -17,6 +18,8 @@ use ttdp_api::names::{self, install_mode, labels};
 pub const POLICY: &str = "bench";
 /// Concurrent creations while populating.
 const CREATE_CONCURRENCY: usize = 16;
+/// The agents' ServiceAccount (the controller's default `--agent-service-account`).
+const AGENT_SERVICE_ACCOUNT: &str = "ttdp-agent";
 
 /// Name of the `i`-th Tenstorrent node.
 pub fn tenstorrent_node(i: usize) -> String {
@@ -49,15 +52,28 @@ pub async fn install_crd_and_namespace(client: &Client) -> Result<()> {
         .create(&PostParams::default(), &namespace)
         .await
         .with_context(|| format!("cannot create namespace {}", names::DEFAULT_NAMESPACE))?;
+    // A real server refuses pods naming a ServiceAccount that does not exist.
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), names::DEFAULT_NAMESPACE);
+    let account: ServiceAccount = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": { "name": AGENT_SERVICE_ACCOUNT },
+    }))?;
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .with_context(|| format!("cannot create serviceaccount {AGENT_SERVICE_ACCOUNT}"))?;
     Ok(())
 }
 
-/// Creates `tenstorrent` nodes with tt-kmd `version` loaded and `plain` nodes without devices.
+/// Creates `tenstorrent` nodes with tt-kmd `version` loaded and `plain` nodes without devices,
+/// Ready. A real server's admission taints a new node `node.kubernetes.io/not-ready` until the
+/// node lifecycle controller sees it Ready; with `untaint` that taint is lifted here at once,
+/// as the controller would, so that the fleet is settled before the policy is created.
 pub async fn create_nodes(
     client: &Client,
     tenstorrent: usize,
     plain: usize,
     version: &str,
+    untaint: bool,
 ) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let bodies = (0..tenstorrent)
@@ -70,7 +86,7 @@ pub async fn create_nodes(
                     labels::KMD_VERSION: version,
                     labels::INSTALL_MODE: install_mode::CONTAINER,
                 }},
-                "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
+                "status": node_status(),
             })
         })
         .chain((0..plain).map(|i| {
@@ -78,7 +94,7 @@ pub async fn create_nodes(
             json!({
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": { "name": name, "labels": { "kubernetes.io/hostname": name } },
-                "status": { "conditions": [{ "type": "Ready", "status": "True" }] },
+                "status": node_status(),
             })
         }))
         .collect::<Vec<_>>();
@@ -87,15 +103,18 @@ pub async fn create_nodes(
             let nodes = nodes.clone();
             async move {
                 let node: Node = serde_json::from_value(body)?;
+                let name = node.metadata.name.clone().unwrap_or_default();
                 nodes
                     .create(&PostParams::default(), &node)
                     .await
-                    .with_context(|| {
-                        format!(
-                            "cannot create node {}",
-                            node.metadata.name.unwrap_or_default()
-                        )
-                    })?;
+                    .with_context(|| format!("cannot create node {name}"))?;
+                if untaint {
+                    let patch = json!({ "spec": { "taints": null } });
+                    nodes
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .with_context(|| format!("cannot lift the not-ready taint of {name}"))?;
+                }
                 anyhow::Ok(())
             }
         })
@@ -103,6 +122,16 @@ pub async fn create_nodes(
         .try_collect::<Vec<()>>()
         .await?;
     Ok(())
+}
+
+/// A Ready node's status, with the capacity a real scheduler needs to place a pod on it.
+fn node_status() -> serde_json::Value {
+    let capacity = json!({ "cpu": "8", "memory": "32Gi", "pods": "110" });
+    json!({
+        "capacity": capacity,
+        "allocatable": capacity,
+        "conditions": [{ "type": "Ready", "status": "True" }],
+    })
 }
 
 /// Creates the policy at `version` with `maxUnavailable` (the finalizer already set, as the demo

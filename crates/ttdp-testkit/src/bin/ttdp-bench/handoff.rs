@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use ttdp_api::NodeState;
 
-use crate::rollout_watch::StateChange;
+use ttdp_testkit::programs::Transition;
 
 /// p50 / p95 / max of a set of durations.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -40,11 +40,11 @@ pub fn spread(mut values: Vec<Duration>) -> Spread {
 }
 
 /// Each node's first entry into Cordoning and last entry into Done.
-pub fn node_times(changes: &[StateChange]) -> HashMap<String, (Option<Instant>, Option<Instant>)> {
+pub fn node_times(changes: &[Transition]) -> HashMap<String, (Option<Instant>, Option<Instant>)> {
     let mut times: HashMap<String, (Option<Instant>, Option<Instant>)> = HashMap::new();
     for change in changes {
         let entry = times.entry(change.node.clone()).or_default();
-        match change.state {
+        match change.to {
             NodeState::Cordoning if entry.0.is_none() => entry.0 = Some(change.at),
             NodeState::Done => entry.1 = Some(change.at),
             _ => {}
@@ -107,10 +107,13 @@ mod tests {
     #[test]
     fn cordoning_and_done_times_per_node() {
         let t0 = Instant::now();
-        let change = |n: &str, s, t| StateChange {
+        let change = |n: &str, s, t| Transition {
             at: t0 + ms(t),
             node: n.into(),
-            state: s,
+            from: None,
+            to: s,
+            version: None,
+            why: None,
         };
         let times = node_times(&[
             change("a", NodeState::Pending, 0),

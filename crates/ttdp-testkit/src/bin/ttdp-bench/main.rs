@@ -1,28 +1,29 @@
-//! `ttdp-bench`: the benchmarks behind `cargo xtask bench` (issue 10), one subcommand per suite.
+//! `ttdp-bench`: the benchmarks behind `cargo xtask bench` (issues 10 and 22), one subcommand per
+//! suite.
 //!
-//! - `fleet`: the real `ttdp-controller` binary against simulated fleets on the testkit API
-//!   server, with a cheap agent stand-in, measuring memory, API requests, hand-off latency,
-//!   status size and rollout time (with `--plugin`, also `kubectl tt driver`'s wall time on the
-//!   same fleet);
-//! - `drain`: the `ttdp-drain` example program side by side with the real `kubectl drain`;
+//! - `fleet`: the real `ttdp-controller` binary against simulated fleets with a cheap agent
+//!   stand-in, on a real control plane started for the run (`--server real`, the default) or on
+//!   the testkit's imitation API server (`--server imitation`, kept for comparison), measuring
+//!   memory, API requests, hand-off latency, status size and rollout time (with `--plugin`, also
+//!   `kubectl tt driver`'s wall time on the same fleet);
+//! - `drain`: the `ttdp-drain` example program side by side with the real `kubectl drain`, on
+//!   the real control plane;
 //! - `swap`: the module swap steps of `ttdp-kmod` on a simulated kernel.
 //!
 //! Each suite prints progress on stderr and its figures as one `BENCH-RESULT {json}` line on
 //! stdout, which `cargo xtask bench` collects, checks against the targets and tabulates. It only
-//! ever talks to the in-process test API server it starts; it must never be pointed at a real
-//! cluster.
+//! talks to servers it starts itself, and refuses to run when `TTDP_TEST_KUBECONFIG` is set.
 
 mod agent_stand_in;
 mod bench_client;
-mod controller_process;
 mod drain;
 mod drain_fleet;
 mod fleet;
+mod fleet_server;
 mod fleet_setup;
 mod handoff;
 mod plugin_timing;
 mod result_line;
-mod rollout_watch;
 mod swap;
 
 use std::process::ExitCode;
@@ -62,11 +63,15 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     if std::env::var_os(ttdp_testkit::sim::cluster::REAL_CLUSTER_KUBECONFIG_ENV).is_some() {
         anyhow::bail!(
-            "TTDP_TEST_KUBECONFIG is set: the benchmarks run their own simulated cluster only; unset it"
+            "TTDP_TEST_KUBECONFIG is set: the benchmarks run on servers they start themselves; unset it"
         );
     }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        // The launcher's readiness checks poll a server that is still starting: kube's client
+        // logs each refused poll as an error, which is noise here.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("warn,kube_client::client::builder=off")
+        });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -81,7 +86,7 @@ fn run(cli: Cli) -> Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        controller_process::stop_children_on_signal()?;
+        ttdp_testkit::programs::controller_process::kill_controllers_on_signal()?;
         match cli.suite {
             Suite::Fleet(args) => fleet::run(&args).await,
             Suite::Drain(args) => drain::run(&args).await,

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use clap::Parser;
 
-/// Run a simulated Tenstorrent cluster, install tt-kmd with the real ttdp controller and agents,
-/// upgrade it, and watch the rollout node by node.
+/// Run simulated Tenstorrent nodes on a real control plane (or, without one, on the testkit's
+/// imitation), install tt-kmd with the real ttdp controller and agents, upgrade it, and watch the
+/// rollout node by node.
 #[derive(Debug, Parser)]
 #[command(name = "ttdp-demo", version, about)]
 pub struct DemoArgs {
@@ -61,9 +62,16 @@ pub struct DemoArgs {
     #[arg(long, value_name = "PATH")]
     pub report: Option<PathBuf>,
 
-    /// Also copy the cluster's kubeconfig to this path.
-    #[arg(long, value_name = "PATH")]
+    /// Run on the existing cluster of this kubeconfig (kind, a lab cluster; cluster-admin
+    /// needed) instead of a control plane of the demo's own: simulated nodes join it, and what
+    /// the demo created is deleted when it ends.
+    #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+
+    /// Also copy the kubeconfig of the cluster the demo started to this path (not done for
+    /// `--kubeconfig`).
+    #[arg(long, value_name = "PATH")]
+    pub write_kubeconfig: Option<PathBuf>,
 
     /// Where the demo's and the controller's logs go (default: a new temporary directory).
     #[arg(long, value_name = "DIR")]

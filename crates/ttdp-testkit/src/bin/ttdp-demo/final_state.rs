@@ -10,7 +10,6 @@ use kube::{Client, ResourceExt};
 use serde::Serialize;
 use ttdp_api::names::{DEFAULT_DEPLOY_GATE, annotations, install_mode, labels};
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
-use ttdp_testkit::sim::workload::WORKLOAD_LABEL;
 
 use crate::fleet::{Fleet, Placement};
 use crate::timings::{Phase, RolloutTimes};
@@ -59,6 +58,9 @@ pub struct WorkloadOutcome {
 pub struct Outcome {
     /// The policy.
     pub policy: String,
+    /// The cluster the demo ran on: `launched` (a real control plane it started), `existing`
+    /// (`--kubeconfig`) or `imitation` (the in-process fallback).
+    pub cluster: String,
     /// First version.
     pub from: String,
     /// Upgrade target.
@@ -80,12 +82,16 @@ pub struct Outcome {
 /// Reads the cluster and checks it: every container node Done at `to` with the label to match,
 /// the host-managed node HostManaged and still on its own version, plain nodes without any
 /// driver label, no node cordoned and no deploy gate left closed, workloads evicted exactly
-/// where the upgrade had to drain. Returns the nodes, the workloads and the failed checks.
+/// where the upgrade had to drain. `placed` maps each workload to the uid of the pod first
+/// placed: on a real control plane its ReplicaSet replaces an evicted pod (under the same
+/// workload label), so eviction is told by the first pod's uid. Returns the nodes, the
+/// workloads and the failed checks.
 pub async fn inspect(
     client: &Client,
     policy: &TenstorrentDriverPolicy,
     fleet: &Fleet,
     workloads_namespace: &str,
+    placed: &BTreeMap<String, String>,
     to: &str,
 ) -> Result<(Vec<NodeOutcome>, Vec<WorkloadOutcome>, Vec<String>), kube::Error> {
     let status: BTreeMap<&str, _> = policy
@@ -99,14 +105,18 @@ pub async fn inspect(
     let mut outcomes = Vec::new();
     let container = fleet.container_nodes();
     let host_managed = fleet.host_managed_node();
+    let plain = fleet.plain_nodes();
     for node in nodes.list(&ListParams::default()).await?.items {
         let name = node.name_any();
         let kind = if container.contains(&name) {
             "tenstorrent"
         } else if host_managed.as_deref() == Some(name.as_str()) {
             "host-managed"
-        } else {
+        } else if plain.contains(&name) {
             "plain"
+        } else {
+            // Someone else's node on a shared cluster.
+            continue;
         };
         let label = |key: &str| node.labels().get(key).cloned();
         let entry = status.get(name.as_str());
@@ -129,6 +139,19 @@ pub async fn inspect(
         outcomes.push(outcome);
     }
 
+    let workloads =
+        workload_outcomes(client, fleet, workloads_namespace, placed, &mut problems).await?;
+    Ok((outcomes, workloads, problems))
+}
+
+/// Which workloads still run (by their first pod's uid), against where the upgrade had to drain.
+async fn workload_outcomes(
+    client: &Client,
+    fleet: &Fleet,
+    workloads_namespace: &str,
+    placed: &BTreeMap<String, String>,
+    problems: &mut Vec<String>,
+) -> Result<Vec<WorkloadOutcome>, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), workloads_namespace);
     let present: Vec<String> = pods
         .list(&ListParams::default())
@@ -136,11 +159,13 @@ pub async fn inspect(
         .items
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| p.labels().get(WORKLOAD_LABEL).cloned())
+        .filter_map(|p| p.uid())
         .collect();
     let mut workloads = Vec::new();
     for (workload, placement) in fleet.workloads() {
-        let running = present.contains(&workload.name);
+        let running = placed
+            .get(&workload.name)
+            .is_some_and(|uid| present.contains(uid));
         let expected_evicted = placement == Placement::Drained;
         if expected_evicted && running {
             problems.push(format!(
@@ -161,7 +186,7 @@ pub async fn inspect(
             running,
         });
     }
-    Ok((outcomes, workloads, problems))
+    Ok(workloads)
 }
 
 fn node_problems(node: &NodeOutcome, to: &str) -> Vec<String> {

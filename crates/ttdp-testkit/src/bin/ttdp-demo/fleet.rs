@@ -2,7 +2,7 @@
 //! workloads sit where so the upgrade has something to drain.
 //!
 //! Layout for `n` Tenstorrent nodes (`demo-tt-0` ... `demo-tt-<n-1>`) and `m` plain nodes
-//! (`demo-cpu-0` ...):
+//! (`demo-cpu-0` ...; on a shared cluster the prefix is `demo-<random>`):
 //! - with `n >= 2`, the last Tenstorrent node has tt-kmd installed by DKMS on the host
 //!   ([`HOST_MANAGED_VERSION`]): ttdp must only observe it;
 //! - the other Tenstorrent nodes start with no module loaded (a fresh install);
@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use ttdp_testkit::sim::{DeviceUse, SimClusterOptions, TenstorrentNode, Workload, WorkloadOwner};
 
-/// The name prefix of every node and of the workloads' namespace.
-pub const PREFIX: &str = "demo";
+/// The name prefix of every node and of the workloads' namespace on a cluster of the demo's own.
+pub const DEMO_PREFIX: &str = "demo";
 /// The tt-kmd version DKMS installed on the host-managed node.
 pub const HOST_MANAGED_VERSION: &str = "2.6.1";
 /// The label the inference replicas share (and their PodDisruptionBudget selects).
@@ -27,9 +27,11 @@ pub const INFERENCE_LABEL: (&str, &str) = ("app", "inference");
 /// The PodDisruptionBudget over the inference replicas.
 pub const INFERENCE_BUDGET: &str = "inference";
 
-/// Sizes of the fleet.
-#[derive(Debug, Clone, Copy)]
+/// Sizes of the fleet and its names' prefix.
+#[derive(Debug, Clone)]
 pub struct Fleet {
+    /// Prefix of the node names.
+    pub prefix: String,
     /// Tenstorrent nodes, the host-managed one included.
     pub tenstorrent: usize,
     /// Plain nodes.
@@ -54,26 +56,26 @@ impl Fleet {
     /// Tenstorrent nodes whose driver ttdp installs.
     pub fn container_nodes(&self) -> Vec<String> {
         let count = self.tenstorrent - usize::from(self.has_host_managed());
-        (0..count).map(tenstorrent_name).collect()
+        (0..count).map(|i| self.tenstorrent_name(i)).collect()
     }
 
     /// The host-managed node, if any.
     pub fn host_managed_node(&self) -> Option<String> {
         self.has_host_managed()
-            .then(|| tenstorrent_name(self.tenstorrent - 1))
+            .then(|| self.tenstorrent_name(self.tenstorrent - 1))
     }
 
     /// Plain nodes' names.
     pub fn plain_nodes(&self) -> Vec<String> {
         (0..self.plain)
-            .map(|i| format!("{PREFIX}-cpu-{i}"))
+            .map(|i| format!("{}-cpu-{i}", self.prefix))
             .collect()
     }
 
     /// The simulated cluster's nodes (the caller adds images, speed and environment).
     pub fn cluster_options(&self) -> SimClusterOptions {
         let mut options = SimClusterOptions::new()
-            .name_prefix(PREFIX)
+            .name_prefix(&self.prefix)
             .plain_nodes(self.plain);
         for name in self.container_nodes() {
             options = options
@@ -139,10 +141,10 @@ impl Fleet {
     pub fn inference_limit() -> IntOrString {
         IntOrString::Int(1)
     }
-}
 
-fn tenstorrent_name(i: usize) -> String {
-    format!("{PREFIX}-tt-{i}")
+    fn tenstorrent_name(&self, i: usize) -> String {
+        format!("{}-tt-{i}", self.prefix)
+    }
 }
 
 /// Container nodes are split into two pools by label, only to show labels in the views.
@@ -166,6 +168,7 @@ mod tests {
     #[test]
     fn the_last_tenstorrent_node_is_host_managed_and_gets_no_drained_workload() {
         let fleet = Fleet {
+            prefix: DEMO_PREFIX.to_owned(),
             tenstorrent: 4,
             plain: 1,
         };
@@ -188,6 +191,7 @@ mod tests {
     #[test]
     fn a_single_node_fleet_has_no_host_managed_node() {
         let fleet = Fleet {
+            prefix: DEMO_PREFIX.to_owned(),
             tenstorrent: 1,
             plain: 0,
         };

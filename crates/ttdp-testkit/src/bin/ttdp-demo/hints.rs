@@ -13,19 +13,26 @@ pub fn installed_kubectl() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-/// The block of example commands for the cluster behind `kubeconfig`.
+/// The block of example commands for the cluster behind `kubeconfig`; `shared`: an existing
+/// cluster, where the demo deletes what it created at Ctrl-C.
 pub fn render(
     kubeconfig: &Path,
     plugin: &Path,
     policy: &str,
     from: &str,
     kubectl: Option<&Path>,
+    shared: bool,
 ) -> String {
     let mut out = String::new();
     let plugin_dir = plugin.parent().unwrap_or(Path::new("."));
     let _ = writeln!(
         out,
-        "The simulated cluster keeps running until Ctrl-C. In another terminal:"
+        "{} In another terminal:",
+        if shared {
+            "The demo's nodes, policy and controller stay for inspection until Ctrl-C; then the demo deletes what it created."
+        } else {
+            "The cluster keeps running until Ctrl-C."
+        }
     );
     let _ = writeln!(out);
     let _ = writeln!(out, "  export KUBECONFIG={}", kubeconfig.display());
@@ -90,6 +97,7 @@ mod tests {
             "default",
             "2.7.0",
             Some(Path::new("/h/.local/ttdp-tools/bin/kubectl")),
+            false,
         );
         assert!(text.contains("export KUBECONFIG=/tmp/k/kubeconfig"));
         assert!(text.contains("export PATH=/t/debug:$PATH"));
@@ -100,7 +108,9 @@ mod tests {
             "default",
             "2.7.0",
             None,
+            true,
         );
+        assert!(without.contains("deletes what it created"));
         assert!(without.contains("/t/debug/kubectl-tt-driver nodes default"));
         assert!(without.contains(".ci/kube-tools"));
     }

@@ -7,11 +7,11 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::process::Command;
 
-use crate::rollout_tracker::Transition;
+use ttdp_testkit::programs::Transition;
 
 /// ANSI: cursor home, clear screen.
 const CLEAR: &str = "\x1b[H\x1b[2J";
@@ -29,6 +29,8 @@ pub struct LiveView {
     pub kubeconfig: PathBuf,
     /// The policy shown.
     pub policy: String,
+    /// When the demo started (transitions show the time since).
+    pub epoch: Instant,
 }
 
 impl LiveView {
@@ -42,7 +44,7 @@ impl LiveView {
         if !recent.is_empty() {
             println!("\nrecent changes:");
             for t in recent {
-                println!("{}", transition_line(t));
+                println!("{}", transition_line(t, self.epoch));
             }
         }
         flush();
@@ -90,12 +92,16 @@ impl LiveView {
     }
 }
 
-/// `  +12.3s  demo-tt-2   Draining → Upgrading   2.7.0   (reason: message)`.
-pub fn transition_line(t: &Transition) -> String {
+/// `  +12.3s  demo-tt-2   Draining → Upgrading   2.7.0   (reason: message)`, the time counted
+/// from `epoch`.
+pub fn transition_line(t: &Transition, epoch: Instant) -> String {
     let from = t.from.map_or_else(|| "·".to_owned(), |s| s.to_string());
     let mut line = format!(
         "  {:>7}  {:<14} {:>11} → {:<12} {}",
-        format!("+{:.1}s", t.at.as_secs_f64()),
+        format!(
+            "+{:.1}s",
+            t.at.saturating_duration_since(epoch).as_secs_f64()
+        ),
         t.node,
         from,
         t.to.to_string(),

@@ -1,21 +1,24 @@
 //! `ttdp-demo`: the README's main command (`cargo xtask demo` builds the binaries and runs it).
 //!
-//! It starts a simulated cluster (the testkit's API server, simulated kubelets running the real
-//! `ttdp-agent` binary against file-backed simulated kernels), runs the real `ttdp-controller`
-//! binary against it, installs tt-kmd with a `TenstorrentDriverPolicy`, upgrades it, and shows
-//! the rollout live through the real `kubectl tt driver` plugin. Then it prints the timings and
-//! keeps the cluster up for `kubectl` until Ctrl-C.
+//! It runs simulated Tenstorrent nodes (simulated kubelets running the real `ttdp-agent` binary
+//! against file-backed simulated kernels) on a real control plane: one it starts from the
+//! control-plane assets, or the existing cluster of `--kubeconfig`; only when neither is at hand
+//! does it fall back to the testkit's in-process imitation API server, and it says so first (see
+//! `cluster_source`). It runs the real `ttdp-controller` binary against that cluster, installs
+//! tt-kmd with a `TenstorrentDriverPolicy`, upgrades it, and shows the rollout live through the
+//! real `kubectl tt driver` plugin. Then it prints the timings and keeps the cluster up for
+//! `kubectl` until Ctrl-C.
 //!
-//! It is a demo and a smoke test: it must never be pointed at a real cluster, so it refuses to
-//! start when `TTDP_TEST_KUBECONFIG` (the testkit's switch to a real cluster) is set.
+//! It refuses to start when `TTDP_TEST_KUBECONFIG` (the test suites' switch to an existing
+//! cluster) is set: an existing cluster is named explicitly, with `--kubeconfig`.
 
 mod args;
-mod controller_process;
+mod cluster_source;
+mod ending;
 mod final_state;
 mod fleet;
 mod hints;
 mod live_view;
-mod rollout_tracker;
 mod scenario;
 mod timings;
 
@@ -57,7 +60,7 @@ fn main() -> ExitCode {
 fn run(args: DemoArgs) -> Result<Ending> {
     if std::env::var_os(REAL_CLUSTER_KUBECONFIG_ENV).is_some() {
         anyhow::bail!(
-            "{REAL_CLUSTER_KUBECONFIG_ENV} is set: the demo runs its own simulated cluster and never a real one; unset it and run again"
+            "{REAL_CLUSTER_KUBECONFIG_ENV} is set: the demo joins an existing cluster only when asked with --kubeconfig FILE; unset it and run again"
         );
     }
     let log_dir = match &args.log_dir {

@@ -1,44 +1,39 @@
-//! The demo's story, step by step: start the simulated cluster, install the CRD, start the real
-//! controller, install tt-kmd `--from` with a policy, place workloads that use the device, bump
-//! the policy to `--to`, follow the rollout live, check the result, print the timings, and keep
-//! the cluster up for the user until Ctrl-C.
+//! The demo's story, step by step: choose and start the cluster (see `cluster_source`), install
+//! the CRD, start the real controller, install tt-kmd `--from` with a policy, place workloads
+//! that use the device, bump the policy to `--to`, follow the rollout live, check the result,
+//! print the timings, and keep the cluster up for the user until Ctrl-C (see `ending`).
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use ttdp_api::TenstorrentDriverPolicy;
-use ttdp_api::names::{DEFAULT_NAMESPACE, labels};
-use ttdp_testkit::sim::{DisruptionLimit, SimCluster, eventually};
+use ttdp_testkit::programs::controller_process::log_tail;
+use ttdp_testkit::programs::rollout_watch::{is_rolled_out, stragglers};
+use ttdp_testkit::programs::{ControllerConfig, ControllerProcess, RolloutWatch};
+use ttdp_testkit::sim::{DisruptionLimit, SCENARIO_LABEL, SimCluster, eventually};
 
 use crate::args::{DemoArgs, duration_flag};
-use crate::controller_process::{ControllerConfig, ControllerProcess, log_tail};
-use crate::final_state::{self, Outcome};
+use crate::cluster_source::{
+    ClusterSource, DemoNames, create_operator_namespace, install_crd, publish_kubeconfig,
+};
 use crate::fleet::{Fleet, INFERENCE_BUDGET};
-use crate::hints;
 use crate::live_view::{LiveView, flush, transition_line};
-use crate::rollout_tracker::{RolloutTracker, is_ready, stragglers};
-use crate::timings::{self, Phase, RolloutTimes};
+use crate::timings::Phase;
 
-/// The policy the demo creates.
-pub const POLICY: &str = "default";
 /// The installer image the controller puts in the DaemonSet; the simulated kubelets run the
 /// agent binary for it.
 pub const INSTALLER_IMAGE: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:demo";
 /// The image prefix mapped to the agent binary.
 const INSTALLER_IMAGE_PREFIX: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder";
-/// The agent's ServiceAccount (the chart creates it).
-const AGENT_SERVICE_ACCOUNT: &str = "ttdp-agent";
 /// The tt-smi version the simulated agent image "bundles".
 const TT_SMI_VERSION: &str = "3.0.0";
-/// The field manager of the demo's own writes.
-const FIELD_MANAGER: &str = "ttdp-demo";
 /// Bound of the short setup waits (CRD served, workloads running).
 const SETUP_WAIT: Duration = Duration::from_secs(60);
 /// Smallest interval between two redraws on a terminal.
@@ -61,7 +56,12 @@ pub enum Ending {
 pub async fn run(args: DemoArgs, log_dir: PathBuf) -> Result<Ending> {
     check_binaries(&args)?;
     let epoch = Instant::now();
+    let step = Instant::now();
+    let source = ClusterSource::choose(args.kubeconfig.as_deref())?;
+    println!("{}", source.describe());
+    let names = source.names();
     let fleet = Fleet {
+        prefix: names.prefix.clone(),
         tenstorrent: usize::from(args.nodes),
         plain: usize::from(args.plain_nodes),
     };
@@ -78,27 +78,34 @@ pub async fn run(args: DemoArgs, log_dir: PathBuf) -> Result<Ending> {
     );
     println!("logs: {}", log_dir.display());
 
-    let mut phases = Vec::new();
-    let step = Instant::now();
-    print_step("starting the simulated cluster (test API server, kubelets, simulated kernels)");
-    let cluster = start_cluster(&args, &fleet, &log_dir).await?;
+    print_step("starting the simulated nodes (kubelets, simulated kernels)");
+    let cluster = match start_cluster(&args, &fleet, &source, &log_dir).await {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            source.stop();
+            return Err(e);
+        }
+    };
     let client = cluster.client();
-    let kubeconfig = publish_kubeconfig(&cluster, args.kubeconfig.as_deref())?;
-    phases.push(phase("start the simulated cluster", step));
+    let kubeconfig = publish_kubeconfig(&cluster, &source, args.write_kubeconfig.as_deref())?;
+    let phases = vec![phase("start the cluster and the simulated nodes", step)];
 
     let mut demo = Demo {
         args,
         fleet,
-        cluster,
+        names,
+        source: Some(source),
+        cluster: Some(cluster),
         client,
         kubeconfig,
         log_dir,
         controller: None,
-        tracker: None,
+        watch: None,
         phases,
         epoch,
         redraw,
         upgrade_started: None,
+        placed: BTreeMap::new(),
     };
     let ending = tokio::select! {
         result = demo.story() => match result {
@@ -111,19 +118,24 @@ pub async fn run(args: DemoArgs, log_dir: PathBuf) -> Result<Ending> {
     Ok(ending)
 }
 
-struct Demo {
-    args: DemoArgs,
-    fleet: Fleet,
-    cluster: SimCluster,
-    client: Client,
-    kubeconfig: PathBuf,
-    log_dir: PathBuf,
-    controller: Option<ControllerProcess>,
-    tracker: Option<RolloutTracker>,
-    phases: Vec<Phase>,
-    epoch: Instant,
-    redraw: bool,
-    upgrade_started: Option<Duration>,
+/// The demo's state from a started cluster to the end.
+pub struct Demo {
+    pub args: DemoArgs,
+    pub fleet: Fleet,
+    pub names: DemoNames,
+    pub source: Option<ClusterSource>,
+    pub cluster: Option<SimCluster>,
+    pub client: Client,
+    pub kubeconfig: PathBuf,
+    pub log_dir: PathBuf,
+    pub controller: Option<ControllerProcess>,
+    pub watch: Option<RolloutWatch>,
+    pub phases: Vec<Phase>,
+    pub epoch: Instant,
+    pub redraw: bool,
+    pub upgrade_started: Option<Instant>,
+    /// Each workload's first pod's uid.
+    pub placed: BTreeMap<String, String>,
 }
 
 impl Demo {
@@ -132,32 +144,32 @@ impl Demo {
         let step = Instant::now();
         print_step("installing the TenstorrentDriverPolicy CRD and the operator namespace");
         install_crd(&self.client).await?;
-        create_operator_namespace(&self.client).await?;
+        create_operator_namespace(&self.client, &self.names.operator_namespace).await?;
         print_step("starting the real ttdp-controller binary");
-        let config = ControllerConfig {
-            binary: self.args.controller.clone(),
-            kubeconfig: self.kubeconfig.clone(),
-            namespace: DEFAULT_NAMESPACE.to_owned(),
-            installer_image: INSTALLER_IMAGE.to_owned(),
-            kmd_repository: self.cluster.kmd_repo().url(),
-            retry_base_seconds: scaled_seconds(30.0, self.args.speed),
-            retry_max_seconds: scaled_seconds(600.0, self.args.speed),
-            log_file: self.log_dir.join("controller.log"),
-        };
-        self.controller = Some(ControllerProcess::start(&config)?);
-        self.tracker = Some(RolloutTracker::start(
-            self.client.clone(),
-            POLICY,
-            self.epoch,
+        let mut config = ControllerConfig::new(
+            &self.args.controller,
+            &self.kubeconfig,
+            &self.names.operator_namespace,
+            &self.log_dir.join("controller.log"),
+        );
+        config.default_image = INSTALLER_IMAGE.to_owned();
+        config.kmd_repository = self.cluster.as_ref().map(|c| c.kmd_repo().url());
+        config.retry_seconds = Some((
+            scaled_seconds(30.0, self.args.speed),
+            scaled_seconds(600.0, self.args.speed),
         ));
+        config.policy_selector = self.names.policy_selector();
+        config.log_filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned());
+        self.controller = Some(ControllerProcess::start(&config)?);
+        self.watch = Some(RolloutWatch::start(self.client.clone(), &self.names.policy));
         self.phases
             .push(phase("install the CRD, start the controller", step));
 
         let deadline = Instant::now() + self.args.timeout;
         let step = Instant::now();
         print_step(&format!(
-            "applying TenstorrentDriverPolicy {POLICY} at tt-kmd {} (fresh install)",
-            self.args.from
+            "applying TenstorrentDriverPolicy {} at tt-kmd {} (fresh install)",
+            self.names.policy, self.args.from
         ));
         self.apply_policy().await?;
         let title = format!("fresh install of tt-kmd {}", self.args.from);
@@ -176,11 +188,12 @@ impl Demo {
         self.phases.push(phase("place workloads", step));
 
         let step = Instant::now();
+        let policy = &self.names.policy;
         print_step(&format!(
-            "bumping {POLICY} to tt-kmd {} (kubectl patch ttdp {POLICY} --type merge -p '{{\"spec\":{{\"version\":\"{}\"}}}}')",
+            "bumping {policy} to tt-kmd {} (kubectl patch ttdp {policy} --type merge -p '{{\"spec\":{{\"version\":\"{}\"}}}}')",
             self.args.to, self.args.to
         ));
-        self.upgrade_started = Some(self.epoch.elapsed());
+        self.upgrade_started = Some(Instant::now());
         self.bump_policy().await?;
         let title = format!("upgrade {} → {}", self.args.from, self.args.to);
         self.follow(&title, &self.args.to, deadline).await?;
@@ -206,45 +219,63 @@ impl Demo {
             // Created with the controller's finalizer already in place: the test API server's JSON
             // patch rejects kube-runtime's `test /metadata/finalizers == null` when the field is
             // absent (a real API server accepts it), which would keep the controller from adding it.
-            "metadata": { "name": POLICY, "finalizers": [ttdp_api::names::FINALIZER] },
+            "metadata": {
+                "name": self.names.policy,
+                "finalizers": [ttdp_api::names::FINALIZER],
+                "labels": { SCENARIO_LABEL: self.names.prefix },
+            },
             "spec": {
                 "version": self.args.from,
-                "nodeAffinity": {},
+                "nodeAffinity": self.names.node_affinity(),
                 "upgradePolicy": { "maxUnavailable": max_unavailable },
             },
         }))
         .context("the demo's policy does not deserialize")?;
         api.create(&PostParams::default(), &policy)
             .await
-            .with_context(|| format!("cannot create TenstorrentDriverPolicy {POLICY}"))?;
+            .with_context(|| {
+                format!(
+                    "cannot create TenstorrentDriverPolicy {}",
+                    self.names.policy
+                )
+            })?;
         Ok(())
     }
 
     async fn bump_policy(&self) -> Result<()> {
         let api: Api<TenstorrentDriverPolicy> = Api::all(self.client.clone());
         let patch = json!({ "spec": { "version": self.args.to } });
-        api.patch(POLICY, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot patch TenstorrentDriverPolicy {POLICY} to {}",
-                    self.args.to
-                )
-            })?;
+        api.patch(
+            &self.names.policy,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "cannot patch TenstorrentDriverPolicy {} to {}",
+                self.names.policy, self.args.to
+            )
+        })?;
         Ok(())
     }
 
-    async fn place_workloads(&self) -> Result<()> {
+    async fn place_workloads(&mut self) -> Result<()> {
+        let Some(cluster) = &self.cluster else {
+            bail!("the simulated cluster is gone");
+        };
         let workloads = self.fleet.workloads();
         for (workload, _) in &workloads {
-            self.cluster.add_workload(workload).await.with_context(|| {
+            let pod = cluster.add_workload(workload).await.with_context(|| {
                 format!(
                     "cannot place workload {} on {}",
                     workload.name, workload.node
                 )
             })?;
+            self.placed
+                .insert(workload.name.clone(), pod.uid().unwrap_or_default());
         }
-        self.cluster
+        cluster
             .add_disruption_budget(
                 INFERENCE_BUDGET,
                 Fleet::inference_selector(),
@@ -252,7 +283,7 @@ impl Demo {
             )
             .await
             .context("cannot create the inference PodDisruptionBudget")?;
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), self.cluster.namespace());
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), cluster.namespace());
         let expected = workloads.len();
         eventually("the workloads to run", SETUP_WAIT, || {
             let pods = pods.clone();
@@ -275,34 +306,33 @@ impl Demo {
     }
 
     /// Shows the rollout until the policy is Ready at `version`, the controller dies or
-    /// `deadline` passes. The tracker's copy of the policy may still be the one from before the
+    /// `deadline` passes. The watch's copy of the policy may still be the one from before the
     /// patch (a status write that raced it), so the spec's version must be `version` too.
     async fn follow(&self, title: &str, version: &str, deadline: Instant) -> Result<()> {
-        let Some(tracker) = &self.tracker else {
-            bail!("the rollout tracker is not running");
+        let Some(watch) = &self.watch else {
+            bail!("the rollout watch is not running");
         };
         let view = self.view();
-        let mut changes = tracker.changes();
-        let mut printed = tracker.transitions().len();
+        let mut changes = watch.changes();
+        let mut printed = watch.transitions().len();
         let mut last_draw: Option<Instant> = None;
         let mut dirty = true;
         let started = Instant::now();
         let expected = self.fleet.tenstorrent;
         loop {
-            let policy = tracker.policy();
+            let policy = watch.policy();
             if let Some(policy) = &policy
-                && policy.spec.version == version
-                && is_ready(policy, expected)
+                && is_rolled_out(policy, version, expected)
             {
                 tracing::info!(
                     policy = %serde_json::to_string(policy).unwrap_or_default(),
                     "{title}: Ready"
                 );
                 if self.redraw {
-                    view.redraw_frame(&self.header(title, started, policy), &tracker.transitions())
+                    view.redraw_frame(&self.header(title, started, policy), &watch.transitions())
                         .await;
                 } else {
-                    self.print_new_transitions(tracker, &mut printed);
+                    self.print_new_transitions(watch, &mut printed);
                     view.print_table(&format!("{title}: Ready")).await;
                 }
                 println!(
@@ -332,18 +362,18 @@ impl Demo {
                     (dirty && t.elapsed() >= REDRAW_EVERY) || t.elapsed() >= REDRAW_AT_LEAST
                 });
                 if due && let Some(policy) = &policy {
-                    view.redraw_frame(&self.header(title, started, policy), &tracker.transitions())
+                    view.redraw_frame(&self.header(title, started, policy), &watch.transitions())
                         .await;
                     last_draw = Some(Instant::now());
                     dirty = false;
                 }
             } else {
-                self.print_new_transitions(tracker, &mut printed);
+                self.print_new_transitions(watch, &mut printed);
             }
             tokio::select! {
                 changed = changes.changed() => {
                     if changed.is_err() {
-                        bail!("the watch on TenstorrentDriverPolicy {POLICY} ended");
+                        bail!("the watch on TenstorrentDriverPolicy {} ended", self.names.policy);
                     }
                     dirty = true;
                 }
@@ -352,10 +382,10 @@ impl Demo {
         }
     }
 
-    fn print_new_transitions(&self, tracker: &RolloutTracker, printed: &mut usize) {
-        let new = tracker.transitions_since(*printed);
+    fn print_new_transitions(&self, watch: &RolloutWatch, printed: &mut usize) {
+        let new = watch.transitions_from(*printed);
         for t in &new {
-            println!("{}", transition_line(t));
+            println!("{}", transition_line(t, self.epoch));
         }
         *printed += new.len();
         flush();
@@ -374,13 +404,14 @@ impl Demo {
             })
             .unwrap_or_else(|| "waiting for the controller's first status".to_owned());
         format!(
-            "ttdp demo · {} Tenstorrent + {} plain nodes · maxUnavailable {} · speed {}\n{title} · {:.1} s (total {:.1} s) · {summary}\n$ kubectl tt driver nodes {POLICY}",
+            "ttdp demo · {} Tenstorrent + {} plain nodes · maxUnavailable {} · speed {}\n{title} · {:.1} s (total {:.1} s) · {summary}\n$ kubectl tt driver nodes {}",
             self.fleet.tenstorrent,
             self.fleet.plain,
             self.args.max_unavailable,
             self.args.speed,
             started.elapsed().as_secs_f64(),
             self.epoch.elapsed().as_secs_f64(),
+            self.names.policy,
         )
     }
 
@@ -388,12 +419,13 @@ impl Demo {
         LiveView {
             plugin: self.args.plugin.clone(),
             kubeconfig: self.kubeconfig.clone(),
-            policy: POLICY.to_owned(),
+            policy: self.names.policy.clone(),
+            epoch: self.epoch,
         }
     }
 
     /// Fails, with the end of its log, when the controller has exited.
-    fn check_controller_alive(&self) -> Result<()> {
+    pub fn check_controller_alive(&self) -> Result<()> {
         if let Some(controller) = &self.controller
             && let Some(status) = controller.exited()
         {
@@ -403,198 +435,6 @@ impl Demo {
             );
         }
         Ok(())
-    }
-
-    /// Checks, reports, waits for Ctrl-C when asked to, and stops everything.
-    async fn finish(mut self, ending: Ending) -> Ending {
-        let mut problems = match &ending {
-            Ending::Failure(p) => p.clone(),
-            _ => Vec::new(),
-        };
-        if let Some(controller) = &self.controller
-            && let Some(status) = controller.exited()
-            && problems.is_empty()
-        {
-            problems.push(format!(
-                "the controller exited ({status}); its last log lines:\n{}",
-                indent(&log_tail(controller.log_file(), 15))
-            ));
-        }
-        let interrupted = matches!(ending, Ending::Interrupted);
-        let transitions = self
-            .tracker
-            .as_ref()
-            .map(RolloutTracker::transitions)
-            .unwrap_or_default();
-        let upgrade = self
-            .upgrade_started
-            .map(|since| RolloutTimes::from_transitions(&transitions, since))
-            .unwrap_or_default();
-        let mut outcome = Outcome {
-            policy: POLICY.to_owned(),
-            from: self.args.from.clone(),
-            to: self.args.to.clone(),
-            success: false,
-            problems: Vec::new(),
-            phases: self.phases.clone(),
-            upgrade: upgrade.clone(),
-            nodes: Vec::new(),
-            workloads: Vec::new(),
-        };
-        if !interrupted {
-            let policy = self.tracker.as_ref().and_then(RolloutTracker::policy);
-            match policy {
-                Some(policy) => match final_state::inspect(
-                    &self.client,
-                    &policy,
-                    &self.fleet,
-                    self.cluster.namespace(),
-                    &self.args.to,
-                )
-                .await
-                {
-                    Ok((nodes, workloads, checks)) => {
-                        outcome.nodes = nodes;
-                        outcome.workloads = workloads;
-                        if problems.is_empty() {
-                            problems.extend(checks);
-                        }
-                    }
-                    Err(e) => problems.push(format!("cannot read the cluster's final state: {e}")),
-                },
-                None if problems.is_empty() => {
-                    problems.push(format!("TenstorrentDriverPolicy {POLICY} was never seen"))
-                }
-                None => {}
-            }
-        }
-        outcome.success = problems.is_empty() && !interrupted;
-        outcome.problems.clone_from(&problems);
-
-        println!();
-        if outcome.success {
-            println!("Checks passed:");
-            println!(
-                "  every Tenstorrent node ttdp manages is Done at {} (status and kmd-version label)",
-                self.args.to
-            );
-            if let Some(node) = self.fleet.host_managed_node() {
-                println!(
-                    "  {node} is HostManaged and kept its DKMS driver; its device workload still runs"
-                );
-            }
-            if self.fleet.plain > 0 {
-                println!("  plain nodes carry no driver label and their workloads still run");
-            }
-            println!(
-                "  no node is left cordoned or with a deploy gate; drained workloads were evicted"
-            );
-        } else if !interrupted {
-            println!("The demo FAILED:");
-            for problem in &problems {
-                println!("  - {problem}");
-            }
-            self.print_failure_logs().await;
-        }
-        println!();
-        print!(
-            "{}",
-            timings::render(&self.phases, &upgrade, &self.args.max_unavailable)
-        );
-        flush();
-        if let Some(path) = &self.args.report {
-            match serde_json::to_vec_pretty(&outcome) {
-                Ok(json) => {
-                    if let Err(e) = std::fs::write(path, json) {
-                        eprintln!("warning: cannot write the report {}: {e}", path.display());
-                    }
-                }
-                Err(e) => eprintln!("warning: cannot serialise the report: {e}"),
-            }
-        }
-
-        if outcome.success && !self.args.exit_after_rollout {
-            println!();
-            print!(
-                "{}",
-                hints::render(
-                    &self.kubeconfig,
-                    &self.args.plugin,
-                    POLICY,
-                    &self.args.from,
-                    hints::installed_kubectl().as_deref()
-                )
-            );
-            println!(
-                "\n  controller log: {}",
-                self.log_dir.join("controller.log").display()
-            );
-            println!("  agent logs:     {}", self.cluster.log_dir().display());
-            flush();
-            shutdown_signal().await;
-        }
-
-        println!("\nstopping: controller, agents, kubelets, API server ...");
-        flush();
-        if let Some(controller) = self.controller.take() {
-            controller.stop().await;
-        }
-        self.tracker = None;
-        if let Err(e) = self.cluster.shutdown().await {
-            eprintln!("warning: the simulated cluster did not stop cleanly: {e}");
-        }
-        println!("stopped.");
-        if interrupted {
-            Ending::Interrupted
-        } else if outcome.success {
-            Ending::Success
-        } else {
-            Ending::Failure(problems)
-        }
-    }
-
-    /// The last lines of the controller's log and of the agents on nodes that did not finish.
-    async fn print_failure_logs(&self) {
-        let controller_log = self.log_dir.join("controller.log");
-        println!(
-            "\nlast lines of the controller log ({}):",
-            controller_log.display()
-        );
-        println!("{}", indent(&log_tail(&controller_log, 20)));
-        let Some(policy) = self.tracker.as_ref().and_then(RolloutTracker::policy) else {
-            return;
-        };
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let selector = format!("{}={}", labels::APP_NAME, labels::APP_NAME_AGENT);
-        let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await else {
-            return;
-        };
-        let stuck: Vec<String> = stragglers(&policy)
-            .iter()
-            .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
-            .collect();
-        for pod in list.items {
-            let node = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .unwrap_or_default();
-            if !stuck.contains(&node) {
-                continue;
-            }
-            let file = self.cluster.log_dir().join(format!(
-                "{}_{}_{}.log",
-                pod.namespace().unwrap_or_default(),
-                pod.name_any(),
-                ttdp_api::names::AGENT_CONTAINER
-            ));
-            println!(
-                "\nlast lines of agent {} on {node} ({}):",
-                pod.name_any(),
-                file.display()
-            );
-            println!("{}", indent(&log_tail(&file, 10)));
-        }
     }
 }
 
@@ -615,7 +455,12 @@ fn check_binaries(args: &DemoArgs) -> Result<()> {
     Ok(())
 }
 
-async fn start_cluster(args: &DemoArgs, fleet: &Fleet, log_dir: &Path) -> Result<SimCluster> {
+async fn start_cluster(
+    args: &DemoArgs,
+    fleet: &Fleet,
+    source: &ClusterSource,
+    log_dir: &Path,
+) -> Result<SimCluster> {
     let tt_smi = log_dir.join("tt-smi");
     write_fake_tt_smi(&tt_smi)?;
     let scaled = |seconds: f64| duration_flag(Duration::from_secs_f64(seconds * args.speed));
@@ -630,11 +475,14 @@ async fn start_cluster(args: &DemoArgs, fleet: &Fleet, log_dir: &Path) -> Result
         .env("TTDP_PROBE_PERIOD", &scaled(10.0))
         .env("TTDP_RETRY_INITIAL", &scaled(5.0))
         .env("TTDP_RETRY_MAX", &scaled(60.0))
-        .env("TTDP_BUILD_JOBS", "1")
-        .in_process();
+        .env("TTDP_BUILD_JOBS", "1");
+    let options = match source.kubeconfig() {
+        Some(kubeconfig) => options.existing_cluster(kubeconfig),
+        None => options.in_process(),
+    };
     SimCluster::start(options)
         .await
-        .context("cannot start the simulated cluster")
+        .context("cannot start the simulated nodes")
 }
 
 /// A stand-in for the tt-smi binary the agent image bundles; the agent copies it to each host.
@@ -647,81 +495,6 @@ fn write_fake_tt_smi(path: &Path) -> Result<()> {
     .with_context(|| format!("cannot write {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
         .with_context(|| format!("cannot make {} executable", path.display()))
-}
-
-/// The kubeconfig path to show the user: the server's, or a copy at `copy_to`.
-fn publish_kubeconfig(cluster: &SimCluster, copy_to: Option<&Path>) -> Result<PathBuf> {
-    let source = cluster.kubeconfig_path();
-    match copy_to {
-        Some(path) => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("cannot create {}", dir.display()))?;
-            }
-            std::fs::copy(source, path)
-                .with_context(|| format!("cannot copy the kubeconfig to {}", path.display()))?;
-            Ok(path.to_path_buf())
-        }
-        None => Ok(source.to_path_buf()),
-    }
-}
-
-async fn install_crd(client: &Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &ttdp_api::crd())
-        .await
-        .context("cannot create the TenstorrentDriverPolicy CRD")?;
-    let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
-    eventually(
-        "the TenstorrentDriverPolicy CRD to be served",
-        SETUP_WAIT,
-        || {
-            let policies = policies.clone();
-            async move { policies.list(&ListParams::default()).await.ok().map(|_| ()) }
-        },
-    )
-    .await?;
-    Ok(())
-}
-
-/// The operator namespace and the agents' ServiceAccount, as the Helm chart creates them.
-async fn create_operator_namespace(client: &Client) -> Result<()> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(DEFAULT_NAMESPACE.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    namespaces
-        .patch(
-            DEFAULT_NAMESPACE,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&namespace),
-        )
-        .await
-        .with_context(|| format!("cannot create namespace {DEFAULT_NAMESPACE}"))?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), DEFAULT_NAMESPACE);
-    let account = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some(AGENT_SERVICE_ACCOUNT.to_owned()),
-            namespace: Some(DEFAULT_NAMESPACE.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..ServiceAccount::default()
-    };
-    accounts
-        .patch(
-            AGENT_SERVICE_ACCOUNT,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&account),
-        )
-        .await
-        .with_context(|| {
-            format!("cannot create serviceaccount {DEFAULT_NAMESPACE}/{AGENT_SERVICE_ACCOUNT}")
-        })?;
-    Ok(())
 }
 
 /// `seconds` scaled by `speed`, in whole seconds, at least 1 (the controller's flags' unit).
@@ -751,12 +524,12 @@ fn phase(name: &str, started: Instant) -> Phase {
     }
 }
 
-fn print_step(what: &str) {
+pub fn print_step(what: &str) {
     println!("==> {what}");
     flush();
 }
 
-fn indent(text: &str) -> String {
+pub fn indent(text: &str) -> String {
     text.lines()
         .map(|l| format!("    {l}"))
         .collect::<Vec<_>>()

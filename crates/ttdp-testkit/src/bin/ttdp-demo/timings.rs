@@ -3,12 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use ttdp_api::NodeState;
 
-use crate::rollout_tracker::Transition;
+use ttdp_testkit::programs::Transition;
 
 /// One named phase of the demo and how long it took.
 #[derive(Debug, Clone, Serialize)]
@@ -34,7 +34,7 @@ pub struct RolloutTimes {
 
 impl RolloutTimes {
     /// Times of the transitions that happened at or after `since` (the rollout's start).
-    pub fn from_transitions(transitions: &[Transition], since: Duration) -> Self {
+    pub fn from_transitions(transitions: &[Transition], since: Instant) -> Self {
         let relevant: Vec<&Transition> = transitions.iter().filter(|t| t.at >= since).collect();
         let mut by_node: BTreeMap<&str, Vec<&Transition>> = BTreeMap::new();
         for t in &relevant {
@@ -50,14 +50,17 @@ impl RolloutTimes {
                 .find(|t| t.to == NodeState::Done)
                 .map(|t| t.at);
             if let (Some(start), Some(end)) = (started, done) {
-                per_node.insert((*node).to_owned(), end.saturating_sub(start).as_secs_f64());
+                per_node.insert(
+                    (*node).to_owned(),
+                    end.saturating_duration_since(start).as_secs_f64(),
+                );
             }
             for pair in steps.windows(2) {
                 if pair[0].to.is_in_flight() {
                     in_state
                         .entry(pair[0].to)
                         .or_default()
-                        .push(pair[1].at.saturating_sub(pair[0].at));
+                        .push(pair[1].at.saturating_duration_since(pair[0].at));
                 }
             }
         }
@@ -137,9 +140,9 @@ pub fn render(phases: &[Phase], upgrade: &RolloutTimes, max_unavailable: &str) -
 mod tests {
     use super::*;
 
-    fn t(at_ms: u64, node: &str, to: NodeState) -> Transition {
+    fn t(epoch: Instant, at_ms: u64, node: &str, to: NodeState) -> Transition {
         Transition {
-            at: Duration::from_millis(at_ms),
+            at: epoch + Duration::from_millis(at_ms),
             node: node.to_owned(),
             from: None,
             to,
@@ -150,6 +153,8 @@ mod tests {
 
     #[test]
     fn per_node_and_per_state_times_follow_the_transitions() {
+        let epoch = Instant::now();
+        let t = |at_ms, node, to| t(epoch, at_ms, node, to);
         let transitions = [
             t(0, "a", NodeState::Done),
             t(1000, "a", NodeState::Pending),
@@ -159,7 +164,8 @@ mod tests {
             t(5000, "a", NodeState::Upgrading),
             t(6000, "a", NodeState::Done),
         ];
-        let times = RolloutTimes::from_transitions(&transitions, Duration::from_millis(500));
+        let times =
+            RolloutTimes::from_transitions(&transitions, epoch + Duration::from_millis(500));
         assert_eq!(
             times.per_node.get("a"),
             Some(&4.0),

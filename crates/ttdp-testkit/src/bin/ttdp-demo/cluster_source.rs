@@ -1,0 +1,321 @@
+//! Where the demo's cluster comes from, in this order:
+//!
+//! 1. `--kubeconfig FILE`: an existing cluster (kind, a lab cluster). The demo adds simulated
+//!    nodes with simulated kubelets, as the end-to-end suites do, under a random name prefix,
+//!    with its own operator namespace, a policy that selects only its nodes and a controller
+//!    that reconciles only that policy; at exit it deletes what it created (the CRD stays, as
+//!    the suites leave it: other policies may use it).
+//! 2. Control-plane assets (`TTDP_KUBE_ASSETS`, else `../shared/kube`, found as the test suites
+//!    find them): a real etcd, kube-apiserver, kube-controller-manager and kube-scheduler started
+//!    for the demo on loopback, and stopped with it.
+//! 3. Neither: the testkit's in-process imitation API server, with a DaemonSet controller
+//!    stand-in. The demo says so in its first lines.
+//!
+//! On a real control plane the real DaemonSet controller creates the agent pods, the real
+//! scheduler binds them, and the simulated kubelets run them.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_testkit::launcher::{Assets, ControlPlaneOptions, runs_dir};
+use ttdp_testkit::programs::ControlPlaneThread;
+use ttdp_testkit::sim::cluster::random_prefix;
+use ttdp_testkit::sim::{SCENARIO_LABEL, SimCluster, eventually};
+
+use crate::fleet::DEMO_PREFIX;
+
+/// The field manager of the demo's own writes.
+const FIELD_MANAGER: &str = "ttdp-demo";
+/// The agent's ServiceAccount (the chart creates it).
+const AGENT_SERVICE_ACCOUNT: &str = "ttdp-agent";
+/// The policy the demo creates on a cluster of its own.
+const OWN_POLICY: &str = "default";
+
+/// The cluster the demo runs on.
+pub enum ClusterSource {
+    /// The cluster of `--kubeconfig`.
+    Existing(PathBuf),
+    /// A real control plane started for the demo from the assets in `assets_dir`.
+    Launched {
+        /// The running control plane.
+        plane: ControlPlaneThread,
+        /// Where its binaries are.
+        assets_dir: PathBuf,
+    },
+    /// The in-process imitation; why no control plane could be had.
+    Imitation(String),
+}
+
+impl ClusterSource {
+    /// `--kubeconfig`, else a control plane from the assets, else the imitation. Only missing
+    /// assets lead to the imitation: assets that are there but fail to start are an error.
+    pub fn choose(kubeconfig: Option<&Path>) -> Result<Self> {
+        if let Some(path) = kubeconfig {
+            if !path.is_file() {
+                anyhow::bail!("--kubeconfig {} does not exist", path.display());
+            }
+            return Ok(Self::Existing(path.to_path_buf()));
+        }
+        let assets = match Assets::locate() {
+            Ok(assets) => assets,
+            Err(missing) => return Ok(Self::Imitation(missing.to_string())),
+        };
+        let assets_dir = assets
+            .binary("kube-apiserver")
+            .parent()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let plane = ControlPlaneThread::start(assets, runs_dir(), ControlPlaneOptions::default())
+            .context("cannot start the real control plane")?;
+        Ok(Self::Launched { plane, assets_dir })
+    }
+
+    /// The lines the demo starts with: which cluster, and for the imitation why.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Existing(path) => format!(
+                "cluster: the existing cluster of --kubeconfig {} (the demo adds simulated nodes, and deletes what it created when it ends)",
+                path.display()
+            ),
+            Self::Launched { plane, assets_dir } => format!(
+                "cluster: a real control plane started for the demo: etcd, kube-apiserver, kube-controller-manager and kube-scheduler from {} (logs in {})",
+                tidy(assets_dir).display(),
+                tidy(&plane.run_dir().join("logs")).display()
+            ),
+            Self::Imitation(why) => format!(
+                "cluster: NO real control plane: {why}\n\
+                 cluster: falling back to the testkit's in-process IMITATION of an API server (a DaemonSet controller stand-in, no scheduler).\n\
+                 cluster: for the real one put control-plane-*.tar.xz in ../shared/kube, set TTDP_KUBE_ASSETS, or pass --kubeconfig FILE"
+            ),
+        }
+    }
+
+    /// The kubeconfig of a real cluster; `None` for the imitation (it makes its own).
+    pub fn kubeconfig(&self) -> Option<&Path> {
+        match self {
+            Self::Existing(path) => Some(path),
+            Self::Launched { plane, .. } => Some(plane.kubeconfig()),
+            Self::Imitation(_) => None,
+        }
+    }
+
+    /// Whether the cluster is shared with others (the demo must keep to its own objects).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Self::Existing(_))
+    }
+
+    /// A short name for the report and the test: `existing`, `launched` or `imitation`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Existing(_) => "existing",
+            Self::Launched { .. } => "launched",
+            Self::Imitation(_) => "imitation",
+        }
+    }
+
+    /// The names the demo uses on this cluster.
+    pub fn names(&self) -> DemoNames {
+        if self.is_shared() {
+            let prefix = random_prefix(DEMO_PREFIX);
+            DemoNames {
+                policy: prefix.clone(),
+                operator_namespace: format!("{prefix}-system"),
+                own_cluster: false,
+                prefix,
+            }
+        } else {
+            DemoNames {
+                policy: OWN_POLICY.to_owned(),
+                operator_namespace: ttdp_api::names::DEFAULT_NAMESPACE.to_owned(),
+                own_cluster: true,
+                prefix: DEMO_PREFIX.to_owned(),
+            }
+        }
+    }
+
+    /// Stops a launched control plane (nothing for the others).
+    pub fn stop(self) {
+        if let Self::Launched { plane, .. } = self {
+            plane.stop();
+        }
+    }
+}
+
+/// `path` without `..` steps, for printing (as is when it cannot be resolved).
+fn tidy(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// The names of what the demo creates.
+#[derive(Debug, Clone)]
+pub struct DemoNames {
+    /// Node names start with it; it is the workloads' namespace too.
+    pub prefix: String,
+    /// The policy.
+    pub policy: String,
+    /// Where the controller puts the DaemonSet.
+    pub operator_namespace: String,
+    /// Whether the demo has the cluster to itself (names as in the README).
+    pub own_cluster: bool,
+}
+
+impl DemoNames {
+    /// On a shared cluster the policy selects only the demo's nodes; on its own, every
+    /// Tenstorrent node (`nodeAffinity: {}`, as in the README).
+    pub fn node_affinity(&self) -> serde_json::Value {
+        if self.own_cluster {
+            json!({})
+        } else {
+            json!({ "matchLabels": { SCENARIO_LABEL: self.prefix } })
+        }
+    }
+
+    /// The controller's `--policy-selector` on a shared cluster.
+    pub fn policy_selector(&self) -> Option<String> {
+        (!self.own_cluster).then(|| format!("{SCENARIO_LABEL}={}", self.prefix))
+    }
+}
+
+/// Applies the ttdp CRD (forced server-side apply: idempotent, and on a shared cluster it may be
+/// there already) and waits until it is served.
+pub async fn install_crd(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = ttdp_api::crd();
+    let name = crd.name_any();
+    let mut value = serde_json::to_value(&crd).context("the CRD does not serialize")?;
+    value["apiVersion"] = json!("apiextensions.k8s.io/v1");
+    value["kind"] = json!("CustomResourceDefinition");
+    crds.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(value),
+    )
+    .await
+    .context("cannot apply the TenstorrentDriverPolicy CRD")?;
+    let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
+    eventually(
+        "the TenstorrentDriverPolicy CRD to be served",
+        std::time::Duration::from_secs(60),
+        || {
+            let policies = policies.clone();
+            async move { policies.list(&ListParams::default()).await.ok().map(|_| ()) }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// On a shared cluster: deletes the policy (the controller, still running, removes its
+/// finalizer after lifting any cordon), then, after the controller is stopped, the operator
+/// namespace. Best effort: each failure is returned as a line to print.
+pub async fn delete_policy(client: &Client, names: &DemoNames) -> Vec<String> {
+    let mut problems = Vec::new();
+    let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
+    if let Err(e) = policies
+        .delete(&names.policy, &DeleteParams::default())
+        .await
+        && !matches!(&e, kube::Error::Api(s) if s.code == 404)
+    {
+        problems.push(format!("cannot delete policy {}: {e}", names.policy));
+        return problems;
+    }
+    let gone = eventually(
+        "the policy's finalizer to be removed",
+        std::time::Duration::from_secs(60),
+        || {
+            let policies = policies.clone();
+            let name = names.policy.clone();
+            async move { matches!(policies.get_opt(&name).await, Ok(None)).then_some(()) }
+        },
+    )
+    .await;
+    if let Err(e) = gone {
+        problems.push(format!("policy {} is still there: {e}", names.policy));
+    }
+    problems
+}
+
+/// Deletes the operator namespace the demo created on a shared cluster.
+pub async fn delete_operator_namespace(client: &Client, names: &DemoNames) -> Option<String> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    match namespaces
+        .delete(&names.operator_namespace, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => None,
+        Err(kube::Error::Api(s)) if s.code == 404 => None,
+        Err(e) => Some(format!(
+            "cannot delete namespace {}: {e}",
+            names.operator_namespace
+        )),
+    }
+}
+
+/// The kubeconfig path to show the user: the cluster's, or a copy at `copy_to` (never a copy of
+/// the user's own kubeconfig, which may hold credentials).
+pub fn publish_kubeconfig(
+    cluster: &SimCluster,
+    source: &ClusterSource,
+    copy_to: Option<&Path>,
+) -> Result<PathBuf> {
+    let source_path = cluster.kubeconfig_path();
+    match copy_to {
+        Some(path) if !source.is_shared() => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            std::fs::copy(source_path, path)
+                .with_context(|| format!("cannot copy the kubeconfig to {}", path.display()))?;
+            Ok(path.to_path_buf())
+        }
+        _ => Ok(source_path.to_path_buf()),
+    }
+}
+
+/// The operator namespace and the agents' ServiceAccount, as the Helm chart creates them.
+pub async fn create_operator_namespace(client: &Client, namespace_name: &str) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(namespace_name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces
+        .patch(
+            namespace_name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&namespace),
+        )
+        .await
+        .with_context(|| format!("cannot create namespace {namespace_name}"))?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace_name);
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(AGENT_SERVICE_ACCOUNT.to_owned()),
+            namespace: Some(namespace_name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    accounts
+        .patch(
+            AGENT_SERVICE_ACCOUNT,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&account),
+        )
+        .await
+        .with_context(|| {
+            format!("cannot create serviceaccount {namespace_name}/{AGENT_SERVICE_ACCOUNT}")
+        })?;
+    Ok(())
+}

@@ -1,0 +1,275 @@
+//! How the demo ends: check the cluster, print the verdict and the timings, write the report,
+//! keep the cluster up for the user until Ctrl-C (unless `--exit-after-rollout`), then stop the
+//! controller, the simulated nodes and the control plane, deleting on a shared cluster what the
+//! demo created.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use ttdp_api::names::labels;
+use ttdp_testkit::programs::controller_process::log_tail;
+use ttdp_testkit::programs::rollout_watch::stragglers;
+
+use crate::cluster_source::{delete_operator_namespace, delete_policy};
+use crate::final_state::{self, Outcome};
+use crate::hints;
+use crate::live_view::flush;
+use crate::scenario::{Demo, Ending, indent, shutdown_signal};
+use crate::timings::{self, RolloutTimes};
+
+impl Demo {
+    /// Checks, reports, waits for Ctrl-C when asked to, and stops everything.
+    pub async fn finish(mut self, ending: Ending) -> Ending {
+        let interrupted = matches!(ending, Ending::Interrupted);
+        let mut problems = match &ending {
+            Ending::Failure(p) => p.clone(),
+            _ => Vec::new(),
+        };
+        if let Some(controller) = &self.controller
+            && let Some(status) = controller.exited()
+            && problems.is_empty()
+        {
+            problems.push(format!(
+                "the controller exited ({status}); its last log lines:\n{}",
+                indent(&log_tail(controller.log_file(), 15))
+            ));
+        }
+        let mut outcome = self.outcome();
+        if !interrupted {
+            self.inspect(&mut outcome, &mut problems).await;
+        }
+        outcome.success = problems.is_empty() && !interrupted;
+        outcome.problems.clone_from(&problems);
+        self.print_verdict(&outcome, interrupted).await;
+        self.write_report(&outcome);
+        if outcome.success && !self.args.exit_after_rollout {
+            self.print_hints();
+            shutdown_signal().await;
+        }
+        problems.extend(self.stop_everything().await);
+        if interrupted {
+            Ending::Interrupted
+        } else if outcome.success && problems.is_empty() {
+            Ending::Success
+        } else {
+            Ending::Failure(problems)
+        }
+    }
+
+    /// The outcome so far: phases and the upgrade's times.
+    fn outcome(&self) -> Outcome {
+        let transitions = self
+            .watch
+            .as_ref()
+            .map(|w| w.transitions())
+            .unwrap_or_default();
+        let upgrade = self
+            .upgrade_started
+            .map(|since| RolloutTimes::from_transitions(&transitions, since))
+            .unwrap_or_default();
+        Outcome {
+            policy: self.names.policy.clone(),
+            cluster: self.source.as_ref().map_or("", |s| s.kind()).to_owned(),
+            from: self.args.from.clone(),
+            to: self.args.to.clone(),
+            success: false,
+            problems: Vec::new(),
+            phases: self.phases.clone(),
+            upgrade,
+            nodes: Vec::new(),
+            workloads: Vec::new(),
+        }
+    }
+
+    /// Reads the cluster's final state into `outcome`; failed checks go to `problems` unless
+    /// something failed before.
+    async fn inspect(&self, outcome: &mut Outcome, problems: &mut Vec<String>) {
+        let policy = self.watch.as_ref().and_then(|w| w.policy());
+        let Some(policy) = policy else {
+            if problems.is_empty() {
+                problems.push(format!(
+                    "TenstorrentDriverPolicy {} was never seen",
+                    self.names.policy
+                ));
+            }
+            return;
+        };
+        match final_state::inspect(
+            &self.client,
+            &policy,
+            &self.fleet,
+            &self.names.prefix,
+            &self.placed,
+            &self.args.to,
+        )
+        .await
+        {
+            Ok((nodes, workloads, checks)) => {
+                outcome.nodes = nodes;
+                outcome.workloads = workloads;
+                if problems.is_empty() {
+                    problems.extend(checks);
+                }
+            }
+            Err(e) => problems.push(format!("cannot read the cluster's final state: {e}")),
+        }
+    }
+
+    async fn print_verdict(&self, outcome: &Outcome, interrupted: bool) {
+        println!();
+        if outcome.success {
+            println!("Checks passed:");
+            println!(
+                "  every Tenstorrent node ttdp manages is Done at {} (status and kmd-version label)",
+                self.args.to
+            );
+            if let Some(node) = self.fleet.host_managed_node() {
+                println!(
+                    "  {node} is HostManaged and kept its DKMS driver; its device workload still runs"
+                );
+            }
+            if self.fleet.plain > 0 {
+                println!("  plain nodes carry no driver label and their workloads still run");
+            }
+            println!(
+                "  no node is left cordoned or with a deploy gate; drained workloads were evicted"
+            );
+        } else if !interrupted {
+            println!("The demo FAILED:");
+            for problem in &outcome.problems {
+                println!("  - {problem}");
+            }
+            self.print_failure_logs().await;
+        }
+        println!();
+        print!(
+            "{}",
+            timings::render(&self.phases, &outcome.upgrade, &self.args.max_unavailable)
+        );
+        flush();
+    }
+
+    fn write_report(&self, outcome: &Outcome) {
+        let Some(path) = &self.args.report else {
+            return;
+        };
+        match serde_json::to_vec_pretty(outcome) {
+            Ok(json) => {
+                if let Err(e) = std::fs::write(path, json) {
+                    eprintln!("warning: cannot write the report {}: {e}", path.display());
+                }
+            }
+            Err(e) => eprintln!("warning: cannot serialise the report: {e}"),
+        }
+    }
+
+    fn print_hints(&self) {
+        println!();
+        let shared = self.source.as_ref().is_some_and(|s| s.is_shared());
+        print!(
+            "{}",
+            hints::render(
+                &self.kubeconfig,
+                &self.args.plugin,
+                &self.names.policy,
+                &self.args.from,
+                hints::installed_kubectl().as_deref(),
+                shared,
+            )
+        );
+        println!(
+            "\n  controller log: {}",
+            self.log_dir.join("controller.log").display()
+        );
+        if let Some(cluster) = &self.cluster {
+            println!("  agent logs:     {}", cluster.log_dir().display());
+        }
+        flush();
+    }
+
+    /// Stops the controller, the simulated nodes and the control plane; on a shared cluster it
+    /// first deletes the policy (so the controller can remove its finalizer) and at the end the
+    /// operator namespace. Returns what could not be cleaned up.
+    async fn stop_everything(&mut self) -> Vec<String> {
+        let shared = self.source.as_ref().is_some_and(|s| s.is_shared());
+        let mut problems = Vec::new();
+        if shared {
+            println!(
+                "\nstopping: deleting policy {}, then the controller, agents, kubelets, nodes and namespaces the demo created ...",
+                self.names.policy
+            );
+            flush();
+            problems.extend(delete_policy(&self.client, &self.names).await);
+        } else {
+            println!("\nstopping: controller, agents, kubelets, control plane ...");
+            flush();
+        }
+        if let Some(controller) = self.controller.take() {
+            controller.stop().await;
+        }
+        self.watch = None;
+        if let Some(cluster) = self.cluster.take()
+            && let Err(e) = cluster.shutdown().await
+        {
+            problems.push(format!("the simulated nodes did not stop cleanly: {e}"));
+        }
+        if shared {
+            problems.extend(delete_operator_namespace(&self.client, &self.names).await);
+        }
+        if let Some(source) = self.source.take() {
+            // Blocking (joins the control plane's thread): off the runtime's workers.
+            let _ = tokio::task::spawn_blocking(move || source.stop()).await;
+        }
+        for problem in &problems {
+            eprintln!("warning: {problem}");
+        }
+        println!("stopped.");
+        problems
+    }
+
+    /// The last lines of the controller's log and of the agents on nodes that did not finish.
+    async fn print_failure_logs(&self) {
+        let controller_log = self.log_dir.join("controller.log");
+        println!(
+            "\nlast lines of the controller log ({}):",
+            controller_log.display()
+        );
+        println!("{}", indent(&log_tail(&controller_log, 20)));
+        let (Some(policy), Some(cluster)) =
+            (self.watch.as_ref().and_then(|w| w.policy()), &self.cluster)
+        else {
+            return;
+        };
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.names.operator_namespace);
+        let selector = format!("{}={}", labels::APP_NAME, labels::APP_NAME_AGENT);
+        let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await else {
+            return;
+        };
+        let stuck: Vec<String> = stragglers(&policy)
+            .iter()
+            .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+            .collect();
+        for pod in list.items {
+            let node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default();
+            if !stuck.contains(&node) {
+                continue;
+            }
+            let file = cluster.log_dir().join(format!(
+                "{}_{}_{}.log",
+                pod.namespace().unwrap_or_default(),
+                pod.name_any(),
+                ttdp_api::names::AGENT_CONTAINER
+            ));
+            println!(
+                "\nlast lines of agent {} on {node} ({}):",
+                pod.name_any(),
+                file.display()
+            );
+            println!("{}", indent(&log_tail(&file, 10)));
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! Follows one policy through a watch and keeps what the demo shows and the benchmark measures:
+//! the latest policy, every per-node state change with the time it was seen, how many policy
+//! events arrived and the largest serialized status seen; and [`is_rolled_out`], when a rollout
+//! counts as finished.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use ttdp_api::driver::v1alpha1::condition;
+use ttdp_api::{NodeState, TenstorrentDriverPolicy};
+
+/// How often the status size is measured (serializing 5,000 entries on every event would cost
+/// the benchmark more CPU than the controller it measures).
+pub const SIZE_SAMPLE_EVERY: Duration = Duration::from_millis(500);
+
+/// One node entering a state, as seen in the policy's status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    /// When the watch saw it.
+    pub at: Instant,
+    /// The node.
+    pub node: String,
+    /// Its previous state (`None`: first seen).
+    pub from: Option<NodeState>,
+    /// The state entered.
+    pub to: NodeState,
+    /// The version it reported loaded at that moment.
+    pub version: Option<String>,
+    /// Reason and message, when the status gives them.
+    pub why: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    policy: Option<TenstorrentDriverPolicy>,
+    states: HashMap<String, NodeState>,
+    transitions: Vec<Transition>,
+    max_status_bytes: usize,
+    sized_at: Option<Instant>,
+    events: u64,
+}
+
+/// The watch on the policy, running in the background until dropped.
+#[derive(Debug)]
+pub struct RolloutWatch {
+    seen: Arc<Mutex<Seen>>,
+    changed: watch::Receiver<u64>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for RolloutWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RolloutWatch {
+    /// Starts watching the policy `name`.
+    pub fn start(client: Client, name: &str) -> Self {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (tx, changed) = watch::channel(0u64);
+        let api: Api<TenstorrentDriverPolicy> = Api::all(client);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let name = name.to_owned();
+        let shared = Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            let mut stream = watcher(api, config)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(item) = stream.next().await {
+                let Ok(policy) = item else { continue };
+                if policy.name_any() != name {
+                    continue;
+                }
+                record(&mut lock(&shared), policy, Instant::now());
+                tx.send_modify(|n| *n += 1);
+            }
+        });
+        Self {
+            seen,
+            changed,
+            task,
+        }
+    }
+
+    /// A receiver that changes whenever the policy does.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.clone()
+    }
+
+    /// The latest policy, if seen.
+    pub fn policy(&self) -> Option<TenstorrentDriverPolicy> {
+        lock(&self.seen).policy.clone()
+    }
+
+    /// Every transition so far, oldest first.
+    pub fn transitions(&self) -> Vec<Transition> {
+        lock(&self.seen).transitions.clone()
+    }
+
+    /// Transitions from index `from` on (for printing each once).
+    pub fn transitions_from(&self, from: usize) -> Vec<Transition> {
+        lock(&self.seen)
+            .transitions
+            .get(from..)
+            .map(<[Transition]>::to_vec)
+            .unwrap_or_default()
+    }
+
+    /// Transitions seen at or after `since`.
+    pub fn transitions_since(&self, since: Instant) -> Vec<Transition> {
+        lock(&self.seen)
+            .transitions
+            .iter()
+            .filter(|t| t.at >= since)
+            .cloned()
+            .collect()
+    }
+
+    /// The largest serialized status seen since the last reset, in bytes (sampled at most every
+    /// [`SIZE_SAMPLE_EVERY`]).
+    pub fn max_status_bytes(&self) -> usize {
+        lock(&self.seen).max_status_bytes
+    }
+
+    /// Policy events received.
+    pub fn events(&self) -> u64 {
+        lock(&self.seen).events
+    }
+
+    /// Forgets the largest status size.
+    pub fn reset_max_status(&self) {
+        lock(&self.seen).max_status_bytes = 0;
+    }
+}
+
+fn lock(seen: &Mutex<Seen>) -> MutexGuard<'_, Seen> {
+    seen.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Instant) {
+    seen.events += 1;
+    let mut listed = HashSet::new();
+    for node in policy.status.iter().flat_map(|s| s.nodes.iter()) {
+        listed.insert(node.name.as_str());
+        let previous = seen.states.insert(node.name.clone(), node.state);
+        if previous != Some(node.state) {
+            let why = match (&node.reason, &node.message) {
+                (Some(r), Some(m)) => Some(format!("{r}: {m}")),
+                (Some(r), None) => Some(r.clone()),
+                (None, Some(m)) => Some(m.clone()),
+                (None, None) => None,
+            };
+            seen.transitions.push(Transition {
+                at,
+                node: node.name.clone(),
+                from: previous,
+                to: node.state,
+                version: node.current_version.clone(),
+                why,
+            });
+        }
+    }
+    // Past 1,000 nodes the status leaves Done nodes (and ones waiting for a slot) out: a node
+    // in flight that leaves the list has reached Done.
+    let omits = policy
+        .status
+        .as_ref()
+        .and_then(|s| s.summary.as_ref())
+        .is_some_and(|s| s.nodes_omitted > 0);
+    if omits {
+        let Seen {
+            states,
+            transitions,
+            ..
+        } = seen;
+        for (name, state) in states.iter_mut() {
+            if state.is_in_flight() && !listed.contains(name.as_str()) {
+                transitions.push(Transition {
+                    at,
+                    node: name.clone(),
+                    from: Some(*state),
+                    to: NodeState::Done,
+                    version: None,
+                    why: None,
+                });
+                *state = NodeState::Done;
+            }
+        }
+    }
+    if seen
+        .sized_at
+        .is_none_or(|t| at.duration_since(t) >= SIZE_SAMPLE_EVERY)
+    {
+        seen.sized_at = Some(at);
+        let bytes = policy
+            .status
+            .as_ref()
+            .and_then(|s| serde_json::to_vec(s).ok())
+            .map_or(0, |v| v.len());
+        seen.max_status_bytes = seen.max_status_bytes.max(bytes);
+    }
+    seen.policy = Some(policy);
+}
+
+/// Whether `policy` has rolled out `version` to at least `expected_nodes` nodes: the controller
+/// has observed the latest spec (which asks for `version`), the `Ready` condition is true for it,
+/// every listed node is HostManaged or Done at `version`, and the summary counts nothing in
+/// progress or pending.
+pub fn is_rolled_out(
+    policy: &TenstorrentDriverPolicy,
+    version: &str,
+    expected_nodes: usize,
+) -> bool {
+    let Some(status) = &policy.status else {
+        return false;
+    };
+    let generation = policy.metadata.generation;
+    // The watch's copy may still be the one from before a version bump (a status write that
+    // raced it): the spec must ask for `version` too.
+    if generation.is_none()
+        || status.observed_generation != generation
+        || policy.spec.version != version
+    {
+        return false;
+    }
+    let ready = status.conditions.iter().any(|c| {
+        c.type_ == condition::READY
+            && c.status == "True"
+            && c.observed_generation.is_none_or(|g| Some(g) == generation)
+    });
+    // Done must mean "running `version`": a status written just after a version bump can still
+    // list nodes Done at the old version.
+    let settled = status.nodes.iter().all(|n| match n.state {
+        NodeState::Done => n.current_version.as_deref() == Some(version),
+        NodeState::HostManaged => true,
+        _ => false,
+    });
+    let summary_settled = status.summary.as_ref().is_none_or(|s| {
+        s.up_to_date + s.host_managed == s.matched && s.in_progress == 0 && s.pending == 0
+    });
+    let counted = status.nodes.len()
+        + status
+            .summary
+            .as_ref()
+            .map_or(0, |s| usize::try_from(s.nodes_omitted).unwrap_or(0));
+    ready && settled && summary_settled && counted >= expected_nodes
+}
+
+/// Nodes that are not where the rollout wants them, with the status's explanation, for a
+/// timeout message.
+pub fn stragglers(policy: &TenstorrentDriverPolicy) -> Vec<String> {
+    policy
+        .status
+        .iter()
+        .flat_map(|s| s.nodes.iter())
+        .filter(|n| !matches!(n.state, NodeState::Done | NodeState::HostManaged))
+        .map(|n| {
+            let mut line = format!("{} is {}", n.name, n.state);
+            if let Some(reason) = &n.reason {
+                line.push_str(&format!(" ({reason})"));
+            }
+            if let Some(message) = &n.message {
+                line.push_str(&format!(": {message}"));
+            }
+            line
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn policy(nodes: serde_json::Value, omitted: i32) -> TenstorrentDriverPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "driver.tenstorrent.com/v1alpha1",
+            "kind": "TenstorrentDriverPolicy",
+            "metadata": { "name": "bench", "generation": 2 },
+            "spec": { "version": "2.8.0" },
+            "status": {
+                "observedGeneration": 2,
+                "conditions": [{ "type": "Ready", "status": "True", "reason": "RolledOut",
+                    "message": "", "lastTransitionTime": "2025-01-01T00:00:00Z" }],
+                "summary": { "matched": 1_001, "upToDate": 1_000, "hostManaged": 1, "nodesOmitted": omitted },
+                "nodes": nodes },
+        }))
+        .unwrap()
+    }
+
+    fn states(seen: &Seen) -> Vec<(&str, NodeState)> {
+        seen.transitions
+            .iter()
+            .map(|c| (c.node.as_str(), c.to))
+            .collect()
+    }
+
+    #[test]
+    fn a_node_in_flight_that_leaves_a_compacted_status_is_done() {
+        let mut seen = Seen::default();
+        let at = Instant::now();
+        let both = serde_json::json!([
+            { "name": "a", "state": "Uncordoning" },
+            { "name": "b", "state": "Failed" },
+        ]);
+        record(&mut seen, policy(both, 999), at);
+        let only_b = serde_json::json!([{ "name": "b", "state": "Failed" }]);
+        record(&mut seen, policy(only_b.clone(), 1_000), at);
+        record(&mut seen, policy(only_b, 1_000), at);
+        assert_eq!(
+            states(&seen),
+            [
+                ("a", NodeState::Uncordoning),
+                ("b", NodeState::Failed),
+                ("a", NodeState::Done),
+            ],
+            "a left the list once (Done); b stays Failed"
+        );
+        assert_eq!(seen.transitions[2].from, Some(NodeState::Uncordoning));
+    }
+
+    #[test]
+    fn a_status_that_lists_every_node_says_done_itself() {
+        let mut seen = Seen::default();
+        let at = Instant::now();
+        record(
+            &mut seen,
+            policy(
+                serde_json::json!([{ "name": "a", "state": "Upgrading" }]),
+                0,
+            ),
+            at,
+        );
+        record(&mut seen, policy(serde_json::json!([]), 0), at);
+        assert_eq!(states(&seen), [("a", NodeState::Upgrading)]);
+    }
+
+    #[test]
+    fn rolled_out_needs_the_version_every_node_and_a_settled_summary() {
+        let done = serde_json::json!([
+            { "name": "a", "state": "Done", "currentVersion": "2.8.0" },
+            { "name": "h", "state": "HostManaged", "currentVersion": "2.6.1" },
+        ]);
+        let p = policy(done, 999);
+        assert!(is_rolled_out(&p, "2.8.0", 1_001));
+        assert!(!is_rolled_out(&p, "2.7.0", 1_001), "another version");
+        assert!(!is_rolled_out(&p, "2.8.0", 1_002), "a node not counted");
+        let old = serde_json::json!([{ "name": "a", "state": "Done", "currentVersion": "2.7.0" }]);
+        assert!(!is_rolled_out(&policy(old, 1_000), "2.8.0", 1_001));
+        let busy = serde_json::json!([{ "name": "a", "state": "Draining", "reason": "Evicting" }]);
+        let p = policy(busy, 1_000);
+        assert!(!is_rolled_out(&p, "2.8.0", 1_001));
+        assert_eq!(stragglers(&p), ["a is Draining (Evicting)"]);
+    }
+}
