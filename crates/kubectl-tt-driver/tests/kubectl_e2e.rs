@@ -19,8 +19,8 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use ttdp_api::names::annotations;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
-use ttdp_testkit::faults::Fault;
 use ttdp_testkit::fault_proxy::Override;
+use ttdp_testkit::faults::Fault;
 
 use harness::Harness;
 

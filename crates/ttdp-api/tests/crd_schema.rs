@@ -281,6 +281,37 @@ fn bad_inputs_are_rejected_with_their_message() {
     }
 }
 
+/// `upgradePolicy.nodeTimeoutSeconds`: defaulted to 30 minutes in the schema and the types,
+/// and refused outside 1 s to 7 days with a message naming the field and its unit.
+#[test]
+fn node_timeout_seconds_is_defaulted_and_bounded() {
+    let upgrade = &schema()["properties"]["spec"]["properties"]["upgradePolicy"]["properties"];
+    assert_eq!(upgrade["nodeTimeoutSeconds"]["default"], json!(1800));
+    let p: TenstorrentDriverPolicy =
+        serde_json::from_value(policy("d", json!({"version": "2.8.0", "nodeAffinity": {}})))
+            .unwrap();
+    assert_eq!(p.spec.upgrade_policy.node_timeout_seconds, 1800);
+    let with = |seconds: Value| {
+        policy(
+            "default",
+            json!({"version": "2.8.0", "nodeAffinity": {},
+                   "upgradePolicy": {"nodeTimeoutSeconds": seconds}}),
+        )
+    };
+    for bad in [json!(0), json!(-5), json!(604_801), json!(1_800_000)] {
+        let err = check(&with(bad.clone()))
+            .err()
+            .unwrap_or_else(|| panic!("accepted nodeTimeoutSeconds {bad}"));
+        assert!(
+            err.contains("spec.upgradePolicy.nodeTimeoutSeconds must be from 1 to 604800 (7 days)"),
+            "{bad}: {err}"
+        );
+    }
+    for ok in [json!(1), json!(300), json!(604_800)] {
+        check(&with(ok.clone())).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+}
+
 #[test]
 fn pod_selector_label_is_checked_by_the_controller_side_validation() {
     let mut p: TenstorrentDriverPolicy = serde_json::from_value(policy(

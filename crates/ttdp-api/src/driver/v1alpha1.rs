@@ -104,6 +104,18 @@ pub struct UpgradePolicy {
         "spec.upgradePolicy.maxUnavailable must be an integer >= 1 or a percentage from 1% to 100% such as \"25%\""
     ))]
     pub max_unavailable: IntOrString,
+
+    /// How long, in seconds, a node may stay in one step (Cordoning, Draining, Upgrading)
+    /// without moving on: past it the node fails with `NodeTimeout` (its agent pod never
+    /// started or never got Ready, its drain or its module swap made no progress), frees its
+    /// slot and counts against the failure budget. Counted from when the node entered the step
+    /// (its `lastTransitionTime`), so a controller restart does not reset it. In Draining the
+    /// longer of this and `drain.timeoutSeconds` applies.
+    #[serde(default = "default_node_timeout_seconds")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 604800").message(
+        "spec.upgradePolicy.nodeTimeoutSeconds must be from 1 to 604800 (7 days): the seconds a node may spend in one step before it fails with NodeTimeout"
+    ))]
+    pub node_timeout_seconds: i64,
 }
 
 /// The two-pass drain before a node's module is swapped.
@@ -168,6 +180,11 @@ fn yes() -> bool {
 fn default_timeout_seconds() -> i64 {
     600
 }
+/// Long enough for a cache-cold build on a slow host (fetch and `make modules` usually take
+/// 1-2 minutes), short enough that a dead node does not hold its slot for long.
+fn default_node_timeout_seconds() -> i64 {
+    1800
+}
 fn default_max_unavailable() -> IntOrString {
     IntOrString::Int(1)
 }
@@ -181,6 +198,7 @@ impl Default for UpgradePolicy {
             drain: DrainPolicy::default(),
             force_unload: false,
             max_unavailable: default_max_unavailable(),
+            node_timeout_seconds: default_node_timeout_seconds(),
         }
     }
 }

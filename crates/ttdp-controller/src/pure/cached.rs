@@ -49,9 +49,18 @@ pub struct CachedNode {
     /// Kubelet stopped posting node status.`); `None` when Ready.
     #[serde(default)]
     pub not_ready: Option<String>,
+    /// The watch event carrying it removes the node (it was deleted): its policies are woken
+    /// whatever else changed, so a dead node an admin deletes leaves their status at once.
+    #[serde(default)]
+    pub deleted: bool,
 }
 
-/// The node's Ready condition as text when it is not True (a node without one is not Ready).
+/// The taint the node lifecycle controller puts on a node it cannot reach.
+pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
+
+/// The node's Ready condition as text when it is not True (a node without one is not Ready),
+/// or the unreachable taint when the condition still says True (the lifecycle controller
+/// changes the two one after the other).
 fn not_ready(node: &Node) -> Option<String> {
     let ready = node
         .status
@@ -61,14 +70,23 @@ fn not_ready(node: &Node) -> Option<String> {
     let Some(c) = ready else {
         return Some("no Ready condition reported".to_owned());
     };
-    (c.status != "True").then(|| {
-        let mut text = format!("Ready={}", c.status);
-        for part in [&c.reason, &c.message].into_iter().flatten() {
-            text.push_str(": ");
-            text.push_str(part);
-        }
-        text
-    })
+    if c.status == "True" {
+        let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref());
+        let unreachable = taints
+            .into_iter()
+            .flatten()
+            .find(|t| t.key == UNREACHABLE_TAINT)?;
+        return Some(format!(
+            "tainted {UNREACHABLE_TAINT}:{}: the node lifecycle controller cannot reach it",
+            unreachable.effect
+        ));
+    }
+    let mut text = format!("Ready={}", c.status);
+    for part in [&c.reason, &c.message].into_iter().flatten() {
+        text.push_str(": ");
+        text.push_str(part);
+    }
+    Some(text)
 }
 
 impl CachedNode {
@@ -111,6 +129,7 @@ impl CachedNode {
             },
             unschedulable: node.spec.and_then(|s| s.unschedulable).unwrap_or(false),
             not_ready,
+            deleted: false,
         }
     }
 }
@@ -299,6 +318,12 @@ fn map_event<A, B>(event: watcher::Event<A>, f: impl Fn(A) -> B) -> watcher::Eve
 
 /// A node watch event, converted to [`CachedNode`].
 pub fn node_event(event: watcher::Event<Node>, require_nfd: bool) -> watcher::Event<CachedNode> {
+    if let watcher::Event::Delete(n) = event {
+        return watcher::Event::Delete(CachedNode {
+            deleted: true,
+            ..CachedNode::of(n, require_nfd)
+        });
+    }
     map_event(event, |n| CachedNode::of(n, require_nfd))
 }
 
@@ -518,6 +543,17 @@ mod tests {
         );
         let plain: Node = serde_json::from_value(json!({"metadata": {"name": "p"}})).unwrap();
         assert!(CachedNode::of(plain, true).not_ready.is_some());
+        let mut unreachable = full_node(true);
+        unreachable.spec = serde_json::from_value(json!({"taints": [
+            {"key": UNREACHABLE_TAINT, "effect": "NoExecute"}]}))
+        .unwrap();
+        assert_eq!(
+            CachedNode::of(unreachable, true).not_ready.as_deref(),
+            Some(
+                "tainted node.kubernetes.io/unreachable:NoExecute: the node lifecycle controller cannot reach it"
+            ),
+            "Ready=True but unreachable"
+        );
     }
 
     #[test]
@@ -548,7 +584,11 @@ mod tests {
         let n = full_node(true);
         assert!(matches!(
             node_event(watcher::Event::Delete(n), true),
-            watcher::Event::Delete(c) if c.unschedulable
+            watcher::Event::Delete(c) if c.unschedulable && c.deleted
+        ));
+        assert!(matches!(
+            node_event(watcher::Event::Apply(full_node(true)), true),
+            watcher::Event::Apply(c) if !c.deleted
         ));
         assert!(matches!(
             agent_pod_event(watcher::Event::InitDone),

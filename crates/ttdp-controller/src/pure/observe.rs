@@ -17,8 +17,8 @@ use ttdp_api::{NodeState, NodeStatus};
 use crate::pure::agent_blocker::{Blocker, pod_blocker};
 use crate::pure::cached::CachedPod;
 use crate::pure::transition::{
-    Action, AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, StartGate,
-    UpgradeGrant,
+    Action, AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, RolloutRules,
+    StartGate, UpgradeGrant,
 };
 use ttdp_kmod::KmdVersion;
 
@@ -305,7 +305,22 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         retry: input.retry,
         start: StartGate::NoSlot,
         in_state_for: in_state_for(input.recorded, input.now),
+        node_not_ready: input.node_not_ready.map(str::to_owned),
     }
+}
+
+/// How long until the node's step reaches its deadline ([`RolloutRules::step_deadline`] after
+/// the entry's `lastTransitionTime`), so the reconcile looks again then. `None` for a step
+/// without one, and once it has passed (the decision at this `now` already saw it).
+pub fn until_step_deadline(
+    recorded: Option<&NodeStatus>,
+    now: &Time,
+    rules: &RolloutRules,
+) -> Option<Duration> {
+    let entry = recorded?;
+    let limit = rules.step_deadline(entry.state)?;
+    let waited = in_state_for(Some(entry), now)?;
+    limit.checked_sub(waited).filter(|left| !left.is_zero())
 }
 
 /// The agent pod a `ReplaceAgent` among `todo` deletes, if any.
@@ -719,6 +734,56 @@ mod tests {
         assert_eq!(
             retry_gate(&asked, Some(&entry), &t(1), base, max).0,
             RetryGate::Requested
+        );
+    }
+
+    /// The deadline counts from the recorded entry's `lastTransitionTime`, so a controller that
+    /// restarts mid-step looks again when the node's time is up, not a whole timeout later.
+    #[test]
+    fn the_step_deadline_counts_from_the_recorded_transition() {
+        let t = |s: i64| Time(Timestamp::from_second(1_800_000_000 + s).unwrap());
+        let rules = RolloutRules {
+            target_version: v("2.8.0"),
+            drain_enabled: true,
+            gates_configured: true,
+            drain_timeout: Some(Duration::from_secs(600)),
+            node_timeout: Some(Duration::from_secs(1800)),
+        };
+        let entry = |state| NodeStatus {
+            name: "n1".into(),
+            state,
+            current_version: None,
+            target_version: None,
+            install_mode: None,
+            reason: None,
+            message: None,
+            last_transition_time: Some(t(0)),
+            phase_start_time: None,
+            attempts: None,
+        };
+        let upgrading = entry(NodeState::Upgrading);
+        assert_eq!(
+            until_step_deadline(Some(&upgrading), &t(1700), &rules),
+            Some(Duration::from_secs(100))
+        );
+        assert_eq!(
+            until_step_deadline(Some(&upgrading), &t(1800), &rules),
+            None,
+            "past it: already decided"
+        );
+        for settled in [NodeState::Pending, NodeState::Done, NodeState::Failed] {
+            assert_eq!(
+                until_step_deadline(Some(&entry(settled)), &t(1), &rules),
+                None
+            );
+        }
+        let no_timeout = RolloutRules {
+            node_timeout: None,
+            ..rules
+        };
+        assert_eq!(
+            until_step_deadline(Some(&upgrading), &t(1), &no_timeout),
+            None
         );
     }
 }

@@ -8,8 +8,16 @@
 //! slots remain. With more Failed nodes than `maxUnavailable` the rollout is halted: only a
 //! requested retry starts. A [`Planner`] keeps the closed-gate transitions between the passes
 //! of a reconcile, so that a pass evaluates again only the nodes whose observation changed.
+//!
+//! Fresh installs (nothing loaded, nothing of ours on the node: see
+//! [`NodeObservation::is_fresh_install`]) disrupt nothing: they start without a slot and hold
+//! none while they install, so a fleet of first installs, or of dead nodes that never run their
+//! agent, never keeps the upgrades of running nodes waiting. A node that is not Ready stays
+//! Pending (`NodeNotReady`) when offered a slot and does not use it up.
 
-use ttdp_api::NodeState;
+use std::time::Duration;
+
+use ttdp_api::{NodeState, TenstorrentDriverPolicySpec};
 
 use crate::pure::status::is_halted;
 use crate::pure::transition::{
@@ -129,7 +137,8 @@ impl Planner {
         let in_flight = self
             .closed
             .iter()
-            .filter(|t| t.state.is_in_flight())
+            .zip(nodes.iter())
+            .filter(|(t, (_, obs))| takes_slot(obs, t))
             .count();
         let mut slots = self.plan.max_unavailable.saturating_sub(in_flight);
         let mut gated = Vec::new();
@@ -146,20 +155,33 @@ impl Planner {
             }
             obs.start = if halted && obs.retry != RetryGate::Requested {
                 StartGate::Halted
-            } else if slots > 0 {
+            } else if slots > 0 || obs.is_fresh_install() {
                 StartGate::Allowed
             } else {
                 continue;
             };
             let t = transition::next(obs, &self.plan.rules);
-            if t.state.is_in_flight() {
-                slots -= 1;
+            if takes_slot(obs, &t) {
+                slots = slots.saturating_sub(1);
             }
             gated.push((i, t));
         }
         gated.sort_unstable_by_key(|(i, _)| *i);
         gated
     }
+}
+
+/// `upgradePolicy.nodeTimeoutSeconds` as a duration (below one second, which the schema
+/// refuses, counts as one second).
+pub fn node_timeout(spec: &TenstorrentDriverPolicySpec) -> Duration {
+    Duration::from_secs(u64::try_from(spec.upgrade_policy.node_timeout_seconds).unwrap_or(1))
+        .max(Duration::from_secs(1))
+}
+
+/// Whether a node going to `t` holds one of the `maxUnavailable` slots: every step from
+/// Cordoning to Uncordoning, except a fresh install's (it disrupts nothing).
+fn takes_slot(obs: &NodeObservation, t: &NodeTransition) -> bool {
+    t.state.is_in_flight() && !obs.is_fresh_install()
 }
 
 #[cfg(test)]
@@ -186,6 +208,7 @@ mod tests {
             drain_enabled: true,
             gates_configured: true,
             drain_timeout: None,
+            node_timeout: None,
         }
     }
 
@@ -204,6 +227,7 @@ mod tests {
             retry: RetryGate::NotYet,
             start: StartGate::NoSlot,
             in_state_for: None,
+            node_not_ready: None,
         }
     }
 
@@ -279,9 +303,9 @@ mod tests {
         assert_eq!(
             got,
             [
-                Pending, Pending, Upgrading, Upgrading, Upgrading, Upgrading, Upgrading
+                Cordoning, Pending, Upgrading, Upgrading, Upgrading, Upgrading, Upgrading
             ],
-            "fresh installs need no slot; the loaded nodes wait for theirs"
+            "fresh installs need no slot and hold none; the loaded nodes take theirs one by one"
         );
         assert!(out.iter().all(|(_, t)| !t.actions.contains(&Action::Grant)));
         let loaded = &mut nodes[..2];
@@ -400,6 +424,125 @@ mod tests {
         assert_eq!(
             pass(&mut nodes, &[1, 2, 4]),
             [Done, Done, Cordoning, Cordoning, Failed, Pending]
+        );
+    }
+
+    const DOWN: &str = "Ready=Unknown: NodeStatusUnknown: Kubelet stopped posting node status.";
+
+    fn reasons_of(out: &[(String, NodeTransition)]) -> Vec<(NodeState, Option<&str>)> {
+        out.iter()
+            .map(|(_, t)| (t.state, t.reason.as_deref()))
+            .collect()
+    }
+
+    /// The incident: three dead fresh nodes (agent pods bound, never run) and three healthy
+    /// loaded ones. The dead nodes stay Pending without a slot; the healthy ones start.
+    #[test]
+    fn dead_nodes_take_no_slot_and_healthy_nodes_start() {
+        let mut nodes = fleet(&[Pending; 6]);
+        for (_, obs) in &mut nodes[..3] {
+            obs.loaded_version = None;
+            obs.agent =
+                AgentPod::Current(AgentCondition::Stuck(crate::pure::agent_blocker::Blocker {
+                    reason: "NodeNotReady".into(),
+                    message: "bound to a node that is not Ready".into(),
+                }));
+            obs.node_not_ready = Some(DOWN.into());
+        }
+        let out = plan(&policy(1, false), &mut nodes);
+        let not_ready = (Pending, Some(transition::reasons::NODE_NOT_READY));
+        assert_eq!(
+            reasons_of(&out),
+            [
+                not_ready,
+                not_ready,
+                not_ready,
+                (Cordoning, None),
+                (Pending, Some(transition::reasons::WAITING_FOR_SLOT)),
+                (Pending, Some(transition::reasons::WAITING_FOR_SLOT)),
+            ]
+        );
+    }
+
+    /// A loaded node that is not Ready is offered the slot and leaves it to the next node.
+    #[test]
+    fn a_node_that_is_not_ready_leaves_its_slot_to_the_next() {
+        let mut nodes = fleet(&[Pending; 3]);
+        nodes[0].1.node_not_ready = Some(DOWN.into());
+        let out = plan(&policy(1, false), &mut nodes);
+        assert_eq!(
+            reasons_of(&out),
+            [
+                (Pending, Some(transition::reasons::NODE_NOT_READY)),
+                (Cordoning, None),
+                (Pending, Some(transition::reasons::WAITING_FOR_SLOT)),
+            ]
+        );
+    }
+
+    /// Fresh installs with stale agents start without a slot, and fresh installs in flight hold
+    /// none: the loaded nodes still get theirs.
+    #[test]
+    fn fresh_installs_go_in_parallel_without_holding_slots() {
+        let mut nodes = fleet(&[Pending, Pending, Upgrading, Pending, Pending]);
+        for i in [0, 1, 2] {
+            nodes[i].1.loaded_version = None;
+        }
+        nodes[2].1.agent = AgentPod::Current(AgentCondition::Working);
+        assert_eq!(
+            states(&policy(1, false), &nodes),
+            [Upgrading, Upgrading, Upgrading, Cordoning, Pending]
+        );
+        // A running node's upgrade in flight does hold its slot.
+        let mut busy = nodes.clone();
+        busy[3].1.recorded = Some(Draining);
+        busy[3].1.cordoned_by_us = true;
+        busy[3].1.gates_closed_by_us = true;
+        busy[3].1.drain = DrainProgress::Running {
+            message: "evicting".into(),
+        };
+        assert_eq!(
+            states(&policy(1, false), &busy),
+            [Upgrading, Upgrading, Upgrading, Draining, Pending]
+        );
+    }
+
+    /// A node stuck past the node timeout fails and frees its slot in the same pass; with more
+    /// failures than `maxUnavailable` the rollout halts, saying so.
+    #[test]
+    fn a_timed_out_node_frees_its_slot_and_counts_against_the_budget() {
+        let mut p = policy(1, false);
+        p.rules.node_timeout = Some(std::time::Duration::from_secs(600));
+        let stuck = |o: &mut NodeObservation| {
+            o.recorded = Some(Upgrading);
+            o.cordoned_by_us = true;
+            o.gates_closed_by_us = true;
+            o.grant = UpgradeGrant::Target;
+            o.agent = AgentPod::Missing;
+            o.in_state_for = Some(std::time::Duration::from_secs(601));
+        };
+        let mut nodes = fleet(&[Upgrading, Pending, Pending]);
+        stuck(&mut nodes[0].1);
+        let out = plan(&p, &mut nodes);
+        assert_eq!(
+            reasons_of(&out)[..2],
+            [
+                (Failed, Some(transition::reasons::NODE_TIMEOUT)),
+                (Cordoning, None)
+            ],
+            "the rollout continues"
+        );
+        assert_eq!(out[0].1.actions, vec![Action::Release]);
+        let mut nodes = fleet(&[Failed, Upgrading, Pending]);
+        stuck(&mut nodes[1].1);
+        let out = plan(&p, &mut nodes);
+        assert_eq!(
+            reasons_of(&out)[1..],
+            [
+                (Failed, Some(transition::reasons::NODE_TIMEOUT)),
+                (Pending, Some(transition::reasons::ROLLOUT_HALTED))
+            ],
+            "two failures with maxUnavailable 1: halted"
         );
     }
 }

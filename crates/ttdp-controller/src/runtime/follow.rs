@@ -167,6 +167,7 @@ mod tests {
             },
             unschedulable: false,
             not_ready: None,
+            deleted: false,
         }
     }
 

@@ -29,7 +29,7 @@ use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::drain_plan;
 use crate::pure::observe::{self, ObserveInput};
 use crate::pure::overlap::{self, OlderPolicies, selection_of};
-use crate::pure::rollout::{Planner, RolloutPlan};
+use crate::pure::rollout::{self, Planner, RolloutPlan};
 use crate::pure::status::{
     BuiltStatus, NodeReport, PolicyFacts, StateChange, build_status, node_counts, update_status,
 };
@@ -92,7 +92,8 @@ pub struct Pass {
     uncordoned: HashMap<String, (Arc<CachedNode>, UncordonOutcome)>,
     recorded: Arc<RecordedStatus>,
     now: Time,
-    /// How long until the soonest retry gate opens or wait on the device's holders times out.
+    /// How long until the soonest retry gate opens, wait on the device's holders times out or
+    /// a node reaches its step's deadline.
     next_retry: Option<Duration>,
     first_error: Option<Error>,
     following_since: Instant,
@@ -225,8 +226,8 @@ impl Pass {
         Ok(Requeue::requeue(self.requeue_after()))
     }
 
-    /// Node `i`'s observation, and how long until its retry gate opens or its wait on the
-    /// device's holders reaches the drain timeout.
+    /// Node `i`'s observation, and how long until its retry gate opens, its wait on the
+    /// device's holders reaches the drain timeout or its step reaches its deadline.
     fn observe_node(
         &mut self,
         i: usize,
@@ -264,11 +265,13 @@ impl Pass {
             not_created: self.basis.not_created.as_ref(),
             now: &self.now,
         });
-        let deadline =
-            drain_plan::holders_deadline(entry, &self.now, self.planner.rules().drain_timeout);
+        let rules = self.planner.rules();
+        let deadline = drain_plan::holders_deadline(entry, &self.now, rules.drain_timeout);
+        let step_deadline = observe::until_step_deadline(entry, &self.now, rules);
         let soonest = wait
             .into_iter()
             .chain(deadline)
+            .chain(step_deadline)
             .chain(self.next_retry)
             .min();
         let observed = (node.to_owned(), observation);
@@ -546,6 +549,7 @@ fn plan_of(
             drain_enabled: spec.upgrade_policy.drain.enable,
             gates_configured: !ctx.settings.deploy_gates.is_empty(),
             drain_timeout: drain_plan::drain_timeout(spec),
+            node_timeout: Some(rollout::node_timeout(spec)),
         },
         max_unavailable,
         paused: spec.paused,

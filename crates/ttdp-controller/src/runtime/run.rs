@@ -77,8 +77,12 @@ fn policy_trigger(p: &TenstorrentDriverPolicy) -> Option<u64> {
 }
 
 /// What of a cached node wakes reconciles: labels, ttdp's annotations, `spec.unschedulable`,
-/// and its Ready condition when not True (the node's message names it).
+/// and its Ready condition when not True (the node's message names it); its deletion always
+/// (no hash: the filter lets it through).
 fn node_trigger(n: &CachedNode) -> Option<u64> {
+    if n.deleted {
+        return None;
+    }
     Some(hash_of((
         &n.metadata.labels,
         &n.metadata.annotations,

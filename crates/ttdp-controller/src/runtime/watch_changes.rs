@@ -125,6 +125,7 @@ mod tests {
             },
             unschedulable: false,
             not_ready: None,
+            deleted: false,
         }
     }
 

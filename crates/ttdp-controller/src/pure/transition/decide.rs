@@ -2,6 +2,8 @@
 //! [`Deciding`] holds one node's observation and the rollout's rules while each state's rule
 //! reads them.
 
+use std::time::Duration;
+
 use ttdp_api::NodeState;
 
 use super::{
@@ -23,8 +25,7 @@ fn skipped_message(skipped: &[String]) -> String {
 }
 
 pub(super) fn decide(obs: &NodeObservation, rules: &RolloutRules) -> NodeTransition {
-    let holds_ours =
-        obs.cordoned_by_us || obs.gates_closed_by_us || obs.grant != UpgradeGrant::Absent;
+    let holds_ours = obs.holds_ours();
     let release = |t: NodeTransition| {
         if holds_ours {
             t.doing(Action::Release)
@@ -51,7 +52,7 @@ pub(super) fn decide(obs: &NodeObservation, rules: &RolloutRules) -> NodeTransit
         rules,
         holds_ours,
     };
-    match obs.recorded.unwrap_or(NodeState::Pending) {
+    let t = match obs.recorded.unwrap_or(NodeState::Pending) {
         NodeState::Cordoning => deciding.cordoning(),
         NodeState::Draining => deciding.draining(),
         NodeState::Upgrading => deciding.upgrading(false),
@@ -60,6 +61,17 @@ pub(super) fn decide(obs: &NodeObservation, rules: &RolloutRules) -> NodeTransit
         NodeState::Pending | NodeState::Done | NodeState::HostManaged | NodeState::Conflict => {
             deciding.settled()
         }
+    };
+    deciding.within_deadline(t)
+}
+
+/// `d` as people read it: `45s`, `30m0s`, `2h5m0s`.
+fn readable(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, min, sec) => format!("{min}m{sec}s"),
+        (h, min, sec) => format!("{h}h{min}m{sec}s"),
     }
 }
 
@@ -137,11 +149,67 @@ impl Deciding<'_> {
     /// straight to Upgrading otherwise; Pending while the gate is closed.
     fn start(&self) -> NodeTransition {
         match self.obs.start {
+            StartGate::Allowed | StartGate::NoSlot if self.obs.node_not_ready.is_some() => {
+                self.not_ready()
+            }
             StartGate::Allowed if self.needs_drain() => {
                 NodeTransition::to(NodeState::Cordoning).doing(Action::Cordon)
             }
             StartGate::Allowed => self.enter_upgrading(),
             gate => self.pending(gate),
+        }
+    }
+
+    /// Held back while the node is not Ready: a step started on a node whose kubelet runs no
+    /// pod would hold its slot for nothing. No minimum duration either way: the node takes its
+    /// turn as soon as it is Ready again (the node watch wakes the policy).
+    fn not_ready(&self) -> NodeTransition {
+        let why = self
+            .obs
+            .node_not_ready
+            .as_deref()
+            .unwrap_or("no Ready condition");
+        NodeTransition::to(NodeState::Pending).because(
+            reasons::NODE_NOT_READY,
+            format!(
+                "the node is not Ready ({why}); it takes no slot and starts once it is Ready again"
+            ),
+        )
+    }
+
+    /// A node that stays in its step (`t` keeps the recorded state) past the step's deadline
+    /// fails with `NodeTimeout`, saying what it waited for; it then frees its slot and counts
+    /// against the failure budget. A node held at a step boundary by a pause is not stuck.
+    fn within_deadline(&self, t: NodeTransition) -> NodeTransition {
+        let Some(step) = self.obs.recorded.filter(|s| *s == t.state) else {
+            return t;
+        };
+        let Some(limit) = self.rules.step_deadline(step) else {
+            return t;
+        };
+        let Some(waited) = self.obs.in_state_for.filter(|w| *w >= limit) else {
+            return t;
+        };
+        if t.reason.as_deref() == Some(reasons::PAUSED) {
+            return t;
+        }
+        let waiting_on = match (&t.reason, &t.message) {
+            (Some(reason), Some(message)) => format!("{message} ({reason})"),
+            (Some(reason), None) => reason.clone(),
+            (None, _) => "the step to finish".to_owned(),
+        };
+        let failed = NodeTransition::to(NodeState::Failed).because(
+            reasons::NODE_TIMEOUT,
+            format!(
+                "no progress in {step} for {}, past upgradePolicy.nodeTimeoutSeconds ({}s); it was waiting on: {waiting_on}. Fix that, then run kubectl tt driver retry (or wait for the retry with back-off)",
+                readable(waited),
+                limit.as_secs()
+            ),
+        );
+        if self.holds_ours {
+            failed.doing(Action::Release)
+        } else {
+            failed
         }
     }
 
@@ -207,6 +275,25 @@ impl Deciding<'_> {
         }
         if self.up_to_date() {
             return self.finish();
+        }
+        if let Some(why) = &self.obs.node_not_ready {
+            // A Done node whose kubelet is down keeps its module: it stays Done, saying so.
+            return if self.obs.recorded == Some(NodeState::Done)
+                && self.obs.loaded_version.as_deref() == Some(self.target())
+            {
+                NodeTransition::to(NodeState::Done).because(
+                    reasons::NODE_NOT_READY,
+                    format!(
+                        "the node is not Ready ({why}); it ran tt-kmd {} when last seen",
+                        self.target()
+                    ),
+                )
+            } else {
+                match self.obs.start {
+                    gate @ (StartGate::Paused | StartGate::Halted) => self.pending(gate),
+                    StartGate::Allowed | StartGate::NoSlot => self.not_ready(),
+                }
+            };
         }
         match &self.obs.agent {
             AgentPod::Current(AgentCondition::Failed { reason, message }) => {
@@ -414,13 +501,19 @@ impl Deciding<'_> {
         if self.up_to_date() {
             return self.finish();
         }
+        // The back-off does not retry a node that is not Ready: it stays Failed and keeps
+        // counting against the failure budget (the upgrade may be what took it down). A retry
+        // asked for by hand puts it back in line (Pending, NodeNotReady).
         let may_retry = match self.obs.retry {
             RetryGate::Requested => true,
-            RetryGate::Due => true,
+            RetryGate::Due => self.obs.node_not_ready.is_none(),
             RetryGate::NotYet => false,
         };
         if may_retry && self.obs.start == StartGate::Allowed {
             let mut t = self.start();
+            if t.reason.as_deref() == Some(reasons::NODE_NOT_READY) {
+                return t;
+            }
             t.reason = Some(reasons::RETRYING.to_owned());
             t.message = Some(format!("retrying the install of {}", self.target()));
             return t;

@@ -26,6 +26,12 @@
 //! once. A node in Upgrading that needs a grant and has none, and did not come through the
 //! drain, goes back through the gate. A fresh install (nothing loaded) and a template-only
 //! change need no grant. [`Action::Release`] removes it.
+//!
+//! Dead nodes never stall the fleet: a node that is not Ready when its turn comes stays Pending
+//! (`NodeNotReady`) and takes no slot, and a node that stays in one step (Cordoning, Draining,
+//! Upgrading) past [`RolloutRules::step_deadline`] fails (`NodeTimeout`), freeing its slot and
+//! counting against the failure budget. The deadline counts from the step's recorded
+//! `lastTransitionTime`, so it survives a controller restart.
 
 use std::time::Duration;
 
@@ -173,6 +179,24 @@ pub struct NodeObservation {
     /// How long the node has been in its recorded state (its `lastTransitionTime` to the
     /// reconcile's `now`); `None` when unknown.
     pub in_state_for: Option<Duration>,
+    /// Why the node is not Ready (its Ready condition, or the unreachable taint), e.g.
+    /// `Ready=Unknown: NodeStatusUnknown: Kubelet stopped posting node status.`; `None` when
+    /// Ready.
+    pub node_not_ready: Option<String>,
+}
+
+impl NodeObservation {
+    /// The node carries something of this policy's: our cordon, the deploy gates we closed, or
+    /// our upgrade grant.
+    pub fn holds_ours(&self) -> bool {
+        self.cordoned_by_us || self.gates_closed_by_us || self.grant != UpgradeGrant::Absent
+    }
+
+    /// A first install: no module known to be loaded and nothing of ours on the node. It
+    /// disrupts nothing, so it goes on beside the rollout without holding a slot.
+    pub fn is_fresh_install(&self) -> bool {
+        self.loaded_version.is_none() && !self.holds_ours() && !self.host_managed
+    }
 }
 
 /// What holds for every node of a policy.
@@ -187,6 +211,25 @@ pub struct RolloutRules {
     /// `upgradePolicy.drain.timeoutSeconds`: also how long a drained node may wait in
     /// Upgrading for the processes holding the device before it fails.
     pub drain_timeout: Option<Duration>,
+    /// `upgradePolicy.nodeTimeoutSeconds`: how long a node may stay in one step
+    /// ([`RolloutRules::step_deadline`]); `None`: no deadline.
+    pub node_timeout: Option<Duration>,
+}
+
+impl RolloutRules {
+    /// How long a node may stay in `step` before it fails with `NodeTimeout`: the node timeout
+    /// in Cordoning and Upgrading; in Draining the longer of it and the drain timeout (the
+    /// drain's own timeout, which names the pods that blocked it, fires first). None elsewhere:
+    /// Pending and Failed nodes hold no slot, and an Uncordoning node already runs the target
+    /// (lifting the cordon is retried, and its errors show on the `Reconciled` condition).
+    pub fn step_deadline(&self, step: NodeState) -> Option<Duration> {
+        let node = self.node_timeout?;
+        match step {
+            NodeState::Cordoning | NodeState::Upgrading => Some(node),
+            NodeState::Draining => Some(self.drain_timeout.map_or(node, |d| d.max(node))),
+            _ => None,
+        }
+    }
 }
 
 /// Something to make true on the cluster for a node. Every action is idempotent.
@@ -251,6 +294,10 @@ pub mod reasons {
     /// The drain, or the wait for the device's holders after it, outlasted
     /// `upgradePolicy.drain.timeoutSeconds`.
     pub const DRAIN_TIMEOUT: &str = "DrainTimeout";
+    /// The node is not Ready (or unreachable): it does not start a step and takes no slot.
+    pub const NODE_NOT_READY: &str = crate::pure::agent_blocker::NODE_NOT_READY;
+    /// The node stayed in one step past `upgradePolicy.nodeTimeoutSeconds`.
+    pub const NODE_TIMEOUT: &str = "NodeTimeout";
 }
 
 impl AgentPod {

@@ -7,6 +7,7 @@ fn rules() -> RolloutRules {
         drain_enabled: true,
         gates_configured: true,
         drain_timeout: None,
+        node_timeout: None,
     }
 }
 
@@ -25,6 +26,7 @@ fn base() -> NodeObservation {
         retry: RetryGate::NotYet,
         start: StartGate::Allowed,
         in_state_for: None,
+        node_not_ready: None,
     }
 }
 
@@ -967,4 +969,265 @@ fn holders_have_no_deadline_without_a_drain_timeout() {
         Upgrading,
         "entry time unknown"
     );
+}
+
+const DOWN: &str = "Ready=Unknown: NodeStatusUnknown: Kubelet stopped posting node status.";
+
+fn down(o: &mut NodeObservation) {
+    o.node_not_ready = Some(DOWN.into());
+}
+
+fn with_node_timeout(secs: u64) -> RolloutRules {
+    RolloutRules {
+        node_timeout: Some(Duration::from_secs(secs)),
+        ..rules()
+    }
+}
+
+/// The incident: a node without a kubelet whose agent pod is bound but never runs. Whatever
+/// its module, it stays Pending with the node's own words, and is never started.
+#[test]
+fn a_node_that_is_not_ready_when_its_turn_comes_stays_pending() {
+    let stuck = AgentPod::Current(AgentCondition::Stuck(Blocker {
+        reason: "NodeNotReady".into(),
+        message: "agent pod bound to a node that is not Ready".into(),
+    }));
+    let cases: Vec<(&str, NodeObservation)> = vec![
+        (
+            "fresh install, agent bound",
+            with(|o| {
+                o.agent = stuck.clone();
+                down(o)
+            }),
+        ),
+        (
+            "fresh install, stale agent",
+            with(|o| {
+                o.agent = AgentPod::Stale;
+                down(o)
+            }),
+        ),
+        (
+            "loaded, stale agent",
+            with(|o| {
+                o.agent = AgentPod::Stale;
+                old(o);
+                down(o)
+            }),
+        ),
+        ("no agent pod", with(down)),
+    ];
+    for (name, obs) in cases {
+        for (recorded, gate) in [
+            (None, StartGate::Allowed),
+            (Some(Pending), StartGate::Allowed),
+            (Some(Pending), StartGate::NoSlot),
+        ] {
+            let o = NodeObservation {
+                recorded,
+                start: gate,
+                ..obs.clone()
+            };
+            let t = next(&o, &rules());
+            assert_eq!(
+                (t.state, t.reason.as_deref()),
+                (Pending, Some(reasons::NODE_NOT_READY)),
+                "{name}, {recorded:?}, {gate:?}"
+            );
+            assert!(t.actions.is_empty(), "{name}: nothing is done to it");
+            let message = t.message.unwrap_or_default();
+            assert!(
+                message.contains(DOWN) && message.contains("takes no slot"),
+                "{message}"
+            );
+        }
+    }
+    // The policy-wide reasons win: they hold every node back.
+    let paused = with(|o| {
+        o.agent = AgentPod::Stale;
+        old(o);
+        down(o);
+        o.start = StartGate::Paused;
+    });
+    assert_eq!(
+        next(&paused, &rules()).reason.as_deref(),
+        Some(reasons::PAUSED)
+    );
+    let halted = NodeObservation {
+        start: StartGate::Halted,
+        ..paused
+    };
+    assert_eq!(
+        next(&halted, &rules()).reason.as_deref(),
+        Some(reasons::ROLLOUT_HALTED)
+    );
+    // Ready again: it takes its turn at once.
+    let back = with(|o| {
+        o.agent = AgentPod::Stale;
+        old(o);
+    });
+    assert_eq!(next(&back, &rules()).state, Cordoning);
+}
+
+#[test]
+fn a_done_node_that_goes_down_stays_done_saying_so() {
+    let o = with(|o| {
+        o.recorded = Some(Done);
+        o.loaded_version = Some("2.8.0".into());
+        o.agent = AgentPod::Current(AgentCondition::Stuck(Blocker {
+            reason: "NodeNotReady".into(),
+            message: "m".into(),
+        }));
+        down(o);
+    });
+    let t = next(&o, &rules());
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Done, Some(reasons::NODE_NOT_READY)),
+        "never back in flight, where it would hold a slot"
+    );
+    assert!(t.message.unwrap_or_default().contains("ran tt-kmd 2.8.0"));
+    assert!(t.actions.is_empty());
+}
+
+/// A Failed node that is not Ready is not retried by the back-off (it keeps counting against
+/// the failure budget); a retry asked for by hand puts it back in line.
+#[test]
+fn a_failed_node_that_is_not_ready_waits_for_a_requested_retry() {
+    let failed = with(|o| {
+        o.recorded = Some(Failed);
+        o.agent = AgentPod::Stale;
+        old(o);
+        down(o);
+        o.retry = RetryGate::Due;
+    });
+    let t = next(&failed, &rules());
+    assert_eq!(t.state, Failed);
+    assert!(t.actions.is_empty());
+    let asked = NodeObservation {
+        retry: RetryGate::Requested,
+        ..failed
+    };
+    let t = next(&asked, &rules());
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Pending, Some(reasons::NODE_NOT_READY))
+    );
+    assert_eq!(t.actions, vec![Action::ClearRetry]);
+}
+
+/// A node in flight that goes down keeps its step (a kubelet may come back) until the node
+/// timeout; then it fails, saying what it waited on and for how long, and lets go of what it
+/// holds so the slot frees up.
+#[test]
+fn a_step_without_progress_fails_at_the_node_timeout() {
+    let waiting = |secs: u64| {
+        with(|o| {
+            o.recorded = Some(Upgrading);
+            ours(o);
+            old(o);
+            o.grant = UpgradeGrant::Target;
+            o.agent = AgentPod::Missing;
+            down(o);
+            o.in_state_for = Some(Duration::from_secs(secs));
+        })
+    };
+    let t = next(&waiting(1799), &with_node_timeout(1800));
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Upgrading, Some(reasons::WAITING_FOR_AGENT))
+    );
+    let t = next(&waiting(1805), &with_node_timeout(1800));
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (Failed, Some(reasons::NODE_TIMEOUT))
+    );
+    assert_eq!(t.actions, vec![Action::Release]);
+    let message = t.message.unwrap_or_default();
+    assert!(
+        message.contains("no progress in Upgrading for 30m5s")
+            && message.contains("upgradePolicy.nodeTimeoutSeconds (1800s)")
+            && message.contains(
+                "waiting for the DaemonSet to start the agent for 2.8.0 (WaitingForAgentPod)"
+            )
+            && message.contains("kubectl tt driver retry"),
+        "{message}"
+    );
+    assert_eq!(
+        next(&waiting(86_400), &rules()).state,
+        Upgrading,
+        "no node timeout, no deadline"
+    );
+    let unknown = NodeObservation {
+        in_state_for: None,
+        ..waiting(86_400)
+    };
+    assert_eq!(next(&unknown, &with_node_timeout(1800)).state, Upgrading);
+    // A fresh install holds nothing to release.
+    let fresh = with(|o| {
+        o.recorded = Some(Upgrading);
+        o.agent = AgentPod::Current(AgentCondition::Working);
+        o.in_state_for = Some(Duration::from_secs(60));
+    });
+    let t = next(&fresh, &with_node_timeout(60));
+    assert_eq!((t.state, t.actions), (Failed, vec![]));
+}
+
+#[test]
+fn only_a_node_that_stays_in_its_step_times_out() {
+    let rules = RolloutRules {
+        drain_timeout: Some(Duration::from_secs(3600)),
+        ..with_node_timeout(600)
+    };
+    let late = |recorded: NodeState, f: &dyn Fn(&mut NodeObservation)| {
+        let mut o = with(|o| {
+            o.recorded = Some(recorded);
+            ours(o);
+            old(o);
+            o.agent = AgentPod::Stale;
+            o.in_state_for = Some(Duration::from_secs(700));
+        });
+        f(&mut o);
+        next(&o, &rules)
+    };
+    // Moving on is progress, however late.
+    let drained = late(Draining, &|o| {
+        o.drain = DrainProgress::Succeeded { skipped: vec![] }
+    });
+    assert_eq!(drained.state, Upgrading);
+    // A running drain has its own, longer timeout here.
+    let draining = late(Draining, &|o| {
+        o.drain = DrainProgress::Running {
+            message: "evicting 1 pod".into(),
+        }
+    });
+    assert_eq!(draining.state, Draining);
+    let stuck_drain = late(Draining, &|o| {
+        o.drain = DrainProgress::Running {
+            message: "evicting 1 pod".into(),
+        };
+        o.in_state_for = Some(Duration::from_secs(3600));
+    });
+    assert_eq!(
+        (stuck_drain.state, stuck_drain.reason.as_deref()),
+        (Failed, Some(reasons::NODE_TIMEOUT))
+    );
+    assert!(stuck_drain.message.unwrap_or_default().contains(
+        "no progress in Draining for 1h0m0s, past upgradePolicy.nodeTimeoutSeconds (3600s)"
+    ));
+    // A node held at a step boundary by a pause is not stuck.
+    let paused = late(Cordoning, &|o| o.start = StartGate::Paused);
+    assert_eq!(
+        (paused.state, paused.reason.as_deref()),
+        (Cordoning, Some(reasons::PAUSED))
+    );
+    // Uncordoning has no deadline: the node already runs the target.
+    let uncordoning = late(Uncordoning, &|o| ready_on_target(o));
+    assert_eq!(uncordoning.state, Uncordoning);
+    // Cordoning that never lands does time out.
+    let cordoning = late(Cordoning, &|o| {
+        o.cordoned_by_us = false;
+        o.gates_closed_by_us = false;
+    });
+    assert_eq!((cordoning.state, cordoning.actions), (Failed, vec![]));
 }
