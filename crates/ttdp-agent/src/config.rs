@@ -84,6 +84,51 @@ pub struct RetryPolicy {
     pub max: Duration,
 }
 
+/// How the agent proves a loaded module works before it reports Ready
+/// (`upgradePolicy.validation`; see [`crate::validation`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidationConfig {
+    /// Post-load validation on: every Tenstorrent PCI device must be bound to `tenstorrent`
+    /// with its `/dev/tenstorrent` node, and the command (if any) must pass
+    /// (`TTDP_VALIDATE_DEVICES`); `false` turns every check off, the readiness probe's too.
+    pub enabled: bool,
+    /// How long after a load the devices may take to be bound (`TTDP_VALIDATION_DEVICE_WAIT`).
+    pub device_wait: Duration,
+    /// A command that must also exit 0 (`TTDP_VALIDATION_COMMAND`), `None` for none.
+    pub command: Option<Vec<String>>,
+    /// How long the command may run (`TTDP_VALIDATION_TIMEOUT`).
+    pub command_timeout: Duration,
+}
+
+impl Default for ValidationConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            device_wait: Duration::from_secs(10),
+            command: None,
+            command_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The validation command from its JSON form (`["tt-smi", "-s"]`); an empty text or `[]` is no
+/// command.
+pub fn parse_validation_command(s: &str) -> Result<Option<Vec<String>>, String> {
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    let argv: Vec<String> = serde_json::from_str(s).map_err(|e| {
+        format!("expected a JSON array of strings such as [\"tt-smi\", \"-s\"]: {e}")
+    })?;
+    match argv.first() {
+        None => Ok(None),
+        Some(program) if program.is_empty() => {
+            Err("the first item must name the program to run".into())
+        }
+        Some(_) => Ok(Some(argv)),
+    }
+}
+
 /// The agent's validated configuration.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -116,6 +161,8 @@ pub struct AgentConfig {
     /// How often labels and the report are written again even when nothing changed (repairs
     /// edits made by others).
     pub resync_period: Duration,
+    /// The post-load validation.
+    pub validation: ValidationConfig,
 }
 
 impl AgentConfig {
@@ -143,6 +190,7 @@ impl AgentConfig {
             },
             unload_wait: Duration::from_secs(30),
             resync_period: Duration::from_secs(600),
+            validation: ValidationConfig::default(),
         }
     }
 
@@ -244,6 +292,26 @@ mod tests {
         let err = "file:".parse::<ReportTarget>().unwrap_err();
         assert!(err.contains("file:PATH"), "{err}");
         assert!("stdout".parse::<ReportTarget>().is_err());
+    }
+
+    #[test]
+    fn validation_commands_parse_from_json() {
+        assert_eq!(
+            parse_validation_command(r#"["tt-smi", "-s"]"#),
+            Ok(Some(vec!["tt-smi".to_string(), "-s".to_string()]))
+        );
+        assert_eq!(parse_validation_command(""), Ok(None));
+        assert_eq!(parse_validation_command("[]"), Ok(None));
+        assert!(
+            parse_validation_command("tt-smi -s")
+                .unwrap_err()
+                .contains("JSON array")
+        );
+        assert!(
+            parse_validation_command(r#"["", "-s"]"#)
+                .unwrap_err()
+                .contains("program")
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! What it is for: the Rust replacement of the spec's pod entrypoint (steps 3 to 6 of "What
 //! happens", "Mixed mode", "Node labels the operator sets"), running long in each `ttdrv-<cr>`
 //! pod. [`NodeAgent`] is the node flow: host-install detection, `.ko` cache or build, swap with
-//! rollback, holders (wait, or force unload), tt-smi, labels, the [`AgentReport`] on its pod and
+//! rollback, post-load validation ([`validation`]: devices bound, an optional command), holders (wait, or force unload), tt-smi, labels, the [`AgentReport`] on its pod and
 //! node Events. It is generic over the kernel ([`NodeKernel`]: real or simulated) and over where
 //! it reports ([`Reporter`]: [`KubeReporter`], [`FileReporter`], [`NoReporter`]), so every flow
 //! runs in tests on a temporary host root. [`probe::readiness`] is the exec readiness probe.
@@ -29,6 +29,7 @@
 pub mod backoff;
 pub mod config;
 pub mod convergence;
+pub mod device_check;
 mod error;
 pub mod grant;
 pub mod labels;
@@ -39,8 +40,11 @@ pub mod reasons;
 pub mod reporting;
 pub mod signals;
 pub mod tt_smi;
+pub mod validation;
 
-pub use config::{AgentConfig, KernelKind, ReportTarget, RetryPolicy, TtSmiSource};
+pub use config::{
+    AgentConfig, KernelKind, ReportTarget, RetryPolicy, TtSmiSource, ValidationConfig,
+};
 pub use error::{AgentError, ConfigError};
 pub use node_flow::NodeAgent;
 pub use node_kernel::NodeKernel;

@@ -10,10 +10,13 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use ttdp_agent::config::{parse_duration, parse_label_value, parse_object_name};
+use ttdp_agent::config::{
+    parse_duration, parse_label_value, parse_object_name, parse_validation_command,
+};
+use ttdp_agent::probe::ProbeChecks;
 use ttdp_agent::{
     AgentConfig, ConfigError, FileReporter, HostRoot, KernelKind, KmdVersion, KubeReporter,
-    NoReporter, PodRef, ReportTarget, RetryPolicy, TtSmiSource,
+    NoReporter, PodRef, ReportTarget, RetryPolicy, TtSmiSource, ValidationConfig,
 };
 use ttdp_api::names::{DEFAULT_KMD_REPOSITORY, env};
 
@@ -32,8 +35,9 @@ struct Cli {
 enum Command {
     /// Run the node flow until SIGTERM (the default; PID 1 of the agent container).
     Run(Box<RunArgs>),
-    /// Readiness probe: exit 0 when the target version is loaded or the node is host-managed.
-    /// Reads the host only; makes no API call.
+    /// Readiness probe: exit 0 when the target version is loaded (and, with validation on, its
+    /// devices work and the validation command passed) or the node is host-managed. Reads the
+    /// host only; makes no API call.
     Probe(ProbeArgs),
 }
 
@@ -52,6 +56,47 @@ struct TargetArgs {
 struct ProbeArgs {
     #[command(flatten)]
     target: TargetArgs,
+    #[command(flatten)]
+    validation: ValidationArgs,
+    /// Directory of the node-wide module lock, which holds the validation record (default
+    /// <host root>/run/ttdp).
+    #[arg(long, env = env::LOCK_DIR, value_name = "TTDP_LOCK_DIR")]
+    lock_dir: Option<PathBuf>,
+}
+
+/// The parsed `TTDP_VALIDATION_COMMAND` (`None`: an empty text or `[]`).
+#[derive(Debug, Clone)]
+struct ValidationCommand(Option<Vec<String>>);
+
+/// The post-load validation (`upgradePolicy.validation`), shared by the agent and the probe.
+#[derive(Debug, Args)]
+struct ValidationArgs {
+    /// Prove a loaded module works before Ready: every Tenstorrent PCI device bound to
+    /// `tenstorrent` with its /dev/tenstorrent node, and the validation command passing.
+    #[arg(long, env = env::VALIDATE_DEVICES, value_name = "TTDP_VALIDATE_DEVICES", default_value = "true",
+          num_args = 0..=1, default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    validate_devices: bool,
+    /// A command that must also exit 0 after a load, as a JSON array (e.g. ["tt-smi","-s"]).
+    #[arg(long, env = env::VALIDATION_COMMAND, value_name = "TTDP_VALIDATION_COMMAND",
+          value_parser = |s: &str| parse_validation_command(s).map(ValidationCommand))]
+    validation_command: Option<ValidationCommand>,
+    /// How long the validation command may run.
+    #[arg(long, env = env::VALIDATION_TIMEOUT, value_name = "TTDP_VALIDATION_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    validation_timeout: Duration,
+    /// How long after a load the devices may take to be bound and get their nodes.
+    #[arg(long, env = env::VALIDATION_DEVICE_WAIT, value_name = "TTDP_VALIDATION_DEVICE_WAIT", default_value = "10s", value_parser = parse_duration)]
+    validation_device_wait: Duration,
+}
+
+impl ValidationArgs {
+    fn config(&self) -> ValidationConfig {
+        ValidationConfig {
+            enabled: self.validate_devices,
+            device_wait: self.validation_device_wait,
+            command: self.validation_command.clone().and_then(|c| c.0),
+            command_timeout: self.validation_timeout,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -157,6 +202,8 @@ struct RunArgs {
     /// With force unload: how long to wait for refcnt 0 after killing the holders.
     #[arg(long, env = env::UNLOAD_WAIT, value_name = "TTDP_UNLOAD_WAIT", default_value = "30s", value_parser = parse_duration)]
     unload_wait: Duration,
+    #[command(flatten)]
+    validation: ValidationArgs,
     /// How often labels and the report are rewritten even when unchanged.
     #[arg(long, env = env::RESYNC_PERIOD, value_name = "TTDP_RESYNC_PERIOD", default_value = "10m", value_parser = parse_duration)]
     resync_period: Duration,
@@ -232,6 +279,7 @@ impl RunArgs {
         };
         config.unload_wait = self.unload_wait;
         config.resync_period = self.resync_period;
+        config.validation = self.validation.config();
         config.validate()?;
         Ok(config)
     }
@@ -290,7 +338,12 @@ fn main() -> ExitCode {
 /// `ttdp-agent probe`: prints the reason, exits 0 when ready and 1 when not.
 fn probe(args: &ProbeArgs) -> ExitCode {
     let host = HostRoot::new(&args.target.host_root);
-    let readiness = ttdp_agent::probe::readiness(&host, &args.target.kmd_version);
+    let mut checks = ProbeChecks::defaults(&host);
+    checks.validation = args.validation.config();
+    if let Some(dir) = &args.lock_dir {
+        checks.lock_dir = dir.clone();
+    }
+    let readiness = ttdp_agent::probe::readiness_with(&host, &args.target.kmd_version, &checks);
     println!("{}", readiness.reason());
     if readiness.is_ready() {
         ExitCode::SUCCESS

@@ -14,7 +14,12 @@
 //!    controller's upgrade grant (node annotation `driver.tenstorrent.com/upgrade-grant`,
 //!    [`crate::grant`]; `WaitingForGrant` until then, nothing unloaded, no holder touched).
 //!    Then check holders (wait with back-off unless force unload), then swap with rollback
-//!    (never abandoned half-way: on shutdown it finishes first); observe again, label and report.
+//!    (never abandoned half-way: on shutdown it finishes first) and, with post-load validation
+//!    on, prove the loaded module works before the swap returns (devices bound, the command; a
+//!    failure loads the previous version back: `validate`); observe again, label and report.
+//!
+//! A target found loaded is validated before it is first reported Ready, and a Ready node's
+//! devices are looked at on every pass.
 //!
 //! Failures and holders are reported (pod annotation, node Event) and retried with back-off; the
 //! agent never exits on them. It never unloads the module on exit.
@@ -25,7 +30,6 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
-use ttdp_api::names::labels;
 use ttdp_hostprobe::{detect_host_install, kernel_release};
 use ttdp_kmod::{
     CacheLookup, CacheOutcome, InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions,
@@ -35,15 +39,17 @@ use ttdp_kmod::{
 use crate::backoff::Backoff;
 use crate::config::AgentConfig;
 use crate::convergence::{
-    Observation, Step, UnloadGate, allows_no_rollback, base_report, holders_message,
-    host_managed_message, next_step, no_rollback_message, report_holders, unload_gate,
+    Observation, Step, UnloadGate, base_report, host_managed_message, next_step, unload_gate,
 };
 use crate::error::AgentError;
-use crate::grant::{self, GrantDecision};
-use crate::labels::{InstallMode, NodeLabels};
+use crate::labels::NodeLabels;
 use crate::reasons;
-use crate::reporting::{EventKind, NodeEvent, ReportError, Reporter};
+use crate::reporting::{EventKind, Reporter};
 use crate::tt_smi::{TtSmiInstaller, TtSmiOutcome};
+
+mod publishing;
+mod unload_gate;
+mod validate;
 
 /// Whether the loaded module can be loaded back if the target fails to load.
 enum RollbackPath {
@@ -81,6 +87,7 @@ pub struct NodeAgent<K, R> {
     last_resync: Instant,
     last_event: Option<(String, String)>,
     ready_version: Option<String>,
+    validated: Option<validate::ValidatedModule>,
 }
 
 impl<K, R> NodeAgent<K, R>
@@ -125,6 +132,7 @@ where
             last_resync: Instant::now(),
             last_event: None,
             ready_version: None,
+            validated: None,
             config,
         })
     }
@@ -288,8 +296,12 @@ where
             .await;
     }
 
-    /// Target loaded: tt-smi, labels, Ready.
+    /// Target loaded: proven to work (post-load validation), tt-smi, labels, Ready.
     async fn settle_ready(&mut self, observation: &Observation) {
+        if !self.proven_working(observation).await {
+            self.publish_labels(observation).await;
+            return;
+        }
         let newly_ready = self.ready_version.is_none();
         if newly_ready {
             // problems announced before are over: announce them again if they come back
@@ -299,6 +311,9 @@ where
             "tt-kmd {} is loaded",
             observation.loaded_version().unwrap_or_default()
         );
+        if let Some(validated) = &self.validated {
+            message = format!("{message}; {}", validated.summary);
+        }
         if let Some(problem) = self.ensure_tt_smi().await {
             message = format!("{message}; {problem}");
         }
@@ -353,12 +368,13 @@ where
         }
     }
 
-    /// Ensure the `.ko`, check holders, swap. See the module docs for what shutdown does.
-    async fn attempt_install(
+    /// Makes sure the target `.ko` is in the cache (fetch and build on a miss; abandoned on
+    /// shutdown, nothing changed yet). `Some(attempt)` when the attempt ends here.
+    async fn ensure_target_ko(
         &mut self,
         observation: &Observation,
         shutdown: &CancellationToken,
-    ) -> Result<Attempt, AgentError> {
+    ) -> Result<Option<Attempt>, AgentError> {
         let target = self.config.target_version.clone();
         let cached = matches!(
             self.installer
@@ -383,7 +399,7 @@ where
             joined = build => joined.map_err(|source| AgentError::Task { task: "ensure .ko", source })?,
             () = shutdown.cancelled() => {
                 info!(step = "ensure-ko", version = %target, "shutdown during fetch/build: abandoned, the loaded module was not touched");
-                return Ok(Attempt::Abandoned);
+                return Ok(Some(Attempt::Abandoned));
             }
         };
         let ensured = match ensured {
@@ -395,7 +411,7 @@ where
                 );
                 self.fail(e.reason(), "Build", message, Some(observation))
                     .await;
-                return Ok(Attempt::Done);
+                return Ok(Some(Attempt::Done));
             }
         };
         let cache = match &ensured.cache {
@@ -412,6 +428,19 @@ where
             elapsed_ms = ensured.elapsed_ms,
             "module file ready"
         );
+        Ok(None)
+    }
+
+    /// Ensure the `.ko`, check holders, swap. See the module docs for what shutdown does.
+    async fn attempt_install(
+        &mut self,
+        observation: &Observation,
+        shutdown: &CancellationToken,
+    ) -> Result<Attempt, AgentError> {
+        let target = self.config.target_version.clone();
+        if let Some(ended) = self.ensure_target_ko(observation, shutdown).await? {
+            return Ok(ended);
+        }
 
         let status = match self.installer.status() {
             Ok(status) => status,
@@ -457,21 +486,7 @@ where
             params: String::new(),
             allow_no_rollback,
         };
-        let installer = Arc::clone(&self.installer);
-        let version = target.clone();
-        let mut swap = tokio::task::spawn_blocking(move || installer.swap(&version, &options));
-        let swapped = tokio::select! {
-            joined = &mut swap => joined,
-            () = shutdown.cancelled() => {
-                info!(step = "swap", version = %target, "shutdown requested during the swap: finishing it first");
-                swap.await
-            }
-        }
-        .map_err(|source| AgentError::Task {
-            task: "swap",
-            source,
-        })?;
-        match swapped {
+        match self.run_swap(&target, options, shutdown).await? {
             Ok(report) => self.swapped(report).await,
             Err(KmodError::InUse { .. }) => {
                 // a holder appeared between the check and the unload
@@ -488,66 +503,6 @@ where
         Ok(Attempt::Done)
     }
 
-    /// Before anything is unloaded: a verified `.ko` of the loaded version in the cache (built
-    /// from its tag when missing; may be abandoned on shutdown), or the node's opt-in to go on
-    /// without one.
-    async fn secure_rollback(
-        &mut self,
-        observation: &Observation,
-        status: &ttdp_kmod::ModuleStatus,
-        shutdown: &CancellationToken,
-    ) -> Result<RollbackPath, AgentError> {
-        let installer = Arc::clone(&self.installer);
-        let (status, target) = (status.clone(), self.config.target_version.clone());
-        let ensure =
-            tokio::task::spawn_blocking(move || installer.ensure_rollback_ko(&status, &target));
-        let ensured = tokio::select! {
-            joined = ensure => joined.map_err(|source| AgentError::Task { task: "ensure rollback .ko", source })?,
-            () = shutdown.cancelled() => {
-                info!(step = "rollback-ko", "shutdown while securing the rollback .ko: abandoned, the loaded module was not touched");
-                return Ok(RollbackPath::Abandoned);
-            }
-        };
-        let cause = match ensured {
-            Ok(None) => return Ok(RollbackPath::Secured),
-            Ok(Some(ensured)) => {
-                info!(
-                    step = "rollback-ko",
-                    version = %ensured.ko.record.version,
-                    cache = ?ensured.cache,
-                    elapsed_ms = ensured.elapsed_ms,
-                    "rollback module file ready"
-                );
-                return Ok(RollbackPath::Secured);
-            }
-            Err(e) => e,
-        };
-        let label = bounded_read(self.reporter.node_label(labels::ALLOW_NO_ROLLBACK)).await;
-        if allows_no_rollback(label.as_ref().ok().and_then(Option::as_deref)) {
-            let note = format!(
-                "{cause}; proceeding anyway because the node is labelled {}={}: if the new version fails to load, no tt-kmd module will be loaded",
-                labels::ALLOW_NO_ROLLBACK,
-                labels::ALLOW_NO_ROLLBACK_ENABLED
-            );
-            warn!(step = "rollback-ko", %note);
-            self.event(
-                EventKind::Warning,
-                reasons::NO_ROLLBACK_ALLOWED,
-                "Unload",
-                note,
-            )
-            .await;
-            return Ok(RollbackPath::Allowed);
-        }
-        let mut message = no_rollback_message(&cause.to_string());
-        if let Err(e) = label {
-            message = format!("{message} (the label could not be read: {e})");
-        }
-        self.fail(cause.reason(), "Unload", message, Some(observation))
-            .await;
-        Ok(RollbackPath::Refused)
-    }
-
     /// Logs and announces a successful swap.
     async fn swapped(&mut self, report: SwapReport) {
         info!(
@@ -560,6 +515,8 @@ where
             build_ms = report.build_ms,
             unload_ms = report.unload_ms,
             load_ms = report.load_ms,
+            validate_ms = report.validate_ms,
+            validation = report.validation.as_deref().unwrap_or("off"),
             total_ms = report.total_ms,
             "module swapped"
         );
@@ -597,210 +554,12 @@ where
                 ),
             ),
         };
+        let note = match &report.validation {
+            Some(proven) => format!("{note}; validated: {proven}"),
+            None => note,
+        };
         self.last_event = None;
         self.event(EventKind::Normal, reason, "Load", note).await;
-    }
-
-    /// Whether the controller granted this node the swap of the loaded module (see
-    /// [`crate::grant`]). Without a grant (or when it cannot be read): report `WaitingForGrant`,
-    /// leave the module and its holders alone, and look again after a probe period.
-    async fn granted(
-        &mut self,
-        observation: &Observation,
-        status: &ttdp_kmod::ModuleStatus,
-    ) -> bool {
-        let target = self.config.target_version.clone();
-        let message = match bounded_read(self.reporter.upgrade_grant()).await {
-            Ok(view) => match grant::decide(&view, status.loaded_version(), &target) {
-                GrantDecision::Granted => return true,
-                GrantDecision::Waiting { message } => message,
-            },
-            Err(e) => format!(
-                "cannot read the node's upgrade grant ({e}); the loaded module stays loaded until it can be read"
-            ),
-        };
-        let mut report = base_report(AgentPhase::WaitingForGrant, &target, observation);
-        report.reason = Some(reasons::WAITING_FOR_GRANT.to_string());
-        report.message = Some(message.clone());
-        self.next_attempt = Some(Instant::now() + self.config.probe_period);
-        if self.last_report.as_ref().map(|r| r.phase) != Some(AgentPhase::WaitingForGrant) {
-            info!(step = "grant", node = %self.config.node_name, loaded = ?status.loaded_version(), target = %target, "waiting for the controller's upgrade grant");
-        }
-        self.publish_report(report).await;
-        self.event(
-            EventKind::Normal,
-            reasons::WAITING_FOR_GRANT,
-            "Unload",
-            message,
-        )
-        .await;
-        false
-    }
-
-    /// Not forced and held: report the holders, retry with back-off.
-    async fn wait_for_holders(
-        &mut self,
-        observation: &Observation,
-        status: &ttdp_kmod::ModuleStatus,
-    ) {
-        let message = holders_message(status, &self.config.target_version);
-        let mut report = base_report(
-            AgentPhase::WaitingForHolders,
-            &self.config.target_version,
-            observation,
-        );
-        report.holders = report_holders(&status.device_holders);
-        report.reason = Some(reasons::DEVICE_HELD.to_string());
-        report.message = Some(message.clone());
-        let delay = self.holder_backoff.next_delay();
-        self.next_attempt = Some(Instant::now() + delay);
-        warn!(
-            step = "unload",
-            node = %self.config.node_name,
-            refcnt = ?status.refcnt,
-            holders = ?report.holders.iter().map(|h| h.pid).collect::<Vec<_>>(),
-            retry_in_ms = millis(delay),
-            "module in use; waiting for its holders to go"
-        );
-        self.publish_report(report).await;
-        self.event(EventKind::Warning, reasons::DEVICE_HELD, "Unload", message)
-            .await;
-    }
-
-    /// Reports a failure, announces it once, and schedules a retry with back-off.
-    async fn fail(
-        &mut self,
-        reason: &str,
-        action: &str,
-        message: String,
-        observation: Option<&Observation>,
-    ) {
-        let delay = self.failure_backoff.next_delay();
-        self.next_attempt = Some(Instant::now() + delay);
-        error!(
-            step = %action,
-            node = %self.config.node_name,
-            reason,
-            retry_in_ms = millis(delay),
-            error = %message,
-            "attempt failed; will retry"
-        );
-        let mut report = match observation {
-            Some(obs) => base_report(AgentPhase::Failed, &self.config.target_version, obs),
-            None => AgentReport {
-                phase: AgentPhase::Failed,
-                target_version: self.config.target_version.to_string(),
-                loaded_version: None,
-                install_mode: self
-                    .last_report
-                    .as_ref()
-                    .map_or(InstallMode::Container.as_str().to_string(), |r| {
-                        r.install_mode.clone()
-                    }),
-                holders: Vec::new(),
-                reason: None,
-                message: None,
-            },
-        };
-        report.reason = Some(reason.to_string());
-        report.message = Some(message.clone());
-        self.publish_report(report).await;
-        self.event(EventKind::Warning, reason, action, message)
-            .await;
-    }
-
-    /// Publishes the labels for `observation` when they changed (or a resync is due).
-    async fn publish_labels(&mut self, observation: &Observation) {
-        let tt_smi = self
-            .config
-            .tt_smi
-            .as_ref()
-            .filter(|_| self.tt_smi_installed)
-            .map(|s| s.version.as_str());
-        let labels = NodeLabels::desired(observation.mode(), observation.loaded_version(), tt_smi);
-        if self.last_labels.as_ref() == Some(&labels) {
-            return;
-        }
-        let started = Instant::now();
-        match bounded(self.reporter.patch_labels(&labels)).await {
-            Ok(()) => {
-                info!(
-                    step = "labels",
-                    node = %self.config.node_name,
-                    labels = %labels.merge_patch()["metadata"]["labels"],
-                    elapsed_ms = millis(started.elapsed()),
-                    "node labels published"
-                );
-                self.last_labels = Some(labels);
-            }
-            Err(e) => {
-                self.last_labels = None;
-                warn!(step = "labels", error = %e, "cannot publish node labels; retrying next pass");
-            }
-        }
-    }
-
-    /// Publishes `report` when it changed (or a resync is due).
-    async fn publish_report(&mut self, report: AgentReport) {
-        if self.last_report.as_ref() == Some(&report) {
-            return;
-        }
-        match bounded(self.reporter.publish_report(&report)).await {
-            Ok(()) => {
-                debug!(phase = ?report.phase, "agent report published");
-                self.last_report = Some(report);
-            }
-            Err(e) => {
-                self.last_report = None;
-                warn!(step = "report", error = %e, "cannot publish the agent report; retrying next pass");
-            }
-        }
-    }
-
-    /// Records an Event unless the same reason and note were the last one recorded.
-    async fn event(&mut self, kind: EventKind, reason: &str, action: &str, note: String) {
-        let key = (reason.to_string(), note.clone());
-        if self.last_event.as_ref() == Some(&key) {
-            return;
-        }
-        let event = NodeEvent {
-            kind,
-            reason: reason.to_string(),
-            action: action.to_string(),
-            note,
-        };
-        match bounded(self.reporter.record_event(&event)).await {
-            Ok(()) => self.last_event = Some(key),
-            Err(e) => warn!(step = "event", reason, error = %e, "cannot record an event"),
-        }
-    }
-}
-
-/// Longest wait for one publication: a hung API server must not stall the node flow.
-const PUBLISH_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// A publication, given up (as an error, retried next pass) after [`PUBLISH_TIMEOUT`].
-async fn bounded(
-    publication: impl std::future::Future<Output = Result<(), ReportError>>,
-) -> Result<(), String> {
-    match tokio::time::timeout(PUBLISH_TIMEOUT, publication).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!(
-            "no answer within {} s; giving up until the next pass",
-            PUBLISH_TIMEOUT.as_secs()
-        )),
-    }
-}
-
-/// A read from the reporter, given up after [`PUBLISH_TIMEOUT`].
-async fn bounded_read<T>(
-    read: impl std::future::Future<Output = Result<T, ReportError>>,
-) -> Result<T, String> {
-    match tokio::time::timeout(PUBLISH_TIMEOUT, read).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {} s", PUBLISH_TIMEOUT.as_secs())),
     }
 }
 

@@ -2,11 +2,39 @@
 //! the running agent and without any API call, so it is fast and works when the API is down.
 //!
 //! Ready when the host manages the driver (DKMS signals), or when `/sys/module/tenstorrent` is
-//! live and reports exactly the target version.
+//! live and reports exactly the target version and, with post-load validation on (the default),
+//! every Tenstorrent PCI device is bound to `tenstorrent` with its `/dev/tenstorrent` node and
+//! the validation command, if any, passed for the loaded module (its record in the module lock
+//! directory, see [`crate::validation`]). So a node whose cards vanish goes unready.
+
+use std::path::PathBuf;
 
 use ttdp_api::names::MODULE_NAME;
 use ttdp_hostprobe::{HostRoot, detect_host_install};
-use ttdp_kmod::KmdVersion;
+use ttdp_kmod::{KmdVersion, MODULE_LOCK_DIR};
+
+use crate::config::ValidationConfig;
+use crate::validation::probe_checks;
+
+/// What the probe checks beyond the version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeChecks {
+    /// The post-load validation settings (devices, command).
+    pub validation: ValidationConfig,
+    /// The module lock directory holding the validation record, as the probe sees it.
+    pub lock_dir: PathBuf,
+}
+
+impl ProbeChecks {
+    /// The defaults for the host at `host`: devices checked, no command, the record in
+    /// `<host>/run/ttdp`.
+    pub fn defaults(host: &HostRoot) -> Self {
+        Self {
+            validation: ValidationConfig::default(),
+            lock_dir: host.path(MODULE_LOCK_DIR),
+        }
+    }
+}
 
 /// The probe's answer, with a one-line reason for the kubelet's probe message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,8 +59,18 @@ impl Readiness {
     }
 }
 
-/// Whether the node is ready for `target_version`, read from the host under `host`.
+/// Whether the node is ready for `target_version`, read from the host under `host`, with the
+/// default checks ([`ProbeChecks::defaults`]).
 pub fn readiness(host: &HostRoot, target_version: &KmdVersion) -> Readiness {
+    readiness_with(host, target_version, &ProbeChecks::defaults(host))
+}
+
+/// Whether the node is ready for `target_version`, with `checks`.
+pub fn readiness_with(
+    host: &HostRoot,
+    target_version: &KmdVersion,
+    checks: &ProbeChecks,
+) -> Readiness {
     match detect_host_install(host) {
         Ok(install) if install.is_host_managed() => {
             return Readiness::Ready(
@@ -53,7 +91,25 @@ pub fn readiness(host: &HostRoot, target_version: &KmdVersion) -> Readiness {
             "module {MODULE_NAME} is not loaded; want {target_version}"
         )),
         (Some("live"), Some(version)) if version == target_version.as_str() => {
-            Readiness::Ready(format!("module {MODULE_NAME} {version} is loaded"))
+            let srcversion = read("srcversion");
+            let checked = probe_checks(
+                &checks.validation,
+                host,
+                &checks.lock_dir,
+                &version,
+                srcversion.as_deref(),
+            );
+            match checked {
+                Ok(proven) if proven.is_empty() => {
+                    Readiness::Ready(format!("module {MODULE_NAME} {version} is loaded"))
+                }
+                Ok(proven) => Readiness::Ready(format!(
+                    "module {MODULE_NAME} {version} is loaded: {proven}"
+                )),
+                Err(problem) => Readiness::NotReady(format!(
+                    "module {MODULE_NAME} {version} is loaded but {problem}"
+                )),
+            }
         }
         (Some("live"), version) => Readiness::NotReady(format!(
             "module {MODULE_NAME} {} is loaded; want {target_version}",
@@ -96,6 +152,36 @@ mod tests {
 
         write(&host, "/sys/module/tenstorrent/initstate", "going\n");
         assert!(!readiness(&host, &target).is_ready());
+    }
+
+    #[test]
+    fn devices_that_are_not_bound_make_a_loaded_target_unready() {
+        let target: KmdVersion = "2.8.0".parse().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        write(&host, "/sys/module/tenstorrent/initstate", "live\n");
+        write(&host, "/sys/module/tenstorrent/version", "2.8.0\n");
+        write(
+            &host,
+            "/sys/bus/pci/devices/0000:01:00.0/vendor",
+            "0x1e52\n",
+        );
+        write(
+            &host,
+            "/sys/bus/pci/devices/0000:01:00.0/device",
+            "0x401e\n",
+        );
+        let r = readiness(&host, &target);
+        assert!(
+            !r.is_ready()
+                && r.reason().contains(
+                    "is loaded but 0 of 1 devices bound to tenstorrent (0000:01:00.0 is bound to no driver)"
+                ),
+            "{r:?}"
+        );
+        let mut off = ProbeChecks::defaults(&host);
+        off.validation.enabled = false;
+        assert!(readiness_with(&host, &target, &off).is_ready());
     }
 
     #[test]

@@ -24,3 +24,9 @@ pub const HOST_MANAGED: &str = "HostManaged";
 /// The loaded module was unloaded without a `.ko` to roll back to, because the node opted in
 /// (`driver.tenstorrent.com/allow-no-rollback=true`).
 pub const NO_ROLLBACK_ALLOWED: &str = "UpgradingWithoutRollback";
+/// The target version is loaded (not by this agent run) but failed its post-load validation;
+/// after a swap the reasons are `ttdp_kmod::KmodError::reason`'s (`ValidationFailedRolledBack`,
+/// `ValidationFailed`, `ValidationFailedRollbackFailed`).
+pub const VALIDATION_FAILED: &str = "ValidationFailed";
+/// A validated, Ready module's devices stopped working (unbound, or their nodes gone).
+pub const DEVICES_LOST: &str = "DevicesLost";

@@ -175,6 +175,17 @@ pub mod env {
     /// The directory of the node-wide module lock as the agent sees it (default
     /// `<host root>/run/ttdp`, where the DaemonSet mounts the host's `/run/ttdp`).
     pub const LOCK_DIR: &str = "TTDP_LOCK_DIR";
+    /// `true` (the default): after a load, and in the readiness probe, every Tenstorrent PCI
+    /// device must be bound to the `tenstorrent` driver with its `/dev/tenstorrent` node
+    /// (`upgradePolicy.validation.enable`).
+    pub const VALIDATE_DEVICES: &str = "TTDP_VALIDATE_DEVICES";
+    /// The post-load validation command as a JSON array of strings
+    /// (`upgradePolicy.validation.command`); unset or empty: none.
+    pub const VALIDATION_COMMAND: &str = "TTDP_VALIDATION_COMMAND";
+    /// How long the validation command may run (`upgradePolicy.validation.timeoutSeconds`).
+    pub const VALIDATION_TIMEOUT: &str = "TTDP_VALIDATION_TIMEOUT";
+    /// How long, after a load, the devices may take to be bound and get their nodes.
+    pub const VALIDATION_DEVICE_WAIT: &str = "TTDP_VALIDATION_DEVICE_WAIT";
 }
 
 #[cfg(test)]

@@ -7,7 +7,8 @@
 //!   [`kernel_compiler`]), and the kernel's build tree ([`build_tree`]);
 //! - whether the host manages tt-kmd itself through DKMS ([`detect_host_install`], the spec's
 //!   "Mixed mode" signals);
-//! - the Tenstorrent PCI devices ([`tenstorrent_devices`]);
+//! - the Tenstorrent PCI devices ([`tenstorrent_devices`]), the driver bound to each and the
+//!   character devices it registered ([`device_bindings`]);
 //! - whether an unsigned module can load ([`signing_facts`]);
 //! - all of it at once: [`HostFacts::probe`].
 //!
@@ -24,6 +25,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod binding;
 mod dkms;
 mod error;
 mod facts;
@@ -32,6 +34,7 @@ mod kernel;
 mod pci;
 mod signing;
 
+pub use binding::{CharDevice, DeviceBinding, TENSTORRENT_DRIVER, device_bindings};
 pub use dkms::{DKMS_SOURCE_PARENT, DKMS_STATE_DIR, DkmsSignal, HostInstall, detect_host_install};
 pub use error::ProbeError;
 pub use facts::HostFacts;

@@ -296,6 +296,54 @@ pub enum KmodError {
         /// Why loading `previous` back failed.
         rollback_error: Box<KmodError>,
     },
+    /// The new version loaded but failed its post-load validation; the previous version was
+    /// loaded back.
+    #[error(
+        "{module} {version} loaded but does not work: {problem}; {module} {previous} was loaded back"
+    )]
+    ValidationFailedRolledBack {
+        /// Module name.
+        module: String,
+        /// Version that failed validation.
+        version: String,
+        /// Version now loaded again.
+        previous: String,
+        /// What the validation found missing.
+        problem: String,
+    },
+    /// The new version loaded but failed its post-load validation, and stays loaded: there was
+    /// nothing to go back to, or it could not be unloaded.
+    #[error(
+        "{module} {version} loaded but does not work: {problem}; it stays loaded because {why}"
+    )]
+    ValidationFailedKeptLoaded {
+        /// Module name.
+        module: String,
+        /// Version that failed validation (still loaded).
+        version: String,
+        /// What the validation found missing.
+        problem: String,
+        /// Why it was not replaced by the previous version.
+        why: String,
+    },
+    /// The new version failed its post-load validation and was unloaded, but the previous version
+    /// could not be loaded back.
+    #[error("{module} {version} loaded but does not work: {problem}; loading {module} {previous} back failed ({rollback_error}); {}", after_failed_rollback(.module, .version, *.reloaded))]
+    ValidationFailedRollbackFailed {
+        /// Module name.
+        module: String,
+        /// Version that failed validation.
+        version: String,
+        /// The version that was loaded before.
+        previous: String,
+        /// What the validation found missing.
+        problem: String,
+        /// Why loading `previous` back failed.
+        #[source]
+        rollback_error: Box<KmodError>,
+        /// Whether `version` was loaded again so the node keeps a driver.
+        reloaded: bool,
+    },
 }
 
 impl KmodError {
@@ -327,6 +375,9 @@ impl KmodError {
             Self::NoRollbackPath { .. } => "NoRollbackPath",
             Self::RolledBack { .. } => "LoadFailedRolledBack",
             Self::RollbackFailed { .. } => "LoadFailedRollbackFailed",
+            Self::ValidationFailedRolledBack { .. } => "ValidationFailedRolledBack",
+            Self::ValidationFailedKeptLoaded { .. } => "ValidationFailed",
+            Self::ValidationFailedRollbackFailed { .. } => "ValidationFailedRollbackFailed",
         }
     }
 
@@ -340,6 +391,19 @@ impl KmodError {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// What is loaded after a failed validation whose rollback failed.
+fn after_failed_rollback(module: &str, version: &str, reloaded: bool) -> String {
+    if reloaded {
+        format!(
+            "{module} {version} was loaded again so the node keeps a driver; fix the cause and retry"
+        )
+    } else {
+        format!(
+            "loading {module} {version} again failed too: no {module} module is loaded on this node now; fix the first error and install again"
+        )
     }
 }
 

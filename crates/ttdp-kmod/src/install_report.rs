@@ -119,6 +119,11 @@ pub struct SwapReport {
     pub unload_ms: u64,
     /// Loading and verifying the new module.
     pub load_ms: u64,
+    /// What the post-load validation proved ([`crate::ModuleInstaller::swap_validated`]),
+    /// `None` when none ran.
+    pub validation: Option<String>,
+    /// The post-load validation.
+    pub validate_ms: u64,
     /// The whole swap.
     pub total_ms: u64,
 }

@@ -17,6 +17,7 @@ use crate::modinfo::{ModInfo, is_signed};
 use crate::source_build::{BuildOptions, build_module, millis};
 use crate::status::ModuleStatus;
 use crate::test_hook::{AFTER_LOAD, AFTER_UNLOAD, BEFORE_UNLOAD, checkpoint};
+use crate::validated_swap::PostLoadCheck;
 use crate::version::KmdVersion;
 use crate::{DEVICE_DIR, KmodError, MODULE_NAME};
 
@@ -407,6 +408,30 @@ impl<K: Kernel> ModuleInstaller<K> {
         version: &KmdVersion,
         options: &SwapOptions,
     ) -> Result<SwapReport, KmodError> {
+        self.swap_checked(version, options, None)
+    }
+
+    /// [`ModuleInstaller::swap`], then `check` on the loaded module before the module lock is
+    /// released and the swap returns: a module that loads but does not work (its devices are not
+    /// bound, a validation command fails) is replaced by the previous version, with the rollback
+    /// rules of a failed load and the node never left without a driver (see
+    /// [`KmodError::ValidationFailedRolledBack`], [`KmodError::ValidationFailedKeptLoaded`],
+    /// [`KmodError::ValidationFailedRollbackFailed`]). Not run when the target was already loaded.
+    pub fn swap_validated(
+        &self,
+        version: &KmdVersion,
+        options: &SwapOptions,
+        check: PostLoadCheck<'_>,
+    ) -> Result<SwapReport, KmodError> {
+        self.swap_checked(version, options, Some(check))
+    }
+
+    fn swap_checked(
+        &self,
+        version: &KmdVersion,
+        options: &SwapOptions,
+        check: Option<PostLoadCheck<'_>>,
+    ) -> Result<SwapReport, KmodError> {
         let started = Instant::now();
         let _module_lock = self.lock_module()?;
         let status = self.status()?;
@@ -423,6 +448,8 @@ impl<K: Kernel> ModuleInstaller<K> {
             build_ms: 0,
             unload_ms: 0,
             load_ms: 0,
+            validation: None,
+            validate_ms: 0,
             total_ms: 0,
         };
         if previous.as_deref() == Some(version.as_str()) {
@@ -462,6 +489,13 @@ impl<K: Kernel> ModuleInstaller<K> {
         }
         report.load_ms = millis(step.elapsed());
         checkpoint(AFTER_LOAD);
+        if let Some(check) = check {
+            let step = Instant::now();
+            let summary =
+                self.validate_loaded(version, &ensured.ko, &status, &options.params, check)?;
+            report.validation = Some(summary);
+            report.validate_ms = millis(step.elapsed());
+        }
         report.total_ms = millis(started.elapsed());
         Ok(report)
     }

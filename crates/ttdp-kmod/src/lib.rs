@@ -12,7 +12,9 @@
 //! - [`KoCache`]: `/var/cache/tt-kmd/<release>/<version>/tenstorrent.ko`, atomic writes, verified
 //!   hits, a lock serialising agents;
 //! - [`ModuleInstaller`]: ensure the `.ko`, unload (optionally killing holders), load, and
-//!   [`ModuleInstaller::swap`] which does all three with rollback;
+//!   [`ModuleInstaller::swap`] which does all three with rollback, and
+//!   [`ModuleInstaller::swap_validated`] which also proves the loaded module works (a
+//!   [`PostLoadCheck`]) and rolls back when it does not;
 //! - the [`Kernel`] trait: [`RealKernel`] (`finit_module`, `delete_module`, `kill` through nix) and
 //!   [`SimKernel`] (a kernel simulated in files, shared by processes), with [`SimHost`] and
 //!   [`SimKmdRepo`] to create simulated hosts and tt-kmd repositories for tests and demos.
@@ -48,6 +50,7 @@ mod source_build;
 mod status;
 pub mod test_hook;
 mod timed_command;
+mod validated_swap;
 mod version;
 
 pub use error::KmodError;
@@ -65,7 +68,9 @@ pub use sim_kernel::{SIM_STATE_DIR, SimKernel};
 pub use sim_source::SimKmdRepo;
 pub use source_build::{BuildOptions, BuiltModule, DEFAULT_REPOSITORY, build_module, fetch_source};
 pub use status::{ModuleStatus, loaded_version};
+pub use timed_command::{CommandRun, log_tail, run_logged};
 pub use ttdp_hostprobe::HostRoot;
+pub use validated_swap::PostLoadCheck;
 pub use version::{KmdVersion, RELEASE_TAG_PREFIX};
 
 /// The README's example, compiled as a doctest so it cannot rot.

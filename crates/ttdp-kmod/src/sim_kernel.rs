@@ -3,8 +3,10 @@
 //!
 //! State, all under the host root:
 //! - a loaded module is `/sys/module/<name>/{version,srcversion,refcnt,initstate}` plus
-//!   `holders/` and `parameters/<key>`, and device nodes `/dev/tenstorrent/<n>` (one per
-//!   simulated Tenstorrent PCI device, at least one);
+//!   `holders/` and `parameters/<key>`; each simulated Tenstorrent PCI function bound to it
+//!   (`driver` link, class device `tenstorrent/tenstorrent!<n>`) with its node
+//!   `/dev/tenstorrent/<n>` (a host without such functions still gets `/dev/tenstorrent/0`);
+//!   [`SimKernel::limit_binding`] makes a version bind fewer functions;
 //! - a process holding the device is `/proc/<pid>/comm` plus `/proc/<pid>/fd/<n>` links to
 //!   `/dev/tenstorrent/0`; `refcnt` is the number of such links;
 //! - fault injection and the lock live in `/run/ttdp-sim/`.
@@ -30,6 +32,8 @@ use crate::{DEVICE_DIR, MODULE_NAME};
 
 /// Host directory holding the simulator's lock and fault-injection markers.
 pub const SIM_STATE_DIR: &str = "/run/ttdp-sim";
+/// The character-device major the simulated driver registers.
+const SIM_MAJOR: u32 = 240;
 /// How long a simulated syscall waits for another process's simulated syscall.
 const SIM_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -120,6 +124,80 @@ impl SimKernel {
         }
     }
 
+    /// Makes every later load of `version` bind only the first `limit` Tenstorrent PCI
+    /// functions (a driver that loads but cannot see every card), or all of them (`None`).
+    pub fn limit_binding(&self, version: &str, limit: Option<usize>) -> io::Result<()> {
+        let marker = self.bind_limit_marker(version);
+        match limit {
+            Some(limit) => {
+                std::fs::create_dir_all(marker.parent().unwrap_or(Path::new("/")))?;
+                std::fs::write(marker, format!("{limit}\n"))
+            }
+            None => match std::fs::remove_file(marker) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    fn bind_limit_marker(&self, version: &str) -> PathBuf {
+        self.host
+            .path(SIM_STATE_DIR)
+            .join("bind-limit")
+            .join(version)
+    }
+
+    /// As tt-kmd's probe: binds each Tenstorrent PCI function (up to the limit set for
+    /// `version`), registers its class device `tenstorrent!<n>` and creates `/dev/tenstorrent/<n>`.
+    /// A host without such functions still gets `/dev/tenstorrent/0`, for simulated holders.
+    fn bind_devices(&self, version: &str) -> io::Result<()> {
+        let devices = tenstorrent_devices(&self.host).map_err(io::Error::other)?;
+        let limit = std::fs::read_to_string(self.bind_limit_marker(version))
+            .ok()
+            .and_then(|text| text.trim().parse::<usize>().ok())
+            .unwrap_or(usize::MAX);
+        let dev = self.host.path(DEVICE_DIR);
+        std::fs::create_dir_all(&dev)?;
+        if devices.is_empty() {
+            return std::fs::write(dev.join("0"), "");
+        }
+        for (n, device) in devices.iter().take(limit).enumerate() {
+            let sysfs = self.host.path(device.sysfs_path());
+            let link = sysfs.join("driver");
+            if std::fs::symlink_metadata(&link).is_err() {
+                std::os::unix::fs::symlink(
+                    format!("../../../bus/pci/drivers/{MODULE_NAME}"),
+                    &link,
+                )?;
+            }
+            let class = sysfs.join(MODULE_NAME).join(format!("{MODULE_NAME}!{n}"));
+            std::fs::create_dir_all(&class)?;
+            write_atomically(&class.join("dev"), &format!("{SIM_MAJOR}:{n}\n"))?;
+            std::fs::write(dev.join(n.to_string()), "")?;
+        }
+        Ok(())
+    }
+
+    /// Undoes [`SimKernel::bind_devices`] for every function bound to `tenstorrent`.
+    fn unbind_devices(&self) -> io::Result<()> {
+        for device in tenstorrent_devices(&self.host).map_err(io::Error::other)? {
+            let sysfs = self.host.path(device.sysfs_path());
+            let bound = std::fs::read_link(sysfs.join("driver"))
+                .is_ok_and(|target| target.ends_with(MODULE_NAME));
+            if bound {
+                std::fs::remove_file(sysfs.join("driver"))?;
+                match std::fs::remove_dir_all(sysfs.join(MODULE_NAME)) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
+        }
+        match std::fs::remove_dir_all(self.host.path(DEVICE_DIR)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     fn fail_load_marker(&self, version: &str) -> PathBuf {
         self.host
             .path(SIM_STATE_DIR)
@@ -200,15 +278,7 @@ impl Kernel for SimKernel {
         }
         write_atomically(&dir.join("refcnt"), "0\n")?;
         if name == MODULE_NAME {
-            let devices = tenstorrent_devices(&self.host)
-                .map_err(io::Error::other)?
-                .len()
-                .max(1);
-            let dev = self.host.path(DEVICE_DIR);
-            std::fs::create_dir_all(&dev)?;
-            for n in 0..devices {
-                std::fs::write(dev.join(n.to_string()), "")?;
-            }
+            self.bind_devices(version)?;
         }
         // initstate last: it is what makes the module count as loaded
         write_atomically(&dir.join("initstate"), "live\n")?;
@@ -227,10 +297,7 @@ impl Kernel for SimKernel {
         std::fs::remove_file(dir.join("initstate"))?;
         std::fs::remove_dir_all(&dir)?;
         if name == MODULE_NAME {
-            match std::fs::remove_dir_all(self.host.path(DEVICE_DIR)) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
+            self.unbind_devices()?;
         }
         Ok(())
     }

@@ -1,4 +1,5 @@
-//! Running a helper program (git, make) with its output captured and a hard timeout.
+//! Running a helper program (git, make, a post-load validation command) with its output captured
+//! and a hard timeout.
 
 use std::io::{Read, Seek};
 use std::os::unix::process::CommandExt;
@@ -9,7 +10,7 @@ use crate::KmodError;
 
 /// How a finished (or killed) command ended.
 #[derive(Debug)]
-pub(crate) struct CommandRun {
+pub struct CommandRun {
     /// Whether it exited with status 0.
     pub success: bool,
     /// `exit status 2`, `killed by signal 9`...
@@ -24,7 +25,7 @@ pub(crate) struct CommandRun {
 
 /// Runs `command` in its own process group, stdout and stderr captured together; after `timeout`
 /// the whole group gets SIGKILL.
-pub(crate) fn run_logged(
+pub fn run_logged(
     mut command: Command,
     program: &str,
     timeout: Duration,
@@ -78,7 +79,7 @@ pub(crate) fn run_logged(
 }
 
 /// The last `lines` lines of a log, for error messages.
-pub(crate) fn log_tail(log: &str, lines: usize) -> String {
+pub fn log_tail(log: &str, lines: usize) -> String {
     let all: Vec<&str> = log.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }

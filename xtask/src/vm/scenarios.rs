@@ -78,6 +78,23 @@ pub const SCENARIOS: &[Scenario] = &[
         // one in-VM build (as kmod-build) plus ~30 s of agent runs
         timeout: Duration::from_secs(600),
     },
+    Scenario {
+        name: "validation",
+        description: "post-load validation by the real ttdp-agent binary (report in a file): a \
+                      node without cards validates trivially; a validation command that fails, \
+                      or holds the device past its timeout (killed with its process group), \
+                      gets the new version unloaded and the previous one loaded back on the real \
+                      kernel; a passing command lets the upgrade through and the readiness probe \
+                      requires its record",
+        tests: &[],
+        bins: &[("ttdp-agent", "ttdp-agent")],
+        examples: &[],
+        files: &[],
+        host_usr: false,
+        script: "validation.sh",
+        // no build in the guest (the cache is seeded from the host-built stubs); ~20 s of agent runs
+        timeout: Duration::from_secs(240),
+    },
 ];
 
 /// Not a test: `cargo xtask bench` boots it for the real-kernel load and unload times

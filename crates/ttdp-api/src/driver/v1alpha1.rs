@@ -116,6 +116,41 @@ pub struct UpgradePolicy {
         "spec.upgradePolicy.nodeTimeoutSeconds must be from 1 to 604800 (7 days): the seconds a node may spend in one step before it fails with NodeTimeout"
     ))]
     pub node_timeout_seconds: i64,
+
+    /// How a node proves the new driver works after the load, before it is Ready.
+    #[serde(default)]
+    pub validation: ValidationPolicy,
+}
+
+/// Post-load validation: a failed one loads the previous version back and fails the node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.enable || !has(self.command)").message(
+    "spec.upgradePolicy.validation.command runs only with validation.enable: true; remove the command or enable validation"
+))]
+pub struct ValidationPolicy {
+    /// Every Tenstorrent PCI device (vendor 1e52) must be bound to the `tenstorrent` driver with
+    /// its `/dev/tenstorrent/<n>` node (checked again by the readiness probe). `false`: the
+    /// loaded version alone makes the node Ready.
+    #[serde(default = "yes")]
+    pub enable: bool,
+
+    /// Optional command from the agent image that must also exit 0, e.g.
+    /// `["tt-smi", "-s", "--snapshot_no_tty"]`; it runs in the agent container (host root at
+    /// `/host`). Unset: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 32), inner(length(max = 4096)))]
+    #[x_kube(validation = Rule::new("self[0] != ''").message(
+        "spec.upgradePolicy.validation.command must start with the program to run, e.g. [\"tt-smi\", \"-s\"]"
+    ))]
+    pub command: Option<Vec<String>>,
+
+    /// Seconds the command may run before it counts as failed.
+    #[serde(default = "default_validation_timeout_seconds")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 300").message(
+        "spec.upgradePolicy.validation.timeoutSeconds must be from 1 to 300: the seconds the validation command may run"
+    ))]
+    pub timeout_seconds: i64,
 }
 
 /// The two-pass drain before a node's module is swapped.
@@ -185,6 +220,9 @@ fn default_timeout_seconds() -> i64 {
 fn default_node_timeout_seconds() -> i64 {
     1800
 }
+fn default_validation_timeout_seconds() -> i64 {
+    60
+}
 fn default_max_unavailable() -> IntOrString {
     IntOrString::Int(1)
 }
@@ -199,6 +237,17 @@ impl Default for UpgradePolicy {
             force_unload: false,
             max_unavailable: default_max_unavailable(),
             node_timeout_seconds: default_node_timeout_seconds(),
+            validation: ValidationPolicy::default(),
+        }
+    }
+}
+
+impl Default for ValidationPolicy {
+    fn default() -> Self {
+        Self {
+            enable: true,
+            command: None,
+            timeout_seconds: default_validation_timeout_seconds(),
         }
     }
 }

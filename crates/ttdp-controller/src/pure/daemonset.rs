@@ -9,14 +9,14 @@
 //!
 //! | host path | mode | why |
 //! |---|---|---|
-//! | `/sys` | ro | `/sys/module/tenstorrent/{version,refcnt}`, PCI devices (vendor 0x1e52) |
+//! | `/sys` | ro | `/sys/module/tenstorrent/{version,refcnt}`, PCI devices (vendor 0x1e52) and the driver bound to each |
 //! | `/proc` | ro | `/proc/*/fd` to name the processes holding `/dev/tenstorrent`, `/proc/version` |
 //! | `/lib/modules` | ro | the kernel's build tree link (`/lib/modules/<release>/build`), DKMS installs |
 //! | `/usr/src` | ro | kernel headers the module is built against; DKMS sources (host-install detection) |
 //! | `/var/lib/dkms` | ro | DKMS state (host-install detection) |
 //! | `/var/cache/tt-kmd` | rw | the per-kernel, per-version `.ko` cache |
 //! | `/usr/local/bin` | rw | where tt-smi is installed |
-//! | `/run/ttdp` | rw | the node-wide module lock, shared by every agent pod on the node |
+//! | `/run/ttdp` | rw | the node-wide module lock, shared by every agent pod on the node, and the post-load validation record the readiness probe reads |
 //! | `/dev` | ro | `/dev/tenstorrent/*` device presence |
 //!
 //! `/lib/modules` and `/usr/src` are also mounted read-only at their own paths: Debian and Ubuntu
@@ -376,6 +376,23 @@ fn agent_env(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Vec<EnvVa
     if let Some(repo) = &settings.kmd_repository {
         vars.push(value(env::TT_KMD_REPOSITORY, repo.clone()));
     }
+    // The readiness probe runs in the same container and reads the same variables. Only what
+    // differs from the agent's defaults is set, so the template (and its hash) of a policy that
+    // keeps the defaults is the one it had before validation existed: no agent restarts.
+    let validation = &policy.spec.upgrade_policy.validation;
+    if !validation.enable {
+        vars.push(value(env::VALIDATE_DEVICES, "false".to_owned()));
+    }
+    if let Some(command) = validation.command.as_ref().filter(|_| validation.enable) {
+        vars.push(value(
+            env::VALIDATION_COMMAND,
+            serde_json::Value::from(command.clone()).to_string(),
+        ));
+        vars.push(value(
+            env::VALIDATION_TIMEOUT,
+            format!("{}s", validation.timeout_seconds),
+        ));
+    }
     vars
 }
 
@@ -474,6 +491,36 @@ mod tests {
             Some("system-node-critical")
         );
         assert_eq!(spec.host_pid, None, "hostPID only with forceUnload");
+    }
+
+    #[test]
+    fn validation_settings_reach_the_agent_and_its_probe() {
+        // the defaults (validation on, no command) are the agent's own: nothing is set
+        let defaults = env_of(&render(&policy("fleet", "2.8.0")));
+        assert!(!defaults.contains_key(env::VALIDATE_DEVICES));
+        assert!(!defaults.contains_key(env::VALIDATION_COMMAND));
+
+        let mut p = policy("fleet", "2.8.0");
+        p.spec.upgrade_policy.validation.command = Some(vec![
+            "tt-smi".into(),
+            "-s".into(),
+            "--snapshot_no_tty".into(),
+        ]);
+        p.spec.upgrade_policy.validation.timeout_seconds = 90;
+        let with_command = env_of(&render(&p));
+        assert_eq!(
+            with_command[env::VALIDATION_COMMAND].value.as_deref(),
+            Some(r#"["tt-smi","-s","--snapshot_no_tty"]"#)
+        );
+        assert_eq!(
+            with_command[env::VALIDATION_TIMEOUT].value.as_deref(),
+            Some("90s")
+        );
+
+        p.spec.upgrade_policy.validation.enable = false;
+        let off = env_of(&render(&p));
+        assert_eq!(off[env::VALIDATE_DEVICES].value.as_deref(), Some("false"));
+        assert!(!off.contains_key(env::VALIDATION_COMMAND));
     }
 
     #[test]

@@ -1,0 +1,155 @@
+//! What must hold before the loaded module is unloaded: a way back (a verified `.ko` of the
+//! loaded version, or the node's opt-in), the controller's upgrade grant, and no holders (or
+//! force unload).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use ttdp_api::agent_report::AgentPhase;
+use ttdp_api::names::labels;
+use ttdp_kmod::Kernel;
+
+use super::publishing::bounded_read;
+use super::{NodeAgent, RollbackPath, millis};
+use crate::convergence::{
+    Observation, allows_no_rollback, base_report, holders_message, no_rollback_message,
+    report_holders,
+};
+use crate::error::AgentError;
+use crate::grant::{self, GrantDecision};
+use crate::reasons;
+use crate::reporting::{EventKind, Reporter};
+
+impl<K, R> NodeAgent<K, R>
+where
+    K: Kernel + Send + Sync + 'static,
+    R: Reporter,
+{
+    /// Before anything is unloaded: a verified `.ko` of the loaded version in the cache (built
+    /// from its tag when missing; may be abandoned on shutdown), or the node's opt-in to go on
+    /// without one.
+    pub(super) async fn secure_rollback(
+        &mut self,
+        observation: &Observation,
+        status: &ttdp_kmod::ModuleStatus,
+        shutdown: &CancellationToken,
+    ) -> Result<RollbackPath, AgentError> {
+        let installer = Arc::clone(&self.installer);
+        let (status, target) = (status.clone(), self.config.target_version.clone());
+        let ensure =
+            tokio::task::spawn_blocking(move || installer.ensure_rollback_ko(&status, &target));
+        let ensured = tokio::select! {
+            joined = ensure => joined.map_err(|source| AgentError::Task { task: "ensure rollback .ko", source })?,
+            () = shutdown.cancelled() => {
+                info!(step = "rollback-ko", "shutdown while securing the rollback .ko: abandoned, the loaded module was not touched");
+                return Ok(RollbackPath::Abandoned);
+            }
+        };
+        let cause = match ensured {
+            Ok(None) => return Ok(RollbackPath::Secured),
+            Ok(Some(ensured)) => {
+                info!(
+                    step = "rollback-ko",
+                    version = %ensured.ko.record.version,
+                    cache = ?ensured.cache,
+                    elapsed_ms = ensured.elapsed_ms,
+                    "rollback module file ready"
+                );
+                return Ok(RollbackPath::Secured);
+            }
+            Err(e) => e,
+        };
+        let label = bounded_read(self.reporter.node_label(labels::ALLOW_NO_ROLLBACK)).await;
+        if allows_no_rollback(label.as_ref().ok().and_then(Option::as_deref)) {
+            let note = format!(
+                "{cause}; proceeding anyway because the node is labelled {}={}: if the new version fails to load, no tt-kmd module will be loaded",
+                labels::ALLOW_NO_ROLLBACK,
+                labels::ALLOW_NO_ROLLBACK_ENABLED
+            );
+            warn!(step = "rollback-ko", %note);
+            self.event(
+                EventKind::Warning,
+                reasons::NO_ROLLBACK_ALLOWED,
+                "Unload",
+                note,
+            )
+            .await;
+            return Ok(RollbackPath::Allowed);
+        }
+        let mut message = no_rollback_message(&cause.to_string());
+        if let Err(e) = label {
+            message = format!("{message} (the label could not be read: {e})");
+        }
+        self.fail(cause.reason(), "Unload", message, Some(observation))
+            .await;
+        Ok(RollbackPath::Refused)
+    }
+
+    /// Whether the controller granted this node the swap of the loaded module (see
+    /// [`crate::grant`]). Without a grant (or when it cannot be read): report `WaitingForGrant`,
+    /// leave the module and its holders alone, and look again after a probe period.
+    pub(super) async fn granted(
+        &mut self,
+        observation: &Observation,
+        status: &ttdp_kmod::ModuleStatus,
+    ) -> bool {
+        let target = self.config.target_version.clone();
+        let message = match bounded_read(self.reporter.upgrade_grant()).await {
+            Ok(view) => match grant::decide(&view, status.loaded_version(), &target) {
+                GrantDecision::Granted => return true,
+                GrantDecision::Waiting { message } => message,
+            },
+            Err(e) => format!(
+                "cannot read the node's upgrade grant ({e}); the loaded module stays loaded until it can be read"
+            ),
+        };
+        let mut report = base_report(AgentPhase::WaitingForGrant, &target, observation);
+        report.reason = Some(reasons::WAITING_FOR_GRANT.to_string());
+        report.message = Some(message.clone());
+        self.next_attempt = Some(Instant::now() + self.config.probe_period);
+        if self.last_report.as_ref().map(|r| r.phase) != Some(AgentPhase::WaitingForGrant) {
+            info!(step = "grant", node = %self.config.node_name, loaded = ?status.loaded_version(), target = %target, "waiting for the controller's upgrade grant");
+        }
+        self.publish_report(report).await;
+        self.event(
+            EventKind::Normal,
+            reasons::WAITING_FOR_GRANT,
+            "Unload",
+            message,
+        )
+        .await;
+        false
+    }
+
+    /// Not forced and held: report the holders, retry with back-off.
+    pub(super) async fn wait_for_holders(
+        &mut self,
+        observation: &Observation,
+        status: &ttdp_kmod::ModuleStatus,
+    ) {
+        let message = holders_message(status, &self.config.target_version);
+        let mut report = base_report(
+            AgentPhase::WaitingForHolders,
+            &self.config.target_version,
+            observation,
+        );
+        report.holders = report_holders(&status.device_holders);
+        report.reason = Some(reasons::DEVICE_HELD.to_string());
+        report.message = Some(message.clone());
+        let delay = self.holder_backoff.next_delay();
+        self.next_attempt = Some(Instant::now() + delay);
+        warn!(
+            step = "unload",
+            node = %self.config.node_name,
+            refcnt = ?status.refcnt,
+            holders = ?report.holders.iter().map(|h| h.pid).collect::<Vec<_>>(),
+            retry_in_ms = millis(delay),
+            "module in use; waiting for its holders to go"
+        );
+        self.publish_report(report).await;
+        self.event(EventKind::Warning, reasons::DEVICE_HELD, "Unload", message)
+            .await;
+    }
+}
