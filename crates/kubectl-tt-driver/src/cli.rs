@@ -209,8 +209,9 @@ pub enum Command {
     ///
     /// How it works: the plugin sets the annotation driver.tenstorrent.com/retry on the Node to
     /// the current time (RFC 3339). The controller sees it, retries the node's upgrade at once
-    /// (its attempt counter is kept) and removes the annotation. Only Failed nodes can be
-    /// retried; needs permission to patch nodes.
+    /// (its attempt counter is kept) and removes the annotation. Only Failed nodes, and the
+    /// canary node that halted a rollout, can be retried (a halted canary then runs again,
+    /// with a fresh soak); needs permission to patch nodes.
     Retry {
         /// The policy whose rollout failed on the node.
         #[arg(value_name = "POLICY")]
@@ -218,6 +219,21 @@ pub enum Command {
         /// The Failed node.
         #[arg(value_name = "NODE")]
         node: String,
+    },
+
+    /// Take a node out of every policy (or, with --undo, give it back).
+    ///
+    /// How it works: the plugin sets the label driver.tenstorrent.com/skip=true on the Node.
+    /// Policies never select a node with it: the controller releases the node (lifts its
+    /// cordon, reopens its deploy gates) and a halted canary stops waiting for it. The driver
+    /// the node runs stays loaded. --undo removes the label; needs permission to patch nodes.
+    Skip {
+        /// The node.
+        #[arg(value_name = "NODE")]
+        node: String,
+        /// Remove the label instead.
+        #[arg(long)]
+        undo: bool,
     },
 
     /// Print a shell completion script for kubectl-tt-driver.

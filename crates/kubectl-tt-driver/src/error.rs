@@ -87,7 +87,7 @@ pub enum Error {
     },
     /// Retry was asked for a node that has not failed.
     #[error(
-        "node {node} is {state} in policy {policy}, not Failed; only a Failed node can be retried"
+        "node {node} is {state} in policy {policy}, not Failed; only a Failed node, or the canary node that halted the rollout, can be retried"
     )]
     NotFailed {
         /// The policy.

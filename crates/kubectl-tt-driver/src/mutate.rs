@@ -1,5 +1,6 @@
 //! The only writes the plugin makes, each behind its own explicit subcommand:
-//! `pause` / `resume` (a merge patch of `spec.paused`) and `retry` (an annotation on the Node).
+//! `pause` / `resume` (a merge patch of `spec.paused`), `retry` (an annotation on the Node) and
+//! `skip` (the skip label on the Node).
 //!
 //! `retry` sets `driver.tenstorrent.com/retry=<now, RFC 3339>` on the Node. The controller
 //! watches Nodes; when a node that is Failed in a policy carries the annotation, it retries the
@@ -10,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
-use ttdp_api::names::annotations;
+use ttdp_api::names::{annotations, labels};
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 
 use crate::connection::Connection;
@@ -68,7 +69,13 @@ pub async fn retry(
             policy: policy_name.to_owned(),
             node: node.to_owned(),
         })?;
-    if status.state != NodeState::Failed {
+    let halted_by_it = policy
+        .status
+        .as_ref()
+        .and_then(|s| s.rollout.as_ref())
+        .and_then(|r| r.halted_by.as_deref())
+        .is_some_and(|h| h.starts_with(&format!("canary node {node} ")));
+    if status.state != NodeState::Failed && !halted_by_it {
         return Err(Error::NotFailed {
             policy: policy_name.to_owned(),
             node: node.to_owned(),
@@ -97,4 +104,37 @@ pub async fn retry(
         "node/{node} annotated {}={stamp}: the controller retries the failed upgrade of policy {policy_name} on {node} now and then removes the annotation",
         annotations::RETRY
     ))
+}
+
+/// Sets (`on`) or removes the skip label of `node`; returns the line to print.
+pub async fn skip(conn: &Connection, node: &str, on: bool) -> Result<String, Error> {
+    let api: Api<Node> = Api::all(conn.client.clone());
+    let value = if on { json!("true") } else { json!(null) };
+    let patch = json!({ "metadata": { "labels": { labels::SKIP: value } } });
+    api.patch(
+        node,
+        &PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|e| match e {
+        e if is_not_found(&e) => Error::NodeNotFound {
+            name: node.to_owned(),
+        },
+        e => Error::from_kube(e, "patch", "nodes", &conn.server),
+    })?;
+    Ok(if on {
+        format!(
+            "node/{node} labelled {}=true: no policy manages it now; its cordon and deploy gates are released and its driver stays loaded (undo: kubectl tt driver skip {node} --undo)",
+            labels::SKIP
+        )
+    } else {
+        format!(
+            "node/{node} unlabelled {}: policies that select it manage it again",
+            labels::SKIP
+        )
+    })
 }

@@ -121,6 +121,10 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
             let line = mutate::retry(&conn, &policy, &node, Timestamp::now()).await?;
             write(out, &format!("{line}\n"))
         }
+        Command::Skip { node, undo } => {
+            let line = mutate::skip(&conn, &node, !undo).await?;
+            write(out, &format!("{line}\n"))
+        }
         Command::Completion { .. } => Ok(()),
     }
 }

@@ -454,6 +454,45 @@ async fn retry_annotates_the_failed_node() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_labels_the_node_and_undo_removes_the_label() {
+    let h = Harness::populated().await;
+    let node3 = h.n("node-3");
+    let nodes: Api<Node> = Api::all(h.client.clone());
+    let skip_label = |n: &Node| {
+        n.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ttdp_api::names::labels::SKIP))
+            .cloned()
+    };
+    let run = h.kubectl(&["tt", "driver", "skip", &node3]).await.ok();
+    assert!(
+        run.stdout.starts_with(&format!(
+            "node/{node3} labelled driver.tenstorrent.com/skip=true: no policy manages it now"
+        )),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        skip_label(&nodes.get(&node3).await.unwrap()).as_deref(),
+        Some("true")
+    );
+    let undo = h
+        .kubectl(&["tt", "driver", "skip", &node3, "--undo"])
+        .await
+        .ok();
+    assert!(undo.stdout.contains("unlabelled"), "{}", undo.stdout);
+    assert_eq!(skip_label(&nodes.get(&node3).await.unwrap()), None);
+    let node99 = h.n("node-99");
+    let unknown = h.kubectl(&["tt", "driver", "skip", &node99]).await.failed();
+    assert!(
+        unknown.stderr.contains(&node99) && unknown.stderr.contains("not found"),
+        "{}",
+        unknown.stderr
+    );
+}
+
 /// Reads lines from a child's stdout until one contains every one of `needles` (bounded).
 async fn read_until(
     lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,

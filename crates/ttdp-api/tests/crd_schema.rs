@@ -367,3 +367,73 @@ fn committed_crd_is_up_to_date() {
         "the committed CRD is stale: run `cargo xtask crd` and commit the result"
     );
 }
+
+/// The rollout guards (canary, waitForCompletion, schedule): well-formed ones are accepted and
+/// defaulted; malformed ones are refused by the schema with a message naming the field, and what
+/// the schema cannot check (a time zone) by the controller-side validation.
+#[test]
+fn rollout_guards_are_checked_with_clear_messages() {
+    let spec =
+        |guards: Value| json!({"version": "2.8.0", "nodeAffinity": {}, "upgradePolicy": guards});
+    let good = spec(json!({
+        "canary": {"nodes": "10%", "soakSeconds": 600, "autoRollback": true},
+        "waitForCompletion": {"podSelector": "job-name"},
+        "schedule": {"timeZone": "Europe/Berlin",
+                     "windows": [{"days": ["Sat", "Sun"], "start": "02:00", "duration": "4h"}]},
+    }));
+    check(&policy("default", good.clone())).unwrap();
+    let p: TenstorrentDriverPolicy = serde_json::from_value(policy("d", good)).unwrap();
+    let wait = p.spec.upgrade_policy.wait_for_completion.clone().unwrap();
+    assert_eq!(
+        (wait.timeout_seconds, wait.on_timeout.as_str()),
+        (0, "Drain")
+    );
+    p.spec.validate().unwrap();
+    let cases = [
+        (
+            json!({"canary": {"nodes": 0}}),
+            "canary.nodes must be an integer >= 1",
+        ),
+        (
+            json!({"canary": {"nodes": 1, "soakSeconds": -1}}),
+            "canary.soakSeconds must be from 0",
+        ),
+        (
+            json!({"waitForCompletion": {"podSelector": "app=x", "onTimeout": "Wait"}}),
+            "onTimeout must be Drain or Fail",
+        ),
+        (
+            json!({"schedule": {"windows": [{"days": ["Saturday"], "start": "02:00", "duration": "1h"}]}}),
+            "must name days as Mon",
+        ),
+        (
+            json!({"schedule": {"windows": [{"days": ["Sat"], "start": "2am", "duration": "1h"}]}}),
+            "must be a 24-hour time HH:MM",
+        ),
+        (
+            json!({"schedule": {"windows": [{"days": ["Sat"], "start": "02:00", "duration": "1d"}]}}),
+            "must be hours and/or minutes",
+        ),
+    ];
+    for (guards, want) in cases {
+        let err = check(&policy("default", spec(guards.clone())))
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {guards}"));
+        assert!(err.contains(want), "{guards}: want {want:?}, got: {err}");
+    }
+    let zone: TenstorrentDriverPolicy = serde_json::from_value(policy(
+        "d",
+        spec(json!({"schedule": {"timeZone": "Mars/Olympus",
+            "windows": [{"days": ["Sat"], "start": "02:00", "duration": "1h"}]}})),
+    ))
+    .unwrap();
+    let err = zone.spec.validate().unwrap_err().to_string();
+    assert!(err.contains("not an IANA time zone"), "{err}");
+    let selector: TenstorrentDriverPolicy = serde_json::from_value(policy(
+        "d",
+        spec(json!({"waitForCompletion": {"podSelector": "app in (a"}})),
+    ))
+    .unwrap();
+    let err = selector.spec.validate().unwrap_err().to_string();
+    assert!(err.contains("waitForCompletion.podSelector"), "{err}");
+}

@@ -1,9 +1,13 @@
 //! The summary lines under the status table: one line per policy with its version and counts,
 //! then indented notes for what needs attention (conditions that are not OK, no status yet, a
-//! status behind the spec, Done and waiting nodes left out of the status).
+//! status behind the spec, Done and waiting nodes left out of the status), and where a guarded
+//! rollout stands (canary, soak with the time left, halt, next maintenance window).
 
+use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use ttdp_api::driver::v1alpha1::condition;
+use ttdp_api::driver::v1alpha1::{RolloutStatus, condition, rollout_phase as phase};
+
+use crate::age::human_duration;
 
 use crate::fleet::{PolicyView, nodes_omitted, policy_name};
 use crate::palette::{Colour, Palette};
@@ -36,7 +40,7 @@ pub fn condition_line(c: &Condition) -> String {
 }
 
 /// The summary line and notes of one policy, each line ending in `\n`.
-pub fn render(view: &PolicyView, palette: Palette) -> String {
+pub fn render(view: &PolicyView, palette: Palette, now: Timestamp) -> String {
     let policy = &view.policy;
     let name = policy_name(policy);
     let mut out = format!("{name}: version {}", policy.spec.version);
@@ -73,6 +77,13 @@ pub fn render(view: &PolicyView, palette: Palette) -> String {
         ));
     }
 
+    if let Some(rollout) = status.and_then(|s| s.rollout.as_ref()) {
+        for (line, colour) in rollout_lines(rollout, now) {
+            out.push_str("  ");
+            out.push_str(&palette.paint(&line, colour));
+            out.push('\n');
+        }
+    }
     let Some(status) = status else {
         out.push_str(&format!(
             "  no status yet: the controller has not reported on {name}; is ttdp-controller running?\n"
@@ -101,4 +112,96 @@ pub fn render(view: &PolicyView, palette: Palette) -> String {
         ));
     }
     out
+}
+
+/// Where a guarded rollout stands: its phase (with the soak's time left) and, outside every
+/// maintenance window, when the next one opens.
+pub fn rollout_lines(r: &RolloutStatus, now: Timestamp) -> Vec<(String, Option<Colour>)> {
+    let left = |t: Timestamp| human_duration(t.duration_since(now).max(jiff::SignedDuration::ZERO));
+    let canaries = r.canary_nodes.join(", ");
+    let mut lines = Vec::new();
+    let halted = r.halted_by.clone().unwrap_or_default();
+    let from = r.from_version.clone().unwrap_or_default();
+    let phase_line = match r.phase.as_str() {
+        phase::CANARY => Some((
+            format!("canary: upgrading {canaries} first"),
+            Some(Colour::Cyan),
+        )),
+        phase::SOAKING => r.soak_until.as_ref().map(|t| {
+            (
+                format!("canary: soaking, {} left ({canaries})", left(t.0)),
+                Some(Colour::Cyan),
+            )
+        }),
+        phase::ROLLING if !r.canary_nodes.is_empty() => {
+            Some(("canary passed: rolling out to the rest".to_owned(), None))
+        }
+        phase::HALTED => Some((
+            format!(
+                "halted: {halted}; retry or skip the node to go on (kubectl tt driver retry|skip)"
+            ),
+            Some(Colour::Red),
+        )),
+        phase::ROLLING_BACK => Some((
+            format!("halted, rolling the canary back to {from}: {halted}"),
+            Some(Colour::Red),
+        )),
+        phase::ROLLED_BACK => Some((
+            format!("halted, canary rolled back to {from}: {halted}; change spec.version to go on"),
+            Some(Colour::Red),
+        )),
+        _ => None,
+    };
+    lines.extend(phase_line);
+    if let Some(t) = &r.next_window {
+        lines.push((
+            format!(
+                "outside the maintenance windows: the next opens in {} ({})",
+                left(t.0),
+                t.0
+            ),
+            Some(Colour::Yellow),
+        ));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    #[test]
+    fn a_soak_shows_its_time_left_and_a_halt_what_to_do() {
+        let now: Timestamp = "2026-12-05T02:00:00Z".parse().unwrap();
+        let soaking = RolloutStatus {
+            target_version: "2.8.0".into(),
+            phase: phase::SOAKING.into(),
+            canary_nodes: vec!["tt-0".into()],
+            soak_until: Some(Time("2026-12-05T02:04:30Z".parse().unwrap())),
+            ..RolloutStatus::default()
+        };
+        let lines: Vec<String> = rollout_lines(&soaking, now)
+            .into_iter()
+            .map(|(l, _)| l)
+            .collect();
+        assert_eq!(lines, ["canary: soaking, 4m30s left (tt-0)"]);
+        let halted = RolloutStatus {
+            phase: phase::HALTED.into(),
+            halted_by: Some("canary node tt-0 failed: DrainTimeout".into()),
+            next_window: Some(Time("2026-12-05T03:00:00Z".parse().unwrap())),
+            ..soaking
+        };
+        let lines: Vec<String> = rollout_lines(&halted, now)
+            .into_iter()
+            .map(|(l, _)| l)
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "halted: canary node tt-0 failed: DrainTimeout; retry or skip the node to go on (kubectl tt driver retry|skip)",
+                "outside the maintenance windows: the next opens in 60m (2026-12-05T03:00:00Z)",
+            ]
+        );
+    }
 }

@@ -45,7 +45,7 @@ pub fn render(fleet: &Fleet, layout: Layout, opts: &RenderOptions) -> String {
         out.push('\n');
     }
     for view in &fleet.policies {
-        out.push_str(&policy_summary::render(view, opts.palette));
+        out.push_str(&policy_summary::render(view, opts.palette, opts.now));
     }
     out
 }

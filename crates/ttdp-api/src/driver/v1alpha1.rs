@@ -13,6 +13,10 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use super::rollout_guards::{
+    CanaryPolicy, MaintenanceSchedule, MaintenanceWindow, ScheduleError, WaitForCompletion,
+    WindowState,
+};
 use crate::selector::{Selector, SelectorError};
 
 /// Regular expression (RE2, as used in the CEL rules) for a label key.
@@ -120,6 +124,19 @@ pub struct UpgradePolicy {
     /// How a node proves the new driver works after the load, before it is Ready.
     #[serde(default)]
     pub validation: ValidationPolicy,
+
+    /// Upgrade a few nodes first and let them run (soak) before the rest. Unset: no canary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryPolicy>,
+
+    /// On a cordoned node, wait for matching pods (jobs) to finish before evicting anything.
+    /// Unset: drain at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for_completion: Option<WaitForCompletion>,
+
+    /// Maintenance windows: no node starts Cordoning outside them. Unset: any time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<MaintenanceSchedule>,
 }
 
 /// Post-load validation: a failed one loads the previous version back and fails the node.
@@ -238,6 +255,9 @@ impl Default for UpgradePolicy {
             max_unavailable: default_max_unavailable(),
             node_timeout_seconds: default_node_timeout_seconds(),
             validation: ValidationPolicy::default(),
+            canary: None,
+            wait_for_completion: None,
+            schedule: None,
         }
     }
 }
@@ -346,6 +366,54 @@ pub struct TenstorrentDriverPolicyStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub nodes: Vec<NodeStatus>,
+
+    /// Where a rollout guarded by a canary or maintenance windows stands. Absent without them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// The phases of a guarded rollout (`status.rollout.phase`).
+pub mod rollout_phase {
+    /// The canary nodes upgrade; no other node starts.
+    pub const CANARY: &str = "Canary";
+    /// Every canary node is Done; nothing starts until `soakUntil`.
+    pub const SOAKING: &str = "Soaking";
+    /// The rest of the fleet follows under `maxUnavailable`.
+    pub const ROLLING: &str = "Rolling";
+    /// A canary node failed or went unready: nothing starts until the spec changes or the node
+    /// is retried or skipped.
+    pub const HALTED: &str = "Halted";
+    /// Halted with `autoRollback`: the canary nodes go back to `fromVersion`.
+    pub const ROLLING_BACK: &str = "RollingBack";
+    /// Every canary node is back on `fromVersion`; nothing else starts until the spec changes.
+    pub const ROLLED_BACK: &str = "RolledBack";
+}
+
+/// Where a guarded rollout stands: its canary, its soak, its halt and its windows.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// The version this rollout goes to (`spec.version` when it began).
+    pub target_version: String,
+    /// The version the nodes ran before it began: where `autoRollback` takes the canary nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_version: Option<String>,
+    /// `Canary`, `Soaking`, `Rolling`, `Halted`, `RollingBack` or `RolledBack`
+    /// (see [`rollout_phase`]); empty without a canary.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub phase: String,
+    /// The canary nodes, chosen when the rollout began: the first nodes in name order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub canary_nodes: Vec<String>,
+    /// When the soak ends (set when every canary node is Done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak_until: Option<metav1::Time>,
+    /// Why the rollout halted: which canary node and what happened to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted_by: Option<String>,
+    /// Outside every maintenance window: when the next one opens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_window: Option<metav1::Time>,
 }
 
 /// Counts of matched nodes by state.
@@ -534,6 +602,12 @@ pub enum SpecError {
         "spec.upgradePolicy.maxUnavailable {0:?} must be an integer >= 1 or a percentage such as \"25%\""
     )]
     MaxUnavailable(String),
+    /// `upgradePolicy.waitForCompletion.podSelector` is not a label selector.
+    #[error("spec.upgradePolicy.waitForCompletion.podSelector: {0}")]
+    WaitForCompletion(#[source] SelectorError),
+    /// `upgradePolicy.schedule` cannot be used.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
 }
 
 impl TenstorrentDriverPolicySpec {
@@ -549,6 +623,15 @@ impl TenstorrentDriverPolicySpec {
     pub fn pod_selector(&self) -> Result<Selector, SpecError> {
         Selector::parse(&self.upgrade_policy.drain.pod_selector_label)
             .map_err(SpecError::PodSelectorLabel)
+    }
+
+    /// The parsed `waitForCompletion.podSelector` (None: no wait).
+    pub fn wait_for_completion_selector(&self) -> Result<Option<Selector>, SpecError> {
+        self.upgrade_policy
+            .wait_for_completion
+            .as_ref()
+            .map(|w| Selector::parse(&w.pod_selector).map_err(SpecError::WaitForCompletion))
+            .transpose()
     }
 
     /// How many nodes may be in flight at once when `matched` nodes are selected: an integer
@@ -578,6 +661,10 @@ impl TenstorrentDriverPolicySpec {
         self.pod_selector()?;
         Selector::from_label_selector(&self.user_selector()).map_err(SpecError::NodeAffinity)?;
         self.max_unavailable(1)?;
+        self.wait_for_completion_selector()?;
+        if let Some(schedule) = &self.upgrade_policy.schedule {
+            schedule.validate()?;
+        }
         Ok(())
     }
 }

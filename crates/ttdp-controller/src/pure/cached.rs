@@ -20,7 +20,7 @@ use kube::core::ObjectMeta;
 use kube::runtime::watcher;
 use serde::Deserialize;
 use ttdp_api::agent_report::AgentReport;
-use ttdp_api::driver::v1alpha1::Summary;
+use ttdp_api::driver::v1alpha1::{RolloutStatus, Summary};
 use ttdp_api::names::{self, annotations, labels};
 use ttdp_api::{
     TenstorrentDriverPolicy, TenstorrentDriverPolicySpec, TenstorrentDriverPolicyStatus,
@@ -356,6 +356,8 @@ struct WatchedStatus {
     conditions: Vec<Condition>,
     #[serde(default)]
     summary: Option<Summary>,
+    #[serde(default)]
+    rollout: Option<RolloutStatus>,
 }
 
 impl Resource for WatchedPolicy {
@@ -393,6 +395,7 @@ impl WatchedPolicy {
                 conditions: s.conditions,
                 summary: s.summary,
                 nodes: Vec::new(),
+                rollout: s.rollout,
             }),
         }
     }

@@ -1,5 +1,5 @@
-//! How a node is drained, from the policy's `upgradePolicy.drain`: the two-pass plan ttdp-drain
-//! runs, its timeout (counted from when the node entered Draining, so a restarted drain does not
+//! How a node is drained, from the policy's `upgradePolicy.drain` and `waitForCompletion`: the
+//! wait for the node's jobs to finish, the two-pass plan ttdp-drain runs after it, its timeout (counted from when the node entered Draining, so a restarted drain does not
 //! start the clock again), and when a node waiting in Upgrading on the device's holders reaches
 //! that timeout. Pure: the time is an argument.
 
@@ -8,7 +8,9 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use ttdp_api::driver::v1alpha1::{DrainPolicy, SpecError, TenstorrentDriverPolicySpec};
 use ttdp_api::{NodeState, NodeStatus, names};
-use ttdp_drain::{DevicePredicate, DrainOptions, TwoPassDrain};
+use ttdp_drain::{
+    CompletionWait, DevicePredicate, DrainOptions, OnCompletionTimeout, TwoPassDrain,
+};
 
 use crate::pure::observe;
 use crate::pure::transition::reasons;
@@ -24,15 +26,81 @@ fn timeout_of(drain: &DrainPolicy) -> Duration {
     Duration::from_secs(u64::try_from(drain.timeout_seconds).unwrap_or(1))
 }
 
+/// What a node's drain runs: the wait for its jobs, then the two passes.
+#[derive(Clone, Debug)]
+pub struct NodeDrain {
+    /// The wait for the node's jobs (`waitForCompletion`), if any.
+    pub jobs: Option<CompletionWait>,
+    /// The two passes.
+    pub passes: TwoPassDrain,
+}
+
+/// The drain of a node that entered Draining `elapsed` ago ([`jobs_wait`], [`two_pass_drain`]).
+pub fn node_drain(
+    spec: &TenstorrentDriverPolicySpec,
+    elapsed: Duration,
+) -> Result<NodeDrain, SpecError> {
+    Ok(NodeDrain {
+        jobs: jobs_wait(spec, elapsed)?,
+        passes: two_pass_drain(spec, elapsed)?,
+    })
+}
+
+/// How often the node's pods are listed while waiting for its jobs.
+const COMPLETION_POLL: Duration = Duration::from_secs(2);
+
+/// How long a Draining node may wait for its jobs first (`Duration::MAX`: no limit); None
+/// without `waitForCompletion`.
+pub fn completion_wait(spec: &TenstorrentDriverPolicySpec) -> Option<Duration> {
+    let wait = spec.upgrade_policy.wait_for_completion.as_ref()?;
+    Some(match u64::try_from(wait.timeout_seconds) {
+        Ok(secs) if secs > 0 => Duration::from_secs(secs),
+        _ => Duration::MAX,
+    })
+}
+
+/// The wait for the jobs of a node that entered Draining `elapsed` ago: what remains of its
+/// timeout (at least a second); None without `waitForCompletion`.
+pub fn jobs_wait(
+    spec: &TenstorrentDriverPolicySpec,
+    elapsed: Duration,
+) -> Result<Option<CompletionWait>, SpecError> {
+    let (Some(wait), Some(selector)) = (
+        spec.upgrade_policy.wait_for_completion.as_ref(),
+        spec.wait_for_completion_selector()?,
+    ) else {
+        return Ok(None);
+    };
+    let timeout = completion_wait(spec)
+        .filter(|t| *t != Duration::MAX)
+        .map(|t| t.saturating_sub(elapsed).max(Duration::from_secs(1)));
+    Ok(Some(CompletionWait {
+        selector,
+        timeout,
+        on_timeout: match wait.on_timeout.as_str() {
+            "Fail" => OnCompletionTimeout::Fail,
+            _ => OnCompletionTimeout::Drain,
+        },
+        poll_interval: COMPLETION_POLL,
+    }))
+}
+
 /// The drain of a node that entered Draining `elapsed` ago: what remains of the timeout (at
-/// least a second), the device's pods in the first pass, the selected or all pods in the second.
+/// least a second; it starts after the wait for jobs, counted at its longest, or at once when
+/// that wait has no limit), the device's pods in the first pass, the selected or all pods in
+/// the second.
 pub fn two_pass_drain(
     spec: &TenstorrentDriverPolicySpec,
     elapsed: Duration,
 ) -> Result<TwoPassDrain, SpecError> {
     let drain = &spec.upgrade_policy.drain;
+    let after_wait = match completion_wait(spec) {
+        Some(Duration::MAX) => Duration::ZERO,
+        Some(wait) => elapsed.saturating_sub(wait),
+        None => elapsed,
+    };
     let timeout = timeout_of(drain)
-        .saturating_sub(elapsed)
+        .saturating_sub(after_wait)
         .max(Duration::from_secs(1));
     Ok(TwoPassDrain {
         device: DevicePredicate {

@@ -7,10 +7,12 @@
 
 pub(crate) mod agent_blocker;
 pub(crate) mod cached;
+pub(crate) mod canary;
 pub(crate) mod daemonset;
 pub(crate) mod drain_plan;
 pub(crate) mod observe;
 pub(crate) mod overlap;
 pub(crate) mod rollout;
+pub(crate) mod start_guard;
 pub(crate) mod status;
 pub(crate) mod transition;

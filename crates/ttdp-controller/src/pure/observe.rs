@@ -748,6 +748,7 @@ mod tests {
             gates_configured: true,
             drain_timeout: Some(Duration::from_secs(600)),
             node_timeout: Some(Duration::from_secs(1800)),
+            completion_wait: None,
         };
         let entry = |state| NodeStatus {
             name: "n1".into(),
@@ -779,6 +780,7 @@ mod tests {
         }
         let no_timeout = RolloutRules {
             node_timeout: None,
+            completion_wait: None,
             ..rules
         };
         assert_eq!(

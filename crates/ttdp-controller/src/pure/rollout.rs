@@ -17,8 +17,13 @@
 
 use std::time::Duration;
 
+use ttdp_api::driver::v1alpha1::SpecError;
 use ttdp_api::{NodeState, TenstorrentDriverPolicySpec};
+use ttdp_kmod::KmdVersion;
 
+use crate::pure::canary::CanaryVerdict;
+use crate::pure::drain_plan;
+use crate::pure::start_guard::Guards;
 use crate::pure::status::is_halted;
 use crate::pure::transition::{
     self, NodeObservation, NodeTransition, RetryGate, RolloutRules, StartGate,
@@ -35,6 +40,30 @@ pub struct RolloutPlan {
     pub paused: bool,
 }
 
+impl RolloutPlan {
+    /// The plan of `spec` towards `target` over `managed` nodes (`gates_configured`: whether
+    /// the controller has deploy gates to close).
+    pub fn of(
+        spec: &TenstorrentDriverPolicySpec,
+        target: &KmdVersion,
+        managed: usize,
+        gates_configured: bool,
+    ) -> Result<Self, SpecError> {
+        Ok(RolloutPlan {
+            rules: RolloutRules {
+                target_version: target.clone(),
+                drain_enabled: spec.upgrade_policy.drain.enable,
+                gates_configured,
+                drain_timeout: drain_plan::drain_timeout(spec),
+                node_timeout: Some(node_timeout(spec)),
+                completion_wait: drain_plan::completion_wait(spec),
+            },
+            max_unavailable: spec.max_unavailable(managed)?,
+            paused: spec.paused,
+        })
+    }
+}
+
 /// The planner across the passes of one reconcile: it remembers every node's transition with
 /// its start gate closed, so that a pass plans again only the nodes whose observation changed,
 /// and hands out the slots from those.
@@ -47,6 +76,10 @@ pub struct Planner {
     gated: Vec<usize>,
     /// The nodes' indexes in name order, when they are not given so.
     order: Option<Vec<usize>>,
+    /// The maintenance windows and the canary.
+    guards: Guards,
+    /// Where the canary stood at the last call.
+    verdict: Option<CanaryVerdict>,
 }
 
 impl Planner {
@@ -57,7 +90,25 @@ impl Planner {
             closed: Vec::new(),
             gated: Vec::new(),
             order: None,
+            guards: Guards::default(),
+            verdict: None,
         }
+    }
+
+    /// The planner with maintenance windows and a canary holding nodes back.
+    pub fn with_guards(mut self, guards: Guards) -> Self {
+        self.guards = guards;
+        self
+    }
+
+    /// The guards it plans with.
+    pub fn guards(&self) -> &Guards {
+        &self.guards
+    }
+
+    /// Where the canary stood at the last call (None: no canary).
+    pub fn verdict(&self) -> Option<&CanaryVerdict> {
+        self.verdict.as_ref()
     }
 
     /// The per-node rules it plans with.
@@ -102,6 +153,7 @@ impl Planner {
                 self.closed[i] = transition::next(obs, &self.plan.rules);
             }
         }
+        self.verdict = self.guards.judge(nodes, &self.closed);
         let gated = if self.plan.paused {
             Vec::new()
         } else {
@@ -144,13 +196,18 @@ impl Planner {
         let mut gated = Vec::new();
         for k in 0..nodes.len() {
             let i = self.order.as_ref().map_or(k, |order| order[k]);
-            let obs = &mut nodes[i].1;
+            let (name, obs) = &mut nodes[i];
             let candidate = match self.closed[i].state {
                 NodeState::Pending => true,
                 NodeState::Failed => obs.retry != RetryGate::NotYet,
                 _ => false,
             };
             if !candidate {
+                continue;
+            }
+            if let Some(gate) = self.guards.hold(self.verdict.as_ref(), name, obs) {
+                obs.start = gate;
+                gated.push((i, transition::next(obs, &self.plan.rules)));
                 continue;
             }
             obs.start = if halted && obs.retry != RetryGate::Requested {
@@ -209,6 +266,7 @@ mod tests {
             gates_configured: true,
             drain_timeout: None,
             node_timeout: None,
+            completion_wait: None,
         }
     }
 

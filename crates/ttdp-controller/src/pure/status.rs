@@ -82,6 +82,8 @@ pub struct PolicyFacts {
     /// What kept the controller from reconciling the policy (applying its DaemonSet, reaching
     /// an object it needs), if anything, until a reconcile succeeds again.
     pub failure: Option<ReconcileFailure>,
+    /// The canary halted the rollout: which node and why (`status.rollout.haltedBy`).
+    pub canary_halt: Option<String>,
 }
 
 /// A failure to reconcile a policy, as its `Reconciled` condition and Event show it.
@@ -233,6 +235,7 @@ pub fn update_status(
             conditions,
             summary: Some(summary),
             nodes: Vec::new(),
+            rollout: previous.rollout.clone(),
         },
         all_nodes,
         changes,
@@ -447,6 +450,12 @@ impl<'a> Rollup<'a> {
                 &f.reason,
                 format!("{progress}; see the Reconciled condition"),
             )
+        } else if let Some(halt) = &facts.canary_halt {
+            verdict(
+                false,
+                reasons::ROLLOUT_HALTED,
+                format!("{progress}; halted by the canary: {halt}"),
+            )
         } else if self.all_ready {
             verdict(true, reasons::ALL_NODES_READY, progress.clone())
         } else if self.s.failed > 0 {
@@ -459,7 +468,8 @@ impl<'a> Rollup<'a> {
     fn progressing(&self) -> Verdict {
         let (facts, s) = (self.facts, self.s);
         let work_left = s.pending + s.in_progress > 0;
-        let may_start = !facts.paused && !self.halted && facts.invalid_spec.is_none();
+        let halted = self.halted || facts.canary_halt.is_some();
+        let may_start = !facts.paused && !halted && facts.invalid_spec.is_none();
         if s.in_progress > 0 || (work_left && may_start) {
             verdict(true, reasons::ROLLING_OUT, self.progress.clone())
         } else if work_left && facts.paused {
@@ -468,7 +478,7 @@ impl<'a> Rollup<'a> {
                 reasons::PAUSED,
                 "paused; set spec.paused=false to continue",
             )
-        } else if work_left && self.halted {
+        } else if work_left && halted {
             verdict(false, reasons::ROLLOUT_HALTED, self.progress.clone())
         } else {
             verdict(false, reasons::ROLLOUT_COMPLETE, self.progress.clone())
@@ -477,7 +487,15 @@ impl<'a> Rollup<'a> {
 
     fn degraded(&self) -> Verdict {
         let (failed, names) = (self.s.failed, self.failed_names.join(", "));
-        if failed == 0 {
+        if let Some(halt) = &self.facts.canary_halt {
+            verdict(
+                true,
+                reasons::ROLLOUT_HALTED,
+                format!(
+                    "halted by the canary: {halt}; retry or skip that node (kubectl tt driver retry|skip), or change spec.version"
+                ),
+            )
+        } else if failed == 0 {
             verdict(false, reasons::NO_FAILURES, "")
         } else if self.halted {
             let max = self.facts.max_unavailable;
@@ -567,6 +585,7 @@ mod tests {
             invalid_spec: None,
             max_unavailable: 1,
             failure: None,
+            canary_halt: None,
         }
     }
 

@@ -173,8 +173,8 @@ fn start_drain(
 ) -> Result<(), Error> {
     let name = policy.name_any();
     let elapsed = drain_plan::elapsed_since(work.entered.as_ref(), now);
-    let plan =
-        drain_plan::two_pass_drain(&policy.spec, elapsed).map_err(|source| Error::InvalidSpec {
+    let drain =
+        drain_plan::node_drain(&policy.spec, elapsed).map_err(|source| Error::InvalidSpec {
             policy: name.clone(),
             source,
         })?;
@@ -182,7 +182,7 @@ fn start_drain(
         &ctx.drain_client,
         &name,
         &work.node,
-        plan,
+        drain,
         ctx.metrics.clone(),
         waker(ctx, &name),
     );

@@ -19,13 +19,19 @@ use kube::Client;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
-use ttdp_drain::{DrainError, DrainEventKind, Drainer, EventSink, TwoPassDrain, TwoPassReport};
+use ttdp_drain::{
+    CompletionWait, DrainError, DrainEventKind, Drainer, EventSink, TwoPassDrain, TwoPassReport,
+};
+
+use crate::pure::drain_plan::NodeDrain;
 
 use crate::pure::transition::DrainProgress;
 use crate::runtime::metrics::Metrics;
 
 /// How long to wait before retrying a drain that hit an API error.
 const API_ERROR_RETRY: Duration = Duration::from_secs(2);
+/// The reason of a node whose jobs outlasted `waitForCompletion.timeoutSeconds` with `onTimeout: Fail`.
+const WAIT_FOR_COMPLETION_TIMEOUT: &str = "WaitForCompletionTimeout";
 /// Drains running at once at most.
 pub const MAX_CONCURRENT_DRAINS: usize = 32;
 
@@ -119,6 +125,22 @@ fn progress_sink(
             DrainEventKind::Planned { decisions } => {
                 format!("{} pods on the node classified", decisions.len())
             }
+            DrainEventKind::WaitingForCompletion { running, waited } if !running.is_empty() => {
+                let names: Vec<String> = running.iter().take(5).map(ToString::to_string).collect();
+                let more = running.len().saturating_sub(names.len());
+                let more = if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                };
+                wake();
+                format!(
+                    "waiting for {} pods to finish before draining ({}s so far): {}{more}",
+                    running.len(),
+                    waited.as_secs(),
+                    names.join(", ")
+                )
+            }
             DrainEventKind::EvictionBlocked { pod, budget, .. } => {
                 let by = budget
                     .as_ref()
@@ -145,6 +167,37 @@ async fn drain_slot(
     let message = format!("waiting for a drain slot ({MAX_CONCURRENT_DRAINS} nodes drain at once)");
     set(progress, DrainProgress::Running { message });
     slots.acquire_owned().await.ok()
+}
+
+/// Waits for the node's jobs to finish; returns the failure when the wait fails the node
+/// (`onTimeout: Fail`). API errors are retried.
+async fn wait_for_jobs(
+    drainer: &Drainer,
+    node: &str,
+    jobs: &CompletionWait,
+) -> Option<DrainProgress> {
+    loop {
+        match drainer.wait_for_completion(node, jobs).await {
+            Ok(running) if running.is_empty() => return None,
+            Ok(running) => {
+                info!(node = %node, still_running = running.len(), "waited for the jobs until the timeout; draining");
+                return None;
+            }
+            Err(err @ DrainError::CompletionTimeout { .. }) => {
+                warn!(node = %node, error = %err, "the jobs did not finish in time");
+                return Some(DrainProgress::Failed {
+                    reason: WAIT_FOR_COMPLETION_TIMEOUT.to_owned(),
+                    message: format!(
+                        "{err}; the node stays cordoned: let the jobs finish, then run kubectl tt driver retry, or raise upgradePolicy.waitForCompletion.timeoutSeconds"
+                    ),
+                });
+            }
+            Err(err) => {
+                warn!(node = %node, error = %err, "waiting for the jobs hit an api error; retrying");
+                tokio::time::sleep(API_ERROR_RETRY).await;
+            }
+        }
+    }
 }
 
 /// Drains until it succeeds or fails for good; API errors are retried.
@@ -197,7 +250,7 @@ impl DrainTracker {
         client: &Client,
         policy: &str,
         node: &str,
-        mut plan: TwoPassDrain,
+        drain: NodeDrain,
         metrics: Arc<Metrics>,
         wake: Arc<dyn Fn() + Send + Sync>,
     ) {
@@ -214,8 +267,20 @@ impl DrainTracker {
         let node_name = node.to_owned();
         let task_progress = progress.clone();
         let slots = self.slots.clone();
-        let deadline = plan.options.timeout.map(|t| Instant::now() + t);
+        let NodeDrain {
+            jobs,
+            passes: mut plan,
+        } = drain;
         let task = tokio::spawn(async move {
+            // The jobs are waited for before a drain slot is taken: a wait may last hours.
+            if let Some(jobs) = &jobs
+                && let Some(failed) = wait_for_jobs(&drainer, &node_name, jobs).await
+            {
+                set(&task_progress, failed);
+                wake();
+                return;
+            }
+            let deadline = plan.options.timeout.map(|t| Instant::now() + t);
             let Some(_slot) = drain_slot(slots, &task_progress).await else {
                 return;
             };

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action as Requeue;
-use tracing::info;
+use tracing::{info, warn};
 use ttdp_api::node_selection::NodeSelection;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_drain::UncordonOutcome;
@@ -29,12 +29,13 @@ use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::drain_plan;
 use crate::pure::observe::{self, ObserveInput};
 use crate::pure::overlap::{self, OlderPolicies, selection_of};
-use crate::pure::rollout::{self, Planner, RolloutPlan};
+use crate::pure::rollout::{Planner, RolloutPlan};
+use crate::pure::start_guard::guards_of;
 use crate::pure::status::{
     BuiltStatus, NodeReport, PolicyFacts, StateChange, build_status, node_counts, update_status,
 };
 use crate::pure::transition::{
-    Action, AgentPod, DrainProgress, NodeObservation, RolloutRules, UpgradeGrant, reasons,
+    Action, AgentPod, DrainProgress, NodeObservation, UpgradeGrant, reasons,
 };
 use crate::runtime::act::{self, NodeOutcome, NodeWork};
 use crate::runtime::context::Context;
@@ -97,6 +98,8 @@ pub struct Pass {
     next_retry: Option<Duration>,
     first_error: Option<Error>,
     following_since: Instant,
+    /// The canary's halt was announced (an Event) in this pass.
+    halt_reported: bool,
 }
 
 /// What one round planned and recorded, for following the fleet after it.
@@ -114,6 +117,7 @@ impl Pass {
         ctx: Arc<Context>,
         recorded: Arc<RecordedStatus>,
         target: KmdVersion,
+        rollout_target: &str,
     ) -> Result<Option<Self>, Error> {
         let require_nfd = ctx.settings.require_nfd;
         let Some(selection) = selection_of(&policy, require_nfd) else {
@@ -135,6 +139,14 @@ impl Pass {
             agent_daemonset::blocker(&ctx, &name, &matched, &agent_pods, &conflicts).await;
         let managed = matched.len().saturating_sub(conflicts.len());
         let (facts, plan) = plan_of(&ctx, &policy, &target, managed)?;
+        let now = Timestamp::now();
+        let guards = guards_of(
+            &policy.spec,
+            rollout_target,
+            recorded.status.rollout.as_ref(),
+            managed,
+            now,
+        );
         let basis = Basis {
             selection,
             older,
@@ -144,7 +156,7 @@ impl Pass {
             not_created,
         };
         let mut pass = Self {
-            planner: Planner::new(plan),
+            planner: Planner::new(plan).with_guards(guards),
             planned: vec![(NodeState::Pending, Vec::new()); matched.len()],
             observations: Vec::with_capacity(matched.len()),
             ctx,
@@ -161,9 +173,10 @@ impl Pass {
             actions_taken: HashMap::new(),
             uncordoned: HashMap::new(),
             recorded,
-            now: Time(Timestamp::now()),
+            now: Time(now),
             next_retry: None,
             first_error: None,
+            halt_reported: false,
             following_since: Instant::now(),
         };
         let mut drains = pass.ctx.drains.progress_of(&pass.name);
@@ -296,6 +309,7 @@ impl Pass {
                 }
             })
             .collect();
+        self.note_canary();
         let (facts, last) = (&self.facts, &self.recorded);
         let mut built = if std::mem::take(&mut self.first_round) {
             build_status(facts, &last.status, &last.nodes, reports, &self.now)
@@ -307,6 +321,7 @@ impl Pass {
             .iter()
             .filter_map(|name| follow::position(&self.matched, name))
             .collect();
+        built.status.rollout = self.planner.guards().rollout_status(self.planner.verdict());
         let changes = std::mem::take(&mut built.changes);
         for change in &changes {
             self.actions_taken.remove(&change.node);
@@ -409,6 +424,23 @@ impl Pass {
     }
 
     /// Logs the state changes, queues their Events and counts them.
+    /// Puts the canary's halt into the conditions' facts and, the first time, announces it.
+    fn note_canary(&mut self) {
+        let Some(verdict) = self.planner.verdict() else {
+            return;
+        };
+        self.facts.canary_halt = verdict.halt();
+        if let Some(note) = verdict.halt_news()
+            && !self.halt_reported
+        {
+            self.halt_reported = true;
+            warn!(policy = %self.name, %note, "rollout halted by its canary");
+            self.ctx
+                .events
+                .policy_event(&self.policy, true, reasons::ROLLOUT_HALTED, note);
+        }
+    }
+
     fn report(&self, changes: &[StateChange]) {
         for c in changes {
             info!(node = %c.node, from = ?c.from, to = %c.to, reason = ?c.reason, message = ?c.message, "node state changed");
@@ -516,7 +548,7 @@ impl Pass {
             IDLE_RESYNC
         };
         if let Some(w) = self.next_retry {
-            after = after.min(w + Duration::from_millis(50));
+            after = after.min(w.saturating_add(Duration::from_millis(50)));
         }
         let waiting_for_pods = self.observations.iter().any(|(_, o)| {
             o.conflict_with.is_none()
@@ -524,6 +556,10 @@ impl Pass {
         });
         if waiting_for_pods {
             after = after.min(MISSING_AGENT_RESYNC);
+        }
+        let guards = self.planner.guards();
+        if let Some(change) = guards.changes_in(self.planner.verdict()) {
+            after = after.min(change.saturating_add(Duration::from_millis(50)));
         }
         after
     }
@@ -537,23 +573,14 @@ fn plan_of(
     managed: usize,
 ) -> Result<(PolicyFacts, RolloutPlan), Error> {
     let spec = &policy.spec;
-    let max_unavailable = spec
-        .max_unavailable(managed)
-        .map_err(|source| Error::InvalidSpec {
+    let gates_configured = !ctx.settings.deploy_gates.is_empty();
+    let plan = RolloutPlan::of(spec, target, managed, gates_configured).map_err(|source| {
+        Error::InvalidSpec {
             policy: policy.name_any(),
             source,
-        })?;
-    let plan = RolloutPlan {
-        rules: RolloutRules {
-            target_version: target.clone(),
-            drain_enabled: spec.upgrade_policy.drain.enable,
-            gates_configured: !ctx.settings.deploy_gates.is_empty(),
-            drain_timeout: drain_plan::drain_timeout(spec),
-            node_timeout: Some(rollout::node_timeout(spec)),
-        },
-        max_unavailable,
-        paused: spec.paused,
-    };
+        }
+    })?;
+    let max_unavailable = plan.max_unavailable;
     let facts = PolicyFacts {
         generation: policy.metadata.generation,
         target_version: spec.version.clone(),
@@ -561,6 +588,7 @@ fn plan_of(
         invalid_spec: None,
         max_unavailable,
         failure: ctx.failure(&policy.uid().unwrap_or_default()),
+        canary_halt: None,
     };
     Ok((facts, plan))
 }

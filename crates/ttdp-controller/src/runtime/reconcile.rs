@@ -10,7 +10,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use tracing::{info, instrument, warn};
-use ttdp_api::driver::v1alpha1::{TenstorrentDriverPolicySpec, condition};
+use ttdp_api::driver::v1alpha1::{TenstorrentDriverPolicySpec, condition, rollout_phase as phase};
 use ttdp_api::names;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_kmod::KmdVersion;
@@ -158,6 +158,7 @@ fn facts_as_recorded(
         max_unavailable: policy.spec.max_unavailable(managed).unwrap_or(1),
         invalid_spec,
         failure,
+        canary_halt: None,
     }
 }
 
@@ -224,11 +225,38 @@ async fn apply_policy(
         Ok(target) => target,
         Err(problem) => return invalid_spec(&policy, &ctx, &recorded, problem).await,
     };
-    let Some(mut pass) = Pass::observe(policy, ctx, recorded, target).await? else {
+    let rollout_target = policy.spec.version.clone();
+    let (policy, target) = rolled_back(policy, &recorded, target);
+    let Some(mut pass) = Pass::observe(policy, ctx, recorded, target, &rollout_target).await?
+    else {
         return Ok(Requeue::await_change());
     };
     while pass.round().await? {}
     pass.finish().await
+}
+
+/// While the canary rolls back (`status.rollout` RollingBack or RolledBack for this
+/// `spec.version`), the policy as if it asked for the version the nodes ran before: the
+/// DaemonSet, the rules and the status then take the canary nodes back through the same safe
+/// path, and the nodes that never started already run it.
+fn rolled_back(
+    policy: Arc<TenstorrentDriverPolicy>,
+    recorded: &RecordedStatus,
+    target: KmdVersion,
+) -> (Arc<TenstorrentDriverPolicy>, KmdVersion) {
+    let from = recorded.status.rollout.as_ref().and_then(|r| {
+        let back = matches!(r.phase.as_str(), phase::ROLLING_BACK | phase::ROLLED_BACK);
+        (back && r.target_version == policy.spec.version)
+            .then(|| r.from_version.clone())
+            .flatten()
+    });
+    let Some((from, version)) = from.and_then(|f| Some((f.clone(), f.parse::<KmdVersion>().ok()?)))
+    else {
+        return (policy, target);
+    };
+    let mut back = (*policy).clone();
+    back.spec.version = from;
+    (Arc::new(back), version)
 }
 
 /// The spec's target version, parsed once here, when the controller can act on the spec;

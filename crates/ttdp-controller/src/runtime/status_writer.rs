@@ -81,10 +81,12 @@ fn same_apart_from_nodes(
         conditions,
         summary,
         nodes: _,
+        rollout,
     } = a;
     *observed_generation == b.observed_generation
         && *conditions == b.conditions
         && *summary == b.summary
+        && *rollout == b.rollout
 }
 
 /// Writes the status unless it is unchanged (and the cached policy's copy agrees); returns the
@@ -196,6 +198,15 @@ fn status_delta(last: &RecordedStatus, built: &BuiltStatus) -> Option<Vec<serde_
     }
     if status.summary != before.summary {
         ops.push(json!({"op": "add", "path": "/status/summary", "value": status.summary}));
+    }
+    if status.rollout != before.rollout {
+        match &status.rollout {
+            Some(rollout) => {
+                ops.push(json!({"op": "add", "path": "/status/rollout", "value": rollout}))
+            }
+            // Removing a field is a whole write (see above).
+            None => return None,
+        }
     }
     // Both in name order: one walk finds each changed entry's index.
     let mut changed = built.changed.iter().peekable();
@@ -320,6 +331,7 @@ mod tests {
                 ..Summary::default()
             }),
             nodes,
+            rollout: None,
         }
     }
 

@@ -53,6 +53,8 @@ pub const RUN_LABEL: &str = "ttdp.test/run";
 pub const IMAGE_REPOSITORY: &str = ttdp_controller::settings::DEFAULT_IMAGE_REPOSITORY;
 /// How long a whole rollout step may take in a test.
 pub const STEP: Duration = Duration::from_secs(60);
+/// An image whose container sleeps for its argument's seconds (a job that finishes).
+pub const SLEEP_IMAGE: &str = "ttdp.test/sleep";
 
 fn scaled(seconds: f64) -> String {
     format!("{}ms", (seconds * SPEED * 1000.0).round() as u64)
@@ -293,6 +295,8 @@ impl Harness {
         let mut options = SimClusterOptions::new()
             .name_prefix(&prefix)
             .image(IMAGE_REPOSITORY, agent_binary())
+            // A job's container: sleeps for its first argument's seconds, then exits 0.
+            .image(SLEEP_IMAGE, "/bin/sleep")
             .time_scale(SPEED)
             .kmd_versions(&["2.6.0", "2.7.0", "2.8.0"])
             .env(

@@ -221,6 +221,22 @@ impl Deciding<'_> {
                 reasons::ROLLOUT_HALTED,
                 "the rollout is halted: more nodes failed than maxUnavailable allows; fix them or run kubectl tt driver retry",
             ),
+            StartGate::CanaryHalted => t.because(
+                reasons::ROLLOUT_HALTED,
+                "the rollout is halted by its canary (status.rollout.haltedBy); retry or skip that node, or change spec.version",
+            ),
+            StartGate::OutsideWindow(opens) => t.because(
+                reasons::OUTSIDE_WINDOW,
+                format!("outside the maintenance windows; the next opens at {opens}"),
+            ),
+            StartGate::WaitingForCanary => t.because(
+                reasons::WAITING_FOR_CANARY,
+                "the canary nodes upgrade first (status.rollout.canaryNodes)",
+            ),
+            StartGate::Soaking(until) => t.because(
+                reasons::CANARY_SOAKING,
+                format!("the canary nodes soak until {until}"),
+            ),
             // The most common state of a large rollout: kept to the reason alone (status size).
             StartGate::NoSlot | StartGate::Allowed => NodeTransition {
                 reason: Some(reasons::WAITING_FOR_SLOT.to_owned()),
@@ -290,7 +306,12 @@ impl Deciding<'_> {
                 )
             } else {
                 match self.obs.start {
-                    gate @ (StartGate::Paused | StartGate::Halted) => self.pending(gate),
+                    gate @ (StartGate::Paused
+                    | StartGate::Halted
+                    | StartGate::CanaryHalted
+                    | StartGate::OutsideWindow(_)
+                    | StartGate::WaitingForCanary
+                    | StartGate::Soaking(_)) => self.pending(gate),
                     StartGate::Allowed | StartGate::NoSlot => self.not_ready(),
                 }
             };

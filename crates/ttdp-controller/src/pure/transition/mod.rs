@@ -35,6 +35,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use ttdp_api::NodeState;
 use ttdp_kmod::KmdVersion;
 
@@ -146,6 +147,14 @@ pub enum StartGate {
     Paused,
     /// No: more nodes failed than `maxUnavailable` (Degraded).
     Halted,
+    /// No: outside every maintenance window; the next opens then.
+    OutsideWindow(Timestamp),
+    /// No: the canary nodes go first.
+    WaitingForCanary,
+    /// No: the canary nodes soak until then.
+    Soaking(Timestamp),
+    /// No: a canary node halted the rollout (`status.rollout.haltedBy`).
+    CanaryHalted,
 }
 
 /// Everything the controller knows about one matched node at one reconcile.
@@ -214,19 +223,27 @@ pub struct RolloutRules {
     /// `upgradePolicy.nodeTimeoutSeconds`: how long a node may stay in one step
     /// ([`RolloutRules::step_deadline`]); `None`: no deadline.
     pub node_timeout: Option<Duration>,
+    /// `upgradePolicy.waitForCompletion.timeoutSeconds`: how long a Draining node may first
+    /// wait for its jobs (`Duration::MAX`: as long as they run); None without the wait.
+    pub completion_wait: Option<Duration>,
 }
 
 impl RolloutRules {
     /// How long a node may stay in `step` before it fails with `NodeTimeout`: the node timeout
     /// in Cordoning and Upgrading; in Draining the longer of it and the drain timeout (the
-    /// drain's own timeout, which names the pods that blocked it, fires first). None elsewhere:
+    /// drain's own timeout, which names the pods that blocked it, fires first), after the wait
+    /// for jobs (`waitForCompletion`) when there is one. None elsewhere:
     /// Pending and Failed nodes hold no slot, and an Uncordoning node already runs the target
     /// (lifting the cordon is retried, and its errors show on the `Reconciled` condition).
     pub fn step_deadline(&self, step: NodeState) -> Option<Duration> {
         let node = self.node_timeout?;
         match step {
             NodeState::Cordoning | NodeState::Upgrading => Some(node),
-            NodeState::Draining => Some(self.drain_timeout.map_or(node, |d| d.max(node))),
+            NodeState::Draining => {
+                let wait = self.completion_wait.unwrap_or_default();
+                let drain = self.drain_timeout.unwrap_or_default().saturating_add(wait);
+                Some(drain.max(node))
+            }
             _ => None,
         }
     }
@@ -298,6 +315,12 @@ pub mod reasons {
     pub const NODE_NOT_READY: &str = crate::pure::agent_blocker::NODE_NOT_READY;
     /// The node stayed in one step past `upgradePolicy.nodeTimeoutSeconds`.
     pub const NODE_TIMEOUT: &str = "NodeTimeout";
+    /// Outside every maintenance window (`upgradePolicy.schedule`).
+    pub const OUTSIDE_WINDOW: &str = "OutsideMaintenanceWindow";
+    /// The canary nodes go first (`upgradePolicy.canary`).
+    pub const WAITING_FOR_CANARY: &str = "WaitingForCanary";
+    /// The canary nodes are Done and soak.
+    pub const CANARY_SOAKING: &str = "CanarySoaking";
 }
 
 impl AgentPod {

@@ -8,6 +8,7 @@ fn rules() -> RolloutRules {
         gates_configured: true,
         drain_timeout: None,
         node_timeout: None,
+        completion_wait: None,
     }
 }
 
@@ -980,6 +981,7 @@ fn down(o: &mut NodeObservation) {
 fn with_node_timeout(secs: u64) -> RolloutRules {
     RolloutRules {
         node_timeout: Some(Duration::from_secs(secs)),
+        completion_wait: None,
         ..rules()
     }
 }
