@@ -2,7 +2,9 @@
 # The whole test suite, from a fresh machine: installs what the tests need, then runs format,
 # lint, docs and the CRD staleness check, starts one real Kubernetes control plane (or uses the
 # cluster TTDP_TEST_KUBECONFIG names), runs every unit and end-to-end test against it, checks
-# that the tests left nothing behind on it, and runs the real-kernel VM tests.
+# that the tests left nothing behind on it, builds and tests the container images (the
+# controller image against the same control plane), and runs the real-kernel VM tests (scenario
+# agent-image reuses the agent image built before).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +16,12 @@ export PATH="$HOME/.local/ttdp-tools/bin:$PATH"
 # One-shot builds: incremental caches only cost disk (several GiB) and time here.
 export CARGO_INCREMENTAL=0
 df -h . | tail -n 1
+
+step "the images' inputs, in the background (Debian root filesystem, tt-smi: mostly downloads)"
+cargo build --quiet -p xtask
+inputs_log="$(realpath -m "${CARGO_TARGET_DIR:-target}/image-inputs.log")"
+"${CARGO_TARGET_DIR:-target}/debug/xtask" image inputs >"$inputs_log" 2>&1 &
+inputs_pid=$!
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -39,6 +47,11 @@ control_plane_up "$run_dir"
 
 step "cargo test (every end-to-end suite on the control plane above)"
 cargo test --workspace --no-fail-fast
+
+step "cargo xtask image-test (both images built, run inside and against the control plane)"
+wait "$inputs_pid" || { cat "$inputs_log"; exit 1; }
+cat "$inputs_log"
+cargo xtask image-test
 
 step "nothing left behind on the control plane"
 control_plane_leftovers "$run_dir"

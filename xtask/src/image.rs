@@ -1,56 +1,284 @@
-//! `cargo xtask image controller|agent [--tag TAG] [--push]`: builds the container images
-//! from `deploy/docker/` with docker or podman.
+//! `cargo xtask image agent|controller [--engine docker|podman|buildah]`: builds a container
+//! image from `deploy/docker/<name>.Dockerfile` and writes it as an OCI archive
+//! `<target>/image/<name>.oci.tar`, printing its digest and sizes.
+//!
+//! Both Dockerfiles are `FROM scratch` plus files; this prepares their build context
+//! (`<target>/image/<name>/context/`), so docker, podman and the daemonless buildah build the
+//! same definition:
+//! 1. the static release binaries ([`binaries`]);
+//! 2. for the agent: the Debian root filesystem made by mmdebstrap from
+//!    `deploy/docker/image-pins.yaml` ([`rootfs`]) and the PyInstaller tt-smi ([`tt_smi`]), both
+//!    cached by a key of their pins; for the controller: the CA bundle of that root filesystem;
+//! 3. the engine build ([`engine`]), skipped when the context, Dockerfile and build arguments
+//!    are those of the archive already there (a key file beside it);
+//! 4. the archive's digest and sizes, read back from the archive itself ([`oci`]).
 
-use std::process::Command;
+mod binaries;
+mod engine;
+pub mod oci;
+pub mod pins;
+mod rootfs;
+mod tt_smi;
 
-use anyhow::{Result, bail};
+use std::path::{Path, PathBuf};
 
-use crate::{crd, tools};
+use anyhow::{Context, Result, bail};
 
-const REGISTRY: &str = "ghcr.io/tenstorrent";
+pub use engine::Engine;
+use oci::ImageArchive;
+use pins::{Pins, cache_key};
 
+use crate::tools::{self, repo_root};
+
+/// Size budgets (uncompressed, as unpacked on a node), checked by `cargo xtask image-test`.
+pub const AGENT_BUDGET_BYTES: u64 = 450_000_000;
+/// The controller's budget.
+pub const CONTROLLER_BUDGET_BYTES: u64 = 40_000_000;
+
+/// One of the two images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// The builder image each DaemonSet runs.
+    Agent,
+    /// The controller Deployment's image.
+    Controller,
+}
+
+impl Which {
+    /// `agent` or `controller`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Which::Agent => "agent",
+            Which::Controller => "controller",
+        }
+    }
+
+    /// The repository the chart names by default.
+    pub fn repository(self) -> &'static str {
+        match self {
+            Which::Agent => "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder",
+            Which::Controller => "ghcr.io/tenstorrent/tt-k8s-driver-manager",
+        }
+    }
+
+    /// The uncompressed size budget.
+    pub fn budget(self) -> u64 {
+        match self {
+            Which::Agent => AGENT_BUDGET_BYTES,
+            Which::Controller => CONTROLLER_BUDGET_BYTES,
+        }
+    }
+
+    fn dockerfile(self) -> String {
+        format!("deploy/docker/{}.Dockerfile", self.name())
+    }
+}
+
+/// A built image: its archive, digest and sizes.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// Which image.
+    pub which: Which,
+    /// The archive and what it holds.
+    pub archive: ImageArchive,
+    /// Unpacked size in bytes.
+    pub uncompressed: u64,
+}
+
+impl Built {
+    /// `repository@digest` with the chart's default repository.
+    pub fn reference(&self) -> String {
+        format!("{}@{}", self.which.repository(), self.archive.digest)
+    }
+}
+
+const USAGE: &str =
+    "usage: cargo xtask image agent|controller [--engine docker|podman|buildah] | inputs";
+
+/// Entry point of `cargo xtask image`.
 pub fn run(args: &[String]) -> Result<()> {
-    let usage = "usage: cargo xtask image controller|agent [--tag TAG] [--push]";
-    let (mut which, mut tag, mut push) = (None, env!("CARGO_PKG_VERSION").to_owned(), false);
+    let (mut which, mut engine) = (None, None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
-            "controller" | "agent" => which = Some(a.clone()),
-            "--push" => push = true,
-            "--tag" => match it.next() {
-                Some(t) => tag = t.clone(),
-                None => bail!("{usage}"),
-            },
-            _ => bail!("{usage}"),
+            "agent" => which = Some(Which::Agent),
+            "controller" => which = Some(Which::Controller),
+            "inputs" if args.len() == 1 => return prepare_inputs().map(|_| ()),
+            "--engine" => engine = Some(it.next().context(USAGE)?.clone()),
+            _ => bail!("{USAGE}"),
         }
     }
-    let Some(which) = which else { bail!("{usage}") };
-    let (dockerfile, name) = match which.as_str() {
-        "controller" => (
-            "deploy/docker/controller.Dockerfile",
-            "tt-k8s-driver-manager",
-        ),
-        _ => (
-            "deploy/docker/agent.Dockerfile",
-            "tt-k8s-driver-manager-builder",
-        ),
-    };
-    let Some(engine) = tools::container_engine() else {
-        bail!(
-            "no container engine answers here: neither `docker info` nor `podman info` succeeds. \
-             Start a Docker daemon or install podman, then run this again."
-        );
-    };
-    let image = format!("{REGISTRY}/{name}:{tag}");
-    let root = crd::workspace_root();
-    tools::run(
-        Command::new(engine)
-            .args(["build", "-f", dockerfile, "-t", &image, "."])
-            .current_dir(&root),
-    )?;
-    if push {
-        tools::run(Command::new(engine).args(["push", &image]))?;
-    }
-    println!("built {image}");
+    let which = which.context(USAGE)?;
+    build(which, engine.as_deref())?;
     Ok(())
+}
+
+/// Builds (or finds cached) what the images are made of besides our binaries: the agent's root
+/// filesystem and tt-smi. They take mostly downloads, so the test script starts this while it
+/// compiles; returns their paths.
+pub fn prepare_inputs() -> Result<(PathBuf, PathBuf)> {
+    let root = repo_root()?;
+    let cache = image_dir(&root)?.join("cache");
+    let pins = Pins::load(&root)?;
+    let rootfs = rootfs::agent_rootfs(&cache, &pins)?;
+    let tt_smi = tt_smi::build(&root, &cache, &pins)?;
+    Ok((rootfs, tt_smi))
+}
+
+/// `<target>/image`.
+pub fn image_dir(root: &Path) -> Result<PathBuf> {
+    Ok(tools::target_dir(root)?.join("image"))
+}
+
+/// Builds `which` (or reuses an archive built from the same inputs) and prints what it is.
+pub fn build(which: Which, engine: Option<&str>) -> Result<Built> {
+    let root = repo_root()?;
+    let dir = image_dir(&root)?;
+    let started = std::time::Instant::now();
+    let engine = Engine::pick(engine, &dir)?;
+    let pins = Pins::load(&root)?;
+    let context = dir.join(which.name()).join("context");
+    let build_args = prepare_context(&root, &dir, &pins, which, &context)?;
+    let dockerfile = root.join(which.dockerfile());
+    let archive = dir.join(format!("{}.oci.tar", which.name()));
+    let key_file = dir.join(format!("{}.oci.tar.key", which.name()));
+    let key = context_key(&dockerfile, &context, &build_args, &engine)?;
+    let unchanged =
+        archive.is_file() && std::fs::read_to_string(&key_file).is_ok_and(|k| k.trim() == key);
+    if unchanged {
+        println!(
+            "image: {} unchanged since {} was built",
+            which.name(),
+            archive.display()
+        );
+    } else {
+        let _ = std::fs::remove_file(&key_file);
+        engine.build(&engine::BuildSpec {
+            dockerfile: &dockerfile,
+            context: &context,
+            build_args: &build_args,
+            name: &format!("ttdp-{}", which.name()),
+            archive: &archive,
+        })?;
+        std::fs::write(&key_file, &key).context("writing the archive's key")?;
+    }
+    let archive = ImageArchive::open(&archive)?;
+    let built = Built {
+        which,
+        uncompressed: archive.uncompressed_size()?,
+        archive,
+    };
+    print_built(&built, &engine, started.elapsed());
+    Ok(built)
+}
+
+fn print_built(built: &Built, engine: &Engine, elapsed: std::time::Duration) {
+    let mb = |b: u64| b as f64 / 1e6;
+    println!(
+        "image: {} built with {} in {:.0} s\n  archive   {}\n  digest    {}\n  reference {}\n  size      {:.1} MB uncompressed (budget {:.0} MB), {:.1} MB compressed",
+        built.which.name(),
+        engine.name(),
+        elapsed.as_secs_f64(),
+        built.archive.path.display(),
+        built.archive.digest,
+        built.reference(),
+        mb(built.uncompressed),
+        mb(built.which.budget()),
+        mb(built.archive.compressed_size),
+    );
+    if built.uncompressed > built.which.budget() {
+        println!(
+            "image: warning: {} is over its size budget",
+            built.which.name()
+        );
+    }
+}
+
+/// Fills `context` with what the Dockerfile copies; returns the build arguments.
+fn prepare_context(
+    root: &Path,
+    dir: &Path,
+    pins: &Pins,
+    which: Which,
+    context: &Path,
+) -> Result<Vec<(&'static str, String)>> {
+    let cache = dir.join("cache");
+    let rootfs = rootfs::agent_rootfs(&cache, pins)?;
+    let tt_smi = match which {
+        Which::Agent => Some(tt_smi::build(root, &cache, pins)?),
+        Which::Controller => None,
+    };
+    let binaries = binaries::build(root)?;
+    if context.exists() {
+        std::fs::remove_dir_all(context)
+            .with_context(|| format!("clearing {}", context.display()))?;
+    }
+    std::fs::create_dir_all(context).with_context(|| format!("creating {}", context.display()))?;
+    let binary = |name: &str| {
+        binaries
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, p)| p.clone())
+            .with_context(|| format!("{name} was not built"))
+    };
+    match (which, tt_smi) {
+        (Which::Agent, Some(tt_smi)) => {
+            // a hard link: the root filesystem is hundreds of MB
+            link_or_copy(&rootfs, &context.join("rootfs.tar"))?;
+            binaries::install_stripped(&binary("ttdp-agent")?, &context.join("ttdp-agent"))?;
+            std::fs::copy(&tt_smi, context.join("tt-smi")).context("copying tt-smi")?;
+            Ok(vec![("TT_SMI_VERSION", pins.tt_smi.version.clone())])
+        }
+        (Which::Agent, None) => bail!("tt-smi was not built"),
+        (Which::Controller, _) => {
+            let bundle = rootfs::tar_member(&rootfs, "./etc/ssl/certs/ca-certificates.crt")?;
+            std::fs::write(context.join("ca-certificates.crt"), bundle)
+                .context("writing the CA bundle")?;
+            binaries::install_stripped(
+                &binary("ttdp-controller")?,
+                &context.join("ttdp-controller"),
+            )?;
+            Ok(Vec::new())
+        }
+    }
+}
+
+fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
+    if std::fs::hard_link(from, to).is_err() {
+        std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    }
+    Ok(())
+}
+
+/// A key of everything the engine build reads: the Dockerfile, the build arguments, the engine
+/// and the contents of every context file.
+fn context_key(
+    dockerfile: &Path,
+    context: &Path,
+    build_args: &[(&str, String)],
+    engine: &Engine,
+) -> Result<String> {
+    let mut parts: Vec<Vec<u8>> = vec![
+        std::fs::read(dockerfile).with_context(|| format!("reading {}", dockerfile.display()))?,
+        engine.name().as_bytes().to_vec(),
+    ];
+    parts.extend(
+        build_args
+            .iter()
+            .map(|(k, v)| format!("{k}={v}").into_bytes()),
+    );
+    let mut entries: Vec<_> = std::fs::read_dir(context)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    entries.sort();
+    for path in entries {
+        parts.push(
+            path.file_name()
+                .unwrap_or_default()
+                .as_encoded_bytes()
+                .to_vec(),
+        );
+        parts.push(oci::sha256_file(&path)?.into_bytes());
+    }
+    Ok(cache_key(parts.iter().map(Vec::as_slice)))
 }

@@ -6,6 +6,7 @@ mod chart;
 mod crd;
 mod demo;
 mod image;
+mod image_test;
 mod krew;
 mod reference;
 mod release;
@@ -22,9 +23,14 @@ commands:
   demo [FLAGS]    run the simulated-cluster demo (see `cargo xtask demo --help`)
   bench           run the benchmarks and check their targets
   chart           lint and package the Helm chart into target/chart/
-  image controller|agent [--tag TAG] [--push]
-                  build a container image with docker or podman
-  release VERSION bump versions, regenerate, and dry-run publishing the library crates
+  image agent|controller [--engine docker|podman|buildah]
+                  build a container image (docker or podman if one answers, else buildah) into
+                  the OCI archive <target>/image/<name>.oci.tar; prints its digest and sizes
+  image-test      build both images and test them: commands inside them (buildah), the stub
+                  module built by the agent image's toolchain, sizes against their budgets, the
+                  controller image against the control plane TTDP_TEST_KUBECONFIG names
+  release VERSION bump versions, regenerate, build both images, pin their digests in the
+                  chart's values, package and check the chart, dry-run publishing the libraries
   krew DIR        fill the krew manifest's URIs and checksums from the release archives in DIR
   shape [--dir DIR]... [--max-file-lines N] [--max-fn-lines N]
                   fail on source files over 600 lines of code or functions over 80 lines
@@ -48,6 +54,7 @@ fn run() -> Result<()> {
         "chart" => chart::run(&rest),
         "demo" => demo::run(&rest),
         "image" => image::run(&rest),
+        "image-test" => image_test::run(&rest),
         "release" => release::run(&rest),
         "krew" => krew::run(&rest),
         "shape" => shape::run(&rest),

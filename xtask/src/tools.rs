@@ -1,7 +1,7 @@
-//! Finding the external tools xtask drives (helm, kubectl, container engines).
+//! Finding the external tools xtask drives (helm, kubectl) and running commands.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
@@ -47,18 +47,6 @@ pub fn on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|d| d.join(name))
         .find(|p| p.is_file())
-}
-
-/// A container engine that answers (`docker info` / `podman info` succeed), if any.
-pub fn container_engine() -> Option<&'static str> {
-    ["docker", "podman"].into_iter().find(|engine| {
-        Command::new(engine)
-            .arg("info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    })
 }
 
 /// Runs a command, failing with its name when it does not succeed.

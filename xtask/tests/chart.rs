@@ -30,6 +30,24 @@ fn helm() -> PathBuf {
     p
 }
 
+/// The chart's default `digest:` of the top-level values section `section` (`image` or
+/// `driver`), as `cargo xtask release` wrote it.
+fn default_digest(section: &str) -> String {
+    let values = std::fs::read_to_string(chart().join("values.yaml")).unwrap();
+    let mut in_section = false;
+    values
+        .lines()
+        .find_map(|l| {
+            if !l.starts_with([' ', '#']) && !l.is_empty() {
+                in_section = l == format!("{section}:");
+            }
+            l.strip_prefix("  digest: ").filter(|_| in_section)
+        })
+        .unwrap()
+        .trim_matches('"')
+        .to_owned()
+}
+
 fn template(sets: &[&str]) -> Vec<Value> {
     let mut cmd = Command::new(helm());
     cmd.args(["template", "tt-k8s-driver-manager"])
@@ -163,8 +181,11 @@ fn controller_is_locked_down_and_configured_from_values() {
     assert_eq!(sc.allow_privilege_escalation, Some(false));
     assert_eq!(sc.capabilities.unwrap().drop.unwrap(), ["ALL"]);
     assert_eq!(
-        c.image.as_deref(),
-        Some("ghcr.io/tenstorrent/tt-k8s-driver-manager:0.1.0")
+        c.image.clone().unwrap(),
+        format!(
+            "ghcr.io/tenstorrent/tt-k8s-driver-manager@{}",
+            default_digest("image")
+        )
     );
     assert_eq!(
         c.liveness_probe
@@ -204,7 +225,31 @@ fn controller_is_locked_down_and_configured_from_values() {
     );
     assert_eq!(
         env(&docs, "TTDP_DEFAULT_IMAGE"),
-        "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:0.1.0"
+        format!(
+            "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder@{}",
+            default_digest("driver")
+        )
+    );
+    // another registry keeps the digest (an archive copied unchanged); no digest: the tag
+    let docs = template(&["driver.repository=registry.example/ttdp-agent"]);
+    assert_eq!(
+        env(&docs, "TTDP_DEFAULT_IMAGE"),
+        format!("registry.example/ttdp-agent@{}", default_digest("driver"))
+    );
+    let docs = template(&["driver.digest=", "image.digest=", "image.tag=dev"]);
+    assert_eq!(
+        env(&docs, "TTDP_DEFAULT_IMAGE"),
+        format!(
+            "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:{}",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+    let d: apps::Deployment = typed(find(&docs, "Deployment", "-controller"));
+    assert_eq!(
+        d.spec.unwrap().template.spec.unwrap().containers[0]
+            .image
+            .as_deref(),
+        Some("ghcr.io/tenstorrent/tt-k8s-driver-manager:dev")
     );
     assert_eq!(env(&docs, "TTDP_LEADER_ELECTION"), "true");
     let docs = template(&[
@@ -221,6 +266,8 @@ fn bad_values_are_rejected() {
         "controller.logFormat=xml",
         "controller.deployGates={bad key}",
         "image.pullPolicy=Sometimes",
+        "image.digest=latest",
+        "driver.digest=sha256:abc",
     ] {
         let out = Command::new(helm())
             .args(["template", "x"])

@@ -43,7 +43,13 @@ pub struct Machine<'a> {
     pub limit: Duration,
     /// Share the host's `/usr` read-only over 9p (mount tag [`HOST_USR_TAG`]).
     pub host_usr: bool,
+    /// Share this directory (the agent image's root filesystem) read-only over 9p (mount tag
+    /// [`AGENT_IMAGE_TAG`]).
+    pub agent_image: Option<&'a Path>,
 }
+
+/// The 9p mount tag of the agent image's root filesystem (scenario `agent-image` mounts it).
+pub const AGENT_IMAGE_TAG: &str = "agentimage";
 
 /// The 9p mount tag of the host's `/usr` (`/init` mounts it).
 pub const HOST_USR_TAG: &str = "hostusr";
@@ -100,6 +106,7 @@ fn qemu(machine: &Machine<'_>, serial_files: [&Path; 3]) -> Command {
         initrd,
         limit,
         host_usr,
+        agent_image,
         ..
     } = *machine;
     let mut qemu = Command::new("timeout");
@@ -131,6 +138,15 @@ fn qemu(machine: &Machine<'_>, serial_files: [&Path; 3]) -> Command {
             "-virtfs",
             &format!("local,path=/usr,mount_tag={HOST_USR_TAG},security_model=none,readonly=on"),
         ]);
+    }
+    if let Some(dir) = agent_image {
+        // The image's tt-smi bundles native code built for the CPUs of real hosts; TCG's default
+        // model (qemu64, no SSE4.2 or POPCNT) stops it with an illegal instruction.
+        qemu.args(["-cpu", "max"]);
+        qemu.arg("-virtfs").arg(format!(
+            "local,path={},mount_tag={AGENT_IMAGE_TAG},security_model=none,readonly=on",
+            dir.display()
+        ));
     }
     qemu
 }

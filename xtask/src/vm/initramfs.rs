@@ -41,6 +41,10 @@ pub struct Contents<'a> {
     pub executables: &'a [Executable],
     /// Arguments for `/scenario.sh`.
     pub guest_args: &'a [String],
+    /// More files: (host path, guest path).
+    pub extra_files: &'a [(PathBuf, String)],
+    /// More variables for `/etc/ttdp-vm.env`, exported to the scenario.
+    pub extra_env: &'a [(String, String)],
 }
 
 /// Builds the initramfs and returns its path.
@@ -110,6 +114,9 @@ fn copy_files(contents: &Contents<'_>, stage: &Path) -> Result<()> {
     }
     for executable in contents.executables {
         copy_without_debug_info(&executable.host, stage, &executable.guest)?;
+    }
+    for (host, guest) in contents.extra_files {
+        copy(host, stage, guest, 0o644)?;
     }
     for (host, guest) in contents.scenario.files {
         // std::fs::copy keeps the host file's permissions: an executable stays executable
@@ -198,6 +205,9 @@ fn guest_env(contents: &Contents<'_>, ninep_modules: &[String]) -> String {
         ("TTDP_VM_TEST_ARGS", args.join(" ")),
     ] {
         let _ = writeln!(env, "{key}={}", shell_quote(&value));
+    }
+    for (key, value) in contents.extra_env {
+        let _ = writeln!(env, "export {key}={}", shell_quote(value));
     }
     env
 }

@@ -66,6 +66,7 @@
 //!   [`stub_repo`] produce;
 //! - [`test_report`] (step 6) reads what [`boot`] returns.
 
+mod agent_image;
 mod boot;
 mod elf;
 mod headers;
@@ -85,6 +86,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::tools::{repo_root, target_dir};
 pub use boot::Boot;
+pub use elf::is_static_elf;
 pub use scenarios::{SCENARIOS, SWAP_TIMING, Scenario};
 
 /// Parsed `cargo xtask vm-test` arguments.
@@ -147,6 +149,14 @@ fn selected_scenarios(names: &[String]) -> Result<Vec<&'static Scenario>> {
             })
         })
         .collect()
+}
+
+/// The newest installed Debian 12 kernel headers (those of the kernel the VM boots), or how to
+/// install them.
+pub fn newest_headers() -> Result<headers::Headers> {
+    headers::newest_installed().context(
+        "no linux-headers-6.1.0-<abi>-amd64 under /usr/src: run `bash .ci/vm-deps` (Debian 12)",
+    )
 }
 
 /// `<target dir>/vm`, honouring `CARGO_TARGET_DIR`.
@@ -235,6 +245,21 @@ impl Vm {
             &format!("[{}] building static executables", scenario.name),
             || static_build::build(&self.root, scenario),
         )?;
+        let image = if scenario.agent_image {
+            Some(step(
+                &format!("[{}] preparing the agent image", scenario.name),
+                || agent_image::prepare(&self.root, &self.cache),
+            )?)
+        } else {
+            None
+        };
+        let (extra_files, extra_env) = match &image {
+            Some(i) => (
+                vec![(i.ko.clone(), "/image-ko/tenstorrent.ko".to_owned())],
+                i.guest_env.clone(),
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
         let initrd = step(
             &format!("[{}] packing the initramfs", scenario.name),
             || {
@@ -247,6 +272,8 @@ impl Vm {
                     modules: &self.modules,
                     executables: &executables,
                     guest_args,
+                    extra_files: &extra_files,
+                    extra_env: &extra_env,
                 })
             },
         )?;
@@ -265,6 +292,7 @@ impl Vm {
                     run_dir: &run_dir,
                     limit: timeout,
                     host_usr: scenario.host_usr,
+                    agent_image: image.as_ref().map(|i| i.rootfs.as_path()),
                 })
             },
         )

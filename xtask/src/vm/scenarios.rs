@@ -24,6 +24,10 @@ pub struct Scenario {
     /// leading into it): gcc, make, git and the kernel headers, so the guest can build modules.
     /// Costs about 1 s at boot; a stub module build then takes ~35 s in the guest (2 s on the host).
     pub host_usr: bool,
+    /// Share the agent image's unpacked root filesystem read-only over 9p (mount tag
+    /// [`AGENT_IMAGE_TAG`](super::boot::AGENT_IMAGE_TAG)) and put the stub module its
+    /// toolchain built at `/image-ko/tenstorrent.ko` (see [`agent_image`](super::agent_image)).
+    pub agent_image: bool,
     /// The workload: a script relative to `tests/vm/scenarios/`, run as `/scenario.sh`.
     pub script: &'static str,
     /// Wall-clock limit for the whole boot-run-poweroff cycle under TCG.
@@ -41,6 +45,7 @@ pub const SCENARIOS: &[Scenario] = &[
         examples: &[],
         files: &[],
         host_usr: false,
+        agent_image: false,
         script: "kmod.sh",
         timeout: Duration::from_secs(240),
     },
@@ -56,6 +61,7 @@ pub const SCENARIOS: &[Scenario] = &[
         examples: &[],
         files: &[],
         host_usr: true,
+        agent_image: false,
         script: "kmod-build.sh",
         // one in-VM build: ~35 s on an idle machine, 180 s seen with the 2 cores shared 6 ways
         timeout: Duration::from_secs(600),
@@ -74,6 +80,7 @@ pub const SCENARIOS: &[Scenario] = &[
         examples: &[],
         files: &[],
         host_usr: true,
+        agent_image: false,
         script: "agent.sh",
         // one in-VM build (as kmod-build) plus ~30 s of agent runs
         timeout: Duration::from_secs(600),
@@ -91,9 +98,29 @@ pub const SCENARIOS: &[Scenario] = &[
         examples: &[],
         files: &[],
         host_usr: false,
+        agent_image: false,
         script: "validation.sh",
         // no build in the guest (the cache is seeded from the host-built stubs); ~20 s of agent runs
         timeout: Duration::from_secs(240),
+    },
+    Scenario {
+        name: "agent-image",
+        description: "the agent image users get (`cargo xtask image agent`), unpacked from its OCI \
+                      archive: the stub module its toolchain built against this kernel's headers \
+                      loads; the agent run from the image's root filesystem (chroot, the image's \
+                      environment, the DaemonSet's mounts) fetches and builds tt-kmd with the \
+                      image's git, make and gcc, loads it, passes the readiness probe and installs \
+                      the image's tt-smi on the host",
+        tests: &[],
+        bins: &[],
+        examples: &[],
+        files: &[],
+        // the 9p modules and the kernel headers (the host's /usr stands in for the node's)
+        host_usr: true,
+        agent_image: true,
+        script: "agent-image.sh",
+        // one in-VM build, as in scenario agent
+        timeout: Duration::from_secs(600),
     },
 ];
 
@@ -108,6 +135,7 @@ pub const SWAP_TIMING: Scenario = Scenario {
     examples: &[("ttdp-kmod", "swap_timing")],
     files: &[],
     host_usr: false,
+    agent_image: false,
     script: "swap-timing.sh",
     timeout: Duration::from_secs(240),
 };

@@ -25,10 +25,23 @@ app.kubernetes.io/component: controller
 {{ include "ttdm.fullname" . }}-agent
 {{- end -}}
 
+{{/* repository@digest when a digest is set, else repository:tag (tag defaults to appVersion). */}}
+{{- define "ttdm.imageRef" -}}
+{{- if .image.digest -}}
+{{ .image.repository }}@{{ .image.digest }}
+{{- else -}}
+{{ .image.repository }}:{{ .image.tag | default .appVersion }}
+{{- end -}}
+{{- end -}}
+
 {{- define "ttdm.controllerImage" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ include "ttdm.imageRef" (dict "image" .Values.image "appVersion" .Chart.AppVersion) }}
 {{- end -}}
 
 {{- define "ttdm.driverImage" -}}
-{{ .Values.driver.image | default (printf "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:%s" .Chart.AppVersion) }}
+{{- if .Values.driver.image -}}
+{{ .Values.driver.image }}
+{{- else -}}
+{{ include "ttdm.imageRef" (dict "image" .Values.driver "appVersion" .Chart.AppVersion) }}
+{{- end -}}
 {{- end -}}
