@@ -82,24 +82,9 @@ pub async fn retry(
             state: status.state.to_string(),
         });
     }
-    let api: Api<Node> = Api::all(conn.client.clone());
     let stamp = now.to_string();
     let patch = json!({ "metadata": { "annotations": { annotations::RETRY: stamp } } });
-    api.patch(
-        node,
-        &PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        },
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(|e| match e {
-        e if is_not_found(&e) => Error::NodeNotFound {
-            name: node.to_owned(),
-        },
-        e => Error::from_kube(e, "patch", "nodes", &conn.server),
-    })?;
+    patch_node(conn, node, &patch).await?;
     Ok(format!(
         "node/{node} annotated {}={stamp}: the controller retries the failed upgrade of policy {policy_name} on {node} now and then removes the annotation",
         annotations::RETRY
@@ -108,24 +93,9 @@ pub async fn retry(
 
 /// Sets (`on`) or removes the skip label of `node`; returns the line to print.
 pub async fn skip(conn: &Connection, node: &str, on: bool) -> Result<String, Error> {
-    let api: Api<Node> = Api::all(conn.client.clone());
     let value = if on { json!("true") } else { json!(null) };
     let patch = json!({ "metadata": { "labels": { labels::SKIP: value } } });
-    api.patch(
-        node,
-        &PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        },
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(|e| match e {
-        e if is_not_found(&e) => Error::NodeNotFound {
-            name: node.to_owned(),
-        },
-        e => Error::from_kube(e, "patch", "nodes", &conn.server),
-    })?;
+    patch_node(conn, node, &patch).await?;
     Ok(if on {
         format!(
             "node/{node} labelled {}=true: no policy manages it now; its cordon and deploy gates are released and its driver stays loaded (undo: kubectl tt driver skip {node} --undo)",
@@ -137,4 +107,25 @@ pub async fn skip(conn: &Connection, node: &str, on: bool) -> Result<String, Err
             labels::SKIP
         )
     })
+}
+
+/// Merge-patches `node` as the plugin's field manager; a missing node is `NodeNotFound`.
+async fn patch_node(conn: &Connection, node: &str, patch: &serde_json::Value) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(conn.client.clone());
+    api.patch(
+        node,
+        &PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(patch),
+    )
+    .await
+    .map_err(|e| match e {
+        e if is_not_found(&e) => Error::NodeNotFound {
+            name: node.to_owned(),
+        },
+        e => Error::from_kube(e, "patch", "nodes", &conn.server),
+    })?;
+    Ok(())
 }
