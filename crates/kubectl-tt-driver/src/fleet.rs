@@ -115,6 +115,10 @@ pub struct NodeRow {
     pub target_version: String,
     /// `container` or `host`.
     pub install_mode: Option<String>,
+    /// The loaded module's parameters (`name=value` ...), as the node's status entry says.
+    pub loaded_parameters: Option<String>,
+    /// The commit the loaded module was built from, as the node's status entry says.
+    pub source_commit: Option<String>,
     /// Who cordoned the node, from its annotation.
     pub cordoned_by: Option<String>,
     /// Whether the node is unschedulable (only known when Nodes were read).
@@ -247,6 +251,8 @@ impl Fleet {
                         .clone()
                         .unwrap_or_else(|| policy.spec.version.clone()),
                     install_mode: n.install_mode.clone(),
+                    loaded_parameters: n.loaded_parameters.clone(),
+                    source_commit: n.source_commit.clone(),
                     cordoned_by: facts.and_then(|f| f.cordoned_by.clone()),
                     unschedulable: facts.map(|f| f.unschedulable),
                     since: n.last_transition_time.as_ref().map(|t| t.0),
@@ -292,6 +298,8 @@ impl Fleet {
                     current_version,
                     target_version: policy.spec.version.clone(),
                     install_mode: n.labels.get(labels::INSTALL_MODE).cloned(),
+                    loaded_parameters: None,
+                    source_commit: None,
                     cordoned_by: n.cordoned_by.clone(),
                     unschedulable: Some(n.unschedulable),
                     since: None,

@@ -277,3 +277,50 @@ fn status_of_a_thousand_nodes() {
         1000
     );
 }
+
+/// The policy's source and module parameters, and each node's loaded parameters and the commit
+/// its module was built from, appear only when set (the goldens above have none).
+#[test]
+fn describe_shows_parameters_and_commits_when_set() {
+    let fleet = fixture::every_state();
+    let mut view = fleet.policy("fleet").unwrap().clone();
+    view.policy.spec.module = Some(ttdp_api::driver::v1alpha1::ModuleSettings {
+        parameters: vec!["reset_limit=5".into()],
+    });
+    view.policy.spec.source = Some(ttdp_api::driver::v1alpha1::SourceSettings {
+        repository: Some("https://git.example.com/mirrors/tt-kmd.git".into()),
+        commit: Some("0123456789abcdef0123456789abcdef01234567".into()),
+    });
+    let mut rows: Vec<_> = fleet
+        .node_rows()
+        .into_iter()
+        .filter(|r| r.policy == "fleet")
+        .collect();
+    rows[0].loaded_parameters = Some("auto_reset=Y reset_limit=5".into());
+    rows[0].source_commit = Some("0123456789abcdef0123456789abcdef01234567".into());
+    let text = describe::render(&view, &rows, &[], &[], &opts(false, 200));
+    assert!(text.contains("Module parameters:"), "{text}");
+    assert!(text.contains("reset_limit=5"), "{text}");
+    assert!(
+        text.contains(
+            "https://git.example.com/mirrors/tt-kmd.git (0123456789abcdef0123456789abcdef01234567)"
+        ),
+        "{text}"
+    );
+    let header = text
+        .lines()
+        .find(|l| l.contains("NODE") && l.contains("STATE"))
+        .unwrap();
+    assert!(
+        header.contains("PARAMETERS") && header.contains("COMMIT"),
+        "{header}"
+    );
+    let first = text
+        .lines()
+        .find(|l| l.contains(&rows[0].node) && l.contains("auto_reset=Y reset_limit=5"));
+    let first = first.unwrap_or_else(|| panic!("no row with the parameters: {text}"));
+    assert!(
+        first.contains(" 0123456789ab "),
+        "abbreviated commit: {first}"
+    );
+}

@@ -142,6 +142,12 @@ pub struct AgentConfig {
     pub kernel: KernelKind,
     /// SIGKILL device holders before unloading (`TT_FORCE_UNLOAD`).
     pub force_unload: bool,
+    /// Module parameters passed at load, space-separated `name=value` (`TT_KMD_PARAMETERS`;
+    /// empty for none). The module counts as converged only when sysfs shows them.
+    pub parameters: String,
+    /// The commit the target's release tag must point at when it is built (`TT_KMD_COMMIT`,
+    /// `spec.source.commit`); `None`: any.
+    pub source_commit: Option<String>,
     /// tt-smi to copy to the host, `None` to skip.
     pub tt_smi: Option<TtSmiSource>,
     /// Where to fetch tt-kmd from and how to build it. `{release}` in `build.build_dir` stands for
@@ -176,6 +182,8 @@ impl AgentConfig {
             host,
             kernel: KernelKind::Real,
             force_unload: false,
+            parameters: String::new(),
+            source_commit: None,
             tt_smi: None,
             build: BuildOptions {
                 repository: ttdp_api::names::DEFAULT_KMD_REPOSITORY.to_string(),
@@ -228,6 +236,18 @@ impl AgentConfig {
                 value: tt_smi.version.clone(),
                 problem,
             })?;
+        }
+        // the controller renders what the CRD validated; checked again as the env is user-settable
+        if let Some(bad) = self
+            .parameters
+            .split_whitespace()
+            .find(|p| ttdp_api::driver::module_settings::parameter_name(p).is_none())
+        {
+            return Err(ConfigError::Invalid {
+                variable: env::TT_KMD_PARAMETERS,
+                value: bad.to_string(),
+                problem: "each parameter must be name=value with an identifier name and a value of letters, digits and -_.,:/+@%".into(),
+            });
         }
         if self.probe_period.is_zero() {
             return Err(ConfigError::Invalid {
@@ -374,6 +394,14 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("NODE_NAME")
+        );
+
+        let mut bad_params = ok.clone();
+        bad_params.parameters = "reset_limit=5 x=$(reboot)".into();
+        let err = bad_params.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("TT_KMD_PARAMETERS") && err.contains("x=$(reboot)"),
+            "{err}"
         );
 
         let mut bad_smi = ok.clone();

@@ -4,6 +4,7 @@
 use ttdp_api::agent_report::{AgentPhase, AgentReport, Holder};
 use ttdp_api::names::labels;
 use ttdp_hostprobe::{DkmsSignal, HostInstall};
+use ttdp_kmod::parameters::parameters_text;
 use ttdp_kmod::{DeviceHolder, KmdVersion, ModuleStatus};
 
 use crate::labels::InstallMode;
@@ -44,11 +45,12 @@ pub enum Step {
     Install,
 }
 
-/// The next step for a node showing `observation` when `target` is wanted.
-pub fn next_step(observation: &Observation, target: &KmdVersion) -> Step {
+/// The next step for a node showing `observation` when `target` is wanted with the module
+/// parameters `params` (the kernel's string; a change of them alone needs a reload too).
+pub fn next_step(observation: &Observation, target: &KmdVersion, params: &str) -> Step {
     if observation.host_install.is_host_managed() {
         Step::StandDown
-    } else if observation.loaded_version() == Some(target.as_str()) {
+    } else if observation.status.at_target(target.as_str(), params) {
         Step::Converged
     } else {
         Step::Install
@@ -94,6 +96,10 @@ pub fn base_report(
         phase,
         target_version: target.to_string(),
         loaded_version: observation.loaded_version().map(str::to_string),
+        loaded_parameters: (observation.status.loaded && !observation.status.parameters.is_empty())
+            .then(|| parameters_text(&observation.status.parameters)),
+        applied_parameters: observation.status.applied_parameters.clone(),
+        loaded_commit: observation.status.source_commit.clone(),
         install_mode: observation.mode().as_str().to_string(),
         holders: Vec::new(),
         reason: None,
@@ -110,6 +116,9 @@ pub fn holders_message(status: &ModuleStatus, target: &KmdVersion) -> String {
             phase: AgentPhase::WaitingForHolders,
             target_version: target.to_string(),
             loaded_version: None,
+            loaded_parameters: None,
+            applied_parameters: None,
+            loaded_commit: None,
             install_mode: InstallMode::Container.as_str().to_string(),
             holders: report_holders(&status.device_holders),
             reason: None,
@@ -185,6 +194,9 @@ mod tests {
                     paths: vec![PathBuf::from("/dev/tenstorrent/0")],
                 })
                 .collect(),
+            parameters: Default::default(),
+            applied_parameters: None,
+            source_commit: None,
         }
     }
 
@@ -213,21 +225,54 @@ mod tests {
     fn steps_follow_the_spec() {
         let target = &v("2.8.0");
         assert_eq!(
-            next_step(&observation(status(Some("2.7.0"), 0, &[]), true), target),
+            next_step(
+                &observation(status(Some("2.7.0"), 0, &[]), true),
+                target,
+                ""
+            ),
             Step::StandDown
         );
         assert_eq!(
-            next_step(&observation(status(Some("2.8.0"), 3, &[]), false), target),
+            next_step(
+                &observation(status(Some("2.8.0"), 3, &[]), false),
+                target,
+                ""
+            ),
             Step::Converged
         );
         assert_eq!(
-            next_step(&observation(status(Some("2.7.0"), 0, &[]), false), target),
+            next_step(
+                &observation(status(Some("2.7.0"), 0, &[]), false),
+                target,
+                ""
+            ),
             Step::Install
         );
         assert_eq!(
-            next_step(&observation(status(None, 0, &[]), false), target),
+            next_step(&observation(status(None, 0, &[]), false), target, ""),
             Step::Install
         );
+    }
+
+    /// A parameter change alone is not converged: the module must be reloaded with them, and
+    /// the report shows what sysfs has loaded.
+    #[test]
+    fn parameters_are_part_of_the_target() {
+        let target = &v("2.8.0");
+        let mut loaded = status(Some("2.8.0"), 0, &[]);
+        loaded.parameters = [("reset_limit".to_string(), "5".to_string())].into();
+        loaded.applied_parameters = Some("reset_limit=5".into());
+        let obs = observation(loaded, false);
+        assert_eq!(next_step(&obs, target, "reset_limit=5"), Step::Converged);
+        assert_eq!(next_step(&obs, target, "reset_limit=6"), Step::Install);
+        assert_eq!(
+            next_step(&obs, target, ""),
+            Step::Install,
+            "a dropped parameter reloads"
+        );
+        let report = base_report(AgentPhase::Ready, target, &obs);
+        assert_eq!(report.loaded_parameters.as_deref(), Some("reset_limit=5"));
+        assert_eq!(report.applied_parameters.as_deref(), Some("reset_limit=5"));
     }
 
     #[test]

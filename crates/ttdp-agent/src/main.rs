@@ -50,6 +50,10 @@ struct TargetArgs {
     /// Where the host's root file system is mounted.
     #[arg(long, env = env::HOST_ROOT, value_name = "TTDP_HOST_ROOT", default_value = "/host")]
     host_root: PathBuf,
+    /// Module parameters passed at load, space-separated name=value (empty: none); the node
+    /// is ready only when sysfs shows them.
+    #[arg(long, env = env::TT_KMD_PARAMETERS, value_name = "TT_KMD_PARAMETERS", default_value = "")]
+    kmd_parameters: String,
 }
 
 #[derive(Debug, Args)]
@@ -136,6 +140,10 @@ struct RunArgs {
         default_value = "/opt/ttdp/tt-smi"
     )]
     tt_smi_path: String,
+    /// The commit tag ttkmd-<version> must point at when the target is built (full hex); a tag
+    /// that moved fails the build and nothing is unloaded.
+    #[arg(long, env = env::TT_KMD_COMMIT, value_name = "TT_KMD_COMMIT", value_parser = parse_commit)]
+    kmd_commit: Option<String>,
     /// Git repository tt-kmd is fetched from (URL or local path).
     #[arg(long, env = env::TT_KMD_REPOSITORY, value_name = "TT_KMD_REPOSITORY", default_value = DEFAULT_KMD_REPOSITORY)]
     kmd_repository: String,
@@ -230,6 +238,8 @@ impl RunArgs {
         let mut config = AgentConfig::new(self.target.kmd_version.clone(), &node, host);
         config.kernel = self.kernel;
         config.force_unload = self.force_unload;
+        config.parameters = self.target.kmd_parameters.clone();
+        config.source_commit = self.kmd_commit.clone();
         config.tt_smi = match (self.tt_smi_path.as_str(), &self.tt_smi_version) {
             ("none", _) => None,
             (path, Some(version)) => Some(TtSmiSource {
@@ -340,6 +350,7 @@ fn probe(args: &ProbeArgs) -> ExitCode {
     let host = HostRoot::new(&args.target.host_root);
     let mut checks = ProbeChecks::defaults(&host);
     checks.validation = args.validation.config();
+    checks.parameters = args.target.kmd_parameters.clone();
     if let Some(dir) = &args.lock_dir {
         checks.lock_dir = dir.clone();
     }
@@ -393,4 +404,11 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     // a build abandoned on shutdown may still run in a blocking thread: do not wait for it
     runtime.shutdown_timeout(EXIT_GRACE);
     result
+}
+
+/// A full git object name (40 hex digits, or 64 in a SHA-256 repository), lowercased.
+fn parse_commit(s: &str) -> Result<String, String> {
+    let hex = matches!(s.len(), 40 | 64) && s.bytes().all(|b| b.is_ascii_hexdigit());
+    hex.then(|| s.to_ascii_lowercase())
+        .ok_or_else(|| "expected a full commit id (40 hex digits)".to_string())
 }

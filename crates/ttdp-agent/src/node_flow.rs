@@ -178,7 +178,11 @@ where
         };
         self.notice_external_change(&observation).await;
         self.publish_labels(&observation).await;
-        match next_step(&observation, &self.config.target_version) {
+        match next_step(
+            &observation,
+            &self.config.target_version,
+            &self.config.parameters,
+        ) {
             Step::StandDown => self.stand_down(&observation).await,
             Step::Converged => self.settle_ready(&observation).await,
             Step::Install if self.attempt_due() => {
@@ -186,7 +190,12 @@ where
                     Attempt::Abandoned => {}
                     Attempt::Done => {
                         if let Some(after) = self.observe().await {
-                            if next_step(&after, &self.config.target_version) == Step::Converged {
+                            if next_step(
+                                &after,
+                                &self.config.target_version,
+                                &self.config.parameters,
+                            ) == Step::Converged
+                            {
                                 self.settle_ready(&after).await;
                             } else {
                                 self.publish_labels(&after).await;
@@ -384,8 +393,13 @@ where
         );
         if !cached {
             let mut report = base_report(AgentPhase::Building, &target, observation);
+            let pin = self
+                .config
+                .source_commit
+                .as_deref()
+                .map_or(String::new(), |c| format!(" (pinned to commit {c})"));
             report.message = Some(format!(
-                "fetching tag ttkmd-{target} from {} and building it for kernel {}",
+                "fetching tag ttkmd-{target}{pin} from {} and building it for kernel {}",
                 self.config.build.repository,
                 self.installer.release()
             ));
@@ -394,7 +408,10 @@ where
 
         let installer = Arc::clone(&self.installer);
         let version = target.clone();
-        let build = tokio::task::spawn_blocking(move || installer.ensure_ko(&version));
+        let pin = self.config.source_commit.clone();
+        let build = tokio::task::spawn_blocking(move || {
+            installer.ensure_pinned_ko(&version, pin.as_deref())
+        });
         let ensured = tokio::select! {
             joined = build => joined.map_err(|source| AgentError::Task { task: "ensure .ko", source })?,
             () = shutdown.cancelled() => {
@@ -458,7 +475,7 @@ where
             RollbackPath::Abandoned => return Ok(Attempt::Abandoned),
         };
         if status.loaded
-            && status.loaded_version() != Some(target.as_str())
+            && !status.at_target(target.as_str(), &self.config.parameters)
             && !self.granted(observation, &status).await
         {
             return Ok(Attempt::Done);
@@ -470,6 +487,12 @@ where
 
         let mut report = base_report(AgentPhase::Swapping, &target, observation);
         report.message = Some(match status.loaded_version() {
+            Some(old) if old == target.as_str() => {
+                format!(
+                    "reloading tt-kmd {target} with parameters \"{}\"",
+                    self.config.parameters
+                )
+            }
             Some(old) => format!("replacing tt-kmd {old} with {target}"),
             None => format!("loading tt-kmd {target}"),
         });
@@ -483,7 +506,8 @@ where
                     Duration::ZERO
                 },
             },
-            params: String::new(),
+            params: self.config.parameters.clone(),
+            source_commit: self.config.source_commit.clone(),
             allow_no_rollback,
         };
         match self.run_swap(&target, options, shutdown).await? {
@@ -539,6 +563,13 @@ where
             return;
         }
         let (reason, note) = match (report.outcome, &report.previous) {
+            (SwapOutcome::Replaced, Some(previous)) if *previous == report.version.as_str() => (
+                reasons::MODULE_REPLACED,
+                format!(
+                    "reloaded tt-kmd {previous} with parameters \"{}\" (unload {} ms, load {} ms)",
+                    self.config.parameters, report.unload_ms, report.load_ms
+                ),
+            ),
             (SwapOutcome::Replaced, Some(previous)) => (
                 reasons::MODULE_REPLACED,
                 format!(

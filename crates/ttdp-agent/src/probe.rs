@@ -11,6 +11,9 @@ use std::path::PathBuf;
 
 use ttdp_api::names::MODULE_NAME;
 use ttdp_hostprobe::{HostRoot, detect_host_install};
+use ttdp_kmod::parameters::{
+    parameters_at_target, parameters_text, read_parameters, read_record, record_path,
+};
 use ttdp_kmod::{KmdVersion, MODULE_LOCK_DIR};
 
 use crate::config::ValidationConfig;
@@ -23,6 +26,8 @@ pub struct ProbeChecks {
     pub validation: ValidationConfig,
     /// The module lock directory holding the validation record, as the probe sees it.
     pub lock_dir: PathBuf,
+    /// The module parameters the module must run with (`TT_KMD_PARAMETERS`; empty: none).
+    pub parameters: String,
 }
 
 impl ProbeChecks {
@@ -32,6 +37,7 @@ impl ProbeChecks {
         Self {
             validation: ValidationConfig::default(),
             lock_dir: host.path(MODULE_LOCK_DIR),
+            parameters: String::new(),
         }
     }
 }
@@ -91,6 +97,11 @@ pub fn readiness_with(
             "module {MODULE_NAME} is not loaded; want {target_version}"
         )),
         (Some("live"), Some(version)) if version == target_version.as_str() => {
+            if let Some(problem) = parameters_problem(host, checks) {
+                return Readiness::NotReady(format!(
+                    "module {MODULE_NAME} {version} is loaded but {problem}"
+                ));
+            }
             let srcversion = read("srcversion");
             let checked = probe_checks(
                 &checks.validation,
@@ -119,6 +130,20 @@ pub fn readiness_with(
             "module {MODULE_NAME} is {state}; want {target_version} live"
         )),
     }
+}
+
+/// Why the loaded module does not run the wanted parameters, `None` when it does: a parameter
+/// change alone keeps the node unready until the agent has reloaded the module.
+fn parameters_problem(host: &HostRoot, checks: &ProbeChecks) -> Option<String> {
+    let loaded = read_parameters(host, MODULE_NAME);
+    let applied = read_record(&record_path(&checks.lock_dir, MODULE_NAME));
+    (!parameters_at_target(&checks.parameters, &loaded, applied.as_deref())).then(|| {
+        format!(
+            "with parameters \"{}\"; want \"{}\"",
+            parameters_text(&loaded),
+            checks.parameters
+        )
+    })
 }
 
 #[cfg(test)]
@@ -182,6 +207,37 @@ mod tests {
         let mut off = ProbeChecks::defaults(&host);
         off.validation.enabled = false;
         assert!(readiness_with(&host, &target, &off).is_ready());
+    }
+
+    /// A parameter change alone keeps the pod unready until the module is reloaded with them.
+    #[test]
+    fn the_wanted_parameters_must_be_loaded() {
+        let target: KmdVersion = "2.8.0".parse().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        write(&host, "/sys/module/tenstorrent/initstate", "live\n");
+        write(&host, "/sys/module/tenstorrent/version", "2.8.0\n");
+        write(
+            &host,
+            "/sys/module/tenstorrent/parameters/reset_limit",
+            "5\n",
+        );
+        let mut checks = ProbeChecks::defaults(&host);
+        checks.validation.enabled = false;
+        checks.parameters = "reset_limit=6".into();
+        let r = readiness_with(&host, &target, &checks);
+        assert!(
+            !r.is_ready()
+                && r.reason()
+                    == "module tenstorrent 2.8.0 is loaded but with parameters \"reset_limit=5\"; want \"reset_limit=6\"",
+            "{r:?}"
+        );
+        checks.parameters = "reset_limit=5".into();
+        assert!(readiness_with(&host, &target, &checks).is_ready());
+        // ttdp loaded it with a parameter the policy no longer has: reload to the defaults
+        write(&host, "/run/ttdp/tenstorrent.parameters", "reset_limit=5\n");
+        checks.parameters = String::new();
+        assert!(!readiness_with(&host, &target, &checks).is_ready());
     }
 
     #[test]

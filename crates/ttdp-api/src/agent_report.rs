@@ -46,6 +46,18 @@ pub struct AgentReport {
     /// The version loaded right now (`/sys/module/tenstorrent/version`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loaded_version: Option<String>,
+    /// The loaded module's parameters as sysfs shows them (`name=value`, space-separated,
+    /// sorted by name); absent when none or not loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loaded_parameters: Option<String>,
+    /// The parameters ttdp loaded the module with (the node's record), absent without one:
+    /// with `loaded_parameters` it says whether the module runs the policy's parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_parameters: Option<String>,
+    /// The commit the loaded module was built from (the cache record of the loaded version,
+    /// when its srcversion matches), absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loaded_commit: Option<String>,
     /// `container` or `host`.
     pub install_mode: String,
     /// Processes holding `/dev/tenstorrent` (while `WaitingForHolders`).
@@ -83,6 +95,9 @@ mod tests {
             phase: AgentPhase::WaitingForHolders,
             target_version: "2.8.0".into(),
             loaded_version: Some("2.7.0".into()),
+            loaded_parameters: None,
+            applied_parameters: None,
+            loaded_commit: None,
             install_mode: "container".into(),
             holders: vec![
                 Holder {

@@ -136,6 +136,12 @@ pub mod env {
     pub const TT_SMI_VERSION: &str = "TT_SMI_VERSION";
     /// The git repository tt-kmd is fetched from.
     pub const TT_KMD_REPOSITORY: &str = "TT_KMD_REPOSITORY";
+    /// Module parameters passed to `finit_module` (`spec.module.parameters`, space-separated
+    /// `name=value`); unset or empty: none.
+    pub const TT_KMD_PARAMETERS: &str = "TT_KMD_PARAMETERS";
+    /// The commit the release tag must point at when the target is built
+    /// (`spec.source.commit`); unset: any.
+    pub const TT_KMD_COMMIT: &str = "TT_KMD_COMMIT";
     /// Where the host's root filesystem is mounted in the agent container.
     pub const HOST_ROOT: &str = "TTDP_HOST_ROOT";
     /// `real` (the default) or `sim`: which kernel the agent talks to.

@@ -437,3 +437,129 @@ fn rollout_guards_are_checked_with_clear_messages() {
     let err = selector.spec.validate().unwrap_err().to_string();
     assert!(err.contains("waitForCompletion.podSelector"), "{err}");
 }
+
+/// `spec.module.parameters`: identifiers with safe values pass the schema and the controller's
+/// check and reach the kernel's string; anything that could split into two parameters or reach
+/// a shell is refused, with a message naming the field.
+#[test]
+fn module_parameters_are_checked_with_clear_messages() {
+    let spec = |params: Value| json!({"version": "2.8.0", "nodeAffinity": {}, "module": {"parameters": params}});
+    let good = spec(json!(["reset_limit=5", "_debug=0x1f", "list=a,b:c/d"]));
+    check(&policy("default", good.clone())).unwrap();
+    let p: TenstorrentDriverPolicy = serde_json::from_value(policy("d", good)).unwrap();
+    p.spec.validate().unwrap();
+    assert_eq!(
+        p.spec.kernel_parameters(),
+        "reset_limit=5 _debug=0x1f list=a,b:c/d"
+    );
+    let none: TenstorrentDriverPolicy =
+        serde_json::from_value(policy("d", json!({"version": "2.8.0", "nodeAffinity": {}})))
+            .unwrap();
+    assert_eq!(none.spec.kernel_parameters(), "", "unset: no parameters");
+    assert!(
+        !serde_json::to_string(&none.spec)
+            .unwrap()
+            .contains("module"),
+        "an unset module section is not written back"
+    );
+    for bad in [
+        "reset_limit",
+        "9lives=1",
+        "re-set=1",
+        "x=",
+        "x=a b",
+        "x=1;reboot",
+        "x=$(id)",
+        "x=`id`",
+        "x=a|b",
+        "x=\"q\"",
+        "x=a\tb",
+    ] {
+        let err = check(&policy("default", spec(json!([bad]))))
+            .err()
+            .unwrap_or_else(|| panic!("{bad:?} was accepted by the schema"));
+        assert!(
+            err.contains("spec.module.parameters entries must be name=value"),
+            "{bad:?}: {err}"
+        );
+        let p: TenstorrentDriverPolicy =
+            serde_json::from_value(policy("d", spec(json!([bad])))).unwrap();
+        let err = p.spec.validate().unwrap_err().to_string();
+        assert!(err.contains("must be name=value"), "{bad:?}: {err}");
+    }
+    let twice: TenstorrentDriverPolicy =
+        serde_json::from_value(policy("d", spec(json!(["a=1", "a=2"])))).unwrap();
+    assert_eq!(
+        twice.spec.validate().unwrap_err().to_string(),
+        "spec.module.parameters sets a more than once; keep one entry per parameter"
+    );
+    // bounded, so the API server can cost the rule (it enforces maxItems itself)
+    let params =
+        &schema()["properties"]["spec"]["properties"]["module"]["properties"]["parameters"];
+    assert_eq!(
+        (
+            params["maxItems"].as_u64(),
+            params["items"]["maxLength"].as_u64()
+        ),
+        (Some(32), Some(256))
+    );
+}
+
+/// `spec.source`: a mirror's git URL and a full commit id pass; anything else is refused by the
+/// schema with a message naming the field.
+#[test]
+fn source_repository_and_commit_are_checked_with_clear_messages() {
+    let spec = |source: Value| json!({"version": "2.8.0", "nodeAffinity": {}, "source": source});
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    for repository in [
+        "https://git.example.com/mirrors/tt-kmd.git",
+        "ssh://git@git.example.com/tt-kmd.git",
+        "git@git.example.com:mirrors/tt-kmd.git",
+        "file:///srv/git/tt-kmd.git",
+    ] {
+        check(&policy(
+            "default",
+            spec(json!({"repository": repository, "commit": commit})),
+        ))
+        .unwrap_or_else(|e| panic!("{repository}: {e}"));
+    }
+    let cases = [
+        (
+            json!({"repository": "/srv/git/tt-kmd"}),
+            "spec.source.repository must be a git URL",
+        ),
+        (
+            json!({"repository": "https://a b"}),
+            "spec.source.repository must be a git URL",
+        ),
+        (
+            json!({"repository": "--upload-pack=touch /x"}),
+            "spec.source.repository must be a git URL",
+        ),
+        (
+            json!({"commit": "0123456"}),
+            "spec.source.commit must be a full commit id",
+        ),
+        (
+            json!({"commit": commit.to_uppercase()}),
+            "spec.source.commit must be a full commit id",
+        ),
+        (
+            json!({"commit": "ttkmd-2.8.0"}),
+            "spec.source.commit must be a full commit id",
+        ),
+    ];
+    for (source, want) in cases {
+        let err = check(&policy("default", spec(source.clone())))
+            .err()
+            .unwrap_or_else(|| panic!("{source} was accepted"));
+        assert!(err.contains(want), "{source}: {err}");
+    }
+    let p: TenstorrentDriverPolicy =
+        serde_json::from_value(policy("d", spec(json!({"commit": commit})))).unwrap();
+    let source = p.spec.source.unwrap();
+    assert_eq!(
+        (source.repository, source.commit.as_deref()),
+        (None, Some(commit))
+    );
+}

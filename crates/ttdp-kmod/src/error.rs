@@ -164,6 +164,20 @@ pub enum KmodError {
         /// The end of git's output.
         log_tail: String,
     },
+    /// The release tag no longer points at the commit the policy pins (`spec.source.commit`).
+    #[error(
+        "tag ttkmd-{version} in {repository} points at commit {found}, not at the pinned commit {pinned}: the tag moved; nothing was built, loaded or unloaded. Check the repository; if the new commit is trusted, set spec.source.commit to {found}"
+    )]
+    SourceCommitMoved {
+        /// Version requested.
+        version: String,
+        /// Repository URL or path.
+        repository: String,
+        /// The commit the policy pins.
+        pinned: String,
+        /// The commit the tag points at now.
+        found: String,
+    },
     /// `make modules` failed.
     #[error(
         "building tt-kmd {version} for kernel {release} failed ({status}); last build output:\n{log_tail}\ncheck that linux-headers-{release} and the compiler the kernel was built with are installed on the node"
@@ -364,6 +378,7 @@ impl KmodError {
             Self::VersionAfterLoad { .. } => "VersionMismatchAfterLoad",
             Self::HeadersMissing { .. } => "HeadersMissing",
             Self::Fetch { .. } => "FetchFailed",
+            Self::SourceCommitMoved { .. } => "SourceCommitMoved",
             Self::Build { .. } => "BuildFailed",
             Self::Timeout { .. } => "Timeout",
             Self::Spawn { .. } => "ToolMissing",

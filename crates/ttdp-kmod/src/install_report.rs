@@ -32,6 +32,9 @@ pub struct SwapOptions {
     pub unload: UnloadOptions,
     /// Module parameters passed at load, e.g. `reset_limit=5` (empty for none).
     pub params: String,
+    /// The commit the target's release tag must point at when it is built (see
+    /// [`crate::ModuleInstaller::ensure_pinned_ko`]); `None`: any.
+    pub source_commit: Option<String>,
     /// Unload the loaded module even when no `.ko` of it can be had to load back if the new
     /// version fails (an explicit per-node opt-in; off by default, when such a swap fails with
     /// [`crate::KmodError::NoRollbackPath`] before anything is unloaded).

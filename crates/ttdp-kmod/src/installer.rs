@@ -14,7 +14,7 @@ use crate::install_report::{
 use crate::kernel::Kernel;
 use crate::ko_cache::{CacheLookup, CachedKo, KoCache};
 use crate::modinfo::{ModInfo, is_signed};
-use crate::source_build::{BuildOptions, build_module, millis};
+use crate::source_build::{BuildOptions, millis};
 use crate::status::ModuleStatus;
 use crate::test_hook::{AFTER_LOAD, AFTER_UNLOAD, BEFORE_UNLOAD, checkpoint};
 use crate::validated_swap::PostLoadCheck;
@@ -119,41 +119,17 @@ impl<K: Kernel> ModuleInstaller<K> {
 
     /// The module's current status.
     pub fn status(&self) -> Result<ModuleStatus, KmodError> {
-        ModuleStatus::read(&self.host, &self.config.module, &self.config.device_dir)
-    }
-
-    /// Makes sure a verified `.ko` for `version` is in the cache: a verified hit is used as is; a
-    /// missing entry is fetched and built; an entry failing verification is removed and rebuilt.
-    /// Holds the cache lock throughout, so two agents on one node never build over each other.
-    /// Never touches the loaded module.
-    pub fn ensure_ko(&self, version: &KmdVersion) -> Result<EnsuredKo, KmodError> {
-        let started = Instant::now();
-        let _lock = self.cache.lock(self.config.cache_lock_timeout)?;
-        let cache = match self.cache.lookup(&self.release, version)? {
-            CacheLookup::Hit(ko) => {
-                return Ok(EnsuredKo {
-                    ko,
-                    cache: CacheOutcome::Hit,
-                    fetch_ms: 0,
-                    build_ms: 0,
-                    elapsed_ms: millis(started.elapsed()),
-                });
-            }
-            CacheLookup::Miss => CacheOutcome::Miss,
-            CacheLookup::Invalid { reason } => {
-                self.cache.evict(&self.release, version)?;
-                CacheOutcome::Rebuilt { reason }
-            }
-        };
-        let built = build_module(&self.host, &self.release, version, &self.config.build)?;
-        let ko = self.cache.store(&built)?;
-        Ok(EnsuredKo {
-            ko,
-            cache,
-            fetch_ms: built.fetch_ms,
-            build_ms: built.build_ms,
-            elapsed_ms: millis(started.elapsed()),
-        })
+        let mut status =
+            ModuleStatus::read(&self.host, &self.config.module, &self.config.device_dir)?;
+        status.applied_parameters = status.loaded.then(|| self.applied_parameters()).flatten();
+        status.source_commit = status
+            .loaded_version()
+            .and_then(|v| v.parse::<KmdVersion>().ok())
+            .and_then(|v| self.cache.record(&self.release, &v))
+            // a module loaded from elsewhere at the same version is not that build
+            .filter(|r| r.srcversion.is_none() || r.srcversion == status.srcversion)
+            .map(|r| r.source_commit);
+        Ok(status)
     }
 
     /// Unloads the module. With holders: waits up to `options.wait` for refcnt 0, first sending
@@ -334,7 +310,7 @@ impl<K: Kernel> ModuleInstaller<K> {
                 found,
             });
         }
-        Ok(())
+        self.record_parameters(params)
     }
 
     /// The node-wide module lock file: `<lock dir>/<module>.lock`.
@@ -452,13 +428,13 @@ impl<K: Kernel> ModuleInstaller<K> {
             validate_ms: 0,
             total_ms: 0,
         };
-        if previous.as_deref() == Some(version.as_str()) {
+        if status.at_target(version.as_str(), &options.params) {
             report.total_ms = millis(started.elapsed());
             return Ok(report);
         }
 
         let step = Instant::now();
-        let ensured = self.ensure_ko(version)?;
+        let ensured = self.ensure_pinned_ko(version, options.source_commit.as_deref())?;
         report.build_ms = millis(step.elapsed());
         report.cache = Some(ensured.cache.clone());
 
@@ -479,13 +455,9 @@ impl<K: Kernel> ModuleInstaller<K> {
 
         let step = Instant::now();
         if let Err(load_error) = self.load(&ensured.ko, &options.params) {
-            return Err(self.roll_back(
-                version,
-                status.loaded,
-                previous,
-                load_error,
-                &options.params,
-            ));
+            // the previous module goes back with the parameters it had
+            let before = status.applied_parameters.as_deref().unwrap_or_default();
+            return Err(self.roll_back(version, status.loaded, previous, load_error, before));
         }
         report.load_ms = millis(step.elapsed());
         checkpoint(AFTER_LOAD);

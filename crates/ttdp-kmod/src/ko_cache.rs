@@ -159,6 +159,14 @@ impl KoCache {
         Ok(CacheLookup::Hit(CachedKo { path: ko, record }))
     }
 
+    /// The record of the entry for `release` and `version`, read but not verified (for showing
+    /// where a loaded module came from, never for deciding what to load); `None` without one.
+    pub fn record(&self, release: &str, version: &KmdVersion) -> Option<KoRecord> {
+        let path = self.entry_dir(release, version).join(RECORD_FILE_NAME);
+        let text = std::fs::read_to_string(path).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
     /// Stores a freshly built module atomically (temporary file, fsync, rename; the record last)
     /// and returns the new entry. Callers hold [`KoCache::lock`].
     pub fn store(&self, built: &BuiltModule) -> Result<CachedKo, KmodError> {

@@ -3,8 +3,9 @@
 //! What it is for: everything a node agent does to the tt-kmd module (`tenstorrent`), on a host
 //! seen through a [`HostRoot`] (`/host` in a pod, a temporary directory in tests):
 //!
-//! - [`ModuleStatus`]: loaded or not, version, refcnt, initstate, dependent modules, and the
-//!   processes holding `/dev/tenstorrent` ([`find_device_holders`], a `/proc/*/fd` walk);
+//! - [`ModuleStatus`]: loaded or not, version, refcnt, initstate, dependent modules, the
+//!   processes holding `/dev/tenstorrent` ([`find_device_holders`], a `/proc/*/fd` walk) and the
+//!   loaded module [`parameters`];
 //! - [`KmdVersion`]: a tt-kmd release version (`MAJOR.MINOR.PATCH`), checked once where it
 //!   enters the program; every operation below takes one and checks nothing again;
 //! - [`build_module`]: fetch tag `ttkmd-<version>` from a git repository ([`BuildOptions`]) and
@@ -35,6 +36,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod ensure_ko;
 mod error;
 mod file_lock;
 mod holders;
@@ -43,6 +45,7 @@ mod installer;
 mod kernel;
 mod ko_cache;
 mod modinfo;
+pub mod parameters;
 mod sim_host;
 mod sim_kernel;
 mod sim_source;

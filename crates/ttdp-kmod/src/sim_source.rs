@@ -71,6 +71,28 @@ impl SimKmdRepo {
         self.commit_tag(tag_version, &SIM_MODULE_C.replace("@VERSION@", declared))
     }
 
+    /// The commit tag `ttkmd-<version>` points at.
+    pub fn tag_commit(&self, version: &str) -> io::Result<String> {
+        let out = self.git_output(&["rev-parse", &format!("ttkmd-{version}^{{commit}}")])?;
+        Ok(out.trim().to_string())
+    }
+
+    /// Moves tag `ttkmd-<version>` to a new commit (other sources, same version), as a force-push
+    /// of a release tag would; returns the new commit.
+    pub fn move_tag(&self, version: &str) -> io::Result<String> {
+        let source = SIM_MODULE_C.replace("@VERSION@", version) + "/* re-tagged */\n";
+        std::fs::write(self.dir.join("module.c"), source)?;
+        self.git(&["add", "-A"])?;
+        self.git(&[
+            "commit",
+            "-q",
+            "-m",
+            &format!("tt-kmd {version}, re-tagged"),
+        ])?;
+        self.git(&["tag", "-f", &format!("ttkmd-{version}")])?;
+        self.tag_commit(version)
+    }
+
     /// The repository directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -95,6 +117,10 @@ impl SimKmdRepo {
     }
 
     fn git(&self, args: &[&str]) -> io::Result<()> {
+        self.git_output(args).map(drop)
+    }
+
+    fn git_output(&self, args: &[&str]) -> io::Result<String> {
         let output = Command::new("git")
             .arg("-C")
             .arg(&self.dir)
@@ -108,7 +134,7 @@ impl SimKmdRepo {
             .args(args)
             .output()?;
         if output.status.success() {
-            Ok(())
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
         } else {
             Err(io::Error::other(format!(
                 "git {} failed: {}",

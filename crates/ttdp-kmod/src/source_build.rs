@@ -21,6 +21,9 @@ const LOG_TAIL_LINES: usize = 25;
 pub struct BuildOptions {
     /// Git repository URL or local path (`file://` URLs and plain paths work).
     pub repository: String,
+    /// The commit the release tag must point at (full hex object name); `None`: whatever it
+    /// points at. A tag that moved fails the build with [`KmodError::SourceCommitMoved`].
+    pub commit: Option<String>,
     /// `make -j` job count.
     pub jobs: usize,
     /// Limit for `git clone`.
@@ -42,6 +45,7 @@ impl Default for BuildOptions {
     fn default() -> Self {
         Self {
             repository: DEFAULT_REPOSITORY.to_string(),
+            commit: None,
             jobs: std::thread::available_parallelism()
                 .map(usize::from)
                 .unwrap_or(1),
@@ -178,6 +182,7 @@ pub fn build_module(
     let (commit, fetch_log) =
         fetch_source(&options.repository, version, &src, options.fetch_timeout)?;
     let fetch_ms = millis(started.elapsed());
+    check_pin(options, version, &commit)?;
 
     let mut make = Command::new("make");
     make.arg("-C")
@@ -230,6 +235,20 @@ pub fn build_module(
         build_ms: millis(run.elapsed),
         _work: work,
     })
+}
+
+/// Fails with [`KmodError::SourceCommitMoved`] when `options` pins a commit and the tag was
+/// found at another one (`found`): a moved release tag is never built.
+fn check_pin(options: &BuildOptions, version: &KmdVersion, found: &str) -> Result<(), KmodError> {
+    match &options.commit {
+        Some(pinned) if !pinned.eq_ignore_ascii_case(found) => Err(KmodError::SourceCommitMoved {
+            version: version.to_string(),
+            repository: options.repository.clone(),
+            pinned: pinned.clone(),
+            found: found.to_string(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Whole milliseconds, saturating.

@@ -1,11 +1,13 @@
 //! [`ModuleStatus`]: what sysfs and `/proc` say about a module right now.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use ttdp_hostprobe::HostRoot;
 
 use crate::KmodError;
 use crate::holders::{DeviceHolder, find_device_holders};
+use crate::parameters::{parameters_at_target, read_parameters};
 
 /// The state of one module, read from `/sys/module/<name>/` and `/proc/*/fd` under the host root.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -27,6 +29,14 @@ pub struct ModuleStatus {
     pub module_holders: Vec<String>,
     /// Processes holding the module's device nodes open.
     pub device_holders: Vec<DeviceHolder>,
+    /// The loaded parameters as `parameters/` shows them (empty when not loaded).
+    pub parameters: BTreeMap<String, String>,
+    /// The parameters ttdp loaded the module with (its record, see [`crate::parameters`]);
+    /// `None` without a record. Filled by [`crate::ModuleInstaller::status`].
+    pub applied_parameters: Option<String>,
+    /// The commit the loaded module was built from: the cache record of the loaded version,
+    /// when its srcversion is the loaded one's. Filled by [`crate::ModuleInstaller::status`].
+    pub source_commit: Option<String>,
 }
 
 impl ModuleStatus {
@@ -64,6 +74,9 @@ impl ModuleStatus {
             initstate,
             module_holders,
             device_holders: find_device_holders(host, device_dir, name),
+            parameters: read_parameters(host, name),
+            applied_parameters: None,
+            source_commit: None,
         })
     }
 
@@ -72,6 +85,13 @@ impl ModuleStatus {
         self.refcnt.unwrap_or(0) > 0
             || !self.module_holders.is_empty()
             || !self.device_holders.is_empty()
+    }
+
+    /// Whether the module is loaded at `version` with the parameter string `params`
+    /// ([`parameters_at_target`]).
+    pub fn at_target(&self, version: &str, params: &str) -> bool {
+        self.loaded_version() == Some(version)
+            && parameters_at_target(params, &self.parameters, self.applied_parameters.as_deref())
     }
 
     /// The loaded version, `None` when not loaded.

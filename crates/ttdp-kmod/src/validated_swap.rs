@@ -62,7 +62,11 @@ impl<K: Kernel> ModuleInstaller<K> {
                 "it could not be unloaded to load {previous} back: {e}"
             )));
         }
-        match self.load(&previous_ko, params) {
+        // the previous module goes back with the parameters it had
+        match self.load(
+            &previous_ko,
+            before.applied_parameters.as_deref().unwrap_or_default(),
+        ) {
             Ok(()) => Err(KmodError::ValidationFailedRolledBack {
                 module,
                 version: version.to_string(),

@@ -23,6 +23,7 @@ fn forced() -> SwapOptions {
             wait: Duration::from_secs(5),
         },
         params: String::new(),
+        source_commit: None,
         allow_no_rollback: false,
     }
 }
@@ -150,6 +151,7 @@ fn a_held_module_is_not_unloaded_without_force_and_the_holders_are_named() {
     let options = SwapOptions {
         unload: no_wait(),
         params: String::new(),
+        source_commit: None,
         allow_no_rollback: false,
     };
     let err = installer.swap(&v("2.0.0"), &options).unwrap_err();

@@ -9,12 +9,24 @@
  * raised and delete_module() fails with EAGAIN, which ttdp-kmod has to handle with the real
  * driver. Built with TT_STUB_FAIL_INIT its init fails with -EINVAL, standing for "a new version
  * that does not load" in the rollback tests.
+ *
+ * Two module parameters, readable in /sys/module/tenstorrent/parameters/ as tt-kmd's are, for
+ * the module-parameter tests: reset_limit (uint, default 10) and auto_reset (bool, default Y,
+ * shown as Y/N whatever was given).
  */
 #include <linux/cdev.h>
 #include <linux/device.h>
 #include <linux/fs.h>
 #include <linux/module.h>
 #include <linux/slab.h>
+
+static unsigned int reset_limit = 10;
+module_param(reset_limit, uint, 0444);
+MODULE_PARM_DESC(reset_limit, "stand-in for a tt-kmd parameter (default 10)");
+
+static bool auto_reset = true;
+module_param(auto_reset, bool, 0444);
+MODULE_PARM_DESC(auto_reset, "stand-in for a boolean tt-kmd parameter (default Y)");
 
 static dev_t tt_stub_devt;
 static struct cdev tt_stub_cdev;

@@ -104,6 +104,24 @@ pub const SCENARIOS: &[Scenario] = &[
         timeout: Duration::from_secs(240),
     },
     Scenario {
+        name: "parameters",
+        description: "module parameters by the real ttdp-agent binary (report in a file): \
+                      TT_KMD_PARAMETERS reaches finit_module and the stub module's parameters \
+                      read back from /sys/module/tenstorrent/parameters/ in the report and the \
+                      readiness probe; a change of the parameters alone reloads the same version; \
+                      a boolean shown as Y/N converges without reloading again; dropping the \
+                      parameters reloads the module with its defaults",
+        tests: &[],
+        bins: &[("ttdp-agent", "ttdp-agent")],
+        examples: &[],
+        files: &[],
+        host_usr: false,
+        agent_image: false,
+        script: "parameters.sh",
+        // no build in the guest (the cache is seeded from the host-built stubs); ~15 s of agent runs
+        timeout: Duration::from_secs(240),
+    },
+    Scenario {
         name: "agent-image",
         description: "the agent image users get (`cargo xtask image agent`), unpacked from its OCI \
                       archive: the stub module its toolchain built against this kernel's headers \

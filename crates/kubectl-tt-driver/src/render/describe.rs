@@ -40,6 +40,57 @@ pub fn selector_text(selector: &LabelSelector) -> String {
     }
 }
 
+/// The Nodes table; a PARAMETERS column (the loaded module parameters) and a COMMIT column
+/// (the commit the loaded module was built from, abbreviated as git does) only when a node
+/// reports some, so a policy without them reads as before.
+fn node_table(rows: &[NodeRow], opts: &RenderOptions) -> Table {
+    let with_parameters = rows.iter().any(|r| r.loaded_parameters.is_some());
+    let with_commit = rows.iter().any(|r| r.source_commit.is_some());
+    let mut header = vec!["NODE", "STATE", "VERSION", "MODE"];
+    if with_parameters {
+        header.push("PARAMETERS");
+    }
+    if with_commit {
+        header.push("COMMIT");
+    }
+    header.extend(["CORDONED-BY", "AGE", "ATTEMPTS", "MESSAGE"]);
+    let mut table = Table::new(header);
+    for row in rows {
+        let mut cells = vec![
+            Cell::plain(row.node.clone()),
+            Cell::coloured(row.state.as_str(), Colour::of_state(row.state)),
+            Cell::plain(version_change(
+                row.state,
+                row.current_version.as_deref(),
+                &row.target_version,
+            )),
+            Cell::plain(row.install_mode.clone().unwrap_or_else(|| "-".to_owned())),
+        ];
+        if with_parameters {
+            cells.push(Cell::plain(
+                row.loaded_parameters
+                    .clone()
+                    .unwrap_or_else(|| "-".to_owned()),
+            ));
+        }
+        if with_commit {
+            let commit = row.source_commit.as_deref().unwrap_or("-");
+            cells.push(Cell::plain(commit.get(..12).unwrap_or(commit)));
+        }
+        cells.extend([
+            Cell::plain(cordoned_by(row)),
+            Cell::plain(age(row.since, opts.now)),
+            Cell::plain(
+                row.attempts
+                    .map_or_else(|| "-".to_owned(), |a| a.to_string()),
+            ),
+            Cell::plain(message(row)),
+        ]);
+        table.push(cells);
+    }
+    table
+}
+
 fn yes_no(b: bool) -> &'static str {
     if b { "true" } else { "false" }
 }
@@ -159,6 +210,19 @@ pub fn render(
             spec.installer.image_pull_policy
         ),
     );
+    if let Some(source) = &spec.source {
+        let repository = source.repository.as_deref().unwrap_or("<chart default>");
+        let pin = source.commit.as_deref().unwrap_or("any commit");
+        field(&mut out, 2, "Source", &format!("{repository} ({pin})"));
+    }
+    if let Some(module) = spec.module.as_ref().filter(|m| !m.is_empty()) {
+        field(
+            &mut out,
+            2,
+            "Module parameters",
+            &module.parameters.join(" "),
+        );
+    }
     let ds = match &view.daemonset {
         Some(ds) => format!(
             "{}/{} (desired {}, ready {}, up-to-date {})",
@@ -225,36 +289,7 @@ pub fn render(
         };
         out.push_str(note);
     } else {
-        let mut table = Table::new([
-            "NODE",
-            "STATE",
-            "VERSION",
-            "MODE",
-            "CORDONED-BY",
-            "AGE",
-            "ATTEMPTS",
-            "MESSAGE",
-        ]);
-        for row in rows {
-            table.push(vec![
-                Cell::plain(row.node.clone()),
-                Cell::coloured(row.state.as_str(), Colour::of_state(row.state)),
-                Cell::plain(version_change(
-                    row.state,
-                    row.current_version.as_deref(),
-                    &row.target_version,
-                )),
-                Cell::plain(row.install_mode.clone().unwrap_or_else(|| "-".to_owned())),
-                Cell::plain(cordoned_by(row)),
-                Cell::plain(age(row.since, opts.now)),
-                Cell::plain(
-                    row.attempts
-                        .map_or_else(|| "-".to_owned(), |a| a.to_string()),
-                ),
-                Cell::plain(message(row)),
-            ]);
-        }
-        out.push_str(&indented(&table, opts));
+        out.push_str(&indented(&node_table(rows, opts), opts));
     }
 
     out.push_str("Agent pods:\n");

@@ -41,6 +41,9 @@ where
                 phase: AgentPhase::Failed,
                 target_version: self.config.target_version.to_string(),
                 loaded_version: None,
+                loaded_parameters: None,
+                applied_parameters: None,
+                loaded_commit: None,
                 install_mode: self
                     .last_report
                     .as_ref()

@@ -1,4 +1,6 @@
 //! The `driver.tenstorrent.com` API group, one file per version.
 
+pub mod module_settings;
 pub mod rollout_guards;
+pub mod source_settings;
 pub mod v1alpha1;

@@ -13,10 +13,12 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use super::module_settings::{ModuleParameterError, ModuleSettings};
 pub use super::rollout_guards::{
     CanaryPolicy, MaintenanceSchedule, MaintenanceWindow, ScheduleError, WaitForCompletion,
     WindowState,
 };
+pub use super::source_settings::SourceSettings;
 use crate::selector::{Selector, SelectorError};
 
 /// Regular expression (RE2, as used in the CEL rules) for a label key.
@@ -86,6 +88,15 @@ pub struct TenstorrentDriverPolicySpec {
     /// Builder (agent) image overrides.
     #[serde(default)]
     pub installer: Installer,
+
+    /// How the module is loaded (its parameters). Unset: the module's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<ModuleSettings>,
+
+    /// Where tt-kmd is fetched from, and the commit its tag is pinned to. Unset: the chart's
+    /// repository, any commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceSettings>,
 }
 
 /// How a version change is rolled out.
@@ -487,6 +498,14 @@ pub struct NodeStatus {
     /// Failed attempts so far in this rollout (retries back off exponentially).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<i32>,
+    /// The loaded module's parameters as the node's sysfs shows them
+    /// (`/sys/module/tenstorrent/parameters/`), `name=value` space-separated; absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loaded_parameters: Option<String>,
+    /// The commit the loaded module was built from (its cache record); absent when unknown
+    /// (not built by ttdp, or host-managed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_commit: Option<String>,
 }
 
 impl NodeStatus {
@@ -608,6 +627,9 @@ pub enum SpecError {
     /// `upgradePolicy.schedule` cannot be used.
     #[error(transparent)]
     Schedule(#[from] ScheduleError),
+    /// `module.parameters` has a malformed or repeated entry.
+    #[error(transparent)]
+    ModuleParameters(#[from] ModuleParameterError),
 }
 
 impl TenstorrentDriverPolicySpec {
@@ -664,6 +686,9 @@ impl TenstorrentDriverPolicySpec {
         self.wait_for_completion_selector()?;
         if let Some(schedule) = &self.upgrade_policy.schedule {
             schedule.validate()?;
+        }
+        if let Some(module) = &self.module {
+            module.validate()?;
         }
         Ok(())
     }

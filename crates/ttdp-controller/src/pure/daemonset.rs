@@ -373,8 +373,22 @@ fn agent_env(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Vec<EnvVa
         field(env::POD_NAME, "metadata.name"),
         field(env::POD_NAMESPACE, "metadata.namespace"),
     ];
-    if let Some(repo) = &settings.kmd_repository {
+    // The policy's repository (a mirror), else the chart's; unset: the agent's default.
+    let source = policy.spec.source.as_ref();
+    if let Some(repo) = source
+        .and_then(|s| s.repository.as_ref())
+        .or(settings.kmd_repository.as_ref())
+    {
         vars.push(value(env::TT_KMD_REPOSITORY, repo.clone()));
+    }
+    if let Some(commit) = source.and_then(|s| s.commit.as_ref()) {
+        vars.push(value(env::TT_KMD_COMMIT, commit.clone()));
+    }
+    // Only when set, like the settings below: a policy without parameters keeps its template
+    // hash. The readiness probe reads it too (ready only with the parameters loaded).
+    let parameters = policy.spec.kernel_parameters();
+    if !parameters.is_empty() {
+        vars.push(value(env::TT_KMD_PARAMETERS, parameters));
     }
     // The readiness probe runs in the same container and reads the same variables. Only what
     // differs from the agent's defaults is set, so the template (and its hash) of a policy that
@@ -589,6 +603,65 @@ mod tests {
             own_paths,
             BTreeSet::from(["/lib/modules", "/usr/src"]),
             "kernel headers also at their own paths, for builds"
+        );
+    }
+
+    /// Parameters reach the agent (and its readiness probe) only when set, so a policy
+    /// without them keeps its template, and a change of them alone changes the template.
+    #[test]
+    fn module_parameters_are_passed_only_when_set() {
+        let plain = policy("fleet", "2.8.0");
+        assert!(!env_of(&render(&plain)).contains_key(env::TT_KMD_PARAMETERS));
+        let mut empty = plain.clone();
+        empty.spec.module = Some(Default::default());
+        assert_eq!(
+            render(&empty),
+            render(&plain),
+            "an empty list changes nothing"
+        );
+        let mut set = plain.clone();
+        set.spec.module = Some(ttdp_api::driver::v1alpha1::ModuleSettings {
+            parameters: vec!["reset_limit=5".into(), "debug=1".into()],
+        });
+        let ds = render(&set);
+        assert_eq!(
+            env_of(&ds)[env::TT_KMD_PARAMETERS].value.as_deref(),
+            Some("reset_limit=5 debug=1")
+        );
+        assert_ne!(ds, render(&plain));
+    }
+
+    /// The policy's repository wins over the chart's; the pin is passed only when set.
+    #[test]
+    fn the_policy_source_reaches_the_agent() {
+        let settings = Settings {
+            kmd_repository: Some("https://chart.example/tt-kmd.git".into()),
+            ..Settings::default()
+        };
+        let render_with = |p: &TenstorrentDriverPolicy| {
+            let sel = NodeSelection::new(&p.spec.user_selector()).unwrap();
+            desired_daemonset(p, &settings, &sel).unwrap()
+        };
+        let plain = policy("fleet", "2.8.0");
+        let e = env_of(&render_with(&plain));
+        assert_eq!(
+            e[env::TT_KMD_REPOSITORY].value.as_deref(),
+            Some("https://chart.example/tt-kmd.git")
+        );
+        assert!(!e.contains_key(env::TT_KMD_COMMIT));
+        let mut mirrored = plain.clone();
+        mirrored.spec.source = Some(ttdp_api::driver::v1alpha1::SourceSettings {
+            repository: Some("https://mirror.example/tt-kmd.git".into()),
+            commit: Some("0123456789abcdef0123456789abcdef01234567".into()),
+        });
+        let e = env_of(&render_with(&mirrored));
+        assert_eq!(
+            e[env::TT_KMD_REPOSITORY].value.as_deref(),
+            Some("https://mirror.example/tt-kmd.git")
+        );
+        assert_eq!(
+            e[env::TT_KMD_COMMIT].value.as_deref(),
+            Some("0123456789abcdef0123456789abcdef01234567")
         );
     }
 

@@ -196,6 +196,8 @@ mod tests {
             message: None,
             phase_start_time: None,
             attempts: None,
+            loaded_parameters: None,
+            source_commit: None,
         };
         let timeout = Some(Duration::from_secs(60));
         assert_eq!(

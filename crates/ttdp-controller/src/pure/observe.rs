@@ -21,6 +21,7 @@ use crate::pure::transition::{
     StartGate, UpgradeGrant,
 };
 use ttdp_kmod::KmdVersion;
+use ttdp_kmod::parameters::{parameter_pairs, parameters_at_target};
 
 /// Container waiting reasons that mean the image cannot be pulled.
 const IMAGE_PULL_REASONS: [&str; 4] = [
@@ -94,6 +95,32 @@ fn gate_names(meta: &ObjectMeta) -> impl Iterator<Item = &str> {
 /// Whether someone asked for a retry of this node.
 pub fn retry_requested(meta: &ObjectMeta) -> bool {
     get(&meta.annotations, annotations::RETRY).is_some()
+}
+
+/// Whether the agent on `pod` reports the module loaded with other parameters than `wanted`
+/// (the kernel's string): what sysfs shows lacks a wanted value, or ttdp had set a parameter
+/// that `wanted` no longer has. False without a report: nothing is known to differ.
+pub fn parameters_differ(pod: Option<&CachedPod>, wanted: &str) -> bool {
+    pod.and_then(agent_report).is_some_and(|r| {
+        let loaded: BTreeMap<String, String> =
+            parameter_pairs(r.loaded_parameters.as_deref().unwrap_or_default())
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+        !parameters_at_target(wanted, &loaded, r.applied_parameters.as_deref())
+    })
+}
+
+/// The loaded parameters the node's agent reports (sysfs), if any.
+pub fn loaded_parameters(pod: Option<&CachedPod>) -> Option<String> {
+    pod.and_then(agent_report)
+        .and_then(|r| r.loaded_parameters.clone())
+        .filter(|p| !p.is_empty())
+}
+
+/// The commit the loaded module was built from, as the node's agent reports, if known.
+pub fn loaded_commit(pod: Option<&CachedPod>) -> Option<String> {
+    pod.and_then(agent_report)
+        .and_then(|r| r.loaded_commit.clone())
 }
 
 /// The agent's report on its pod, if present and parseable.
@@ -246,6 +273,8 @@ pub struct ObserveInput<'a> {
     pub policy: &'a str,
     /// The policy's target version (`spec.version`).
     pub target_version: &'a KmdVersion,
+    /// The policy's module parameters as the kernel takes them (empty for none).
+    pub target_parameters: &'a str,
     /// The node's metadata.
     pub meta: &'a ObjectMeta,
     /// `spec.unschedulable` when the full node was read.
@@ -291,6 +320,7 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
                 .and_then(agent_report)
                 .and_then(|r| r.loaded_version.clone())
         }),
+        parameters_differ: parameters_differ(input.pod, input.target_parameters),
         agent: agent_pod(
             input.pod,
             input.current_hash,
@@ -417,6 +447,9 @@ mod tests {
             phase,
             target_version: "2.8.0".into(),
             loaded_version: Some("2.7.0".into()),
+            loaded_parameters: None,
+            applied_parameters: None,
+            loaded_commit: None,
             install_mode: "container".into(),
             holders: vec![],
             reason: None,
@@ -627,6 +660,7 @@ mod tests {
         let obs = observe(ObserveInput {
             policy: "fleet",
             target_version: &v("2.8.0"),
+            target_parameters: "",
             meta: &meta(&[], &[(annotations::CORDONED_BY, "someone")]),
             unschedulable: Some(true),
             pod: None,
@@ -652,6 +686,7 @@ mod tests {
         let input = |meta| ObserveInput {
             policy: "fleet",
             target_version: &target,
+            target_parameters: "",
             meta,
             unschedulable: None,
             pod: Some(&pod),
@@ -720,6 +755,8 @@ mod tests {
             last_transition_time: Some(t(0)),
             phase_start_time: None,
             attempts: Some(2),
+            loaded_parameters: None,
+            source_commit: None,
         };
         let plain = meta(&[], &[]);
         assert_eq!(
@@ -744,6 +781,7 @@ mod tests {
         let t = |s: i64| Time(Timestamp::from_second(1_800_000_000 + s).unwrap());
         let rules = RolloutRules {
             target_version: v("2.8.0"),
+            target_parameters: String::new(),
             drain_enabled: true,
             gates_configured: true,
             drain_timeout: Some(Duration::from_secs(600)),
@@ -761,6 +799,8 @@ mod tests {
             last_transition_time: Some(t(0)),
             phase_start_time: None,
             attempts: None,
+            loaded_parameters: None,
+            source_commit: None,
         };
         let upgrading = entry(NodeState::Upgrading);
         assert_eq!(

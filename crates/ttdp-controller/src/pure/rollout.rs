@@ -52,6 +52,7 @@ impl RolloutPlan {
         Ok(RolloutPlan {
             rules: RolloutRules {
                 target_version: target.clone(),
+                target_parameters: spec.kernel_parameters(),
                 drain_enabled: spec.upgrade_policy.drain.enable,
                 gates_configured,
                 drain_timeout: drain_plan::drain_timeout(spec),
@@ -262,6 +263,7 @@ mod tests {
     fn rules() -> RolloutRules {
         RolloutRules {
             target_version: "2.8.0".parse().unwrap(),
+            target_parameters: String::new(),
             drain_enabled: true,
             gates_configured: true,
             drain_timeout: None,
@@ -276,6 +278,7 @@ mod tests {
             conflict_with: None,
             host_managed: false,
             loaded_version: Some("2.7.0".into()),
+            parameters_differ: false,
             agent: AgentPod::Stale,
             cordoned_by_us: false,
             externally_cordoned: false,

@@ -43,6 +43,10 @@ pub struct NodeReport {
     pub transition: NodeTransition,
     /// The loaded version the node reports (its `kmd-version` label).
     pub current_version: Option<String>,
+    /// The loaded module's parameters its agent reports (sysfs), if any.
+    pub loaded_parameters: Option<String>,
+    /// The commit the loaded module was built from, as its agent reports, if known.
+    pub source_commit: Option<String>,
     /// `container` or `host`, as the node's agent labelled it.
     pub install_mode: Option<String>,
 }
@@ -293,6 +297,8 @@ fn node_entry(
         last_transition_time,
         phase_start_time,
         attempts,
+        loaded_parameters: report.loaded_parameters,
+        source_commit: report.source_commit,
     };
     let change = changed.then(|| StateChange {
         node: entry.name.clone(),
@@ -600,6 +606,8 @@ mod tests {
             },
             current_version: version.map(str::to_owned),
             install_mode: Some("container".into()),
+            loaded_parameters: None,
+            source_commit: None,
         }
     }
 

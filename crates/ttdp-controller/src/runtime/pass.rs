@@ -266,6 +266,7 @@ impl Pass {
         let observation = observe::observe(ObserveInput {
             policy: &self.name,
             target_version: &self.planner.rules().target_version,
+            target_parameters: &self.planner.rules().target_parameters,
             meta: &n.metadata,
             unschedulable,
             pod: observe::pick_agent_pod(self.agent_pods[i].iter().map(|p| p.as_ref())),
@@ -301,8 +302,11 @@ impl Pass {
             .map(|(i, mut t)| {
                 self.planned[i] = (t.state, std::mem::take(&mut t.actions));
                 let (node, obs) = &self.observations[i];
+                let pod = observe::pick_agent_pod(self.agent_pods[i].iter().map(|p| p.as_ref()));
                 NodeReport {
                     current_version: obs.loaded_version.clone(),
+                    loaded_parameters: observe::loaded_parameters(pod),
+                    source_commit: observe::loaded_commit(pod),
                     install_mode: observe::install_mode_label(&self.matched[i].metadata),
                     name: node.clone(),
                     transition: t,

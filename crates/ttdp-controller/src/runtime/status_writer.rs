@@ -274,6 +274,8 @@ pub async fn record_nodes_as_they_are(
                 actions: vec![],
             },
             current_version: e.current_version.clone(),
+            loaded_parameters: e.loaded_parameters.clone(),
+            source_commit: e.source_commit.clone(),
             install_mode: e.install_mode.clone(),
         })
         .collect();
@@ -311,6 +313,8 @@ mod tests {
             last_transition_time: None,
             phase_start_time: None,
             attempts: None,
+            loaded_parameters: None,
+            source_commit: None,
         }
     }
 

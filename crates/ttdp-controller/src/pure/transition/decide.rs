@@ -87,18 +87,20 @@ impl Deciding<'_> {
         self.rules.target_version.as_str()
     }
 
-    /// The agent on the current template is ready and the node reports the target loaded.
-    fn up_to_date(&self) -> bool {
-        self.obs.agent == AgentPod::Current(AgentCondition::Ready)
-            && self.obs.loaded_version.as_deref() == Some(self.target())
+    /// The node reports the target version loaded with the target parameters.
+    fn at_target(&self) -> bool {
+        self.obs.loaded_version.as_deref() == Some(self.target()) && !self.obs.parameters_differ
     }
 
-    /// A different version is loaded: the agent swaps it only with a grant.
+    /// The agent on the current template is ready and the node reports the target loaded.
+    fn up_to_date(&self) -> bool {
+        self.obs.agent == AgentPod::Current(AgentCondition::Ready) && self.at_target()
+    }
+
+    /// A different version, or the target with other parameters, is loaded: the agent reloads
+    /// it only with a grant (a parameter change disrupts workloads as a version change does).
     fn needs_grant(&self) -> bool {
-        self.obs
-            .loaded_version
-            .as_deref()
-            .is_some_and(|v| v != self.target())
+        self.obs.loaded_version.is_some() && !self.at_target()
     }
 
     /// A different version is loaded: swapping it disrupts workloads, so drain first.
@@ -294,9 +296,7 @@ impl Deciding<'_> {
         }
         if let Some(why) = &self.obs.node_not_ready {
             // A Done node whose kubelet is down keeps its module: it stays Done, saying so.
-            return if self.obs.recorded == Some(NodeState::Done)
-                && self.obs.loaded_version.as_deref() == Some(self.target())
-            {
+            return if self.obs.recorded == Some(NodeState::Done) && self.at_target() {
                 NodeTransition::to(NodeState::Done).because(
                     reasons::NODE_NOT_READY,
                     format!(
@@ -334,9 +334,7 @@ impl Deciding<'_> {
             AgentPod::Current(_) => self.upgrading(true),
             AgentPod::Stale => self.start(),
             AgentPod::Missing | AgentPod::Terminating | AgentPod::NotCreated(_) => {
-                if self.obs.recorded == Some(NodeState::Done)
-                    && self.obs.loaded_version.as_deref() == Some(self.target())
-                {
+                if self.obs.recorded == Some(NodeState::Done) && self.at_target() {
                     NodeTransition::to(NodeState::Done)
                 } else if let AgentPod::NotCreated(b) = &self.obs.agent {
                     NodeTransition::to(NodeState::Pending).because(&b.reason, b.message.clone())

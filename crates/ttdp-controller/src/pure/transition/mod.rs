@@ -168,6 +168,9 @@ pub struct NodeObservation {
     pub host_managed: bool,
     /// The node's `kmd-version` label (the loaded module's version), if any.
     pub loaded_version: Option<String>,
+    /// The agent reports the module loaded with other parameters than `spec.module.parameters`
+    /// (false when it has not reported): the module is not at target even at the target version.
+    pub parameters_differ: bool,
     /// The agent pod.
     pub agent: AgentPod,
     /// The node carries our cordon annotation (we cordoned it).
@@ -213,6 +216,8 @@ impl NodeObservation {
 pub struct RolloutRules {
     /// `spec.version`, parsed.
     pub target_version: KmdVersion,
+    /// `spec.module.parameters` as the kernel takes them (space-separated; empty for none).
+    pub target_parameters: String,
     /// `upgradePolicy.drain.enable`.
     pub drain_enabled: bool,
     /// Whether any deploy gate is configured (otherwise there is nothing to close).

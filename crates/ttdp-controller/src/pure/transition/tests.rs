@@ -4,6 +4,7 @@ use NodeState::*;
 fn rules() -> RolloutRules {
     RolloutRules {
         target_version: "2.8.0".parse().unwrap(),
+        target_parameters: String::new(),
         drain_enabled: true,
         gates_configured: true,
         drain_timeout: None,
@@ -18,6 +19,7 @@ fn base() -> NodeObservation {
         conflict_with: None,
         host_managed: false,
         loaded_version: None,
+        parameters_differ: false,
         agent: AgentPod::Missing,
         cordoned_by_us: false,
         externally_cordoned: false,
@@ -1232,4 +1234,37 @@ fn only_a_node_that_stays_in_its_step_times_out() {
         o.gates_closed_by_us = false;
     });
     assert_eq!((cordoning.state, cordoning.actions), (Failed, vec![]));
+}
+
+/// The target version loaded with other parameters is not at target: it goes through the
+/// cordon and drain like another version (its agent needs a grant to reload), while a template
+/// change that keeps version and parameters needs neither.
+#[test]
+fn other_parameters_at_the_target_version_take_the_drain_path() {
+    let at_version = |differ: bool| {
+        with(|o| {
+            o.recorded = Some(Done);
+            o.loaded_version = Some("2.8.0".into());
+            o.parameters_differ = differ;
+            o.agent = AgentPod::Stale;
+        })
+    };
+    let t = next(&at_version(true), &rules());
+    assert_eq!((t.state, t.actions), (Cordoning, vec![Action::Cordon]));
+    let t = next(&at_version(false), &rules());
+    assert_eq!(t.state, Upgrading);
+    assert!(!t.actions.contains(&Action::Grant), "{:?}", t.actions);
+    let ready_with_other_parameters = with(|o| {
+        o.recorded = Some(Upgrading);
+        ours(o);
+        o.grant = UpgradeGrant::Target;
+        o.loaded_version = Some("2.8.0".into());
+        o.parameters_differ = true;
+        o.agent = AgentPod::Current(AgentCondition::Ready);
+    });
+    assert_eq!(
+        next(&ready_with_other_parameters, &rules()).state,
+        Upgrading,
+        "not done until the parameters are loaded"
+    );
 }

@@ -1,0 +1,162 @@
+#!/bin/sh
+# Scenario "parameters": module parameters (TT_KMD_PARAMETERS, the DaemonSet's rendering of
+# spec.module.parameters) with the real, static ttdp-agent binary on the real kernel (report in a
+# file, no cluster, so no grant is needed). The stub module has the parameters reset_limit (uint,
+# default 10) and auto_reset (bool, default Y):
+#   1. install $OLD with reset_limit=5: finit_module gets it, sysfs shows 5, the report carries
+#      the parameters read back, the probe passes with them and fails with others;
+#   2. the same version with reset_limit=7 alone: the module is reloaded (ModuleReplaced) and
+#      sysfs shows 7;
+#   3. auto_reset=0 (shown by the kernel as N): Ready after one reload, and no reload after;
+#   4. no parameters: the module is reloaded with its defaults (the record says ttdp had set
+#      some), sysfs shows reset_limit=10 and auto_reset=Y.
+# Ends with a libtest-style summary line. Arguments are not used.
+set -u
+
+AGENT=/opt/ttdp/bin/ttdp-agent
+WORK=/run/parameters
+REPORT=$WORK/report.json
+CACHE=/var/cache/tt-kmd
+RELEASE=$TTDP_VM_KERNEL_RELEASE
+PARAMS=/sys/module/tenstorrent/parameters
+set -- $TTDP_VM_KO_VERSIONS
+OLD=$1
+STEP_LIMIT=60
+
+export TTDP_HOST_ROOT=/ TTDP_KERNEL=real NODE_NAME=vm-node TTDP_TT_SMI_PATH=none
+export TT_KMD_REPOSITORY=/nonexistent TTDP_REPORT="file:$REPORT" TTDP_LOG_FORMAT=json
+export TTDP_PROBE_PERIOD=1s TTDP_RETRY_INITIAL=60s TTDP_RETRY_MAX=60s TTDP_VALIDATE_DEVICES=false
+
+passed=0
+failed=0
+started=$(date +%s)
+AGENT_PID=
+AGENT_LOG=
+
+finish() {
+  [ -n "$AGENT_PID" ] && kill -KILL "$AGENT_PID" 2>/dev/null
+  result=ok
+  [ "$failed" -eq 0 ] || result=FAILED
+  echo
+  echo "test result: $result. $passed passed; $failed failed; 0 ignored; 0 measured; 0 filtered out; finished in $(($(date +%s) - started))s"
+  [ "$failed" -eq 0 ]
+  exit
+}
+
+dump() {
+  echo "---- $1: last lines of $AGENT_LOG ----"
+  [ -n "$AGENT_LOG" ] && tail -n 25 "$AGENT_LOG"
+  echo "---- $1: $REPORT ----"
+  cat "$REPORT" 2>/dev/null
+  echo "---- $1: module $(cat /sys/module/tenstorrent/version 2>/dev/null), parameters:"
+  grep -H . "$PARAMS"/* 2>/dev/null
+}
+
+check() {
+  name=$1
+  shift
+  if "$@"; then
+    passed=$((passed + 1))
+    echo "test parameters::$name ... ok"
+  else
+    failed=$((failed + 1))
+    echo "test parameters::$name ... FAILED"
+    echo "  failed: $*"
+    dump "$name"
+  fi
+}
+
+require() {
+  before=$failed
+  check "$@"
+  [ "$failed" -eq "$before" ] || finish
+}
+
+wait_until() {
+  end=$(($(date +%s) + $1))
+  shift
+  until "$@"; do
+    [ "$(date +%s)" -lt "$end" ] || return 1
+    sleep 0.5
+  done
+}
+
+param_is() { [ "$(cat "$PARAMS/$1" 2>/dev/null)" = "$2" ]; }
+report_has() { grep -q -F -- "$1" "$REPORT" 2>/dev/null; }
+ready_with() { report_has '"phase": "Ready"' && report_has "\"loadedParameters\": \"$1\""; }
+probe_with() { TT_KMD_VERSION=$OLD TT_KMD_PARAMETERS="$1" "$AGENT" probe >/dev/null 2>&1; }
+swaps() { grep -c '"module swapped"' "$AGENT_LOG"; }
+
+start_agent() {
+  AGENT_LOG=$WORK/agent-$1.log
+  rm -f "$REPORT"
+  env TT_KMD_VERSION="$OLD" TT_KMD_PARAMETERS="$2" "$AGENT" run >"$AGENT_LOG" 2>&1 &
+  AGENT_PID=$!
+  echo "parameters: run $AGENT_LOG (pid $AGENT_PID): $OLD with \"$2\""
+}
+
+stop_agent() {
+  kill -TERM "$AGENT_PID"
+  wait "$AGENT_PID"
+  AGENT_PID=
+}
+
+# seed VERSION: the host-built stub .ko with a cache record made by hand (no build in the guest)
+seed() {
+  dir=$CACHE/$RELEASE/$1
+  mkdir -p "$dir" && cp "$TTDP_VM_KO_DIR/$1/tenstorrent.ko" "$dir/tenstorrent.ko" || return 1
+  sha=$(sha256sum "$dir/tenstorrent.ko" | cut -d' ' -f1)
+  srcversion=$(grep -a -o 'srcversion=[0-9A-F]*' "$dir/tenstorrent.ko" | head -n1 | cut -d= -f2)
+  vermagic=$(grep -a -o 'vermagic=[^[:cntrl:]]*' "$dir/tenstorrent.ko" | head -n1 | cut -d= -f2-)
+  cat >"$dir/tenstorrent.ko.json" <<JSON
+{
+  "version": "$1",
+  "kernelRelease": "$RELEASE",
+  "sha256": "$sha",
+  "vermagic": "$vermagic",
+  "srcversion": "$srcversion",
+  "sourceRepository": "$TTDP_VM_STUB_REPO",
+  "sourceCommit": "0000000000000000000000000000000000000000",
+  "builtAt": "2025-01-01T00:00:00Z"
+}
+JSON
+}
+
+mkdir -p "$WORK"
+echo "parameters: kernel $RELEASE, version $OLD"
+require the_stub_module_is_seeded_into_the_cache seed "$OLD"
+
+# --- 1. install with a parameter ------------------------------------------------------------------
+start_agent 1-install "reset_limit=5"
+require the_module_is_loaded_with_the_parameter wait_until "$STEP_LIMIT" eval \
+  'ready_with "auto_reset=Y reset_limit=5"'
+check sysfs_shows_the_value_passed_to_finit_module param_is reset_limit 5
+check the_probe_passes_with_the_loaded_parameters probe_with "reset_limit=5"
+check the_probe_fails_with_other_parameters eval '! probe_with "reset_limit=6"'
+stop_agent
+
+# --- 2. a parameter change alone reloads the same version ----------------------------------------
+start_agent 2-change "reset_limit=7"
+require a_changed_parameter_reloads_the_module wait_until "$STEP_LIMIT" eval \
+  'ready_with "auto_reset=Y reset_limit=7"'
+check sysfs_shows_the_new_value param_is reset_limit 7
+check the_reload_is_logged_as_a_swap eval '[ "$(swaps)" = 1 ]'
+stop_agent
+
+# --- 3. a boolean shown as Y/N converges and stays --------------------------------------------------
+start_agent 3-bool "auto_reset=0"
+require a_boolean_parameter_is_loaded wait_until "$STEP_LIMIT" eval 'ready_with "auto_reset=N reset_limit=10"'
+sleep 3
+check the_agent_does_not_reload_again eval '[ "$(swaps)" = 1 ]'
+check the_probe_takes_N_for_0 probe_with "auto_reset=0"
+stop_agent
+
+# --- 4. dropping the parameters reloads the defaults ------------------------------------------------
+start_agent 4-defaults ""
+require dropped_parameters_reload_the_defaults wait_until "$STEP_LIMIT" eval \
+  'ready_with "auto_reset=Y reset_limit=10"'
+check sysfs_shows_the_defaults eval 'param_is reset_limit 10 && param_is auto_reset Y'
+check the_probe_passes_without_parameters probe_with ""
+stop_agent
+
+finish
