@@ -47,6 +47,8 @@ pub const VERSION_PATTERN: &str = "^[0-9]+[.][0-9]+[.][0-9]+$";
     printcolumn(name = "InProgress", type_ = "integer", json_path = ".status.summary.inProgress"),
     printcolumn(name = "Failed", type_ = "integer", json_path = ".status.summary.failed"),
     printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.paused"),
+    // Canary, Soaking, Halted, RollingBack, ...; empty for a policy without a canary
+    printcolumn(name = "Rollout", type_ = "string", json_path = ".status.rollout.phase"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("size(self.metadata.name) <= 57").message(
         "metadata.name must be at most 57 characters: the DaemonSet ttdrv-<name> must fit in 63"
