@@ -25,32 +25,8 @@ set -- $TTDP_VM_KO_VERSIONS
 TARGET=$1
 BUILD_LIMIT=420
 
-passed=0
-failed=0
-started=$(date +%s)
-AGENT_PID=
-
-finish() {
-  [ -n "$AGENT_PID" ] && kill -KILL "$AGENT_PID" 2>/dev/null
-  result=ok
-  [ "$failed" -eq 0 ] || result=FAILED
-  echo
-  echo "test result: $result. $passed passed; $failed failed; 0 ignored; 0 measured; 0 filtered out; finished in $(($(date +%s) - started))s"
-  [ "$failed" -eq 0 ]
-  exit
-}
-
-check() {
-  name=$1
-  shift
-  if "$@"; then
-    echo "test $name ... ok"
-    passed=$((passed + 1))
-  else
-    echo "test $name ... FAILED"
-    failed=$((failed + 1))
-  fi
-}
+SCENARIO=agent-image
+. /scenario-lib.sh
 
 # must NAME COMMAND...: a check the rest depends on
 must() {
@@ -58,7 +34,6 @@ must() {
   [ "$failed" -eq 0 ] || finish
 }
 
-loaded_version() { cat /sys/module/tenstorrent/version 2>/dev/null; }
 
 # --- 1. the module the image's toolchain built --------------------------------------------------
 image_module_loads() {
@@ -135,8 +110,11 @@ built_in_the_image() {
 }
 check the_report_and_the_cache_hold_the_build built_in_the_image
 
+# The probe passes once the module is loaded; the agent copies tt-smi just after, before its
+# Ready report, so the copy (24 MB from the 9p image root, emulated) is waited for.
 tt_smi_on_the_host() {
-  [ -x "$HOST_BIN/tt-smi" ] || { echo "no tt-smi in the host's /usr/local/bin"; return 1; }
+  wait_until 60 test -x "$HOST_BIN/tt-smi" \
+    || { echo "no tt-smi in the host's /usr/local/bin after 60 s"; return 1; }
   out=$("$HOST_BIN/tt-smi" --version 2>&1)
   echo "tt-smi --version: $out"
   echo "$out" | grep -q "$TT_SMI_PIN"

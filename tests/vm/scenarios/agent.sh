@@ -49,23 +49,10 @@ export TT_SMI_VERSION=$TT_SMI_TEST_VERSION TTDP_TT_SMI_PATH=$TT_SMI_SOURCE
 export TTDP_PROBE_PERIOD=1s TTDP_RETRY_INITIAL=1s TTDP_RETRY_MAX=2s
 export TT_FORCE_UNLOAD=false
 
-passed=0
-failed=0
-started=$(date +%s)
-AGENT_PID=
-AGENT_LOG=
+SCENARIO=agent
+. /scenario-lib.sh
 
 # --- reporting -------------------------------------------------------------------------------
-
-finish() {
-  [ -n "$AGENT_PID" ] && kill -KILL "$AGENT_PID" 2>/dev/null
-  result=ok
-  [ "$failed" -eq 0 ] || result=FAILED
-  echo
-  echo "test result: $result. $passed passed; $failed failed; 0 ignored; 0 measured; 0 filtered out; finished in $(($(date +%s) - started))s"
-  [ "$failed" -eq 0 ]
-  exit
-}
 
 # dump NAME: what the current agent run logged and reported, for a failed check
 dump() {
@@ -76,49 +63,13 @@ dump() {
   echo "---- $1: module: version $(loaded_version) refcnt $(cat /sys/module/tenstorrent/refcnt 2>/dev/null)"
 }
 
-# check NAME COMMAND...: runs COMMAND and records a passed or failed check
-check() {
-  name=$1
-  shift
-  if "$@"; then
-    passed=$((passed + 1))
-    echo "test agent::$name ... ok"
-  else
-    failed=$((failed + 1))
-    echo "test agent::$name ... FAILED"
-    echo "  failed: $*"
-    dump "$name"
-  fi
-}
-
-# require NAME COMMAND...: a check the rest of the run depends on; stops the run when it fails
-require() {
-  before=$failed
-  check "$@"
-  [ "$failed" -eq "$before" ] || finish
-}
-
-# wait_until SECONDS COMMAND...: polls COMMAND until it succeeds or SECONDS have passed
-wait_until() {
-  end=$(($(date +%s) + $1))
-  shift
-  until "$@"; do
-    [ "$(date +%s)" -lt "$end" ] || return 1
-    sleep 0.5
-  done
-}
-
 # --- what the host shows -----------------------------------------------------------------------
 
-loaded_version() { cat /sys/module/tenstorrent/version 2>/dev/null; }
-loaded_is() { [ "$(loaded_version)" = "$1" ] && [ "$(cat /sys/module/tenstorrent/initstate)" = live ]; }
 refcnt_above_0() { [ "$(cat /sys/module/tenstorrent/refcnt 2>/dev/null || echo 0)" -gt 0 ]; }
 probe_passes() { TT_KMD_VERSION=$1 "$AGENT" probe >/dev/null 2>&1; }
 probe_fails() { ! probe_passes "$1"; }
 alive() { [ -e "/proc/$1" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" != Z ]; }
 
-# The report file is serde_json's pretty print: one `"key": value` per line.
-report_has() { grep -q -F -- "$1" "$REPORT" 2>/dev/null; }
 report_lacks() { ! report_has "$1"; }
 report_ready_for() {
   report_has '"phase": "Ready"' && report_has "\"targetVersion\": \"$1\"" &&
@@ -159,7 +110,6 @@ stop_agent() {
     wait "$AGENT_PID"
   fi
   AGENT_PID=
-  echo "agent: stopped with SIGTERM, exit status $AGENT_EXIT"
 }
 
 exited_cleanly_leaving() {

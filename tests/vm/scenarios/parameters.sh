@@ -27,21 +27,8 @@ export TTDP_HOST_ROOT=/ TTDP_KERNEL=real NODE_NAME=vm-node TTDP_TT_SMI_PATH=none
 export TT_KMD_REPOSITORY=/nonexistent TTDP_REPORT="file:$REPORT" TTDP_LOG_FORMAT=json
 export TTDP_PROBE_PERIOD=1s TTDP_RETRY_INITIAL=60s TTDP_RETRY_MAX=60s TTDP_VALIDATE_DEVICES=false
 
-passed=0
-failed=0
-started=$(date +%s)
-AGENT_PID=
-AGENT_LOG=
-
-finish() {
-  [ -n "$AGENT_PID" ] && kill -KILL "$AGENT_PID" 2>/dev/null
-  result=ok
-  [ "$failed" -eq 0 ] || result=FAILED
-  echo
-  echo "test result: $result. $passed passed; $failed failed; 0 ignored; 0 measured; 0 filtered out; finished in $(($(date +%s) - started))s"
-  [ "$failed" -eq 0 ]
-  exit
-}
+SCENARIO=parameters
+. /scenario-lib.sh
 
 dump() {
   echo "---- $1: last lines of $AGENT_LOG ----"
@@ -52,37 +39,7 @@ dump() {
   grep -H . "$PARAMS"/* 2>/dev/null
 }
 
-check() {
-  name=$1
-  shift
-  if "$@"; then
-    passed=$((passed + 1))
-    echo "test parameters::$name ... ok"
-  else
-    failed=$((failed + 1))
-    echo "test parameters::$name ... FAILED"
-    echo "  failed: $*"
-    dump "$name"
-  fi
-}
-
-require() {
-  before=$failed
-  check "$@"
-  [ "$failed" -eq "$before" ] || finish
-}
-
-wait_until() {
-  end=$(($(date +%s) + $1))
-  shift
-  until "$@"; do
-    [ "$(date +%s)" -lt "$end" ] || return 1
-    sleep 0.5
-  done
-}
-
 param_is() { [ "$(cat "$PARAMS/$1" 2>/dev/null)" = "$2" ]; }
-report_has() { grep -q -F -- "$1" "$REPORT" 2>/dev/null; }
 ready_with() { report_has '"phase": "Ready"' && report_has "\"loadedParameters\": \"$1\""; }
 probe_with() { TT_KMD_VERSION=$OLD TT_KMD_PARAMETERS="$1" "$AGENT" probe >/dev/null 2>&1; }
 swaps() { grep -c '"module swapped"' "$AGENT_LOG"; }
@@ -93,33 +50,6 @@ start_agent() {
   env TT_KMD_VERSION="$OLD" TT_KMD_PARAMETERS="$2" "$AGENT" run >"$AGENT_LOG" 2>&1 &
   AGENT_PID=$!
   echo "parameters: run $AGENT_LOG (pid $AGENT_PID): $OLD with \"$2\""
-}
-
-stop_agent() {
-  kill -TERM "$AGENT_PID"
-  wait "$AGENT_PID"
-  AGENT_PID=
-}
-
-# seed VERSION: the host-built stub .ko with a cache record made by hand (no build in the guest)
-seed() {
-  dir=$CACHE/$RELEASE/$1
-  mkdir -p "$dir" && cp "$TTDP_VM_KO_DIR/$1/tenstorrent.ko" "$dir/tenstorrent.ko" || return 1
-  sha=$(sha256sum "$dir/tenstorrent.ko" | cut -d' ' -f1)
-  srcversion=$(grep -a -o 'srcversion=[0-9A-F]*' "$dir/tenstorrent.ko" | head -n1 | cut -d= -f2)
-  vermagic=$(grep -a -o 'vermagic=[^[:cntrl:]]*' "$dir/tenstorrent.ko" | head -n1 | cut -d= -f2-)
-  cat >"$dir/tenstorrent.ko.json" <<JSON
-{
-  "version": "$1",
-  "kernelRelease": "$RELEASE",
-  "sha256": "$sha",
-  "vermagic": "$vermagic",
-  "srcversion": "$srcversion",
-  "sourceRepository": "$TTDP_VM_STUB_REPO",
-  "sourceCommit": "0000000000000000000000000000000000000000",
-  "builtAt": "2025-01-01T00:00:00Z"
-}
-JSON
 }
 
 mkdir -p "$WORK"

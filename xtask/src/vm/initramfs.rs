@@ -90,7 +90,7 @@ pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
     Ok(initrd)
 }
 
-/// Copies busybox, `/init`, the scenario script, the stub modules, the executables and the
+/// Copies busybox, `/init`, the scenario script and its library, the stub modules, the executables and the
 /// scenario's files into `stage`.
 fn copy_files(contents: &Contents<'_>, stage: &Path) -> Result<()> {
     let vm_dir = contents.root.join("tests/vm");
@@ -103,6 +103,13 @@ fn copy_files(contents: &Contents<'_>, stage: &Path) -> Result<()> {
         stage,
         "/scenario.sh",
         0o755,
+    )?;
+    // the checks, summary line and probes every scenario script sources
+    copy(
+        &vm_dir.join("scenarios/lib.sh"),
+        stage,
+        "/scenario-lib.sh",
+        0o644,
     )?;
     for built in contents.modules {
         copy(
