@@ -10,8 +10,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::tools;
 use crate::vm::is_static_elf;
-
-const TARGET: &str = "x86_64-unknown-linux-gnu";
+use crate::vm::static_build::{TARGET, static_cargo};
 const BINARIES: [(&str, &str); 2] = [
     ("ttdp-agent", "ttdp-agent"),
     ("ttdp-controller", "ttdp-controller"),
@@ -19,13 +18,7 @@ const BINARIES: [(&str, &str); 2] = [
 
 /// Builds both binaries and returns `(name, path)` of each.
 pub fn build(root: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut rustflags = std::env::var("RUSTFLAGS").unwrap_or_default();
-    rustflags.push_str(" -C target-feature=+crt-static");
-    let mut cmd = Command::new(&cargo);
-    cmd.args(["build", "--release", "--locked", "--target", TARGET])
-        .env("RUSTFLAGS", rustflags.trim())
-        .current_dir(root);
+    let mut cmd = static_cargo(root, &["build", "--release", "--locked"]);
     for (package, bin) in BINARIES {
         cmd.args(["-p", package, "--bin", bin]);
     }

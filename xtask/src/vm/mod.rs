@@ -74,7 +74,7 @@ mod host_tools;
 mod initramfs;
 mod kernel;
 mod scenarios;
-mod static_build;
+pub mod static_build;
 mod stub_module;
 mod stub_repo;
 mod test_report;

@@ -11,7 +11,23 @@ use anyhow::{Context, Result, bail};
 use super::elf::is_static_elf;
 use super::scenarios::Scenario;
 
-const TARGET: &str = "x86_64-unknown-linux-gnu";
+/// The target every static build names (the toolchain here has no musl target).
+pub const TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// `cargo <args> --target TARGET` in `root`, with `+crt-static` added to the caller's
+/// RUSTFLAGS: glibc linked in, so the executable runs without a libc beside it (the guest, the
+/// scratch images). The VM tests and the images share it, and with it one build tree.
+pub fn static_cargo(root: &Path, args: &[&str]) -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut rustflags = std::env::var("RUSTFLAGS").unwrap_or_default();
+    rustflags.push_str(" -C target-feature=+crt-static");
+    let mut cmd = Command::new(cargo);
+    cmd.args(args)
+        .args(["--target", TARGET])
+        .env("RUSTFLAGS", rustflags.trim())
+        .current_dir(root);
+    cmd
+}
 
 /// Where a built executable goes in the guest.
 #[derive(Debug)]
@@ -52,21 +68,11 @@ pub fn build(root: &Path, scenario: &Scenario) -> Result<Vec<Executable>> {
 
 /// Runs one cargo build and returns the executable of the target `name` of kind `kind`.
 fn cargo_build(root: &Path, args: &[&str], kind: &str, name: &str) -> Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut rustflags = std::env::var("RUSTFLAGS").unwrap_or_default();
-    rustflags.push_str(" -C target-feature=+crt-static");
-    let mut child = Command::new(&cargo)
-        .args(args)
-        .args([
-            "--target",
-            TARGET,
-            "--message-format=json-render-diagnostics",
-        ])
-        .env("RUSTFLAGS", rustflags.trim())
-        .current_dir(root)
+    let mut child = static_cargo(root, args)
+        .arg("--message-format=json-render-diagnostics")
         .stdout(Stdio::piped())
         .spawn()
-        .with_context(|| format!("running {cargo}"))?;
+        .context("running cargo")?;
     let stdout = child.stdout.take().context("cargo has no stdout")?;
     let mut found = None;
     for line in std::io::BufReader::new(stdout).lines() {
