@@ -8,6 +8,7 @@ mod demo;
 mod image;
 mod image_test;
 mod krew;
+mod prebuild;
 mod reference;
 mod release;
 mod shape;
@@ -32,6 +33,9 @@ commands:
   release VERSION bump versions, regenerate, build both images, pin their digests in the
                   chart's values, package and check the chart, dry-run publishing the libraries
   krew DIR        fill the krew manifest's URIs and checksums from the release archives in DIR
+  prebuild --kernel-headers DIR --version V [--out DIR] ...
+                  build tt-kmd's .ko for the kernel of DIR, with its .sha256, into a tree a web
+                  server serves as-is for spec.source.prebuilt (see `cargo xtask prebuild --help`)
   shape [--dir DIR]... [--max-file-lines N] [--max-fn-lines N]
                   fail on source files over 600 lines of code or functions over 80 lines
                   (default: the controller crate; tests aside)
@@ -57,6 +61,7 @@ fn run() -> Result<()> {
         "image-test" => image_test::run(&rest),
         "release" => release::run(&rest),
         "krew" => krew::run(&rest),
+        "prebuild" => prebuild::run(&rest),
         "shape" => shape::run(&rest),
         "vm-test" => vm::run(&rest),
         "" | "help" | "--help" | "-h" => {

@@ -290,6 +290,11 @@ fn describe_shows_parameters_and_commits_when_set() {
     view.policy.spec.source = Some(ttdp_api::driver::v1alpha1::SourceSettings {
         repository: Some("https://git.example.com/mirrors/tt-kmd.git".into()),
         commit: Some("0123456789abcdef0123456789abcdef01234567".into()),
+        prebuilt: Some(ttdp_api::driver::v1alpha1::PrebuiltSettings {
+            url: "https://ko.example.com/{version}/{kernelRelease}/tenstorrent.ko".into(),
+            fallback: "Fail".into(),
+            ca_bundle: None,
+        }),
     });
     let mut rows: Vec<_> = fleet
         .node_rows()
@@ -300,6 +305,13 @@ fn describe_shows_parameters_and_commits_when_set() {
     rows[0].source_commit = Some("0123456789abcdef0123456789abcdef01234567".into());
     let text = describe::render(&view, &rows, &[], &[], &opts(false, 200));
     assert!(text.contains("Module parameters:"), "{text}");
+    assert!(
+        text.lines().any(|l| l.trim_start().starts_with("Prebuilt:")
+            && l.ends_with(
+                "https://ko.example.com/{version}/{kernelRelease}/tenstorrent.ko (fail if missing)"
+            )),
+        "{text}"
+    );
     assert!(text.contains("reset_limit=5"), "{text}");
     assert!(
         text.contains(

@@ -13,6 +13,7 @@ use ttdp_hostprobe::HostRoot;
 use ttdp_kmod::{BuildOptions, KmdVersion, KoCache, MODULE_LOCK_DIR};
 
 use crate::error::ConfigError;
+use crate::prebuilt_fetch::PrebuiltConfig;
 
 /// Stands for the host's kernel release in [`AgentConfig::build`]'s `build_dir`.
 pub const RELEASE_PLACEHOLDER: &str = "{release}";
@@ -148,6 +149,9 @@ pub struct AgentConfig {
     /// The commit the target's release tag must point at when it is built (`TT_KMD_COMMIT`,
     /// `spec.source.commit`); `None`: any.
     pub source_commit: Option<String>,
+    /// A server of ready-built modules tried on a cache miss before building
+    /// (`TT_KMD_PREBUILT_URL`, `spec.source.prebuilt`); `None`: every miss is built.
+    pub prebuilt: Option<PrebuiltConfig>,
     /// tt-smi to copy to the host, `None` to skip.
     pub tt_smi: Option<TtSmiSource>,
     /// Where to fetch tt-kmd from and how to build it. `{release}` in `build.build_dir` stands for
@@ -184,6 +188,7 @@ impl AgentConfig {
             force_unload: false,
             parameters: String::new(),
             source_commit: None,
+            prebuilt: None,
             tt_smi: None,
             build: BuildOptions {
                 repository: ttdp_api::names::DEFAULT_KMD_REPOSITORY.to_string(),

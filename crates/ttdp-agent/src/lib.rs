@@ -35,6 +35,7 @@ pub mod grant;
 pub mod labels;
 mod node_flow;
 mod node_kernel;
+pub mod prebuilt_fetch;
 pub mod probe;
 pub mod reasons;
 pub mod reporting;

@@ -13,12 +13,14 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use ttdp_agent::config::{
     parse_duration, parse_label_value, parse_object_name, parse_validation_command,
 };
+use ttdp_agent::prebuilt_fetch::PrebuiltConfig;
 use ttdp_agent::probe::ProbeChecks;
 use ttdp_agent::{
     AgentConfig, ConfigError, FileReporter, HostRoot, KernelKind, KmdVersion, KubeReporter,
     NoReporter, PodRef, ReportTarget, RetryPolicy, TtSmiSource, ValidationConfig,
 };
 use ttdp_api::names::{DEFAULT_KMD_REPOSITORY, env};
+use ttdp_kmod::prebuilt::{KERNEL_RELEASE_PLACEHOLDER, PrebuiltFallback, VERSION_PLACEHOLDER};
 
 /// How long, after the agent returned, threads still running an abandoned build may delay exit.
 const EXIT_GRACE: Duration = Duration::from_secs(1);
@@ -111,6 +113,17 @@ enum LogFormat {
     Text,
 }
 
+/// `spec.source.prebuilt.fallback`, spelled as in the policy.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FallbackArg {
+    /// Build the module from its tag.
+    #[value(name = "Build")]
+    Build,
+    /// Fail the install.
+    #[value(name = "Fail")]
+    Fail,
+}
+
 #[derive(Debug, Args)]
 struct RunArgs {
     #[command(flatten)]
@@ -144,6 +157,16 @@ struct RunArgs {
     /// that moved fails the build and nothing is unloaded.
     #[arg(long, env = env::TT_KMD_COMMIT, value_name = "TT_KMD_COMMIT", value_parser = parse_commit)]
     kmd_commit: Option<String>,
+    /// URL template of ready-built modules, with {version} and {kernelRelease}; tried on a
+    /// cache miss before building (its checksum is the same URL plus .sha256).
+    #[arg(long, env = env::TT_KMD_PREBUILT_URL, value_name = "TT_KMD_PREBUILT_URL", value_parser = parse_prebuilt_url)]
+    prebuilt_url: Option<String>,
+    /// What a prebuilt module the server lacks (404) means: build it, or fail.
+    #[arg(long, env = env::TT_KMD_PREBUILT_FALLBACK, value_name = "TT_KMD_PREBUILT_FALLBACK", value_enum, default_value = "Build")]
+    prebuilt_fallback: FallbackArg,
+    /// PEM CA certificates trusted for the prebuilt server, besides the system's.
+    #[arg(long, env = env::TT_KMD_PREBUILT_CA_FILE, value_name = "TT_KMD_PREBUILT_CA_FILE")]
+    prebuilt_ca_file: Option<PathBuf>,
     /// Git repository tt-kmd is fetched from (URL or local path).
     #[arg(long, env = env::TT_KMD_REPOSITORY, value_name = "TT_KMD_REPOSITORY", default_value = DEFAULT_KMD_REPOSITORY)]
     kmd_repository: String,
@@ -240,6 +263,14 @@ impl RunArgs {
         config.force_unload = self.force_unload;
         config.parameters = self.target.kmd_parameters.clone();
         config.source_commit = self.kmd_commit.clone();
+        config.prebuilt = self.prebuilt_url.as_ref().map(|url| PrebuiltConfig {
+            url_template: url.clone(),
+            fallback: match self.prebuilt_fallback {
+                FallbackArg::Build => PrebuiltFallback::Build,
+                FallbackArg::Fail => PrebuiltFallback::Fail,
+            },
+            ca_file: self.prebuilt_ca_file.clone(),
+        });
         config.tt_smi = match (self.tt_smi_path.as_str(), &self.tt_smi_version) {
             ("none", _) => None,
             (path, Some(version)) => Some(TtSmiSource {
@@ -411,4 +442,16 @@ fn parse_commit(s: &str) -> Result<String, String> {
     let hex = matches!(s.len(), 40 | 64) && s.bytes().all(|b| b.is_ascii_hexdigit());
     hex.then(|| s.to_ascii_lowercase())
         .ok_or_else(|| "expected a full commit id (40 hex digits)".to_string())
+}
+
+fn parse_prebuilt_url(s: &str) -> Result<String, String> {
+    let http = s.starts_with("http://") || s.starts_with("https://");
+    let placeholders = [VERSION_PLACEHOLDER, KERNEL_RELEASE_PLACEHOLDER]
+        .iter()
+        .all(|p| s.contains(p));
+    (http && placeholders && !s.contains(char::is_whitespace))
+        .then(|| s.to_owned())
+        .ok_or_else(|| {
+            format!("expected an http:// or https:// URL with {VERSION_PLACEHOLDER} and {KERNEL_RELEASE_PLACEHOLDER}, without spaces")
+        })
 }

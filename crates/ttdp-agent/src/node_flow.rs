@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_hostprobe::{detect_host_install, kernel_release};
+use ttdp_kmod::prebuilt::{PrebuiltFallback, prebuilt_url};
 use ttdp_kmod::{
     CacheLookup, CacheOutcome, InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions,
     SwapOutcome, SwapReport, UnloadOptions,
@@ -43,6 +44,7 @@ use crate::convergence::{
 };
 use crate::error::AgentError;
 use crate::labels::NodeLabels;
+use crate::prebuilt_fetch::HttpPrebuiltSource;
 use crate::reasons;
 use crate::reporting::{EventKind, Reporter};
 use crate::tt_smi::{TtSmiInstaller, TtSmiOutcome};
@@ -109,11 +111,15 @@ where
             lock_dir: Some(config.lock_dir.clone()),
             ..InstallerConfig::default()
         };
-        let installer = ModuleInstaller::new(config.host.clone(), kernel, installer_config)
+        let mut installer = ModuleInstaller::new(config.host.clone(), kernel, installer_config)
             .map_err(|source| AgentError::Installer {
                 host: config.host.to_string(),
                 source: Box::new(source),
             })?;
+        if let Some(prebuilt) = &config.prebuilt {
+            let source = HttpPrebuiltSource::new(prebuilt.clone(), config.build.fetch_timeout)?;
+            installer = installer.with_prebuilt(Arc::new(source));
+        }
         let tt_smi = config
             .tt_smi
             .as_ref()
@@ -398,11 +404,23 @@ where
                 .source_commit
                 .as_deref()
                 .map_or(String::new(), |c| format!(" (pinned to commit {c})"));
-            report.message = Some(format!(
+            let build = format!(
                 "fetching tag ttkmd-{target}{pin} from {} and building it for kernel {}",
                 self.config.build.repository,
                 self.installer.release()
-            ));
+            );
+            report.message = Some(match &self.config.prebuilt {
+                Some(prebuilt) => format!(
+                    "downloading prebuilt tt-kmd {target} for kernel {} from {} ({})",
+                    self.installer.release(),
+                    prebuilt_url(&prebuilt.url_template, &target, self.installer.release()),
+                    match prebuilt.fallback {
+                        PrebuiltFallback::Build => format!("if it is missing: {build}"),
+                        PrebuiltFallback::Fail => "no build if it is missing".to_owned(),
+                    }
+                ),
+                None => build,
+            });
             self.publish_report(report).await;
         }
 
@@ -435,6 +453,7 @@ where
             CacheOutcome::Hit => "hit".to_string(),
             CacheOutcome::Miss => "miss".to_string(),
             CacheOutcome::Rebuilt { reason } => format!("rebuilt ({reason})"),
+            CacheOutcome::Downloaded { url } => format!("downloaded from {url}"),
         };
         info!(
             step = "ensure-ko",

@@ -142,6 +142,15 @@ pub mod env {
     /// The commit the release tag must point at when the target is built
     /// (`spec.source.commit`); unset: any.
     pub const TT_KMD_COMMIT: &str = "TT_KMD_COMMIT";
+    /// URL template of ready-built modules (`spec.source.prebuilt.url`, with `{version}` and
+    /// `{kernelRelease}`); unset: every cache miss is built.
+    pub const TT_KMD_PREBUILT_URL: &str = "TT_KMD_PREBUILT_URL";
+    /// `Build` (the default) or `Fail`: what a prebuilt module the server lacks means
+    /// (`spec.source.prebuilt.fallback`).
+    pub const TT_KMD_PREBUILT_FALLBACK: &str = "TT_KMD_PREBUILT_FALLBACK";
+    /// A PEM file of CA certificates trusted for the prebuilt server in addition to the
+    /// system's (`spec.source.prebuilt.caBundle`, mounted by the DaemonSet).
+    pub const TT_KMD_PREBUILT_CA_FILE: &str = "TT_KMD_PREBUILT_CA_FILE";
     /// Where the host's root filesystem is mounted in the agent container.
     pub const HOST_ROOT: &str = "TTDP_HOST_ROOT";
     /// `real` (the default) or `sim`: which kernel the agent talks to.

@@ -563,3 +563,66 @@ fn source_repository_and_commit_are_checked_with_clear_messages() {
         (None, Some(commit))
     );
 }
+
+/// `spec.source.prebuilt`: an http(s) URL template naming both placeholders, a known fallback
+/// (defaulted to Build) and a CA bundle from exactly one ConfigMap or Secret pass; the rest is
+/// refused with a message naming the field.
+#[test]
+fn prebuilt_modules_are_checked_with_clear_messages() {
+    let spec = |prebuilt: Value| json!({"version": "2.8.0", "nodeAffinity": {}, "source": {"prebuilt": prebuilt}});
+    let url = "https://ko.example.com/tt-kmd/{version}/{kernelRelease}/tenstorrent.ko";
+    for prebuilt in [
+        json!({"url": url}),
+        json!({"url": url.replace("https", "http"), "fallback": "Fail"}),
+        json!({"url": url, "caBundle": {"configMapName": "ko-ca"}}),
+        json!({"url": url, "caBundle": {"secretName": "ko-tls", "key": "ca.pem"}}),
+    ] {
+        check(&policy("default", spec(prebuilt.clone())))
+            .unwrap_or_else(|e| panic!("{prebuilt}: {e}"));
+    }
+    let url_message = "spec.source.prebuilt.url must be an http:// or https:// URL";
+    let cases = [
+        (
+            json!({"url": "ftp://ko.example.com/{version}/{kernelRelease}.ko"}),
+            url_message,
+        ),
+        (
+            json!({"url": "https://ko.example.com/{version}/tenstorrent.ko"}),
+            url_message,
+        ),
+        (
+            json!({"url": "https://ko.example.com/{kernelRelease}/tenstorrent.ko"}),
+            url_message,
+        ),
+        (json!({"url": format!("{url} x")}), url_message),
+        (
+            json!({"url": url, "fallback": "build"}),
+            "spec.source.prebuilt.fallback must be Build or Fail",
+        ),
+        (
+            json!({"url": url, "caBundle": {}}),
+            "needs exactly one of configMapName and secretName",
+        ),
+        (
+            json!({"url": url, "caBundle": {"configMapName": "a", "secretName": "b"}}),
+            "needs exactly one of configMapName and secretName",
+        ),
+    ];
+    for (prebuilt, want) in cases {
+        let err = check(&policy("default", spec(prebuilt.clone())))
+            .err()
+            .unwrap_or_else(|| panic!("{prebuilt} was accepted"));
+        assert!(err.contains(want), "{prebuilt}: {err}");
+    }
+    let p: TenstorrentDriverPolicy = serde_json::from_value(policy(
+        "d",
+        spec(json!({"url": url, "caBundle": {"configMapName": "ko-ca"}})),
+    ))
+    .unwrap();
+    let prebuilt = p.spec.source.unwrap().prebuilt.unwrap();
+    assert_eq!(
+        prebuilt.fallback, "Build",
+        "a missing file is built by default"
+    );
+    assert_eq!(prebuilt.ca_bundle.unwrap().key, "ca.crt");
+}

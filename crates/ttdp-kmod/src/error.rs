@@ -178,6 +178,46 @@ pub enum KmodError {
         /// The commit the tag points at now.
         found: String,
     },
+    /// The prebuilt server has no `.ko` for this version and kernel, and the policy's fallback is
+    /// `Fail`.
+    #[error(
+        "no prebuilt tt-kmd {version} for kernel {release}: {url} was not found, and spec.source.prebuilt.fallback is Fail; nothing was built, loaded or unloaded. Publish the module there (cargo xtask prebuild) or set the fallback to Build"
+    )]
+    PrebuiltMissing {
+        /// Version requested.
+        version: String,
+        /// The node's kernel release.
+        release: String,
+        /// The URL asked for.
+        url: String,
+    },
+    /// The prebuilt `.ko` or its checksum could not be downloaded.
+    #[error(
+        "fetching prebuilt tt-kmd {version} for kernel {release} failed: {source}; nothing was loaded or unloaded. Check that the server is reachable from the node (and its CA bundle, for https)"
+    )]
+    PrebuiltFetch {
+        /// Version requested.
+        version: String,
+        /// The node's kernel release.
+        release: String,
+        /// What went wrong.
+        #[source]
+        source: crate::prebuilt::PrebuiltFetchError,
+    },
+    /// A downloaded prebuilt `.ko` failed a check (checksum, version, vermagic) and was discarded.
+    #[error(
+        "prebuilt tt-kmd {version} from {url} was refused: {reason}; it was not cached and nothing was loaded or unloaded. Republish the right file for kernel {release} (cargo xtask prebuild)"
+    )]
+    PrebuiltRejected {
+        /// Version requested.
+        version: String,
+        /// The node's kernel release.
+        release: String,
+        /// Where the file came from.
+        url: String,
+        /// The check it failed.
+        reason: String,
+    },
     /// `make modules` failed.
     #[error(
         "building tt-kmd {version} for kernel {release} failed ({status}); last build output:\n{log_tail}\ncheck that linux-headers-{release} and the compiler the kernel was built with are installed on the node"
@@ -379,6 +419,9 @@ impl KmodError {
             Self::HeadersMissing { .. } => "HeadersMissing",
             Self::Fetch { .. } => "FetchFailed",
             Self::SourceCommitMoved { .. } => "SourceCommitMoved",
+            Self::PrebuiltMissing { .. } => "PrebuiltMissing",
+            Self::PrebuiltFetch { .. } => "PrebuiltFetchFailed",
+            Self::PrebuiltRejected { .. } => "PrebuiltRejected",
             Self::Build { .. } => "BuildFailed",
             Self::Timeout { .. } => "Timeout",
             Self::Spawn { .. } => "ToolMissing",

@@ -49,6 +49,11 @@ pub enum CacheOutcome {
     Hit,
     /// Nothing was cached: it was fetched and built.
     Miss,
+    /// Nothing verified was cached: a prebuilt module was downloaded, checked and cached.
+    Downloaded {
+        /// Where it came from.
+        url: String,
+    },
     /// A cache entry failed verification, was removed and rebuilt.
     Rebuilt {
         /// Why the old entry was rejected.

@@ -2,6 +2,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -14,6 +15,7 @@ use crate::install_report::{
 use crate::kernel::Kernel;
 use crate::ko_cache::{CacheLookup, CachedKo, KoCache};
 use crate::modinfo::{ModInfo, is_signed};
+use crate::prebuilt::PrebuiltSource;
 use crate::source_build::{BuildOptions, millis};
 use crate::status::ModuleStatus;
 use crate::test_hook::{AFTER_LOAD, AFTER_UNLOAD, BEFORE_UNLOAD, checkpoint};
@@ -73,6 +75,7 @@ pub struct ModuleInstaller<K> {
     release: String,
     cache: KoCache,
     config: InstallerConfig,
+    prebuilt: Option<Arc<dyn PrebuiltSource>>,
 }
 
 impl<K: Kernel> ModuleInstaller<K> {
@@ -89,7 +92,20 @@ impl<K: Kernel> ModuleInstaller<K> {
             release,
             cache,
             config,
+            prebuilt: None,
         })
+    }
+
+    /// This installer, asking `source` for a ready-built `.ko` on every cache miss before building
+    /// one (see [`ModuleInstaller::ensure_pinned_ko`]).
+    pub fn with_prebuilt(mut self, source: Arc<dyn PrebuiltSource>) -> Self {
+        self.prebuilt = Some(source);
+        self
+    }
+
+    /// The server of ready-built modules, when one is set.
+    pub fn prebuilt(&self) -> Option<&dyn PrebuiltSource> {
+        self.prebuilt.as_deref()
     }
 
     /// The host root.
@@ -128,7 +144,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             .and_then(|v| self.cache.record(&self.release, &v))
             // a module loaded from elsewhere at the same version is not that build
             .filter(|r| r.srcversion.is_none() || r.srcversion == status.srcversion)
-            .map(|r| r.source_commit);
+            .and_then(|r| r.source_commit);
         Ok(status)
     }
 

@@ -11,6 +11,7 @@ use ttdp_hostprobe::HostRoot;
 
 use crate::file_lock::FileLock;
 use crate::modinfo::ModInfo;
+use crate::prebuilt::{CHECKSUM_SUFFIX, FetchedKo};
 use crate::source_build::BuiltModule;
 use crate::version::KmdVersion;
 use crate::{KO_FILE_NAME, KmodError};
@@ -36,10 +37,12 @@ pub struct KoRecord {
     pub vermagic: String,
     /// The `.ko`'s srcversion, when it has one.
     pub srcversion: Option<String>,
-    /// Repository the sources came from.
+    /// Repository the sources came from, or the URL a prebuilt module was downloaded from.
     pub source_repository: String,
-    /// Commit of tag `ttkmd-<version>` that was built.
-    pub source_commit: String,
+    /// Commit of tag `ttkmd-<version>` that was built; `None` for a prebuilt module, which is
+    /// trusted by the checksum its server published.
+    #[serde(default)]
+    pub source_commit: Option<String>,
     /// When it was built.
     pub built_at: jiff::Timestamp,
 }
@@ -195,29 +198,85 @@ impl KoCache {
             path: ko.to_path_buf(),
             reason,
         })?;
-        if info.version() != Some(version.as_str()) || info.vermagic_release() != Some(release) {
+        if let Err((found_version, found_vermagic)) = declares(&info, version, release) {
             return Err(KmodError::BuiltWrongModule {
                 version: version.to_string(),
                 release: release.to_string(),
-                found_version: info.version().map(str::to_string),
-                found_vermagic: info.vermagic().map(str::to_string),
+                found_version,
+                found_vermagic,
             });
         }
+        self.write_entry(
+            &bytes,
+            &info,
+            release,
+            version,
+            repository,
+            Some(source_commit),
+        )
+    }
+
+    /// Stores a prebuilt module downloaded from a server, after the checks a module built here
+    /// passes: the checksum its server published, the version its `.modinfo` declares, and its
+    /// vermagic against `release`, the running kernel. A file failing any of them is refused
+    /// with [`KmodError::PrebuiltRejected`] and nothing is written. Callers hold
+    /// [`KoCache::lock`].
+    pub fn store_prebuilt(
+        &self,
+        fetched: &FetchedKo,
+        release: &str,
+        version: &KmdVersion,
+    ) -> Result<CachedKo, KmodError> {
+        let rejected = |reason: String| KmodError::PrebuiltRejected {
+            version: version.to_string(),
+            release: release.to_string(),
+            url: fetched.url.clone(),
+            reason,
+        };
+        let sha256 = hex::encode(Sha256::digest(&fetched.bytes));
+        if sha256 != fetched.sha256 {
+            return Err(rejected(format!(
+                "checksum mismatch: the file has sha256 {sha256}, the server's {CHECKSUM_SUFFIX} file says {}",
+                fetched.sha256
+            )));
+        }
+        let info = ModInfo::parse(&fetched.bytes)
+            .map_err(|reason| rejected(format!("not a kernel module: {reason}")))?;
+        if let Err((found_version, found_vermagic)) = declares(&info, version, release) {
+            return Err(rejected(format!(
+                "it declares version {} and vermagic {}, expected version {version} for the running kernel {release}",
+                found_version.as_deref().unwrap_or("(none)"),
+                found_vermagic.as_deref().unwrap_or("(none)"),
+            )));
+        }
+        self.write_entry(&fetched.bytes, &info, release, version, &fetched.url, None)
+    }
+
+    /// Writes the `.ko` and its record for `version` and `release` atomically.
+    fn write_entry(
+        &self,
+        bytes: &[u8],
+        info: &ModInfo,
+        release: &str,
+        version: &KmdVersion,
+        source: &str,
+        source_commit: Option<&str>,
+    ) -> Result<CachedKo, KmodError> {
         let record = KoRecord {
             version: version.clone(),
             kernel_release: release.to_string(),
-            sha256: hex::encode(Sha256::digest(&bytes)),
+            sha256: hex::encode(Sha256::digest(bytes)),
             vermagic: info.vermagic().unwrap_or_default().to_string(),
             srcversion: info.srcversion().map(str::to_string),
-            source_repository: repository.to_string(),
-            source_commit: source_commit.to_string(),
+            source_repository: source.to_string(),
+            source_commit: source_commit.map(str::to_string),
             built_at: jiff::Timestamp::now(),
         };
         let dir = self.entry_dir(release, version);
         std::fs::create_dir_all(&dir).map_err(|e| KmodError::io("create", &dir, e))?;
         // a stale record must never describe the new file, even for a moment
         remove_if_present(&dir.join(RECORD_FILE_NAME))?;
-        write_atomically(&dir, KO_FILE_NAME, &bytes)?;
+        write_atomically(&dir, KO_FILE_NAME, bytes)?;
         let json = serde_json::to_vec_pretty(&record).map_err(|e| {
             KmodError::io(
                 "encode",
@@ -256,6 +315,22 @@ impl KoCache {
         versions.sort();
         versions
     }
+}
+
+/// `Ok` when `info` declares `version` and a vermagic of kernel `release`; otherwise what it
+/// declares instead (version, vermagic).
+fn declares(
+    info: &ModInfo,
+    version: &KmdVersion,
+    release: &str,
+) -> Result<(), (Option<String>, Option<String>)> {
+    if info.version() == Some(version.as_str()) && info.vermagic_release() == Some(release) {
+        return Ok(());
+    }
+    Err((
+        info.version().map(str::to_string),
+        info.vermagic().map(str::to_string),
+    ))
 }
 
 /// Writes `dir/name` through a temporary file in `dir`, fsynced, then renamed over the target.

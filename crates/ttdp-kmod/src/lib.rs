@@ -12,6 +12,8 @@
 //!   `make -C /lib/modules/<release>/build M=<src> modules` with a job count and a timeout;
 //! - [`KoCache`]: `/var/cache/tt-kmd/<release>/<version>/tenstorrent.ko`, atomic writes, verified
 //!   hits, a lock serialising agents;
+//! - [`prebuilt`]: ready-built modules from a server, checked (checksum, version, vermagic)
+//!   before they enter the cache; the caller supplies the download ([`prebuilt::PrebuiltSource`]);
 //! - [`ModuleInstaller`]: ensure the `.ko`, unload (optionally killing holders), load, and
 //!   [`ModuleInstaller::swap`] which does all three with rollback, and
 //!   [`ModuleInstaller::swap_validated`] which also proves the loaded module works (a
@@ -46,6 +48,7 @@ mod kernel;
 mod ko_cache;
 mod modinfo;
 pub mod parameters;
+pub mod prebuilt;
 mod sim_host;
 mod sim_kernel;
 mod sim_source;

@@ -64,7 +64,8 @@
 //!   [`elf`] and [`scenarios`]; [`stub_repo`] uses [`scenarios`];
 //! - [`initramfs`] (step 5) packs what [`kernel`], [`stub_module`], [`static_build`] and
 //!   [`stub_repo`] produce;
-//! - [`test_report`] (step 6) reads what [`boot`] returns.
+//! - [`test_report`] (step 6) reads what [`boot`] returns;
+//! - [`prebuilt_tree`] runs `cargo xtask prebuild` on [`stub_repo`] for scenario `prebuilt`.
 
 mod agent_image;
 mod boot;
@@ -73,6 +74,7 @@ mod headers;
 mod host_tools;
 mod initramfs;
 mod kernel;
+mod prebuilt_tree;
 mod scenarios;
 pub mod static_build;
 mod stub_module;
@@ -253,13 +255,21 @@ impl Vm {
         } else {
             None
         };
-        let (extra_files, extra_env) = match &image {
+        let (mut extra_files, mut extra_env) = match &image {
             Some(i) => (
                 vec![(i.ko.clone(), "/image-ko/tenstorrent.ko".to_owned())],
                 i.guest_env.clone(),
             ),
             None => (Vec::new(), Vec::new()),
         };
+        if scenario.prebuilt_tree {
+            let tree = step(
+                &format!("[{}] prebuilding the served modules", scenario.name),
+                || prebuilt_tree::prepare(&self.root, &self.cache, &self.host.headers),
+            )?;
+            extra_files.extend(tree.files);
+            extra_env.extend(tree.env);
+        }
         let initrd = step(
             &format!("[{}] packing the initramfs", scenario.name),
             || {

@@ -28,6 +28,10 @@ pub struct Scenario {
     /// [`AGENT_IMAGE_TAG`](super::boot::AGENT_IMAGE_TAG)) and put the stub module its
     /// toolchain built at `/image-ko/tenstorrent.ko` (see [`agent_image`](super::agent_image)).
     pub agent_image: bool,
+    /// Put a tree of prebuilt modules, made by `cargo xtask prebuild` from the stub module's
+    /// repository against the host's headers, at `TTDP_VM_PREBUILT_DIR` in the guest, for a web
+    /// server there (its version in `TTDP_VM_PREBUILT_VERSION`).
+    pub prebuilt_tree: bool,
     /// The workload: a script relative to `tests/vm/scenarios/`, run as `/scenario.sh`.
     pub script: &'static str,
     /// Wall-clock limit for the whole boot-run-poweroff cycle under TCG.
@@ -46,6 +50,7 @@ pub const SCENARIOS: &[Scenario] = &[
         files: &[],
         host_usr: false,
         agent_image: false,
+        prebuilt_tree: false,
         script: "kmod.sh",
         timeout: Duration::from_secs(240),
     },
@@ -62,6 +67,7 @@ pub const SCENARIOS: &[Scenario] = &[
         files: &[],
         host_usr: true,
         agent_image: false,
+        prebuilt_tree: false,
         script: "kmod-build.sh",
         // one in-VM build: ~35 s on an idle machine, 180 s seen with the 2 cores shared 6 ways
         timeout: Duration::from_secs(600),
@@ -81,6 +87,7 @@ pub const SCENARIOS: &[Scenario] = &[
         files: &[],
         host_usr: true,
         agent_image: false,
+        prebuilt_tree: false,
         script: "agent.sh",
         // one in-VM build (as kmod-build) plus ~30 s of agent runs
         timeout: Duration::from_secs(600),
@@ -99,6 +106,7 @@ pub const SCENARIOS: &[Scenario] = &[
         files: &[],
         host_usr: false,
         agent_image: false,
+        prebuilt_tree: false,
         script: "validation.sh",
         // no build in the guest (the cache is seeded from the host-built stubs); ~20 s of agent runs
         timeout: Duration::from_secs(240),
@@ -117,8 +125,28 @@ pub const SCENARIOS: &[Scenario] = &[
         files: &[],
         host_usr: false,
         agent_image: false,
+        prebuilt_tree: false,
         script: "parameters.sh",
         // no build in the guest (the cache is seeded from the host-built stubs); ~15 s of agent runs
+        timeout: Duration::from_secs(240),
+    },
+    Scenario {
+        name: "prebuilt",
+        description: "prebuilt modules (TT_KMD_PREBUILT_URL, the DaemonSet's rendering of \
+                      spec.source.prebuilt) by the real ttdp-agent binary, from busybox httpd on \
+                      the guest's loopback serving what `cargo xtask prebuild` wrote: a wrong \
+                      checksum, a wrong vermagic and a missing file (fallback Fail) each fail the \
+                      node with the driver left loaded and nothing cached; the right file is \
+                      downloaded, cached with its URL and loaded, with no build",
+        tests: &[],
+        bins: &[("ttdp-agent", "ttdp-agent")],
+        examples: &[],
+        files: &[],
+        host_usr: false,
+        agent_image: false,
+        prebuilt_tree: true,
+        script: "prebuilt.sh",
+        // no build in the guest; four short agent runs
         timeout: Duration::from_secs(240),
     },
     Scenario {
@@ -136,6 +164,7 @@ pub const SCENARIOS: &[Scenario] = &[
         // the 9p modules and the kernel headers (the host's /usr stands in for the node's)
         host_usr: true,
         agent_image: true,
+        prebuilt_tree: false,
         script: "agent-image.sh",
         // one in-VM build, as in scenario agent
         timeout: Duration::from_secs(600),
@@ -154,6 +183,7 @@ pub const SWAP_TIMING: Scenario = Scenario {
     files: &[],
     host_usr: false,
     agent_image: false,
+    prebuilt_tree: false,
     script: "swap-timing.sh",
     timeout: Duration::from_secs(240),
 };

@@ -214,6 +214,19 @@ pub fn render(
         let repository = source.repository.as_deref().unwrap_or("<chart default>");
         let pin = source.commit.as_deref().unwrap_or("any commit");
         field(&mut out, 2, "Source", &format!("{repository} ({pin})"));
+        if let Some(prebuilt) = &source.prebuilt {
+            let on_missing = if prebuilt.fallback == "Fail" {
+                "fail if missing"
+            } else {
+                "build if missing"
+            };
+            field(
+                &mut out,
+                2,
+                "Prebuilt",
+                &format!("{} ({on_missing})", prebuilt.url),
+            );
+        }
     }
     if let Some(module) = spec.module.as_ref().filter(|m| !m.is_empty()) {
         field(

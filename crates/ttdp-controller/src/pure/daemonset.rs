@@ -30,15 +30,16 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy};
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EnvVar, EnvVarSource, ExecAction, HostPathVolumeSource,
-    ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SecurityContext,
-    Toleration, Volume, VolumeMount,
+    Affinity, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, ExecAction,
+    HostPathVolumeSource, KeyToPath, ObjectFieldSelector, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SecretVolumeSource, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_api::driver::v1alpha1::{CaBundleSource, PrebuiltSettings};
 use ttdp_api::names::{self, annotations, env, labels};
 use ttdp_api::node_selection::NodeSelection;
 
@@ -57,6 +58,11 @@ pub const PROBE_PERIOD_SECONDS: i32 = 10;
 pub const TERMINATION_GRACE_SECONDS: i64 = 120;
 /// The priority class of agent pods.
 pub const PRIORITY_CLASS: &str = "system-node-critical";
+/// Where the agent finds the prebuilt server's CA bundle, when the policy names one.
+pub const CA_BUNDLE_DIR: &str = "/etc/ttdp/prebuilt-ca";
+/// The bundle's file name in [`CA_BUNDLE_DIR`], whatever its key in the ConfigMap or Secret.
+const CA_BUNDLE_FILE: &str = "ca.crt";
+const CA_BUNDLE_VOLUME: &str = "prebuilt-ca";
 /// The taint a cordoned node carries.
 pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
 
@@ -243,7 +249,12 @@ fn pod_template(
                 node_affinity: Some(selection.node_affinity()),
                 ..Default::default()
             }),
-            volumes: Some(host_volumes()),
+            volumes: Some(
+                host_volumes()
+                    .into_iter()
+                    .chain(ca_bundle_volume(policy))
+                    .collect(),
+            ),
             ..Default::default()
         }),
     }
@@ -284,7 +295,12 @@ fn agent_container(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Con
             ])),
             ..Default::default()
         }),
-        volume_mounts: Some(host_mounts()),
+        volume_mounts: Some(
+            host_mounts()
+                .into_iter()
+                .chain(ca_bundle_mount(policy))
+                .collect(),
+        ),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         ..Default::default()
     }
@@ -325,6 +341,51 @@ fn host_volumes() -> Vec<Volume> {
             ..Default::default()
         })
         .collect()
+}
+
+/// The prebuilt server's CA bundle (`spec.source.prebuilt.caBundle`), as a ConfigMap or Secret
+/// volume holding the one key as [`CA_BUNDLE_FILE`].
+fn ca_bundle_volume(policy: &TenstorrentDriverPolicy) -> Option<Volume> {
+    let bundle = ca_bundle(policy)?;
+    let items = Some(vec![KeyToPath {
+        key: bundle.key.clone(),
+        path: CA_BUNDLE_FILE.to_owned(),
+        mode: None,
+    }]);
+    Some(Volume {
+        name: CA_BUNDLE_VOLUME.to_owned(),
+        config_map: bundle
+            .config_map_name
+            .as_ref()
+            .map(|name| ConfigMapVolumeSource {
+                name: name.clone(),
+                items: items.clone(),
+                ..Default::default()
+            }),
+        secret: bundle.secret_name.as_ref().map(|name| SecretVolumeSource {
+            secret_name: Some(name.clone()),
+            items,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
+fn ca_bundle_mount(policy: &TenstorrentDriverPolicy) -> Option<VolumeMount> {
+    ca_bundle(policy).map(|_| VolumeMount {
+        name: CA_BUNDLE_VOLUME.to_owned(),
+        mount_path: CA_BUNDLE_DIR.to_owned(),
+        read_only: Some(true),
+        ..Default::default()
+    })
+}
+
+fn ca_bundle(policy: &TenstorrentDriverPolicy) -> Option<&CaBundleSource> {
+    prebuilt(policy)?.ca_bundle.as_ref()
+}
+
+fn prebuilt(policy: &TenstorrentDriverPolicy) -> Option<&PrebuiltSettings> {
+    policy.spec.source.as_ref()?.prebuilt.as_ref()
 }
 
 /// Tolerate every NoSchedule and NoExecute taint (a cordoned node keeps its agent; the agent
@@ -383,6 +444,19 @@ fn agent_env(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Vec<EnvVa
     }
     if let Some(commit) = source.and_then(|s| s.commit.as_ref()) {
         vars.push(value(env::TT_KMD_COMMIT, commit.clone()));
+    }
+    if let Some(prebuilt) = prebuilt(policy) {
+        vars.push(value(env::TT_KMD_PREBUILT_URL, prebuilt.url.clone()));
+        vars.push(value(
+            env::TT_KMD_PREBUILT_FALLBACK,
+            prebuilt.fallback.clone(),
+        ));
+    }
+    if ca_bundle(policy).is_some() {
+        vars.push(value(
+            env::TT_KMD_PREBUILT_CA_FILE,
+            format!("{CA_BUNDLE_DIR}/{CA_BUNDLE_FILE}"),
+        ));
     }
     // Only when set, like the settings below: a policy without parameters keeps its template
     // hash. The readiness probe reads it too (ready only with the parameters loaded).
@@ -653,6 +727,7 @@ mod tests {
         mirrored.spec.source = Some(ttdp_api::driver::v1alpha1::SourceSettings {
             repository: Some("https://mirror.example/tt-kmd.git".into()),
             commit: Some("0123456789abcdef0123456789abcdef01234567".into()),
+            prebuilt: None,
         });
         let e = env_of(&render_with(&mirrored));
         assert_eq!(
@@ -663,6 +738,81 @@ mod tests {
             e[env::TT_KMD_COMMIT].value.as_deref(),
             Some("0123456789abcdef0123456789abcdef01234567")
         );
+    }
+
+    /// The prebuilt server reaches the agent, and its CA bundle is mounted read-only from the
+    /// ConfigMap or Secret the policy names, under one file name whatever its key.
+    #[test]
+    fn the_prebuilt_server_and_its_ca_bundle_reach_the_agent() {
+        use ttdp_api::driver::v1alpha1::{CaBundleSource, PrebuiltSettings, SourceSettings};
+        let plain = policy("fleet", "2.8.0");
+        let e = env_of(&render(&plain));
+        assert!(!e.contains_key(env::TT_KMD_PREBUILT_URL));
+        assert!(!e.contains_key(env::TT_KMD_PREBUILT_CA_FILE));
+        let url = "https://ko.example/tt-kmd/{version}/{kernelRelease}/tenstorrent.ko";
+        let with_bundle = |bundle: CaBundleSource| {
+            let mut p = plain.clone();
+            p.spec.source = Some(SourceSettings {
+                prebuilt: Some(PrebuiltSettings {
+                    url: url.into(),
+                    fallback: "Fail".into(),
+                    ca_bundle: Some(bundle),
+                }),
+                ..SourceSettings::default()
+            });
+            render(&p)
+        };
+        let ds = with_bundle(CaBundleSource {
+            config_map_name: Some("ko-ca".into()),
+            secret_name: None,
+            key: "bundle.pem".into(),
+        });
+        let e = env_of(&ds);
+        assert_eq!(e[env::TT_KMD_PREBUILT_URL].value.as_deref(), Some(url));
+        assert_eq!(
+            e[env::TT_KMD_PREBUILT_FALLBACK].value.as_deref(),
+            Some("Fail")
+        );
+        let ca_file = e[env::TT_KMD_PREBUILT_CA_FILE].value.clone().unwrap();
+        assert_eq!(ca_file, format!("{CA_BUNDLE_DIR}/ca.crt"));
+        let volume = |ds: &DaemonSet| {
+            pod_spec(ds)
+                .volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|v| v.name == CA_BUNDLE_VOLUME)
+                .cloned()
+                .unwrap()
+        };
+        let cm = volume(&ds).config_map.unwrap();
+        assert_eq!(cm.name, "ko-ca");
+        let items = cm.items.unwrap();
+        assert_eq!(
+            (items[0].key.as_str(), items[0].path.as_str()),
+            ("bundle.pem", "ca.crt")
+        );
+        let mount = pod_spec(&ds).containers[0]
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == CA_BUNDLE_VOLUME)
+            .cloned()
+            .unwrap();
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            (CA_BUNDLE_DIR, Some(true))
+        );
+
+        let ds = with_bundle(CaBundleSource {
+            config_map_name: None,
+            secret_name: Some("ko-tls".into()),
+            key: "ca.crt".into(),
+        });
+        let v = volume(&ds);
+        assert!(v.config_map.is_none());
+        assert_eq!(v.secret.unwrap().secret_name.as_deref(), Some("ko-tls"));
     }
 
     #[test]

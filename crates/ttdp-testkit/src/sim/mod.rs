@@ -49,7 +49,9 @@ pub mod time_scale;
 mod watched;
 pub mod workload;
 
-pub use cluster::{SCENARIO_LABEL, SimCluster, SimClusterOptions, SimNode, TenstorrentNode};
+pub use cluster::{
+    DEFAULT_KERNEL_RELEASE, SCENARIO_LABEL, SimCluster, SimClusterOptions, SimNode, TenstorrentNode,
+};
 pub use daemonset::DaemonSetController;
 pub use error::SimError;
 pub use eventually::eventually;

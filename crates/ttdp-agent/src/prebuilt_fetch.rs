@@ -1,0 +1,239 @@
+//! [`HttpPrebuiltSource`]: downloads ready-built modules (`spec.source.prebuilt`) over plain
+//! HTTP(S) for `ttdp_kmod`, which checks them before they enter the cache. HTTPS trusts the
+//! system's CA certificates plus an optional bundle (the policy's `caBundle`, mounted by the
+//! DaemonSet). The client is hyper's, the one kube already runs on.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{StatusCode, Uri, header};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rustls::RootCertStore;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use tokio::runtime::Handle;
+use ttdp_api::names::env;
+use ttdp_kmod::KmdVersion;
+use ttdp_kmod::prebuilt::{
+    CHECKSUM_SUFFIX, FetchedKo, PrebuiltFallback, PrebuiltFetchError, PrebuiltSource,
+    parse_checksum_file, prebuilt_url,
+};
+
+use crate::error::ConfigError;
+
+/// The largest file accepted: a tt-kmd `.ko` is well under a megabyte, so anything near this is
+/// not one.
+const MAX_FILE_BYTES: usize = 64 << 20;
+/// Redirects followed (a file server behind a load balancer or an artifact store may redirect).
+const MAX_REDIRECTS: usize = 5;
+
+/// Where prebuilt modules come from (`TT_KMD_PREBUILT_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrebuiltConfig {
+    /// URL template with `{version}` and `{kernelRelease}`.
+    pub url_template: String,
+    /// What a file the server lacks means.
+    pub fallback: PrebuiltFallback,
+    /// Extra CA certificates (PEM) for HTTPS.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Downloads `.ko` files and their checksums with hyper, blocking on the agent's runtime (it is
+/// called from the blocking task that holds the cache lock).
+#[derive(Debug)]
+pub struct HttpPrebuiltSource {
+    config: PrebuiltConfig,
+    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    runtime: Handle,
+    timeout: Duration,
+}
+
+impl HttpPrebuiltSource {
+    /// A source for `config`, each download (the `.ko` and its checksum) bounded by `timeout`,
+    /// run on the current tokio runtime. Fails when the CA bundle cannot be read or holds no
+    /// certificate, or outside a runtime.
+    pub fn new(config: PrebuiltConfig, timeout: Duration) -> Result<Self, ConfigError> {
+        let runtime = Handle::try_current().map_err(|e| ConfigError::Invalid {
+            variable: env::TT_KMD_PREBUILT_URL,
+            value: config.url_template.clone(),
+            problem: format!("prebuilt downloads need the agent's tokio runtime: {e}"),
+        })?;
+        let roots = trusted_roots(config.ca_file.as_deref())?;
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid_ca(config.ca_file.as_deref(), e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(TokioExecutor::new()).build(https);
+        Ok(Self {
+            config,
+            client,
+            runtime,
+            timeout,
+        })
+    }
+
+    /// The body at `url`, following redirects; `NotFound` for 404 and 410.
+    async fn get(&self, url: &str) -> Result<Bytes, PrebuiltFetchError> {
+        let failed = |message: String| PrebuiltFetchError::Failed {
+            url: url.to_owned(),
+            message,
+        };
+        let mut uri: Uri = url
+            .parse()
+            .map_err(|e| failed(format!("not a valid URL: {e}")))?;
+        for _ in 0..=MAX_REDIRECTS {
+            let response = self
+                .client
+                .get(uri.clone())
+                .await
+                .map_err(|e| failed(error_chain(&e)))?;
+            let status = response.status();
+            if status.is_redirection() {
+                uri = redirect_target(&uri, response.headers().get(header::LOCATION))
+                    .ok_or_else(|| failed(format!("{status} without a usable Location")))?;
+                continue;
+            }
+            if matches!(status, StatusCode::NOT_FOUND | StatusCode::GONE) {
+                return Err(PrebuiltFetchError::NotFound {
+                    url: url.to_owned(),
+                });
+            }
+            if !status.is_success() {
+                return Err(failed(format!("the server answered {status}")));
+            }
+            let body = Limited::new(response.into_body(), MAX_FILE_BYTES)
+                .collect()
+                .await
+                .map_err(|e| failed(format!("reading the body: {e}")))?;
+            return Ok(body.to_bytes());
+        }
+        Err(failed(format!("more than {MAX_REDIRECTS} redirects")))
+    }
+
+    /// The `.ko` at `url`, then its checksum file; a `.ko` without one is a failure, not a
+    /// missing module.
+    async fn download(&self, url: String) -> Result<FetchedKo, PrebuiltFetchError> {
+        let bytes = self.get(&url).await?;
+        let sum_url = format!("{url}{CHECKSUM_SUFFIX}");
+        let sum = match self.get(&sum_url).await {
+            Err(PrebuiltFetchError::NotFound { .. }) => {
+                return Err(PrebuiltFetchError::Failed {
+                    url: sum_url,
+                    message: "the server has the .ko but not its checksum file; publish both (cargo xtask prebuild writes them)".into(),
+                });
+            }
+            other => other?,
+        };
+        let sha256 = parse_checksum_file(&String::from_utf8_lossy(&sum)).map_err(|message| {
+            PrebuiltFetchError::Failed {
+                url: sum_url,
+                message,
+            }
+        })?;
+        Ok(FetchedKo {
+            url,
+            bytes: bytes.to_vec(),
+            sha256,
+        })
+    }
+}
+
+impl PrebuiltSource for HttpPrebuiltSource {
+    fn fetch(&self, version: &KmdVersion, release: &str) -> Result<FetchedKo, PrebuiltFetchError> {
+        let url = prebuilt_url(&self.config.url_template, version, release);
+        let download = tokio::time::timeout(self.timeout, self.download(url.clone()));
+        self.runtime.block_on(download).unwrap_or_else(|_| {
+            Err(PrebuiltFetchError::Failed {
+                url,
+                message: format!(
+                    "no answer within {}s ({})",
+                    self.timeout.as_secs(),
+                    env::FETCH_TIMEOUT
+                ),
+            })
+        })
+    }
+
+    fn fallback(&self) -> PrebuiltFallback {
+        self.config.fallback
+    }
+}
+
+/// The system's CA certificates plus those of `ca_file`.
+fn trusted_roots(ca_file: Option<&Path>) -> Result<RootCertStore, ConfigError> {
+    let mut roots = RootCertStore::empty();
+    // a system store that is missing or partly unreadable leaves what could be read: plain HTTP
+    // and the policy's own bundle still work
+    let native = rustls_native_certs::load_native_certs();
+    roots.add_parsable_certificates(native.certs);
+    let Some(path) = ca_file else {
+        return Ok(roots);
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .and_then(Iterator::collect)
+        .map_err(|e| invalid_ca(Some(path), e.to_string()))?;
+    if certs.is_empty() {
+        return Err(invalid_ca(Some(path), "it holds no PEM certificate".into()));
+    }
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|e| invalid_ca(Some(path), e.to_string()))?;
+    }
+    Ok(roots)
+}
+
+fn invalid_ca(path: Option<&Path>, problem: String) -> ConfigError {
+    ConfigError::Invalid {
+        variable: env::TT_KMD_PREBUILT_CA_FILE,
+        value: path.map(|p| p.display().to_string()).unwrap_or_default(),
+        problem: format!(
+            "cannot use it as a CA bundle: {problem}; check spec.source.prebuilt.caBundle and the ConfigMap or Secret it names"
+        ),
+    }
+}
+
+/// Where a redirect points: an absolute URL, or a path on the same server.
+fn redirect_target(from: &Uri, location: Option<&header::HeaderValue>) -> Option<Uri> {
+    let location = location?.to_str().ok()?;
+    let target: Uri = location.parse().ok()?;
+    if target.scheme().is_some() {
+        return Some(target);
+    }
+    let path = target.path_and_query()?.as_str();
+    if !path.starts_with('/') {
+        return None;
+    }
+    Uri::builder()
+        .scheme(from.scheme()?.clone())
+        .authority(from.authority()?.clone())
+        .path_and_query(path)
+        .build()
+        .ok()
+}
+
+/// An error and its causes on one line (hyper's own message is only "client error (Connect)").
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        cause = e.source();
+    }
+    text
+}
