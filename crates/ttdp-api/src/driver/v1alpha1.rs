@@ -376,8 +376,12 @@ pub struct TenstorrentDriverPolicyStatus {
     /// Per-node state. Past 1,000 matched nodes, Done nodes and Pending nodes waiting for a slot
     /// (reason `WaitingForSlot`) are left out to keep the object small; `summary` counts them
     /// and `summary.nodesOmitted` says how many. `kubectl tt driver nodes` lists every node.
+    //
+    // Atomic, not a list map keyed by name: the controller is the status's only writer, and the
+    // API server then tracks the list as one field instead of one per entry, which more than
+    // halves the cost of each status write of a large fleet (docs/benchmarks.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub nodes: Vec<NodeStatus>,
 
     /// Where a rollout guarded by a canary or maintenance windows stands. Absent without them.
