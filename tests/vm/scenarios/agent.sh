@@ -56,10 +56,7 @@ SCENARIO=agent
 
 # dump NAME: what the current agent run logged and reported, for a failed check
 dump() {
-  echo "---- $1: last lines of $AGENT_LOG ----"
-  [ -n "$AGENT_LOG" ] && tail -n 25 "$AGENT_LOG"
-  echo "---- $1: $REPORT ----"
-  cat "$REPORT" 2>/dev/null
+  dump_agent "$1"
   echo "---- $1: module: version $(loaded_version) refcnt $(cat /sys/module/tenstorrent/refcnt 2>/dev/null)"
 }
 

@@ -12,6 +12,23 @@ AGENT_LOG=
 # Called when a check fails, with its name; scripts that can say more redefine it.
 dump() { :; }
 
+# dump_agent NAME: the end of the current agent run's log and its report (what a script's dump()
+# prints first).
+dump_agent() {
+  echo "---- $1: last lines of $AGENT_LOG ----"
+  [ -n "$AGENT_LOG" ] && tail -n 25 "$AGENT_LOG"
+  echo "---- $1: $REPORT ----"
+  cat "$REPORT" 2>/dev/null
+}
+
+# The environment of an agent on this VM's real kernel that reports to the file $REPORT (no
+# cluster, so no grant is needed), has no repository to fetch from, and tries once a minute.
+standalone_agent_env() {
+  export TTDP_HOST_ROOT=/ TTDP_KERNEL=real NODE_NAME=vm-node TTDP_TT_SMI_PATH=none
+  export TT_KMD_REPOSITORY=/nonexistent TTDP_REPORT="file:$REPORT" TTDP_LOG_FORMAT=json
+  export TTDP_PROBE_PERIOD=1s TTDP_RETRY_INITIAL=60s TTDP_RETRY_MAX=60s TTDP_VALIDATE_DEVICES=false
+}
+
 # Prints the summary line, kills a running agent, exits with the result.
 finish() {
   [ -n "$AGENT_PID" ] && kill -KILL "$AGENT_PID" 2>/dev/null

@@ -24,18 +24,12 @@ OLD=$1
 NEW=$TTDP_VM_PREBUILT_VERSION
 STEP_LIMIT=60
 
-export TTDP_HOST_ROOT=/ TTDP_KERNEL=real NODE_NAME=vm-node TTDP_TT_SMI_PATH=none
-export TT_KMD_REPOSITORY=/nonexistent TTDP_REPORT="file:$REPORT" TTDP_LOG_FORMAT=json
-export TTDP_PROBE_PERIOD=1s TTDP_RETRY_INITIAL=60s TTDP_RETRY_MAX=60s TTDP_VALIDATE_DEVICES=false
-
 SCENARIO=prebuilt
 . /scenario-lib.sh
+standalone_agent_env
 
 dump() {
-  echo "---- $1: last lines of $AGENT_LOG ----"
-  [ -n "$AGENT_LOG" ] && tail -n 25 "$AGENT_LOG"
-  echo "---- $1: $REPORT ----"
-  cat "$REPORT" 2>/dev/null
+  dump_agent "$1"
   echo "---- $1: module $(loaded_version); cache:"
   ls -R "$CACHE/$RELEASE" 2>/dev/null
 }

@@ -33,10 +33,7 @@ SCENARIO=validation
 . /scenario-lib.sh
 
 dump() {
-  echo "---- $1: last lines of $AGENT_LOG ----"
-  [ -n "$AGENT_LOG" ] && tail -n 25 "$AGENT_LOG"
-  echo "---- $1: $REPORT ----"
-  cat "$REPORT" 2>/dev/null
+  dump_agent "$1"
   echo "---- $1: module $(loaded_version), refcnt $(cat /sys/module/tenstorrent/refcnt 2>/dev/null)"
 }
 
