@@ -198,14 +198,7 @@ impl KoCache {
             path: ko.to_path_buf(),
             reason,
         })?;
-        if let Err((found_version, found_vermagic)) = declares(&info, version, release) {
-            return Err(KmodError::BuiltWrongModule {
-                version: version.to_string(),
-                release: release.to_string(),
-                found_version,
-                found_vermagic,
-            });
-        }
+        info.check_built_for(version, release)?;
         self.write_entry(
             &bytes,
             &info,
@@ -242,11 +235,11 @@ impl KoCache {
         }
         let info = ModInfo::parse(&fetched.bytes)
             .map_err(|reason| rejected(format!("not a kernel module: {reason}")))?;
-        if let Err((found_version, found_vermagic)) = declares(&info, version, release) {
+        if !info.is_for(version, release) {
             return Err(rejected(format!(
                 "it declares version {} and vermagic {}, expected version {version} for the running kernel {release}",
-                found_version.as_deref().unwrap_or("(none)"),
-                found_vermagic.as_deref().unwrap_or("(none)"),
+                info.version().unwrap_or("(none)"),
+                info.vermagic().unwrap_or("(none)"),
             )));
         }
         self.write_entry(&fetched.bytes, &info, release, version, &fetched.url, None)
@@ -315,22 +308,6 @@ impl KoCache {
         versions.sort();
         versions
     }
-}
-
-/// `Ok` when `info` declares `version` and a vermagic of kernel `release`; otherwise what it
-/// declares instead (version, vermagic).
-fn declares(
-    info: &ModInfo,
-    version: &KmdVersion,
-    release: &str,
-) -> Result<(), (Option<String>, Option<String>)> {
-    if info.version() == Some(version.as_str()) && info.vermagic_release() == Some(release) {
-        return Ok(());
-    }
-    Err((
-        info.version().map(str::to_string),
-        info.vermagic().map(str::to_string),
-    ))
 }
 
 /// Writes `dir/name` through a temporary file in `dir`, fsynced, then renamed over the target.

@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use crate::KmodError;
+use crate::version::KmdVersion;
 
 /// The fields of a module's `.modinfo` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -70,6 +71,28 @@ impl ModInfo {
     /// `name=`: the module name.
     pub fn name(&self) -> Option<&str> {
         self.get("name")
+    }
+
+    /// Whether the module declares `version` and was built for kernel `release` (its vermagic).
+    pub fn is_for(&self, version: &KmdVersion, release: &str) -> bool {
+        self.version() == Some(version.as_str()) && self.vermagic_release() == Some(release)
+    }
+
+    /// [`ModInfo::is_for`], or [`KmodError::BuiltWrongModule`] saying what it declares instead.
+    pub(crate) fn check_built_for(
+        &self,
+        version: &KmdVersion,
+        release: &str,
+    ) -> Result<(), KmodError> {
+        if self.is_for(version, release) {
+            return Ok(());
+        }
+        Err(KmodError::BuiltWrongModule {
+            version: version.to_string(),
+            release: release.to_string(),
+            found_version: self.version().map(str::to_string),
+            found_vermagic: self.vermagic().map(str::to_string),
+        })
     }
 }
 

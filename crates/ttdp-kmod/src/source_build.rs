@@ -215,14 +215,7 @@ pub fn build_module(
         });
     }
     let modinfo = ModInfo::from_file(&ko_path)?;
-    if modinfo.version() != Some(version.as_str()) || modinfo.vermagic_release() != Some(release) {
-        return Err(KmodError::BuiltWrongModule {
-            version: version.to_string(),
-            release: release.to_string(),
-            found_version: modinfo.version().map(str::to_string),
-            found_vermagic: modinfo.vermagic().map(str::to_string),
-        });
-    }
+    modinfo.check_built_for(version, release)?;
     Ok(BuiltModule {
         version: version.clone(),
         release: release.to_string(),
