@@ -4,9 +4,9 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::nodes::{cordoned_by, message};
+use super::RenderOptions;
+use super::nodes::{cordoned_by, message, node_cells};
 use super::policy_summary::condition_needs_attention;
-use super::{RenderOptions, version_change};
 use crate::age::age;
 use crate::fleet::{EventFacts, NodeRow, PodFacts, PolicyView, nodes_omitted, policy_name};
 use crate::palette::Colour;
@@ -56,16 +56,7 @@ fn node_table(rows: &[NodeRow], opts: &RenderOptions) -> Table {
     header.extend(["CORDONED-BY", "AGE", "ATTEMPTS", "MESSAGE"]);
     let mut table = Table::new(header);
     for row in rows {
-        let mut cells = vec![
-            Cell::plain(row.node.clone()),
-            Cell::coloured(row.state.as_str(), Colour::of_state(row.state)),
-            Cell::plain(version_change(
-                row.state,
-                row.current_version.as_deref(),
-                &row.target_version,
-            )),
-            Cell::plain(row.install_mode.clone().unwrap_or_else(|| "-".to_owned())),
-        ];
+        let mut cells = Vec::from(node_cells(row));
         if with_parameters {
             cells.push(Cell::plain(
                 row.loaded_parameters

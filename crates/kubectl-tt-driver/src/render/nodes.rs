@@ -40,25 +40,34 @@ pub fn message(row: &NodeRow) -> String {
     }
 }
 
+/// The cells every node table starts with: node, state, version (or version change) and
+/// install mode.
+pub fn node_cells(row: &NodeRow) -> [Cell; 4] {
+    [
+        Cell::plain(row.node.clone()),
+        Cell::coloured(row.state.as_str(), Colour::of_state(row.state)),
+        Cell::plain(version_change(
+            row.state,
+            row.current_version.as_deref(),
+            &row.target_version,
+        )),
+        Cell::plain(row.install_mode.clone().unwrap_or_else(|| "-".to_owned())),
+    ]
+}
+
 /// The table for these rows, and a note for each policy whose omitted nodes could not all be
 /// found by their labels.
 pub fn render(fleet: &Fleet, rows: &[NodeRow], opts: &RenderOptions) -> String {
     let mut table = Table::new(HEADER);
     for row in rows {
-        table.push(vec![
-            Cell::plain(row.policy.clone()),
-            Cell::plain(row.node.clone()),
-            Cell::coloured(row.state.as_str(), Colour::of_state(row.state)),
-            Cell::plain(version_change(
-                row.state,
-                row.current_version.as_deref(),
-                &row.target_version,
-            )),
-            Cell::plain(row.install_mode.clone().unwrap_or_else(|| "-".to_owned())),
+        let mut cells = vec![Cell::plain(row.policy.clone())];
+        cells.extend(node_cells(row));
+        cells.extend([
             Cell::plain(cordoned_by(row)),
             Cell::plain(age(row.since, opts.now)),
             Cell::plain(message(row)),
         ]);
+        table.push(cells);
     }
     let mut out = table.render(opts.palette);
     for view in &fleet.policies {
