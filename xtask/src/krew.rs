@@ -7,9 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use sha2::{Digest, Sha256};
 
-use crate::crd;
+use crate::{crd, tools};
 
 /// The manifest, relative to the workspace root.
 const MANIFEST: &str = "deploy/krew/tt-driver.yaml";
@@ -29,7 +28,7 @@ pub fn run(args: &[String]) -> Result<()> {
         let archive = Path::new(dir).join(&file);
         match std::fs::read(&archive) {
             Ok(bytes) => {
-                sums.insert(file, format!("{:x}", Sha256::digest(&bytes)));
+                sums.insert(file, tools::sha256_hex(&bytes));
             }
             Err(_) => missing.push(archive.display().to_string()),
         }

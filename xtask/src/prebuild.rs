@@ -8,10 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use sha2::{Digest, Sha256};
 use ttdp_kmod::{BuildOptions, DEFAULT_REPOSITORY, HostRoot, KO_FILE_NAME, KmdVersion};
 
-use crate::crd;
+use crate::{crd, tools};
 
 const USAGE: &str = "usage: cargo xtask prebuild --kernel-headers DIR --version V [--out DIR]
                            [--repository URL] [--commit SHA] [--kernel-release R] [--make-arg ARG]...
@@ -139,7 +138,7 @@ pub fn build(prebuild: &Prebuild) -> Result<Prebuilt> {
         .with_context(|| format!("building tt-kmd {} for kernel {release}", prebuild.version))?;
     let bytes = std::fs::read(&built.ko_path)
         .with_context(|| format!("reading {}", built.ko_path.display()))?;
-    let sha256 = hex_sha256(&bytes);
+    let sha256 = tools::sha256_hex(&bytes);
     let dir = prebuild.out.join(prebuild.version.as_str()).join(&release);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let ko = dir.join(KO_FILE_NAME);
@@ -172,10 +171,6 @@ fn release_of(headers: &Path) -> Result<String> {
         .map(|value| value.trim().trim_matches('"').to_owned())
         .filter(|release| !release.is_empty() && !release.contains(char::is_whitespace))
         .with_context(|| format!("{} defines no UTS_RELEASE", file.display()))
-}
-
-fn hex_sha256(bytes: &[u8]) -> String {
-    format!("{:x}", Sha256::digest(bytes))
 }
 
 #[cfg(test)]

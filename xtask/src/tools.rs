@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
 
 /// The repository root (the parent of the xtask crate).
 pub fn repo_root() -> Result<PathBuf> {
@@ -56,4 +57,9 @@ pub fn run(cmd: &mut Command) -> Result<()> {
         bail!("{cmd:?} failed with {status}");
     }
     Ok(())
+}
+
+/// The lowercase hex sha256 of `bytes`, as `sha256sum` prints it.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
 }

@@ -12,6 +12,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::rootfs::tar_member;
+use crate::tools;
 
 const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
 
@@ -209,11 +210,7 @@ fn blob(archive: &Path, digest: &str) -> Result<Vec<u8>> {
 
 /// `sha256:<hex>` of `bytes`.
 pub fn sha256_digest(bytes: &[u8]) -> String {
-    let hex: String = Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("sha256:{hex}")
+    format!("sha256:{}", tools::sha256_hex(bytes))
 }
 
 /// `sha256:<hex>` of a file's contents, read in a stream.
@@ -222,12 +219,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
         std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut hasher = Sha256::new();
     std::io::copy(&mut file, &mut hasher).with_context(|| format!("reading {}", path.display()))?;
-    let hex: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok(format!("sha256:{hex}"))
+    Ok(format!("sha256:{:x}", hasher.finalize()))
 }
 
 /// Whether `s` is `sha256:` and 64 lowercase hex digits.
