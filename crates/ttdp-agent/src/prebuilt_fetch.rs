@@ -69,7 +69,11 @@ impl HttpPrebuiltSource {
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map_err(|e| invalid_ca(config.ca_file.as_deref(), e.to_string()))?
+        .map_err(|e| ConfigError::Invalid {
+            variable: env::TT_KMD_PREBUILT_URL,
+            value: config.url_template.clone(),
+            problem: format!("cannot set up TLS for it: {e}"),
+        })?
         .with_root_certificates(roots)
         .with_no_client_auth();
         let https = hyper_rustls::HttpsConnectorBuilder::new()
@@ -146,7 +150,7 @@ impl HttpPrebuiltSource {
         })?;
         Ok(FetchedKo {
             url,
-            bytes: bytes.to_vec(),
+            bytes: bytes.into(),
             sha256,
         })
     }
@@ -185,22 +189,22 @@ fn trusted_roots(ca_file: Option<&Path>) -> Result<RootCertStore, ConfigError> {
     };
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
         .and_then(Iterator::collect)
-        .map_err(|e| invalid_ca(Some(path), e.to_string()))?;
+        .map_err(|e| invalid_ca(path, e.to_string()))?;
     if certs.is_empty() {
-        return Err(invalid_ca(Some(path), "it holds no PEM certificate".into()));
+        return Err(invalid_ca(path, "it holds no PEM certificate".into()));
     }
     for cert in certs {
         roots
             .add(cert)
-            .map_err(|e| invalid_ca(Some(path), e.to_string()))?;
+            .map_err(|e| invalid_ca(path, e.to_string()))?;
     }
     Ok(roots)
 }
 
-fn invalid_ca(path: Option<&Path>, problem: String) -> ConfigError {
+fn invalid_ca(path: &Path, problem: String) -> ConfigError {
     ConfigError::Invalid {
         variable: env::TT_KMD_PREBUILT_CA_FILE,
-        value: path.map(|p| p.display().to_string()).unwrap_or_default(),
+        value: path.display().to_string(),
         problem: format!(
             "cannot use it as a CA bundle: {problem}; check spec.source.prebuilt.caBundle and the ConfigMap or Secret it names"
         ),

@@ -156,6 +156,19 @@ mod tests {
         std::fs::write(p, text).unwrap();
     }
 
+    /// A host with module tenstorrent `version` loaded and live.
+    fn loaded(version: &str) -> (tempfile::TempDir, HostRoot) {
+        let dir = tempfile::tempdir().unwrap();
+        let host = HostRoot::new(dir.path());
+        write(&host, "/sys/module/tenstorrent/initstate", "live\n");
+        write(
+            &host,
+            "/sys/module/tenstorrent/version",
+            &format!("{version}\n"),
+        );
+        (dir, host)
+    }
+
     #[test]
     fn ready_only_with_the_target_version_live() {
         let target: KmdVersion = "2.8.0".parse().unwrap();
@@ -182,10 +195,7 @@ mod tests {
     #[test]
     fn devices_that_are_not_bound_make_a_loaded_target_unready() {
         let target: KmdVersion = "2.8.0".parse().unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let host = HostRoot::new(dir.path());
-        write(&host, "/sys/module/tenstorrent/initstate", "live\n");
-        write(&host, "/sys/module/tenstorrent/version", "2.8.0\n");
+        let (_dir, host) = loaded("2.8.0");
         write(
             &host,
             "/sys/bus/pci/devices/0000:01:00.0/vendor",
@@ -213,10 +223,7 @@ mod tests {
     #[test]
     fn the_wanted_parameters_must_be_loaded() {
         let target: KmdVersion = "2.8.0".parse().unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let host = HostRoot::new(dir.path());
-        write(&host, "/sys/module/tenstorrent/initstate", "live\n");
-        write(&host, "/sys/module/tenstorrent/version", "2.8.0\n");
+        let (_dir, host) = loaded("2.8.0");
         write(
             &host,
             "/sys/module/tenstorrent/parameters/reset_limit",
