@@ -21,7 +21,7 @@ use crate::backoff::Backoff;
 use crate::budget::{
     BudgetFound, disruption_already_granted, find_budget_object, held_disruptions,
 };
-use crate::budget_watch::BudgetWatches;
+use crate::budget_watch::{BudgetTurn, BudgetWatches};
 use crate::counters::{Counter, DrainCounters};
 use crate::event::{DrainEvent, DrainEventKind, EventSink, Removal};
 use crate::node_pods::list_node_pods;
@@ -230,6 +230,8 @@ impl Removals {
         let mut attempt: u32 = 0;
         // The state of the blocking budget that last let this pod retry.
         let mut last_turn: u64 = 0;
+        // Held while the retry a budget let through is made.
+        let mut turn: Option<BudgetTurn> = None;
         loop {
             let mut blocked_by = None;
             if self.is_gone(index) {
@@ -241,13 +243,18 @@ impl Removals {
                 };
                 request(&pods, &pod_ref, method, attempt, s).await
             };
+            let held = turn.take();
             let error = match result {
                 Ok(()) => {
+                    if let Some(turn) = held {
+                        turn.accepted();
+                    }
                     self.set_state(index, PodState::Accepted(Instant::now()));
                     return;
                 }
                 Err(error) => error,
             };
+            drop(held);
             let retry_in = s.backoff.delay(attempt);
             match error_kind(&error) {
                 ErrorKind::NotFound => {
@@ -368,8 +375,9 @@ impl Removals {
             attempt = attempt.saturating_add(1);
             match blocked_by {
                 Some(budget) => {
-                    s.budgets
-                        .wait_until_allows(&budget, &mut last_turn, retry_in)
+                    turn = s
+                        .budgets
+                        .wait_until_allows(&budget, &pod_ref.name, &mut last_turn, retry_in)
                         .await;
                 }
                 None => tokio::time::sleep(retry_in).await,
