@@ -18,7 +18,19 @@ const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordonin
 const WRITES: [&str; 4] = ["create", "update", "patch", "delete"];
 
 /// About 5 % of the controller's writes fail: 2 % with 500, 2 % with 503, 1 % with a conflict.
+/// Besides, the first status write fails with 500 and the first node patch with a conflict, so
+/// that every run meets both however few writes the rollout needs.
 fn inject_write_faults(proxy: &FaultProxy) {
+    proxy.faults().inject(
+        Fault::error(500)
+            .verb("patch")
+            .resource("tenstorrentdriverpolicies")
+            .subresource("status")
+            .times(1),
+    );
+    proxy
+        .faults()
+        .inject(Fault::conflict().verb("patch").resource("nodes").times(1));
     for verb in WRITES {
         proxy
             .faults()

@@ -92,6 +92,8 @@ pub struct Pass {
     /// the cache shows the change, the observation says what the lifting did.
     uncordoned: HashMap<String, (Arc<CachedNode>, UncordonOutcome)>,
     recorded: Arc<RecordedStatus>,
+    /// This pass wrote the status: `policy`, read before, no longer shows the API's copy.
+    wrote_status: bool,
     now: Time,
     /// How long until the soonest retry gate opens, wait on the device's holders times out or
     /// a node reaches its step's deadline.
@@ -173,6 +175,7 @@ impl Pass {
             actions_taken: HashMap::new(),
             uncordoned: HashMap::new(),
             recorded,
+            wrote_status: false,
             now: Time(now),
             next_retry: None,
             first_error: None,
@@ -198,10 +201,18 @@ impl Pass {
         } = self.plan();
         let lifting = self.cordons_to_lift();
         let (recorded, lifted) = futures::join!(
-            status_writer::record(&self.ctx, &self.policy, built, &self.recorded),
+            status_writer::record(
+                &self.ctx,
+                &self.policy,
+                built,
+                &self.recorded,
+                self.wrote_status
+            ),
             act::on_nodes(&self.ctx, &self.policy, lifting, &self.now)
         );
-        self.recorded = recorded?;
+        let recorded = recorded?;
+        self.wrote_status |= recorded.written_at != self.recorded.written_at;
+        self.recorded = recorded;
         let foreground = self.start_actions();
         let mut outcomes = act::on_nodes(&self.ctx, &self.policy, foreground, &self.now).await;
         outcomes.extend(lifted);

@@ -105,16 +105,7 @@ async fn write_status(
     policy: &TenstorrentDriverPolicy,
     built: &BuiltStatus,
     last: &RecordedStatus,
-    unchanged: bool,
 ) -> Result<Option<String>, Error> {
-    if unchanged
-        && policy
-            .status
-            .as_ref()
-            .is_some_and(|s| same_apart_from_nodes(s, &built.status))
-    {
-        return Ok(None);
-    }
     let name = policy.name_any();
     let failed = |e: kube::Error| Error::kube(format!("write status of policy {name}"), e);
     if let Some(ops) = status_delta(last, built) {
@@ -225,11 +216,15 @@ fn status_delta(last: &RecordedStatus, built: &BuiltStatus) -> Option<Vec<serde_
 
 /// Writes `built` unless it is what was last written (and the API's copy agrees), and
 /// remembers it, the node entries once (in `nodes`, not again in `status`).
+///
+/// `policy_outdated`: `policy` was read before `last` was written (the caller wrote since), so
+/// its status is older than `last` and says nothing about the API's copy now.
 pub async fn record(
     ctx: &Context,
     policy: &TenstorrentDriverPolicy,
     built: BuiltStatus,
     last: &RecordedStatus,
+    policy_outdated: bool,
 ) -> Result<Arc<RecordedStatus>, Error> {
     let unchanged = built.changed.is_empty()
         && built.same_nodes
@@ -239,7 +234,11 @@ pub async fn record(
         tokio::time::sleep_until(due.into()).await;
     }
     let started = Instant::now();
-    let version = write_status(ctx, policy, &built, last, unchanged).await?;
+    let version = if unchanged && api_agrees(policy, policy_outdated, last, &built.status) {
+        None
+    } else {
+        write_status(ctx, policy, &built, last).await?
+    };
     let written_at = if version.is_some() {
         Some(started)
     } else {
@@ -253,6 +252,21 @@ pub async fn record(
     });
     ctx.remember_recorded(&policy.uid().unwrap_or_default(), written.clone());
     Ok(written)
+}
+
+/// Whether the API's copy of the status is `last` (so an unchanged status needs no write): the
+/// policy is at the version of that write, or was read before it (`policy_outdated`), or its
+/// status says the same. Otherwise someone else wrote it, and the write puts it right.
+fn api_agrees(
+    policy: &TenstorrentDriverPolicy,
+    policy_outdated: bool,
+    last: &RecordedStatus,
+    status: &TenstorrentDriverPolicyStatus,
+) -> bool {
+    policy_outdated
+        || (last.resource_version.is_some()
+            && policy.metadata.resource_version == last.resource_version)
+        || (policy.status.as_ref()).is_some_and(|s| same_apart_from_nodes(s, status))
 }
 
 /// Writes the status with every node entry as recorded and the conditions of `facts`.
@@ -281,7 +295,7 @@ pub async fn record_nodes_as_they_are(
         .collect();
     let now = Time(Timestamp::now());
     let built = build_status(facts, &last.status, &last.nodes, reports, &now);
-    record(ctx, policy, built, last).await
+    record(ctx, policy, built, last, false).await
 }
 
 /// When the status write after `w` may start: [`WRITE_SPACING_PER_ENTRY`] per node entry `w`
@@ -426,6 +440,39 @@ mod tests {
         // Nothing changed: only the guard (record() skips the write before it gets here).
         let same = recorded(now.clone(), 0, Some("41"));
         assert_eq!(delta(&same, now, 0).map(|ops| ops.len()), Some(1));
+    }
+
+    #[test]
+    fn an_unchanged_status_is_rewritten_only_when_someone_else_wrote_it() {
+        use NodeState::*;
+        let last = recorded(fleet([Done, Done, Pending, Pending]), 0, Some("42"));
+        let ours = status(Vec::new(), 0);
+        let policy = |version: &str, status: TenstorrentDriverPolicyStatus| {
+            let spec = serde_json::from_value(json!({"version": "2.8.0", "nodeAffinity": {}}));
+            let mut p = TenstorrentDriverPolicy::new("default", spec.unwrap());
+            p.metadata.resource_version = Some(version.into());
+            p.status = Some(status);
+            p
+        };
+        let mut theirs = ours.clone();
+        theirs.conditions.clear();
+        // At the version of our last write, or read before it in the same pass: no write.
+        assert!(api_agrees(
+            &policy("42", theirs.clone()),
+            false,
+            &last,
+            &ours
+        ));
+        assert!(api_agrees(
+            &policy("41", theirs.clone()),
+            true,
+            &last,
+            &ours
+        ));
+        // Another version whose status says the same: no write either.
+        assert!(api_agrees(&policy("43", ours.clone()), false, &last, &ours));
+        // Another version with another status: someone else wrote it, so it is put right.
+        assert!(!api_agrees(&policy("43", theirs), false, &last, &ours));
     }
 
     #[test]
