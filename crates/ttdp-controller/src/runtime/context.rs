@@ -8,12 +8,15 @@ use std::time::{Duration, Instant};
 
 use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, ResourceExt};
 use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_kmod::KmdVersion;
 
+use crate::error::Error;
 use crate::pure::cached::{CachedNode, CachedPod};
-use crate::pure::status::ReconcileFailure;
+use crate::pure::rollout::RolloutPlan;
+use crate::pure::status::{PolicyFacts, ReconcileFailure};
 use crate::runtime::agent_daemonset::AppliedDaemonSet;
 use crate::runtime::initial_lists::InitialLists;
 use crate::runtime::status_writer::RecordedStatus;
@@ -129,6 +132,34 @@ impl Context {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(uid.to_owned(), recorded);
+    }
+
+    /// The policy-wide facts of the status and the planner's inputs, under these settings.
+    pub fn plan_of(
+        &self,
+        policy: &TenstorrentDriverPolicy,
+        target: &KmdVersion,
+        managed: usize,
+    ) -> Result<(PolicyFacts, RolloutPlan), Error> {
+        let spec = &policy.spec;
+        let gates_configured = !self.settings.deploy_gates.is_empty();
+        let plan = RolloutPlan::of(spec, target, managed, gates_configured).map_err(|source| {
+            Error::InvalidSpec {
+                policy: policy.name_any(),
+                source,
+            }
+        })?;
+        let max_unavailable = plan.max_unavailable;
+        let facts = PolicyFacts {
+            generation: policy.metadata.generation,
+            target_version: spec.version.clone(),
+            paused: spec.paused,
+            invalid_spec: None,
+            max_unavailable,
+            failure: self.failure(&policy.uid().unwrap_or_default()),
+            canary_halt: None,
+        };
+        Ok((facts, plan))
     }
 
     /// The failure the last reconcile of the policy with this uid reported, if it failed.

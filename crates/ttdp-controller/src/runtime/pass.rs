@@ -29,7 +29,7 @@ use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::drain_plan;
 use crate::pure::observe::{self, ObserveInput};
 use crate::pure::overlap::{self, OlderPolicies, selection_of};
-use crate::pure::rollout::{Planner, RolloutPlan};
+use crate::pure::rollout::Planner;
 use crate::pure::start_guard::guards_of;
 use crate::pure::status::{
     BuiltStatus, NodeReport, PolicyFacts, StateChange, build_status, node_counts, update_status,
@@ -140,7 +140,7 @@ impl Pass {
         let not_created =
             agent_daemonset::blocker(&ctx, &name, &matched, &agent_pods, &conflicts).await;
         let managed = matched.len().saturating_sub(conflicts.len());
-        let (facts, plan) = plan_of(&ctx, &policy, &target, managed)?;
+        let (facts, plan) = ctx.plan_of(&policy, &target, managed)?;
         let now = Timestamp::now();
         let guards = guards_of(
             &policy.spec,
@@ -194,19 +194,16 @@ impl Pass {
     /// Plans, records the status and acts; then follows the fleet. Returns whether to go on with
     /// another round.
     pub async fn round(&mut self) -> Result<bool, Error> {
-        let Planned {
-            built,
-            changed_entries,
-            changes,
-        } = self.plan();
+        let planned = self.plan();
         let lifting = self.cordons_to_lift();
+        let wrote = self.wrote_status;
         let (recorded, lifted) = futures::join!(
             status_writer::record(
                 &self.ctx,
                 &self.policy,
-                built,
+                planned.built,
                 &self.recorded,
-                self.wrote_status
+                wrote
             ),
             act::on_nodes(&self.ctx, &self.policy, lifting, &self.now)
         );
@@ -217,14 +214,14 @@ impl Pass {
         let mut outcomes = act::on_nodes(&self.ctx, &self.policy, foreground, &self.now).await;
         outcomes.extend(lifted);
         let released = self.take_outcomes(outcomes);
-        self.report(&changes);
+        self.report(&planned.changes);
         let retry_due = self
             .next_retry
             .is_some_and(|w| self.following_since.elapsed() >= w);
         if self.first_error.is_some() || retry_due || self.following_since.elapsed() >= FOLLOW_FOR {
             return Ok(false);
         }
-        Ok(self.follow(changed_entries, released).await)
+        Ok(self.follow(planned.changed_entries, released).await)
     }
 
     /// Keeps the drains still needed, releases the nodes that left the selection, and says when
@@ -578,32 +575,4 @@ impl Pass {
         }
         after
     }
-}
-
-/// The policy-wide facts of the status and the planner's inputs.
-fn plan_of(
-    ctx: &Context,
-    policy: &TenstorrentDriverPolicy,
-    target: &KmdVersion,
-    managed: usize,
-) -> Result<(PolicyFacts, RolloutPlan), Error> {
-    let spec = &policy.spec;
-    let gates_configured = !ctx.settings.deploy_gates.is_empty();
-    let plan = RolloutPlan::of(spec, target, managed, gates_configured).map_err(|source| {
-        Error::InvalidSpec {
-            policy: policy.name_any(),
-            source,
-        }
-    })?;
-    let max_unavailable = plan.max_unavailable;
-    let facts = PolicyFacts {
-        generation: policy.metadata.generation,
-        target_version: spec.version.clone(),
-        paused: spec.paused,
-        invalid_spec: None,
-        max_unavailable,
-        failure: ctx.failure(&policy.uid().unwrap_or_default()),
-        canary_halt: None,
-    };
-    Ok((facts, plan))
 }
