@@ -92,13 +92,12 @@ pub struct Pass {
     /// the cache shows the change, the observation says what the lifting did.
     uncordoned: HashMap<String, (Arc<CachedNode>, UncordonOutcome)>,
     recorded: Arc<RecordedStatus>,
-    /// This pass wrote the status: `policy`, read before, no longer shows the API's copy.
-    wrote_status: bool,
     now: Time,
     /// How long until the soonest retry gate opens, wait on the device's holders times out or
     /// a node reaches its step's deadline.
     next_retry: Option<Duration>,
     first_error: Option<Error>,
+    /// When this pass began, after its `policy` was read.
     following_since: Instant,
     /// The canary's halt was announced (an Event) in this pass.
     halt_reported: bool,
@@ -175,7 +174,6 @@ impl Pass {
             actions_taken: HashMap::new(),
             uncordoned: HashMap::new(),
             recorded,
-            wrote_status: false,
             now: Time(now),
             next_retry: None,
             first_error: None,
@@ -196,7 +194,8 @@ impl Pass {
     pub async fn round(&mut self) -> Result<bool, Error> {
         let planned = self.plan();
         let lifting = self.cordons_to_lift();
-        let wrote = self.wrote_status;
+        // Written since this pass began: `policy`, read before, no longer shows the API's copy.
+        let wrote = (self.recorded.written_at).is_some_and(|at| at >= self.following_since);
         let (recorded, lifted) = futures::join!(
             status_writer::record(
                 &self.ctx,
@@ -207,9 +206,7 @@ impl Pass {
             ),
             act::on_nodes(&self.ctx, &self.policy, lifting, &self.now)
         );
-        let recorded = recorded?;
-        self.wrote_status |= recorded.written_at != self.recorded.written_at;
-        self.recorded = recorded;
+        self.recorded = recorded?;
         let foreground = self.start_actions();
         let mut outcomes = act::on_nodes(&self.ctx, &self.policy, foreground, &self.now).await;
         outcomes.extend(lifted);
