@@ -3,9 +3,8 @@
 //! The real control plane keeps no request log and fails no request on demand, yet some tests
 //! must prove what a component sent (only merge patches, evictions carrying the pod's UID, pods
 //! listed per node) or how it copes with a 5xx, a 409 or an API the server does not serve. A
-//! [`FaultProxy`] listens on loopback over plain HTTP, records every request like the imitation
-//! server's [`Recorder`] does, lets [`Faults`] (the imitation's rules: verb, resource,
-//! subresource, name, times) and [`Override`]s answer instead of the server, and forwards
+//! [`FaultProxy`] listens on loopback over plain HTTP, records every request in a [`Recorder`],
+//! lets [`Faults`] (rules: verb, resource, subresource, name, times) and [`Override`]s answer instead of the server, and forwards
 //! everything else through an admin client of the real server, streaming the answer back
 //! (watches included). Only the requests of the clients made by [`FaultProxy::client`] or run
 //! with [`FaultProxy::kubeconfig`] pass through it; everything else in a shared cluster talks to
@@ -23,8 +22,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri, header};
 use kube::Client;
 
-use crate::apiserver::{RecordedRequest, Recorder};
 use crate::faults::{FaultEffect, Faults};
+pub use crate::recorder::{RecordedRequest, Recorder};
 
 /// Why a proxy could not be started or a client of it made.
 #[derive(Debug, thiserror::Error)]

@@ -10,9 +10,10 @@
 //!   controller as a child process and the watch that follows a policy's rollout.
 //! - [`fault_proxy`]: a recording, fault-injecting HTTP proxy in front of a real API server, for
 //!   the faults a real server cannot produce on demand; [`faults`] are its rules.
-//! - [`apiserver`]: the in-process imitation of a Kubernetes API server, kept for the demo when
-//!   no control-plane assets are at hand and the benchmark's imitation column. It injects no
-//!   faults and is not a reference for Kubernetes behaviour: the real control plane is.
+//! - [`recorder`]: the fault proxy's request log.
+//! - [`apiserver`]: the in-process imitation of a Kubernetes API server, kept only for the demo
+//!   when no control-plane assets are at hand. It injects no faults and is not a reference for
+//!   Kubernetes behaviour: the real control plane is.
 #![deny(missing_docs)]
 
 pub mod apiserver;
@@ -20,5 +21,6 @@ pub mod fault_proxy;
 pub mod faults;
 pub mod launcher;
 pub mod programs;
+pub mod recorder;
 pub mod scratch;
 pub mod sim;

@@ -14,8 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use ttdp_testkit::apiserver::Recorder;
-use ttdp_testkit::fault_proxy::{FaultProxy, Override};
+use ttdp_testkit::fault_proxy::{FaultProxy, Override, Recorder};
 use ttdp_testkit::faults::Fault;
 use ttdp_testkit::launcher;
 use ttdp_testkit::sim::{

@@ -5,9 +5,7 @@
 //!
 //! Plan: fleets of 100 (maxUnavailable 1), 1,000 (maxUnavailable 100) and 5,000 (maxUnavailable
 //! 500) Tenstorrent nodes plus as many plain nodes, 500 ms of simulated agent work per node, each
-//! on a real control plane started for the run (the targets are checked on these) and then on
-//! the testkit's imitation API server (reported beside it, for comparison with earlier figures),
-//! each phase (adoption, rollout) time-boxed (a fleet that runs out of time reports what it
+//! on a real control plane started for the run, each phase (adoption, rollout) time-boxed (a fleet that runs out of time reports what it
 //! measured and counts as a missed target); `kubectl tt driver` timed on the 1,000 and 5,000
 //! fleets; drains of 10, 100 and 500 pods with ttdp-drain and kubectl; the module swap steps on
 //! a simulated kernel. `--quick` runs 20/100/200-node fleets and 10/50-pod drains (a smoke run,
@@ -30,9 +28,8 @@ use targets::{check, render};
 const RESULT_PREFIX: &str = "BENCH-RESULT ";
 
 /// One fleet run: Tenstorrent nodes, maxUnavailable, whether the plugin is timed on it, and how
-/// long the adoption and the rollout may each take (on the imitation; the real control plane
-/// gets [`REAL_TIMEOUT_FACTOR`] times as long: its DaemonSet controller and scheduler have
-/// thousands of pods to create and bind).
+/// long the adoption and the rollout may each take (the real DaemonSet controller and scheduler
+/// have thousands of pods to create and bind).
 struct FleetPlan {
     nodes: usize,
     max_unavailable: usize,
@@ -40,29 +37,24 @@ struct FleetPlan {
     timeout_seconds: u64,
 }
 
-/// The servers each fleet runs on, in this order: `ttdp-bench fleet --server`.
-const FLEET_SERVERS: [&str; 2] = ["real", "imitation"];
-/// How much longer the phases of a real-control-plane fleet may take.
-const REAL_TIMEOUT_FACTOR: u64 = 3;
-
 const FULL_FLEETS: [FleetPlan; 3] = [
     FleetPlan {
         nodes: 100,
         max_unavailable: 1,
         plugin: false,
-        timeout_seconds: 300,
+        timeout_seconds: 900,
     },
     FleetPlan {
         nodes: 1_000,
         max_unavailable: 100,
         plugin: true,
-        timeout_seconds: 240,
+        timeout_seconds: 720,
     },
     FleetPlan {
         nodes: 5_000,
         max_unavailable: 500,
         plugin: true,
-        timeout_seconds: 180,
+        timeout_seconds: 540,
     },
 ];
 const QUICK_FLEETS: [FleetPlan; 3] = [
@@ -70,19 +62,19 @@ const QUICK_FLEETS: [FleetPlan; 3] = [
         nodes: 20,
         max_unavailable: 1,
         plugin: false,
-        timeout_seconds: 120,
+        timeout_seconds: 360,
     },
     FleetPlan {
         nodes: 100,
         max_unavailable: 10,
         plugin: true,
-        timeout_seconds: 120,
+        timeout_seconds: 360,
     },
     FleetPlan {
         nodes: 200,
         max_unavailable: 20,
         plugin: true,
-        timeout_seconds: 120,
+        timeout_seconds: 360,
     },
 ];
 /// The Cargo profile the benchmarks are built with (see the workspace `Cargo.toml`): release
@@ -164,16 +156,14 @@ fn run_suites(
     let wants = |suite: &str| only.is_none_or(|o| o == suite);
     if wants("fleet") {
         for plan in if quick { &QUICK_FLEETS } else { &FULL_FLEETS } {
-            for server in FLEET_SERVERS {
-                let mut command = fleet_command(&bench, built, target, plan, server);
-                let mut result = suite(&mut command)?;
-                // A run that failed before printing its line still says where it ran.
-                if result.get("server").is_none() {
-                    result["server"] = Value::from(server_label(server));
-                    result["nodes"] = Value::from(plan.nodes);
-                }
-                results.push(result);
+            let mut command = fleet_command(&bench, built, target, plan);
+            let mut result = suite(&mut command)?;
+            // A run that failed before printing its line still says where it ran.
+            if result.get("server").is_none() {
+                result["server"] = Value::from(targets::REAL_SERVER);
+                result["nodes"] = Value::from(plan.nodes);
             }
+            results.push(result);
         }
     }
     if wants("drain") {
@@ -197,36 +187,15 @@ fn run_suites(
     Ok(results)
 }
 
-/// How `ttdp-bench` names a server in its results.
-fn server_label(server: &str) -> &'static str {
-    if server == "real" {
-        targets::REAL_SERVER
-    } else {
-        "imitation"
-    }
-}
-
-/// `ttdp-bench fleet` for one fleet of the plan on `server`.
-fn fleet_command(
-    bench: &Path,
-    built: &Path,
-    target: &Path,
-    plan: &FleetPlan,
-    server: &str,
-) -> Command {
-    let timeout = if server == "real" {
-        plan.timeout_seconds * REAL_TIMEOUT_FACTOR
-    } else {
-        plan.timeout_seconds
-    };
+/// `ttdp-bench fleet` for one fleet of the plan.
+fn fleet_command(bench: &Path, built: &Path, target: &Path, plan: &FleetPlan) -> Command {
     let mut command = Command::new(bench);
     command
         .arg("fleet")
-        .arg(format!("--server={server}"))
         .arg(format!("--nodes={}", plan.nodes))
         .arg(format!("--max-unavailable={}", plan.max_unavailable))
         .arg(format!("--work-ms={WORK_MS}"))
-        .arg(format!("--timeout-seconds={timeout}"))
+        .arg(format!("--timeout-seconds={}", plan.timeout_seconds))
         .arg(format!(
             "--controller={}",
             built.join("ttdp-controller").display()

@@ -1,6 +1,6 @@
 //! Issue 10's targets checked against the suites' figures, and the figures as Markdown tables
 //! (the format of docs/benchmarks.md). Fleet targets are checked on the real control plane's
-//! runs (issue 22); the imitation's are tabulated beside them, not checked.
+//! runs (issue 22); a run labelled otherwise (an older results file) is tabulated, not checked.
 
 use std::fmt::Write as _;
 
@@ -116,7 +116,7 @@ pub fn render(results: &[Value], machine: &Machine) -> String {
     out
 }
 
-/// Completed fleet runs, by size, the real control plane's before the imitation's.
+/// Completed fleet runs, by size, the real control plane's before any other.
 fn completed_fleets(results: &[Value]) -> Vec<&Value> {
     let mut fleets: Vec<&Value> = suites(results, "fleet")
         .filter(|f| f["completed"] == true)
@@ -125,7 +125,7 @@ fn completed_fleets(results: &[Value]) -> Vec<&Value> {
     fleets
 }
 
-/// The server column: real control plane or imitation.
+/// The server column.
 fn server_cell(f: &Value) -> &str {
     f["server"].as_str().unwrap_or("imitation")
 }

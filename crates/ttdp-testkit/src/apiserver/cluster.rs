@@ -2,9 +2,8 @@
 //! real server's semantics: optimistic concurrency, generation, managed fields, graceful
 //! deletion and finalizers. Everything runs under one lock, so each request is atomic.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -20,25 +19,10 @@ use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{self, ApiError, ObjectRef, StatusCause};
 use super::store::Store;
 
-/// How pods that were deleted gracefully (they got a `deletionTimestamp`) finally disappear.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PodTermination {
-    /// A kubelet (e.g. the testkit's simulated nodes) deletes them with grace period 0, as on a
-    /// real cluster; the server never does.
-    Kubelet,
-    /// The server removes them itself after `delay` (capped by their grace period), standing in
-    /// for a kubelet when none runs.
-    Automatic {
-        /// How long a terminating pod stays visible.
-        delay: Duration,
-    },
-}
-
-/// Server behaviour knobs.
+/// Server behaviour knobs. Pods deleted gracefully are left to a kubelet (the testkit's
+/// simulated nodes), which deletes them with grace period 0, as on a real cluster.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
-    /// How graceful pod deletions complete.
-    pub pod_termination: PodTermination,
     /// How many change events watches can resume from before a `resourceVersion` is 410 Gone.
     pub watch_history: usize,
     /// How often watches that asked for bookmarks get one.
@@ -48,9 +32,6 @@ pub struct ServerOptions {
 impl Default for ServerOptions {
     fn default() -> Self {
         Self {
-            pod_termination: PodTermination::Automatic {
-                delay: Duration::from_millis(200),
-            },
             watch_history: 10_000,
             bookmark_interval: Duration::from_secs(1),
         }
@@ -135,8 +116,6 @@ pub struct ClusterState {
     pub store: Store,
     /// Behaviour knobs.
     pub options: ServerOptions,
-    /// When each terminating pod was asked to terminate (for [`PodTermination::Automatic`]).
-    pub terminating_since: HashMap<(String, String), Instant>,
     /// Warnings of the current request (sent as `Warning` headers), drained by the router.
     pub warnings: Vec<String>,
     /// The revision PodDisruptionBudget statuses were last computed at.
@@ -160,7 +139,6 @@ impl Cluster {
             catalog: Catalog::builtin(),
             store: Store::new(options.watch_history),
             options,
-            terminating_since: HashMap::new(),
             warnings: Vec::new(),
             budgets_synced_at: 0,
             namespaces_synced_at: 0,
@@ -823,8 +801,6 @@ impl ClusterState {
         meta::set(&mut last, "resourceVersion", json!(revision.to_string()));
         let namespace = ns_key(rt, meta::namespace(obj));
         let name = meta::name(obj).to_string();
-        self.terminating_since
-            .remove(&(namespace.clone(), name.clone()));
         self.store
             .remove(&rt.storage_key(), &namespace, &name, last, revision);
         if rt.plural == "customresourcedefinitions" && rt.group == "apiextensions.k8s.io" {
@@ -924,10 +900,6 @@ impl ClusterState {
                 json!(meta::now_plus(grace)),
             );
             meta::set(&mut updated, "deletionGracePeriodSeconds", json!(grace));
-            if is_pod && !already {
-                self.terminating_since
-                    .insert((ns_key(rt, namespace), name.to_string()), Instant::now());
-            }
         }
         let stored = self.store_direct(rt, &existing, updated);
         if is_pod && grace == 0 && meta::finalizers(&stored).is_empty() {

@@ -4,14 +4,14 @@
 //! status (the disruption controller).
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::admission::CRD_CLEANUP_FINALIZER;
 use super::catalog::ResourceType;
-use super::cluster::{Cluster, ClusterState, DeleteOpts, PodTermination, WriteCtx};
+use super::cluster::{Cluster, ClusterState, DeleteOpts, WriteCtx};
 use super::disruption;
 use super::meta;
 
@@ -89,7 +89,6 @@ impl ClusterState {
         self.publish_namespace_defaults();
         self.terminate_namespaces();
         self.clean_up_crds();
-        self.finish_pod_deletions();
         self.update_disruption_budgets();
     }
 
@@ -333,46 +332,6 @@ impl ClusterState {
                         self.delete_quietly(&rt, &obj, "Background");
                     }
                 }
-            }
-        }
-    }
-
-    fn finish_pod_deletions(&mut self) {
-        let PodTermination::Automatic { delay } = self.options.pod_termination else {
-            return;
-        };
-        let Some(pods_rt) = self.resource("", "v1", "pods") else {
-            return;
-        };
-        let storage = pods_rt.storage_key();
-        let now = Instant::now();
-        let asked: Vec<((String, String), Instant)> = self
-            .terminating_since
-            .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        for (key, since) in asked {
-            let Some(pod) = self.store.get(&storage, &key.0, &key.1) else {
-                self.terminating_since.remove(&key);
-                continue;
-            };
-            let grace = pod["metadata"]["deletionGracePeriodSeconds"]
-                .as_i64()
-                .unwrap_or(0)
-                .max(0) as u64;
-            let wait = delay.min(Duration::from_secs(grace));
-            if !meta::is_deleting(pod) || now.duration_since(since) < wait {
-                continue;
-            }
-            // Copied only when it is acted on: a pass runs after every write, and hundreds of
-            // pods can be waiting out their grace period.
-            let pod = pod.clone();
-            if meta::finalizers(&pod).is_empty() {
-                self.remove_now(&pods_rt, &pod);
-            } else if grace > 0 {
-                let mut updated = pod.clone();
-                meta::set(&mut updated, "deletionGracePeriodSeconds", json!(0));
-                self.store_direct(&pods_rt, &pod, updated);
             }
         }
     }

@@ -1,4 +1,5 @@
-//! An in-process Kubernetes API server for tests and demos.
+//! An in-process imitation of a Kubernetes API server, kept for the demo when no control-plane
+//! assets are at hand (every test runs on a real control plane).
 //!
 //! It listens on `127.0.0.1` (plain HTTP, any free port), writes a kubeconfig (context
 //! `ttdp-test`) and serves the API subset ttdp uses with the real server's semantics: discovery
@@ -30,9 +31,9 @@
 //! - Controllers the real control plane runs are reduced to what tests need: garbage
 //!   collection, namespace and CRD cleanup, the PodDisruptionBudget status (the disruption
 //!   controller's rules, including controllers' scale for percentages), each namespace's
-//!   `default` ServiceAccount and `kube-root-ca.crt` ConfigMap, and (unless
-//!   [`PodTermination::Kubelet`]) completing graceful pod deletion. No scheduler, no
-//!   DaemonSet/ReplicaSet controllers (see [`crate::sim`]). Admission does not refuse pods
+//!   `default` ServiceAccount and `kube-root-ca.crt` ConfigMap. Graceful pod deletion is left
+//!   to the simulated kubelet. No scheduler, no DaemonSet/ReplicaSet controllers (see
+//!   [`crate::sim`]). Admission does not refuse pods
 //!   whose ServiceAccount does not exist yet, and new nodes get no `not-ready` taint
 //!   (TaintNodesByCondition).
 //! - [`TestApiServer::client`] turns kube's own retry of 429/503 off so callers see them.
@@ -67,7 +68,6 @@ mod openapi;
 mod owner_index;
 mod patch;
 mod protobuf;
-mod recorder;
 mod routes;
 mod schema_validation;
 mod selectors;
@@ -83,9 +83,8 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use cluster::{PodTermination, ServerOptions};
+pub use cluster::ServerOptions;
 pub use kubeconfig::CONTEXT as KUBECONFIG_CONTEXT;
-pub use recorder::{RecordedRequest, Recorder};
 
 /// Starting the server or building a client failed.
 #[derive(Debug, thiserror::Error)]
@@ -124,38 +123,12 @@ pub enum ServerError {
 #[derive(Debug, Clone, Default)]
 pub struct TestApiServerBuilder {
     options: ServerOptions,
-    port: u16,
 }
 
 impl TestApiServerBuilder {
-    /// How graceful pod deletions complete (default: the server completes them after 200 ms,
-    /// standing in for a kubelet; use [`PodTermination::Kubelet`] when simulated kubelets run).
-    pub fn pod_termination(mut self, mode: PodTermination) -> Self {
-        self.options.pod_termination = mode;
-        self
-    }
-
-    /// How many change events watches can resume from (default 10 000).
-    pub fn watch_history(mut self, events: usize) -> Self {
-        self.options.watch_history = events;
-        self
-    }
-
-    /// How often watches with `allowWatchBookmarks` get a BOOKMARK (default 1 s).
-    pub fn bookmark_interval(mut self, interval: Duration) -> Self {
-        self.options.bookmark_interval = interval;
-        self
-    }
-
-    /// Listen on this port instead of a free one (0, the default, picks a free one).
-    pub fn port(mut self, port: u16) -> Self {
-        self.port = port;
-        self
-    }
-
     /// Start the server.
     pub async fn start(self) -> Result<TestApiServer, ServerError> {
-        TestApiServer::start_with(self.options, self.port).await
+        TestApiServer::start_with(self.options).await
     }
 }
 
@@ -180,8 +153,8 @@ impl TestApiServer {
         TestApiServerBuilder::default()
     }
 
-    async fn start_with(options: ServerOptions, port: u16) -> Result<Self, ServerError> {
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+    async fn start_with(options: ServerOptions) -> Result<Self, ServerError> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
             .map_err(ServerError::Bind)?;
         let address = listener.local_addr().map_err(ServerError::Bind)?;
@@ -194,7 +167,6 @@ impl TestApiServer {
         let stop = CancellationToken::new();
         let app = routes::App {
             cluster: cluster::Cluster::new(options),
-            recorder: Recorder::default(),
             stop: stop.clone(),
             address: address.to_string(),
         };
@@ -223,11 +195,6 @@ impl TestApiServer {
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://{}", self.address)
-    }
-
-    /// The socket address it listens on.
-    pub fn address(&self) -> SocketAddr {
-        self.address
     }
 
     /// The kubeconfig file (context `ttdp-test`, namespace `default`).
@@ -265,27 +232,6 @@ impl TestApiServer {
             url: self.url(),
             source,
         })
-    }
-
-    /// The request log.
-    pub fn recorder(&self) -> &Recorder {
-        &self.app.recorder
-    }
-
-    /// Change how graceful pod deletions complete while running.
-    pub fn set_pod_termination(&self, mode: PodTermination) {
-        self.app.cluster.lock().options.pod_termination = mode;
-    }
-
-    /// Forget the watch history, so every earlier resourceVersion is "too old" (410 Gone), as
-    /// after an etcd compaction.
-    pub fn compact_history(&self) {
-        self.app.cluster.lock().store.compact();
-    }
-
-    /// The current resourceVersion of the whole store.
-    pub fn resource_version(&self) -> u64 {
-        self.app.cluster.lock().store.revision()
     }
 
     /// Stop serving: open watches end, the port is released.

@@ -20,7 +20,6 @@ use super::eviction;
 use super::openapi;
 use super::patch::PatchType;
 use super::protobuf;
-use super::recorder::{RecordedRequest, Recorder};
 use super::status::ApiError;
 use super::table;
 use super::watch::{self, WatchQuery};
@@ -30,8 +29,6 @@ use super::watch::{self, WatchQuery};
 pub struct App {
     /// The cluster.
     pub cluster: Cluster,
-    /// Request log.
-    pub recorder: Recorder,
     /// Cancelled on shutdown (ends watches).
     pub stop: CancellationToken,
     /// `host:port` the server listens on.
@@ -147,35 +144,6 @@ fn json_response(code: StatusCode, body: &Value) -> Response {
         .into_response()
 }
 
-fn verb_of(method: &Method, path: &ResourcePath, query: &HashMap<String, String>) -> &'static str {
-    let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
-    match (method.as_str(), path.name.is_some()) {
-        ("GET", false) if watch => "watch",
-        ("GET", false) => "list",
-        ("GET", true) => "get",
-        ("POST", _) => "create",
-        ("PUT", _) => "update",
-        ("PATCH", _) => "patch",
-        ("DELETE", false) => "deletecollection",
-        ("DELETE", true) => "delete",
-        _ => "",
-    }
-}
-
-fn parse_body(content_type: &str, body: &[u8]) -> Option<Value> {
-    if body.is_empty() {
-        return None;
-    }
-    if content_type.starts_with(protobuf::CONTENT_TYPE) {
-        return protobuf::decode(body).ok();
-    }
-    if content_type.starts_with("application/apply-patch") {
-        let text = std::str::from_utf8(body).ok()?;
-        return serde_saphyr::from_str(text).ok();
-    }
-    serde_json::from_slice(body).ok()
-}
-
 async fn handle(
     State(app): State<App>,
     method: Method,
@@ -184,7 +152,6 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_string();
-    let raw_query = uri.query().unwrap_or_default().to_string();
     let query: HashMap<String, String> = Query::<HashMap<String, String>>::try_from_uri(&uri)
         .map(|q| q.0)
         .unwrap_or_default();
@@ -198,54 +165,25 @@ async fn handle(
     let user_agent = header(header::USER_AGENT);
     let content_type = header(header::CONTENT_TYPE);
     let accept = header(header::ACCEPT);
-    let mut record = RecordedRequest {
-        method: method.to_string(),
-        verb: String::new(),
-        path: path.clone(),
-        query: raw_query,
-        user_agent: user_agent.clone(),
-        content_type: content_type.clone(),
-        body: parse_body(&content_type, &body),
-        group: String::new(),
-        resource: String::new(),
-        subresource: String::new(),
-        namespace: String::new(),
-        name: String::new(),
-        status: 0,
-    };
     let response = match parse_target(&app, &path) {
         Err(e) => e.into_response(),
-        Ok(Target::Resource(rp)) => {
-            let verb = verb_of(&method, &rp, &query);
-            record.verb = verb.to_string();
-            record.group = rp.rt.group.clone();
-            record.resource = rp.rt.plural.clone();
-            record.subresource = rp.subresource.clone();
-            record.namespace = rp.namespace.clone().unwrap_or_default();
-            record.name = rp.name.clone().unwrap_or_default();
-            match resource(
-                &app,
-                &method,
-                &rp,
-                &query,
-                &headers,
-                &user_agent,
-                &content_type,
-                &accept,
-                &body,
-            ) {
-                Ok(r) => r,
-                Err(e) => e.into_response(),
-            }
-        }
+        Ok(Target::Resource(rp)) => match resource(
+            &app,
+            &method,
+            &rp,
+            &query,
+            &headers,
+            &user_agent,
+            &content_type,
+            &accept,
+            &body,
+        ) {
+            Ok(r) => r,
+            Err(e) => e.into_response(),
+        },
         Ok(other) => non_resource(&app, other, &accept),
     };
-    record.status = response.status().as_u16();
-    if let Some(b) = &record.body {
-        tracing::trace!(path = %record.path, content_type = %record.content_type, body = %b, "request body");
-    }
-    tracing::debug!(method = %record.method, path = %record.path, query = %record.query, accept = %accept, status = record.status, "request");
-    app.recorder.record(record);
+    tracing::debug!(%method, %path, query = uri.query().unwrap_or_default(), %accept, status = response.status().as_u16(), "request");
     response
 }
 

@@ -328,10 +328,4 @@ impl Store {
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
         self.changes.subscribe()
     }
-
-    /// Drop history so that only revisions after the current one can be resumed (tests of 410).
-    pub fn compact(&mut self) {
-        self.history.clear();
-        self.compacted = self.revision;
-    }
 }

@@ -54,7 +54,7 @@ use super::time_scale::TimeScale;
 use super::workload::{
     DEVICE_RESOURCE, DisruptionLimit, Workload, WorkloadOwner, disruption_budget,
 };
-use crate::apiserver::{PodTermination, TestApiServer};
+use crate::apiserver::TestApiServer;
 use crate::launcher;
 
 /// The environment variable naming a real cluster's kubeconfig to run scenarios against.
@@ -339,9 +339,7 @@ impl SimCluster {
                 (None, client, path)
             }
             None => {
-                let server = TestApiServer::builder()
-                    .pod_termination(PodTermination::Kubelet)
-                    .start()
+                let server = TestApiServer::start()
                     .await
                     .map_err(|e| SimError::ApiServer {
                         message: e.to_string(),

@@ -1,6 +1,6 @@
 //! Simulated nodes for a real control plane: their "kubelet" runs pods' containers as child
 //! processes against a simulated host; and, for the in-process imitation API server only, a
-//! DaemonSet controller and scheduler stand-in.
+//! DaemonSet controller stand-in that also binds its pods.
 //!
 //! Everything here is a kube-rs client. By default it joins the real control plane of
 //! [`crate::launcher::test_kubeconfig`] (or another existing cluster), where the stand-ins stay
@@ -11,8 +11,7 @@
 //! - [`SimCluster`] is the entry point: nodes with simulated hosts ([`TenstorrentNode`]),
 //!   workloads ([`Workload`]), PodDisruptionBudgets, cleanup.
 //! - [`DaemonSetController`] places one pod per eligible node ([`node_fit`], [`daemonset_pod`],
-//!   [`daemonset_plan`]); [`control_plane`] adds a ReplicaSet controller and a scheduler for a
-//!   standalone test server that plays a whole cluster (`ttdp-testkit-apiserver --controllers`).
+//!   [`daemonset_plan`]) for the demo's fallback on the imitation.
 //! - [`SimKubelet`] registers nodes, keeps them alive ([`node_heartbeat`]) and runs their pods:
 //!   images in the [`ImageMap`] as child processes ([`container_spec`]), all others as
 //!   process-less workloads that may hold the device in the node's simulated kernel
@@ -32,7 +31,6 @@ mod background;
 pub mod cluster;
 mod container_runtime;
 pub mod container_spec;
-pub mod control_plane;
 pub mod daemonset;
 pub mod daemonset_plan;
 pub mod daemonset_pod;

@@ -5,10 +5,9 @@
 //! marks the pod Ready. The pod keeps its DaemonSet template hash, which is what the controller
 //! compares (see `crates/ttdp-controller/src/pure/observe.rs`).
 //!
-//! On a real server it also plays the kubelet's part in a pod's deletion: [`POD_TERMINATION`]
-//! after a pod is marked for deletion it deletes it for good (grace period 0), as a kubelet
-//! does once the containers have stopped, and as the imitation does by itself after the same
-//! time.
+//! It also plays the kubelet's part in a pod's deletion: [`POD_TERMINATION`] after a pod is
+//! marked for deletion it deletes it for good (grace period 0), as a kubelet does once the
+//! containers have stopped.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -23,8 +22,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use ttdp_api::names::{self, env, install_mode, labels};
 
-/// How long a deleted agent pod takes to terminate (the imitation's default, so both servers
-/// give the same figures).
+/// How long a deleted agent pod takes to terminate.
 pub const POD_TERMINATION: Duration = Duration::from_millis(200);
 
 /// One agent finishing its work on a node.
@@ -54,9 +52,9 @@ impl Drop for AgentStandIn {
 }
 
 impl AgentStandIn {
-    /// Starts watching; each swap takes `work`. With `terminate`, deleted pods are removed for
-    /// good after [`POD_TERMINATION`] (a real server waits for a kubelet to do that).
-    pub fn start(client: Client, work: Duration, terminate: bool) -> Self {
+    /// Starts watching; each swap takes `work`. Deleted pods are removed for good after
+    /// [`POD_TERMINATION`] (a real server waits for a kubelet to do that).
+    pub fn start(client: Client, work: Duration) -> Self {
         let ready = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::clone(&ready);
         let task = tokio::spawn(async move {
@@ -70,8 +68,7 @@ impl AgentStandIn {
             while let Some(item) = stream.next().await {
                 let Ok(pod) = item else { continue };
                 if pod.metadata.deletion_timestamp.is_some() {
-                    if terminate
-                        && let Some(uid) = pod.uid()
+                    if let Some(uid) = pod.uid()
                         && terminating.insert(uid.clone())
                     {
                         tokio::spawn(finish_deletion(pods.clone(), pod.name_any(), uid));

@@ -1,25 +1,10 @@
 //! Kube clients of the benchmark itself, marked with a `ttdp-bench/<role>` User-Agent so the
-//! server's request log can tell them from the component under measurement.
+//! recording proxy's log can tell them from the component under measurement.
 
-use anyhow::{Context, Result};
-use http::HeaderValue;
-use http::header::USER_AGENT;
-use kube::Client;
-use ttdp_testkit::apiserver::{RecordedRequest, TestApiServer};
+use ttdp_testkit::fault_proxy::RecordedRequest;
 
 /// The User-Agent prefix of every benchmark client.
 pub const BENCH_AGENT_PREFIX: &str = "ttdp-bench/";
-
-/// A client for `server` whose requests carry User-Agent `ttdp-bench/<role>`.
-pub fn bench_client(server: &TestApiServer, role: &str) -> Result<Client> {
-    let mut config = server
-        .config()
-        .context("cannot build a client config for the test api server")?;
-    let agent = HeaderValue::from_str(&format!("{BENCH_AGENT_PREFIX}{role}"))
-        .with_context(|| format!("benchmark role {role:?} is not a valid header value"))?;
-    config.headers.push((USER_AGENT, agent));
-    Client::try_from(config).context("cannot build a kube client for the test api server")
-}
 
 /// Whether a recorded request came from the benchmark itself.
 pub fn is_bench(request: &RecordedRequest) -> bool {

@@ -1,7 +1,6 @@
 //! The controller at fleet scale: `n` Tenstorrent nodes (plus `n` plain ones), the real
-//! `ttdp-controller` binary and the agent stand-in, on a real control plane (`--server real`,
-//! the default) or on the testkit's imitation (`--server imitation`); see `fleet_server`. The
-//! fleet is installed at tt-kmd `from`, settles, then rolls out to `to`.
+//! `ttdp-controller` binary and the agent stand-in, on a real control plane (see
+//! `fleet_server`). The fleet is installed at tt-kmd `from`, settles, then rolls out to `to`.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -11,13 +10,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use ttdp_testkit::apiserver::{RecordedRequest, Recorder};
+use ttdp_testkit::fault_proxy::{RecordedRequest, Recorder};
 use ttdp_testkit::programs::rollout_watch::is_rolled_out;
 use ttdp_testkit::programs::{ControllerConfig, ControllerProcess, Memory, RolloutWatch};
 
 use crate::agent_stand_in::AgentStandIn;
 use crate::bench_client::is_bench;
-use crate::fleet_server::{FleetServer, ServerKind};
+use crate::fleet_server::{FleetServer, SERVER_LABEL};
 use crate::fleet_setup::{self, POLICY};
 use crate::handoff::{Spread, handoffs, ideal_total, node_times, spread};
 use crate::result_line::{self, ms};
@@ -50,9 +49,6 @@ pub struct FleetArgs {
     /// Give up on the install or the rollout after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_seconds: u64,
-    /// The server: a real control plane started for the run, or the testkit's imitation.
-    #[arg(long, value_enum, default_value_t = ServerKind::Real)]
-    pub server: ServerKind,
     /// The kubectl-tt-driver binary: when given, its views are timed on the rolled-out fleet.
     #[arg(long)]
     pub plugin: Option<PathBuf>,
@@ -183,33 +179,25 @@ async fn start(args: &FleetArgs) -> Result<Bench> {
     };
     std::fs::create_dir_all(&log_dir)
         .with_context(|| format!("cannot create {}", log_dir.display()))?;
+    eprintln!("fleet {n}: starting the {SERVER_LABEL} and {} nodes", 2 * n);
+    let server = FleetServer::start().await?;
     eprintln!(
-        "fleet {n}: starting the {} and {} nodes",
-        args.server.label(),
-        2 * n
+        "fleet {n}: control-plane logs in {}",
+        server.logs().display()
     );
-    let mut server = FleetServer::start(args.server).await?;
-    if let Some(logs) = server.logs() {
-        eprintln!("fleet {n}: control-plane logs in {}", logs.display());
-    }
     let setup = server.client("setup").await?;
     fleet_setup::install_crd_and_namespace(&setup).await?;
     let started = Instant::now();
-    fleet_setup::create_nodes(&setup, n, n, FROM, server.is_real()).await?;
+    fleet_setup::create_nodes(&setup, n, n, FROM).await?;
     eprintln!(
         "fleet {n}: {} nodes created in {:.1} s",
         2 * n,
         started.elapsed().as_secs_f64()
     );
-    server.start_workload_controllers().await?;
     let work = Duration::from_millis(args.work_ms);
-    let agents = AgentStandIn::start(server.client("agent").await?, work, server.is_real());
+    let agents = AgentStandIn::start(server.client("agent").await?, work);
     let watch = RolloutWatch::start(server.client("watch").await?, POLICY);
-    let server_name = match args.server {
-        ServerKind::Real => "real",
-        ServerKind::Imitation => "imitation",
-    };
-    let log_file = log_dir.join(format!("controller-{n}-{server_name}.log"));
+    let log_file = log_dir.join(format!("controller-{n}.log"));
     let mut config = ControllerConfig::new(
         &args.controller,
         server.controller_kubeconfig(),
@@ -275,7 +263,7 @@ fn rollout_figures(
     let upgraded = times.values().filter(|t| t.1.is_some()).count().max(1);
     Ok(json!({
         "suite": "fleet",
-        "server": args.server.label(),
+        "server": SERVER_LABEL,
         "completed": true,
         "nodes": n,
         "plain_nodes": n,
@@ -359,7 +347,7 @@ async fn give_up(
         .and_then(|s| s.summary);
     result_line::print(&json!({
         "suite": "fleet",
-        "server": args.server.label(),
+        "server": SERVER_LABEL,
         "nodes": args.nodes,
         "plain_nodes": args.nodes,
         "max_unavailable": args.max_unavailable,

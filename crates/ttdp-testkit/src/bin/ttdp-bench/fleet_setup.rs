@@ -65,15 +65,14 @@ pub async fn install_crd_and_namespace(client: &Client) -> Result<()> {
 }
 
 /// Creates `tenstorrent` nodes with tt-kmd `version` loaded and `plain` nodes without devices,
-/// Ready. A real server's admission taints a new node `node.kubernetes.io/not-ready` until the
-/// node lifecycle controller sees it Ready; with `untaint` that taint is lifted here at once,
-/// as the controller would, so that the fleet is settled before the policy is created.
+/// Ready. The API server's admission taints a new node `node.kubernetes.io/not-ready` until the
+/// node lifecycle controller sees it Ready; that taint is lifted here at once, as the
+/// controller would, so that the fleet is settled before the policy is created.
 pub async fn create_nodes(
     client: &Client,
     tenstorrent: usize,
     plain: usize,
     version: &str,
-    untaint: bool,
 ) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let bodies = (0..tenstorrent)
@@ -108,13 +107,11 @@ pub async fn create_nodes(
                     .create(&PostParams::default(), &node)
                     .await
                     .with_context(|| format!("cannot create node {name}"))?;
-                if untaint {
-                    let patch = json!({ "spec": { "taints": null } });
-                    nodes
-                        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                        .with_context(|| format!("cannot lift the not-ready taint of {name}"))?;
-                }
+                let patch = json!({ "spec": { "taints": null } });
+                nodes
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .with_context(|| format!("cannot lift the not-ready taint of {name}"))?;
                 anyhow::Ok(())
             }
         })

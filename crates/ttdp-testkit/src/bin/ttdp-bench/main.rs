@@ -2,9 +2,7 @@
 //! suite.
 //!
 //! - `fleet`: the real `ttdp-controller` binary against simulated fleets with a cheap agent
-//!   stand-in, on a real control plane started for the run (`--server real`, the default) or on
-//!   the testkit's imitation API server (`--server imitation`, kept for comparison), measuring
-//!   memory, API requests, hand-off latency, status size and rollout time (with `--plugin`, also
+//!   stand-in, on a real control plane started for the run, measuring memory, API requests, hand-off latency, status size and rollout time (with `--plugin`, also
 //!   `kubectl tt driver`'s wall time on the same fleet);
 //! - `drain`: the `ttdp-drain` example program side by side with the real `kubectl drain`, on
 //!   the real control plane;

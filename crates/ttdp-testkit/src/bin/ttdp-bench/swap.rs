@@ -2,7 +2,7 @@
 //! unload, load, from its [`SwapReport`]) on a simulated kernel, for a cache hit with nothing
 //! loaded, a cache hit replacing a loaded version, and a cache miss (a build of the simulated
 //! module from a local tt-kmd repository); plus the agent's last step, labelling its Node, timed
-//! against the test API server. Real-kernel load and unload times come from the VM that `cargo
+//! against a real control plane started for it. Real-kernel load and unload times come from the VM that `cargo
 //! xtask bench` boots (`crates/ttdp-kmod/examples/swap_timing.rs`), not from here.
 
 use std::time::{Duration, Instant};
@@ -17,7 +17,9 @@ use ttdp_kmod::{
     BuildOptions, InstallerConfig, KmdVersion, ModuleInstaller, SimHost, SimKernel, SimKmdRepo,
     SwapOptions, SwapReport,
 };
-use ttdp_testkit::apiserver::TestApiServer;
+use ttdp_testkit::launcher::{Assets, ControlPlaneOptions, runs_dir};
+use ttdp_testkit::programs::ControlPlaneThread;
+use ttdp_testkit::sim::cluster::client_for;
 
 use crate::handoff::spread;
 use crate::result_line::{self, ms};
@@ -152,15 +154,17 @@ pub fn run(args: &SwapArgs) -> Result<()> {
     Ok(())
 }
 
-/// Median time of the agent's node label merge patch against the test API server.
+/// Median time of the agent's node label merge patch against a real API server.
 fn label_time(samples: usize) -> Result<Duration> {
+    let assets = Assets::locate().context("the label timing needs the control plane's binaries")?;
+    let plane = ControlPlaneThread::start(assets, runs_dir(), ControlPlaneOptions::default())
+        .context("cannot start the real control plane")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
-        let server = TestApiServer::start().await?;
-        let client = server.client().await?;
+        let client = client_for(plane.kubeconfig()).await?;
         let nodes: Api<Node> = Api::all(client);
         let node: Node = serde_json::from_value(
             json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": "swap-node" } }),
@@ -180,7 +184,6 @@ fn label_time(samples: usize) -> Result<Duration> {
                 .context("cannot label the node")?;
             times.push(started.elapsed());
         }
-        server.shutdown().await;
         anyhow::Ok(spread(times).p50)
     })
 }

@@ -1,4 +1,4 @@
-//! The request log: every request the server answered, so tests can assert what a component
+//! The request log of the fault proxy: every request it answered or forwarded, so tests can assert what a component
 //! wrote (e.g. "the agent never wrote anything but its own node's labels").
 
 use std::sync::{Arc, Mutex};
