@@ -1,7 +1,9 @@
 //! Kubernetes Events (events.k8s.io) for the node transitions a user cares about and for policy
 //! failures. Publishing is best effort and off the reconcile path: Events go through a bounded
 //! queue to a background task, so a 500-node wave never waits on a thousand Event writes; when
-//! the queue is full an Event is dropped and logged, never fails a reconcile.
+//! the queue is full an Event is dropped and counted in the log, never fails a reconcile. (The
+//! queue is tokio's bounded channel: a `futures` channel sent to through a fresh clone of its
+//! sender takes every message, and a 5,000-node rollout queued tens of thousands.)
 //!
 //! Which transitions get Events ([`on_policy`], [`on_node`]): on the policy, every step a node
 //! takes except queueing (entering Pending) and first sightings of settled nodes (a 5,000-node
@@ -14,15 +16,16 @@
 //! not grow with the number of Events sent.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
-use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::{Client, Resource};
+use tokio::sync::mpsc;
 use tracing::warn;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 
@@ -30,41 +33,85 @@ use crate::pure::status::StateChange;
 
 /// The reporting controller name on Events.
 pub const REPORTING_CONTROLLER: &str = "ttdp-controller";
-/// Events waiting to be written at most; more are dropped (and logged).
+/// Events waiting to be written at most; more are dropped (and counted in the log).
 pub const QUEUE_CAPACITY: usize = 8_192;
 /// Event writes in flight at once.
 const CONCURRENT_WRITES: usize = 4;
+/// Every how many dropped Events the log says so again.
+const DROPS_PER_WARNING: u64 = 1_000;
+/// Places of the queue kept for Warning Events (failures): a flood of routine steps fills the
+/// rest first.
+const WARNING_RESERVE: usize = 1_024;
 
 /// Publishes the controller's Events through a background task.
 #[derive(Clone)]
 pub struct EventPublisher {
     queue: mpsc::Sender<Queued>,
     instance: Arc<str>,
+    dropped: Arc<AtomicU64>,
 }
 
-/// An Event waiting in the queue: only what differs between Events (a built `Event` is a few
-/// kilobytes, and a wave of hundreds of nodes can queue thousands).
+/// An Event waiting in the queue. It holds only what differs between Events and builds the
+/// Event when it is written: a built `Event` is a few kilobytes, a wave of hundreds of nodes
+/// queues thousands, and both Events of a node's change share one [`NodeChange`].
 struct Queued {
     at: Timestamp,
-    warning: bool,
-    reason: String,
-    note: String,
-    regarding: Subject,
-    related: Option<Subject>,
+    about: About,
 }
 
-/// What an Event is about: a node (by name) or an object (shared by the Events of one change).
-#[derive(Clone)]
-enum Subject {
-    Node(String),
-    Object(Arc<ObjectReference>),
+enum About {
+    /// A node's state change, told on the policy (related: the node) or, with `on_node`, on
+    /// the node (related: the policy).
+    NodeChange {
+        change: Arc<NodeChange>,
+        policy: Arc<ObjectReference>,
+        on_node: bool,
+    },
+    /// Any other Event, on the policy.
+    Policy {
+        policy: Arc<ObjectReference>,
+        warning: bool,
+        reason: String,
+        note: String,
+    },
 }
 
-impl Subject {
-    fn reference(self) -> ObjectReference {
+/// What the Events of a node's state change tell.
+struct NodeChange {
+    node: String,
+    from: Option<NodeState>,
+    to: NodeState,
+    message: Option<String>,
+}
+
+impl NodeChange {
+    fn of(change: &StateChange) -> Self {
+        Self {
+            node: change.node.clone(),
+            from: change.from,
+            to: change.to,
+            message: change.message.clone(),
+        }
+    }
+
+    /// `node <name> <from> -> <to>[: <message>]`.
+    fn note(&self) -> String {
+        let from = self.from.map_or("new".to_owned(), |s| s.to_string());
+        let detail = self
+            .message
+            .as_ref()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default();
+        format!("node {} {from} -> {}{detail}", self.node, self.to)
+    }
+}
+
+impl About {
+    /// Whether the Event is a Warning.
+    fn warning(&self) -> bool {
         match self {
-            Subject::Node(name) => node_ref(&name),
-            Subject::Object(r) => Arc::unwrap_or_clone(r),
+            About::NodeChange { change, .. } => change.to == NodeState::Failed,
+            About::Policy { warning, .. } => *warning,
         }
     }
 }
@@ -72,12 +119,35 @@ impl Subject {
 impl Queued {
     /// The `events.k8s.io/v1` Event.
     fn event(self, instance: &str) -> K8sEvent {
-        let regarding = self.regarding.reference();
+        let warning = self.about.warning();
+        let (reason, note, regarding, related) = match self.about {
+            About::NodeChange {
+                change,
+                policy,
+                on_node,
+            } => {
+                let node = node_ref(&change.node);
+                let policy = Arc::unwrap_or_clone(policy);
+                let (regarding, related) = if on_node {
+                    (node, policy)
+                } else {
+                    (policy, node)
+                };
+                let reason = reason_for(change.to);
+                (reason, change.note(), regarding, Some(related))
+            }
+            About::Policy {
+                policy,
+                reason,
+                note,
+                ..
+            } => (reason, note, Arc::unwrap_or_clone(policy), None),
+        };
         K8sEvent {
             action: Some("Reconcile".into()),
-            reason: Some(self.reason),
+            reason: Some(reason),
             event_time: Some(MicroTime(self.at)),
-            note: Some(truncate(self.note, 1000)),
+            note: Some(truncate(note, 1000)),
             metadata: ObjectMeta {
                 namespace: Some(
                     regarding
@@ -93,10 +163,10 @@ impl Queued {
                 ..Default::default()
             },
             regarding: Some(regarding),
-            related: self.related.map(Subject::reference),
+            related,
             reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
             reporting_instance: Some(instance.to_owned()),
-            type_: Some(if self.warning { "Warning" } else { "Normal" }.to_owned()),
+            type_: Some(if warning { "Warning" } else { "Normal" }.to_owned()),
             ..Default::default()
         }
     }
@@ -157,6 +227,9 @@ impl EventPublisher {
             .unwrap_or_else(|| REPORTING_CONTROLLER.to_owned())
             .into();
         let writer_instance = instance.clone();
+        let pending = futures::stream::unfold(pending, |mut pending| async move {
+            pending.recv().await.map(|queued| (queued, pending))
+        });
         tokio::spawn(
             pending.for_each_concurrent(CONCURRENT_WRITES, move |queued| {
                 let client = client.clone();
@@ -170,34 +243,27 @@ impl EventPublisher {
                 }
             }),
         );
-        Self { queue, instance }
+        Self {
+            queue,
+            instance,
+            dropped: Arc::default(),
+        }
     }
 
-    /// The Events for a node's state change: on the policy ([`on_policy`]) and on the node
+    /// The Events for nodes' state changes: on the policy ([`on_policy`]) and on the node
     /// ([`on_node`]).
-    pub fn node_changed(&self, policy: &TenstorrentDriverPolicy, change: &StateChange) {
-        let warning = change.to == NodeState::Failed;
-        let detail = change
-            .message
-            .as_ref()
-            .map(|m| format!(": {m}"))
-            .unwrap_or_default();
-        let from = change.from.map_or("new".to_owned(), |s| s.to_string());
-        let note = format!("node {} {from} -> {}{detail}", change.node, change.to);
-        let reason = reason_for(change.to);
-        let policy_ref = Subject::Object(Arc::new(policy.object_ref(&())));
-        let node = Subject::Node(change.node.clone());
-        if on_policy(change) {
-            self.send(
-                warning,
-                &reason,
-                note.clone(),
-                policy_ref.clone(),
-                Some(node.clone()),
-            );
-        }
-        if on_node(change) {
-            self.send(warning, &reason, note, node, Some(policy_ref));
+    pub fn nodes_changed(&self, policy: &TenstorrentDriverPolicy, changes: &[StateChange]) {
+        let policy = Arc::new(policy.object_ref(&()));
+        for c in changes {
+            let change = Arc::new(NodeChange::of(c));
+            let told = [(false, on_policy(c)), (true, on_node(c))];
+            for (on_node, _) in told.into_iter().filter(|(_, told)| *told) {
+                self.send(About::NodeChange {
+                    change: Arc::clone(&change),
+                    policy: Arc::clone(&policy),
+                    on_node,
+                });
+            }
         }
     }
 
@@ -209,32 +275,36 @@ impl EventPublisher {
         reason: &str,
         note: String,
     ) {
-        let policy_ref = Subject::Object(Arc::new(policy.object_ref(&())));
-        self.send(warning, reason, note, policy_ref, None);
-    }
-
-    fn send(
-        &self,
-        warning: bool,
-        reason: &str,
-        note: String,
-        regarding: Subject,
-        related: Option<Subject>,
-    ) {
-        let queued = Queued {
-            at: Timestamp::now(),
+        self.send(About::Policy {
+            policy: Arc::new(policy.object_ref(&())),
             warning,
             reason: reason.to_owned(),
             note,
-            regarding,
-            related,
+        });
+    }
+
+    fn send(&self, about: About) {
+        let queued = Queued {
+            at: Timestamp::now(),
+            about,
         };
-        if let Err(err) = self.queue.clone().try_send(queued) {
-            warn!(
-                reason,
-                full = err.is_full(),
-                "event dropped: the event queue is full or closed"
-            );
+        let routine = !queued.about.warning();
+        let sent = if routine && self.queue.capacity() <= WARNING_RESERVE {
+            Err("full")
+        } else {
+            self.queue.try_send(queued).map_err(|err| match err {
+                mpsc::error::TrySendError::Full(_) => "full",
+                mpsc::error::TrySendError::Closed(_) => "closed",
+            })
+        };
+        if let Err(queue) = sent {
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed);
+            if dropped.is_multiple_of(DROPS_PER_WARNING) {
+                warn!(
+                    dropped = dropped + 1,
+                    queue, "events dropped: the event queue is full or closed"
+                );
+            }
         }
     }
 }
@@ -280,21 +350,24 @@ mod tests {
 
     #[test]
     fn a_queued_event_becomes_an_event_about_its_subject() {
-        let policy = ObjectReference {
+        let policy = Arc::new(ObjectReference {
             kind: Some("TenstorrentDriverPolicy".into()),
             name: Some("fleet".into()),
             ..Default::default()
-        };
+        });
         let at = Timestamp::now();
-        let e = Queued {
+        let mut failed = change(Some(Upgrading), Failed);
+        failed.message = Some("x".repeat(1200));
+        let failed = Arc::new(NodeChange::of(&failed));
+        let queued = |on_node| Queued {
             at,
-            warning: true,
-            reason: "NodeFailed".into(),
-            note: "x".repeat(1200),
-            regarding: Subject::Node("n1".into()),
-            related: Some(Subject::Object(Arc::new(policy))),
-        }
-        .event("ctl-0");
+            about: About::NodeChange {
+                change: Arc::clone(&failed),
+                policy: Arc::clone(&policy),
+                on_node,
+            },
+        };
+        let e = queued(true).event("ctl-0");
         assert_eq!(e.metadata.namespace.as_deref(), Some("default"));
         assert_eq!(
             e.metadata.name,
@@ -303,9 +376,74 @@ mod tests {
         assert_eq!(e.regarding.unwrap().kind.as_deref(), Some("Node"));
         assert_eq!(e.related.unwrap().name.as_deref(), Some("fleet"));
         assert_eq!(e.type_.as_deref(), Some("Warning"));
-        assert_eq!(e.note.unwrap().len(), 1000);
+        assert_eq!(e.reason.as_deref(), Some("NodeFailed"));
+        let note = e.note.unwrap();
+        assert_eq!(note.len(), 1000);
+        assert!(
+            note.starts_with("node n1 Upgrading -> Failed: xxx"),
+            "{note}"
+        );
         assert_eq!(e.reporting_instance.as_deref(), Some("ctl-0"));
         assert_eq!(e.event_time.unwrap().0, at);
+        let on_policy = queued(false).event("ctl-0");
+        assert_eq!(on_policy.regarding.unwrap().name.as_deref(), Some("fleet"));
+        assert_eq!(on_policy.related.unwrap().name.as_deref(), Some("n1"));
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_events_instead_of_growing() {
+        let (queue, mut pending) = mpsc::channel(WARNING_RESERVE + 2);
+        let publisher = EventPublisher {
+            queue,
+            instance: "ctl-0".into(),
+            dropped: Arc::default(),
+        };
+        let spec = serde_json::from_value(serde_json::json!({"version": "2.8.0"})).unwrap();
+        let policy = TenstorrentDriverPolicy::new("fleet", spec);
+        let changes = vec![change(Some(Pending), Cordoning); 3];
+        publisher.nodes_changed(&policy, &changes);
+        assert_eq!(publisher.dropped.load(Ordering::Relaxed), 4);
+        let mut told = 0;
+        while pending.try_recv().is_ok() {
+            told += 1;
+        }
+        assert_eq!(
+            told, 2,
+            "routine Events fill the queue up to the reserve and no more"
+        );
+    }
+
+    #[tokio::test]
+    async fn failures_are_told_when_routine_steps_have_filled_the_queue() {
+        let (queue, mut pending) = mpsc::channel(WARNING_RESERVE + 2);
+        let publisher = EventPublisher {
+            queue,
+            instance: "ctl-0".into(),
+            dropped: Arc::default(),
+        };
+        let spec = serde_json::from_value(serde_json::json!({"version": "2.8.0"})).unwrap();
+        let policy = TenstorrentDriverPolicy::new("fleet", spec);
+        // Draining -> Upgrading is told on the policy only: one Event each.
+        let routine = vec![change(Some(Draining), Upgrading); 3];
+        publisher.nodes_changed(&policy, &routine);
+        assert_eq!(publisher.dropped.load(Ordering::Relaxed), 1);
+        publisher.nodes_changed(&policy, &[change(Some(Upgrading), Failed)]);
+        publisher.policy_event(&policy, true, "RolloutHalted", "halted".into());
+        assert_eq!(publisher.dropped.load(Ordering::Relaxed), 1);
+        let mut reasons = Vec::new();
+        while let Ok(queued) = pending.try_recv() {
+            reasons.push(queued.event("ctl-0").reason.unwrap_or_default());
+        }
+        assert_eq!(
+            reasons,
+            [
+                "NodeUpgrading",
+                "NodeUpgrading",
+                "NodeFailed",
+                "NodeFailed",
+                "RolloutHalted"
+            ]
+        );
     }
 
     #[test]

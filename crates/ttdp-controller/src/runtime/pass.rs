@@ -453,8 +453,8 @@ impl Pass {
     fn report(&self, changes: &[StateChange]) {
         for c in changes {
             info!(node = %c.node, from = ?c.from, to = %c.to, reason = ?c.reason, message = ?c.message, "node state changed");
-            self.ctx.events.node_changed(&self.policy, c);
         }
+        self.ctx.events.nodes_changed(&self.policy, changes);
         self.ctx.metrics.record_changes(&self.name, changes);
     }
 
