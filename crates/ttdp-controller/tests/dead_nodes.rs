@@ -13,7 +13,7 @@ use std::time::Duration;
 use harness::{Harness, RUN_LABEL, STEP, condition, node_entry, node_state, tt_node};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use ttdp_api::NodeState::{self, *};
 use ttdp_api::names::{annotations, labels};
@@ -282,5 +282,29 @@ async fn nodes_without_progress_fail_at_the_node_timeout_and_count_against_the_b
     for node in &nodes {
         assert_eq!(h.kmd_version(node).await.as_deref(), Some("2.8.0"));
     }
+    h.shutdown().await;
+}
+
+/// A node that loses its NFD Tenstorrent label is no Tenstorrent node any more: it leaves the
+/// policy's status, as a deleted node does (the controller keeps no copy of nodes no policy can
+/// select), while the others stay Done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_loses_its_nfd_label_leaves_the_status() {
+    let h = Harness::start(|p| (0..2).map(|_| tt_node(p)).collect()).await;
+    let nodes = h.nodes();
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_policy(&policy, "both nodes Done", STEP * 2, |p| {
+        nodes.iter().all(|n| node_state(p, n) == Some(Done))
+    })
+    .await;
+    let unlabel = json!({"metadata": {"labels": {labels::NFD_TENSTORRENT: null}}});
+    h.node_api()
+        .patch(&nodes[1], &PatchParams::default(), &Patch::Merge(&unlabel))
+        .await
+        .unwrap();
+    h.wait_policy(&policy, "the unlabelled node gone", STEP, |p| {
+        node_state(p, &nodes[1]).is_none() && node_state(p, &nodes[0]) == Some(Done)
+    })
+    .await;
     h.shutdown().await;
 }

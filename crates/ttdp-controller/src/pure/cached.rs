@@ -327,6 +327,36 @@ pub fn node_event(event: watcher::Event<Node>, require_nfd: bool) -> watcher::Ev
     map_event(event, |n| CachedNode::of(n, require_nfd))
 }
 
+/// Whether a cached node matters to the controller: a policy may select it (with
+/// `require_nfd`, only a node with the NFD label, whose labels [`CachedNode::of`] kept), or it
+/// carries ttdp's annotations (a cordon of ours to release). Without `require_nfd` any node may
+/// be selected.
+pub fn node_matters(node: &CachedNode, require_nfd: bool) -> bool {
+    !require_nfd || node.metadata.labels.is_some() || node.metadata.annotations.is_some()
+}
+
+/// A node watch event as the node store takes it: a node that does not
+/// [matter](node_matters) is left out (a cluster may have thousands of plain nodes), and one that
+/// stops mattering while `stored` (its NFD label was removed) is told as deleted, so that it
+/// leaves its policies' status as a deleted node does.
+pub fn node_store_event(
+    event: watcher::Event<CachedNode>,
+    require_nfd: bool,
+    stored: impl Fn(&str) -> bool,
+) -> Option<watcher::Event<CachedNode>> {
+    match event {
+        watcher::Event::Apply(n) if node_matters(&n, require_nfd) => Some(watcher::Event::Apply(n)),
+        watcher::Event::Apply(n) => {
+            stored(n.name()).then_some(watcher::Event::Delete(CachedNode { deleted: true, ..n }))
+        }
+        watcher::Event::InitApply(n) => {
+            node_matters(&n, require_nfd).then_some(watcher::Event::InitApply(n))
+        }
+        watcher::Event::Delete(n) => stored(n.name()).then_some(watcher::Event::Delete(n)),
+        other => Some(other),
+    }
+}
+
 /// An agent pod watch event, converted to [`CachedPod`].
 pub fn agent_pod_event(event: watcher::Event<Pod>) -> watcher::Event<CachedPod> {
     map_event(event, CachedPod::of)
@@ -462,6 +492,61 @@ mod tests {
         );
         assert!(n.metadata.managed_fields.is_none() && n.metadata.uid.is_none());
         assert!(n.unschedulable);
+    }
+
+    #[test]
+    fn the_store_leaves_out_nodes_that_do_not_matter_and_tells_when_one_stops_mattering() {
+        use watcher::Event::*;
+        let plain: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
+        let plain = CachedNode::of(plain, true);
+        let tenstorrent = CachedNode::of(full_node(true), true);
+        let ours_not_selectable = CachedNode::of(full_node(false), true);
+        let kept = |e: Option<watcher::Event<CachedNode>>| match e {
+            Some(Apply(n) | InitApply(n)) => Some((n.name().to_owned(), false)),
+            Some(Delete(n)) => Some((n.name().to_owned(), n.deleted)),
+            _ => None,
+        };
+        let nowhere = |_: &str| false;
+        let stored = |name: &str| name == "n1";
+        assert_eq!(
+            kept(node_store_event(InitApply(plain.clone()), true, nowhere)),
+            None
+        );
+        assert_eq!(
+            kept(node_store_event(Apply(plain.clone()), true, nowhere)),
+            None
+        );
+        assert_eq!(
+            kept(node_store_event(Delete(plain.clone()), true, nowhere)),
+            None
+        );
+        assert_eq!(
+            kept(node_store_event(Apply(plain.clone()), true, stored)),
+            Some(("n1".to_owned(), true)),
+            "a stored node that lost its NFD label leaves like a deleted one"
+        );
+        assert_eq!(
+            kept(node_store_event(Apply(tenstorrent), true, nowhere)),
+            Some(("n1".to_owned(), false))
+        );
+        assert_eq!(
+            kept(node_store_event(
+                InitApply(ours_not_selectable),
+                true,
+                nowhere
+            )),
+            Some(("n1".to_owned(), false)),
+            "a node holding a cordon of ours stays, NFD label or not"
+        );
+        assert_eq!(
+            kept(node_store_event(Apply(plain), false, nowhere)),
+            Some(("n1".to_owned(), false)),
+            "without requireNfd any node may be selected"
+        );
+        assert!(matches!(
+            node_store_event(InitDone, true, nowhere),
+            Some(InitDone)
+        ));
     }
 
     #[test]

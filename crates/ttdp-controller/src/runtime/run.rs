@@ -324,7 +324,8 @@ fn watch_policies(
     (store, stream)
 }
 
-/// Every node, trimmed, recording its changes for reconciles following the fleet.
+/// Every node that matters ([`cached::node_matters`]), trimmed, recording its changes for
+/// reconciles following the fleet.
 fn watch_nodes(
     client: &Client,
     require_nfd: bool,
@@ -335,11 +336,16 @@ fn watch_nodes(
     impl Stream<Item = Result<CachedNode, watcher::Error>> + use<>,
 ) {
     let (store, writer) = reflector::store();
+    let stored = store.clone();
     let config = watcher::Config::default().page_size(LIST_PAGE);
     let stream = watcher::watcher(Api::<Node>::all(client.clone()), config)
         .default_backoff()
         .map_ok(move |event| cached::node_event(event, require_nfd))
         .inspect(lists.recorder(Watched::Nodes))
+        .try_filter_map(move |event| {
+            let in_store = |name: &str| stored.get(&ObjectRef::new(name)).is_some();
+            futures::future::ready(Ok(cached::node_store_event(event, require_nfd, in_store)))
+        })
         .reflect(writer)
         .inspect(move |event| changes.node_event(event))
         .touched_objects()
