@@ -390,16 +390,30 @@ mod tests {
         assert_eq!(on_policy.related.unwrap().name.as_deref(), Some("n1"));
     }
 
-    #[tokio::test]
-    async fn a_full_queue_drops_events_instead_of_growing() {
-        let (queue, mut pending) = mpsc::channel(WARNING_RESERVE + 2);
+    /// A publisher whose queue has room for two routine Events beyond the Warnings' reserve,
+    /// its queue's receiving end, and a policy.
+    fn publisher_with_room_for_two() -> (
+        EventPublisher,
+        mpsc::Receiver<Queued>,
+        TenstorrentDriverPolicy,
+    ) {
+        let (queue, pending) = mpsc::channel(WARNING_RESERVE + 2);
         let publisher = EventPublisher {
             queue,
             instance: "ctl-0".into(),
             dropped: Arc::default(),
         };
         let spec = serde_json::from_value(serde_json::json!({"version": "2.8.0"})).unwrap();
-        let policy = TenstorrentDriverPolicy::new("fleet", spec);
+        (
+            publisher,
+            pending,
+            TenstorrentDriverPolicy::new("fleet", spec),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_events_instead_of_growing() {
+        let (publisher, mut pending, policy) = publisher_with_room_for_two();
         let changes = vec![change(Some(Pending), Cordoning); 3];
         publisher.nodes_changed(&policy, &changes);
         assert_eq!(publisher.dropped.load(Ordering::Relaxed), 4);
@@ -415,14 +429,7 @@ mod tests {
 
     #[tokio::test]
     async fn failures_are_told_when_routine_steps_have_filled_the_queue() {
-        let (queue, mut pending) = mpsc::channel(WARNING_RESERVE + 2);
-        let publisher = EventPublisher {
-            queue,
-            instance: "ctl-0".into(),
-            dropped: Arc::default(),
-        };
-        let spec = serde_json::from_value(serde_json::json!({"version": "2.8.0"})).unwrap();
-        let policy = TenstorrentDriverPolicy::new("fleet", spec);
+        let (publisher, mut pending, policy) = publisher_with_room_for_two();
         // Draining -> Upgrading is told on the policy only: one Event each.
         let routine = vec![change(Some(Draining), Upgrading); 3];
         publisher.nodes_changed(&policy, &routine);
