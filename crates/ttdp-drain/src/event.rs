@@ -87,7 +87,8 @@ pub enum DrainEventKind {
         /// The API server's message.
         message: String,
         /// Disruptions the budget granted to evictions that were never carried out
-        /// (`status.disruptedPods`): Kubernetes holds them until they expire.
+        /// (`status.disruptedPods`, less the pods this drain is removing itself): Kubernetes
+        /// holds them until they expire.
         held: Vec<HeldDisruption>,
         /// When the next attempt is made at the latest (sooner when the budget allows one).
         retry_in: Duration,

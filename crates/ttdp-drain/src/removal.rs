@@ -166,6 +166,16 @@ impl Removals {
         }
     }
 
+    /// Whether `namespace/name` is a pod this drain's own request removed or is removing: a
+    /// budget counts it as disrupted until it is gone, which holds nothing back from anyone.
+    fn removed_here(&self, namespace: &str, name: &str) -> bool {
+        self.lock().iter().any(|t| {
+            matches!(t.state, PodState::Accepted(_) | PodState::Gone)
+                && t.pod_ref.namespace == namespace
+                && t.pod_ref.name == name
+        })
+    }
+
     fn fail(&self, index: usize, error: String) {
         self.set_state(index, PodState::Failed(error));
         self.settled.notify_one();
@@ -329,10 +339,11 @@ impl Removals {
                         None => (None, None),
                     };
                     let message = api_message(&error);
-                    let held = pdb
+                    let mut held = pdb
                         .as_ref()
                         .map(|pdb| held_disruptions(pdb, now))
                         .unwrap_or_default();
+                    held.retain(|h| !self.removed_here(&pod_ref.namespace, &h.pod));
                     blocked_by = budget.clone();
                     tracing::debug!(node = s.node, pod = %pod_ref, ?budget, retry_in_ms = retry_in.as_millis() as u64, "eviction blocked by a disruption budget");
                     self.set_state(

@@ -194,7 +194,8 @@ async fn a_resumed_drain_deletes_a_pod_whose_eviction_was_granted_but_cut_off() 
         .map(|r| r.name)
         .collect();
     assert_eq!(evicted, set(&["web-b", "web-c"]));
-    // Until web-a was gone, the others' blocks named the disruption Kubernetes held for it.
+    // The others' blocks named the disruption Kubernetes held for web-a, and never a pod this
+    // drain was removing itself (web-c, once its eviction was granted, is no held disruption).
     let held_named: Vec<String> = h
         .events()
         .into_iter()
