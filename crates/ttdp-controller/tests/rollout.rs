@@ -17,6 +17,8 @@ use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use ttdp_api::NodeState::{self, *};
 use ttdp_api::names::{self, annotations, labels};
+use ttdp_testkit::fault_proxy::FaultProxy;
+use ttdp_testkit::faults::Fault;
 use ttdp_testkit::sim::{DeviceUse, DisruptionLimit, Workload};
 
 const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordoning, Done];
@@ -500,10 +502,19 @@ async fn pause_mid_rollout_then_resume() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_killed_at_every_state_resumes_without_losing_a_cordon() {
     let mut h = Harness::start_idle(loaded("2.7.0", 3), |_| {}).await;
+    // Uncordoning is one node patch, over in a few milliseconds: every controller process talks
+    // through a proxy that holds its node patches for a while, so that each state lasts long
+    // enough to be seen, and killed in.
+    let proxy = FaultProxy::start(h.client.clone()).await.unwrap();
+    proxy.faults().inject(
+        Fault::latency(NODE_PATCH_DELAY)
+            .verb("patch")
+            .resource("nodes"),
+    );
     let logs = std::env::temp_dir().join(format!("ttdp-kill-{}", h.prefix));
     std::fs::create_dir_all(&logs).unwrap();
     let log = |n: usize| logs.join(format!("controller-{n}.log"));
-    let mut controller = h.spawn_controller_process(&log(0));
+    let mut controller = h.spawn_controller_process_via(proxy.kubeconfig(), &log(0));
     controller.wait_ready(STEP).await;
     let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
     h.wait_ready(&policy, STEP).await;
@@ -597,7 +608,7 @@ async fn controller_killed_at_every_state_resumes_without_losing_a_cordon() {
             }
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
-        controller = h.spawn_controller_process(&log(started));
+        controller = h.spawn_controller_process_via(proxy.kubeconfig(), &log(started));
         started += 1;
         if left == Some(state) {
             kills.push((state, node, Instant::now()));
@@ -673,6 +684,8 @@ async fn controller_killed_at_every_state_resumes_without_losing_a_cordon() {
     h.shutdown().await;
 }
 
+/// How long the kill matrix's proxy holds each node patch of the controller.
+const NODE_PATCH_DELAY: Duration = Duration::from_millis(300);
 /// The longest a 3-node rollout with seven controller SIGKILLs may take. Measured 11 to 22 s on
 /// a 2-core machine shared with other test runs (load average up to 13, the whole suite beside
 /// it); a resume stalled for two minutes (the PodDisruptionBudget's disruptedPods timeout) is
