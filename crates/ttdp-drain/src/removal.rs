@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::backoff::Backoff;
 use crate::budget::{
-    BudgetFound, disruption_already_granted, find_budget_object, held_disruptions,
+    BudgetFound, HeldDisruption, disruption_already_granted, find_budget_object, held_disruptions,
 };
 use crate::budget_watch::{BudgetTurn, BudgetWatches};
 use crate::counters::{Counter, DrainCounters};
@@ -166,14 +166,18 @@ impl Removals {
         }
     }
 
-    /// Whether `namespace/name` is a pod this drain's own request removed or is removing: a
-    /// budget counts it as disrupted until it is gone, which holds nothing back from anyone.
-    fn removed_here(&self, namespace: &str, name: &str) -> bool {
-        self.lock().iter().any(|t| {
-            matches!(t.state, PodState::Accepted(_) | PodState::Gone)
-                && t.pod_ref.namespace == namespace
-                && t.pod_ref.name == name
-        })
+    /// Leaves out of `held` the pods of `namespace` that this drain's own requests removed or
+    /// are removing: a budget counts them as disrupted until they are gone, which holds nothing
+    /// back from anyone.
+    fn drop_removed_here(&self, namespace: &str, held: &mut Vec<HeldDisruption>) {
+        let tracked = self.lock();
+        held.retain(|h| {
+            !tracked.iter().any(|t| {
+                matches!(t.state, PodState::Accepted(_) | PodState::Gone)
+                    && t.pod_ref.namespace == namespace
+                    && t.pod_ref.name == h.pod
+            })
+        });
     }
 
     fn fail(&self, index: usize, error: String) {
@@ -343,7 +347,7 @@ impl Removals {
                         .as_ref()
                         .map(|pdb| held_disruptions(pdb, now))
                         .unwrap_or_default();
-                    held.retain(|h| !self.removed_here(&pod_ref.namespace, &h.pod));
+                    self.drop_removed_here(&pod_ref.namespace, &mut held);
                     blocked_by = budget.clone();
                     tracing::debug!(node = s.node, pod = %pod_ref, ?budget, retry_in_ms = retry_in.as_millis() as u64, "eviction blocked by a disruption budget");
                     self.set_state(

@@ -195,7 +195,10 @@ impl Pass {
         let planned = self.plan();
         let lifting = self.cordons_to_lift();
         // Written since this pass began: `policy`, read before, no longer shows the API's copy.
-        let wrote = (self.recorded.written_at).is_some_and(|at| at >= self.following_since);
+        let wrote = self
+            .recorded
+            .written_at
+            .is_some_and(|at| at >= self.following_since);
         let (recorded, lifted) = futures::join!(
             status_writer::record(
                 &self.ctx,

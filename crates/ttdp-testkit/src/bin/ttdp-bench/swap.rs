@@ -2,8 +2,8 @@
 //! unload, load, from its [`SwapReport`]) on a simulated kernel, for a cache hit with nothing
 //! loaded, a cache hit replacing a loaded version, and a cache miss (a build of the simulated
 //! module from a local tt-kmd repository); plus the agent's last step, labelling its Node, timed
-//! against a real control plane started for it. Real-kernel load and unload times come from the VM that `cargo
-//! xtask bench` boots (`crates/ttdp-kmod/examples/swap_timing.rs`), not from here.
+//! against a real control plane started for it. Real-kernel load and unload times come from the
+//! VM that `cargo xtask bench` boots (`crates/ttdp-kmod/examples/swap_timing.rs`), not from here.
 
 use std::time::{Duration, Instant};
 
