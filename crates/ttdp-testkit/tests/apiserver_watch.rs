@@ -6,8 +6,7 @@
 //! test process). The watched objects are ConfigMaps in the test's own
 //! namespace carrying the test's run label (selected by it): nothing else writes them, whereas
 //! on a real cluster controllers update new Node objects (node IPAM, node lifecycle), which
-//! would add events. 410 Gone after compaction, bookmark timing and dropped watches need the
-//! in-process server's instruments and are tested in apiserver_instruments.rs.
+//! would add events.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod apiserver_support;
@@ -124,12 +123,30 @@ async fn objects_leaving_or_entering_a_label_selector_show_as_deleted_and_added(
     assert!(matches!(next(&mut stream).await, WatchEvent::Added(_)));
 }
 
+/// Waits until a list at resourceVersion 0, served from the API server's watch cache, shows
+/// `name`. kube-runtime's watcher starts its list or streaming list at resourceVersion 0 ("any
+/// version"), so an object written just before may otherwise arrive after the initial events.
+async fn wait_for_the_watch_cache(cms: &Api<ConfigMap>, t: &Target, name: &str) {
+    let params = kube::api::ListParams::default()
+        .labels(&t.run_selector())
+        .match_any();
+    for _ in 0..100 {
+        let list = cms.list(&params).await.unwrap();
+        if list.items.iter().any(|c| c.metadata.name.as_deref() == Some(name)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the watch cache never showed {name}");
+}
+
 async fn watcher_sees_lifecycle(config: fn(&Target) -> watcher::Config) {
     let t = Target::start().await;
     let cms: Api<ConfigMap> = Api::default_namespaced(t.client());
     cms.create(&PostParams::default(), &configmap(&t, "before", json!({})))
         .await
         .unwrap();
+    wait_for_the_watch_cache(&cms, &t, "before").await;
     let mut events = watcher::watcher(cms.clone(), config(&t)).boxed();
     let mut seen = Vec::new();
     let writer = cms.clone();
