@@ -1,6 +1,7 @@
 //! The control-plane launcher as a test run meets it: missing assets fail loudly with what to
 //! provide, a started control plane serves the admin kubeconfig, and killing the process that
-//! started it leaves no etcd or Kubernetes process behind.
+//! started it leaves no etcd or Kubernetes process behind; the API server's audit log holds the
+//! requests of the audited identity and no one else's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
@@ -8,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ttdp_testkit::launcher::{ASSETS_ENV, Assets, EXISTING_CLUSTER_ENV, LaunchError};
+use ttdp_testkit::launcher::{ASSETS_ENV, Assets, ControlPlane, EXISTING_CLUSTER_ENV, LaunchError};
 
 const LAUNCHER: &str = env!("CARGO_BIN_EXE_ttdp-control-plane");
 const COMPONENTS: [&str; 4] = [
@@ -101,6 +102,54 @@ fn a_killed_launcher_takes_its_control_plane_with_it() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn the_audit_log_counts_the_audited_identity_alone() {
+    let assets = Assets::locate().unwrap();
+    let runs = tempfile::tempdir().unwrap();
+    let plane = ControlPlane::start(&assets, runs.path()).unwrap();
+    let mut log = plane.audit_log();
+    let run = |kubeconfig: &Path, args: &[&str]| {
+        let out = Command::new(kubectl())
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    };
+    let audited = plane.audited_kubeconfig();
+    run(audited, &["create", "configmap", "counted"]);
+    run(audited, &["get", "configmap", "counted"]);
+    run(plane.kubeconfig(), &["create", "configmap", "not-counted"]);
+    run(plane.kubeconfig(), &["get", "configmap", "not-counted"]);
+    // A record is written once its request is answered: wait for the second one.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = Vec::new();
+    while seen.len() < 2 && Instant::now() < deadline {
+        seen.extend(
+            log.take()
+                .unwrap()
+                .into_iter()
+                .filter(|r| r.resource == "configmaps"),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The admin's requests were answered before the audited ones were seen; give any record
+    // of them the same time again.
+    std::thread::sleep(Duration::from_millis(500));
+    seen.extend(
+        log.take()
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.resource == "configmaps"),
+    );
+    let verbs: Vec<(&str, u16, bool)> = seen
+        .iter()
+        .map(|r| (r.verb.as_str(), r.code, r.is_write()))
+        .collect();
+    assert_eq!(verbs, [("create", 201, true), ("get", 200, false)]);
 }
 
 /// `(pid, command name)` of every process whose parent is `parent`.

@@ -15,6 +15,7 @@
 //!   names, else one control plane shared by the whole test process.
 
 mod assets;
+pub mod audit;
 mod pki;
 mod process;
 pub mod tokens;
@@ -79,6 +80,8 @@ impl LaunchError {
 pub struct ControlPlane {
     dir: PathBuf,
     kubeconfig: PathBuf,
+    audited_kubeconfig: PathBuf,
+    audit_log: PathBuf,
     server: String,
     processes: process::Processes,
 }
@@ -117,9 +120,15 @@ impl ControlPlane {
         let ports = process::Ports::pick()?;
         let server = format!("https://127.0.0.1:{}", ports.apiserver);
         let kubeconfig = pki.write_kubeconfig(&dir, "admin", &server, pki::Identity::Admin)?;
+        let audited = pki::Identity::Audited;
+        let audited_kubeconfig =
+            pki.write_kubeconfig(&dir, audited.file_stem(), &server, audited)?;
         let mut processes = process::Processes::new(dir.join("logs"))?;
         processes.start_etcd(assets, &dir, &ports)?;
-        processes.start_apiserver(assets, &pki, &ports, &options.apiserver_flags)?;
+        let audit_log = dir.join("logs").join("audit.log");
+        let mut apiserver_flags = audit::apiserver_flags(&dir, &audit_log)?;
+        apiserver_flags.extend_from_slice(&options.apiserver_flags);
+        processes.start_apiserver(assets, &pki, &ports, &apiserver_flags)?;
         let ready = process::Readiness::new(&kubeconfig)?;
         ready.wait_for_readyz(&mut processes, Duration::from_secs(60))?;
         for identity in [pki::Identity::ControllerManager, pki::Identity::Scheduler] {
@@ -134,6 +143,8 @@ impl ControlPlane {
         Ok(ControlPlane {
             dir,
             kubeconfig,
+            audited_kubeconfig,
+            audit_log,
             server,
             processes,
         })
@@ -142,6 +153,17 @@ impl ControlPlane {
     /// The admin (`system:masters`) kubeconfig.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// A second `system:masters` kubeconfig whose every request the API server records in
+    /// [`ControlPlane::audit_log`].
+    pub fn audited_kubeconfig(&self) -> &Path {
+        &self.audited_kubeconfig
+    }
+
+    /// The requests of [`ControlPlane::audited_kubeconfig`], as the API server recorded them.
+    pub fn audit_log(&self) -> audit::AuditLog {
+        audit::AuditLog::new(&self.audit_log)
     }
 
     /// The API server's URL.

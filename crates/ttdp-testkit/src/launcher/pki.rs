@@ -20,6 +20,9 @@ pub(super) enum Identity {
     ControllerManager,
     /// `system:kube-scheduler`.
     Scheduler,
+    /// `system:masters` too, under a name of its own: the API server writes an audit record of
+    /// each of its requests (see [`super::audit`]).
+    Audited,
 }
 
 impl Identity {
@@ -29,6 +32,7 @@ impl Identity {
             Identity::Admin => "admin",
             Identity::ControllerManager => "kube-controller-manager",
             Identity::Scheduler => "kube-scheduler",
+            Identity::Audited => "audited",
         }
     }
 
@@ -37,6 +41,7 @@ impl Identity {
             Identity::Admin => ("ttdp-test-admin", Some("system:masters")),
             Identity::ControllerManager => ("system:kube-controller-manager", None),
             Identity::Scheduler => ("system:kube-scheduler", None),
+            Identity::Audited => (super::audit::AUDITED_USER, Some("system:masters")),
         }
     }
 }
@@ -86,6 +91,7 @@ impl Pki {
             Identity::Admin,
             Identity::ControllerManager,
             Identity::Scheduler,
+            Identity::Audited,
         ] {
             let (common_name, organization) = identity.subject();
             let mut client = CertificateParams::new(Vec::<String>::new())?;

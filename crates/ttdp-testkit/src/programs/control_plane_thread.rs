@@ -4,15 +4,18 @@
 //! [`ControlPlaneThread::stop`], or until the program dies.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Mutex, mpsc};
 use std::thread::JoinHandle;
 
+use crate::launcher::audit::{AuditLog, AuditedRequest};
 use crate::launcher::{Assets, ControlPlane, ControlPlaneOptions, LaunchError};
 
 /// A running control plane and the thread that holds it.
 #[derive(Debug)]
 pub struct ControlPlaneThread {
     kubeconfig: PathBuf,
+    audited_kubeconfig: PathBuf,
+    audit_log: Mutex<AuditLog>,
     run_dir: PathBuf,
     stop: mpsc::Sender<()>,
     thread: Option<JoinHandle<()>>,
@@ -33,7 +36,12 @@ impl ControlPlaneThread {
             .spawn(
                 move || match ControlPlane::start_with(&assets, &runs, &options) {
                     Ok(plane) => {
-                        let paths = (plane.kubeconfig().to_path_buf(), plane.dir().to_path_buf());
+                        let paths = (
+                            plane.kubeconfig().to_path_buf(),
+                            plane.audited_kubeconfig().to_path_buf(),
+                            plane.audit_log(),
+                            plane.dir().to_path_buf(),
+                        );
                         let _ = ready_tx.send(Ok(paths));
                         // Until stop() or the sender's drop; then `plane` drops and stops.
                         let _ = stopped.recv();
@@ -47,11 +55,14 @@ impl ControlPlaneThread {
                 what: "starting the control-plane thread".to_owned(),
                 source: e,
             })?;
-        let (kubeconfig, run_dir) = ready_rx.recv().map_err(|_| {
-            LaunchError::Kube("the control-plane thread ended without an answer".to_owned())
-        })??;
+        let (kubeconfig, audited_kubeconfig, audit_log, run_dir) =
+            ready_rx.recv().map_err(|_| {
+                LaunchError::Kube("the control-plane thread ended without an answer".to_owned())
+            })??;
         Ok(Self {
             kubeconfig,
+            audited_kubeconfig,
+            audit_log: Mutex::new(audit_log),
             run_dir,
             stop,
             thread: Some(thread),
@@ -61,6 +72,17 @@ impl ControlPlaneThread {
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// The kubeconfig whose requests the API server records (see [`crate::launcher::audit`]).
+    pub fn audited_kubeconfig(&self) -> &Path {
+        &self.audited_kubeconfig
+    }
+
+    /// The requests of [`ControlPlaneThread::audited_kubeconfig`] recorded since the last call.
+    pub fn audited_requests(&self) -> std::io::Result<Vec<AuditedRequest>> {
+        let mut log = self.audit_log.lock().unwrap_or_else(|p| p.into_inner());
+        log.take()
     }
 
     /// The run folder (`logs/` holds each component's output).

@@ -1,15 +1,6 @@
-//! Kube clients of the benchmark itself, marked with a `ttdp-bench/<role>` User-Agent so the
-//! recording proxy's log can tell them from the component under measurement.
+//! Counting the API requests a program under measurement sent, from the recording proxy's log.
 
 use ttdp_testkit::fault_proxy::RecordedRequest;
-
-/// The User-Agent prefix of every benchmark client.
-pub const BENCH_AGENT_PREFIX: &str = "ttdp-bench/";
-
-/// Whether a recorded request came from the benchmark itself.
-pub fn is_bench(request: &RecordedRequest) -> bool {
-    request.user_agent.starts_with(BENCH_AGENT_PREFIX)
-}
 
 /// Reads (get, list, watch and discovery) and writes among `requests`.
 pub fn reads_and_writes<'a>(

@@ -2,7 +2,6 @@
 //! `ttdp-controller` binary and the agent stand-in, on a real control plane (see
 //! `fleet_server`). The fleet is installed at tt-kmd `from`, settles, then rolls out to `to`.
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -10,12 +9,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use ttdp_testkit::fault_proxy::{RecordedRequest, Recorder};
+use ttdp_testkit::launcher::audit::AuditedRequest;
 use ttdp_testkit::programs::rollout_watch::is_rolled_out;
 use ttdp_testkit::programs::{ControllerConfig, ControllerProcess, Memory, RolloutWatch};
 
 use crate::agent_stand_in::AgentStandIn;
-use crate::bench_client::is_bench;
 use crate::fleet_server::{FleetServer, SERVER_LABEL};
 use crate::fleet_setup::{self, POLICY};
 use crate::handoff::{Spread, handoffs, ideal_total, node_times, spread};
@@ -71,21 +69,18 @@ struct Tally {
 }
 
 impl Tally {
-    /// Counts the controller's requests recorded so far and empties the recorder (a request
-    /// recorded between the two steps is not counted: a window of microseconds).
-    fn drain(&mut self, recorder: &Recorder) {
-        let tally = RefCell::new(std::mem::take(self));
-        let _ = recorder.filter(|r: &RecordedRequest| {
-            if !is_bench(r) {
-                tally.borrow_mut().count(r);
+    /// Counts the controller's requests answered since the last call. Watches are left out: the
+    /// audit log records one when it ends.
+    fn drain(&mut self, server: &FleetServer) -> Result<()> {
+        for request in server.controller_requests()? {
+            if request.verb != "watch" {
+                self.count(&request);
             }
-            false
-        });
-        recorder.clear();
-        *self = tally.into_inner();
+        }
+        Ok(())
     }
 
-    fn count(&mut self, r: &RecordedRequest) {
+    fn count(&mut self, r: &AuditedRequest) {
         let sub = if r.subresource.is_empty() {
             String::new()
         } else {
@@ -124,7 +119,7 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     let n = args.nodes;
     let timeout = Duration::from_secs(args.timeout_seconds);
     let bench = start(args).await?;
-    let setup = bench.server.client("setup").await?;
+    let setup = bench.server.client().await?;
     let mut tally = Tally::default();
     let started = Instant::now();
     fleet_setup::create_policy(&setup, FROM, args.max_unavailable.max(1)).await?;
@@ -138,10 +133,10 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         adopt.as_secs_f64()
     );
     tokio::time::sleep(SETTLE).await;
-    tally.drain(&bench.server.recorder());
+    tally.drain(&bench.server)?;
     let mut idle = Tally::default();
     tokio::time::sleep(IDLE_WINDOW).await;
-    idle.drain(&bench.server.recorder());
+    idle.drain(&bench.server)?;
     let steady = Steady {
         adopt,
         memory: bench.controller.memory()?,
@@ -161,7 +156,7 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         Ok(w) => w,
         Err(e) => return Err(give_up(args, "rollout", started, &bench, e).await),
     };
-    rollout.drain(&bench.server.recorder());
+    rollout.drain(&bench.server)?;
     let mut figures = rollout_figures(args, &bench, &steady, &rolled, &rollout, started)?;
     figures["rollout_status_updates_seen"] = json!(bench.watch.events() - events_before);
     figures["plugin"] = finish(args, bench).await?;
@@ -185,7 +180,7 @@ async fn start(args: &FleetArgs) -> Result<Bench> {
         "fleet {n}: control-plane logs in {}",
         server.logs().display()
     );
-    let setup = server.client("setup").await?;
+    let setup = server.client().await?;
     fleet_setup::install_crd_and_namespace(&setup).await?;
     let started = Instant::now();
     fleet_setup::create_nodes(&setup, n, n, FROM).await?;
@@ -195,8 +190,8 @@ async fn start(args: &FleetArgs) -> Result<Bench> {
         started.elapsed().as_secs_f64()
     );
     let work = Duration::from_millis(args.work_ms);
-    let agents = AgentStandIn::start(server.client("agent").await?, work);
-    let watch = RolloutWatch::start(server.client("watch").await?, POLICY);
+    let agents = AgentStandIn::start(server.client().await?, work);
+    let watch = RolloutWatch::start(server.client().await?, POLICY);
     let log_file = log_dir.join(format!("controller-{n}.log"));
     let mut config = ControllerConfig::new(
         &args.controller,
@@ -379,8 +374,8 @@ struct Waited {
     max_status_bytes: usize,
 }
 
-/// Waits for the rollout to `version`, sampling the controller's memory and draining the request
-/// log every [`SAMPLE_EVERY`].
+/// Waits for the rollout to `version`, sampling the controller's memory and counting the
+/// controller's requests every [`SAMPLE_EVERY`].
 async fn wait_sampling(
     bench: &Bench,
     tally: &mut Tally,
@@ -390,12 +385,11 @@ async fn wait_sampling(
 ) -> Result<Waited> {
     let mut max_memory = Memory::default();
     let mut last_report = Instant::now();
-    let recorder = bench.server.recorder();
     loop {
         let memory = bench.controller.memory()?;
         max_memory.rss_kib = max_memory.rss_kib.max(memory.rss_kib);
         max_memory.hwm_kib = max_memory.hwm_kib.max(memory.hwm_kib);
-        tally.drain(&recorder);
+        tally.drain(&bench.server)?;
         let policy = bench.watch.policy();
         if let Some(policy) = &policy
             && is_rolled_out(policy, version, nodes)

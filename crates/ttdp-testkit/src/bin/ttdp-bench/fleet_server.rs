@@ -9,23 +9,19 @@
 //! - kube-controller-manager and kube-scheduler get client rate limits of 1,000 requests a
 //!   second (burst 2,000) instead of 20 and 50: with the defaults the DaemonSet controller
 //!   creates at most 20 pods a second and would be what a 500-node wave waits for;
-//! - the controller talks through the testkit's recording proxy, which counts its requests
-//!   (the real server keeps no request log); the benchmark's own clients go straight to the
-//!   server.
+//! - the controller runs as an identity of its own, whose requests the API server records in its
+//!   audit log ([`ttdp_testkit::launcher::audit`]); that is how they are counted, with nothing
+//!   between the controller and the server (a counting proxy, one more hop in the busy benchmark
+//!   process, doubled the hand-off time at 100 nodes).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use http::HeaderValue;
-use http::header::USER_AGENT;
 use kube::Client;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use ttdp_testkit::fault_proxy::{FaultProxy, Recorder};
+use ttdp_testkit::launcher::audit::AuditedRequest;
 use ttdp_testkit::launcher::{Assets, ControlPlaneOptions, runs_dir};
 use ttdp_testkit::programs::ControlPlaneThread;
 use ttdp_testkit::sim::cluster::client_for;
-
-use crate::bench_client::BENCH_AGENT_PREFIX;
 
 /// How results name the server.
 pub const SERVER_LABEL: &str = "real control plane";
@@ -43,14 +39,13 @@ pub fn tuned_control_plane() -> ControlPlaneOptions {
     }
 }
 
-/// A real control plane with the recording proxy in front of it for the controller.
+/// A real control plane for one fleet run.
 pub struct FleetServer {
     plane: ControlPlaneThread,
-    proxy: FaultProxy,
 }
 
 impl FleetServer {
-    /// Starts a control plane tuned for the run, and the proxy.
+    /// Starts a control plane tuned for the run.
     pub async fn start() -> Result<Self> {
         let assets = Assets::locate()
             .context("the fleet benchmark on the real control plane needs its binaries")?;
@@ -60,32 +55,19 @@ impl FleetServer {
         .await
         .context("the control plane's start panicked")?
         .context("cannot start the real control plane")?;
-        let admin = client_for(plane.kubeconfig())
-            .await
-            .context("cannot build a client of the real control plane")?;
-        let proxy = FaultProxy::start(admin)
-            .await
-            .context("cannot start the recording proxy")?;
-        Ok(Self { plane, proxy })
+        Ok(Self { plane })
     }
 
-    /// A client of the benchmark itself, with User-Agent `ttdp-bench/<role>`.
-    pub async fn client(&self, role: &str) -> Result<Client> {
-        let kubeconfig = Kubeconfig::read_from(self.plane.kubeconfig())
-            .context("cannot read the control plane's kubeconfig")?;
-        let mut config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .context("cannot load the control plane's kubeconfig")?;
-        let agent = HeaderValue::from_str(&format!("{BENCH_AGENT_PREFIX}{role}"))
-            .with_context(|| format!("role {role:?} is not a valid header value"))?;
-        config.headers.push((USER_AGENT, agent));
-        Client::try_from(config).context("cannot build a client of the control plane")
+    /// An admin client of the benchmark itself.
+    pub async fn client(&self) -> Result<Client> {
+        client_for(self.plane.kubeconfig())
+            .await
+            .context("cannot build a client of the real control plane")
     }
 
-    /// The kubeconfig the controller runs with: the proxy's.
+    /// The kubeconfig the controller runs with: the audited identity's.
     pub fn controller_kubeconfig(&self) -> &Path {
-        self.proxy.kubeconfig()
+        self.plane.audited_kubeconfig()
     }
 
     /// An admin kubeconfig (for the plugin).
@@ -93,9 +75,11 @@ impl FleetServer {
         self.plane.kubeconfig().to_path_buf()
     }
 
-    /// The controller's requests, recorded by the proxy.
-    pub fn recorder(&self) -> Recorder {
-        self.proxy.recorder()
+    /// The controller's requests answered since the last call, from the API server's audit log.
+    pub fn controller_requests(&self) -> Result<Vec<AuditedRequest>> {
+        self.plane
+            .audited_requests()
+            .context("cannot read the API server's audit log")
     }
 
     /// Where the control plane's logs are.
@@ -105,8 +89,7 @@ impl FleetServer {
 
     /// Stops everything.
     pub async fn shutdown(self) {
-        let Self { plane, proxy } = self;
-        drop(proxy);
+        let Self { plane } = self;
         let _ = tokio::task::spawn_blocking(move || plane.stop()).await;
     }
 }
