@@ -13,7 +13,6 @@
 //! It must not be used for what a real server can do itself: a 403 comes from an identity RBAC
 //! limits (see [`crate::launcher::tokens`]), a 401 from a token the server does not know.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -303,15 +302,6 @@ pub fn kubeconfig_text(url: &str, namespace: &str) -> String {
          contexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\n    namespace: {namespace}\n\
          current-context: proxy\nusers:\n- name: proxy\n  user: {{}}\n"
     )
-}
-
-/// Query parameters of a recorded request.
-pub fn query_params(query: &str) -> HashMap<String, String> {
-    query
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
 }
 
 /// What a request path names.

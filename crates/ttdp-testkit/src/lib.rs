@@ -11,9 +11,10 @@
 //! - [`fault_proxy`]: a recording, fault-injecting HTTP proxy in front of a real API server, for
 //!   the faults a real server cannot produce on demand; [`faults`] are its rules.
 //! - [`recorder`]: the fault proxy's request log.
-//! - [`apiserver`]: the in-process imitation of a Kubernetes API server, kept only for the demo
-//!   when no control-plane assets are at hand. It injects no faults and is not a reference for
-//!   Kubernetes behaviour: the real control plane is.
+//! - [`apiserver`]: a small in-process imitation of a Kubernetes API server, kept only for the
+//!   demo when no control-plane assets are at hand. It serves what the demo's programs use, in
+//!   JSON only, without validation, field ownership or garbage collection; it injects no faults
+//!   and is not a reference for Kubernetes behaviour: the real control plane is.
 #![deny(missing_docs)]
 
 pub mod apiserver;

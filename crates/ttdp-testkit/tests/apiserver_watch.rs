@@ -132,7 +132,11 @@ async fn wait_for_the_watch_cache(cms: &Api<ConfigMap>, t: &Target, name: &str) 
         .match_any();
     for _ in 0..100 {
         let list = cms.list(&params).await.unwrap();
-        if list.items.iter().any(|c| c.metadata.name.as_deref() == Some(name)) {
+        if list
+            .items
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some(name))
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -1,6 +1,6 @@
-//! Discovery documents: `/version`, `/api`, `/apis`, `/apis/<group>`, the per-group-version
-//! resource lists, and the aggregated discovery (`apidiscovery.k8s.io/v2`) that kubectl asks for
-//! first, all generated from the catalog (so CRDs appear as soon as they are created).
+//! Discovery documents: `/version`, `/api`, `/apis`, `/apis/<group>` and the per-group-version
+//! resource lists, generated from the catalog (so CRDs appear as soon as they are created).
+//! Aggregated discovery is not served: kubectl falls back to these documents.
 
 use serde_json::{Value, json};
 
@@ -11,11 +11,7 @@ pub fn version() -> Value {
     json!({
         "major": "1",
         "minor": "35",
-        "emulationMajor": "1",
-        "emulationMinor": "35",
-        "minCompatibilityMajor": "1",
-        "minCompatibilityMinor": "34",
-        "gitVersion": "v1.35.0-ttdp-testkit",
+        "gitVersion": "v1.35.0-ttdp-imitation",
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2026-01-01T00:00:00Z",
@@ -54,63 +50,40 @@ pub fn group_list(catalog: &Catalog) -> Value {
 
 /// `/apis/<group>`, None when the group is not served.
 pub fn group(catalog: &Catalog, name: &str) -> Option<Value> {
-    catalog
-        .groups()
-        .into_iter()
-        .find(|(g, _)| g == name)
-        .map(|(g, vs)| {
-            let mut v = group_json(&g, &vs);
-            v["kind"] = json!("APIGroup");
-            v["apiVersion"] = json!("v1");
-            v
-        })
+    let (g, vs) = catalog.groups().into_iter().find(|(g, _)| g == name)?;
+    let mut v = group_json(&g, &vs);
+    v["kind"] = json!("APIGroup");
+    v["apiVersion"] = json!("v1");
+    Some(v)
 }
 
+/// The verbs of every served resource (deletecollection is not served).
 const VERBS: &[&str] = &[
-    "create",
-    "delete",
-    "deletecollection",
-    "get",
-    "list",
-    "patch",
-    "update",
-    "watch",
+    "create", "delete", "get", "list", "patch", "update", "watch",
 ];
 
-/// One subresource as discovery lists it.
-struct Subresource {
-    name: &'static str,
-    kind: String,
-    verbs: &'static [&'static str],
-    /// Group and version of the kind when it differs from the parent's (eviction).
-    group_version: Option<(&'static str, &'static str)>,
+fn resource(rt: &ResourceType) -> Value {
+    let mut r = json!({
+        "name": rt.plural,
+        "singularName": rt.kind.to_lowercase(),
+        "namespaced": rt.namespaced,
+        "kind": rt.kind,
+        "verbs": VERBS,
+    });
+    if !rt.short_names.is_empty() {
+        r["shortNames"] = json!(rt.short_names);
+    }
+    r
 }
 
-fn subresources(rt: &ResourceType) -> Vec<Subresource> {
-    let mut out = Vec::new();
-    if rt.status_subresource {
-        out.push(Subresource {
-            name: "status",
-            kind: rt.kind.clone(),
-            verbs: &["get", "patch", "update"],
-            group_version: None,
-        });
-    }
-    if rt.group.is_empty() && rt.plural == "pods" {
-        out.push(Subresource {
-            name: "eviction",
-            kind: "Eviction".into(),
-            verbs: &["create"],
-            group_version: Some(("policy", "v1")),
-        });
-        out.push(Subresource {
-            name: "binding",
-            kind: "Binding".into(),
-            verbs: &["create"],
-            group_version: None,
-        });
-    }
-    out
+fn subresource(rt: &ResourceType, name: &str, kind: &str, verbs: &[&str]) -> Value {
+    json!({
+        "name": format!("{}/{name}", rt.plural),
+        "singularName": "",
+        "namespaced": rt.namespaced,
+        "kind": kind,
+        "verbs": verbs,
+    })
 }
 
 /// `/api/v1` or `/apis/<group>/<version>`, None when not served.
@@ -124,33 +97,20 @@ pub fn resource_list(catalog: &Catalog, group: &str, version: &str) -> Option<Va
         .iter()
         .filter(|t| t.group == group && t.version == version)
     {
-        let mut r = json!({
-            "name": rt.plural,
-            "singularName": rt.singular,
-            "namespaced": rt.namespaced,
-            "kind": rt.kind,
-            "verbs": VERBS,
-        });
-        if !rt.short_names.is_empty() {
-            r["shortNames"] = json!(rt.short_names);
+        resources.push(resource(rt));
+        if rt.status_subresource {
+            resources.push(subresource(
+                rt,
+                "status",
+                &rt.kind,
+                &["get", "patch", "update"],
+            ));
         }
-        if !rt.categories.is_empty() {
-            r["categories"] = json!(rt.categories);
-        }
-        resources.push(r);
-        for sub in subresources(rt) {
-            let mut s = json!({
-                "name": format!("{}/{}", rt.plural, sub.name),
-                "singularName": "",
-                "namespaced": rt.namespaced,
-                "kind": sub.kind,
-                "verbs": sub.verbs,
-            });
-            if let Some((g, v)) = sub.group_version {
-                s["group"] = json!(g);
-                s["version"] = json!(v);
-            }
-            resources.push(s);
+        if rt.is("", "pods") {
+            let mut eviction = subresource(rt, "eviction", "Eviction", &["create"]);
+            eviction["group"] = json!("policy");
+            eviction["version"] = json!("v1");
+            resources.push(eviction);
         }
     }
     let group_version = if group.is_empty() {
@@ -161,65 +121,4 @@ pub fn resource_list(catalog: &Catalog, group: &str, version: &str) -> Option<Va
     Some(
         json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}),
     )
-}
-
-fn aggregated_resource(rt: &ResourceType) -> Value {
-    let mut r = json!({
-        "resource": rt.plural,
-        "responseKind": {"group": rt.group, "version": rt.version, "kind": rt.kind},
-        "scope": if rt.namespaced { "Namespaced" } else { "Cluster" },
-        "singularResource": rt.singular,
-        "verbs": VERBS,
-    });
-    if !rt.short_names.is_empty() {
-        r["shortNames"] = json!(rt.short_names);
-    }
-    if !rt.categories.is_empty() {
-        r["categories"] = json!(rt.categories);
-    }
-    let subs: Vec<Value> = subresources(rt)
-        .into_iter()
-        .map(|sub| {
-            let (g, v) = sub.group_version.unwrap_or((rt.group.as_str(), rt.version.as_str()));
-            json!({"subresource": sub.name, "responseKind": {"group": g, "version": v, "kind": sub.kind}, "verbs": sub.verbs})
-        })
-        .collect();
-    if !subs.is_empty() {
-        r["subresources"] = json!(subs);
-    }
-    r
-}
-
-/// Aggregated discovery (`APIGroupDiscoveryList`, `apidiscovery.k8s.io/v2`) for `/api`
-/// (`core` true) or `/apis`.
-pub fn aggregated(catalog: &Catalog, core: bool) -> Value {
-    let mut groups: Vec<(String, Vec<String>)> = if core {
-        vec![(String::new(), vec!["v1".into()])]
-    } else {
-        catalog.groups()
-    };
-    groups.retain(|(g, _)| g.is_empty() == core);
-    let items: Vec<Value> = groups
-        .iter()
-        .map(|(g, versions)| {
-            let vs: Vec<Value> = versions
-                .iter()
-                .map(|v| {
-                    let resources: Vec<Value> = catalog
-                        .all()
-                        .iter()
-                        .filter(|t| t.group == *g && t.version == *v)
-                        .map(aggregated_resource)
-                        .collect();
-                    json!({"version": v, "resources": resources, "freshness": "Current"})
-                })
-                .collect();
-            let mut meta = json!({"creationTimestamp": null});
-            if !g.is_empty() {
-                meta["name"] = json!(g);
-            }
-            json!({"metadata": meta, "versions": vs})
-        })
-        .collect();
-    json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items})
 }

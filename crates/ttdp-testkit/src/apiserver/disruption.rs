@@ -1,17 +1,20 @@
-//! PodDisruptionBudget status, computed as the disruption controller
-//! (`pkg/controller/disruption`) does: pods matching the selector in the budget's namespace;
-//! healthy when Ready, not terminating and not evicted in the last two minutes (the budget's
-//! `disruptedPods`); for an integer `minAvailable` the expected count is the number of matching
-//! pods, otherwise (`maxUnavailable`, a percentage `minAvailable`) it is the sum of the scales of
-//! the pods' controllers (pods without a controller count for nothing, and a controller whose
-//! scale cannot be found fails the budget safe: no disruptions allowed); percentages round up;
-//! `disruptionsAllowed = currentHealthy - desiredHealthy`, 0 when negative or when nothing is
-//! expected.
+//! The disruption controller: each PodDisruptionBudget's status, recomputed after every write
+//! and every 100 ms, as the real one (`pkg/controller/disruption`) computes it: pods matching
+//! the selector in the budget's namespace; healthy when Ready, not terminating and not evicted
+//! in the last two minutes (the budget's `disruptedPods`); for an integer `minAvailable` the
+//! expected count is the number of matching pods, otherwise (`maxUnavailable`, a percentage
+//! `minAvailable`) it is the sum of the scales of the pods' ReplicaSets (pods without a
+//! controller count for nothing, and a controller whose scale cannot be found fails the budget
+//! safe: no disruptions allowed); percentages round up; `disruptionsAllowed = currentHealthy -
+//! desiredHealthy`, 0 when negative or when nothing is expected.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
+use super::cluster::{Cluster, ClusterState};
 use super::meta;
 use super::selectors::LabelSelector;
 
@@ -183,6 +186,72 @@ pub fn status(pdb: &Value, budget: &Budget) -> Value {
         status["disruptedPods"] = Value::Object(disrupted.clone());
     }
     status
+}
+
+/// Run the controller until `stop` is cancelled.
+pub async fn run(cluster: Cluster, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = cluster.wake.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        update_budgets(&mut cluster.lock());
+    }
+}
+
+/// Writes each budget's status where it changed.
+pub fn update_budgets(state: &mut ClusterState) {
+    let Some(pdb_rt) = state.resource("policy", "v1", "poddisruptionbudgets") else {
+        return;
+    };
+    let mut updates: Vec<(Value, Value)> = Vec::new();
+    for pdb in state.store.list(&pdb_rt.storage_key(), None) {
+        let namespace = meta::namespace(pdb);
+        let pods = state.store.list("/pods", Some(namespace));
+        let scale = |owner: &Value| controller_scale(state, owner, namespace);
+        let status = match evaluate(pdb, pods.iter().copied(), scale) {
+            Ok(budget) => {
+                let mut status = status(pdb, &budget);
+                // Evicted pods stop counting once they are gone or terminating.
+                if let Some(disrupted) = status["disruptedPods"].as_object_mut() {
+                    disrupted.retain(|name, _| {
+                        pods.iter()
+                            .any(|p| meta::name(p) == name && !meta::is_deleting(p))
+                    });
+                    if disrupted.is_empty()
+                        && let Some(s) = status.as_object_mut()
+                    {
+                        s.remove("disruptedPods");
+                    }
+                }
+                status
+            }
+            Err(message) => fail_safe_status(pdb, &message),
+        };
+        updates.push((pdb.clone(), status));
+    }
+    for (pdb, status) in updates {
+        state.store_status(&pdb_rt, &pdb, status);
+    }
+}
+
+/// The uid and desired scale of a pod's controller, as the disruption controller's finders
+/// answer it: a ReplicaSet's replicas (default 1). Other controllers (DaemonSets among them)
+/// have no scale here.
+fn controller_scale(state: &ClusterState, owner: &Value, namespace: &str) -> Option<(String, i64)> {
+    if owner["kind"] != "ReplicaSet" || owner["apiVersion"] != "apps/v1" {
+        return None;
+    }
+    let rs = state
+        .store
+        .get("apps/replicasets", namespace, owner["name"].as_str()?)?;
+    (meta::uid(rs) == owner["uid"].as_str()?).then(|| {
+        (
+            meta::uid(rs).to_owned(),
+            rs["spec"]["replicas"].as_i64().unwrap_or(1),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -1,17 +1,13 @@
-//! The pod `eviction` subresource (PodDisruptionBudget checks, 429 with the real body when a
-//! budget forbids it) and the `binding` subresource (assigning a pod to a node).
+//! The pod `eviction` subresource: the PodDisruptionBudget check (429 with the real body when a
+//! budget forbids it), then the pod's deletion.
 
 use serde_json::{Value, json};
 
 use super::catalog::ResourceType;
-use super::cluster::{ClusterState, DeleteOpts, WriteCtx};
+use super::cluster::{ClusterState, DeleteOpts};
 use super::disruption::{self, Budget};
 use super::meta;
-use super::status::{ApiError, StatusCause};
-
-fn created_status() -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
-}
+use super::status::{self, ApiError, StatusCause};
 
 /// `POST .../pods/<name>/eviction`.
 pub fn evict(
@@ -26,14 +22,15 @@ pub fn evict(
     if body["deleteOptions"].is_object() {
         opts.merge_body(&body["deleteOptions"]);
     }
+    let evicted = status::success(201, json!({"name": name, "kind": "pods"}));
     let phase = pod["status"]["phase"].as_str().unwrap_or_default();
-    // Mirrors the real eviction REST: terminal and pending pods, and pods already being
-    // deleted, are deleted without consulting budgets.
+    // As the real eviction REST: terminal and pending pods, and pods already being deleted, go
+    // without consulting budgets.
     if matches!(phase, "Succeeded" | "Failed" | "Pending") || meta::is_deleting(&pod) {
         if !meta::is_deleting(&pod) {
             state.delete(pods, namespace, name, &opts)?;
         }
-        return Ok(created_status());
+        return Ok(evicted);
     }
     let pdb_rt = state
         .resource("policy", "v1", "poddisruptionbudgets")
@@ -45,113 +42,121 @@ pub fn evict(
         .filter(|pdb| disruption::selects(pdb, &pod))
         .cloned()
         .collect();
-    match budgets.as_slice() {
+    let pdb = match budgets.as_slice() {
         [] => {
             state.delete(pods, namespace, name, &opts)?;
-            Ok(created_status())
+            return Ok(evicted);
         }
-        [pdb] => {
-            // As the eviction REST does: decide from the budget's status, as the disruption
-            // controller last wrote it, and decrement it.
-            let status = &pdb["status"];
-            let number = |field: &str| status[field].as_i64().unwrap_or(0);
-            let policy = pdb["spec"]["unhealthyPodEvictionPolicy"]
-                .as_str()
-                .unwrap_or("IfHealthyBudget");
-            let (current, desired) = (number("currentHealthy"), number("desiredHealthy"));
-            if !disruption::is_healthy(&pod)
-                && (policy == "AlwaysAllow" || (current >= desired && desired > 0))
-            {
-                state.delete(pods, namespace, name, &opts)?;
-                return Ok(created_status());
-            }
-            let generation = pdb["metadata"]["generation"].as_i64().unwrap_or(1);
-            let refusal = if number("observedGeneration") < generation {
-                Some(format!(
-                    "The disruption budget {} is still being processed by the server.",
-                    meta::name(pdb)
-                ))
-            } else if number("disruptionsAllowed") <= 0 {
-                Some(format!(
-                    "The disruption budget {} needs {desired} healthy pods and has {current} currently",
-                    meta::name(pdb)
-                ))
-            } else {
-                None
-            };
-            if let Some(message) = refusal {
-                return Err(ApiError::too_many_requests(
-                    "Cannot evict pod as it would violate the pod's disruption budget.",
-                    vec![StatusCause {
-                        reason: "DisruptionBudget".into(),
-                        message,
-                        field: None,
-                    }],
-                ));
-            }
-            if !opts.dry_run {
-                let mut updated = pdb.clone();
-                let allowed = number("disruptionsAllowed") - 1;
-                updated["status"]["disruptionsAllowed"] = json!(allowed);
-                if allowed == 0 {
-                    let budget = Budget {
-                        current_healthy: current,
-                        desired_healthy: desired,
-                        expected_pods: number("expectedPods"),
-                        disruptions_allowed: 0,
-                    };
-                    updated["status"]["conditions"] =
-                        disruption::status(pdb, &budget)["conditions"].clone();
-                }
-                updated["status"]["disruptedPods"][name] = json!(meta::now());
-                state.store_direct(&pdb_rt, pdb, updated);
-            }
-            state.delete(pods, namespace, name, &opts)?;
-            Ok(created_status())
+        [pdb] => pdb,
+        _ => {
+            return Err(ApiError::internal(
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            ));
         }
-        _ => Err(ApiError::internal(
-            "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
-        )),
+    };
+    // As the eviction REST: decide from the budget's status, as the disruption controller last
+    // wrote it, and decrement it.
+    let status = &pdb["status"];
+    let number = |field: &str| status[field].as_i64().unwrap_or(0);
+    let policy = pdb["spec"]["unhealthyPodEvictionPolicy"]
+        .as_str()
+        .unwrap_or("IfHealthyBudget");
+    let (current, desired) = (number("currentHealthy"), number("desiredHealthy"));
+    if !disruption::is_healthy(&pod)
+        && (policy == "AlwaysAllow" || (current >= desired && desired > 0))
+    {
+        state.delete(pods, namespace, name, &opts)?;
+        return Ok(evicted);
     }
-}
-
-/// `POST .../pods/<name>/binding`: set `spec.nodeName` once.
-pub fn bind(
-    state: &mut ClusterState,
-    pods: &ResourceType,
-    namespace: &str,
-    name: &str,
-    body: &Value,
-    ctx: &WriteCtx,
-) -> Result<Value, ApiError> {
-    let pod = state.get(pods, namespace, name)?;
-    let node = body["target"]["name"].as_str().unwrap_or_default();
-    if node.is_empty() {
-        return Err(ApiError::bad_request("binding target name is required"));
-    }
-    if let Some(current) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
-        let q = pods.qualified();
-        return Err(ApiError::conflict(
-            super::status::ObjectRef {
-                qualified_resource: &q,
-                group: "",
-                plural: "pods",
-                name,
-            },
-            &format!("pod {name} is already assigned to node \"{current}\""),
+    let generation = pdb["metadata"]["generation"].as_i64().unwrap_or(1);
+    let refusal = if number("observedGeneration") < generation {
+        Some(format!(
+            "The disruption budget {} is still being processed by the server.",
+            meta::name(pdb)
+        ))
+    } else if number("disruptionsAllowed") <= 0 {
+        Some(format!(
+            "The disruption budget {} needs {desired} healthy pods and has {current} currently",
+            meta::name(pdb)
+        ))
+    } else {
+        None
+    };
+    if let Some(message) = refusal {
+        return Err(ApiError::too_many_requests(
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+            vec![StatusCause {
+                reason: "DisruptionBudget".into(),
+                message,
+                field: None,
+            }],
         ));
     }
-    let mut updated = pod.clone();
-    updated["spec"]["nodeName"] = json!(node);
-    let mut conditions = updated["status"]["conditions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    conditions.retain(|c| c["type"] != "PodScheduled");
-    conditions.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now()}));
-    updated["status"]["conditions"] = json!(conditions);
-    if !ctx.dry_run {
-        state.store_direct(pods, &pod, updated);
+    let mut updated = match status {
+        Value::Object(_) => status.clone(),
+        _ => json!({}),
+    };
+    let allowed = number("disruptionsAllowed") - 1;
+    updated["disruptionsAllowed"] = json!(allowed);
+    if allowed == 0 {
+        let budget = Budget {
+            current_healthy: current,
+            desired_healthy: desired,
+            expected_pods: number("expectedPods"),
+            disruptions_allowed: 0,
+        };
+        updated["conditions"] = disruption::status(pdb, &budget)["conditions"].clone();
     }
-    Ok(created_status())
+    if !updated["disruptedPods"].is_object() {
+        updated["disruptedPods"] = json!({});
+    }
+    updated["disruptedPods"][name] = json!(meta::now());
+    state.store_status(&pdb_rt, pdb, updated);
+    state.delete(pods, namespace, name, &opts)?;
+    Ok(evicted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::cluster::Cluster;
+
+    #[test]
+    fn a_budget_allows_one_eviction_then_refuses_with_429() {
+        let cluster = Cluster::default();
+        let mut state = cluster.lock();
+        let find = |s: &ClusterState, group: &str, plural: &str| s.resource(group, "v1", plural);
+        let (pods, sets, budgets) = (
+            find(&state, "", "pods").unwrap(),
+            find(&state, "apps", "replicasets").unwrap(),
+            find(&state, "policy", "poddisruptionbudgets").unwrap(),
+        );
+        let rs = json!({"metadata": {"name": "w"}, "spec": {"replicas": 2}});
+        let rs = state.create(&sets, "default", rs).unwrap();
+        for name in ["a", "b"] {
+            let pod = json!({
+                "metadata": {"name": name, "labels": {"app": "w"}, "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "w",
+                    "uid": rs["metadata"]["uid"], "controller": true}]},
+                "spec": {"nodeName": "n1", "terminationGracePeriodSeconds": 0},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+            });
+            state.create(&pods, "default", pod).unwrap();
+        }
+        let pdb = json!({"metadata": {"name": "b"},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "w"}}}});
+        state.create(&budgets, "default", pdb).unwrap();
+        disruption::update_budgets(&mut state);
+
+        evict(&mut state, &pods, "default", "a", &json!({})).unwrap();
+        assert_eq!(state.get(&pods, "default", "a").unwrap_err().code, 404);
+        let refused = evict(&mut state, &pods, "default", "b", &json!({})).unwrap_err();
+        assert_eq!((refused.code, refused.reason), (429, "TooManyRequests"));
+        disruption::update_budgets(&mut state);
+        let refused = evict(&mut state, &pods, "default", "b", &json!({})).unwrap_err();
+        assert_eq!(
+            refused.code, 429,
+            "one of two replicas is gone: no disruption left"
+        );
+    }
 }

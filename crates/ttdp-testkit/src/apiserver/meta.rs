@@ -40,12 +40,19 @@ pub fn is_deleting(obj: &Value) -> bool {
     obj["metadata"]["deletionTimestamp"].is_string()
 }
 
-/// Set a metadata field (`obj` must be a JSON object; `metadata` is created when missing).
+/// Set a metadata field (`metadata` is created when missing; nothing happens to a value that
+/// is not an object).
 pub fn set(obj: &mut Value, field: &str, value: Value) {
-    if !obj["metadata"].is_object() {
-        obj["metadata"] = Value::Object(Map::new());
+    let Some(o) = obj.as_object_mut() else {
+        return;
+    };
+    let metadata = o
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !metadata.is_object() {
+        *metadata = Value::Object(Map::new());
     }
-    obj["metadata"][field] = value;
+    metadata[field] = value;
 }
 
 /// Remove a metadata field.
@@ -75,7 +82,7 @@ pub fn new_uid() -> String {
     let mut bytes: [u8; 16] = rand::rng().random();
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let h = hex::encode(bytes);
+    let h: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     format!(
         "{}-{}-{}-{}-{}",
         &h[0..8],
@@ -93,34 +100,4 @@ pub fn name_suffix() -> String {
     (0..5)
         .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
         .collect()
-}
-
-/// Whether `name` is a valid DNS-1123 subdomain (the rule most resource names follow).
-pub fn is_dns_subdomain(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-}
-
-/// The object with `spec`-like content only: everything but `metadata`, `status`, `kind`,
-/// `apiVersion`. A change here bumps `metadata.generation`.
-pub fn generation_relevant(obj: &Value) -> Value {
-    match obj {
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .filter(|(k, _)| {
-                    !matches!(k.as_str(), "metadata" | "status" | "kind" | "apiVersion")
-                })
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        ),
-        other => other.clone(),
-    }
 }

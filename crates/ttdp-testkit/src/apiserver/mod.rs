@@ -1,42 +1,33 @@
-//! An in-process imitation of a Kubernetes API server, kept for the demo when no control-plane
-//! assets are at hand (every test runs on a real control plane).
+//! An in-process imitation of a Kubernetes API server, kept only for the demo when no
+//! control-plane assets are at hand (every test runs on a real control plane). It serves what
+//! the demo's programs use, and little more.
 //!
 //! It listens on `127.0.0.1` (plain HTTP, any free port), writes a kubeconfig (context
-//! `ttdp-test`) and serves the API subset ttdp uses with the real server's semantics: discovery
-//! (including CRDs created through it), get/list/watch with selectors, resourceVersions and
-//! pagination, create/update with optimistic concurrency, JSON merge / JSON / strategic merge
-//! patches and server-side apply with managed fields, graceful deletion, finalizers, owner
-//! reference garbage collection, the `status`, `eviction` and `binding` subresources, CRD schema
-//! validation with defaults and CEL rules. Both kube-rs clients and the real `kubectl` work
-//! against it.
+//! `ttdp-test`) and serves, in JSON only:
+//! - discovery (`/api`, `/apis`, per group-version lists, CRDs as soon as they are created),
+//!   not aggregated discovery and no OpenAPI (`kubectl apply` needs `--validate=false`);
+//! - get, list and watch with label and field selectors, `limit`/`continue` paging and watch
+//!   bookmarks, including `sendInitialEvents`; lists are always at the latest revision, and a
+//!   watch resumes from a `resourceVersion` in the last 10,000 changes (410 Gone before);
+//! - create (with `generateName`), update with optimistic concurrency, delete with
+//!   preconditions, finalizers and a pod's grace period (left to the simulated kubelet);
+//! - JSON patches, JSON merge patches, strategic merge patches applied as JSON merge patches
+//!   (lists are replaced, not merged by key), and server-side apply as "create, or JSON-merge
+//!   into the stored object": no managed fields, no conflicts, and a field its manager stops
+//!   applying stays;
+//! - the `status` subresource, and the pod `eviction` subresource checked against
+//!   PodDisruptionBudgets, whose status a built-in disruption controller keeps.
+//!
+//! It does not: validate or default objects (no CRD schemas, no CEL, no built-in defaults),
+//! decode protobuf (415), render kubectl's `Table`s (a plain `kubectl get` gets JSON and prints
+//! a default listing), collect garbage by owner references, clean up deleted namespaces, serve
+//! `dryRun` or `deletecollection`, show an Event through both `v1` and `events.k8s.io/v1` (they
+//! are stored apart, and ttdp writes only the latter: `kubectl get events.events.k8s.io`), or
+//! run any controller but the disruption controller (see [`crate::sim`] for the DaemonSet
+//! stand-in).
 //!
 //! It is test infrastructure: it keeps everything in memory, has no authentication or
 //! authorization, and must never be used by production code.
-//!
-//! # Fidelity
-//!
-//! Where behaviour is implemented it follows the real API server, including its `Status`
-//! bodies and messages. Known approximations:
-//! - Lists at an older revision (`resourceVersionMatch=Exact`, `continue` tokens) are rebuilt
-//!   from the kept change history, so they answer 410 Expired once that history no longer
-//!   reaches back (the real server keeps etcd's, compacted every 5 minutes); a list or watch
-//!   at a revision the server does not have yet fails at once instead of after a wait.
-//! - Server-side apply tracks ownership per leaf field with list-map/set semantics from the
-//!   CRD schema or a table of the built-in fields kubectl and ttdp touch; other built-in lists
-//!   are atomic. Built-in types are validated by decoding into k8s-openapi's types plus a few
-//!   rules (pod spec immutability, required container fields), not full API validation.
-//! - Only JSON bodies are decoded, plus protobuf for `Eviction`, `DeleteOptions`, `Namespace`,
-//!   `ConfigMap` and `ServiceAccount` (what `kubectl drain` / `kubectl create` send); other
-//!   protobuf bodies get 415. No OpenAPI schemas are served (`kubectl explain` fails).
-//! - Controllers the real control plane runs are reduced to what tests need: garbage
-//!   collection, namespace and CRD cleanup, the PodDisruptionBudget status (the disruption
-//!   controller's rules, including controllers' scale for percentages), each namespace's
-//!   `default` ServiceAccount and `kube-root-ca.crt` ConfigMap. Graceful pod deletion is left
-//!   to the simulated kubelet. No scheduler, no DaemonSet/ReplicaSet controllers (see
-//!   [`crate::sim`]). Admission does not refuse pods
-//!   whose ServiceAccount does not exist yet, and new nodes get no `not-ready` taint
-//!   (TaintNodesByCondition).
-//! - [`TestApiServer::client`] turns kube's own retry of 429/503 off so callers see them.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -49,31 +40,18 @@
 //! # Ok(()) }
 //! ```
 
-mod admission;
-mod apply;
-mod builtin_types;
 mod catalog;
 mod cluster;
 mod discovery;
 mod disruption;
-mod events;
 mod eviction;
-mod field_set;
 mod kubeconfig;
-mod lifecycle;
-mod list_keys;
-mod managed_fields;
 mod meta;
-mod openapi;
-mod owner_index;
 mod patch;
-mod protobuf;
 mod routes;
-mod schema_validation;
 mod selectors;
 mod status;
 mod store;
-mod table;
 mod watch;
 
 use std::net::SocketAddr;
@@ -83,7 +61,6 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use cluster::ServerOptions;
 pub use kubeconfig::CONTEXT as KUBECONFIG_CONTEXT;
 
 /// Starting the server or building a client failed.
@@ -119,41 +96,21 @@ pub enum ServerError {
     },
 }
 
-/// Builder for [`TestApiServer`] with non-default [`ServerOptions`].
-#[derive(Debug, Clone, Default)]
-pub struct TestApiServerBuilder {
-    options: ServerOptions,
-}
-
-impl TestApiServerBuilder {
-    /// Start the server.
-    pub async fn start(self) -> Result<TestApiServer, ServerError> {
-        TestApiServer::start_with(self.options).await
-    }
-}
-
-/// A running test API server. Dropping it stops serving (prefer [`TestApiServer::shutdown`]).
+/// A running imitation API server. Dropping it stops serving (prefer
+/// [`TestApiServer::shutdown`]).
 #[derive(Debug)]
 pub struct TestApiServer {
     address: SocketAddr,
-    dir: tempfile::TempDir,
+    /// Holds the kubeconfig; removed on drop.
+    _dir: tempfile::TempDir,
     kubeconfig: PathBuf,
     app: routes::App,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl TestApiServer {
-    /// Start a server with default options on a free port of 127.0.0.1.
+    /// Start a server on a free port of 127.0.0.1.
     pub async fn start() -> Result<Self, ServerError> {
-        Self::builder().start().await
-    }
-
-    /// A builder for non-default options.
-    pub fn builder() -> TestApiServerBuilder {
-        TestApiServerBuilder::default()
-    }
-
-    async fn start_with(options: ServerOptions) -> Result<Self, ServerError> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
             .map_err(ServerError::Bind)?;
@@ -166,7 +123,7 @@ impl TestApiServer {
         let kubeconfig = kubeconfig::write(dir.path(), &url).map_err(ServerError::Kubeconfig)?;
         let stop = CancellationToken::new();
         let app = routes::App {
-            cluster: cluster::Cluster::new(options),
+            cluster: cluster::Cluster::default(),
             stop: stop.clone(),
             address: address.to_string(),
         };
@@ -181,11 +138,11 @@ impl TestApiServer {
                 tracing::error!(error = %e, "test api server stopped serving");
             }
         });
-        let controllers = tokio::spawn(lifecycle::run(app.cluster.clone(), stop));
+        let controllers = tokio::spawn(disruption::run(app.cluster.clone(), stop));
         tracing::debug!(%url, kubeconfig = %kubeconfig.display(), "test api server started");
         Ok(Self {
             address,
-            dir,
+            _dir: dir,
             kubeconfig,
             app,
             tasks: vec![server, controllers],
@@ -202,15 +159,10 @@ impl TestApiServer {
         &self.kubeconfig
     }
 
-    /// The temporary directory holding the kubeconfig (removed on drop).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// A kube client config for this server (default namespace `default`), with kube's
-    /// defaults otherwise: note that kube 5 retries 429/503/504 answers itself, with exponential
-    /// backoff for up to about five minutes, unless `default_retry` is turned off.
-    pub fn config(&self) -> Result<kube::Config, ServerError> {
+    /// A kube client for this server (default namespace `default`) with kube's built-in retry
+    /// of 429/503/504 turned off, so a PodDisruptionBudget-blocked eviction reaches the caller
+    /// at once (kube's default retry would hide it for minutes).
+    pub async fn client(&self) -> Result<kube::Client, ServerError> {
         let url = self.url();
         let uri: http::Uri = url.parse().map_err(|source| ServerError::Url {
             url: url.clone(),
@@ -218,20 +170,8 @@ impl TestApiServer {
         })?;
         let mut config = kube::Config::new(uri);
         config.default_namespace = "default".into();
-        Ok(config)
-    }
-
-    /// A kube client for this server (default namespace `default`) with kube's built-in retry
-    /// of 429/503/504 turned off, so a PodDisruptionBudget-blocked eviction or an injected
-    /// fault reaches the caller at once (the real server sends its 429 for evictions without a
-    /// `Retry-After`, and kube's default retry would hide it for minutes).
-    pub async fn client(&self) -> Result<kube::Client, ServerError> {
-        let mut config = self.config()?;
         config.default_retry = false;
-        kube::Client::try_from(config).map_err(|source| ServerError::Client {
-            url: self.url(),
-            source,
-        })
+        kube::Client::try_from(config).map_err(|source| ServerError::Client { url, source })
     }
 
     /// Stop serving: open watches end, the port is released.

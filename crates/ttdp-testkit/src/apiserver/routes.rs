@@ -1,5 +1,6 @@
-//! HTTP routing: turns a request path into discovery, OpenAPI or a resource verb, applies
-//! injected faults, dispatches to the cluster, and records the exchange.
+//! HTTP routing: turns a request path into discovery or a resource verb and dispatches it to
+//! the cluster. Bodies are JSON only (protobuf gets 415); every answer is JSON, also to a
+//! request for a `Table` (as from a server without table support).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -7,22 +8,21 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::admission::FieldValidation;
 use super::catalog::ResourceType;
-use super::cluster::{Cluster, ClusterState, DeleteOpts, ListQuery, WriteCtx};
+use super::cluster::{Cluster, ClusterState, DeleteOpts, ListQuery};
 use super::discovery;
 use super::eviction;
-use super::openapi;
 use super::patch::PatchType;
-use super::protobuf;
 use super::status::ApiError;
-use super::table;
 use super::watch::{self, WatchQuery};
+
+/// How often watches that asked for bookmarks get one.
+const BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Shared state of the HTTP layer.
 #[derive(Debug, Clone)]
@@ -56,18 +56,11 @@ enum Target {
     Groups,
     Group(String),
     ResourceList(String, String),
-    OpenApiV2,
-    OpenApiV3Root,
-    OpenApiV3(String, String),
     Resource(Box<ResourcePath>),
 }
 
 fn parse_target(app: &App, path: &str) -> Result<Target, ApiError> {
-    let segs: Vec<&str> = path
-        .trim_matches('/')
-        .split('/')
-        .filter(|s| !s.is_empty())
-        .collect();
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     match segs.as_slice() {
         ["version"] => Ok(Target::Version),
         ["healthz" | "livez" | "readyz", ..] => Ok(Target::Health),
@@ -76,10 +69,6 @@ fn parse_target(app: &App, path: &str) -> Result<Target, ApiError> {
         ["apis", g] => Ok(Target::Group(g.to_string())),
         ["api", v] => Ok(Target::ResourceList(String::new(), v.to_string())),
         ["apis", g, v] => Ok(Target::ResourceList(g.to_string(), v.to_string())),
-        ["openapi", "v2"] => Ok(Target::OpenApiV2),
-        ["openapi", "v3"] => Ok(Target::OpenApiV3Root),
-        ["openapi", "v3", "api", v] => Ok(Target::OpenApiV3(String::new(), v.to_string())),
-        ["openapi", "v3", "apis", g, v] => Ok(Target::OpenApiV3(g.to_string(), v.to_string())),
         ["api", v, rest @ ..] => parse_resource(app, "", v, rest, path),
         ["apis", g, v, rest @ ..] => parse_resource(app, g, v, rest, path),
         _ => Err(ApiError::no_route(path)),
@@ -95,33 +84,31 @@ fn parse_resource(
 ) -> Result<Target, ApiError> {
     let state = app.cluster.lock();
     let find = |plural: &str| state.resource(group, version, plural);
-    let namespaced_plural = |plural: &str| find(plural).filter(|rt| rt.namespaced);
-    let (rt, namespace, name, sub) = match rest {
-        ["namespaces", ns, plural, tail @ ..] if namespaced_plural(plural).is_some() => {
-            let rt = namespaced_plural(plural).ok_or_else(|| ApiError::no_route(path))?;
-            match tail {
-                [] => (rt, Some(ns.to_string()), None, ""),
-                [name] => (rt, Some(ns.to_string()), Some(name.to_string()), ""),
-                [name, sub] => (rt, Some(ns.to_string()), Some(name.to_string()), *sub),
-                _ => return Err(ApiError::no_route(path)),
-            }
+    let namespaced = |plural: &str| find(plural).filter(|rt| rt.namespaced);
+    let (rt, namespace, tail) = match rest {
+        ["namespaces", ns, plural, tail @ ..] if namespaced(plural).is_some() => {
+            let rt = namespaced(plural).ok_or_else(|| ApiError::no_route(path))?;
+            (rt, Some(ns.to_string()), tail)
         }
         [plural, tail @ ..] => {
             let rt = find(plural).ok_or_else(|| ApiError::no_route(path))?;
-            match tail {
-                [] => (rt, None, None, ""),
-                [name] if !rt.namespaced => (rt, None, Some(name.to_string()), ""),
-                [name, sub] if !rt.namespaced => (rt, None, Some(name.to_string()), *sub),
-                _ => return Err(ApiError::no_route(path)),
+            if rt.namespaced && !tail.is_empty() {
+                return Err(ApiError::no_route(path));
             }
+            (rt, None, tail)
         }
         [] => return Err(ApiError::no_route(path)),
+    };
+    let (name, sub) = match tail {
+        [] => (None, ""),
+        [name] => (Some(name.to_string()), ""),
+        [name, sub] => (Some(name.to_string()), *sub),
+        _ => return Err(ApiError::no_route(path)),
     };
     let allowed_sub = match sub {
         "" => true,
         "status" => rt.status_subresource,
-        "eviction" | "binding" => rt.group.is_empty() && rt.plural == "pods",
-        "finalize" => rt.group.is_empty() && rt.plural == "namespaces",
+        "eviction" => rt.is("", "pods"),
         _ => false,
     };
     if !allowed_sub {
@@ -162,33 +149,21 @@ async fn handle(
             .unwrap_or_default()
             .to_string()
     };
-    let user_agent = header(header::USER_AGENT);
     let content_type = header(header::CONTENT_TYPE);
     let accept = header(header::ACCEPT);
     let response = match parse_target(&app, &path) {
         Err(e) => e.into_response(),
-        Ok(Target::Resource(rp)) => match resource(
-            &app,
-            &method,
-            &rp,
-            &query,
-            &headers,
-            &user_agent,
-            &content_type,
-            &accept,
-            &body,
-        ) {
-            Ok(r) => r,
-            Err(e) => e.into_response(),
-        },
-        Ok(other) => non_resource(&app, other, &accept),
+        Ok(Target::Resource(rp)) => {
+            resource(&app, &method, &rp, &query, &content_type, &accept, &body)
+                .unwrap_or_else(IntoResponse::into_response)
+        }
+        Ok(other) => non_resource(&app, other),
     };
-    tracing::debug!(%method, %path, query = uri.query().unwrap_or_default(), %accept, status = response.status().as_u16(), "request");
+    tracing::debug!(%method, %path, query = uri.query().unwrap_or_default(), status = response.status().as_u16(), "request");
     response
 }
 
-fn non_resource(app: &App, target: Target, accept: &str) -> Response {
-    let aggregated = accept.contains("as=APIGroupDiscoveryList") && accept.contains("v=v2;");
+fn non_resource(app: &App, target: Target) -> Response {
     let state = app.cluster.lock();
     let found = |v: Option<Value>| match v {
         Some(v) => json_response(StatusCode::OK, &v),
@@ -197,37 +172,14 @@ fn non_resource(app: &App, target: Target, accept: &str) -> Response {
     match target {
         Target::Version => json_response(StatusCode::OK, &discovery::version()),
         Target::Health => (StatusCode::OK, "ok").into_response(),
-        Target::CoreVersions | Target::Groups if aggregated => {
-            let core = matches!(target, Target::CoreVersions);
-            let body = discovery::aggregated(&state.catalog, core);
-            (
-                StatusCode::OK,
-                [(
-                    header::CONTENT_TYPE,
-                    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
-                )],
-                body.to_string(),
-            )
-                .into_response()
-        }
         Target::CoreVersions => {
             json_response(StatusCode::OK, &discovery::core_versions(&app.address))
         }
         Target::Groups => json_response(StatusCode::OK, &discovery::group_list(&state.catalog)),
         Target::Group(g) => found(discovery::group(&state.catalog, &g)),
         Target::ResourceList(g, v) => found(discovery::resource_list(&state.catalog, &g, &v)),
-        Target::OpenApiV2 => ApiError::no_route("/openapi/v2").into_response(),
-        Target::OpenApiV3Root => json_response(StatusCode::OK, &openapi::v3_root(&state.catalog)),
-        Target::OpenApiV3(g, v) => found(openapi::v3_group_version(&state.catalog, &g, &v)),
         Target::Resource(_) => ApiError::no_route("resource").into_response(),
     }
-}
-
-fn field_manager(query: &HashMap<String, String>, user_agent: &str) -> String {
-    query
-        .get("fieldManager")
-        .cloned()
-        .unwrap_or_else(|| user_agent.split('/').next().unwrap_or_default().to_string())
 }
 
 fn list_query(query: &HashMap<String, String>) -> ListQuery {
@@ -236,118 +188,75 @@ fn list_query(query: &HashMap<String, String>) -> ListQuery {
         field_selector: query.get("fieldSelector").cloned(),
         limit: query.get("limit").and_then(|l| l.parse().ok()),
         continue_token: query.get("continue").cloned(),
-        resource_version: query.get("resourceVersion").cloned(),
-        resource_version_match: query.get("resourceVersionMatch").cloned(),
     }
 }
 
-/// Run a write under the state lock, collecting the warnings it produced, and wake the
-/// background controllers.
+/// Run a write under the state lock and wake the disruption controller.
 fn write<T>(
     app: &App,
     f: impl FnOnce(&mut ClusterState) -> Result<T, ApiError>,
-) -> Result<(T, Vec<String>), ApiError> {
-    let mut state = app.cluster.lock();
-    state.warnings.clear();
-    let result = f(&mut state);
-    let warnings = std::mem::take(&mut state.warnings);
-    drop(state);
+) -> Result<T, ApiError> {
+    let result = f(&mut app.cluster.lock());
     app.cluster.wake.notify_one();
-    result.map(|v| (v, warnings))
-}
-
-/// Add `Warning: 299 - "..."` headers, as the real server does for dropped unknown fields.
-fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
-    for w in warnings {
-        let escaped = w.replace('\\', "\\\\").replace('"', "\\\"");
-        if let Ok(v) = HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
-            response.headers_mut().append(header::WARNING, v);
-        }
-    }
-    response
+    result
 }
 
 fn decode_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
-    if content_type.starts_with(protobuf::CONTENT_TYPE) {
-        return protobuf::decode(body);
+    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        return Err(ApiError::unsupported_media_type(content_type));
     }
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
 }
 
-#[allow(clippy::too_many_arguments)]
 fn resource(
     app: &App,
     method: &Method,
     rp: &ResourcePath,
     query: &HashMap<String, String>,
-    headers: &HeaderMap,
-    user_agent: &str,
     content_type: &str,
     accept: &str,
     body: &[u8],
 ) -> Result<Response, ApiError> {
-    let _ = headers;
     let rt = &rp.rt;
     let ns = rp.namespace.as_deref().unwrap_or_default();
-    let dry_run = query.get("dryRun").is_some_and(|d| d == "All");
-    let ctx = WriteCtx {
-        manager: field_manager(query, user_agent),
-        dry_run,
-        subresource: if rp.subresource == "status" {
-            "status".into()
-        } else {
-            String::new()
-        },
-        field_validation: FieldValidation::parse(query.get("fieldValidation").map(String::as_str)),
+    let status_sub = if rp.subresource == "status" {
+        "status"
+    } else {
+        ""
     };
-    let wants_table = accept.contains("as=Table");
-    let wants_metadata = accept.contains("as=PartialObjectMetadata");
+    if query.contains_key("dryRun") {
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by this imitation API server",
+        ));
+    }
     let respond = |code: StatusCode, v: &Value| -> Response {
-        if wants_table && method == Method::GET {
-            json_response(
-                code,
-                &table::render(rt, v, query.get("includeObject").map(String::as_str)),
-            )
-        } else if wants_metadata {
+        if accept.contains("as=PartialObjectMetadata") {
             json_response(code, &partial_metadata(v))
         } else {
             json_response(code, v)
         }
     };
     match (method.as_str(), rp.name.as_deref()) {
+        ("GET", None) if query.get("watch").is_some_and(|w| w == "true" || w == "1") => {
+            let is_true = |key: &str| query.get(key).is_some_and(|b| b == "true");
+            let wq = WatchQuery {
+                list: list_query(query),
+                resource_version: query.get("resourceVersion").cloned(),
+                bookmarks: is_true("allowWatchBookmarks"),
+                send_initial_events: is_true("sendInitialEvents"),
+                timeout: query
+                    .get("timeoutSeconds")
+                    .and_then(|t| t.parse().ok())
+                    .map(Duration::from_secs),
+            };
+            let namespace = rp.namespace.as_deref();
+            let stop = app.stop.clone();
+            watch::watch(&app.cluster, rt, namespace, wq, BOOKMARK_INTERVAL, stop)
+        }
         ("GET", None) => {
-            if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
-                let wq = WatchQuery {
-                    list: list_query(query),
-                    resource_version: query.get("resourceVersion").cloned(),
-                    bookmarks: query
-                        .get("allowWatchBookmarks")
-                        .is_some_and(|b| b == "true"),
-                    send_initial_events: query
-                        .get("sendInitialEvents")
-                        .is_some_and(|b| b == "true"),
-                    timeout: query
-                        .get("timeoutSeconds")
-                        .and_then(|t| t.parse().ok())
-                        .map(Duration::from_secs),
-                    as_table: wants_table
-                        .then(|| query.get("includeObject").cloned().unwrap_or_default()),
-                };
-                let interval = app.cluster.lock().options.bookmark_interval;
-                return watch::watch(
-                    &app.cluster,
-                    rt,
-                    rp.namespace.as_deref(),
-                    wq,
-                    interval,
-                    app.stop.clone(),
-                );
-            }
-            let list = app
-                .cluster
-                .lock()
-                .list(rt, rp.namespace.as_deref(), &list_query(query))?;
+            let q = list_query(query);
+            let list = app.cluster.lock().list(rt, rp.namespace.as_deref(), &q)?;
             Ok(respond(StatusCode::OK, &list))
         }
         ("GET", Some(name)) => {
@@ -356,72 +265,39 @@ fn resource(
         }
         ("POST", None) => {
             let input = decode_body(content_type, body)?;
-            let (obj, warnings) = write(app, |s| s.create(rt, ns, input, &ctx))?;
-            Ok(with_warnings(respond(StatusCode::CREATED, &obj), &warnings))
+            let obj = write(app, |s| s.create(rt, ns, input))?;
+            Ok(respond(StatusCode::CREATED, &obj))
         }
         ("POST", Some(name)) if rp.subresource == "eviction" => {
-            let result = eviction::evict(
-                &mut app.cluster.lock(),
-                rt,
-                ns,
-                name,
-                &decode_body(content_type, body)?,
-            )?;
-            app.cluster.wake.notify_one();
-            Ok(json_response(StatusCode::CREATED, &result))
-        }
-        ("POST", Some(name)) if rp.subresource == "binding" => {
-            let result = eviction::bind(
-                &mut app.cluster.lock(),
-                rt,
-                ns,
-                name,
-                &decode_body(content_type, body)?,
-                &ctx,
-            )?;
-            app.cluster.wake.notify_one();
+            let input = decode_body(content_type, body)?;
+            let result = write(app, |s| eviction::evict(s, rt, ns, name, &input))?;
             Ok(json_response(StatusCode::CREATED, &result))
         }
         ("PUT", Some(name)) => {
             let input = decode_body(content_type, body)?;
-            let (obj, warnings) = write(app, |s| s.update(rt, ns, name, input, &ctx))?;
-            Ok(with_warnings(respond(StatusCode::OK, &obj), &warnings))
+            let obj = write(app, |s| s.update(rt, ns, name, input, status_sub))?;
+            Ok(respond(StatusCode::OK, &obj))
         }
         ("PATCH", Some(name)) => {
             let patch_type = PatchType::from_content_type(content_type)?;
-            let force = query.get("force").is_some_and(|f| f == "true");
-            let ((obj, created), warnings) = write(app, |s| {
-                s.patch(rt, ns, name, patch_type, body, force, &ctx)
-            })?;
+            let (obj, created) =
+                write(app, |s| s.patch(rt, ns, name, patch_type, body, status_sub))?;
             let code = if created {
                 StatusCode::CREATED
             } else {
                 StatusCode::OK
             };
-            Ok(with_warnings(respond(code, &obj), &warnings))
+            Ok(respond(code, &obj))
         }
-        ("DELETE", name) => {
+        ("DELETE", Some(name)) => {
             let mut opts = DeleteOpts {
                 grace_period_seconds: query.get("gracePeriodSeconds").and_then(|g| g.parse().ok()),
-                propagation: query.get("propagationPolicy").cloned(),
-                dry_run,
-                ..Default::default()
+                ..DeleteOpts::default()
             };
             if !body.is_empty() {
                 opts.merge_body(&decode_body(content_type, body)?);
             }
-            let mut state = app.cluster.lock();
-            let result = match name {
-                Some(name) => state.delete(rt, ns, name, &opts)?,
-                None => state.delete_collection(
-                    rt,
-                    rp.namespace.as_deref(),
-                    &list_query(query),
-                    &opts,
-                )?,
-            };
-            drop(state);
-            app.cluster.wake.notify_one();
+            let result = write(app, |s| s.delete(rt, ns, name, &opts))?;
             Ok(json_response(StatusCode::OK, &result))
         }
         _ => Err(ApiError::method_not_allowed(format!(

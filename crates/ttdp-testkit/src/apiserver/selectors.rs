@@ -1,5 +1,5 @@
 //! Label selectors (every operator of the real grammar) and field selectors (`=`, `==`, `!=` on
-//! the fields each resource type supports).
+//! any dotted field path).
 
 use serde_json::Value;
 
@@ -200,9 +200,9 @@ pub struct FieldSelector {
 }
 
 impl FieldSelector {
-    /// Parse the `fieldSelector` query parameter; `supported` lists the resource's field labels
-    /// beyond `metadata.name` and `metadata.namespace`.
-    pub fn parse(s: &str, supported: &[String]) -> Result<Self, ApiError> {
+    /// Parse the `fieldSelector` query parameter. Any dotted path is accepted (the real server
+    /// supports only a few per resource type).
+    pub fn parse(s: &str) -> Result<Self, ApiError> {
         let mut requirements = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (field, equal, value) = if let Some((f, v)) = part.split_once("!=") {
@@ -216,26 +216,9 @@ impl FieldSelector {
                     "invalid selector: '{s}'; can't understand '{part}'"
                 )));
             };
-            let field = field.trim();
-            let known = field == "metadata.name"
-                || field == "metadata.namespace"
-                || supported.iter().any(|f| f == field);
-            if !known {
-                return Err(ApiError::bad_request(format!(
-                    "field label not supported: {field}"
-                )));
-            }
-            requirements.push((field.to_string(), equal, value.trim().to_string()));
+            requirements.push((field.trim().to_string(), equal, value.trim().to_string()));
         }
         Ok(Self { requirements })
-    }
-
-    /// The value `field` must equal, when the selector requires one (`field=value`).
-    pub fn required(&self, field: &str) -> Option<&str> {
-        self.requirements
-            .iter()
-            .find(|(f, equal, _)| *equal && f == field)
-            .map(|(_, _, value)| value.as_str())
     }
 
     /// Whether the object satisfies the selector.
@@ -249,7 +232,7 @@ impl FieldSelector {
 
 /// The string value of a selectable field, as the real server computes it (unset booleans are
 /// `false`, unset strings empty).
-pub fn field_value(object: &Value, field: &str) -> String {
+fn field_value(object: &Value, field: &str) -> String {
     let mut current = object;
     for segment in field.split('.') {
         current = &current[segment];
@@ -294,12 +277,15 @@ mod tests {
     }
 
     #[test]
-    fn field_selectors_reject_unknown_fields() {
-        let err = FieldSelector::parse("spec.color=red", &[]).unwrap_err();
-        assert_eq!(err.code, 400);
+    fn field_selectors_compare_dotted_paths() {
+        let pod = json!({"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}});
+        let matches = |s: &str| FieldSelector::parse(s).unwrap().matches(&pod);
+        assert!(matches("spec.nodeName=n1,status.phase!=Succeeded"));
+        assert!(!matches("spec.nodeName==n2"));
         assert!(
-            err.message
-                .contains("field label not supported: spec.color")
+            matches("spec.unschedulable=false"),
+            "unset booleans are false"
         );
+        assert_eq!(FieldSelector::parse("spec.nodeName").unwrap_err().code, 400);
     }
 }

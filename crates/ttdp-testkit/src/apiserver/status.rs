@@ -1,18 +1,20 @@
 //! `Status` failure bodies, shaped like the real API server's (`kind: Status`, `reason`, `code`,
 //! `message`, `details`).
 
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
+
+use super::catalog::ResourceType;
 
 /// One entry of `details.causes` in a `Status` body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatusCause {
-    /// Machine-readable reason, e.g. `FieldValueInvalid` or `FieldManagerConflict`.
+    /// Machine-readable reason, e.g. `FieldValueRequired` or `DisruptionBudget`.
     pub reason: String,
     /// Human-readable message.
     pub message: String,
-    /// The field the cause is about (e.g. `spec.version` or `.spec.replicas`), if any.
+    /// The field the cause is about, if any.
     pub field: Option<String>,
 }
 
@@ -25,25 +27,10 @@ pub struct ApiError {
     pub reason: &'static str,
     /// `message` in the body.
     pub message: String,
-    /// `details.name`, `details.group`, `details.kind`.
+    /// `details`: the object's name, group and resource (plural), when about one object.
     pub details: Option<Box<(String, String, String)>>,
     /// `details.causes`.
     pub causes: Vec<StatusCause>,
-    /// `details.retryAfterSeconds` (also sent as the `Retry-After` header).
-    pub retry_after_seconds: Option<u32>,
-}
-
-/// Identifies an object in error messages: the resource (plural, with group) and name.
-#[derive(Debug, Clone, Copy)]
-pub struct ObjectRef<'a> {
-    /// `pods`, `daemonsets.apps`, `tenstorrentdriverpolicies.driver.tenstorrent.com`.
-    pub qualified_resource: &'a str,
-    /// API group, empty for the core group.
-    pub group: &'a str,
-    /// Plural resource name (`details.kind` holds the plural, as the real server does).
-    pub plural: &'a str,
-    /// Object name.
-    pub name: &'a str,
 }
 
 impl ApiError {
@@ -54,33 +41,29 @@ impl ApiError {
             message: message.into(),
             details: None,
             causes: Vec::new(),
-            retry_after_seconds: None,
         }
     }
 
-    fn with_object(mut self, object: ObjectRef<'_>) -> Self {
+    fn about(mut self, rt: &ResourceType, name: &str) -> Self {
         self.details = Some(Box::new((
-            object.name.to_string(),
-            object.group.to_string(),
-            object.plural.to_string(),
+            name.to_string(),
+            rt.group.clone(),
+            rt.plural.clone(),
         )));
         self
     }
 
     /// 404 `pods "x" not found`.
-    pub fn not_found(object: ObjectRef<'_>) -> Self {
+    pub fn not_found(rt: &ResourceType, name: &str) -> Self {
         Self::new(
             404,
             "NotFound",
-            format!(
-                "{} \"{}\" not found",
-                object.qualified_resource, object.name
-            ),
+            format!("{} \"{name}\" not found", rt.qualified()),
         )
-        .with_object(object)
+        .about(rt, name)
     }
 
-    /// 404 for a path that names no known resource.
+    /// 404 for a path that names no served resource.
     pub fn no_route(path: &str) -> Self {
         Self::new(
             404,
@@ -90,69 +73,54 @@ impl ApiError {
     }
 
     /// 409 `pods "x" already exists`.
-    pub fn already_exists(object: ObjectRef<'_>) -> Self {
+    pub fn already_exists(rt: &ResourceType, name: &str) -> Self {
         Self::new(
             409,
             "AlreadyExists",
-            format!(
-                "{} \"{}\" already exists",
-                object.qualified_resource, object.name
-            ),
+            format!("{} \"{name}\" already exists", rt.qualified()),
         )
-        .with_object(object)
+        .about(rt, name)
     }
 
-    /// 409 on a stale `resourceVersion` (optimistic concurrency).
-    pub fn conflict(object: ObjectRef<'_>, why: &str) -> Self {
+    /// 409 Conflict about one object (a failed precondition).
+    pub fn conflict(rt: &ResourceType, name: &str, why: &str) -> Self {
         Self::new(
             409,
             "Conflict",
             format!(
-                "Operation cannot be fulfilled on {} \"{}\": {why}",
-                object.qualified_resource, object.name
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                rt.qualified()
             ),
         )
-        .with_object(object)
+        .about(rt, name)
     }
 
-    /// 409 Conflict with a free-form message (server-side apply conflicts).
-    pub fn conflict_plain(message: impl Into<String>) -> Self {
-        Self::new(409, "Conflict", message)
-    }
-
-    /// 409 for a stale `resourceVersion`, with the real server's message.
-    pub fn stale(object: ObjectRef<'_>) -> Self {
+    /// 409 for a stale `resourceVersion` (optimistic concurrency), with the real server's message.
+    pub fn stale(rt: &ResourceType, name: &str) -> Self {
         Self::conflict(
-            object,
+            rt,
+            name,
             "the object has been modified; please apply your changes to the latest version and try again",
         )
     }
 
-    /// 422 `Kind "name" is invalid: [causes]`.
-    pub fn invalid(kind: &str, object: ObjectRef<'_>, causes: Vec<StatusCause>) -> Self {
-        let list = causes
-            .iter()
-            .map(|c| match &c.field {
-                Some(f) => format!("{f}: {}", c.message),
-                None => c.message.clone(),
-            })
-            .collect::<Vec<_>>();
-        let joined = if list.len() == 1 {
-            list[0].clone()
-        } else {
-            format!("[{}]", list.join(", "))
-        };
+    /// 422 `Kind "name" is invalid: field: message`.
+    pub fn invalid(rt: &ResourceType, name: &str, cause: StatusCause) -> Self {
+        let field = cause.field.as_deref().unwrap_or_default();
         let mut err = Self::new(
             422,
             "Invalid",
-            format!("{kind} \"{}\" is invalid: {joined}", object.name),
+            format!(
+                "{} \"{name}\" is invalid: {field}: {}",
+                rt.kind, cause.message
+            ),
         );
         err.details = Some(Box::new((
-            object.name.to_string(),
-            object.group.to_string(),
-            kind.to_string(),
+            name.to_string(),
+            rt.group.clone(),
+            rt.kind.clone(),
         )));
-        err.causes = causes;
+        err.causes = vec![cause];
         err
     }
 
@@ -166,46 +134,18 @@ impl ApiError {
         Self::new(405, "MethodNotAllowed", message)
     }
 
-    /// 410 Gone for a `resourceVersion` older than the kept event history.
+    /// 410 Gone for a `resourceVersion` older than the kept history.
     pub fn gone(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message)
     }
 
-    /// 504 for a read at a `resourceVersion` newer than the server has (after the real server
-    /// has waited for it for a while).
-    pub fn too_large_resource_version(asked: u64, current: u64) -> Self {
-        let mut err = Self::new(
-            504,
-            "Timeout",
-            format!("Timeout: Too large resource version: {asked}, current: {current}"),
-        );
-        err.causes = vec![StatusCause {
-            reason: "ResourceVersionTooLarge".into(),
-            message: "Too large resource version".into(),
-            field: None,
-        }];
-        err.retry_after_seconds = Some(1);
-        err
-    }
-
-    /// 415 for a request body this server cannot decode.
-    pub fn unsupported_body(content_type: &str) -> Self {
-        Self::new(
-            415,
-            "UnsupportedMediaType",
-            format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json (this test server decodes {content_type} only for Eviction, DeleteOptions, Namespace, ConfigMap and ServiceAccount; send JSON, e.g. use `kubectl apply`)"
-            ),
-        )
-    }
-
-    /// 415 UnsupportedMediaType for a patch.
+    /// 415 for a body or patch in a format this server does not decode.
     pub fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(
             415,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (sent as JSON) (got {content_type:?}; this imitation API server decodes JSON only, no protobuf)"
             ),
         )
     }
@@ -224,11 +164,6 @@ impl ApiError {
             "InternalError",
             format!("Internal error occurred: {}", message.into()),
         )
-    }
-
-    /// 403 Forbidden, e.g. creating objects in a terminating namespace.
-    pub fn forbidden(message: impl Into<String>) -> Self {
-        Self::new(403, "Forbidden", message)
     }
 
     /// The `Status` body.
@@ -267,9 +202,6 @@ impl ApiError {
                 .collect::<Vec<_>>();
             details.insert("causes".into(), Value::Array(causes));
         }
-        if let Some(secs) = self.retry_after_seconds {
-            details.insert("retryAfterSeconds".into(), json!(secs));
-        }
         if !details.is_empty() {
             body["details"] = Value::Object(details);
         }
@@ -288,34 +220,23 @@ impl std::error::Error for ApiError {}
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response = (
+        (
             code,
-            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            [(header::CONTENT_TYPE, "application/json")],
             self.body().to_string(),
         )
-            .into_response();
-        if let Some(secs) = self.retry_after_seconds
-            && let Ok(v) = axum::http::HeaderValue::from_str(&secs.to_string())
-        {
-            response
-                .headers_mut()
-                .insert(axum::http::header::RETRY_AFTER, v);
-        }
-        response
+            .into_response()
     }
 }
 
-/// The `Status` body of a successful delete (`status: Success`).
-pub fn success(name: &str, group: &str, kind: &str, uid: &str) -> Value {
-    let mut details = json!({"name": name, "kind": kind, "uid": uid});
-    if !group.is_empty() {
-        details["group"] = json!(group);
-    }
+/// The `Status` body of a successful delete or eviction (`status: Success`).
+pub fn success(code: u16, details: Value) -> Value {
     json!({
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
         "status": "Success",
+        "code": code,
         "details": details,
     })
 }

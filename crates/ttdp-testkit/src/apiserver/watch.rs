@@ -15,11 +15,10 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::catalog::ResourceType;
-use super::cluster::{self, Cluster, ListQuery};
+use super::cluster::{Cluster, ListQuery};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::store::{Change, ChangeKind};
-use super::table;
 
 /// Watch parameters from the query string.
 #[derive(Debug, Clone, Default)]
@@ -34,9 +33,6 @@ pub struct WatchQuery {
     pub send_initial_events: bool,
     /// `timeoutSeconds`.
     pub timeout: Option<Duration>,
-    /// Send each event's object as a one-row `Table` (kubectl `get --watch`); the value is the
-    /// `includeObject` parameter.
-    pub as_table: Option<String>,
 }
 
 struct Filter {
@@ -90,22 +86,6 @@ fn line(kind: &str, object: &Value) -> Bytes {
     Bytes::from(s)
 }
 
-/// The event line of a stored object as the watch presents it: as stored when it already is
-/// (no copy), else presented or rendered as a table.
-fn object_line(rt: &ResourceType, kind: &str, obj: &Value, as_table: Option<&str>) -> Bytes {
-    match as_table {
-        None if cluster::is_presented(rt, obj) => line(kind, obj),
-        None => line(kind, &cluster::present(rt, obj.clone())),
-        Some(include) => {
-            let obj = cluster::present(rt, obj.clone());
-            line(
-                kind,
-                &table::render(rt, &obj, Some(include).filter(|i| !i.is_empty())),
-            )
-        }
-    }
-}
-
 fn bookmark(rt: &ResourceType, revision: u64, initial_end: bool) -> Value {
     let mut metadata = json!({"resourceVersion": revision.to_string()});
     if initial_end {
@@ -127,10 +107,7 @@ pub fn watch(
         storage: rt.storage_key(),
         namespace: namespace.filter(|_| rt.namespaced).map(str::to_string),
         labels: LabelSelector::parse(q.list.label_selector.as_deref().unwrap_or_default())?,
-        fields: FieldSelector::parse(
-            q.list.field_selector.as_deref().unwrap_or_default(),
-            &rt.field_labels,
-        )?,
+        fields: FieldSelector::parse(q.list.field_selector.as_deref().unwrap_or_default())?,
     };
     let mut initial: Vec<Bytes> = Vec::new();
     let (mut rx, mut last_revision) = {
@@ -144,7 +121,7 @@ pub fn watch(
                 .list(&filter.storage, filter.namespace.as_deref())
             {
                 if filter.matches(obj) {
-                    initial.push(object_line(rt, "ADDED", obj, q.as_table.as_deref()));
+                    initial.push(line("ADDED", obj));
                 }
             }
             if q.send_initial_events {
@@ -158,12 +135,7 @@ pub fn watch(
                 Some(changes) => {
                     for change in changes {
                         if let Some(kind) = filter.event_type(&change) {
-                            initial.push(object_line(
-                                rt,
-                                kind,
-                                &change.object,
-                                q.as_table.as_deref(),
-                            ));
+                            initial.push(line(kind, &change.object));
                         }
                     }
                 }
@@ -205,11 +177,10 @@ pub fn watch(
                 change = rx.recv() => match change {
                     Ok(change) => {
                         last_revision = last_revision.max(change.revision);
-                        if let Some(kind) = filter.event_type(&change) {
-                            let chunk = object_line(&rt, kind, &change.object, q.as_table.as_deref());
-                            if tx.send(Ok(chunk)).await.is_err() {
-                                return;
-                            }
+                        if let Some(kind) = filter.event_type(&change)
+                            && tx.send(Ok(line(kind, &change.object))).await.is_err()
+                        {
+                            return;
                         }
                     }
                     // A watcher too slow to keep up is closed; clients re-list, as with the

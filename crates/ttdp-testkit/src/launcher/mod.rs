@@ -175,11 +175,6 @@ impl ControlPlane {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
-
-    /// Whether every process still runs.
-    pub fn is_running(&mut self) -> bool {
-        self.processes.all_running()
-    }
 }
 
 impl Drop for ControlPlane {

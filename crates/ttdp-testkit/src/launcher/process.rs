@@ -253,10 +253,6 @@ impl Processes {
         Ok(())
     }
 
-    pub(super) fn all_running(&mut self) -> bool {
-        self.check_running().is_ok()
-    }
-
     /// Kills every component (the test cluster's state is thrown away anyway).
     pub(super) fn stop(&mut self) {
         for (_, child) in self.running.iter_mut().rev() {

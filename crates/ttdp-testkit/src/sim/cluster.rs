@@ -1,7 +1,6 @@
 //! [`SimCluster`]: one entry point for tests and the demo. It joins the real control plane of
-//! [`launcher::test_kubeconfig`] (or another existing cluster; or, for fault injection and the
-//! demo's fallback, starts the in-process imitation API server with its DaemonSet controller
-//! stand-in), registers simulated Tenstorrent and plain nodes with a simulated host each, runs
+//! [`launcher::test_kubeconfig`] (or another existing cluster; or, for the demo's fallback,
+//! starts the in-process imitation API server with its DaemonSet controller stand-in), registers simulated Tenstorrent and plain nodes with a simulated host each, runs
 //! their simulated kubelet, and cleans up what it created.
 //!
 //! ```no_run
@@ -134,14 +133,11 @@ pub struct SimClusterOptions {
     pub env: Vec<(String, String)>,
     /// Prefix of every name the cluster creates (default: `sim-<random>`).
     pub name_prefix: Option<String>,
-    /// Run the DaemonSet controller stand-in (simulation only; default true).
-    pub daemonset_controller: bool,
     /// Join the existing cluster of this kubeconfig (default: the test control plane of
     /// [`launcher::test_kubeconfig`]: `TTDP_TEST_KUBECONFIG`, else a real control plane started
     /// for the test process).
     pub existing_cluster: Option<PathBuf>,
-    /// Start the in-process imitation API server instead (fault injection and the demo's
-    /// fallback only).
+    /// Start the in-process imitation API server instead (the demo's fallback only).
     pub in_process: bool,
 }
 
@@ -156,7 +152,6 @@ impl Default for SimClusterOptions {
             kmd_versions: Vec::new(),
             env: Vec::new(),
             name_prefix: None,
-            daemonset_controller: true,
             existing_cluster: None,
             in_process: false,
         }
@@ -216,12 +211,6 @@ impl SimClusterOptions {
     /// Sets the name prefix.
     pub fn name_prefix(mut self, prefix: &str) -> Self {
         self.name_prefix = Some(prefix.to_owned());
-        self
-    }
-
-    /// Turns the DaemonSet controller stand-in off (a test drives daemon pods itself).
-    pub fn without_daemonset_controller(mut self) -> Self {
-        self.daemonset_controller = false;
         self
     }
 
@@ -410,7 +399,7 @@ impl SimCluster {
             first_node_index: 0,
         };
         let kubelet = SimKubelet::start(client.clone(), kubelet_config.clone(), specs).await?;
-        let daemonsets = (server.is_some() && options.daemonset_controller).then(|| {
+        let daemonsets = server.is_some().then(|| {
             DaemonSetController::start(
                 client.clone(),
                 options

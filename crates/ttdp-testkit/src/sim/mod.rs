@@ -5,7 +5,7 @@
 //! Everything here is a kube-rs client. By default it joins the real control plane of
 //! [`crate::launcher::test_kubeconfig`] (or another existing cluster), where the stand-ins stay
 //! off and the kubelet manages only the nodes it created; the in-process imitation is the
-//! explicit opt-in of fault-injection tests and the demo's fallback
+//! explicit opt-in of the demo's fallback
 //! ([`SimClusterOptions::in_process`]). It must never be used by production code.
 //!
 //! - [`SimCluster`] is the entry point: nodes with simulated hosts ([`TenstorrentNode`]),

@@ -216,12 +216,8 @@ impl Demo {
         let policy: TenstorrentDriverPolicy = serde_json::from_value(json!({
             "apiVersion": "driver.tenstorrent.com/v1alpha1",
             "kind": "TenstorrentDriverPolicy",
-            // Created with the controller's finalizer already in place: the test API server's JSON
-            // patch rejects kube-runtime's `test /metadata/finalizers == null` when the field is
-            // absent (a real API server accepts it), which would keep the controller from adding it.
             "metadata": {
                 "name": self.names.policy,
-                "finalizers": [ttdp_api::names::FINALIZER],
                 "labels": { SCENARIO_LABEL: self.names.prefix },
             },
             "spec": {
