@@ -523,7 +523,8 @@ async fn rolling_update_replaces_every_pod_one_at_a_time() {
     .unwrap();
 
     // Watch the pods while the update runs: never more than one node without a live pod
-    // (maxUnavailable 1; pods here are ready as soon as they exist).
+    // (maxUnavailable 1; pods here are ready as soon as they exist). A pod the scheduler has
+    // not bound yet (keyed "") serves no node.
     let client = cluster.client();
     let ns = cluster.namespace().to_owned();
     let watcher = tokio::spawn({
@@ -531,7 +532,8 @@ async fn rolling_update_replaces_every_pod_one_at_a_time() {
         async move {
             let mut worst = 0;
             for _ in 0..200 {
-                let live = pods_by_node(&client, &ns, "agent").await.len();
+                let pods = pods_by_node(&client, &ns, "agent").await;
+                let live = pods.keys().filter(|node| !node.is_empty()).count();
                 worst = worst.max(3usize.saturating_sub(live));
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -540,10 +542,11 @@ async fn rolling_update_replaces_every_pod_one_at_a_time() {
     });
     bump_template(&api, "agent").await;
     let after = eventually("every pod replaced by the new template", WAIT, || {
-        let (client, ns) = (client.clone(), ns.clone());
+        let (client, ns, tt) = (client.clone(), ns.clone(), tt.clone());
         async move {
             let pods = pods_by_node(&client, &ns, "agent").await;
             let all_new = pods.len() == 3
+                && tt.iter().all(|node| pods.contains_key(node))
                 && pods.values().all(|p| {
                     p.spec.as_ref().unwrap().containers[0].image.as_deref()
                         == Some("sim.invalid/agent:2")
