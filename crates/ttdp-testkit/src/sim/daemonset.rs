@@ -1,6 +1,6 @@
-//! The DaemonSet controller and scheduler stand-in: a kube-rs client that watches DaemonSets, pods
-//! and nodes and keeps one bound pod per eligible node, following each DaemonSet's update strategy,
-//! and writes the DaemonSet status.
+//! The DaemonSet controller and scheduler stand-in of the demo's imitation API server: a kube-rs
+//! client that watches DaemonSets, pods and nodes, keeps one bound pod per eligible node (a pod of
+//! an older template stays until deleted, as `OnDelete` asks), and writes the DaemonSet status.
 //!
 //! The decisions are made by [`plan_daemonset`]; this file
 //! only watches and writes. Like the real controller it remembers the creations and deletions it
@@ -95,10 +95,10 @@ async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
     // as the real controller requeues with back-off.
     let mut wait = resync;
     info!("daemonset controller stand-in started");
-    // A pass over 10,000 nodes costs tens of milliseconds: the next one starts no sooner than
-    // that long after this one ended (at most MAX_PAUSE: a pass that waited on a busy server
-    // must not delay the next one as long), which gathers the events meanwhile into one pass
-    // and leaves the API server (in the same process in benchmarks) at least half the time.
+    // The next pass starts no sooner than the last one took (at most MAX_PAUSE: a pass that
+    // waited on a busy server must not delay the next one as long), which gathers the events
+    // meanwhile into one pass and leaves the API server, in the same process, at least half the
+    // time.
     let mut not_before = Instant::now();
     while next_batch(&mut events, &cancel, wait, not_before).await {
         let ready =

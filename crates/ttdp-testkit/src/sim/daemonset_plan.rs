@@ -1,15 +1,16 @@
 //! What the DaemonSet controller should do next for one DaemonSet, as a pure function of what it
 //! sees: which nodes need a pod, which pods must go, and the status to report.
 //!
-//! Mirrors `pkg/controller/daemon` (`podsShouldBeOnNode`, `rollingUpdate` with `maxSurge: 0`,
-//! `updateDaemonSetStatus`), with `minReadySeconds` taken as 0 and without creation back-off.
+//! Mirrors `pkg/controller/daemon` (`podsShouldBeOnNode`, `updateDaemonSetStatus`), with
+//! `minReadySeconds` taken as 0 and without creation back-off. Every DaemonSet is updated as
+//! `OnDelete` asks, the strategy of ttdp's agent DaemonSet, the only one the demo runs: a pod of an
+//! older template stays until something deletes it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use super::daemonset_pod::{REVISION_HASH_LABEL, daemon_pod_spec, template_hash};
@@ -90,7 +91,6 @@ pub fn plan_daemonset(view: DaemonSetView<'_>) -> Result<DaemonSetPlan, SimError
     };
     // The single pod kept on each node that should run one.
     let mut kept: Vec<&Pod> = Vec::new();
-    let mut missing = 0;
 
     for node in view.nodes {
         let name = node.name_any();
@@ -115,11 +115,8 @@ pub fn plan_daemonset(view: DaemonSetView<'_>) -> Result<DaemonSetPlan, SimError
                     .push(to_delete(pod, "its container exited and will not restart"));
             }
             match running.split_first() {
-                None if view.creating_on.contains(&name) => missing += 1,
-                None => {
-                    missing += 1;
-                    plan.create_on.push(name);
-                }
+                None if view.creating_on.contains(&name) => {}
+                None => plan.create_on.push(name),
                 Some((first, extra)) => {
                     status.current_number_scheduled += 1;
                     kept.push(first);
@@ -157,56 +154,8 @@ pub fn plan_daemonset(view: DaemonSetView<'_>) -> Result<DaemonSetPlan, SimError
     status.number_unavailable = Some(status.desired_number_scheduled - count(ready));
     status.updated_number_scheduled = Some(count(kept.iter().filter(|p| updated(p)).count()));
 
-    let rolling = spec
-        .update_strategy
-        .as_ref()
-        .and_then(|s| s.type_.as_deref())
-        .unwrap_or("RollingUpdate")
-        == "RollingUpdate";
-    if rolling {
-        let max_unavailable = spec
-            .update_strategy
-            .as_ref()
-            .and_then(|s| s.rolling_update.as_ref())
-            .and_then(|r| r.max_unavailable.as_ref())
-            .map(|v| resolve_int_or_percent(v, status.desired_number_scheduled))
-            .unwrap_or(1)
-            .max(1);
-        let mut unavailable = missing + kept.iter().filter(|p| !is_ready(p)).count();
-        let old: Vec<&Pod> = kept.iter().copied().filter(|p| !updated(p)).collect();
-        // Old pods that are not ready anyway go first and cost no budget.
-        for pod in old.iter().filter(|p| !is_ready(p)) {
-            plan.delete.push(to_delete(
-                pod,
-                "rolling update replaces an unavailable old pod",
-            ));
-        }
-        for pod in old.iter().filter(|p| is_ready(p)) {
-            if unavailable >= usize::try_from(max_unavailable).unwrap_or(1) {
-                break;
-            }
-            plan.delete
-                .push(to_delete(pod, "rolling update replaces an old pod"));
-            unavailable += 1;
-        }
-    }
     plan.status = status;
     Ok(plan)
-}
-
-/// `maxUnavailable` as a number: an int, or a percentage of `total` rounded up.
-pub fn resolve_int_or_percent(value: &IntOrString, total: i32) -> i32 {
-    match value {
-        IntOrString::Int(n) => *n,
-        IntOrString::String(s) => s
-            .strip_suffix('%')
-            .and_then(|p| p.trim().parse::<i64>().ok())
-            .map(|p| {
-                let scaled = (p * i64::from(total) + 99) / 100;
-                i32::try_from(scaled).unwrap_or(i32::MAX)
-            })
-            .unwrap_or(1),
-    }
 }
 
 /// True when the pod's `Ready` condition is `True`.
@@ -245,16 +194,14 @@ fn count(n: usize) -> i32 {
 mod tests {
     use super::*;
     use crate::sim::daemonset_pod::render_daemon_pod;
-    use k8s_openapi::api::apps::v1::{
-        DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
-    };
+    use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetUpdateStrategy};
     use k8s_openapi::api::core::v1::{
         Container, NodeSpec, PodCondition, PodSpec, PodStatus, PodTemplateSpec,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
     use kube::api::ObjectMeta;
 
-    fn ds(strategy: &str, max_unavailable: Option<IntOrString>, image: &str) -> DaemonSet {
+    fn ds(image: &str) -> DaemonSet {
         DaemonSet {
             metadata: ObjectMeta {
                 name: Some("agent".to_owned()),
@@ -278,11 +225,8 @@ mod tests {
                     }),
                 },
                 update_strategy: Some(DaemonSetUpdateStrategy {
-                    type_: Some(strategy.to_owned()),
-                    rolling_update: Some(RollingUpdateDaemonSet {
-                        max_unavailable,
-                        max_surge: None,
-                    }),
+                    type_: Some("OnDelete".to_owned()),
+                    rolling_update: None,
                 }),
                 ..DaemonSetSpec::default()
             }),
@@ -331,7 +275,7 @@ mod tests {
 
     #[test]
     fn creates_one_pod_per_eligible_node() {
-        let d = ds("OnDelete", None, "v1");
+        let d = ds("v1");
         let nodes = [node("a", true), node("b", false), node("c", true)];
         let p = plan(&d, &nodes, &[pod_from(&d, "a", true)]);
         assert_eq!(p.create_on, vec!["c".to_owned()]);
@@ -345,7 +289,7 @@ mod tests {
 
     #[test]
     fn pending_creations_are_not_repeated() {
-        let d = ds("OnDelete", None, "v1");
+        let d = ds("v1");
         let nodes = [node("a", true)];
         let creating = HashSet::from(["a".to_owned()]);
         let none = HashSet::new();
@@ -362,7 +306,7 @@ mod tests {
 
     #[test]
     fn a_node_that_stops_matching_loses_its_pod() {
-        let d = ds("OnDelete", None, "v1");
+        let d = ds("v1");
         let nodes = [node("a", false)];
         let p = plan(&d, &nodes, &[pod_from(&d, "a", true)]);
         assert_eq!(p.delete.len(), 1);
@@ -371,8 +315,8 @@ mod tests {
 
     #[test]
     fn on_delete_never_replaces_old_pods() {
-        let old = ds("OnDelete", None, "v1");
-        let new = ds("OnDelete", None, "v2");
+        let old = ds("v1");
+        let new = ds("v2");
         let nodes = [node("a", true), node("b", true)];
         let pods = [pod_from(&old, "a", true), pod_from(&old, "b", true)];
         let p = plan(&new, &nodes, &pods);
@@ -382,7 +326,7 @@ mod tests {
 
     #[test]
     fn a_terminating_pod_is_replaced_at_once() {
-        let d = ds("OnDelete", None, "v1");
+        let d = ds("v1");
         let nodes = [node("a", true)];
         let pods = [pod_from(&d, "a", true)];
         let deleting = HashSet::from(["uid-a".to_owned()]);
@@ -399,51 +343,8 @@ mod tests {
     }
 
     #[test]
-    fn rolling_update_respects_max_unavailable() {
-        let old = ds("RollingUpdate", Some(IntOrString::Int(1)), "v1");
-        let new = ds("RollingUpdate", Some(IntOrString::Int(1)), "v2");
-        let nodes = [node("a", true), node("b", true), node("c", true)];
-        let pods = [
-            pod_from(&old, "a", true),
-            pod_from(&old, "b", true),
-            pod_from(&old, "c", true),
-        ];
-        let p = plan(&new, &nodes, &pods);
-        assert_eq!(p.delete.len(), 1, "one old pod at a time");
-
-        // One node already has its new pod, not ready yet: nothing else may go.
-        let pods = [
-            pod_from(&new, "a", false),
-            pod_from(&old, "b", true),
-            pod_from(&old, "c", true),
-        ];
-        assert!(plan(&new, &nodes, &pods).delete.is_empty());
-
-        // A percentage rounds up: 50% of 3 is 2.
-        let wide = ds(
-            "RollingUpdate",
-            Some(IntOrString::String("50%".to_owned())),
-            "v2",
-        );
-        let pods = [
-            pod_from(&old, "a", true),
-            pod_from(&old, "b", true),
-            pod_from(&old, "c", true),
-        ];
-        assert_eq!(plan(&wide, &nodes, &pods).delete.len(), 2);
-
-        // Unready old pods go regardless of the budget.
-        let pods = [
-            pod_from(&old, "a", false),
-            pod_from(&old, "b", false),
-            pod_from(&old, "c", true),
-        ];
-        assert_eq!(plan(&new, &nodes, &pods).delete.len(), 2);
-    }
-
-    #[test]
     fn finished_and_duplicate_pods_are_removed() {
-        let d = ds("OnDelete", None, "v1");
+        let d = ds("v1");
         let nodes = [node("a", true)];
         let mut failed = (*pod_from(&d, "a", false)).clone();
         failed.metadata.uid = Some("failed".to_owned());
@@ -459,18 +360,5 @@ mod tests {
         let names: Vec<_> = p.delete.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, vec!["agent-failed", "agent-z"]);
         assert!(p.create_on.is_empty());
-    }
-
-    #[test]
-    fn percentages_resolve_upwards() {
-        assert_eq!(
-            resolve_int_or_percent(&IntOrString::String("10%".to_owned()), 5),
-            1
-        );
-        assert_eq!(
-            resolve_int_or_percent(&IntOrString::String("100%".to_owned()), 5),
-            5
-        );
-        assert_eq!(resolve_int_or_percent(&IntOrString::Int(3), 5), 3);
     }
 }
