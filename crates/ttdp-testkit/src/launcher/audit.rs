@@ -17,20 +17,25 @@ use super::LaunchError;
 pub const AUDITED_USER: &str = "ttdp-audited";
 
 /// Only the audited user's requests, without their bodies, once answered.
-const POLICY: &str = "apiVersion: audit.k8s.io/v1
+fn policy_text() -> String {
+    format!(
+        "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived, ResponseStarted]
 rules:
 - level: Metadata
-  users: [ttdp-audited]
+  users: [{AUDITED_USER}]
 - level: None
-";
+"
+    )
+}
 
 /// Writes the audit policy into `dir` and returns the API server's flags for it, with the log
 /// at `log`.
 pub(super) fn apiserver_flags(dir: &Path, log: &Path) -> Result<Vec<String>, LaunchError> {
     let policy = dir.join("audit-policy.yaml");
-    std::fs::write(&policy, POLICY).map_err(LaunchError::io(policy.display().to_string()))?;
+    std::fs::write(&policy, policy_text())
+        .map_err(LaunchError::io(policy.display().to_string()))?;
     Ok(vec![
         format!("--audit-policy-file={}", policy.display()),
         format!("--audit-log-path={}", log.display()),

@@ -1,7 +1,8 @@
 //! [`SimCluster`]: one entry point for tests and the demo. It joins the real control plane of
 //! [`launcher::test_kubeconfig`] (or another existing cluster; or, for the demo's fallback,
-//! starts the in-process imitation API server with its DaemonSet controller stand-in), registers simulated Tenstorrent and plain nodes with a simulated host each, runs
-//! their simulated kubelet, and cleans up what it created.
+//! starts the in-process imitation API server with its DaemonSet controller stand-in), registers
+//! simulated Tenstorrent and plain nodes with a simulated host each, runs their simulated
+//! kubelet, and cleans up what it created.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ttdp_testkit::sim::SimError> {
