@@ -271,7 +271,7 @@ impl ClusterState {
         };
         let mut patched = existing.clone();
         match patch_type {
-            PatchType::Merge | PatchType::Apply => patch::merge_patch(&mut patched, &patch),
+            PatchType::Merge | PatchType::Apply => json_patch::merge(&mut patched, &patch),
             PatchType::Json => patch::json_patch(&mut patched, patch)?,
         }
         Ok((self.write(rt, existing, patched, subresource)?, false))

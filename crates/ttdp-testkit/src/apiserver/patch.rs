@@ -1,4 +1,4 @@
-//! Patches: JSON merge patch (RFC 7386), JSON patch (RFC 6902), and two approximations of the
+//! Patches: JSON merge patch (RFC 7386, `json_patch::merge`), JSON patch (RFC 6902), and two approximations of the
 //! real server's: a strategic merge patch is applied as a JSON merge patch (lists are replaced,
 //! `$patch` directives are not understood), and a server-side apply merges the applied object
 //! into the stored one the same way, creating the object when it is missing; no field
@@ -35,27 +35,6 @@ impl PatchType {
     }
 }
 
-/// RFC 7386 JSON merge patch: objects merge, `null` removes, everything else (lists included)
-/// replaces.
-pub fn merge_patch(target: &mut Value, patch: &Value) {
-    let Value::Object(p) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = Value::Object(Default::default());
-    }
-    if let Some(t) = target.as_object_mut() {
-        for (k, v) in p {
-            if v.is_null() {
-                t.remove(k);
-            } else {
-                merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-    }
-}
-
 /// RFC 6902 JSON patch; a failed operation (e.g. a failed `test`) is 422, as on the real server.
 pub fn json_patch(target: &mut Value, patch: Value) -> Result<(), ApiError> {
     let mut ops: json_patch::Patch = serde_json::from_value(patch)
@@ -88,7 +67,7 @@ mod tests {
     #[test]
     fn merge_patch_merges_objects_replaces_lists_and_null_removes() {
         let mut obj = json!({"spec": {"unschedulable": true, "podCIDR": "x", "taints": [1, 2]}});
-        merge_patch(
+        json_patch::merge(
             &mut obj,
             &json!({"spec": {"unschedulable": null, "taints": [3]}}),
         );
