@@ -443,6 +443,7 @@ fn header_text(headers: &HeaderMap, name: header::HeaderName) -> String {
 }
 
 async fn forward(State(up): State<Upstream>, request: Request<Body>) -> Response<Body> {
+    let arrived = std::time::Instant::now();
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, usize::MAX).await {
         Ok(b) => b,
@@ -467,6 +468,7 @@ async fn forward(State(up): State<Upstream>, request: Request<Body>) -> Response
         namespace: String::new(),
         name: String::new(),
         status: 0,
+        arrived,
     };
     let mut failed = None;
     let mut action = None;

@@ -35,6 +35,9 @@ pub struct RecordedRequest {
     pub name: String,
     /// HTTP status code of the answer.
     pub status: u16,
+    /// When the request reached the proxy. A request is recorded once answered, so the log is
+    /// in answer order; this says what was asked when.
+    pub arrived: std::time::Instant,
 }
 
 impl RecordedRequest {
