@@ -44,7 +44,7 @@ use ttdp_kmod::{
     SimKmdRepo, build_module,
 };
 
-use super::daemonset::DaemonSetController;
+use super::daemonset::DaemonSetStandIn;
 use super::error::{SimError, is_conflict, is_not_found};
 use super::eventually::eventually;
 use super::image_map::ImageMap;
@@ -283,7 +283,7 @@ pub struct SimCluster {
     kernel_release: String,
     kubelet_config: KubeletConfig,
     kubelets: Vec<SimKubelet>,
-    daemonsets: Option<DaemonSetController>,
+    daemonsets: Option<DaemonSetStandIn>,
     /// Set once [`SimCluster::shutdown`] has succeeded; until then dropping the cluster on a
     /// real cluster deletes what it created (a test that panics never reaches its shutdown).
     shut_down: bool,
@@ -400,15 +400,9 @@ impl SimCluster {
             first_node_index: 0,
         };
         let kubelet = SimKubelet::start(client.clone(), kubelet_config.clone(), specs).await?;
-        let daemonsets = server.is_some().then(|| {
-            DaemonSetController::start(
-                client.clone(),
-                options
-                    .time_scale
-                    .scale(Duration::from_secs(2))
-                    .max(Duration::from_millis(200)),
-            )
-        });
+        let daemonsets = server
+            .is_some()
+            .then(|| DaemonSetStandIn::start(client.clone()));
         let namespace = prefix.clone();
         create_namespace(&client, &namespace).await?;
         info!(prefix = %prefix, nodes = nodes.len(), real = server.is_none(), "simulated cluster started");

@@ -1,320 +1,248 @@
-//! The DaemonSet controller and scheduler stand-in of the demo's imitation API server: a kube-rs
-//! client that watches DaemonSets, pods and nodes, keeps one bound pod per eligible node (a pod of
-//! an older template stays until deleted, as `OnDelete` asks), and writes the DaemonSet status.
+//! The DaemonSet controller stand-in for the demo's fallback on the in-process imitation API
+//! server, which has no controllers (on a real control plane kube-controller-manager runs
+//! DaemonSets and this stays off). Every DaemonSet there is ttdp's agent DaemonSet
+//! (`updateStrategy: OnDelete`), so it does only what that needs, from plain lists every
+//! [`POLL`] (the imitation answers from memory in the same process, so each pass sees the
+//! writes of the one before):
+//! - one pod per eligible node, made from the template, bound (`spec.nodeName`: there is no
+//!   scheduler), owned (controller owner reference) and labelled `pod-template-generation`;
+//! - a pod of an older template stays until something deletes it (`OnDelete`);
+//! - a deleted, terminating or finished pod is replaced; a pod on a node no longer eligible (or
+//!   gone) is deleted;
+//! - status: `desiredNumberScheduled`, `currentNumberScheduled`, `numberReady` and
+//!   `updatedNumberScheduled` (what `kubectl tt driver describe` shows).
 //!
-//! The decisions are made by [`plan_daemonset`]; this file
-//! only watches and writes. Like the real controller it remembers the creations and deletions it
-//! sent until its watches show them ("expectations"), so a slow watch never doubles a pod: a
-//! creation the watch still has not delivered after `EXPECTATION_TIMEOUT` (30 s) is looked up on
-//! the server, and only forgotten when the pod is really not there. A pod the watch delivered
-//! counts even if it was deleted before the next pass, as in the real controller, which lowers
-//! its expectations in the watch's event handlers. It must not run against a real cluster,
-//! which has its own DaemonSet controller.
+//! Eligible: `nodeSelector` and required node affinity match. Taints are ignored: the agent
+//! tolerates every `NoSchedule` and `NoExecute` taint, cordons included. Not done:
+//! ControllerRevisions (`controller-revision-hash`), `RollingUpdate`, `minReadySeconds`, creation
+//! back-off, `observedGeneration`.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::reflector::Store;
-use kube::{Client, ResourceExt};
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodTemplateSpec};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Client, Resource, ResourceExt};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+use ttdp_api::node_selection::affinity_matches;
 
-use super::background::BackgroundTask;
-use super::daemonset_plan::{DaemonSetView, plan_daemonset};
-use super::daemonset_pod::render_daemon_pod;
 use super::error::{SimError, is_not_found};
-use super::watched::{has_synced, next_batch, watched, watched_observing};
 
-/// How long a sent creation or deletion is waited for in the caches before it is checked on the
-/// server (a creation) or assumed done (a deletion: deleting again is harmless).
-const EXPECTATION_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the stand-in lists DaemonSets, nodes and pods.
+pub const POLL: Duration = Duration::from_millis(150);
+/// Pod label holding the DaemonSet generation the pod was made at, as the real controller sets
+/// it: a pod is up to date when it matches the DaemonSet's current generation.
+pub const TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
 
-/// A running DaemonSet controller stand-in. Stop it with [`DaemonSetController::shutdown`];
-/// dropping it stops it too.
+/// The running stand-in; stopped by [`DaemonSetStandIn::shutdown`] or by dropping it.
 #[derive(Debug)]
-pub struct DaemonSetController(BackgroundTask);
+pub struct DaemonSetStandIn(JoinHandle<()>);
 
-impl DaemonSetController {
-    /// Starts the controller on `client`; it also reconciles every `resync` without events.
-    pub fn start(client: Client, resync: Duration) -> Self {
-        Self(BackgroundTask::spawn(|cancel| run(client, resync, cancel)))
+impl DaemonSetStandIn {
+    /// Starts polling through `client` (which must reach the imitation, never a real cluster).
+    pub fn start(client: Client) -> Self {
+        Self(tokio::spawn(run(client)))
     }
 
-    /// Stops the controller and waits for it to finish.
-    pub async fn shutdown(self) {
-        self.0.shutdown().await;
+    /// Stops the stand-in and waits until it has.
+    pub async fn shutdown(mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
     }
 }
 
-struct Caches {
-    daemonsets: Store<DaemonSet>,
-    pods: Store<Pod>,
-    nodes: Store<Node>,
+impl Drop for DaemonSetStandIn {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
-/// A pod creation the caches have not shown yet.
-struct SentCreation {
-    pod: String,
-    uid: String,
-    at: Instant,
-}
-
-#[derive(Default)]
-struct Expectations {
-    /// (DaemonSet uid, node) -> the pod created there.
-    creating: HashMap<(String, String), SentCreation>,
-    /// Pod uid -> when the deletion was sent.
-    deleting: HashMap<String, Instant>,
-}
-
-async fn run(client: Client, resync: Duration, cancel: CancellationToken) {
-    let (daemonsets, ds_events) = watched::<DaemonSet>(&client);
-    // The uids of the pods the watch delivered since the last pass.
-    let delivered: Arc<Mutex<HashSet<String>>> = Arc::default();
-    let (pods, pod_events) = watched_observing::<Pod>(&client, {
-        let delivered = Arc::clone(&delivered);
-        move |pod| {
-            if let Some(uid) = pod.uid() {
-                lock(&delivered).insert(uid);
-            }
+async fn run(client: Client) {
+    info!("daemonset stand-in started");
+    loop {
+        if let Err(err) = sync_all(&client).await {
+            warn!(error = %err, "daemonset stand-in pass failed; retrying");
         }
-    });
-    let (nodes, node_events) = watched::<Node>(&client);
-    let mut events = futures::stream::select_all([ds_events, pod_events, node_events]);
-    let caches = Caches {
-        daemonsets,
-        pods,
-        nodes,
-    };
-    let mut expectations = Expectations::default();
-    // After a failed reconcile (an API error), try again soon instead of at the next resync,
-    // as the real controller requeues with back-off.
-    let mut wait = resync;
-    info!("daemonset controller stand-in started");
-    // The next pass starts no sooner than the last one took (at most MAX_PAUSE: a pass that
-    // waited on a busy server must not delay the next one as long), which gathers the events
-    // meanwhile into one pass and leaves the API server, in the same process, at least half the
-    // time.
-    let mut not_before = Instant::now();
-    while next_batch(&mut events, &cancel, wait, not_before).await {
-        let ready =
-            has_synced(&caches.daemonsets) && has_synced(&caches.pods) && has_synced(&caches.nodes);
-        let started = Instant::now();
-        // A creation is seen once the watch delivered the pod, even if it is gone by now.
-        let delivered = std::mem::take(&mut *lock(&delivered));
-        expectations
-            .creating
-            .retain(|_, sent| !delivered.contains(&sent.uid));
-        wait = if ready && reconcile_all(&client, &caches, &mut expectations).await {
-            resync
-        } else {
-            RETRY_AFTER_ERROR.min(resync)
-        };
-        not_before = Instant::now() + started.elapsed().min(MAX_PAUSE);
+        tokio::time::sleep(POLL).await;
     }
-    info!("daemonset controller stand-in stopped");
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The longest pause between two passes.
-const MAX_PAUSE: Duration = Duration::from_millis(100);
-
-/// How soon a failed reconcile is retried.
-const RETRY_AFTER_ERROR: Duration = Duration::from_millis(500);
-
-/// Reconciles every DaemonSet; false when any reconcile failed.
-async fn reconcile_all(client: &Client, caches: &Caches, expectations: &mut Expectations) -> bool {
-    let now = Instant::now();
-    expectations
-        .deleting
-        .retain(|_, sent| now.duration_since(*sent) < EXPECTATION_TIMEOUT);
-    let nodes = caches.nodes.state();
-    let all_pods = caches.pods.state();
-    let seen = SeenPods::index(&all_pods);
-    // A deletion is seen once the pod is gone or terminating.
-    expectations
-        .deleting
-        .retain(|uid, _| seen.live.contains(uid.as_str()));
-    let mut ok = true;
-    for ds in caches.daemonsets.state() {
-        if ds.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        if let Err(err) = reconcile(client, &ds, &nodes, &all_pods, &seen, expectations).await {
-            warn!(daemonset = %ds.name_any(), error = %err, "daemonset reconcile failed; retrying");
-            ok = false;
+/// One pass over every DaemonSet; a failing one does not hold up the others.
+async fn sync_all(client: &Client) -> Result<(), SimError> {
+    let daemonsets: Vec<DaemonSet> = list(Api::all(client.clone()), "daemonsets").await?;
+    let nodes: Vec<Node> = list(Api::all(client.clone()), "nodes").await?;
+    for ds in daemonsets
+        .iter()
+        .filter(|d| d.metadata.deletion_timestamp.is_none())
+    {
+        if let Err(err) = sync(client, ds, &nodes).await {
+            warn!(daemonset = %ds.name_any(), error = %err, "daemonset sync failed; retrying");
         }
     }
-    ok
+    Ok(())
 }
 
-/// What the pod cache shows, indexed once per pass (thousands of pods, hundreds of expectations).
-struct SeenPods<'a> {
-    /// Every cached pod's uid.
-    all: HashSet<&'a str>,
-    /// The uids of pods not being deleted.
-    live: HashSet<&'a str>,
-    /// (controller uid, node) of every pod not being deleted.
-    live_on: HashSet<(&'a str, &'a str)>,
+async fn list<K>(api: Api<K>, what: &str) -> Result<Vec<K>, SimError>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let listed = api.list(&ListParams::default()).await;
+    let listed = listed.map_err(|e| SimError::api(format!("list {what}"), e))?;
+    Ok(listed.items)
 }
 
-impl<'a> SeenPods<'a> {
-    fn index(pods: &'a [Arc<Pod>]) -> Self {
-        let mut seen = SeenPods {
-            all: HashSet::new(),
-            live: HashSet::new(),
-            live_on: HashSet::new(),
-        };
-        for pod in pods {
-            let Some(uid) = pod.metadata.uid.as_deref() else {
-                continue;
-            };
-            seen.all.insert(uid);
-            if pod.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            seen.live.insert(uid);
-            let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-            let owner = pod
-                .owner_references()
-                .iter()
-                .find(|o| o.controller == Some(true));
-            if let (Some(node), Some(owner)) = (node, owner) {
-                seen.live_on.insert((owner.uid.as_str(), node));
-            }
-        }
-        seen
-    }
-}
-
-async fn reconcile(
-    client: &Client,
-    ds: &DaemonSet,
-    nodes: &[Arc<Node>],
-    all_pods: &[Arc<Pod>],
-    seen: &SeenPods<'_>,
-    expectations: &mut Expectations,
-) -> Result<(), SimError> {
-    let Some(uid) = ds.uid() else {
+/// Brings one DaemonSet's pods and status in line with its eligible nodes.
+async fn sync(client: &Client, ds: &DaemonSet, nodes: &[Node]) -> Result<(), SimError> {
+    let (Some(uid), Some(spec)) = (ds.uid(), ds.spec.as_ref()) else {
         return Ok(());
     };
     let namespace = ds.namespace().unwrap_or_default();
-    let pods: Vec<Arc<Pod>> = all_pods
-        .iter()
-        .filter(|p| controlled_by(p, &uid))
-        .cloned()
-        .collect();
-    // A creation is seen once the caches have the pod, or a live pod of this DaemonSet is on
-    // the node.
-    expectations.creating.retain(|(ds_uid, node), sent| {
-        ds_uid != &uid
-            || !(seen.all.contains(sent.uid.as_str())
-                || seen.live_on.contains(&(uid.as_str(), node.as_str())))
-    });
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    confirm_overdue_creations(&pod_api, &uid, &mut expectations.creating).await?;
-    let creating_on: HashSet<String> = expectations
-        .creating
-        .keys()
-        .filter(|(ds_uid, _)| ds_uid == &uid)
-        .map(|(_, node)| node.clone())
+    let pods = list(pod_api.clone(), &format!("pods in {namespace}")).await?;
+    let owned: Vec<Pod> = pods
+        .into_iter()
+        .filter(|p| controlled_by(p, &uid) && p.metadata.deletion_timestamp.is_none())
         .collect();
-    let deleting: HashSet<String> = expectations.deleting.keys().cloned().collect();
-    let plan = plan_daemonset(DaemonSetView {
-        ds,
-        nodes,
-        pods: &pods,
-        creating_on: &creating_on,
-        deleting: &deleting,
-    })?;
-
+    let template_spec = spec.template.spec.clone().unwrap_or_default();
+    let eligible: BTreeSet<String> = nodes
+        .iter()
+        .filter(|n| is_eligible(&template_spec, n))
+        .map(ResourceExt::name_any)
+        .collect();
+    let plan = plan(&eligible, &owned);
+    for pod in &plan.delete {
+        delete_pod(&pod_api, pod).await?;
+    }
     for node in &plan.create_on {
-        let pod = render_daemon_pod(ds, node, &plan.revision_hash)?;
+        let pod = daemon_pod(ds, &spec.template, node);
         let created = pod_api
             .create(&PostParams::default(), &pod)
             .await
-            .map_err(|e| {
-                SimError::api(
-                    format!(
-                        "create the pod of daemonset {namespace}/{} on node {node}",
-                        ds.name_any()
-                    ),
-                    e,
-                )
-            })?;
+            .map_err(|e| SimError::api(format!("create the daemon pod on node {node}"), e))?;
         info!(daemonset = %ds.name_any(), node = %node, pod = %created.name_any(), "daemon pod created");
-        expectations.creating.insert(
-            (uid.clone(), node.clone()),
-            SentCreation {
-                pod: created.name_any(),
-                uid: created.uid().unwrap_or_default(),
-                at: Instant::now(),
-            },
-        );
     }
-    for doomed in &plan.delete {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: Some(doomed.uid.clone()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match pod_api.delete(&doomed.name, &params).await {
-            Ok(_) => {
-                info!(daemonset = %ds.name_any(), pod = %doomed.name, reason = doomed.reason, "daemon pod deleted");
-                expectations
-                    .deleting
-                    .insert(doomed.uid.clone(), Instant::now());
-            }
-            Err(err) if is_not_found(&err) => {}
-            Err(err) => {
-                return Err(SimError::api(
-                    format!("delete daemon pod {namespace}/{}", doomed.name),
-                    err,
-                ));
-            }
-        }
-    }
-    write_status(client, ds, plan.status).await
+    write_status(client, ds, status(ds, &eligible, &plan.kept)).await
 }
 
-/// For creations the caches have missed for [`EXPECTATION_TIMEOUT`], ask the server: a pod that
-/// exists means the watch is behind (keep waiting, do not create a second one); a pod that does
-/// not means it is gone and may be created again.
-async fn confirm_overdue_creations(
-    pod_api: &Api<Pod>,
-    ds_uid: &str,
-    creating: &mut HashMap<(String, String), SentCreation>,
+/// What one pass does for one DaemonSet.
+#[derive(Debug, Default)]
+struct Plan<'a> {
+    /// Eligible nodes without a pod that counts.
+    create_on: Vec<String>,
+    /// Finished pods, second pods on a node, and pods on nodes that are not eligible.
+    delete: Vec<&'a Pod>,
+    /// The pods that stay, one per eligible node that has one.
+    kept: Vec<&'a Pod>,
+}
+
+/// Decides from the eligible nodes and the DaemonSet's pods that are not being deleted.
+fn plan<'a>(eligible: &BTreeSet<String>, pods: &'a [Pod]) -> Plan<'a> {
+    let mut plan = Plan::default();
+    let mut covered: BTreeSet<&str> = BTreeSet::new();
+    for pod in pods {
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        match node.filter(|n| eligible.contains(*n)) {
+            Some(node) if !is_finished(pod) && covered.insert(node) => plan.kept.push(pod),
+            _ => plan.delete.push(pod),
+        }
+    }
+    let uncovered = eligible.iter().filter(|n| !covered.contains(n.as_str()));
+    plan.create_on = uncovered.cloned().collect();
+    plan
+}
+
+/// `nodeSelector` and required node affinity, with the scheduler's semantics.
+fn is_eligible(spec: &PodSpec, node: &Node) -> bool {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let selected = spec
+        .node_selector
+        .iter()
+        .flatten()
+        .all(|(key, value)| labels.get(key) == Some(value));
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let mut affinity = spec
+        .affinity
+        .iter()
+        .filter_map(|a| a.node_affinity.as_ref());
+    selected && affinity.all(|a| affinity_matches(a, name, &labels))
+}
+
+/// The pod `template` makes for `node`: bound there, owned by `ds`.
+fn daemon_pod(ds: &DaemonSet, template: &PodTemplateSpec, node: &str) -> Pod {
+    let template = template.clone();
+    let meta = template.metadata.unwrap_or_default();
+    let mut labels = meta.labels.unwrap_or_default();
+    let generation = ds.metadata.generation.unwrap_or(1).to_string();
+    labels.insert(TEMPLATE_GENERATION_LABEL.to_owned(), generation);
+    let mut spec = template.spec.unwrap_or_default();
+    spec.node_name = Some(node.to_owned());
+    Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}-", ds.name_any())),
+            namespace: ds.namespace(),
+            labels: Some(labels),
+            annotations: meta.annotations,
+            owner_references: ds.controller_owner_ref(&()).map(|owner| vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+async fn delete_pod(pod_api: &Api<Pod>, pod: &Pod) -> Result<(), SimError> {
+    let name = pod.name_any();
+    match pod_api.delete(&name, &DeleteParams::default()).await {
+        Ok(_) => {
+            info!(pod = %name, "daemon pod deleted: finished, a twin, or on an ineligible node");
+            Ok(())
+        }
+        Err(err) if is_not_found(&err) => Ok(()),
+        Err(err) => Err(SimError::api(format!("delete daemon pod {name}"), err)),
+    }
+}
+
+/// The counts the DaemonSet's status reports, the rest of it as it is.
+fn status(ds: &DaemonSet, eligible: &BTreeSet<String>, kept: &[&Pod]) -> DaemonSetStatus {
+    let generation = ds.metadata.generation.unwrap_or(1).to_string();
+    let updated = kept
+        .iter()
+        .filter(|p| p.labels().get(TEMPLATE_GENERATION_LABEL) == Some(&generation))
+        .count();
+    DaemonSetStatus {
+        desired_number_scheduled: count(eligible.len()),
+        current_number_scheduled: count(kept.len()),
+        number_ready: count(kept.iter().filter(|p| is_ready(p)).count()),
+        updated_number_scheduled: Some(count(updated)),
+        ..ds.status.clone().unwrap_or_default()
+    }
+}
+
+/// Writes `wanted` unless the DaemonSet already shows it (an unchanged status is not rewritten:
+/// every write wakes the controller's DaemonSet watch).
+async fn write_status(
+    client: &Client,
+    ds: &DaemonSet,
+    wanted: DaemonSetStatus,
 ) -> Result<(), SimError> {
-    let now = Instant::now();
-    let mut gone = Vec::new();
-    for (key, sent) in creating.iter_mut() {
-        if key.0 != ds_uid || now.duration_since(sent.at) < EXPECTATION_TIMEOUT {
-            continue;
-        }
-        let found = pod_api
-            .get_opt(&sent.pod)
-            .await
-            .map_err(|e| SimError::api(format!("look up the daemon pod {}", sent.pod), e))?;
-        if found.is_some_and(|p| p.uid().as_deref() == Some(sent.uid.as_str())) {
-            debug!(pod = %sent.pod, "daemon pod exists but is not in the cache yet; waiting");
-            sent.at = now;
-        } else {
-            gone.push(key.clone());
-        }
+    if ds.status.as_ref() == Some(&wanted) {
+        return Ok(());
     }
-    for key in gone {
-        creating.remove(&key);
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), &ds.namespace().unwrap_or_default());
+    let patch = Patch::Merge(serde_json::json!({ "status": wanted }));
+    match api
+        .patch_status(&ds.name_any(), &PatchParams::default(), &patch)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(err) if is_not_found(&err) => Ok(()),
+        Err(err) => Err(SimError::api(
+            format!("write daemonset {} status", ds.name_any()),
+            err,
+        )),
     }
-    Ok(())
 }
 
 fn controlled_by(pod: &Pod, uid: &str) -> bool {
@@ -323,39 +251,98 @@ fn controlled_by(pod: &Pod, uid: &str) -> bool {
         .any(|o| o.controller == Some(true) && o.uid == uid)
 }
 
-async fn write_status(
-    client: &Client,
-    ds: &DaemonSet,
-    computed: DaemonSetStatus,
-) -> Result<(), SimError> {
-    let current = ds.status.clone().unwrap_or_default();
-    let wanted = DaemonSetStatus {
-        collision_count: current.collision_count,
-        conditions: current.conditions.clone(),
-        ..computed
-    };
-    if wanted == current {
-        return Ok(());
+fn is_ready(pod: &Pod) -> bool {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn is_finished(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Failed" | "Succeeded"))
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn agent_ds(generation: i64) -> DaemonSet {
+        serde_json::from_value(json!({
+            "metadata": {"name": "ttdrv-default", "namespace": "ttdp", "uid": "uid",
+                "generation": generation},
+            "spec": {"selector": {}, "template": {
+                "metadata": {"labels": {"app": "agent"}, "annotations": {"hash": "h1"}},
+            }},
+        }))
+        .unwrap()
     }
-    let namespace = ds.namespace().unwrap_or_default();
-    let api: Api<DaemonSet> = Api::namespaced(client.clone(), &namespace);
-    let patch = serde_json::json!({ "status": wanted });
-    match api
-        .patch_status(
-            &ds.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(err) if is_not_found(&err) => Ok(()),
-        Err(err) => Err(SimError::api(
-            format!(
-                "write the status of daemonset {namespace}/{}",
-                ds.name_any()
-            ),
-            err,
-        )),
+
+    fn pod_on(name: &str, node: &str, generation: i64, phase: &str, ready: &str) -> Pod {
+        let ds = agent_ds(generation);
+        let mut pod = daemon_pod(&ds, &ds.spec.clone().unwrap().template, node);
+        pod.metadata.name = Some(name.to_owned());
+        let status = json!({"phase": phase, "conditions": [{"type": "Ready", "status": ready}]});
+        pod.status = serde_json::from_value(status).unwrap();
+        pod
+    }
+
+    #[test]
+    fn each_eligible_node_gets_one_pod_and_old_templates_stay() {
+        let eligible = BTreeSet::from(["a".to_owned(), "b".to_owned(), "c".to_owned()]);
+        let pods = [
+            pod_on("old-a", "a", 1, "Running", "True"),
+            pod_on("twin-a", "a", 2, "Running", "True"),
+            pod_on("new-b", "b", 2, "Running", "False"),
+            pod_on("failed-c", "c", 2, "Failed", "False"),
+            pod_on("off-d", "d", 2, "Running", "True"),
+        ];
+        let plan = plan(&eligible, &pods);
+        let names = |pods: &[&Pod]| pods.iter().map(|p| p.name_any()).collect::<Vec<_>>();
+        // OnDelete: old-a stays; failed-c's node gets a new pod.
+        assert_eq!(names(&plan.kept), ["old-a", "new-b"]);
+        assert_eq!(names(&plan.delete), ["twin-a", "failed-c", "off-d"]);
+        assert_eq!(plan.create_on, ["c"]);
+        let status = status(&agent_ds(2), &eligible, &plan.kept);
+        assert_eq!(status.desired_number_scheduled, 3);
+        assert_eq!(status.current_number_scheduled, 2);
+        assert_eq!(status.number_ready, 1);
+        assert_eq!(status.updated_number_scheduled, Some(1));
+    }
+
+    #[test]
+    fn eligibility_is_node_selector_and_required_affinity_not_taints() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"tt": "yes"}},
+            "spec": {"unschedulable": true, "taints": [{"key": "gpu", "effect": "NoExecute"}]},
+        }))
+        .unwrap();
+        let eligible = |spec| is_eligible(&serde_json::from_value(spec).unwrap(), &node);
+        let term = json!({"matchExpressions": [{"key": "tt", "operator": "DoesNotExist"}]});
+        let required = json!({"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [term]}});
+        let selecting = |value: &str| json!({"containers": [], "nodeSelector": {"tt": value}});
+        assert!(eligible(json!({"containers": []})));
+        assert!(eligible(selecting("yes")));
+        assert!(!eligible(selecting("no")));
+        let excluded = json!({"containers": [], "affinity": {"nodeAffinity": required}});
+        assert!(!eligible(excluded));
+    }
+
+    #[test]
+    fn the_daemon_pod_is_the_template_bound_owned_and_labelled() {
+        let pod = pod_on("p", "n1", 3, "Pending", "False");
+        let expected = json!({
+            "name": "p", "generateName": "ttdrv-default-", "namespace": "ttdp",
+            "labels": {"app": "agent", TEMPLATE_GENERATION_LABEL: "3"},
+            "annotations": {"hash": "h1"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                "name": "ttdrv-default", "uid": "uid", "controller": true}],
+        });
+        assert_eq!(serde_json::to_value(&pod.metadata).unwrap(), expected);
+        assert_eq!(pod.spec.and_then(|s| s.node_name).as_deref(), Some("n1"));
     }
 }

@@ -10,47 +10,42 @@
 //!
 //! - [`SimCluster`] is the entry point: nodes with simulated hosts ([`TenstorrentNode`]),
 //!   workloads ([`Workload`]), PodDisruptionBudgets, cleanup.
-//! - [`DaemonSetController`] places one pod per eligible node ([`node_fit`], [`daemonset_pod`],
-//!   [`daemonset_plan`]) for the demo's fallback on the imitation.
+//! - [`DaemonSetStandIn`] keeps one bound pod per eligible node of each DaemonSet, for the demo's
+//!   fallback on the imitation ([`daemonset`]).
 //! - [`SimKubelet`] registers nodes, keeps them alive ([`node_heartbeat`]) and runs their pods:
 //!   images in the [`ImageMap`] as child processes ([`container_spec`]), all others as
 //!   process-less workloads that may hold the device in the node's simulated kernel
 //!   ([`node_kernel`]).
 //!
 //! Where the stand-ins are simpler than Kubernetes (each is a deliberate scope limit):
-//! - DaemonSet controller: it binds pods itself (`spec.nodeName`) instead of leaving that to a
-//!   scheduler; `minReadySeconds` counts as 0 and `maxSurge` as 0; no ControllerRevision objects
-//!   (the `controller-revision-hash` is a hash of the template); no creation back-off.
+//! - DaemonSet controller: it polls instead of watching, binds pods itself (`spec.nodeName`)
+//!   instead of leaving that to a scheduler, updates only as `OnDelete` does, ignores taints (the
+//!   agent tolerates them all), and has no ControllerRevisions, `minReadySeconds` or back-off.
 //! - Kubelet: no init containers, no liveness or startup probes, `httpGet`/`tcpSocket` readiness
 //!   probes always pass, volumes and resource limits are not enforced, env from config maps and
 //!   secrets is left out, and there is no taint manager (a `NoExecute` taint does not evict
 //!   non-daemon pods). Container output goes to `<log dir>/<namespace>_<pod>_<container>.log`,
 //!   not to the API's `log` subresource.
 
-mod background;
 pub mod cluster;
 mod container_runtime;
 pub mod container_spec;
 pub mod daemonset;
-pub mod daemonset_plan;
-pub mod daemonset_pod;
 pub mod error;
 pub mod eventually;
 pub mod image_map;
 pub mod kubelet;
-pub mod node_fit;
 pub mod node_heartbeat;
 pub mod node_kernel;
 mod pod_status;
 mod pod_worker;
 pub mod time_scale;
-mod watched;
 pub mod workload;
 
 pub use cluster::{
     DEFAULT_KERNEL_RELEASE, SCENARIO_LABEL, SimCluster, SimClusterOptions, SimNode, TenstorrentNode,
 };
-pub use daemonset::DaemonSetController;
+pub use daemonset::DaemonSetStandIn;
 pub use error::SimError;
 pub use eventually::eventually;
 pub use image_map::ImageMap;
