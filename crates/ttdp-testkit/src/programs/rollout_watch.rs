@@ -18,7 +18,7 @@ use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 
 /// How often the status size is measured (serializing 5,000 entries on every event would cost
 /// the benchmark more CPU than the controller it measures).
-pub const SIZE_SAMPLE_EVERY: Duration = Duration::from_millis(500);
+const SIZE_SAMPLE_EVERY: Duration = Duration::from_millis(500);
 
 /// One node entering a state, as seen in the policy's status.
 #[derive(Debug, Clone, PartialEq)]
@@ -106,27 +106,8 @@ impl RolloutWatch {
         lock(&self.seen).transitions.clone()
     }
 
-    /// Transitions from index `from` on (for printing each once).
-    pub fn transitions_from(&self, from: usize) -> Vec<Transition> {
-        lock(&self.seen)
-            .transitions
-            .get(from..)
-            .map(<[Transition]>::to_vec)
-            .unwrap_or_default()
-    }
-
-    /// Transitions seen at or after `since`.
-    pub fn transitions_since(&self, since: Instant) -> Vec<Transition> {
-        lock(&self.seen)
-            .transitions
-            .iter()
-            .filter(|t| t.at >= since)
-            .cloned()
-            .collect()
-    }
-
     /// The largest serialized status seen since the last reset, in bytes (sampled at most every
-    /// [`SIZE_SAMPLE_EVERY`]).
+    /// `SIZE_SAMPLE_EVERY`).
     pub fn max_status_bytes(&self) -> usize {
         lock(&self.seen).max_status_bytes
     }
@@ -153,19 +134,18 @@ fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Instant) {
         listed.insert(node.name.as_str());
         let previous = seen.states.insert(node.name.clone(), node.state);
         if previous != Some(node.state) {
-            let why = match (&node.reason, &node.message) {
-                (Some(r), Some(m)) => Some(format!("{r}: {m}")),
-                (Some(r), None) => Some(r.clone()),
-                (None, Some(m)) => Some(m.clone()),
-                (None, None) => None,
-            };
+            let why: Vec<&str> = [&node.reason, &node.message]
+                .into_iter()
+                .flatten()
+                .map(String::as_str)
+                .collect();
             seen.transitions.push(Transition {
                 at,
                 node: node.name.clone(),
                 from: previous,
                 to: node.state,
                 version: node.current_version.clone(),
-                why,
+                why: (!why.is_empty()).then(|| why.join(": ")),
             });
         }
     }

@@ -21,6 +21,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use ttdp_api::names::{self, env, install_mode, labels};
+use ttdp_testkit::programs::cluster_setup::pod_is_ready;
 
 /// How long a deleted agent pod takes to terminate.
 pub const POD_TERMINATION: Duration = Duration::from_millis(200);
@@ -75,7 +76,7 @@ impl AgentStandIn {
                     }
                     continue;
                 }
-                if is_ready(&pod) {
+                if pod_is_ready(&pod) {
                     continue;
                 }
                 let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
@@ -128,13 +129,6 @@ async fn finish_deletion(pods: Api<Pod>, name: String, uid: String) {
 
 fn lock(m: &Mutex<Vec<AgentReady>>) -> std::sync::MutexGuard<'_, Vec<AgentReady>> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn target_version(pod: &Pod) -> Option<String> {

@@ -1,7 +1,6 @@
 //! Drain: the `ttdp-drain` example program (`crates/ttdp-drain/examples/drain.rs`, the library
 //! behind a kubectl-like command line) side by side with the real `kubectl drain`, on identical
-//! nodes of a real control plane (`ttdp_testkit::launcher`: `TTDP_TEST_KUBECONFIG`, else one
-//! started for the run), in the same run: wall time and API requests (counted by a recording
+//! nodes of a real control plane started for the run (`ttdp_testkit::scratch`), in the same run: wall time and API requests (counted by a recording
 //! proxy in front of the server) for 10, 100 and 500 pods of mixed owners under a
 //! PodDisruptionBudget whose replacements turn Ready 2 s after they start; the pods each tool
 //! removed, compared; whether the budget ever fell below its minimum while a drain ran; and the
@@ -26,12 +25,13 @@ use tokio::process::Command;
 use ttdp_testkit::fault_proxy::FaultProxy;
 use ttdp_testkit::scratch::Scratch;
 
-use crate::bench_client::reads_and_writes;
 use crate::drain_fleet::{self, DrainNode};
 use crate::result_line::{self, ms};
 
 /// How long the blocked drains run before their timeout.
 const BLOCKED_FOR: Duration = Duration::from_secs(12);
+/// The two drains compared, by the name the result line gives them.
+const TOOLS: [&str; 2] = ["kubectl", "ttdp"];
 
 /// Flags of `ttdp-bench drain`.
 #[derive(Debug, Args)]
@@ -60,21 +60,6 @@ struct Run {
 impl Run {
     fn json(&self) -> Value {
         json!({ "wall_ms": ms(self.wall), "ok": self.success, "reads": self.reads, "writes": self.writes, "evictions": self.evictions })
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Tool {
-    Kubectl,
-    Ttdp,
-}
-
-impl Tool {
-    fn name(self) -> &'static str {
-        match self {
-            Tool::Kubectl => "kubectl",
-            Tool::Ttdp => "ttdp",
-        }
     }
 }
 
@@ -136,8 +121,8 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
         eprintln!("drain: {pods} pods per node");
         let mut row = json!({ "pods": pods });
         let mut removed = Vec::new();
-        for tool in [Tool::Kubectl, Tool::Ttdp] {
-            let group = format!("{}-{pods}", tool.name());
+        for tool in TOOLS {
+            let group = format!("{tool}-{pods}");
             let node = DrainNode::populate(&client, scratch.prefix(), &group, pods).await?;
             let before = drain_fleet::roles_on(&client, &node.node).await?;
             let floor = BudgetFloor::watch(&client, &node.namespace, &node.budget);
@@ -158,7 +143,7 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
             let after = drain_fleet::roles_on(&client, &node.node).await?;
             node.shutdown().await;
             if !run.success {
-                bail!("{} drain of {group} failed:\n{}", tool.name(), run.output);
+                bail!("{tool} drain of {group} failed:\n{}", run.output);
             }
             let gone: BTreeMap<String, usize> = before
                 .iter()
@@ -166,15 +151,14 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
                 .filter(|(_, n)| *n > 0)
                 .collect();
             eprintln!(
-                "  {}: {:.1} s, removed {gone:?}, budget headroom never below {lowest}",
-                tool.name(),
+                "  {tool}: {:.1} s, removed {gone:?}, budget headroom never below {lowest}",
                 run.wall.as_secs_f64()
             );
-            row[tool.name()] = run.json();
-            row[tool.name()]["pods_left"] = json!(after.values().sum::<usize>());
-            row[tool.name()]["removed_by_owner"] = json!(gone);
-            row[tool.name()]["budget_lowest_headroom"] = json!(lowest);
-            row[tool.name()]["budget_violated"] = json!(lowest < 0);
+            row[tool] = run.json();
+            row[tool]["pods_left"] = json!(after.values().sum::<usize>());
+            row[tool]["removed_by_owner"] = json!(gone);
+            row[tool]["budget_lowest_headroom"] = json!(lowest);
+            row[tool]["budget_violated"] = json!(lowest < 0);
             removed.push(gone);
         }
         row["same_removed_set"] = json!(removed.windows(2).all(|w| w[0] == w[1]));
@@ -193,8 +177,8 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
         BLOCKED_FOR.as_secs()
     );
     let mut blocked = json!({ "seconds": BLOCKED_FOR.as_secs() });
-    for tool in [Tool::Kubectl, Tool::Ttdp] {
-        let group = format!("blocked-{}", tool.name());
+    for tool in TOOLS {
+        let group = format!("blocked-{tool}");
         let node = drain_fleet::populate_blocked(&client, scratch.prefix(), &group).await?;
         let timeout = format!("--timeout={}s", BLOCKED_FOR.as_secs());
         let run = drain(
@@ -207,7 +191,7 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
         .await?;
         node.shutdown().await;
         let secs = run.wall.as_secs_f64().max(0.001);
-        blocked[tool.name()] = json!({
+        blocked[tool] = json!({
             "wall_ms": ms(run.wall), "gave_up": !run.success, "evictions": run.evictions,
             "evictions_per_s": run.evictions as f64 / secs,
             "requests_per_s": (run.reads + run.writes) as f64 / secs,
@@ -236,19 +220,21 @@ fn requests_ratio(row: &Value) -> f64 {
     }
 }
 
+/// Runs `tool` (`kubectl drain` or the ttdp-drain example) on `node` through `proxy`.
 async fn drain(
     args: &DrainArgs,
     proxy: &FaultProxy,
-    tool: Tool,
+    tool: &str,
     node: &str,
     flags: &[&str],
 ) -> Result<Run> {
-    let binary: &Path = match tool {
-        Tool::Kubectl => &args.kubectl,
-        Tool::Ttdp => &args.ttdp_drain,
+    let binary: &Path = if tool == "kubectl" {
+        &args.kubectl
+    } else {
+        &args.ttdp_drain
     };
     let mut command = Command::new(binary);
-    if matches!(tool, Tool::Kubectl) {
+    if tool == "kubectl" {
         command.arg("drain");
     }
     command
@@ -261,18 +247,14 @@ async fn drain(
     let started = Instant::now();
     let output = tokio::time::timeout(Duration::from_secs(600), command.output())
         .await
-        .with_context(|| {
-            format!(
-                "{} drain of {node} did not finish in 10 minutes",
-                tool.name()
-            )
-        })?
+        .with_context(|| format!("{tool} drain of {node} did not finish in 10 minutes"))?
         .with_context(|| format!("cannot run {}", binary.display()))?;
     let wall = started.elapsed();
     // Only the drain talks through the proxy; the benchmark's own clients go straight to the
     // server.
     let requests = proxy.recorder().requests();
-    let (reads, writes) = reads_and_writes(&requests);
+    let writes = requests.iter().filter(|r| r.is_write()).count();
+    let reads = requests.len() - writes;
     let evictions = requests
         .iter()
         .filter(|r| r.subresource == "eviction" && r.is_write())

@@ -18,6 +18,7 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
+use ttdp_testkit::programs::cluster_setup::pod_is_ready;
 use ttdp_testkit::sim::{
     ImageMap, KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale,
 };
@@ -179,7 +180,7 @@ impl DrainNode {
         let started = Instant::now();
         loop {
             let on_node = pods_on(client, &node).await?;
-            let ready = on_node.iter().filter(|p| is_ready(p)).count();
+            let ready = on_node.iter().filter(|p| pod_is_ready(p)).count();
             if on_node.len() == expected && ready == expected {
                 break;
             }
@@ -221,16 +222,8 @@ impl DrainNode {
     }
 }
 
-/// Whether `pod` is Ready.
-pub fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// Pods on `node` (any phase, terminating included).
-pub async fn pods_on(client: &Client, node: &str) -> Result<Vec<Pod>> {
+async fn pods_on(client: &Client, node: &str) -> Result<Vec<Pod>> {
     let pods: Api<Pod> = Api::all(client.clone());
     let list = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))

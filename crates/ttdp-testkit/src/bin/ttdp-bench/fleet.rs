@@ -1,6 +1,14 @@
 //! The controller at fleet scale: `n` Tenstorrent nodes (plus `n` plain ones), the real
-//! `ttdp-controller` binary and the agent stand-in, on a real control plane (see
-//! `fleet_server`). The fleet is installed at tt-kmd `from`, settles, then rolls out to `to`.
+//! `ttdp-controller` binary and the agent stand-in, on a real control plane started for the run
+//! (from the assets the test suites use; missing assets are an error, never a fallback). The
+//! fleet is installed at tt-kmd `from`, settles, then rolls out to `to`.
+//!
+//! The real DaemonSet controller creates the agent pods and the real scheduler binds them. No
+//! kubelet runs: the benchmark creates the Node objects Ready, and renews no Lease. The
+//! controller runs as an identity of its own, whose requests the API server records in its
+//! audit log ([`ttdp_testkit::launcher::audit`]); that is how they are counted, with nothing
+//! between the controller and the server (a counting proxy, one more hop in the busy benchmark
+//! process, doubled the hand-off time at 100 nodes).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,12 +17,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use ttdp_testkit::launcher::audit::AuditedRequest;
+use ttdp_testkit::launcher::audit::{AuditLog, AuditedRequest};
+use ttdp_testkit::launcher::{Assets, ControlPlane, ControlPlaneOptions, runs_dir};
+use ttdp_testkit::programs::cluster_setup::{
+    create_operator_namespace, install_crd, set_policy_version,
+};
 use ttdp_testkit::programs::rollout_watch::is_rolled_out;
-use ttdp_testkit::programs::{ControllerConfig, ControllerProcess, Memory, RolloutWatch};
+use ttdp_testkit::programs::{ControllerProcess, Memory, RolloutWatch};
+use ttdp_testkit::sim::cluster::client_for;
 
 use crate::agent_stand_in::AgentStandIn;
-use crate::fleet_server::{FleetServer, SERVER_LABEL};
 use crate::fleet_setup::{self, POLICY};
 use crate::handoff::{Spread, handoffs, ideal_total, node_times, spread};
 use crate::result_line::{self, ms};
@@ -28,6 +40,10 @@ const SETTLE: Duration = Duration::from_secs(3);
 const IDLE_WINDOW: Duration = Duration::from_secs(5);
 /// How often memory and requests are sampled during the rollout.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+/// How results name the server.
+const SERVER_LABEL: &str = "real control plane";
+/// Runs of each plugin view.
+const PLUGIN_RUNS: usize = 3;
 
 /// Flags of `ttdp-bench fleet`.
 #[derive(Debug, Args)]
@@ -50,9 +66,6 @@ pub struct FleetArgs {
     /// The kubectl-tt-driver binary: when given, its views are timed on the rolled-out fleet.
     #[arg(long)]
     pub plugin: Option<PathBuf>,
-    /// Runs of each plugin view.
-    #[arg(long, default_value_t = 3)]
-    pub plugin_runs: usize,
     /// Where the controller's log goes (default: a temporary directory).
     #[arg(long)]
     pub log_dir: Option<PathBuf>,
@@ -62,17 +75,20 @@ pub struct FleetArgs {
 /// status otherwise).
 #[derive(Debug, Default)]
 struct Tally {
-    reads: usize,
-    writes: usize,
-    writes_by_kind: BTreeMap<String, usize>,
-    reads_by_kind: BTreeMap<String, usize>,
+    /// Reads (get, list, discovery) by verb and resource.
+    reads: BTreeMap<String, usize>,
+    /// Writes by verb and resource.
+    writes: BTreeMap<String, usize>,
 }
 
 impl Tally {
     /// Counts the controller's requests answered since the last call. Watches are left out: the
     /// audit log records one when it ends.
-    fn drain(&mut self, server: &FleetServer) -> Result<()> {
-        for request in server.controller_requests()? {
+    fn drain(&mut self, audit: &mut AuditLog) -> Result<()> {
+        let requests = audit
+            .take()
+            .context("cannot read the API server's audit log")?;
+        for request in requests {
             if request.verb != "watch" {
                 self.count(&request);
             }
@@ -86,20 +102,26 @@ impl Tally {
         } else {
             format!("/{}", r.subresource)
         };
-        let kind = format!("{} {}{sub}", r.verb, r.resource);
-        if r.is_write() {
-            self.writes += 1;
-            *self.writes_by_kind.entry(kind).or_default() += 1;
+        let by_kind = if r.is_write() {
+            &mut self.writes
         } else {
-            self.reads += 1;
-            *self.reads_by_kind.entry(kind).or_default() += 1;
-        }
+            &mut self.reads
+        };
+        *by_kind
+            .entry(format!("{} {}{sub}", r.verb, r.resource))
+            .or_default() += 1;
+    }
+
+    fn reads_and_writes(&self) -> (usize, usize) {
+        (self.reads.values().sum(), self.writes.values().sum())
     }
 }
 
 /// What runs during one fleet benchmark.
 struct Bench {
-    server: FleetServer,
+    plane: ControlPlane,
+    /// The controller's requests.
+    audit: AuditLog,
     agents: AgentStandIn,
     watch: RolloutWatch,
     controller: ControllerProcess,
@@ -118,12 +140,12 @@ struct Steady {
 pub async fn run(args: &FleetArgs) -> Result<()> {
     let n = args.nodes;
     let timeout = Duration::from_secs(args.timeout_seconds);
-    let bench = start(args).await?;
-    let setup = bench.server.client().await?;
+    let mut bench = start(args).await?;
+    let setup = client_for(bench.plane.kubeconfig()).await?;
     let mut tally = Tally::default();
     let started = Instant::now();
     fleet_setup::create_policy(&setup, FROM, args.max_unavailable.max(1)).await?;
-    let installed = match wait_sampling(&bench, &mut tally, n, FROM, started + timeout).await {
+    let installed = match wait_sampling(&mut bench, &mut tally, n, FROM, started + timeout).await {
         Ok(w) => w,
         Err(e) => return Err(give_up(args, "adopt", started, &bench, e).await),
     };
@@ -133,10 +155,10 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         adopt.as_secs_f64()
     );
     tokio::time::sleep(SETTLE).await;
-    tally.drain(&bench.server)?;
+    tally.drain(&mut bench.audit)?;
     let mut idle = Tally::default();
     tokio::time::sleep(IDLE_WINDOW).await;
-    idle.drain(&bench.server)?;
+    idle.drain(&mut bench.audit)?;
     let steady = Steady {
         adopt,
         memory: bench.controller.memory()?,
@@ -151,12 +173,12 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     let mut rollout = Tally::default();
     let events_before = bench.watch.events();
     let started = Instant::now();
-    fleet_setup::set_version(&setup, TO).await?;
-    let rolled = match wait_sampling(&bench, &mut rollout, n, TO, started + timeout).await {
+    set_policy_version(&setup, POLICY, TO).await?;
+    let rolled = match wait_sampling(&mut bench, &mut rollout, n, TO, started + timeout).await {
         Ok(w) => w,
         Err(e) => return Err(give_up(args, "rollout", started, &bench, e).await),
     };
-    rollout.drain(&bench.server)?;
+    rollout.drain(&mut bench.audit)?;
     let mut figures = rollout_figures(args, &bench, &steady, &rolled, &rollout, started)?;
     figures["rollout_status_updates_seen"] = json!(bench.watch.events() - events_before);
     figures["plugin"] = finish(args, bench).await?;
@@ -164,8 +186,25 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     Ok(())
 }
 
-/// Starts the server, creates the fleet, and starts the agent stand-in, the watch and the
-/// controller.
+/// The flags kube-controller-manager and kube-scheduler get for a fleet run:
+/// - `--node-monitor-grace-period=1h`, so that 10,000 silent nodes stay Ready for the run's
+///   length without 10,000 heartbeats (250 writes a second) on 2 CPUs;
+/// - client rate limits of 1,000 requests a second (burst 2,000) instead of 20 and 50: with the
+///   defaults the DaemonSet controller creates at most 20 pods a second and would be what a
+///   500-node wave waits for.
+fn tuned_control_plane() -> ControlPlaneOptions {
+    let rate = ["--kube-api-qps=1000", "--kube-api-burst=2000"].map(String::from);
+    let mut controller_manager_flags = vec!["--node-monitor-grace-period=1h".to_owned()];
+    controller_manager_flags.extend(rate.clone());
+    ControlPlaneOptions {
+        controller_manager_flags,
+        scheduler_flags: rate.to_vec(),
+        ..ControlPlaneOptions::default()
+    }
+}
+
+/// Starts the control plane (blocking, on the main thread: see `ttdp_testkit::programs`),
+/// creates the fleet, and starts the agent stand-in, the watch and the controller.
 async fn start(args: &FleetArgs) -> Result<Bench> {
     let n = args.nodes;
     let log_dir = match &args.log_dir {
@@ -175,13 +214,17 @@ async fn start(args: &FleetArgs) -> Result<Bench> {
     std::fs::create_dir_all(&log_dir)
         .with_context(|| format!("cannot create {}", log_dir.display()))?;
     eprintln!("fleet {n}: starting the {SERVER_LABEL} and {} nodes", 2 * n);
-    let server = FleetServer::start().await?;
+    let assets = Assets::locate()
+        .context("the fleet benchmark on the real control plane needs its binaries")?;
+    let plane = ControlPlane::start_with(&assets, &runs_dir(), &tuned_control_plane())
+        .context("cannot start the real control plane")?;
     eprintln!(
         "fleet {n}: control-plane logs in {}",
-        server.logs().display()
+        plane.dir().join("logs").display()
     );
-    let setup = server.client().await?;
-    fleet_setup::install_crd_and_namespace(&setup).await?;
+    let setup = client_for(plane.kubeconfig()).await?;
+    install_crd(&setup).await?;
+    create_operator_namespace(&setup, ttdp_api::names::DEFAULT_NAMESPACE).await?;
     let started = Instant::now();
     fleet_setup::create_nodes(&setup, n, n, FROM).await?;
     eprintln!(
@@ -190,20 +233,25 @@ async fn start(args: &FleetArgs) -> Result<Bench> {
         started.elapsed().as_secs_f64()
     );
     let work = Duration::from_millis(args.work_ms);
-    let agents = AgentStandIn::start(server.client().await?, work);
-    let watch = RolloutWatch::start(server.client().await?, POLICY);
+    let agents = AgentStandIn::start(setup.clone(), work);
+    let watch = RolloutWatch::start(setup, POLICY);
     let log_file = log_dir.join(format!("controller-{n}.log"));
-    let mut config = ControllerConfig::new(
-        &args.controller,
-        server.controller_kubeconfig(),
-        ttdp_api::names::DEFAULT_NAMESPACE,
-        &log_file,
-    );
-    config.log_filter =
+    let flags = [
+        format!("--namespace={}", ttdp_api::names::DEFAULT_NAMESPACE),
+        "--default-image=bench.invalid/ttdp-agent:bench".to_owned(),
+    ];
+    let log_filter =
         std::env::var("TTDP_BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "info".to_owned());
-    let controller = ControllerProcess::start(&config)?;
+    let controller = ControllerProcess::start(
+        &args.controller,
+        plane.audited_kubeconfig(),
+        &flags,
+        &log_filter,
+        &log_file,
+    )?;
     Ok(Bench {
-        server,
+        audit: plane.audit_log(),
+        plane,
         agents,
         watch,
         controller,
@@ -224,7 +272,9 @@ fn rollout_figures(
     let slots = args.max_unavailable.max(1);
     let work = Duration::from_millis(args.work_ms);
     let end_memory = bench.controller.memory()?;
-    let times = node_times(&bench.watch.transitions_since(started));
+    let mut transitions = bench.watch.transitions();
+    transitions.retain(|t| t.at >= started);
+    let times = node_times(&transitions);
     let cordons: Vec<Instant> = times.values().filter_map(|t| t.0).collect();
     let dones: Vec<Instant> = times.values().filter_map(|t| t.1).collect();
     // The last node reaching Done as the watch saw it (the wait loop only polls).
@@ -256,6 +306,8 @@ fn rollout_figures(
     let ideal = ideal_total(n, slots, per_node_spread.p50);
     let final_status = status_bytes(&bench.watch);
     let upgraded = times.values().filter(|t| t.1.is_some()).count().max(1);
+    let (reads, writes) = rollout.reads_and_writes();
+    let (idle_reads, idle_writes) = steady.idle.reads_and_writes();
     Ok(json!({
         "suite": "fleet",
         "server": SERVER_LABEL,
@@ -268,15 +320,15 @@ fn rollout_figures(
         "rss_steady_mib": mib(steady.memory.rss_kib),
         "rss_rollout_max_mib": mib(rolled.max_memory.rss_kib.max(end_memory.rss_kib)),
         "rss_peak_mib": mib(end_memory.hwm_kib),
-        "idle_requests_per_s": (steady.idle.reads + steady.idle.writes) as f64 / IDLE_WINDOW.as_secs_f64(),
+        "idle_requests_per_s": (idle_reads + idle_writes) as f64 / IDLE_WINDOW.as_secs_f64(),
         "nodes_upgraded": upgraded,
         "cordoned": cordons.len(),
         "agents_finished": ready.len(),
-        "reads_per_node": rollout.reads as f64 / upgraded as f64,
-        "writes_per_node": rollout.writes as f64 / upgraded as f64,
-        "writes_by_kind": rollout.writes_by_kind,
-        "reads_by_kind": rollout.reads_by_kind,
-        "idle_requests_by_kind": steady.idle.writes_by_kind.iter().chain(steady.idle.reads_by_kind.iter()).collect::<BTreeMap<_, _>>(),
+        "reads_per_node": reads as f64 / upgraded as f64,
+        "writes_per_node": writes as f64 / upgraded as f64,
+        "writes_by_kind": rollout.writes,
+        "reads_by_kind": rollout.reads,
+        "idle_requests_by_kind": steady.idle.writes.iter().chain(&steady.idle.reads).collect::<BTreeMap<_, _>>(),
         "handoff_done_to_cordoning_ms": spread_json(&spread(handoffs(dones, cordons.clone(), slots))),
         "handoff_agent_ready_to_cordoning_ms": spread_json(&spread(handoffs(ready, cordons, slots))),
         "agent_ready_to_done_ms": spread_json(&spread(ready_to_done)),
@@ -296,7 +348,7 @@ fn rollout_figures(
 /// rest; returns the plugin's figures.
 async fn finish(args: &FleetArgs, bench: Bench) -> Result<serde_json::Value> {
     let Bench {
-        server,
+        plane,
         agents,
         watch,
         controller,
@@ -306,14 +358,12 @@ async fn finish(args: &FleetArgs, bench: Bench) -> Result<serde_json::Value> {
     let plugin = match &args.plugin {
         Some(binary) => {
             eprintln!("fleet {}: timing kubectl tt driver", args.nodes);
-            crate::plugin_timing::time_plugin(binary, &server.admin_kubeconfig(), args.plugin_runs)
-                .await?
+            crate::plugin_timing::time_plugin(binary, plane.kubeconfig(), PLUGIN_RUNS).await?
         }
         None => serde_json::Value::Null,
     };
-    drop(agents);
-    drop(watch);
-    server.shutdown().await;
+    drop((agents, watch));
+    drop(plane);
     Ok(plugin)
 }
 
@@ -377,7 +427,7 @@ struct Waited {
 /// Waits for the rollout to `version`, sampling the controller's memory and counting the
 /// controller's requests every [`SAMPLE_EVERY`].
 async fn wait_sampling(
-    bench: &Bench,
+    bench: &mut Bench,
     tally: &mut Tally,
     nodes: usize,
     version: &str,
@@ -389,7 +439,7 @@ async fn wait_sampling(
         let memory = bench.controller.memory()?;
         max_memory.rss_kib = max_memory.rss_kib.max(memory.rss_kib);
         max_memory.hwm_kib = max_memory.hwm_kib.max(memory.hwm_kib);
-        tally.drain(&bench.server)?;
+        tally.drain(&mut bench.audit)?;
         let policy = bench.watch.policy();
         if let Some(policy) = &policy
             && is_rolled_out(policy, version, nodes)

@@ -13,11 +13,9 @@
 //! talks to servers it starts itself, and refuses to run when `TTDP_TEST_KUBECONFIG` is set.
 
 mod agent_stand_in;
-mod bench_client;
 mod drain;
 mod drain_fleet;
 mod fleet;
-mod fleet_server;
 mod fleet_setup;
 mod handoff;
 mod plugin_timing;

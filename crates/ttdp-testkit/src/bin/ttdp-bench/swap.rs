@@ -17,8 +17,7 @@ use ttdp_kmod::{
     BuildOptions, InstallerConfig, KmdVersion, ModuleInstaller, SimHost, SimKernel, SimKmdRepo,
     SwapOptions, SwapReport,
 };
-use ttdp_testkit::launcher::{Assets, ControlPlaneOptions, runs_dir};
-use ttdp_testkit::programs::ControlPlaneThread;
+use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
 use ttdp_testkit::sim::cluster::client_for;
 
 use crate::handoff::spread;
@@ -36,34 +35,23 @@ pub struct SwapArgs {
     pub runs: usize,
 }
 
-/// One case's steps, in milliseconds.
-#[derive(Debug, Default, Clone)]
-struct Steps {
-    probe: Vec<Duration>,
-    build: Vec<Duration>,
-    unload: Vec<Duration>,
-    load: Vec<Duration>,
-    total: Vec<Duration>,
-}
-
-impl Steps {
-    fn add(&mut self, r: &SwapReport) {
-        self.probe.push(Duration::from_millis(r.probe_ms));
-        self.build.push(Duration::from_millis(r.build_ms));
-        self.unload.push(Duration::from_millis(r.unload_ms));
-        self.load.push(Duration::from_millis(r.load_ms));
-        self.total.push(Duration::from_millis(r.total_ms));
-    }
-
-    fn json(&self, label: Duration) -> serde_json::Value {
-        let median = |v: &Vec<Duration>| ms(spread(v.clone()).p50);
-        let total = spread(self.total.clone()).p50;
-        json!({
-            "probe_ms": median(&self.probe), "build_ms": median(&self.build),
-            "unload_ms": median(&self.unload), "load_ms": median(&self.load),
-            "label_ms": ms(label), "swap_total_ms": ms(total), "start_to_ready_ms": ms(total + label),
-        })
-    }
+/// One case's figures: the medians of its runs' steps, with the label time `label` added.
+fn case_json(reports: &[SwapReport], label: Duration) -> serde_json::Value {
+    let median = |step: fn(&SwapReport) -> u64| {
+        spread(
+            reports
+                .iter()
+                .map(|r| Duration::from_millis(step(r)))
+                .collect(),
+        )
+        .p50
+    };
+    let total = median(|r| r.total_ms);
+    json!({
+        "probe_ms": ms(median(|r| r.probe_ms)), "build_ms": ms(median(|r| r.build_ms)),
+        "unload_ms": ms(median(|r| r.unload_ms)), "load_ms": ms(median(|r| r.load_ms)),
+        "label_ms": ms(label), "swap_total_ms": ms(total), "start_to_ready_ms": ms(total + label),
+    })
 }
 
 struct Host {
@@ -109,14 +97,13 @@ pub fn run(args: &SwapArgs) -> Result<()> {
     let (v1, v2): (KmdVersion, KmdVersion) = (V1.parse()?, V2.parse()?);
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).context("cannot create the build directory")?;
-    let (mut miss, mut hit_fresh, mut hit_swap) =
-        (Steps::default(), Steps::default(), Steps::default());
+    let (mut miss, mut hit_fresh, mut hit_swap) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..args.runs.max(1) {
         eprintln!("swap: run {} of {}", run + 1, args.runs.max(1));
         let h = host(&repo, &work)?;
         // Cache miss, nothing loaded: fetch and build V1, load it.
-        miss.add(
-            &h.installer
+        miss.push(
+            h.installer
                 .swap(&v1, &SwapOptions::default())
                 .context("cache-miss swap failed")?,
         );
@@ -124,8 +111,8 @@ pub fn run(args: &SwapArgs) -> Result<()> {
         h.installer
             .ensure_ko(&v2)
             .context("cannot build the second version")?;
-        hit_swap.add(
-            &h.installer
+        hit_swap.push(
+            h.installer
                 .swap(&v2, &SwapOptions::default())
                 .context("cache-hit swap failed")?,
         );
@@ -135,8 +122,8 @@ pub fn run(args: &SwapArgs) -> Result<()> {
             .installer
             .ensure_ko(&v1)
             .context("cannot fill the cache")?;
-        hit_fresh.add(
-            &fresh
+        hit_fresh.push(
+            fresh
                 .installer
                 .swap(&v1, &SwapOptions::default())
                 .context("cache-hit install failed")?,
@@ -147,9 +134,9 @@ pub fn run(args: &SwapArgs) -> Result<()> {
         "suite": "swap",
         "runs": args.runs.max(1),
         "kernel": "simulated (ttdp_kmod::SimKernel); real-kernel load/unload: cargo xtask vm-test",
-        "cache_hit_nothing_loaded": hit_fresh.json(label),
-        "cache_hit_swap": hit_swap.json(label),
-        "cache_miss_build": miss.json(label),
+        "cache_hit_nothing_loaded": case_json(&hit_fresh, label),
+        "cache_hit_swap": case_json(&hit_swap, label),
+        "cache_miss_build": case_json(&miss, label),
     }));
     Ok(())
 }
@@ -157,8 +144,8 @@ pub fn run(args: &SwapArgs) -> Result<()> {
 /// Median time of the agent's node label merge patch against a real API server.
 fn label_time(samples: usize) -> Result<Duration> {
     let assets = Assets::locate().context("the label timing needs the control plane's binaries")?;
-    let plane = ControlPlaneThread::start(assets, runs_dir(), ControlPlaneOptions::default())
-        .context("cannot start the real control plane")?;
+    let plane =
+        ControlPlane::start(&assets, &runs_dir()).context("cannot start the real control plane")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -15,25 +15,20 @@
 //! scheduler binds them, and the simulated kubelets run them.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
-use kube::{Client, ResourceExt};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use ttdp_api::TenstorrentDriverPolicy;
-use ttdp_testkit::launcher::{Assets, ControlPlaneOptions, runs_dir};
-use ttdp_testkit::programs::ControlPlaneThread;
+use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
 use ttdp_testkit::sim::cluster::random_prefix;
 use ttdp_testkit::sim::{SCENARIO_LABEL, SimCluster, eventually};
 
 use crate::fleet::DEMO_PREFIX;
 
-/// The field manager of the demo's own writes.
-const FIELD_MANAGER: &str = "ttdp-demo";
-/// The agent's ServiceAccount (the chart creates it).
-const AGENT_SERVICE_ACCOUNT: &str = "ttdp-agent";
 /// The policy the demo creates on a cluster of its own.
 const OWN_POLICY: &str = "default";
 
@@ -41,11 +36,10 @@ const OWN_POLICY: &str = "default";
 pub enum ClusterSource {
     /// The cluster of `--kubeconfig`.
     Existing(PathBuf),
-    /// A real control plane started for the demo from the assets in `assets_dir`.
+    /// A real control plane started for the demo from the assets in `assets_dir`; it stops
+    /// when dropped.
     Launched {
-        /// The running control plane.
-        plane: ControlPlaneThread,
-        /// Where its binaries are.
+        plane: ControlPlane,
         assets_dir: PathBuf,
     },
     /// The in-process imitation; why no control plane could be had.
@@ -55,6 +49,7 @@ pub enum ClusterSource {
 impl ClusterSource {
     /// `--kubeconfig`, else a control plane from the assets, else the imitation. Only missing
     /// assets lead to the imitation: assets that are there but fail to start are an error.
+    /// Blocking, on the main thread (see `ttdp_testkit::programs`).
     pub fn choose(kubeconfig: Option<&Path>) -> Result<Self> {
         if let Some(path) = kubeconfig {
             if !path.is_file() {
@@ -72,7 +67,7 @@ impl ClusterSource {
             .and_then(Path::parent)
             .map(Path::to_path_buf)
             .unwrap_or_default();
-        let plane = ControlPlaneThread::start(assets, runs_dir(), ControlPlaneOptions::default())
+        let plane = ControlPlane::start(&assets, &runs_dir())
             .context("cannot start the real control plane")?;
         Ok(Self::Launched { plane, assets_dir })
     }
@@ -87,7 +82,7 @@ impl ClusterSource {
             Self::Launched { plane, assets_dir } => format!(
                 "cluster: a real control plane started for the demo: etcd, kube-apiserver, kube-controller-manager and kube-scheduler from {} (logs in {})",
                 tidy(assets_dir).display(),
-                tidy(&plane.run_dir().join("logs")).display()
+                tidy(&plane.dir().join("logs")).display()
             ),
             Self::Imitation(why) => format!(
                 "cluster: NO real control plane: {why}\n\
@@ -139,13 +134,6 @@ impl ClusterSource {
             }
         }
     }
-
-    /// Stops a launched control plane (nothing for the others).
-    pub fn stop(self) {
-        if let Self::Launched { plane, .. } = self {
-            plane.stop();
-        }
-    }
 }
 
 /// `path` without `..` steps, for printing (as is when it cannot be resolved).
@@ -183,35 +171,6 @@ impl DemoNames {
     }
 }
 
-/// Applies the ttdp CRD (forced server-side apply: idempotent, and on a shared cluster it may be
-/// there already) and waits until it is served.
-pub async fn install_crd(client: &Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = ttdp_api::crd();
-    let name = crd.name_any();
-    let mut value = serde_json::to_value(&crd).context("the CRD does not serialize")?;
-    value["apiVersion"] = json!("apiextensions.k8s.io/v1");
-    value["kind"] = json!("CustomResourceDefinition");
-    crds.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(value),
-    )
-    .await
-    .context("cannot apply the TenstorrentDriverPolicy CRD")?;
-    let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
-    eventually(
-        "the TenstorrentDriverPolicy CRD to be served",
-        std::time::Duration::from_secs(60),
-        || {
-            let policies = policies.clone();
-            async move { policies.list(&ListParams::default()).await.ok().map(|_| ()) }
-        },
-    )
-    .await?;
-    Ok(())
-}
-
 /// On a shared cluster: deletes the policy (the controller, still running, removes its
 /// finalizer after lifting any cordon), then, after the controller is stopped, the operator
 /// namespace. Best effort: each failure is returned as a line to print.
@@ -228,7 +187,7 @@ pub async fn delete_policy(client: &Client, names: &DemoNames) -> Vec<String> {
     }
     let gone = eventually(
         "the policy's finalizer to be removed",
-        std::time::Duration::from_secs(60),
+        Duration::from_secs(60),
         || {
             let policies = policies.clone();
             let name = names.policy.clone();
@@ -278,44 +237,4 @@ pub fn publish_kubeconfig(
         }
         _ => Ok(source_path.to_path_buf()),
     }
-}
-
-/// The operator namespace and the agents' ServiceAccount, as the Helm chart creates them.
-pub async fn create_operator_namespace(client: &Client, namespace_name: &str) -> Result<()> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(namespace_name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    namespaces
-        .patch(
-            namespace_name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&namespace),
-        )
-        .await
-        .with_context(|| format!("cannot create namespace {namespace_name}"))?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace_name);
-    let account = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some(AGENT_SERVICE_ACCOUNT.to_owned()),
-            namespace: Some(namespace_name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..ServiceAccount::default()
-    };
-    accounts
-        .patch(
-            AGENT_SERVICE_ACCOUNT,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&account),
-        )
-        .await
-        .with_context(|| {
-            format!("cannot create serviceaccount {namespace_name}/{AGENT_SERVICE_ACCOUNT}")
-        })?;
-    Ok(())
 }

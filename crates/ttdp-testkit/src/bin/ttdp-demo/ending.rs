@@ -25,14 +25,10 @@ impl Demo {
             Ending::Failure(p) => p.clone(),
             _ => Vec::new(),
         };
-        if let Some(controller) = &self.controller
-            && let Some(status) = controller.exited()
+        if let Err(exited) = self.check_controller_alive()
             && problems.is_empty()
         {
-            problems.push(format!(
-                "the controller exited ({status}); its last log lines:\n{}",
-                indent(&log_tail(controller.log_file(), 15))
-            ));
+            problems.push(format!("{exited:#}"));
         }
         let mut outcome = self.outcome();
         if !interrupted {
@@ -216,10 +212,8 @@ impl Demo {
         if shared {
             problems.extend(delete_operator_namespace(&self.client, &self.names).await);
         }
-        if let Some(source) = self.source.take() {
-            // Blocking (joins the control plane's thread): off the runtime's workers.
-            let _ = tokio::task::spawn_blocking(move || source.stop()).await;
-        }
+        // Blocking: a launched control plane stops its processes as it drops.
+        drop(self.source.take());
         for problem in &problems {
             eprintln!("warning: {problem}");
         }

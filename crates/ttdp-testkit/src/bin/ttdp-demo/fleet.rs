@@ -13,9 +13,6 @@
 //!   host-managed node and a `web` pod on the first plain node. Every workload is owned by a
 //!   ReplicaSet, so drains may evict it.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use ttdp_testkit::sim::{DeviceUse, SimClusterOptions, TenstorrentNode, Workload, WorkloadOwner};
 
 /// The name prefix of every node and of the workloads' namespace on a cluster of the demo's own.
@@ -77,9 +74,10 @@ impl Fleet {
         let mut options = SimClusterOptions::new()
             .name_prefix(&self.prefix)
             .plain_nodes(self.plain);
-        for name in self.container_nodes() {
-            options = options
-                .node(TenstorrentNode::new().label("tt.tenstorrent.com/pool", pool_of(&name)));
+        // Two pools by label, only to show labels in the views.
+        for i in 0..self.container_nodes().len() {
+            let pool = if i.is_multiple_of(2) { "prod" } else { "batch" };
+            options = options.node(TenstorrentNode::new().label("tt.tenstorrent.com/pool", pool));
         }
         if self.has_host_managed() {
             options = options.node(
@@ -132,32 +130,8 @@ impl Fleet {
         workloads
     }
 
-    /// The inference budget's selector.
-    pub fn inference_selector() -> BTreeMap<String, String> {
-        BTreeMap::from([(INFERENCE_LABEL.0.to_owned(), INFERENCE_LABEL.1.to_owned())])
-    }
-
-    /// The inference budget's limit: one replica may be down at a time.
-    pub fn inference_limit() -> IntOrString {
-        IntOrString::Int(1)
-    }
-
     fn tenstorrent_name(&self, i: usize) -> String {
         format!("{}-tt-{i}", self.prefix)
-    }
-}
-
-/// Container nodes are split into two pools by label, only to show labels in the views.
-fn pool_of(name: &str) -> &'static str {
-    let index: usize = name
-        .rsplit('-')
-        .next()
-        .and_then(|i| i.parse().ok())
-        .unwrap_or(0);
-    if index.is_multiple_of(2) {
-        "prod"
-    } else {
-        "batch"
     }
 }
 

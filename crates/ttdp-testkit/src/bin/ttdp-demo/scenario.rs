@@ -10,20 +10,22 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_testkit::programs::cluster_setup::{
+    create_operator_namespace, create_policy, install_crd, pod_is_ready, set_policy_version,
+};
 use ttdp_testkit::programs::controller_process::log_tail;
 use ttdp_testkit::programs::rollout_watch::{is_rolled_out, stragglers};
-use ttdp_testkit::programs::{ControllerConfig, ControllerProcess, RolloutWatch};
+use ttdp_testkit::programs::{ControllerProcess, RolloutWatch};
 use ttdp_testkit::sim::{DisruptionLimit, SCENARIO_LABEL, SimCluster, eventually};
 
 use crate::args::{DemoArgs, duration_flag};
-use crate::cluster_source::{
-    ClusterSource, DemoNames, create_operator_namespace, install_crd, publish_kubeconfig,
-};
-use crate::fleet::{Fleet, INFERENCE_BUDGET};
+use crate::cluster_source::{ClusterSource, DemoNames, publish_kubeconfig};
+use crate::fleet::{Fleet, INFERENCE_BUDGET, INFERENCE_LABEL};
 use crate::live_view::{LiveView, flush, transition_line};
 use crate::timings::Phase;
 
@@ -79,13 +81,8 @@ pub async fn run(args: DemoArgs, log_dir: PathBuf) -> Result<Ending> {
     println!("logs: {}", log_dir.display());
 
     print_step("starting the simulated nodes (kubelets, simulated kernels)");
-    let cluster = match start_cluster(&args, &fleet, &source, &log_dir).await {
-        Ok(cluster) => cluster,
-        Err(e) => {
-            source.stop();
-            return Err(e);
-        }
-    };
+    // On an error `source` drops, which stops a launched control plane.
+    let cluster = start_cluster(&args, &fleet, &source, &log_dir).await?;
     let client = cluster.client();
     let kubeconfig = publish_kubeconfig(&cluster, &source, args.write_kubeconfig.as_deref())?;
     let phases = vec![phase("start the cluster and the simulated nodes", step)];
@@ -146,21 +143,29 @@ impl Demo {
         install_crd(&self.client).await?;
         create_operator_namespace(&self.client, &self.names.operator_namespace).await?;
         print_step("starting the real ttdp-controller binary");
-        let mut config = ControllerConfig::new(
+        let mut flags = vec![
+            format!("--namespace={}", self.names.operator_namespace),
+            format!("--default-image={INSTALLER_IMAGE}"),
+            format!(
+                "--retry-base-seconds={}",
+                scaled_seconds(30.0, self.args.speed)
+            ),
+            format!(
+                "--retry-max-seconds={}",
+                scaled_seconds(600.0, self.args.speed)
+            ),
+        ];
+        let repository = self.cluster.as_ref().map(|c| c.kmd_repo().url());
+        flags.extend(repository.map(|r| format!("--kmd-repository={r}")));
+        let selector = self.names.policy_selector();
+        flags.extend(selector.map(|s| format!("--policy-selector={s}")));
+        self.controller = Some(ControllerProcess::start(
             &self.args.controller,
             &self.kubeconfig,
-            &self.names.operator_namespace,
+            &flags,
+            &std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
             &self.log_dir.join("controller.log"),
-        );
-        config.default_image = INSTALLER_IMAGE.to_owned();
-        config.kmd_repository = self.cluster.as_ref().map(|c| c.kmd_repo().url());
-        config.retry_seconds = Some((
-            scaled_seconds(30.0, self.args.speed),
-            scaled_seconds(600.0, self.args.speed),
-        ));
-        config.policy_selector = self.names.policy_selector();
-        config.log_filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned());
-        self.controller = Some(ControllerProcess::start(&config)?);
+        )?);
         self.watch = Some(RolloutWatch::start(self.client.clone(), &self.names.policy));
         self.phases
             .push(phase("install the CRD, start the controller", step));
@@ -194,7 +199,7 @@ impl Demo {
             self.args.to, self.args.to
         ));
         self.upgrade_started = Some(Instant::now());
-        self.bump_policy().await?;
+        set_policy_version(&self.client, policy, &self.args.to).await?;
         let title = format!("upgrade {} → {}", self.args.from, self.args.to);
         self.follow(&title, &self.args.to, deadline).await?;
         self.phases.push(phase(
@@ -208,52 +213,20 @@ impl Demo {
     }
 
     async fn apply_policy(&self) -> Result<()> {
-        let api: Api<TenstorrentDriverPolicy> = Api::all(self.client.clone());
         let max_unavailable = match self.args.max_unavailable.parse::<i64>() {
             Ok(n) => json!(n),
             Err(_) => json!(self.args.max_unavailable),
         };
-        let policy: TenstorrentDriverPolicy = serde_json::from_value(json!({
-            "apiVersion": "driver.tenstorrent.com/v1alpha1",
-            "kind": "TenstorrentDriverPolicy",
-            "metadata": {
-                "name": self.names.policy,
-                "labels": { SCENARIO_LABEL: self.names.prefix },
-            },
-            "spec": {
-                "version": self.args.from,
-                "nodeAffinity": self.names.node_affinity(),
-                "upgradePolicy": { "maxUnavailable": max_unavailable },
-            },
-        }))
-        .context("the demo's policy does not deserialize")?;
-        api.create(&PostParams::default(), &policy)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot create TenstorrentDriverPolicy {}",
-                    self.names.policy
-                )
-            })?;
-        Ok(())
-    }
-
-    async fn bump_policy(&self) -> Result<()> {
-        let api: Api<TenstorrentDriverPolicy> = Api::all(self.client.clone());
-        let patch = json!({ "spec": { "version": self.args.to } });
-        api.patch(
-            &self.names.policy,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .with_context(|| {
-            format!(
-                "cannot patch TenstorrentDriverPolicy {} to {}",
-                self.names.policy, self.args.to
-            )
-        })?;
-        Ok(())
+        let metadata = json!({
+            "name": self.names.policy,
+            "labels": { SCENARIO_LABEL: self.names.prefix },
+        });
+        let spec = json!({
+            "version": self.args.from,
+            "nodeAffinity": self.names.node_affinity(),
+            "upgradePolicy": { "maxUnavailable": max_unavailable },
+        });
+        create_policy(&self.client, metadata, spec).await
     }
 
     async fn place_workloads(&mut self) -> Result<()> {
@@ -274,8 +247,9 @@ impl Demo {
         cluster
             .add_disruption_budget(
                 INFERENCE_BUDGET,
-                Fleet::inference_selector(),
-                DisruptionLimit::MaxUnavailable(Fleet::inference_limit()),
+                BTreeMap::from([(INFERENCE_LABEL.0.to_owned(), INFERENCE_LABEL.1.to_owned())]),
+                // One replica may be down at a time.
+                DisruptionLimit::MaxUnavailable(IntOrString::Int(1)),
             )
             .await
             .context("cannot create the inference PodDisruptionBudget")?;
@@ -285,7 +259,7 @@ impl Demo {
             let pods = pods.clone();
             async move {
                 let list = pods.list(&ListParams::default()).await.ok()?;
-                let ready = list.items.iter().filter(|p| pod_ready(p)).count();
+                let ready = list.items.iter().filter(|p| pod_is_ready(p)).count();
                 (ready >= expected).then_some(())
             }
         })
@@ -302,8 +276,7 @@ impl Demo {
     }
 
     /// Shows the rollout until the policy is Ready at `version`, the controller dies or
-    /// `deadline` passes. The watch's copy of the policy may still be the one from before the
-    /// patch (a status write that raced it), so the spec's version must be `version` too.
+    /// `deadline` passes.
     async fn follow(&self, title: &str, version: &str, deadline: Instant) -> Result<()> {
         let Some(watch) = &self.watch else {
             bail!("the rollout watch is not running");
@@ -379,11 +352,11 @@ impl Demo {
     }
 
     fn print_new_transitions(&self, watch: &RolloutWatch, printed: &mut usize) {
-        let new = watch.transitions_from(*printed);
-        for t in &new {
+        let all = watch.transitions();
+        for t in all.get(*printed..).unwrap_or_default() {
             println!("{}", transition_line(t, self.epoch));
         }
-        *printed += new.len();
+        *printed = all.len();
         flush();
     }
 
@@ -484,11 +457,9 @@ async fn start_cluster(
 /// A stand-in for the tt-smi binary the agent image bundles; the agent copies it to each host.
 fn write_fake_tt_smi(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::write(
-        path,
-        "#!/bin/sh\necho \"tt-smi 3.0.0 (simulated by the ttdp demo)\"\n",
-    )
-    .with_context(|| format!("cannot write {}", path.display()))?;
+    let script =
+        format!("#!/bin/sh\necho \"tt-smi {TT_SMI_VERSION} (simulated by the ttdp demo)\"\n");
+    std::fs::write(path, script).with_context(|| format!("cannot write {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
         .with_context(|| format!("cannot make {} executable", path.display()))
 }
@@ -496,13 +467,6 @@ fn write_fake_tt_smi(path: &Path) -> Result<()> {
 /// `seconds` scaled by `speed`, in whole seconds, at least 1 (the controller's flags' unit).
 fn scaled_seconds(seconds: f64, speed: f64) -> u64 {
     Duration::from_secs_f64(seconds * speed).as_secs().max(1)
-}
-
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn describe_device(workload: &ttdp_testkit::sim::Workload) -> &'static str {
@@ -534,20 +498,16 @@ pub fn indent(text: &str) -> String {
 
 /// Resolves on Ctrl-C or SIGTERM (never, if neither handler can be installed).
 pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
     let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => terminate.recv().await,
+            Err(_) => std::future::pending().await,
         }
     };
+    // A branch whose pattern does not match is disabled: a failed Ctrl-C handler waits on.
     tokio::select! {
-        result = tokio::signal::ctrl_c() => {
-            if result.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-        () = terminate => {}
+        Ok(()) = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
     }
 }

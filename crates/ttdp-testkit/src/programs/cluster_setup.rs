@@ -1,0 +1,107 @@
+//! What both programs create before the controller runs, as the Helm chart and a user would:
+//! the CRD, the operator namespace with the agents' ServiceAccount, and the policy. Forced
+//! server-side applies where an object may be there already (a shared cluster).
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use ttdp_api::TenstorrentDriverPolicy;
+
+use crate::sim::eventually;
+
+/// The field manager of the programs' applies.
+const FIELD_MANAGER: &str = "ttdp-testkit";
+/// The agents' ServiceAccount (the chart creates it; a real server refuses pods naming one that
+/// does not exist).
+const AGENT_SERVICE_ACCOUNT: &str = "ttdp-agent";
+
+/// Applies the ttdp CRD and waits until it is served.
+pub async fn install_crd(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = ttdp_api::crd();
+    let mut value = serde_json::to_value(&crd).context("the CRD does not serialize")?;
+    value["apiVersion"] = json!("apiextensions.k8s.io/v1");
+    value["kind"] = json!("CustomResourceDefinition");
+    crds.patch(&crd.name_any(), &apply(), &Patch::Apply(value))
+        .await
+        .context("cannot apply the TenstorrentDriverPolicy CRD")?;
+    let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
+    let served = || {
+        let policies = policies.clone();
+        async move { policies.list(&ListParams::default()).await.ok().map(|_| ()) }
+    };
+    eventually(
+        "the TenstorrentDriverPolicy CRD to be served",
+        Duration::from_secs(60),
+        served,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Applies the operator namespace `namespace` and the agents' ServiceAccount in it.
+pub async fn create_operator_namespace(client: &Client, namespace: &str) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let body =
+        json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": namespace } });
+    namespaces
+        .patch(namespace, &apply(), &Patch::Apply(body))
+        .await
+        .with_context(|| format!("cannot create namespace {namespace}"))?;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let body = json!({
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": { "name": AGENT_SERVICE_ACCOUNT, "namespace": namespace },
+    });
+    accounts
+        .patch(AGENT_SERVICE_ACCOUNT, &apply(), &Patch::Apply(body))
+        .await
+        .with_context(|| {
+            format!("cannot create serviceaccount {namespace}/{AGENT_SERVICE_ACCOUNT}")
+        })?;
+    Ok(())
+}
+
+/// Creates a TenstorrentDriverPolicy with `metadata` (its name at least) and `spec`.
+pub async fn create_policy(client: &Client, metadata: Value, spec: Value) -> Result<()> {
+    let name = metadata["name"].as_str().unwrap_or_default().to_owned();
+    let policy: TenstorrentDriverPolicy = serde_json::from_value(json!({
+        "apiVersion": "driver.tenstorrent.com/v1alpha1",
+        "kind": "TenstorrentDriverPolicy",
+        "metadata": metadata,
+        "spec": spec,
+    }))
+    .with_context(|| format!("policy {name} does not deserialize"))?;
+    Api::<TenstorrentDriverPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .with_context(|| format!("cannot create TenstorrentDriverPolicy {name}"))?;
+    Ok(())
+}
+
+/// Sets policy `name`'s `spec.version` (starts a rollout).
+pub async fn set_policy_version(client: &Client, name: &str, version: &str) -> Result<()> {
+    let patch = json!({ "spec": { "version": version } });
+    Api::<TenstorrentDriverPolicy>::all(client.clone())
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("cannot set TenstorrentDriverPolicy {name} to {version}"))?;
+    Ok(())
+}
+
+/// Whether `pod` has the Ready condition.
+pub fn pod_is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn apply() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
