@@ -1,8 +1,7 @@
 //! Starts a real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
 //! on loopback for a test run, prints its admin kubeconfig's path, and keeps it up until
-//! SIGTERM, SIGINT or the end of standard input. Its processes die with it, even on SIGKILL.
+//! SIGTERM or SIGINT. Its processes die with it, even on SIGKILL.
 
-use std::io::Read;
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -19,9 +18,6 @@ struct Args {
     /// `<target>/ttdp-kube/runs`).
     #[arg(long)]
     runs: Option<PathBuf>,
-    /// Stop when standard input ends (for callers that hold a pipe to it).
-    #[arg(long)]
-    stdin: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,15 +38,11 @@ fn main() -> anyhow::Result<()> {
         plane.dir().join("logs").display()
     );
     println!("{}", path.display());
-    if args.stdin {
-        let _ = std::io::stdin().read_to_end(&mut Vec::new());
-    } else {
-        let mut signals = nix::sys::signal::SigSet::empty();
-        signals.add(nix::sys::signal::Signal::SIGTERM);
-        signals.add(nix::sys::signal::Signal::SIGINT);
-        signals.thread_block()?;
-        signals.wait()?;
-    }
+    let mut signals = nix::sys::signal::SigSet::empty();
+    signals.add(nix::sys::signal::Signal::SIGTERM);
+    signals.add(nix::sys::signal::Signal::SIGINT);
+    signals.thread_block()?;
+    signals.wait()?;
     drop(plane);
     Ok(())
 }

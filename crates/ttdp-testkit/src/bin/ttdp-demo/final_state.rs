@@ -18,7 +18,6 @@ use crate::timings::{Phase, RolloutTimes};
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeOutcome {
-    /// Node name.
     pub name: String,
     /// `tenstorrent`, `host-managed` or `plain`.
     pub kind: String,
@@ -42,9 +41,7 @@ pub struct NodeOutcome {
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadOutcome {
-    /// Workload name.
     pub name: String,
-    /// Its node.
     pub node: String,
     /// Whether the upgrade had to evict it.
     pub expected_evicted: bool,
@@ -56,14 +53,11 @@ pub struct WorkloadOutcome {
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Outcome {
-    /// The policy.
     pub policy: String,
     /// The cluster the demo ran on: `launched` (a real control plane it started), `existing`
     /// (`--kubeconfig`) or `imitation` (the in-process fallback).
     pub cluster: String,
-    /// First version.
     pub from: String,
-    /// Upgrade target.
     pub to: String,
     /// Whether the upgrade reached Ready and every check passed.
     pub success: bool,
@@ -73,9 +67,7 @@ pub struct Outcome {
     pub phases: Vec<Phase>,
     /// Per-node times of the upgrade.
     pub upgrade: RolloutTimes,
-    /// Every node.
     pub nodes: Vec<NodeOutcome>,
-    /// Every workload.
     pub workloads: Vec<WorkloadOutcome>,
 }
 

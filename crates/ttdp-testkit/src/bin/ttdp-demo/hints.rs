@@ -23,62 +23,44 @@ pub fn render(
     kubectl: Option<&Path>,
     shared: bool,
 ) -> String {
-    let mut out = String::new();
-    let plugin_dir = plugin.parent().unwrap_or(Path::new("."));
-    let _ = writeln!(
-        out,
-        "{} In another terminal:",
-        if shared {
-            "The demo's nodes, policy and controller stay for inspection until Ctrl-C; then the demo deletes what it created."
-        } else {
-            "The cluster keeps running until Ctrl-C."
-        }
+    let plugin_dir = plugin.parent().unwrap_or(Path::new(".")).display();
+    let lifetime = if shared {
+        "The demo's nodes, policy and controller stay for inspection until Ctrl-C; then the demo deletes what it created."
+    } else {
+        "The cluster keeps running until Ctrl-C."
+    };
+    let mut out = format!(
+        "{lifetime} In another terminal:\n\n  export KUBECONFIG={}\n",
+        kubeconfig.display()
     );
-    let _ = writeln!(out);
-    let _ = writeln!(out, "  export KUBECONFIG={}", kubeconfig.display());
     match kubectl {
         Some(kubectl) => {
             let k = kubectl.display();
-            let _ = writeln!(
+            let _ = write!(
                 out,
-                "  export PATH={}:$PATH   # kubectl finds the kubectl-tt-driver plugin there",
-                plugin_dir.display()
+                "  export PATH={plugin_dir}:$PATH   # kubectl finds the kubectl-tt-driver plugin there
+  {k} get ttdp
+  {k} tt driver nodes {policy}
+  {k} tt driver describe {policy}
+  {k} get nodes -L driver.tenstorrent.com/kmd-version,driver.tenstorrent.com/install-mode
+  {k} get ttdp {policy} -o jsonpath='{{.status.nodes}}'
+  {k} patch ttdp {policy} --type merge -p '{{\"spec\":{{\"version\":\"{from}\"}}}}'   # downgrade, then:
+  {k} tt driver watch
+"
             );
-            let _ = writeln!(out, "  {k} get ttdp");
-            let _ = writeln!(out, "  {k} tt driver nodes {policy}");
-            let _ = writeln!(out, "  {k} tt driver describe {policy}");
-            let _ = writeln!(
-                out,
-                "  {k} get nodes -L driver.tenstorrent.com/kmd-version,driver.tenstorrent.com/install-mode"
-            );
-            let _ = writeln!(
-                out,
-                "  {k} get ttdp {policy} -o jsonpath='{{.status.nodes}}'"
-            );
-            let _ = writeln!(
-                out,
-                "  {k} patch ttdp {policy} --type merge -p '{{\"spec\":{{\"version\":\"{from}\"}}}}'   # downgrade, then:"
-            );
-            let _ = writeln!(out, "  {k} tt driver watch");
         }
         None => {
             let p = plugin.display();
-            let _ = writeln!(
+            let tools_dir = KUBE_TOOLS_KUBECTL.trim_end_matches("/kubectl");
+            let _ = write!(
                 out,
-                "  {p} nodes {policy}        # kubectl tt driver nodes {policy}"
-            );
-            let _ = writeln!(out, "  {p} describe {policy}");
-            let _ = writeln!(out, "  {p} watch");
-            let _ = writeln!(out);
-            let _ = writeln!(
-                out,
-                "  With kubectl (`bash .ci/kube-tools` installs it into ~/{}), add {} to PATH and run",
-                KUBE_TOOLS_KUBECTL.trim_end_matches("/kubectl"),
-                plugin_dir.display()
-            );
-            let _ = writeln!(
-                out,
-                "  `kubectl get ttdp` and `kubectl tt driver nodes {policy}`."
+                "  {p} nodes {policy}        # kubectl tt driver nodes {policy}
+  {p} describe {policy}
+  {p} watch
+
+  With kubectl (`bash .ci/kube-tools` installs it into ~/{tools_dir}), add {plugin_dir} to PATH and run
+  `kubectl get ttdp` and `kubectl tt driver nodes {policy}`.
+"
             );
         }
     }
