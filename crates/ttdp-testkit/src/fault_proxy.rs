@@ -13,16 +13,22 @@
 //! It must not be used for what a real server can do itself: a 403 comes from an identity RBAC
 //! limits (see [`crate::launcher::tokens`]), a 401 from a token the server does not know.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, Method, Request, Response, StatusCode, Uri, header};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use axum::response::IntoResponse;
 use kube::Client;
 
 use crate::faults::{FaultEffect, Faults};
 pub use crate::recorder::{RecordedRequest, Recorder};
+
+/// The `Content-Type` of the proxy's own JSON answers.
+const JSON: [(header::HeaderName, &str); 1] = [(header::CONTENT_TYPE, "application/json")];
 
 /// Why a proxy could not be started or a client of it made.
 #[derive(Debug, thiserror::Error)]
@@ -30,15 +36,9 @@ pub enum FaultProxyError {
     /// No loopback port could be bound.
     #[error("binding the fault proxy to a loopback port: {0}")]
     Bind(#[source] std::io::Error),
-    /// The directory for its kubeconfig could not be made or written.
-    #[error("writing the fault proxy's kubeconfig under {path}: {source}")]
-    Kubeconfig {
-        /// The file or directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    /// Its kubeconfig could not be written to a temporary file.
+    #[error("writing the fault proxy's kubeconfig: {0}")]
+    Kubeconfig(#[source] std::io::Error),
     /// A client of the proxy could not be built.
     #[error("building a client of the fault proxy at {url}: {reason}")]
     Client {
@@ -79,43 +79,29 @@ pub struct Override {
 }
 
 impl Override {
-    /// Every request for `resource` of `group` is answered as [`OverrideAction::NotServed`].
-    pub fn not_served(group: &str, resource: &str) -> Self {
+    fn new(group: &str, resource: &str, verb: Option<&str>, action: OverrideAction) -> Self {
         Self {
             group: group.to_owned(),
             resource: resource.to_owned(),
-            verb: None,
+            verb: verb.map(str::to_owned),
             remaining: None,
-            action: OverrideAction::NotServed,
+            action,
         }
+    }
+
+    /// Every request for `resource` of `group` is answered as [`OverrideAction::NotServed`].
+    pub fn not_served(group: &str, resource: &str) -> Self {
+        Self::new(group, resource, None, OverrideAction::NotServed)
     }
 
     /// Lists of `resource` of `group` come back empty ([`OverrideAction::EmptyList`]).
     pub fn empty_list(group: &str, resource: &str) -> Self {
-        Self {
-            group: group.to_owned(),
-            resource: resource.to_owned(),
-            verb: Some("list".to_owned()),
-            remaining: None,
-            action: OverrideAction::EmptyList,
-        }
+        Self::new(group, resource, Some("list"), OverrideAction::EmptyList)
     }
 
     /// Watches of `resource` of `group` are answered as [`OverrideAction::ExpiredWatch`].
     pub fn expired_watch(group: &str, resource: &str) -> Self {
-        Self {
-            group: group.to_owned(),
-            resource: resource.to_owned(),
-            verb: Some("watch".to_owned()),
-            remaining: None,
-            action: OverrideAction::ExpiredWatch,
-        }
-    }
-
-    /// Only requests with this verb (`get`, `list`, `watch`, ...).
-    pub fn verb(mut self, verb: &str) -> Self {
-        self.verb = Some(verb.to_owned());
-        self
+        Self::new(group, resource, Some("watch"), OverrideAction::ExpiredWatch)
     }
 
     /// Only the next `n` matching requests.
@@ -136,23 +122,13 @@ impl Override {
 struct Overrides(Arc<Mutex<Vec<Override>>>);
 
 impl Overrides {
-    fn push(&self, rule: Override) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(rule);
-    }
-
-    fn clear(&self) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
+    fn lock(&self) -> MutexGuard<'_, Vec<Override>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The action of the first matching rule, consuming one of its `times`.
     fn decide(&self, verb: &str, target: &Target) -> Option<OverrideAction> {
-        let mut rules = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut rules = self.lock();
         let rule = rules.iter_mut().find(|r| r.matches(verb, target))?;
         if let Some(n) = rule.remaining.as_mut() {
             *n -= 1;
@@ -164,11 +140,8 @@ impl Overrides {
 /// A running proxy; dropping it stops serving.
 pub struct FaultProxy {
     url: String,
-    recorder: Recorder,
-    faults: Faults,
-    overrides: Overrides,
-    kubeconfig: PathBuf,
-    _dir: tempfile::TempDir,
+    shared: Upstream,
+    kubeconfig: tempfile::NamedTempFile,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -180,6 +153,7 @@ impl std::fmt::Debug for FaultProxy {
     }
 }
 
+/// What the proxy's handler shares with the [`FaultProxy`] that controls it.
 #[derive(Clone)]
 struct Upstream {
     client: Client,
@@ -192,14 +166,11 @@ impl FaultProxy {
     /// Serves on a free loopback port, forwarding to the server `upstream` talks to (with
     /// `upstream`'s credentials: give it an admin client).
     pub async fn start(upstream: Client) -> Result<FaultProxy, FaultProxyError> {
-        let recorder = Recorder::default();
-        let faults = Faults::default();
-        let overrides = Overrides::default();
-        let state = Upstream {
+        let shared = Upstream {
             client: upstream,
-            recorder: recorder.clone(),
-            faults: faults.clone(),
-            overrides: overrides.clone(),
+            recorder: Recorder::default(),
+            faults: Faults::default(),
+            overrides: Overrides::default(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -208,18 +179,10 @@ impl FaultProxy {
             "http://{}",
             listener.local_addr().map_err(FaultProxyError::Bind)?
         );
-        let dir = tempfile::tempdir().map_err(|source| FaultProxyError::Kubeconfig {
-            path: std::env::temp_dir(),
-            source,
-        })?;
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_text(&url, "default")).map_err(|source| {
-            FaultProxyError::Kubeconfig {
-                path: kubeconfig.clone(),
-                source,
-            }
-        })?;
-        let app = axum::Router::new().fallback(forward).with_state(state);
+        let kubeconfig = kubeconfig_file(&url).map_err(FaultProxyError::Kubeconfig)?;
+        let app = axum::Router::new()
+            .fallback(forward)
+            .with_state(shared.clone());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
             let _ = axum::serve(listener, app)
@@ -230,11 +193,8 @@ impl FaultProxy {
         });
         Ok(FaultProxy {
             url,
-            recorder,
-            faults,
-            overrides,
+            shared,
             kubeconfig,
-            _dir: dir,
             stop: Some(stop),
         })
     }
@@ -246,27 +206,27 @@ impl FaultProxy {
 
     /// The requests that went through the proxy.
     pub fn recorder(&self) -> Recorder {
-        self.recorder.clone()
+        self.shared.recorder.clone()
     }
 
     /// The fault rules applied before forwarding.
     pub fn faults(&self) -> Faults {
-        self.faults.clone()
+        self.shared.faults.clone()
     }
 
     /// Adds an [`Override`]; the first matching one answers.
     pub fn answer(&self, rule: Override) {
-        self.overrides.push(rule);
+        self.shared.overrides.lock().push(rule);
     }
 
     /// Removes every [`Override`].
     pub fn clear_overrides(&self) {
-        self.overrides.clear();
+        self.shared.overrides.lock().clear();
     }
 
     /// A kubeconfig (context `proxy`, namespace `default`) naming the proxy, for kubectl.
     pub fn kubeconfig(&self) -> &Path {
-        &self.kubeconfig
+        self.kubeconfig.path()
     }
 
     /// A client of the proxy with `namespace` as its default namespace and without kube's
@@ -295,13 +255,17 @@ impl Drop for FaultProxy {
     }
 }
 
-/// A kubeconfig whose only context, `proxy`, talks to `url` without credentials.
-pub fn kubeconfig_text(url: &str, namespace: &str) -> String {
-    format!(
+/// A temporary kubeconfig whose only context, `proxy` (namespace `default`), talks to `url`
+/// without credentials.
+fn kubeconfig_file(url: &str) -> std::io::Result<tempfile::NamedTempFile> {
+    let mut file = tempfile::NamedTempFile::new()?;
+    write!(
+        file,
         "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: {url}\n\
-         contexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\n    namespace: {namespace}\n\
+         contexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\n    namespace: default\n\
          current-context: proxy\nusers:\n- name: proxy\n  user: {{}}\n"
-    )
+    )?;
+    Ok(file)
 }
 
 /// What a request path names.
@@ -327,28 +291,14 @@ fn parse_target(path: &str) -> Option<Target> {
         ["namespaces", ns, more @ ..] if !more.is_empty() => ((*ns).to_owned(), more),
         other => (String::new(), other),
     };
-    let target = match rest {
-        [] => return None,
-        [resource] => Target {
-            resource: (*resource).to_owned(),
-            ..Target::default()
-        },
-        [resource, name] => Target {
-            resource: (*resource).to_owned(),
-            name: (*name).to_owned(),
-            ..Target::default()
-        },
-        [resource, name, sub, ..] => Target {
-            resource: (*resource).to_owned(),
-            name: (*name).to_owned(),
-            subresource: (*sub).to_owned(),
-            ..Target::default()
-        },
-    };
+    let resource = rest.first()?;
+    let part = |i: usize| rest.get(i).map_or_else(String::new, |p| (*p).to_owned());
     Some(Target {
         group,
+        resource: (*resource).to_owned(),
+        subresource: part(2),
         namespace,
-        ..target
+        name: part(1),
     })
 }
 
@@ -384,35 +334,23 @@ fn status_body(code: u16, message: &str) -> Response<Body> {
         "kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "message": message, "reason": reason, "code": code,
     });
-    let mut response = Response::new(Body::from(body.to_string()));
-    *response.status_mut() =
-        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, JSON, body.to_string()).into_response();
     if code == 429 {
         response
             .headers_mut()
-            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     }
     response
 }
 
 /// kube-apiserver's answer for a path it does not serve.
 fn not_served() -> Response<Body> {
-    let mut response = Response::new(Body::from("404 page not found\n"));
-    *response.status_mut() = StatusCode::NOT_FOUND;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        header::HeaderValue::from_static("nosniff"),
-    );
-    response
+    let headers = [
+        (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    ];
+    (StatusCode::NOT_FOUND, headers, "404 page not found\n").into_response()
 }
 
 fn injected(code: u16, target: &Target) -> Response<Body> {
@@ -449,68 +387,68 @@ async fn forward(State(up): State<Upstream>, request: Request<Body>) -> Response
         Ok(b) => b,
         Err(e) => return status_body(400, &format!("proxy: reading the body: {e}")),
     };
-    let uri: Uri = parts.uri.clone();
-    let path = uri.path().to_owned();
-    let query = uri.query().unwrap_or_default().to_owned();
-    let target = parse_target(&path);
-    let content_type = header_text(&parts.headers, header::CONTENT_TYPE);
-    let mut record = RecordedRequest {
-        method: parts.method.to_string(),
-        verb: String::new(),
-        path: path.clone(),
-        query: query.clone(),
-        user_agent: header_text(&parts.headers, header::USER_AGENT),
-        content_type: content_type.clone(),
-        body: parse_body(&body),
-        group: String::new(),
-        resource: String::new(),
-        subresource: String::new(),
-        namespace: String::new(),
-        name: String::new(),
-        status: 0,
-        arrived,
-    };
-    let mut failed = None;
-    let mut action = None;
+    let query = parts.uri.query().unwrap_or_default().to_owned();
+    // Non-resource paths (discovery, /version, OpenAPI) have no verb and meet no rule.
+    let target = parse_target(parts.uri.path());
+    let verb = target
+        .as_ref()
+        .map_or("", |t| verb_of(&parts.method, t, &query));
     // Subscribed before forwarding: a drop asked for while the watch starts still ends it.
-    let mut watch_drop = None;
-    if let Some(t) = &target {
-        let verb = verb_of(&parts.method, t, &query);
-        if verb == "watch" {
-            watch_drop = Some(up.faults.watch_drops());
-        }
-        record.verb = verb.to_owned();
-        record.group = t.group.clone();
-        record.resource = t.resource.clone();
-        record.subresource = t.subresource.clone();
-        record.namespace = t.namespace.clone();
-        record.name = t.name.clone();
-        for effect in up.faults.decide(verb, &t.resource, &t.subresource, &t.name) {
-            match effect {
-                FaultEffect::Latency(d) => tokio::time::sleep(d).await,
-                FaultEffect::Error(code) => failed = Some(injected(code, t)),
-                FaultEffect::Conflict => failed = Some(injected(409, t)),
-            }
-        }
-        if failed.is_none() {
-            action = up.overrides.decide(verb, t);
-        }
-    }
-    let response = match (failed, action) {
-        (Some(response), _) => response,
-        (None, Some(OverrideAction::NotServed)) => not_served(),
-        (None, Some(OverrideAction::ExpiredWatch)) => expired_watch(),
-        (None, Some(OverrideAction::EmptyList)) => {
-            let answer = send(&up.client, &parts.method, &uri, &parts.headers, body).await;
-            without_items(answer).await
-        }
-        (None, None) => send(&up.client, &parts.method, &uri, &parts.headers, body).await,
+    let watch_drop = (verb == "watch").then(|| up.faults.watch_drops());
+    let request_body = serde_json::from_slice(&body).ok();
+    let response = match &target {
+        Some(t) => answer(&up, &parts, body, verb, t).await,
+        None => send(&up.client, &parts, body).await,
     };
-    record.status = response.status().as_u16();
-    up.recorder.record(record);
+    let target = target.unwrap_or_default();
+    up.recorder.record(RecordedRequest {
+        method: parts.method.to_string(),
+        verb: verb.to_owned(),
+        path: parts.uri.path().to_owned(),
+        query,
+        user_agent: header_text(&parts.headers, header::USER_AGENT),
+        content_type: header_text(&parts.headers, header::CONTENT_TYPE),
+        body: request_body,
+        group: target.group,
+        resource: target.resource,
+        subresource: target.subresource,
+        namespace: target.namespace,
+        name: target.name,
+        status: response.status().as_u16(),
+        arrived,
+    });
     match watch_drop {
         Some(drop) => ended_by(response, drop),
         None => response,
+    }
+}
+
+/// The answer to a request for `target`: an injected fault, an [`Override`], or the server's.
+async fn answer(
+    up: &Upstream,
+    parts: &Parts,
+    body: Bytes,
+    verb: &str,
+    target: &Target,
+) -> Response<Body> {
+    let mut failed = None;
+    for effect in up
+        .faults
+        .decide(verb, &target.resource, &target.subresource, &target.name)
+    {
+        match effect {
+            FaultEffect::Latency(d) => tokio::time::sleep(d).await,
+            FaultEffect::Error(code) => failed = Some(injected(code, target)),
+        }
+    }
+    if let Some(response) = failed {
+        return response;
+    }
+    match up.overrides.decide(verb, target) {
+        Some(OverrideAction::NotServed) => not_served(),
+        Some(OverrideAction::ExpiredWatch) => expired_watch(),
+        Some(OverrideAction::EmptyList) => without_items(send(&up.client, parts, body).await).await,
+        None => send(&up.client, parts, body).await,
     }
 }
 
@@ -540,29 +478,17 @@ fn expired_watch() -> Response<Body> {
             "reason": "Expired", "code": 410,
         },
     });
-    let mut response = Response::new(Body::from(format!("{event}\n")));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    response
+    (JSON, format!("{event}\n")).into_response()
 }
 
-async fn send(
-    client: &Client,
-    method: &Method,
-    uri: &Uri,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Response<Body> {
-    let path_and_query = uri
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "/".to_owned());
+/// Forwards the request to the server through the admin client, without the client's own
+/// credentials and connection headers, and streams the answer back.
+async fn send(client: &Client, parts: &Parts, body: Bytes) -> Response<Body> {
+    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut builder = Request::builder()
-        .method(method.clone())
+        .method(parts.method.clone())
         .uri(path_and_query);
-    for (name, value) in headers {
+    for (name, value) in &parts.headers {
         if matches!(
             name.as_str(),
             "host" | "connection" | "content-length" | "transfer-encoding" | "authorization"
@@ -613,13 +539,6 @@ async fn without_items(response: Response<Body>) -> Response<Body> {
     Response::from_parts(parts, Body::from(list.to_string()))
 }
 
-fn parse_body(body: &[u8]) -> Option<serde_json::Value> {
-    if body.is_empty() {
-        return None;
-    }
-    serde_json::from_slice(body).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -649,7 +568,9 @@ mod tests {
     #[test]
     fn overrides_match_group_resource_verb_and_times() {
         let rules = Overrides::default();
-        rules.push(Override::not_served("events.k8s.io", "events").times(1));
+        rules
+            .lock()
+            .push(Override::not_served("events.k8s.io", "events").times(1));
         let modern = Target {
             group: "events.k8s.io".into(),
             resource: "events".into(),
@@ -665,7 +586,7 @@ mod tests {
             Some(OverrideAction::NotServed)
         );
         assert_eq!(rules.decide("list", &modern), None, "used up");
-        rules.push(Override::empty_list("", "events"));
+        rules.lock().push(Override::empty_list("", "events"));
         assert_eq!(rules.decide("get", &core), None, "lists only");
         assert_eq!(rules.decide("list", &core), Some(OverrideAction::EmptyList));
     }

@@ -10,32 +10,26 @@ use tokio::sync::broadcast;
 /// What an injected fault does.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FaultEffect {
-    /// Answer with this HTTP status and a matching `Status` body (e.g. 500, 503, 429).
+    /// Answer with this HTTP status and a matching `Status` body (e.g. 500, 503, 429; a 409
+    /// reads as for a stale resourceVersion).
     Error(u16),
-    /// Answer 409 Conflict as for a stale resourceVersion.
-    Conflict,
     /// Delay the request, then serve it normally.
     Latency(Duration),
 }
 
-/// One fault rule. Unset filters match everything.
+/// One fault rule, built from [`Fault::error`], [`Fault::conflict`] or [`Fault::latency`]
+/// and narrowed by its other methods. Unset filters match everything.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fault {
-    /// Kubernetes verb to match (`get`, `list`, `watch`, `create`, `update`, `patch`,
-    /// `delete`, `deletecollection`).
-    pub verb: Option<String>,
-    /// Resource plural to match, e.g. `nodes`.
-    pub resource: Option<String>,
-    /// Subresource to match, e.g. `status` or `eviction`.
-    pub subresource: Option<String>,
-    /// Object name to match.
-    pub name: Option<String>,
-    /// What happens.
-    pub effect: FaultEffect,
+    verb: Option<String>,
+    resource: Option<String>,
+    subresource: Option<String>,
+    name: Option<String>,
+    effect: FaultEffect,
     /// Chance per matching request, 0.0..=1.0.
-    pub probability: f64,
+    probability: f64,
     /// How many more times it may fire (None: unlimited).
-    pub remaining: Option<u32>,
+    remaining: Option<u32>,
 }
 
 impl Fault {
@@ -58,7 +52,7 @@ impl Fault {
 
     /// Fail matching requests with 409 Conflict.
     pub fn conflict() -> Self {
-        Self::new(FaultEffect::Conflict)
+        Self::new(FaultEffect::Error(409))
     }
 
     /// Delay matching requests.
@@ -66,19 +60,20 @@ impl Fault {
         Self::new(FaultEffect::Latency(delay))
     }
 
-    /// Only for this verb.
+    /// Only for this Kubernetes verb (`get`, `list`, `watch`, `create`, `update`, `patch`,
+    /// `delete`, `deletecollection`).
     pub fn verb(mut self, verb: &str) -> Self {
         self.verb = Some(verb.to_string());
         self
     }
 
-    /// Only for this resource plural.
+    /// Only for this resource plural, e.g. `nodes`.
     pub fn resource(mut self, resource: &str) -> Self {
         self.resource = Some(resource.to_string());
         self
     }
 
-    /// Only for this subresource.
+    /// Only for this subresource, e.g. `status` or `eviction`.
     pub fn subresource(mut self, subresource: &str) -> Self {
         self.subresource = Some(subresource.to_string());
         self

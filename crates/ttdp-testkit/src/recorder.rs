@@ -21,7 +21,7 @@ pub struct RecordedRequest {
     pub user_agent: String,
     /// `Content-Type` header.
     pub content_type: String,
-    /// Request body parsed as JSON (YAML apply bodies are converted), None when empty.
+    /// Request body parsed as JSON, None when empty or not JSON.
     pub body: Option<Value>,
     /// API group ("" for core) when the path names a resource.
     pub group: String,

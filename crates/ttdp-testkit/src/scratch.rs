@@ -21,9 +21,12 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::core::ApiResource;
+use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config, ResourceExt};
 use serde_json::json;
+
+use ttdp_api::TenstorrentDriverPolicy;
 
 use crate::launcher;
 use crate::sim::cluster::random_prefix;
@@ -183,39 +186,14 @@ impl Scratch {
         let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
         let crd = ttdp_api::crd();
         let name = crd.name_any();
-        let mut value = serde_json::to_value(&crd).map_err(|e| ScratchError::Api {
-            what: format!("serialize CRD {name}"),
-            source: kube::Error::SerdeError(e),
-        })?;
-        value["apiVersion"] = json!("apiextensions.k8s.io/v1");
-        value["kind"] = json!("CustomResourceDefinition");
-        crds.patch(
-            &name,
-            &PatchParams::apply(CRD_FIELD_MANAGER).force(),
-            &Patch::Apply(value),
-        )
-        .await
-        .map_err(ScratchError::api(format!("apply CRD {name}")))?;
-        let started = std::time::Instant::now();
-        loop {
-            let established = crds
-                .get(&name)
-                .await
-                .ok()
-                .and_then(|c| c.status)
-                .is_some_and(|s| {
-                    s.conditions
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                });
-            if established {
-                return Ok(());
-            }
-            if started.elapsed() > CRD_ESTABLISHED_WITHIN {
-                return Err(ScratchError::CrdNotEstablished { name });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let apply = PatchParams::apply(CRD_FIELD_MANAGER).force();
+        crds.patch(&name, &apply, &Patch::Apply(&crd))
+            .await
+            .map_err(ScratchError::api(format!("apply CRD {name}")))?;
+        let established = await_condition(crds, &name, conditions::is_crd_established());
+        match tokio::time::timeout(CRD_ESTABLISHED_WITHIN, established).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(ScratchError::CrdNotEstablished { name }),
         }
     }
 }
@@ -289,25 +267,8 @@ fn mine(prefix: &str, name: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
 }
 
-/// Removes the finalizers of every object of `api` that has some.
-async fn strip_finalizers<K>(api: &Api<K>)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let no_finalizers = Patch::Merge(json!({"metadata": {"finalizers": null}}));
-    let objects = api
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
-    for object in objects.iter().filter(|o| !o.finalizers().is_empty()) {
-        let _ = api
-            .patch(&object.name_any(), &PatchParams::default(), &no_finalizers)
-            .await;
-    }
-}
-
-async fn names_of<K>(api: &Api<K>, prefix: &str) -> Vec<String>
+/// Every object of `api` (none when it cannot be listed).
+async fn list<K>(api: &Api<K>) -> Vec<K>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -315,10 +276,46 @@ where
         .await
         .map(|l| l.items)
         .unwrap_or_default()
-        .iter()
-        .map(ResourceExt::name_any)
-        .filter(|n| mine(prefix, n))
-        .collect()
+}
+
+/// The objects of `api` named with `prefix`.
+async fn owned<K>(api: &Api<K>, prefix: &str) -> Vec<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut objects = list(api).await;
+    objects.retain(|o| mine(prefix, &o.name_any()));
+    objects
+}
+
+/// Removes the finalizers of those `objects` that have some: no controller may be left to
+/// finish them.
+async fn strip_finalizers<K>(api: &Api<K>, objects: &[K])
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let no_finalizers = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    for object in objects.iter().filter(|o| !o.finalizers().is_empty()) {
+        let _ = api
+            .patch(&object.name_any(), &PatchParams::default(), &no_finalizers)
+            .await;
+    }
+}
+
+/// Deletes `objects` after removing their finalizers, reporting failures other than NotFound.
+async fn delete_all<K>(api: &Api<K>, objects: &[K], params: &DeleteParams, prefix: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    strip_finalizers(api, objects).await;
+    for object in objects {
+        let name = object.name_any();
+        match api.delete(&name, params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => eprintln!("cleanup {prefix}: delete {name}: {e}"),
+        }
+    }
 }
 
 /// Best effort: deletes everything named with `prefix` (namespaces with their pods at once and
@@ -330,85 +327,38 @@ pub async fn cleanup(kubeconfig: &Path, prefix: &str) -> Result<(), ScratchError
         grace_period_seconds: Some(0),
         ..DeleteParams::default()
     };
-    let no_finalizers = Patch::Merge(json!({"metadata": {"finalizers": null}}));
-    let pp = PatchParams::default();
+    let normal = DeleteParams::default();
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    for ns in names_of(&namespaces, prefix).await {
+    let owned_namespaces = owned(&namespaces, prefix).await;
+    for ns in owned_namespaces.iter().map(ResourceExt::name_any) {
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        for pod in pods
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-        {
-            let name = pod.name_any();
-            if !pod.finalizers().is_empty() {
-                let _ = pods.patch(&name, &pp, &no_finalizers).await;
-            }
-            let _ = pods.delete(&name, &now).await;
-        }
+        delete_all(&pods, &list(&pods).await, &now, prefix).await;
         let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-        strip_finalizers(&config_maps).await;
+        strip_finalizers(&config_maps, &list(&config_maps).await).await;
         let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &ns);
-        strip_finalizers(&daemonsets).await;
-        if let Err(e) = namespaces.delete(&ns, &DeleteParams::default()).await {
-            eprintln!("cleanup {prefix}: delete namespace {ns}: {e}");
-        }
+        strip_finalizers(&daemonsets, &list(&daemonsets).await).await;
     }
-    let policy = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(
-            "driver.tenstorrent.com",
-            "v1alpha1",
-            "TenstorrentDriverPolicy",
-        ),
-        "tenstorrentdriverpolicies",
-    );
+    delete_all(&namespaces, &owned_namespaces, &normal, prefix).await;
+    let policy = ApiResource::erase::<TenstorrentDriverPolicy>(&());
     let policies: Api<DynamicObject> = Api::all_with(client.clone(), &policy);
-    for name in names_of(&policies, prefix).await {
-        let _ = policies.patch(&name, &pp, &no_finalizers).await;
-        let _ = policies.delete(&name, &DeleteParams::default()).await;
-    }
+    delete_all(&policies, &owned(&policies, prefix).await, &normal, prefix).await;
     let nodes: Api<Node> = Api::all(client.clone());
-    for name in names_of(&nodes, prefix).await {
-        let _ = nodes.patch(&name, &pp, &no_finalizers).await;
-        if let Err(e) = nodes.delete(&name, &DeleteParams::default()).await {
-            eprintln!("cleanup {prefix}: delete node {name}: {e}");
-        }
-    }
+    delete_all(&nodes, &owned(&nodes, prefix).await, &normal, prefix).await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    for name in names_of(&leases, prefix).await {
-        let _ = leases.delete(&name, &DeleteParams::default()).await;
-    }
+    delete_all(&leases, &owned(&leases, prefix).await, &normal, prefix).await;
     let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
-    for name in names_of(&bindings, prefix).await {
-        if let Err(e) = bindings.delete(&name, &DeleteParams::default()).await {
-            eprintln!("cleanup {prefix}: delete clusterrolebinding {name}: {e}");
-        }
-    }
+    delete_all(&bindings, &owned(&bindings, prefix).await, &normal, prefix).await;
     let roles: Api<ClusterRole> = Api::all(client.clone());
-    for name in names_of(&roles, prefix).await {
-        if let Err(e) = roles.delete(&name, &DeleteParams::default()).await {
-            eprintln!("cleanup {prefix}: delete clusterrole {name}: {e}");
-        }
-    }
+    delete_all(&roles, &owned(&roles, prefix).await, &normal, prefix).await;
     let events: Api<Event> = Api::namespaced(client, "default");
-    for event in events
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-    {
-        if event
-            .involved_object
+    let mut about_ours = list(&events).await;
+    about_ours.retain(|e| {
+        e.involved_object
             .name
             .as_deref()
             .is_some_and(|n| mine(prefix, n))
-        {
-            let _ = events
-                .delete(&event.name_any(), &DeleteParams::default())
-                .await;
-        }
-    }
+    });
+    delete_all(&events, &about_ours, &normal, prefix).await;
     Ok(())
 }
 

@@ -64,17 +64,17 @@ impl Assets {
 
     /// The binaries of `archive`, unpacked under the target directory on first use (into a
     /// temporary folder renamed into place, so concurrent test processes never see half of it).
-    pub fn unpacked(archive: &Path) -> Result<Assets, LaunchError> {
+    fn unpacked(archive: &Path) -> Result<Assets, LaunchError> {
         let stem = archive
             .file_name()
             .and_then(|n| n.to_str())
             .map(|n| n.trim_end_matches(".tar.xz").to_string())
             .unwrap_or_else(|| "control-plane".to_string());
-        let folder = target_dir().join("ttdp-kube").join(stem);
+        let parent = kube_dir();
+        let folder = parent.join(stem);
         if let Ok(assets) = Assets::in_folder(&folder) {
             return Ok(assets);
         }
-        let parent = target_dir().join("ttdp-kube");
         std::fs::create_dir_all(&parent).map_err(LaunchError::io(parent.display().to_string()))?;
         let staging = tempfile::tempdir_in(&parent).map_err(LaunchError::io("a staging folder"))?;
         let status = Command::new("tar")
@@ -131,14 +131,15 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// `CARGO_TARGET_DIR`, else the repository's `target/`.
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
+/// `<target>/ttdp-kube`, the target being `CARGO_TARGET_DIR`, else the repository's `target/`.
+fn kube_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from);
+    target
         .unwrap_or_else(|| repo_root().join("target"))
+        .join("ttdp-kube")
 }
 
 /// Where control-plane runs keep their folders: `<target>/ttdp-kube/runs`.
 pub fn runs_dir() -> PathBuf {
-    target_dir().join("ttdp-kube").join("runs")
+    kube_dir().join("runs")
 }

@@ -9,7 +9,7 @@
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde_json::Value;
 
 use super::LaunchError;
 
@@ -70,29 +70,6 @@ pub struct AuditLog {
     read: u64,
 }
 
-#[derive(Deserialize)]
-struct Record {
-    verb: String,
-    #[serde(rename = "objectRef", default)]
-    object: ObjectRef,
-    #[serde(rename = "responseStatus", default)]
-    response: ResponseStatus,
-}
-
-#[derive(Deserialize, Default)]
-struct ObjectRef {
-    #[serde(default)]
-    resource: String,
-    #[serde(default)]
-    subresource: String,
-}
-
-#[derive(Deserialize, Default)]
-struct ResponseStatus {
-    #[serde(default)]
-    code: u16,
-}
-
 impl AuditLog {
     /// The log at `path`, read from its start (the file appears with the first record).
     pub fn new(path: &Path) -> Self {
@@ -121,14 +98,19 @@ impl AuditLog {
 
 /// The requests of whole lines of the JSON log (lines that do not parse are skipped).
 fn parse(lines: &[u8]) -> Vec<AuditedRequest> {
+    let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
     lines
         .split(|b| *b == b'\n')
-        .filter_map(|line| serde_json::from_slice::<Record>(line).ok())
-        .map(|r| AuditedRequest {
-            verb: r.verb,
-            resource: r.object.resource,
-            subresource: r.object.subresource,
-            code: r.response.code,
+        .filter_map(|line| serde_json::from_slice::<Value>(line).ok())
+        .filter(|record| record["verb"].is_string())
+        .map(|record| AuditedRequest {
+            verb: text(&record["verb"]),
+            resource: text(&record["objectRef"]["resource"]),
+            subresource: text(&record["objectRef"]["subresource"]),
+            code: record["responseStatus"]["code"]
+                .as_u64()
+                .and_then(|code| u16::try_from(code).ok())
+                .unwrap_or_default(),
         })
         .collect()
 }

@@ -22,7 +22,6 @@ pub mod tokens;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 pub use assets::{ASSETS_ENV, Assets, runs_dir};
 
@@ -119,10 +118,8 @@ impl ControlPlane {
         let pki = pki::Pki::write(&dir.join("pki"))?;
         let ports = process::Ports::pick()?;
         let server = format!("https://127.0.0.1:{}", ports.apiserver);
-        let kubeconfig = pki.write_kubeconfig(&dir, "admin", &server, pki::Identity::Admin)?;
-        let audited = pki::Identity::Audited;
-        let audited_kubeconfig =
-            pki.write_kubeconfig(&dir, audited.file_stem(), &server, audited)?;
+        let kubeconfig = pki.write_kubeconfig(&dir, &server, pki::Identity::Admin)?;
+        let audited_kubeconfig = pki.write_kubeconfig(&dir, &server, pki::Identity::Audited)?;
         let mut processes = process::Processes::new(dir.join("logs"))?;
         processes.start_etcd(assets, &dir, &ports)?;
         let audit_log = dir.join("logs").join("audit.log");
@@ -130,16 +127,16 @@ impl ControlPlane {
         apiserver_flags.extend_from_slice(&options.apiserver_flags);
         processes.start_apiserver(assets, &pki, &ports, &apiserver_flags)?;
         let ready = process::Readiness::new(&kubeconfig)?;
-        ready.wait_for_readyz(&mut processes, Duration::from_secs(60))?;
+        ready.wait_for_readyz(&mut processes)?;
         for identity in [pki::Identity::ControllerManager, pki::Identity::Scheduler] {
-            let own = pki.write_kubeconfig(&dir, identity.file_stem(), &server, identity)?;
+            let own = pki.write_kubeconfig(&dir, &server, identity)?;
             let extra = match identity {
                 pki::Identity::Scheduler => &options.scheduler_flags,
                 _ => &options.controller_manager_flags,
             };
             processes.start_controller(assets, identity, &own, &pki, &ports, extra)?;
         }
-        ready.wait_for_default_service_account(&mut processes, Duration::from_secs(60))?;
+        ready.wait_for_default_service_account(&mut processes)?;
         Ok(ControlPlane {
             dir,
             kubeconfig,

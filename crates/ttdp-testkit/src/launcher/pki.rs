@@ -118,11 +118,11 @@ impl Pki {
         self.dir.join(name)
     }
 
-    /// Writes `<dir>/<stem>.kubeconfig` for `identity` against `server`.
+    /// Writes `<dir>/<stem>.kubeconfig` for `identity` against `server`, `stem` being its
+    /// [`Identity::file_stem`].
     pub(super) fn write_kubeconfig(
         &self,
         dir: &Path,
-        stem: &str,
         server: &str,
         identity: Identity,
     ) -> Result<PathBuf, LaunchError> {
@@ -133,7 +133,7 @@ impl Pki {
             self.path(&format!("{user}.key")).display()
         );
         let ca = self.path("ca.crt");
-        write_kubeconfig(dir, stem, server, ServerTrust::CaFile(&ca), &user_entry)
+        write_kubeconfig(dir, user, server, ServerTrust::CaFile(&ca), &user_entry)
     }
 
     fn signed(

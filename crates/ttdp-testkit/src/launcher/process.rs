@@ -14,6 +14,9 @@ use super::pki::{Identity, Pki};
 /// The service range of the test cluster (no service is reachable; it only has to be valid).
 const SERVICE_RANGE: &str = "10.0.0.0/24";
 
+/// How long each component may take to become ready.
+const READY_WITHIN: Duration = Duration::from_secs(60);
+
 /// How many finished runs keep their logs.
 const KEPT_RUNS: usize = 3;
 
@@ -281,14 +284,9 @@ impl Readiness {
     }
 
     /// Until `GET /readyz` answers exactly `ok`.
-    pub(super) fn wait_for_readyz(
-        &self,
-        processes: &mut Processes,
-        timeout: Duration,
-    ) -> Result<(), LaunchError> {
+    pub(super) fn wait_for_readyz(&self, processes: &mut Processes) -> Result<(), LaunchError> {
         self.wait(
             processes,
-            timeout,
             "kube-apiserver",
             "/readyz is not ok",
             |client| async move {
@@ -303,11 +301,9 @@ impl Readiness {
     pub(super) fn wait_for_default_service_account(
         &self,
         processes: &mut Processes,
-        timeout: Duration,
     ) -> Result<(), LaunchError> {
         self.wait(
             processes,
-            timeout,
             "kube-controller-manager",
             "made no default ServiceAccount",
             |client| async move {
@@ -320,7 +316,6 @@ impl Readiness {
     fn wait<F, Fut>(
         &self,
         processes: &mut Processes,
-        timeout: Duration,
         component: &'static str,
         problem: &str,
         probe: F,
@@ -329,7 +324,7 @@ impl Readiness {
         F: Fn(kube::Client) -> Fut + Send + Sync,
         Fut: std::future::Future<Output = Option<()>> + Send,
     {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + READY_WITHIN;
         loop {
             processes.check_running()?;
             let config = self.config.clone();
@@ -343,7 +338,7 @@ impl Readiness {
             if Instant::now() > deadline {
                 return Err(LaunchError::Component {
                     component,
-                    problem: format!("{problem} after {timeout:?}"),
+                    problem: format!("{problem} after {READY_WITHIN:?}"),
                     log: processes.log(component),
                 });
             }
