@@ -71,8 +71,6 @@ const BUILTINS: &[Builtin] = &[
     ("",                     "nodes",                     "Node",                     false, &["no"],          true),
     ("",                     "pods",                      "Pod",                      true,  &["po"],          true),
     ("",                     "serviceaccounts",           "ServiceAccount",           true,  &["sa"],          false),
-    ("",                     "configmaps",                "ConfigMap",                true,  &["cm"],          false),
-    ("",                     "secrets",                   "Secret",                   true,  &[],              false),
     ("",                     "events",                    "Event",                    true,  &[],              false),
     ("apps",                 "daemonsets",                "DaemonSet",                true,  &["ds"],          true),
     ("apps",                 "replicasets",               "ReplicaSet",               true,  &["rs"],          true),

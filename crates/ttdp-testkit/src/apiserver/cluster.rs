@@ -1,4 +1,4 @@
-//! The cluster state and the verbs on it (get, list, create, update, patch, delete):
+//! The cluster state and the verbs on it (get, list, create, patch, delete):
 //! optimistic concurrency, `metadata.generation`, the status subresource split, graceful pod
 //! deletion and finalizers. Everything runs under one lock, so each request is atomic.
 
@@ -10,8 +10,8 @@ use tokio::sync::Notify;
 use super::catalog::{Catalog, ResourceType, types_from_crd};
 use super::meta;
 use super::patch::{self, PatchType};
-use super::selectors::{FieldSelector, LabelSelector};
-use super::status::{self, ApiError, StatusCause};
+use super::selectors::Selector;
+use super::status::{self, ApiError};
 use super::store::Store;
 
 /// Options of a delete (query parameters, or a `DeleteOptions` body).
@@ -47,10 +47,6 @@ pub struct ListQuery {
     pub label_selector: Option<String>,
     /// `fieldSelector`.
     pub field_selector: Option<String>,
-    /// `limit`.
-    pub limit: Option<usize>,
-    /// `continue`: the namespace/name key after which the page starts.
-    pub continue_token: Option<String>,
 }
 
 /// Everything the server knows.
@@ -116,41 +112,27 @@ impl ClusterState {
             .ok_or_else(|| ApiError::not_found(rt, name))
     }
 
-    /// LIST with selectors and pagination, always at the latest revision (a `resourceVersion`
-    /// parameter is ignored, and so is the revision a `continue` token was made at).
+    /// LIST with selectors, always whole and at the latest revision: a `resourceVersion` is
+    /// ignored and so is `limit` (a server may ignore it and return every result; the routes
+    /// refuse a `continue`, as no list here is ever paged).
     pub fn list(
         &self,
         rt: &ResourceType,
         namespace: Option<&str>,
         q: &ListQuery,
     ) -> Result<Value, ApiError> {
-        let labels = LabelSelector::parse(q.label_selector.as_deref().unwrap_or_default())?;
-        let fields = FieldSelector::parse(q.field_selector.as_deref().unwrap_or_default())?;
-        let after = q.continue_token.as_deref().filter(|t| !t.is_empty());
-        let after = after.map(|t| t.split_once('/').unwrap_or(("", t)));
-        let limit = q.limit.filter(|l| *l > 0);
-        let mut items: Vec<&Value> = self
+        let labels = Selector::parse(q.label_selector.as_deref().unwrap_or_default())?;
+        let fields = Selector::parse(q.field_selector.as_deref().unwrap_or_default())?;
+        let items: Vec<&Value> = self
             .store
             .list(&rt.storage_key(), namespace.filter(|_| rt.namespaced))
             .into_iter()
-            .filter(|o| after.is_none_or(|a| (meta::namespace(o), meta::name(o)) > a))
-            .filter(|o| labels.matches(&o["metadata"]["labels"]) && fields.matches(o))
-            .take(limit.map_or(usize::MAX, |l| l + 1))
+            .filter(|o| labels.matches_labels(&o["metadata"]["labels"]) && fields.matches_fields(o))
             .collect();
-        let mut list_meta = json!({"resourceVersion": self.store.revision().to_string()});
-        if let Some(limit) = limit
-            && items.len() > limit
-        {
-            items.truncate(limit);
-            if let Some(last) = items.last() {
-                list_meta["continue"] =
-                    json!(format!("{}/{}", meta::namespace(last), meta::name(last)));
-            }
-        }
         Ok(json!({
             "kind": format!("{}List", rt.kind),
             "apiVersion": rt.api_version(),
-            "metadata": list_meta,
+            "metadata": {"resourceVersion": self.store.revision().to_string()},
             "items": items,
         }))
     }
@@ -162,11 +144,7 @@ impl ClusterState {
         namespace: &str,
         mut body: Value,
     ) -> Result<Value, ApiError> {
-        if !body.is_object() {
-            return Err(ApiError::bad_request(
-                "the body of the request must be a JSON object",
-            ));
-        }
+        check_supported(rt, &body)?;
         if rt.namespaced {
             let in_body = meta::namespace(&body);
             if !in_body.is_empty() && in_body != namespace {
@@ -191,14 +169,8 @@ impl ClusterState {
                 .unwrap_or_default()
                 .to_string();
             if prefix.is_empty() {
-                return Err(ApiError::invalid(
-                    rt,
-                    "",
-                    StatusCause {
-                        reason: "FieldValueRequired".into(),
-                        message: "Required value: name or generateName is required".into(),
-                        field: Some("metadata.name".into()),
-                    },
+                return Err(ApiError::bad_request(
+                    "metadata.name: Required value: name or generateName is required",
                 ));
             }
             let mut name = format!("{prefix}{}", meta::name_suffix());
@@ -224,19 +196,6 @@ impl ClusterState {
             o.remove("status");
         }
         Ok(self.commit(rt, None, body))
-    }
-
-    /// PUT (main resource or `status`). `body` is the full object the client sent.
-    pub fn update(
-        &mut self,
-        rt: &ResourceType,
-        namespace: &str,
-        name: &str,
-        body: Value,
-        subresource: &str,
-    ) -> Result<Value, ApiError> {
-        let existing = self.get(rt, namespace, name)?;
-        self.write(rt, existing, body, subresource)
     }
 
     /// PATCH (main resource or `status`); an apply patch creates a missing object. Returns the
@@ -277,8 +236,8 @@ impl ClusterState {
         Ok((self.write(rt, existing, patched, subresource)?, false))
     }
 
-    /// An update of `existing` to `new`: checks the name and `resourceVersion`, then keeps
-    /// what the client may not change through `subresource`.
+    /// An update of `existing` to `new` (a patched copy): checks the name and
+    /// `resourceVersion`, then keeps what the client may not change through `subresource`.
     fn write(
         &mut self,
         rt: &ResourceType,
@@ -286,11 +245,7 @@ impl ClusterState {
         mut new: Value,
         subresource: &str,
     ) -> Result<Value, ApiError> {
-        if !new.is_object() {
-            return Err(ApiError::bad_request(
-                "the body of the request must be a JSON object",
-            ));
-        }
+        check_supported(rt, &new)?;
         let name = meta::name(&existing).to_string();
         let new_name = meta::name(&new);
         if !new_name.is_empty() && new_name != name {
@@ -426,6 +381,27 @@ impl ClusterState {
         }
         Ok(stored)
     }
+}
+
+/// Refuses what the imitation would get wrong: a body that is not an object, and a
+/// PodDisruptionBudget other than the demo's kind (`maxUnavailable` over `matchLabels`), which
+/// is all the disruption controller and the eviction check evaluate.
+fn check_supported(rt: &ResourceType, body: &Value) -> Result<(), ApiError> {
+    if !body.is_object() {
+        return Err(ApiError::bad_request(
+            "the body of the request must be a JSON object",
+        ));
+    }
+    let spec = &body["spec"];
+    let pdb_supported = spec["minAvailable"].is_null()
+        && spec["selector"]["matchExpressions"].is_null()
+        && spec["unhealthyPodEvictionPolicy"].is_null();
+    if rt.is("policy", "poddisruptionbudgets") && !pdb_supported {
+        return Err(ApiError::bad_request(
+            "this imitation API server supports only PodDisruptionBudgets with maxUnavailable and selector.matchLabels (no minAvailable, matchExpressions or unhealthyPodEvictionPolicy)",
+        ));
+    }
+    Ok(())
 }
 
 /// How long a deleted pod is left to its kubelet: 0 for other objects and for pods that are

@@ -1,25 +1,11 @@
-//! Discovery documents: `/version`, `/api`, `/apis`, `/apis/<group>` and the per-group-version
-//! resource lists, generated from the catalog (so CRDs appear as soon as they are created).
-//! Aggregated discovery is not served: kubectl falls back to these documents.
+//! Discovery documents: `/api`, `/apis` and the per-group-version resource lists, generated
+//! from the catalog (so CRDs appear as soon as they are created). Aggregated discovery is not
+//! served (kubectl falls back to these documents), nor are `/version` and `/apis/<group>`,
+//! which no client of the demo reads.
 
 use serde_json::{Value, json};
 
 use super::catalog::{Catalog, ResourceType};
-
-/// `/version`.
-pub fn version() -> Value {
-    json!({
-        "major": "1",
-        "minor": "35",
-        "gitVersion": "v1.35.0-ttdp-imitation",
-        "gitCommit": "0000000000000000000000000000000000000000",
-        "gitTreeState": "clean",
-        "buildDate": "2026-01-01T00:00:00Z",
-        "goVersion": "go1.25.0",
-        "compiler": "gc",
-        "platform": "linux/amd64",
-    })
-}
 
 /// `/api`.
 pub fn core_versions(server_address: &str) -> Value {
@@ -48,19 +34,8 @@ pub fn group_list(catalog: &Catalog) -> Value {
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
-/// `/apis/<group>`, None when the group is not served.
-pub fn group(catalog: &Catalog, name: &str) -> Option<Value> {
-    let (g, vs) = catalog.groups().into_iter().find(|(g, _)| g == name)?;
-    let mut v = group_json(&g, &vs);
-    v["kind"] = json!("APIGroup");
-    v["apiVersion"] = json!("v1");
-    Some(v)
-}
-
-/// The verbs of every served resource (deletecollection is not served).
-const VERBS: &[&str] = &[
-    "create", "delete", "get", "list", "patch", "update", "watch",
-];
+/// The verbs of every served resource (neither update nor deletecollection is served).
+const VERBS: &[&str] = &["create", "delete", "get", "list", "patch", "watch"];
 
 fn resource(rt: &ResourceType) -> Value {
     let mut r = json!({
@@ -99,12 +74,7 @@ pub fn resource_list(catalog: &Catalog, group: &str, version: &str) -> Option<Va
     {
         resources.push(resource(rt));
         if rt.status_subresource {
-            resources.push(subresource(
-                rt,
-                "status",
-                &rt.kind,
-                &["get", "patch", "update"],
-            ));
+            resources.push(subresource(rt, "status", &rt.kind, &["get", "patch"]));
         }
         if rt.is("", "pods") {
             let mut eviction = subresource(rt, "eviction", "Eviction", &["create"]);

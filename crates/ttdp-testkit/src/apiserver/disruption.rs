@@ -1,12 +1,13 @@
 //! The disruption controller: each PodDisruptionBudget's status, recomputed after every write
 //! and every 100 ms, as the real one (`pkg/controller/disruption`) computes it: pods matching
-//! the selector in the budget's namespace; healthy when Ready, not terminating and not evicted
-//! in the last two minutes (the budget's `disruptedPods`); for an integer `minAvailable` the
-//! expected count is the number of matching pods, otherwise (`maxUnavailable`, a percentage
-//! `minAvailable`) it is the sum of the scales of the pods' ReplicaSets (pods without a
-//! controller count for nothing, and a controller whose scale cannot be found fails the budget
-//! safe: no disruptions allowed); percentages round up; `disruptionsAllowed = currentHealthy -
-//! desiredHealthy`, 0 when negative or when nothing is expected.
+//! the selector in the budget's namespace; healthy when Ready and not terminating (an evicted
+//! pod is terminating from its eviction on, so no `disruptedPods` are kept); the expected count is the sum of the
+//! scales of the pods' ReplicaSets (pods without a controller count for nothing, and a
+//! controller whose scale cannot be found fails the budget safe: no disruptions allowed);
+//! `desiredHealthy` is that less `maxUnavailable` (a percentage rounds up);
+//! `disruptionsAllowed = currentHealthy - desiredHealthy`, 0 when negative or when nothing is
+//! expected. Budgets are only of the demo's kind, `maxUnavailable` over `matchLabels`: the
+//! cluster refuses `minAvailable` and `matchExpressions`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,16 +17,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::cluster::{Cluster, ClusterState};
 use super::meta;
-use super::selectors::LabelSelector;
-
-/// How long an eviction keeps counting its pod as disrupted while the pod is still there
-/// (the controller's `DeletionTimeout`).
-const DISRUPTED_POD_TIMEOUT_SECONDS: i64 = 120;
+use super::selectors::Selector;
 
 /// The numbers of a budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
-    /// Matching pods that are Ready, not terminating and not just evicted.
+    /// Matching pods that are Ready and not terminating.
     pub current_healthy: i64,
     /// How many must stay healthy.
     pub desired_healthy: i64,
@@ -52,7 +49,7 @@ pub fn selects(pdb: &Value, pod: &Value) -> bool {
     if selector.is_null() || meta::namespace(pdb) != meta::namespace(pod) {
         return false;
     }
-    LabelSelector::from_json(selector).matches(&pod["metadata"]["labels"])
+    Selector::from_match_labels(selector).matches_labels(&pod["metadata"]["labels"])
 }
 
 fn scaled(value: &Value, total: i64) -> i64 {
@@ -76,18 +73,7 @@ pub fn evaluate<'a>(
     controller_scale: impl Fn(&Value) -> Option<(String, i64)>,
 ) -> Result<Budget, String> {
     let matching: Vec<&Value> = pods.into_iter().filter(|p| selects(pdb, p)).collect();
-    let now = jiff::Timestamp::now();
-    let disrupted = &pdb["status"]["disruptedPods"];
-    let recently_disrupted = |pod: &Value| {
-        disrupted[meta::name(pod)]
-            .as_str()
-            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-            .is_some_and(|t| now.as_second() - t.as_second() < DISRUPTED_POD_TIMEOUT_SECONDS)
-    };
-    let healthy = matching
-        .iter()
-        .filter(|p| is_healthy(p) && !recently_disrupted(p))
-        .count() as i64;
+    let healthy = matching.iter().filter(|p| is_healthy(p)).count() as i64;
     let spec = &pdb["spec"];
     let scale = || -> Result<i64, String> {
         let mut scales: BTreeMap<String, i64> = BTreeMap::new();
@@ -106,17 +92,12 @@ pub fn evaluate<'a>(
         }
         Ok(scales.values().sum())
     };
-    let (expected, desired) = match (&spec["maxUnavailable"], &spec["minAvailable"]) {
-        (max, _) if !max.is_null() => {
+    let (expected, desired) = match &spec["maxUnavailable"] {
+        Value::Null => (0, 0),
+        max => {
             let expected = scale()?;
             (expected, (expected - scaled(max, expected)).max(0))
         }
-        (_, Value::Number(min)) => (matching.len() as i64, min.as_i64().unwrap_or(0)),
-        (_, min) if !min.is_null() => {
-            let expected = scale()?;
-            (expected, scaled(min, expected))
-        }
-        _ => (0, 0),
     };
     let allowed = healthy - desired;
     Ok(Budget {
@@ -164,7 +145,7 @@ fn condition(pdb: &Value, status: &str, reason: &str, message: &str, observed: V
 }
 
 /// The `status` the disruption controller would write, keeping the condition's transition
-/// time when it did not change and the `disruptedPods` the budget has.
+/// time when it did not change.
 pub fn status(pdb: &Value, budget: &Budget) -> Value {
     let (cond_status, reason) = if budget.disruptions_allowed > 0 {
         ("True", "SufficientPods")
@@ -172,20 +153,14 @@ pub fn status(pdb: &Value, budget: &Budget) -> Value {
         ("False", "InsufficientPods")
     };
     let generation = json!(pdb["metadata"]["generation"].as_i64().unwrap_or(1));
-    let mut status = json!({
+    json!({
         "observedGeneration": generation,
         "disruptionsAllowed": budget.disruptions_allowed,
         "currentHealthy": budget.current_healthy,
         "desiredHealthy": budget.desired_healthy,
         "expectedPods": budget.expected_pods,
         "conditions": [condition(pdb, cond_status, reason, "", generation.clone())],
-    });
-    if let Some(disrupted) = pdb["status"]["disruptedPods"].as_object()
-        && !disrupted.is_empty()
-    {
-        status["disruptedPods"] = Value::Object(disrupted.clone());
-    }
-    status
+    })
 }
 
 /// Run the controller until `stop` is cancelled.
@@ -211,22 +186,7 @@ pub fn update_budgets(state: &mut ClusterState) {
         let pods = state.store.list("/pods", Some(namespace));
         let scale = |owner: &Value| controller_scale(state, owner, namespace);
         let status = match evaluate(pdb, pods.iter().copied(), scale) {
-            Ok(budget) => {
-                let mut status = status(pdb, &budget);
-                // Evicted pods stop counting once they are gone or terminating.
-                if let Some(disrupted) = status["disruptedPods"].as_object_mut() {
-                    disrupted.retain(|name, _| {
-                        pods.iter()
-                            .any(|p| meta::name(p) == name && !meta::is_deleting(p))
-                    });
-                    if disrupted.is_empty()
-                        && let Some(s) = status.as_object_mut()
-                    {
-                        s.remove("disruptedPods");
-                    }
-                }
-                status
-            }
+            Ok(budget) => status(pdb, &budget),
             Err(message) => fail_safe_status(pdb, &message),
         };
         updates.push((pdb.clone(), status));
@@ -282,13 +242,13 @@ mod tests {
     }
 
     #[test]
-    fn integer_min_available_counts_pods_and_the_rest_counts_controller_scale() {
+    fn max_unavailable_counts_controller_scale() {
         let pods = [
             owned("a", true, "rs"),
             owned("b", true, "rs"),
             owned("c", false, "rs"),
         ];
-        let b = evaluate(&pdb(json!({"minAvailable": 2})), &pods, scale_of).unwrap();
+        let b = evaluate(&pdb(json!({"maxUnavailable": 1})), &pods, scale_of).unwrap();
         assert_eq!(
             (
                 b.current_healthy,
@@ -297,12 +257,6 @@ mod tests {
                 b.disruptions_allowed
             ),
             (2, 2, 3, 0)
-        );
-        let b = evaluate(&pdb(json!({"minAvailable": "50%"})), &pods, scale_of).unwrap();
-        assert_eq!(
-            (b.desired_healthy, b.disruptions_allowed),
-            (2, 0),
-            "50% of 3 rounds up"
         );
         let b = evaluate(&pdb(json!({"maxUnavailable": "34%"})), &pods, scale_of).unwrap();
         assert_eq!(
@@ -319,28 +273,11 @@ mod tests {
         let bare = [pod("a", true), pod("b", true)];
         let b = evaluate(&pdb(json!({"maxUnavailable": 1})), &bare, scale_of).unwrap();
         assert_eq!((b.expected_pods, b.disruptions_allowed), (0, 0));
-        let b = evaluate(&pdb(json!({"minAvailable": 1})), &bare, scale_of).unwrap();
-        assert_eq!(
-            b.disruptions_allowed, 1,
-            "an integer minAvailable needs no controller"
-        );
         let orphan = [owned("a", true, "gone")];
         let err = evaluate(&pdb(json!({"maxUnavailable": 1})), &orphan, scale_of).unwrap_err();
         assert_eq!(err, "found no controllers for pod \"a\"");
         let failed = fail_safe_status(&pdb(json!({"maxUnavailable": 1})), &err);
         assert_eq!(failed["disruptionsAllowed"], 0);
         assert_eq!(failed["conditions"][0]["reason"], "SyncFailed");
-    }
-
-    #[test]
-    fn a_pod_evicted_in_the_last_two_minutes_is_not_healthy() {
-        let pods = [owned("a", true, "rs"), owned("b", true, "rs")];
-        let mut budget = pdb(json!({"minAvailable": 1}));
-        budget["status"]["disruptedPods"] = json!({"a": meta::now()});
-        let b = evaluate(&budget, &pods, scale_of).unwrap();
-        assert_eq!((b.current_healthy, b.disruptions_allowed), (1, 0));
-        budget["status"]["disruptedPods"] = json!({"a": "2020-01-01T00:00:00Z"});
-        let b = evaluate(&budget, &pods, scale_of).unwrap();
-        assert_eq!(b.current_healthy, 2, "an old disruption no longer counts");
     }
 }

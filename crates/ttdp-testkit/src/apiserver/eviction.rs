@@ -58,13 +58,9 @@ pub fn evict(
     // wrote it, and decrement it.
     let status = &pdb["status"];
     let number = |field: &str| status[field].as_i64().unwrap_or(0);
-    let policy = pdb["spec"]["unhealthyPodEvictionPolicy"]
-        .as_str()
-        .unwrap_or("IfHealthyBudget");
     let (current, desired) = (number("currentHealthy"), number("desiredHealthy"));
-    if !disruption::is_healthy(&pod)
-        && (policy == "AlwaysAllow" || (current >= desired && desired > 0))
-    {
+    // The default `unhealthyPodEvictionPolicy` (IfHealthyBudget; the cluster refuses others).
+    if !disruption::is_healthy(&pod) && current >= desired && desired > 0 {
         state.delete(pods, namespace, name, &opts)?;
         return Ok(evicted);
     }
@@ -88,7 +84,6 @@ pub fn evict(
             vec![StatusCause {
                 reason: "DisruptionBudget".into(),
                 message,
-                field: None,
             }],
         ));
     }
@@ -107,10 +102,6 @@ pub fn evict(
         };
         updated["conditions"] = disruption::status(pdb, &budget)["conditions"].clone();
     }
-    if !updated["disruptedPods"].is_object() {
-        updated["disruptedPods"] = json!({});
-    }
-    updated["disruptedPods"][name] = json!(meta::now());
     state.store_status(&pdb_rt, pdb, updated);
     state.delete(pods, namespace, name, &opts)?;
     Ok(evicted)

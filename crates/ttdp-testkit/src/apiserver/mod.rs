@@ -6,25 +6,27 @@
 //! `ttdp-test`) and serves, in JSON only:
 //! - discovery (`/api`, `/apis`, per group-version lists, CRDs as soon as they are created),
 //!   not aggregated discovery and no OpenAPI (`kubectl apply` needs `--validate=false`);
-//! - get, list and watch with label and field selectors, `limit`/`continue` paging and watch
-//!   bookmarks, including `sendInitialEvents`; lists are always at the latest revision, and a
+//! - get, list and watch with `key=value` label and field selectors and watch bookmarks;
+//!   lists are whole (`limit` is ignored, as a server may) and at the latest revision, and a
 //!   watch resumes from a `resourceVersion` in the last 10,000 changes (410 Gone before);
-//! - create (with `generateName`), update with optimistic concurrency, delete with
-//!   preconditions, finalizers and a pod's grace period (left to the simulated kubelet);
-//! - JSON patches, JSON merge patches, strategic merge patches applied as JSON merge patches
-//!   (lists are replaced, not merged by key), and server-side apply as "create, or JSON-merge
-//!   into the stored object": no managed fields, no conflicts, and a field its manager stops
-//!   applying stays;
+//! - create (with `generateName`), delete with preconditions, finalizers and a pod's grace
+//!   period (left to the simulated kubelet);
+//! - JSON patches, JSON merge patches (with optimistic concurrency on a `resourceVersion`),
+//!   and server-side apply as "create, or JSON-merge into the stored object": no managed
+//!   fields, no conflicts, and a field its manager stops applying stays;
 //! - the `status` subresource, and the pod `eviction` subresource checked against
-//!   PodDisruptionBudgets, whose status a built-in disruption controller keeps.
+//!   PodDisruptionBudgets (`maxUnavailable` over `matchLabels` only), whose status a built-in
+//!   disruption controller keeps.
 //!
-//! It does not: validate or default objects (no CRD schemas, no CEL, no built-in defaults),
-//! decode protobuf (415), render kubectl's `Table`s (a plain `kubectl get` gets JSON and prints
-//! a default listing), collect garbage by owner references, clean up deleted namespaces, serve
-//! `dryRun` or `deletecollection`, show an Event through both `v1` and `events.k8s.io/v1` (they
-//! are stored apart, and ttdp writes only the latter: `kubectl get events.events.k8s.io`), or
-//! run any controller but the disruption controller (see [`crate::sim`] for the DaemonSet
-//! stand-in).
+//! What the demo's programs never send is refused with an error saying the imitation does not
+//! support it, never answered wrongly: PUT, strategic merge patches and protobuf (415), other
+//! selector operators, `dryRun`, `continue` and `sendInitialEvents`. It does not validate or
+//! default objects (no CRD schemas, no CEL, no built-in defaults), render kubectl's `Table`s
+//! (a plain `kubectl get` gets JSON and prints a default listing), collect garbage by owner
+//! references, clean up deleted namespaces, serve `deletecollection`, `/version` or
+//! `/apis/<group>`, show an Event through both `v1` and `events.k8s.io/v1` (they are stored
+//! apart, and ttdp writes only the latter: `kubectl get events.events.k8s.io`), or run any
+//! controller but the disruption controller (see [`crate::sim`] for the DaemonSet stand-in).
 //!
 //! It is test infrastructure: it keeps everything in memory, has no authentication or
 //! authorization, and must never be used by production code.
@@ -33,9 +35,7 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use ttdp_testkit::apiserver::TestApiServer;
 //! let server = TestApiServer::start().await?;
-//! let client = server.client().await?;
 //! println!("KUBECONFIG={}", server.kubeconfig_path().display());
-//! # drop(client);
 //! server.shutdown().await;
 //! # Ok(()) }
 //! ```
@@ -54,16 +54,13 @@ mod status;
 mod store;
 mod watch;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use kubeconfig::CONTEXT as KUBECONFIG_CONTEXT;
-
-/// Starting the server or building a client failed.
+/// Starting the server failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// Binding 127.0.0.1 failed.
@@ -76,31 +73,12 @@ pub enum ServerError {
         "cannot write the test api server kubeconfig into a temporary directory; check TMPDIR is writable"
     )]
     Kubeconfig(#[source] std::io::Error),
-    /// The server URL did not parse (cannot happen for a bound socket address).
-    #[error("test api server url {url} is not a valid uri")]
-    Url {
-        /// Server URL.
-        url: String,
-        /// The parse error.
-        #[source]
-        source: http::uri::InvalidUri,
-    },
-    /// Building the kube client failed.
-    #[error("cannot build a kube client for the test api server at {url}")]
-    Client {
-        /// Server URL.
-        url: String,
-        /// The kube error.
-        #[source]
-        source: kube::Error,
-    },
 }
 
 /// A running imitation API server. Dropping it stops serving (prefer
 /// [`TestApiServer::shutdown`]).
 #[derive(Debug)]
 pub struct TestApiServer {
-    address: SocketAddr,
     /// Holds the kubeconfig; removed on drop.
     _dir: tempfile::TempDir,
     kubeconfig: PathBuf,
@@ -141,7 +119,6 @@ impl TestApiServer {
         let controllers = tokio::spawn(disruption::run(app.cluster.clone(), stop));
         tracing::debug!(%url, kubeconfig = %kubeconfig.display(), "test api server started");
         Ok(Self {
-            address,
             _dir: dir,
             kubeconfig,
             app,
@@ -149,29 +126,9 @@ impl TestApiServer {
         })
     }
 
-    /// `http://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.address)
-    }
-
     /// The kubeconfig file (context `ttdp-test`, namespace `default`).
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
-    }
-
-    /// A kube client for this server (default namespace `default`) with kube's built-in retry
-    /// of 429/503/504 turned off, so a PodDisruptionBudget-blocked eviction reaches the caller
-    /// at once (kube's default retry would hide it for minutes).
-    pub async fn client(&self) -> Result<kube::Client, ServerError> {
-        let url = self.url();
-        let uri: http::Uri = url.parse().map_err(|source| ServerError::Url {
-            url: url.clone(),
-            source,
-        })?;
-        let mut config = kube::Config::new(uri);
-        config.default_namespace = "default".into();
-        config.default_retry = false;
-        kube::Client::try_from(config).map_err(|source| ServerError::Client { url, source })
     }
 
     /// Stop serving: open watches end, the port is released.

@@ -1,9 +1,9 @@
-//! Patches: JSON merge patch (RFC 7386, `json_patch::merge`), JSON patch (RFC 6902), and two approximations of the
-//! real server's: a strategic merge patch is applied as a JSON merge patch (lists are replaced,
-//! `$patch` directives are not understood), and a server-side apply merges the applied object
-//! into the stored one the same way, creating the object when it is missing; no field
-//! ownership is tracked, so an apply never conflicts and never removes a field its manager
-//! stopped applying.
+//! Patches: JSON merge patch (RFC 7386, `json_patch::merge`), JSON patch (RFC 6902), and an
+//! approximation of server-side apply: the applied object is JSON-merged into the stored one,
+//! creating it when missing; no field ownership is tracked, so an apply never conflicts and
+//! never removes a field its manager stopped applying. A strategic merge patch is refused
+//! (415): no client of the demo sends one, and merging it as a JSON merge patch would replace
+//! lists the real server merges by key.
 
 use serde_json::Value;
 
@@ -12,7 +12,7 @@ use super::status::ApiError;
 /// The patch formats, by request `Content-Type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchType {
-    /// `application/merge-patch+json`, and `application/strategic-merge-patch+json`.
+    /// `application/merge-patch+json`.
     Merge,
     /// `application/json-patch+json`.
     Json,
@@ -25,9 +25,7 @@ impl PatchType {
     /// Parse a `Content-Type` header value.
     pub fn from_content_type(ct: &str) -> Result<Self, ApiError> {
         match ct.split(';').next().unwrap_or_default().trim() {
-            "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
-                Ok(Self::Merge)
-            }
+            "application/merge-patch+json" => Ok(Self::Merge),
             "application/json-patch+json" => Ok(Self::Json),
             "application/apply-patch+yaml" => Ok(Self::Apply),
             _ => Err(ApiError::unsupported_media_type(ct)),

@@ -1,6 +1,8 @@
 //! HTTP routing: turns a request path into discovery or a resource verb and dispatches it to
 //! the cluster. Bodies are JSON only (protobuf gets 415); every answer is JSON, also to a
-//! request for a `Table` (as from a server without table support).
+//! request for a `Table` (as from a server without table support). What the demo's programs
+//! never send is refused with a message saying so: PUT (405), `dryRun`, `continue` and
+//! `sendInitialEvents` (400).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -50,11 +52,8 @@ struct ResourcePath {
 }
 
 enum Target {
-    Version,
-    Health,
     CoreVersions,
     Groups,
-    Group(String),
     ResourceList(String, String),
     Resource(Box<ResourcePath>),
 }
@@ -62,11 +61,8 @@ enum Target {
 fn parse_target(app: &App, path: &str) -> Result<Target, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     match segs.as_slice() {
-        ["version"] => Ok(Target::Version),
-        ["healthz" | "livez" | "readyz", ..] => Ok(Target::Health),
         ["api"] => Ok(Target::CoreVersions),
         ["apis"] => Ok(Target::Groups),
-        ["apis", g] => Ok(Target::Group(g.to_string())),
         ["api", v] => Ok(Target::ResourceList(String::new(), v.to_string())),
         ["apis", g, v] => Ok(Target::ResourceList(g.to_string(), v.to_string())),
         ["api", v, rest @ ..] => parse_resource(app, "", v, rest, path),
@@ -170,13 +166,10 @@ fn non_resource(app: &App, target: Target) -> Response {
         None => ApiError::no_route("discovery").into_response(),
     };
     match target {
-        Target::Version => json_response(StatusCode::OK, &discovery::version()),
-        Target::Health => (StatusCode::OK, "ok").into_response(),
         Target::CoreVersions => {
             json_response(StatusCode::OK, &discovery::core_versions(&app.address))
         }
         Target::Groups => json_response(StatusCode::OK, &discovery::group_list(&state.catalog)),
-        Target::Group(g) => found(discovery::group(&state.catalog, &g)),
         Target::ResourceList(g, v) => found(discovery::resource_list(&state.catalog, &g, &v)),
         Target::Resource(_) => ApiError::no_route("resource").into_response(),
     }
@@ -186,8 +179,6 @@ fn list_query(query: &HashMap<String, String>) -> ListQuery {
     ListQuery {
         label_selector: query.get("labelSelector").cloned(),
         field_selector: query.get("fieldSelector").cloned(),
-        limit: query.get("limit").and_then(|l| l.parse().ok()),
-        continue_token: query.get("continue").cloned(),
     }
 }
 
@@ -225,10 +216,20 @@ fn resource(
     } else {
         ""
     };
-    if query.contains_key("dryRun") {
-        return Err(ApiError::bad_request(
-            "dryRun is not supported by this imitation API server",
-        ));
+    let is_true = |key: &str| query.get(key).is_some_and(|b| b == "true");
+    for (unsupported, sent) in [
+        ("dryRun", query.contains_key("dryRun")),
+        (
+            "continue",
+            query.get("continue").is_some_and(|c| !c.is_empty()),
+        ),
+        ("sendInitialEvents", is_true("sendInitialEvents")),
+    ] {
+        if sent {
+            return Err(ApiError::bad_request(format!(
+                "{unsupported} is not supported by this imitation API server"
+            )));
+        }
     }
     let respond = |code: StatusCode, v: &Value| -> Response {
         if accept.contains("as=PartialObjectMetadata") {
@@ -239,12 +240,10 @@ fn resource(
     };
     match (method.as_str(), rp.name.as_deref()) {
         ("GET", None) if query.get("watch").is_some_and(|w| w == "true" || w == "1") => {
-            let is_true = |key: &str| query.get(key).is_some_and(|b| b == "true");
             let wq = WatchQuery {
                 list: list_query(query),
                 resource_version: query.get("resourceVersion").cloned(),
                 bookmarks: is_true("allowWatchBookmarks"),
-                send_initial_events: is_true("sendInitialEvents"),
                 timeout: query
                     .get("timeoutSeconds")
                     .and_then(|t| t.parse().ok())
@@ -273,11 +272,6 @@ fn resource(
             let result = write(app, |s| eviction::evict(s, rt, ns, name, &input))?;
             Ok(json_response(StatusCode::CREATED, &result))
         }
-        ("PUT", Some(name)) => {
-            let input = decode_body(content_type, body)?;
-            let obj = write(app, |s| s.update(rt, ns, name, input, status_sub))?;
-            Ok(respond(StatusCode::OK, &obj))
-        }
         ("PATCH", Some(name)) => {
             let patch_type = PatchType::from_content_type(content_type)?;
             let (obj, created) =
@@ -301,7 +295,7 @@ fn resource(
             Ok(json_response(StatusCode::OK, &result))
         }
         _ => Err(ApiError::method_not_allowed(format!(
-            "the server does not allow this method on the requested resource ({method} {})",
+            "this imitation API server does not serve {method} on {} (no PUT: use a patch)",
             rt.qualified()
         ))),
     }

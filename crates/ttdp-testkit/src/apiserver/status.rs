@@ -10,12 +10,10 @@ use super::catalog::ResourceType;
 /// One entry of `details.causes` in a `Status` body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StatusCause {
-    /// Machine-readable reason, e.g. `FieldValueRequired` or `DisruptionBudget`.
+    /// Machine-readable reason, e.g. `DisruptionBudget`.
     pub reason: String,
     /// Human-readable message.
     pub message: String,
-    /// The field the cause is about, if any.
-    pub field: Option<String>,
 }
 
 /// A failed request, rendered as the real server's `Status` object.
@@ -23,7 +21,7 @@ pub struct StatusCause {
 pub struct ApiError {
     /// HTTP status code (also `code` in the body).
     pub code: u16,
-    /// `reason` in the body, e.g. `NotFound`, `AlreadyExists`, `Conflict`, `Invalid`.
+    /// `reason` in the body, e.g. `NotFound`, `AlreadyExists`, `Conflict`.
     pub reason: &'static str,
     /// `message` in the body.
     pub message: String,
@@ -104,26 +102,6 @@ impl ApiError {
         )
     }
 
-    /// 422 `Kind "name" is invalid: field: message`.
-    pub fn invalid(rt: &ResourceType, name: &str, cause: StatusCause) -> Self {
-        let field = cause.field.as_deref().unwrap_or_default();
-        let mut err = Self::new(
-            422,
-            "Invalid",
-            format!(
-                "{} \"{name}\" is invalid: {field}: {}",
-                rt.kind, cause.message
-            ),
-        );
-        err.details = Some(Box::new((
-            name.to_string(),
-            rt.group.clone(),
-            rt.kind.clone(),
-        )));
-        err.causes = vec![cause];
-        err
-    }
-
     /// 400 BadRequest.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
@@ -145,7 +123,7 @@ impl ApiError {
             415,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json, application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (sent as JSON) (got {content_type:?}; this imitation API server decodes JSON only, no protobuf)"
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (sent as JSON) (got {content_type:?}; this imitation API server decodes JSON only: no protobuf, no strategic merge patch)"
             ),
         )
     }
@@ -192,13 +170,7 @@ impl ApiError {
             let causes = self
                 .causes
                 .iter()
-                .map(|c| {
-                    let mut v = json!({"reason": c.reason, "message": c.message});
-                    if let Some(f) = &c.field {
-                        v["field"] = json!(f);
-                    }
-                    v
-                })
+                .map(|c| json!({"reason": c.reason, "message": c.message}))
                 .collect::<Vec<_>>();
             details.insert("causes".into(), Value::Array(causes));
         }

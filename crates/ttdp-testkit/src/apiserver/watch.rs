@@ -1,8 +1,8 @@
 //! Watch: a chunked stream of `{"type": ..., "object": ...}` lines. Starts with synthetic ADDED
-//! events (no `resourceVersion`, `0`, or `sendInitialEvents=true` followed by the
-//! `k8s.io/initial-events-end` bookmark), or resumes after a `resourceVersion` from the kept
+//! events (no `resourceVersion`, or `0`), or resumes after a `resourceVersion` from the kept
 //! history (an ERROR event with a 410 `Expired` status when it is too old), then follows changes,
-//! with periodic BOOKMARKs when asked for.
+//! with periodic BOOKMARKs when asked for. Streaming lists (`sendInitialEvents`) are refused
+//! by the routes: kube-rs and kubectl fall back to list-then-watch.
 
 use std::time::Duration;
 
@@ -16,21 +16,19 @@ use tokio_util::sync::CancellationToken;
 
 use super::catalog::ResourceType;
 use super::cluster::{Cluster, ListQuery};
-use super::selectors::{FieldSelector, LabelSelector};
+use super::selectors::Selector;
 use super::status::ApiError;
 use super::store::{Change, ChangeKind};
 
 /// Watch parameters from the query string.
 #[derive(Debug, Clone, Default)]
 pub struct WatchQuery {
-    /// Selectors (pagination fields unused).
+    /// Selectors.
     pub list: ListQuery,
     /// `resourceVersion`.
     pub resource_version: Option<String>,
     /// `allowWatchBookmarks=true`.
     pub bookmarks: bool,
-    /// `sendInitialEvents=true`.
-    pub send_initial_events: bool,
     /// `timeoutSeconds`.
     pub timeout: Option<Duration>,
 }
@@ -38,8 +36,8 @@ pub struct WatchQuery {
 struct Filter {
     storage: String,
     namespace: Option<String>,
-    labels: LabelSelector,
-    fields: FieldSelector,
+    labels: Selector,
+    fields: Selector,
 }
 
 impl Filter {
@@ -47,8 +45,8 @@ impl Filter {
         self.namespace
             .as_deref()
             .is_none_or(|ns| obj["metadata"]["namespace"].as_str() == Some(ns))
-            && self.labels.matches(&obj["metadata"]["labels"])
-            && self.fields.matches(obj)
+            && self.labels.matches_labels(&obj["metadata"]["labels"])
+            && self.fields.matches_fields(obj)
     }
 
     /// The event type a change shows as through this filter, if any.
@@ -86,11 +84,8 @@ fn line(kind: &str, object: &Value) -> Bytes {
     Bytes::from(s)
 }
 
-fn bookmark(rt: &ResourceType, revision: u64, initial_end: bool) -> Value {
-    let mut metadata = json!({"resourceVersion": revision.to_string()});
-    if initial_end {
-        metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
-    }
+fn bookmark(rt: &ResourceType, revision: u64) -> Value {
+    let metadata = json!({"resourceVersion": revision.to_string()});
     json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": metadata})
 }
 
@@ -106,16 +101,15 @@ pub fn watch(
     let filter = Filter {
         storage: rt.storage_key(),
         namespace: namespace.filter(|_| rt.namespaced).map(str::to_string),
-        labels: LabelSelector::parse(q.list.label_selector.as_deref().unwrap_or_default())?,
-        fields: FieldSelector::parse(q.list.field_selector.as_deref().unwrap_or_default())?,
+        labels: Selector::parse(q.list.label_selector.as_deref().unwrap_or_default())?,
+        fields: Selector::parse(q.list.field_selector.as_deref().unwrap_or_default())?,
     };
     let mut initial: Vec<Bytes> = Vec::new();
     let (mut rx, mut last_revision) = {
         let state = cluster.lock();
         let current = state.store.revision();
         let rv = q.resource_version.as_deref().unwrap_or_default();
-        let from_scratch = q.send_initial_events || rv.is_empty() || rv == "0";
-        if from_scratch {
+        if rv.is_empty() || rv == "0" {
             for obj in state
                 .store
                 .list(&filter.storage, filter.namespace.as_deref())
@@ -123,9 +117,6 @@ pub fn watch(
                 if filter.matches(obj) {
                     initial.push(line("ADDED", obj));
                 }
-            }
-            if q.send_initial_events {
-                initial.push(line("BOOKMARK", &bookmark(rt, current, true)));
             }
         } else {
             let since: u64 = rv
@@ -170,7 +161,7 @@ pub fn watch(
                 _ = &mut deadline => return,
                 _ = stop.cancelled() => return,
                 _ = ticker.tick(), if q.bookmarks => {
-                    if tx.send(Ok(line("BOOKMARK", &bookmark(&rt, last_revision, false)))).await.is_err() {
+                    if tx.send(Ok(line("BOOKMARK", &bookmark(&rt, last_revision)))).await.is_err() {
                         return;
                     }
                 }
