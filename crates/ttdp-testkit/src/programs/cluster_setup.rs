@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -24,10 +24,7 @@ const AGENT_SERVICE_ACCOUNT: &str = "ttdp-agent";
 pub async fn install_crd(client: &Client) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = ttdp_api::crd();
-    let mut value = serde_json::to_value(&crd).context("the CRD does not serialize")?;
-    value["apiVersion"] = json!("apiextensions.k8s.io/v1");
-    value["kind"] = json!("CustomResourceDefinition");
-    crds.patch(&crd.name_any(), &apply(), &Patch::Apply(value))
+    crds.patch(&crd.name_any(), &apply(), &Patch::Apply(&crd))
         .await
         .context("cannot apply the TenstorrentDriverPolicy CRD")?;
     let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
@@ -92,14 +89,6 @@ pub async fn set_policy_version(client: &Client, name: &str, version: &str) -> R
         .await
         .with_context(|| format!("cannot set TenstorrentDriverPolicy {name} to {version}"))?;
     Ok(())
-}
-
-/// Whether `pod` has the Ready condition.
-pub fn pod_is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn apply() -> PatchParams {

@@ -29,6 +29,7 @@ use tracing::{info, warn};
 use ttdp_api::node_selection::affinity_matches;
 
 use super::error::{SimError, is_not_found};
+use super::pod_status::pod_is_ready;
 
 /// How often the stand-in lists DaemonSets, nodes and pods.
 pub const POLL: Duration = Duration::from_millis(150);
@@ -214,7 +215,7 @@ fn status(ds: &DaemonSet, eligible: &BTreeSet<String>, kept: &[&Pod]) -> DaemonS
     DaemonSetStatus {
         desired_number_scheduled: count(eligible.len()),
         current_number_scheduled: count(kept.len()),
-        number_ready: count(kept.iter().filter(|p| is_ready(p)).count()),
+        number_ready: count(kept.iter().filter(|p| pod_is_ready(p)).count()),
         updated_number_scheduled: Some(count(updated)),
         ..ds.status.clone().unwrap_or_default()
     }
@@ -249,11 +250,6 @@ fn controlled_by(pod: &Pod, uid: &str) -> bool {
     pod.owner_references()
         .iter()
         .any(|o| o.controller == Some(true) && o.uid == uid)
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
-    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn is_finished(pod: &Pod) -> bool {

@@ -52,5 +52,6 @@ pub use image_map::ImageMap;
 pub use kubelet::{KubeletConfig, SimKubelet};
 pub use node_heartbeat::SimNodeSpec;
 pub use node_kernel::WorkloadKernel;
+pub use pod_status::pod_is_ready;
 pub use time_scale::TimeScale;
 pub use workload::{DeviceUse, DisruptionLimit, Workload, WorkloadOwner};

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
-    ContainerStatus, HostIP, PodCondition, PodIP, PodStatus,
+    ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -195,6 +195,14 @@ fn terminated(t: &Termination) -> ContainerStateTerminated {
         finished_at: Some(Time(t.finished_at)),
         ..ContainerStateTerminated::default()
     }
+}
+
+/// Whether `pod` has the Ready condition.
+pub fn pod_is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use ttdp_api::names::{self, env, install_mode, labels};
-use ttdp_testkit::programs::cluster_setup::pod_is_ready;
+use ttdp_testkit::sim::pod_is_ready;
 
 /// How long a deleted agent pod takes to terminate.
 pub const POD_TERMINATION: Duration = Duration::from_millis(200);

@@ -18,7 +18,7 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
-use ttdp_testkit::programs::cluster_setup::pod_is_ready;
+use ttdp_testkit::sim::pod_is_ready;
 use ttdp_testkit::sim::{
     ImageMap, KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale,
 };

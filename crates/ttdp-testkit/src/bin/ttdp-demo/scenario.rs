@@ -16,12 +16,12 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_testkit::programs::cluster_setup::{
-    create_operator_namespace, create_policy, install_crd, pod_is_ready, set_policy_version,
+    create_operator_namespace, create_policy, install_crd, set_policy_version,
 };
 use ttdp_testkit::programs::controller_process::log_tail;
 use ttdp_testkit::programs::rollout_watch::{is_rolled_out, stragglers};
 use ttdp_testkit::programs::{ControllerProcess, RolloutWatch};
-use ttdp_testkit::sim::{DisruptionLimit, SCENARIO_LABEL, SimCluster, eventually};
+use ttdp_testkit::sim::{DisruptionLimit, SCENARIO_LABEL, SimCluster, eventually, pod_is_ready};
 
 use crate::args::{DemoArgs, duration_flag};
 use crate::cluster_source::{ClusterSource, DemoNames, publish_kubeconfig};
