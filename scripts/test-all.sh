@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n=== %s\n' "$*"; }
+started=$SECONDS
+step() { printf '\n=== %s (at %d s)\n' "$*" "$((SECONDS - started))"; }
 
 step "system packages and tools"
 bash .ci/deps
@@ -45,12 +46,25 @@ run_dir="$(realpath -m "${CARGO_TARGET_DIR:-target}/ttdp-kube/test-all")"
 trap control_plane_down EXIT
 control_plane_up "$run_dir"
 
+step "cargo test --no-run (the suites' build)"
+cargo test --workspace --no-run --quiet
+
+# The suites mostly wait on the control plane; at the lowest priority, the static builds that
+# image-test and vm-test need take the CPU time they leave.
+step "the images' and VM tests' static builds, in the background at the lowest priority"
+static_log="$(realpath -m "${CARGO_TARGET_DIR:-target}/static-builds.log")"
+xtask="${CARGO_TARGET_DIR:-target}/debug/xtask"
+nice -n 19 sh -c "'$xtask' image binaries && '$xtask' vm-test --build-only" >"$static_log" 2>&1 &
+static_pid=$!
+
 step "cargo test (every end-to-end suite on the control plane above)"
 cargo test --workspace --no-fail-fast
 
 step "cargo xtask image-test (both images built, run inside and against the control plane)"
 wait "$inputs_pid" || { cat "$inputs_log"; exit 1; }
 cat "$inputs_log"
+wait "$static_pid" || { cat "$static_log"; exit 1; }
+tail -n 20 "$static_log"
 cargo xtask image-test
 
 step "nothing left behind on the control plane"
@@ -59,3 +73,4 @@ control_plane_down
 
 step "cargo xtask vm-test (real Linux kernel under QEMU)"
 cargo xtask vm-test
+step "done"

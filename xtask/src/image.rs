@@ -92,8 +92,8 @@ impl Built {
     }
 }
 
-const USAGE: &str =
-    "usage: cargo xtask image agent|controller [--engine docker|podman|buildah] | inputs";
+const USAGE: &str = "usage: cargo xtask image agent|controller [--engine docker|podman|buildah]
+       cargo xtask image inputs|binaries";
 
 /// Entry point of `cargo xtask image`.
 pub fn run(args: &[String]) -> Result<()> {
@@ -104,6 +104,7 @@ pub fn run(args: &[String]) -> Result<()> {
             "agent" => which = Some(Which::Agent),
             "controller" => which = Some(Which::Controller),
             "inputs" if args.len() == 1 => return prepare_inputs().map(|_| ()),
+            "binaries" if args.len() == 1 => return binaries::build(&repo_root()?).map(|_| ()),
             "--engine" => engine = Some(it.next().context(USAGE)?.clone()),
             _ => bail!("{USAGE}"),
         }

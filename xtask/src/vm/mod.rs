@@ -97,14 +97,17 @@ struct Args {
     scenarios: Vec<String>,
     timeout: Option<Duration>,
     list: bool,
+    build_only: bool,
     guest_args: Vec<String>,
 }
 
 const USAGE: &str =
-    "usage: cargo xtask vm-test [--scenario NAME]... [--timeout SECS] [--list] [-- ARGS...]
+    "usage: cargo xtask vm-test [--scenario NAME]... [--timeout SECS] [--list] [--build-only] [-- ARGS...]
   --scenario NAME  run only this scenario (repeatable; default: all)
   --timeout SECS   override every scenario's boot timeout
   --list           list the scenarios and exit
+  --build-only     only build the scenarios' static executables (the test script does this
+                   while the end-to-end suites run, when the CPUs mostly wait)
   -- ARGS          passed to the scenario inside the VM (test name filter, --nocapture, ...)";
 
 fn parse_args(args: &[String]) -> Result<Args> {
@@ -124,6 +127,7 @@ fn parse_args(args: &[String]) -> Result<Args> {
                 parsed.timeout = Some(Duration::from_secs(secs));
             }
             "--list" => parsed.list = true,
+            "--build-only" => parsed.build_only = true,
             "--" => {
                 parsed.guest_args = iter.cloned().collect();
                 break;
@@ -166,6 +170,13 @@ fn vm_cache_dir(root: &Path) -> Result<PathBuf> {
     Ok(target_dir(root)?.join("vm"))
 }
 
+fn build_executables(root: &Path, scenario: &Scenario) -> Result<Vec<static_build::Executable>> {
+    step(
+        &format!("[{}] building static executables", scenario.name),
+        || static_build::build(root, scenario),
+    )
+}
+
 fn step<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let start = Instant::now();
     println!("vm-test: {what} ...");
@@ -187,6 +198,13 @@ pub fn run(args: &[String]) -> Result<()> {
         return Ok(());
     }
     let scenarios = selected_scenarios(&args.scenarios)?;
+    if args.build_only {
+        let root = repo_root()?;
+        for scenario in scenarios {
+            build_executables(&root, scenario)?;
+        }
+        return Ok(());
+    }
     let started = Instant::now();
     let vm = Vm::prepare()?;
     let mut reports = Vec::new();
@@ -243,10 +261,7 @@ impl Vm {
         guest_args: &[String],
         timeout: Option<Duration>,
     ) -> Result<Boot> {
-        let executables = step(
-            &format!("[{}] building static executables", scenario.name),
-            || static_build::build(&self.root, scenario),
-        )?;
+        let executables = build_executables(&self.root, scenario)?;
         let image = if scenario.agent_image {
             Some(step(
                 &format!("[{}] preparing the agent image", scenario.name),
