@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Helpers for running test commands against one real control plane; sourced by test-all.sh.
 #
-# control_plane_up DIR: unless TTDP_TEST_KUBECONFIG already names a cluster, starts
-#   ttdp-control-plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler from
+# control_plane_up DIR LAUNCHER: unless TTDP_TEST_KUBECONFIG already names a cluster, starts
+#   LAUNCHER, the built ttdp-control-plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler from
 #   TTDP_KUBE_ASSETS or ../shared/kube), exports TTDP_TEST_KUBECONFIG, and records what the
 #   cluster holds before the tests (DIR/before).
 # control_plane_leftovers DIR: removes the ttdp CRD the suites share, then fails if any
@@ -15,14 +15,13 @@ cp_pid=""
 cp_kubectl() { "${TTDP_KUBECTL:-kubectl}" --kubeconfig "$TTDP_TEST_KUBECONFIG" "$@"; }
 
 control_plane_up() {
-  local dir
+  local dir launcher="$2"
   dir="$(realpath -m "$1")"
   mkdir -p "$dir"
   if [[ -n "${TTDP_TEST_KUBECONFIG:-}" ]]; then
     echo "using the existing cluster of TTDP_TEST_KUBECONFIG=$TTDP_TEST_KUBECONFIG"
   else
-    cargo build -q -p ttdp-testkit --bin ttdp-control-plane
-    "${CARGO_TARGET_DIR:-target}/debug/ttdp-control-plane" --kubeconfig "$dir/kubeconfig" \
+    "$launcher" --kubeconfig "$dir/kubeconfig" \
       >"$dir/control-plane.out" 2>"$dir/control-plane.err" &
     cp_pid=$!
     for _ in $(seq 600); do

@@ -18,14 +18,30 @@ export PATH="$HOME/.local/ttdp-tools/bin:$PATH"
 export CARGO_INCREMENTAL=0
 df -h . | tail -n 1
 
-step "the images' inputs, in the background (Debian root filesystem, tt-smi: mostly downloads)"
-cargo build --quiet -p xtask
-inputs_log="$(realpath -m "${CARGO_TARGET_DIR:-target}/image-inputs.log")"
-"${CARGO_TARGET_DIR:-target}/debug/xtask" image inputs >"$inputs_log" 2>&1 &
-inputs_pid=$!
-
 step "cargo fmt --check"
 cargo fmt --all -- --check
+
+# One build of everything the suites run, xtask and the control plane's launcher included. A
+# `cargo build -p` of one of them, or `cargo xtask` (which is `cargo run -p xtask`), unifies
+# features over fewer packages and compiles kube and k8s-openapi once more; so the steps below
+# run the binaries this build made.
+step "cargo test --no-run (every test, xtask and the control plane's launcher)"
+cargo test --workspace --no-run --quiet
+bin="$(realpath -m "${CARGO_TARGET_DIR:-target}/debug")"
+xtask() { "$bin/xtask" "$@"; }
+
+step "the images' inputs, in the background (Debian root filesystem, tt-smi: mostly downloads)"
+inputs_log="$bin/../image-inputs.log"
+xtask image inputs >"$inputs_log" 2>&1 &
+inputs_pid=$!
+
+# The suites mostly wait on the control plane; at the lowest priority, the static builds that
+# image-test and vm-test need take the CPU time they and the checks below leave.
+step "the images' and VM tests' static builds, in the background at the lowest priority"
+static_log="$bin/../static-builds.log"
+nice -n 19 sh -c "'$bin/xtask' image binaries && '$bin/xtask' vm-test --build-only" \
+  >"$static_log" 2>&1 &
+static_pid=$!
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
@@ -34,28 +50,17 @@ step "cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 step "cargo xtask crd --check"
-cargo xtask crd --check
+xtask crd --check
 
 step "cargo xtask shape (controller: files <= 600 lines, functions <= 80)"
-cargo xtask shape
+xtask shape
 
 step "a real control plane (kube-apiserver, kube-controller-manager, kube-scheduler v1.36, etcd)"
 source scripts/control-plane.sh
 # Absolute: every test binary runs in its own crate directory.
 run_dir="$(realpath -m "${CARGO_TARGET_DIR:-target}/ttdp-kube/test-all")"
 trap control_plane_down EXIT
-control_plane_up "$run_dir"
-
-step "cargo test --no-run (the suites' build)"
-cargo test --workspace --no-run --quiet
-
-# The suites mostly wait on the control plane; at the lowest priority, the static builds that
-# image-test and vm-test need take the CPU time they leave.
-step "the images' and VM tests' static builds, in the background at the lowest priority"
-static_log="$(realpath -m "${CARGO_TARGET_DIR:-target}/static-builds.log")"
-xtask="${CARGO_TARGET_DIR:-target}/debug/xtask"
-nice -n 19 sh -c "'$xtask' image binaries && '$xtask' vm-test --build-only" >"$static_log" 2>&1 &
-static_pid=$!
+control_plane_up "$run_dir" "$bin/ttdp-control-plane"
 
 step "cargo test (every end-to-end suite on the control plane above)"
 cargo test --workspace --no-fail-fast
@@ -65,12 +70,12 @@ wait "$inputs_pid" || { cat "$inputs_log"; exit 1; }
 cat "$inputs_log"
 wait "$static_pid" || { cat "$static_log"; exit 1; }
 tail -n 20 "$static_log"
-cargo xtask image-test
+xtask image-test
 
 step "nothing left behind on the control plane"
 control_plane_leftovers "$run_dir"
 control_plane_down
 
 step "cargo xtask vm-test (real Linux kernel under QEMU)"
-cargo xtask vm-test
+xtask vm-test
 step "done"
