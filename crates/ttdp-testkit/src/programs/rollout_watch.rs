@@ -1,9 +1,9 @@
 //! Follows one policy through a watch and keeps what the demo shows and the benchmark measures:
 //! the latest policy, every per-node state change with the time it was seen, how many policy
-//! events arrived and the largest serialized status seen; and [`is_rolled_out`], when a rollout
-//! counts as finished.
+//! events arrived and the largest serialized status seen; [`node_spans`], when each node's
+//! upgrade began and ended; and [`is_rolled_out`], when a rollout counts as finished.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -191,6 +191,37 @@ fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Instant) {
     seen.policy = Some(policy);
 }
 
+/// When one node's upgrade began and ended, as far as the watch saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct NodeSpan {
+    /// Its first entry into a state in flight (Cordoning to Uncordoning).
+    pub started: Option<Instant>,
+    /// Its last entry into Done.
+    pub done: Option<Instant>,
+}
+
+impl NodeSpan {
+    /// From start to Done, when both were seen.
+    pub fn duration(&self) -> Option<Duration> {
+        Some(self.done?.saturating_duration_since(self.started?))
+    }
+}
+
+/// The span of every node with a transition at or after `since` (a rollout's start).
+pub fn node_spans(transitions: &[Transition], since: Instant) -> BTreeMap<String, NodeSpan> {
+    let mut spans: BTreeMap<String, NodeSpan> = BTreeMap::new();
+    for t in transitions.iter().filter(|t| t.at >= since) {
+        let span = spans.entry(t.node.clone()).or_default();
+        if t.to.is_in_flight() && span.started.is_none() {
+            span.started = Some(t.at);
+        }
+        if t.to == NodeState::Done {
+            span.done = Some(t.at);
+        }
+    }
+    spans
+}
+
 /// Whether `policy` has rolled out `version` to at least `expected_nodes` nodes: the controller
 /// has observed the latest spec (which asks for `version`), the `Ready` condition is true for it,
 /// every listed node is HostManaged or Done at `version`, and the summary counts nothing in
@@ -244,14 +275,10 @@ pub fn stragglers(policy: &TenstorrentDriverPolicy) -> Vec<String> {
         .flat_map(|s| s.nodes.iter())
         .filter(|n| !matches!(n.state, NodeState::Done | NodeState::HostManaged))
         .map(|n| {
-            let mut line = format!("{} is {}", n.name, n.state);
-            if let Some(reason) = &n.reason {
-                line.push_str(&format!(" ({reason})"));
-            }
-            if let Some(message) = &n.message {
-                line.push_str(&format!(": {message}"));
-            }
-            line
+            let reason = n.reason.as_ref().map(|r| format!(" ({r})"));
+            let message = n.message.as_ref().map(|m| format!(": {m}"));
+            let (reason, message) = (reason.unwrap_or_default(), message.unwrap_or_default());
+            format!("{} is {}{reason}{message}", n.name, n.state)
         })
         .collect()
 }
@@ -282,6 +309,37 @@ mod tests {
             .iter()
             .map(|c| (c.node.as_str(), c.to))
             .collect()
+    }
+
+    #[test]
+    fn a_span_runs_from_the_first_state_in_flight_to_the_last_done() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let step = |node: &str, to, at| Transition {
+            at: t0 + ms(at),
+            node: node.into(),
+            from: None,
+            to,
+            version: None,
+            why: None,
+        };
+        let transitions = [
+            step("a", NodeState::Done, 0),
+            step("a", NodeState::Pending, 1),
+            step("a", NodeState::Cordoning, 5),
+            step("a", NodeState::Draining, 6),
+            step("b", NodeState::Cordoning, 7),
+            step("a", NodeState::Done, 50),
+        ];
+        let spans = node_spans(&transitions, t0 + ms(1));
+        let (started, done) = (Some(t0 + ms(5)), Some(t0 + ms(50)));
+        assert_eq!(
+            spans["a"],
+            NodeSpan { started, done },
+            "the Done before `since` is left out"
+        );
+        assert_eq!(spans["a"].duration(), Some(ms(45)));
+        assert_eq!(spans["b"].duration(), None, "b never finished");
     }
 
     #[test]

@@ -26,16 +26,13 @@ use ttdp_testkit::sim::pod_is_ready;
 /// How long a deleted agent pod takes to terminate.
 pub const POD_TERMINATION: Duration = Duration::from_millis(200);
 
-/// One agent finishing its work on a node.
+/// One agent finishing its work on a node: the version the node now reports, when the pod was
+/// marked Ready, and whether it "worked" (the node reported another version).
 #[derive(Debug, Clone)]
 pub struct AgentReady {
-    /// The node.
     pub node: String,
-    /// The version it now reports.
     pub version: String,
-    /// When the pod was marked Ready.
     pub at: Instant,
-    /// Whether it "worked" (the node reported another version).
     pub worked: bool,
 }
 

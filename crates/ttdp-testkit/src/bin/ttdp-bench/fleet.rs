@@ -17,18 +17,18 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use ttdp_testkit::launcher::audit::{AuditLog, AuditedRequest};
+use ttdp_testkit::launcher::audit::AuditLog;
 use ttdp_testkit::launcher::{Assets, ControlPlane, ControlPlaneOptions, runs_dir};
 use ttdp_testkit::programs::cluster_setup::{
     create_operator_namespace, install_crd, set_policy_version,
 };
-use ttdp_testkit::programs::rollout_watch::is_rolled_out;
+use ttdp_testkit::programs::rollout_watch::{NodeSpan, is_rolled_out, node_spans};
 use ttdp_testkit::programs::{ControllerProcess, Memory, RolloutWatch};
 use ttdp_testkit::sim::cluster::client_for;
 
 use crate::agent_stand_in::AgentStandIn;
 use crate::fleet_setup::{self, POLICY};
-use crate::handoff::{Spread, handoffs, ideal_total, node_times, spread};
+use crate::handoff::{Spread, handoffs, ideal_total, spread};
 use crate::result_line::{self, ms};
 
 /// The installed version and the one rolled out.
@@ -71,13 +71,12 @@ pub struct FleetArgs {
     pub log_dir: Option<PathBuf>,
 }
 
-/// Requests tallied without keeping their bodies (a 5,000-node rollout writes gigabytes of
-/// status otherwise).
+/// Requests by verb and resource (`get nodes`, `patch pods/status`), reads (get, list,
+/// discovery) apart from writes, tallied without keeping their bodies (a 5,000-node rollout
+/// writes gigabytes of status otherwise).
 #[derive(Debug, Default)]
 struct Tally {
-    /// Reads (get, list, discovery) by verb and resource.
     reads: BTreeMap<String, usize>,
-    /// Writes by verb and resource.
     writes: BTreeMap<String, usize>,
 }
 
@@ -88,28 +87,18 @@ impl Tally {
         let requests = audit
             .take()
             .context("cannot read the API server's audit log")?;
-        for request in requests {
-            if request.verb != "watch" {
-                self.count(&request);
-            }
+        for r in requests.iter().filter(|r| r.verb != "watch") {
+            let by_kind = if r.is_write() {
+                &mut self.writes
+            } else {
+                &mut self.reads
+            };
+            let sub = if r.subresource.is_empty() { "" } else { "/" };
+            *by_kind
+                .entry(format!("{} {}{sub}{}", r.verb, r.resource, r.subresource))
+                .or_default() += 1;
         }
         Ok(())
-    }
-
-    fn count(&mut self, r: &AuditedRequest) {
-        let sub = if r.subresource.is_empty() {
-            String::new()
-        } else {
-            format!("/{}", r.subresource)
-        };
-        let by_kind = if r.is_write() {
-            &mut self.writes
-        } else {
-            &mut self.reads
-        };
-        *by_kind
-            .entry(format!("{} {}{sub}", r.verb, r.resource))
-            .or_default() += 1;
     }
 
     fn reads_and_writes(&self) -> (usize, usize) {
@@ -117,15 +106,16 @@ impl Tally {
     }
 }
 
-/// What runs during one fleet benchmark.
+/// What runs during one fleet benchmark. Fields drop in order: the control plane goes last,
+/// after what talks to it.
 struct Bench {
-    plane: ControlPlane,
-    /// The controller's requests.
-    audit: AuditLog,
     agents: AgentStandIn,
     watch: RolloutWatch,
     controller: ControllerProcess,
     log_file: PathBuf,
+    /// The controller's requests.
+    audit: AuditLog,
+    plane: ControlPlane,
 }
 
 /// Figures of the steady state before the rollout.
@@ -250,12 +240,12 @@ async fn start(args: &FleetArgs) -> Result<Bench> {
         &log_file,
     )?;
     Ok(Bench {
-        audit: plane.audit_log(),
-        plane,
         agents,
         watch,
         controller,
         log_file,
+        audit: plane.audit_log(),
+        plane,
     })
 }
 
@@ -272,11 +262,9 @@ fn rollout_figures(
     let slots = args.max_unavailable.max(1);
     let work = Duration::from_millis(args.work_ms);
     let end_memory = bench.controller.memory()?;
-    let mut transitions = bench.watch.transitions();
-    transitions.retain(|t| t.at >= started);
-    let times = node_times(&transitions);
-    let cordons: Vec<Instant> = times.values().filter_map(|t| t.0).collect();
-    let dones: Vec<Instant> = times.values().filter_map(|t| t.1).collect();
+    let spans = node_spans(&bench.watch.transitions(), started);
+    let cordons: Vec<Instant> = spans.values().filter_map(|s| s.started).collect();
+    let dones: Vec<Instant> = spans.values().filter_map(|s| s.done).collect();
     // The last node reaching Done as the watch saw it (the wait loop only polls).
     let total = dones
         .iter()
@@ -285,10 +273,7 @@ fn rollout_figures(
         .unwrap_or(rolled.done)
         .duration_since(started);
     eprintln!("fleet {n}: rolled out in {:.1} s", total.as_secs_f64());
-    let per_node: Vec<Duration> = times
-        .values()
-        .filter_map(|(c, d)| Some(d.as_ref()?.saturating_duration_since(*c.as_ref()?)))
-        .collect();
+    let per_node: Vec<Duration> = spans.values().filter_map(NodeSpan::duration).collect();
     let overhead: Vec<Duration> = per_node.iter().map(|d| d.saturating_sub(work)).collect();
     let finished: Vec<_> = bench
         .agents
@@ -300,12 +285,12 @@ fn rollout_figures(
     // The controller's finishing latency per node: agent Ready -> uncordoned and recorded Done.
     let ready_to_done: Vec<Duration> = finished
         .iter()
-        .filter_map(|a| Some(times.get(&a.node)?.1?.saturating_duration_since(a.at)))
+        .filter_map(|a| Some(spans.get(&a.node)?.done?.saturating_duration_since(a.at)))
         .collect();
     let per_node_spread = spread(per_node);
     let ideal = ideal_total(n, slots, per_node_spread.p50);
     let final_status = status_bytes(&bench.watch);
-    let upgraded = times.values().filter(|t| t.1.is_some()).count().max(1);
+    let upgraded = dones.len().max(1);
     let (reads, writes) = rollout.reads_and_writes();
     let (idle_reads, idle_writes) = steady.idle.reads_and_writes();
     Ok(json!({
@@ -318,7 +303,7 @@ fn rollout_figures(
         "work_ms": args.work_ms,
         "adopt_seconds": steady.adopt.as_secs_f64(),
         "rss_steady_mib": mib(steady.memory.rss_kib),
-        "rss_rollout_max_mib": mib(rolled.max_memory.rss_kib.max(end_memory.rss_kib)),
+        "rss_rollout_max_mib": mib(rolled.max_rss_kib.max(end_memory.rss_kib)),
         "rss_peak_mib": mib(end_memory.hwm_kib),
         "idle_requests_per_s": (idle_reads + idle_writes) as f64 / IDLE_WINDOW.as_secs_f64(),
         "nodes_upgraded": upgraded,
@@ -347,24 +332,12 @@ fn rollout_figures(
 /// Stops the controller, times the plugin on the rolled-out fleet when asked, and stops the
 /// rest; returns the plugin's figures.
 async fn finish(args: &FleetArgs, bench: Bench) -> Result<serde_json::Value> {
-    let Bench {
-        plane,
-        agents,
-        watch,
-        controller,
-        ..
-    } = bench;
-    controller.stop().await;
-    let plugin = match &args.plugin {
-        Some(binary) => {
-            eprintln!("fleet {}: timing kubectl tt driver", args.nodes);
-            crate::plugin_timing::time_plugin(binary, plane.kubeconfig(), PLUGIN_RUNS).await?
-        }
-        None => serde_json::Value::Null,
+    bench.controller.stop().await;
+    let Some(binary) = &args.plugin else {
+        return Ok(serde_json::Value::Null);
     };
-    drop((agents, watch));
-    drop(plane);
-    Ok(plugin)
+    eprintln!("fleet {}: timing kubectl tt driver", args.nodes);
+    crate::plugin_timing::time_plugin(binary, bench.plane.kubeconfig(), PLUGIN_RUNS).await
 }
 
 fn status_bytes(watch: &RolloutWatch) -> usize {
@@ -420,7 +393,7 @@ fn spread_json(s: &Spread) -> serde_json::Value {
 
 struct Waited {
     done: Instant,
-    max_memory: Memory,
+    max_rss_kib: u64,
     max_status_bytes: usize,
 }
 
@@ -433,12 +406,10 @@ async fn wait_sampling(
     version: &str,
     deadline: Instant,
 ) -> Result<Waited> {
-    let mut max_memory = Memory::default();
+    let mut max_rss_kib = 0;
     let mut last_report = Instant::now();
     loop {
-        let memory = bench.controller.memory()?;
-        max_memory.rss_kib = max_memory.rss_kib.max(memory.rss_kib);
-        max_memory.hwm_kib = max_memory.hwm_kib.max(memory.hwm_kib);
+        max_rss_kib = max_rss_kib.max(bench.controller.memory()?.rss_kib);
         tally.drain(&mut bench.audit)?;
         let policy = bench.watch.policy();
         if let Some(policy) = &policy
@@ -446,7 +417,7 @@ async fn wait_sampling(
         {
             return Ok(Waited {
                 done: Instant::now(),
-                max_memory,
+                max_rss_kib,
                 max_status_bytes: bench.watch.max_status_bytes(),
             });
         }

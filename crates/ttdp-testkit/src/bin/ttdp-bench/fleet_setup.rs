@@ -26,61 +26,47 @@ pub async fn create_nodes(
     version: &str,
 ) -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let bodies = (0..tenstorrent)
-        .map(|i| {
-            let name = format!("tt-{i:05}");
-            json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": { "name": name, "labels": {
-                    "kubernetes.io/hostname": name,
-                    labels::NFD_TENSTORRENT: labels::NFD_PRESENT,
-                    labels::KMD_VERSION: version,
-                    labels::INSTALL_MODE: install_mode::CONTAINER,
-                }},
-                "status": node_status(),
-            })
-        })
-        .chain((0..plain).map(|i| {
-            let name = format!("cpu-{i:05}");
-            json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": { "name": name, "labels": { "kubernetes.io/hostname": name } },
-                "status": node_status(),
-            })
-        }))
-        .collect::<Vec<_>>();
-    futures::stream::iter(bodies)
-        .map(|body| {
-            let nodes = nodes.clone();
-            async move {
-                let node: Node = serde_json::from_value(body)?;
-                let name = node.metadata.name.clone().unwrap_or_default();
-                nodes
-                    .create(&PostParams::default(), &node)
-                    .await
-                    .with_context(|| format!("cannot create node {name}"))?;
-                let patch = json!({ "spec": { "taints": null } });
-                nodes
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .with_context(|| format!("cannot lift the not-ready taint of {name}"))?;
-                anyhow::Ok(())
-            }
-        })
+    let driver = [
+        (labels::NFD_TENSTORRENT, labels::NFD_PRESENT),
+        (labels::KMD_VERSION, version),
+        (labels::INSTALL_MODE, install_mode::CONTAINER),
+    ];
+    let tenstorrent = (0..tenstorrent).map(|i| (format!("tt-{i:05}"), &driver[..]));
+    let plain = (0..plain).map(|i| (format!("cpu-{i:05}"), &[][..]));
+    futures::stream::iter(tenstorrent.chain(plain))
+        .map(|(name, driver)| create_node(&nodes, name, driver))
         .buffer_unordered(CREATE_CONCURRENCY)
         .try_collect::<Vec<()>>()
         .await?;
     Ok(())
 }
 
-/// A Ready node's status, with the capacity a real scheduler needs to place a pod on it.
-fn node_status() -> serde_json::Value {
+/// Creates a Ready node, with the capacity a real scheduler needs to place a pod on it, and
+/// lifts its not-ready taint.
+async fn create_node(nodes: &Api<Node>, name: String, driver: &[(&str, &str)]) -> Result<()> {
+    let mut labels =
+        serde_json::Map::from_iter(driver.iter().map(|(k, v)| (k.to_string(), json!(v))));
+    labels.insert("kubernetes.io/hostname".to_owned(), json!(name));
     let capacity = json!({ "cpu": "8", "memory": "32Gi", "pods": "110" });
-    json!({
-        "capacity": capacity,
-        "allocatable": capacity,
-        "conditions": [{ "type": "Ready", "status": "True" }],
-    })
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": name, "labels": labels },
+        "status": {
+            "capacity": capacity,
+            "allocatable": capacity,
+            "conditions": [{ "type": "Ready", "status": "True" }],
+        },
+    }))?;
+    nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .with_context(|| format!("cannot create node {name}"))?;
+    let patch = json!({ "spec": { "taints": null } });
+    nodes
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("cannot lift the not-ready taint of {name}"))?;
+    Ok(())
 }
 
 /// Creates the policy at `version` with `maxUnavailable`, its finalizer already set (the

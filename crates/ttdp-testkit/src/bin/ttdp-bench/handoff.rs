@@ -1,23 +1,14 @@
 //! The rollout's timing figures, as pure functions of what was observed: when each node entered
 //! Cordoning and Done (from the policy status) and when each agent finished (from the stand-in).
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use ttdp_api::NodeState;
-
-use ttdp_testkit::programs::Transition;
-
-/// p50 / p95 / max of a set of durations.
+/// Median, 95th percentile (nearest rank) and largest of `count` durations.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Spread {
-    /// Median.
     pub p50: Duration,
-    /// 95th percentile (nearest rank).
     pub p95: Duration,
-    /// Largest.
     pub max: Duration,
-    /// How many values.
     pub count: usize,
 }
 
@@ -37,20 +28,6 @@ pub fn spread(mut values: Vec<Duration>) -> Spread {
         max: values[values.len() - 1],
         count: values.len(),
     }
-}
-
-/// Each node's first entry into Cordoning and last entry into Done.
-pub fn node_times(changes: &[Transition]) -> HashMap<String, (Option<Instant>, Option<Instant>)> {
-    let mut times: HashMap<String, (Option<Instant>, Option<Instant>)> = HashMap::new();
-    for change in changes {
-        let entry = times.entry(change.node.clone()).or_default();
-        match change.to {
-            NodeState::Cordoning if entry.0.is_none() => entry.0 = Some(change.at),
-            NodeState::Done => entry.1 = Some(change.at),
-            _ => {}
-        }
-    }
-    times
 }
 
 /// Hand-offs with `slots` nodes in flight at most: the `i`-th freed slot (the `i`-th of
@@ -105,23 +82,7 @@ mod tests {
     }
 
     #[test]
-    fn cordoning_and_done_times_per_node() {
-        let t0 = Instant::now();
-        let change = |n: &str, s, t| Transition {
-            at: t0 + ms(t),
-            node: n.into(),
-            from: None,
-            to: s,
-            version: None,
-            why: None,
-        };
-        let times = node_times(&[
-            change("a", NodeState::Pending, 0),
-            change("a", NodeState::Cordoning, 5),
-            change("a", NodeState::Draining, 6),
-            change("a", NodeState::Done, 50),
-        ]);
-        assert_eq!(times["a"], (Some(t0 + ms(5)), Some(t0 + ms(50))));
+    fn the_ideal_is_one_node_time_per_wave() {
         assert_eq!(ideal_total(5, 2, ms(100)), ms(300));
     }
 }

@@ -72,21 +72,23 @@ fn run(cli: Cli) -> Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    if let Suite::Swap(args) = &cli.suite {
+    match cli.suite {
+        Suite::Fleet(args) => block_on(fleet::run(&args)),
+        Suite::Drain(args) => block_on(drain::run(&args)),
         // Synchronous: the module code has no async runtime.
-        return swap::run(args);
+        Suite::Swap(args) => swap::run(&args),
     }
+}
+
+/// Runs an async suite, killing its controllers if a signal ends the program.
+fn block_on(suite: impl Future<Output = Result<()>>) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(async move {
+    runtime.block_on(async {
         ttdp_testkit::programs::controller_process::kill_controllers_on_signal()?;
-        match cli.suite {
-            Suite::Fleet(args) => fleet::run(&args).await,
-            Suite::Drain(args) => drain::run(&args).await,
-            Suite::Swap(_) => Ok(()),
-        }
+        suite.await
     })
 }

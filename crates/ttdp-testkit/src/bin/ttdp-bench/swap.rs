@@ -97,42 +97,35 @@ pub fn run(args: &SwapArgs) -> Result<()> {
     let (v1, v2): (KmdVersion, KmdVersion) = (V1.parse()?, V2.parse()?);
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).context("cannot create the build directory")?;
+    let swap = |host: &Host, version: &KmdVersion, failure: &'static str| {
+        host.installer
+            .swap(version, &SwapOptions::default())
+            .context(failure)
+    };
+    let runs = args.runs.max(1);
     let (mut miss, mut hit_fresh, mut hit_swap) = (Vec::new(), Vec::new(), Vec::new());
-    for run in 0..args.runs.max(1) {
-        eprintln!("swap: run {} of {}", run + 1, args.runs.max(1));
+    for run in 0..runs {
+        eprintln!("swap: run {} of {runs}", run + 1);
         let h = host(&repo, &work)?;
         // Cache miss, nothing loaded: fetch and build V1, load it.
-        miss.push(
-            h.installer
-                .swap(&v1, &SwapOptions::default())
-                .context("cache-miss swap failed")?,
-        );
+        miss.push(swap(&h, &v1, "cache-miss swap failed")?);
         // Build V2 into the cache, then swap V1 -> V2: a cache hit with a swap.
         h.installer
             .ensure_ko(&v2)
             .context("cannot build the second version")?;
-        hit_swap.push(
-            h.installer
-                .swap(&v2, &SwapOptions::default())
-                .context("cache-hit swap failed")?,
-        );
+        hit_swap.push(swap(&h, &v2, "cache-hit swap failed")?);
         // A second host sharing nothing but a pre-filled cache: hit with nothing loaded.
         let fresh = host(&repo, &work)?;
         fresh
             .installer
             .ensure_ko(&v1)
             .context("cannot fill the cache")?;
-        hit_fresh.push(
-            fresh
-                .installer
-                .swap(&v1, &SwapOptions::default())
-                .context("cache-hit install failed")?,
-        );
+        hit_fresh.push(swap(&fresh, &v1, "cache-hit install failed")?);
     }
-    let label = label_time(args.runs.max(1) * 4)?;
+    let label = label_time(runs * 4)?;
     result_line::print(&json!({
         "suite": "swap",
-        "runs": args.runs.max(1),
+        "runs": runs,
         "kernel": "simulated (ttdp_kmod::SimKernel); real-kernel load/unload: cargo xtask vm-test",
         "cache_hit_nothing_loaded": case_json(&hit_fresh, label),
         "cache_hit_swap": case_json(&hit_swap, label),

@@ -91,12 +91,12 @@ fn parse_version(text: &str) -> Result<String, String> {
 
 /// A positive integer or a percentage from 1% to 100%.
 fn parse_max_unavailable(text: &str) -> Result<String, String> {
-    let (number, percent) = match text.strip_suffix('%') {
-        Some(n) => (n, true),
-        None => (text, false),
+    let (number, most) = match text.strip_suffix('%') {
+        Some(percent) => (percent, 100),
+        None => (text, u32::MAX),
     };
     match number.parse::<u32>() {
-        Ok(n) if n >= 1 && (!percent || n <= 100) => Ok(text.to_owned()),
+        Ok(n) if (1..=most).contains(&n) => Ok(text.to_owned()),
         _ => Err(format!(
             "{text:?} is not a maxUnavailable; write a number like 2 or a percentage like 25%"
         )),

@@ -172,36 +172,30 @@ impl DemoNames {
 }
 
 /// On a shared cluster: deletes the policy (the controller, still running, removes its
-/// finalizer after lifting any cordon), then, after the controller is stopped, the operator
-/// namespace. Best effort: each failure is returned as a line to print.
-pub async fn delete_policy(client: &Client, names: &DemoNames) -> Vec<String> {
-    let mut problems = Vec::new();
+/// finalizer after lifting any cordon). Best effort: a failure is returned as a line to print.
+pub async fn delete_policy(client: &Client, names: &DemoNames) -> Option<String> {
     let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
-    if let Err(e) = policies
-        .delete(&names.policy, &DeleteParams::default())
-        .await
-        && !matches!(&e, kube::Error::Api(s) if s.code == 404)
-    {
-        problems.push(format!("cannot delete policy {}: {e}", names.policy));
-        return problems;
+    let name = &names.policy;
+    match policies.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Some(format!("cannot delete policy {name}: {e}")),
     }
-    let gone = eventually(
+    let gone = || {
+        let policies = policies.clone();
+        async move { matches!(policies.get_opt(name).await, Ok(None)).then_some(()) }
+    };
+    let waited = eventually(
         "the policy's finalizer to be removed",
         Duration::from_secs(60),
-        || {
-            let policies = policies.clone();
-            let name = names.policy.clone();
-            async move { matches!(policies.get_opt(&name).await, Ok(None)).then_some(()) }
-        },
-    )
-    .await;
-    if let Err(e) = gone {
-        problems.push(format!("policy {} is still there: {e}", names.policy));
-    }
-    problems
+        gone,
+    );
+    let error = waited.await.err()?;
+    Some(format!("policy {name} is still there: {error}"))
 }
 
-/// Deletes the operator namespace the demo created on a shared cluster.
+/// After the controller is stopped, deletes the operator namespace the demo created on a
+/// shared cluster.
 pub async fn delete_operator_namespace(client: &Client, names: &DemoNames) -> Option<String> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     match namespaces

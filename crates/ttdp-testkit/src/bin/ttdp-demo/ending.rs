@@ -19,7 +19,7 @@ use crate::timings::{self, RolloutTimes};
 
 impl Demo {
     /// Checks, reports, waits for Ctrl-C when asked to, and stops everything.
-    pub async fn finish(mut self, ending: Ending) -> Ending {
+    pub async fn finish(self, ending: Ending) -> Ending {
         let interrupted = matches!(ending, Ending::Interrupted);
         let mut problems = match &ending {
             Ending::Failure(p) => p.clone(),
@@ -65,7 +65,7 @@ impl Demo {
             .unwrap_or_default();
         Outcome {
             policy: self.names.policy.clone(),
-            cluster: self.source.as_ref().map_or("", |s| s.kind()).to_owned(),
+            cluster: self.source.kind().to_owned(),
             from: self.args.from.clone(),
             to: self.args.to.clone(),
             success: false,
@@ -149,19 +149,16 @@ impl Demo {
         let Some(path) = &self.args.report else {
             return;
         };
-        match serde_json::to_vec_pretty(outcome) {
-            Ok(json) => {
-                if let Err(e) = std::fs::write(path, json) {
-                    eprintln!("warning: cannot write the report {}: {e}", path.display());
-                }
-            }
-            Err(e) => eprintln!("warning: cannot serialise the report: {e}"),
+        let written = serde_json::to_vec_pretty(outcome)
+            .map_err(std::io::Error::other)
+            .and_then(|json| std::fs::write(path, json));
+        if let Err(e) = written {
+            eprintln!("warning: cannot write the report {}: {e}", path.display());
         }
     }
 
     fn print_hints(&self) {
         println!();
-        let shared = self.source.as_ref().is_some_and(|s| s.is_shared());
         print!(
             "{}",
             hints::render(
@@ -170,24 +167,22 @@ impl Demo {
                 &self.names.policy,
                 &self.args.from,
                 hints::installed_kubectl().as_deref(),
-                shared,
+                self.source.is_shared(),
             )
         );
         println!(
             "\n  controller log: {}",
             self.log_dir.join("controller.log").display()
         );
-        if let Some(cluster) = &self.cluster {
-            println!("  agent logs:     {}", cluster.log_dir().display());
-        }
+        println!("  agent logs:     {}", self.cluster.log_dir().display());
         flush();
     }
 
     /// Stops the controller, the simulated nodes and the control plane; on a shared cluster it
     /// first deletes the policy (so the controller can remove its finalizer) and at the end the
     /// operator namespace. Returns what could not be cleaned up.
-    async fn stop_everything(&mut self) -> Vec<String> {
-        let shared = self.source.as_ref().is_some_and(|s| s.is_shared());
+    async fn stop_everything(self) -> Vec<String> {
+        let shared = self.source.is_shared();
         let mut problems = Vec::new();
         if shared {
             println!(
@@ -200,20 +195,18 @@ impl Demo {
             println!("\nstopping: controller, agents, kubelets, control plane ...");
             flush();
         }
-        if let Some(controller) = self.controller.take() {
+        if let Some(controller) = self.controller {
             controller.stop().await;
         }
-        self.watch = None;
-        if let Some(cluster) = self.cluster.take()
-            && let Err(e) = cluster.shutdown().await
-        {
+        drop(self.watch);
+        if let Err(e) = self.cluster.shutdown().await {
             problems.push(format!("the simulated nodes did not stop cleanly: {e}"));
         }
         if shared {
             problems.extend(delete_operator_namespace(&self.client, &self.names).await);
         }
         // Blocking: a launched control plane stops its processes as it drops.
-        drop(self.source.take());
+        drop(self.source);
         for problem in &problems {
             eprintln!("warning: {problem}");
         }
@@ -229,9 +222,7 @@ impl Demo {
             controller_log.display()
         );
         println!("{}", indent(&log_tail(&controller_log, 20)));
-        let (Some(policy), Some(cluster)) =
-            (self.watch.as_ref().and_then(|w| w.policy()), &self.cluster)
-        else {
+        let Some(policy) = self.watch.as_ref().and_then(|w| w.policy()) else {
             return;
         };
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.names.operator_namespace);
@@ -252,7 +243,7 @@ impl Demo {
             if !stuck.contains(&node) {
                 continue;
             }
-            let file = cluster.log_dir().join(format!(
+            let file = self.cluster.log_dir().join(format!(
                 "{}_{}_{}.log",
                 pod.namespace().unwrap_or_default(),
                 pod.name_any(),

@@ -14,38 +14,31 @@ use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use crate::fleet::{Fleet, Placement};
 use crate::timings::{Phase, RolloutTimes};
 
-/// One node as the rollout left it.
+/// One node as the rollout left it: its state and loaded version in the policy's status (absent
+/// for nodes the policy does not list), its `kmd-version` and `install-mode` labels,
+/// `spec.unschedulable`, its `cordoned-by` annotation and its deploy-gate label.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeOutcome {
     pub name: String,
     /// `tenstorrent`, `host-managed` or `plain`.
     pub kind: String,
-    /// Its state in the policy's status (absent for nodes the policy does not list).
     pub state: Option<String>,
-    /// The version the status reports loaded.
     pub status_version: Option<String>,
-    /// The `kmd-version` node label.
     pub kmd_version_label: Option<String>,
-    /// The `install-mode` node label.
     pub install_mode_label: Option<String>,
-    /// `spec.unschedulable`.
     pub cordoned: bool,
-    /// The `cordoned-by` annotation, if any.
     pub cordoned_by: Option<String>,
-    /// The deploy-gate label, if any.
     pub deploy_gate: Option<String>,
 }
 
-/// A workload pod and whether it is still there.
+/// A workload, whether the upgrade had to evict it, and whether its first pod still runs.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadOutcome {
     pub name: String,
     pub node: String,
-    /// Whether the upgrade had to evict it.
     pub expected_evicted: bool,
-    /// Whether its pod still exists.
     pub running: bool,
 }
 
@@ -63,9 +56,7 @@ pub struct Outcome {
     pub success: bool,
     /// Checks that failed (empty on success), or why the demo stopped early.
     pub problems: Vec<String>,
-    /// Phases and their durations.
     pub phases: Vec<Phase>,
-    /// Per-node times of the upgrade.
     pub upgrade: RolloutTimes,
     pub nodes: Vec<NodeOutcome>,
     pub workloads: Vec<WorkloadOutcome>,
@@ -182,61 +173,49 @@ async fn workload_outcomes(
 }
 
 fn node_problems(node: &NodeOutcome, to: &str) -> Vec<String> {
-    let mut problems = Vec::new();
     let name = &node.name;
-    if node.cordoned {
-        problems.push(format!("node {name} is still cordoned"));
-    }
-    if let Some(owner) = &node.cordoned_by {
-        problems.push(format!(
-            "node {name} still carries the cordoned-by annotation ({owner})"
-        ));
-    }
-    if node.deploy_gate.is_some() {
-        problems.push(format!(
-            "node {name} still carries the deploy gate {DEFAULT_DEPLOY_GATE}"
-        ));
-    }
+    let state = node.state.as_deref();
+    let label = node.kmd_version_label.as_deref();
+    let listed_as = |expected: NodeState| {
+        (state != Some(expected.as_str())).then(|| {
+            let actual = state.unwrap_or("not listed");
+            format!("node {name} is {actual} instead of {expected}")
+        })
+    };
+    let mut problems = vec![
+        node.cordoned
+            .then(|| format!("node {name} is still cordoned")),
+        node.cordoned_by
+            .as_ref()
+            .map(|owner| format!("node {name} still carries the cordoned-by annotation ({owner})")),
+        node.deploy_gate
+            .is_some()
+            .then(|| format!("node {name} still carries the deploy gate {DEFAULT_DEPLOY_GATE}")),
+    ];
     match node.kind.as_str() {
-        "tenstorrent" => {
-            if node.state.as_deref() != Some(NodeState::Done.as_str()) {
-                problems.push(format!(
-                    "node {name} is {} instead of Done",
-                    node.state.as_deref().unwrap_or("not listed")
-                ));
-            }
-            if node.status_version.as_deref() != Some(to)
-                || node.kmd_version_label.as_deref() != Some(to)
-            {
-                problems.push(format!(
+        "tenstorrent" => problems.extend([
+            listed_as(NodeState::Done),
+            (node.status_version.as_deref() != Some(to) || label != Some(to)).then(|| {
+                format!(
                     "node {name} reports {} (status) and {} (label) instead of {to}",
                     node.status_version.as_deref().unwrap_or("nothing"),
-                    node.kmd_version_label.as_deref().unwrap_or("nothing"),
-                ));
-            }
-        }
-        "host-managed" => {
-            if node.state.as_deref() != Some(NodeState::HostManaged.as_str()) {
-                problems.push(format!(
-                    "node {name} is {} instead of HostManaged",
-                    node.state.as_deref().unwrap_or("not listed")
-                ));
-            }
-            if node.install_mode_label.as_deref() != Some(install_mode::HOST) {
-                problems.push(format!("node {name} is not labelled install-mode=host"));
-            }
-            if node.kmd_version_label.as_deref() == Some(to) {
-                problems.push(format!("node {name} is host-managed but now runs {to}"));
-            }
-        }
-        _ => {
-            if node.state.is_some() {
-                problems.push(format!("plain node {name} appears in the policy's status"));
-            }
-            if node.kmd_version_label.is_some() || node.install_mode_label.is_some() {
-                problems.push(format!("plain node {name} carries driver labels"));
-            }
-        }
+                    label.unwrap_or("nothing"),
+                )
+            }),
+        ]),
+        "host-managed" => problems.extend([
+            listed_as(NodeState::HostManaged),
+            (node.install_mode_label.as_deref() != Some(install_mode::HOST))
+                .then(|| format!("node {name} is not labelled install-mode=host")),
+            (label == Some(to)).then(|| format!("node {name} is host-managed but now runs {to}")),
+        ]),
+        _ => problems.extend([
+            state
+                .is_some()
+                .then(|| format!("plain node {name} appears in the policy's status")),
+            (label.is_some() || node.install_mode_label.is_some())
+                .then(|| format!("plain node {name} carries driver labels")),
+        ]),
     }
-    problems
+    problems.into_iter().flatten().collect()
 }

@@ -92,40 +92,29 @@ impl Fleet {
     /// The workloads placed once the first version is installed.
     pub fn workloads(&self) -> Vec<(Workload, Placement)> {
         let nodes = self.container_nodes();
-        let mut workloads = Vec::new();
-        for (i, node) in nodes.iter().take(3).enumerate() {
-            let workload = Workload::new(format!("inference-{i}"), node)
-                .device(DeviceUse::HostPath)
-                .owner(WorkloadOwner::ReplicaSet)
-                .label(INFERENCE_LABEL.0, INFERENCE_LABEL.1);
-            workloads.push((workload, Placement::Drained));
-        }
+        let mut workloads: Vec<(Workload, Placement)> = nodes
+            .iter()
+            .take(3)
+            .enumerate()
+            .map(|(i, node)| {
+                let inference = replica(&format!("inference-{i}"), node, INFERENCE_LABEL.1);
+                (inference.device(DeviceUse::HostPath), Placement::Drained)
+            })
+            .collect();
         if let Some(node) = nodes.get(3) {
-            let trainer = Workload::new("trainer", node)
-                .device(DeviceUse::Resource)
-                .owner(WorkloadOwner::ReplicaSet)
-                .label("app", "trainer");
+            let trainer = replica("trainer", node, "trainer").device(DeviceUse::Resource);
             workloads.push((trainer, Placement::Drained));
         }
         if let Some(node) = nodes.get(4) {
-            let shipper = Workload::new("log-shipper", node)
-                .owner(WorkloadOwner::ReplicaSet)
-                .with_empty_dir()
-                .label("app", "log-shipper");
+            let shipper = replica("log-shipper", node, "log-shipper").with_empty_dir();
             workloads.push((shipper, Placement::Drained));
         }
         if let Some(node) = self.host_managed_node() {
-            let monitor = Workload::new("monitor", node)
-                .device(DeviceUse::HostPath)
-                .owner(WorkloadOwner::ReplicaSet)
-                .label("app", "monitor");
+            let monitor = replica("monitor", &node, "monitor").device(DeviceUse::HostPath);
             workloads.push((monitor, Placement::Untouched));
         }
         if let Some(node) = self.plain_nodes().first() {
-            let web = Workload::new("web", node)
-                .owner(WorkloadOwner::ReplicaSet)
-                .label("app", "web");
-            workloads.push((web, Placement::Untouched));
+            workloads.push((replica("web", node, "web"), Placement::Untouched));
         }
         workloads
     }
@@ -133,6 +122,13 @@ impl Fleet {
     fn tenstorrent_name(&self, i: usize) -> String {
         format!("{}-tt-{i}", self.prefix)
     }
+}
+
+/// A workload labelled `app=<app>` and owned by a ReplicaSet, so drains may evict it.
+fn replica(name: &str, node: &str, app: &str) -> Workload {
+    Workload::new(name, node)
+        .owner(WorkloadOwner::ReplicaSet)
+        .label("app", app)
 }
 
 #[cfg(test)]

@@ -20,16 +20,13 @@ const PLUGIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How many recent transitions the terminal view lists under the table.
 const RECENT: usize = 8;
 
-/// How the demo draws.
+/// How the demo draws: the plugin binary, the cluster's kubeconfig, the policy shown, and when
+/// the demo started (transitions show the time since).
 #[derive(Debug, Clone)]
 pub struct LiveView {
-    /// The plugin binary.
     pub plugin: PathBuf,
-    /// The cluster's kubeconfig.
     pub kubeconfig: PathBuf,
-    /// The policy shown.
     pub policy: String,
-    /// When the demo started (transitions show the time since).
     pub epoch: Instant,
 }
 
@@ -61,29 +58,23 @@ impl LiveView {
     /// Runs `kubectl-tt-driver nodes <policy>` with the demo's stdout; reports a failure in one
     /// line instead of the table.
     async fn plugin_table(&self) {
-        let mut command = Command::new(&self.plugin);
-        command
+        let child = Command::new(&self.plugin)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["nodes", &self.policy])
             .stdin(Stdio::null())
             .stderr(Stdio::piped())
             .process_group(0)
-            .kill_on_drop(true);
-        let outcome = match command.spawn() {
-            Ok(child) => tokio::time::timeout(PLUGIN_TIMEOUT, child.wait_with_output()).await,
-            Err(e) => {
-                println!("(cannot run {}: {e})", self.plugin.display());
-                return;
-            }
-        };
-        match outcome {
+            .kill_on_drop(true)
+            .spawn();
+        let output = async { child?.wait_with_output().await };
+        match tokio::time::timeout(PLUGIN_TIMEOUT, output).await {
             Ok(Ok(output)) if output.status.success() => {}
             Ok(Ok(output)) => println!(
                 "(kubectl tt driver failed: {})",
                 String::from_utf8_lossy(&output.stderr).trim()
             ),
-            Ok(Err(e)) => println!("(kubectl tt driver failed: {e})"),
+            Ok(Err(e)) => println!("(cannot run {}: {e})", self.plugin.display()),
             Err(_) => println!(
                 "(kubectl tt driver did not answer within {} s)",
                 PLUGIN_TIMEOUT.as_secs()

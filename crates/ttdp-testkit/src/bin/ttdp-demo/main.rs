@@ -22,7 +22,6 @@ mod live_view;
 mod scenario;
 mod timings;
 
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Mutex;
 
@@ -69,18 +68,10 @@ fn run(args: DemoArgs) -> Result<Ending> {
     };
     std::fs::create_dir_all(&log_dir)
         .with_context(|| format!("cannot create the log directory {}", log_dir.display()))?;
-    init_tracing(&log_dir.join("demo.log"))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(scenario::run(args, log_dir))
-}
-
-/// The demo's own logs (and the simulation's) go to a file: the terminal shows the rollout.
-fn init_tracing(path: &Path) -> Result<()> {
+    // The demo's own logs (and the simulation's) go to a file: the terminal shows the rollout.
+    let log = log_dir.join("demo.log");
     let file =
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        std::fs::File::create(&log).with_context(|| format!("cannot create {}", log.display()))?;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
@@ -88,5 +79,9 @@ fn init_tracing(path: &Path) -> Result<()> {
         .with_ansi(false)
         .with_writer(Mutex::new(file))
         .init();
-    Ok(())
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(scenario::run(args, log_dir))
 }

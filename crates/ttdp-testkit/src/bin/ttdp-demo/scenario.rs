@@ -58,7 +58,6 @@ pub enum Ending {
 pub async fn run(args: DemoArgs, log_dir: PathBuf) -> Result<Ending> {
     check_binaries(&args)?;
     let epoch = Instant::now();
-    let step = Instant::now();
     let source = ClusterSource::choose(args.kubeconfig.as_deref())?;
     println!("{}", source.describe());
     let names = source.names();
@@ -85,14 +84,14 @@ pub async fn run(args: DemoArgs, log_dir: PathBuf) -> Result<Ending> {
     let cluster = start_cluster(&args, &fleet, &source, &log_dir).await?;
     let client = cluster.client();
     let kubeconfig = publish_kubeconfig(&cluster, &source, args.write_kubeconfig.as_deref())?;
-    let phases = vec![phase("start the cluster and the simulated nodes", step)];
+    let phases = vec![phase("start the cluster and the simulated nodes", epoch)];
 
     let mut demo = Demo {
         args,
         fleet,
         names,
-        source: Some(source),
-        cluster: Some(cluster),
+        source,
+        cluster,
         client,
         kubeconfig,
         log_dir,
@@ -111,8 +110,7 @@ pub async fn run(args: DemoArgs, log_dir: PathBuf) -> Result<Ending> {
         },
         () = shutdown_signal() => Ending::Interrupted,
     };
-    let ending = demo.finish(ending).await;
-    Ok(ending)
+    Ok(demo.finish(ending).await)
 }
 
 /// The demo's state from a started cluster to the end.
@@ -120,8 +118,8 @@ pub struct Demo {
     pub args: DemoArgs,
     pub fleet: Fleet,
     pub names: DemoNames,
-    pub source: Option<ClusterSource>,
-    pub cluster: Option<SimCluster>,
+    pub source: ClusterSource,
+    pub cluster: SimCluster,
     pub client: Client,
     pub kubeconfig: PathBuf,
     pub log_dir: PathBuf,
@@ -143,20 +141,14 @@ impl Demo {
         install_crd(&self.client).await?;
         create_operator_namespace(&self.client, &self.names.operator_namespace).await?;
         print_step("starting the real ttdp-controller binary");
+        let speed = self.args.speed;
         let mut flags = vec![
             format!("--namespace={}", self.names.operator_namespace),
             format!("--default-image={INSTALLER_IMAGE}"),
-            format!(
-                "--retry-base-seconds={}",
-                scaled_seconds(30.0, self.args.speed)
-            ),
-            format!(
-                "--retry-max-seconds={}",
-                scaled_seconds(600.0, self.args.speed)
-            ),
+            format!("--retry-base-seconds={}", scaled_seconds(30.0, speed)),
+            format!("--retry-max-seconds={}", scaled_seconds(600.0, speed)),
+            format!("--kmd-repository={}", self.cluster.kmd_repo().url()),
         ];
-        let repository = self.cluster.as_ref().map(|c| c.kmd_repo().url());
-        flags.extend(repository.map(|r| format!("--kmd-repository={r}")));
         let selector = self.names.policy_selector();
         flags.extend(selector.map(|s| format!("--policy-selector={s}")));
         self.controller = Some(ControllerProcess::start(
@@ -230,9 +222,7 @@ impl Demo {
     }
 
     async fn place_workloads(&mut self) -> Result<()> {
-        let Some(cluster) = &self.cluster else {
-            bail!("the simulated cluster is gone");
-        };
+        let cluster = &self.cluster;
         let workloads = self.fleet.workloads();
         for (workload, _) in &workloads {
             let pod = cluster.add_workload(workload).await.with_context(|| {
@@ -312,19 +302,17 @@ impl Demo {
             }
             self.check_controller_alive()?;
             if Instant::now() >= deadline {
-                let mut message = format!(
-                    "{title} did not finish within --timeout {} s",
-                    self.args.timeout.as_secs()
+                let stuck = policy
+                    .as_ref()
+                    .map_or_else(|| vec!["the policy was never seen".to_owned()], stragglers);
+                let seconds = self.args.timeout.as_secs();
+                bail!(
+                    "{title} did not finish within --timeout {seconds} s{}",
+                    stuck
+                        .iter()
+                        .map(|line| format!("\n  {line}"))
+                        .collect::<String>()
                 );
-                match &policy {
-                    Some(policy) => {
-                        for line in stragglers(policy) {
-                            message.push_str(&format!("\n  {line}"));
-                        }
-                    }
-                    None => message.push_str("\n  the policy was never seen"),
-                }
-                bail!(message);
             }
             if self.redraw {
                 let due = last_draw.is_none_or(|t| {

@@ -9,14 +9,12 @@ use serde::Serialize;
 use ttdp_api::NodeState;
 
 use ttdp_testkit::programs::Transition;
+use ttdp_testkit::programs::rollout_watch::node_spans;
 
-/// One named phase of the demo and how long it took.
+/// One named phase of the demo and how many seconds it took.
 #[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct Phase {
-    /// What happened.
     pub name: String,
-    /// Seconds it took.
     pub seconds: f64,
 }
 
@@ -24,7 +22,7 @@ pub struct Phase {
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutTimes {
-    /// Seconds from a node leaving Pending (or first appearing in flight) to Done, per node.
+    /// Seconds from a node's first state in flight to Done, per node.
     pub per_node: BTreeMap<String, f64>,
     /// Average seconds a node spent in each in-flight state.
     pub per_state: BTreeMap<String, f64>,
@@ -36,48 +34,38 @@ impl RolloutTimes {
     /// Times of the transitions that happened at or after `since` (the rollout's start).
     pub fn from_transitions(transitions: &[Transition], since: Instant) -> Self {
         let relevant: Vec<&Transition> = transitions.iter().filter(|t| t.at >= since).collect();
-        let mut by_node: BTreeMap<&str, Vec<&Transition>> = BTreeMap::new();
-        for t in &relevant {
-            by_node.entry(t.node.as_str()).or_default().push(t);
-        }
-        let mut per_node = BTreeMap::new();
-        let mut in_state: BTreeMap<NodeState, Vec<Duration>> = BTreeMap::new();
-        for (node, steps) in &by_node {
-            let started = steps.iter().find(|t| t.to.is_in_flight()).map(|t| t.at);
-            let done = steps
-                .iter()
-                .rev()
-                .find(|t| t.to == NodeState::Done)
-                .map(|t| t.at);
-            if let (Some(start), Some(end)) = (started, done) {
-                per_node.insert(
-                    (*node).to_owned(),
-                    end.saturating_duration_since(start).as_secs_f64(),
-                );
-            }
-            for pair in steps.windows(2) {
-                if pair[0].to.is_in_flight() {
-                    in_state
-                        .entry(pair[0].to)
-                        .or_default()
-                        .push(pair[1].at.saturating_duration_since(pair[0].at));
-                }
-            }
-        }
-        let per_state = in_state
+        let per_node = node_spans(transitions, since)
             .into_iter()
-            .map(|(state, times)| {
-                let total: Duration = times.iter().sum();
-                let count = u32::try_from(times.len()).unwrap_or(u32::MAX).max(1);
-                (state.to_string(), (total / count).as_secs_f64())
-            })
+            .filter_map(|(node, span)| Some((node, span.duration()?.as_secs_f64())))
             .collect();
         Self {
             per_node,
-            per_state,
+            per_state: mean_time_in_state(&relevant),
             max_in_flight: max_in_flight(&relevant),
         }
     }
+}
+
+/// Seconds from each node's in-flight transition to its next one, averaged per state.
+fn mean_time_in_state(transitions: &[&Transition]) -> BTreeMap<String, f64> {
+    let mut by_node: BTreeMap<&str, Vec<&Transition>> = BTreeMap::new();
+    for t in transitions {
+        by_node.entry(&t.node).or_default().push(t);
+    }
+    let mut in_state: BTreeMap<NodeState, Vec<Duration>> = BTreeMap::new();
+    for steps in by_node.values() {
+        for pair in steps.windows(2).filter(|pair| pair[0].to.is_in_flight()) {
+            let time = pair[1].at.saturating_duration_since(pair[0].at);
+            in_state.entry(pair[0].to).or_default().push(time);
+        }
+    }
+    in_state
+        .into_iter()
+        .map(|(state, times)| {
+            let total: Duration = times.iter().sum();
+            (state.to_string(), total.as_secs_f64() / times.len() as f64)
+        })
+        .collect()
 }
 
 fn max_in_flight(transitions: &[&Transition]) -> usize {
