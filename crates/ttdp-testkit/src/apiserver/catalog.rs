@@ -1,7 +1,9 @@
 //! The resource types the server serves: the built-in ones the demo's programs use and the
-//! custom resources of every CustomResourceDefinition created through it.
+//! custom resources of every CustomResourceDefinition stored.
 
 use serde_json::Value;
+
+use super::store::Store;
 
 /// One served resource at one group/version.
 #[derive(Debug, Clone)]
@@ -20,8 +22,8 @@ pub struct ResourceType {
     pub short_names: Vec<String>,
     /// Whether the `status` subresource exists (status writes go only through it).
     pub status_subresource: bool,
-    /// Name of the CRD that defines this type (None for built-ins).
-    pub crd: Option<String>,
+    /// Whether a CRD defines this type.
+    pub custom: bool,
 }
 
 impl ResourceType {
@@ -80,73 +82,28 @@ const BUILTINS: &[Builtin] = &[
     ("apiextensions.k8s.io", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"], true),
 ];
 
-/// All served resource types.
-#[derive(Debug, Clone)]
-pub struct Catalog {
-    types: Vec<ResourceType>,
-}
+/// Where CustomResourceDefinitions are stored.
+const CRDS: &str = "apiextensions.k8s.io/customresourcedefinitions";
 
-impl Catalog {
-    /// The built-in types.
-    pub fn builtin() -> Self {
-        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
-        let types = BUILTINS
-            .iter()
-            .map(
-                |&(group, plural, kind, namespaced, short, status)| ResourceType {
-                    group: group.into(),
-                    version: "v1".into(),
-                    plural: plural.into(),
-                    kind: kind.into(),
-                    namespaced,
-                    short_names: strings(short),
-                    status_subresource: status,
-                    crd: None,
-                },
-            )
-            .collect();
-        Self { types }
-    }
-
-    /// Every served type.
-    pub fn all(&self) -> &[ResourceType] {
-        &self.types
-    }
-
-    /// The type served at `group/version/plural`.
-    pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<&ResourceType> {
-        self.types
-            .iter()
-            .find(|t| t.group == group && t.version == version && t.plural == plural)
-    }
-
-    /// Whether the group/version is served at all.
-    pub fn has_group_version(&self, group: &str, version: &str) -> bool {
-        self.types
-            .iter()
-            .any(|t| t.group == group && t.version == version)
-    }
-
-    /// Replace the types defined by CRD `crd_name` with `types` (empty to remove).
-    pub fn set_crd_types(&mut self, crd_name: &str, types: Vec<ResourceType>) {
-        self.types.retain(|t| t.crd.as_deref() != Some(crd_name));
-        self.types.extend(types);
-    }
-
-    /// Served groups in a stable order (core excluded), each with its versions.
-    pub fn groups(&self) -> Vec<(String, Vec<String>)> {
-        let mut out: Vec<(String, Vec<String>)> = Vec::new();
-        for t in self.types.iter().filter(|t| !t.group.is_empty()) {
-            match out.iter_mut().find(|(g, _)| *g == t.group) {
-                Some((_, versions)) if !versions.contains(&t.version) => {
-                    versions.push(t.version.clone())
-                }
-                Some(_) => {}
-                None => out.push((t.group.clone(), vec![t.version.clone()])),
-            }
-        }
-        out
-    }
+/// Every served type: the built-ins, then those of each CRD in the store (read from the CRDs
+/// on each request, so a CRD's types are served from its creation to its removal).
+pub fn served(store: &Store) -> Vec<ResourceType> {
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+    let builtins =
+        BUILTINS.iter().map(
+            |&(group, plural, kind, namespaced, short, status)| ResourceType {
+                group: group.into(),
+                version: "v1".into(),
+                plural: plural.into(),
+                kind: kind.into(),
+                namespaced,
+                short_names: strings(short),
+                status_subresource: status,
+                custom: false,
+            },
+        );
+    let custom = store.list(CRDS, None).into_iter().flat_map(types_from_crd);
+    builtins.chain(custom).collect()
 }
 
 /// The resource types a CRD object (as JSON) serves: one per served version. Its schema is not
@@ -174,7 +131,7 @@ pub fn types_from_crd(crd: &Value) -> Vec<ResourceType> {
             namespaced: spec["scope"].as_str() != Some("Cluster"),
             short_names: short_names.clone(),
             status_subresource: version["subresources"]["status"].is_object(),
-            crd: Some(text(&crd["metadata"]["name"])),
+            custom: true,
         })
         .collect()
 }

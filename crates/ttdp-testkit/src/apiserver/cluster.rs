@@ -7,53 +7,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use super::catalog::{Catalog, ResourceType, types_from_crd};
+use super::catalog::{self, ResourceType};
 use super::meta;
 use super::patch::{self, PatchType};
-use super::selectors::Selector;
+use super::selectors::Selection;
 use super::status::{self, ApiError};
 use super::store::Store;
 
-/// Options of a delete (query parameters, or a `DeleteOptions` body).
-#[derive(Debug, Clone, Default)]
-pub struct DeleteOpts {
-    /// `gracePeriodSeconds`.
-    pub grace_period_seconds: Option<i64>,
-    /// `preconditions.uid`.
-    pub precondition_uid: Option<String>,
-    /// `preconditions.resourceVersion`.
-    pub precondition_rv: Option<String>,
-}
-
-impl DeleteOpts {
-    /// Read a `DeleteOptions` body (missing fields stay as they are).
-    pub fn merge_body(&mut self, body: &Value) {
-        if let Some(g) = body["gracePeriodSeconds"].as_i64() {
-            self.grace_period_seconds = Some(g);
-        }
-        if let Some(u) = body["preconditions"]["uid"].as_str() {
-            self.precondition_uid = Some(u.to_string());
-        }
-        if let Some(r) = body["preconditions"]["resourceVersion"].as_str() {
-            self.precondition_rv = Some(r.to_string());
-        }
-    }
-}
-
-/// List parameters.
-#[derive(Debug, Clone, Default)]
-pub struct ListQuery {
-    /// `labelSelector`.
-    pub label_selector: Option<String>,
-    /// `fieldSelector`.
-    pub field_selector: Option<String>,
-}
-
-/// Everything the server knows.
-#[derive(Debug)]
+/// Everything the server knows: objects and history (the served types follow from the CRDs).
+#[derive(Debug, Default)]
 pub struct ClusterState {
-    /// Served types.
-    pub catalog: Catalog,
     /// Objects and history.
     pub store: Store,
 }
@@ -69,10 +32,7 @@ pub struct Cluster {
 impl Default for Cluster {
     /// A cluster with the default namespaces.
     fn default() -> Self {
-        let mut state = ClusterState {
-            catalog: Catalog::builtin(),
-            store: Store::default(),
-        };
+        let mut state = ClusterState::default();
         if let Some(rt) = state.resource("", "v1", "namespaces") {
             for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
                 // Seeding an empty store cannot fail.
@@ -94,20 +54,22 @@ impl Cluster {
     }
 }
 
-fn ns_key<'a>(rt: &ResourceType, namespace: &'a str) -> &'a str {
-    if rt.namespaced { namespace } else { "" }
-}
-
 impl ClusterState {
+    /// Every served type.
+    pub fn served(&self) -> Vec<ResourceType> {
+        catalog::served(&self.store)
+    }
+
     /// Find a served type.
     pub fn resource(&self, group: &str, version: &str, plural: &str) -> Option<ResourceType> {
-        self.catalog.find(group, version, plural).cloned()
+        let mut served = self.served().into_iter();
+        served.find(|t| t.group == group && t.version == version && t.plural == plural)
     }
 
     /// GET one object.
     pub fn get(&self, rt: &ResourceType, namespace: &str, name: &str) -> Result<Value, ApiError> {
         self.store
-            .get(&rt.storage_key(), ns_key(rt, namespace), name)
+            .get(&rt.storage_key(), namespace, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(rt, name))
     }
@@ -115,26 +77,18 @@ impl ClusterState {
     /// LIST with selectors, always whole and at the latest revision: a `resourceVersion` is
     /// ignored and so is `limit` (a server may ignore it and return every result; the routes
     /// refuse a `continue`, as no list here is ever paged).
-    pub fn list(
-        &self,
-        rt: &ResourceType,
-        namespace: Option<&str>,
-        q: &ListQuery,
-    ) -> Result<Value, ApiError> {
-        let labels = Selector::parse(q.label_selector.as_deref().unwrap_or_default())?;
-        let fields = Selector::parse(q.field_selector.as_deref().unwrap_or_default())?;
-        let items: Vec<&Value> = self
-            .store
-            .list(&rt.storage_key(), namespace.filter(|_| rt.namespaced))
+    pub fn list(&self, rt: &ResourceType, selection: &Selection) -> Value {
+        let objects = self.store.list(&rt.storage_key(), selection.namespace());
+        let items: Vec<&Value> = objects
             .into_iter()
-            .filter(|o| labels.matches_labels(&o["metadata"]["labels"]) && fields.matches_fields(o))
+            .filter(|o| selection.matches(o))
             .collect();
-        Ok(json!({
+        json!({
             "kind": format!("{}List", rt.kind),
             "apiVersion": rt.api_version(),
             "metadata": {"resourceVersion": self.store.revision().to_string()},
             "items": items,
-        }))
+        })
     }
 
     /// POST a new object. Returns the stored object.
@@ -152,12 +106,10 @@ impl ClusterState {
                     "the namespace of the provided object does not match the namespace sent on the request",
                 ));
             }
-            if self.store.get("/namespaces", "", namespace).is_none() {
-                let namespaces = self.resource("", "v1", "namespaces");
-                return Err(match namespaces {
-                    Some(ns_rt) => ApiError::not_found(&ns_rt, namespace),
-                    None => ApiError::internal("namespaces are not served"),
-                });
+            if let Some(namespaces) = self.resource("", "v1", "namespaces")
+                && self.store.get("/namespaces", "", namespace).is_none()
+            {
+                return Err(ApiError::not_found(&namespaces, namespace));
             }
             meta::set(&mut body, "namespace", json!(namespace));
         } else {
@@ -173,10 +125,8 @@ impl ClusterState {
                     "metadata.name: Required value: name or generateName is required",
                 ));
             }
-            let mut name = format!("{prefix}{}", meta::name_suffix());
-            while self.get(rt, namespace, &name).is_ok() {
-                name = format!("{prefix}{}", meta::name_suffix());
-            }
+            // A generated name that is taken is AlreadyExists, as on the real server.
+            let name = format!("{prefix}{}", meta::name_suffix());
             meta::set(&mut body, "name", json!(name));
         }
         let name = meta::name(&body).to_string();
@@ -189,7 +139,7 @@ impl ClusterState {
         meta::set(&mut body, "uid", json!(meta::new_uid()));
         meta::set(&mut body, "creationTimestamp", json!(meta::now()));
         meta::set(&mut body, "generation", json!(1));
-        if rt.crd.is_some()
+        if rt.custom
             && rt.status_subresource
             && let Some(o) = body.as_object_mut()
         {
@@ -198,8 +148,9 @@ impl ClusterState {
         Ok(self.commit(rt, None, body))
     }
 
-    /// PATCH (main resource or `status`); an apply patch creates a missing object. Returns the
-    /// stored object and whether it was created.
+    /// PATCH (main resource or `status`); an apply patch creates a missing object. Checks the
+    /// name and `resourceVersion` of the patched object, then keeps what the client may not
+    /// change through `subresource`. Returns the stored object and whether it was created.
     pub fn patch(
         &mut self,
         rt: &ResourceType,
@@ -218,11 +169,6 @@ impl ClusterState {
             Ok(existing) => existing,
             Err(_) if patch_type == PatchType::Apply && subresource.is_empty() => {
                 let mut applied = patch;
-                if !applied.is_object() {
-                    return Err(ApiError::bad_request(
-                        "an apply patch must be a JSON object",
-                    ));
-                }
                 meta::set(&mut applied, "name", json!(name));
                 return Ok((self.create(rt, namespace, applied)?, true));
             }
@@ -233,33 +179,20 @@ impl ClusterState {
             PatchType::Merge | PatchType::Apply => json_patch::merge(&mut patched, &patch),
             PatchType::Json => patch::json_patch(&mut patched, patch)?,
         }
-        Ok((self.write(rt, existing, patched, subresource)?, false))
-    }
-
-    /// An update of `existing` to `new` (a patched copy): checks the name and
-    /// `resourceVersion`, then keeps what the client may not change through `subresource`.
-    fn write(
-        &mut self,
-        rt: &ResourceType,
-        existing: Value,
-        mut new: Value,
-        subresource: &str,
-    ) -> Result<Value, ApiError> {
-        check_supported(rt, &new)?;
-        let name = meta::name(&existing).to_string();
-        let new_name = meta::name(&new);
-        if !new_name.is_empty() && new_name != name {
+        check_supported(rt, &patched)?;
+        let patched_name = meta::name(&patched);
+        if !patched_name.is_empty() && patched_name != name {
             return Err(ApiError::bad_request(format!(
-                "the name of the object ({new_name}) does not match the name on the URL ({name})"
+                "the name of the object ({patched_name}) does not match the name on the URL ({name})"
             )));
         }
-        let rv = meta::resource_version(&new);
+        let rv = meta::resource_version(&patched);
         if !rv.is_empty() && rv != meta::resource_version(&existing) {
-            return Err(ApiError::stale(rt, &name));
+            return Err(ApiError::stale(rt, name));
         }
-        meta::set(&mut new, "name", json!(name));
-        let new = scope_write(rt, &existing, new, subresource);
-        Ok(self.commit(rt, Some(&existing), new))
+        meta::set(&mut patched, "name", json!(name));
+        let patched = scope_write(rt, &existing, patched, subresource);
+        Ok((self.commit(rt, Some(&existing), patched), false))
     }
 
     /// Stamp and store a write (`old` None: a create) unless it changes nothing; remove an
@@ -290,96 +223,80 @@ impl ClusterState {
         }
         let name = meta::name(&new).to_string();
         let namespace = meta::namespace(&new).to_string();
-        if rt.is("apiextensions.k8s.io", "customresourcedefinitions") {
-            self.catalog.set_crd_types(&name, types_from_crd(&new));
-        }
         let stored = self.store.put(&rt.storage_key(), &namespace, &name, new);
         let pod_waits = rt.is("", "pods")
             && stored["metadata"]["deletionGracePeriodSeconds"]
                 .as_i64()
                 .unwrap_or(0)
                 > 0;
-        if meta::is_deleting(&stored) && meta::finalizers(&stored).is_empty() && !pod_waits {
+        if meta::is_deleting(&stored) && !meta::has_finalizers(&stored) && !pod_waits {
             return self.remove(rt, &stored).unwrap_or(stored);
         }
         stored
     }
 
-    /// Store a change the server makes itself (a PodDisruptionBudget's status), if any.
-    pub fn store_status(&mut self, rt: &ResourceType, old: &Value, status: Value) {
+    /// Store a status the server writes itself (a PodDisruptionBudget's), if it changed.
+    pub fn store_status(&mut self, storage: &str, old: &Value, status: Value) {
         if old["status"] != status {
             let mut new = old.clone();
             new["status"] = status;
-            self.commit(rt, Some(old), new);
+            let (namespace, name) = (meta::namespace(old), meta::name(old));
+            self.store.put(storage, namespace, name, new);
         }
     }
 
     /// Remove an object from storage now; returns its last state.
     fn remove(&mut self, rt: &ResourceType, obj: &Value) -> Option<Value> {
-        let name = meta::name(obj).to_string();
-        let removed = self
-            .store
-            .remove(&rt.storage_key(), meta::namespace(obj), &name);
-        if rt.is("apiextensions.k8s.io", "customresourcedefinitions") {
-            self.catalog.set_crd_types(&name, Vec::new());
-        }
-        removed
+        (self.store).remove(&rt.storage_key(), meta::namespace(obj), meta::name(obj))
     }
 
-    /// DELETE one object. Returns the object while it is still terminating (finalizers, or a
-    /// pod's grace period for its kubelet), or a `Success` status once it is gone. Dependents
-    /// and a namespace's contents are left alone: there is no garbage collector.
+    /// DELETE one object with `options` (a `DeleteOptions`, null for none). Returns the object
+    /// while it is still terminating (finalizers, or a pod's grace period for its kubelet), or
+    /// a `Success` status once it is gone. Dependents and a namespace's contents are left alone:
+    /// there is no garbage collector.
     pub fn delete(
         &mut self,
         rt: &ResourceType,
         namespace: &str,
         name: &str,
-        opts: &DeleteOpts,
+        options: &Value,
     ) -> Result<Value, ApiError> {
+        // kubectl sends `--dry-run=server` of a delete or an eviction in the body.
+        if !options["dryRun"].is_null() {
+            let message = "dryRun is not supported by this imitation API server";
+            return Err(ApiError::bad_request(message));
+        }
         let existing = self.get(rt, namespace, name)?;
         let uid = meta::uid(&existing).to_string();
-        if let Some(want) = opts.precondition_uid.as_ref().filter(|u| **u != uid) {
-            return Err(ApiError::conflict(
-                rt,
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"
-                ),
-            ));
+        let preconditions = &options["preconditions"];
+        if let Some(want) = preconditions["uid"].as_str().filter(|u| *u != uid) {
+            let why = format!(
+                "Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"
+            );
+            return Err(ApiError::conflict(rt, name, &why));
         }
-        if let Some(want) = &opts.precondition_rv
-            && want != meta::resource_version(&existing)
-        {
+        let rv = preconditions["resourceVersion"].as_str();
+        if rv.is_some_and(|rv| rv != meta::resource_version(&existing)) {
             return Err(ApiError::stale(rt, name));
         }
-        let grace = grace_period(rt, &existing, opts);
-        let gone = status::success(
-            200,
-            json!({"name": name, "group": rt.group, "kind": rt.plural, "uid": uid}),
-        );
-        if meta::finalizers(&existing).is_empty() && grace == 0 {
+        let grace = grace_period(rt, &existing, options["gracePeriodSeconds"].as_i64());
+        if !meta::has_finalizers(&existing) && grace == 0 {
             self.remove(rt, &existing);
-            return Ok(gone);
+            let details = json!({"name": name, "group": rt.group, "kind": rt.plural, "uid": uid});
+            return Ok(status::status("Success", 200, details));
         }
         let current = existing["metadata"]["deletionGracePeriodSeconds"].as_i64();
         if meta::is_deleting(&existing) && current.is_none_or(|g| grace >= g) {
             return Ok(existing);
         }
-        let mut updated = existing.clone();
+        let mut updated = existing;
         meta::set(
             &mut updated,
             "deletionTimestamp",
             json!(meta::now_plus(grace)),
         );
         meta::set(&mut updated, "deletionGracePeriodSeconds", json!(grace));
-        let stored = self
-            .store
-            .put(&rt.storage_key(), ns_key(rt, namespace), name, updated);
-        if grace == 0 && meta::finalizers(&stored).is_empty() {
-            self.remove(rt, &stored);
-            return Ok(gone);
-        }
-        Ok(stored)
+        Ok(self.store.put(&rt.storage_key(), namespace, name, updated))
     }
 }
 
@@ -405,8 +322,8 @@ fn check_supported(rt: &ResourceType, body: &Value) -> Result<(), ApiError> {
 }
 
 /// How long a deleted pod is left to its kubelet: 0 for other objects and for pods that are
-/// unscheduled or finished, else the request's grace period, the pod's, or 30 s.
-fn grace_period(rt: &ResourceType, obj: &Value, opts: &DeleteOpts) -> i64 {
+/// unscheduled or finished, else the `requested` grace period, the pod's, or 30 s.
+fn grace_period(rt: &ResourceType, obj: &Value, requested: Option<i64>) -> i64 {
     let phase = obj["status"]["phase"].as_str().unwrap_or_default();
     let scheduled = obj["spec"]["nodeName"]
         .as_str()
@@ -414,8 +331,7 @@ fn grace_period(rt: &ResourceType, obj: &Value, opts: &DeleteOpts) -> i64 {
     if !rt.is("", "pods") || !scheduled || matches!(phase, "Succeeded" | "Failed") {
         return 0;
     }
-    let grace = opts
-        .grace_period_seconds
+    let grace = requested
         .or_else(|| obj["spec"]["terminationGracePeriodSeconds"].as_i64())
         .unwrap_or(30);
     if grace < 0 { 30 } else { grace }
@@ -438,30 +354,21 @@ fn spec_of(rt: &ResourceType, obj: &Value) -> Value {
 
 /// The status-subresource split: a status write changes only `status`; a main-resource write
 /// of a type with a status subresource cannot change `status`.
-fn scope_write(rt: &ResourceType, existing: &Value, mut new: Value, subresource: &str) -> Value {
-    if subresource == "status" {
-        let mut out = existing.clone();
-        match new.get_mut("status").map(Value::take) {
-            Some(status) => out["status"] = status,
-            None => {
-                if let Some(o) = out.as_object_mut() {
-                    o.remove("status");
-                }
-            }
-        }
-        return out;
-    }
-    if rt.status_subresource {
-        match existing.get("status") {
-            Some(s) => new["status"] = s.clone(),
-            None => {
-                if let Some(o) = new.as_object_mut() {
-                    o.remove("status");
-                }
+fn scope_write(rt: &ResourceType, existing: &Value, new: Value, subresource: &str) -> Value {
+    let (mut out, status) = match subresource {
+        "status" => (existing.clone(), new.get("status").cloned()),
+        _ if rt.status_subresource => (new, existing.get("status").cloned()),
+        _ => return new,
+    };
+    match status {
+        Some(status) => out["status"] = status,
+        None => {
+            if let Some(o) = out.as_object_mut() {
+                o.remove("status");
             }
         }
     }
-    new
+    out
 }
 
 #[cfg(test)]
@@ -502,9 +409,7 @@ mod tests {
         let ds = state.resource("apps", "v1", "daemonsets").unwrap();
         let body = json!({"metadata": {"name": "d", "finalizers": ["f"]}});
         state.create(&ds, "default", body).unwrap();
-        let deleting = state
-            .delete(&ds, "default", "d", &DeleteOpts::default())
-            .unwrap();
+        let deleting = state.delete(&ds, "default", "d", &Value::Null).unwrap();
         assert!(meta::is_deleting(&deleting));
         patch(
             &mut state,

@@ -1,11 +1,11 @@
 //! Discovery documents: `/api`, `/apis` and the per-group-version resource lists, generated
-//! from the catalog (so CRDs appear as soon as they are created). Aggregated discovery is not
+//! from the served types (so CRDs appear as soon as they are created). Aggregated discovery is not
 //! served (kubectl falls back to these documents), nor are `/version` and `/apis/<group>`,
 //! which no client of the demo reads.
 
 use serde_json::{Value, json};
 
-use super::catalog::{Catalog, ResourceType};
+use super::catalog::ResourceType;
 
 /// `/api`.
 pub fn core_versions(server_address: &str) -> Value {
@@ -16,20 +16,20 @@ pub fn core_versions(server_address: &str) -> Value {
     })
 }
 
-fn group_json(group: &str, versions: &[String]) -> Value {
-    let vs: Vec<Value> = versions
-        .iter()
-        .map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v}))
-        .collect();
-    json!({"name": group, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(Value::Null)})
-}
-
-/// `/apis`.
-pub fn group_list(catalog: &Catalog) -> Value {
-    let groups: Vec<Value> = catalog
-        .groups()
-        .iter()
-        .map(|(g, vs)| group_json(g, vs))
+/// `/apis`: every group but core, in the order served, each with its versions.
+pub fn group_list(served: &[ResourceType]) -> Value {
+    let mut groups: Vec<(&str, Vec<Value>)> = Vec::new();
+    for t in served.iter().filter(|t| !t.group.is_empty()) {
+        let version = json!({"groupVersion": t.api_version(), "version": t.version});
+        match groups.iter_mut().find(|(g, _)| *g == t.group) {
+            Some((_, versions)) if !versions.contains(&version) => versions.push(version),
+            Some(_) => {}
+            None => groups.push((&t.group, vec![version])),
+        }
+    }
+    let groups: Vec<Value> = groups
+        .into_iter()
+        .map(|(name, vs)| json!({"name": name, "preferredVersion": vs[0], "versions": vs}))
         .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
@@ -37,8 +37,10 @@ pub fn group_list(catalog: &Catalog) -> Value {
 /// The verbs of every served resource (neither update nor deletecollection is served).
 const VERBS: &[&str] = &["create", "delete", "get", "list", "patch", "watch"];
 
-fn resource(rt: &ResourceType) -> Value {
-    let mut r = json!({
+/// A resource's entries: itself, its `status` and a pod's `eviction` (which kubectl drain
+/// looks for).
+fn entries(rt: &ResourceType) -> Vec<Value> {
+    let mut main = json!({
         "name": rt.plural,
         "singularName": rt.kind.to_lowercase(),
         "namespaced": rt.namespaced,
@@ -46,49 +48,37 @@ fn resource(rt: &ResourceType) -> Value {
         "verbs": VERBS,
     });
     if !rt.short_names.is_empty() {
-        r["shortNames"] = json!(rt.short_names);
+        main["shortNames"] = json!(rt.short_names);
     }
-    r
-}
-
-fn subresource(rt: &ResourceType, name: &str, kind: &str, verbs: &[&str]) -> Value {
-    json!({
-        "name": format!("{}/{name}", rt.plural),
-        "singularName": "",
-        "namespaced": rt.namespaced,
-        "kind": kind,
-        "verbs": verbs,
-    })
+    let sub = |name: &str, kind: &str, verbs: &[&str]| {
+        let name = format!("{}/{name}", rt.plural);
+        json!({"name": name, "singularName": "", "namespaced": rt.namespaced, "kind": kind, "verbs": verbs})
+    };
+    let mut entries = vec![main];
+    if rt.status_subresource {
+        entries.push(sub("status", &rt.kind, &["get", "patch"]));
+    }
+    if rt.is("", "pods") {
+        let mut eviction = sub("eviction", "Eviction", &["create"]);
+        eviction["group"] = json!("policy");
+        eviction["version"] = json!("v1");
+        entries.push(eviction);
+    }
+    entries
 }
 
 /// `/api/v1` or `/apis/<group>/<version>`, None when not served.
-pub fn resource_list(catalog: &Catalog, group: &str, version: &str) -> Option<Value> {
-    if !catalog.has_group_version(group, version) {
-        return None;
-    }
-    let mut resources = Vec::new();
-    for rt in catalog
-        .all()
-        .iter()
-        .filter(|t| t.group == group && t.version == version)
-    {
-        resources.push(resource(rt));
-        if rt.status_subresource {
-            resources.push(subresource(rt, "status", &rt.kind, &["get", "patch"]));
-        }
-        if rt.is("", "pods") {
-            let mut eviction = subresource(rt, "eviction", "Eviction", &["create"]);
-            eviction["group"] = json!("policy");
-            eviction["version"] = json!("v1");
-            resources.push(eviction);
-        }
-    }
-    let group_version = if group.is_empty() {
-        version.to_string()
-    } else {
-        format!("{group}/{version}")
-    };
-    Some(
-        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}),
-    )
+pub fn resource_list(served: &[ResourceType], group: &str, version: &str) -> Option<Value> {
+    let mut types = (served.iter()).filter(|t| t.group == group && t.version == version);
+    let first = types.next()?;
+    let resources: Vec<Value> = std::iter::once(first)
+        .chain(types)
+        .flat_map(entries)
+        .collect();
+    Some(json!({
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": first.api_version(),
+        "resources": resources,
+    }))
 }

@@ -1,13 +1,14 @@
 //! The disruption controller: each PodDisruptionBudget's status, recomputed after every write
 //! and every 100 ms, as the real one (`pkg/controller/disruption`) computes it: pods matching
 //! the selector in the budget's namespace; healthy when Ready and not terminating (an evicted
-//! pod is terminating from its eviction on, so no `disruptedPods` are kept); the expected count is the sum of the
-//! scales of the pods' ReplicaSets (pods without a controller count for nothing, and a
-//! controller whose scale cannot be found fails the budget safe: no disruptions allowed);
-//! `desiredHealthy` is that less `maxUnavailable` (a percentage rounds up);
+//! pod is terminating from its eviction on, so no `disruptedPods` are kept); the expected count
+//! is the sum of the scales of the pods' ReplicaSets (pods without a controller count for
+//! nothing, and a controller whose scale cannot be found fails the budget safe: no disruptions
+//! allowed); `desiredHealthy` is that less `maxUnavailable` (a percentage rounds up);
 //! `disruptionsAllowed = currentHealthy - desiredHealthy`, 0 when negative or when nothing is
 //! expected. Budgets are only of the demo's kind, `maxUnavailable` over `matchLabels`: the
-//! cluster refuses `minAvailable` and `matchExpressions`.
+//! cluster refuses others. No `DisruptionAllowed` condition is written: nothing of the demo
+//! reads it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,41 +18,27 @@ use tokio_util::sync::CancellationToken;
 
 use super::cluster::{Cluster, ClusterState};
 use super::meta;
-use super::selectors::Selector;
+use super::selectors::{labels_match, match_labels};
 
-/// The numbers of a budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Budget {
-    /// Matching pods that are Ready and not terminating.
-    pub current_healthy: i64,
-    /// How many must stay healthy.
-    pub desired_healthy: i64,
-    /// The pods the budget expects (see the module docs).
-    pub expected_pods: i64,
-    /// How many may be disrupted now.
-    pub disruptions_allowed: i64,
-}
+/// Where budgets are stored.
+pub const BUDGETS: &str = "policy/poddisruptionbudgets";
 
 /// Whether a pod is Ready (condition `Ready=True`) and not terminating.
 pub fn is_healthy(pod: &Value) -> bool {
-    !meta::is_deleting(pod)
-        && pod["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    let mut conditions = pod["status"]["conditions"].as_array().into_iter().flatten();
+    !meta::is_deleting(pod) && conditions.any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
 
 /// Whether the budget's selector selects the pod (same namespace; in policy/v1 an empty
 /// selector selects every pod of the namespace, a missing one none).
 pub fn selects(pdb: &Value, pod: &Value) -> bool {
     let selector = &pdb["spec"]["selector"];
-    if selector.is_null() || meta::namespace(pdb) != meta::namespace(pod) {
-        return false;
-    }
-    Selector::from_match_labels(selector).matches_labels(&pod["metadata"]["labels"])
+    !selector.is_null()
+        && meta::namespace(pdb) == meta::namespace(pod)
+        && labels_match(&match_labels(selector), &pod["metadata"]["labels"])
 }
 
+/// `maxUnavailable` of `total`: a number, or a percentage rounded up.
 fn scaled(value: &Value, total: i64) -> i64 {
     match value {
         Value::String(s) if s.ends_with('%') => {
@@ -63,103 +50,45 @@ fn scaled(value: &Value, total: i64) -> i64 {
     }
 }
 
-/// Evaluates a budget against the pods of its namespace. `controller_scale` answers, for a
+/// The status of a budget over the pods of its namespace. `controller_scale` answers, for a
 /// pod's controller reference, the controller's uid and desired scale (None when no such
-/// controller with a scale exists). Err is the message of a failed sync ("found no controllers
-/// for pod ...").
-pub fn evaluate<'a>(
+/// controller with a scale exists).
+pub fn status<'a>(
     pdb: &Value,
     pods: impl IntoIterator<Item = &'a Value>,
     controller_scale: impl Fn(&Value) -> Option<(String, i64)>,
-) -> Result<Budget, String> {
+) -> Value {
     let matching: Vec<&Value> = pods.into_iter().filter(|p| selects(pdb, p)).collect();
     let healthy = matching.iter().filter(|p| is_healthy(p)).count() as i64;
-    let spec = &pdb["spec"];
-    let scale = || -> Result<i64, String> {
-        let mut scales: BTreeMap<String, i64> = BTreeMap::new();
-        for pod in &matching {
-            let Some(controller) = pod["metadata"]["ownerReferences"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|r| r["controller"] == true)
-            else {
-                continue;
-            };
-            let (uid, n) = controller_scale(controller)
-                .ok_or_else(|| format!("found no controllers for pod {:?}", meta::name(pod)))?;
-            scales.insert(uid, n);
+    let mut scales: BTreeMap<String, i64> = BTreeMap::new();
+    let mut unknown_controller = false;
+    for pod in matching {
+        let owners = pod["metadata"]["ownerReferences"].as_array();
+        let controller = owners
+            .into_iter()
+            .flatten()
+            .find(|r| r["controller"] == true);
+        match controller.map(&controller_scale) {
+            Some(Some((uid, n))) => {
+                scales.insert(uid, n);
+            }
+            Some(None) => unknown_controller = true,
+            None => {}
         }
-        Ok(scales.values().sum())
-    };
-    let (expected, desired) = match &spec["maxUnavailable"] {
-        Value::Null => (0, 0),
-        max => {
-            let expected = scale()?;
-            (expected, (expected - scaled(max, expected)).max(0))
-        }
-    };
-    let allowed = healthy - desired;
-    Ok(Budget {
-        current_healthy: healthy,
-        desired_healthy: desired,
-        expected_pods: expected,
-        disruptions_allowed: if expected <= 0 || allowed <= 0 {
-            0
-        } else {
-            allowed
-        },
-    })
-}
-
-/// The status of a budget whose sync failed: no disruptions allowed, the reason in the
-/// `DisruptionAllowed` condition, the rest as it was.
-pub fn fail_safe_status(pdb: &Value, message: &str) -> Value {
-    let mut status = pdb["status"].clone();
-    if !status.is_object() {
-        status = json!({});
     }
-    status["disruptionsAllowed"] = json!(0);
-    let observed = status["observedGeneration"].clone();
-    status["conditions"] = json!([condition(pdb, "False", "SyncFailed", message, observed)]);
-    status
-}
-
-fn condition(pdb: &Value, status: &str, reason: &str, message: &str, observed: Value) -> Value {
-    let previous = pdb["status"]["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "DisruptionAllowed"))
-        .cloned();
-    let transition = match &previous {
-        Some(p) if p["status"] == status => p["lastTransitionTime"].clone(),
-        _ => json!(meta::now()),
-    };
-    json!({
-        "type": "DisruptionAllowed",
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "observedGeneration": observed,
-        "lastTransitionTime": transition,
-    })
-}
-
-/// The `status` the disruption controller would write, keeping the condition's transition
-/// time when it did not change.
-pub fn status(pdb: &Value, budget: &Budget) -> Value {
-    let (cond_status, reason) = if budget.disruptions_allowed > 0 {
-        ("True", "SufficientPods")
+    let expected: i64 = scales.values().sum();
+    let desired = (expected - scaled(&pdb["spec"]["maxUnavailable"], expected)).max(0);
+    let allowed = if unknown_controller || expected <= 0 {
+        0
     } else {
-        ("False", "InsufficientPods")
+        (healthy - desired).max(0)
     };
-    let generation = json!(pdb["metadata"]["generation"].as_i64().unwrap_or(1));
     json!({
-        "observedGeneration": generation,
-        "disruptionsAllowed": budget.disruptions_allowed,
-        "currentHealthy": budget.current_healthy,
-        "desiredHealthy": budget.desired_healthy,
-        "expectedPods": budget.expected_pods,
-        "conditions": [condition(pdb, cond_status, reason, "", generation.clone())],
+        "observedGeneration": pdb["metadata"]["generation"].as_i64().unwrap_or(1),
+        "disruptionsAllowed": allowed,
+        "currentHealthy": healthy,
+        "desiredHealthy": desired,
+        "expectedPods": expected,
     })
 }
 
@@ -177,22 +106,15 @@ pub async fn run(cluster: Cluster, stop: CancellationToken) {
 
 /// Writes each budget's status where it changed.
 pub fn update_budgets(state: &mut ClusterState) {
-    let Some(pdb_rt) = state.resource("policy", "v1", "poddisruptionbudgets") else {
-        return;
-    };
     let mut updates: Vec<(Value, Value)> = Vec::new();
-    for pdb in state.store.list(&pdb_rt.storage_key(), None) {
+    for pdb in state.store.list(BUDGETS, None) {
         let namespace = meta::namespace(pdb);
         let pods = state.store.list("/pods", Some(namespace));
         let scale = |owner: &Value| controller_scale(state, owner, namespace);
-        let status = match evaluate(pdb, pods.iter().copied(), scale) {
-            Ok(budget) => status(pdb, &budget),
-            Err(message) => fail_safe_status(pdb, &message),
-        };
-        updates.push((pdb.clone(), status));
+        updates.push((pdb.clone(), status(pdb, pods, scale)));
     }
     for (pdb, status) in updates {
-        state.store_status(&pdb_rt, &pdb, status);
+        state.store_status(BUDGETS, &pdb, status);
     }
 }
 
@@ -203,31 +125,23 @@ fn controller_scale(state: &ClusterState, owner: &Value, namespace: &str) -> Opt
     if owner["kind"] != "ReplicaSet" || owner["apiVersion"] != "apps/v1" {
         return None;
     }
-    let rs = state
-        .store
-        .get("apps/replicasets", namespace, owner["name"].as_str()?)?;
-    (meta::uid(rs) == owner["uid"].as_str()?).then(|| {
-        (
-            meta::uid(rs).to_owned(),
-            rs["spec"]["replicas"].as_i64().unwrap_or(1),
-        )
-    })
+    let name = owner["name"].as_str()?;
+    let rs = state.store.get("apps/replicasets", namespace, name)?;
+    let uid = meta::uid(rs);
+    let replicas = rs["spec"]["replicas"].as_i64().unwrap_or(1);
+    (uid == owner["uid"].as_str()?).then(|| (uid.to_owned(), replicas))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn pod(name: &str, ready: bool) -> Value {
-        json!({"metadata": {"name": name, "namespace": "ns", "labels": {"app": "w"}},
-               "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}})
-    }
-
-    fn owned(name: &str, ready: bool, rs: &str) -> Value {
-        let mut p = pod(name, ready);
-        p["metadata"]["ownerReferences"] =
-            json!([{"kind": "ReplicaSet", "name": rs, "uid": rs, "controller": true}]);
-        p
+    fn pod(name: &str, ready: bool, rs: Option<&str>) -> Value {
+        let ready = if ready { "True" } else { "False" };
+        let owners = rs.map(|rs| json!([{"name": rs, "uid": rs, "controller": true}]));
+        json!({"metadata": {"name": name, "namespace": "ns", "labels": {"app": "w"},
+                "ownerReferences": owners},
+               "status": {"conditions": [{"type": "Ready", "status": ready}]}})
     }
 
     /// ReplicaSet "rs" has 3 replicas; nothing else has a scale.
@@ -235,49 +149,40 @@ mod tests {
         (owner["uid"] == "rs").then(|| ("rs".to_owned(), 3))
     }
 
-    fn pdb(spec: Value) -> Value {
-        let mut spec = spec;
-        spec["selector"] = json!({"matchLabels": {"app": "w"}});
-        json!({"metadata": {"name": "b", "namespace": "ns"}, "spec": spec})
+    fn numbers(max_unavailable: Value, pods: &[Value]) -> [Value; 4] {
+        let pdb = json!({"metadata": {"name": "b", "namespace": "ns"}, "spec": {
+            "maxUnavailable": max_unavailable, "selector": {"matchLabels": {"app": "w"}}}});
+        let s = status(&pdb, pods, scale_of);
+        [
+            "currentHealthy",
+            "desiredHealthy",
+            "expectedPods",
+            "disruptionsAllowed",
+        ]
+        .map(|field| s[field].clone())
     }
 
     #[test]
     fn max_unavailable_counts_controller_scale() {
         let pods = [
-            owned("a", true, "rs"),
-            owned("b", true, "rs"),
-            owned("c", false, "rs"),
+            pod("a", true, Some("rs")),
+            pod("b", true, Some("rs")),
+            pod("c", false, Some("rs")),
         ];
-        let b = evaluate(&pdb(json!({"maxUnavailable": 1})), &pods, scale_of).unwrap();
+        assert_eq!(numbers(json!(1), &pods), [2, 2, 3, 0].map(|n| json!(n)));
+        let percent = numbers(json!("34%"), &pods);
         assert_eq!(
-            (
-                b.current_healthy,
-                b.desired_healthy,
-                b.expected_pods,
-                b.disruptions_allowed
-            ),
-            (2, 2, 3, 0)
-        );
-        let b = evaluate(&pdb(json!({"maxUnavailable": "34%"})), &pods, scale_of).unwrap();
-        assert_eq!(
-            (b.desired_healthy, b.disruptions_allowed),
-            (1, 1),
+            percent,
+            [2, 1, 3, 1].map(|n| json!(n)),
             "34% of 3 rounds up to 2"
         );
-        let b = evaluate(&pdb(json!({"maxUnavailable": 0})), &pods, scale_of).unwrap();
-        assert_eq!(b.disruptions_allowed, 0);
     }
 
     #[test]
     fn bare_pods_expect_nothing_and_an_unknown_controller_fails_safe() {
-        let bare = [pod("a", true), pod("b", true)];
-        let b = evaluate(&pdb(json!({"maxUnavailable": 1})), &bare, scale_of).unwrap();
-        assert_eq!((b.expected_pods, b.disruptions_allowed), (0, 0));
-        let orphan = [owned("a", true, "gone")];
-        let err = evaluate(&pdb(json!({"maxUnavailable": 1})), &orphan, scale_of).unwrap_err();
-        assert_eq!(err, "found no controllers for pod \"a\"");
-        let failed = fail_safe_status(&pdb(json!({"maxUnavailable": 1})), &err);
-        assert_eq!(failed["disruptionsAllowed"], 0);
-        assert_eq!(failed["conditions"][0]["reason"], "SyncFailed");
+        let bare = [pod("a", true, None), pod("b", true, None)];
+        assert_eq!(numbers(json!(1), &bare), [2, 0, 0, 0].map(|n| json!(n)));
+        let orphan = [pod("a", true, Some("gone")), pod("b", true, Some("rs"))];
+        assert_eq!(numbers(json!(1), &orphan)[3], 0);
     }
 }

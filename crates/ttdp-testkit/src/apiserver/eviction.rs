@@ -4,10 +4,10 @@
 use serde_json::{Value, json};
 
 use super::catalog::ResourceType;
-use super::cluster::{ClusterState, DeleteOpts};
-use super::disruption::{self, Budget};
+use super::cluster::ClusterState;
+use super::disruption::{self, BUDGETS};
 use super::meta;
-use super::status::{self, ApiError, StatusCause};
+use super::status::{self, ApiError};
 
 /// `POST .../pods/<name>/eviction`.
 pub fn evict(
@@ -18,37 +18,30 @@ pub fn evict(
     body: &Value,
 ) -> Result<Value, ApiError> {
     let pod = state.get(pods, namespace, name)?;
-    let mut opts = DeleteOpts::default();
-    if body["deleteOptions"].is_object() {
-        opts.merge_body(&body["deleteOptions"]);
-    }
-    let evicted = status::success(201, json!({"name": name, "kind": "pods"}));
+    let evicted = status::status("Success", 201, json!({"name": name, "kind": "pods"}));
+    let delete = |state: &mut ClusterState| {
+        let options = body.get("deleteOptions").unwrap_or(&Value::Null);
+        state
+            .delete(pods, namespace, name, options)
+            .map(|_| evicted.clone())
+    };
     let phase = pod["status"]["phase"].as_str().unwrap_or_default();
     // As the real eviction REST: terminal and pending pods, and pods already being deleted, go
     // without consulting budgets.
-    if matches!(phase, "Succeeded" | "Failed" | "Pending") || meta::is_deleting(&pod) {
-        if !meta::is_deleting(&pod) {
-            state.delete(pods, namespace, name, &opts)?;
-        }
-        return Ok(evicted);
+    if meta::is_deleting(&pod) {
+        return Ok(evicted.clone());
     }
-    let pdb_rt = state
-        .resource("policy", "v1", "poddisruptionbudgets")
-        .ok_or_else(|| ApiError::internal("poddisruptionbudgets are not served"))?;
-    let budgets: Vec<Value> = state
-        .store
-        .list(&pdb_rt.storage_key(), Some(namespace))
+    if matches!(phase, "Succeeded" | "Failed" | "Pending") {
+        return delete(state);
+    }
+    let budgets = state.store.list(BUDGETS, Some(namespace));
+    let mut budgets = budgets
         .into_iter()
-        .filter(|pdb| disruption::selects(pdb, &pod))
-        .cloned()
-        .collect();
-    let pdb = match budgets.as_slice() {
-        [] => {
-            state.delete(pods, namespace, name, &opts)?;
-            return Ok(evicted);
-        }
-        [pdb] => pdb,
-        _ => {
+        .filter(|pdb| disruption::selects(pdb, &pod));
+    let pdb = match (budgets.next(), budgets.next()) {
+        (None, _) => return delete(state),
+        (Some(pdb), None) => pdb.clone(),
+        (Some(_), Some(_)) => {
             return Err(ApiError::internal(
                 "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
             ));
@@ -56,55 +49,28 @@ pub fn evict(
     };
     // As the eviction REST: decide from the budget's status, as the disruption controller last
     // wrote it, and decrement it.
-    let status = &pdb["status"];
-    let number = |field: &str| status[field].as_i64().unwrap_or(0);
+    let number = |field: &str| pdb["status"][field].as_i64().unwrap_or(0);
     let (current, desired) = (number("currentHealthy"), number("desiredHealthy"));
     // The default `unhealthyPodEvictionPolicy` (IfHealthyBudget; the cluster refuses others).
     if !disruption::is_healthy(&pod) && current >= desired && desired > 0 {
-        state.delete(pods, namespace, name, &opts)?;
-        return Ok(evicted);
+        return delete(state);
     }
-    let generation = pdb["metadata"]["generation"].as_i64().unwrap_or(1);
-    let refusal = if number("observedGeneration") < generation {
-        Some(format!(
-            "The disruption budget {} is still being processed by the server.",
-            meta::name(pdb)
-        ))
-    } else if number("disruptionsAllowed") <= 0 {
-        Some(format!(
-            "The disruption budget {} needs {desired} healthy pods and has {current} currently",
-            meta::name(pdb)
-        ))
-    } else {
-        None
-    };
-    if let Some(message) = refusal {
-        return Err(ApiError::too_many_requests(
-            "Cannot evict pod as it would violate the pod's disruption budget.",
-            vec![StatusCause {
-                reason: "DisruptionBudget".into(),
-                message,
-            }],
-        ));
+    let budget = meta::name(&pdb);
+    if number("observedGeneration") < pdb["metadata"]["generation"].as_i64().unwrap_or(1) {
+        return Err(ApiError::disruption_budget(format!(
+            "The disruption budget {budget} is still being processed by the server."
+        )));
     }
-    let mut updated = match status {
-        Value::Object(_) => status.clone(),
-        _ => json!({}),
-    };
-    let allowed = number("disruptionsAllowed") - 1;
-    updated["disruptionsAllowed"] = json!(allowed);
-    if allowed == 0 {
-        let budget = Budget {
-            current_healthy: current,
-            desired_healthy: desired,
-            expected_pods: number("expectedPods"),
-            disruptions_allowed: 0,
-        };
-        updated["conditions"] = disruption::status(pdb, &budget)["conditions"].clone();
+    let allowed = number("disruptionsAllowed");
+    if allowed <= 0 {
+        return Err(ApiError::disruption_budget(format!(
+            "The disruption budget {budget} needs {desired} healthy pods and has {current} currently"
+        )));
     }
-    state.store_status(&pdb_rt, pdb, updated);
-    state.delete(pods, namespace, name, &opts)?;
-    Ok(evicted)
+    let mut status = pdb["status"].clone();
+    status["disruptionsAllowed"] = json!(allowed - 1);
+    state.store_status(BUDGETS, &pdb, status);
+    delete(state)
 }
 
 #[cfg(test)]

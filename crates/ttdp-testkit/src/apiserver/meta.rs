@@ -25,14 +25,10 @@ pub fn resource_version(obj: &Value) -> &str {
         .unwrap_or_default()
 }
 
-/// `metadata.finalizers` as strings.
-pub fn finalizers(obj: &Value) -> Vec<String> {
-    obj["metadata"]["finalizers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|f| f.as_str().map(str::to_string))
-        .collect()
+/// Whether `metadata.finalizers` holds any.
+pub fn has_finalizers(obj: &Value) -> bool {
+    let finalizers = obj["metadata"]["finalizers"].as_array();
+    finalizers.is_some_and(|f| !f.is_empty())
 }
 
 /// Whether `metadata.deletionTimestamp` is set.
@@ -43,16 +39,13 @@ pub fn is_deleting(obj: &Value) -> bool {
 /// Set a metadata field (`metadata` is created when missing; nothing happens to a value that
 /// is not an object).
 pub fn set(obj: &mut Value, field: &str, value: Value) {
-    let Some(o) = obj.as_object_mut() else {
-        return;
-    };
-    let metadata = o
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !metadata.is_object() {
-        *metadata = Value::Object(Map::new());
+    if let Some(o) = obj.as_object_mut() {
+        let metadata = o.entry("metadata").or_insert(Value::Null);
+        if !metadata.is_object() {
+            *metadata = Value::Object(Map::new());
+        }
+        metadata[field] = value;
     }
-    metadata[field] = value;
 }
 
 /// Remove a metadata field.
@@ -64,33 +57,30 @@ pub fn remove(obj: &mut Value, field: &str) {
 
 /// The current time as the API server writes it (RFC 3339, seconds).
 pub fn now() -> String {
-    jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
+    now_plus(0)
 }
 
 /// The time `seconds` from now, formatted like [`now`].
 pub fn now_plus(seconds: i64) -> String {
-    let ts = jiff::Timestamp::now()
-        .checked_add(jiff::SignedDuration::from_secs(seconds))
-        .unwrap_or_else(|_| jiff::Timestamp::now());
-    ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    let now = jiff::Timestamp::now();
+    let then = now.checked_add(jiff::SignedDuration::from_secs(seconds));
+    then.unwrap_or(now)
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
-/// A fresh random UUID (version 4 layout).
+/// A fresh random uid in the layout of a version 4 UUID.
 pub fn new_uid() -> String {
-    let mut bytes: [u8; 16] = rand::rng().random();
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let h: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    let h = format!("{:032x}", rand::rng().random::<u128>());
+    let part = |range: std::ops::Range<usize>| &h[range];
+    let (a, b, c, d, e) = (
+        part(0..8),
+        part(8..12),
+        part(13..16),
+        part(16..20),
+        part(20..32),
+    );
+    format!("{a}-{b}-4{c}-{d}-{e}")
 }
 
 /// Five random lowercase alphanumerics, the suffix `generateName` gets.

@@ -6,7 +6,7 @@
 //! `ttdp-test`) and serves, in JSON only:
 //! - discovery (`/api`, `/apis`, per group-version lists, CRDs as soon as they are created),
 //!   not aggregated discovery and no OpenAPI (`kubectl apply` needs `--validate=false`);
-//! - get, list and watch with `key=value` label and field selectors and watch bookmarks;
+//! - get, list and watch with `key=value` label and field selectors (no watch bookmarks);
 //!   lists are whole (`limit` is ignored, as a server may) and at the latest revision, and a
 //!   watch resumes from a `resourceVersion` in the last 10,000 changes (410 Gone before);
 //! - create (with `generateName`), delete with preconditions, finalizers and a pod's grace
@@ -15,8 +15,8 @@
 //!   and server-side apply as "create, or JSON-merge into the stored object": no managed
 //!   fields, no conflicts, and a field its manager stops applying stays;
 //! - the `status` subresource, and the pod `eviction` subresource checked against
-//!   PodDisruptionBudgets (`maxUnavailable` over `matchLabels` only), whose status a built-in
-//!   disruption controller keeps.
+//!   PodDisruptionBudgets (`maxUnavailable` over `matchLabels` only), whose status (without
+//!   conditions) a built-in disruption controller keeps.
 //!
 //! What the demo's programs never send is refused with an error saying the imitation does not
 //! support it, never answered wrongly: PUT, strategic merge patches and protobuf (415), other
@@ -45,7 +45,6 @@ mod cluster;
 mod discovery;
 mod disruption;
 mod eviction;
-mod kubeconfig;
 mod meta;
 mod patch;
 mod routes;
@@ -98,7 +97,8 @@ impl TestApiServer {
             .tempdir()
             .map_err(ServerError::Kubeconfig)?;
         let url = format!("http://{address}");
-        let kubeconfig = kubeconfig::write(dir.path(), &url).map_err(ServerError::Kubeconfig)?;
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, render_kubeconfig(&url)).map_err(ServerError::Kubeconfig)?;
         let stop = CancellationToken::new();
         let app = routes::App {
             cluster: cluster::Cluster::default(),
@@ -145,4 +145,22 @@ impl Drop for TestApiServer {
     fn drop(&mut self) {
         self.app.stop.cancel();
     }
+}
+
+/// A kubeconfig for `url`: context, cluster and user `ttdp-test`, namespace `default`, plain
+/// HTTP, no credentials.
+fn render_kubeconfig(url: &str) -> String {
+    let context = "ttdp-test";
+    format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n\
+         - name: {context}\n  cluster:\n    server: {url}\n\
+         contexts:\n\
+         - name: {context}\n  context:\n    cluster: {context}\n    user: {context}\n    namespace: default\n\
+         current-context: {context}\n\
+         users:\n\
+         - name: {context}\n  user: {{}}\n\
+         preferences: {{}}\n"
+    )
 }

@@ -16,15 +16,13 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::catalog::ResourceType;
-use super::cluster::{Cluster, ClusterState, DeleteOpts, ListQuery};
+use super::cluster::{Cluster, ClusterState};
 use super::discovery;
 use super::eviction;
 use super::patch::PatchType;
+use super::selectors::Selection;
 use super::status::ApiError;
-use super::watch::{self, WatchQuery};
-
-/// How often watches that asked for bookmarks get one.
-const BOOKMARK_INTERVAL: Duration = Duration::from_secs(1);
+use super::watch;
 
 /// Shared state of the HTTP layer.
 #[derive(Debug, Clone)]
@@ -42,89 +40,21 @@ pub fn router(app: App) -> Router {
     Router::new().fallback(handle).with_state(app)
 }
 
-/// A parsed resource path.
-#[derive(Debug, Clone)]
-struct ResourcePath {
+/// One request, as the routes read it.
+struct Request<'a> {
+    method: &'a Method,
+    query: HashMap<String, String>,
+    content_type: String,
+    accept: String,
+    body: &'a [u8],
+}
+
+/// A resource path: `.../[namespaces/<namespace>/]<plural>[/<name>[/<subresource>]]`.
+struct ResourcePath<'a> {
     rt: ResourceType,
-    namespace: Option<String>,
-    name: Option<String>,
-    subresource: String,
-}
-
-enum Target {
-    CoreVersions,
-    Groups,
-    ResourceList(String, String),
-    Resource(Box<ResourcePath>),
-}
-
-fn parse_target(app: &App, path: &str) -> Result<Target, ApiError> {
-    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    match segs.as_slice() {
-        ["api"] => Ok(Target::CoreVersions),
-        ["apis"] => Ok(Target::Groups),
-        ["api", v] => Ok(Target::ResourceList(String::new(), v.to_string())),
-        ["apis", g, v] => Ok(Target::ResourceList(g.to_string(), v.to_string())),
-        ["api", v, rest @ ..] => parse_resource(app, "", v, rest, path),
-        ["apis", g, v, rest @ ..] => parse_resource(app, g, v, rest, path),
-        _ => Err(ApiError::no_route(path)),
-    }
-}
-
-fn parse_resource(
-    app: &App,
-    group: &str,
-    version: &str,
-    rest: &[&str],
-    path: &str,
-) -> Result<Target, ApiError> {
-    let state = app.cluster.lock();
-    let find = |plural: &str| state.resource(group, version, plural);
-    let namespaced = |plural: &str| find(plural).filter(|rt| rt.namespaced);
-    let (rt, namespace, tail) = match rest {
-        ["namespaces", ns, plural, tail @ ..] if namespaced(plural).is_some() => {
-            let rt = namespaced(plural).ok_or_else(|| ApiError::no_route(path))?;
-            (rt, Some(ns.to_string()), tail)
-        }
-        [plural, tail @ ..] => {
-            let rt = find(plural).ok_or_else(|| ApiError::no_route(path))?;
-            if rt.namespaced && !tail.is_empty() {
-                return Err(ApiError::no_route(path));
-            }
-            (rt, None, tail)
-        }
-        [] => return Err(ApiError::no_route(path)),
-    };
-    let (name, sub) = match tail {
-        [] => (None, ""),
-        [name] => (Some(name.to_string()), ""),
-        [name, sub] => (Some(name.to_string()), *sub),
-        _ => return Err(ApiError::no_route(path)),
-    };
-    let allowed_sub = match sub {
-        "" => true,
-        "status" => rt.status_subresource,
-        "eviction" => rt.is("", "pods"),
-        _ => false,
-    };
-    if !allowed_sub {
-        return Err(ApiError::no_route(path));
-    }
-    Ok(Target::Resource(Box::new(ResourcePath {
-        rt,
-        namespace,
-        name,
-        subresource: sub.to_string(),
-    })))
-}
-
-fn json_response(code: StatusCode, body: &Value) -> Response {
-    (
-        code,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+    namespace: Option<&'a str>,
+    name: Option<&'a str>,
+    subresource: &'a str,
 }
 
 async fn handle(
@@ -134,52 +64,91 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let path = uri.path().to_string();
-    let query: HashMap<String, String> = Query::<HashMap<String, String>>::try_from_uri(&uri)
-        .map(|q| q.0)
-        .unwrap_or_default();
     let header = |name: header::HeaderName| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string()
+        let value = headers.get(name).and_then(|v| v.to_str().ok());
+        value.unwrap_or_default().to_string()
     };
-    let content_type = header(header::CONTENT_TYPE);
-    let accept = header(header::ACCEPT);
-    let response = match parse_target(&app, &path) {
-        Err(e) => e.into_response(),
-        Ok(Target::Resource(rp)) => {
-            resource(&app, &method, &rp, &query, &content_type, &accept, &body)
-                .unwrap_or_else(IntoResponse::into_response)
-        }
-        Ok(other) => non_resource(&app, other),
+    let request = Request {
+        method: &method,
+        query: Query::try_from_uri(&uri).map(|q| q.0).unwrap_or_default(),
+        content_type: header(header::CONTENT_TYPE),
+        accept: header(header::ACCEPT),
+        body: &body,
     };
-    tracing::debug!(%method, %path, query = uri.query().unwrap_or_default(), status = response.status().as_u16(), "request");
+    let path = uri.path();
+    let response = route(&app, path, &request).unwrap_or_else(IntoResponse::into_response);
+    let (content_type, accept) = (&request.content_type, &request.accept);
+    let status = response.status().as_u16();
+    let query = uri.query().unwrap_or_default();
+    tracing::debug!(%method, %path, query, %content_type, %accept, status, "request");
     response
 }
 
-fn non_resource(app: &App, target: Target) -> Response {
+fn route(app: &App, path: &str, request: &Request) -> Result<Response, ApiError> {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let state = app.cluster.lock();
-    let found = |v: Option<Value>| match v {
-        Some(v) => json_response(StatusCode::OK, &v),
-        None => ApiError::no_route("discovery").into_response(),
+    let found = |document: Option<Value>| match document {
+        Some(document) => Ok(json_response(StatusCode::OK, &document)),
+        None => Err(ApiError::no_route(path)),
     };
-    match target {
-        Target::CoreVersions => {
-            json_response(StatusCode::OK, &discovery::core_versions(&app.address))
-        }
-        Target::Groups => json_response(StatusCode::OK, &discovery::group_list(&state.catalog)),
-        Target::ResourceList(g, v) => found(discovery::resource_list(&state.catalog, &g, &v)),
-        Target::Resource(_) => ApiError::no_route("resource").into_response(),
+    let (group, version, rest) = match segments.as_slice() {
+        ["api"] => return found(Some(discovery::core_versions(&app.address))),
+        ["apis"] => return found(Some(discovery::group_list(&state.served()))),
+        ["api", version, rest @ ..] => ("", *version, rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => return found(None),
+    };
+    if rest.is_empty() {
+        return found(discovery::resource_list(&state.served(), group, version));
     }
+    let target =
+        resource_path(&state, group, version, rest).ok_or_else(|| ApiError::no_route(path))?;
+    drop(state);
+    resource(app, &target, request)
 }
 
-fn list_query(query: &HashMap<String, String>) -> ListQuery {
-    ListQuery {
-        label_selector: query.get("labelSelector").cloned(),
-        field_selector: query.get("fieldSelector").cloned(),
-    }
+fn resource_path<'a>(
+    state: &ClusterState,
+    group: &str,
+    version: &str,
+    rest: &[&'a str],
+) -> Option<ResourcePath<'a>> {
+    let find = |plural: &str| state.resource(group, version, plural);
+    let (rt, namespace, tail) = match rest {
+        ["namespaces", namespace, plural, tail @ ..]
+            if find(plural).is_some_and(|rt| rt.namespaced) =>
+        {
+            (find(plural)?, Some(*namespace), tail)
+        }
+        [plural, tail @ ..] => {
+            let rt = find(plural).filter(|rt| !rt.namespaced || tail.is_empty())?;
+            (rt, None, tail)
+        }
+        [] => return None,
+    };
+    let (name, subresource) = match tail {
+        [] => (None, ""),
+        [name] => (Some(*name), ""),
+        [name, subresource] => (Some(*name), *subresource),
+        _ => return None,
+    };
+    let served = match subresource {
+        "" => true,
+        "status" => rt.status_subresource,
+        "eviction" => rt.is("", "pods"),
+        _ => false,
+    };
+    served.then_some(ResourcePath {
+        rt,
+        namespace,
+        name,
+        subresource,
+    })
+}
+
+fn json_response(code: StatusCode, body: &Value) -> Response {
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    (code, json, body.to_string()).into_response()
 }
 
 /// Run a write under the state lock and wake the disruption controller.
@@ -192,90 +161,94 @@ fn write<T>(
     result
 }
 
-fn decode_body(content_type: &str, body: &[u8]) -> Result<Value, ApiError> {
-    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
-        return Err(ApiError::unsupported_media_type(content_type));
+fn decode_body(request: &Request) -> Result<Value, ApiError> {
+    if request
+        .content_type
+        .starts_with("application/vnd.kubernetes.protobuf")
+    {
+        return Err(ApiError::unsupported_media_type(&request.content_type));
     }
-    serde_json::from_slice(body)
+    serde_json::from_slice(request.body)
         .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
 }
 
-fn resource(
-    app: &App,
-    method: &Method,
-    rp: &ResourcePath,
-    query: &HashMap<String, String>,
-    content_type: &str,
-    accept: &str,
-    body: &[u8],
-) -> Result<Response, ApiError> {
-    let rt = &rp.rt;
-    let ns = rp.namespace.as_deref().unwrap_or_default();
-    let status_sub = if rp.subresource == "status" {
-        "status"
-    } else {
-        ""
-    };
-    let is_true = |key: &str| query.get(key).is_some_and(|b| b == "true");
-    for (unsupported, sent) in [
-        ("dryRun", query.contains_key("dryRun")),
-        (
-            "continue",
-            query.get("continue").is_some_and(|c| !c.is_empty()),
-        ),
-        ("sendInitialEvents", is_true("sendInitialEvents")),
-    ] {
-        if sent {
-            return Err(ApiError::bad_request(format!(
-                "{unsupported} is not supported by this imitation API server"
-            )));
-        }
+impl Request<'_> {
+    /// A query parameter, "" when not sent.
+    fn param(&self, key: &str) -> &str {
+        self.query.get(key).map(String::as_str).unwrap_or_default()
     }
-    let respond = |code: StatusCode, v: &Value| -> Response {
-        if accept.contains("as=PartialObjectMetadata") {
-            json_response(code, &partial_metadata(v))
-        } else {
-            json_response(code, v)
-        }
+}
+
+/// The `DeleteOptions` of a delete: its body, with a `gracePeriodSeconds` query parameter.
+fn delete_options(request: &Request) -> Result<Value, ApiError> {
+    let mut options = match request.body {
+        [] => json!({}),
+        _ => decode_body(request)?,
     };
-    match (method.as_str(), rp.name.as_deref()) {
-        ("GET", None) if query.get("watch").is_some_and(|w| w == "true" || w == "1") => {
-            let wq = WatchQuery {
-                list: list_query(query),
-                resource_version: query.get("resourceVersion").cloned(),
-                bookmarks: is_true("allowWatchBookmarks"),
-                timeout: query
-                    .get("timeoutSeconds")
-                    .and_then(|t| t.parse().ok())
-                    .map(Duration::from_secs),
-            };
-            let namespace = rp.namespace.as_deref();
+    if !options.is_object() {
+        return Err(ApiError::bad_request("DeleteOptions must be a JSON object"));
+    }
+    if let Ok(grace) = request.param("gracePeriodSeconds").parse::<i64>() {
+        options["gracePeriodSeconds"] = json!(grace);
+    }
+    Ok(options)
+}
+
+fn resource(app: &App, rp: &ResourcePath, request: &Request) -> Result<Response, ApiError> {
+    let unsupported = ["dryRun", "continue", "sendInitialEvents"];
+    if let Some(parameter) =
+        (unsupported.iter()).find(|p| !matches!(request.param(p), "" | "false"))
+    {
+        return Err(ApiError::bad_request(format!(
+            "{parameter} is not supported by this imitation API server"
+        )));
+    }
+    let (rt, query) = (&rp.rt, &request.query);
+    let ns = rp.namespace.unwrap_or_default();
+    let respond =
+        |code: StatusCode, v: &Value| match request.accept.contains("as=PartialObjectMetadata") {
+            true => json_response(code, &partial_metadata(v)),
+            false => json_response(code, v),
+        };
+    let watching = matches!(request.param("watch"), "true" | "1");
+    match (request.method.as_str(), rp.name, rp.subresource) {
+        ("GET", None, _) if watching => {
+            let selection = Selection::from_query(rp.namespace, query)?;
+            let rv = request.param("resourceVersion");
+            let timeout = request.param("timeoutSeconds").parse().ok();
+            let timeout = timeout.map(Duration::from_secs);
             let stop = app.stop.clone();
-            watch::watch(&app.cluster, rt, namespace, wq, BOOKMARK_INTERVAL, stop)
+            let body = watch::watch(&app.cluster, rt, selection, rv, timeout, stop)?;
+            let json = [(header::CONTENT_TYPE, "application/json")];
+            Ok((StatusCode::OK, json, body).into_response())
         }
-        ("GET", None) => {
-            let q = list_query(query);
-            let list = app.cluster.lock().list(rt, rp.namespace.as_deref(), &q)?;
-            Ok(respond(StatusCode::OK, &list))
+        ("GET", None, _) => {
+            let selection = Selection::from_query(rp.namespace, query)?;
+            Ok(respond(
+                StatusCode::OK,
+                &app.cluster.lock().list(rt, &selection),
+            ))
         }
-        ("GET", Some(name)) => {
-            let obj = app.cluster.lock().get(rt, ns, name)?;
-            Ok(respond(StatusCode::OK, &obj))
-        }
-        ("POST", None) => {
-            let input = decode_body(content_type, body)?;
+        ("GET", Some(name), _) => Ok(respond(
+            StatusCode::OK,
+            &app.cluster.lock().get(rt, ns, name)?,
+        )),
+        ("POST", None, _) => {
+            let input = decode_body(request)?;
             let obj = write(app, |s| s.create(rt, ns, input))?;
             Ok(respond(StatusCode::CREATED, &obj))
         }
-        ("POST", Some(name)) if rp.subresource == "eviction" => {
-            let input = decode_body(content_type, body)?;
+        ("POST", Some(name), "eviction") => {
+            let input = decode_body(request)?;
             let result = write(app, |s| eviction::evict(s, rt, ns, name, &input))?;
             Ok(json_response(StatusCode::CREATED, &result))
         }
-        ("PATCH", Some(name)) => {
-            let patch_type = PatchType::from_content_type(content_type)?;
-            let (obj, created) =
-                write(app, |s| s.patch(rt, ns, name, patch_type, body, status_sub))?;
+        ("PATCH", Some(name), "" | "status") => {
+            let patch_type = PatchType::from_content_type(&request.content_type)?;
+            let patch = |s: &mut ClusterState| {
+                s.patch(rt, ns, name, patch_type, request.body, rp.subresource)
+            };
+            let (obj, created) = write(app, patch)?;
             let code = if created {
                 StatusCode::CREATED
             } else {
@@ -283,18 +256,12 @@ fn resource(
             };
             Ok(respond(code, &obj))
         }
-        ("DELETE", Some(name)) => {
-            let mut opts = DeleteOpts {
-                grace_period_seconds: query.get("gracePeriodSeconds").and_then(|g| g.parse().ok()),
-                ..DeleteOpts::default()
-            };
-            if !body.is_empty() {
-                opts.merge_body(&decode_body(content_type, body)?);
-            }
-            let result = write(app, |s| s.delete(rt, ns, name, &opts))?;
+        ("DELETE", Some(name), "") => {
+            let options = delete_options(request)?;
+            let result = write(app, |s| s.delete(rt, ns, name, &options))?;
             Ok(json_response(StatusCode::OK, &result))
         }
-        _ => Err(ApiError::method_not_allowed(format!(
+        (method, ..) => Err(ApiError::method_not_allowed(format!(
             "this imitation API server does not serve {method} on {} (no PUT: use a patch)",
             rt.qualified()
         ))),

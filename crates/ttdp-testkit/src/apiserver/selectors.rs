@@ -1,54 +1,74 @@
-//! Label and field selectors, reduced to what the demo's programs send: a comma-separated
-//! conjunction of `key=value` (or `key==value`) terms. Any other operator (`!=`, `in`,
-//! `notin`, `!key`, a bare `key`, `>`/`<`) is refused with a 400 naming the term, so a
-//! client never gets a list filtered by a selector the imitation misread.
+//! What a list or watch selects: a namespace and label and field selectors, reduced to what the
+//! demo's programs send: a comma-separated conjunction of `key=value` (or `key==value`) terms.
+//! Any other operator (`!=`, `in`, `notin`, `!key`, a bare `key`, `>`/`<`) is refused with a
+//! 400 naming the term, so a client never gets a list filtered by a selector the imitation
+//! misread.
+
+use std::collections::HashMap;
 
 use serde_json::Value;
 
 use super::status::ApiError;
 
-/// A parsed selector: every `(key, value)` pair must match.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Selector {
-    terms: Vec<(String, String)>,
+/// `(key, value)` pairs that must all match.
+type Terms = Vec<(String, String)>;
+
+/// The objects a list or watch selects.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    namespace: Option<String>,
+    labels: Terms,
+    /// Dotted paths such as `spec.nodeName`; any path is accepted (the real server allows only
+    /// a few per type).
+    fields: Terms,
 }
 
-impl Selector {
-    /// Parse a `labelSelector` or `fieldSelector` query parameter (empty selects everything).
-    pub fn parse(s: &str) -> Result<Self, ApiError> {
-        let mut terms = Vec::new();
-        for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-            terms.push(parse_term(term, s)?);
-        }
-        Ok(Self { terms })
+impl Selection {
+    /// From a request's namespace (None: all) and its `labelSelector` and `fieldSelector`.
+    pub fn from_query(
+        namespace: Option<&str>,
+        query: &HashMap<String, String>,
+    ) -> Result<Self, ApiError> {
+        let terms = |key: &str| parse(query.get(key).map(String::as_str).unwrap_or_default());
+        Ok(Self {
+            namespace: namespace.map(str::to_string),
+            labels: terms("labelSelector")?,
+            fields: terms("fieldSelector")?,
+        })
     }
 
-    /// The `matchLabels` of a `metav1.LabelSelector`, as PodDisruptionBudgets carry it (the
-    /// cluster refuses budgets with `matchExpressions`).
-    pub fn from_match_labels(selector: &Value) -> Self {
-        let terms = selector["matchLabels"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-            .collect();
-        Self { terms }
+    /// The namespace selected (None: all).
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
     }
 
-    /// Whether an object's `metadata.labels` satisfy the selector.
-    pub fn matches_labels(&self, labels: &Value) -> bool {
-        self.terms
-            .iter()
-            .all(|(key, value)| labels.get(key).and_then(Value::as_str) == Some(value))
+    /// Whether the object is selected.
+    pub fn matches(&self, obj: &Value) -> bool {
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| obj["metadata"]["namespace"].as_str() == Some(ns))
+            && labels_match(&self.labels, &obj["metadata"]["labels"])
+            && (self.fields.iter()).all(|(path, value)| field_value(obj, path) == *value)
     }
+}
 
-    /// Whether the object's fields (dotted paths such as `spec.nodeName`) satisfy the
-    /// selector; any path is accepted (the real server allows only a few per type).
-    pub fn matches_fields(&self, object: &Value) -> bool {
-        self.terms
-            .iter()
-            .all(|(path, value)| field_value(object, path) == *value)
-    }
+/// Whether `labels` (an object's `metadata.labels`) carry every term.
+pub fn labels_match(terms: &[(String, String)], labels: &Value) -> bool {
+    (terms.iter()).all(|(key, value)| labels.get(key).and_then(Value::as_str) == Some(value))
+}
+
+/// The terms of a `metav1.LabelSelector`'s `matchLabels`, as PodDisruptionBudgets carry it (the
+/// cluster refuses budgets with `matchExpressions`).
+pub fn match_labels(selector: &Value) -> Terms {
+    let pairs = selector["matchLabels"].as_object().into_iter().flatten();
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    pairs.map(|(k, v)| (k.clone(), text(v))).collect()
+}
+
+/// Parse a selector query parameter (empty selects everything).
+fn parse(whole: &str) -> Result<Terms, ApiError> {
+    let terms = whole.split(',').map(str::trim).filter(|t| !t.is_empty());
+    terms.map(|term| parse_term(term, whole)).collect()
 }
 
 fn parse_term(term: &str, whole: &str) -> Result<(String, String), ApiError> {
@@ -71,10 +91,7 @@ fn parse_term(term: &str, whole: &str) -> Result<(String, String), ApiError> {
 
 /// The string value of a field (empty when unset or not a scalar).
 fn field_value(object: &Value, path: &str) -> String {
-    let field = path
-        .split('.')
-        .fold(object, |current, segment| &current[segment]);
-    match field {
+    match path.split('.').fold(object, |current, seg| &current[seg]) {
         Value::String(s) => s.clone(),
         Value::Bool(b) => b.to_string(),
         Value::Number(n) => n.to_string(),
@@ -87,39 +104,35 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn selection(labels: &str, fields: &str) -> Result<Selection, ApiError> {
+        let query = [("labelSelector", labels), ("fieldSelector", fields)];
+        let query = query.map(|(k, v)| (k.to_string(), v.to_string()));
+        Selection::from_query(Some("ns"), &HashMap::from(query))
+    }
+
     #[test]
     fn equality_terms_all_have_to_match() {
-        let labels = json!({"app": "a", "tier": "web"});
-        for (sel, want) in [
-            ("app=a", true),
-            ("app==a", true),
-            ("app=a,tier=db", false),
-            ("missing=a", false),
-            ("", true),
+        let pod = json!({"metadata": {"name": "p", "namespace": "ns",
+            "labels": {"app": "a", "tier": "web"}}, "spec": {"nodeName": "n1"}});
+        for (labels, fields, want) in [
+            ("app=a", "", true),
+            ("app==a", "spec.nodeName=n1,metadata.name=p", true),
+            ("app=a,tier=db", "", false),
+            ("missing=a", "", false),
+            ("", "spec.nodeName==n2", false),
+            ("", "", true),
         ] {
-            assert_eq!(
-                Selector::parse(sel).unwrap().matches_labels(&labels),
-                want,
-                "{sel:?}"
-            );
+            let selected = selection(labels, fields).unwrap().matches(&pod);
+            assert_eq!(selected, want, "{labels:?} {fields:?}");
         }
-        let pod = json!({"spec": {"nodeName": "n1"}, "metadata": {"name": "p"}});
-        let fields = |s: &str| Selector::parse(s).unwrap().matches_fields(&pod);
-        assert!(fields("spec.nodeName=n1,metadata.name=p"));
-        assert!(!fields("spec.nodeName==n2"));
+        let elsewhere = json!({"metadata": {"namespace": "other"}});
+        assert!(!selection("", "").unwrap().matches(&elsewhere));
     }
 
     #[test]
     fn other_operators_are_refused_not_misread() {
-        for sel in [
-            "app!=a",
-            "tier in (web)",
-            "tier notin (web)",
-            "!app",
-            "app",
-            "n>4",
-        ] {
-            let err = Selector::parse(sel).unwrap_err();
+        for sel in ["app!=a", "tier in (web)", "!app", "app", "n>4"] {
+            let err = selection(sel, "").unwrap_err();
             assert_eq!(err.code, 400, "{sel:?}");
             assert!(err.message.contains("only key=value"), "{}", err.message);
         }

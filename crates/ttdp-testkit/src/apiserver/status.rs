@@ -1,4 +1,4 @@
-//! `Status` failure bodies, shaped like the real API server's (`kind: Status`, `reason`, `code`,
+//! `Status` bodies, shaped like the real API server's (`kind: Status`, `reason`, `code`,
 //! `message`, `details`).
 
 use axum::http::{StatusCode, header};
@@ -6,15 +6,6 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::catalog::ResourceType;
-
-/// One entry of `details.causes` in a `Status` body.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StatusCause {
-    /// Machine-readable reason, e.g. `DisruptionBudget`.
-    pub reason: String,
-    /// Human-readable message.
-    pub message: String,
-}
 
 /// A failed request, rendered as the real server's `Status` object.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,81 +16,64 @@ pub struct ApiError {
     pub reason: &'static str,
     /// `message` in the body.
     pub message: String,
-    /// `details`: the object's name, group and resource (plural), when about one object.
-    pub details: Option<Box<(String, String, String)>>,
-    /// `details.causes`.
-    pub causes: Vec<StatusCause>,
+    /// `details` in the body (null: none).
+    pub details: Value,
 }
 
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        let details = Value::Null;
         Self {
             code,
             reason,
-            message: message.into(),
-            details: None,
-            causes: Vec::new(),
+            message,
+            details,
         }
     }
 
-    fn about(mut self, rt: &ResourceType, name: &str) -> Self {
-        self.details = Some(Box::new((
-            name.to_string(),
-            rt.group.clone(),
-            rt.plural.clone(),
-        )));
-        self
+    /// An error about one object: `<resource> "<name>" <what>`, with the object in `details`.
+    fn about(code: u16, reason: &'static str, rt: &ResourceType, name: &str, what: &str) -> Self {
+        let mut err = Self::new(
+            code,
+            reason,
+            format!("{} \"{name}\" {what}", rt.qualified()),
+        );
+        err.details = json!({"name": name, "group": rt.group, "kind": rt.plural});
+        err
     }
 
     /// 404 `pods "x" not found`.
     pub fn not_found(rt: &ResourceType, name: &str) -> Self {
-        Self::new(
-            404,
-            "NotFound",
-            format!("{} \"{name}\" not found", rt.qualified()),
-        )
-        .about(rt, name)
+        Self::about(404, "NotFound", rt, name, "not found")
     }
 
     /// 404 for a path that names no served resource.
     pub fn no_route(path: &str) -> Self {
-        Self::new(
-            404,
-            "NotFound",
-            format!("the server could not find the requested resource ({path})"),
-        )
+        let message = format!("the server could not find the requested resource ({path})");
+        Self::new(404, "NotFound", message)
     }
 
     /// 409 `pods "x" already exists`.
     pub fn already_exists(rt: &ResourceType, name: &str) -> Self {
-        Self::new(
-            409,
-            "AlreadyExists",
-            format!("{} \"{name}\" already exists", rt.qualified()),
-        )
-        .about(rt, name)
+        Self::about(409, "AlreadyExists", rt, name, "already exists")
     }
 
-    /// 409 Conflict about one object (a failed precondition).
+    /// 409 Conflict about one object (a failed precondition), with the real server's message.
     pub fn conflict(rt: &ResourceType, name: &str, why: &str) -> Self {
-        Self::new(
-            409,
-            "Conflict",
-            format!(
-                "Operation cannot be fulfilled on {} \"{name}\": {why}",
-                rt.qualified()
-            ),
-        )
-        .about(rt, name)
+        let mut err = Self::about(409, "Conflict", rt, name, "");
+        let message = format!(
+            "Operation cannot be fulfilled on {} \"{name}\": {why}",
+            rt.qualified()
+        );
+        err.message = message;
+        err
     }
 
     /// 409 for a stale `resourceVersion` (optimistic concurrency), with the real server's message.
     pub fn stale(rt: &ResourceType, name: &str) -> Self {
-        Self::conflict(
-            rt,
-            name,
-            "the object has been modified; please apply your changes to the latest version and try again",
-        )
+        let why = "the object has been modified; please apply your changes to the latest version and try again";
+        Self::conflict(rt, name, why)
     }
 
     /// 400 BadRequest.
@@ -128,87 +102,48 @@ impl ApiError {
         )
     }
 
-    /// 429 TooManyRequests with causes (eviction blocked by a PodDisruptionBudget).
-    pub fn too_many_requests(message: impl Into<String>, causes: Vec<StatusCause>) -> Self {
+    /// 422 Invalid.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(422, "Invalid", message)
+    }
+
+    /// 429 TooManyRequests: an eviction a PodDisruptionBudget forbids, the reason in
+    /// `details.causes`.
+    pub fn disruption_budget(why: String) -> Self {
+        let message = "Cannot evict pod as it would violate the pod's disruption budget.";
         let mut err = Self::new(429, "TooManyRequests", message);
-        err.causes = causes;
+        err.details = json!({"causes": [{"reason": "DisruptionBudget", "message": why}]});
         err
     }
 
     /// 500 InternalError.
-    pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(
-            500,
-            "InternalError",
-            format!("Internal error occurred: {}", message.into()),
-        )
+    pub fn internal(message: &str) -> Self {
+        let message = format!("Internal error occurred: {message}");
+        Self::new(500, "InternalError", message)
     }
 
     /// The `Status` body.
     pub fn body(&self) -> Value {
-        let mut body = json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        });
-        let mut details = serde_json::Map::new();
-        if let Some(d) = &self.details {
-            let (name, group, kind) = &**d;
-            if !name.is_empty() {
-                details.insert("name".into(), json!(name));
-            }
-            if !group.is_empty() {
-                details.insert("group".into(), json!(group));
-            }
-            details.insert("kind".into(), json!(kind));
-        }
-        if !self.causes.is_empty() {
-            let causes = self
-                .causes
-                .iter()
-                .map(|c| json!({"reason": c.reason, "message": c.message}))
-                .collect::<Vec<_>>();
-            details.insert("causes".into(), Value::Array(causes));
-        }
-        if !details.is_empty() {
-            body["details"] = Value::Object(details);
-        }
+        let mut body = status("Failure", self.code, self.details.clone());
+        body["message"] = json!(self.message);
+        body["reason"] = json!(self.reason);
         body
     }
 }
 
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}: {}", self.code, self.reason, self.message)
-    }
-}
-
-impl std::error::Error for ApiError {}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (
-            code,
-            [(header::CONTENT_TYPE, "application/json")],
-            self.body().to_string(),
-        )
-            .into_response()
+        let json = [(header::CONTENT_TYPE, "application/json")];
+        (code, json, self.body().to_string()).into_response()
     }
 }
 
-/// The `Status` body of a successful delete or eviction (`status: Success`).
-pub fn success(code: u16, details: Value) -> Value {
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Success",
-        "code": code,
-        "details": details,
-    })
+/// A `Status` body: `Success` (a delete or an eviction) or `Failure`.
+pub fn status(status: &str, code: u16, details: Value) -> Value {
+    let mut body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": status, "code": code});
+    if !details.is_null() {
+        body["details"] = details;
+    }
+    body
 }

@@ -10,17 +10,6 @@ use tokio::sync::broadcast;
 /// How many changes watches can resume from before a `resourceVersion` is 410 Gone.
 const HISTORY: usize = 10_000;
 
-/// The kind of a change, as watch events name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChangeKind {
-    /// The object was created.
-    Added,
-    /// The object was changed.
-    Modified,
-    /// The object was removed.
-    Deleted,
-}
-
 /// One stored change.
 #[derive(Debug, Clone)]
 pub struct Change {
@@ -28,13 +17,13 @@ pub struct Change {
     pub revision: u64,
     /// Storage key (`group/plural`).
     pub storage: String,
-    /// What happened.
-    pub kind: ChangeKind,
     /// The object after the change (for deletes: the last state, with the delete's revision).
     pub object: Value,
     /// The object before the change (None for creates); watches with selectors use it to turn
     /// an object leaving the selection into DELETED and one entering it into ADDED.
     pub previous: Option<Value>,
+    /// Whether the change removed the object.
+    pub deleted: bool,
 }
 
 /// Namespace ("" for cluster-scoped) and name.
@@ -63,30 +52,27 @@ impl Default for Store {
     }
 }
 
+fn key(namespace: &str, name: &str) -> ObjectKey {
+    (namespace.to_string(), name.to_string())
+}
+
 impl Store {
     /// The current (latest) revision.
     pub fn revision(&self) -> u64 {
         self.revision
     }
 
-    /// The oldest revision still resumable by a watch.
-    pub fn compacted_revision(&self) -> u64 {
-        self.compacted
-    }
-
     /// One object.
     pub fn get(&self, storage: &str, namespace: &str, name: &str) -> Option<&Value> {
-        self.objects
-            .get(storage)?
-            .get(&(namespace.to_string(), name.to_string()))
+        self.objects.get(storage)?.get(&key(namespace, name))
     }
 
     /// All objects of a storage key, in key order (namespace, name); `namespace` filters.
     pub fn list(&self, storage: &str, namespace: Option<&str>) -> Vec<&Value> {
-        let Some(m) = self.objects.get(storage) else {
-            return Vec::new();
-        };
-        m.iter()
+        self.objects
+            .get(storage)
+            .into_iter()
+            .flatten()
             .filter(|((ns, _), _)| namespace.is_none_or(|want| want == ns))
             .map(|(_, v)| v)
             .collect()
@@ -101,58 +87,50 @@ impl Store {
             .objects
             .entry(storage.to_string())
             .or_default()
-            .insert((namespace.to_string(), name.to_string()), object.clone());
-        let kind = if previous.is_some() {
-            ChangeKind::Modified
-        } else {
-            ChangeKind::Added
-        };
-        self.record(storage, kind, object.clone(), previous);
+            .insert(key(namespace, name), object.clone());
+        self.record(storage, object.clone(), previous, false);
         object
     }
 
     /// Remove an object (its last state gets the removal's revision); None when absent.
     pub fn remove(&mut self, storage: &str, namespace: &str, name: &str) -> Option<Value> {
-        let key = (namespace.to_string(), name.to_string());
-        let previous = self.objects.get_mut(storage)?.remove(&key)?;
+        let previous = self
+            .objects
+            .get_mut(storage)?
+            .remove(&key(namespace, name))?;
         self.revision += 1;
         let mut last = previous.clone();
         last["metadata"]["resourceVersion"] = Value::String(self.revision.to_string());
-        self.record(storage, ChangeKind::Deleted, last.clone(), Some(previous));
+        self.record(storage, last.clone(), Some(previous), true);
         Some(last)
     }
 
-    fn record(&mut self, storage: &str, kind: ChangeKind, object: Value, previous: Option<Value>) {
+    fn record(&mut self, storage: &str, object: Value, previous: Option<Value>, deleted: bool) {
         let change = Arc::new(Change {
             revision: self.revision,
             storage: storage.to_string(),
-            kind,
             object,
             previous,
+            deleted,
         });
         self.history.push_back(change.clone());
-        while self.history.len() > HISTORY {
-            if let Some(old) = self.history.pop_front() {
-                self.compacted = old.revision;
-            }
+        if self.history.len() > HISTORY
+            && let Some(old) = self.history.pop_front()
+        {
+            self.compacted = old.revision;
         }
         // Nobody listening is fine.
         let _ = self.changes.send(change);
     }
 
-    /// Changes after `revision` for one storage key, or None when `revision` is older than the
-    /// kept history (the caller answers 410 Gone).
-    pub fn changes_since(&self, storage: &str, revision: u64) -> Option<Vec<Arc<Change>>> {
+    /// Changes after `revision` for one storage key, or Err with the oldest resumable revision
+    /// when `revision` is older than the kept history (the caller answers 410 Gone).
+    pub fn changes_since(&self, storage: &str, revision: u64) -> Result<Vec<Arc<Change>>, u64> {
         if revision < self.compacted {
-            return None;
+            return Err(self.compacted);
         }
-        Some(
-            self.history
-                .iter()
-                .filter(|c| c.revision > revision && c.storage == storage)
-                .cloned()
-                .collect(),
-        )
+        let after = self.history.iter().filter(|c| c.revision > revision);
+        Ok(after.filter(|c| c.storage == storage).cloned().collect())
     }
 
     /// Subscribe to future changes (call while holding the state lock, together with

@@ -72,11 +72,11 @@ async fn run(client: Client) {
 
 /// One pass over every DaemonSet; a failing one does not hold up the others.
 async fn sync_all(client: &Client) -> Result<(), SimError> {
-    let daemonsets: Vec<DaemonSet> = list(Api::all(client.clone()), "daemonsets").await?;
-    let nodes: Vec<Node> = list(Api::all(client.clone()), "nodes").await?;
+    let daemonsets = list(Api::<DaemonSet>::all(client.clone()), "daemonsets").await?;
+    let nodes = list(Api::<Node>::all(client.clone()), "nodes").await?;
     for ds in daemonsets
         .iter()
-        .filter(|d| d.metadata.deletion_timestamp.is_none())
+        .filter(|d| d.meta().deletion_timestamp.is_none())
     {
         if let Err(err) = sync(client, ds, &nodes).await {
             warn!(daemonset = %ds.name_any(), error = %err, "daemonset sync failed; retrying");
@@ -90,8 +90,17 @@ where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let listed = api.list(&ListParams::default()).await;
-    let listed = listed.map_err(|e| SimError::api(format!("list {what}"), e))?;
-    Ok(listed.items)
+    Ok(listed
+        .map_err(|e| SimError::api(format!("list {what}"), e))?
+        .items)
+}
+
+/// Ok for a call that succeeded or found its object gone (deleted meanwhile: nothing to do).
+fn done_unless_failed<T>(result: kube::Result<T>, action: String) -> Result<(), SimError> {
+    match result {
+        Err(err) if !is_not_found(&err) => Err(SimError::api(action, err)),
+        _ => Ok(()),
+    }
 }
 
 /// Brings one DaemonSet's pods and status in line with its eligible nodes.
@@ -195,14 +204,9 @@ fn daemon_pod(ds: &DaemonSet, template: &PodTemplateSpec, node: &str) -> Pod {
 
 async fn delete_pod(pod_api: &Api<Pod>, pod: &Pod) -> Result<(), SimError> {
     let name = pod.name_any();
-    match pod_api.delete(&name, &DeleteParams::default()).await {
-        Ok(_) => {
-            info!(pod = %name, "daemon pod deleted: finished, a twin, or on an ineligible node");
-            Ok(())
-        }
-        Err(err) if is_not_found(&err) => Ok(()),
-        Err(err) => Err(SimError::api(format!("delete daemon pod {name}"), err)),
-    }
+    let deleted = pod_api.delete(&name, &DeleteParams::default()).await;
+    info!(pod = %name, "deleting daemon pod: finished, a twin, or on an ineligible node");
+    done_unless_failed(deleted, format!("delete daemon pod {name}"))
 }
 
 /// The counts the DaemonSet's status reports, the rest of it as it is.
@@ -233,17 +237,11 @@ async fn write_status(
     }
     let api: Api<DaemonSet> = Api::namespaced(client.clone(), &ds.namespace().unwrap_or_default());
     let patch = Patch::Merge(serde_json::json!({ "status": wanted }));
-    match api
-        .patch_status(&ds.name_any(), &PatchParams::default(), &patch)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(err) if is_not_found(&err) => Ok(()),
-        Err(err) => Err(SimError::api(
-            format!("write daemonset {} status", ds.name_any()),
-            err,
-        )),
-    }
+    let name = ds.name_any();
+    let written = api
+        .patch_status(&name, &PatchParams::default(), &patch)
+        .await;
+    done_unless_failed(written, format!("write daemonset {name} status"))
 }
 
 fn controlled_by(pod: &Pod, uid: &str) -> bool {
