@@ -229,10 +229,12 @@ async fn a_first_install_that_fails_validation_keeps_the_driver_and_is_not_ready
     let failed = reporter.last_report().unwrap();
     assert_eq!(failed.phase, AgentPhase::Failed);
     assert_eq!(failed.reason.as_deref(), Some("ValidationFailed"));
+    let message = failed.message.unwrap();
     assert!(
-        failed.message.unwrap().contains(
+        message.contains(
             "1 of 2 devices bound to tenstorrent (0000:02:00.0 is bound to no driver); it stays loaded because no module was loaded before it"
-        )
+        ),
+        "{message}"
     );
     assert!(!readiness(node.host(), &v("1.0.0")).is_ready());
 

@@ -1,4 +1,4 @@
-//! Issue 10's targets checked against the suites' figures, and the figures as Markdown tables
+//! Issue 10's and 22's targets checked against the suites' figures, and the figures as Markdown tables
 //! (the format of docs/benchmarks.md). Fleet targets are checked on the real control plane's
 //! runs (issue 22); a run labelled otherwise (an older results file) is tabulated, not checked.
 
@@ -16,6 +16,8 @@ const MEMORY_LIMIT_MIB: f64 = 64.0;
 const HANDOFF_P95_LIMIT_MS: f64 = 100.0;
 /// Total rollout time over the ideal.
 const TOTAL_OVER_IDEAL_LIMIT: f64 = 1.05;
+/// ttdp-drain's wall time over `kubectl drain`'s, by pods on the drained node (issue 22).
+const DRAIN_RATIO_LIMITS: [(u64, f64); 2] = [(100, 0.15), (500, 0.05)];
 /// How `ttdp-bench fleet` names the real control plane in its results.
 pub const REAL_SERVER: &str = "real control plane";
 
@@ -87,11 +89,43 @@ pub fn check(results: &[Value], quick: bool) -> Vec<String> {
             }
         }
     }
+    for d in suites(results, "drain") {
+        missed.extend(missed_drain_targets(d));
+    }
     if !quick
         && suites(results, "fleet").next().is_some()
         && !fleets.iter().any(|f| f["nodes"] == 5_000)
     {
         missed.push("fleet 5000: no complete run on the real control plane".into());
+    }
+    missed
+}
+
+/// A drain's missed targets: at every size both tools removed the same pods and the budget was
+/// never violated; at 100 and 500 pods ttdp-drain is within its ratio of kubectl's time.
+fn missed_drain_targets(d: &Value) -> Vec<String> {
+    let mut missed = Vec::new();
+    for s in d["sizes"].as_array().into_iter().flatten() {
+        let pods = s["pods"].as_u64().unwrap_or(0);
+        if s["same_removed_set"] != true {
+            missed.push(format!("drain {pods}: the tools removed different pods"));
+        }
+        for tool in ["kubectl", "ttdp"] {
+            if s[tool]["budget_violated"] != false {
+                missed.push(format!(
+                    "drain {pods}: the budget was violated during the {tool} drain"
+                ));
+            }
+        }
+        let ratio = num(&s["wall_ratio_ttdp_over_kubectl"]);
+        let limit = DRAIN_RATIO_LIMITS.iter().find(|(p, _)| *p == pods);
+        if let Some((_, limit)) = limit
+            && !below(ratio, limit + f64::EPSILON)
+        {
+            missed.push(format!(
+                "drain {pods}: ttdp-drain took {ratio:.3} × kubectl's time (target ≤ {limit})"
+            ));
+        }
     }
     missed
 }
@@ -457,6 +491,29 @@ mod tests {
             .map(server_cell)
             .collect();
         assert_eq!(order, [REAL_SERVER, "imitation"]);
+    }
+
+    fn drain_size(pods: u64, ratio: f64, same: bool, violated: bool) -> Value {
+        json!({ "pods": pods, "wall_ratio_ttdp_over_kubectl": ratio, "same_removed_set": same,
+            "kubectl": { "budget_violated": false }, "ttdp": { "budget_violated": violated } })
+    }
+
+    #[test]
+    fn drain_targets_are_the_ratio_at_100_and_500_pods_the_same_pods_and_the_budget() {
+        let met = json!({ "suite": "drain", "sizes": [
+            drain_size(10, 0.9, true, false), drain_size(100, 0.15, true, false),
+            drain_size(500, 0.049, true, false)] });
+        assert!(check(&[met], true).is_empty());
+        let missed = json!({ "suite": "drain", "sizes": [
+            drain_size(100, 0.2, true, false), drain_size(500, 0.04, false, true)] });
+        assert_eq!(
+            check(&[missed], true),
+            [
+                "drain 100: ttdp-drain took 0.200 × kubectl's time (target ≤ 0.15)",
+                "drain 500: the tools removed different pods",
+                "drain 500: the budget was violated during the ttdp drain",
+            ]
+        );
     }
 
     #[test]

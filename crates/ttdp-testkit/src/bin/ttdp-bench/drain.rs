@@ -1,8 +1,9 @@
 //! Drain: the `ttdp-drain` example program (`crates/ttdp-drain/examples/drain.rs`, the library
 //! behind a kubectl-like command line) side by side with the real `kubectl drain`, on identical
-//! nodes of a real control plane started for the run (`ttdp_testkit::scratch`), in the same run: wall time and API requests (counted by a recording
-//! proxy in front of the server) for 10, 100 and 500 pods of mixed owners under a
-//! PodDisruptionBudget whose replacements turn Ready 2 s after they start; the pods each tool
+//! nodes of a real control plane started for the run (`ttdp_testkit::scratch`), in the same run:
+//! wall time and API requests (counted by a recording proxy in front of the server) for 10, 100
+//! and 500 pods of mixed owners, among them a Deployment under a PodDisruptionBudget whose
+//! replacements turn Ready 2 s after they start ([`crate::drain_fleet`]); the pods each tool
 //! removed, compared; whether the budget ever fell below its minimum while a drain ran; and the
 //! eviction retry rate while a budget blocks.
 

@@ -1,11 +1,12 @@
 //! The objects of the drain benchmark on a real control plane: a node with `n` pods of mixed
-//! owners (two ReplicaSets, one of them with emptyDir, a DaemonSet, bare pods) and a spare node
-//! for the replacements, both served by a simulated kubelet; a PodDisruptionBudget over the
-//! ReplicaSets' pods, whose status the real disruption controller computes. The ReplicaSets'
-//! pods turn Ready 2 s after they start (a readiness probe's initial delay), replacements
-//! included: the real ReplicaSet controller makes them and the real scheduler puts them on the
-//! spare node. The budget allows half of them to be unavailable: a drain is blocked once, until
-//! the first half's replacements are Ready.
+//! owners and a spare node for the replacements, both served by a simulated kubelet. One
+//! application, a Deployment of six pods on the node, has a PodDisruptionBudget whose status the
+//! real disruption controller computes; the other pods (a ReplicaSet, a ReplicaSet with emptyDir,
+//! a DaemonSet, bare pods) have none, so their number grows with `n` and the budget's does not.
+//! The applications' pods turn Ready 2 s after they start (a readiness probe's initial delay),
+//! replacements included: the real controllers make them and the real scheduler puts them on the
+//! spare node. The budget allows half of the Deployment to be unavailable: a drain is blocked
+//! once, until the first half's replacements are Ready.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -32,11 +33,13 @@ const GROUP_LABEL: &str = "bench.ttdp.tenstorrent.com/group";
 /// How long setting up a node's pods may take.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The role of the `i`-th of `n` pods: 60 % `web` (ReplicaSet), 20 % `scratch` (ReplicaSet with
-/// emptyDir), 10 % `logs` (DaemonSet), 10 % `bare` (no controller).
+/// The role of the `i`-th of `n` pods: 60 % applications, of which the first six are `web` (the
+/// Deployment under the budget) and the rest `api` (a ReplicaSet), 20 % `scratch` (a ReplicaSet
+/// with emptyDir), 10 % `logs` (DaemonSet), 10 % `bare` (no controller).
 fn role_of(i: usize) -> &'static str {
     match i % 10 {
-        0..=5 => "web",
+        0..=5 if i < 10 => "web",
+        0..=5 => "api",
         6 | 7 => "scratch",
         8 => "logs",
         _ => "bare",
@@ -127,7 +130,7 @@ impl DrainNode {
             json!([{ "key": SCENARIO_LABEL, "operator": "Exists", "effect": "NoSchedule" }]);
         let app = |role: &str, volumes: Value| {
             json!({
-                "metadata": { "labels": { ROLE_LABEL: role, "budget": node } },
+                "metadata": { "labels": { ROLE_LABEL: role } },
                 "spec": {
                     "nodeSelector": { GROUP_LABEL: group }, "tolerations": toleration,
                     "terminationGracePeriodSeconds": 1, "volumes": volumes,
@@ -136,15 +139,23 @@ impl DrainNode {
                 },
             })
         };
-        for (role, volumes) in [
-            ("web", json!([])),
-            ("scratch", json!([{ "name": "scratch", "emptyDir": {} }])),
+        for (role, volumes, kind) in [
+            ("web", json!([]), ("Deployment", "deployments")),
+            ("api", json!([]), ("ReplicaSet", "replicasets")),
+            (
+                "scratch",
+                json!([{ "name": "scratch", "emptyDir": {} }]),
+                ("ReplicaSet", "replicasets"),
+            ),
         ] {
             let name = format!("{node}-{role}");
             let mut template = app(role, volumes);
             template["metadata"]["labels"]["app"] = json!(name);
-            create_dynamic(client, &namespace, ("apps", "v1", "ReplicaSet", "replicasets"), json!({
-                "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": { "name": name, "namespace": namespace },
+            if role == "web" {
+                template["metadata"]["labels"]["budget"] = json!(node);
+            }
+            create_dynamic(client, &namespace, ("apps", "v1", kind.0, kind.1), json!({
+                "apiVersion": "apps/v1", "kind": kind.0, "metadata": { "name": name, "namespace": namespace },
                 "spec": { "replicas": count(role), "selector": { "matchLabels": { "app": name } }, "template": template },
             })).await?;
         }
@@ -194,7 +205,7 @@ impl DrainNode {
         loop {
             let pdb = budgets.get(&budget).await?;
             let status = pdb.status.unwrap_or_default();
-            let in_budget = count("web") + count("scratch");
+            let in_budget = count("web");
             if status.observed_generation == pdb.metadata.generation
                 && usize::try_from(status.current_healthy).unwrap_or(0) == in_budget
             {
