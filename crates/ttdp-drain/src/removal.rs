@@ -70,6 +70,9 @@ struct Tracked {
     pod_ref: PodRef,
     method: Removal,
     state: PodState,
+    /// A removal request of this drain is out: the budget may count the pod as disrupted by it
+    /// before the answer comes back.
+    in_flight: bool,
     last_seen: Option<Pod>,
 }
 
@@ -143,6 +146,7 @@ impl Removals {
                 pod,
                 method,
                 state: PodState::NotRequested,
+                in_flight: false,
                 last_seen: None,
             })
             .collect();
@@ -167,17 +171,23 @@ impl Removals {
     }
 
     /// Leaves out of `held` the pods of `namespace` that this drain's own requests removed or
-    /// are removing: a budget counts them as disrupted until they are gone, which holds nothing
-    /// back from anyone.
+    /// are removing (answered or still out): a budget counts them as disrupted until they are
+    /// gone, which holds nothing back from anyone.
     fn drop_removed_here(&self, namespace: &str, held: &mut Vec<HeldDisruption>) {
         let tracked = self.lock();
         held.retain(|h| {
             !tracked.iter().any(|t| {
-                matches!(t.state, PodState::Accepted(_) | PodState::Gone)
+                (t.in_flight || matches!(t.state, PodState::Accepted(_) | PodState::Gone))
                     && t.pod_ref.namespace == namespace
                     && t.pod_ref.name == h.pod
             })
         });
+    }
+
+    fn set_in_flight(&self, index: usize, in_flight: bool) {
+        if let Some(t) = self.lock().get_mut(index) {
+            t.in_flight = in_flight;
+        }
     }
 
     fn fail(&self, index: usize, error: String) {
@@ -255,7 +265,10 @@ impl Removals {
                 let Ok(_slot) = slots.acquire().await else {
                     return;
                 };
-                request(&pods, &pod_ref, method, attempt, s).await
+                self.set_in_flight(index, true);
+                let result = request(&pods, &pod_ref, method, attempt, s).await;
+                self.set_in_flight(index, false);
+                result
             };
             let held = turn.take();
             let error = match result {
