@@ -28,6 +28,25 @@ use crate::node_pods::list_node_pods;
 use crate::pod_ref::PodRef;
 use crate::report::{StuckPod, StuckReason};
 
+/// Marks a pod's request as out until dropped: also when a timeout drops the request's future.
+struct InFlight<'a> {
+    removals: &'a Removals,
+    index: usize,
+}
+
+impl<'a> InFlight<'a> {
+    fn mark(removals: &'a Removals, index: usize) -> Self {
+        removals.set_in_flight(index, true);
+        Self { removals, index }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.removals.set_in_flight(self.index, false);
+    }
+}
+
 /// How removal requests are made.
 #[derive(Clone, Copy)]
 pub(crate) struct Settings<'a> {
@@ -265,10 +284,8 @@ impl Removals {
                 let Ok(_slot) = slots.acquire().await else {
                     return;
                 };
-                self.set_in_flight(index, true);
-                let result = request(&pods, &pod_ref, method, attempt, s).await;
-                self.set_in_flight(index, false);
-                result
+                let _out = InFlight::mark(self, index);
+                request(&pods, &pod_ref, method, attempt, s).await
             };
             let held = turn.take();
             let error = match result {
