@@ -19,7 +19,6 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use ttdp_api::names::annotations;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
-use ttdp_testkit::fault_proxy::Override;
 use ttdp_testkit::faults::Fault;
 
 use harness::Harness;
@@ -309,7 +308,8 @@ async fn describe_shows_spec_conditions_nodes_and_events() {
     // A server without events.k8s.io/v1 (kube-apiserver answers its paths with a plain
     // `404 page not found`): the Events come from core/v1.
     h.proxy
-        .answer(Override::not_served("events.k8s.io", "events"));
+        .faults()
+        .inject(Fault::not_served("events.k8s.io", "events"));
     let fallback = h
         .kubectl_via_proxy(&["tt", "driver", "describe", &fleet])
         .await
@@ -544,7 +544,7 @@ async fn errors_read_like_kubectl() {
     // No CRD. The shared cluster has it (other suites need it), so the proxy answers the
     // policies' paths the way kube-apiserver answers them without the CRD: `404 page not
     // found`.
-    h.proxy.answer(Override::not_served(GROUP, POLICIES));
+    h.proxy.faults().inject(Fault::not_served(GROUP, POLICIES));
     let run = h.kubectl_via_proxy(&["tt", "driver"]).await.failed();
     assert_eq!(
         run.stderr,
@@ -559,11 +559,11 @@ async fn errors_read_like_kubectl() {
         "{}",
         run.stderr
     );
-    h.proxy.clear_overrides();
+    h.proxy.faults().clear();
 
     // CRD, no policies: kubectl's "No resources found", on stderr, success. Other tests'
     // policies may exist on the shared cluster, so the proxy empties the server's list.
-    h.proxy.answer(Override::empty_list(GROUP, POLICIES));
+    h.proxy.faults().inject(Fault::empty_list(GROUP, POLICIES));
     let run = h.kubectl_via_proxy(&["tt", "driver"]).await.ok();
     assert_eq!(run.stdout, "");
     assert!(
@@ -578,7 +578,7 @@ async fn errors_read_like_kubectl() {
         .ok();
     let doc: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(doc["policies"], json!([]));
-    h.proxy.clear_overrides();
+    h.proxy.faults().clear();
 
     // RBAC forbidden: a ServiceAccount nobody granted anything.
     let nobody = h.identity("nobody", json!([])).await;
@@ -721,7 +721,7 @@ async fn watch_starts_empty_and_shows_a_new_policy() {
     // Other tests' policies may exist on the shared cluster: the proxy empties the server's
     // lists of policies (keeping its resourceVersion), so the watch starts from "none" and
     // then sees what the server sends.
-    h.proxy.answer(Override::empty_list(GROUP, POLICIES));
+    h.proxy.faults().inject(Fault::empty_list(GROUP, POLICIES));
     let mut child = h
         .command_with(h.proxy.kubeconfig(), &["tt", "driver", "watch"])
         .spawn()

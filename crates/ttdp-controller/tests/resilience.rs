@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use harness::{Harness, PodRemovals, STEP, node_state, tt_node};
 use serde_json::json;
 use ttdp_api::NodeState::{self, *};
-use ttdp_testkit::fault_proxy::{FaultProxy, Override};
+use ttdp_testkit::fault_proxy::FaultProxy;
 use ttdp_testkit::faults::Fault;
 
 const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordoning, Done];
@@ -91,9 +91,11 @@ async fn rollout_completes_under_injected_errors_conflicts_and_dropped_watches()
     })
     .await;
     let watches_before = watches_of(&proxy);
-    proxy.answer(Override::expired_watch("", "nodes").times(1));
-    proxy.answer(
-        Override::expired_watch("driver.tenstorrent.com", "tenstorrentdriverpolicies").times(1),
+    proxy
+        .faults()
+        .inject(Fault::expired_watch("", "nodes").times(1));
+    proxy.faults().inject(
+        Fault::expired_watch("driver.tenstorrent.com", "tenstorrentdriverpolicies").times(1),
     );
     proxy.faults().drop_watches();
 

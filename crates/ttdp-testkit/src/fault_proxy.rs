@@ -4,8 +4,8 @@
 //! must prove what a component sent (only merge patches, evictions carrying the pod's UID, pods
 //! listed per node) or how it copes with a 5xx, a 409 or an API the server does not serve. A
 //! [`FaultProxy`] listens on loopback over plain HTTP, records every request in a [`Recorder`],
-//! lets [`Faults`] (rules: verb, resource, subresource, name, times) and [`Override`]s answer instead of the server, and forwards
-//! everything else through an admin client of the real server, streaming the answer back
+//! lets [`Faults`] (rules: group, verb, resource, subresource, name, times) answer instead of
+//! the server, and forwards everything else through an admin client of the real server, streaming the answer back
 //! (watches included). Only the requests of the clients made by [`FaultProxy::client`] or run
 //! with [`FaultProxy::kubeconfig`] pass through it; everything else in a shared cluster talks to
 //! the server directly.
@@ -15,7 +15,6 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -49,94 +48,6 @@ pub enum FaultProxyError {
     },
 }
 
-/// What an [`Override`] answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OverrideAction {
-    /// Answer as a server that does not serve the API at all (a CRD that is not installed, an
-    /// API group that is disabled): 404 with the plain-text body `404 page not found`, which is
-    /// what kube-apiserver sends for such a path, not a `Status` object.
-    NotServed,
-    /// Forward the list, then drop every item (the server's resourceVersion is kept, so a watch
-    /// may start from it): a cluster where nothing of this kind exists.
-    EmptyList,
-    /// Answer a watch with what kube-apiserver streams when the asked-for `resourceVersion`
-    /// was compacted away: one `ERROR` event carrying a 410 `Expired` Status, then the end. The
-    /// client must list again (`fault_proxy` cannot compact etcd on demand; this is the answer
-    /// a resumed watch gets after a compaction).
-    ExpiredWatch,
-}
-
-/// A proxy-side answer for requests the real server would answer differently on a shared
-/// cluster. Matches on the API group (`""` for core), the resource plural and optionally the
-/// verb.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Override {
-    group: String,
-    resource: String,
-    verb: Option<String>,
-    remaining: Option<u32>,
-    action: OverrideAction,
-}
-
-impl Override {
-    fn new(group: &str, resource: &str, verb: Option<&str>, action: OverrideAction) -> Self {
-        Self {
-            group: group.to_owned(),
-            resource: resource.to_owned(),
-            verb: verb.map(str::to_owned),
-            remaining: None,
-            action,
-        }
-    }
-
-    /// Every request for `resource` of `group` is answered as [`OverrideAction::NotServed`].
-    pub fn not_served(group: &str, resource: &str) -> Self {
-        Self::new(group, resource, None, OverrideAction::NotServed)
-    }
-
-    /// Lists of `resource` of `group` come back empty ([`OverrideAction::EmptyList`]).
-    pub fn empty_list(group: &str, resource: &str) -> Self {
-        Self::new(group, resource, Some("list"), OverrideAction::EmptyList)
-    }
-
-    /// Watches of `resource` of `group` are answered as [`OverrideAction::ExpiredWatch`].
-    pub fn expired_watch(group: &str, resource: &str) -> Self {
-        Self::new(group, resource, Some("watch"), OverrideAction::ExpiredWatch)
-    }
-
-    /// Only the next `n` matching requests.
-    pub fn times(mut self, n: u32) -> Self {
-        self.remaining = Some(n);
-        self
-    }
-
-    fn matches(&self, verb: &str, target: &Target) -> bool {
-        self.group == target.group
-            && self.resource == target.resource
-            && self.verb.as_deref().is_none_or(|v| v == verb)
-            && self.remaining != Some(0)
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-struct Overrides(Arc<Mutex<Vec<Override>>>);
-
-impl Overrides {
-    fn lock(&self) -> MutexGuard<'_, Vec<Override>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The action of the first matching rule, consuming one of its `times`.
-    fn decide(&self, verb: &str, target: &Target) -> Option<OverrideAction> {
-        let mut rules = self.lock();
-        let rule = rules.iter_mut().find(|r| r.matches(verb, target))?;
-        if let Some(n) = rule.remaining.as_mut() {
-            *n -= 1;
-        }
-        Some(rule.action)
-    }
-}
-
 /// A running proxy; dropping it stops serving.
 pub struct FaultProxy {
     url: String,
@@ -159,7 +70,6 @@ struct Upstream {
     client: Client,
     recorder: Recorder,
     faults: Faults,
-    overrides: Overrides,
 }
 
 impl FaultProxy {
@@ -170,7 +80,6 @@ impl FaultProxy {
             client: upstream,
             recorder: Recorder::default(),
             faults: Faults::default(),
-            overrides: Overrides::default(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -212,16 +121,6 @@ impl FaultProxy {
     /// The fault rules applied before forwarding.
     pub fn faults(&self) -> Faults {
         self.shared.faults.clone()
-    }
-
-    /// Adds an [`Override`]; the first matching one answers.
-    pub fn answer(&self, rule: Override) {
-        self.shared.overrides.lock().push(rule);
-    }
-
-    /// Removes every [`Override`].
-    pub fn clear_overrides(&self) {
-        self.shared.overrides.lock().clear();
     }
 
     /// A kubeconfig (context `proxy`, namespace `default`) naming the proxy, for kubectl.
@@ -270,12 +169,12 @@ fn kubeconfig_file(url: &str) -> std::io::Result<tempfile::NamedTempFile> {
 
 /// What a request path names.
 #[derive(Debug, Default, PartialEq)]
-struct Target {
-    group: String,
-    resource: String,
-    subresource: String,
-    namespace: String,
-    name: String,
+pub(crate) struct Target {
+    pub(crate) group: String,
+    pub(crate) resource: String,
+    pub(crate) subresource: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 /// Parses `/api/v1/...` and `/apis/<group>/<version>/...`; `None` for discovery, `/version`,
@@ -423,7 +322,8 @@ async fn forward(State(up): State<Upstream>, request: Request<Body>) -> Response
     }
 }
 
-/// The answer to a request for `target`: an injected fault, an [`Override`], or the server's.
+/// The answer to a request for `target`: the first injected fault that is not a delay (after
+/// the delays), or the server's.
 async fn answer(
     up: &Upstream,
     parts: &Parts,
@@ -431,24 +331,19 @@ async fn answer(
     verb: &str,
     target: &Target,
 ) -> Response<Body> {
-    let mut failed = None;
-    for effect in up
-        .faults
-        .decide(verb, &target.resource, &target.subresource, &target.name)
-    {
+    let mut answer = None;
+    for effect in up.faults.decide(verb, target) {
         match effect {
             FaultEffect::Latency(d) => tokio::time::sleep(d).await,
-            FaultEffect::Error(code) => failed = Some(injected(code, target)),
+            other => answer = answer.or(Some(other)),
         }
     }
-    if let Some(response) = failed {
-        return response;
-    }
-    match up.overrides.decide(verb, target) {
-        Some(OverrideAction::NotServed) => not_served(),
-        Some(OverrideAction::ExpiredWatch) => expired_watch(),
-        Some(OverrideAction::EmptyList) => without_items(send(&up.client, parts, body).await).await,
-        None => send(&up.client, parts, body).await,
+    match answer {
+        Some(FaultEffect::Error(code)) => injected(code, target),
+        Some(FaultEffect::NotServed) => not_served(),
+        Some(FaultEffect::ExpiredWatch) => expired_watch(),
+        Some(FaultEffect::EmptyList) => without_items(send(&up.client, parts, body).await).await,
+        Some(FaultEffect::Latency(_)) | None => send(&up.client, parts, body).await,
     }
 }
 
@@ -563,31 +458,5 @@ mod tests {
         );
         assert_eq!(parse_target("/apis/apps/v1"), None);
         assert_eq!(parse_target("/version"), None);
-    }
-
-    #[test]
-    fn overrides_match_group_resource_verb_and_times() {
-        let rules = Overrides::default();
-        rules
-            .lock()
-            .push(Override::not_served("events.k8s.io", "events").times(1));
-        let modern = Target {
-            group: "events.k8s.io".into(),
-            resource: "events".into(),
-            ..Target::default()
-        };
-        let core = Target {
-            resource: "events".into(),
-            ..Target::default()
-        };
-        assert_eq!(rules.decide("list", &core), None);
-        assert_eq!(
-            rules.decide("list", &modern),
-            Some(OverrideAction::NotServed)
-        );
-        assert_eq!(rules.decide("list", &modern), None, "used up");
-        rules.lock().push(Override::empty_list("", "events"));
-        assert_eq!(rules.decide("get", &core), None, "lists only");
-        assert_eq!(rules.decide("list", &core), Some(OverrideAction::EmptyList));
     }
 }

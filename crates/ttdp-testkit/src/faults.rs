@@ -1,11 +1,14 @@
 //! Fault injection: make chosen requests fail (any status, or a 409 conflict), slow them down,
-//! or cut every open watch, so tests can prove clients retry and resume correctly.
+//! answer as a server without the API, empty a list, expire a watch, or cut every open watch,
+//! so tests can prove clients retry, resume and explain correctly.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
 use tokio::sync::broadcast;
+
+use crate::fault_proxy::Target;
 
 /// What an injected fault does.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,12 +18,25 @@ pub enum FaultEffect {
     Error(u16),
     /// Delay the request, then serve it normally.
     Latency(Duration),
+    /// Answer as a server that does not serve the API at all (a CRD not installed, an API
+    /// group disabled): 404 with kube-apiserver's plain-text `404 page not found`, not a
+    /// `Status`.
+    NotServed,
+    /// Forward the list, then drop every item (the server's resourceVersion is kept, so a watch
+    /// may start from it): a cluster where nothing of this kind exists.
+    EmptyList,
+    /// Answer a watch as kube-apiserver does when the asked-for `resourceVersion` was compacted
+    /// away: one `ERROR` event carrying a 410 `Expired` Status, then the end. The client must
+    /// list again.
+    ExpiredWatch,
 }
 
-/// One fault rule, built from [`Fault::error`], [`Fault::conflict`] or [`Fault::latency`]
+/// One fault rule, built from [`Fault::error`], [`Fault::conflict`], [`Fault::latency`],
+/// [`Fault::not_served`], [`Fault::empty_list`] or [`Fault::expired_watch`]
 /// and narrowed by its other methods. Unset filters match everything.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fault {
+    group: Option<String>,
     verb: Option<String>,
     resource: Option<String>,
     subresource: Option<String>,
@@ -35,6 +51,7 @@ pub struct Fault {
 impl Fault {
     fn new(effect: FaultEffect) -> Self {
         Self {
+            group: None,
             verb: None,
             resource: None,
             subresource: None,
@@ -58,6 +75,32 @@ impl Fault {
     /// Delay matching requests.
     pub fn latency(delay: Duration) -> Self {
         Self::new(FaultEffect::Latency(delay))
+    }
+
+    /// Every request for `resource` of API `group` (`""` for core) is answered as
+    /// [`FaultEffect::NotServed`].
+    pub fn not_served(group: &str, resource: &str) -> Self {
+        Self::new(FaultEffect::NotServed)
+            .group(group)
+            .resource(resource)
+    }
+
+    /// Lists of `resource` of `group` come back empty ([`FaultEffect::EmptyList`]).
+    pub fn empty_list(group: &str, resource: &str) -> Self {
+        let rule = Self::new(FaultEffect::EmptyList).group(group);
+        rule.resource(resource).verb("list")
+    }
+
+    /// Watches of `resource` of `group` are answered as [`FaultEffect::ExpiredWatch`].
+    pub fn expired_watch(group: &str, resource: &str) -> Self {
+        let rule = Self::new(FaultEffect::ExpiredWatch).group(group);
+        rule.resource(resource).verb("watch")
+    }
+
+    /// Only for this API group (`""` for core).
+    pub fn group(mut self, group: &str) -> Self {
+        self.group = Some(group.to_string());
+        self
     }
 
     /// Only for this Kubernetes verb (`get`, `list`, `watch`, `create`, `update`, `patch`,
@@ -97,11 +140,18 @@ impl Fault {
         self
     }
 
-    fn matches(&self, verb: &str, resource: &str, subresource: &str, name: &str) -> bool {
-        self.verb.as_deref().is_none_or(|v| v == verb)
-            && self.resource.as_deref().is_none_or(|r| r == resource)
-            && self.subresource.as_deref().is_none_or(|s| s == subresource)
-            && self.name.as_deref().is_none_or(|n| n == name)
+    fn matches(&self, verb: &str, target: &Target) -> bool {
+        self.group.as_deref().is_none_or(|g| g == target.group)
+            && self.verb.as_deref().is_none_or(|v| v == verb)
+            && self
+                .resource
+                .as_deref()
+                .is_none_or(|r| r == target.resource)
+            && self
+                .subresource
+                .as_deref()
+                .is_none_or(|s| s == target.subresource)
+            && self.name.as_deref().is_none_or(|n| n == target.name)
     }
 }
 
@@ -148,18 +198,12 @@ impl Faults {
     }
 
     /// The effects that fire for this request (consuming their `times` budget).
-    pub fn decide(
-        &self,
-        verb: &str,
-        resource: &str,
-        subresource: &str,
-        name: &str,
-    ) -> Vec<FaultEffect> {
+    pub(crate) fn decide(&self, verb: &str, target: &Target) -> Vec<FaultEffect> {
         let mut rng = rand::rng();
         let mut out = Vec::new();
         let mut rules = self.lock();
         for rule in rules.iter_mut() {
-            if !rule.matches(verb, resource, subresource, name) || rule.remaining == Some(0) {
+            if !rule.matches(verb, target) || rule.remaining == Some(0) {
                 continue;
             }
             if rule.probability < 1.0 && rng.random::<f64>() >= rule.probability {
@@ -171,5 +215,31 @@ impl Faults {
             out.push(rule.effect.clone());
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_match_group_resource_verb_and_times() {
+        let faults = Faults::default();
+        faults.inject(Fault::not_served("events.k8s.io", "events").times(1));
+        let target = |group: &str| Target {
+            group: group.into(),
+            resource: "events".into(),
+            ..Target::default()
+        };
+        let modern = target("events.k8s.io");
+        assert_eq!(faults.decide("list", &target("")), vec![]);
+        assert_eq!(faults.decide("list", &modern), vec![FaultEffect::NotServed]);
+        assert_eq!(faults.decide("list", &modern), vec![], "used up");
+        faults.inject(Fault::empty_list("", "events"));
+        assert_eq!(faults.decide("get", &target("")), vec![], "lists only");
+        assert_eq!(
+            faults.decide("list", &target("")),
+            vec![FaultEffect::EmptyList]
+        );
     }
 }

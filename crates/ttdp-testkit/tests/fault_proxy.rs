@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
-use ttdp_testkit::fault_proxy::{FaultProxy, Override};
+use ttdp_testkit::fault_proxy::FaultProxy;
 use ttdp_testkit::faults::Fault;
 use ttdp_testkit::scratch::Scratch;
 
@@ -173,7 +173,9 @@ async fn an_expired_resumption_makes_the_watcher_list_again() {
     let (_scratch, proxy, maps) = setup("fp-410").await;
     let (mut rx, driver) = names_seen(maps.clone());
     until_watching(&proxy, 1).await;
-    proxy.answer(Override::expired_watch("", "configmaps").times(1));
+    proxy
+        .faults()
+        .inject(Fault::expired_watch("", "configmaps").times(1));
     proxy.faults().drop_watches();
     maps.create(&PostParams::default(), &map("after-expiry"))
         .await

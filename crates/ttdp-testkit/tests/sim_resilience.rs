@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use ttdp_testkit::fault_proxy::{FaultProxy, Override, Recorder};
+use ttdp_testkit::fault_proxy::{FaultProxy, Recorder};
 use ttdp_testkit::faults::Fault;
 use ttdp_testkit::launcher;
 use ttdp_testkit::sim::{
@@ -112,8 +112,12 @@ async fn simulated_nodes_recover_from_dropped_watches_expiry_and_errors() {
     // writes fail for a while (certainly: a fault left to chance may meet no write at all).
     let requests = proxy.recorder();
     let (watches_before, lists_before) = pod_reads(&requests);
-    proxy.answer(Override::expired_watch("", "pods").times(2));
-    proxy.answer(Override::expired_watch("", "nodes").times(1));
+    proxy
+        .faults()
+        .inject(Fault::expired_watch("", "pods").times(2));
+    proxy
+        .faults()
+        .inject(Fault::expired_watch("", "nodes").times(1));
     proxy.faults().drop_watches();
     proxy
         .faults()
