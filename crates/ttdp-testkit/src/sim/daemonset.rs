@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 use ttdp_api::node_selection::affinity_matches;
 
-use super::error::{SimError, is_not_found};
+use super::error::{SimError, allow_status};
 use super::pod_status::pod_is_ready;
 
 /// How often the stand-in lists DaemonSets, nodes and pods.
@@ -93,14 +93,6 @@ where
     Ok(listed
         .map_err(|e| SimError::api(format!("list {what}"), e))?
         .items)
-}
-
-/// Ok for a call that succeeded or found its object gone (deleted meanwhile: nothing to do).
-fn done_unless_failed<T>(result: kube::Result<T>, action: String) -> Result<(), SimError> {
-    match result {
-        Err(err) if !is_not_found(&err) => Err(SimError::api(action, err)),
-        _ => Ok(()),
-    }
 }
 
 /// Brings one DaemonSet's pods and status in line with its eligible nodes.
@@ -206,7 +198,7 @@ async fn delete_pod(pod_api: &Api<Pod>, pod: &Pod) -> Result<(), SimError> {
     let name = pod.name_any();
     let deleted = pod_api.delete(&name, &DeleteParams::default()).await;
     info!(pod = %name, "deleting daemon pod: finished, a twin, or on an ineligible node");
-    done_unless_failed(deleted, format!("delete daemon pod {name}"))
+    allow_status(deleted, 404, || format!("delete daemon pod {name}"))
 }
 
 /// The counts the DaemonSet's status reports, the rest of it as it is.
@@ -241,7 +233,7 @@ async fn write_status(
     let written = api
         .patch_status(&name, &PatchParams::default(), &patch)
         .await;
-    done_unless_failed(written, format!("write daemonset {name} status"))
+    allow_status(written, 404, || format!("write daemonset {name} status"))
 }
 
 fn controlled_by(pod: &Pod, uid: &str) -> bool {

@@ -30,21 +30,6 @@ pub enum SimError {
         /// What is wrong with it.
         message: String,
     },
-    /// A container process could not be started.
-    #[error(
-        "cannot start container {container} of pod {pod} from {program}: {source}; check the image map"
-    )]
-    Spawn {
-        /// The pod, as `namespace/name`.
-        pod: String,
-        /// The container name.
-        container: String,
-        /// The program that was run.
-        program: PathBuf,
-        /// The operating-system error.
-        #[source]
-        source: std::io::Error,
-    },
     /// A file of a simulated host could not be read or written.
     #[error("simulated host file {path} could not be accessed: {source}")]
     HostIo {
@@ -104,4 +89,18 @@ pub fn is_not_found(err: &kube::Error) -> bool {
 /// Returns true when `err` is the API's "already exists" or "conflict" (409).
 pub fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 409)
+}
+
+/// Ok when the call succeeded or failed only with the API status `code` (404: the object is gone
+/// already, 409: it exists already).
+pub fn allow_status<T>(
+    result: kube::Result<T>,
+    code: u16,
+    action: impl FnOnce() -> String,
+) -> Result<(), SimError> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == code => Ok(()),
+        Err(err) => Err(SimError::api(action(), err)),
+        Ok(_) => Ok(()),
+    }
 }

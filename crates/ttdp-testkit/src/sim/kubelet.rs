@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::error::{SimError, is_not_found};
+use super::error::{SimError, allow_status};
 use super::image_map::ImageMap;
 use super::node_heartbeat::{SimNodeSpec, heartbeat, register_node};
 use super::pod_worker::{KubeletShared, NodeContext, PodUpdate, PodWorker};
@@ -30,7 +30,7 @@ use super::time_scale::TimeScale;
 const HEARTBEAT_PERIOD: Duration = Duration::from_secs(10);
 
 /// How the simulated kubelet runs containers.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct KubeletConfig {
     /// Images run as local binaries; all others are workload containers.
     pub image_map: ImageMap,
@@ -44,18 +44,6 @@ pub struct KubeletConfig {
     /// Number of this kubelet's first node among all simulated nodes, so that several kubelets
     /// in one cluster give their nodes and pods distinct addresses.
     pub first_node_index: usize,
-}
-
-impl Default for KubeletConfig {
-    fn default() -> Self {
-        Self {
-            image_map: ImageMap::new(),
-            time_scale: TimeScale::REAL,
-            common_env: Vec::new(),
-            log_dir: None,
-            first_node_index: 0,
-        }
-    }
 }
 
 type Workers = Arc<Mutex<HashMap<String, PodWorker>>>;
@@ -132,11 +120,6 @@ impl SimKubelet {
         })
     }
 
-    /// The names of the nodes this kubelet serves.
-    pub fn node_names(&self) -> &[String] {
-        &self.nodes
-    }
-
     /// Stops serving: kills every container (releasing device holds) without touching the API.
     pub async fn shutdown(mut self) {
         self.stop().await;
@@ -147,13 +130,8 @@ impl SimKubelet {
         self.stop().await;
         let api: Api<Node> = Api::all(self.client.clone());
         for name in &self.nodes {
-            match api.delete(name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(err) if is_not_found(&err) => {}
-                Err(err) => {
-                    return Err(SimError::api(format!("delete simulated node {name}"), err));
-                }
-            }
+            let deleted = api.delete(name, &DeleteParams::default()).await;
+            allow_status(deleted, 404, || format!("delete simulated node {name}"))?;
         }
         Ok(())
     }

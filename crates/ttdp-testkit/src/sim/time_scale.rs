@@ -21,11 +21,6 @@ impl TimeScale {
         }
     }
 
-    /// The factor.
-    pub fn factor(self) -> f64 {
-        self.0
-    }
-
     /// Scales a duration, never below one millisecond.
     pub fn scale(self, real: Duration) -> Duration {
         real.mul_f64(self.0).max(Duration::from_millis(1))
