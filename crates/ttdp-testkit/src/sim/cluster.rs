@@ -25,7 +25,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
@@ -889,7 +888,7 @@ async fn tenstorrent_node(
         ),
         (env::KERNEL.to_owned(), "sim".to_owned()),
     ];
-    spec.kernel = Some(Arc::new(host.kernel()));
+    spec.kernel = Some(host.kernel());
     let node = SimNode {
         name: name.to_owned(),
         host: Some(host),

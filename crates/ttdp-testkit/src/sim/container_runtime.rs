@@ -21,9 +21,9 @@ use tokio::process::{Child, Command};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
+use ttdp_kmod::SimKernel;
 
 use super::container_spec::ProcessSpec;
-use super::node_kernel::WorkloadKernel;
 use super::time_scale::TimeScale;
 
 /// The kubelet's first restart delay.
@@ -53,7 +53,7 @@ pub(crate) enum ContainerBody {
 /// A workload's use of the device.
 #[derive(Debug, Clone)]
 pub(crate) struct DeviceHold {
-    pub kernel: Arc<dyn WorkloadKernel>,
+    pub kernel: SimKernel,
     pub comm: String,
 }
 
@@ -353,7 +353,7 @@ impl ContainerTask {
         let started_at = Timestamp::now();
         let pid = NEXT_SIM_PID.fetch_add(1, Ordering::Relaxed);
         if let Some(device) = &device {
-            if let Err(err) = device.kernel.open_device(pid, &device.comm) {
+            if let Err(err) = device.kernel.hold(pid, &device.comm) {
                 return Outcome::Exited(Termination {
                     exit_code: 1,
                     reason: "Error".to_owned(),

@@ -14,8 +14,7 @@
 //!   fallback on the imitation ([`daemonset`]).
 //! - [`SimKubelet`] registers nodes, keeps them alive ([`node_heartbeat`]) and runs their pods:
 //!   images in the [`ImageMap`] as child processes ([`container_spec`]), all others as
-//!   process-less workloads that may hold the device in the node's simulated kernel
-//!   ([`node_kernel`]).
+//!   process-less workloads that may hold the device in the node's simulated kernel.
 //!
 //! Where the stand-ins are simpler than Kubernetes (each is a deliberate scope limit):
 //! - DaemonSet controller: it polls instead of watching, binds pods itself (`spec.nodeName`)
@@ -36,7 +35,6 @@ pub mod eventually;
 pub mod image_map;
 pub mod kubelet;
 pub mod node_heartbeat;
-pub mod node_kernel;
 mod pod_status;
 mod pod_worker;
 pub mod time_scale;
@@ -51,7 +49,6 @@ pub use eventually::eventually;
 pub use image_map::ImageMap;
 pub use kubelet::{KubeletConfig, SimKubelet};
 pub use node_heartbeat::SimNodeSpec;
-pub use node_kernel::WorkloadKernel;
 pub use pod_status::pod_is_ready;
 pub use time_scale::TimeScale;
 pub use workload::{DeviceUse, DisruptionLimit, Workload, WorkloadOwner};

@@ -3,8 +3,6 @@
 //! Lease in `kube-node-lease` fresh, so a real node lifecycle controller never taints it.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -15,9 +13,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference, Time};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
+use ttdp_kmod::SimKernel;
 
 use super::error::{SimError, is_conflict, is_not_found};
-use super::node_kernel::WorkloadKernel;
 
 /// The namespace holding node leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -25,7 +23,7 @@ pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 const LEASE_DURATION_SECONDS: i32 = 40;
 
 /// A node the simulated kubelet registers and serves.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct SimNodeSpec {
     /// Node name (unique in the cluster).
     pub name: String,
@@ -39,18 +37,7 @@ pub struct SimNodeSpec {
     /// simulated host's view of itself (e.g. `TTDP_HOST_ROOT`, `TTDP_KERNEL`).
     pub env: Vec<(String, String)>,
     /// The node's simulated kernel, if workloads may hold its device.
-    pub kernel: Option<Arc<dyn WorkloadKernel>>,
-}
-
-impl fmt::Debug for SimNodeSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SimNodeSpec")
-            .field("name", &self.name)
-            .field("labels", &self.labels)
-            .field("taints", &self.taints)
-            .field("has_kernel", &self.kernel.is_some())
-            .finish_non_exhaustive()
-    }
+    pub kernel: Option<SimKernel>,
 }
 
 impl SimNodeSpec {

@@ -14,6 +14,8 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+use ttdp_api::names::{DEVICE_PATH, DEVICE_RESOURCE_PREFIX};
+use ttdp_kmod::SimKernel;
 
 use super::container_runtime::{
     ContainerBody, ContainerHandle, DeviceHold, ReadinessProbe, RuntimeSettings, StopRequest,
@@ -21,7 +23,6 @@ use super::container_runtime::{
 use super::container_spec::{InjectedEnv, container_process, probe_process};
 use super::error::{SimError, is_not_found};
 use super::image_map::ImageMap;
-use super::node_kernel::{WorkloadKernel, pod_uses_device};
 use super::pod_status::{ConditionClock, PodFacts, pod_status};
 use super::time_scale::TimeScale;
 
@@ -41,7 +42,7 @@ pub(crate) struct NodeContext {
     pub default_env: Vec<(String, String)>,
     /// Environment mapped containers get over their own (the simulated host's view).
     pub forced_env: Vec<(String, String)>,
-    pub kernel: Option<Arc<dyn WorkloadKernel>>,
+    pub kernel: Option<SimKernel>,
 }
 
 /// What every pod worker of a kubelet shares.
@@ -334,5 +335,76 @@ async fn write_status(
             debug!(pod = %pod.name_any(), error = %err, "pod status write failed; retrying");
             false
         }
+    }
+}
+
+/// Whether a pod uses the Tenstorrent device: a `hostPath` volume at or under `/dev/tenstorrent`,
+/// or a `tenstorrent.com/*` resource request or limit on any container.
+fn pod_uses_device(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let host_path = (spec.volumes.iter().flatten())
+        .filter_map(|v| v.host_path.as_ref())
+        .any(|h| h.path == DEVICE_PATH || h.path.starts_with(&format!("{DEVICE_PATH}/")));
+    let resource = spec.containers.iter().any(|c| {
+        c.resources.as_ref().is_some_and(|r| {
+            [r.requests.as_ref(), r.limits.as_ref()]
+                .into_iter()
+                .flatten()
+                .any(|m| m.keys().any(|k| k.starts_with(DEVICE_RESOURCE_PREFIX)))
+        })
+    });
+    host_path || resource
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        Container, HostPathVolumeSource, PodSpec, ResourceRequirements, Volume,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use std::collections::BTreeMap;
+
+    fn pod(volumes: Vec<&str>, resource: Option<&str>) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                volumes: Some(
+                    volumes
+                        .into_iter()
+                        .map(|p| Volume {
+                            name: "v".to_owned(),
+                            host_path: Some(HostPathVolumeSource {
+                                path: p.to_owned(),
+                                type_: None,
+                            }),
+                            ..Volume::default()
+                        })
+                        .collect(),
+                ),
+                containers: vec![Container {
+                    resources: resource.map(|r| ResourceRequirements {
+                        limits: Some(BTreeMap::from([(r.to_owned(), Quantity("1".to_owned()))])),
+                        ..ResourceRequirements::default()
+                    }),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn device_use_is_a_host_path_or_a_resource() {
+        assert!(pod_uses_device(&pod(vec!["/dev/tenstorrent"], None)));
+        assert!(pod_uses_device(&pod(vec!["/dev/tenstorrent/0"], None)));
+        assert!(!pod_uses_device(&pod(
+            vec!["/dev/tenstorrentx", "/dev"],
+            None
+        )));
+        assert!(pod_uses_device(&pod(vec![], Some("tenstorrent.com/n300"))));
+        assert!(!pod_uses_device(&pod(vec![], Some("nvidia.com/gpu"))));
     }
 }
