@@ -15,10 +15,10 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use ttdp_kmod::SimKernel;
 
-use super::error::{SimError, is_conflict, is_not_found};
+use super::error::{SimError, allow_status, is_conflict, is_not_found};
 
 /// The namespace holding node leases.
-pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// How long a node lease lasts without renewal (the kubelet's default).
 const LEASE_DURATION_SECONDS: i32 = 40;
 
@@ -51,26 +51,6 @@ impl SimNodeSpec {
             env: Vec::new(),
             kernel: None,
         }
-    }
-}
-
-/// The Node object a kubelet registers for `spec`, Ready at once.
-pub fn render_node(spec: &SimNodeSpec, host_ip: &str) -> Node {
-    let mut labels = spec.labels.clone();
-    labels.insert("kubernetes.io/hostname".to_owned(), spec.name.clone());
-    labels.insert("kubernetes.io/os".to_owned(), "linux".to_owned());
-    labels.insert("kubernetes.io/arch".to_owned(), "amd64".to_owned());
-    Node {
-        metadata: ObjectMeta {
-            name: Some(spec.name.clone()),
-            labels: Some(labels),
-            ..ObjectMeta::default()
-        },
-        spec: Some(NodeSpec {
-            taints: (!spec.taints.is_empty()).then(|| spec.taints.clone()),
-            ..NodeSpec::default()
-        }),
-        status: Some(node_status(spec, host_ip, Timestamp::now())),
     }
 }
 
@@ -146,36 +126,44 @@ fn node_status(spec: &SimNodeSpec, host_ip: &str, now: Timestamp) -> NodeStatus 
     }
 }
 
-/// Registers the node: creates it, or, if it already exists, takes it over (labels, taints and
-/// status are set as the spec says).
+/// Registers the node: creates it, or, if it already exists, takes it over (labels and taints
+/// are set as the spec says). The first heartbeat, right after, writes its status.
 pub async fn register_node(
     client: &Client,
     spec: &SimNodeSpec,
     host_ip: &str,
-) -> Result<Node, SimError> {
+) -> Result<(), SimError> {
     let api: Api<Node> = Api::all(client.clone());
-    let node = render_node(spec, host_ip);
+    let mut labels = spec.labels.clone();
+    labels.insert("kubernetes.io/hostname".to_owned(), spec.name.clone());
+    labels.insert("kubernetes.io/os".to_owned(), "linux".to_owned());
+    labels.insert("kubernetes.io/arch".to_owned(), "amd64".to_owned());
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(spec.name.clone()),
+            labels: Some(labels.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            taints: (!spec.taints.is_empty()).then(|| spec.taints.clone()),
+            ..NodeSpec::default()
+        }),
+        status: None,
+    };
     match api.create(&PostParams::default(), &node).await {
-        Ok(created) => {
-            // The status on create is kept by a real API server; write it again to be sure.
-            heartbeat(client, spec, host_ip).await?;
-            Ok(created)
-        }
+        Ok(_) => {}
         Err(err) if is_conflict(&err) => {
             let patch = serde_json::json!({
-                "metadata": { "labels": node.metadata.labels },
+                "metadata": { "labels": labels },
                 "spec": { "taints": spec.taints, "unschedulable": null },
             });
             api.patch(&spec.name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .map_err(|e| SimError::api(format!("take over existing node {}", spec.name), e))?;
-            heartbeat(client, spec, host_ip).await?;
-            api.get(&spec.name)
-                .await
-                .map_err(|e| SimError::api(format!("read node {}", spec.name), e))
         }
-        Err(err) => Err(SimError::api(format!("register node {}", spec.name), err)),
+        Err(err) => return Err(SimError::api(format!("register node {}", spec.name), err)),
     }
+    heartbeat(client, spec, host_ip).await
 }
 
 /// One heartbeat: the node's status (`Ready`, with a fresh `lastHeartbeatTime`) and its Lease.
@@ -233,14 +221,8 @@ async fn renew_lease(client: &Client, node: &Node, now: Timestamp) -> Result<(),
             ..LeaseSpec::default()
         }),
     };
-    match leases.create(&PostParams::default(), &lease).await {
-        Ok(_) => Ok(()),
-        Err(err) if is_conflict(&err) => Ok(()),
-        Err(err) => Err(SimError::api(
-            format!("create the lease of node {name}"),
-            err,
-        )),
-    }
+    let created = leases.create(&PostParams::default(), &lease).await;
+    allow_status(created, 409, || format!("create the lease of node {name}"))
 }
 
 async fn ensure_lease_namespace(client: &Client) -> Result<(), SimError> {
@@ -252,12 +234,8 @@ async fn ensure_lease_namespace(client: &Client) -> Result<(), SimError> {
         },
         ..Namespace::default()
     };
-    match namespaces.create(&PostParams::default(), &ns).await {
-        Ok(_) => Ok(()),
-        Err(err) if is_conflict(&err) => Ok(()),
-        Err(err) => Err(SimError::api(
-            format!("create namespace {NODE_LEASE_NAMESPACE}"),
-            err,
-        )),
-    }
+    let created = namespaces.create(&PostParams::default(), &ns).await;
+    allow_status(created, 409, || {
+        format!("create namespace {NODE_LEASE_NAMESPACE}")
+    })
 }
