@@ -136,7 +136,8 @@ async fn an_agent_pod_the_scheduler_cannot_place_is_reported() {
     let h = Harness::start(|p| vec![tt_node(p)]).await;
     let node = h.nodes()[0].clone();
     let pods: Api<Pod> = Api::namespaced(h.client.clone(), h.cluster.namespace());
-    let mut filler = Workload::new("cpu-hog", &node).pod(h.cluster.namespace(), None);
+    let hog = Workload::new("cpu-hog", &node);
+    let mut filler = hog.pod(h.cluster.namespace(), None).unwrap();
     let spec = filler.spec.as_mut().unwrap();
     spec.priority_class_name = Some("system-node-critical".into());
     spec.containers[0].resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {

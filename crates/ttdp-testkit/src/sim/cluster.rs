@@ -50,9 +50,7 @@ use super::image_map::ImageMap;
 use super::kubelet::{KubeletConfig, SimKubelet};
 use super::node_heartbeat::SimNodeSpec;
 use super::time_scale::TimeScale;
-use super::workload::{
-    DEVICE_RESOURCE, DisruptionLimit, Workload, WorkloadOwner, disruption_budget,
-};
+use super::workload::{DEVICE_RESOURCE, DisruptionLimit, Workload, WorkloadOwner, typed};
 use crate::apiserver::TestApiServer;
 use crate::launcher;
 
@@ -580,7 +578,10 @@ impl SimCluster {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
         match workload.owner {
             WorkloadOwner::Bare => pods
-                .create(&PostParams::default(), &workload.pod(&self.namespace, None))
+                .create(
+                    &PostParams::default(),
+                    &workload.pod(&self.namespace, None)?,
+                )
                 .await
                 .map_err(|e| SimError::api(format!("create workload pod {}", workload.name), e)),
             WorkloadOwner::ReplicaSet => {
@@ -588,7 +589,7 @@ impl SimCluster {
                 let rs = sets
                     .create(
                         &PostParams::default(),
-                        &workload.replica_set(&self.namespace),
+                        &workload.replica_set(&self.namespace)?,
                     )
                     .await
                     .map_err(|e| {
@@ -608,7 +609,7 @@ impl SimCluster {
                     return pods
                         .create(
                             &PostParams::default(),
-                            &workload.pod(&self.namespace, Some(owner)),
+                            &workload.pod(&self.namespace, Some(owner))?,
                         )
                         .await
                         .map_err(|e| {
@@ -644,12 +645,20 @@ impl SimCluster {
         limit: DisruptionLimit,
     ) -> Result<PodDisruptionBudget, SimError> {
         let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &self.namespace);
-        api.create(
-            &PostParams::default(),
-            &disruption_budget(name, &self.namespace, match_labels, limit),
-        )
-        .await
-        .map_err(|e| SimError::api(format!("create poddisruptionbudget {name}"), e))
+        let (key, value) = match limit {
+            DisruptionLimit::MinAvailable(v) => ("minAvailable", v),
+            DisruptionLimit::MaxUnavailable(v) => ("maxUnavailable", v),
+        };
+        let budget = typed(
+            "poddisruptionbudget",
+            serde_json::json!({
+                "metadata": {"name": name, "namespace": self.namespace},
+                "spec": {key: value, "selector": {"matchLabels": match_labels}},
+            }),
+        )?;
+        api.create(&PostParams::default(), &budget)
+            .await
+            .map_err(|e| SimError::api(format!("create poddisruptionbudget {name}"), e))
     }
 
     /// Reads a node.

@@ -3,21 +3,17 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetSpec};
-use k8s_openapi::api::core::v1::{
-    Affinity, Container, EmptyDirVolumeSource, HostPathVolumeSource, NodeAffinity, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, PodTemplateSpec, ResourceRequirements,
-    Volume, VolumeMount,
-};
-use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::ObjectMeta;
+use serde_json::{Value, json};
 use ttdp_api::names::DEVICE_PATH;
 
+use super::error::SimError;
+
 /// The image of workload containers; the kubelet maps no binary to it, so it runs no process.
-pub const WORKLOAD_IMAGE: &str = "sim.invalid/tenstorrent-workload:1";
+const WORKLOAD_IMAGE: &str = "sim.invalid/tenstorrent-workload:1";
 /// Label every scenario workload carries, valued with its name.
 pub const WORKLOAD_LABEL: &str = "sim.ttdp.tenstorrent.com/workload";
 /// The extended resource simulated Tenstorrent nodes offer (4 each).
@@ -59,8 +55,6 @@ pub struct Workload {
     pub labels: BTreeMap<String, String>,
     /// Mount an `emptyDir` volume (kubectl drain needs `--delete-emptydir-data`).
     pub empty_dir: bool,
-    /// `terminationGracePeriodSeconds`.
-    pub grace_seconds: Option<i64>,
 }
 
 impl Workload {
@@ -73,7 +67,6 @@ impl Workload {
             owner: WorkloadOwner::Bare,
             labels: BTreeMap::new(),
             empty_dir: false,
-            grace_seconds: None,
         }
     }
 
@@ -101,140 +94,72 @@ impl Workload {
         self
     }
 
-    /// Sets `terminationGracePeriodSeconds`.
-    pub fn grace_seconds(mut self, seconds: i64) -> Self {
-        self.grace_seconds = Some(seconds);
-        self
-    }
-
-    /// The pod's labels.
-    pub fn pod_labels(&self) -> BTreeMap<String, String> {
+    /// The pod template: pinned to the node by a required node affinity on `metadata.name`.
+    fn template(&self) -> Value {
         let mut labels = self.labels.clone();
         labels.insert(WORKLOAD_LABEL.to_owned(), self.name.clone());
-        labels
-    }
-
-    /// The pod template: pinned to the node by a required node affinity on `metadata.name`.
-    pub fn template(&self) -> PodTemplateSpec {
         let mut volumes = Vec::new();
         let mut mounts = Vec::new();
         if self.device == DeviceUse::HostPath {
-            volumes.push(Volume {
-                name: "tenstorrent".to_owned(),
-                host_path: Some(HostPathVolumeSource {
-                    path: DEVICE_PATH.to_owned(),
-                    type_: None,
-                }),
-                ..Volume::default()
-            });
-            mounts.push(VolumeMount {
-                name: "tenstorrent".to_owned(),
-                mount_path: DEVICE_PATH.to_owned(),
-                ..VolumeMount::default()
-            });
+            volumes.push(json!({"name": "tenstorrent", "hostPath": {"path": DEVICE_PATH}}));
+            mounts.push(json!({"name": "tenstorrent", "mountPath": DEVICE_PATH}));
         }
         if self.empty_dir {
-            volumes.push(Volume {
-                name: "scratch".to_owned(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Volume::default()
-            });
-            mounts.push(VolumeMount {
-                name: "scratch".to_owned(),
-                mount_path: "/scratch".to_owned(),
-                ..VolumeMount::default()
-            });
+            volumes.push(json!({"name": "scratch", "emptyDir": {}}));
+            mounts.push(json!({"name": "scratch", "mountPath": "/scratch"}));
         }
-        let resources = (self.device == DeviceUse::Resource).then(|| {
-            let one = BTreeMap::from([(DEVICE_RESOURCE.to_owned(), Quantity("1".to_owned()))]);
-            ResourceRequirements {
-                requests: Some(one.clone()),
-                limits: Some(one),
-                ..ResourceRequirements::default()
-            }
-        });
-        PodTemplateSpec {
-            metadata: Some(ObjectMeta {
-                labels: Some(self.pod_labels()),
-                ..ObjectMeta::default()
-            }),
-            spec: Some(PodSpec {
-                containers: vec![Container {
-                    name: "work".to_owned(),
-                    image: Some(WORKLOAD_IMAGE.to_owned()),
-                    volume_mounts: (!mounts.is_empty()).then_some(mounts),
-                    resources,
-                    ..Container::default()
+        let one = json!({ DEVICE_RESOURCE: "1" });
+        let resources = (self.device == DeviceUse::Resource)
+            .then(|| json!({"requests": one.clone(), "limits": one}));
+        let node_selector = json!({"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [self.node]},
+        ]}]});
+        json!({
+            "metadata": {"labels": labels},
+            "spec": {
+                "containers": [{
+                    "name": "work",
+                    "image": WORKLOAD_IMAGE,
+                    "volumeMounts": (!mounts.is_empty()).then_some(mounts),
+                    "resources": resources,
                 }],
-                volumes: (!volumes.is_empty()).then_some(volumes),
-                termination_grace_period_seconds: self.grace_seconds,
-                affinity: Some(Affinity {
-                    node_affinity: Some(NodeAffinity {
-                        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                            node_selector_terms: vec![NodeSelectorTerm {
-                                match_expressions: None,
-                                match_fields: Some(vec![NodeSelectorRequirement {
-                                    key: "metadata.name".to_owned(),
-                                    operator: "In".to_owned(),
-                                    values: Some(vec![self.node.clone()]),
-                                }]),
-                            }],
-                        }),
-                        ..NodeAffinity::default()
-                    }),
-                    ..Affinity::default()
-                }),
-                ..PodSpec::default()
-            }),
-        }
+                "volumes": (!volumes.is_empty()).then_some(volumes),
+                "affinity": {"nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": node_selector,
+                }},
+            },
+        })
     }
 
     /// The ReplicaSet owning the workload (one replica, selecting the workload label).
-    pub fn replica_set(&self, namespace: &str) -> ReplicaSet {
-        ReplicaSet {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                namespace: Some(namespace.to_owned()),
-                labels: Some(self.pod_labels()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(ReplicaSetSpec {
-                replicas: Some(1),
-                selector: LabelSelector {
-                    match_labels: Some(BTreeMap::from([(
-                        WORKLOAD_LABEL.to_owned(),
-                        self.name.clone(),
-                    )])),
-                    match_expressions: None,
+    pub fn replica_set(&self, namespace: &str) -> Result<ReplicaSet, SimError> {
+        let template = self.template();
+        typed(
+            "replicaset",
+            json!({
+                "metadata": {"name": self.name, "namespace": namespace,
+                    "labels": template["metadata"]["labels"]},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {WORKLOAD_LABEL: self.name}},
+                    "template": template,
                 },
-                template: Some(self.template()),
-                min_ready_seconds: None,
             }),
-            status: None,
-        }
+        )
     }
 
     /// The pod, bound to its node (as the scheduler would), owned by `owner` if given.
-    pub fn pod(&self, namespace: &str, owner: Option<OwnerReference>) -> Pod {
-        let template = self.template();
-        let mut spec = template.spec.unwrap_or_default();
-        spec.node_name = Some(self.node.clone());
-        let meta = template.metadata.unwrap_or_default();
-        Pod {
-            metadata: ObjectMeta {
-                name: Some(if owner.is_some() {
-                    format!("{}-sim0", self.name)
-                } else {
-                    self.name.clone()
-                }),
-                namespace: Some(namespace.to_owned()),
-                labels: meta.labels,
-                owner_references: owner.map(|o| vec![o]),
-                ..ObjectMeta::default()
-            },
-            spec: Some(spec),
-            status: None,
-        }
+    pub fn pod(&self, namespace: &str, owner: Option<OwnerReference>) -> Result<Pod, SimError> {
+        let mut pod = self.template();
+        let name = match owner {
+            Some(_) => format!("{}-sim0", self.name),
+            None => self.name.clone(),
+        };
+        pod["metadata"]["name"] = json!(name);
+        pod["metadata"]["namespace"] = json!(namespace);
+        pod["metadata"]["ownerReferences"] = json!(owner.map(|o| vec![o]));
+        pod["spec"]["nodeName"] = json!(self.node);
+        typed("pod", pod)
     }
 }
 
@@ -247,32 +172,17 @@ pub enum DisruptionLimit {
     MaxUnavailable(IntOrString),
 }
 
-/// A PodDisruptionBudget over the pods with `match_labels`.
-pub fn disruption_budget(
-    name: &str,
-    namespace: &str,
-    match_labels: BTreeMap<String, String>,
-    limit: DisruptionLimit,
-) -> PodDisruptionBudget {
-    let (min_available, max_unavailable) = match limit {
-        DisruptionLimit::MinAvailable(v) => (Some(v), None),
-        DisruptionLimit::MaxUnavailable(v) => (None, Some(v)),
-    };
-    PodDisruptionBudget {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some(namespace.to_owned()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodDisruptionBudgetSpec {
-            min_available,
-            max_unavailable,
-            selector: Some(LabelSelector {
-                match_labels: Some(match_labels),
-                match_expressions: None,
-            }),
-            unhealthy_pod_eviction_policy: None,
-        }),
-        status: None,
-    }
+/// `object` as the typed `kind`.
+pub(crate) fn typed<K: serde::de::DeserializeOwned>(
+    kind: &str,
+    object: Value,
+) -> Result<K, SimError> {
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    serde_json::from_value(object).map_err(|e| SimError::Malformed {
+        object: format!("{kind} {name}"),
+        message: e.to_string(),
+    })
 }
