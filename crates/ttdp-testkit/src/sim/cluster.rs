@@ -39,12 +39,12 @@ use rand::Rng;
 use tracing::info;
 use ttdp_api::names::{env, labels};
 use ttdp_kmod::{
-    BuildOptions, HostRoot, Kernel, KmdVersion, KmodError, MODULE_NAME, SimHost, SimKernel,
-    SimKmdRepo, build_module,
+    BuildOptions, Kernel, KmdVersion, KmodError, MODULE_NAME, SimHost, SimKernel, SimKmdRepo,
+    build_module,
 };
 
 use super::daemonset::DaemonSetStandIn;
-use super::error::{SimError, is_conflict, is_not_found};
+use super::error::{SimError, allow_status};
 use super::eventually::eventually;
 use super::image_map::ImageMap;
 use super::kubelet::{KubeletConfig, SimKubelet};
@@ -113,7 +113,7 @@ impl TenstorrentNode {
 }
 
 /// How to build a [`SimCluster`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SimClusterOptions {
     /// The Tenstorrent nodes.
     pub tenstorrent_nodes: Vec<TenstorrentNode>,
@@ -123,8 +123,6 @@ pub struct SimClusterOptions {
     pub image_map: ImageMap,
     /// Speed of simulated time.
     pub time_scale: TimeScale,
-    /// Kernel release of every simulated host.
-    pub kernel_release: String,
     /// tt-kmd versions the simulated tt-kmd repository has tags for (loaded versions are added).
     pub kmd_versions: Vec<String>,
     /// Extra environment for every mapped container.
@@ -137,23 +135,6 @@ pub struct SimClusterOptions {
     pub existing_cluster: Option<PathBuf>,
     /// Start the in-process imitation API server instead (the demo's fallback only).
     pub in_process: bool,
-}
-
-impl Default for SimClusterOptions {
-    fn default() -> Self {
-        Self {
-            tenstorrent_nodes: Vec::new(),
-            plain_nodes: 0,
-            image_map: ImageMap::new(),
-            time_scale: TimeScale::REAL,
-            kernel_release: DEFAULT_KERNEL_RELEASE.to_owned(),
-            kmd_versions: Vec::new(),
-            env: Vec::new(),
-            name_prefix: None,
-            existing_cluster: None,
-            in_process: false,
-        }
-    }
 }
 
 impl SimClusterOptions {
@@ -277,8 +258,8 @@ pub struct SimCluster {
     namespace: String,
     nodes: Vec<SimNode>,
     kmd_repo: SimKmdRepo,
-    kernel_release: String,
     kubelet_config: KubeletConfig,
+    /// One per node, so nodes can be added while the cluster runs.
     kubelets: Vec<SimKubelet>,
     daemonsets: Option<DaemonSetStandIn>,
     /// Set once [`SimCluster::shutdown`] has succeeded; until then dropping the cluster on a
@@ -356,28 +337,6 @@ impl SimCluster {
         })
         .await?;
 
-        let mut nodes = Vec::new();
-        let mut specs = Vec::new();
-        for (i, tt) in options.tenstorrent_nodes.iter().enumerate() {
-            let name = format!("{prefix}-tt-{i}");
-            let (node, spec) = tenstorrent_node(
-                dir.path(),
-                &name,
-                &prefix,
-                &options.kernel_release,
-                tt,
-                &kmd_repo,
-            )
-            .await?;
-            nodes.push(node);
-            specs.push(spec);
-        }
-        for i in 0..options.plain_nodes {
-            let name = format!("{prefix}-cpu-{i}");
-            specs.push(plain_node_spec(&name, &prefix));
-            nodes.push(SimNode { name, host: None });
-        }
-
         let mut common_env = vec![
             ("KUBECONFIG".to_owned(), kubeconfig.display().to_string()),
             (env::TT_KMD_REPOSITORY.to_owned(), kmd_repo.url()),
@@ -396,28 +355,33 @@ impl SimCluster {
             log_dir: Some(dir.path().join("logs")),
             first_node_index: 0,
         };
-        let kubelet = SimKubelet::start(client.clone(), kubelet_config.clone(), specs).await?;
         let daemonsets = server
             .is_some()
             .then(|| DaemonSetStandIn::start(client.clone()));
         let namespace = prefix.clone();
         create_namespace(&client, &namespace).await?;
-        info!(prefix = %prefix, nodes = nodes.len(), real = server.is_none(), "simulated cluster started");
-        Ok(Self {
+        let mut cluster = Self {
             server,
             client,
             kubeconfig,
             prefix,
             namespace,
-            nodes,
+            nodes: Vec::new(),
             kmd_repo,
-            kernel_release: options.kernel_release.clone(),
             kubelet_config,
-            kubelets: vec![kubelet],
+            kubelets: Vec::new(),
             daemonsets,
             shut_down: false,
             dir,
-        })
+        };
+        for node in &options.tenstorrent_nodes {
+            cluster.add_tenstorrent_node(node.clone()).await?;
+        }
+        for _ in 0..options.plain_nodes {
+            cluster.add_plain_node().await?;
+        }
+        info!(prefix = %cluster.prefix, nodes = cluster.nodes.len(), real = cluster.is_real(), "simulated cluster started");
+        Ok(cluster)
     }
 
     /// Adds a Tenstorrent node to the running cluster (served by a kubelet of its own) and
@@ -431,17 +395,33 @@ impl SimCluster {
         }
         let count = self.nodes.iter().filter(|n| n.host.is_some()).count();
         let name = format!("{}-tt-{count}", self.prefix);
-        let (sim, spec) = tenstorrent_node(
-            self.dir.path(),
-            &name,
-            &self.prefix,
-            &self.kernel_release,
-            &node,
-            &self.kmd_repo,
-        )
-        .await?;
+        let root = self.dir.path().join("hosts").join(&name);
+        let (host_name, tt, repository) = (name.clone(), node.clone(), self.kmd_repo.url());
+        let host = blocking(move || create_host(root, &host_name, &tt, repository)).await?;
+        let mut spec = SimNodeSpec::new(&name);
+        spec.labels = node.labels;
+        spec.labels
+            .insert(SCENARIO_LABEL.to_owned(), self.prefix.clone());
+        spec.labels.insert(
+            labels::NFD_TENSTORRENT.to_owned(),
+            labels::NFD_PRESENT.to_owned(),
+        );
+        spec.taints = node.taints;
+        spec.extra_capacity
+            .insert(DEVICE_RESOURCE.to_owned(), Quantity("4".to_owned()));
+        spec.env = vec![
+            (
+                env::HOST_ROOT.to_owned(),
+                host.host().dir().display().to_string(),
+            ),
+            (env::KERNEL.to_owned(), "sim".to_owned()),
+        ];
+        spec.kernel = Some(host.kernel());
         self.start_kubelet(spec).await?;
-        self.nodes.push(sim);
+        self.nodes.push(SimNode {
+            name: name.clone(),
+            host: Some(host),
+        });
         Ok(name)
     }
 
@@ -449,8 +429,10 @@ impl SimCluster {
     pub async fn add_plain_node(&mut self) -> Result<String, SimError> {
         let count = self.nodes.iter().filter(|n| n.host.is_none()).count();
         let name = format!("{}-cpu-{count}", self.prefix);
-        self.start_kubelet(plain_node_spec(&name, &self.prefix))
-            .await?;
+        let mut spec = SimNodeSpec::new(&name);
+        spec.labels
+            .insert(SCENARIO_LABEL.to_owned(), self.prefix.clone());
+        self.start_kubelet(spec).await?;
         self.nodes.push(SimNode {
             name: name.clone(),
             host: None,
@@ -459,20 +441,11 @@ impl SimCluster {
     }
 
     /// Adds tag `ttkmd-<version>` to the simulated tt-kmd repository unless it is there.
-    pub async fn ensure_kmd_version(&self, version: &str) -> Result<(), SimError> {
+    async fn ensure_kmd_version(&self, version: &str) -> Result<(), SimError> {
         let repo = self.kmd_repo.clone();
         let version = version.to_owned();
         blocking(move || {
-            let tags = std::process::Command::new("git")
-                .arg("-C")
-                .arg(repo.dir())
-                .args(["tag", "--list", &format!("ttkmd-{version}")])
-                .output()
-                .map_err(|source| SimError::HostIo {
-                    path: repo.dir().to_path_buf(),
-                    source,
-                })?;
-            if !tags.stdout.is_empty() {
+            if repo.tag_commit(&version).is_ok() {
                 return Ok(());
             }
             repo.add_version(&version)
@@ -525,16 +498,6 @@ impl SimCluster {
         &self.namespace
     }
 
-    /// The time scale.
-    pub fn time_scale(&self) -> TimeScale {
-        self.kubelet_config.time_scale
-    }
-
-    /// A scratch directory removed with the cluster (holds hosts, logs, the tt-kmd repository).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
     /// Where container output goes: `<namespace>_<pod>_<container>.log`.
     pub fn log_dir(&self) -> PathBuf {
         self.dir.path().join("logs")
@@ -547,18 +510,17 @@ impl SimCluster {
 
     /// The Tenstorrent nodes' names.
     pub fn tenstorrent_node_names(&self) -> Vec<String> {
-        self.nodes
-            .iter()
-            .filter(|n| n.host.is_some())
-            .map(|n| n.name.clone())
-            .collect()
+        self.node_names(true)
     }
 
     /// The plain nodes' names.
     pub fn plain_node_names(&self) -> Vec<String> {
-        self.nodes
-            .iter()
-            .filter(|n| n.host.is_none())
+        self.node_names(false)
+    }
+
+    fn node_names(&self, tenstorrent: bool) -> Vec<String> {
+        (self.nodes.iter())
+            .filter(|n| n.host.is_some() == tenstorrent)
             .map(|n| n.name.clone())
             .collect()
     }
@@ -678,19 +640,10 @@ impl SimCluster {
         let kubelets = std::mem::take(&mut self.kubelets);
         if self.is_real() {
             let namespaces: Api<Namespace> = Api::all(self.client.clone());
-            match namespaces
-                .delete(&self.namespace, &DeleteParams::default())
-                .await
-            {
-                Ok(_) => {}
-                Err(err) if is_not_found(&err) => {}
-                Err(err) => {
-                    return Err(SimError::api(
-                        format!("delete namespace {}", self.namespace),
-                        err,
-                    ));
-                }
-            }
+            let deleted = (namespaces.delete(&self.namespace, &DeleteParams::default())).await;
+            allow_status(deleted, 404, || {
+                format!("delete namespace {}", self.namespace)
+            })?;
             let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
             let _ = eventually("the scenario's pods to go", Duration::from_secs(60), || {
                 let pods = pods.clone();
@@ -778,21 +731,14 @@ async fn delete_scenario(
     for pod in listed.items {
         let _ = pods.delete(&pod.name_any(), &now).await;
     }
-    match Api::<Namespace>::all(client.clone())
+    let deleted = (Api::<Namespace>::all(client.clone()))
         .delete(namespace, &DeleteParams::default())
-        .await
-    {
-        Ok(_) => {}
-        Err(err) if is_not_found(&err) => {}
-        Err(err) => return Err(SimError::api(format!("delete namespace {namespace}"), err)),
-    }
+        .await;
+    allow_status(deleted, 404, || format!("delete namespace {namespace}"))?;
     let api: Api<Node> = Api::all(client);
     for name in nodes {
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(err) if is_not_found(&err) => {}
-            Err(err) => return Err(SimError::api(format!("delete simulated node {name}"), err)),
-        }
+        let deleted = api.delete(name, &DeleteParams::default()).await;
+        allow_status(deleted, 404, || format!("delete simulated node {name}"))?;
     }
     Ok(())
 }
@@ -833,11 +779,8 @@ async fn create_namespace(client: &Client, name: &str) -> Result<(), SimError> {
         },
         ..Namespace::default()
     };
-    match api.create(&PostParams::default(), &ns).await {
-        Ok(_) => {}
-        Err(err) if is_conflict(&err) => {}
-        Err(err) => return Err(SimError::api(format!("create namespace {name}"), err)),
-    }
+    let created = api.create(&PostParams::default(), &ns).await;
+    allow_status(created, 409, || format!("create namespace {name}"))?;
     // A real cluster refuses pods in a namespace until its `default` ServiceAccount exists (the
     // ServiceAccount admission plugin), which the controller manager creates shortly after the
     // namespace: create it right away instead of waiting (409 when the controller was first).
@@ -849,14 +792,10 @@ async fn create_namespace(client: &Client, name: &str) -> Result<(), SimError> {
         },
         ..ServiceAccount::default()
     };
-    match accounts.create(&PostParams::default(), &account).await {
-        Ok(_) => Ok(()),
-        Err(err) if is_conflict(&err) => Ok(()),
-        Err(err) => Err(SimError::api(
-            format!("create service account {name}/default"),
-            err,
-        )),
-    }
+    let created = accounts.create(&PostParams::default(), &account).await;
+    allow_status(created, 409, || {
+        format!("create service account {name}/default")
+    })
 }
 
 async fn blocking<T: Send + 'static>(
@@ -869,104 +808,39 @@ async fn blocking<T: Send + 'static>(
         })?
 }
 
-/// A Tenstorrent node: its simulated host and what its kubelet registers.
-async fn tenstorrent_node(
-    dir: &Path,
-    name: &str,
-    prefix: &str,
-    release: &str,
-    tt: &TenstorrentNode,
-    repo: &SimKmdRepo,
-) -> Result<(SimNode, SimNodeSpec), SimError> {
-    let host = create_host(dir, name, release, tt, repo).await?;
-    let mut spec = SimNodeSpec::new(name);
-    spec.labels = tt.labels.clone();
-    spec.labels
-        .insert(SCENARIO_LABEL.to_owned(), prefix.to_owned());
-    spec.labels.insert(
-        labels::NFD_TENSTORRENT.to_owned(),
-        labels::NFD_PRESENT.to_owned(),
-    );
-    spec.taints = tt.taints.clone();
-    spec.extra_capacity
-        .insert(DEVICE_RESOURCE.to_owned(), Quantity("4".to_owned()));
-    spec.env = vec![
-        (
-            env::HOST_ROOT.to_owned(),
-            host.host().dir().display().to_string(),
-        ),
-        (env::KERNEL.to_owned(), "sim".to_owned()),
-    ];
-    spec.kernel = Some(host.kernel());
-    let node = SimNode {
-        name: name.to_owned(),
-        host: Some(host),
-    };
-    Ok((node, spec))
-}
-
-/// What the kubelet registers for a plain node.
-fn plain_node_spec(name: &str, prefix: &str) -> SimNodeSpec {
-    let mut spec = SimNodeSpec::new(name);
-    spec.labels
-        .insert(SCENARIO_LABEL.to_owned(), prefix.to_owned());
-    spec
-}
-
 /// Creates a node's simulated host and loads its starting module.
-async fn create_host(
-    dir: &Path,
-    name: &str,
-    release: &str,
-    tt: &TenstorrentNode,
-    repo: &SimKmdRepo,
-) -> Result<SimHost, SimError> {
-    let root = dir.join("hosts").join(name);
-    let release = release.to_owned();
-    let tt = tt.clone();
-    let repository = repo.url();
-    let node = name.to_owned();
-    blocking(move || {
-        let io = |source| SimError::HostIo {
-            path: root.clone(),
-            source,
-        };
-        let host = SimHost::create(root.clone(), &release).map_err(io)?;
-        if let Some(version) = &tt.loaded_version {
-            if tt.host_managed {
-                host.add_dkms_state(&[version]).map_err(io)?;
-                host.add_dkms_source(version).map_err(io)?;
-            }
-            load_version(&host, &node, version, &repository)?;
-        }
-        Ok(host)
-    })
-    .await
-}
-
-fn load_version(
-    host: &SimHost,
+fn create_host(
+    root: PathBuf,
     node: &str,
-    version: &str,
-    repository: &str,
-) -> Result<(), SimError> {
+    tt: &TenstorrentNode,
+    repository: String,
+) -> Result<SimHost, SimError> {
+    let io = |source| SimError::HostIo {
+        path: root.clone(),
+        source,
+    };
+    let host = SimHost::create(root.clone(), DEFAULT_KERNEL_RELEASE).map_err(io)?;
+    let Some(version) = &tt.loaded_version else {
+        return Ok(host);
+    };
+    if tt.host_managed {
+        host.add_dkms_state(&[version]).map_err(io)?;
+        host.add_dkms_source(version).map_err(io)?;
+    }
     let kernel_error = |action: &str, message: String| SimError::Kernel {
         node: node.to_owned(),
-        action: action.to_owned(),
+        action: format!("{action} tt-kmd {version}"),
         message,
     };
     let options = BuildOptions {
-        repository: repository.to_owned(),
+        repository,
         jobs: 1,
         ..BuildOptions::default()
     };
-    let host_root: &HostRoot = host.host();
-    let kmd_version: KmdVersion = version
-        .parse()
-        .map_err(|e: KmodError| kernel_error(&format!("build tt-kmd {version}"), e.to_string()))?;
-    let built = build_module(host_root, host.release(), &kmd_version, &options)
-        .map_err(|e| kernel_error(&format!("build tt-kmd {version}"), e.to_string()))?;
-    host.kernel()
-        .load(&built.ko_path, "")
-        .map_err(|e| kernel_error(&format!("load tt-kmd {version}"), e.to_string()))
+    let kmd_version: KmdVersion =
+        (version.parse()).map_err(|e: KmodError| kernel_error("build", e.to_string()))?;
+    let built = build_module(host.host(), host.release(), &kmd_version, &options)
+        .map_err(|e| kernel_error("build", e.to_string()))?;
+    (host.kernel().load(&built.ko_path, "")).map_err(|e| kernel_error("load", e.to_string()))?;
+    Ok(host)
 }
