@@ -5,17 +5,17 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{
-    Namespace, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint,
-};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, OwnerReference, Time};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
 use ttdp_kmod::SimKernel;
 
 use super::error::{SimError, allow_status, is_conflict, is_not_found};
+use super::workload::typed;
 
 /// The namespace holding node leases.
 const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -23,7 +23,7 @@ const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 const LEASE_DURATION_SECONDS: i32 = 40;
 
 /// A node the simulated kubelet registers and serves.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SimNodeSpec {
     /// Node name (unique in the cluster).
     pub name: String,
@@ -45,85 +45,66 @@ impl SimNodeSpec {
     pub fn new(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
-            labels: BTreeMap::new(),
-            taints: Vec::new(),
-            extra_capacity: BTreeMap::new(),
-            env: Vec::new(),
-            kernel: None,
+            ..Self::default()
         }
     }
 }
 
-fn node_status(spec: &SimNodeSpec, host_ip: &str, now: Timestamp) -> NodeStatus {
-    let mut capacity = BTreeMap::from([
-        ("cpu".to_owned(), Quantity("8".to_owned())),
-        ("memory".to_owned(), Quantity("32Gi".to_owned())),
-        ("pods".to_owned(), Quantity("110".to_owned())),
-        ("ephemeral-storage".to_owned(), Quantity("100Gi".to_owned())),
-    ]);
-    capacity.extend(spec.extra_capacity.clone());
-    let condition = |type_: &str, status: &str, reason: &str, message: &str| NodeCondition {
-        type_: type_.to_owned(),
-        status: status.to_owned(),
-        reason: Some(reason.to_owned()),
-        message: Some(message.to_owned()),
-        last_heartbeat_time: Some(Time(now)),
-        last_transition_time: None,
-    };
-    NodeStatus {
-        addresses: Some(vec![
-            NodeAddress {
-                type_: "InternalIP".to_owned(),
-                address: host_ip.to_owned(),
-            },
-            NodeAddress {
-                type_: "Hostname".to_owned(),
-                address: spec.name.clone(),
-            },
-        ]),
-        allocatable: Some(capacity.clone()),
-        capacity: Some(capacity),
-        conditions: Some(vec![
-            condition(
-                "MemoryPressure",
-                "False",
-                "KubeletHasSufficientMemory",
-                "kubelet has sufficient memory available",
-            ),
-            condition(
-                "DiskPressure",
-                "False",
-                "KubeletHasNoDiskPressure",
-                "kubelet has no disk pressure",
-            ),
-            condition(
-                "PIDPressure",
-                "False",
-                "KubeletHasSufficientPID",
-                "kubelet has sufficient PID available",
-            ),
-            condition(
-                "Ready",
-                "True",
-                "KubeletReady",
-                "simulated kubelet is posting ready status",
-            ),
-        ]),
-        node_info: Some(NodeSystemInfo {
-            architecture: "amd64".to_owned(),
-            boot_id: format!("sim-boot-{}", spec.name),
-            container_runtime_version: "sim://0.1.0".to_owned(),
-            kernel_version: "6.8.0-sim".to_owned(),
-            kube_proxy_version: String::new(),
-            kubelet_version: "v1.33.0-ttdp-sim".to_owned(),
-            machine_id: format!("sim-machine-{}", spec.name),
-            operating_system: "linux".to_owned(),
-            os_image: "ttdp simulated node".to_owned(),
-            swap: None,
-            system_uuid: format!("sim-{}", spec.name),
-        }),
-        ..NodeStatus::default()
+fn node_status(spec: &SimNodeSpec, host_ip: &str, now: Timestamp) -> Value {
+    let mut capacity =
+        json!({"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"});
+    for (resource, quantity) in &spec.extra_capacity {
+        capacity[resource] = json!(quantity);
     }
+    let conditions = [
+        (
+            "MemoryPressure",
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available",
+        ),
+        (
+            "DiskPressure",
+            "KubeletHasNoDiskPressure",
+            "kubelet has no disk pressure",
+        ),
+        (
+            "PIDPressure",
+            "KubeletHasSufficientPID",
+            "kubelet has sufficient PID available",
+        ),
+        (
+            "Ready",
+            "KubeletReady",
+            "simulated kubelet is posting ready status",
+        ),
+    ]
+    .map(|(type_, reason, message)| {
+        let status = if type_ == "Ready" { "True" } else { "False" };
+        json!({"type": type_, "status": status, "reason": reason, "message": message,
+            "lastHeartbeatTime": Time(now)})
+    });
+    let name = &spec.name;
+    json!({
+        "addresses": [
+            {"type": "InternalIP", "address": host_ip},
+            {"type": "Hostname", "address": name},
+        ],
+        "allocatable": capacity,
+        "capacity": capacity,
+        "conditions": conditions,
+        "nodeInfo": {
+            "architecture": "amd64",
+            "bootID": format!("sim-boot-{name}"),
+            "containerRuntimeVersion": "sim://0.1.0",
+            "kernelVersion": "6.8.0-sim",
+            "kubeProxyVersion": "",
+            "kubeletVersion": "v1.33.0-ttdp-sim",
+            "machineID": format!("sim-machine-{name}"),
+            "operatingSystem": "linux",
+            "osImage": "ttdp simulated node",
+            "systemUUID": format!("sim-{name}"),
+        },
+    })
 }
 
 /// Registers the node: creates it, or, if it already exists, takes it over (labels and taints
@@ -138,22 +119,16 @@ pub async fn register_node(
     labels.insert("kubernetes.io/hostname".to_owned(), spec.name.clone());
     labels.insert("kubernetes.io/os".to_owned(), "linux".to_owned());
     labels.insert("kubernetes.io/arch".to_owned(), "amd64".to_owned());
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(spec.name.clone()),
-            labels: Some(labels.clone()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(NodeSpec {
-            taints: (!spec.taints.is_empty()).then(|| spec.taints.clone()),
-            ..NodeSpec::default()
-        }),
-        status: None,
-    };
-    match api.create(&PostParams::default(), &node).await {
+    let taints = (!spec.taints.is_empty()).then_some(&spec.taints);
+    let node =
+        json!({"metadata": {"name": spec.name, "labels": labels}, "spec": {"taints": taints}});
+    match api
+        .create(&PostParams::default(), &typed("node", node)?)
+        .await
+    {
         Ok(_) => {}
         Err(err) if is_conflict(&err) => {
-            let patch = serde_json::json!({
+            let patch = json!({
                 "metadata": { "labels": labels },
                 "spec": { "taints": spec.taints, "unschedulable": null },
             });
@@ -170,8 +145,7 @@ pub async fn register_node(
 pub async fn heartbeat(client: &Client, spec: &SimNodeSpec, host_ip: &str) -> Result<(), SimError> {
     let now = Timestamp::now();
     let nodes: Api<Node> = Api::all(client.clone());
-    let status = node_status(spec, host_ip, now);
-    let patch = serde_json::json!({ "status": status });
+    let patch = json!({ "status": node_status(spec, host_ip, now) });
     let node = nodes
         .patch_status(&spec.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -182,12 +156,11 @@ pub async fn heartbeat(client: &Client, spec: &SimNodeSpec, host_ip: &str) -> Re
 async fn renew_lease(client: &Client, node: &Node, now: Timestamp) -> Result<(), SimError> {
     let name = node.name_any();
     let leases: Api<Lease> = Api::namespaced(client.clone(), NODE_LEASE_NAMESPACE);
-    let patch =
-        serde_json::json!({ "spec": { "renewTime": MicroTime(now), "holderIdentity": name } });
-    match leases
+    let patch = json!({ "spec": { "renewTime": MicroTime(now), "holderIdentity": name } });
+    let renewed = leases
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
+        .await;
+    match renewed {
         Ok(_) => return Ok(()),
         Err(err) if is_not_found(&err) => {}
         Err(err) => {
@@ -197,45 +170,28 @@ async fn renew_lease(client: &Client, node: &Node, now: Timestamp) -> Result<(),
             ));
         }
     }
-    ensure_lease_namespace(client).await?;
-    let lease = Lease {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(NODE_LEASE_NAMESPACE.to_owned()),
-            owner_references: node.uid().map(|uid| {
-                vec![OwnerReference {
-                    api_version: "v1".to_owned(),
-                    kind: "Node".to_owned(),
-                    name: name.clone(),
-                    uid,
-                    controller: None,
-                    block_owner_deletion: None,
-                }]
-            }),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(name.clone()),
-            lease_duration_seconds: Some(LEASE_DURATION_SECONDS),
-            renew_time: Some(MicroTime(now)),
-            ..LeaseSpec::default()
-        }),
-    };
-    let created = leases.create(&PostParams::default(), &lease).await;
-    allow_status(created, 409, || format!("create the lease of node {name}"))
-}
-
-async fn ensure_lease_namespace(client: &Client) -> Result<(), SimError> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NODE_LEASE_NAMESPACE.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    let created = namespaces.create(&PostParams::default(), &ns).await;
+    let namespace = typed(
+        "namespace",
+        json!({"metadata": {"name": NODE_LEASE_NAMESPACE}}),
+    )?;
+    let created = namespaces.create(&PostParams::default(), &namespace).await;
     allow_status(created, 409, || {
         format!("create namespace {NODE_LEASE_NAMESPACE}")
-    })
+    })?;
+    let owner = node
+        .uid()
+        .map(|uid| json!([{"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}]));
+    let lease = json!({
+        "metadata": {"name": name, "namespace": NODE_LEASE_NAMESPACE, "ownerReferences": owner},
+        "spec": {
+            "holderIdentity": name,
+            "leaseDurationSeconds": LEASE_DURATION_SECONDS,
+            "renewTime": MicroTime(now),
+        },
+    });
+    let created = leases
+        .create(&PostParams::default(), &typed("lease", lease)?)
+        .await;
+    allow_status(created, 409, || format!("create the lease of node {name}"))
 }
