@@ -78,6 +78,20 @@ pub(crate) struct Termination {
     pub finished_at: Timestamp,
 }
 
+impl Termination {
+    /// An instance ending now: `Completed` on exit code 0, else `Error`.
+    fn now(exit_code: i32, message: Option<String>, started_at: Option<Timestamp>) -> Self {
+        let reason = if exit_code == 0 { "Completed" } else { "Error" };
+        Self {
+            exit_code,
+            reason: reason.to_owned(),
+            message,
+            started_at,
+            finished_at: Timestamp::now(),
+        }
+    }
+}
+
 /// The container's current state, as the pod status reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum RunState {
@@ -189,8 +203,9 @@ impl ContainerHandle {
     }
 }
 
-fn lock(snapshot: &Mutex<ContainerSnapshot>) -> MutexGuard<'_, ContainerSnapshot> {
-    snapshot
+/// Locks `mutex`, ignoring poisoning: a panicked holder leaves plain data behind.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -216,6 +231,16 @@ impl ContainerTask {
         self.changed.notify_one();
     }
 
+    /// The instance ended for good.
+    fn finish(&self, end: Termination) {
+        self.update(|s| {
+            s.instance += 1;
+            s.ready = false;
+            s.state = RunState::Terminated(end);
+            s.done = true;
+        });
+    }
+
     fn name(&self) -> String {
         lock(&self.snapshot).name.clone()
     }
@@ -234,12 +259,7 @@ impl ContainerTask {
             };
             match outcome {
                 Outcome::Stopped(end) => {
-                    self.update(|s| {
-                        s.instance += 1;
-                        s.ready = false;
-                        s.state = RunState::Terminated(end);
-                        s.done = true;
-                    });
+                    self.finish(end);
                     return;
                 }
                 Outcome::Exited(end) => {
@@ -250,12 +270,7 @@ impl ContainerTask {
                     };
                     info!(pod = %self.settings.pod, container = %self.name(), exit_code = end.exit_code, restart, "container exited");
                     if !restart {
-                        self.update(|s| {
-                            s.instance += 1;
-                            s.ready = false;
-                            s.state = RunState::Terminated(end);
-                            s.done = true;
-                        });
+                        self.finish(end);
                         let _ = wait_stop(&mut self.stop).await;
                         return;
                     }
@@ -304,12 +319,10 @@ impl ContainerTask {
         let mut instance = match ProcessInstance::spawn(&process, self.settings.log_file.as_ref()) {
             Ok(instance) => instance,
             Err(err) => {
+                let message = format!("cannot run {}: {err}", process.program.display());
                 return Outcome::Exited(Termination {
-                    exit_code: 128,
                     reason: "StartError".to_owned(),
-                    message: Some(format!("cannot run {}: {err}", process.program.display())),
-                    started_at: None,
-                    finished_at: Timestamp::now(),
+                    ..Termination::now(128, Some(message), None)
                 });
             }
         };
@@ -354,13 +367,8 @@ impl ContainerTask {
         let pid = NEXT_SIM_PID.fetch_add(1, Ordering::Relaxed);
         if let Some(device) = &device {
             if let Err(err) = device.kernel.hold(pid, &device.comm) {
-                return Outcome::Exited(Termination {
-                    exit_code: 1,
-                    reason: "Error".to_owned(),
-                    message: Some(format!("cannot open /dev/tenstorrent/0: {err}")),
-                    started_at: Some(started_at),
-                    finished_at: Timestamp::now(),
-                });
+                let message = format!("cannot open /dev/tenstorrent/0: {err}");
+                return Outcome::Exited(Termination::now(1, Some(message), Some(started_at)));
             }
             info!(pod = %self.settings.pod, container = %self.name(), pid, "workload holds /dev/tenstorrent");
         }
@@ -380,20 +388,11 @@ impl ContainerTask {
             }
         };
         let outcome = tokio::select! {
-            () = killed => Outcome::Exited(Termination {
-                exit_code: 137,
-                reason: "Error".to_owned(),
-                message: Some(format!("simulated process {pid} was killed (SIGKILL) on the host")),
-                started_at: Some(started_at),
-                finished_at: Timestamp::now(),
-            }),
-            _ = wait_stop(&mut self.stop) => Outcome::Stopped(Termination {
-                exit_code: 0,
-                reason: "Completed".to_owned(),
-                message: None,
-                started_at: Some(started_at),
-                finished_at: Timestamp::now(),
-            }),
+            () = killed => {
+                let message = format!("simulated process {pid} was killed (SIGKILL) on the host");
+                Outcome::Exited(Termination::now(137, Some(message), Some(started_at)))
+            }
+            _ = wait_stop(&mut self.stop) => Outcome::Stopped(Termination::now(0, None, Some(started_at))),
         };
         if let Some(device) = &device {
             if let Err(err) = device.kernel.exit_process(pid) {
@@ -425,13 +424,7 @@ fn termination(
     let exit_code = status
         .map(|s| s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9)))
         .unwrap_or(137);
-    Termination {
-        exit_code,
-        reason: if exit_code == 0 { "Completed" } else { "Error" }.to_owned(),
-        message,
-        started_at: Some(started_at),
-        finished_at: Timestamp::now(),
-    }
+    Termination::now(exit_code, message, Some(started_at))
 }
 
 /// A running child process in its own process group, its output going to a log file.
@@ -513,10 +506,7 @@ impl ProcessInstance {
             // Grandchildren can keep the pipes open: do not wait for them long.
             let _ = tokio::time::timeout(Duration::from_millis(200), reader).await;
         }
-        self.last_line
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        lock(&self.last_line).clone()
     }
 }
 
@@ -540,9 +530,7 @@ async fn read_lines(
             let _ = file.write_all(format!("{line}\n").as_bytes()).await;
         }
         if !line.trim().is_empty() {
-            *last_line
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(line);
+            *lock(&last_line) = Some(line);
         }
     }
 }

@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::container_runtime::lock;
 use super::error::{SimError, allow_status};
 use super::image_map::ImageMap;
 use super::node_heartbeat::{SimNodeSpec, heartbeat, register_node};
@@ -141,11 +142,7 @@ impl SimKubelet {
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }
-        let workers: Vec<PodWorker> = self
-            .workers
-            .lock()
-            .map(|mut w| w.drain().map(|(_, worker)| worker).collect())
-            .unwrap_or_default();
+        let workers: Vec<PodWorker> = lock(&self.workers).drain().map(|(_, w)| w).collect();
         for worker in workers {
             let _ = tokio::time::timeout(Duration::from_secs(10), worker.task).await;
         }
@@ -231,12 +228,6 @@ async fn serve_node(shared: Arc<KubeletShared>, node: Arc<NodeContext>, workers:
             Event::Delete(pod) => forget(&workers, &pod.uid().unwrap_or_default()),
         }
     }
-}
-
-fn lock(workers: &Workers) -> std::sync::MutexGuard<'_, HashMap<String, PodWorker>> {
-    workers
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn apply(

@@ -42,8 +42,6 @@ pub(crate) struct PodFacts<'a> {
     pub host_ip: &'a str,
     pub pod_ip: &'a str,
     pub start_time: Timestamp,
-    /// The status as last read from the API (for foreign conditions and transition times).
-    pub previous: Option<&'a PodStatus>,
     /// The pod uid, for container ids.
     pub uid: &'a str,
 }
@@ -66,9 +64,11 @@ impl ConditionClock {
     }
 }
 
-/// The full pod status.
+/// The full pod status; `previous` is the status last read from the API (its foreign conditions
+/// and QoS class are kept).
 pub(crate) fn pod_status(
     facts: &PodFacts<'_>,
+    previous: Option<&PodStatus>,
     containers: &[ContainerSnapshot],
     clock: &mut ConditionClock,
 ) -> PodStatus {
@@ -79,8 +79,7 @@ pub(crate) fn pod_status(
         .map(|c| c.name.as_str())
         .collect();
     let ready = phase == "Running" && unready.is_empty();
-    let previous_conditions = facts
-        .previous
+    let previous_conditions = previous
         .and_then(|p| p.conditions.clone())
         .unwrap_or_default();
     let mut condition =
@@ -132,7 +131,7 @@ pub(crate) fn pod_status(
             ip: facts.pod_ip.to_owned(),
         }]),
         start_time: Some(Time(facts.start_time)),
-        qos_class: facts.previous.and_then(|p| p.qos_class.clone()),
+        qos_class: previous.and_then(|p| p.qos_class.clone()),
         container_statuses: Some(
             containers
                 .iter()
@@ -284,7 +283,6 @@ mod tests {
             host_ip: "10.0.0.2",
             pod_ip: "10.244.0.2",
             start_time: Timestamp::now(),
-            previous: Some(&previous),
             uid: "u",
         };
         let mut clock = ConditionClock::default();
@@ -292,7 +290,7 @@ mod tests {
         a.name = "a".to_owned();
         let mut b = container(running(), false, false);
         b.name = "b".to_owned();
-        let status = pod_status(&facts, &[a.clone(), b.clone()], &mut clock);
+        let status = pod_status(&facts, Some(&previous), &[a.clone(), b.clone()], &mut clock);
         let conditions = status.conditions.unwrap();
         let ready = conditions.iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(ready.status, "False");
@@ -304,7 +302,7 @@ mod tests {
         let since = ready.last_transition_time.clone().unwrap();
 
         b.ready = true;
-        let now_ready = pod_status(&facts, &[a.clone(), b.clone()], &mut clock);
+        let now_ready = pod_status(&facts, Some(&previous), &[a.clone(), b.clone()], &mut clock);
         let ready = now_ready
             .conditions
             .as_ref()
@@ -316,7 +314,7 @@ mod tests {
         let first_ready = status_ready_time(&now_ready);
         assert!(first_ready.clone().unwrap().0 >= since.0);
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let again = status_ready_time(&pod_status(&facts, &[a, b], &mut clock));
+        let again = status_ready_time(&pod_status(&facts, Some(&previous), &[a, b], &mut clock));
         assert_eq!(again, first_ready, "no transition, no new time");
     }
 

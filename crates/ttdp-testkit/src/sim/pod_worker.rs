@@ -96,6 +96,12 @@ async fn run(
     let changed = Arc::new(Notify::new());
     let containers = start_containers(&shared, &node, &pod, &pod_ip, &changed);
     info!(pod = %key, node = %node.name, containers = containers.len(), "pod started");
+    let facts = PodFacts {
+        host_ip: &node.host_ip,
+        pod_ip: &pod_ip,
+        start_time,
+        uid: &uid,
+    };
     let mut last_written: Option<serde_json::Value> = None;
     let mut clock = ConditionClock::default();
     let mut gone = false;
@@ -103,15 +109,8 @@ async fn run(
         if pod.metadata.deletion_timestamp.is_some() {
             break;
         }
-        let facts = PodFacts {
-            host_ip: &node.host_ip,
-            pod_ip: &pod_ip,
-            start_time,
-            previous: pod.status.as_ref(),
-            uid: &uid,
-        };
         let snapshots: Vec<_> = containers.iter().map(ContainerHandle::snapshot).collect();
-        let status = pod_status(&facts, &snapshots, &mut clock);
+        let status = pod_status(&facts, pod.status.as_ref(), &snapshots, &mut clock);
         let wait = if write_status(&shared, &pod, status, &mut last_written).await {
             STATUS_RESYNC
         } else {
@@ -159,30 +158,13 @@ async fn run(
             () = shared.shutdown.cancelled() => return,
         }
     };
-    let facts = PodFacts {
-        host_ip: &node.host_ip,
-        pod_ip: &pod_ip,
-        start_time,
-        previous: pod.status.as_ref(),
-        uid: &uid,
-    };
-    let mut status = pod_status(&facts, &snapshots_after, &mut clock);
+    let mut status = pod_status(&facts, pod.status.as_ref(), &snapshots_after, &mut clock);
     if status.phase.as_deref() == Some("Running") {
         status.phase = Some("Failed".to_owned());
     }
+    write_status(&shared, &pod, status, &mut None).await;
     let api: Api<Pod> =
         Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
-    let patch = serde_json::json!({ "status": status });
-    if let Err(err) = api
-        .patch_status(
-            &pod.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        debug!(pod = %key, error = %err, "final status write failed");
-    }
     let params = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions {
