@@ -31,10 +31,9 @@ use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount, Taint};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config, ResourceExt};
+use kube::{Client, Config, Resource, ResourceExt};
 use rand::Rng;
 use tracing::info;
 use ttdp_api::names::{env, labels};
@@ -538,65 +537,41 @@ impl SimCluster {
     /// Places a workload in the scenario namespace and returns its pod once it exists.
     pub async fn add_workload(&self, workload: &Workload) -> Result<Pod, SimError> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
-        match workload.owner {
-            WorkloadOwner::Bare => pods
-                .create(
-                    &PostParams::default(),
-                    &workload.pod(&self.namespace, None)?,
-                )
-                .await
-                .map_err(|e| SimError::api(format!("create workload pod {}", workload.name), e)),
+        let owner = match workload.owner {
+            WorkloadOwner::Bare => None,
             WorkloadOwner::ReplicaSet => {
                 let sets: Api<ReplicaSet> = Api::namespaced(self.client.clone(), &self.namespace);
-                let rs = sets
-                    .create(
-                        &PostParams::default(),
-                        &workload.replica_set(&self.namespace)?,
-                    )
-                    .await
-                    .map_err(|e| {
-                        SimError::api(format!("create workload replicaset {}", workload.name), e)
-                    })?;
-                let uid = rs.uid().unwrap_or_default();
-                if !self.is_real() {
-                    // No ReplicaSet controller here: create its pod as it would.
-                    let owner = OwnerReference {
-                        api_version: "apps/v1".to_owned(),
-                        kind: "ReplicaSet".to_owned(),
-                        name: workload.name.clone(),
-                        uid: uid.clone(),
-                        controller: Some(true),
-                        block_owner_deletion: Some(true),
-                    };
-                    return pods
-                        .create(
-                            &PostParams::default(),
-                            &workload.pod(&self.namespace, Some(owner))?,
-                        )
-                        .await
-                        .map_err(|e| {
-                            SimError::api(format!("create workload pod of {}", workload.name), e)
-                        });
-                }
-                eventually(
-                    &format!("the pod of replicaset {}", workload.name),
-                    Duration::from_secs(60),
-                    || {
-                        let pods = pods.clone();
-                        let uid = uid.clone();
-                        async move {
-                            pods.list(&ListParams::default())
-                                .await
-                                .ok()?
-                                .items
-                                .into_iter()
-                                .find(|p| p.owner_references().iter().any(|o| o.uid == uid))
-                        }
-                    },
-                )
+                let rs = (sets.create(
+                    &PostParams::default(),
+                    &workload.replica_set(&self.namespace)?,
+                ))
                 .await
+                .map_err(|e| {
+                    SimError::api(format!("create workload replicaset {}", workload.name), e)
+                })?;
+                if self.is_real() {
+                    let uid = rs.uid().unwrap_or_default();
+                    return eventually(
+                        &format!("the pod of replicaset {}", workload.name),
+                        Duration::from_secs(60),
+                        || {
+                            let (pods, uid) = (pods.clone(), uid.clone());
+                            async move {
+                                let listed = pods.list(&ListParams::default()).await.ok()?;
+                                (listed.items.into_iter())
+                                    .find(|p| p.owner_references().iter().any(|o| o.uid == uid))
+                            }
+                        },
+                    )
+                    .await;
+                }
+                // No ReplicaSet controller here: create its pod as it would.
+                rs.controller_owner_ref(&())
             }
-        }
+        };
+        let pod = workload.pod(&self.namespace, owner)?;
+        (pods.create(&PostParams::default(), &pod).await)
+            .map_err(|e| SimError::api(format!("create workload pod {}", workload.name), e))
     }
 
     /// Creates a PodDisruptionBudget in the scenario namespace.
