@@ -58,7 +58,7 @@ pub const REAL_CLUSTER_KUBECONFIG_ENV: &str = launcher::EXISTING_CLUSTER_ENV;
 /// Label on every node a scenario registers, valued with the scenario's prefix: a DaemonSet that
 /// selects it stays on the scenario's own nodes even in a shared real cluster.
 pub const SCENARIO_LABEL: &str = "sim.ttdp.tenstorrent.com/scenario";
-/// The kernel release of simulated hosts unless set otherwise.
+/// The kernel release of every simulated host.
 pub const DEFAULT_KERNEL_RELEASE: &str = "6.8.0-sim";
 
 /// One simulated Tenstorrent node.
