@@ -1,11 +1,11 @@
 //! Drain: the `ttdp-drain` example program (`crates/ttdp-drain/examples/drain.rs`, the library
 //! behind a kubectl-like command line) side by side with the real `kubectl drain`, on identical
-//! nodes of a real control plane started for the run (`ttdp_testkit::scratch`), in the same run:
-//! wall time and API requests (counted by a recording proxy in front of the server) for 10, 100
-//! and 500 pods of mixed owners, among them a Deployment under a PodDisruptionBudget whose
-//! replacements turn Ready 2 s after they start ([`crate::drain_fleet`]); the pods each tool
-//! removed, compared; whether the budget ever fell below its minimum while a drain ran; and the
-//! eviction retry rate while a budget blocks.
+//! nodes of a real control plane started for the run, in the same run: wall time and API
+//! requests (counted from the API server's audit log, with nothing between the drain and the
+//! server) for 10, 100 and 500 pods of mixed owners, among them a Deployment under a
+//! PodDisruptionBudget whose replacements turn Ready 2 s after they start
+//! ([`crate::drain_fleet`]); the pods each tool removed, compared; whether the budget ever fell
+//! below its minimum while a drain ran; and the eviction retry rate while a budget blocks.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,8 +23,9 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tokio::process::Command;
-use ttdp_testkit::fault_proxy::FaultProxy;
-use ttdp_testkit::scratch::Scratch;
+use ttdp_testkit::launcher::audit::AuditLog;
+use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
+use ttdp_testkit::sim::cluster::client_for;
 
 use crate::drain_fleet::{self, DrainNode};
 use crate::result_line::{self, ms};
@@ -33,6 +34,11 @@ use crate::result_line::{self, ms};
 const BLOCKED_FOR: Duration = Duration::from_secs(12);
 /// The two drains compared, by the name the result line gives them.
 const TOOLS: [&str; 2] = ["kubectl", "ttdp"];
+/// The namespace of the workloads and the prefix of the nodes.
+const PREFIX: &str = "bench";
+/// How long the API server may take to record the requests of a drain that has ended (a watch
+/// is recorded when it ends).
+const AUDIT_SETTLE: Duration = Duration::from_secs(1);
 
 /// Flags of `ttdp-bench drain`.
 #[derive(Debug, Args)]
@@ -110,13 +116,14 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
             );
         }
     }
-    let scratch = Scratch::new("bench-drain")
-        .await
-        .context("cannot reach or start the real control plane")?;
-    let client = scratch.client();
-    let proxy = FaultProxy::start(client.clone())
-        .await
-        .context("cannot start the recording proxy")?;
+    let assets =
+        Assets::locate().context("the drain benchmark needs the control-plane binaries")?;
+    let plane =
+        ControlPlane::start(&assets, &runs_dir()).context("cannot start the real control plane")?;
+    let client = client_for(plane.kubeconfig()).await?;
+    drain_fleet::create_namespace(&client, PREFIX).await?;
+    let mut audit = plane.audit_log();
+    let kubeconfig = plane.audited_kubeconfig();
     let mut sizes = Vec::new();
     for &pods in &args.pods {
         eprintln!("drain: {pods} pods per node");
@@ -124,12 +131,13 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
         let mut removed = Vec::new();
         for tool in TOOLS {
             let group = format!("{tool}-{pods}");
-            let node = DrainNode::populate(&client, scratch.prefix(), &group, pods).await?;
+            let node = DrainNode::populate(&client, PREFIX, &group, pods).await?;
             let before = drain_fleet::roles_on(&client, &node.node).await?;
             let floor = BudgetFloor::watch(&client, &node.namespace, &node.budget);
             let run = drain(
                 args,
-                &proxy,
+                kubeconfig,
+                &mut audit,
                 tool,
                 &node.node,
                 &[
@@ -180,11 +188,12 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
     let mut blocked = json!({ "seconds": BLOCKED_FOR.as_secs() });
     for tool in TOOLS {
         let group = format!("blocked-{tool}");
-        let node = drain_fleet::populate_blocked(&client, scratch.prefix(), &group).await?;
+        let node = drain_fleet::populate_blocked(&client, PREFIX, &group).await?;
         let timeout = format!("--timeout={}s", BLOCKED_FOR.as_secs());
         let run = drain(
             args,
-            &proxy,
+            kubeconfig,
+            &mut audit,
             tool,
             &node.node,
             &["--ignore-daemonsets", "--delete-emptydir-data", &timeout],
@@ -198,9 +207,10 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
             "requests_per_s": (run.reads + run.writes) as f64 / secs,
         });
     }
-    result_line::print(
-        &json!({ "suite": "drain", "server": "real control plane", "sizes": sizes, "pdb_blocked": blocked }),
-    );
+    result_line::print(&json!({
+        "suite": "drain", "server": "real control plane",
+        "sizes": sizes, "pdb_blocked": blocked,
+    }));
     Ok(())
 }
 
@@ -221,10 +231,12 @@ fn requests_ratio(row: &Value) -> f64 {
     }
 }
 
-/// Runs `tool` (`kubectl drain` or the ttdp-drain example) on `node` through `proxy`.
+/// Runs `tool` (`kubectl drain` or the ttdp-drain example) on `node` as the identity of
+/// `kubeconfig`, whose requests the API server records in `audit`.
 async fn drain(
     args: &DrainArgs,
-    proxy: &FaultProxy,
+    kubeconfig: &Path,
+    audit: &mut AuditLog,
     tool: &str,
     node: &str,
     flags: &[&str],
@@ -240,20 +252,20 @@ async fn drain(
     }
     command
         .arg(node)
-        .arg(format!("--kubeconfig={}", proxy.kubeconfig().display()))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .args(flags)
         .stdin(Stdio::null())
         .kill_on_drop(true);
-    proxy.recorder().clear();
+    audit.take().context("cannot read the audit log")?;
     let started = Instant::now();
     let output = tokio::time::timeout(Duration::from_secs(600), command.output())
         .await
         .with_context(|| format!("{tool} drain of {node} did not finish in 10 minutes"))?
         .with_context(|| format!("cannot run {}", binary.display()))?;
     let wall = started.elapsed();
-    // Only the drain talks through the proxy; the benchmark's own clients go straight to the
-    // server.
-    let requests = proxy.recorder().requests();
+    tokio::time::sleep(AUDIT_SETTLE).await;
+    // Only the drain runs as the audited identity; the benchmark's own clients do not.
+    let requests = audit.take().context("cannot read the audit log")?;
     let writes = requests.iter().filter(|r| r.is_write()).count();
     let reads = requests.len() - writes;
     let evictions = requests
