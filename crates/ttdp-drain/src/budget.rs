@@ -1,6 +1,8 @@
-//! Finding the PodDisruptionBudget that blocks a pod's eviction, to name it, and reading the
-//! disruptions it has granted but not seen carried out (`status.disruptedPods`).
+//! Finding the PodDisruptionBudget that blocks a pod's eviction, to name it, reading the
+//! disruptions it has granted but not seen carried out (`status.disruptedPods`), and putting
+//! the evictions a budget guards first.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -10,6 +12,7 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use ttdp_api::selector::Selector;
 
+use crate::event::Removal;
 use crate::pod_ref::ObjectKey;
 
 /// A budget that selects a pod, with its `status.disruptionsAllowed`.
@@ -68,6 +71,43 @@ pub(crate) async fn find_budget_object(
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
     let list = pdbs.list(&ListParams::default()).await?;
     Ok(list.items.into_iter().find(|pdb| selects(pdb, pod)))
+}
+
+/// `pods` with the evictions one of `budgets` guards first, then the rest, each in their order.
+/// A guarded eviction may have to wait until replacements are Ready; started first, that wait
+/// runs beside the other evictions instead of after them, and its replacements are created,
+/// scheduled and started before theirs.
+pub(crate) fn guarded_first(
+    pods: Vec<(Pod, Removal)>,
+    budgets: &[PodDisruptionBudget],
+) -> Vec<(Pod, Removal)> {
+    let (mut guarded, rest): (Vec<_>, Vec<_>) = pods.into_iter().partition(|(pod, removal)| {
+        *removal == Removal::Evicted && budgets.iter().any(|b| selects(b, pod))
+    });
+    guarded.extend(rest);
+    guarded
+}
+
+/// The budgets of the namespaces of the pods to evict. A namespace whose budgets cannot be
+/// listed adds none: only the order of the evictions depends on it, and every eviction is
+/// still checked against every budget by the API server.
+pub(crate) async fn budgets_of_evicted(
+    client: &Client,
+    pods: &[(Pod, Removal)],
+) -> Vec<PodDisruptionBudget> {
+    let namespaces: BTreeSet<&str> = pods
+        .iter()
+        .filter(|(_, removal)| *removal == Removal::Evicted)
+        .filter_map(|(pod, _)| pod.metadata.namespace.as_deref())
+        .collect();
+    let lists = futures::future::join_all(namespaces.into_iter().map(|namespace| async move {
+        let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
+        api.list(&ListParams::default())
+            .await
+            .inspect_err(|e| tracing::debug!(namespace, error = %e, "cannot list disruption budgets; evicting in list order"))
+    }))
+    .await;
+    lists.into_iter().flatten().flat_map(|l| l.items).collect()
 }
 
 /// How long the disruption controller keeps counting a pod of `status.disruptedPods` as
@@ -193,6 +233,42 @@ mod tests {
             },
             ..Pod::default()
         }
+    }
+
+    #[test]
+    fn evictions_a_budget_guards_go_first_in_their_order() {
+        let labelled = |name: &str, app: &str| {
+            let mut p = pod(name, "2026-01-01T00:00:00Z", false);
+            p.metadata.namespace = Some("apps".into());
+            p.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
+            p
+        };
+        let budget: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "web", "namespace": "apps" },
+            "spec": { "selector": { "matchLabels": { "app": "web" } } },
+        }))
+        .unwrap();
+        let pods = vec![
+            (labelled("api-1", "api"), Removal::Evicted),
+            (labelled("web-1", "web"), Removal::Deleted),
+            (labelled("web-2", "web"), Removal::Evicted),
+            (labelled("api-2", "api"), Removal::Evicted),
+            (labelled("web-3", "web"), Removal::Evicted),
+        ];
+        let names = |pods: Vec<(Pod, Removal)>| -> Vec<String> {
+            pods.into_iter()
+                .map(|(p, _)| p.metadata.name.unwrap())
+                .collect()
+        };
+        assert_eq!(
+            names(guarded_first(pods.clone(), &[budget])),
+            ["web-2", "web-3", "api-1", "web-1", "api-2"],
+            "a deletion is not guarded by a budget"
+        );
+        assert_eq!(
+            names(guarded_first(pods, &[])),
+            ["api-1", "web-1", "web-2", "api-2", "web-3"]
+        );
     }
 
     fn budget_holding(pod: &str, granted: &str) -> PodDisruptionBudget {

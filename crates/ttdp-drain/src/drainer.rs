@@ -13,6 +13,7 @@ use kube::api::Api;
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
+use crate::budget::{budgets_of_evicted, guarded_first};
 use crate::budget_watch::BudgetWatches;
 use crate::classify::{
     ClassifyContext, DaemonSetLookup, Disposition, PodDecision, PodRules, classify,
@@ -276,14 +277,19 @@ impl Drainer {
             if options.dry_run {
                 return Ok(());
             }
-            removals = Removals::new(planned.into_iter().filter_map(|(pod, d)| {
-                let method = match d.disposition {
-                    Disposition::Evict if !options.disable_eviction => Removal::Evicted,
-                    Disposition::Evict | Disposition::Delete => Removal::Deleted,
-                    Disposition::Skip | Disposition::Refuse => return None,
-                };
-                Some((pod, method))
-            }));
+            let removing: Vec<(Pod, Removal)> = planned
+                .into_iter()
+                .filter_map(|(pod, d)| {
+                    let method = match d.disposition {
+                        Disposition::Evict if !options.disable_eviction => Removal::Evicted,
+                        Disposition::Evict | Disposition::Delete => Removal::Deleted,
+                        Disposition::Skip | Disposition::Refuse => return None,
+                    };
+                    Some((pod, method))
+                })
+                .collect();
+            let guards = budgets_of_evicted(&self.client, &removing).await;
+            removals = Removals::new(guarded_first(removing, &guards));
             let settings = Settings {
                 client: &self.client,
                 counters: &self.counters,

@@ -63,6 +63,9 @@
 //! - **Concurrency**: kubectl sends every eviction at once; here at most
 //!   [`DrainOptions::concurrency`] requests are in flight (a pod waiting out a back-off does not
 //!   hold a slot), which keeps a node with many pods from flooding the API server.
+//! - **Order**: evictions a budget guards go first (one `list` of budgets per namespace of the
+//!   pods evicted): they are the ones that may wait for replacements, and that wait then runs
+//!   beside the other evictions. kubectl goes in list order.
 //! - **Budget waits**: kubectl retries a 429 every 5 s; here a refused eviction waits on a watch
 //!   of the blocking budget (one per budget per drain, shared by all its blocked pods) and is
 //!   retried as soon as the budget's status allows a disruption, at most as many pods per

@@ -298,6 +298,36 @@ async fn budget_blocks_then_allows_as_replacements_become_ready() {
     h.shutdown().await;
 }
 
+/// Evictions a budget guards go first, though their pods list last: they are the ones that may
+/// wait for replacements.
+#[tokio::test]
+async fn evictions_a_budget_guards_go_first() {
+    let h = Harness::start(&["n1"]).await;
+    let api = h.owner("ReplicaSet", "api").await;
+    let web = h.owner("ReplicaSet", "web").await;
+    h.pod("n1", "api-a", with(api.clone(), labels("api"))).await;
+    h.pod("n1", "api-b", with(api, labels("api"))).await;
+    h.pod("n1", "web-a", with(web, labels("web"))).await;
+    h.pdb("web-pdb", "web", json!({"maxUnavailable": 1})).await;
+    let options = DrainOptions {
+        concurrency: 1,
+        ..fast(PodRules::default())
+    };
+    h.drainer()
+        .drain(&h.n("n1"), &options)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nevents: {:#?}", h.events()));
+    let evictions: Vec<String> = h
+        .proxy
+        .recorder()
+        .filter(|r| r.subresource == "eviction")
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(evictions, ["web-a", "api-a", "api-b"]);
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn timeout_names_each_remaining_pod_and_why() {
     let h = Harness::start(&["n1"]).await;
