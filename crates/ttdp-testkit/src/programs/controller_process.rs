@@ -118,24 +118,24 @@ impl ControllerProcess {
         self.child.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The controller's exit status if it has stopped.
-    pub fn exited(&self) -> Option<ExitStatus> {
+    fn exited(&self) -> Option<ExitStatus> {
         self.child().try_wait().ok().flatten()
     }
 
-    /// Its log file.
-    pub fn log_file(&self) -> &Path {
-        &self.log_file
+    /// An error naming the log when the controller has exited.
+    pub fn check_running(&self) -> Result<()> {
+        match self.exited() {
+            Some(status) => bail!(
+                "the controller exited ({status}); see {}",
+                self.log_file.display()
+            ),
+            None => Ok(()),
+        }
     }
 
     /// Its memory now, or an error naming the log when it has exited.
     pub fn memory(&self) -> Result<Memory> {
-        if let Some(status) = self.exited() {
-            bail!(
-                "the controller exited ({status}); see {}",
-                self.log_file.display()
-            );
-        }
+        self.check_running()?;
         let path = format!("/proc/{}/status", self.pid);
         let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
         Ok(parse_status(&text))
@@ -185,7 +185,7 @@ pub fn kill_controllers_on_signal() -> Result<()> {
 }
 
 /// `VmRSS` and `VmHWM` of a `/proc/<pid>/status` text.
-pub fn parse_status(text: &str) -> Memory {
+fn parse_status(text: &str) -> Memory {
     let field = |name: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(name))

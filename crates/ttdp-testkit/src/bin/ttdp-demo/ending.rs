@@ -21,55 +21,52 @@ impl Demo {
     /// Checks, reports, waits for Ctrl-C when asked to, and stops everything.
     pub async fn finish(self, ending: Ending) -> Ending {
         let interrupted = matches!(ending, Ending::Interrupted);
-        let mut problems = match &ending {
-            Ending::Failure(p) => p.clone(),
-            _ => Vec::new(),
-        };
-        if let Err(exited) = self.check_controller_alive()
-            && problems.is_empty()
-        {
-            problems.push(format!("{exited:#}"));
-        }
-        let mut outcome = self.outcome();
+        let mut outcome = self.outcome(ending);
         if !interrupted {
-            self.inspect(&mut outcome, &mut problems).await;
+            self.inspect(&mut outcome).await;
         }
-        outcome.success = problems.is_empty() && !interrupted;
-        outcome.problems.clone_from(&problems);
+        outcome.success = outcome.problems.is_empty() && !interrupted;
         self.print_verdict(&outcome, interrupted).await;
         self.write_report(&outcome);
         if outcome.success && !self.args.exit_after_rollout {
             self.print_hints();
             shutdown_signal().await;
         }
+        let mut problems = outcome.problems;
         problems.extend(self.stop_everything().await);
         if interrupted {
             Ending::Interrupted
-        } else if outcome.success && problems.is_empty() {
+        } else if problems.is_empty() {
             Ending::Success
         } else {
             Ending::Failure(problems)
         }
     }
 
-    /// The outcome so far: phases and the upgrade's times.
-    fn outcome(&self) -> Outcome {
-        let transitions = self
-            .watch
-            .as_ref()
-            .map(|w| w.transitions())
-            .unwrap_or_default();
-        let upgrade = self
-            .upgrade_started
-            .map(|since| RolloutTimes::from_transitions(&transitions, since))
-            .unwrap_or_default();
+    /// The outcome so far: why the story stopped (or that the controller died), the phases and
+    /// the upgrade's times.
+    fn outcome(&self, ending: Ending) -> Outcome {
+        let mut problems = match ending {
+            Ending::Failure(problems) => problems,
+            _ => Vec::new(),
+        };
+        if problems.is_empty()
+            && let Some(Err(exited)) = self.controller.as_ref().map(|c| c.check_running())
+        {
+            problems.push(format!("{exited:#}"));
+        }
+        let transitions = self.watch.as_ref().map(|w| w.transitions());
+        let upgrade = match (self.upgrade_started, transitions) {
+            (Some(since), Some(transitions)) => RolloutTimes::from_transitions(&transitions, since),
+            _ => RolloutTimes::default(),
+        };
         Outcome {
             policy: self.names.policy.clone(),
             cluster: self.source.kind().to_owned(),
             from: self.args.from.clone(),
             to: self.args.to.clone(),
             success: false,
-            problems: Vec::new(),
+            problems,
             phases: self.phases.clone(),
             upgrade,
             nodes: Vec::new(),
@@ -77,37 +74,29 @@ impl Demo {
         }
     }
 
-    /// Reads the cluster's final state into `outcome`; failed checks go to `problems` unless
-    /// something failed before.
-    async fn inspect(&self, outcome: &mut Outcome, problems: &mut Vec<String>) {
-        let policy = self.watch.as_ref().and_then(|w| w.policy());
-        let Some(policy) = policy else {
-            if problems.is_empty() {
-                problems.push(format!(
-                    "TenstorrentDriverPolicy {} was never seen",
-                    self.names.policy
-                ));
+    /// Reads the cluster's final state into `outcome`; its failed checks count unless something
+    /// failed before.
+    async fn inspect(&self, outcome: &mut Outcome) {
+        let Some(policy) = self.watch.as_ref().and_then(|w| w.policy()) else {
+            if outcome.problems.is_empty() {
+                let policy = &self.names.policy;
+                outcome
+                    .problems
+                    .push(format!("TenstorrentDriverPolicy {policy} was never seen"));
             }
             return;
         };
-        match final_state::inspect(
-            &self.client,
-            &policy,
-            &self.fleet,
-            &self.names.prefix,
-            &self.placed,
-            &self.args.to,
-        )
-        .await
-        {
+        match final_state::inspect(self, &policy).await {
             Ok((nodes, workloads, checks)) => {
                 outcome.nodes = nodes;
                 outcome.workloads = workloads;
-                if problems.is_empty() {
-                    problems.extend(checks);
+                if outcome.problems.is_empty() {
+                    outcome.problems.extend(checks);
                 }
             }
-            Err(e) => problems.push(format!("cannot read the cluster's final state: {e}")),
+            Err(e) => outcome
+                .problems
+                .push(format!("cannot read the cluster's final state: {e}")),
         }
     }
 

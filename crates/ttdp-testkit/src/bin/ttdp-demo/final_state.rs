@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
 use serde::Serialize;
 use ttdp_api::names::{DEFAULT_DEPLOY_GATE, annotations, install_mode, labels};
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 
-use crate::fleet::{Fleet, Placement};
+use crate::scenario::Demo;
 use crate::timings::{Phase, RolloutTimes};
 
 /// One node as the rollout left it: its state and loaded version in the policy's status (absent
@@ -62,20 +62,13 @@ pub struct Outcome {
     pub workloads: Vec<WorkloadOutcome>,
 }
 
-/// Reads the cluster and checks it: every container node Done at `to` with the label to match,
-/// the host-managed node HostManaged and still on its own version, plain nodes without any
-/// driver label, no node cordoned and no deploy gate left closed, workloads evicted exactly
-/// where the upgrade had to drain. `placed` maps each workload to the uid of the pod first
-/// placed: on a real control plane its ReplicaSet replaces an evicted pod (under the same
-/// workload label), so eviction is told by the first pod's uid. Returns the nodes, the
-/// workloads and the failed checks.
+/// Reads the cluster and checks it: every container node Done at `--to` with the label to
+/// match, the host-managed node HostManaged and still on its own version, plain nodes without
+/// any driver label, no node cordoned and no deploy gate left closed, workloads evicted exactly
+/// where the upgrade had to drain. Returns the nodes, the workloads and the failed checks.
 pub async fn inspect(
-    client: &Client,
+    demo: &Demo,
     policy: &TenstorrentDriverPolicy,
-    fleet: &Fleet,
-    workloads_namespace: &str,
-    placed: &BTreeMap<String, String>,
-    to: &str,
 ) -> Result<(Vec<NodeOutcome>, Vec<WorkloadOutcome>, Vec<String>), kube::Error> {
     let status: BTreeMap<&str, _> = policy
         .status
@@ -83,9 +76,10 @@ pub async fn inspect(
         .flat_map(|s| s.nodes.iter())
         .map(|n| (n.name.as_str(), n))
         .collect();
-    let nodes: Api<Node> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(demo.client.clone());
     let mut problems = Vec::new();
     let mut outcomes = Vec::new();
+    let fleet = &demo.fleet;
     let container = fleet.container_nodes();
     let host_managed = fleet.host_managed_node();
     let plain = fleet.plain_nodes();
@@ -118,24 +112,21 @@ pub async fn inspect(
             cordoned_by: node.annotations().get(annotations::CORDONED_BY).cloned(),
             deploy_gate: label(DEFAULT_DEPLOY_GATE),
         };
-        problems.extend(node_problems(&outcome, to));
+        problems.extend(node_problems(&outcome, &demo.args.to));
         outcomes.push(outcome);
     }
-
-    let workloads =
-        workload_outcomes(client, fleet, workloads_namespace, placed, &mut problems).await?;
+    let workloads = workload_outcomes(demo, &mut problems).await?;
     Ok((outcomes, workloads, problems))
 }
 
-/// Which workloads still run (by their first pod's uid), against where the upgrade had to drain.
+/// Which workloads still run, against where the upgrade had to drain. On a real control plane a
+/// ReplicaSet replaces an evicted pod under the same labels, so a workload runs while the pod
+/// first placed for it (by uid, `Demo::placed`) does.
 async fn workload_outcomes(
-    client: &Client,
-    fleet: &Fleet,
-    workloads_namespace: &str,
-    placed: &BTreeMap<String, String>,
+    demo: &Demo,
     problems: &mut Vec<String>,
 ) -> Result<Vec<WorkloadOutcome>, kube::Error> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), workloads_namespace);
+    let pods: Api<Pod> = Api::namespaced(demo.client.clone(), demo.cluster.namespace());
     let present: Vec<String> = pods
         .list(&ListParams::default())
         .await?
@@ -145,26 +136,26 @@ async fn workload_outcomes(
         .filter_map(|p| p.uid())
         .collect();
     let mut workloads = Vec::new();
-    for (workload, placement) in fleet.workloads() {
-        let running = placed
+    for workload in demo.fleet.workloads() {
+        let running = demo
+            .placed
             .get(&workload.name)
             .is_some_and(|uid| present.contains(uid));
-        let expected_evicted = placement == Placement::Drained;
+        let expected_evicted = demo.fleet.is_drained(&workload);
+        let (name, node) = (workload.name, workload.node);
         if expected_evicted && running {
             problems.push(format!(
-                "workload {} on {} was not evicted by the drain",
-                workload.name, workload.node
+                "workload {name} on {node} was not evicted by the drain"
             ));
         }
         if !expected_evicted && !running {
             problems.push(format!(
-                "workload {} on {} was evicted but that node is not upgraded by ttdp",
-                workload.name, workload.node
+                "workload {name} on {node} was evicted but that node is not upgraded by ttdp"
             ));
         }
         workloads.push(WorkloadOutcome {
-            name: workload.name.clone(),
-            node: workload.node.clone(),
+            name,
+            node,
             expected_evicted,
             running,
         });

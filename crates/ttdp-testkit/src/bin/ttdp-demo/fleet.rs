@@ -35,15 +35,6 @@ pub struct Fleet {
     pub plain: usize,
 }
 
-/// Where a workload runs, which decides what the upgrade must do with it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placement {
-    /// On a node ttdp upgrades: the drain evicts it.
-    Drained,
-    /// On the host-managed node or a plain node: it must survive the rollout.
-    Untouched,
-}
-
 impl Fleet {
     /// Whether the last Tenstorrent node is host-managed.
     pub fn has_host_managed(&self) -> bool {
@@ -90,33 +81,36 @@ impl Fleet {
     }
 
     /// The workloads placed once the first version is installed.
-    pub fn workloads(&self) -> Vec<(Workload, Placement)> {
+    pub fn workloads(&self) -> Vec<Workload> {
         let nodes = self.container_nodes();
-        let mut workloads: Vec<(Workload, Placement)> = nodes
+        let mut workloads: Vec<Workload> = nodes
             .iter()
             .take(3)
             .enumerate()
             .map(|(i, node)| {
-                let inference = replica(&format!("inference-{i}"), node, INFERENCE_LABEL.1);
-                (inference.device(DeviceUse::HostPath), Placement::Drained)
+                replica(&format!("inference-{i}"), node, INFERENCE_LABEL.1)
+                    .device(DeviceUse::HostPath)
             })
             .collect();
         if let Some(node) = nodes.get(3) {
-            let trainer = replica("trainer", node, "trainer").device(DeviceUse::Resource);
-            workloads.push((trainer, Placement::Drained));
+            workloads.push(replica("trainer", node, "trainer").device(DeviceUse::Resource));
         }
         if let Some(node) = nodes.get(4) {
-            let shipper = replica("log-shipper", node, "log-shipper").with_empty_dir();
-            workloads.push((shipper, Placement::Drained));
+            workloads.push(replica("log-shipper", node, "log-shipper").with_empty_dir());
         }
         if let Some(node) = self.host_managed_node() {
-            let monitor = replica("monitor", &node, "monitor").device(DeviceUse::HostPath);
-            workloads.push((monitor, Placement::Untouched));
+            workloads.push(replica("monitor", &node, "monitor").device(DeviceUse::HostPath));
         }
         if let Some(node) = self.plain_nodes().first() {
-            workloads.push((replica("web", node, "web"), Placement::Untouched));
+            workloads.push(replica("web", node, "web"));
         }
         workloads
+    }
+
+    /// Whether the upgrade drains `workload`: it runs on a node whose driver ttdp installs (not
+    /// on the host-managed node, nor on a plain one).
+    pub fn is_drained(&self, workload: &Workload) -> bool {
+        self.container_nodes().contains(&workload.node)
     }
 
     fn tenstorrent_name(&self, i: usize) -> String {
@@ -147,15 +141,15 @@ mod tests {
             ["demo-tt-0", "demo-tt-1", "demo-tt-2"]
         );
         assert_eq!(fleet.host_managed_node().as_deref(), Some("demo-tt-3"));
-        for (workload, placement) in fleet.workloads() {
-            let upgraded = fleet.container_nodes().contains(&workload.node);
-            assert_eq!(
-                placement == Placement::Drained,
-                upgraded,
-                "{}",
-                workload.name
-            );
-        }
+        let drained: Vec<String> = fleet
+            .workloads()
+            .into_iter()
+            .filter(|w| fleet.is_drained(w))
+            .map(|w| w.name)
+            .collect();
+        assert_eq!(drained, ["inference-0", "inference-1", "inference-2"]);
+        let monitor = fleet.workloads().into_iter().find(|w| w.name == "monitor");
+        assert_eq!(monitor.map(|w| w.node).as_deref(), Some("demo-tt-3"));
     }
 
     #[test]

@@ -5,13 +5,14 @@
 //! The plugin writes straight to the demo's stdout, so on a terminal it keeps its colours.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::process::Command;
+use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_testkit::programs::{RolloutWatch, Transition};
 
-use ttdp_testkit::programs::Transition;
+use crate::scenario::Demo;
 
 /// ANSI: cursor home, clear screen.
 const CLEAR: &str = "\x1b[H\x1b[2J";
@@ -20,17 +21,7 @@ const PLUGIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How many recent transitions the terminal view lists under the table.
 const RECENT: usize = 8;
 
-/// How the demo draws: the plugin binary, the cluster's kubeconfig, the policy shown, and when
-/// the demo started (transitions show the time since).
-#[derive(Debug, Clone)]
-pub struct LiveView {
-    pub plugin: PathBuf,
-    pub kubeconfig: PathBuf,
-    pub policy: String,
-    pub epoch: Instant,
-}
-
-impl LiveView {
+impl Demo {
     /// Terminal mode: clears the screen and draws the header, the plugin's nodes table and the
     /// most recent transitions.
     pub async fn redraw_frame(&self, header: &str, transitions: &[Transition]) {
@@ -47,21 +38,65 @@ impl LiveView {
         flush();
     }
 
-    /// Prints the plugin's nodes table once, with a title (both modes).
+    /// Line mode: prints the transitions after the first `printed` ones.
+    pub fn print_new_transitions(&self, watch: &RolloutWatch, printed: &mut usize) {
+        let all = watch.transitions();
+        for t in all.get(*printed..).unwrap_or_default() {
+            println!("{}", transition_line(t, self.epoch));
+        }
+        *printed = all.len();
+        flush();
+    }
+
+    /// Prints the plugin's nodes table once, with a title.
     pub async fn print_table(&self, title: &str) {
-        println!("\n$ kubectl tt driver nodes {}    # {title}", self.policy);
+        println!(
+            "\n$ kubectl tt driver nodes {}    # {title}",
+            self.names.policy
+        );
         flush();
         self.plugin_table().await;
         flush();
     }
 
+    /// The terminal view's header: the fleet, the phase `title` begun at `started`, the summary.
+    pub fn header(
+        &self,
+        title: &str,
+        started: Instant,
+        policy: &TenstorrentDriverPolicy,
+    ) -> String {
+        let summary = policy
+            .status
+            .as_ref()
+            .and_then(|s| s.summary.as_ref())
+            .map(|s| {
+                format!(
+                    "{} matched: {} up to date, {} in progress, {} pending, {} failed, {} host-managed",
+                    s.matched, s.up_to_date, s.in_progress, s.pending, s.failed, s.host_managed
+                )
+            })
+            .unwrap_or_else(|| "waiting for the controller's first status".to_owned());
+        format!(
+            "ttdp demo · {} Tenstorrent + {} plain nodes · maxUnavailable {} · speed {}\n{title} · {:.1} s (total {:.1} s) · {summary}\n$ kubectl tt driver nodes {}",
+            self.fleet.tenstorrent,
+            self.fleet.plain,
+            self.args.max_unavailable,
+            self.args.speed,
+            started.elapsed().as_secs_f64(),
+            self.epoch.elapsed().as_secs_f64(),
+            self.names.policy,
+        )
+    }
+
     /// Runs `kubectl-tt-driver nodes <policy>` with the demo's stdout; reports a failure in one
     /// line instead of the table.
     async fn plugin_table(&self) {
-        let child = Command::new(&self.plugin)
+        let plugin = &self.args.plugin;
+        let child = Command::new(plugin)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            .args(["nodes", &self.policy])
+            .args(["nodes", &self.names.policy])
             .stdin(Stdio::null())
             .stderr(Stdio::piped())
             .process_group(0)
@@ -74,7 +109,7 @@ impl LiveView {
                 "(kubectl tt driver failed: {})",
                 String::from_utf8_lossy(&output.stderr).trim()
             ),
-            Ok(Err(e)) => println!("(cannot run {}: {e})", self.plugin.display()),
+            Ok(Err(e)) => println!("(cannot run {}: {e})", plugin.display()),
             Err(_) => println!(
                 "(kubectl tt driver did not answer within {} s)",
                 PLUGIN_TIMEOUT.as_secs()
@@ -85,7 +120,7 @@ impl LiveView {
 
 /// `  +12.3s  demo-tt-2   Draining → Upgrading   2.7.0   (reason: message)`, the time counted
 /// from `epoch`.
-pub fn transition_line(t: &Transition, epoch: Instant) -> String {
+fn transition_line(t: &Transition, epoch: Instant) -> String {
     let from = t.from.map_or_else(|| "·".to_owned(), |s| s.to_string());
     let mut line = format!(
         "  {:>7}  {:<14} {:>11} → {:<12} {}",

@@ -14,11 +14,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_testkit::programs::cluster_setup::{
     create_operator_namespace, create_policy, install_crd, set_policy_version,
 };
-use ttdp_testkit::programs::controller_process::log_tail;
 use ttdp_testkit::programs::rollout_watch::{is_rolled_out, stragglers};
 use ttdp_testkit::programs::{ControllerProcess, RolloutWatch};
 use ttdp_testkit::sim::{DisruptionLimit, SCENARIO_LABEL, SimCluster, eventually, pod_is_ready};
@@ -26,14 +24,12 @@ use ttdp_testkit::sim::{DisruptionLimit, SCENARIO_LABEL, SimCluster, eventually,
 use crate::args::{DemoArgs, duration_flag};
 use crate::cluster_source::{ClusterSource, DemoNames, publish_kubeconfig};
 use crate::fleet::{Fleet, INFERENCE_BUDGET, INFERENCE_LABEL};
-use crate::live_view::{LiveView, flush, transition_line};
+use crate::live_view::flush;
 use crate::timings::Phase;
 
-/// The installer image the controller puts in the DaemonSet; the simulated kubelets run the
-/// agent binary for it.
-pub const INSTALLER_IMAGE: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder:demo";
-/// The image prefix mapped to the agent binary.
-const INSTALLER_IMAGE_PREFIX: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder";
+/// The installer image's name without its tag: the controller puts it in the DaemonSet, and the
+/// simulated kubelets run the agent binary for it.
+const INSTALLER_IMAGE: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder";
 /// The tt-smi version the simulated agent image "bundles".
 const TT_SMI_VERSION: &str = "3.0.0";
 /// Bound of the short setup waits (CRD served, workloads running).
@@ -66,7 +62,6 @@ pub async fn run(args: DemoArgs, log_dir: PathBuf) -> Result<Ending> {
         tenstorrent: usize::from(args.nodes),
         plain: usize::from(args.plain_nodes),
     };
-    let redraw = !args.plain && std::io::stdout().is_terminal();
     println!(
         "ttdp demo: {} Tenstorrent nodes ({} host-managed) and {} plain node(s), tt-kmd {} then {}, maxUnavailable {}, speed {}",
         fleet.tenstorrent,
@@ -82,27 +77,26 @@ pub async fn run(args: DemoArgs, log_dir: PathBuf) -> Result<Ending> {
     print_step("starting the simulated nodes (kubelets, simulated kernels)");
     // On an error `source` drops, which stops a launched control plane.
     let cluster = start_cluster(&args, &fleet, &source, &log_dir).await?;
-    let client = cluster.client();
     let kubeconfig = publish_kubeconfig(&cluster, &source, args.write_kubeconfig.as_deref())?;
-    let phases = vec![phase("start the cluster and the simulated nodes", epoch)];
-
     let mut demo = Demo {
+        redraw: !args.plain && std::io::stdout().is_terminal(),
         args,
         fleet,
         names,
         source,
+        client: cluster.client(),
         cluster,
-        client,
         kubeconfig,
         log_dir,
         controller: None,
         watch: None,
-        phases,
+        phases: Vec::new(),
+        phase_started: epoch,
         epoch,
-        redraw,
         upgrade_started: None,
         placed: BTreeMap::new(),
     };
+    demo.end_phase("start the cluster and the simulated nodes");
     let ending = tokio::select! {
         result = demo.story() => match result {
             Ok(()) => Ending::Success,
@@ -121,12 +115,17 @@ pub struct Demo {
     pub source: ClusterSource,
     pub cluster: SimCluster,
     pub client: Client,
+    /// The kubeconfig shown to the user (see `publish_kubeconfig`).
     pub kubeconfig: PathBuf,
     pub log_dir: PathBuf,
     pub controller: Option<ControllerProcess>,
     pub watch: Option<RolloutWatch>,
+    /// The phases done so far, and when the current one began.
     pub phases: Vec<Phase>,
+    phase_started: Instant,
+    /// When the demo started: transitions show the time since.
     pub epoch: Instant,
+    /// Whether the live view redraws the screen (else it prints transitions line by line).
     pub redraw: bool,
     pub upgrade_started: Option<Instant>,
     /// Each workload's first pod's uid.
@@ -136,72 +135,70 @@ pub struct Demo {
 impl Demo {
     /// Everything up to the checked upgrade.
     async fn story(&mut self) -> Result<()> {
-        let step = Instant::now();
         print_step("installing the TenstorrentDriverPolicy CRD and the operator namespace");
         install_crd(&self.client).await?;
         create_operator_namespace(&self.client, &self.names.operator_namespace).await?;
         print_step("starting the real ttdp-controller binary");
+        self.controller = Some(self.start_controller()?);
+        self.watch = Some(RolloutWatch::start(self.client.clone(), &self.names.policy));
+        self.end_phase("install the CRD, start the controller");
+
+        let deadline = Instant::now() + self.args.timeout;
+        let (policy, from) = (&self.names.policy, &self.args.from);
+        print_step(&format!(
+            "applying TenstorrentDriverPolicy {policy} at tt-kmd {from} (fresh install)"
+        ));
+        self.apply_policy().await?;
+        self.follow(&format!("fresh install of tt-kmd {from}"), from, deadline)
+            .await?;
+        let nodes = self.fleet.tenstorrent;
+        self.end_phase(&format!("fresh install of {from} on {nodes} nodes"));
+
+        print_step("placing workloads that hold /dev/tenstorrent, and a PodDisruptionBudget");
+        self.place_workloads().await?;
+        self.end_phase("place workloads");
+
+        let (policy, from, to) = (&self.names.policy, &self.args.from, &self.args.to);
+        print_step(&format!(
+            "bumping {policy} to tt-kmd {to} (kubectl patch ttdp {policy} --type merge -p '{{\"spec\":{{\"version\":\"{to}\"}}}}')"
+        ));
+        self.upgrade_started = Some(Instant::now());
+        set_policy_version(&self.client, policy, to).await?;
+        self.follow(&format!("upgrade {from} → {to}"), to, deadline)
+            .await?;
+        self.end_phase(&format!("upgrade {from} → {to} (drain, swap, uncordon)"));
+        Ok(())
+    }
+
+    /// Records the phase that ends now as `name`; the next one starts.
+    fn end_phase(&mut self, name: &str) {
+        self.phases.push(Phase {
+            name: name.to_owned(),
+            seconds: self.phase_started.elapsed().as_secs_f64(),
+        });
+        self.phase_started = Instant::now();
+    }
+
+    /// The real controller, its retries scaled by `--speed`, reconciling only the demo's policy
+    /// on a shared cluster.
+    fn start_controller(&self) -> Result<ControllerProcess> {
         let speed = self.args.speed;
         let mut flags = vec![
             format!("--namespace={}", self.names.operator_namespace),
-            format!("--default-image={INSTALLER_IMAGE}"),
+            format!("--default-image={INSTALLER_IMAGE}:demo"),
             format!("--retry-base-seconds={}", scaled_seconds(30.0, speed)),
             format!("--retry-max-seconds={}", scaled_seconds(600.0, speed)),
             format!("--kmd-repository={}", self.cluster.kmd_repo().url()),
         ];
         let selector = self.names.policy_selector();
         flags.extend(selector.map(|s| format!("--policy-selector={s}")));
-        self.controller = Some(ControllerProcess::start(
+        ControllerProcess::start(
             &self.args.controller,
             &self.kubeconfig,
             &flags,
             &std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
             &self.log_dir.join("controller.log"),
-        )?);
-        self.watch = Some(RolloutWatch::start(self.client.clone(), &self.names.policy));
-        self.phases
-            .push(phase("install the CRD, start the controller", step));
-
-        let deadline = Instant::now() + self.args.timeout;
-        let step = Instant::now();
-        print_step(&format!(
-            "applying TenstorrentDriverPolicy {} at tt-kmd {} (fresh install)",
-            self.names.policy, self.args.from
-        ));
-        self.apply_policy().await?;
-        let title = format!("fresh install of tt-kmd {}", self.args.from);
-        self.follow(&title, &self.args.from, deadline).await?;
-        self.phases.push(phase(
-            &format!(
-                "fresh install of {} on {} nodes",
-                self.args.from, self.fleet.tenstorrent
-            ),
-            step,
-        ));
-
-        let step = Instant::now();
-        print_step("placing workloads that hold /dev/tenstorrent, and a PodDisruptionBudget");
-        self.place_workloads().await?;
-        self.phases.push(phase("place workloads", step));
-
-        let step = Instant::now();
-        let policy = &self.names.policy;
-        print_step(&format!(
-            "bumping {policy} to tt-kmd {} (kubectl patch ttdp {policy} --type merge -p '{{\"spec\":{{\"version\":\"{}\"}}}}')",
-            self.args.to, self.args.to
-        ));
-        self.upgrade_started = Some(Instant::now());
-        set_policy_version(&self.client, policy, &self.args.to).await?;
-        let title = format!("upgrade {} → {}", self.args.from, self.args.to);
-        self.follow(&title, &self.args.to, deadline).await?;
-        self.phases.push(phase(
-            &format!(
-                "upgrade {} → {} (drain, swap, uncordon)",
-                self.args.from, self.args.to
-            ),
-            step,
-        ));
-        Ok(())
+        )
     }
 
     async fn apply_policy(&self) -> Result<()> {
@@ -224,7 +221,7 @@ impl Demo {
     async fn place_workloads(&mut self) -> Result<()> {
         let cluster = &self.cluster;
         let workloads = self.fleet.workloads();
-        for (workload, _) in &workloads {
+        for workload in &workloads {
             let pod = cluster.add_workload(workload).await.with_context(|| {
                 format!(
                     "cannot place workload {} on {}",
@@ -254,7 +251,7 @@ impl Demo {
             }
         })
         .await?;
-        for (workload, _) in &workloads {
+        for workload in &workloads {
             println!(
                 "  {:<12} on {:<12} {}",
                 workload.name,
@@ -271,127 +268,65 @@ impl Demo {
         let Some(watch) = &self.watch else {
             bail!("the rollout watch is not running");
         };
-        let view = self.view();
         let mut changes = watch.changes();
         let mut printed = watch.transitions().len();
         let mut last_draw: Option<Instant> = None;
-        let mut dirty = true;
+        let mut changed = true;
         let started = Instant::now();
-        let expected = self.fleet.tenstorrent;
         loop {
             let policy = watch.policy();
-            if let Some(policy) = &policy
-                && is_rolled_out(policy, version, expected)
+            let ready = policy
+                .as_ref()
+                .is_some_and(|p| is_rolled_out(p, version, self.fleet.tenstorrent));
+            if !self.redraw {
+                self.print_new_transitions(watch, &mut printed);
+            } else if let Some(policy) = &policy
+                && last_draw.is_none_or(|t| {
+                    ready
+                        || (changed && t.elapsed() >= REDRAW_EVERY)
+                        || t.elapsed() >= REDRAW_AT_LEAST
+                })
             {
-                tracing::info!(
-                    policy = %serde_json::to_string(policy).unwrap_or_default(),
-                    "{title}: Ready"
-                );
-                if self.redraw {
-                    view.redraw_frame(&self.header(title, started, policy), &watch.transitions())
-                        .await;
-                } else {
-                    self.print_new_transitions(watch, &mut printed);
-                    view.print_table(&format!("{title}: Ready")).await;
+                self.redraw_frame(&self.header(title, started, policy), &watch.transitions())
+                    .await;
+                last_draw = Some(Instant::now());
+                changed = false;
+            }
+            if ready {
+                tracing::info!(policy = %serde_json::to_string(&policy).unwrap_or_default(), "{title}: Ready");
+                if !self.redraw {
+                    self.print_table(&format!("{title}: Ready")).await;
                 }
-                println!(
-                    "\n{title}: Ready after {:.1} s",
-                    started.elapsed().as_secs_f64()
-                );
+                let seconds = started.elapsed().as_secs_f64();
+                println!("\n{title}: Ready after {seconds:.1} s");
                 return Ok(());
             }
-            self.check_controller_alive()?;
+            if let Some(controller) = &self.controller {
+                controller.check_running()?;
+            }
             if Instant::now() >= deadline {
                 let stuck = policy
                     .as_ref()
                     .map_or_else(|| vec!["the policy was never seen".to_owned()], stragglers);
-                let seconds = self.args.timeout.as_secs();
                 bail!(
-                    "{title} did not finish within --timeout {seconds} s{}",
+                    "{title} did not finish within --timeout {} s{}",
+                    self.args.timeout.as_secs(),
                     stuck
                         .iter()
                         .map(|line| format!("\n  {line}"))
                         .collect::<String>()
                 );
             }
-            if self.redraw {
-                let due = last_draw.is_none_or(|t| {
-                    (dirty && t.elapsed() >= REDRAW_EVERY) || t.elapsed() >= REDRAW_AT_LEAST
-                });
-                if due && let Some(policy) = &policy {
-                    view.redraw_frame(&self.header(title, started, policy), &watch.transitions())
-                        .await;
-                    last_draw = Some(Instant::now());
-                    dirty = false;
-                }
-            } else {
-                self.print_new_transitions(watch, &mut printed);
-            }
             tokio::select! {
-                changed = changes.changed() => {
-                    if changed.is_err() {
+                result = changes.changed() => {
+                    if result.is_err() {
                         bail!("the watch on TenstorrentDriverPolicy {} ended", self.names.policy);
                     }
-                    dirty = true;
+                    changed = true;
                 }
                 () = tokio::time::sleep(REDRAW_EVERY) => {}
             }
         }
-    }
-
-    fn print_new_transitions(&self, watch: &RolloutWatch, printed: &mut usize) {
-        let all = watch.transitions();
-        for t in all.get(*printed..).unwrap_or_default() {
-            println!("{}", transition_line(t, self.epoch));
-        }
-        *printed = all.len();
-        flush();
-    }
-
-    fn header(&self, title: &str, started: Instant, policy: &TenstorrentDriverPolicy) -> String {
-        let summary = policy
-            .status
-            .as_ref()
-            .and_then(|s| s.summary.as_ref())
-            .map(|s| {
-                format!(
-                    "{} matched: {} up to date, {} in progress, {} pending, {} failed, {} host-managed",
-                    s.matched, s.up_to_date, s.in_progress, s.pending, s.failed, s.host_managed
-                )
-            })
-            .unwrap_or_else(|| "waiting for the controller's first status".to_owned());
-        format!(
-            "ttdp demo · {} Tenstorrent + {} plain nodes · maxUnavailable {} · speed {}\n{title} · {:.1} s (total {:.1} s) · {summary}\n$ kubectl tt driver nodes {}",
-            self.fleet.tenstorrent,
-            self.fleet.plain,
-            self.args.max_unavailable,
-            self.args.speed,
-            started.elapsed().as_secs_f64(),
-            self.epoch.elapsed().as_secs_f64(),
-            self.names.policy,
-        )
-    }
-
-    fn view(&self) -> LiveView {
-        LiveView {
-            plugin: self.args.plugin.clone(),
-            kubeconfig: self.kubeconfig.clone(),
-            policy: self.names.policy.clone(),
-            epoch: self.epoch,
-        }
-    }
-
-    /// Fails, with the end of its log, when the controller has exited.
-    pub fn check_controller_alive(&self) -> Result<()> {
-        if let Some(controller) = &self.controller
-            && let Some(status) = controller.exited()
-        {
-            bail!(
-                "the controller exited ({status}); its last log lines:\n{}",
-                indent(&log_tail(controller.log_file(), 15))
-            );
-        }
-        Ok(())
     }
 }
 
@@ -423,7 +358,7 @@ async fn start_cluster(
     let scaled = |seconds: f64| duration_flag(Duration::from_secs_f64(seconds * args.speed));
     let options = fleet
         .cluster_options()
-        .image(INSTALLER_IMAGE_PREFIX, &args.agent)
+        .image(INSTALLER_IMAGE, &args.agent)
         .time_scale(args.speed)
         .kmd_versions(&[&args.from, &args.to])
         .env("TTDP_TT_SMI_PATH", &tt_smi.display().to_string())
@@ -462,13 +397,6 @@ fn describe_device(workload: &ttdp_testkit::sim::Workload) -> &'static str {
         ttdp_testkit::sim::DeviceUse::HostPath => "mounts /dev/tenstorrent (hostPath)",
         ttdp_testkit::sim::DeviceUse::Resource => "requests tenstorrent.com/n300",
         ttdp_testkit::sim::DeviceUse::None => "uses no device",
-    }
-}
-
-fn phase(name: &str, started: Instant) -> Phase {
-    Phase {
-        name: name.to_owned(),
-        seconds: started.elapsed().as_secs_f64(),
     }
 }
 

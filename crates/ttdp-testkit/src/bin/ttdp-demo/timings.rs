@@ -25,7 +25,7 @@ pub struct RolloutTimes {
     /// Seconds from a node's first state in flight to Done, per node.
     pub per_node: BTreeMap<String, f64>,
     /// Average seconds a node spent in each in-flight state.
-    pub per_state: BTreeMap<String, f64>,
+    pub per_state: BTreeMap<NodeState, f64>,
     /// The largest number of nodes in flight (Cordoning to Uncordoning) at once.
     pub max_in_flight: usize,
 }
@@ -33,93 +33,75 @@ pub struct RolloutTimes {
 impl RolloutTimes {
     /// Times of the transitions that happened at or after `since` (the rollout's start).
     pub fn from_transitions(transitions: &[Transition], since: Instant) -> Self {
-        let relevant: Vec<&Transition> = transitions.iter().filter(|t| t.at >= since).collect();
         let per_node = node_spans(transitions, since)
             .into_iter()
             .filter_map(|(node, span)| Some((node, span.duration()?.as_secs_f64())))
             .collect();
+        // Each node's latest transition: the time from it to the node's next one is time spent
+        // in its state.
+        let mut latest: BTreeMap<&str, &Transition> = BTreeMap::new();
+        let mut in_state: BTreeMap<NodeState, Vec<Duration>> = BTreeMap::new();
+        let mut max_in_flight = 0;
+        for t in transitions.iter().filter(|t| t.at >= since) {
+            if let Some(previous) = latest.insert(&t.node, t)
+                && previous.to.is_in_flight()
+            {
+                let time = t.at.saturating_duration_since(previous.at);
+                in_state.entry(previous.to).or_default().push(time);
+            }
+            let flying = latest.values().filter(|t| t.to.is_in_flight()).count();
+            max_in_flight = max_in_flight.max(flying);
+        }
+        let per_state = in_state
+            .into_iter()
+            .map(|(state, times)| {
+                let total: Duration = times.iter().sum();
+                (state, total.as_secs_f64() / times.len() as f64)
+            })
+            .collect();
         Self {
             per_node,
-            per_state: mean_time_in_state(&relevant),
-            max_in_flight: max_in_flight(&relevant),
+            per_state,
+            max_in_flight,
         }
     }
 }
 
-/// Seconds from each node's in-flight transition to its next one, averaged per state.
-fn mean_time_in_state(transitions: &[&Transition]) -> BTreeMap<String, f64> {
-    let mut by_node: BTreeMap<&str, Vec<&Transition>> = BTreeMap::new();
-    for t in transitions {
-        by_node.entry(&t.node).or_default().push(t);
-    }
-    let mut in_state: BTreeMap<NodeState, Vec<Duration>> = BTreeMap::new();
-    for steps in by_node.values() {
-        for pair in steps.windows(2).filter(|pair| pair[0].to.is_in_flight()) {
-            let time = pair[1].at.saturating_duration_since(pair[0].at);
-            in_state.entry(pair[0].to).or_default().push(time);
-        }
-    }
-    in_state
-        .into_iter()
-        .map(|(state, times)| {
-            let total: Duration = times.iter().sum();
-            (state.to_string(), total.as_secs_f64() / times.len() as f64)
-        })
-        .collect()
-}
-
-fn max_in_flight(transitions: &[&Transition]) -> usize {
-    let mut flying: BTreeMap<&str, bool> = BTreeMap::new();
-    let mut max = 0;
-    for t in transitions {
-        flying.insert(t.node.as_str(), t.to.is_in_flight());
-        max = max.max(flying.values().filter(|f| **f).count());
-    }
-    max
-}
-
-/// The timings block printed at the end.
+/// The timings block printed at the end: one row per phase, the total, and the upgrade's times.
 pub fn render(phases: &[Phase], upgrade: &RolloutTimes, max_unavailable: &str) -> String {
-    let mut out = String::new();
+    let mut rows: Vec<(&str, String)> = phases
+        .iter()
+        .map(|p| (p.name.as_str(), format!("{:>7.1} s", p.seconds)))
+        .collect();
     let total: f64 = phases.iter().map(|p| p.seconds).sum();
-    let _ = writeln!(out, "Timings");
-    for phase in phases {
-        let _ = writeln!(out, "  {:<48} {:>7.1} s", phase.name, phase.seconds);
-    }
-    let _ = writeln!(out, "  {:<48} {:>7.1} s", "total", total);
-    if !upgrade.per_node.is_empty() {
-        let times: Vec<f64> = upgrade.per_node.values().copied().collect();
+    rows.push(("total", format!("{total:>7.1} s")));
+    let times: Vec<f64> = upgrade.per_node.values().copied().collect();
+    if !times.is_empty() {
         let min = times.iter().copied().fold(f64::INFINITY, f64::min);
         let max = times.iter().copied().fold(0.0, f64::max);
         let mean = times.iter().sum::<f64>() / times.len() as f64;
-        let _ = writeln!(
-            out,
-            "  per node upgrade (Cordoning to Done)             min {min:.1} s, mean {mean:.1} s, max {max:.1} s over {} nodes",
-            times.len()
-        );
+        let count = times.len();
+        let value = format!("min {min:.1} s, mean {mean:.1} s, max {max:.1} s over {count} nodes");
+        rows.push(("per node upgrade (Cordoning to Done)", value));
     }
     if !upgrade.per_state.is_empty() {
-        let states: Vec<String> = NodeState::ALL
+        let states: Vec<String> = upgrade
+            .per_state
             .iter()
-            .filter_map(|s| {
-                upgrade
-                    .per_state
-                    .get(s.as_str())
-                    .map(|t| format!("{s} {t:.1} s"))
-            })
+            .map(|(state, t)| format!("{state} {t:.1} s"))
             .collect();
-        let _ = writeln!(
-            out,
-            "  mean time in state                                {}",
-            states.join(", ")
-        );
+        rows.push(("mean time in state", states.join(", ")));
     }
     if upgrade.max_in_flight > 0 {
-        let _ = writeln!(
-            out,
-            "  most nodes upgrading at once                      {} (maxUnavailable {max_unavailable})",
+        let value = format!(
+            "{} (maxUnavailable {max_unavailable})",
             upgrade.max_in_flight
         );
+        rows.push(("most nodes upgrading at once", value));
+    }
+    let mut out = "Timings\n".to_owned();
+    for (name, value) in rows {
+        let _ = writeln!(out, "  {name:<48} {value}");
     }
     out
 }
@@ -159,7 +141,7 @@ mod tests {
             Some(&4.0),
             "Cordoning at 2 s, Done at 6 s"
         );
-        assert_eq!(times.per_state.get("Draining"), Some(&2.5));
+        assert_eq!(times.per_state.get(&NodeState::Draining), Some(&2.5));
         assert_eq!(times.max_in_flight, 2, "a draining while b cordons");
         assert!(!times.per_node.contains_key("b"), "b never finished");
     }
