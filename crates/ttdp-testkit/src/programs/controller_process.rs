@@ -2,14 +2,12 @@
 //! `crates/ttdp-controller/src/args.rs`), so that its memory is its own: resident set (`VmRSS`)
 //! and peak (`VmHWM`) are read from `/proc/<pid>/status`.
 //!
-//! The controller never outlives the program that started it: it runs under util-linux's
-//! `setpriv --pdeathsig KILL` when available (the kernel kills it when the starting thread dies,
-//! even by SIGKILL), it is killed when its [`ControllerProcess`] is dropped, and
-//! [`kill_controllers_on_signal`] kills every running one on SIGINT, SIGTERM or SIGHUP before
-//! the program exits. It runs in its own process group, so a Ctrl-C in the terminal reaches
-//! the program only, which then stops the controller in order.
+//! The controller never outlives the program that started it: like the control plane (see
+//! [`crate::launcher`]) it runs under util-linux's `setpriv --pdeathsig KILL`, so the kernel
+//! kills it when the starting thread dies, even by a signal; and it is killed when its
+//! [`ControllerProcess`] is dropped. It runs in its own process group, so that a Ctrl-C in the
+//! terminal reaches the program only, which may then stop the controller in order.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -22,17 +20,8 @@ use tokio::process::{Child, Command};
 
 /// How long the controller may take to stop after SIGTERM before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
-/// util-linux's `setpriv`, which sets the parent-death signal of what it runs.
-const SETPRIV: &str = "/usr/bin/setpriv";
 /// Longest log line [`log_tail`] shows in full.
 const LINE_LIMIT: usize = 400;
-
-/// Controllers started and not yet stopped, by pid.
-static RUNNING: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
-
-fn running() -> MutexGuard<'static, BTreeSet<i32>> {
-    RUNNING.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// Memory figures of a process, in KiB.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -51,13 +40,6 @@ pub struct ControllerProcess {
     log_file: PathBuf,
 }
 
-impl Drop for ControllerProcess {
-    /// The child is killed on drop (`kill_on_drop`); it is no longer one to kill on a signal.
-    fn drop(&mut self) {
-        running().remove(&self.pid);
-    }
-}
-
 impl ControllerProcess {
     /// Starts `binary` against `kubeconfig` with `flags` (`--namespace=...` and the like) after
     /// the ones every program wants, `RUST_LOG=log_filter`, its output in `log_file`. Call from a
@@ -69,17 +51,16 @@ impl ControllerProcess {
         log_filter: &str,
         log_file: &Path,
     ) -> Result<Self> {
+        if !binary.is_file() {
+            let binary = binary.display();
+            bail!("{binary} does not exist; build it first (cargo build -p ttdp-controller)");
+        }
         let log = std::fs::File::create(log_file)
             .with_context(|| format!("cannot create the log {}", log_file.display()))?;
         let err = log.try_clone().context("cannot share the log file")?;
-        let mut command = if Path::new(SETPRIV).is_file() {
-            let mut c = Command::new(SETPRIV);
-            c.args(["--pdeathsig", "KILL", "--"]).arg(binary);
-            c
-        } else {
-            Command::new(binary)
-        };
-        let child = command
+        let child = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(binary)
             // One replica: no Lease to wait for. No admin server: nothing scrapes it here.
             .args([
                 "--leader-election=false",
@@ -98,7 +79,7 @@ impl ControllerProcess {
             .spawn()
             .with_context(|| {
                 format!(
-                    "cannot start {}; build it first (cargo build -p ttdp-controller)",
+                    "cannot start {} under setpriv (util-linux)",
                     binary.display()
                 )
             })?;
@@ -106,7 +87,6 @@ impl ControllerProcess {
             .id()
             .and_then(|p| i32::try_from(p).ok())
             .context("the controller has no process id")?;
-        running().insert(pid);
         Ok(Self {
             child: Mutex::new(child),
             pid,
@@ -158,30 +138,6 @@ impl ControllerProcess {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-}
-
-/// Kills every running controller and exits (status 128 + the signal) on SIGINT, SIGTERM or
-/// SIGHUP. Call once, inside the runtime, before starting controllers; for programs that have no
-/// orderly shutdown of their own.
-pub fn kill_controllers_on_signal() -> Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    for (kind, number) in [
-        (SignalKind::interrupt(), 2),
-        (SignalKind::terminate(), 15),
-        (SignalKind::hangup(), 1),
-    ] {
-        let mut stream = signal(kind).context("cannot install a signal handler")?;
-        tokio::spawn(async move {
-            if stream.recv().await.is_some() {
-                for pid in running().iter() {
-                    let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
-                    eprintln!("signal {number}: killed the controller (pid {pid})");
-                }
-                std::process::exit(128 + number);
-            }
-        });
-    }
-    Ok(())
 }
 
 /// `VmRSS` and `VmHWM` of a `/proc/<pid>/status` text.

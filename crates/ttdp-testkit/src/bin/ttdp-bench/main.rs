@@ -80,15 +80,13 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// Runs an async suite, killing its controllers if a signal ends the program.
+/// Runs an async suite on the main thread: the controller and the control plane it starts die
+/// with that thread, a signal included (see `ttdp_testkit::programs`).
 fn block_on(suite: impl Future<Output = Result<()>>) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(async {
-        ttdp_testkit::programs::controller_process::kill_controllers_on_signal()?;
-        suite.await
-    })
+    runtime.block_on(suite)
 }
