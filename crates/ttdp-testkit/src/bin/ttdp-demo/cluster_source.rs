@@ -14,13 +14,15 @@
 //! On a real control plane the real DaemonSet controller creates the agent pods, the real
 //! scheduler binds them, and the simulated kubelets run them.
 
+use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::Client;
 use kube::api::{Api, DeleteParams};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
@@ -33,17 +35,16 @@ use crate::fleet::DEMO_PREFIX;
 const OWN_POLICY: &str = "default";
 
 /// The cluster the demo runs on.
-pub enum ClusterSource {
-    /// The cluster of `--kubeconfig`.
-    Existing(PathBuf),
-    /// A real control plane started for the demo from the assets in `assets_dir`; it stops
-    /// when dropped.
-    Launched {
-        plane: ControlPlane,
-        assets_dir: PathBuf,
-    },
-    /// The in-process imitation; why no control plane could be had.
-    Imitation(String),
+pub struct ClusterSource {
+    /// As the report names it: `existing` (`--kubeconfig`), `launched` (a real control plane
+    /// started for the demo) or `imitation` (the in-process fallback).
+    pub kind: &'static str,
+    /// The lines the demo starts with: which cluster, and for the imitation why.
+    pub description: String,
+    /// The kubeconfig of a real cluster; `None` for the imitation (it makes its own).
+    pub kubeconfig: Option<PathBuf>,
+    /// A control plane started for the demo: kept only to stop it when dropped.
+    _plane: Option<ControlPlane>,
 }
 
 impl ClusterSource {
@@ -55,64 +56,53 @@ impl ClusterSource {
             if !path.is_file() {
                 anyhow::bail!("--kubeconfig {} does not exist", path.display());
             }
-            return Ok(Self::Existing(path.to_path_buf()));
+            return Ok(Self {
+                kind: "existing",
+                description: format!(
+                    "cluster: the existing cluster of --kubeconfig {} (the demo adds simulated nodes, and deletes what it created when it ends)",
+                    path.display()
+                ),
+                kubeconfig: Some(path.to_path_buf()),
+                _plane: None,
+            });
         }
         let assets = match Assets::locate() {
             Ok(assets) => assets,
-            Err(missing) => return Ok(Self::Imitation(missing.to_string())),
+            Err(missing) => {
+                return Ok(Self {
+                    kind: "imitation",
+                    description: format!(
+                        "cluster: NO real control plane: {missing}\n\
+                         cluster: falling back to the testkit's in-process IMITATION of an API server (a DaemonSet controller stand-in, no scheduler).\n\
+                         cluster: for the real one put control-plane-*.tar.xz in ../shared/kube, set TTDP_KUBE_ASSETS, or pass --kubeconfig FILE"
+                    ),
+                    kubeconfig: None,
+                    _plane: None,
+                });
+            }
         };
-        let assets_dir = assets
-            .binary("kube-apiserver")
-            .parent()
-            .and_then(Path::parent)
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
         let plane = ControlPlane::start(&assets, &runs_dir())
             .context("cannot start the real control plane")?;
-        Ok(Self::Launched { plane, assets_dir })
-    }
-
-    /// The lines the demo starts with: which cluster, and for the imitation why.
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Existing(path) => format!(
-                "cluster: the existing cluster of --kubeconfig {} (the demo adds simulated nodes, and deletes what it created when it ends)",
-                path.display()
-            ),
-            Self::Launched { plane, assets_dir } => format!(
+        let apiserver = assets.binary("kube-apiserver");
+        let assets_dir = apiserver
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(&apiserver);
+        Ok(Self {
+            kind: "launched",
+            description: format!(
                 "cluster: a real control plane started for the demo: etcd, kube-apiserver, kube-controller-manager and kube-scheduler from {} (logs in {})",
                 tidy(assets_dir).display(),
                 tidy(&plane.dir().join("logs")).display()
             ),
-            Self::Imitation(why) => format!(
-                "cluster: NO real control plane: {why}\n\
-                 cluster: falling back to the testkit's in-process IMITATION of an API server (a DaemonSet controller stand-in, no scheduler).\n\
-                 cluster: for the real one put control-plane-*.tar.xz in ../shared/kube, set TTDP_KUBE_ASSETS, or pass --kubeconfig FILE"
-            ),
-        }
-    }
-
-    /// The kubeconfig of a real cluster; `None` for the imitation (it makes its own).
-    pub fn kubeconfig(&self) -> Option<&Path> {
-        match self {
-            Self::Existing(path) => Some(path),
-            Self::Launched { plane, .. } => Some(plane.kubeconfig()),
-            Self::Imitation(_) => None,
-        }
+            kubeconfig: Some(plane.kubeconfig().to_path_buf()),
+            _plane: Some(plane),
+        })
     }
 
     /// Whether the cluster is shared with others (the demo must keep to its own objects).
     pub fn is_shared(&self) -> bool {
-        matches!(self, Self::Existing(_))
-    }
-
-    /// A short name for the report and the test: `existing`, `launched` or `imitation`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Existing(_) => "existing",
-            Self::Launched { .. } => "launched",
-            Self::Imitation(_) => "imitation",
-        }
+        self.kind == "existing"
     }
 
     /// The names the demo uses on this cluster.
@@ -176,10 +166,8 @@ impl DemoNames {
 pub async fn delete_policy(client: &Client, names: &DemoNames) -> Option<String> {
     let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
     let name = &names.policy;
-    match policies.delete(name, &DeleteParams::default()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Some(format!("cannot delete policy {name}: {e}")),
+    if let Some(failed) = delete(&policies, name).await {
+        return Some(failed);
     }
     let gone = || {
         let policies = policies.clone();
@@ -197,17 +185,22 @@ pub async fn delete_policy(client: &Client, names: &DemoNames) -> Option<String>
 /// After the controller is stopped, deletes the operator namespace the demo created on a
 /// shared cluster.
 pub async fn delete_operator_namespace(client: &Client, names: &DemoNames) -> Option<String> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    match namespaces
-        .delete(&names.operator_namespace, &DeleteParams::default())
-        .await
-    {
+    delete(
+        &Api::<Namespace>::all(client.clone()),
+        &names.operator_namespace,
+    )
+    .await
+}
+
+/// Deletes `name`, which may be gone already; a failure is returned as a line to print.
+async fn delete<K>(api: &Api<K>, name: &str) -> Option<String>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => None,
         Err(kube::Error::Api(s)) if s.code == 404 => None,
-        Err(e) => Some(format!(
-            "cannot delete namespace {}: {e}",
-            names.operator_namespace
-        )),
+        Err(e) => Some(format!("cannot delete {} {name}: {e}", K::kind(&()))),
     }
 }
 
@@ -218,17 +211,14 @@ pub fn publish_kubeconfig(
     source: &ClusterSource,
     copy_to: Option<&Path>,
 ) -> Result<PathBuf> {
-    let source_path = cluster.kubeconfig_path();
-    match copy_to {
-        Some(path) if !source.is_shared() => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("cannot create {}", dir.display()))?;
-            }
-            std::fs::copy(source_path, path)
-                .with_context(|| format!("cannot copy the kubeconfig to {}", path.display()))?;
-            Ok(path.to_path_buf())
-        }
-        _ => Ok(source_path.to_path_buf()),
+    let original = cluster.kubeconfig_path();
+    let Some(copy) = copy_to.filter(|_| !source.is_shared()) else {
+        return Ok(original.to_path_buf());
+    };
+    if let Some(dir) = copy.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
+    std::fs::copy(original, copy)
+        .with_context(|| format!("cannot copy the kubeconfig to {}", copy.display()))?;
+    Ok(copy.to_path_buf())
 }

@@ -62,15 +62,13 @@ impl Demo {
         };
         Outcome {
             policy: self.names.policy.clone(),
-            cluster: self.source.kind().to_owned(),
+            cluster: self.source.kind.to_owned(),
             from: self.args.from.clone(),
             to: self.args.to.clone(),
-            success: false,
             problems,
             phases: self.phases.clone(),
             upgrade,
-            nodes: Vec::new(),
-            workloads: Vec::new(),
+            ..Outcome::default()
         }
     }
 

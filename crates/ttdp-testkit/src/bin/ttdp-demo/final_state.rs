@@ -43,7 +43,7 @@ pub struct WorkloadOutcome {
 }
 
 /// What `--report` writes.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Outcome {
     pub policy: String,

@@ -55,7 +55,7 @@ pub async fn run(args: DemoArgs, log_dir: PathBuf) -> Result<Ending> {
     check_binaries(&args)?;
     let epoch = Instant::now();
     let source = ClusterSource::choose(args.kubeconfig.as_deref())?;
-    println!("{}", source.describe());
+    println!("{}", source.description);
     let names = source.names();
     let fleet = Fleet {
         prefix: names.prefix.clone(),
@@ -368,7 +368,7 @@ async fn start_cluster(
         .env("TTDP_RETRY_INITIAL", &scaled(5.0))
         .env("TTDP_RETRY_MAX", &scaled(60.0))
         .env("TTDP_BUILD_JOBS", "1");
-    let options = match source.kubeconfig() {
+    let options = match &source.kubeconfig {
         Some(kubeconfig) => options.existing_cluster(kubeconfig),
         None => options.in_process(),
     };
