@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use ttdp_api::driver::v1alpha1::condition;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 
-/// How often the status size is measured (serializing 5,000 entries on every event would cost
+/// How often the status size is measured (serializing a fleet's status on every event would cost
 /// the benchmark more CPU than the controller it measures).
 const SIZE_SAMPLE_EVERY: Duration = Duration::from_millis(500);
 
@@ -44,13 +44,13 @@ struct Seen {
     transitions: Vec<Transition>,
     max_status_bytes: usize,
     sized_at: Option<Instant>,
-    events: u64,
 }
 
 /// The watch on the policy, running in the background until dropped.
 #[derive(Debug)]
 pub struct RolloutWatch {
     seen: Arc<Mutex<Seen>>,
+    /// Counts the policy events received.
     changed: watch::Receiver<u64>,
     task: JoinHandle<()>,
 }
@@ -114,7 +114,7 @@ impl RolloutWatch {
 
     /// Policy events received.
     pub fn events(&self) -> u64 {
-        lock(&self.seen).events
+        *self.changed.borrow()
     }
 
     /// Forgets the largest status size.
@@ -128,7 +128,6 @@ fn lock(seen: &Mutex<Seen>) -> MutexGuard<'_, Seen> {
 }
 
 fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Instant) {
-    seen.events += 1;
     let mut listed = HashSet::new();
     for node in policy.status.iter().flat_map(|s| s.nodes.iter()) {
         listed.insert(node.name.as_str());

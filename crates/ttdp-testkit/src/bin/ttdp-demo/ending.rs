@@ -3,6 +3,8 @@
 //! controller, the simulated nodes and the control plane, deleting on a shared cluster what the
 //! demo created.
 
+use std::path::Path;
+
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -14,7 +16,7 @@ use crate::cluster_source::{delete_operator_namespace, delete_policy};
 use crate::final_state::{self, Outcome};
 use crate::hints;
 use crate::live_view::flush;
-use crate::scenario::{Demo, Ending, indent, shutdown_signal};
+use crate::scenario::{Demo, Ending, shutdown_signal};
 use crate::timings::{self, RolloutTimes};
 
 impl Demo {
@@ -157,10 +159,7 @@ impl Demo {
                 self.source.is_shared(),
             )
         );
-        println!(
-            "\n  controller log: {}",
-            self.log_dir.join("controller.log").display()
-        );
+        println!("\n  controller log: {}", self.controller_log().display());
         println!("  agent logs:     {}", self.cluster.log_dir().display());
         flush();
     }
@@ -203,12 +202,7 @@ impl Demo {
 
     /// The last lines of the controller's log and of the agents on nodes that did not finish.
     async fn print_failure_logs(&self) {
-        let controller_log = self.log_dir.join("controller.log");
-        println!(
-            "\nlast lines of the controller log ({}):",
-            controller_log.display()
-        );
-        println!("{}", indent(&log_tail(&controller_log, 20)));
+        print_log_tail("the controller log", &self.controller_log(), 20);
         let Some(policy) = self.watch.as_ref().and_then(|w| w.policy()) else {
             return;
         };
@@ -222,26 +216,25 @@ impl Demo {
             .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
             .collect();
         for pod in list.items {
-            let node = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .unwrap_or_default();
-            if !stuck.contains(&node) {
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            let Some(node) = node.filter(|node| stuck.contains(node)) else {
                 continue;
-            }
-            let file = self.cluster.log_dir().join(format!(
-                "{}_{}_{}.log",
-                pod.namespace().unwrap_or_default(),
-                pod.name_any(),
-                ttdp_api::names::AGENT_CONTAINER
-            ));
-            println!(
-                "\nlast lines of agent {} on {node} ({}):",
-                pod.name_any(),
-                file.display()
-            );
-            println!("{}", indent(&log_tail(&file, 10)));
+            };
+            let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+            let container = ttdp_api::names::AGENT_CONTAINER;
+            let file = self
+                .cluster
+                .log_dir()
+                .join(format!("{namespace}_{name}_{container}.log"));
+            print_log_tail(&format!("agent {name} on {node}"), &file, 10);
         }
+    }
+}
+
+/// Prints the last `lines` lines of the log at `path`, indented, under a title naming `what`.
+fn print_log_tail(what: &str, path: &Path, lines: usize) {
+    println!("\nlast lines of {what} ({}):", path.display());
+    for line in log_tail(path, lines).lines() {
+        println!("    {line}");
     }
 }

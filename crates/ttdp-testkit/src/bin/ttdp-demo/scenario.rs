@@ -179,6 +179,11 @@ impl Demo {
         self.phase_started = Instant::now();
     }
 
+    /// Where the controller's output goes.
+    pub fn controller_log(&self) -> PathBuf {
+        self.log_dir.join("controller.log")
+    }
+
     /// The real controller, its retries scaled by `--speed`, reconciling only the demo's policy
     /// on a shared cluster.
     fn start_controller(&self) -> Result<ControllerProcess> {
@@ -197,7 +202,7 @@ impl Demo {
             &self.kubeconfig,
             &flags,
             &std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
-            &self.log_dir.join("controller.log"),
+            &self.controller_log(),
         )
     }
 
@@ -405,25 +410,17 @@ pub fn print_step(what: &str) {
     flush();
 }
 
-pub fn indent(text: &str) -> String {
-    text.lines()
-        .map(|l| format!("    {l}"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// Resolves on Ctrl-C or SIGTERM (never, if neither handler can be installed).
+/// Resolves on Ctrl-C or SIGTERM (never, if their handlers cannot be installed).
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let terminate = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => terminate.recv().await,
-            Err(_) => std::future::pending().await,
-        }
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
     };
-    // A branch whose pattern does not match is disabled: a failed Ctrl-C handler waits on.
     tokio::select! {
-        Ok(()) = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
     }
 }
