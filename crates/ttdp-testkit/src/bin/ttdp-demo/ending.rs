@@ -64,7 +64,7 @@ impl Demo {
         };
         Outcome {
             policy: self.names.policy.clone(),
-            cluster: self.source.kind.to_owned(),
+            cluster: self.source.kind,
             from: self.args.from.clone(),
             to: self.args.to.clone(),
             problems,

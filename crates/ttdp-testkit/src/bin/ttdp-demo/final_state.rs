@@ -47,9 +47,8 @@ pub struct WorkloadOutcome {
 #[serde(rename_all = "camelCase")]
 pub struct Outcome {
     pub policy: String,
-    /// The cluster the demo ran on: `launched` (a real control plane it started), `existing`
-    /// (`--kubeconfig`) or `imitation` (the in-process fallback).
-    pub cluster: String,
+    /// The cluster the demo ran on, as `ClusterSource::kind` names it.
+    pub cluster: &'static str,
     pub from: String,
     pub to: String,
     /// Whether the upgrade reached Ready and every check passed.

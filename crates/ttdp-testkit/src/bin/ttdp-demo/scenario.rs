@@ -32,7 +32,7 @@ use crate::timings::Phase;
 const INSTALLER_IMAGE: &str = "ghcr.io/tenstorrent/tt-k8s-driver-manager-builder";
 /// The tt-smi version the simulated agent image "bundles".
 const TT_SMI_VERSION: &str = "3.0.0";
-/// Bound of the short setup waits (CRD served, workloads running).
+/// How long the placed workloads may take to run.
 const SETUP_WAIT: Duration = Duration::from_secs(60);
 /// Smallest interval between two redraws on a terminal.
 const REDRAW_EVERY: Duration = Duration::from_millis(300);
