@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill};
@@ -123,19 +123,19 @@ impl ControllerProcess {
 
     /// SIGTERM, then SIGKILL after `STOP_GRACE`.
     pub async fn stop(self) {
-        if self.exited().is_some() {
+        let mut child = self
+            .child
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        if child.try_wait().ok().flatten().is_some() {
             return;
         }
         let _ = kill(Pid::from_raw(self.pid), Signal::SIGTERM);
-        // Polled rather than awaited: the child sits behind a lock that must not be held
-        // across an await.
-        let deadline = Instant::now() + STOP_GRACE;
-        while self.exited().is_none() {
-            if Instant::now() >= deadline {
-                let _ = self.child().start_kill();
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        if tokio::time::timeout(STOP_GRACE, child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.kill().await;
         }
     }
 }
