@@ -13,7 +13,7 @@ use ttdp_testkit::programs::controller_process::log_tail;
 use ttdp_testkit::programs::rollout_watch::stragglers;
 
 use crate::cluster_source::{delete_operator_namespace, delete_policy};
-use crate::final_state::{self, Outcome};
+use crate::final_state::Outcome;
 use crate::hints;
 use crate::live_view::flush;
 use crate::scenario::{Demo, Ending, shutdown_signal};
@@ -71,32 +71,6 @@ impl Demo {
             phases: self.phases.clone(),
             upgrade,
             ..Outcome::default()
-        }
-    }
-
-    /// Reads the cluster's final state into `outcome`; its failed checks count unless something
-    /// failed before.
-    async fn inspect(&self, outcome: &mut Outcome) {
-        let Some(policy) = self.watch.as_ref().and_then(|w| w.policy()) else {
-            if outcome.problems.is_empty() {
-                let policy = &self.names.policy;
-                outcome
-                    .problems
-                    .push(format!("TenstorrentDriverPolicy {policy} was never seen"));
-            }
-            return;
-        };
-        match final_state::inspect(self, &policy).await {
-            Ok((nodes, workloads, checks)) => {
-                outcome.nodes = nodes;
-                outcome.workloads = workloads;
-                if outcome.problems.is_empty() {
-                    outcome.problems.extend(checks);
-                }
-            }
-            Err(e) => outcome
-                .problems
-                .push(format!("cannot read the cluster's final state: {e}")),
         }
     }
 

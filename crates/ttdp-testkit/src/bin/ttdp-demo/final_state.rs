@@ -61,105 +61,132 @@ pub struct Outcome {
     pub workloads: Vec<WorkloadOutcome>,
 }
 
-/// Reads the cluster and checks it: every container node Done at `--to` with the label to
-/// match, the host-managed node HostManaged and still on its own version, plain nodes without
-/// any driver label, no node cordoned and no deploy gate left closed, workloads evicted exactly
-/// where the upgrade had to drain. Returns the nodes, the workloads and the failed checks.
-pub async fn inspect(
-    demo: &Demo,
-    policy: &TenstorrentDriverPolicy,
-) -> Result<(Vec<NodeOutcome>, Vec<WorkloadOutcome>, Vec<String>), kube::Error> {
-    let status: BTreeMap<&str, _> = policy
-        .status
-        .iter()
-        .flat_map(|s| s.nodes.iter())
-        .map(|n| (n.name.as_str(), n))
-        .collect();
-    let nodes: Api<Node> = Api::all(demo.client.clone());
-    let mut problems = Vec::new();
-    let mut outcomes = Vec::new();
-    let fleet = &demo.fleet;
-    let container = fleet.container_nodes();
-    let host_managed = fleet.host_managed_node();
-    let plain = fleet.plain_nodes();
-    for node in nodes.list(&ListParams::default()).await?.items {
-        let name = node.name_any();
-        let kind = if container.contains(&name) {
-            "tenstorrent"
-        } else if host_managed.as_deref() == Some(name.as_str()) {
-            "host-managed"
-        } else if plain.contains(&name) {
-            "plain"
-        } else {
-            // Someone else's node on a shared cluster.
-            continue;
+impl Demo {
+    /// Reads the cluster's final state into `outcome` and checks it: every container node Done
+    /// at `--to` with the label to match, the host-managed node HostManaged and still on its own
+    /// version, plain nodes without any driver label, no node cordoned and no deploy gate left
+    /// closed, workloads evicted exactly where the upgrade had to drain. The failed checks count
+    /// unless something failed before.
+    pub async fn inspect(&self, outcome: &mut Outcome) {
+        let Some(policy) = self.watch.as_ref().and_then(|w| w.policy()) else {
+            if outcome.problems.is_empty() {
+                let never_seen = format!(
+                    "TenstorrentDriverPolicy {} was never seen",
+                    self.names.policy
+                );
+                outcome.problems.push(never_seen);
+            }
+            return;
         };
-        let label = |key: &str| node.labels().get(key).cloned();
-        let entry = status.get(name.as_str());
-        let outcome = NodeOutcome {
-            name: name.clone(),
-            kind: kind.to_owned(),
-            state: entry.map(|n| n.state.to_string()),
-            status_version: entry.and_then(|n| n.current_version.clone()),
-            kmd_version_label: label(labels::KMD_VERSION),
-            install_mode_label: label(labels::INSTALL_MODE),
-            cordoned: node
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false),
-            cordoned_by: node.annotations().get(annotations::CORDONED_BY).cloned(),
-            deploy_gate: label(DEFAULT_DEPLOY_GATE),
+        let read = async {
+            let nodes = self.node_outcomes(&policy).await?;
+            Ok::<_, kube::Error>((nodes, self.workload_outcomes().await?))
         };
-        problems.extend(node_problems(&outcome, &demo.args.to));
-        outcomes.push(outcome);
+        let (nodes, workloads) = match read.await {
+            Ok(read) => read,
+            Err(e) => {
+                let error = format!("cannot read the cluster's final state: {e}");
+                outcome.problems.push(error);
+                return;
+            }
+        };
+        if outcome.problems.is_empty() {
+            let to = &self.args.to;
+            let node_checks = nodes.iter().flat_map(|n| node_problems(n, to));
+            let workload_checks = workloads.iter().filter_map(workload_problem);
+            outcome.problems = node_checks.chain(workload_checks).collect();
+        }
+        outcome.nodes = nodes;
+        outcome.workloads = workloads;
     }
-    let workloads = workload_outcomes(demo, &mut problems).await?;
-    Ok((outcomes, workloads, problems))
+
+    /// The fleet's nodes as the policy's status and the nodes themselves show them.
+    async fn node_outcomes(
+        &self,
+        policy: &TenstorrentDriverPolicy,
+    ) -> Result<Vec<NodeOutcome>, kube::Error> {
+        let status: BTreeMap<&str, _> = policy
+            .status
+            .iter()
+            .flat_map(|s| s.nodes.iter())
+            .map(|n| (n.name.as_str(), n))
+            .collect();
+        let container = self.fleet.container_nodes();
+        let host_managed = self.fleet.host_managed_node();
+        let plain = self.fleet.plain_nodes();
+        let mut outcomes = Vec::new();
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for node in nodes.list(&ListParams::default()).await?.items {
+            let name = node.name_any();
+            let kind = if container.contains(&name) {
+                "tenstorrent"
+            } else if host_managed.as_deref() == Some(name.as_str()) {
+                "host-managed"
+            } else if plain.contains(&name) {
+                "plain"
+            } else {
+                // Someone else's node on a shared cluster.
+                continue;
+            };
+            let label = |key: &str| node.labels().get(key).cloned();
+            let entry = status.get(name.as_str());
+            outcomes.push(NodeOutcome {
+                kind: kind.to_owned(),
+                state: entry.map(|n| n.state.to_string()),
+                status_version: entry.and_then(|n| n.current_version.clone()),
+                kmd_version_label: label(labels::KMD_VERSION),
+                install_mode_label: label(labels::INSTALL_MODE),
+                cordoned: node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.unschedulable)
+                    .unwrap_or(false),
+                cordoned_by: node.annotations().get(annotations::CORDONED_BY).cloned(),
+                deploy_gate: label(DEFAULT_DEPLOY_GATE),
+                name,
+            });
+        }
+        Ok(outcomes)
+    }
+
+    /// Which workloads still run. On a real control plane a ReplicaSet replaces an evicted pod
+    /// under the same labels, so a workload runs while the pod first placed for it (by uid,
+    /// `Demo::placed`) does.
+    async fn workload_outcomes(&self) -> Result<Vec<WorkloadOutcome>, kube::Error> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), self.cluster.namespace());
+        let present: Vec<String> = pods
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.uid())
+            .collect();
+        let outcomes = self.fleet.workloads().into_iter().map(|workload| {
+            let uid = self.placed.get(&workload.name);
+            WorkloadOutcome {
+                running: uid.is_some_and(|uid| present.contains(uid)),
+                expected_evicted: self.fleet.is_drained(&workload),
+                name: workload.name,
+                node: workload.node,
+            }
+        });
+        Ok(outcomes.collect())
+    }
 }
 
-/// Which workloads still run, against where the upgrade had to drain. On a real control plane a
-/// ReplicaSet replaces an evicted pod under the same labels, so a workload runs while the pod
-/// first placed for it (by uid, `Demo::placed`) does.
-async fn workload_outcomes(
-    demo: &Demo,
-    problems: &mut Vec<String>,
-) -> Result<Vec<WorkloadOutcome>, kube::Error> {
-    let pods: Api<Pod> = Api::namespaced(demo.client.clone(), demo.cluster.namespace());
-    let present: Vec<String> = pods
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| p.uid())
-        .collect();
-    let mut workloads = Vec::new();
-    for workload in demo.fleet.workloads() {
-        let running = demo
-            .placed
-            .get(&workload.name)
-            .is_some_and(|uid| present.contains(uid));
-        let expected_evicted = demo.fleet.is_drained(&workload);
-        let (name, node) = (workload.name, workload.node);
-        if expected_evicted && running {
-            problems.push(format!(
-                "workload {name} on {node} was not evicted by the drain"
-            ));
-        }
-        if !expected_evicted && !running {
-            problems.push(format!(
-                "workload {name} on {node} was evicted but that node is not upgraded by ttdp"
-            ));
-        }
-        workloads.push(WorkloadOutcome {
-            name,
-            node,
-            expected_evicted,
-            running,
-        });
+/// A workload evicted where the upgrade does not drain, or left where it does.
+fn workload_problem(workload: &WorkloadOutcome) -> Option<String> {
+    let (name, node) = (&workload.name, &workload.node);
+    match (workload.expected_evicted, workload.running) {
+        (true, true) => Some(format!(
+            "workload {name} on {node} was not evicted by the drain"
+        )),
+        (false, false) => Some(format!(
+            "workload {name} on {node} was evicted but that node is not upgraded by ttdp"
+        )),
+        _ => None,
     }
-    Ok(workloads)
 }
 
 fn node_problems(node: &NodeOutcome, to: &str) -> Vec<String> {
