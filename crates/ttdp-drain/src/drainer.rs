@@ -61,7 +61,8 @@ pub struct DrainOptions {
     pub concurrency: usize,
     /// Back-off between retries of a blocked or failed eviction.
     pub backoff: Backoff,
-    /// How often the node's pods are listed while waiting for removed pods to go.
+    /// How often the node's pods are listed while waiting for removed pods to go (a watch of
+    /// them sees most deletions first).
     pub poll_interval: Duration,
 }
 

@@ -39,7 +39,8 @@
 //! - [`classify()`]: the pure per-pod decision ([`Disposition`] and [`Reason`]), in kubectl's
 //!   order with kubectl's messages; see the [`classify`](mod@classify) module.
 //! - [`Drainer::drain`]: list the node's pods (`spec.nodeName` field selector only), classify,
-//!   refuse or remove, wait until gone by UID, all under an optional timeout.
+//!   refuse or remove, wait until gone by UID (seen on a watch of the node's pods, with a list
+//!   every [`DrainOptions::poll_interval`] as the fallback), all under an optional timeout.
 //! - [`TwoPassDrain`] / [`Drainer::drain_two_pass`]: device users first, then the full node.
 //! - [`DrainEvent`]s through an [`EventSink`], and [`CounterSnapshot`] counters for metrics.
 //! - [`Drainer::wait_for_completion`]: before a drain, let the node's selected pods (jobs)

@@ -1,5 +1,6 @@
 //! Removing pods: eviction (or deletion) requests with bounded concurrency and capped,
-//! jittered back-off, and waiting until every removed pod is gone, checked by UID.
+//! jittered back-off, and waiting until every removed pod is gone, checked by UID on a watch of
+//! the node's pods and on a list of them.
 //!
 //! All state lives in [`Removals`], outside the future that does the work, so that when a
 //! timeout drops the future the caller can still say what each pod was waiting for.
@@ -8,12 +9,14 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::{self, Either};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{self as metav1, DeleteOptions, ObjectMeta};
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::runtime::watcher;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
@@ -430,7 +433,46 @@ impl Removals {
         }
     }
 
+    /// Waits until every pod is gone or failed: a watch of the node's pods marks a pod gone
+    /// as soon as it is deleted, and a list every `poll_interval` catches what the watch does
+    /// not see (a pod deleted before the watch began, or a watch that cannot be opened).
     async fn wait_until_gone(&self, s: &Settings<'_>) {
+        let watching = async {
+            self.watch_deletions(s).await;
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            () = self.poll_until_gone(s) => {}
+            () = watching => {}
+        }
+    }
+
+    /// Marks each tracked pod gone when the watch of the node's pods sees it deleted; returns
+    /// when the watch fails, leaving the rest to the poll.
+    async fn watch_deletions(&self, s: &Settings<'_>) {
+        let pods: Api<Pod> = Api::all(s.client.clone());
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={}", s.node));
+        let events = watcher::watcher(pods, config);
+        futures::pin_mut!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Delete(pod)) => {
+                    let uid = PodRef::of(&pod).uid;
+                    let index = self.lock().iter().position(|t| t.pod_ref.uid == uid);
+                    if let Some(index) = index {
+                        self.mark_gone(index, s);
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::debug!(node = s.node, %error, "cannot watch the node's pods; listing them instead");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn poll_until_gone(&self, s: &Settings<'_>) {
         loop {
             if self.all_settled() {
                 return;

@@ -328,6 +328,27 @@ async fn evictions_a_budget_guards_go_first() {
     h.shutdown().await;
 }
 
+/// A removed pod is seen gone on the watch of the node's pods, not only by the periodic list:
+/// with a list once a minute, the drain still ends well within its 20 s timeout.
+#[tokio::test]
+async fn removed_pods_are_seen_gone_on_the_watch() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "web").await;
+    h.pod("n1", "web-a", with(rs.clone(), labels("web"))).await;
+    h.pod("n1", "web-b", with(rs, labels("web"))).await;
+    let options = DrainOptions {
+        poll_interval: Duration::from_secs(60),
+        ..fast(PodRules::default())
+    };
+    let report = h
+        .drainer()
+        .drain(&h.n("n1"), &options)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nevents: {:#?}", h.events()));
+    assert_eq!(names(&report.evicted), set(&["web-a", "web-b"]));
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn timeout_names_each_remaining_pod_and_why() {
     let h = Harness::start(&["n1"]).await;
