@@ -7,8 +7,8 @@
 //! panics, deletes whatever is named with the prefix: namespaces (after removing pod finalizers
 //! and force-deleting pods, since no kubelet may be left to finish them), nodes, their leases,
 //! TenstorrentDriverPolicies, ClusterRoles, ClusterRoleBindings, and the Events in `default`
-//! about those objects. The ttdp CRD is applied idempotently when asked for and never deleted
-//! (other suites share it).
+//! about those objects. The ttdp CRD ([`crate::programs::cluster_setup::install_crd`]) is never
+//! deleted: other suites share it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,12 +17,10 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::ApiResource;
-use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config, ResourceExt};
 use serde_json::json;
 
@@ -31,10 +29,6 @@ use ttdp_api::TenstorrentDriverPolicy;
 use crate::launcher;
 use crate::sim::cluster::random_prefix;
 
-/// Field manager of the CRD applied by [`Scratch::install_ttdp_crd`].
-const CRD_FIELD_MANAGER: &str = "ttdp-e2e-tests";
-/// How long [`Scratch::install_ttdp_crd`] waits for the CRD to be Established.
-const CRD_ESTABLISHED_WITHIN: Duration = Duration::from_secs(30);
 /// How long the cleanup of a dropped [`Scratch`] may take.
 const CLEANUP_WITHIN: Duration = Duration::from_secs(60);
 
@@ -60,15 +54,6 @@ pub enum ScratchError {
         /// The server's answer.
         #[source]
         source: kube::Error,
-    },
-    /// The CRD was applied but did not become Established in time.
-    #[error(
-        "CRD {name} not Established within {}s; see the apiserver log",
-        CRD_ESTABLISHED_WITHIN.as_secs()
-    )]
-    CrdNotEstablished {
-        /// The CRD's name.
-        name: String,
     },
 }
 
@@ -178,23 +163,6 @@ impl Scratch {
         ignore_conflict(api.create(&PostParams::default(), &sa).await).map_err(ScratchError::api(
             format!("create service account {namespace}/{name}"),
         ))
-    }
-
-    /// Applies the ttdp CRD (forced server-side apply, so it is idempotent and other suites may
-    /// have applied it first) and waits until it is Established. It is never deleted by a test.
-    pub async fn install_ttdp_crd(&self) -> Result<(), ScratchError> {
-        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        let crd = ttdp_api::crd();
-        let name = crd.name_any();
-        let apply = PatchParams::apply(CRD_FIELD_MANAGER).force();
-        crds.patch(&name, &apply, &Patch::Apply(&crd))
-            .await
-            .map_err(ScratchError::api(format!("apply CRD {name}")))?;
-        let established = await_condition(crds, &name, conditions::is_crd_established());
-        match tokio::time::timeout(CRD_ESTABLISHED_WITHIN, established).await {
-            Ok(Ok(_)) => Ok(()),
-            _ => Err(ScratchError::CrdNotEstablished { name }),
-        }
     }
 }
 

@@ -32,6 +32,7 @@ use serde_json::json;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_testkit::fault_proxy::FaultProxy;
 use ttdp_testkit::launcher::tokens;
+use ttdp_testkit::programs::cluster_setup::install_crd;
 use ttdp_testkit::scratch::Scratch;
 use ttdp_testkit::sim::{
     ImageMap, KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale,
@@ -128,7 +129,7 @@ impl Harness {
         let scratch = Scratch::new("kt")
             .await
             .expect("a scratch namespace on the test cluster");
-        scratch.install_ttdp_crd().await.expect("the ttdp CRD");
+        install_crd(&scratch.client()).await.expect("the ttdp CRD");
         let client = scratch.client();
         let proxy = FaultProxy::start(client.clone())
             .await

@@ -27,9 +27,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -40,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use ttdp_api::names::{annotations, labels};
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_controller::{RunOptions, Settings};
+use ttdp_testkit::programs::cluster_setup::{create_operator_namespace, install_crd};
 use ttdp_testkit::sim::{
     DeviceUse, DisruptionLimit, SimCluster, SimClusterOptions, TenstorrentNode, Workload,
     WorkloadOwner,
@@ -315,7 +315,7 @@ impl Harness {
         }
         let cluster = SimCluster::start(options).await.expect("simulated cluster");
         let client = cluster.client();
-        install_crd(&client).await;
+        install_crd(&client).await.expect("the ttdp CRD is served");
         let namespace = format!("{prefix}-system");
         create_namespace(&client, &namespace).await;
         let mut settings = Settings {
@@ -694,47 +694,11 @@ fn merge(into: &mut Value, extra: Value) {
     }
 }
 
-/// Applies the CRD (server-side apply: it may already exist, installed by another suite or an
-/// older build) and waits until the resource is served. Never deleted by the tests.
-async fn install_crd(client: &Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = ttdp_api::crd();
-    let name = crd.name_any();
-    api.patch(
-        &name,
-        &PatchParams::apply("ttdp-tests").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("cannot apply the CRD: {e}"));
-    // Wait until the resource is served.
-    let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
-    for _ in 0..100 {
-        if policies.list(&ListParams::default().limit(1)).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the TenstorrentDriverPolicy resource is not served");
-}
-
 /// Creates a namespace (if missing) with the agents' ServiceAccount `ttdp-agent`.
 pub async fn create_namespace(client: &Client, name: &str) {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
+    create_operator_namespace(client, name)
         .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("cannot create namespace {name}: {e}"),
-    }
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "ttdp-agent", "namespace": name}}))
-            .unwrap();
-    let _ = Api::<ServiceAccount>::namespaced(client.clone(), name)
-        .create(&PostParams::default(), &sa)
-        .await;
+        .unwrap_or_else(|e| panic!("{e:#}"));
 }
 
 /// A node's state in a policy's status.
