@@ -13,12 +13,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use anyhow::{Context, Result, anyhow};
+
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Node, Pod};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::ApiResource;
 use kube::{Client, Config, ResourceExt};
@@ -27,42 +28,11 @@ use serde_json::json;
 use ttdp_api::TenstorrentDriverPolicy;
 
 use crate::launcher;
+use crate::programs::cluster_setup::{apply_namespace, apply_service_account};
 use crate::sim::cluster::random_prefix;
 
 /// How long the cleanup of a dropped [`Scratch`] may take.
 const CLEANUP_WITHIN: Duration = Duration::from_secs(60);
-
-/// Why a scratch space could not be set up.
-#[derive(Debug, thiserror::Error)]
-pub enum ScratchError {
-    /// No cluster to work on (no `TTDP_TEST_KUBECONFIG` and no control plane could start).
-    #[error("no test cluster: {0}")]
-    NoCluster(String),
-    /// The kubeconfig could not be read or used.
-    #[error("kubeconfig {path}: {reason}")]
-    Kubeconfig {
-        /// Its path.
-        path: PathBuf,
-        /// What went wrong.
-        reason: String,
-    },
-    /// A request to the cluster failed.
-    #[error("{what}: {source}")]
-    Api {
-        /// What was being done, naming the object.
-        what: String,
-        /// The server's answer.
-        #[source]
-        source: kube::Error,
-    },
-}
-
-impl ScratchError {
-    fn api(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ScratchError {
-        let what = what.into();
-        move |source| ScratchError::Api { what, source }
-    }
-}
 
 /// One test's objects on the shared real cluster.
 pub struct Scratch {
@@ -84,17 +54,20 @@ impl Scratch {
     /// A fresh prefix starting with `kind`, and its namespace (with its `default`
     /// ServiceAccount, so pods can be created at once), on the cluster of
     /// [`launcher::try_test_kubeconfig`].
-    pub async fn new(kind: &str) -> Result<Scratch, ScratchError> {
-        let kubeconfig = launcher::try_test_kubeconfig().map_err(ScratchError::NoCluster)?;
+    pub async fn new(kind: &str) -> Result<Scratch> {
+        let kubeconfig =
+            launcher::try_test_kubeconfig().map_err(|e| anyhow!("no test cluster: {e}"))?;
         let prefix = random_prefix(kind);
         let client = admin_client(&kubeconfig, &prefix).await?;
-        let scratch = Scratch {
+        apply_namespace(&client, &prefix).await?;
+        // The controller manager would create it a moment later; pods cannot be created
+        // before it exists.
+        apply_service_account(&client, &prefix, "default").await?;
+        Ok(Scratch {
             prefix,
             kubeconfig,
             client,
-        };
-        scratch.create_namespace(scratch.namespace()).await?;
-        Ok(scratch)
+        })
     }
 
     /// The test's prefix (also its namespace).
@@ -112,13 +85,6 @@ impl Scratch {
         format!("{}-{short}", self.prefix)
     }
 
-    /// `<short>` back from `<prefix>-<short>` (other names unchanged).
-    pub fn short<'a>(&self, name: &'a str) -> &'a str {
-        name.strip_prefix(&self.prefix)
-            .and_then(|rest| rest.strip_prefix('-'))
-            .unwrap_or(name)
-    }
-
     /// Whether `name` is one of this test's names (the prefix itself or `<prefix>-...`).
     pub fn owns(&self, name: &str) -> bool {
         mine(&self.prefix, name)
@@ -133,36 +99,6 @@ impl Scratch {
     /// kube's automatic retries.
     pub fn client(&self) -> Client {
         self.client.clone()
-    }
-
-    /// Creates namespace `name` and its `default` ServiceAccount (the controller manager would
-    /// create it a moment later; pods cannot be created before it exists). Existing ones are
-    /// fine.
-    pub async fn create_namespace(&self, name: &str) -> Result<(), ScratchError> {
-        let api: Api<Namespace> = Api::all(self.client.clone());
-        let ns = Namespace {
-            metadata: named(name),
-            ..Namespace::default()
-        };
-        ignore_conflict(api.create(&PostParams::default(), &ns).await)
-            .map_err(ScratchError::api(format!("create namespace {name}")))?;
-        self.create_service_account(name, "default").await
-    }
-
-    /// Creates the ServiceAccount `name` in `namespace` (an existing one is fine).
-    pub async fn create_service_account(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<(), ScratchError> {
-        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
-        let sa = ServiceAccount {
-            metadata: named(name),
-            ..ServiceAccount::default()
-        };
-        ignore_conflict(api.create(&PostParams::default(), &sa).await).map_err(ScratchError::api(
-            format!("create service account {namespace}/{name}"),
-        ))
     }
 }
 
@@ -201,33 +137,15 @@ impl Drop for Scratch {
 
 /// An admin client of the kubeconfig at `path` with `namespace` as the default namespace and
 /// without kube's automatic retries.
-pub async fn admin_client(path: &Path, namespace: &str) -> Result<Client, ScratchError> {
-    let failed = |reason: String| ScratchError::Kubeconfig {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| failed(e.to_string()))?;
+pub async fn admin_client(path: &Path, namespace: &str) -> Result<Client> {
+    let context = || format!("kubeconfig {}", path.display());
+    let kubeconfig = Kubeconfig::read_from(path).with_context(context)?;
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| failed(e.to_string()))?;
+        .with_context(context)?;
     config.default_retry = false;
     config.default_namespace = namespace.to_owned();
-    Client::try_from(config).map_err(|e| failed(e.to_string()))
-}
-
-fn named(name: &str) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.to_owned()),
-        ..ObjectMeta::default()
-    }
-}
-
-fn ignore_conflict<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match result {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e),
-    }
+    Client::try_from(config).with_context(context)
 }
 
 fn mine(prefix: &str, name: &str) -> bool {
@@ -289,7 +207,7 @@ where
 /// Best effort: deletes everything named with `prefix` (namespaces with their pods at once and
 /// finalizers of their ConfigMaps and DaemonSets removed, policies, nodes, node leases, cluster
 /// roles and bindings, Events in `default` about them), reporting what could not be deleted.
-pub async fn cleanup(kubeconfig: &Path, prefix: &str) -> Result<(), ScratchError> {
+pub async fn cleanup(kubeconfig: &Path, prefix: &str) -> Result<()> {
     let client = admin_client(kubeconfig, "default").await?;
     let now = DeleteParams {
         grace_period_seconds: Some(0),

@@ -32,7 +32,7 @@ use serde_json::json;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_testkit::fault_proxy::FaultProxy;
 use ttdp_testkit::launcher::tokens;
-use ttdp_testkit::programs::cluster_setup::install_crd;
+use ttdp_testkit::programs::cluster_setup::{apply_service_account, install_crd};
 use ttdp_testkit::scratch::Scratch;
 use ttdp_testkit::sim::{
     ImageMap, KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale,
@@ -475,8 +475,7 @@ impl Harness {
     /// lets do only `rules` (none: a ClusterRole `<prefix>-<short>` and its binding otherwise,
     /// both removed with the test). Waits until the server's authorizer agrees.
     pub async fn identity(&self, short: &str, rules: serde_json::Value) -> PathBuf {
-        self.scratch
-            .create_service_account(self.ns(), short)
+        apply_service_account(&self.scratch.client(), self.ns(), short)
             .await
             .expect("service account");
         let user = format!("system:serviceaccount:{}:{short}", self.ns());

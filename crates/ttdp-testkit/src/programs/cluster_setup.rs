@@ -1,6 +1,6 @@
-//! What both programs create before the controller runs, as the Helm chart and a user would:
-//! the CRD, the operator namespace with the agents' ServiceAccount, and the policy. Forced
-//! server-side applies where an object may be there already (a shared cluster).
+//! What the programs and the test harnesses create before the controller runs, as the Helm chart
+//! and a user would: the CRD, the operator namespace with the agents' ServiceAccount, and the
+//! policy. Forced server-side applies where an object may be there already (a shared cluster).
 
 use std::time::Duration;
 
@@ -43,24 +43,30 @@ pub async fn install_crd(client: &Client) -> Result<()> {
 
 /// Applies the operator namespace `namespace` and the agents' ServiceAccount in it.
 pub async fn create_operator_namespace(client: &Client, namespace: &str) -> Result<()> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let body =
-        json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": namespace } });
-    namespaces
-        .patch(namespace, &apply(), &Patch::Apply(body))
+    apply_namespace(client, namespace).await?;
+    apply_service_account(client, namespace, AGENT_SERVICE_ACCOUNT).await
+}
+
+/// Applies the namespace `name`.
+pub async fn apply_namespace(client: &Client, name: &str) -> Result<()> {
+    let body = json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name } });
+    Api::<Namespace>::all(client.clone())
+        .patch(name, &apply(), &Patch::Apply(body))
         .await
-        .with_context(|| format!("cannot create namespace {namespace}"))?;
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+        .with_context(|| format!("cannot create namespace {name}"))?;
+    Ok(())
+}
+
+/// Applies the ServiceAccount `name` in `namespace`.
+pub async fn apply_service_account(client: &Client, namespace: &str, name: &str) -> Result<()> {
     let body = json!({
         "apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": { "name": AGENT_SERVICE_ACCOUNT, "namespace": namespace },
+        "metadata": { "name": name, "namespace": namespace },
     });
-    accounts
-        .patch(AGENT_SERVICE_ACCOUNT, &apply(), &Patch::Apply(body))
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .patch(name, &apply(), &Patch::Apply(body))
         .await
-        .with_context(|| {
-            format!("cannot create serviceaccount {namespace}/{AGENT_SERVICE_ACCOUNT}")
-        })?;
+        .with_context(|| format!("cannot create serviceaccount {namespace}/{name}"))?;
     Ok(())
 }
 
