@@ -24,6 +24,7 @@ use axum::response::IntoResponse;
 use kube::Client;
 
 use crate::faults::{FaultEffect, Faults};
+use crate::launcher::pki::{ServerTrust, kubeconfig_text};
 pub use crate::recorder::{RecordedRequest, Recorder};
 
 /// The `Content-Type` of the proxy's own JSON answers.
@@ -123,7 +124,7 @@ impl FaultProxy {
         self.shared.faults.clone()
     }
 
-    /// A kubeconfig (context `proxy`, namespace `default`) naming the proxy, for kubectl.
+    /// A kubeconfig (namespace `default`) naming the proxy, for kubectl.
     pub fn kubeconfig(&self) -> &Path {
         self.kubeconfig.path()
     }
@@ -154,16 +155,11 @@ impl Drop for FaultProxy {
     }
 }
 
-/// A temporary kubeconfig whose only context, `proxy` (namespace `default`), talks to `url`
-/// without credentials.
+/// A temporary kubeconfig that talks to `url` without credentials.
 fn kubeconfig_file(url: &str) -> std::io::Result<tempfile::NamedTempFile> {
     let mut file = tempfile::NamedTempFile::new()?;
-    write!(
-        file,
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: {url}\n\
-         contexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: proxy\n    namespace: default\n\
-         current-context: proxy\nusers:\n- name: proxy\n  user: {{}}\n"
-    )?;
+    let text = kubeconfig_text("proxy", url, ServerTrust::PlainHttp, "    {}\n");
+    file.write_all(text.as_bytes())?;
     Ok(file)
 }
 

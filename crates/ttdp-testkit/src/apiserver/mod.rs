@@ -59,6 +59,8 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::launcher::pki::{ServerTrust, kubeconfig_text};
+
 /// Starting the server failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -98,7 +100,8 @@ impl TestApiServer {
             .map_err(ServerError::Kubeconfig)?;
         let url = format!("http://{address}");
         let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, render_kubeconfig(&url)).map_err(ServerError::Kubeconfig)?;
+        let text = kubeconfig_text("ttdp-test", &url, ServerTrust::PlainHttp, "    {}\n");
+        std::fs::write(&kubeconfig, text).map_err(ServerError::Kubeconfig)?;
         let stop = CancellationToken::new();
         let app = routes::App {
             cluster: cluster::Cluster::default(),
@@ -145,22 +148,4 @@ impl Drop for TestApiServer {
     fn drop(&mut self) {
         self.app.stop.cancel();
     }
-}
-
-/// A kubeconfig for `url`: context, cluster and user `ttdp-test`, namespace `default`, plain
-/// HTTP, no credentials.
-fn render_kubeconfig(url: &str) -> String {
-    let context = "ttdp-test";
-    format!(
-        "apiVersion: v1\n\
-         kind: Config\n\
-         clusters:\n\
-         - name: {context}\n  cluster:\n    server: {url}\n\
-         contexts:\n\
-         - name: {context}\n  context:\n    cluster: {context}\n    user: {context}\n    namespace: default\n\
-         current-context: {context}\n\
-         users:\n\
-         - name: {context}\n  user: {{}}\n\
-         preferences: {{}}\n"
-    )
 }

@@ -16,7 +16,7 @@
 
 mod assets;
 pub mod audit;
-mod pki;
+pub(crate) mod pki;
 mod process;
 pub mod tokens;
 

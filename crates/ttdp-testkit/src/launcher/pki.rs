@@ -156,15 +156,16 @@ impl Pki {
 
 /// How a kubeconfig's cluster entry trusts the API server's certificate.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum ServerTrust<'a> {
+pub(crate) enum ServerTrust<'a> {
     /// `certificate-authority`: a PEM file.
     CaFile(&'a Path),
     /// `certificate-authority-data`: the base64 of a PEM bundle, as another kubeconfig holds it.
     CaData(&'a str),
+    /// Nothing: plain HTTP on loopback (the imitation server, the fault proxy).
+    PlainHttp,
 }
 
-/// Writes `<dir>/<stem>.kubeconfig`: one cluster (`server`, trusted as `trust` says), one user
-/// whose indented entry is `user_entry`, and a context joining them.
+/// Writes `<dir>/<stem>.kubeconfig` (see [`kubeconfig_text`]).
 pub(super) fn write_kubeconfig(
     dir: &Path,
     stem: &str,
@@ -173,16 +174,29 @@ pub(super) fn write_kubeconfig(
     user_entry: &str,
 ) -> Result<PathBuf, LaunchError> {
     let path = dir.join(format!("{stem}.kubeconfig"));
-    let trust = match trust {
-        ServerTrust::CaFile(ca) => format!("certificate-authority: {}", ca.display()),
-        ServerTrust::CaData(data) => format!("certificate-authority-data: {data}"),
-    };
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: ttdp-test\n  cluster:\n    \
-         server: {server}\n    {trust}\nusers:\n- name: {stem}\n  user:\n\
-         {user_entry}contexts:\n- name: ttdp-test\n  context:\n    cluster: ttdp-test\n    \
-         user: {stem}\n    namespace: default\ncurrent-context: ttdp-test\n"
-    );
+    let text = kubeconfig_text(stem, server, trust, user_entry);
     std::fs::write(&path, text).map_err(LaunchError::io(path.display().to_string()))?;
     Ok(path)
+}
+
+/// A kubeconfig of one cluster (`server`, trusted as `trust` says), one user `stem` whose
+/// indented entry is `user_entry` (`    {}\n` for no credentials), and a context `ttdp-test`
+/// joining them, with namespace `default`.
+pub(crate) fn kubeconfig_text(
+    stem: &str,
+    server: &str,
+    trust: ServerTrust<'_>,
+    user_entry: &str,
+) -> String {
+    let trust = match trust {
+        ServerTrust::CaFile(ca) => format!("    certificate-authority: {}\n", ca.display()),
+        ServerTrust::CaData(data) => format!("    certificate-authority-data: {data}\n"),
+        ServerTrust::PlainHttp => String::new(),
+    };
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: ttdp-test\n  cluster:\n    \
+         server: {server}\n{trust}users:\n- name: {stem}\n  user:\n\
+         {user_entry}contexts:\n- name: ttdp-test\n  context:\n    cluster: ttdp-test\n    \
+         user: {stem}\n    namespace: default\ncurrent-context: ttdp-test\n"
+    )
 }
