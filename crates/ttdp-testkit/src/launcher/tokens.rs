@@ -9,88 +9,34 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::{Context, Result, anyhow};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{Api, PostParams};
 use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 
-use super::LaunchError;
 use super::pki::{ServerTrust, write_kubeconfig};
 
 /// How long a requested token is valid; long enough for any test, short enough to expire on
 /// its own if a test leaks it.
 const TOKEN_SECONDS: i64 = 3600;
 
-/// Why a token or its kubeconfig could not be had.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenError {
-    /// The pod names no ServiceAccount, namespace or uid (it was not read back from the server).
-    #[error("pod {pod} has no {missing}: pass a pod read from the server")]
-    IncompletePod {
-        /// The pod's name.
-        pod: String,
-        /// What it lacks.
-        missing: &'static str,
-    },
-    /// The TokenRequest was refused.
-    #[error("requesting a token for service account {namespace}/{service_account}: {source}")]
-    Request {
-        /// The ServiceAccount's namespace.
-        namespace: String,
-        /// The ServiceAccount.
-        service_account: String,
-        /// The server's answer.
-        #[source]
-        source: kube::Error,
-    },
-    /// The server answered without a token.
-    #[error(
-        "the token request for service account {namespace}/{service_account} returned no token"
-    )]
-    NoToken {
-        /// The ServiceAccount's namespace.
-        namespace: String,
-        /// The ServiceAccount.
-        service_account: String,
-    },
-    /// The admin kubeconfig could not be read.
-    #[error("reading kubeconfig {path}: {source}")]
-    ReadKubeconfig {
-        /// Its path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: kube::config::KubeconfigError,
-    },
-    /// The admin kubeconfig's current context names no usable cluster.
-    #[error("kubeconfig {path}: {problem}")]
-    NoCluster {
-        /// Its path.
-        path: PathBuf,
-        /// What is missing.
-        problem: &'static str,
-    },
-    /// The token's kubeconfig could not be written.
-    #[error(transparent)]
-    Write(#[from] LaunchError),
-}
-
 /// A token for the ServiceAccount `service_account` of `namespace`, bound to no object.
 pub async fn service_account_token(
     client: &Client,
     namespace: &str,
     service_account: &str,
-) -> Result<String, TokenError> {
+) -> Result<String> {
     request_token(client, namespace, service_account, None).await
 }
 
 /// A token for `pod`'s ServiceAccount, bound to the pod (by name and uid): what the pod's
 /// projected token would be. `pod` must be read from the server (it needs its uid).
-pub async fn pod_token(client: &Client, pod: &Pod) -> Result<String, TokenError> {
-    let incomplete = |missing| TokenError::IncompletePod {
-        pod: pod.name_any(),
-        missing,
+pub async fn pod_token(client: &Client, pod: &Pod) -> Result<String> {
+    let incomplete = |missing| {
+        let pod = pod.name_any();
+        anyhow!("pod {pod} has no {missing}: pass a pod read from the server")
     };
     let namespace = pod.namespace().ok_or_else(|| incomplete("namespace"))?;
     let uid = pod.uid().ok_or_else(|| incomplete("uid"))?;
@@ -113,7 +59,8 @@ async fn request_token(
     namespace: &str,
     service_account: &str,
     bound_object_ref: Option<BoundObjectReference>,
-) -> Result<String, TokenError> {
+) -> Result<String> {
+    let account = format!("service account {namespace}/{service_account}");
     let request = TokenRequest {
         spec: TokenRequestSpec {
             bound_object_ref,
@@ -125,19 +72,9 @@ async fn request_token(
     let answer: TokenRequest = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
         .create_subresource("token", service_account, &PostParams::default(), &request)
         .await
-        .map_err(|source| TokenError::Request {
-            namespace: namespace.to_owned(),
-            service_account: service_account.to_owned(),
-            source,
-        })?;
-    answer
-        .status
-        .map(|s| s.token)
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| TokenError::NoToken {
-            namespace: namespace.to_owned(),
-            service_account: service_account.to_owned(),
-        })
+        .with_context(|| format!("requesting a token for {account}"))?;
+    let token = answer.status.map(|s| s.token).filter(|t| !t.is_empty());
+    token.ok_or_else(|| anyhow!("the token request for {account} returned no token"))
 }
 
 /// Writes `<dir>/<stem>.kubeconfig`: the server and certificate authority of `admin`'s current
@@ -147,15 +84,10 @@ pub fn write_token_kubeconfig(
     token: &str,
     dir: &Path,
     stem: &str,
-) -> Result<PathBuf, TokenError> {
-    let no_cluster = |problem| TokenError::NoCluster {
-        path: admin.to_path_buf(),
-        problem,
-    };
-    let config = Kubeconfig::read_from(admin).map_err(|source| TokenError::ReadKubeconfig {
-        path: admin.to_path_buf(),
-        source,
-    })?;
+) -> Result<PathBuf> {
+    let no_cluster = |problem| anyhow!("kubeconfig {}: {problem}", admin.display());
+    let config = Kubeconfig::read_from(admin)
+        .with_context(|| format!("reading kubeconfig {}", admin.display()))?;
     let context = config
         .current_context
         .as_deref()
@@ -259,6 +191,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let admin = admin(dir.path(), "    server: https://x:6443\n");
         let error = write_token_kubeconfig(&admin, "abc", dir.path(), "c").unwrap_err();
-        assert!(matches!(error, TokenError::NoCluster { .. }), "{error}");
+        assert!(
+            error
+                .to_string()
+                .ends_with("names no certificate authority"),
+            "{error}"
+        );
     }
 }
