@@ -104,34 +104,16 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let kubeconfig = self.kubeconfig.clone();
-        let prefix = self.prefix.clone();
-        // The test's runtime may be unwinding or blocked right here: clean up from a thread
-        // with a runtime and client of its own.
-        let cleanup = std::thread::spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("cleanup of test {prefix}: no runtime: {e}");
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                let run = cleanup(&kubeconfig, &prefix);
-                match tokio::time::timeout(CLEANUP_WITHIN, run).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => eprintln!("cleanup of test {prefix}: {e}"),
-                    Err(_) => eprintln!(
-                        "cleanup of test {prefix} did not finish within {}s",
-                        CLEANUP_WITHIN.as_secs()
-                    ),
-                }
-            });
-        });
-        let _ = cleanup.join();
+        // The test's runtime may be unwinding or blocked right here: clean up on a runtime and
+        // with a client of its own.
+        let run = tokio::time::timeout(CLEANUP_WITHIN, cleanup(&self.kubeconfig, &self.prefix));
+        let problem = match launcher::blocking(run) {
+            Ok(Ok(Ok(()))) => return,
+            Ok(Ok(Err(e))) => format!("{e:#}"),
+            Ok(Err(_)) => format!("did not finish within {}s", CLEANUP_WITHIN.as_secs()),
+            Err(e) => e.to_string(),
+        };
+        eprintln!("cleanup of test {}: {problem}", self.prefix);
     }
 }
 

@@ -227,3 +227,22 @@ fn start_shared() -> Result<PathBuf, String> {
     rx.recv()
         .map_err(|_| "the control-plane thread ended without an answer".to_string())?
 }
+
+/// Runs `future` to completion on a runtime of its own, on a thread of its own: callers may be
+/// inside another runtime, or unwinding out of one.
+pub(crate) fn blocking<T: Send>(
+    future: impl std::future::Future<Output = T> + Send,
+) -> Result<T, LaunchError> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map(|runtime| runtime.block_on(future))
+            })
+            .join()
+    })
+    .map_err(|_| LaunchError::Kube("a task on a runtime of its own panicked".into()))?
+    .map_err(LaunchError::io("starting a runtime"))
+}

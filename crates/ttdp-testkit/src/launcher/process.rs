@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::Api;
 
-use super::LaunchError;
 use super::assets::Assets;
 use super::pki::{Identity, Pki};
+use super::{LaunchError, blocking};
 
 /// The service range of the test cluster (no service is reachable; it only has to be valid).
 const SERVICE_RANGE: &str = "10.0.0.0/24";
@@ -345,23 +345,4 @@ impl Readiness {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-}
-
-/// Runs `future` to completion on a runtime of its own, on a thread of its own (callers may be
-/// inside another runtime).
-fn blocking<T: Send>(
-    future: impl std::future::Future<Output = T> + Send,
-) -> Result<T, LaunchError> {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map(|runtime| runtime.block_on(future))
-            })
-            .join()
-    })
-    .map_err(|_| LaunchError::Kube("a readiness check panicked".into()))?
-    .map_err(LaunchError::io("starting a runtime for readiness checks"))
 }
