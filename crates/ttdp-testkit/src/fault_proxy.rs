@@ -16,6 +16,7 @@
 use std::io::Write;
 use std::path::Path;
 
+use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::request::Parts;
@@ -29,25 +30,6 @@ pub use crate::recorder::{RecordedRequest, Recorder};
 
 /// The `Content-Type` of the proxy's own JSON answers.
 const JSON: [(header::HeaderName, &str); 1] = [(header::CONTENT_TYPE, "application/json")];
-
-/// Why a proxy could not be started or a client of it made.
-#[derive(Debug, thiserror::Error)]
-pub enum FaultProxyError {
-    /// No loopback port could be bound.
-    #[error("binding the fault proxy to a loopback port: {0}")]
-    Bind(#[source] std::io::Error),
-    /// Its kubeconfig could not be written to a temporary file.
-    #[error("writing the fault proxy's kubeconfig: {0}")]
-    Kubeconfig(#[source] std::io::Error),
-    /// A client of the proxy could not be built.
-    #[error("building a client of the fault proxy at {url}: {reason}")]
-    Client {
-        /// The proxy's URL.
-        url: String,
-        /// What went wrong.
-        reason: String,
-    },
-}
 
 /// A running proxy; dropping it stops serving.
 pub struct FaultProxy {
@@ -76,7 +58,7 @@ struct Upstream {
 impl FaultProxy {
     /// Serves on a free loopback port, forwarding to the server `upstream` talks to (with
     /// `upstream`'s credentials: give it an admin client).
-    pub async fn start(upstream: Client) -> Result<FaultProxy, FaultProxyError> {
+    pub async fn start(upstream: Client) -> Result<FaultProxy> {
         let shared = Upstream {
             client: upstream,
             recorder: Recorder::default(),
@@ -84,12 +66,9 @@ impl FaultProxy {
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .map_err(FaultProxyError::Bind)?;
-        let url = format!(
-            "http://{}",
-            listener.local_addr().map_err(FaultProxyError::Bind)?
-        );
-        let kubeconfig = kubeconfig_file(&url).map_err(FaultProxyError::Kubeconfig)?;
+            .context("binding the fault proxy to a loopback port")?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let kubeconfig = kubeconfig_file(&url).context("writing the fault proxy's kubeconfig")?;
         let app = axum::Router::new()
             .fallback(forward)
             .with_state(shared.clone());
@@ -131,19 +110,12 @@ impl FaultProxy {
 
     /// A client of the proxy with `namespace` as its default namespace and without kube's
     /// automatic retries (a 429 from a budget reaches the caller at once).
-    pub fn client(&self, namespace: &str) -> Result<Client, FaultProxyError> {
-        let failed = |reason: String| FaultProxyError::Client {
-            url: self.url.clone(),
-            reason,
-        };
-        let mut config = kube::Config::new(
-            self.url
-                .parse()
-                .map_err(|e: axum::http::uri::InvalidUri| failed(e.to_string()))?,
-        );
+    pub fn client(&self, namespace: &str) -> Result<Client> {
+        let mut config = kube::Config::new(self.url.parse()?);
         config.default_namespace = namespace.to_owned();
         config.default_retry = false;
-        Client::try_from(config).map_err(|e| failed(e.to_string()))
+        Client::try_from(config)
+            .with_context(|| format!("a client of the fault proxy at {}", self.url))
     }
 }
 

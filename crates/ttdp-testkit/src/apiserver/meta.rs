@@ -72,14 +72,7 @@ pub fn now_plus(seconds: i64) -> String {
 /// A fresh random uid in the layout of a version 4 UUID.
 pub fn new_uid() -> String {
     let h = format!("{:032x}", rand::rng().random::<u128>());
-    let part = |range: std::ops::Range<usize>| &h[range];
-    let (a, b, c, d, e) = (
-        part(0..8),
-        part(8..12),
-        part(13..16),
-        part(16..20),
-        part(20..32),
-    );
+    let (a, b, c, d, e) = (&h[0..8], &h[8..12], &h[13..16], &h[16..20], &h[20..32]);
     format!("{a}-{b}-4{c}-{d}-{e}")
 }
 
