@@ -126,8 +126,13 @@ impl ControlPlane {
         let mut apiserver_flags = audit::apiserver_flags(&dir, &audit_log)?;
         apiserver_flags.extend_from_slice(&options.apiserver_flags);
         processes.start_apiserver(assets, &pki, &ports, &apiserver_flags)?;
-        let ready = process::Readiness::new(&kubeconfig)?;
-        ready.wait_for_readyz(&mut processes)?;
+        process::wait_for(
+            &kubeconfig,
+            &mut processes,
+            "kube-apiserver",
+            "/readyz is not ok",
+            process::readyz,
+        )?;
         for identity in [pki::Identity::ControllerManager, pki::Identity::Scheduler] {
             let own = pki.write_kubeconfig(&dir, &server, identity)?;
             let extra = match identity {
@@ -136,7 +141,13 @@ impl ControlPlane {
             };
             processes.start_controller(assets, identity, &own, &pki, &ports, extra)?;
         }
-        ready.wait_for_default_service_account(&mut processes)?;
+        process::wait_for(
+            &kubeconfig,
+            &mut processes,
+            "kube-controller-manager",
+            "made no default ServiceAccount",
+            process::default_service_account,
+        )?;
         Ok(ControlPlane {
             dir,
             kubeconfig,

@@ -266,73 +266,43 @@ impl Processes {
     }
 }
 
-/// Readiness checks through the admin kubeconfig.
-pub(super) struct Readiness {
-    config: kube::Config,
+/// Whether `GET /readyz` answers exactly `ok`.
+pub(super) async fn readyz(client: kube::Client) -> Option<()> {
+    let request = http::Request::get("/readyz").body(Vec::new()).ok()?;
+    let body = client.request_text(request).await.ok()?;
+    (body.trim() == "ok").then_some(())
 }
 
-impl Readiness {
-    pub(super) fn new(kubeconfig: &Path) -> Result<Readiness, LaunchError> {
-        let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig)
-            .map_err(|e| LaunchError::Kube(format!("reading the admin kubeconfig: {e}")))?;
-        let config = blocking(kube::Config::from_custom_kubeconfig(
-            kubeconfig,
-            &Default::default(),
-        ))?
-        .map_err(|e| LaunchError::Kube(format!("loading the admin kubeconfig: {e}")))?;
-        Ok(Readiness { config })
-    }
+/// Whether the controller manager has made the `default` ServiceAccount of `default`.
+pub(super) async fn default_service_account(client: kube::Client) -> Option<()> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client, "default");
+    accounts.get_opt("default").await.ok().flatten().map(|_| ())
+}
 
-    /// Until `GET /readyz` answers exactly `ok`.
-    pub(super) fn wait_for_readyz(&self, processes: &mut Processes) -> Result<(), LaunchError> {
-        self.wait(
-            processes,
-            "kube-apiserver",
-            "/readyz is not ok",
-            |client| async move {
-                let request = http::Request::get("/readyz").body(Vec::new()).ok()?;
-                let body = client.request_text(request).await.ok()?;
-                (body.trim() == "ok").then_some(())
-            },
-        )
-    }
-
-    /// Until the controller manager has made the `default` ServiceAccount of `default`.
-    pub(super) fn wait_for_default_service_account(
-        &self,
-        processes: &mut Processes,
-    ) -> Result<(), LaunchError> {
-        self.wait(
-            processes,
-            "kube-controller-manager",
-            "made no default ServiceAccount",
-            |client| async move {
-                let accounts: Api<ServiceAccount> = Api::namespaced(client, "default");
-                accounts.get_opt("default").await.ok().flatten().map(|_| ())
-            },
-        )
-    }
-
-    fn wait<F, Fut>(
-        &self,
-        processes: &mut Processes,
-        component: &'static str,
-        problem: &str,
-        probe: F,
-    ) -> Result<(), LaunchError>
-    where
-        F: Fn(kube::Client) -> Fut + Send + Sync,
-        Fut: std::future::Future<Output = Option<()>> + Send,
-    {
-        let deadline = Instant::now() + READY_WITHIN;
+/// Polls `probe` through the admin `kubeconfig` until it answers; fails as soon as a component
+/// exits, or with `problem` when `component` is not ready within [`READY_WITHIN`].
+pub(super) fn wait_for<Fut>(
+    kubeconfig: &Path,
+    processes: &mut Processes,
+    component: &'static str,
+    problem: &str,
+    probe: fn(kube::Client) -> Fut,
+) -> Result<(), LaunchError>
+where
+    Fut: std::future::Future<Output = Option<()>> + Send,
+{
+    let failed =
+        |e: &dyn std::fmt::Display| LaunchError::Kube(format!("the admin kubeconfig: {e}"));
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| failed(&e))?;
+    let deadline = Instant::now() + READY_WITHIN;
+    blocking(async {
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .map_err(|e| failed(&e))?;
         loop {
             processes.check_running()?;
-            let config = self.config.clone();
-            let ready = blocking(async {
-                let client = kube::Client::try_from(config).ok()?;
-                probe(client).await
-            })?;
-            if ready.is_some() {
+            let client = kube::Client::try_from(config.clone()).map_err(|e| failed(&e))?;
+            if probe(client).await.is_some() {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -342,7 +312,7 @@ impl Readiness {
                     log: processes.log(component),
                 });
             }
-            std::thread::sleep(Duration::from_millis(200));
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-    }
+    })?
 }
