@@ -20,7 +20,7 @@ use anyhow::{Context, Result};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use axum::http::{HeaderMap, Method, Request, Response, StatusCode, header};
 use axum::response::IntoResponse;
 use kube::Client;
 
@@ -189,11 +189,8 @@ fn verb_of(method: &Method, target: &Target, query: &str) -> &'static str {
 fn status_body(code: u16, message: &str) -> Response<Body> {
     let reason = match code {
         400 => "BadRequest",
-        401 => "Unauthorized",
         403 => "Forbidden",
-        404 => "NotFound",
         409 => "Conflict",
-        429 => "TooManyRequests",
         503 => "ServiceUnavailable",
         _ => "InternalError",
     };
@@ -202,13 +199,7 @@ fn status_body(code: u16, message: &str) -> Response<Body> {
         "status": "Failure", "message": message, "reason": reason, "code": code,
     });
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = (status, JSON, body.to_string()).into_response();
-    if code == 429 {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    response
+    (status, JSON, body.to_string()).into_response()
 }
 
 /// kube-apiserver's answer for a path it does not serve.
@@ -232,7 +223,6 @@ fn injected(code: u16, target: &Target) -> Response<Body> {
             },
             target.name
         ),
-        429 => "injected: too many requests, please try again later".to_owned(),
         503 => "injected: the server is currently unable to handle the request".to_owned(),
         _ => "injected failure".to_owned(),
     };

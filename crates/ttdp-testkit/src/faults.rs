@@ -13,8 +13,8 @@ use crate::fault_proxy::Target;
 /// What an injected fault does.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FaultEffect {
-    /// Answer with this HTTP status and a matching `Status` body (e.g. 500, 503, 429; a 409
-    /// reads as for a stale resourceVersion).
+    /// Answer with this HTTP status and a `Status` body (e.g. 500 or 503; a 409 reads as for a
+    /// stale resourceVersion).
     Error(u16),
     /// Delay the request, then serve it normally.
     Latency(Duration),
@@ -193,7 +193,7 @@ impl Faults {
     }
 
     /// A receiver that fires when [`Faults::drop_watches`] is called.
-    pub fn watch_drops(&self) -> broadcast::Receiver<()> {
+    pub(crate) fn watch_drops(&self) -> broadcast::Receiver<()> {
         self.drop_watches.subscribe()
     }
 

@@ -1,5 +1,6 @@
-//! The request log of the fault proxy: every request it answered or forwarded, so tests can assert what a component
-//! wrote (e.g. "the agent never wrote anything but its own node's labels").
+//! The request log of the fault proxy: every request it answered or forwarded, so tests can
+//! assert what a component wrote (e.g. "the agent never wrote anything but its own node's
+//! labels").
 
 use std::sync::{Arc, Mutex};
 
@@ -55,7 +56,7 @@ pub struct Recorder {
 
 impl Recorder {
     /// Append a request.
-    pub fn record(&self, request: RecordedRequest) {
+    pub(crate) fn record(&self, request: RecordedRequest) {
         self.lock().push(request);
     }
 
