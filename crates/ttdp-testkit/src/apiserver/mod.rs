@@ -57,25 +57,11 @@ mod watch;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use anyhow::{Context, Result};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::launcher::pki::{ServerTrust, kubeconfig_text};
-
-/// Starting the server failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    /// Binding 127.0.0.1 failed.
-    #[error(
-        "cannot listen on 127.0.0.1 for the test api server; check that loopback networking works"
-    )]
-    Bind(#[source] std::io::Error),
-    /// Writing the kubeconfig failed.
-    #[error(
-        "cannot write the test api server kubeconfig into a temporary directory; check TMPDIR is writable"
-    )]
-    Kubeconfig(#[source] std::io::Error),
-}
 
 /// A running imitation API server. Dropping it stops serving (prefer
 /// [`TestApiServer::shutdown`]).
@@ -90,19 +76,21 @@ pub struct TestApiServer {
 
 impl TestApiServer {
     /// Start a server on a free port of 127.0.0.1.
-    pub async fn start() -> Result<Self, ServerError> {
+    pub async fn start() -> Result<Self> {
+        let bind = "cannot listen on 127.0.0.1: check that loopback networking works";
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
-            .map_err(ServerError::Bind)?;
-        let address = listener.local_addr().map_err(ServerError::Bind)?;
+            .context(bind)?;
+        let address = listener.local_addr().context(bind)?;
+        let write = "cannot write the imitation's kubeconfig: check that TMPDIR is writable";
         let dir = tempfile::Builder::new()
             .prefix("ttdp-apiserver-")
             .tempdir()
-            .map_err(ServerError::Kubeconfig)?;
+            .context(write)?;
         let url = format!("http://{address}");
         let kubeconfig = dir.path().join("kubeconfig");
         let text = kubeconfig_text("ttdp-test", &url, ServerTrust::PlainHttp, "    {}\n");
-        std::fs::write(&kubeconfig, text).map_err(ServerError::Kubeconfig)?;
+        std::fs::write(&kubeconfig, text).context(write)?;
         let stop = CancellationToken::new();
         let app = routes::App {
             cluster: cluster::Cluster::default(),
