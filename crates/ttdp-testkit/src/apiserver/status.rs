@@ -62,11 +62,8 @@ impl ApiError {
     /// 409 Conflict about one object (a failed precondition), with the real server's message.
     pub fn conflict(rt: &ResourceType, name: &str, why: &str) -> Self {
         let mut err = Self::about(409, "Conflict", rt, name, "");
-        let message = format!(
-            "Operation cannot be fulfilled on {} \"{name}\": {why}",
-            rt.qualified()
-        );
-        err.message = message;
+        let resource = rt.qualified();
+        err.message = format!("Operation cannot be fulfilled on {resource} \"{name}\": {why}");
         err
     }
 

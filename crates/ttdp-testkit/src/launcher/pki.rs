@@ -26,22 +26,19 @@ pub(super) enum Identity {
 }
 
 impl Identity {
-    /// The file names of its certificate, key and kubeconfig.
-    pub(super) fn file_stem(self) -> &'static str {
+    /// The stem of its certificate's, key's and kubeconfig's file names, and its certificate's
+    /// common name and organization.
+    fn names(self) -> (&'static str, &'static str, Option<&'static str>) {
+        let masters = Some("system:masters");
         match self {
-            Identity::Admin => "admin",
-            Identity::ControllerManager => "kube-controller-manager",
-            Identity::Scheduler => "kube-scheduler",
-            Identity::Audited => "audited",
-        }
-    }
-
-    fn subject(self) -> (&'static str, Option<&'static str>) {
-        match self {
-            Identity::Admin => ("ttdp-test-admin", Some("system:masters")),
-            Identity::ControllerManager => ("system:kube-controller-manager", None),
-            Identity::Scheduler => ("system:kube-scheduler", None),
-            Identity::Audited => (super::audit::AUDITED_USER, Some("system:masters")),
+            Identity::Admin => ("admin", "ttdp-test-admin", masters),
+            Identity::ControllerManager => (
+                "kube-controller-manager",
+                "system:kube-controller-manager",
+                None,
+            ),
+            Identity::Scheduler => ("kube-scheduler", "system:kube-scheduler", None),
+            Identity::Audited => ("audited", super::audit::AUDITED_USER, masters),
         }
     }
 }
@@ -93,7 +90,7 @@ impl Pki {
             Identity::Scheduler,
             Identity::Audited,
         ] {
-            let (common_name, organization) = identity.subject();
+            let (stem, common_name, organization) = identity.names();
             let mut client = CertificateParams::new(Vec::<String>::new())?;
             client
                 .distinguished_name
@@ -104,7 +101,7 @@ impl Pki {
                     .push(DnType::OrganizationName, organization);
             }
             client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-            pki.signed(identity.file_stem(), &client, &issuer)?;
+            pki.signed(stem, &client, &issuer)?;
         }
 
         let service_accounts = KeyPair::generate()?;
@@ -119,14 +116,14 @@ impl Pki {
     }
 
     /// Writes `<dir>/<stem>.kubeconfig` for `identity` against `server`, `stem` being its
-    /// [`Identity::file_stem`].
+    /// [`Identity::names`].
     pub(super) fn write_kubeconfig(
         &self,
         dir: &Path,
         server: &str,
         identity: Identity,
     ) -> Result<PathBuf, LaunchError> {
-        let user = identity.file_stem();
+        let (user, ..) = identity.names();
         let user_entry = format!(
             "    client-certificate: {}\n    client-key: {}\n",
             self.path(&format!("{user}.crt")).display(),
