@@ -75,7 +75,8 @@ impl ClusterState {
     }
 
     /// LIST with selectors, always whole and at the latest revision: a `resourceVersion` is
-    /// ignored and so is `limit` (a server may ignore it and return every result).
+    /// ignored and so is `limit` (a server may ignore it and return every result; the routes
+    /// refuse a `continue`, as no list here is ever paged).
     pub fn list(&self, rt: &ResourceType, selection: &Selection) -> Value {
         let objects = self.store.list(&rt.storage_key(), selection.namespace());
         let items: Vec<&Value> = objects
@@ -97,10 +98,19 @@ impl ClusterState {
         namespace: &str,
         mut body: Value,
     ) -> Result<Value, ApiError> {
-        if !body.is_object() {
-            return Err(ApiError::bad_request("the body must be a JSON object"));
-        }
+        check_supported(rt, &body)?;
         if rt.namespaced {
+            let in_body = meta::namespace(&body);
+            if !in_body.is_empty() && in_body != namespace {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+            if let Some(namespaces) = self.resource("", "v1", "namespaces")
+                && self.store.get("/namespaces", "", namespace).is_none()
+            {
+                return Err(ApiError::not_found(&namespaces, namespace));
+            }
             meta::set(&mut body, "namespace", json!(namespace));
         } else {
             meta::remove(&mut body, "namespace");
@@ -168,6 +178,13 @@ impl ClusterState {
         match patch_type {
             PatchType::Merge | PatchType::Apply => json_patch::merge(&mut patched, &patch),
             PatchType::Json => patch::json_patch(&mut patched, patch)?,
+        }
+        check_supported(rt, &patched)?;
+        let patched_name = meta::name(&patched);
+        if !patched_name.is_empty() && patched_name != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({patched_name}) does not match the name on the URL ({name})"
+            )));
         }
         let rv = meta::resource_version(&patched);
         if !rv.is_empty() && rv != meta::resource_version(&existing) {
@@ -244,6 +261,11 @@ impl ClusterState {
         name: &str,
         options: &Value,
     ) -> Result<Value, ApiError> {
+        // kubectl sends `--dry-run=server` of a delete or an eviction in the body.
+        if !options["dryRun"].is_null() {
+            let message = "dryRun is not supported by this imitation API server";
+            return Err(ApiError::bad_request(message));
+        }
         let existing = self.get(rt, namespace, name)?;
         let uid = meta::uid(&existing).to_string();
         let preconditions = &options["preconditions"];
@@ -252,6 +274,10 @@ impl ClusterState {
                 "Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"
             );
             return Err(ApiError::conflict(rt, name, &why));
+        }
+        let rv = preconditions["resourceVersion"].as_str();
+        if rv.is_some_and(|rv| rv != meta::resource_version(&existing)) {
+            return Err(ApiError::stale(rt, name));
         }
         let grace = grace_period(rt, &existing, options["gracePeriodSeconds"].as_i64());
         if !meta::has_finalizers(&existing) && grace == 0 {
@@ -272,6 +298,27 @@ impl ClusterState {
         meta::set(&mut updated, "deletionGracePeriodSeconds", json!(grace));
         Ok(self.store.put(&rt.storage_key(), namespace, name, updated))
     }
+}
+
+/// Refuses what the imitation would get wrong: a body that is not an object, and a
+/// PodDisruptionBudget other than the demo's kind (`maxUnavailable` over `matchLabels`), which
+/// is all the disruption controller and the eviction check evaluate.
+fn check_supported(rt: &ResourceType, body: &Value) -> Result<(), ApiError> {
+    if !body.is_object() {
+        return Err(ApiError::bad_request(
+            "the body of the request must be a JSON object",
+        ));
+    }
+    let spec = &body["spec"];
+    let pdb_supported = spec["minAvailable"].is_null()
+        && spec["selector"]["matchExpressions"].is_null()
+        && spec["unhealthyPodEvictionPolicy"].is_null();
+    if rt.is("policy", "poddisruptionbudgets") && !pdb_supported {
+        return Err(ApiError::bad_request(
+            "this imitation API server supports only PodDisruptionBudgets with maxUnavailable and selector.matchLabels (no minAvailable, matchExpressions or unhealthyPodEvictionPolicy)",
+        ));
+    }
+    Ok(())
 }
 
 /// How long a deleted pod is left to its kubelet: 0 for other objects and for pods that are

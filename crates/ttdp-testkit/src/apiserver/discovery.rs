@@ -8,8 +8,12 @@ use serde_json::{Value, json};
 use super::catalog::ResourceType;
 
 /// `/api`.
-pub fn core_versions() -> Value {
-    json!({"kind": "APIVersions", "versions": ["v1"]})
+pub fn core_versions(server_address: &str) -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+    })
 }
 
 /// `/apis`: every group but core, in the order served, each with its versions.

@@ -6,8 +6,8 @@
 //! nothing, and a controller whose scale cannot be found fails the budget safe: no disruptions
 //! allowed); `desiredHealthy` is that less `maxUnavailable` (a percentage rounds up);
 //! `disruptionsAllowed = currentHealthy - desiredHealthy`, 0 when negative or when nothing is
-//! expected. Only budgets of the demo's kind are read right: `maxUnavailable` over
-//! `matchLabels`. No `DisruptionAllowed` condition is written: nothing of the demo
+//! expected. Budgets are only of the demo's kind, `maxUnavailable` over `matchLabels`: the
+//! cluster refuses others. No `DisruptionAllowed` condition is written: nothing of the demo
 //! reads it.
 
 use std::collections::BTreeMap;

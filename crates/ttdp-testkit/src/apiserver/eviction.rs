@@ -34,24 +34,33 @@ pub fn evict(
     if matches!(phase, "Succeeded" | "Failed" | "Pending") {
         return delete(state);
     }
-    // The demo gives each workload one budget (the real server refuses a pod with several).
     let budgets = state.store.list(BUDGETS, Some(namespace));
-    let Some(pdb) = budgets
+    let mut budgets = budgets
         .into_iter()
-        .find(|pdb| disruption::selects(pdb, &pod))
-    else {
-        return delete(state);
+        .filter(|pdb| disruption::selects(pdb, &pod));
+    let pdb = match (budgets.next(), budgets.next()) {
+        (None, _) => return delete(state),
+        (Some(pdb), None) => pdb.clone(),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::internal(
+                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            ));
+        }
     };
-    let pdb = pdb.clone();
     // As the eviction REST: decide from the budget's status, as the disruption controller last
     // wrote it, and decrement it.
     let number = |field: &str| pdb["status"][field].as_i64().unwrap_or(0);
     let (current, desired) = (number("currentHealthy"), number("desiredHealthy"));
-    // The default `unhealthyPodEvictionPolicy`, IfHealthyBudget (the demo sets no other).
+    // The default `unhealthyPodEvictionPolicy` (IfHealthyBudget; the cluster refuses others).
     if !disruption::is_healthy(&pod) && current >= desired && desired > 0 {
         return delete(state);
     }
     let budget = meta::name(&pdb);
+    if number("observedGeneration") < pdb["metadata"]["generation"].as_i64().unwrap_or(1) {
+        return Err(ApiError::disruption_budget(format!(
+            "The disruption budget {budget} is still being processed by the server."
+        )));
+    }
     let allowed = number("disruptionsAllowed");
     if allowed <= 0 {
         return Err(ApiError::disruption_budget(format!(

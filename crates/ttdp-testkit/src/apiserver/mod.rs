@@ -1,7 +1,6 @@
 //! An in-process imitation of a Kubernetes API server, kept only for the demo when no
 //! control-plane assets are at hand (every test runs on a real control plane). It serves what
-//! the demo's clients use (the controller, the agents, the simulated kubelets and DaemonSet
-//! stand-in, `kubectl` and the `kubectl tt driver` plugin), and little more.
+//! the demo's programs use, and little more.
 //!
 //! It listens on `127.0.0.1` (plain HTTP, any free port), writes a kubeconfig (context
 //! `ttdp-test`) and serves, in JSON only:
@@ -10,24 +9,24 @@
 //! - get, list and watch with `key=value` label and field selectors (no watch bookmarks);
 //!   lists are whole (`limit` is ignored, as a server may) and at the latest revision, and a
 //!   watch resumes from a `resourceVersion` in the last 10,000 changes (410 Gone before);
-//! - create (with `generateName`), delete with a uid precondition, finalizers and a pod's grace
+//! - create (with `generateName`), delete with preconditions, finalizers and a pod's grace
 //!   period (left to the simulated kubelet);
 //! - JSON patches, JSON merge patches (with optimistic concurrency on a `resourceVersion`),
 //!   and server-side apply as "create, or JSON-merge into the stored object": no managed
 //!   fields, no conflicts, and a field its manager stops applying stays;
-//! - the `status` subresource, and the pod `eviction` subresource checked against the
-//!   PodDisruptionBudget of the demo's kind (`maxUnavailable` over `matchLabels`), whose status
-//!   (without conditions) a built-in disruption controller keeps.
+//! - the `status` subresource, and the pod `eviction` subresource checked against
+//!   PodDisruptionBudgets (`maxUnavailable` over `matchLabels` only), whose status (without
+//!   conditions) a built-in disruption controller keeps.
 //!
-//! Nothing else: no PUT (405), no strategic merge patch (415), no other selector operators
-//! (400). Options the demo's clients never send (`dryRun`, paging, streaming lists, other
-//! budgets) are not looked at. It does not validate or default objects (no CRD schemas, no
-//! CEL, no built-in defaults), render kubectl's `Table`s (a plain `kubectl get` gets JSON and
-//! prints a default listing), collect garbage by owner references, clean up deleted
-//! namespaces, serve `deletecollection`, `/version` or `/apis/<group>`, show an Event through
-//! both `v1` and `events.k8s.io/v1` (they are stored apart, and ttdp writes only the latter:
-//! `kubectl get events.events.k8s.io`), or run any controller but the disruption controller
-//! (see [`crate::sim`] for the DaemonSet stand-in).
+//! What the demo's programs never send is refused with an error saying the imitation does not
+//! support it, never answered wrongly: PUT, strategic merge patches and protobuf (415), other
+//! selector operators, `dryRun`, `continue` and `sendInitialEvents`. It does not validate or
+//! default objects (no CRD schemas, no CEL, no built-in defaults), render kubectl's `Table`s
+//! (a plain `kubectl get` gets JSON and prints a default listing), collect garbage by owner
+//! references, clean up deleted namespaces, serve `deletecollection`, `/version` or
+//! `/apis/<group>`, show an Event through both `v1` and `events.k8s.io/v1` (they are stored
+//! apart, and ttdp writes only the latter: `kubectl get events.events.k8s.io`), or run any
+//! controller but the disruption controller (see [`crate::sim`] for the DaemonSet stand-in).
 //!
 //! It is test infrastructure: it keeps everything in memory, has no authentication or
 //! authorization, and must never be used by production code.
@@ -95,6 +94,7 @@ impl TestApiServer {
         let app = routes::App {
             cluster: cluster::Cluster::default(),
             stop: stop.clone(),
+            address: address.to_string(),
         };
         let router = routes::router(app.clone());
         let serve_stop = stop.clone();

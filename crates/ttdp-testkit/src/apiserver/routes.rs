@@ -1,6 +1,8 @@
 //! HTTP routing: turns a request path into discovery or a resource verb and dispatches it to
-//! the cluster. Bodies are JSON only; every answer is JSON, also to a request for a `Table` (as
-//! from a server without table support). A verb that is not served gets 405.
+//! the cluster. Bodies are JSON only (protobuf gets 415); every answer is JSON, also to a
+//! request for a `Table` (as from a server without table support). What the demo's programs
+//! never send is refused with a message saying so: PUT (405), `dryRun`, `continue` and
+//! `sendInitialEvents` (400).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -29,6 +31,8 @@ pub struct App {
     pub cluster: Cluster,
     /// Cancelled on shutdown (ends watches).
     pub stop: CancellationToken,
+    /// `host:port` the server listens on.
+    pub address: String,
 }
 
 /// The router.
@@ -88,7 +92,7 @@ fn route(app: &App, path: &str, request: &Request) -> Result<Response, ApiError>
         None => Err(ApiError::no_route(path)),
     };
     let (group, version, rest) = match segments.as_slice() {
-        ["api"] => return found(Some(discovery::core_versions())),
+        ["api"] => return found(Some(discovery::core_versions(&app.address))),
         ["apis"] => return found(Some(discovery::group_list(&state.served()))),
         ["api", version, rest @ ..] => ("", *version, rest),
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
@@ -158,6 +162,12 @@ fn write<T>(
 }
 
 fn decode_body(request: &Request) -> Result<Value, ApiError> {
+    if request
+        .content_type
+        .starts_with("application/vnd.kubernetes.protobuf")
+    {
+        return Err(ApiError::unsupported_media_type(&request.content_type));
+    }
     serde_json::from_slice(request.body)
         .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
 }
@@ -169,15 +179,30 @@ impl Request<'_> {
     }
 }
 
-/// The `DeleteOptions` of a delete: its body (clients send them there, not as query parameters).
+/// The `DeleteOptions` of a delete: its body, with a `gracePeriodSeconds` query parameter.
 fn delete_options(request: &Request) -> Result<Value, ApiError> {
-    match request.body {
-        [] => Ok(Value::Null),
-        _ => decode_body(request),
+    let mut options = match request.body {
+        [] => json!({}),
+        _ => decode_body(request)?,
+    };
+    if !options.is_object() {
+        return Err(ApiError::bad_request("DeleteOptions must be a JSON object"));
     }
+    if let Ok(grace) = request.param("gracePeriodSeconds").parse::<i64>() {
+        options["gracePeriodSeconds"] = json!(grace);
+    }
+    Ok(options)
 }
 
 fn resource(app: &App, rp: &ResourcePath, request: &Request) -> Result<Response, ApiError> {
+    let unsupported = ["dryRun", "continue", "sendInitialEvents"];
+    if let Some(parameter) =
+        (unsupported.iter()).find(|p| !matches!(request.param(p), "" | "false"))
+    {
+        return Err(ApiError::bad_request(format!(
+            "{parameter} is not supported by this imitation API server"
+        )));
+    }
     let (rt, query) = (&rp.rt, &request.query);
     let ns = rp.namespace.unwrap_or_default();
     let respond =

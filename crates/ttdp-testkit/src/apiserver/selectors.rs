@@ -57,8 +57,8 @@ pub fn labels_match(terms: &[(String, String)], labels: &Value) -> bool {
     (terms.iter()).all(|(key, value)| labels.get(key).and_then(Value::as_str) == Some(value))
 }
 
-/// The terms of a `metav1.LabelSelector`'s `matchLabels`, as the demo's PodDisruptionBudgets
-/// carry it (they have no `matchExpressions`).
+/// The terms of a `metav1.LabelSelector`'s `matchLabels`, as PodDisruptionBudgets carry it (the
+/// cluster refuses budgets with `matchExpressions`).
 pub fn match_labels(selector: &Value) -> Terms {
     let pairs = selector["matchLabels"].as_object().into_iter().flatten();
     let text = |v: &Value| v.as_str().unwrap_or_default().to_string();

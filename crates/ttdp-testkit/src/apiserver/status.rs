@@ -94,7 +94,7 @@ impl ApiError {
             415,
             "UnsupportedMediaType",
             format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (sent as JSON) (got {content_type:?}; this imitation API server takes no strategic merge patch)"
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (sent as JSON) (got {content_type:?}; this imitation API server decodes JSON only: no protobuf, no strategic merge patch)"
             ),
         )
     }
@@ -111,6 +111,12 @@ impl ApiError {
         let mut err = Self::new(429, "TooManyRequests", message);
         err.details = json!({"causes": [{"reason": "DisruptionBudget", "message": why}]});
         err
+    }
+
+    /// 500 InternalError.
+    pub fn internal(message: &str) -> Self {
+        let message = format!("Internal error occurred: {message}");
+        Self::new(500, "InternalError", message)
     }
 
     /// The `Status` body.

@@ -2,7 +2,8 @@
 //! events (no `resourceVersion`, or `0`), or resumes after a `resourceVersion` from the kept
 //! history (an ERROR event with a 410 `Expired` status when it is too old), then follows changes
 //! until `timeoutSeconds` (default 30 minutes) or shutdown. No BOOKMARKs are sent, as a server
-//! may; kube-rs and kubectl list, then watch (no streaming lists).
+//! may; streaming lists (`sendInitialEvents`) are refused by the routes: kube-rs and kubectl
+//! fall back to list-then-watch.
 
 use std::convert::Infallible;
 use std::time::Duration;
