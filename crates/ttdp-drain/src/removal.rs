@@ -5,7 +5,7 @@
 //! All state lives in [`Removals`], outside the future that does the work, so that when a
 //! timeout drops the future the caller can still say what each pod was waiting for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -437,25 +437,49 @@ impl Removals {
     /// as soon as it is deleted, and a list every `poll_interval` catches what the watch does
     /// not see (a pod deleted before the watch began, or a watch that cannot be opened).
     async fn wait_until_gone(&self, s: &Settings<'_>) {
+        // A drain with nothing left to wait for opens no watch: in a large rollout most
+        // drains remove nothing (the agent's own pods stay).
+        if self.all_settled() {
+            return;
+        }
         let watching = async {
             self.watch_deletions(s).await;
             std::future::pending::<()>().await
         };
         tokio::select! {
+            biased;
             () = self.poll_until_gone(s) => {}
             () = watching => {}
         }
     }
 
-    /// Marks each tracked pod gone when the watch of the node's pods sees it deleted; returns
-    /// when the watch fails, leaving the rest to the poll.
+    /// Marks each tracked pod gone when the watch of the node's pods sees it deleted, or when
+    /// the watch's (re)list does not hold it (it went before the watch began); returns when the
+    /// watch fails, leaving the rest to the poll.
     async fn watch_deletions(&self, s: &Settings<'_>) {
         let pods: Api<Pod> = Api::all(s.client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={}", s.node));
         let events = watcher::watcher(pods, config);
         futures::pin_mut!(events);
+        let mut listed = HashSet::new();
         while let Some(event) = events.next().await {
             match event {
+                Ok(watcher::Event::Init) => listed.clear(),
+                Ok(watcher::Event::InitApply(pod)) => {
+                    listed.insert(PodRef::of(&pod).uid);
+                }
+                Ok(watcher::Event::InitDone) => {
+                    let vanished: Vec<usize> = self
+                        .lock()
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, t)| !listed.contains(&t.pod_ref.uid))
+                        .map(|(index, _)| index)
+                        .collect();
+                    for index in vanished {
+                        self.mark_gone(index, s);
+                    }
+                }
                 Ok(watcher::Event::Delete(pod)) => {
                     let uid = PodRef::of(&pod).uid;
                     let index = self.lock().iter().position(|t| t.pod_ref.uid == uid);
