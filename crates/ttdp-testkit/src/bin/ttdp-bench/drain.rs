@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 use tokio::process::Command;
 use ttdp_testkit::launcher::audit::AuditLog;
 use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
+use ttdp_testkit::programs::cluster_setup;
 use ttdp_testkit::sim::cluster::client_for;
 
 use crate::drain_fleet::{self, DrainNode};
@@ -121,7 +122,9 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
     let plane =
         ControlPlane::start(&assets, &runs_dir()).context("cannot start the real control plane")?;
     let client = client_for(plane.kubeconfig()).await?;
-    drain_fleet::create_namespace(&client, PREFIX).await?;
+    // Its `default` ServiceAccount too: pods cannot be created before it exists.
+    cluster_setup::apply_namespace(&client, PREFIX).await?;
+    cluster_setup::apply_service_account(&client, PREFIX, "default").await?;
     let mut audit = plane.audit_log();
     let kubeconfig = plane.audited_kubeconfig();
     let mut sizes = Vec::new();

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Client;
@@ -71,27 +71,6 @@ async fn create_dynamic(
     api.create(&PostParams::default(), &object)
         .await
         .with_context(|| format!("cannot create a drain benchmark {kind}"))
-}
-
-/// Creates namespace `name` and its `default` ServiceAccount (the controller manager would make
-/// it a moment later; pods cannot be created before it exists).
-pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
-    let namespace: Namespace = serde_json::from_value(json!({ "metadata": { "name": name } }))?;
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .with_context(|| format!("cannot create namespace {name}"))?;
-    let account: ServiceAccount =
-        serde_json::from_value(json!({ "metadata": { "name": "default" } }))?;
-    match Api::<ServiceAccount>::namespaced(client.clone(), name)
-        .create(&PostParams::default(), &account)
-        .await
-    {
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        other => other
-            .map(drop)
-            .with_context(|| format!("cannot create the default ServiceAccount of {name}")),
-    }
 }
 
 fn node_spec(name: &str, group: &str, prefix: &str) -> SimNodeSpec {
