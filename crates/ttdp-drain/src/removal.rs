@@ -469,16 +469,7 @@ impl Removals {
                     listed.insert(PodRef::of(&pod).uid);
                 }
                 Ok(watcher::Event::InitDone) => {
-                    let vanished: Vec<usize> = self
-                        .lock()
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, t)| !listed.contains(&t.pod_ref.uid))
-                        .map(|(index, _)| index)
-                        .collect();
-                    for index in vanished {
-                        self.mark_gone(index, s);
-                    }
+                    self.mark_gone_unless_listed(|uid| listed.contains(uid), s);
                 }
                 Ok(watcher::Event::Delete(pod)) => {
                     let uid = PodRef::of(&pod).uid;
@@ -515,23 +506,27 @@ impl Removals {
             };
             let by_uid: HashMap<String, Pod> =
                 pods.into_iter().map(|p| (PodRef::of(&p).uid, p)).collect();
-            let vanished: Vec<usize> = {
-                let mut tracked = self.lock();
-                let mut vanished = Vec::new();
-                for (i, t) in tracked.iter_mut().enumerate() {
-                    if matches!(t.state, PodState::Gone) {
-                        continue;
-                    }
-                    match by_uid.get(&t.pod_ref.uid) {
-                        Some(current) => t.last_seen = Some(current.clone()),
-                        None => vanished.push(i),
-                    }
+            for t in self.lock().iter_mut() {
+                if let Some(current) = by_uid.get(&t.pod_ref.uid) {
+                    t.last_seen = Some(current.clone());
                 }
-                vanished
-            };
-            for i in vanished {
-                self.mark_gone(i, s);
             }
+            self.mark_gone_unless_listed(|uid| by_uid.contains_key(uid), s);
+        }
+    }
+
+    /// Marks gone every tracked pod that a complete list of the node's pods (`listed`, by UID)
+    /// does not hold: a pod's node never changes, so it is not elsewhere.
+    fn mark_gone_unless_listed(&self, listed: impl Fn(&str) -> bool, s: &Settings<'_>) {
+        let vanished: Vec<usize> = self
+            .lock()
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| !matches!(t.state, PodState::Gone) && !listed(&t.pod_ref.uid))
+            .map(|(index, _)| index)
+            .collect();
+        for index in vanished {
+            self.mark_gone(index, s);
         }
     }
 
