@@ -26,7 +26,9 @@ use super::image_map::ImageMap;
 use super::pod_status::{ConditionClock, PodFacts, pod_status};
 use super::time_scale::TimeScale;
 
-/// How often the status is rewritten even without changes (cheap insurance against lost writes).
+/// How often the pod as last seen is checked for the status last written (insurance against
+/// lost writes). As the kubelet's status manager does, a status the API already shows is not
+/// written again: each such write costs the API server, which shares this machine.
 const STATUS_RESYNC: Duration = Duration::from_secs(5);
 /// How soon a failed status write is tried again.
 const STATUS_RETRY: Duration = Duration::from_millis(200);
@@ -131,7 +133,11 @@ async fn run(
                 }
             }
             () = changed.notified() => {}
-            () = tokio::time::sleep(wait) => last_written = None,
+            () = tokio::time::sleep(wait) => {
+                if !shows_written_status(&pod, last_written.as_ref()) {
+                    last_written = None;
+                }
+            }
         }
     }
     if gone {
@@ -320,6 +326,28 @@ async fn write_status(
     }
 }
 
+/// Whether `pod`, as last seen, shows every field of the status patch `written`.
+fn shows_written_status(pod: &Pod, written: Option<&serde_json::Value>) -> bool {
+    let Some(written) = written else {
+        return false;
+    };
+    serde_json::to_value(&pod.status).is_ok_and(|seen| contains(&seen, &written["status"]))
+}
+
+/// Whether `have` holds every field of the merge patch `want` (arrays element by element).
+fn contains(have: &serde_json::Value, want: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (have, want) {
+        (Value::Object(have), Value::Object(want)) => want
+            .iter()
+            .all(|(key, field)| have.get(key).is_some_and(|h| contains(h, field))),
+        (Value::Array(have), Value::Array(want)) => {
+            have.len() == want.len() && have.iter().zip(want).all(|(h, w)| contains(h, w))
+        }
+        _ => have == want,
+    }
+}
+
 /// Whether a pod uses the Tenstorrent device: a `hostPath` volume at or under `/dev/tenstorrent`,
 /// or a `tenstorrent.com/*` resource request or limit on any container.
 fn pod_uses_device(pod: &Pod) -> bool {
@@ -388,5 +416,29 @@ mod tests {
         )));
         assert!(pod_uses_device(&pod(vec![], Some("tenstorrent.com/n300"))));
         assert!(!pod_uses_device(&pod(vec![], Some("nvidia.com/gpu"))));
+    }
+
+    #[test]
+    fn a_status_the_pod_shows_is_not_written_again() {
+        let written = serde_json::json!({ "status": {
+            "phase": "Running",
+            "conditions": [{ "type": "Ready", "status": "True" }],
+        }});
+        let seen = |status: serde_json::Value| Pod {
+            status: Some(serde_json::from_value(status).unwrap()),
+            ..Pod::default()
+        };
+        let shown = seen(serde_json::json!({
+            "phase": "Running", "podIP": "10.244.0.2",
+            "conditions": [{ "type": "Ready", "status": "True", "lastTransitionTime": "2026-12-04T20:40:06Z" }],
+        }));
+        assert!(shows_written_status(&shown, Some(&written)));
+        let lost = seen(serde_json::json!({ "phase": "Pending" }));
+        assert!(!shows_written_status(&lost, Some(&written)));
+        let not_ready = seen(serde_json::json!({
+            "phase": "Running", "conditions": [{ "type": "Ready", "status": "False" }],
+        }));
+        assert!(!shows_written_status(&not_ready, Some(&written)));
+        assert!(!shows_written_status(&shown, None));
     }
 }
