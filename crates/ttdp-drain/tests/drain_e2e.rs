@@ -349,6 +349,24 @@ async fn removed_pods_are_seen_gone_on_the_watch() {
     h.shutdown().await;
 }
 
+/// A drain holds its node's pods until it ends, and a controller runs many drains at once:
+/// the pods are kept without the managed fields the server sends with them.
+#[tokio::test]
+async fn a_nodes_pods_are_listed_without_their_managed_fields() {
+    let h = Harness::start(&["n1"]).await;
+    h.pod("n1", "web-a", labels("web")).await;
+    let stored = h.admin_pods().get("web-a").await.unwrap();
+    assert!(stored.metadata.managed_fields.is_some());
+    let listed = ttdp_drain::list_node_pods(&h.admin, &h.n("n1"))
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].metadata.uid, stored.metadata.uid);
+    assert_eq!(listed[0].metadata.managed_fields, None);
+    assert_eq!(listed[0].spec, stored.spec);
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn timeout_names_each_remaining_pod_and_why() {
     let h = Harness::start(&["n1"]).await;
