@@ -274,7 +274,7 @@ impl DrainTracker {
         let task = tokio::spawn(async move {
             // The jobs are waited for before a drain slot is taken: a wait may last hours.
             if let Some(jobs) = &jobs
-                && let Some(failed) = wait_for_jobs(&drainer, &node_name, jobs).await
+                && let Some(failed) = Box::pin(wait_for_jobs(&drainer, &node_name, jobs)).await
             {
                 set(&task_progress, failed);
                 wake();
@@ -292,7 +292,9 @@ impl DrainTracker {
                         .max(Duration::from_secs(1)),
                 );
             }
-            let outcome = drain_to_the_end(&drainer, &node_name, &plan).await;
+            // Boxed: a task waiting for a slot then holds a pointer instead of room for the
+            // whole drain's state, and a wide wave has many such tasks.
+            let outcome = Box::pin(drain_to_the_end(&drainer, &node_name, &plan)).await;
             let counters = drainer.counters();
             metrics.record_drain(counters.evictions, counters.budget_blocks);
             set(&task_progress, outcome);
