@@ -27,6 +27,7 @@ use crate::error::DrainError;
 use crate::event::{DrainEvent, DrainEventKind, EventSink, Pass, Removal};
 use crate::node_patch::ExtrasFor;
 use crate::node_pods::list_node_pods;
+use crate::pod_ref::ObjectKey;
 use crate::removal::{Removals, Settings};
 use crate::report::{DrainReport, skipped_without_force};
 
@@ -179,55 +180,72 @@ impl Drainer {
 
     /// List the pods of `node` and classify each with `rules`, changing nothing.
     pub async fn plan(&self, node: &str, rules: &PodRules) -> Result<Vec<PodDecision>, DrainError> {
-        Ok(self
-            .plan_pods(node, rules)
-            .await?
-            .into_iter()
-            .map(|(_, d)| d)
-            .collect())
+        let (planned, _) = self.plan_pods(node, rules, None).await?;
+        Ok(planned.into_iter().map(|(_, d)| d).collect())
     }
 
+    /// Classifies `node`'s pods with `rules`: the pods of `listed` when given, else read anew.
+    /// Returns the DaemonSets looked up with the pods' decisions.
     async fn plan_pods(
         &self,
         node: &str,
         rules: &PodRules,
-    ) -> Result<Vec<(Pod, PodDecision)>, DrainError> {
-        let pods = list_node_pods(&self.client, node).await.map_err(|source| {
-            self.counters.bump(Counter::RequestError);
-            DrainError::ListPods {
-                node: node.to_owned(),
-                source,
-            }
-        })?;
+        listed: Option<Listing>,
+    ) -> Result<(Vec<(Pod, PodDecision)>, KnownDaemonSets), DrainError> {
+        let Listing {
+            pods,
+            mut daemonsets,
+        } = match listed {
+            Some(listing) => listing,
+            None => Listing {
+                pods: self.list_pods(node).await?,
+                daemonsets: KnownDaemonSets::new(),
+            },
+        };
         let wanted: BTreeSet<_> = pods
             .iter()
             .filter_map(|p| daemonset_to_look_up(p, rules))
+            .filter(|key| !daemonsets.contains_key(key))
             .collect();
-        let mut daemonsets = BTreeMap::new();
+        let mut failed = BTreeMap::new();
         for key in wanted {
             let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &key.namespace);
             match api.get_opt(&key.name).await {
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    daemonsets.insert(key, DaemonSetLookup::Missing);
+                Ok(found) => {
+                    daemonsets.insert(key, found.is_some());
                 }
                 Err(e) => {
                     self.counters.bump(Counter::RequestError);
-                    daemonsets.insert(key, DaemonSetLookup::Failed(e.to_string()));
+                    failed.insert(key, DaemonSetLookup::Failed(e.to_string()));
                 }
             }
         }
+        let missing = daemonsets.iter().filter(|(_, exists)| !**exists);
         let ctx = ClassifyContext {
             now: Timestamp::now(),
-            daemonsets,
+            daemonsets: missing
+                .map(|(key, _)| (key.clone(), DaemonSetLookup::Missing))
+                .chain(failed)
+                .collect(),
         };
-        Ok(pods
+        let planned = pods
             .into_iter()
             .map(|pod| {
                 let decision = classify(&pod, rules, &ctx);
                 (pod, decision)
             })
-            .collect())
+            .collect();
+        Ok((planned, daemonsets))
+    }
+
+    async fn list_pods(&self, node: &str) -> Result<Vec<Pod>, DrainError> {
+        list_node_pods(&self.client, node).await.map_err(|source| {
+            self.counters.bump(Counter::RequestError);
+            DrainError::ListPods {
+                node: node.to_owned(),
+                source,
+            }
+        })
     }
 
     /// Drain `node`: list and classify its pods, then remove the removable ones and wait until
@@ -239,23 +257,28 @@ impl Drainer {
         options: &DrainOptions,
     ) -> Result<DrainReport, DrainError> {
         let deadline = options.timeout.map(|t| (Instant::now() + t, t));
-        self.drain_until(node, options, deadline, None).await
+        self.drain_until(node, options, deadline, None, &mut None)
+            .await
     }
 
-    /// Drain `node` with an absolute deadline shared by several passes.
+    /// Drain `node` with an absolute deadline shared by several passes. `listing`: the pods an
+    /// earlier pass listed and left as they were; this pass plans from them instead of reading
+    /// the node's pods again, and leaves its own there when it removes nothing.
     pub(crate) async fn drain_until(
         &self,
         node: &str,
         options: &DrainOptions,
         deadline: Option<(Instant, Duration)>,
         pass: Option<Pass>,
+        listing: &mut Option<Listing>,
     ) -> Result<DrainReport, DrainError> {
         let started = Instant::now();
         let mut removals = Removals::default();
         let mut decisions = Vec::new();
         let budgets = BudgetWatches::new(self.client.clone());
         let work = async {
-            let planned = self.plan_pods(node, &options.rules).await?;
+            let (planned, daemonsets) =
+                self.plan_pods(node, &options.rules, listing.take()).await?;
             decisions = planned.iter().map(|(_, d)| d.clone()).collect();
             self.emit(
                 node,
@@ -275,19 +298,20 @@ impl Drainer {
                     pods: refused,
                 });
             }
-            if options.dry_run {
+            if options.dry_run
+                || !planned
+                    .iter()
+                    .any(|(_, d)| removal_of(d, options).is_some())
+            {
+                *listing = Some(Listing {
+                    pods: planned.into_iter().map(|(pod, _)| pod).collect(),
+                    daemonsets,
+                });
                 return Ok(());
             }
             let removing: Vec<(Pod, Removal)> = planned
                 .into_iter()
-                .filter_map(|(pod, d)| {
-                    let method = match d.disposition {
-                        Disposition::Evict if !options.disable_eviction => Removal::Evicted,
-                        Disposition::Evict | Disposition::Delete => Removal::Deleted,
-                        Disposition::Skip | Disposition::Refuse => return None,
-                    };
-                    Some((pod, method))
-                })
+                .filter_map(|(pod, d)| removal_of(&d, options).map(|how| (pod, how)))
                 .collect();
             let guards = budgets_of_evicted(&self.client, &removing).await;
             removals = Removals::new(guarded_first(removing, &guards));
@@ -346,5 +370,26 @@ impl Drainer {
             dry_run: options.dry_run,
             elapsed: started.elapsed(),
         })
+    }
+}
+
+/// The DaemonSets looked up for a node's pods: whether each exists.
+type KnownDaemonSets = BTreeMap<ObjectKey, bool>;
+
+/// A node's pods as a pass listed them, and the DaemonSets looked up for them. A pass that
+/// removes nothing leaves the node as it found it, so the next pass of a two-pass drain plans
+/// from this instead of reading the node's pods again.
+#[derive(Debug)]
+pub(crate) struct Listing {
+    pods: Vec<Pod>,
+    daemonsets: KnownDaemonSets,
+}
+
+/// How the drain removes the pod of `decision`, if it does.
+fn removal_of(decision: &PodDecision, options: &DrainOptions) -> Option<Removal> {
+    match decision.disposition {
+        Disposition::Evict if !options.disable_eviction => Some(Removal::Evicted),
+        Disposition::Evict | Disposition::Delete => Some(Removal::Deleted),
+        Disposition::Skip | Disposition::Refuse => None,
     }
 }

@@ -3,7 +3,9 @@
 //! Pass 1 ([`Pass::Device`]) removes the pods that use a device (see [`DevicePredicate`]) and
 //! waits until they are gone, so the device is free as early as possible. Pass 2
 //! ([`Pass::FullNode`]) is kubectl-drain semantics restricted by a pod selector, for what pass 1
-//! cannot see (e.g. privileged containers that get the device without a `hostPath`).
+//! cannot see (e.g. privileged containers that get the device without a `hostPath`). When pass
+//! 1 removes nothing, the node is as it found it, and pass 2 plans from pass 1's listing: the
+//! node's pods and their DaemonSets are then read once, as `kubectl drain` reads them.
 //!
 //! Both passes skip DaemonSet pods (a DaemonSet pod would come straight back; callers that need
 //! DaemonSet pods gone steer them away with node labels instead). `force` applies to both
@@ -122,9 +124,12 @@ impl Drainer {
     ) -> Result<TwoPassReport, DrainError> {
         let deadline: Option<(Instant, Duration)> =
             plan.options.timeout.map(|t| (Instant::now() + t, t));
-        let run = async |pass: Pass| {
+        // Pass 1's listing, when it removed nothing: pass 2 plans from it.
+        let mut listing = None;
+        let mut run = async |pass: Pass| {
             self.emit(node, DrainEventKind::PassStarted { pass });
-            self.drain_until(node, &plan.pass_options(pass), deadline, Some(pass))
+            let options = plan.pass_options(pass);
+            self.drain_until(node, &options, deadline, Some(pass), &mut listing)
                 .await
         };
         let device = run(Pass::Device).await?;

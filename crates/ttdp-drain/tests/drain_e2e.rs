@@ -1115,6 +1115,58 @@ async fn two_pass_drain_frees_the_device_first_then_sweeps_selected_pods() {
     h.shutdown().await;
 }
 
+/// A node's reads of its pods and of DaemonSets that went through the proxy.
+fn reads(h: &Harness) -> (usize, usize) {
+    let count = |resource: &str, verb: &str| {
+        h.proxy
+            .recorder()
+            .filter(|r| r.resource == resource && r.verb == verb && r.subresource.is_empty())
+            .len()
+    };
+    (count("pods", "list"), count("daemonsets", "get"))
+}
+
+#[tokio::test]
+async fn a_device_pass_that_removes_nothing_hands_its_reads_to_the_full_node_pass() {
+    let h = Harness::start(&["n1", "n2"]).await;
+    let rs = h.owner("ReplicaSet", "work").await;
+    let ds = h.owner("DaemonSet", "ttdrv-default").await;
+    let device_mount = json!({"spec": {
+        "volumes": [{"name": "tt", "hostPath": {"path": "/dev/tenstorrent"}}],
+        "containers": [{"name": "main", "image": "busybox",
+            "volumeMounts": [{"name": "tt", "mountPath": "/dev/tenstorrent"}]}]}});
+    for node in ["n1", "n2"] {
+        h.pod(
+            node,
+            &format!("{node}-agent"),
+            with(ds.clone(), device_mount.clone()),
+        )
+        .await;
+    }
+    let team = |t: &str| json!({"metadata": {"labels": {"team": t}}});
+    h.pod("n1", "n1-web", with(rs.clone(), team("web"))).await;
+    h.pod("n2", "n2-ml", with(rs, team("ml"))).await;
+    let plan = TwoPassDrain {
+        pod_selector: Selector::parse("team=ml").unwrap(),
+        ..spec_plan(false)
+    };
+
+    // Nothing to remove: like `kubectl drain`, the node's pods are listed once and the agent's
+    // DaemonSet is read once.
+    h.proxy.recorder().clear();
+    let report = h.drainer().drain_two_pass(&h.n("n1"), &plan).await.unwrap();
+    assert!(report.device.evicted.is_empty());
+    assert!(report.full_node.unwrap().evicted.is_empty());
+    assert_eq!(reads(&h), (1, 1));
+
+    // Pass 2 removes what pass 1's listing showed it.
+    let report = h.drainer().drain_two_pass(&h.n("n2"), &plan).await.unwrap();
+    assert!(report.device.evicted.is_empty());
+    assert_eq!(names(&report.full_node.unwrap().evicted), set(&["n2-ml"]));
+    assert_eq!(h.pod_names("n2").await, set(&["n2-agent"]));
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_dropped_drain_is_resumed_by_the_next_call() {
     let h = Harness::start(&["n1"]).await;
