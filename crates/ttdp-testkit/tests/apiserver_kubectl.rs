@@ -7,8 +7,6 @@
 //! test process; kubectl then works in the test's own namespace, on
 //! uniquely named nodes). Where a pod must finish terminating (drain, delete), a simulated
 //! kubelet from `ttdp_testkit::sim` serves its node.
-//! That drain goes through the eviction subresource is checked with the in-process request
-//! recorder, in apiserver_instruments.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod apiserver_support;

@@ -5,8 +5,7 @@
 //! `ttdp_testkit::launcher::test_kubeconfig` (`TTDP_TEST_KUBECONFIG`, else one started for the
 //! test process). Pods are bound to node names that no kubelet serves, so
 //! graceful deletions stay pending as on a real cluster until the test deletes with grace
-//! period 0 (the kubelet's final delete). How the in-process imitation completes graceful
-//! deletion when no kubelet runs is a testkit instrument, tested in apiserver_instruments.rs.
+//! period 0 (the kubelet's final delete).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod apiserver_support;

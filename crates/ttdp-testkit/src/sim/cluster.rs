@@ -200,7 +200,8 @@ impl SimClusterOptions {
     }
 
     /// Starts the in-process imitation API server instead of joining a real control plane
-    /// (for injected faults, and the demo when no control plane can be had).
+    /// (only the demo does, when no control plane can be had; fault tests put the fault proxy in
+    /// front of a real one).
     pub fn in_process(mut self) -> Self {
         self.existing_cluster = None;
         self.in_process = true;
