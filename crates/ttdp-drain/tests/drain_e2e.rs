@@ -1033,10 +1033,7 @@ async fn two_pass_drain_frees_the_device_first_then_sweeps_selected_pods() {
     let h = Harness::start(&["n1"]).await;
     let rs = h.owner("ReplicaSet", "work").await;
     let ds = h.owner("DaemonSet", "ttdrv-default").await;
-    let device_mount = json!({"spec": {
-        "volumes": [{"name": "tt", "hostPath": {"path": "/dev/tenstorrent"}}],
-        "containers": [{"name": "main", "image": "busybox",
-            "volumeMounts": [{"name": "tt", "mountPath": "/dev/tenstorrent"}]}]}});
+    let device_mount = device_mount();
     let device_request = json!({"spec": {"containers": [{"name": "main", "image": "busybox",
         "resources": {"limits": {"tenstorrent.com/n300": "1"}, "requests": {"tenstorrent.com/n300": "1"}}}]}});
     h.pod("n1", "llm", with(rs.clone(), device_mount.clone()))
@@ -1131,10 +1128,7 @@ async fn a_device_pass_that_removes_nothing_hands_its_reads_to_the_full_node_pas
     let h = Harness::start(&["n1", "n2"]).await;
     let rs = h.owner("ReplicaSet", "work").await;
     let ds = h.owner("DaemonSet", "ttdrv-default").await;
-    let device_mount = json!({"spec": {
-        "volumes": [{"name": "tt", "hostPath": {"path": "/dev/tenstorrent"}}],
-        "containers": [{"name": "main", "image": "busybox",
-            "volumeMounts": [{"name": "tt", "mountPath": "/dev/tenstorrent"}]}]}});
+    let device_mount = device_mount();
     for node in ["n1", "n2"] {
         h.pod(
             node,
@@ -1282,6 +1276,14 @@ async fn on_refused_skip_removes_the_rest_and_reports_the_refused() {
 }
 
 /// The plan the operator runs for `upgradePolicy.drain` (device prefixes as in ttdp-api).
+/// A pod patch that mounts the device by its `hostPath`.
+fn device_mount() -> serde_json::Value {
+    json!({"spec": {
+        "volumes": [{"name": "tt", "hostPath": {"path": "/dev/tenstorrent"}}],
+        "containers": [{"name": "main", "image": "busybox",
+            "volumeMounts": [{"name": "tt", "mountPath": "/dev/tenstorrent"}]}]}})
+}
+
 fn spec_plan(force: bool) -> TwoPassDrain {
     TwoPassDrain {
         device: DevicePredicate {
@@ -1301,10 +1303,7 @@ fn spec_plan(force: bool) -> TwoPassDrain {
 async fn node_with_bare_pods(h: &Harness, node: &str) {
     let rs = h.owner("ReplicaSet", &format!("{node}-web")).await;
     let ds = h.owner("DaemonSet", &format!("{node}-agent")).await;
-    let device_mount = json!({"spec": {
-        "volumes": [{"name": "tt", "hostPath": {"path": "/dev/tenstorrent"}}],
-        "containers": [{"name": "main", "image": "busybox",
-            "volumeMounts": [{"name": "tt", "mountPath": "/dev/tenstorrent"}]}]}});
+    let device_mount = device_mount();
     h.pod(node, &format!("{node}-web"), with(rs, labels("web")))
         .await;
     h.pod(
