@@ -7,7 +7,7 @@
 //! panics, deletes whatever is named with the prefix: namespaces (after removing pod finalizers
 //! and force-deleting pods, since no kubelet may be left to finish them), nodes, their leases,
 //! TenstorrentDriverPolicies, ClusterRoles, ClusterRoleBindings, and the Events in `default`
-//! about those objects. The ttdp CRD ([`crate::programs::cluster_setup::install_crd`]) is never
+//! about those objects. The ttdp CRD ([`crate::cluster_setup::install_crd`]) is never
 //! deleted: other suites share it.
 
 use std::path::{Path, PathBuf};
@@ -27,8 +27,8 @@ use serde_json::json;
 
 use ttdp_api::TenstorrentDriverPolicy;
 
+use crate::cluster_setup::{apply_namespace, apply_service_account};
 use crate::launcher;
-use crate::programs::cluster_setup::{apply_namespace, apply_service_account};
 use crate::sim::cluster::random_prefix;
 
 /// How long the cleanup of a dropped [`Scratch`] may take.

@@ -1,5 +1,5 @@
 //! `cargo xtask bench [--quick] [--only fleet|drain|swap]`: builds the binaries (profile
-//! `benchmark`), runs the benchmark suites of `ttdp-bench` (crates/ttdp-testkit/src/bin/ttdp-bench)
+//! `benchmark`), runs the benchmark suites of `ttdp-bench` (crates/ttdp-programs/src/bin/ttdp-bench)
 //! one after the other, prints every figure with the commit and the machine, writes them to
 //! `<target>/bench/results.json`, and fails naming each target of issue 10 that was missed.
 //!
@@ -285,7 +285,7 @@ fn build(root: &Path) -> Result<()> {
         "-p",
         "kubectl-tt-driver",
         "-p",
-        "ttdp-testkit",
+        "ttdp-programs",
         "-p",
         "ttdp-drain",
         "--bin",

@@ -30,9 +30,9 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
+use ttdp_testkit::cluster_setup::{apply_service_account, install_crd};
 use ttdp_testkit::fault_proxy::FaultProxy;
 use ttdp_testkit::launcher::tokens;
-use ttdp_testkit::programs::cluster_setup::{apply_service_account, install_crd};
 use ttdp_testkit::scratch::Scratch;
 use ttdp_testkit::sim::{
     ImageMap, KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale,

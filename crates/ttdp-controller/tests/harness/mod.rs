@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use ttdp_api::names::{annotations, labels};
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_controller::{RunOptions, Settings};
-use ttdp_testkit::programs::cluster_setup::{create_operator_namespace, install_crd};
+use ttdp_testkit::cluster_setup::{create_operator_namespace, install_crd};
 use ttdp_testkit::sim::{
     DeviceUse, DisruptionLimit, SimCluster, SimClusterOptions, TenstorrentNode, Workload,
     WorkloadOwner,

@@ -50,7 +50,7 @@ pub struct ClusterSource {
 impl ClusterSource {
     /// `--kubeconfig`, else a control plane from the assets, else the imitation. Only missing
     /// assets lead to the imitation: assets that are there but fail to start are an error.
-    /// Blocking, on the main thread (see `ttdp_testkit::programs`).
+    /// Blocking, on the main thread (see `ttdp_programs`).
     pub fn choose(kubeconfig: Option<&Path>) -> Result<Self> {
         if let Some(path) = kubeconfig {
             if !path.is_file() {

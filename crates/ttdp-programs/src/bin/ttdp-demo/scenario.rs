@@ -14,11 +14,11 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use ttdp_testkit::programs::cluster_setup::{
+use ttdp_programs::rollout_watch::{is_rolled_out, stragglers};
+use ttdp_programs::{ControllerProcess, RolloutWatch};
+use ttdp_testkit::cluster_setup::{
     create_operator_namespace, create_policy, install_crd, set_policy_version,
 };
-use ttdp_testkit::programs::rollout_watch::{is_rolled_out, stragglers};
-use ttdp_testkit::programs::{ControllerProcess, RolloutWatch};
 use ttdp_testkit::sim::{DisruptionLimit, SCENARIO_LABEL, SimCluster, eventually, pod_is_ready};
 
 use crate::args::{DemoArgs, duration_flag};

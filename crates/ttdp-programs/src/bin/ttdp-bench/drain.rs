@@ -23,9 +23,9 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tokio::process::Command;
+use ttdp_testkit::cluster_setup;
 use ttdp_testkit::launcher::audit::AuditLog;
 use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
-use ttdp_testkit::programs::cluster_setup;
 use ttdp_testkit::sim::cluster::client_for;
 
 use crate::drain_fleet::{self, DrainNode};

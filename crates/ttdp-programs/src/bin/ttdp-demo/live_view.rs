@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::process::Command;
 use ttdp_api::TenstorrentDriverPolicy;
-use ttdp_testkit::programs::{RolloutWatch, Transition};
+use ttdp_programs::{RolloutWatch, Transition};
 
 use crate::scenario::Demo;
 

@@ -3,7 +3,7 @@
 //! and peak (`VmHWM`) are read from `/proc/<pid>/status`.
 //!
 //! The controller never outlives the program that started it: like the control plane (see
-//! [`crate::launcher`]) it runs under util-linux's `setpriv --pdeathsig KILL`, so the kernel
+//! `ttdp_testkit::launcher`) it runs under util-linux's `setpriv --pdeathsig KILL`, so the kernel
 //! kills it when the starting thread dies, even by a signal; and it is killed when its
 //! [`ControllerProcess`] is dropped. It runs in its own process group, so that a Ctrl-C in the
 //! terminal reaches the program only, which may then stop the controller in order.

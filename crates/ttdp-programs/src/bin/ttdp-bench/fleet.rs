@@ -17,13 +17,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
+use ttdp_programs::rollout_watch::{NodeSpan, is_rolled_out, node_spans};
+use ttdp_programs::{ControllerProcess, Memory, RolloutWatch};
+use ttdp_testkit::cluster_setup::{create_operator_namespace, install_crd, set_policy_version};
 use ttdp_testkit::launcher::audit::AuditLog;
 use ttdp_testkit::launcher::{Assets, ControlPlane, ControlPlaneOptions, runs_dir};
-use ttdp_testkit::programs::cluster_setup::{
-    create_operator_namespace, install_crd, set_policy_version,
-};
-use ttdp_testkit::programs::rollout_watch::{NodeSpan, is_rolled_out, node_spans};
-use ttdp_testkit::programs::{ControllerProcess, Memory, RolloutWatch};
 use ttdp_testkit::sim::cluster::client_for;
 
 use crate::agent_stand_in::AgentStandIn;
@@ -193,7 +191,7 @@ fn tuned_control_plane() -> ControlPlaneOptions {
     }
 }
 
-/// Starts the control plane (blocking, on the main thread: see `ttdp_testkit::programs`),
+/// Starts the control plane (blocking, on the main thread: see `ttdp_programs`),
 /// creates the fleet, and starts the agent stand-in, the watch and the controller.
 async fn start(args: &FleetArgs) -> Result<Bench> {
     let n = args.nodes;

@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use ttdp_api::names::labels;
-use ttdp_testkit::programs::controller_process::log_tail;
-use ttdp_testkit::programs::rollout_watch::stragglers;
+use ttdp_programs::controller_process::log_tail;
+use ttdp_programs::rollout_watch::stragglers;
 
 use crate::cluster_source::{delete_operator_namespace, delete_policy};
 use crate::final_state::Outcome;

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use ttdp_api::NodeState;
 
-use ttdp_testkit::programs::Transition;
-use ttdp_testkit::programs::rollout_watch::node_spans;
+use ttdp_programs::Transition;
+use ttdp_programs::rollout_watch::node_spans;
 
 /// One named phase of the demo and how many seconds it took.
 #[derive(Debug, Clone, Serialize)]

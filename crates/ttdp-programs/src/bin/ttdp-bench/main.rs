@@ -81,7 +81,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 /// Runs an async suite on the main thread: the controller and the control plane it starts die
-/// with that thread, a signal included (see `ttdp_testkit::programs`).
+/// with that thread, a signal included (see `ttdp_programs`).
 fn block_on(suite: impl Future<Output = Result<()>>) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -8,7 +8,7 @@ use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use ttdp_api::names::{self, install_mode, labels};
-use ttdp_testkit::programs::cluster_setup;
+use ttdp_testkit::cluster_setup;
 
 /// The policy every fleet benchmark runs.
 pub const POLICY: &str = "bench";
