@@ -102,7 +102,9 @@ async fn upgrade_five_nodes(max_unavailable: i32) {
     }
     h.assert_nothing_left_behind().await;
     if max_unavailable == 1 {
-        // The next node starts within a second of the previous one finishing.
+        // The slot is free once the previous node's cordon is lifted: the next node starts
+        // within a second of the previous one's Uncordoning (in the same status write when the
+        // lift is quick), never before it.
         let timeline = h.monitor.timeline.lock().unwrap().clone();
         let starts: Vec<_> = timeline
             .iter()
@@ -111,16 +113,16 @@ async fn upgrade_five_nodes(max_unavailable: i32) {
             .collect();
         assert_eq!(starts.len(), 4, "{timeline:?}");
         for (node, _, at) in starts {
-            let previous_done = timeline
+            let previous_lifted = timeline
                 .iter()
-                .filter(|(n, s, t)| n != node && *s == Done && t <= at)
+                .filter(|(n, s, t)| n != node && *s == Uncordoning && t <= at)
                 .map(|(_, _, t)| *t)
                 .max()
-                .expect("a node finished before the next started");
-            let gap = at.duration_since(previous_done);
+                .expect("a node was uncordoned before the next started");
+            let gap = at.duration_since(previous_lifted);
             assert!(
                 gap < Duration::from_secs(1),
-                "{node} started {gap:?} after the previous node finished"
+                "{node} started {gap:?} after the previous node's cordon was lifted"
             );
         }
     }

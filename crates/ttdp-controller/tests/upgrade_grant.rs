@@ -127,9 +127,11 @@ async fn wait_for_grant_report(h: &Harness, policy: &str, node: &str) -> AgentRe
     .expect("the agent reports WaitingForGrant")
 }
 
-/// The most of `nodes` that were in flight at once, from the monitor's timeline. The changes
-/// of one status (one instant) count together: a hand-off that records one node Done and the
-/// next Cordoning in the same write never had both in flight.
+/// The most of `nodes` that were in flight at once, from the monitor's timeline: Cordoning to
+/// Upgrading. An Uncordoning node's slot ends when its cordon is lifted, before its Uncordoning
+/// is written with the next node's Cordoning; that the cordons never overlap beyond the limit
+/// is checked on the nodes themselves (`max_cordoned`). The changes of one status
+/// (one instant) count together.
 fn max_in_flight(h: &Harness, nodes: &[String]) -> usize {
     let timeline = h.monitor.timeline.lock().unwrap().clone();
     let mut now: BTreeSet<String> = BTreeSet::new();
@@ -140,7 +142,7 @@ fn max_in_flight(h: &Harness, nodes: &[String]) -> usize {
         .collect();
     for write in ours.chunk_by(|a, b| a.2 == b.2) {
         for (node, state, _) in write {
-            if state.is_in_flight() {
+            if state.is_in_flight() && *state != Uncordoning {
                 now.insert(node.clone());
             } else {
                 now.remove(node);

@@ -114,8 +114,9 @@ pub struct UpgradePolicy {
     #[serde(default)]
     pub force_unload: bool,
 
-    /// How many nodes may be between Cordoning and Uncordoning at once: an integer >= 1 or a
-    /// percentage of matched nodes such as `"25%"` (rounded down, at least 1).
+    /// How many nodes may be cordoned for an upgrade at once, each from its Cordoning until its
+    /// cordon is lifted in Uncordoning: an integer >= 1 or a percentage of matched nodes such as
+    /// `"25%"` (rounded down, at least 1).
     #[serde(default = "default_max_unavailable")]
     #[x_kube(validation = Rule::new("string(self).matches('^([1-9][0-9]*|([1-9][0-9]?|100)%)$')").message(
         "spec.upgradePolicy.maxUnavailable must be an integer >= 1 or a percentage from 1% to 100% such as \"25%\""
@@ -443,7 +444,8 @@ pub struct Summary {
     /// Nodes running the target version (Done).
     #[serde(default)]
     pub up_to_date: i32,
-    /// Nodes between Cordoning and Uncordoning.
+    /// Nodes from Cordoning to Uncordoning. An Uncordoning node whose cordon is lifted counts
+    /// here but no longer against `maxUnavailable`.
     #[serde(default)]
     pub in_progress: i32,
     /// Nodes waiting for their turn.

@@ -2,8 +2,8 @@
 //! out the `maxUnavailable` slots. Pure.
 //!
 //! First every node is evaluated with its start gate closed; what is then in flight holds a
-//! slot (a node that just finished frees its slot at once, so the next node starts in the same
-//! reconcile). Then nodes that could start (Pending ones, and Failed ones whose back-off elapsed
+//! slot until its cordon is lifted (a node that just finished, or whose cordon the pass has
+//! lifted, frees its slot at once, so the next node starts in the same round). Then nodes that could start (Pending ones, and Failed ones whose back-off elapsed
 //! or that a user asked to retry) are evaluated again in name order with the gate open while
 //! slots remain. With more Failed nodes than `maxUnavailable` the rollout is halted: only a
 //! requested retry starts. A [`Planner`] keeps the closed-gate transitions between the passes
@@ -237,9 +237,12 @@ pub fn node_timeout(spec: &TenstorrentDriverPolicySpec) -> Duration {
 }
 
 /// Whether a node going to `t` holds one of the `maxUnavailable` slots: every step from
-/// Cordoning to Uncordoning, except a fresh install's (it disrupts nothing).
+/// Cordoning until its cordon is lifted (an Uncordoning node that holds nothing of ours is
+/// schedulable again, only its Done is left to record), except a fresh install's (it disrupts
+/// nothing).
 fn takes_slot(obs: &NodeObservation, t: &NodeTransition) -> bool {
-    t.state.is_in_flight() && !obs.is_fresh_install()
+    let released = t.state == NodeState::Uncordoning && !obs.holds_ours();
+    t.state.is_in_flight() && !released && !obs.is_fresh_install()
 }
 
 #[cfg(test)]
@@ -343,6 +346,45 @@ mod tests {
         nodes[0].1.agent = AgentPod::Current(AgentCondition::Ready);
         nodes[0].1.loaded_version = Some("2.8.0".into());
         assert_eq!(states(&policy(1, false), &nodes), [Done, Cordoning]);
+    }
+
+    /// The pass lifts a finishing node's cordon before it records its Uncordoning; once the
+    /// cordon is lifted the slot is free, and the next node's Cordoning goes into the same write.
+    #[test]
+    fn a_lifted_cordon_frees_its_slot_before_the_node_is_done() {
+        let mut nodes = fleet(&[Upgrading, Pending]);
+        nodes[0].1.agent = AgentPod::Current(AgentCondition::Ready);
+        nodes[0].1.loaded_version = Some("2.8.0".into());
+        nodes[0].1.cordoned_by_us = true;
+        nodes[0].1.gates_closed_by_us = true;
+        let mut planner = Planner::new(policy(1, false));
+        let first = planner.plan(&mut nodes, &[]);
+        let first: Vec<NodeState> = first.iter().map(|(_, t)| t.state).collect();
+        assert_eq!(
+            first,
+            [Uncordoning, Pending],
+            "the cordon still holds the slot"
+        );
+
+        // The lift went through: the node holds nothing of ours; it is not planned again.
+        nodes[0].1.cordoned_by_us = false;
+        nodes[0].1.gates_closed_by_us = false;
+        let again = planner.plan(&mut nodes, &[]);
+        assert_eq!(
+            again.len(),
+            1,
+            "only the waiting node is planned again: {again:?}"
+        );
+        assert_eq!((again[0].0, again[0].1.state), (1, Cordoning));
+    }
+
+    #[test]
+    fn a_failed_lift_keeps_the_slot() {
+        let mut nodes = fleet(&[Uncordoning, Pending]);
+        nodes[0].1.agent = AgentPod::Current(AgentCondition::Ready);
+        nodes[0].1.loaded_version = Some("2.8.0".into());
+        nodes[0].1.cordoned_by_us = true;
+        assert_eq!(states(&policy(1, false), &nodes), [Uncordoning, Pending]);
     }
 
     /// The fleet: a new policy over seven nodes, two of them already running 2.7.0

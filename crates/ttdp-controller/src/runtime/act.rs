@@ -40,6 +40,19 @@ pub struct NodeWork {
     pub entered: Option<Time>,
 }
 
+impl NodeWork {
+    /// Lifting `node`'s cordon and reopening its gates, which needs nothing else.
+    pub fn release(node: &str) -> Self {
+        Self {
+            node: node.to_owned(),
+            actions: vec![Action::Release],
+            stale_agent: None,
+            grant: None,
+            entered: None,
+        }
+    }
+}
+
 /// What one node's actions returned; a lifted cordon says how it was lifted.
 pub type NodeOutcome = (
     String,

@@ -6,8 +6,8 @@
 //! left the selection and says when to look again.
 //!
 //! The new state is recorded before the action, so a crash in between repeats the action on the
-//! next reconcile instead of skipping it. Lifting a cordon, harmless to repeat, runs while its
-//! Uncordoning is written.
+//! next reconcile instead of skipping it. Lifting a cordon, harmless to repeat, runs before its
+//! Uncordoning is written, so that the slot it frees goes to the next node in the same write.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -35,7 +35,7 @@ use crate::pure::status::{
     BuiltStatus, NodeReport, PolicyFacts, StateChange, build_status, node_counts, update_status,
 };
 use crate::pure::transition::{
-    Action, AgentPod, DrainProgress, NodeObservation, UpgradeGrant, reasons,
+    Action, AgentPod, DrainProgress, NodeObservation, NodeTransition, UpgradeGrant, reasons,
 };
 use crate::runtime::act::{self, NodeOutcome, NodeWork};
 use crate::runtime::context::Context;
@@ -192,28 +192,25 @@ impl Pass {
     /// Plans, records the status and acts; then follows the fleet. Returns whether to go on with
     /// another round.
     pub async fn round(&mut self) -> Result<bool, Error> {
-        let planned = self.plan();
-        let lifting = self.cordons_to_lift();
+        let first = self.plan_nodes();
+        let (transitions, released) = self.lift_cordons(first).await;
+        let planned = self.build(transitions);
         // Written since this pass began: `policy`, read before, no longer shows the API's copy.
         let wrote = self
             .recorded
             .written_at
             .is_some_and(|at| at >= self.following_since);
-        let (recorded, lifted) = futures::join!(
-            status_writer::record(
-                &self.ctx,
-                &self.policy,
-                planned.built,
-                &self.recorded,
-                wrote
-            ),
-            act::on_nodes(&self.ctx, &self.policy, lifting, &self.now)
-        );
-        self.recorded = recorded?;
+        self.recorded = status_writer::record(
+            &self.ctx,
+            &self.policy,
+            planned.built,
+            &self.recorded,
+            wrote,
+        )
+        .await?;
         let foreground = self.start_actions();
-        let mut outcomes = act::on_nodes(&self.ctx, &self.policy, foreground, &self.now).await;
-        outcomes.extend(lifted);
-        let released = self.take_outcomes(outcomes);
+        let outcomes = act::on_nodes(&self.ctx, &self.policy, foreground, &self.now).await;
+        let released = released + self.take_outcomes(outcomes);
         self.report(&planned.changes);
         let retry_due = self
             .next_retry
@@ -301,14 +298,48 @@ impl Pass {
         observed
     }
 
-    /// Plans the nodes observed anew and builds their status entries.
-    fn plan(&mut self) -> Planned {
-        let reports: Vec<NodeReport> = self
-            .planner
-            .plan(&mut self.observations, &self.reobserved)
+    /// Plans the nodes observed anew (by index, in index order) and keeps their actions.
+    fn plan_nodes(&mut self) -> Vec<(usize, NodeTransition)> {
+        let mut transitions = self.planner.plan(&mut self.observations, &self.reobserved);
+        for (i, t) in &mut transitions {
+            let node = &self.observations[*i].0;
+            // A new state's actions are new: none of them is taken yet.
+            if self.recorded.nodes.get(node.as_str()).map(|e| e.state) != Some(t.state) {
+                self.actions_taken.remove(node);
+            }
+            self.planned[*i] = (t.state, std::mem::take(&mut t.actions));
+        }
+        transitions
+    }
+
+    /// Lifts the cordons of the nodes planned Uncordoning before their Uncordoning is recorded
+    /// (lifting is harmless to repeat, and after a crash in between the node, seen uncordoned
+    /// with its agent Ready, goes the same way to Done). A lifted cordon frees its node's slot,
+    /// so the next nodes' Cordoning goes into the same status write: one write per hand-off, not
+    /// two. Returns the planned nodes and how many were lifted; a failed lift keeps its slot.
+    async fn lift_cordons(
+        &mut self,
+        mut planned: Vec<(usize, NodeTransition)>,
+    ) -> (Vec<(usize, NodeTransition)>, usize) {
+        let lifting = self.cordons_to_lift();
+        let outcomes = act::on_nodes(&self.ctx, &self.policy, lifting, &self.now).await;
+        let released = self.take_outcomes(outcomes);
+        if released > 0 {
+            // The slots are handed out again with the lifted nodes' observations. Those nodes
+            // are not planned again: they would go to Done before their Uncordoning is written.
+            self.apply_uncordoned();
+            self.reobserved.clear();
+            let by_node: BTreeMap<_, _> = planned.into_iter().chain(self.plan_nodes()).collect();
+            planned = by_node.into_iter().collect();
+        }
+        (planned, released)
+    }
+
+    /// Builds the status entries of the planned nodes.
+    fn build(&mut self, transitions: Vec<(usize, NodeTransition)>) -> Planned {
+        let reports: Vec<NodeReport> = transitions
             .into_iter()
-            .map(|(i, mut t)| {
-                self.planned[i] = (t.state, std::mem::take(&mut t.actions));
+            .map(|(i, t)| {
                 let (node, obs) = &self.observations[i];
                 let pod = observe::pick_agent_pod(self.agent_pods[i].iter().map(|p| p.as_ref()));
                 NodeReport {
@@ -334,20 +365,14 @@ impl Pass {
             .filter_map(|name| follow::position(&self.matched, name))
             .collect();
         built.status.rollout = self.planner.guards().rollout_status(self.planner.verdict());
-        let changes = std::mem::take(&mut built.changes);
-        for change in &changes {
-            self.actions_taken.remove(&change.node);
-        }
         Planned {
+            changes: std::mem::take(&mut built.changes),
             built,
             changed_entries,
-            changes,
         }
     }
 
-    /// The cordons to lift now. They do not wait for their Uncordoning to be recorded: lifting is
-    /// harmless to repeat, and after a crash in between the node, seen uncordoned with its agent
-    /// Ready, goes the same way to Done.
+    /// The cordons to lift now (see [`Pass::lift_cordons`]).
     fn cordons_to_lift(&mut self) -> Vec<NodeWork> {
         let mut lifting = Vec::new();
         for ((node, _), (_, actions)) in self.observations.iter().zip(&self.planned) {
@@ -358,13 +383,7 @@ impl Pass {
             let taken = self.actions_taken.entry(node.clone()).or_default();
             if !taken.contains(&Action::Release) {
                 taken.push(Action::Release);
-                lifting.push(NodeWork {
-                    node: node.clone(),
-                    actions: vec![Action::Release],
-                    stale_agent: None,
-                    grant: None,
-                    entered: None,
-                });
+                lifting.push(NodeWork::release(node));
             }
         }
         lifting

@@ -26,7 +26,8 @@ pub struct RolloutTimes {
     pub per_node: BTreeMap<String, f64>,
     /// Average seconds a node spent in each in-flight state.
     pub per_state: BTreeMap<NodeState, f64>,
-    /// The largest number of nodes in flight (Cordoning to Uncordoning) at once.
+    /// The largest number of nodes holding a slot at once: Cordoning to Upgrading (an
+    /// Uncordoning node's cordon is lifted already, its slot given to the next node).
     pub max_in_flight: usize,
 }
 
@@ -49,7 +50,9 @@ impl RolloutTimes {
                 let time = t.at.saturating_duration_since(previous.at);
                 in_state.entry(previous.to).or_default().push(time);
             }
-            let flying = latest.values().filter(|t| t.to.is_in_flight()).count();
+            let flying = (latest.values())
+                .filter(|t| t.to.is_in_flight() && t.to != NodeState::Uncordoning)
+                .count();
             max_in_flight = max_in_flight.max(flying);
         }
         let per_state = in_state
@@ -144,5 +147,23 @@ mod tests {
         assert_eq!(times.per_state.get(&NodeState::Draining), Some(&2.5));
         assert_eq!(times.max_in_flight, 2, "a draining while b cordons");
         assert!(!times.per_node.contains_key("b"), "b never finished");
+    }
+
+    #[test]
+    fn an_uncordoning_node_holds_no_slot() {
+        let epoch = Instant::now();
+        let t = |at_ms, node, to| t(epoch, at_ms, node, to);
+        let transitions = [
+            t(0, "a", NodeState::Cordoning),
+            t(1000, "a", NodeState::Upgrading),
+            t(2000, "a", NodeState::Uncordoning),
+            t(2000, "b", NodeState::Cordoning),
+            t(2100, "a", NodeState::Done),
+        ];
+        let times = RolloutTimes::from_transitions(&transitions, epoch);
+        assert_eq!(
+            times.max_in_flight, 1,
+            "b took a's slot when a's cordon was lifted"
+        );
     }
 }
