@@ -12,9 +12,10 @@
 //!   the faults a real server cannot produce on demand; [`faults`] are its rules.
 //! - [`recorder`]: the fault proxy's request log.
 //! - [`apiserver`]: a small in-process imitation of a Kubernetes API server, kept only for the
-//!   demo when no control-plane assets are at hand. It serves what the demo (crate `ttdp-programs`) uses, in
-//!   JSON only, without validation, field ownership or garbage collection; it injects no faults
-//!   and is not a reference for Kubernetes behaviour: the real control plane is.
+//!   demo (crate `ttdp-programs`) when no control-plane assets are at hand. It serves what the
+//!   demo uses, in JSON only, without validation, field ownership or garbage collection; it
+//!   injects no faults and is not a reference for Kubernetes behaviour: the real control plane
+//!   is.
 #![deny(missing_docs)]
 
 pub mod apiserver;

@@ -1,7 +1,8 @@
 //! The real DaemonSet controller with simulated nodes (the control plane of
 //! `ttdp_testkit::launcher::test_kubeconfig`): placement by node affinity, taints and cordons,
 //! update strategies, and eviction by the skip label. What the product relies on from it; the
-//! in-process DaemonSet stand-in is exercised by the demo's fallback (`crates/ttdp-programs/tests/demo.rs`).
+//! in-process DaemonSet stand-in is exercised by the demo's fallback
+//! (`crates/ttdp-programs/tests/demo.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,6 +1,6 @@
 //! `cargo xtask bench [--quick] [--only fleet|drain|swap]`: builds the binaries (profile
-//! `benchmark`), runs the benchmark suites of `ttdp-bench` (crates/ttdp-programs/src/bin/ttdp-bench)
-//! one after the other, prints every figure with the commit and the machine, writes them to
+//! `benchmark`), runs the benchmark suites of `ttdp-bench`
+//! (crates/ttdp-programs/src/bin/ttdp-bench) one after the other, prints every figure with the commit and the machine, writes them to
 //! `<target>/bench/results.json`, and fails naming each target of issue 10 that was missed.
 //!
 //! Plan: fleets of 100 (maxUnavailable 1), 1,000 (maxUnavailable 100) and 5,000 (maxUnavailable

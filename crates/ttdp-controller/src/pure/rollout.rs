@@ -3,11 +3,12 @@
 //!
 //! First every node is evaluated with its start gate closed; what is then in flight holds a
 //! slot until its cordon is lifted (a node that just finished, or whose cordon the pass has
-//! lifted, frees its slot at once, so the next node starts in the same round). Then nodes that could start (Pending ones, and Failed ones whose back-off elapsed
-//! or that a user asked to retry) are evaluated again in name order with the gate open while
-//! slots remain. With more Failed nodes than `maxUnavailable` the rollout is halted: only a
-//! requested retry starts. A [`Planner`] keeps the closed-gate transitions between the passes
-//! of a reconcile, so that a pass evaluates again only the nodes whose observation changed.
+//! lifted, frees its slot at once, so the next node starts in the same round). Then nodes that
+//! could start (Pending ones, and Failed ones whose back-off elapsed or that a user asked to
+//! retry) are evaluated again in name order with the gate open while slots remain. With more
+//! Failed nodes than `maxUnavailable` the rollout is halted: only a requested retry starts. A
+//! [`Planner`] keeps the closed-gate transitions between the passes of a reconcile, so that a
+//! pass evaluates again only the nodes whose observation changed.
 //!
 //! Fresh installs (nothing loaded, nothing of ours on the node: see
 //! [`NodeObservation::is_fresh_install`]) disrupt nothing: they start without a slot and hold
