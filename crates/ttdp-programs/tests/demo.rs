@@ -342,3 +342,129 @@ fn without_a_control_plane_the_demo_says_first_that_it_falls_back_to_the_imitati
     );
     check_rollout(&run, 3, 1);
 }
+
+/// A user's Ctrl-C at the end, as a terminal sends it: SIGINT to the demo's whole process group.
+/// The demo must stop in order (nothing it cannot clean up, exit 0) and take the control plane it
+/// started with it; the control plane must not have been stopped under it by the same signal.
+#[test]
+fn ctrl_c_at_the_end_stops_the_demo_and_the_control_plane_it_started() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::os::unix::process::CommandExt;
+
+    let _one = ONE_DEMO
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let binaries = other_binaries();
+    let work = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ttdp-demo"))
+        .arg("--controller")
+        .arg(&binaries[0])
+        .arg("--agent")
+        .arg(&binaries[1])
+        .arg("--plugin")
+        .arg(&binaries[2])
+        .args(["--nodes", "2", "--plain-nodes", "1", "--speed", "0.05"])
+        .args(["--plain", "--timeout", DEMO_TIMEOUT])
+        .arg("--log-dir")
+        .arg(work.path().join("logs"))
+        .env_remove(EXISTING_CLUSTER_ENV)
+        // The terminal's foreground group, which Ctrl-C signals as a whole.
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start ttdp-demo");
+    let group = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = String::new();
+    let deadline = Instant::now() + PROCESS_TIMEOUT;
+    while !seen.contains("keeps running until Ctrl-C") {
+        let mut line = String::new();
+        if stdout.read_line(&mut line).unwrap() == 0 || Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the demo never waited for Ctrl-C:\n{seen}");
+        }
+        seen.push_str(&line);
+    }
+    assert!(
+        seen.starts_with("cluster: a real control plane started for the demo"),
+        "the demo must start its own control plane; provide the assets (../shared/kube or {ASSETS_ENV})\n{seen}"
+    );
+    let plane = component_pids(child.id());
+    assert_eq!(
+        plane.len(),
+        4,
+        "etcd, API server, controller manager, scheduler: {plane:?}"
+    );
+
+    nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGINT).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = stdout.read_to_string(&mut rest);
+        rest
+    });
+    let (output, finished) = wait_bounded(child, Duration::from_secs(90));
+    let rest = reader.join().unwrap();
+    let context = format!(
+        "--- stdout\n{seen}{rest}\n--- stderr\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        finished,
+        "the demo did not stop within 90 s of Ctrl-C\n{context}"
+    );
+    assert!(
+        output.status.success(),
+        "Ctrl-C ends the demo with success ({})\n{context}",
+        output.status
+    );
+    assert!(rest.contains("stopped."), "{context}");
+    assert!(
+        !context.contains("warning:"),
+        "everything stops cleanly\n{context}"
+    );
+    let alive: Vec<_> = plane.iter().filter(|pid| is_running(**pid)).collect();
+    assert!(
+        alive.is_empty(),
+        "the control plane is stopped: {alive:?} still run\n{context}"
+    );
+}
+
+/// The processes of the control plane `parent` started (its children named like them).
+fn component_pids(parent: u32) -> Vec<u32> {
+    let names = [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller",
+        "kube-scheduler",
+    ];
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+            let field = |key: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .map(str::trim)
+            };
+            let ours = field("PPid:")? == parent.to_string() && names.contains(&field("Name:")?);
+            ours.then_some(pid)
+        })
+        .collect()
+}
+
+/// Whether `pid` still runs (a zombie does not).
+fn is_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}

@@ -1,5 +1,6 @@
 //! The control plane's processes: their flags, ports, logs, readiness and end.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -210,7 +211,9 @@ impl Processes {
         self.spawn(name, assets, &args)
     }
 
-    /// Starts `name` under `setpriv --pdeathsig KILL`, so that it dies with the calling thread.
+    /// Starts `name` under `setpriv --pdeathsig KILL`, so that it dies with the calling thread,
+    /// in a process group of its own: a terminal's Ctrl-C goes to the whole foreground group, and
+    /// the program that launched the control plane must still reach it while it stops in order.
     fn spawn(
         &mut self,
         name: &'static str,
@@ -230,6 +233,7 @@ impl Processes {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
+            .process_group(0)
             .spawn()
             .map_err(LaunchError::io(format!(
                 "starting {name} under setpriv (util-linux)"
