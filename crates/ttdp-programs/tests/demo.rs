@@ -7,7 +7,8 @@
 //! assets (or, with `TTDP_TEST_KUBECONFIG`, that cluster through `--kubeconfig`); an existing
 //! cluster through `--kubeconfig`, which the demo must leave as it found it; and, only when no
 //! assets are at hand, the imitation, which the demo must announce. A missing control plane
-//! fails the first two tests; it never turns them into runs on the imitation.
+//! fails the first two tests; it never turns them into runs on the imitation. A fourth test ends
+//! the demo as a user does, with Ctrl-C at its prompt, and checks that it stops cleanly.
 //!
 //! The controller, agent and plugin binaries come from the same target directory as this test;
 //! when they are missing they are built with `cargo build --workspace --bins`.
@@ -346,17 +347,30 @@ fn without_a_control_plane_the_demo_says_first_that_it_falls_back_to_the_imitati
 /// A user's Ctrl-C at the end, as a terminal sends it: SIGINT to the demo's whole process group.
 /// The demo must stop in order (nothing it cannot clean up, exit 0) and take the control plane it
 /// started with it; the control plane must not have been stopped under it by the same signal.
+/// Without the assets, the suites' cluster through `--kubeconfig`, where the demo deletes what
+/// it created.
 #[test]
 fn ctrl_c_at_the_end_stops_the_demo_and_the_control_plane_it_started() {
-    use std::io::{BufRead, BufReader, Read};
     use std::os::unix::process::CommandExt;
 
     let _one = ONE_DEMO
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let existing = ttdp_testkit::launcher::Assets::locate()
+        .err()
+        .map(|missing| {
+            ttdp_testkit::launcher::try_test_kubeconfig().unwrap_or_else(|e| {
+                panic!("no control-plane assets ({missing}) and no cluster: {e}")
+            })
+        });
+    let cluster_args: Vec<String> = existing
+        .iter()
+        .flat_map(|path| ["--kubeconfig".to_owned(), path.display().to_string()])
+        .collect();
     let binaries = other_binaries();
     let work = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_ttdp-demo"))
+        .args(&cluster_args)
         .arg("--controller")
         .arg(&binaries[0])
         .arg("--agent")
@@ -376,36 +390,37 @@ fn ctrl_c_at_the_end_stops_the_demo_and_the_control_plane_it_started() {
         .spawn()
         .expect("cannot start ttdp-demo");
     let group = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    // Whatever happens below, the demo's group does not outlive the test.
+    let _group_guard = KillGroupOnDrop(group);
+    let lines = stdout_lines(child.stdout.take().unwrap());
     let mut seen = String::new();
     let deadline = Instant::now() + PROCESS_TIMEOUT;
-    while !seen.contains("keeps running until Ctrl-C") {
-        let mut line = String::new();
-        if stdout.read_line(&mut line).unwrap() == 0 || Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the demo never waited for Ctrl-C:\n{seen}");
+    while !seen.contains("until Ctrl-C") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => seen.push_str(&line),
+            Err(_) => panic!("the demo never waited for Ctrl-C:\n{seen}"),
         }
-        seen.push_str(&line);
     }
-    assert!(
-        seen.starts_with("cluster: a real control plane started for the demo"),
-        "the demo must start its own control plane; provide the assets (../shared/kube or {ASSETS_ENV})\n{seen}"
-    );
+    let first_line = match existing {
+        Some(_) => "cluster: the existing cluster",
+        None => "cluster: a real control plane started for the demo",
+    };
+    assert!(seen.starts_with(first_line), "{seen}");
     let plane = component_pids(child.id());
     assert_eq!(
         plane.len(),
-        4,
+        if existing.is_some() { 0 } else { 4 },
         "etcd, API server, controller manager, scheduler: {plane:?}"
     );
 
     nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGINT).unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = stdout.read_to_string(&mut rest);
-        rest
-    });
     let (output, finished) = wait_bounded(child, Duration::from_secs(90));
-    let rest = reader.join().unwrap();
+    // The rest of stdout: the reader ends when the pipe closes, soon after the demo exits.
+    let mut rest = String::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(5)) {
+        rest.push_str(&line);
+    }
     let context = format!(
         "--- stdout\n{seen}{rest}\n--- stderr\n{}",
         String::from_utf8_lossy(&output.stderr)
@@ -429,6 +444,32 @@ fn ctrl_c_at_the_end_stops_the_demo_and_the_control_plane_it_started() {
         alive.is_empty(),
         "the control plane is stopped: {alive:?} still run\n{context}"
     );
+}
+
+/// Kills a process group when dropped.
+struct KillGroupOnDrop(nix::unistd::Pid);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::killpg(self.0, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// The lines of `stdout` as they come, from a thread that reads until it closes.
+fn stdout_lines(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if send.send(line + "\n").is_err() {
+                return;
+            }
+        }
+    });
+    receive
 }
 
 /// The processes of the control plane `parent` started (its children named like them).
