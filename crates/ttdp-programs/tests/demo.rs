@@ -104,6 +104,20 @@ fn other_binaries() -> Vec<PathBuf> {
     paths
 }
 
+/// `ttdp-demo` with the controller, agent and plugin binaries it drives.
+fn demo_command() -> Command {
+    let binaries = other_binaries();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ttdp-demo"));
+    command
+        .arg("--controller")
+        .arg(&binaries[0])
+        .arg("--agent")
+        .arg(&binaries[1])
+        .arg("--plugin")
+        .arg(&binaries[2]);
+    command
+}
+
 fn nodes_of_kind<'a>(report: &'a Value, kind: &str) -> Vec<&'a Value> {
     report["nodes"]
         .as_array()
@@ -125,17 +139,10 @@ fn run_demo(tenstorrent: u16, plain: u16, args: &[&str], env: &[(&str, &str)]) -
     let _one = ONE_DEMO
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let binaries = other_binaries();
     let work = tempfile::tempdir().unwrap();
     let report_path = work.path().join("report.json");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ttdp-demo"));
+    let mut command = demo_command();
     command
-        .arg("--controller")
-        .arg(&binaries[0])
-        .arg("--agent")
-        .arg(&binaries[1])
-        .arg("--plugin")
-        .arg(&binaries[2])
         .args(["--nodes", &tenstorrent.to_string()])
         .args(["--plain-nodes", &plain.to_string()])
         .args(["--speed", "0.05", "--max-unavailable", "1"])
@@ -367,16 +374,9 @@ fn ctrl_c_at_the_end_stops_the_demo_and_the_control_plane_it_started() {
         .iter()
         .flat_map(|path| ["--kubeconfig".to_owned(), path.display().to_string()])
         .collect();
-    let binaries = other_binaries();
     let work = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ttdp-demo"))
+    let mut child = demo_command()
         .args(&cluster_args)
-        .arg("--controller")
-        .arg(&binaries[0])
-        .arg("--agent")
-        .arg(&binaries[1])
-        .arg("--plugin")
-        .arg(&binaries[2])
         .args(["--nodes", "2", "--plain-nodes", "1", "--speed", "0.05"])
         .args(["--plain", "--timeout", DEMO_TIMEOUT])
         .arg("--log-dir")
