@@ -24,6 +24,7 @@ use kube::api::{Api, ListParams};
 use serde_json::Value;
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_testkit::launcher::{ASSETS_ENV, EXISTING_CLUSTER_ENV};
+use ttdp_testkit::procs::{children_of, is_running};
 use ttdp_testkit::sim::SCENARIO_LABEL;
 
 /// The demo's own limit for install plus upgrade.
@@ -480,32 +481,9 @@ fn component_pids(parent: u32) -> Vec<u32> {
         "kube-controller",
         "kube-scheduler",
     ];
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
-            let field = |key: &str| {
-                status
-                    .lines()
-                    .find_map(|l| l.strip_prefix(key))
-                    .map(str::trim)
-            };
-            let ours = field("PPid:")? == parent.to_string() && names.contains(&field("Name:")?);
-            ours.then_some(pid)
-        })
+    children_of(parent)
+        .into_iter()
+        .filter(|(_, name)| names.contains(&name.as_str()))
+        .map(|(pid, _)| pid)
         .collect()
-}
-
-/// Whether `pid` still runs (a zombie does not).
-fn is_running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-    })
 }

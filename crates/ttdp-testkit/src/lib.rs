@@ -23,6 +23,7 @@ pub mod cluster_setup;
 pub mod fault_proxy;
 pub mod faults;
 pub mod launcher;
+pub mod procs;
 pub mod recorder;
 pub mod scratch;
 pub mod sim;

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ttdp_testkit::launcher::{ASSETS_ENV, Assets, ControlPlane, EXISTING_CLUSTER_ENV, LaunchError};
+use ttdp_testkit::procs;
 
 const LAUNCHER: &str = env!("CARGO_BIN_EXE_ttdp-control-plane");
 const COMPONENTS: [&str; 4] = [
@@ -91,7 +92,7 @@ fn a_killed_launcher_takes_its_control_plane_with_it() {
     loop {
         let alive: Vec<_> = children
             .iter()
-            .filter(|(pid, _)| Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(*pid))
+            .filter(|(pid, _)| procs::is_running(*pid))
             .collect();
         if alive.is_empty() {
             break;
@@ -152,47 +153,16 @@ fn the_audit_log_counts_the_audited_identity_alone() {
     assert_eq!(verbs, [("create", 201, true), ("get", 200, false)]);
 }
 
-/// `(pid, command name)` of every process whose parent is `parent`.
+/// `(pid, component)` of every child of `parent`, the kernel's cut names mapped back to the
+/// components' (`kube-controller` is kube-controller-manager).
 fn children_of(parent: u32) -> Vec<(u32, String)> {
-    let mut children = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        let field = |key: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(key))
-                .map(|v| v.trim().to_string())
-                .unwrap_or_default()
-        };
-        if field("PPid:") == parent.to_string() {
-            // The comm name is cut at 15 characters: kube-controller-manager is "kube-controller".
-            let comm = field("Name:");
-            let name = COMPONENTS
-                .into_iter()
-                .find(|c| c.starts_with(&comm))
-                .unwrap_or(&comm)
-                .to_string();
-            children.push((pid, name));
-        }
-    }
-    children
-}
-
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| {
-            stat.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
+    procs::children_of(parent)
+        .into_iter()
+        .map(|(pid, comm)| {
+            let name = COMPONENTS.into_iter().find(|c| c.starts_with(&comm));
+            (pid, name.map_or(comm, str::to_owned))
         })
-        .unwrap_or(true)
+        .collect()
 }
 
 fn kubectl() -> String {
