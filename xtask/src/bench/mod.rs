@@ -7,7 +7,8 @@
 //! 500) Tenstorrent nodes plus as many plain nodes, 500 ms of simulated agent work per node, each
 //! on a real control plane started for the run, each phase (adoption, rollout) time-boxed (a fleet that runs out of time reports what it
 //! measured and counts as a missed target); `kubectl tt driver` timed on the 1,000 and 5,000
-//! fleets; drains of 10, 100 and 500 pods with ttdp-drain and kubectl; the module swap steps on
+//! fleets; one status write of 100, 500 and 1,000 node entries alone on an idle control plane
+//! (what a hand-off waits for at least); drains of 10, 100 and 500 pods with ttdp-drain and kubectl; the module swap steps on
 //! a simulated kernel. `--quick` runs 20/100/200-node fleets and 10/50-pod drains (a smoke run,
 //! not for the documentation).
 
@@ -165,6 +166,10 @@ fn run_suites(
             }
             results.push(result);
         }
+        // The floor under the hand-off: one status write of the sizes the fleets write, alone.
+        let mut command = Command::new(&bench);
+        command.arg("status-write").arg("--entries=100,500,1000");
+        results.push(suite(&mut command)?);
     }
     if wants("drain") {
         let mut command = Command::new(&bench);

@@ -138,6 +138,9 @@ pub fn render(results: &[Value], machine: &Machine) -> String {
         render_fleets(&mut out, results, machine);
         render_plugin(&mut out, results, machine);
     }
+    for w in suites(results, "status_write").filter(|w| w.get("error").is_none()) {
+        render_status_write(&mut out, w, machine);
+    }
     for d in suites(results, "drain") {
         render_drain(&mut out, d, machine);
     }
@@ -253,6 +256,31 @@ fn render_plugin(out: &mut String, results: &[Value], machine: &Machine) {
                 num(&p["describe"]["median_ms"])
             );
         }
+    }
+}
+
+/// One status write alone, by the number of node entries listed.
+fn render_status_write(out: &mut String, w: &Value, machine: &Machine) {
+    let _ = writeln!(
+        out,
+        "\n### One status write alone, idle {}, {} writes each (commit {})\n",
+        w["server"].as_str().unwrap_or("server"),
+        w["writes"],
+        machine.commit
+    );
+    let _ = writeln!(out, "| node entries | status | write p50 / p95 / max |");
+    let _ = writeln!(out, "|---|---|---|");
+    for size in w["sizes"].as_array().into_iter().flatten() {
+        let took = &size["write_ms"];
+        let _ = writeln!(
+            out,
+            "| {} | {:.1} KiB | {:.0} / {:.0} / {:.0} ms |",
+            size["entries"],
+            num(&size["status_bytes"]) / 1024.0,
+            num(&took["p50"]),
+            num(&took["p95"]),
+            num(&took["max"])
+        );
     }
 }
 
@@ -551,5 +579,33 @@ mod tests {
                 .contains("| cache miss (build) | 4 ms | 120 ms | 0 ms | 7 ms | 0.4 ms | 131 ms |"),
             "{table}"
         );
+    }
+
+    #[test]
+    fn a_status_write_row_per_size_and_a_failed_run_is_a_missed_target() {
+        let write =
+            |p50: f64| json!({ "p50": p50, "p95": 2.0 * p50, "max": 3.0 * p50, "count": 60 });
+        let w = json!({ "suite": "status_write", "server": REAL_SERVER, "writes": 60, "sizes": [
+            { "entries": 100, "status_bytes": 14445, "write_ms": write(24.0) },
+            { "entries": 1000, "status_bytes": 144045, "write_ms": write(116.0) } ] });
+        let machine = Machine {
+            commit: "abc1234".to_owned(),
+            dirty: false,
+            cpus: 2,
+            cpu_model: "test".to_owned(),
+            memory_gib: 1.0,
+            load_average: "0.00".to_owned(),
+        };
+        let table = render(std::slice::from_ref(&w), &machine);
+        assert!(
+            table.contains("| 100 | 14.1 KiB | 24 / 48 / 72 ms |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| 1000 | 140.7 KiB | 116 / 232 / 348 ms |"),
+            "{table}"
+        );
+        let failed = json!({ "suite": "status_write", "error": "ttdp-bench status-write failed" });
+        assert_eq!(check(&[failed], true).len(), 1);
     }
 }

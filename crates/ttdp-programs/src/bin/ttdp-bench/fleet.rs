@@ -26,8 +26,8 @@ use ttdp_testkit::sim::cluster::client_for;
 
 use crate::agent_stand_in::AgentStandIn;
 use crate::fleet_setup::{self, POLICY};
-use crate::handoff::{Spread, handoffs, ideal_total, spread};
-use crate::result_line::{self, ms};
+use crate::handoff::{handoffs, ideal_total, spread};
+use crate::result_line;
 
 /// The installed version and the one rolled out.
 const FROM: &str = "2.0.0";
@@ -312,11 +312,11 @@ fn rollout_figures(
         "writes_by_kind": rollout.writes,
         "reads_by_kind": rollout.reads,
         "idle_requests_by_kind": steady.idle.writes.iter().chain(&steady.idle.reads).collect::<BTreeMap<_, _>>(),
-        "handoff_done_to_cordoning_ms": spread_json(&spread(handoffs(dones, cordons.clone(), slots))),
-        "handoff_agent_ready_to_cordoning_ms": spread_json(&spread(handoffs(ready, cordons, slots))),
-        "agent_ready_to_done_ms": spread_json(&spread(ready_to_done)),
-        "per_node_ms": spread_json(&per_node_spread),
-        "controller_overhead_per_node_ms": spread_json(&spread(overhead)),
+        "handoff_done_to_cordoning_ms": spread(handoffs(dones, cordons.clone(), slots)).json(),
+        "handoff_agent_ready_to_cordoning_ms": spread(handoffs(ready, cordons, slots)).json(),
+        "agent_ready_to_done_ms": spread(ready_to_done).json(),
+        "per_node_ms": per_node_spread.json(),
+        "controller_overhead_per_node_ms": spread(overhead).json(),
         "status_bytes_steady": steady.status_bytes,
         "status_bytes_rollout_max": rolled.max_status_bytes.max(final_status),
         "status_bytes_final": final_status,
@@ -383,10 +383,6 @@ async fn give_up(
 
 fn mib(kib: u64) -> f64 {
     (kib as f64 / 1024.0 * 10.0).round() / 10.0
-}
-
-fn spread_json(s: &Spread) -> serde_json::Value {
-    json!({ "p50": ms(s.p50), "p95": ms(s.p95), "max": ms(s.max), "count": s.count })
 }
 
 struct Waited {

@@ -3,6 +3,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::result_line::ms;
+
 /// Median, 95th percentile (nearest rank) and largest of `count` durations.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Spread {
@@ -10,6 +12,13 @@ pub struct Spread {
     pub p95: Duration,
     pub max: Duration,
     pub count: usize,
+}
+
+impl Spread {
+    /// The figures in milliseconds, as the result lines carry them.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({ "p50": ms(self.p50), "p95": ms(self.p95), "max": ms(self.max), "count": self.count })
+    }
 }
 
 /// Nearest-rank percentiles of `values` (all zero when empty).

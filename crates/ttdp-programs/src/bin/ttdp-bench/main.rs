@@ -6,6 +6,8 @@
 //!   `kubectl tt driver`'s wall time on the same fleet);
 //! - `drain`: the `ttdp-drain` example program side by side with the real `kubectl drain`, on
 //!   the real control plane;
+//! - `status-write`: one status write alone on an idle real control plane, the floor under the
+//!   fleet's hand-off;
 //! - `swap`: the module swap steps of `ttdp-kmod` on a simulated kernel.
 //!
 //! Each suite prints progress on stderr and its figures as one `BENCH-RESULT {json}` line on
@@ -20,6 +22,7 @@ mod fleet_setup;
 mod handoff;
 mod plugin_timing;
 mod result_line;
+mod status_write;
 mod swap;
 
 use std::process::ExitCode;
@@ -41,6 +44,8 @@ enum Suite {
     Fleet(fleet::FleetArgs),
     /// ttdp-drain against kubectl drain.
     Drain(drain::DrainArgs),
+    /// One status write alone on an idle real control plane.
+    StatusWrite(status_write::StatusWriteArgs),
     /// Module swap steps on a simulated kernel.
     Swap(swap::SwapArgs),
 }
@@ -75,6 +80,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.suite {
         Suite::Fleet(args) => block_on(fleet::run(&args)),
         Suite::Drain(args) => block_on(drain::run(&args)),
+        Suite::StatusWrite(args) => block_on(status_write::run(&args)),
         // Synchronous: the module code has no async runtime.
         Suite::Swap(args) => swap::run(&args),
     }

@@ -1,0 +1,113 @@
+//! One status write alone: how long the real API server takes to record one node's new state
+//! in a policy whose `status.nodes` lists `n` nodes, on a control plane started for the run with
+//! nothing else on it. A hand-off is recorded by such a write (the next node's Cordoning is in
+//! it), so this is a floor under the fleet suite's hand-off figure on the same machine.
+//!
+//! Each timed write is what the controller sends: a JSON patch that replaces one entry (the
+//! server still decodes, validates, stores and sends the whole object). The entries look like a
+//! rollout's: most nodes Done, one in ten Draining with its reason and message.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_testkit::cluster_setup::{create_policy, install_crd};
+use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
+use ttdp_testkit::sim::cluster::client_for;
+
+use crate::handoff::spread;
+use crate::result_line;
+
+/// Flags of `ttdp-bench status-write`.
+#[derive(Debug, Args)]
+pub struct StatusWriteArgs {
+    /// Node entries in the status, one policy each.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    pub entries: Vec<usize>,
+    /// Writes timed per policy.
+    #[arg(long, default_value_t = 60)]
+    pub writes: usize,
+}
+
+/// Runs the suite and prints its result line.
+pub async fn run(args: &StatusWriteArgs) -> Result<()> {
+    let assets = Assets::locate()
+        .context("the status-write benchmark on the real control plane needs its binaries")?;
+    let plane =
+        ControlPlane::start(&assets, &runs_dir()).context("cannot start the real control plane")?;
+    let client = client_for(plane.kubeconfig()).await?;
+    install_crd(&client).await?;
+    let mut sizes = Vec::new();
+    for &n in &args.entries {
+        let size = time_writes(&client, n, args.writes).await?;
+        eprintln!("status-write: {n} entries: {size}");
+        sizes.push(size);
+    }
+    result_line::print(&json!({
+        "suite": "status_write",
+        "server": "real control plane",
+        "writes": args.writes,
+        "sizes": sizes,
+    }));
+    Ok(())
+}
+
+/// Creates a policy listing `n` nodes, then times `writes` writes of one changed entry each.
+async fn time_writes(client: &Client, n: usize, writes: usize) -> Result<Value> {
+    if n == 0 {
+        bail!("a status to write needs at least one node entry");
+    }
+    let name = format!("status-write-{n}");
+    let spec = json!({ "version": "2.1.0", "nodeAffinity": {} });
+    create_policy(client, json!({ "name": name }), spec).await?;
+    let api: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
+    let mut draining: Vec<bool> = (0..n).map(|i| i % 10 == 0).collect();
+    let nodes: Vec<Value> = (0..n).map(|i| entry(i, draining[i])).collect();
+    let status = json!({ "status": { "observedGeneration": 1, "nodes": nodes } });
+    let bytes = serde_json::to_vec(&status)?.len();
+    let params = PatchParams::default();
+    api.patch_status(&name, &params, &Patch::Merge(&status))
+        .await
+        .with_context(|| format!("cannot write the first status of {name}"))?;
+    let mut took = Vec::with_capacity(writes);
+    for k in 0..writes {
+        // Each write moves one node between Draining and Done, as a hand-off does.
+        let i = k % n;
+        draining[i] = !draining[i];
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            { "op": "replace", "path": format!("/status/nodes/{i}"), "value": entry(i, draining[i]) }
+        ]))?;
+        let started = Instant::now();
+        api.patch_status(&name, &params, &Patch::Json::<()>(patch))
+            .await
+            .with_context(|| format!("cannot write the status of {name}"))?;
+        took.push(started.elapsed());
+    }
+    let s = spread(took);
+    Ok(json!({ "entries": n, "status_bytes": bytes, "write_ms": s.json() }))
+}
+
+/// Node `i`'s entry, Done or Draining.
+fn entry(i: usize, draining: bool) -> Value {
+    let mut entry = json!({
+        "name": format!("tt-{i:05}"),
+        "currentVersion": "2.0.0",
+        "installMode": "container",
+        "lastTransitionTime": "2026-12-06T03:30:17Z",
+    });
+    if draining {
+        entry["state"] = json!("Draining");
+        entry["targetVersion"] = json!("2.1.0");
+        entry["reason"] = json!("EvictingPods");
+        entry["message"] = json!("evicting 2 pods that use the device");
+        entry["phaseStartTime"] = json!("2026-12-06T03:30:15Z");
+    } else {
+        entry["state"] = json!("Done");
+        entry["currentVersion"] = json!("2.1.0");
+    }
+    entry
+}
