@@ -172,10 +172,7 @@ impl Cluster {
         let result = self.exercise(port, agent);
         let logs = std::fs::read_to_string(&log).unwrap_or_default()
             + &std::fs::read_to_string(run.join("controller.err")).unwrap_or_default();
-        let refused: Vec<&str> = logs
-            .lines()
-            .filter(|l| l.contains("403") || l.to_lowercase().contains("forbidden"))
-            .collect();
+        let refused: Vec<&str> = logs.lines().filter(|l| is_refusal(l)).collect();
         match (result, refused.is_empty()) {
             (Err(e), _) => Err(e.context(format!("controller log {}", log.display()))),
             (Ok(()), false) => bail!("requests were refused:\n{}", refused.join("\n")),
@@ -365,4 +362,28 @@ fn http_status(port: u16, path: &str) -> Option<u16> {
     let mut head = [0u8; 12];
     stream.read_exact(&mut head).ok()?;
     std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// Whether a controller log line reports a refused request: the status 403 as a number of its
+/// own (a timestamp such as `58.354039Z` holds the digits too) or the word "forbidden".
+fn is_refusal(line: &str) -> bool {
+    line.split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|token| token == "403")
+        || line.to_lowercase().contains("forbidden")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_refusal;
+
+    #[test]
+    fn a_refusal_is_a_403_or_forbidden_not_a_timestamp_that_holds_the_digits() {
+        let ready = r#"{"timestamp":"2026-12-06T04:55:58.354039Z","level":"INFO","fields":{"message":"initial watches synced; ready"}}"#;
+        assert!(!is_refusal(ready));
+        assert!(is_refusal(
+            r#"ApiError: nodes "n1" is forbidden: User "system:serviceaccount:x:y" cannot patch resource "nodes""#
+        ));
+        assert!(is_refusal(r#"{"code":403,"reason":"Unknown"}"#));
+        assert!(is_refusal("request failed status=403"));
+    }
 }
