@@ -4,8 +4,10 @@
 //! it), so this is a floor under the fleet suite's hand-off figure on the same machine.
 //!
 //! Each timed write is what the controller sends: a JSON patch that replaces one entry (the
-//! server still decodes, validates, stores and sends the whole object). The entries look like a
-//! rollout's: most nodes Done, one in ten Draining with its reason and message.
+//! server still decodes, validates, stores and sends the whole object). The time includes
+//! reading the answer, the whole policy, which the controller does not ask for (it takes only
+//! the metadata); so it is a little above the server's own. The entries look like a rollout's:
+//! most nodes Done, one in ten Draining with its reason and message.
 
 use std::time::Instant;
 
