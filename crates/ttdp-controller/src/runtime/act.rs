@@ -9,18 +9,19 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use tracing::warn;
+use tracing::{info, warn};
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_drain::UncordonOutcome;
 use ttdp_kmod::KmdVersion;
 
 use crate::error::{Error, error_chain};
-use crate::pure::cached::CachedPod;
-use crate::pure::drain_plan;
+use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::transition::Action;
+use crate::pure::{drain_plan, observe};
 use crate::runtime::context::Context;
 use crate::runtime::node_actions;
 use crate::runtime::node_tasks::Wake;
+use crate::runtime::status_writer::RecordedStatus;
 
 /// How many nodes' actions a reconcile waits for at once.
 const NODE_ACTIONS_AT_ONCE: usize = 16;
@@ -211,6 +212,28 @@ async fn replace_agent(ctx: &Context, pod: &CachedPod) -> Result<(), Error> {
     node_actions::delete_agent_pod(&ctx.client, pod)
         .await
         .inspect_err(|_| ctx.forget_deletion(uid))
+}
+
+/// Releases the nodes that left the policy's selection (skip label, selector change) and still
+/// hold something of ours; the first failure is returned after trying them all.
+pub async fn release_unmatched(
+    ctx: &Context,
+    policy: &str,
+    unmatched: &[Arc<CachedNode>],
+    recorded: &RecordedStatus,
+) -> Result<(), Error> {
+    let mut first_error = None;
+    for n in unmatched {
+        let node = n.name();
+        let was_ours = || recorded.nodes.contains_key(node);
+        if observe::holds_ours(&n.metadata, policy, was_ours) {
+            info!(node = %node, "node left the policy's selection; releasing it");
+            if let Err(e) = node_actions::release(&ctx.client, policy, node, None).await {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }
 
 /// Wakes the policy's reconcile.

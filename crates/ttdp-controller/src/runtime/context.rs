@@ -2,7 +2,7 @@
 //! background drains, the memory of recorded statuses and applied DaemonSets, and the error
 //! back-off.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -77,6 +77,9 @@ pub struct Context {
     failures: Mutex<HashMap<String, ReconcileFailure>>,
     applied: Mutex<HashMap<String, AppliedDaemonSet>>,
     deleted_pods: Mutex<HashMap<String, Instant>>,
+    /// (policy, node) whose cordon a reconcile lifted before the status write that records its
+    /// Uncordoning, while that write has not succeeded.
+    lifted_unrecorded: Mutex<HashSet<(String, String)>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -114,6 +117,7 @@ impl Context {
             failures: Mutex::default(),
             applied: Mutex::default(),
             deleted_pods: Mutex::default(),
+            lifted_unrecorded: Mutex::default(),
         }
     }
 
@@ -223,6 +227,32 @@ impl Context {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(uid);
+    }
+
+    /// Remembers that the cordons of `nodes` were lifted and their Uncordoning is not recorded
+    /// yet (`unrecorded`), or that it is now. A node lifted before a status write that failed
+    /// counts as cordoned by us until then, so its Uncordoning is still shown.
+    pub fn note_lifted(&self, policy: &str, nodes: &[String], unrecorded: bool) {
+        let mut lifted = self
+            .lifted_unrecorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for node in nodes {
+            let key = (policy.to_owned(), node.clone());
+            if unrecorded {
+                lifted.insert(key);
+            } else {
+                lifted.remove(&key);
+            }
+        }
+    }
+
+    /// Whether `node`'s cordon was lifted by a reconcile whose status write then failed.
+    pub fn lifted_unrecorded(&self, policy: &str, node: &str) -> bool {
+        self.lifted_unrecorded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&(policy.to_owned(), node.to_owned()))
     }
 
     /// Forgets a deleted policy.

@@ -7,7 +7,8 @@
 //!
 //! The new state is recorded before the action, so a crash in between repeats the action on the
 //! next reconcile instead of skipping it. Lifting a cordon, harmless to repeat, runs before its
-//! Uncordoning is written, so that the slot it frees goes to the next node in the same write.
+//! Uncordoning is written, so that the slot it frees goes to the next node in the same write;
+//! when that write fails, the node counts as cordoned by us until its Uncordoning is recorded.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -38,11 +39,11 @@ use crate::pure::transition::{
     Action, AgentPod, DrainProgress, NodeObservation, NodeTransition, UpgradeGrant, reasons,
 };
 use crate::runtime::act::{self, NodeOutcome, NodeWork};
+use crate::runtime::agent_daemonset;
 use crate::runtime::context::Context;
 use crate::runtime::follow::{self, FollowBasis, PolicyKey};
 use crate::runtime::status_writer::{self, RecordedStatus};
 use crate::runtime::watch_changes::ChangeSubscription;
-use crate::runtime::{agent_daemonset, node_actions};
 
 /// How long one reconcile follows the fleet round after round before it ends and the next one
 /// observes everything again.
@@ -193,7 +194,7 @@ impl Pass {
     /// another round.
     pub async fn round(&mut self) -> Result<bool, Error> {
         let first = self.plan_nodes();
-        let (transitions, released) = self.lift_cordons(first).await;
+        let (transitions, released, lifted) = self.lift_cordons(first).await;
         let planned = self.build(transitions);
         // Written since this pass began: `policy`, read before, no longer shows the API's copy.
         let wrote = self
@@ -208,6 +209,7 @@ impl Pass {
             wrote,
         )
         .await?;
+        self.ctx.note_lifted(&self.name, &lifted, false);
         let foreground = self.start_actions();
         let outcomes = act::on_nodes(&self.ctx, &self.policy, foreground, &self.now).await;
         let released = released + self.take_outcomes(outcomes);
@@ -237,7 +239,11 @@ impl Pass {
         self.ctx
             .drains
             .retain(&self.name, |n| keep_drain.contains(n));
-        self.release_unmatched().await;
+        let released =
+            act::release_unmatched(&self.ctx, &self.name, &self.unmatched, &self.recorded);
+        if let Err(e) = released.await {
+            self.first_error.get_or_insert(e);
+        }
         if let Some(e) = self.first_error.take() {
             return Err(e);
         }
@@ -268,7 +274,7 @@ impl Pass {
         });
         let unschedulable =
             (in_flight || observe::cordoned_by(&n.metadata, &self.name)).then_some(n.unschedulable);
-        let observation = observe::observe(ObserveInput {
+        let mut observation = observe::observe(ObserveInput {
             policy: &self.name,
             target_version: &self.planner.rules().target_version,
             target_parameters: &self.planner.rules().target_parameters,
@@ -284,6 +290,9 @@ impl Pass {
             not_created: self.basis.not_created.as_ref(),
             now: &self.now,
         });
+        // Lifted before a status write that failed: ours until its Uncordoning is recorded.
+        observation.cordoned_by_us |= observation.recorded == Some(NodeState::Upgrading)
+            && self.ctx.lifted_unrecorded(&self.name, node);
         let rules = self.planner.rules();
         let deadline = drain_plan::holders_deadline(entry, &self.now, rules.drain_timeout);
         let step_deadline = observe::until_step_deadline(entry, &self.now, rules);
@@ -316,12 +325,15 @@ impl Pass {
     /// (lifting is harmless to repeat, and after a crash in between the node, seen uncordoned
     /// with its agent Ready, goes the same way to Done). A lifted cordon frees its node's slot,
     /// so the next nodes' Cordoning goes into the same status write: one write per hand-off, not
-    /// two. Returns the planned nodes and how many were lifted; a failed lift keeps its slot.
+    /// two. Returns the planned nodes, how many were lifted (a failed lift keeps its slot) and
+    /// the nodes tried, noted in the context until the write that records them succeeds.
     async fn lift_cordons(
         &mut self,
         mut planned: Vec<(usize, NodeTransition)>,
-    ) -> (Vec<(usize, NodeTransition)>, usize) {
+    ) -> (Vec<(usize, NodeTransition)>, usize, Vec<String>) {
         let lifting = self.cordons_to_lift();
+        let lifted: Vec<String> = lifting.iter().map(|w| w.node.clone()).collect();
+        self.ctx.note_lifted(&self.name, &lifted, true);
         let outcomes = act::on_nodes(&self.ctx, &self.policy, lifting, &self.now).await;
         let released = self.take_outcomes(outcomes);
         if released > 0 {
@@ -332,7 +344,7 @@ impl Pass {
             let by_node: BTreeMap<_, _> = planned.into_iter().chain(self.plan_nodes()).collect();
             planned = by_node.into_iter().collect();
         }
-        (planned, released)
+        (planned, released, lifted)
     }
 
     /// Builds the status entries of the planned nodes.
@@ -551,22 +563,6 @@ impl Pass {
             obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
             true
         });
-    }
-
-    /// Nodes no longer matched (skip label, selector change) keep nothing of ours.
-    async fn release_unmatched(&mut self) {
-        for n in &self.unmatched {
-            let node = n.name();
-            let was_ours = || self.recorded.nodes.contains_key(node);
-            if observe::holds_ours(&n.metadata, &self.name, was_ours) {
-                info!(node = %node, "node left the policy's selection; releasing it");
-                if let Err(e) =
-                    node_actions::release(&self.ctx.client, &self.name, node, None).await
-                {
-                    self.first_error.get_or_insert(e);
-                }
-            }
-        }
     }
 
     /// When to reconcile again: soon while nodes are in flight, a retry gate is about to open or
