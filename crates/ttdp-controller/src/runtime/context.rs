@@ -77,9 +77,9 @@ pub struct Context {
     failures: Mutex<HashMap<String, ReconcileFailure>>,
     applied: Mutex<HashMap<String, AppliedDaemonSet>>,
     deleted_pods: Mutex<HashMap<String, Instant>>,
-    /// (policy, node) whose cordon a reconcile lifted before the status write that records its
-    /// Uncordoning, while that write has not succeeded.
-    lifted_unrecorded: Mutex<HashSet<(String, String)>>,
+    /// By policy, the nodes whose cordon a reconcile lifted before the status write that
+    /// records their Uncordoning, while that write has not succeeded.
+    lifted_unrecorded: Mutex<HashMap<String, HashSet<String>>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -233,16 +233,22 @@ impl Context {
     /// yet (`unrecorded`), or that it is now. A node lifted before a status write that failed
     /// counts as cordoned by us until then, so its Uncordoning is still shown.
     pub fn note_lifted(&self, policy: &str, nodes: &[String], unrecorded: bool) {
+        if nodes.is_empty() {
+            return;
+        }
         let mut lifted = self
             .lifted_unrecorded
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        for node in nodes {
-            let key = (policy.to_owned(), node.clone());
-            if unrecorded {
-                lifted.insert(key);
-            } else {
-                lifted.remove(&key);
+        if unrecorded {
+            let of_policy = lifted.entry(policy.to_owned()).or_default();
+            of_policy.extend(nodes.iter().cloned());
+        } else if let Some(of_policy) = lifted.get_mut(policy) {
+            for node in nodes {
+                of_policy.remove(node);
+            }
+            if of_policy.is_empty() {
+                lifted.remove(policy);
             }
         }
     }
@@ -252,7 +258,8 @@ impl Context {
         self.lifted_unrecorded
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .contains(&(policy.to_owned(), node.to_owned()))
+            .get(policy)
+            .is_some_and(|nodes| nodes.contains(node))
     }
 
     /// Forgets a deleted policy.
