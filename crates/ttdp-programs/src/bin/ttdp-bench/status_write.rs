@@ -13,10 +13,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
-use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy};
 use ttdp_testkit::cluster_setup::{create_policy, install_crd};
 use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
 use ttdp_testkit::sim::cluster::client_for;
@@ -68,7 +69,9 @@ async fn time_writes(client: &Client, n: usize, writes: usize) -> Result<Value> 
     create_policy(client, json!({ "name": name }), spec).await?;
     let api: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
     let mut draining: Vec<bool> = (0..n).map(|i| i % 10 == 0).collect();
-    let nodes: Vec<Value> = (0..n).map(|i| entry(i, draining[i])).collect();
+    let nodes: Vec<Value> = (0..n)
+        .map(|i| entry(i, draining[i]))
+        .collect::<Result<_>>()?;
     let status = json!({ "status": { "observedGeneration": 1, "nodes": nodes } });
     let bytes = serde_json::to_vec(&status)?.len();
     let params = PatchParams::default();
@@ -81,7 +84,7 @@ async fn time_writes(client: &Client, n: usize, writes: usize) -> Result<Value> 
         let i = k % n;
         draining[i] = !draining[i];
         let patch: json_patch::Patch = serde_json::from_value(json!([
-            { "op": "replace", "path": format!("/status/nodes/{i}"), "value": entry(i, draining[i]) }
+            { "op": "replace", "path": format!("/status/nodes/{i}"), "value": entry(i, draining[i])? }
         ]))?;
         let started = Instant::now();
         api.patch_status(&name, &params, &Patch::Json::<()>(patch))
@@ -94,22 +97,29 @@ async fn time_writes(client: &Client, n: usize, writes: usize) -> Result<Value> 
 }
 
 /// Node `i`'s entry, Done or Draining.
-fn entry(i: usize, draining: bool) -> Value {
-    let mut entry = json!({
-        "name": format!("tt-{i:05}"),
-        "currentVersion": "2.0.0",
-        "installMode": "container",
-        "lastTransitionTime": "2026-12-06T03:30:17Z",
-    });
+fn entry(i: usize, draining: bool) -> Result<Value> {
+    let time = |at: &str| -> Result<Time> { Ok(Time(at.parse()?)) };
+    let mut entry = NodeStatus {
+        name: format!("tt-{i:05}"),
+        state: NodeState::Done,
+        current_version: Some("2.1.0".to_owned()),
+        target_version: None,
+        install_mode: Some("container".to_owned()),
+        reason: None,
+        message: None,
+        last_transition_time: Some(time("2026-12-06T03:30:17Z")?),
+        phase_start_time: None,
+        attempts: None,
+        loaded_parameters: None,
+        source_commit: None,
+    };
     if draining {
-        entry["state"] = json!("Draining");
-        entry["targetVersion"] = json!("2.1.0");
-        entry["reason"] = json!("EvictingPods");
-        entry["message"] = json!("evicting 2 pods that use the device");
-        entry["phaseStartTime"] = json!("2026-12-06T03:30:15Z");
-    } else {
-        entry["state"] = json!("Done");
-        entry["currentVersion"] = json!("2.1.0");
+        entry.state = NodeState::Draining;
+        entry.current_version = Some("2.0.0".to_owned());
+        entry.target_version = Some("2.1.0".to_owned());
+        entry.reason = Some("EvictingPods".to_owned());
+        entry.message = Some("evicting 2 pods that use the device".to_owned());
+        entry.phase_start_time = Some(time("2026-12-06T03:30:15Z")?);
     }
-    entry
+    Ok(serde_json::to_value(entry)?)
 }
