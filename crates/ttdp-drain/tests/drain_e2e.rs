@@ -309,6 +309,8 @@ async fn evictions_a_budget_guards_go_first() {
     h.pod("n1", "api-b", with(api, labels("api"))).await;
     h.pod("n1", "web-a", with(web, labels("web"))).await;
     h.pdb("web-pdb", "web", json!({"maxUnavailable": 1})).await;
+    // Allowed from the start, so each pod is asked once and the order is the drainer's alone.
+    h.wait_pdb_allows("web-pdb", 1).await;
     let options = DrainOptions {
         concurrency: 1,
         ..fast(PodRules::default())

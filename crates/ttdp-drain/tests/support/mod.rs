@@ -318,6 +318,25 @@ impl Harness {
         }
     }
 
+    /// Waits until the budget's status allows `allowed` disruptions: the disruption controller may
+    /// mark a new budget observed before its pod cache shows the pods Ready.
+    pub async fn wait_pdb_allows(&self, name: &str, allowed: i32) {
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.admin.clone(), self.ns());
+        let started = std::time::Instant::now();
+        loop {
+            let pdb = api.get(name).await.unwrap();
+            let status = pdb.status.unwrap_or_default();
+            if status.disruptions_allowed == allowed {
+                return;
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "{name} never allowed {allowed} disruptions: {status:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Stops the kubelets (the Drop of [`Scratch`] removes the nodes and namespace).
     pub async fn shutdown(mut self) {
         if let Some(kubelet) = self.kubelet.take() {
