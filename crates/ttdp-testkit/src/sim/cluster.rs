@@ -23,7 +23,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -31,10 +31,11 @@ use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount, Taint};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config, Resource, ResourceExt};
 use rand::Rng;
+use serde_json::json;
 use tracing::info;
 use ttdp_api::names::{env, labels};
 use ttdp_kmod::{
@@ -46,8 +47,8 @@ use super::daemonset::DaemonSetStandIn;
 use super::error::{SimError, allow_status};
 use super::eventually::eventually;
 use super::image_map::ImageMap;
-use super::kubelet::{KubeletConfig, SimKubelet};
-use super::node_heartbeat::SimNodeSpec;
+use super::kubelet::{KubeletConfig, SimKubelet, delete_nodes};
+use super::node_heartbeat::{SimNodeSpec, ensure_namespace};
 use super::time_scale::TimeScale;
 use super::workload::{DEVICE_RESOURCE, DisruptionLimit, Workload, WorkloadOwner, typed};
 use crate::apiserver::TestApiServer;
@@ -318,15 +319,9 @@ impl SimCluster {
             }
         };
 
-        let mut versions: Vec<String> = options.kmd_versions.clone();
-        versions.extend(
-            options
-                .tenstorrent_nodes
-                .iter()
-                .filter_map(|n| n.loaded_version.clone()),
-        );
-        versions.sort();
-        versions.dedup();
+        let loaded = (options.tenstorrent_nodes.iter()).filter_map(|n| n.loaded_version.clone());
+        let versions: BTreeSet<String> =
+            options.kmd_versions.iter().cloned().chain(loaded).collect();
         let repo_dir = dir.path().join("tt-kmd.git");
         let kmd_repo = blocking(move || {
             let refs: Vec<&str> = versions.iter().map(String::as_str).collect();
@@ -342,11 +337,8 @@ impl SimCluster {
             (env::TT_KMD_REPOSITORY.to_owned(), kmd_repo.url()),
             ("HOME".to_owned(), dir.path().display().to_string()),
         ];
-        for inherited in ["PATH", "RUST_LOG", "RUST_BACKTRACE"] {
-            if let Ok(value) = std::env::var(inherited) {
-                common_env.push((inherited.to_owned(), value));
-            }
-        }
+        let inherited = ["PATH", "RUST_LOG", "RUST_BACKTRACE"].into_iter();
+        common_env.extend(inherited.filter_map(|k| Some((k.to_owned(), std::env::var(k).ok()?))));
         common_env.extend(options.env.iter().cloned());
         let kubelet_config = KubeletConfig {
             image_map: options.image_map.clone(),
@@ -589,7 +581,7 @@ impl SimCluster {
         };
         let budget = typed(
             "poddisruptionbudget",
-            serde_json::json!({
+            json!({
                 "metadata": {"name": name, "namespace": self.namespace},
                 "spec": {key: value, "selector": {"matchLabels": match_labels}},
             }),
@@ -695,10 +687,7 @@ async fn delete_scenario(
     nodes: &[String],
 ) -> Result<(), SimError> {
     let client = client_for(kubeconfig).await?;
-    let now = DeleteParams {
-        grace_period_seconds: Some(0),
-        ..DeleteParams::default()
-    };
+    let now = DeleteParams::default().grace_period(0);
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let listed = pods
         .list(&ListParams::default())
@@ -711,12 +700,7 @@ async fn delete_scenario(
         .delete(namespace, &DeleteParams::default())
         .await;
     allow_status(deleted, 404, || format!("delete namespace {namespace}"))?;
-    let api: Api<Node> = Api::all(client);
-    for name in nodes {
-        let deleted = api.delete(name, &DeleteParams::default()).await;
-        allow_status(deleted, 404, || format!("delete simulated node {name}"))?;
-    }
-    Ok(())
+    delete_nodes(&client, nodes).await
 }
 
 /// `<kind>-` and five random characters: a DNS label, unique enough to keep the objects of one
@@ -747,28 +731,14 @@ pub async fn client_for(path: &Path) -> Result<Client, SimError> {
 }
 
 async fn create_namespace(client: &Client, name: &str) -> Result<(), SimError> {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    let created = api.create(&PostParams::default(), &ns).await;
-    allow_status(created, 409, || format!("create namespace {name}"))?;
+    ensure_namespace(client, name).await?;
     // A real cluster refuses pods in a namespace until its `default` ServiceAccount exists (the
     // ServiceAccount admission plugin), which the controller manager creates shortly after the
     // namespace: create it right away instead of waiting (409 when the controller was first).
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), name);
-    let account = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some("default".to_owned()),
-            ..ObjectMeta::default()
-        },
-        ..ServiceAccount::default()
-    };
-    let created = accounts.create(&PostParams::default(), &account).await;
+    let account = typed("serviceaccount", json!({"metadata": {"name": "default"}}))?;
+    let created = (Api::<ServiceAccount>::namespaced(client.clone(), name))
+        .create(&PostParams::default(), &account)
+        .await;
     allow_status(created, 409, || {
         format!("create service account {name}/default")
     })

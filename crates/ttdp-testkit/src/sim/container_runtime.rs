@@ -64,7 +64,7 @@ pub(crate) struct ReadinessProbe {
     pub initial_delay: Duration,
     pub period: Duration,
     pub timeout: Duration,
-    pub success_threshold: u32,
+    /// Failures in a row that make the container unready; one success makes it ready.
     pub failure_threshold: u32,
 }
 
@@ -296,10 +296,7 @@ impl ContainerTask {
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
                         _ = wait_stop(&mut self.stop) => {
-                            self.update(|s| {
-                                s.state = RunState::Terminated(end);
-                                s.done = true;
-                            });
+                            self.finish(end);
                             return;
                         }
                     }
@@ -320,10 +317,7 @@ impl ContainerTask {
             Ok(instance) => instance,
             Err(err) => {
                 let message = format!("cannot run {}: {err}", process.program.display());
-                return Outcome::Exited(Termination {
-                    reason: "StartError".to_owned(),
-                    ..Termination::now(128, Some(message), None)
-                });
+                return Outcome::Exited(Termination::now(128, Some(message), None));
             }
         };
         let instance_id = {
@@ -344,22 +338,18 @@ impl ContainerTask {
                 instance_id,
             ))
         });
-        let outcome = tokio::select! {
-            status = instance.child.wait() => {
-                let status = status.ok();
-                let message = instance.last_line().await;
-                Outcome::Exited(termination(status, message, started_at))
-            }
-            request = wait_stop(&mut self.stop) => {
-                let status = instance.stop(request).await;
-                let message = instance.last_line().await;
-                Outcome::Stopped(termination(status, message, started_at))
-            }
+        let (status, outcome): (_, fn(Termination) -> Outcome) = tokio::select! {
+            status = instance.child.wait() => (status.ok(), Outcome::Exited),
+            request = wait_stop(&mut self.stop) => (instance.stop(request).await, Outcome::Stopped),
         };
         if let Some(task) = probe_task {
             task.abort();
         }
-        outcome
+        let exit_code = status.map_or(137, |s| {
+            s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9))
+        });
+        let message = instance.last_line().await;
+        outcome(Termination::now(exit_code, message, Some(started_at)))
     }
 
     async fn run_workload(&mut self, device: Option<DeviceHold>) -> Outcome {
@@ -416,17 +406,6 @@ async fn wait_stop(stop: &mut watch::Receiver<Option<StopRequest>>) -> StopReque
     }
 }
 
-fn termination(
-    status: Option<ExitStatus>,
-    message: Option<String>,
-    started_at: Timestamp,
-) -> Termination {
-    let exit_code = status
-        .map(|s| s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(9)))
-        .unwrap_or(137);
-    Termination::now(exit_code, message, Some(started_at))
-}
-
 /// A running child process in its own process group, its output going to a log file.
 struct ProcessInstance {
     child: Child,
@@ -437,37 +416,19 @@ struct ProcessInstance {
 
 impl ProcessInstance {
     fn spawn(spec: &ProcessSpec, log_file: Option<&PathBuf>) -> std::io::Result<Self> {
-        let mut command = Command::new(&spec.program);
-        command
-            .args(&spec.args)
-            .env_clear()
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let mut child = command.spawn()?;
-        let pgid = child
-            .id()
+        let mut child = command(spec, Stdio::piped).process_group(0).spawn()?;
+        let pgid = (child.id())
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw);
         let last_line = Arc::new(Mutex::new(None));
-        let mut readers = Vec::new();
-        if let Some(out) = child.stdout.take() {
-            readers.push(tokio::spawn(read_lines(
-                out,
-                log_file.cloned(),
-                last_line.clone(),
-            )));
-        }
-        if let Some(err) = child.stderr.take() {
-            readers.push(tokio::spawn(read_lines(
-                err,
-                log_file.cloned(),
-                last_line.clone(),
-            )));
-        }
+        let reader = |stream: Box<dyn AsyncRead + Send + Unpin>| {
+            tokio::spawn(read_lines(stream, log_file.cloned(), last_line.clone()))
+        };
+        let readers = [
+            child.stdout.take().map(|out| reader(Box::new(out))),
+            child.stderr.take().map(|err| reader(Box::new(err))),
+        ];
+        let readers = readers.into_iter().flatten().collect();
         Ok(Self {
             child,
             pgid,
@@ -485,13 +446,13 @@ impl ProcessInstance {
             }
             StopRequest::Kill => Duration::ZERO,
         };
-        if let Ok(status) = tokio::time::timeout(grace, self.child.wait()).await {
-            // The group may still have members after the leader exited.
-            self.signal(Signal::SIGKILL);
-            return status.ok();
-        }
+        let exited = tokio::time::timeout(grace, self.child.wait()).await;
+        // Also when the leader exited: the group may still have members.
         self.signal(Signal::SIGKILL);
-        self.child.wait().await.ok()
+        match exited {
+            Ok(status) => status.ok(),
+            Err(_) => self.child.wait().await.ok(),
+        }
     }
 
     fn signal(&self, signal: Signal) {
@@ -543,27 +504,14 @@ async fn probe_loop(
     instance: u64,
 ) {
     tokio::time::sleep(scale.scale(probe.initial_delay)).await;
-    let (mut successes, mut failures) = (0u32, 0u32);
+    let mut failures = 0u32;
     loop {
-        let ok = match &probe.process {
+        let ready = match &probe.process {
             Some(process) => run_probe(process, probe.timeout).await,
             None => true,
         };
-        if ok {
-            successes += 1;
-            failures = 0;
-        } else {
-            failures += 1;
-            successes = 0;
-        }
-        let ready = if successes >= probe.success_threshold.max(1) {
-            Some(true)
-        } else if failures >= probe.failure_threshold.max(1) {
-            Some(false)
-        } else {
-            None
-        };
-        if let Some(ready) = ready {
+        failures = if ready { 0 } else { failures + 1 };
+        if ready || failures >= probe.failure_threshold.max(1) {
             let mut s = lock(&snapshot);
             if s.instance == instance
                 && matches!(s.state, RunState::Running { .. })
@@ -579,20 +527,25 @@ async fn probe_loop(
 }
 
 async fn run_probe(process: &ProcessSpec, timeout: Duration) -> bool {
-    let child = Command::new(&process.program)
-        .args(&process.args)
-        .env_clear()
-        .envs(process.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn();
-    let Ok(mut child) = child else {
+    let Ok(mut child) = command(process, Stdio::null).spawn() else {
         return false;
     };
     matches!(
         tokio::time::timeout(timeout, child.wait()).await,
         Ok(Ok(status)) if status.success()
     )
+}
+
+/// The command for `spec`, with nothing inherited and no input, its output going to `output`.
+fn command(spec: &ProcessSpec, output: fn() -> Stdio) -> Command {
+    let mut command = Command::new(&spec.program);
+    command
+        .args(&spec.args)
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(output())
+        .stderr(output())
+        .kill_on_drop(true);
+    command
 }

@@ -1,7 +1,6 @@
 //! How a pod's container becomes a local process: program, arguments and environment, with
 //! `valueFrom.fieldRef` and `$(VAR)` references resolved the way the kubelet resolves them.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Container, ExecAction, Pod};
@@ -19,35 +18,38 @@ pub struct ProcessSpec {
     pub env: Vec<(String, String)>,
 }
 
-/// Variables the kubelet adds to a mapped container's environment.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct InjectedEnv<'a> {
-    /// Set before the pod's `env`, which may override them (e.g. `KUBECONFIG`, `PATH`).
-    pub defaults: &'a [(String, String)],
-    /// Set after the pod's `env`, overriding it: the simulated host's view of itself
-    /// (`TTDP_HOST_ROOT`, `TTDP_KERNEL`), which a real container gets from its mounts.
-    pub forced: &'a [(String, String)],
-}
-
 /// The container's process when its image maps to `binary`: `command[0]` is replaced by the
-/// binary, the rest of `command` and then `args` follow.
+/// binary, the rest of `command` and then `args` follow. Its environment is `defaults` (e.g.
+/// `KUBECONFIG`, `PATH`), then the container's `env` (later names override earlier ones), then
+/// `forced`: the simulated host's view of itself (`TTDP_HOST_ROOT`, `TTDP_KERNEL`), which a real
+/// container gets from its mounts.
 pub fn container_process(
     pod: &Pod,
     container: &Container,
     binary: &Path,
-    injected: InjectedEnv<'_>,
-    pod_ip: &str,
-    host_ip: &str,
+    defaults: &[(String, String)],
+    forced: &[(String, String)],
 ) -> ProcessSpec {
-    let env = container_env(pod, container, injected, pod_ip, host_ip);
-    let lookup: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let command = container.command.as_deref().unwrap_or_default();
-    let args = container.args.as_deref().unwrap_or_default();
-    let args = command
-        .iter()
-        .skip(1)
-        .chain(args.iter())
-        .map(|a| expand_references(a, &lookup))
+    let mut env = defaults.to_vec();
+    for var in container.env.iter().flatten() {
+        let field = var.value_from.as_ref().and_then(|f| f.field_ref.as_ref());
+        let value = match (&var.value, field) {
+            (Some(value), _) => Some(expand_references(value, &env)),
+            (None, Some(field)) => field_value(pod, &field.field_path),
+            (None, None) => var.value_from.is_none().then(String::new),
+        };
+        let Some(value) = value else {
+            warn!(pod = %pod.name_any(), variable = %var.name, "env source not simulated; variable left out");
+            continue;
+        };
+        env.retain(|(k, _)| k != &var.name);
+        env.push((var.name.clone(), value));
+    }
+    env.retain(|(k, _)| !forced.iter().any(|(name, _)| name == k));
+    env.extend_from_slice(forced);
+    let command = container.command.iter().flatten().skip(1);
+    let args = (command.chain(container.args.iter().flatten()))
+        .map(|a| expand_references(a, &env))
         .collect();
     ProcessSpec {
         program: binary.to_path_buf(),
@@ -64,134 +66,59 @@ pub fn probe_process(
     container: &Container,
     container_process: &ProcessSpec,
 ) -> Option<ProcessSpec> {
-    let argv = exec.command.as_deref().unwrap_or_default();
-    let (first, rest) = argv.split_first()?;
-    let file_name = |p: &str| Path::new(p).file_name().map(|n| n.to_os_string());
-    let entrypoint = container
-        .command
-        .as_ref()
-        .and_then(|c| c.first())
-        .and_then(|c| file_name(c));
-    let binary = container_process
-        .program
-        .file_name()
-        .map(|n| n.to_os_string());
-    let mine = file_name(first);
-    let program = if mine.is_some() && (mine == entrypoint || mine == binary) {
-        container_process.program.clone()
-    } else {
-        PathBuf::from(first)
-    };
-    let lookup: BTreeMap<&str, &str> = container_process
-        .env
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
+    let (first, rest) = exec.command.as_deref()?.split_first()?;
+    let mine = Path::new(first).file_name();
+    let entrypoint = container.command.iter().flatten().next().map(Path::new);
+    let mapped = [entrypoint, Some(container_process.program.as_path())]
+        .into_iter()
+        .flatten()
+        .any(|p| mine.is_some() && p.file_name() == mine);
+    let env = &container_process.env;
     Some(ProcessSpec {
-        program,
-        args: rest.iter().map(|a| expand_references(a, &lookup)).collect(),
-        env: container_process.env.clone(),
+        program: if mapped {
+            container_process.program.clone()
+        } else {
+            PathBuf::from(first)
+        },
+        args: rest.iter().map(|a| expand_references(a, env)).collect(),
+        env: env.clone(),
     })
 }
 
-/// The container's environment: the injected defaults, then `env` in order (later names override
-/// earlier ones), with `value` references expanded and `fieldRef`s resolved, then the forced
-/// variables. Other sources (config maps, secrets, resource fields) are not simulated and are
-/// left out with a warning.
-pub fn container_env(
-    pod: &Pod,
-    container: &Container,
-    injected: InjectedEnv<'_>,
-    pod_ip: &str,
-    host_ip: &str,
-) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = injected.defaults.to_vec();
-    for var in container.env.as_deref().unwrap_or_default() {
-        let value = if let Some(value) = &var.value {
-            let lookup: BTreeMap<&str, &str> =
-                env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            Some(expand_references(value, &lookup))
-        } else if let Some(field) = var.value_from.as_ref().and_then(|f| f.field_ref.as_ref()) {
-            field_value(pod, &field.field_path, pod_ip, host_ip)
-        } else if var.value_from.is_some() {
-            warn!(pod = %pod.name_any(), variable = %var.name, "env source not simulated; variable left out");
-            None
-        } else {
-            Some(String::new())
-        };
-        if let Some(value) = value {
-            env.retain(|(k, _)| k != &var.name);
-            env.push((var.name.clone(), value));
-        }
-    }
-    for (name, value) in injected.forced {
-        env.retain(|(k, _)| k != name);
-        env.push((name.clone(), value.clone()));
-    }
-    env
-}
-
-/// The value of a downward-API field path, as the kubelet resolves it.
-pub fn field_value(pod: &Pod, path: &str, pod_ip: &str, host_ip: &str) -> Option<String> {
-    let spec = pod.spec.as_ref();
+/// The value of a downward-API field path, as the kubelet resolves it: only the paths pods here
+/// use (the agent's and the tests'); others are not simulated.
+fn field_value(pod: &Pod, path: &str) -> Option<String> {
     match path {
         "metadata.name" => Some(pod.name_any()),
         "metadata.namespace" => Some(pod.namespace().unwrap_or_default()),
-        "metadata.uid" => Some(pod.uid().unwrap_or_default()),
-        "spec.nodeName" => Some(spec.and_then(|s| s.node_name.clone()).unwrap_or_default()),
-        "spec.serviceAccountName" => Some(
-            spec.and_then(|s| s.service_account_name.clone())
-                .unwrap_or_else(|| "default".to_owned()),
-        ),
-        "status.podIP" => Some(pod_ip.to_owned()),
-        "status.hostIP" => Some(host_ip.to_owned()),
+        "spec.nodeName" => pod.spec.as_ref()?.node_name.clone(),
         other => {
-            let (map, key) = other
-                .strip_prefix("metadata.labels['")
-                .map(|k| (pod.labels(), k))
-                .or_else(|| {
-                    other
-                        .strip_prefix("metadata.annotations['")
-                        .map(|k| (pod.annotations(), k))
-                })?;
-            let key = key.strip_suffix("']")?;
-            Some(map.get(key).cloned().unwrap_or_default())
+            let key = other
+                .strip_prefix("metadata.labels['")?
+                .strip_suffix("']")?;
+            Some(pod.labels().get(key).cloned().unwrap_or_default())
         }
     }
 }
 
 /// Expands `$(NAME)` from `env`; `$$(NAME)` is a literal `$(NAME)`; unknown names stay as written.
-pub fn expand_references(input: &str, env: &BTreeMap<&str, &str>) -> String {
+pub fn expand_references(input: &str, env: &[(String, String)]) -> String {
     let mut out = String::new();
     let mut rest = input;
     while let Some(pos) = rest.find('$') {
         out.push_str(&rest[..pos]);
-        let after = &rest[pos + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
+        rest = &rest[pos + 1..];
+        if let Some(tail) = rest.strip_prefix('$') {
             out.push('$');
             rest = tail;
-        } else if let Some(inner) = after.strip_prefix('(') {
-            match inner.find(')') {
-                Some(end) => {
-                    let name = &inner[..end];
-                    match env.get(name) {
-                        Some(value) => out.push_str(value),
-                        None => {
-                            out.push_str("$(");
-                            out.push_str(name);
-                            out.push(')');
-                        }
-                    }
-                    rest = &inner[end + 1..];
-                }
-                None => {
-                    out.push_str("$(");
-                    rest = inner;
-                }
+        } else if let Some((name, tail)) = rest.strip_prefix('(').and_then(|r| r.split_once(')')) {
+            match env.iter().find(|(k, _)| k == name) {
+                Some((_, value)) => out.push_str(value),
+                None => out.push_str(&format!("$({name})")),
             }
+            rest = tail;
         } else {
             out.push('$');
-            rest = after;
         }
     }
     out.push_str(rest);
@@ -203,6 +130,7 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec};
     use kube::api::ObjectMeta;
+    use std::collections::BTreeMap;
 
     fn field(name: &str, path: &str) -> EnvVar {
         EnvVar {
@@ -279,12 +207,8 @@ mod tests {
             &pod(),
             &container(),
             Path::new("/bin/agent"),
-            InjectedEnv {
-                defaults: &defaults,
-                forced: &forced,
-            },
-            "10.1.0.2",
-            "10.0.0.1",
+            &defaults,
+            &forced,
         );
         let env: BTreeMap<_, _> = p.env.iter().cloned().collect();
         assert_eq!(env["NODE_NAME"], "tt-0");
@@ -308,14 +232,7 @@ mod tests {
     #[test]
     fn probe_maps_the_entrypoint_only() {
         let c = container();
-        let p = container_process(
-            &pod(),
-            &c,
-            Path::new("/target/ttdp-agent"),
-            InjectedEnv::default(),
-            "",
-            "",
-        );
+        let p = container_process(&pod(), &c, Path::new("/target/ttdp-agent"), &[], &[]);
         let exec = |argv: &[&str]| ExecAction {
             command: Some(argv.iter().map(|s| (*s).to_owned()).collect()),
         };
@@ -329,7 +246,7 @@ mod tests {
 
     #[test]
     fn references_expand_like_the_kubelet() {
-        let env = BTreeMap::from([("A", "1")]);
+        let env = [("A".to_owned(), "1".to_owned())];
         assert_eq!(expand_references("x$(A)y", &env), "x1y");
         assert_eq!(expand_references("$(B)", &env), "$(B)");
         assert_eq!(expand_references("$$(A)", &env), "$(A)");

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use ttdp_api::node_selection::affinity_matches;
 
 use super::error::{SimError, allow_status};
-use super::pod_status::pod_is_ready;
+use super::pod_status::{pod_is_finished, pod_is_ready};
 
 /// How often the stand-in lists DaemonSets, nodes and pods.
 pub const POLL: Duration = Duration::from_millis(150);
@@ -146,7 +146,7 @@ fn plan<'a>(eligible: &BTreeSet<String>, pods: &'a [Pod]) -> Plan<'a> {
     for pod in pods {
         let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
         match node.filter(|n| eligible.contains(*n)) {
-            Some(node) if !is_finished(pod) && covered.insert(node) => plan.kept.push(pod),
+            Some(node) if !pod_is_finished(pod) && covered.insert(node) => plan.kept.push(pod),
             _ => plan.delete.push(pod),
         }
     }
@@ -240,11 +240,6 @@ fn controlled_by(pod: &Pod, uid: &str) -> bool {
     pod.owner_references()
         .iter()
         .any(|o| o.controller == Some(true) && o.uid == uid)
-}
-
-fn is_finished(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    matches!(phase, Some("Failed" | "Succeeded"))
 }
 
 fn count(n: usize) -> i32 {

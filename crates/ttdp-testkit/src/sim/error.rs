@@ -86,11 +86,6 @@ pub fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 404)
 }
 
-/// Returns true when `err` is the API's "already exists" or "conflict" (409).
-pub fn is_conflict(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(status) if status.code == 409)
-}
-
 /// Ok when the call succeeded or failed only with the API status `code` (404: the object is gone
 /// already, 409: it exists already).
 pub fn allow_status<T>(

@@ -24,6 +24,7 @@ use super::container_runtime::lock;
 use super::error::{SimError, allow_status};
 use super::image_map::ImageMap;
 use super::node_heartbeat::{SimNodeSpec, heartbeat, register_node};
+use super::pod_status::pod_is_finished;
 use super::pod_worker::{KubeletShared, NodeContext, PodUpdate, PodWorker};
 use super::time_scale::TimeScale;
 
@@ -68,42 +69,37 @@ impl SimKubelet {
         nodes: Vec<SimNodeSpec>,
     ) -> Result<Self, SimError> {
         let shutdown = CancellationToken::new();
-        let shared = Arc::new(KubeletShared {
-            client: client.clone(),
-            image_map: config.image_map.clone(),
-            time_scale: config.time_scale,
-            log_dir: config.log_dir.clone(),
-            shutdown: shutdown.clone(),
-        });
         if let Some(dir) = &config.log_dir {
             std::fs::create_dir_all(dir).map_err(|source| SimError::HostIo {
                 path: dir.clone(),
                 source,
             })?;
         }
+        let (first_node_index, time_scale) = (config.first_node_index, config.time_scale);
+        let shared = Arc::new(KubeletShared {
+            client: client.clone(),
+            config,
+            shutdown: shutdown.clone(),
+        });
         let workers: Workers = Arc::default();
         let mut tasks = Vec::new();
         let mut names = Vec::new();
         for (offset, spec) in nodes.into_iter().enumerate() {
-            let i = config.first_node_index + offset;
+            let i = first_node_index + offset;
             let index = u8::try_from(i % 250).unwrap_or(0);
             let host_ip = format!("10.0.{}.{}", i / 250, usize::from(index) + 2);
             register_node(&client, &spec, &host_ip).await?;
             info!(node = %spec.name, host_ip = %host_ip, "simulated node registered");
-            let node = Arc::new(NodeContext {
-                name: spec.name.clone(),
-                host_ip: host_ip.clone(),
-                index,
-                default_env: config.common_env.clone(),
-                forced_env: spec.env.clone(),
-                kernel: spec.kernel.clone(),
-            });
             names.push(spec.name.clone());
-            tasks.push(tokio::spawn(heartbeat_loop(
-                client.clone(),
+            let node = Arc::new(NodeContext {
                 spec,
                 host_ip,
-                config.time_scale,
+                index,
+            });
+            tasks.push(tokio::spawn(heartbeat_loop(
+                client.clone(),
+                node.clone(),
+                time_scale,
                 shutdown.clone(),
             )));
             tasks.push(tokio::spawn(serve_node(
@@ -129,12 +125,7 @@ impl SimKubelet {
     /// Stops serving and deletes this kubelet's Node objects (for shared real clusters).
     pub async fn shutdown_and_unregister(mut self) -> Result<(), SimError> {
         self.stop().await;
-        let api: Api<Node> = Api::all(self.client.clone());
-        for name in &self.nodes {
-            let deleted = api.delete(name, &DeleteParams::default()).await;
-            allow_status(deleted, 404, || format!("delete simulated node {name}"))?;
-        }
-        Ok(())
+        delete_nodes(&self.client, &self.nodes).await
     }
 
     async fn stop(&mut self) {
@@ -163,10 +154,19 @@ impl Drop for SimKubelet {
     }
 }
 
+/// Deletes the Node objects `names` (those already gone too).
+pub(crate) async fn delete_nodes(client: &Client, names: &[String]) -> Result<(), SimError> {
+    let api: Api<Node> = Api::all(client.clone());
+    for name in names {
+        let deleted = api.delete(name, &DeleteParams::default()).await;
+        allow_status(deleted, 404, || format!("delete simulated node {name}"))?;
+    }
+    Ok(())
+}
+
 async fn heartbeat_loop(
     client: Client,
-    spec: SimNodeSpec,
-    host_ip: String,
+    node: Arc<NodeContext>,
     scale: TimeScale,
     shutdown: CancellationToken,
 ) {
@@ -178,15 +178,15 @@ async fn heartbeat_loop(
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(period) => {}
         }
-        if let Err(err) = heartbeat(&client, &spec, &host_ip).await {
-            debug!(node = %spec.name, error = %err, "node heartbeat failed; retrying");
+        if let Err(err) = heartbeat(&client, &node.spec, &node.host_ip).await {
+            debug!(node = %node.spec.name, error = %err, "node heartbeat failed; retrying");
         }
     }
 }
 
 async fn serve_node(shared: Arc<KubeletShared>, node: Arc<NodeContext>, workers: Workers) {
     let api: Api<Pod> = Api::all(shared.client.clone());
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={}", node.name));
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={}", node.spec.name));
     let mut events = watcher::watcher(api, config).default_backoff().boxed();
     let mut next_ip: u8 = 2;
     // Uids seen during a relist; pods missing from it are gone.
@@ -196,23 +196,19 @@ async fn serve_node(shared: Arc<KubeletShared>, node: Arc<NodeContext>, workers:
             () = shared.shutdown.cancelled() => return,
             event = events.next() => event,
         };
-        let event = match event {
+        match event {
             None => return,
             Some(Err(err)) => {
-                debug!(node = %node.name, error = %err, "pod watch error; retrying");
-                continue;
+                debug!(node = %node.spec.name, error = %err, "pod watch error; retrying")
             }
-            Some(Ok(event)) => event,
-        };
-        match event {
-            Event::Init => relisted = Some(Vec::new()),
-            Event::InitApply(pod) => {
+            Some(Ok(Event::Init)) => relisted = Some(Vec::new()),
+            Some(Ok(Event::InitApply(pod))) => {
                 if let Some(seen) = relisted.as_mut() {
                     seen.push(pod.uid().unwrap_or_default());
                 }
                 apply(&shared, &node, &workers, pod, &mut next_ip);
             }
-            Event::InitDone => {
+            Some(Ok(Event::InitDone)) => {
                 if let Some(seen) = relisted.take() {
                     let gone: Vec<String> = lock(&workers)
                         .keys()
@@ -224,8 +220,8 @@ async fn serve_node(shared: Arc<KubeletShared>, node: Arc<NodeContext>, workers:
                     }
                 }
             }
-            Event::Apply(pod) => apply(&shared, &node, &workers, pod, &mut next_ip),
-            Event::Delete(pod) => forget(&workers, &pod.uid().unwrap_or_default()),
+            Some(Ok(Event::Apply(pod))) => apply(&shared, &node, &workers, pod, &mut next_ip),
+            Some(Ok(Event::Delete(pod))) => forget(&workers, &pod.uid().unwrap_or_default()),
         }
     }
 }
@@ -240,7 +236,7 @@ fn apply(
     let Some(uid) = pod.uid() else {
         return;
     };
-    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.name.as_str()) {
+    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.spec.name.as_str()) {
         forget(workers, &uid);
         return;
     }
@@ -252,23 +248,17 @@ fn apply(
         return;
     }
     // A pod that already ended is not started again (e.g. after a kubelet restart).
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if matches!(phase, Some("Succeeded" | "Failed")) {
+    if pod_is_finished(&pod) {
         return;
     }
-    let host_network = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_network)
-        .unwrap_or(false);
-    let pod_ip = if host_network {
+    let pod_ip = if pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
         node.host_ip.clone()
     } else {
         let ip = format!("10.244.{}.{}", node.index, *next_ip);
         *next_ip = if *next_ip >= 254 { 2 } else { *next_ip + 1 };
         ip
     };
-    info!(node = %node.name, pod = %pod.name_any(), "pod bound to simulated node");
+    info!(node = %node.spec.name, pod = %pod.name_any(), "pod bound to simulated node");
     workers.insert(
         uid,
         PodWorker::start(shared.clone(), node.clone(), pod, pod_ip),

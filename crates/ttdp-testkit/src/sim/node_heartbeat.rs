@@ -14,7 +14,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use ttdp_kmod::SimKernel;
 
-use super::error::{SimError, allow_status, is_conflict, is_not_found};
+use super::error::{SimError, allow_status, is_not_found};
 use super::workload::typed;
 
 /// The namespace holding node leases.
@@ -57,30 +57,14 @@ fn node_status(spec: &SimNodeSpec, host_ip: &str, now: Timestamp) -> Value {
         capacity[resource] = json!(quantity);
     }
     let conditions = [
-        (
-            "MemoryPressure",
-            "KubeletHasSufficientMemory",
-            "kubelet has sufficient memory available",
-        ),
-        (
-            "DiskPressure",
-            "KubeletHasNoDiskPressure",
-            "kubelet has no disk pressure",
-        ),
-        (
-            "PIDPressure",
-            "KubeletHasSufficientPID",
-            "kubelet has sufficient PID available",
-        ),
-        (
-            "Ready",
-            "KubeletReady",
-            "simulated kubelet is posting ready status",
-        ),
+        ("MemoryPressure", "KubeletHasSufficientMemory"),
+        ("DiskPressure", "KubeletHasNoDiskPressure"),
+        ("PIDPressure", "KubeletHasSufficientPID"),
+        ("Ready", "KubeletReady"),
     ]
-    .map(|(type_, reason, message)| {
+    .map(|(type_, reason)| {
         let status = if type_ == "Ready" { "True" } else { "False" };
-        json!({"type": type_, "status": status, "reason": reason, "message": message,
+        json!({"type": type_, "status": status, "reason": reason, "message": "simulated kubelet",
             "lastHeartbeatTime": Time(now)})
     });
     let name = &spec.name;
@@ -107,6 +91,15 @@ fn node_status(spec: &SimNodeSpec, host_ip: &str, now: Timestamp) -> Value {
     })
 }
 
+/// Creates namespace `name` unless it exists.
+pub(crate) async fn ensure_namespace(client: &Client, name: &str) -> Result<(), SimError> {
+    let namespace = typed("namespace", json!({"metadata": {"name": name}}))?;
+    let created = (Api::<Namespace>::all(client.clone()))
+        .create(&PostParams::default(), &namespace)
+        .await;
+    allow_status(created, 409, || format!("create namespace {name}"))
+}
+
 /// Registers the node: creates it, or, if it already exists, takes it over (labels and taints
 /// are set as the spec says). The first heartbeat, right after, writes its status.
 pub async fn register_node(
@@ -127,7 +120,7 @@ pub async fn register_node(
         .await
     {
         Ok(_) => {}
-        Err(err) if is_conflict(&err) => {
+        Err(kube::Error::Api(status)) if status.code == 409 => {
             let patch = json!({
                 "metadata": { "labels": labels },
                 "spec": { "taints": spec.taints, "unschedulable": null },
@@ -170,15 +163,7 @@ async fn renew_lease(client: &Client, node: &Node, now: Timestamp) -> Result<(),
             ));
         }
     }
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespace = typed(
-        "namespace",
-        json!({"metadata": {"name": NODE_LEASE_NAMESPACE}}),
-    )?;
-    let created = namespaces.create(&PostParams::default(), &namespace).await;
-    allow_status(created, 409, || {
-        format!("create namespace {NODE_LEASE_NAMESPACE}")
-    })?;
+    ensure_namespace(client, NODE_LEASE_NAMESPACE).await?;
     let owner = node
         .uid()
         .map(|uid| json!([{"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}]));

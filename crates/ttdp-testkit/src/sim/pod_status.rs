@@ -11,15 +11,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::container_runtime::{ContainerSnapshot, RunState, Termination};
 
-/// Condition types the kubelet owns; others (e.g. `DisruptionTarget`) are kept as they are.
-const KUBELET_CONDITIONS: [&str; 5] = [
-    "PodReadyToStartContainers",
-    "Initialized",
-    "Ready",
-    "ContainersReady",
-    "PodScheduled",
-];
-
 /// The pod's phase from its containers: `Pending` until one started, `Succeeded`/`Failed` once all
 /// ended for good, `Running` otherwise.
 pub(crate) fn pod_phase(containers: &[ContainerSnapshot]) -> &'static str {
@@ -79,9 +70,6 @@ pub(crate) fn pod_status(
         .map(|c| c.name.as_str())
         .collect();
     let ready = phase == "Running" && unready.is_empty();
-    let previous_conditions = previous
-        .and_then(|p| p.conditions.clone())
-        .unwrap_or_default();
     let mut condition =
         |type_: &str, status: bool, reason: Option<String>, message: Option<String>| {
             let since = Time(clock.since(type_, status));
@@ -96,16 +84,9 @@ pub(crate) fn pod_status(
                 observed_generation: None,
             }
         };
-    let not_ready = (!ready).then(|| {
-        (
-            Some("ContainersNotReady".to_owned()),
-            Some(format!(
-                "containers with unready status: [{}]",
-                unready.join(" ")
-            )),
-        )
-    });
-    let (reason, message) = not_ready.unwrap_or((None, None));
+    let reason = (!ready).then(|| "ContainersNotReady".to_owned());
+    let message =
+        (!ready).then(|| format!("containers with unready status: [{}]", unready.join(" ")));
     let mut conditions = vec![
         condition("PodReadyToStartContainers", true, None, None),
         condition("Initialized", true, None, None),
@@ -113,12 +94,13 @@ pub(crate) fn pod_status(
         condition("ContainersReady", ready, reason, message),
         condition("PodScheduled", true, None, None),
     ];
-    conditions.extend(
-        previous_conditions
-            .iter()
-            .filter(|c| !KUBELET_CONDITIONS.contains(&c.type_.as_str()))
-            .cloned(),
-    );
+    // Conditions the kubelet does not own (e.g. `DisruptionTarget`) are kept as they are.
+    let foreign: Vec<PodCondition> = (previous.and_then(|p| p.conditions.as_ref()).into_iter())
+        .flatten()
+        .filter(|c| !conditions.iter().any(|k| k.type_ == c.type_))
+        .cloned()
+        .collect();
+    conditions.extend(foreign);
     PodStatus {
         phase: Some(phase.to_owned()),
         conditions: Some(conditions),
@@ -194,6 +176,12 @@ fn terminated(t: &Termination) -> ContainerStateTerminated {
         finished_at: Some(Time(t.finished_at)),
         ..ContainerStateTerminated::default()
     }
+}
+
+/// Whether `pod` ended for good (phase `Succeeded` or `Failed`).
+pub(crate) fn pod_is_finished(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 /// Whether `pod` has the Ready condition.

@@ -2,7 +2,6 @@
 //! it changes, and carries out graceful deletion (stop the containers within the grace period,
 //! then delete the pod with grace 0, as the kubelet does).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,16 +14,16 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use ttdp_api::names::{DEVICE_PATH, DEVICE_RESOURCE_PREFIX};
-use ttdp_kmod::SimKernel;
 
 use super::container_runtime::{
-    ContainerBody, ContainerHandle, DeviceHold, ReadinessProbe, RuntimeSettings, StopRequest,
+    ContainerBody, ContainerHandle, ContainerSnapshot, DeviceHold, ReadinessProbe, RuntimeSettings,
+    StopRequest,
 };
-use super::container_spec::{InjectedEnv, container_process, probe_process};
-use super::error::{SimError, is_not_found};
-use super::image_map::ImageMap;
+use super::container_spec::{ProcessSpec, container_process, probe_process};
+use super::error::is_not_found;
+use super::kubelet::KubeletConfig;
+use super::node_heartbeat::SimNodeSpec;
 use super::pod_status::{ConditionClock, PodFacts, pod_status};
-use super::time_scale::TimeScale;
 
 /// How often the pod as last seen is checked for the status last written (insurance against
 /// lost writes). As the kubelet's status manager does, a status the API already shows is not
@@ -33,26 +32,19 @@ const STATUS_RESYNC: Duration = Duration::from_secs(5);
 /// How soon a failed status write is tried again.
 const STATUS_RETRY: Duration = Duration::from_millis(200);
 
-/// What a node gives the pods bound to it.
+/// A node the kubelet serves: what its heartbeat and the pods bound to it need.
 #[derive(Debug)]
 pub(crate) struct NodeContext {
-    pub name: String,
+    pub spec: SimNodeSpec,
     pub host_ip: String,
     /// Third octet of this node's pod addresses.
     pub index: u8,
-    /// Environment mapped containers get before their own (the pod may override it).
-    pub default_env: Vec<(String, String)>,
-    /// Environment mapped containers get over their own (the simulated host's view).
-    pub forced_env: Vec<(String, String)>,
-    pub kernel: Option<SimKernel>,
 }
 
 /// What every pod worker of a kubelet shares.
 pub(crate) struct KubeletShared {
     pub client: Client,
-    pub image_map: ImageMap,
-    pub time_scale: TimeScale,
-    pub log_dir: Option<PathBuf>,
+    pub config: KubeletConfig,
     /// Cancelled when the kubelet shuts down: containers are killed, the API is left alone.
     pub shutdown: CancellationToken,
 }
@@ -96,8 +88,8 @@ async fn run(
     let uid = pod.uid().unwrap_or_default();
     let start_time = Timestamp::now();
     let changed = Arc::new(Notify::new());
-    let containers = start_containers(&shared, &node, &pod, &pod_ip, &changed);
-    info!(pod = %key, node = %node.name, containers = containers.len(), "pod started");
+    let containers = start_containers(&shared, &node, &pod, &key, &changed);
+    info!(pod = %key, node = %node.spec.name, containers = containers.len(), "pod started");
     let facts = PodFacts {
         host_ip: &node.host_ip,
         pod_ip: &pod_ip,
@@ -106,11 +98,7 @@ async fn run(
     };
     let mut last_written: Option<serde_json::Value> = None;
     let mut clock = ConditionClock::default();
-    let mut gone = false;
-    loop {
-        if pod.metadata.deletion_timestamp.is_some() {
-            break;
-        }
+    while pod.metadata.deletion_timestamp.is_none() {
         let snapshots: Vec<_> = containers.iter().map(ContainerHandle::snapshot).collect();
         let status = pod_status(&facts, pod.status.as_ref(), &snapshots, &mut clock);
         let wait = if write_status(&shared, &pod, status, &mut last_written).await {
@@ -124,11 +112,13 @@ async fn run(
                 return;
             }
             changed_update = updates.changed() => {
-                match (changed_update, updates.borrow_and_update().clone()) {
+                let update = updates.borrow_and_update().clone();
+                match (changed_update, update) {
                     (Ok(()), PodUpdate::Present(latest)) => pod = *latest,
                     _ => {
-                        gone = true;
-                        break;
+                        info!(pod = %key, "pod vanished from the api; killing its containers");
+                        stop_all(containers, StopRequest::Kill).await;
+                        return;
                     }
                 }
             }
@@ -140,51 +130,37 @@ async fn run(
             }
         }
     }
-    if gone {
-        info!(pod = %key, "pod vanished from the api; killing its containers");
-        stop_all(containers, StopRequest::Kill).await;
-        return;
-    }
     // Graceful deletion.
-    let grace_seconds = pod
-        .metadata
-        .deletion_grace_period_seconds
-        .or_else(|| {
-            pod.spec
-                .as_ref()
-                .and_then(|s| s.termination_grace_period_seconds)
-        })
+    let spec_grace = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds);
+    let grace_seconds = (pod.metadata.deletion_grace_period_seconds)
+        .or(spec_grace)
         .unwrap_or(30);
-    let grace = shared.time_scale.seconds(grace_seconds);
+    let grace = shared.config.time_scale.seconds(grace_seconds);
     info!(pod = %key, grace_seconds, "pod terminating");
-    let snapshots_after = {
-        let stopping = stop_all(containers, StopRequest::Graceful(grace));
-        tokio::select! {
-            snapshots = stopping => snapshots,
-            () = shared.shutdown.cancelled() => return,
-        }
+    let snapshots = tokio::select! {
+        snapshots = stop_all(containers, StopRequest::Graceful(grace)) => snapshots,
+        () = shared.shutdown.cancelled() => return,
     };
-    let mut status = pod_status(&facts, pod.status.as_ref(), &snapshots_after, &mut clock);
+    let mut status = pod_status(&facts, pod.status.as_ref(), &snapshots, &mut clock);
     if status.phase.as_deref() == Some("Running") {
         status.phase = Some("Failed".to_owned());
     }
     write_status(&shared, &pod, status, &mut None).await;
     let api: Api<Pod> =
         Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
-    let params = DeleteParams {
-        grace_period_seconds: Some(0),
-        preconditions: Some(Preconditions {
+    let params = DeleteParams::default()
+        .grace_period(0)
+        .preconditions(Preconditions {
             uid: Some(uid),
             resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
+        });
     match api.delete(&pod.name_any(), &params).await {
         Ok(_) => info!(pod = %key, "pod deleted after its containers stopped"),
         Err(err) if is_not_found(&err) => {}
-        Err(err) => {
-            warn!(pod = %key, error = %SimError::api(format!("finish deleting pod {key}"), err), "pod deletion failed")
-        }
+        Err(err) => warn!(pod = %key, error = %err, "finishing the pod's deletion failed"),
     }
 }
 
@@ -192,7 +168,7 @@ async fn run(
 async fn stop_all(
     containers: Vec<ContainerHandle>,
     request: StopRequest,
-) -> Vec<super::container_runtime::ContainerSnapshot> {
+) -> Vec<ContainerSnapshot> {
     futures::future::join_all(containers.into_iter().map(|c| c.stop(request))).await
 }
 
@@ -200,32 +176,24 @@ fn start_containers(
     shared: &KubeletShared,
     node: &NodeContext,
     pod: &Pod,
-    pod_ip: &str,
+    key: &str,
     changed: &Arc<Notify>,
 ) -> Vec<ContainerHandle> {
     let spec = pod.spec.clone().unwrap_or_default();
-    let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+    let restart_policy = spec.restart_policy.unwrap_or_else(|| "Always".to_owned());
     let uses_device = pod_uses_device(pod);
     spec.containers
         .iter()
         .map(|container| {
             let image = container.image.clone().unwrap_or_default();
-            let body = container_body(shared, node, pod, container, &image, pod_ip, uses_device);
+            let body = container_body(shared, node, pod, container, &image, uses_device);
             let settings = RuntimeSettings {
-                time_scale: shared.time_scale,
-                restart_policy: spec
-                    .restart_policy
-                    .clone()
-                    .unwrap_or_else(|| "Always".to_owned()),
-                log_file: shared.log_dir.as_ref().map(|dir| {
-                    dir.join(format!(
-                        "{}_{}_{}.log",
-                        pod.namespace().unwrap_or_default(),
-                        pod.name_any(),
-                        container.name
-                    ))
+                time_scale: shared.config.time_scale,
+                restart_policy: restart_policy.clone(),
+                log_file: (shared.config.log_dir.as_ref()).map(|dir| {
+                    dir.join(format!("{}_{}.log", key.replace('/', "_"), container.name))
                 }),
-                pod: key.clone(),
+                pod: key.to_owned(),
             };
             ContainerHandle::start(&container.name, &image, body, settings, changed.clone())
         })
@@ -238,58 +206,42 @@ fn container_body(
     pod: &Pod,
     container: &Container,
     image: &str,
-    pod_ip: &str,
     uses_device: bool,
 ) -> ContainerBody {
-    let Some(binary) = shared.image_map.binary_for(image) else {
-        let device = match (&node.kernel, uses_device) {
-            (Some(kernel), true) => Some(DeviceHold {
+    let Some(binary) = shared.config.image_map.binary_for(image) else {
+        let device = node.spec.kernel.as_ref().filter(|_| uses_device);
+        return ContainerBody::Workload {
+            device: device.map(|kernel| DeviceHold {
                 kernel: kernel.clone(),
                 comm: container.name.chars().take(15).collect(),
             }),
-            _ => None,
         };
-        return ContainerBody::Workload { device };
     };
     let process = container_process(
         pod,
         container,
         binary,
-        InjectedEnv {
-            defaults: &node.default_env,
-            forced: &node.forced_env,
-        },
-        pod_ip,
-        &node.host_ip,
+        &shared.config.common_env,
+        &node.spec.env,
     );
-    let probe = container
-        .readiness_probe
-        .as_ref()
-        .map(|p| readiness_probe(p, container, &process));
+    let probe =
+        (container.readiness_probe.as_ref()).map(|p| readiness_probe(p, container, &process));
     ContainerBody::Process { process, probe }
 }
 
-fn readiness_probe(
-    probe: &Probe,
-    container: &Container,
-    process: &super::container_spec::ProcessSpec,
-) -> ReadinessProbe {
+fn readiness_probe(probe: &Probe, container: &Container, process: &ProcessSpec) -> ReadinessProbe {
     let secs = |v: Option<i32>, default: u64| {
         Duration::from_secs(v.and_then(|v| u64::try_from(v).ok()).unwrap_or(default))
     };
-    let threshold =
-        |v: Option<i32>, default: u32| v.and_then(|v| u32::try_from(v).ok()).unwrap_or(default);
     ReadinessProbe {
-        process: probe
-            .exec
-            .as_ref()
-            .and_then(|exec| probe_process(exec, container, process)),
+        process: (probe.exec.as_ref()).and_then(|exec| probe_process(exec, container, process)),
         initial_delay: secs(probe.initial_delay_seconds, 0),
         period: secs(probe.period_seconds, 10),
         // Not scaled: starting a process takes real time.
         timeout: secs(probe.timeout_seconds, 1).max(Duration::from_secs(1)),
-        success_threshold: threshold(probe.success_threshold, 1),
-        failure_threshold: threshold(probe.failure_threshold, 3),
+        failure_threshold: (probe.failure_threshold)
+            .and_then(|v| u32::try_from(v).ok())
+            .unwrap_or(3),
     }
 }
 

@@ -28,9 +28,7 @@ impl TimeScale {
 
     /// Scales a number of (Kubernetes) seconds.
     pub fn seconds(self, seconds: i64) -> Duration {
-        self.scale(Duration::from_secs(
-            u64::try_from(seconds.max(0)).unwrap_or(0),
-        ))
+        self.scale(Duration::from_secs(seconds.max(0).unsigned_abs()))
     }
 }
 
