@@ -255,8 +255,8 @@ pub struct SimCluster {
     server: Option<TestApiServer>,
     client: Client,
     kubeconfig: PathBuf,
+    /// The scenario's name prefix, also the name of its namespace.
     prefix: String,
-    namespace: String,
     nodes: Vec<SimNode>,
     kmd_repo: SimKmdRepo,
     kubelet_config: KubeletConfig,
@@ -350,14 +350,12 @@ impl SimCluster {
         let daemonsets = server
             .is_some()
             .then(|| DaemonSetStandIn::start(client.clone()));
-        let namespace = prefix.clone();
-        create_namespace(&client, &namespace).await?;
+        create_namespace(&client, &prefix).await?;
         let mut cluster = Self {
             server,
             client,
             kubeconfig,
             prefix,
-            namespace,
             nodes: Vec::new(),
             kmd_repo,
             kubelet_config,
@@ -487,7 +485,7 @@ impl SimCluster {
 
     /// The scenario's namespace for workloads (created at start, deleted at shutdown).
     pub fn namespace(&self) -> &str {
-        &self.namespace
+        &self.prefix
     }
 
     /// Where container output goes: `<namespace>_<pod>_<container>.log`.
@@ -529,15 +527,13 @@ impl SimCluster {
 
     /// Places a workload in the scenario namespace and returns its pod once it exists.
     pub async fn add_workload(&self, workload: &Workload) -> Result<Pod, SimError> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.prefix);
         let owner = match workload.owner {
             WorkloadOwner::Bare => None,
             WorkloadOwner::ReplicaSet => {
-                let sets: Api<ReplicaSet> = Api::namespaced(self.client.clone(), &self.namespace);
-                let rs = (sets.create(
-                    &PostParams::default(),
-                    &workload.replica_set(&self.namespace)?,
-                ))
+                let sets: Api<ReplicaSet> = Api::namespaced(self.client.clone(), &self.prefix);
+                let rs = (sets
+                    .create(&PostParams::default(), &workload.replica_set(&self.prefix)?))
                 .await
                 .map_err(|e| {
                     SimError::api(format!("create workload replicaset {}", workload.name), e)
@@ -562,7 +558,7 @@ impl SimCluster {
                 rs.controller_owner_ref(&())
             }
         };
-        let pod = workload.pod(&self.namespace, owner)?;
+        let pod = workload.pod(&self.prefix, owner)?;
         (pods.create(&PostParams::default(), &pod).await)
             .map_err(|e| SimError::api(format!("create workload pod {}", workload.name), e))
     }
@@ -574,7 +570,7 @@ impl SimCluster {
         match_labels: BTreeMap<String, String>,
         limit: DisruptionLimit,
     ) -> Result<PodDisruptionBudget, SimError> {
-        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &self.namespace);
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &self.prefix);
         let (key, value) = match limit {
             DisruptionLimit::MinAvailable(v) => ("minAvailable", v),
             DisruptionLimit::MaxUnavailable(v) => ("maxUnavailable", v),
@@ -582,7 +578,7 @@ impl SimCluster {
         let budget = typed(
             "poddisruptionbudget",
             json!({
-                "metadata": {"name": name, "namespace": self.namespace},
+                "metadata": {"name": name, "namespace": self.prefix},
                 "spec": {key: value, "selector": {"matchLabels": match_labels}},
             }),
         )?;
@@ -608,11 +604,9 @@ impl SimCluster {
         let kubelets = std::mem::take(&mut self.kubelets);
         if self.is_real() {
             let namespaces: Api<Namespace> = Api::all(self.client.clone());
-            let deleted = (namespaces.delete(&self.namespace, &DeleteParams::default())).await;
-            allow_status(deleted, 404, || {
-                format!("delete namespace {}", self.namespace)
-            })?;
-            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+            let deleted = (namespaces.delete(&self.prefix, &DeleteParams::default())).await;
+            allow_status(deleted, 404, || format!("delete namespace {}", self.prefix))?;
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.prefix);
             let _ = eventually("the scenario's pods to go", Duration::from_secs(60), || {
                 let pods = pods.clone();
                 async move {
@@ -651,7 +645,7 @@ impl Drop for SimCluster {
         // Dropping a kubelet stops its tasks before its nodes go.
         self.kubelets.clear();
         let kubeconfig = self.kubeconfig.clone();
-        let namespace = self.namespace.clone();
+        let namespace = self.prefix.clone();
         let nodes: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
         let cleanup = std::thread::spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -21,10 +21,12 @@
 //!   instead of leaving that to a scheduler, updates only as `OnDelete` does, ignores taints (the
 //!   agent tolerates them all), and has no ControllerRevisions, `minReadySeconds` or back-off.
 //! - Kubelet: no init containers, no liveness or startup probes, `httpGet`/`tcpSocket` readiness
-//!   probes always pass, volumes and resource limits are not enforced, env from config maps and
-//!   secrets is left out, and there is no taint manager (a `NoExecute` taint does not evict
-//!   non-daemon pods). Container output goes to `<log dir>/<namespace>_<pod>_<container>.log`,
-//!   not to the API's `log` subresource.
+//!   probes always pass and one success makes a container ready, volumes and resource limits are
+//!   not enforced, env from config maps and secrets and downward-API fields other than
+//!   `metadata.{name,namespace,labels[...]}` and `spec.nodeName` are left out (with a warning),
+//!   and there is no taint manager (a `NoExecute` taint does not evict non-daemon pods).
+//!   Container output goes to `<log dir>/<namespace>_<pod>_<container>.log`, not to the API's
+//!   `log` subresource.
 
 pub mod cluster;
 mod container_runtime;

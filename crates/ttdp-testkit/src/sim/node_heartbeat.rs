@@ -153,15 +153,9 @@ async fn renew_lease(client: &Client, node: &Node, now: Timestamp) -> Result<(),
     let renewed = leases
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await;
-    match renewed {
-        Ok(_) => return Ok(()),
-        Err(err) if is_not_found(&err) => {}
-        Err(err) => {
-            return Err(SimError::api(
-                format!("renew the lease of node {name}"),
-                err,
-            ));
-        }
+    if !matches!(&renewed, Err(err) if is_not_found(err)) {
+        let action = || format!("renew the lease of node {name}");
+        return renewed.map(drop).map_err(|e| SimError::api(action(), e));
     }
     ensure_namespace(client, NODE_LEASE_NAMESPACE).await?;
     let owner = node
