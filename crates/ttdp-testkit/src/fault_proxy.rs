@@ -13,7 +13,6 @@
 //! It must not be used for what a real server can do itself: a 403 comes from an identity RBAC
 //! limits (see [`crate::launcher::tokens`]), a 401 from a token the server does not know.
 
-use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -23,9 +22,10 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, Request, Response, StatusCode, header};
 use axum::response::IntoResponse;
 use kube::Client;
+use tokio_util::sync::CancellationToken;
 
 use crate::faults::{FaultEffect, Faults};
-use crate::launcher::pki::{ServerTrust, kubeconfig_text};
+use crate::launcher::pki::plain_http_kubeconfig;
 pub use crate::recorder::{RecordedRequest, Recorder};
 
 /// The `Content-Type` of the proxy's own JSON answers.
@@ -36,7 +36,7 @@ pub struct FaultProxy {
     url: String,
     shared: Upstream,
     kubeconfig: tempfile::NamedTempFile,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    stop: CancellationToken,
 }
 
 impl std::fmt::Debug for FaultProxy {
@@ -68,23 +68,20 @@ impl FaultProxy {
             .await
             .context("binding the fault proxy to a loopback port")?;
         let url = format!("http://{}", listener.local_addr()?);
-        let kubeconfig = kubeconfig_file(&url).context("writing the fault proxy's kubeconfig")?;
+        let kubeconfig =
+            plain_http_kubeconfig(&url).context("writing the fault proxy's kubeconfig")?;
         let app = axum::Router::new()
             .fallback(forward)
             .with_state(shared.clone());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
+        let stop = CancellationToken::new();
+        let serve =
+            axum::serve(listener, app).with_graceful_shutdown(stop.clone().cancelled_owned());
+        tokio::spawn(async move { serve.await });
         Ok(FaultProxy {
             url,
             shared,
             kubeconfig,
-            stop: Some(stop),
+            stop,
         })
     }
 
@@ -121,18 +118,8 @@ impl FaultProxy {
 
 impl Drop for FaultProxy {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.stop.cancel();
     }
-}
-
-/// A temporary kubeconfig that talks to `url` without credentials.
-fn kubeconfig_file(url: &str) -> std::io::Result<tempfile::NamedTempFile> {
-    let mut file = tempfile::NamedTempFile::new()?;
-    let text = kubeconfig_text("proxy", url, ServerTrust::PlainHttp, "    {}\n");
-    file.write_all(text.as_bytes())?;
-    Ok(file)
 }
 
 /// What a request path names.

@@ -56,19 +56,10 @@ impl ResourceType {
     }
 }
 
-/// A built-in type: group, plural, kind, namespaced, short names, status subresource.
-type Builtin = (
-    &'static str,
-    &'static str,
-    &'static str,
-    bool,
-    &'static [&'static str],
-    bool,
-);
-
-/// Every built-in type served, all at version v1.
+/// Every built-in type served, all at version v1: group, plural, kind, namespaced, short names,
+/// status subresource.
 #[rustfmt::skip]
-const BUILTINS: &[Builtin] = &[
+const BUILTINS: &[(&str, &str, &str, bool, &[&str], bool)] = &[
     ("",                     "namespaces",                "Namespace",                false, &["ns"],          true),
     ("",                     "nodes",                     "Node",                     false, &["no"],          true),
     ("",                     "pods",                      "Pod",                      true,  &["po"],          true),

@@ -78,11 +78,8 @@ impl ClusterState {
     /// ignored and so is `limit` (a server may ignore it and return every result; the routes
     /// refuse a `continue`, as no list here is ever paged).
     pub fn list(&self, rt: &ResourceType, selection: &Selection) -> Value {
-        let objects = self.store.list(&rt.storage_key(), selection.namespace());
-        let items: Vec<&Value> = objects
-            .into_iter()
-            .filter(|o| selection.matches(o))
-            .collect();
+        let mut items = self.store.list(&rt.storage_key(), selection.namespace());
+        items.retain(|o| selection.matches(o));
         json!({
             "kind": format!("{}List", rt.kind),
             "apiVersion": rt.api_version(),
@@ -100,7 +97,7 @@ impl ClusterState {
     ) -> Result<Value, ApiError> {
         check_supported(rt, &body)?;
         if rt.namespaced {
-            let in_body = meta::namespace(&body);
+            let in_body = meta::text(&body, "namespace");
             if !in_body.is_empty() && in_body != namespace {
                 return Err(ApiError::bad_request(
                     "the namespace of the provided object does not match the namespace sent on the request",
@@ -115,11 +112,8 @@ impl ClusterState {
         } else {
             meta::remove(&mut body, "namespace");
         }
-        if meta::name(&body).is_empty() {
-            let prefix = body["metadata"]["generateName"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
+        if meta::text(&body, "name").is_empty() {
+            let prefix = meta::text(&body, "generateName").to_string();
             if prefix.is_empty() {
                 return Err(ApiError::bad_request(
                     "metadata.name: Required value: name or generateName is required",
@@ -129,7 +123,7 @@ impl ClusterState {
             let name = format!("{prefix}{}", meta::name_suffix());
             meta::set(&mut body, "name", json!(name));
         }
-        let name = meta::name(&body).to_string();
+        let name = meta::text(&body, "name").to_string();
         if self.get(rt, namespace, &name).is_ok() {
             return Err(ApiError::already_exists(rt, &name));
         }
@@ -137,7 +131,7 @@ impl ClusterState {
             meta::remove(&mut body, field);
         }
         meta::set(&mut body, "uid", json!(meta::new_uid()));
-        meta::set(&mut body, "creationTimestamp", json!(meta::now()));
+        meta::set(&mut body, "creationTimestamp", meta::timestamp(0));
         meta::set(&mut body, "generation", json!(1));
         if rt.custom
             && rt.status_subresource
@@ -180,14 +174,14 @@ impl ClusterState {
             PatchType::Json => patch::json_patch(&mut patched, patch)?,
         }
         check_supported(rt, &patched)?;
-        let patched_name = meta::name(&patched);
+        let patched_name = meta::text(&patched, "name");
         if !patched_name.is_empty() && patched_name != name {
             return Err(ApiError::bad_request(format!(
                 "the name of the object ({patched_name}) does not match the name on the URL ({name})"
             )));
         }
-        let rv = meta::resource_version(&patched);
-        if !rv.is_empty() && rv != meta::resource_version(&existing) {
+        let rv = meta::text(&patched, "resourceVersion");
+        if !rv.is_empty() && rv != meta::text(&existing, "resourceVersion") {
             return Err(ApiError::stale(rt, name));
         }
         meta::set(&mut patched, "name", json!(name));
@@ -221,16 +215,14 @@ impl ClusterState {
                 return new;
             }
         }
-        let name = meta::name(&new).to_string();
-        let namespace = meta::namespace(&new).to_string();
-        let stored = self.store.put(&rt.storage_key(), &namespace, &name, new);
-        let pod_waits = rt.is("", "pods")
-            && stored["metadata"]["deletionGracePeriodSeconds"]
-                .as_i64()
-                .unwrap_or(0)
-                > 0;
+        let stored = self.store.put(&rt.storage_key(), new);
+        let grace = stored["metadata"]["deletionGracePeriodSeconds"].as_i64();
+        let pod_waits = rt.is("", "pods") && grace.unwrap_or(0) > 0;
         if meta::is_deleting(&stored) && !meta::has_finalizers(&stored) && !pod_waits {
-            return self.remove(rt, &stored).unwrap_or(stored);
+            return self
+                .store
+                .remove(&rt.storage_key(), &stored)
+                .unwrap_or(stored);
         }
         stored
     }
@@ -240,14 +232,8 @@ impl ClusterState {
         if old["status"] != status {
             let mut new = old.clone();
             new["status"] = status;
-            let (namespace, name) = (meta::namespace(old), meta::name(old));
-            self.store.put(storage, namespace, name, new);
+            self.store.put(storage, new);
         }
-    }
-
-    /// Remove an object from storage now; returns its last state.
-    fn remove(&mut self, rt: &ResourceType, obj: &Value) -> Option<Value> {
-        (self.store).remove(&rt.storage_key(), meta::namespace(obj), meta::name(obj))
     }
 
     /// DELETE one object with `options` (a `DeleteOptions`, null for none). Returns the object
@@ -267,7 +253,7 @@ impl ClusterState {
             return Err(ApiError::bad_request(message));
         }
         let existing = self.get(rt, namespace, name)?;
-        let uid = meta::uid(&existing).to_string();
+        let uid = meta::text(&existing, "uid").to_string();
         let preconditions = &options["preconditions"];
         if let Some(want) = preconditions["uid"].as_str().filter(|u| *u != uid) {
             let why = format!(
@@ -276,12 +262,12 @@ impl ClusterState {
             return Err(ApiError::conflict(rt, name, &why));
         }
         let rv = preconditions["resourceVersion"].as_str();
-        if rv.is_some_and(|rv| rv != meta::resource_version(&existing)) {
+        if rv.is_some_and(|rv| rv != meta::text(&existing, "resourceVersion")) {
             return Err(ApiError::stale(rt, name));
         }
         let grace = grace_period(rt, &existing, options["gracePeriodSeconds"].as_i64());
         if !meta::has_finalizers(&existing) && grace == 0 {
-            self.remove(rt, &existing);
+            self.store.remove(&rt.storage_key(), &existing);
             let details = json!({"name": name, "group": rt.group, "kind": rt.plural, "uid": uid});
             return Ok(status::status("Success", 200, details));
         }
@@ -290,13 +276,9 @@ impl ClusterState {
             return Ok(existing);
         }
         let mut updated = existing;
-        meta::set(
-            &mut updated,
-            "deletionTimestamp",
-            json!(meta::now_plus(grace)),
-        );
+        meta::set(&mut updated, "deletionTimestamp", meta::timestamp(grace));
         meta::set(&mut updated, "deletionGracePeriodSeconds", json!(grace));
-        Ok(self.store.put(&rt.storage_key(), namespace, name, updated))
+        Ok(self.store.put(&rt.storage_key(), updated))
     }
 }
 

@@ -34,7 +34,7 @@ pub fn is_healthy(pod: &Value) -> bool {
 pub fn selects(pdb: &Value, pod: &Value) -> bool {
     let selector = &pdb["spec"]["selector"];
     !selector.is_null()
-        && meta::namespace(pdb) == meta::namespace(pod)
+        && meta::text(pdb, "namespace") == meta::text(pod, "namespace")
         && labels_match(&match_labels(selector), &pod["metadata"]["labels"])
 }
 
@@ -108,7 +108,7 @@ pub async fn run(cluster: Cluster, stop: CancellationToken) {
 pub fn update_budgets(state: &mut ClusterState) {
     let mut updates: Vec<(Value, Value)> = Vec::new();
     for pdb in state.store.list(BUDGETS, None) {
-        let namespace = meta::namespace(pdb);
+        let namespace = meta::text(pdb, "namespace");
         let pods = state.store.list("/pods", Some(namespace));
         let scale = |owner: &Value| controller_scale(state, owner, namespace);
         updates.push((pdb.clone(), status(pdb, pods, scale)));
@@ -127,7 +127,7 @@ fn controller_scale(state: &ClusterState, owner: &Value, namespace: &str) -> Opt
     }
     let name = owner["name"].as_str()?;
     let rs = state.store.get("apps/replicasets", namespace, name)?;
-    let uid = meta::uid(rs);
+    let uid = meta::text(rs, "uid");
     let replicas = rs["spec"]["replicas"].as_i64().unwrap_or(1);
     (uid == owner["uid"].as_str()?).then(|| (uid.to_owned(), replicas))
 }

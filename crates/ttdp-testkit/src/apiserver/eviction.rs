@@ -42,8 +42,10 @@ pub fn evict(
         (None, _) => return delete(state),
         (Some(pdb), None) => pdb.clone(),
         (Some(_), Some(_)) => {
-            return Err(ApiError::internal(
-                "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
+            return Err(ApiError::new(
+                500,
+                "InternalError",
+                "Internal error occurred: This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
             ));
         }
     };
@@ -55,7 +57,7 @@ pub fn evict(
     if !disruption::is_healthy(&pod) && current >= desired && desired > 0 {
         return delete(state);
     }
-    let budget = meta::name(&pdb);
+    let budget = meta::text(&pdb, "name");
     if number("observedGeneration") < pdb["metadata"]["generation"].as_i64().unwrap_or(1) {
         return Err(ApiError::disruption_budget(format!(
             "The disruption budget {budget} is still being processed by the server."

@@ -3,26 +3,9 @@
 use rand::Rng;
 use serde_json::{Map, Value};
 
-/// `metadata.name` or "".
-pub fn name(obj: &Value) -> &str {
-    obj["metadata"]["name"].as_str().unwrap_or_default()
-}
-
-/// `metadata.namespace` or "".
-pub fn namespace(obj: &Value) -> &str {
-    obj["metadata"]["namespace"].as_str().unwrap_or_default()
-}
-
-/// `metadata.uid` or "".
-pub fn uid(obj: &Value) -> &str {
-    obj["metadata"]["uid"].as_str().unwrap_or_default()
-}
-
-/// `metadata.resourceVersion` or "".
-pub fn resource_version(obj: &Value) -> &str {
-    obj["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap_or_default()
+/// `metadata.<field>` (`name`, `namespace`, `uid`, `resourceVersion`) or "".
+pub fn text<'a>(obj: &'a Value, field: &str) -> &'a str {
+    obj["metadata"][field].as_str().unwrap_or_default()
 }
 
 /// Whether `metadata.finalizers` holds any.
@@ -55,18 +38,12 @@ pub fn remove(obj: &mut Value, field: &str) {
     }
 }
 
-/// The current time as the API server writes it (RFC 3339, seconds).
-pub fn now() -> String {
-    now_plus(0)
-}
-
-/// The time `seconds` from now, formatted like [`now`].
-pub fn now_plus(seconds: i64) -> String {
+/// The time `seconds` from now as the API server writes it (RFC 3339, seconds).
+pub fn timestamp(seconds: i64) -> Value {
     let now = jiff::Timestamp::now();
     let then = now.checked_add(jiff::SignedDuration::from_secs(seconds));
-    then.unwrap_or(now)
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
+    let then = then.unwrap_or(now).strftime("%Y-%m-%dT%H:%M:%SZ");
+    Value::String(then.to_string())
 }
 
 /// A fresh random uid in the layout of a version 4 UUID.

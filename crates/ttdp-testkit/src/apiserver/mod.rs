@@ -53,22 +53,21 @@ mod status;
 mod store;
 mod watch;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::launcher::pki::{ServerTrust, kubeconfig_text};
+use crate::launcher::pki::plain_http_kubeconfig;
 
 /// A running imitation API server. Dropping it stops serving (prefer
 /// [`TestApiServer::shutdown`]).
 #[derive(Debug)]
 pub struct TestApiServer {
-    /// Holds the kubeconfig; removed on drop.
-    _dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
+    /// Removed on drop.
+    kubeconfig: tempfile::NamedTempFile,
     app: routes::App,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -81,15 +80,9 @@ impl TestApiServer {
             .await
             .context(bind)?;
         let address = listener.local_addr().context(bind)?;
-        let write = "cannot write the imitation's kubeconfig: check that TMPDIR is writable";
-        let dir = tempfile::Builder::new()
-            .prefix("ttdp-apiserver-")
-            .tempdir()
-            .context(write)?;
         let url = format!("http://{address}");
-        let kubeconfig = dir.path().join("kubeconfig");
-        let text = kubeconfig_text("ttdp-test", &url, ServerTrust::PlainHttp, "    {}\n");
-        std::fs::write(&kubeconfig, text).context(write)?;
+        let write = "cannot write the imitation's kubeconfig: check that TMPDIR is writable";
+        let kubeconfig = plain_http_kubeconfig(&url).context(write)?;
         let stop = CancellationToken::new();
         let app = routes::App {
             cluster: cluster::Cluster::default(),
@@ -97,20 +90,16 @@ impl TestApiServer {
             address: address.to_string(),
         };
         let router = routes::router(app.clone());
-        let serve_stop = stop.clone();
+        let serve =
+            axum::serve(listener, router).with_graceful_shutdown(stop.clone().cancelled_owned());
         let server = tokio::spawn(async move {
-            let shutdown = async move { serve_stop.cancelled().await };
-            if let Err(e) = axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown)
-                .await
-            {
+            if let Err(e) = serve.await {
                 tracing::error!(error = %e, "test api server stopped serving");
             }
         });
         let controllers = tokio::spawn(disruption::run(app.cluster.clone(), stop));
-        tracing::debug!(%url, kubeconfig = %kubeconfig.display(), "test api server started");
+        tracing::debug!(%url, kubeconfig = %kubeconfig.path().display(), "test api server started");
         Ok(Self {
-            _dir: dir,
             kubeconfig,
             app,
             tasks: vec![server, controllers],
@@ -119,7 +108,7 @@ impl TestApiServer {
 
     /// The kubeconfig file (context `ttdp-test`, namespace `default`).
     pub fn kubeconfig_path(&self) -> &Path {
-        &self.kubeconfig
+        self.kubeconfig.path()
     }
 
     /// Stop serving: open watches end, the port is released.

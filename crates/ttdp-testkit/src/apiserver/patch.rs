@@ -48,9 +48,9 @@ pub fn json_patch(target: &mut Value, patch: Value) -> Result<(), ApiError> {
     });
     // Not atomic: on an error the caller drops `target`.
     json_patch::patch_unsafe(target, &ops).map_err(|e| {
-        ApiError::invalid(format!(
-            "the server rejected our request due to an error in our request: {e}"
-        ))
+        let message =
+            format!("the server rejected our request due to an error in our request: {e}");
+        ApiError::new(422, "Invalid", message)
     })
 }
 

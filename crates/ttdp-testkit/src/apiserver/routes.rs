@@ -5,7 +5,6 @@
 //! `sendInitialEvents` (400).
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -21,7 +20,7 @@ use super::discovery;
 use super::eviction;
 use super::patch::PatchType;
 use super::selectors::Selection;
-use super::status::ApiError;
+use super::status::{ApiError, JSON};
 use super::watch;
 
 /// Shared state of the HTTP layer.
@@ -75,12 +74,10 @@ async fn handle(
         accept: header(header::ACCEPT),
         body: &body,
     };
-    let path = uri.path();
-    let response = route(&app, path, &request).unwrap_or_else(IntoResponse::into_response);
+    let response = route(&app, uri.path(), &request).unwrap_or_else(IntoResponse::into_response);
     let (content_type, accept) = (&request.content_type, &request.accept);
     let status = response.status().as_u16();
-    let query = uri.query().unwrap_or_default();
-    tracing::debug!(%method, %path, query, %content_type, %accept, status, "request");
+    tracing::debug!(%method, %uri, %content_type, %accept, status, "request");
     response
 }
 
@@ -147,8 +144,7 @@ fn resource_path<'a>(
 }
 
 fn json_response(code: StatusCode, body: &Value) -> Response {
-    let json = [(header::CONTENT_TYPE, "application/json")];
-    (code, json, body.to_string()).into_response()
+    (code, JSON, body.to_string()).into_response()
 }
 
 /// Run a write under the state lock and wake the disruption controller.
@@ -205,29 +201,24 @@ fn resource(app: &App, rp: &ResourcePath, request: &Request) -> Result<Response,
     }
     let (rt, query) = (&rp.rt, &request.query);
     let ns = rp.namespace.unwrap_or_default();
-    let respond =
-        |code: StatusCode, v: &Value| match request.accept.contains("as=PartialObjectMetadata") {
-            true => json_response(code, &partial_metadata(v)),
-            false => json_response(code, v),
-        };
+    let respond = |code, v: &Value| match request.accept.contains("as=PartialObjectMetadata") {
+        true => json_response(code, &partial_metadata(v)),
+        false => json_response(code, v),
+    };
     let watching = matches!(request.param("watch"), "true" | "1");
     match (request.method.as_str(), rp.name, rp.subresource) {
         ("GET", None, _) if watching => {
             let selection = Selection::from_query(rp.namespace, query)?;
             let rv = request.param("resourceVersion");
             let timeout = request.param("timeoutSeconds").parse().ok();
-            let timeout = timeout.map(Duration::from_secs);
             let stop = app.stop.clone();
             let body = watch::watch(&app.cluster, rt, selection, rv, timeout, stop)?;
-            let json = [(header::CONTENT_TYPE, "application/json")];
-            Ok((StatusCode::OK, json, body).into_response())
+            Ok((StatusCode::OK, JSON, body).into_response())
         }
         ("GET", None, _) => {
             let selection = Selection::from_query(rp.namespace, query)?;
-            Ok(respond(
-                StatusCode::OK,
-                &app.cluster.lock().list(rt, &selection),
-            ))
+            let list = app.cluster.lock().list(rt, &selection);
+            Ok(json_response(StatusCode::OK, &list))
         }
         ("GET", Some(name), _) => Ok(respond(
             StatusCode::OK,
@@ -248,37 +239,32 @@ fn resource(app: &App, rp: &ResourcePath, request: &Request) -> Result<Response,
             let patch = |s: &mut ClusterState| {
                 s.patch(rt, ns, name, patch_type, request.body, rp.subresource)
             };
-            let (obj, created) = write(app, patch)?;
-            let code = if created {
-                StatusCode::CREATED
-            } else {
-                StatusCode::OK
-            };
-            Ok(respond(code, &obj))
+            match write(app, patch)? {
+                (obj, true) => Ok(respond(StatusCode::CREATED, &obj)),
+                (obj, false) => Ok(respond(StatusCode::OK, &obj)),
+            }
         }
         ("DELETE", Some(name), "") => {
             let options = delete_options(request)?;
             let result = write(app, |s| s.delete(rt, ns, name, &options))?;
             Ok(json_response(StatusCode::OK, &result))
         }
-        (method, ..) => Err(ApiError::method_not_allowed(format!(
-            "this imitation API server does not serve {method} on {} (no PUT: use a patch)",
-            rt.qualified()
-        ))),
+        (method, ..) => {
+            let what = format!("{method} on {}", rt.qualified());
+            let message =
+                format!("this imitation API server does not serve {what} (no PUT: use a patch)");
+            Err(ApiError::new(405, "MethodNotAllowed", message))
+        }
     }
 }
 
-/// An object (or list) as `PartialObjectMetadata` (`PartialObjectMetadataList`): what a real
-/// server answers a read or write whose `Accept` asks for only the metadata.
+/// An object as `PartialObjectMetadata`: what a real server answers a read or write of one
+/// object whose `Accept` asks for only the metadata (the controller's status writes do). Lists
+/// are always whole: no client of the demo lists metadata only.
 fn partial_metadata(v: &Value) -> Value {
-    let one = |o: &Value| json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]});
-    match v["items"].as_array() {
-        Some(items) => json!({
-            "kind": "PartialObjectMetadataList",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": v["metadata"],
-            "items": items.iter().map(one).collect::<Vec<_>>(),
-        }),
-        None => one(v),
-    }
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": v["metadata"],
+    })
 }

@@ -7,6 +7,9 @@ use serde_json::{Value, json};
 
 use super::catalog::ResourceType;
 
+/// The `Content-Type` of every answer.
+pub const JSON: [(header::HeaderName, &str); 1] = [(header::CONTENT_TYPE, "application/json")];
+
 /// A failed request, rendered as the real server's `Status` object.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -21,14 +24,13 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        let message = message.into();
-        let details = Value::Null;
+    /// An error without `details`.
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             code,
             reason,
-            message,
-            details,
+            message: message.into(),
+            details: Value::Null,
         }
     }
 
@@ -62,8 +64,10 @@ impl ApiError {
     /// 409 Conflict about one object (a failed precondition), with the real server's message.
     pub fn conflict(rt: &ResourceType, name: &str, why: &str) -> Self {
         let mut err = Self::about(409, "Conflict", rt, name, "");
-        let resource = rt.qualified();
-        err.message = format!("Operation cannot be fulfilled on {resource} \"{name}\": {why}");
+        err.message = format!(
+            "Operation cannot be fulfilled on {} \"{name}\": {why}",
+            rt.qualified()
+        );
         err
     }
 
@@ -78,16 +82,6 @@ impl ApiError {
         Self::new(400, "BadRequest", message)
     }
 
-    /// 405 MethodNotAllowed.
-    pub fn method_not_allowed(message: impl Into<String>) -> Self {
-        Self::new(405, "MethodNotAllowed", message)
-    }
-
-    /// 410 Gone for a `resourceVersion` older than the kept history.
-    pub fn gone(message: impl Into<String>) -> Self {
-        Self::new(410, "Expired", message)
-    }
-
     /// 415 for a body or patch in a format this server does not decode.
     pub fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(
@@ -99,11 +93,6 @@ impl ApiError {
         )
     }
 
-    /// 422 Invalid.
-    pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(422, "Invalid", message)
-    }
-
     /// 429 TooManyRequests: an eviction a PodDisruptionBudget forbids, the reason in
     /// `details.causes`.
     pub fn disruption_budget(why: String) -> Self {
@@ -111,12 +100,6 @@ impl ApiError {
         let mut err = Self::new(429, "TooManyRequests", message);
         err.details = json!({"causes": [{"reason": "DisruptionBudget", "message": why}]});
         err
-    }
-
-    /// 500 InternalError.
-    pub fn internal(message: &str) -> Self {
-        let message = format!("Internal error occurred: {message}");
-        Self::new(500, "InternalError", message)
     }
 
     /// The `Status` body.
@@ -131,8 +114,7 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let json = [(header::CONTENT_TYPE, "application/json")];
-        (code, json, self.body().to_string()).into_response()
+        (code, JSON, self.body().to_string()).into_response()
     }
 }
 

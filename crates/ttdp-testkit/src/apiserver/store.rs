@@ -7,6 +7,8 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+use super::meta;
+
 /// How many changes watches can resume from before a `resourceVersion` is 410 Gone.
 const HISTORY: usize = 10_000;
 
@@ -56,6 +58,11 @@ fn key(namespace: &str, name: &str) -> ObjectKey {
     (namespace.to_string(), name.to_string())
 }
 
+/// An object's own key.
+fn key_of(object: &Value) -> ObjectKey {
+    key(meta::text(object, "namespace"), meta::text(object, "name"))
+}
+
 impl Store {
     /// The current (latest) revision.
     pub fn revision(&self) -> u64 {
@@ -78,26 +85,24 @@ impl Store {
             .collect()
     }
 
-    /// Store `object` under a new revision, which is stamped into its `resourceVersion`, and
-    /// record the change. Returns the stored object.
-    pub fn put(&mut self, storage: &str, namespace: &str, name: &str, mut object: Value) -> Value {
+    /// Store `object` (under its namespace and name) with a new revision, which is stamped into
+    /// its `resourceVersion`, and record the change. Returns the stored object.
+    pub fn put(&mut self, storage: &str, mut object: Value) -> Value {
         self.revision += 1;
         object["metadata"]["resourceVersion"] = Value::String(self.revision.to_string());
         let previous = self
             .objects
             .entry(storage.to_string())
             .or_default()
-            .insert(key(namespace, name), object.clone());
+            .insert(key_of(&object), object.clone());
         self.record(storage, object.clone(), previous, false);
         object
     }
 
-    /// Remove an object (its last state gets the removal's revision); None when absent.
-    pub fn remove(&mut self, storage: &str, namespace: &str, name: &str) -> Option<Value> {
-        let previous = self
-            .objects
-            .get_mut(storage)?
-            .remove(&key(namespace, name))?;
+    /// Remove the stored object with `object`'s namespace and name (its last state gets the
+    /// removal's revision); None when absent.
+    pub fn remove(&mut self, storage: &str, object: &Value) -> Option<Value> {
+        let previous = self.objects.get_mut(storage)?.remove(&key_of(object))?;
         self.revision += 1;
         let mut last = previous.clone();
         last["metadata"]["resourceVersion"] = Value::String(self.revision.to_string());

@@ -55,7 +55,7 @@ pub fn watch(
     rt: &ResourceType,
     selection: Selection,
     resource_version: &str,
-    timeout: Option<Duration>,
+    timeout_seconds: Option<u64>,
     stop: CancellationToken,
 ) -> Result<Body, ApiError> {
     let storage = rt.storage_key();
@@ -74,7 +74,7 @@ pub fn watch(
                 .collect(),
             Err(compacted) => {
                 let message = format!("too old resource version: {since} ({compacted})");
-                let gone = line("ERROR", &ApiError::gone(message).body());
+                let gone = line("ERROR", &ApiError::new(410, "Expired", message).body());
                 return Ok(Body::from(gone));
             }
         }
@@ -89,7 +89,7 @@ pub fn watch(
         let kind = (change.storage == storage).then(|| event_type(&selection, &change));
         futures::future::ready(kind.flatten().map(|kind| line(kind, &change.object)))
     });
-    let timeout = timeout.unwrap_or(Duration::from_secs(1800));
+    let timeout = Duration::from_secs(timeout_seconds.unwrap_or(1800));
     let end = async move {
         tokio::select! {
             _ = stop.cancelled() => {}

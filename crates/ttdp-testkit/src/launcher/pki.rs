@@ -2,6 +2,7 @@
 //! certificates per component, and the service-account signing key. ECDSA P-256 keys: made in
 //! microseconds, and every component accepts them.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use rcgen::{
@@ -176,15 +177,22 @@ pub(super) fn write_kubeconfig(
     Ok(path)
 }
 
+/// A temporary kubeconfig (removed when dropped) naming `url` over plain HTTP on loopback,
+/// without credentials: the imitation server's and the fault proxy's.
+pub(crate) fn plain_http_kubeconfig(url: &str) -> std::io::Result<tempfile::NamedTempFile> {
+    let text = kubeconfig_text("ttdp-test", url, ServerTrust::PlainHttp, "    {}\n");
+    let mut file = tempfile::Builder::new()
+        .prefix("ttdp-")
+        .suffix(".kubeconfig")
+        .tempfile()?;
+    file.write_all(text.as_bytes())?;
+    Ok(file)
+}
+
 /// A kubeconfig of one cluster (`server`, trusted as `trust` says), one user `stem` whose
 /// indented entry is `user_entry` (`    {}\n` for no credentials), and a context `ttdp-test`
 /// joining them, with namespace `default`.
-pub(crate) fn kubeconfig_text(
-    stem: &str,
-    server: &str,
-    trust: ServerTrust<'_>,
-    user_entry: &str,
-) -> String {
+fn kubeconfig_text(stem: &str, server: &str, trust: ServerTrust<'_>, user_entry: &str) -> String {
     let trust = match trust {
         ServerTrust::CaFile(ca) => format!("    certificate-authority: {}\n", ca.display()),
         ServerTrust::CaData(data) => format!("    certificate-authority-data: {data}\n"),
