@@ -22,14 +22,13 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, Request, Response, StatusCode, header};
 use axum::response::IntoResponse;
 use kube::Client;
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::apiserver::status::{ApiError, JSON, STALE};
 use crate::faults::{FaultEffect, Faults};
 use crate::launcher::pki::plain_http_kubeconfig;
 pub use crate::recorder::{RecordedRequest, Recorder};
-
-/// The `Content-Type` of the proxy's own JSON answers.
-const JSON: [(header::HeaderName, &str); 1] = [(header::CONTENT_TYPE, "application/json")];
 
 /// A running proxy; dropping it stops serving.
 pub struct FaultProxy {
@@ -173,6 +172,7 @@ fn verb_of(method: &Method, target: &Target, query: &str) -> &'static str {
     }
 }
 
+/// A `Status` answer of the proxy's own, shaped as the API server's.
 fn status_body(code: u16, message: &str) -> Response<Body> {
     let reason = match code {
         400 => "BadRequest",
@@ -181,12 +181,7 @@ fn status_body(code: u16, message: &str) -> Response<Body> {
         503 => "ServiceUnavailable",
         _ => "InternalError",
     };
-    let body = serde_json::json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "message": message, "reason": reason, "code": code,
-    });
-    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, JSON, body.to_string()).into_response()
+    ApiError::new(code, reason, message).into_response()
 }
 
 /// kube-apiserver's answer for a path it does not serve.
@@ -200,16 +195,11 @@ fn not_served() -> Response<Body> {
 
 fn injected(code: u16, target: &Target) -> Response<Body> {
     let message = match code {
-        409 => format!(
-            "Operation cannot be fulfilled on {} \"{}\": the object has been modified; please apply \
-             your changes to the latest version and try again",
-            if target.group.is_empty() {
-                target.resource.clone()
-            } else {
-                format!("{}.{}", target.resource, target.group)
-            },
-            target.name
-        ),
+        409 => {
+            let dot = if target.group.is_empty() { "" } else { "." };
+            let (resource, group, name) = (&target.resource, &target.group, &target.name);
+            format!("Operation cannot be fulfilled on {resource}{dot}{group} \"{name}\": {STALE}")
+        }
         503 => "injected: the server is currently unable to handle the request".to_owned(),
         _ => "injected failure".to_owned(),
     };
@@ -310,14 +300,8 @@ fn ended_by(
 /// kube-apiserver's watch answer for a `resourceVersion` older than its history: 200, one
 /// `ERROR` event with a 410 `Expired` Status, then the end of the stream.
 fn expired_watch() -> Response<Body> {
-    let event = serde_json::json!({
-        "type": "ERROR",
-        "object": {
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "too old resource version (injected by the fault proxy)",
-            "reason": "Expired", "code": 410,
-        },
-    });
+    let message = "too old resource version (injected by the fault proxy)";
+    let event = json!({"type": "ERROR", "object": ApiError::new(410, "Expired", message).body()});
     (JSON, format!("{event}\n")).into_response()
 }
 
@@ -365,7 +349,7 @@ async fn without_items(response: Response<Body>) -> Response<Body> {
         Ok(v) => v,
         Err(_) => return Response::from_parts(parts, Body::from(bytes)),
     };
-    list["items"] = serde_json::json!([]);
+    list["items"] = json!([]);
     if let Some(meta) = list
         .get_mut("metadata")
         .and_then(serde_json::Value::as_object_mut)

@@ -141,17 +141,14 @@ impl Fault {
     }
 
     fn matches(&self, verb: &str, target: &Target) -> bool {
-        self.group.as_deref().is_none_or(|g| g == target.group)
-            && self.verb.as_deref().is_none_or(|v| v == verb)
-            && self
-                .resource
-                .as_deref()
-                .is_none_or(|r| r == target.resource)
-            && self
-                .subresource
-                .as_deref()
-                .is_none_or(|s| s == target.subresource)
-            && self.name.as_deref().is_none_or(|n| n == target.name)
+        let filters = [
+            (&self.group, target.group.as_str()),
+            (&self.verb, verb),
+            (&self.resource, &target.resource),
+            (&self.subresource, &target.subresource),
+            (&self.name, &target.name),
+        ];
+        (filters.iter()).all(|(want, got)| want.as_deref().is_none_or(|w| w == *got))
     }
 }
 

@@ -135,33 +135,21 @@ fn mine(prefix: &str, name: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
 }
 
-/// Every object of `api` (none when it cannot be listed).
-async fn list<K>(api: &Api<K>) -> Vec<K>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-}
+/// What the cleanup lists, patches and deletes.
+trait Object: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug {}
+impl<K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug> Object for K {}
 
-/// The objects of `api` named with `prefix`.
-async fn owned<K>(api: &Api<K>, prefix: &str) -> Vec<K>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let mut objects = list(api).await;
-    objects.retain(|o| mine(prefix, &o.name_any()));
+/// Every object of `api` (none when it cannot be listed), or those named with `prefix`.
+async fn list<K: Object>(api: &Api<K>, prefix: Option<&str>) -> Vec<K> {
+    let objects = api.list(&ListParams::default()).await;
+    let mut objects = objects.map(|l| l.items).unwrap_or_default();
+    objects.retain(|o| prefix.is_none_or(|prefix| mine(prefix, &o.name_any())));
     objects
 }
 
 /// Removes the finalizers of those `objects` that have some: no controller may be left to
 /// finish them.
-async fn strip_finalizers<K>(api: &Api<K>, objects: &[K])
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
+async fn strip_finalizers<K: Object>(api: &Api<K>, objects: &[K]) {
     let no_finalizers = Patch::Merge(json!({"metadata": {"finalizers": null}}));
     for object in objects.iter().filter(|o| !o.finalizers().is_empty()) {
         let _ = api
@@ -171,10 +159,7 @@ where
 }
 
 /// Deletes `objects` after removing their finalizers, reporting failures other than NotFound.
-async fn delete_all<K>(api: &Api<K>, objects: &[K], params: &DeleteParams, prefix: &str)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
+async fn delete_all<K: Object>(api: &Api<K>, objects: &[K], params: &DeleteParams, prefix: &str) {
     strip_finalizers(api, objects).await;
     for object in objects {
         let name = object.name_any();
@@ -197,29 +182,41 @@ pub async fn cleanup(kubeconfig: &Path, prefix: &str) -> Result<()> {
     };
     let normal = DeleteParams::default();
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let owned_namespaces = owned(&namespaces, prefix).await;
+    let owned_namespaces = list(&namespaces, Some(prefix)).await;
     for ns in owned_namespaces.iter().map(ResourceExt::name_any) {
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        delete_all(&pods, &list(&pods).await, &now, prefix).await;
+        delete_all(&pods, &list(&pods, None).await, &now, prefix).await;
         let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-        strip_finalizers(&config_maps, &list(&config_maps).await).await;
+        strip_finalizers(&config_maps, &list(&config_maps, None).await).await;
         let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &ns);
-        strip_finalizers(&daemonsets, &list(&daemonsets).await).await;
+        strip_finalizers(&daemonsets, &list(&daemonsets, None).await).await;
     }
     delete_all(&namespaces, &owned_namespaces, &normal, prefix).await;
     let policy = ApiResource::erase::<TenstorrentDriverPolicy>(&());
     let policies: Api<DynamicObject> = Api::all_with(client.clone(), &policy);
-    delete_all(&policies, &owned(&policies, prefix).await, &normal, prefix).await;
+    delete_all(
+        &policies,
+        &list(&policies, Some(prefix)).await,
+        &normal,
+        prefix,
+    )
+    .await;
     let nodes: Api<Node> = Api::all(client.clone());
-    delete_all(&nodes, &owned(&nodes, prefix).await, &normal, prefix).await;
+    delete_all(&nodes, &list(&nodes, Some(prefix)).await, &normal, prefix).await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    delete_all(&leases, &owned(&leases, prefix).await, &normal, prefix).await;
+    delete_all(&leases, &list(&leases, Some(prefix)).await, &normal, prefix).await;
     let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
-    delete_all(&bindings, &owned(&bindings, prefix).await, &normal, prefix).await;
+    delete_all(
+        &bindings,
+        &list(&bindings, Some(prefix)).await,
+        &normal,
+        prefix,
+    )
+    .await;
     let roles: Api<ClusterRole> = Api::all(client.clone());
-    delete_all(&roles, &owned(&roles, prefix).await, &normal, prefix).await;
+    delete_all(&roles, &list(&roles, Some(prefix)).await, &normal, prefix).await;
     let events: Api<Event> = Api::namespaced(client, "default");
-    let mut about_ours = list(&events).await;
+    let mut about_ours = list(&events, None).await;
     about_ours.retain(|e| {
         e.involved_object
             .name

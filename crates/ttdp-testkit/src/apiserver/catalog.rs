@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use super::meta;
 use super::store::Store;
 
 /// One served resource at one group/version.
@@ -34,19 +35,17 @@ impl ResourceType {
 
     /// `apiVersion` string: `v1` or `apps/v1`.
     pub fn api_version(&self) -> String {
-        if self.group.is_empty() {
-            self.version.clone()
-        } else {
-            format!("{}/{}", self.group, self.version)
+        match self.group.as_str() {
+            "" => self.version.clone(),
+            group => format!("{group}/{}", self.version),
         }
     }
 
     /// `pods` or `daemonsets.apps`: how the real server names a resource in messages.
     pub fn qualified(&self) -> String {
-        if self.group.is_empty() {
-            self.plural.clone()
-        } else {
-            format!("{}.{}", self.plural, self.group)
+        match self.group.as_str() {
+            "" => self.plural.clone(),
+            group => format!("{}.{group}", self.plural),
         }
     }
 
@@ -103,16 +102,8 @@ pub fn types_from_crd(crd: &Value) -> Vec<ResourceType> {
     let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
     let spec = &crd["spec"];
     let names = &spec["names"];
-    let short_names = names["shortNames"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(text)
-        .collect::<Vec<_>>();
-    spec["versions"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let short_names: Vec<String> = meta::items(&names["shortNames"]).map(text).collect();
+    meta::items(&spec["versions"])
         .filter(|version| version["served"].as_bool() != Some(false))
         .map(|version| ResourceType {
             group: text(&spec["group"]),

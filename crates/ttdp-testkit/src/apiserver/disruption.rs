@@ -25,7 +25,7 @@ pub const BUDGETS: &str = "policy/poddisruptionbudgets";
 
 /// Whether a pod is Ready (condition `Ready=True`) and not terminating.
 pub fn is_healthy(pod: &Value) -> bool {
-    let mut conditions = pod["status"]["conditions"].as_array().into_iter().flatten();
+    let mut conditions = meta::items(&pod["status"]["conditions"]);
     !meta::is_deleting(pod) && conditions.any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
 
@@ -63,11 +63,8 @@ pub fn status<'a>(
     let mut scales: BTreeMap<String, i64> = BTreeMap::new();
     let mut unknown_controller = false;
     for pod in matching {
-        let owners = pod["metadata"]["ownerReferences"].as_array();
-        let controller = owners
-            .into_iter()
-            .flatten()
-            .find(|r| r["controller"] == true);
+        let mut owners = meta::items(&pod["metadata"]["ownerReferences"]);
+        let controller = owners.find(|r| r["controller"] == true);
         match controller.map(&controller_scale) {
             Some(Some((uid, n))) => {
                 scales.insert(uid, n);

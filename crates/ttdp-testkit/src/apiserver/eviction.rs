@@ -34,14 +34,12 @@ pub fn evict(
     if matches!(phase, "Succeeded" | "Failed" | "Pending") {
         return delete(state);
     }
-    let budgets = state.store.list(BUDGETS, Some(namespace));
-    let mut budgets = budgets
-        .into_iter()
-        .filter(|pdb| disruption::selects(pdb, &pod));
-    let pdb = match (budgets.next(), budgets.next()) {
-        (None, _) => return delete(state),
-        (Some(pdb), None) => pdb.clone(),
-        (Some(_), Some(_)) => {
+    let mut budgets = state.store.list(BUDGETS, Some(namespace));
+    budgets.retain(|pdb| disruption::selects(pdb, &pod));
+    let pdb = match budgets[..] {
+        [] => return delete(state),
+        [pdb] => pdb.clone(),
+        _ => {
             return Err(ApiError::new(
                 500,
                 "InternalError",

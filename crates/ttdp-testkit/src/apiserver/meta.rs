@@ -8,10 +8,14 @@ pub fn text<'a>(obj: &'a Value, field: &str) -> &'a str {
     obj["metadata"][field].as_str().unwrap_or_default()
 }
 
+/// The elements of `list` (none when it is not an array).
+pub fn items(list: &Value) -> impl Iterator<Item = &Value> {
+    list.as_array().into_iter().flatten()
+}
+
 /// Whether `metadata.finalizers` holds any.
 pub fn has_finalizers(obj: &Value) -> bool {
-    let finalizers = obj["metadata"]["finalizers"].as_array();
-    finalizers.is_some_and(|f| !f.is_empty())
+    items(&obj["metadata"]["finalizers"]).next().is_some()
 }
 
 /// Whether `metadata.deletionTimestamp` is set.

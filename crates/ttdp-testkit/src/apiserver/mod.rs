@@ -49,7 +49,7 @@ mod meta;
 mod patch;
 mod routes;
 mod selectors;
-mod status;
+pub(crate) mod status;
 mod store;
 mod watch;
 
@@ -98,7 +98,7 @@ impl TestApiServer {
             }
         });
         let controllers = tokio::spawn(disruption::run(app.cluster.clone(), stop));
-        tracing::debug!(%url, kubeconfig = %kubeconfig.path().display(), "test api server started");
+        tracing::debug!(%url, kubeconfig = ?kubeconfig.path(), "test api server started");
         Ok(Self {
             kubeconfig,
             app,

@@ -158,11 +158,9 @@ fn write<T>(
 }
 
 fn decode_body(request: &Request) -> Result<Value, ApiError> {
-    if request
-        .content_type
-        .starts_with("application/vnd.kubernetes.protobuf")
-    {
-        return Err(ApiError::unsupported_media_type(&request.content_type));
+    let content_type = &request.content_type;
+    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        return Err(ApiError::unsupported_media_type(content_type));
     }
     serde_json::from_slice(request.body)
         .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))

@@ -10,6 +10,10 @@ use super::catalog::ResourceType;
 /// The `Content-Type` of every answer.
 pub const JSON: [(header::HeaderName, &str); 1] = [(header::CONTENT_TYPE, "application/json")];
 
+/// Why a write with a stale `resourceVersion` fails, in the real server's words.
+pub const STALE: &str =
+    "the object has been modified; please apply your changes to the latest version and try again";
+
 /// A failed request, rendered as the real server's `Status` object.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -73,8 +77,7 @@ impl ApiError {
 
     /// 409 for a stale `resourceVersion` (optimistic concurrency), with the real server's message.
     pub fn stale(rt: &ResourceType, name: &str) -> Self {
-        let why = "the object has been modified; please apply your changes to the latest version and try again";
-        Self::conflict(rt, name, why)
+        Self::conflict(rt, name, STALE)
     }
 
     /// 400 BadRequest.
@@ -84,13 +87,10 @@ impl ApiError {
 
     /// 415 for a body or patch in a format this server does not decode.
     pub fn unsupported_media_type(content_type: &str) -> Self {
-        Self::new(
-            415,
-            "UnsupportedMediaType",
-            format!(
-                "the body of the request was in an unknown format - accepted media types include: application/json, application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (sent as JSON) (got {content_type:?}; this imitation API server decodes JSON only: no protobuf, no strategic merge patch)"
-            ),
-        )
+        let message = format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (sent as JSON) (got {content_type:?}; this imitation API server decodes JSON only: no protobuf, no strategic merge patch)"
+        );
+        Self::new(415, "UnsupportedMediaType", message)
     }
 
     /// 429 TooManyRequests: an eviction a PodDisruptionBudget forbids, the reason in

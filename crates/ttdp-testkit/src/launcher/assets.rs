@@ -75,7 +75,7 @@ impl Assets {
         if let Ok(assets) = Assets::in_folder(&folder) {
             return Ok(assets);
         }
-        std::fs::create_dir_all(&parent).map_err(LaunchError::io(parent.display().to_string()))?;
+        std::fs::create_dir_all(&parent).map_err(LaunchError::io(parent.display()))?;
         let staging = tempfile::tempdir_in(&parent).map_err(LaunchError::io("a staging folder"))?;
         let status = Command::new("tar")
             .arg("-xJf")

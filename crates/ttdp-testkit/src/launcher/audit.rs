@@ -34,8 +34,7 @@ rules:
 /// at `log`.
 pub(super) fn apiserver_flags(dir: &Path, log: &Path) -> Result<Vec<String>, LaunchError> {
     let policy = dir.join("audit-policy.yaml");
-    std::fs::write(&policy, policy_text())
-        .map_err(LaunchError::io(policy.display().to_string()))?;
+    std::fs::write(&policy, policy_text()).map_err(LaunchError::io(policy.display()))?;
     Ok(vec![
         format!("--audit-policy-file={}", policy.display()),
         format!("--audit-log-path={}", log.display()),

@@ -67,8 +67,8 @@ pub enum LaunchError {
 }
 
 impl LaunchError {
-    fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> LaunchError {
-        let what = what.into();
+    fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> LaunchError {
+        let what = what.to_string();
         move |source| LaunchError::Io { what, source }
     }
 }

@@ -53,7 +53,7 @@ pub(super) struct Pki {
 impl Pki {
     /// Makes every certificate and key under `dir`.
     pub(super) fn write(dir: &Path) -> Result<Pki, LaunchError> {
-        std::fs::create_dir_all(dir).map_err(LaunchError::io(dir.display().to_string()))?;
+        std::fs::create_dir_all(dir).map_err(LaunchError::io(dir.display()))?;
         let pki = Pki {
             dir: dir.to_path_buf(),
         };
@@ -148,7 +148,7 @@ impl Pki {
 
     fn put(&self, name: &str, contents: &str) -> Result<(), LaunchError> {
         let path = self.path(name);
-        std::fs::write(&path, contents).map_err(LaunchError::io(path.display().to_string()))
+        std::fs::write(&path, contents).map_err(LaunchError::io(path.display()))
     }
 }
 
@@ -173,7 +173,7 @@ pub(super) fn write_kubeconfig(
 ) -> Result<PathBuf, LaunchError> {
     let path = dir.join(format!("{stem}.kubeconfig"));
     let text = kubeconfig_text(stem, server, trust, user_entry);
-    std::fs::write(&path, text).map_err(LaunchError::io(path.display().to_string()))?;
+    std::fs::write(&path, text).map_err(LaunchError::io(path.display()))?;
     Ok(path)
 }
 

@@ -11,6 +11,7 @@ use kube::Api;
 use super::assets::Assets;
 use super::pki::{Identity, Pki};
 use super::{LaunchError, blocking};
+use crate::scratch::admin_client;
 
 /// The service range of the test cluster (no service is reachable; it only has to be valid).
 const SERVICE_RANGE: &str = "10.0.0.0/24";
@@ -56,16 +57,16 @@ impl Ports {
 /// A fresh folder `<runs>/<pid>-<n>`; finished runs' etcd data is removed and only the newest
 /// few keep their logs.
 pub(super) fn fresh_run_dir(runs: &Path) -> Result<PathBuf, LaunchError> {
-    std::fs::create_dir_all(runs).map_err(LaunchError::io(runs.display().to_string()))?;
+    std::fs::create_dir_all(runs).map_err(LaunchError::io(runs.display()))?;
     // Kubeconfigs name their certificates by absolute path.
-    let runs = &std::path::absolute(runs).map_err(LaunchError::io(runs.display().to_string()))?;
+    let runs = &std::path::absolute(runs).map_err(LaunchError::io(runs.display()))?;
     prune_finished_runs(runs);
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or_default();
     let dir = runs.join(format!("{}-{stamp}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(LaunchError::io(dir.display().to_string()))?;
+    std::fs::create_dir_all(&dir).map_err(LaunchError::io(dir.display()))?;
     Ok(dir)
 }
 
@@ -109,7 +110,7 @@ pub(super) struct Processes {
 
 impl Processes {
     pub(super) fn new(logs: PathBuf) -> Result<Processes, LaunchError> {
-        std::fs::create_dir_all(&logs).map_err(LaunchError::io(logs.display().to_string()))?;
+        std::fs::create_dir_all(&logs).map_err(LaunchError::io(logs.display()))?;
         Ok(Processes {
             logs,
             running: Vec::new(),
@@ -221,11 +222,8 @@ impl Processes {
         args: &[String],
     ) -> Result<(), LaunchError> {
         let log = self.log(name);
-        let out =
-            std::fs::File::create(&log).map_err(LaunchError::io(log.display().to_string()))?;
-        let err = out
-            .try_clone()
-            .map_err(LaunchError::io(log.display().to_string()))?;
+        let out = std::fs::File::create(&log).map_err(LaunchError::io(log.display()))?;
+        let err = out.try_clone().map_err(LaunchError::io(log.display()))?;
         let child = Command::new("setpriv")
             .args(["--pdeathsig", "KILL", "--"])
             .arg(assets.binary(name))
@@ -295,17 +293,12 @@ pub(super) fn wait_for<Fut>(
 where
     Fut: std::future::Future<Output = Option<()>> + Send,
 {
-    let failed =
-        |e: &dyn std::fmt::Display| LaunchError::Kube(format!("the admin kubeconfig: {e}"));
-    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| failed(&e))?;
     let deadline = Instant::now() + READY_WITHIN;
     blocking(async {
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .map_err(|e| failed(&e))?;
         loop {
             processes.check_running()?;
-            let client = kube::Client::try_from(config.clone()).map_err(|e| failed(&e))?;
+            let client = admin_client(kubeconfig, "default").await;
+            let client = client.map_err(|e| LaunchError::Kube(format!("{e:#}")))?;
             if probe(client).await.is_some() {
                 return Ok(());
             }
