@@ -25,12 +25,8 @@ pub fn children_of(parent: u32) -> Vec<(u32, String)> {
 
 /// Whether `pid` still runs (a zombie does not).
 pub fn is_running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-    })
+    // The state follows the command name, which is in parentheses.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')')
+        .is_some_and(|(_, state)| !state.trim_start().starts_with('Z'))
 }

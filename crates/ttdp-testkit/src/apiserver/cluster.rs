@@ -151,14 +151,9 @@ impl ClusterState {
         namespace: &str,
         name: &str,
         patch_type: PatchType,
-        body: &[u8],
+        patch: Value,
         subresource: &str,
     ) -> Result<(Value, bool), ApiError> {
-        let patch: Value = serde_json::from_slice(body).map_err(|e| {
-            ApiError::bad_request(format!(
-                "error decoding patch (this imitation API server reads JSON only): {e}"
-            ))
-        })?;
         let existing = match self.get(rt, namespace, name) {
             Ok(existing) => existing,
             Err(_) if patch_type == PatchType::Apply && subresource.is_empty() => {
@@ -358,8 +353,7 @@ mod tests {
     use super::*;
 
     fn patch(state: &mut ClusterState, rt: &ResourceType, kind: PatchType, body: Value) -> Value {
-        let bytes = body.to_string().into_bytes();
-        state.patch(rt, "default", "d", kind, &bytes, "").unwrap().0
+        state.patch(rt, "default", "d", kind, body, "").unwrap().0
     }
 
     #[test]
@@ -376,9 +370,8 @@ mod tests {
         assert_eq!(merged["spec"]["x"], json!([3]), "lists are replaced");
         assert_eq!(merged["metadata"]["generation"], 2);
         let status = json!({"status": {"numberReady": 1}});
-        let bytes = status.to_string().into_bytes();
         let (written, _) = state
-            .patch(&ds, "default", "d", PatchType::Merge, &bytes, "status")
+            .patch(&ds, "default", "d", PatchType::Merge, status, "status")
             .unwrap();
         assert_eq!(written["status"]["numberReady"], 1);
         assert_eq!(written["metadata"]["generation"], 2);

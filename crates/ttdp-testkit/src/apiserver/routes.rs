@@ -163,7 +163,7 @@ fn decode_body(request: &Request) -> Result<Value, ApiError> {
         return Err(ApiError::unsupported_media_type(content_type));
     }
     serde_json::from_slice(request.body)
-        .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
+        .map_err(|e| ApiError::bad_request(format!("error decoding request body (JSON only): {e}")))
 }
 
 impl Request<'_> {
@@ -234,9 +234,9 @@ fn resource(app: &App, rp: &ResourcePath, request: &Request) -> Result<Response,
         }
         ("PATCH", Some(name), "" | "status") => {
             let patch_type = PatchType::from_content_type(&request.content_type)?;
-            let patch = |s: &mut ClusterState| {
-                s.patch(rt, ns, name, patch_type, request.body, rp.subresource)
-            };
+            let patch = decode_body(request)?;
+            let patch =
+                |s: &mut ClusterState| s.patch(rt, ns, name, patch_type, patch, rp.subresource);
             match write(app, patch)? {
                 (obj, true) => Ok(respond(StatusCode::CREATED, &obj)),
                 (obj, false) => Ok(respond(StatusCode::OK, &obj)),

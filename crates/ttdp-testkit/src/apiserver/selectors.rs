@@ -77,10 +77,8 @@ fn parse_term(term: &str, whole: &str) -> Result<(String, String), ApiError> {
             "unsupported selector term '{term}' in '{whole}': this imitation API server supports only key=value terms"
         ))
     };
-    let (key, value) = term
-        .split_once("==")
-        .or_else(|| term.split_once('='))
-        .ok_or_else(unsupported)?;
+    let (key, value) = term.split_once('=').ok_or_else(unsupported)?;
+    let value = value.strip_prefix('=').unwrap_or(value);
     let (key, value) = (key.trim(), value.trim());
     let plain = |s: &str| !s.contains(['!', '=', '(', ')', ' ', '<', '>']);
     if key.is_empty() || !plain(key) || !plain(value) {
