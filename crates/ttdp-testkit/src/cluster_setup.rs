@@ -27,18 +27,10 @@ pub async fn install_crd(client: &Client) -> Result<()> {
     crds.patch(&crd.name_any(), &apply(), &Patch::Apply(&crd))
         .await
         .context("cannot apply the TenstorrentDriverPolicy CRD")?;
-    let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
-    let served = || {
-        let policies = policies.clone();
-        async move { policies.list(&ListParams::default()).await.ok().map(|_| ()) }
-    };
-    eventually(
-        "the TenstorrentDriverPolicy CRD to be served",
-        Duration::from_secs(60),
-        served,
-    )
-    .await?;
-    Ok(())
+    let policies = &Api::<TenstorrentDriverPolicy>::all(client.clone());
+    let served = move || async move { policies.list(&ListParams::default()).await.ok().map(drop) };
+    let what = "the TenstorrentDriverPolicy CRD to be served";
+    Ok(eventually(what, Duration::from_secs(60), served).await?)
 }
 
 /// Applies the operator namespace `namespace` and the agents' ServiceAccount in it.

@@ -78,7 +78,6 @@ const CRDS: &str = "apiextensions.k8s.io/customresourcedefinitions";
 /// Every served type: the built-ins, then those of each CRD in the store (read from the CRDs
 /// on each request, so a CRD's types are served from its creation to its removal).
 pub fn served(store: &Store) -> Vec<ResourceType> {
-    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
     let builtins =
         BUILTINS.iter().map(
             |&(group, plural, kind, namespaced, short, status)| ResourceType {
@@ -87,7 +86,7 @@ pub fn served(store: &Store) -> Vec<ResourceType> {
                 plural: plural.into(),
                 kind: kind.into(),
                 namespaced,
-                short_names: strings(short),
+                short_names: short.iter().map(|s| s.to_string()).collect(),
                 status_subresource: status,
                 custom: false,
             },

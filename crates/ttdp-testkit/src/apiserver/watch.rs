@@ -22,10 +22,7 @@ use super::store::Change;
 /// The event type a change shows as through `selection`, if any.
 fn event_type(selection: &Selection, change: &Change) -> Option<&'static str> {
     let now = !change.deleted && selection.matches(&change.object);
-    let before = change
-        .previous
-        .as_ref()
-        .is_some_and(|p| selection.matches(p));
+    let before = change.previous.iter().any(|p| selection.matches(p));
     match (before, now) {
         (true, true) => Some("MODIFIED"),
         (false, true) => Some("ADDED"),

@@ -47,19 +47,13 @@ impl Assets {
     /// The binaries in `folder/bin`.
     pub fn in_folder(folder: &Path) -> Result<Assets, LaunchError> {
         let bin = folder.join("bin");
-        let missing: Vec<&str> = BINARIES
-            .into_iter()
-            .filter(|name| !bin.join(name).is_file())
-            .collect();
+        let mut missing = BINARIES.to_vec();
+        missing.retain(|name| !bin.join(name).is_file());
         if missing.is_empty() {
-            Ok(Assets { bin })
-        } else {
-            Err(LaunchError::MissingAssets(format!(
-                "{} lacks {}",
-                bin.display(),
-                missing.join(", ")
-            )))
+            return Ok(Assets { bin });
         }
+        let lacking = format!("{} lacks {}", bin.display(), missing.join(", "));
+        Err(LaunchError::MissingAssets(lacking))
     }
 
     /// The binaries of `archive`, unpacked under the target directory on first use (into a
