@@ -171,6 +171,12 @@ async fn delete_all<K: Object>(api: &Api<K>, objects: &[K], params: &DeleteParam
     }
 }
 
+/// Deletes the objects of `api` named with `prefix`.
+async fn delete_owned<K: Object>(api: Api<K>, prefix: &str) {
+    let objects = list(&api, Some(prefix)).await;
+    delete_all(&api, &objects, &DeleteParams::default(), prefix).await;
+}
+
 /// Best effort: deletes everything named with `prefix` (namespaces with their pods at once and
 /// finalizers of their ConfigMaps and DaemonSets removed, policies, nodes, node leases, cluster
 /// roles and bindings, Events in `default` about them), reporting what could not be deleted.
@@ -193,28 +199,13 @@ pub async fn cleanup(kubeconfig: &Path, prefix: &str) -> Result<()> {
     }
     delete_all(&namespaces, &owned_namespaces, &normal, prefix).await;
     let policy = ApiResource::erase::<TenstorrentDriverPolicy>(&());
-    let policies: Api<DynamicObject> = Api::all_with(client.clone(), &policy);
-    delete_all(
-        &policies,
-        &list(&policies, Some(prefix)).await,
-        &normal,
-        prefix,
-    )
-    .await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    delete_all(&nodes, &list(&nodes, Some(prefix)).await, &normal, prefix).await;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    delete_all(&leases, &list(&leases, Some(prefix)).await, &normal, prefix).await;
-    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
-    delete_all(
-        &bindings,
-        &list(&bindings, Some(prefix)).await,
-        &normal,
-        prefix,
-    )
-    .await;
-    let roles: Api<ClusterRole> = Api::all(client.clone());
-    delete_all(&roles, &list(&roles, Some(prefix)).await, &normal, prefix).await;
+    let policies = Api::<DynamicObject>::all_with(client.clone(), &policy);
+    delete_owned(policies, prefix).await;
+    delete_owned(Api::<Node>::all(client.clone()), prefix).await;
+    let node_leases = Api::<Lease>::namespaced(client.clone(), "kube-node-lease");
+    delete_owned(node_leases, prefix).await;
+    delete_owned(Api::<ClusterRoleBinding>::all(client.clone()), prefix).await;
+    delete_owned(Api::<ClusterRole>::all(client.clone()), prefix).await;
     let events: Api<Event> = Api::namespaced(client, "default");
     let mut about_ours = list(&events, None).await;
     about_ours.retain(|e| {

@@ -386,12 +386,8 @@ mod tests {
         state.create(&ds, "default", body).unwrap();
         let deleting = state.delete(&ds, "default", "d", &Value::Null).unwrap();
         assert!(meta::is_deleting(&deleting));
-        patch(
-            &mut state,
-            &ds,
-            PatchType::Merge,
-            json!({"metadata": {"finalizers": null}}),
-        );
+        let no_finalizers = json!({"metadata": {"finalizers": null}});
+        patch(&mut state, &ds, PatchType::Merge, no_finalizers);
         assert_eq!(state.get(&ds, "default", "d").unwrap_err().code, 404);
     }
 }

@@ -58,9 +58,7 @@ impl Pki {
             dir: dir.to_path_buf(),
         };
         let ca_key = KeyPair::generate()?;
-        let mut ca = CertificateParams::new(Vec::<String>::new())?;
-        ca.distinguished_name
-            .push(DnType::CommonName, "ttdp-test-ca");
+        let mut ca = params(Vec::new(), "ttdp-test-ca")?;
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
@@ -78,10 +76,7 @@ impl Pki {
             "kubernetes",
             "kubernetes.default.svc",
         ];
-        let mut serving = CertificateParams::new(names.map(String::from).to_vec())?;
-        serving
-            .distinguished_name
-            .push(DnType::CommonName, "kube-apiserver");
+        let mut serving = params(names.map(String::from).to_vec(), "kube-apiserver")?;
         serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         pki.signed("serving", &serving, &issuer)?;
 
@@ -92,10 +87,7 @@ impl Pki {
             Identity::Audited,
         ] {
             let (stem, common_name, organization) = identity.names();
-            let mut client = CertificateParams::new(Vec::<String>::new())?;
-            client
-                .distinguished_name
-                .push(DnType::CommonName, common_name);
+            let mut client = params(Vec::new(), common_name)?;
             if let Some(organization) = organization {
                 client
                     .distinguished_name
@@ -150,6 +142,15 @@ impl Pki {
         let path = self.path(name);
         std::fs::write(&path, contents).map_err(LaunchError::io(path.display()))
     }
+}
+
+/// Certificate parameters for the subject alternative `names`, with `common_name`.
+fn params(names: Vec<String>, common_name: &str) -> Result<CertificateParams, rcgen::Error> {
+    let mut params = CertificateParams::new(names)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    Ok(params)
 }
 
 /// How a kubeconfig's cluster entry trusts the API server's certificate.

@@ -113,13 +113,8 @@ pub fn write_token_kubeconfig(
         (None, Some(file)) => ServerTrust::CaFile(Path::new(file)),
         (None, None) => return Err(no_cluster("the cluster names no certificate authority")),
     };
-    Ok(write_kubeconfig(
-        dir,
-        stem,
-        server,
-        trust,
-        &format!("    token: {token}\n"),
-    )?)
+    let user_entry = format!("    token: {token}\n");
+    Ok(write_kubeconfig(dir, stem, server, trust, &user_entry)?)
 }
 
 #[cfg(test)]
