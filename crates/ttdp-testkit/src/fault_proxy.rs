@@ -155,7 +155,9 @@ fn parse_target(path: &str) -> Option<Target> {
     })
 }
 
-fn verb_of(method: &Method, target: &Target, query: &str) -> &'static str {
+/// The Kubernetes verb of a request for `target`; "" for a non-resource path.
+fn verb_of(method: &Method, target: Option<&Target>, query: &str) -> &'static str {
+    let Some(target) = target else { return "" };
     let watch = query
         .split('&')
         .any(|kv| kv == "watch=true" || kv == "watch=1");
@@ -207,11 +209,8 @@ fn injected(code: u16, target: &Target) -> Response<Body> {
 }
 
 fn header_text(headers: &HeaderMap, name: header::HeaderName) -> String {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned()
+    let value = headers.get(name).and_then(|v| v.to_str().ok());
+    value.unwrap_or_default().to_owned()
 }
 
 async fn forward(State(up): State<Upstream>, request: Request<Body>) -> Response<Body> {
@@ -224,9 +223,7 @@ async fn forward(State(up): State<Upstream>, request: Request<Body>) -> Response
     let query = parts.uri.query().unwrap_or_default().to_owned();
     // Non-resource paths (discovery, /version, OpenAPI) have no verb and meet no rule.
     let target = parse_target(parts.uri.path());
-    let verb = target
-        .as_ref()
-        .map_or("", |t| verb_of(&parts.method, t, &query));
+    let verb = verb_of(&parts.method, target.as_ref(), &query);
     // Subscribed before forwarding: a drop asked for while the watch starts still ends it.
     let watch_drop = (verb == "watch").then(|| up.faults.watch_drops());
     let request_body = serde_json::from_slice(&body).ok();

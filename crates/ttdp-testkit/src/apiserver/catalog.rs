@@ -55,10 +55,19 @@ impl ResourceType {
     }
 }
 
-/// Every built-in type served, all at version v1: group, plural, kind, namespaced, short names,
-/// status subresource.
+/// A built-in type: group, plural, kind, namespaced, short names, status subresource.
+type Builtin = (
+    &'static str,
+    &'static str,
+    &'static str,
+    bool,
+    &'static [&'static str],
+    bool,
+);
+
+/// Every built-in type served, all at version v1.
 #[rustfmt::skip]
-const BUILTINS: &[(&str, &str, &str, bool, &[&str], bool)] = &[
+const BUILTINS: &[Builtin] = &[
     ("",                     "namespaces",                "Namespace",                false, &["ns"],          true),
     ("",                     "nodes",                     "Node",                     false, &["no"],          true),
     ("",                     "pods",                      "Pod",                      true,  &["po"],          true),

@@ -302,10 +302,8 @@ fn check_supported(rt: &ResourceType, body: &Value) -> Result<(), ApiError> {
 /// unscheduled or finished, else the `requested` grace period, the pod's, or 30 s.
 fn grace_period(rt: &ResourceType, obj: &Value, requested: Option<i64>) -> i64 {
     let phase = obj["status"]["phase"].as_str().unwrap_or_default();
-    let scheduled = obj["spec"]["nodeName"]
-        .as_str()
-        .is_some_and(|n| !n.is_empty());
-    if !rt.is("", "pods") || !scheduled || matches!(phase, "Succeeded" | "Failed") {
+    let node = obj["spec"]["nodeName"].as_str().unwrap_or_default();
+    if !rt.is("", "pods") || node.is_empty() || matches!(phase, "Succeeded" | "Failed") {
         return 0;
     }
     let grace = requested

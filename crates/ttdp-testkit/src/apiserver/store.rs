@@ -76,13 +76,9 @@ impl Store {
 
     /// All objects of a storage key, in key order (namespace, name); `namespace` filters.
     pub fn list(&self, storage: &str, namespace: Option<&str>) -> Vec<&Value> {
-        self.objects
-            .get(storage)
-            .into_iter()
-            .flatten()
-            .filter(|((ns, _), _)| namespace.is_none_or(|want| want == ns))
-            .map(|(_, v)| v)
-            .collect()
+        let objects = self.objects.get(storage).into_iter().flatten();
+        let selected = objects.filter(|((ns, _), _)| namespace.is_none_or(|want| want == ns));
+        selected.map(|(_, v)| v).collect()
     }
 
     /// Store `object` (under its namespace and name) with a new revision, which is stamped into

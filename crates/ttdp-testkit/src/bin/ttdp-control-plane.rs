@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use clap::Parser;
+use nix::sys::signal::{SigSet, Signal};
 use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
 
 /// Run a real Kubernetes control plane for tests.
@@ -25,22 +26,17 @@ fn main() -> anyhow::Result<()> {
     let assets = Assets::locate()?;
     let runs = args.runs.unwrap_or_else(runs_dir);
     let plane = ControlPlane::start(&assets, &runs)?;
-    let path = match &args.kubeconfig {
-        Some(copy) => {
-            std::fs::copy(plane.kubeconfig(), copy)?;
-            copy.clone()
-        }
-        None => plane.kubeconfig().to_path_buf(),
-    };
+    if let Some(copy) = &args.kubeconfig {
+        std::fs::copy(plane.kubeconfig(), copy)?;
+    }
+    let path = args.kubeconfig.as_deref().unwrap_or(plane.kubeconfig());
     eprintln!(
         "control plane up at {} (logs in {})",
         plane.server(),
         plane.dir().join("logs").display()
     );
     println!("{}", path.display());
-    let mut signals = nix::sys::signal::SigSet::empty();
-    signals.add(nix::sys::signal::Signal::SIGTERM);
-    signals.add(nix::sys::signal::Signal::SIGINT);
+    let signals = SigSet::from_iter([Signal::SIGTERM, Signal::SIGINT]);
     signals.thread_block()?;
     signals.wait()?;
     drop(plane);

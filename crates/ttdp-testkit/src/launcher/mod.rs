@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 pub use assets::{ASSETS_ENV, Assets, runs_dir};
+use process::{default_service_account, readyz};
 
 /// A kubeconfig naming an existing cluster to run the end-to-end suites against; nothing is
 /// started then.
@@ -120,34 +121,19 @@ impl ControlPlane {
         let server = format!("https://127.0.0.1:{}", ports.apiserver);
         let kubeconfig = pki.write_kubeconfig(&dir, &server, pki::Identity::Admin)?;
         let audited_kubeconfig = pki.write_kubeconfig(&dir, &server, pki::Identity::Audited)?;
-        let mut processes = process::Processes::new(dir.join("logs"))?;
+        let mut processes = process::Processes::new(dir.join("logs"), kubeconfig.clone())?;
         processes.start_etcd(assets, &dir, &ports)?;
         let audit_log = dir.join("logs").join("audit.log");
         let mut apiserver_flags = audit::apiserver_flags(&dir, &audit_log)?;
         apiserver_flags.extend_from_slice(&options.apiserver_flags);
         processes.start_apiserver(assets, &pki, &ports, &apiserver_flags)?;
-        process::wait_for(
-            &kubeconfig,
-            &mut processes,
-            "kube-apiserver",
-            "/readyz is not ok",
-            process::readyz,
-        )?;
+        processes.wait_for("kube-apiserver", "/readyz is not ok", readyz)?;
         for identity in [pki::Identity::ControllerManager, pki::Identity::Scheduler] {
             let own = pki.write_kubeconfig(&dir, &server, identity)?;
-            let extra = match identity {
-                pki::Identity::Scheduler => &options.scheduler_flags,
-                _ => &options.controller_manager_flags,
-            };
-            processes.start_controller(assets, identity, &own, &pki, &ports, extra)?;
+            processes.start_controller(assets, identity, &own, &pki, &ports, options)?;
         }
-        process::wait_for(
-            &kubeconfig,
-            &mut processes,
-            "kube-controller-manager",
-            "made no default ServiceAccount",
-            process::default_service_account,
-        )?;
+        let problem = "made no default ServiceAccount";
+        processes.wait_for("kube-controller-manager", problem, default_service_account)?;
         Ok(ControlPlane {
             dir,
             kubeconfig,

@@ -10,7 +10,7 @@ use kube::Api;
 
 use super::assets::Assets;
 use super::pki::{Identity, Pki};
-use super::{LaunchError, blocking};
+use super::{ControlPlaneOptions, LaunchError, blocking};
 use crate::scratch::admin_client;
 
 /// The service range of the test cluster (no service is reachable; it only has to be valid).
@@ -105,14 +105,17 @@ fn prune_finished_runs(runs: &Path) {
 #[derive(Debug)]
 pub(super) struct Processes {
     logs: PathBuf,
+    /// The admin kubeconfig, through which readiness is polled.
+    admin: PathBuf,
     running: Vec<(&'static str, Child)>,
 }
 
 impl Processes {
-    pub(super) fn new(logs: PathBuf) -> Result<Processes, LaunchError> {
+    pub(super) fn new(logs: PathBuf, admin: PathBuf) -> Result<Processes, LaunchError> {
         std::fs::create_dir_all(&logs).map_err(LaunchError::io(logs.display()))?;
         Ok(Processes {
             logs,
+            admin,
             running: Vec::new(),
         })
     }
@@ -168,8 +171,8 @@ impl Processes {
         self.spawn("kube-apiserver", assets, &args)
     }
 
-    /// kube-controller-manager or kube-scheduler, each with its own identity, with `extra`
-    /// flags after the usual ones.
+    /// kube-controller-manager or kube-scheduler, each with its own identity, with its extra
+    /// flags of `options` after the usual ones.
     pub(super) fn start_controller(
         &mut self,
         assets: &Assets,
@@ -177,7 +180,7 @@ impl Processes {
         kubeconfig: &Path,
         pki: &Pki,
         ports: &Ports,
-        extra: &[String],
+        options: &ControlPlaneOptions,
     ) -> Result<(), LaunchError> {
         let kubeconfig = kubeconfig.display().to_string();
         let mut args = vec![
@@ -188,10 +191,10 @@ impl Processes {
             "--leader-elect=false".into(),
         ];
         let file = |name: &str| pki.path(name).display().to_string();
-        let name = match identity {
+        let (name, extra) = match identity {
             Identity::Scheduler => {
                 args.push(format!("--secure-port={}", ports.scheduler));
-                "kube-scheduler"
+                ("kube-scheduler", &options.scheduler_flags)
             }
             _ => {
                 args.extend([
@@ -205,7 +208,7 @@ impl Processes {
                     format!("--service-cluster-ip-range={SERVICE_RANGE}"),
                     "--allocate-node-cidrs=false".into(),
                 ]);
-                "kube-controller-manager"
+                ("kube-controller-manager", &options.controller_manager_flags)
             }
         };
         args.extend_from_slice(extra);
@@ -224,6 +227,7 @@ impl Processes {
         let log = self.log(name);
         let out = std::fs::File::create(&log).map_err(LaunchError::io(log.display()))?;
         let err = out.try_clone().map_err(LaunchError::io(log.display()))?;
+        let starting = format!("starting {name} under setpriv (util-linux)");
         let child = Command::new("setpriv")
             .args(["--pdeathsig", "KILL", "--"])
             .arg(assets.binary(name))
@@ -233,9 +237,7 @@ impl Processes {
             .stderr(err)
             .process_group(0)
             .spawn()
-            .map_err(LaunchError::io(format!(
-                "starting {name} under setpriv (util-linux)"
-            )))?;
+            .map_err(LaunchError::io(starting))?;
         self.running.push((name, child));
         Ok(())
     }
@@ -256,6 +258,38 @@ impl Processes {
             }
         }
         Ok(())
+    }
+
+    /// Polls `probe` through the admin kubeconfig until it answers; fails as soon as a component
+    /// exits, or with `problem` when `component` is not ready within [`READY_WITHIN`].
+    pub(super) fn wait_for<Fut>(
+        &mut self,
+        component: &'static str,
+        problem: &str,
+        probe: fn(kube::Client) -> Fut,
+    ) -> Result<(), LaunchError>
+    where
+        Fut: std::future::Future<Output = Option<()>> + Send,
+    {
+        let deadline = Instant::now() + READY_WITHIN;
+        blocking(async {
+            loop {
+                self.check_running()?;
+                let client = admin_client(&self.admin, "default").await;
+                let client = client.map_err(|e| LaunchError::Kube(format!("{e:#}")))?;
+                if probe(client).await.is_some() {
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    return Err(LaunchError::Component {
+                        component,
+                        problem: format!("{problem} after {READY_WITHIN:?}"),
+                        log: self.log(component),
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })?
     }
 
     /// Kills every component (the test cluster's state is thrown away anyway).
@@ -279,37 +313,4 @@ pub(super) async fn readyz(client: kube::Client) -> Option<()> {
 pub(super) async fn default_service_account(client: kube::Client) -> Option<()> {
     let accounts: Api<ServiceAccount> = Api::namespaced(client, "default");
     accounts.get_opt("default").await.ok().flatten().map(|_| ())
-}
-
-/// Polls `probe` through the admin `kubeconfig` until it answers; fails as soon as a component
-/// exits, or with `problem` when `component` is not ready within [`READY_WITHIN`].
-pub(super) fn wait_for<Fut>(
-    kubeconfig: &Path,
-    processes: &mut Processes,
-    component: &'static str,
-    problem: &str,
-    probe: fn(kube::Client) -> Fut,
-) -> Result<(), LaunchError>
-where
-    Fut: std::future::Future<Output = Option<()>> + Send,
-{
-    let deadline = Instant::now() + READY_WITHIN;
-    blocking(async {
-        loop {
-            processes.check_running()?;
-            let client = admin_client(kubeconfig, "default").await;
-            let client = client.map_err(|e| LaunchError::Kube(format!("{e:#}")))?;
-            if probe(client).await.is_some() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(LaunchError::Component {
-                    component,
-                    problem: format!("{problem} after {READY_WITHIN:?}"),
-                    log: processes.log(component),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })?
 }

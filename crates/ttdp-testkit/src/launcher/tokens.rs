@@ -94,12 +94,9 @@ pub fn write_token_kubeconfig(
         .and_then(|name| config.contexts.iter().find(|c| c.name == name))
         .and_then(|c| c.context.as_ref())
         .ok_or_else(|| no_cluster("no current context"))?;
-    let cluster = config
-        .clusters
-        .iter()
-        .find(|c| c.name == context.cluster)
-        .and_then(|c| c.cluster.as_ref())
-        .ok_or_else(|| no_cluster("the current context names no cluster"))?;
+    let named = config.clusters.iter().find(|c| c.name == context.cluster);
+    let cluster = named.and_then(|c| c.cluster.as_ref());
+    let cluster = cluster.ok_or_else(|| no_cluster("the current context names no cluster"))?;
     let server = cluster
         .server
         .as_deref()
