@@ -9,8 +9,8 @@
 //! terminal reaches the program only, which may then stop the controller in order.
 
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::process::Stdio;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -20,8 +20,6 @@ use tokio::process::{Child, Command};
 
 /// How long the controller may take to stop after SIGTERM before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
-/// Longest log line [`log_tail`] shows in full.
-const LINE_LIMIT: usize = 400;
 
 /// Memory figures of a process, in KiB.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -94,23 +92,16 @@ impl ControllerProcess {
         })
     }
 
-    fn child(&self) -> MutexGuard<'_, Child> {
-        self.child.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn exited(&self) -> Option<ExitStatus> {
-        self.child().try_wait().ok().flatten()
-    }
-
     /// An error naming the log when the controller has exited.
     pub fn check_running(&self) -> Result<()> {
-        match self.exited() {
-            Some(status) => bail!(
+        let mut child = self.child.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Ok(Some(status)) = child.try_wait() {
+            bail!(
                 "the controller exited ({status}); see {}",
                 self.log_file.display()
-            ),
-            None => Ok(()),
+            );
         }
+        Ok(())
     }
 
     /// Its memory now, or an error naming the log when it has exited.
@@ -152,21 +143,6 @@ fn parse_status(text: &str) -> Memory {
         rss_kib: field("VmRSS:"),
         hwm_kib: field("VmHWM:"),
     }
-}
-
-/// The last `lines` lines of a log file (empty when unreadable), each cut at `LINE_LIMIT`
-/// characters.
-pub fn log_tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..]
-        .iter()
-        .map(|line| match line.char_indices().nth(LINE_LIMIT) {
-            Some((cut, _)) => format!("{} ...", &line[..cut]),
-            None => (*line).to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[cfg(test)]

@@ -156,14 +156,9 @@ fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Instant) {
         .and_then(|s| s.summary.as_ref())
         .is_some_and(|s| s.nodes_omitted > 0);
     if omits {
-        let Seen {
-            states,
-            transitions,
-            ..
-        } = seen;
-        for (name, state) in states.iter_mut() {
+        for (name, state) in seen.states.iter_mut() {
             if state.is_in_flight() && !listed.contains(name.as_str()) {
-                transitions.push(Transition {
+                seen.transitions.push(Transition {
                     at,
                     node: name.clone(),
                     from: Some(*state),
@@ -180,14 +175,17 @@ fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Instant) {
         .is_none_or(|t| at.duration_since(t) >= SIZE_SAMPLE_EVERY)
     {
         seen.sized_at = Some(at);
-        let bytes = policy
-            .status
-            .as_ref()
-            .and_then(|s| serde_json::to_vec(s).ok())
-            .map_or(0, |v| v.len());
-        seen.max_status_bytes = seen.max_status_bytes.max(bytes);
+        seen.max_status_bytes = seen.max_status_bytes.max(status_bytes(&policy));
     }
     seen.policy = Some(policy);
+}
+
+/// The size of `policy`'s serialized status, in bytes (0 without a status).
+pub fn status_bytes(policy: &TenstorrentDriverPolicy) -> usize {
+    let status = policy.status.as_ref();
+    status
+        .and_then(|s| serde_json::to_vec(s).ok())
+        .map_or(0, |v| v.len())
 }
 
 /// When one node's upgrade began and ended, as far as the watch saw.

@@ -115,12 +115,10 @@ async fn finish_deletion(pods: Api<Pod>, name: String, uid: String) {
         }),
         ..DeleteParams::default()
     };
-    match pods.delete(&name, &now).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-        Err(e) => {
-            tracing::warn!(pod = %name, error = %e, "agent stand-in could not finish a deletion")
-        }
+    if let Err(e) = pods.delete(&name, &now).await
+        && !matches!(&e, kube::Error::Api(s) if s.code == 404 || s.code == 409)
+    {
+        tracing::warn!(pod = %name, error = %e, "agent stand-in could not finish a deletion");
     }
 }
 

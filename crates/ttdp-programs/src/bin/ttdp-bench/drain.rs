@@ -20,9 +20,10 @@ use futures::StreamExt;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 use kube::api::Api;
-use kube::runtime::watcher;
-use serde_json::{Value, json};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
 use tokio::process::Command;
+use tokio::task::JoinHandle;
 use ttdp_testkit::cluster_setup;
 use ttdp_testkit::launcher::audit::AuditLog;
 use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
@@ -65,46 +66,23 @@ struct Run {
     output: String,
 }
 
-impl Run {
-    fn json(&self) -> Value {
-        json!({ "wall_ms": ms(self.wall), "ok": self.success, "reads": self.reads, "writes": self.writes, "evictions": self.evictions })
-    }
-}
-
-/// The lowest `currentHealthy - desiredHealthy` a budget's status showed while it was watched:
-/// below 0, the budget was violated.
-struct BudgetFloor {
-    lowest: Arc<AtomicI64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl BudgetFloor {
-    fn watch(client: &Client, namespace: &str, name: &str) -> Self {
-        let lowest = Arc::new(AtomicI64::new(i64::MAX));
-        let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let seen = lowest.clone();
-        let task = tokio::spawn(async move {
-            let events = watcher::watcher(api, config);
-            futures::pin_mut!(events);
-            while let Some(event) = events.next().await {
-                let pdb = match event {
-                    Ok(watcher::Event::Apply(pdb) | watcher::Event::InitApply(pdb)) => pdb,
-                    _ => continue,
-                };
-                if let Some(s) = pdb.status {
-                    let headroom = i64::from(s.current_healthy) - i64::from(s.desired_healthy);
-                    seen.fetch_min(headroom, Ordering::Relaxed);
-                }
+/// Watches the budget `name` until the task is aborted, keeping the lowest
+/// `currentHealthy - desiredHealthy` its status showed: below 0, the budget was violated.
+fn watch_budget(client: &Client, namespace: &str, name: &str) -> (Arc<AtomicI64>, JoinHandle<()>) {
+    let lowest = Arc::new(AtomicI64::new(i64::MAX));
+    let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let seen = lowest.clone();
+    let task = tokio::spawn(async move {
+        let mut budgets = watcher(api, config).applied_objects().boxed();
+        while let Some(budget) = budgets.next().await {
+            if let Ok(Some(s)) = budget.map(|b| b.status) {
+                let headroom = i64::from(s.current_healthy) - i64::from(s.desired_healthy);
+                seen.fetch_min(headroom, Ordering::Relaxed);
             }
-        });
-        Self { lowest, task }
-    }
-
-    fn stop(self) -> i64 {
-        self.task.abort();
-        self.lowest.load(Ordering::Relaxed)
-    }
+        }
+    });
+    (lowest, task)
 }
 
 /// Runs the suite and prints its result line.
@@ -131,12 +109,12 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
     for &pods in &args.pods {
         eprintln!("drain: {pods} pods per node");
         let mut row = json!({ "pods": pods });
-        let mut removed = Vec::new();
+        let (mut removed, mut walls, mut requests) = (Vec::new(), Vec::new(), Vec::new());
         for tool in TOOLS {
             let group = format!("{tool}-{pods}");
             let node = DrainNode::populate(&client, PREFIX, &group, pods).await?;
             let before = drain_fleet::roles_on(&client, &node.node).await?;
-            let floor = BudgetFloor::watch(&client, &node.namespace, &node.budget);
+            let (floor, watch) = watch_budget(&client, &node.namespace, &node.budget);
             let run = drain(
                 args,
                 kubeconfig,
@@ -151,7 +129,8 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
                 ],
             )
             .await?;
-            let lowest = floor.stop();
+            watch.abort();
+            let lowest = floor.load(Ordering::Relaxed);
             let after = drain_fleet::roles_on(&client, &node.node).await?;
             node.shutdown().await;
             if !run.success {
@@ -166,21 +145,22 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
                 "  {tool}: {:.1} s, removed {gone:?}, budget headroom never below {lowest}",
                 run.wall.as_secs_f64()
             );
-            row[tool] = run.json();
-            row[tool]["pods_left"] = json!(after.values().sum::<usize>());
-            row[tool]["removed_by_owner"] = json!(gone);
-            row[tool]["budget_lowest_headroom"] = json!(lowest);
-            row[tool]["budget_violated"] = json!(lowest < 0);
+            row[tool] = json!({
+                "wall_ms": ms(run.wall), "ok": run.success, "reads": run.reads, "writes": run.writes,
+                "evictions": run.evictions, "pods_left": after.values().sum::<usize>(),
+                "removed_by_owner": gone, "budget_lowest_headroom": lowest, "budget_violated": lowest < 0,
+            });
             removed.push(gone);
+            walls.push(ms(run.wall));
+            requests.push((run.reads + run.writes) as f64);
         }
-        row["same_removed_set"] = json!(removed.windows(2).all(|w| w[0] == w[1]));
-        row["wall_ratio_ttdp_over_kubectl"] = json!(ratio(&row, "wall_ms"));
-        row["requests_ratio_ttdp_over_kubectl"] = json!(requests_ratio(&row));
+        let same = removed.windows(2).all(|w| w[0] == w[1]);
+        let (wall_ratio, requests_ratio) = (ratio(&walls), ratio(&requests));
+        row["same_removed_set"] = json!(same);
+        row["wall_ratio_ttdp_over_kubectl"] = json!(wall_ratio);
+        row["requests_ratio_ttdp_over_kubectl"] = json!(requests_ratio);
         eprintln!(
-            "drain: {pods} pods: ttdp/kubectl wall {:.3}, requests {:.3}, same pods removed: {}",
-            ratio(&row, "wall_ms"),
-            requests_ratio(&row),
-            row["same_removed_set"]
+            "drain: {pods} pods: ttdp/kubectl wall {wall_ratio:.3}, requests {requests_ratio:.3}, same pods removed: {same}"
         );
         sizes.push(row);
     }
@@ -217,20 +197,12 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
     Ok(())
 }
 
-fn ratio(row: &Value, field: &str) -> f64 {
-    let k = row["kubectl"][field].as_f64().unwrap_or(0.0);
-    let t = row["ttdp"][field].as_f64().unwrap_or(0.0);
-    if k == 0.0 { 0.0 } else { t / k }
-}
-
-fn requests_ratio(row: &Value) -> f64 {
-    let total = |tool: &str| {
-        row[tool]["reads"].as_f64().unwrap_or(0.0) + row[tool]["writes"].as_f64().unwrap_or(0.0)
-    };
-    if total("kubectl") == 0.0 {
+/// ttdp's figure over kubectl's, in the order of [`TOOLS`]; 0 when kubectl's is 0.
+fn ratio(figures: &[f64]) -> f64 {
+    if figures[0] == 0.0 {
         0.0
     } else {
-        total("ttdp") / total("kubectl")
+        figures[1] / figures[0]
     }
 }
 
@@ -244,16 +216,13 @@ async fn drain(
     node: &str,
     flags: &[&str],
 ) -> Result<Run> {
-    let binary: &Path = if tool == "kubectl" {
-        &args.kubectl
-    } else {
-        &args.ttdp_drain
+    let (binary, subcommand): (&Path, &[&str]) = match tool {
+        "kubectl" => (&args.kubectl, &["drain"]),
+        _ => (&args.ttdp_drain, &[]),
     };
     let mut command = Command::new(binary);
-    if tool == "kubectl" {
-        command.arg("drain");
-    }
     command
+        .args(subcommand)
         .arg(node)
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .args(flags)

@@ -54,23 +54,19 @@ pub struct DrainNode {
     pub budget: String,
     /// The namespace of the workloads.
     pub namespace: String,
-    kubelet: Option<SimKubelet>,
+    kubelet: SimKubelet,
 }
 
-async fn create_dynamic(
-    client: &Client,
-    namespace: &str,
-    gvk: (&str, &str, &str, &str),
-    body: Value,
-) -> Result<DynamicObject> {
-    let (group, version, kind, plural) = gvk;
-    let ar =
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+/// Creates `body` in `namespace`: the resource follows from its `apiVersion` and `kind`.
+async fn create(client: &Client, namespace: &str, body: Value) -> Result<()> {
     let object: DynamicObject = serde_json::from_value(body)?;
-    api.create(&PostParams::default(), &object)
+    let types = object.types.clone().unwrap_or_default();
+    let resource = ApiResource::from_gvk(&GroupVersionKind::try_from(&types)?);
+    Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource)
+        .create(&PostParams::default(), &object)
         .await
-        .with_context(|| format!("cannot create a drain benchmark {kind}"))
+        .with_context(|| format!("cannot create a drain benchmark {}", types.kind))?;
+    Ok(())
 }
 
 fn node_spec(name: &str, group: &str, prefix: &str) -> SimNodeSpec {
@@ -140,12 +136,12 @@ impl DrainNode {
             })
         };
         for (role, volumes, kind) in [
-            ("web", json!([]), ("Deployment", "deployments")),
-            ("api", json!([]), ("ReplicaSet", "replicasets")),
+            ("web", json!([]), "Deployment"),
+            ("api", json!([]), "ReplicaSet"),
             (
                 "scratch",
                 json!([{ "name": "scratch", "emptyDir": {} }]),
-                ("ReplicaSet", "replicasets"),
+                "ReplicaSet",
             ),
         ] {
             let name = format!("{node}-{role}");
@@ -154,13 +150,13 @@ impl DrainNode {
             if role == "web" {
                 template["metadata"]["labels"]["budget"] = json!(node);
             }
-            create_dynamic(client, &namespace, ("apps", "v1", kind.0, kind.1), json!({
-                "apiVersion": "apps/v1", "kind": kind.0, "metadata": { "name": name, "namespace": namespace },
+            create(client, &namespace, json!({
+                "apiVersion": "apps/v1", "kind": kind, "metadata": { "name": name, "namespace": namespace },
                 "spec": { "replicas": count(role), "selector": { "matchLabels": { "app": name } }, "template": template },
             })).await?;
         }
         let logs = format!("{node}-logs");
-        create_dynamic(client, &namespace, ("apps", "v1", "DaemonSet", "daemonsets"), json!({
+        create(client, &namespace, json!({
             "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": { "name": logs, "namespace": namespace },
             "spec": { "selector": { "matchLabels": { "app": logs } },
                 "template": { "metadata": { "labels": { "app": logs, ROLE_LABEL: "logs" } },
@@ -169,22 +165,17 @@ impl DrainNode {
                         "containers": [{ "name": "main", "image": "busybox" }] } } },
         })).await?;
         let budget = format!("{node}-budget");
-        create_dynamic(client, &namespace, ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets"), json!({
+        create(client, &namespace, json!({
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": { "name": budget, "namespace": namespace },
             "spec": { "maxUnavailable": "50%", "selector": { "matchLabels": { "budget": node } } },
         })).await?;
-        let pod_api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
         for i in 0..count("bare") {
-            let body = json!({
+            create(client, &namespace, json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": { "name": format!("{node}-bare-{i:04}"), "namespace": namespace, "labels": { ROLE_LABEL: "bare" } },
                 "spec": { "nodeName": node, "tolerations": toleration, "terminationGracePeriodSeconds": 1,
                     "containers": [{ "name": "main", "image": "busybox" }] },
-            });
-            pod_api
-                .create(&PostParams::default(), &serde_json::from_value(body)?)
-                .await
-                .context("cannot create a bare pod")?;
+            })).await?;
         }
         // The DaemonSet makes one pod per node: the `logs` share of the node's pods is one pod.
         let expected = pods - count("logs") + 1;
@@ -221,15 +212,13 @@ impl DrainNode {
             node,
             budget,
             namespace,
-            kubelet: Some(kubelet),
+            kubelet,
         })
     }
 
     /// Stops the kubelet (the scratch space deletes the nodes and namespace).
-    pub async fn shutdown(mut self) {
-        if let Some(kubelet) = self.kubelet.take() {
-            let _ = kubelet.shutdown_and_unregister().await;
-        }
+    pub async fn shutdown(self) {
+        let _ = self.kubelet.shutdown_and_unregister().await;
     }
 }
 
@@ -265,11 +254,11 @@ pub async fn populate_blocked(client: &Client, prefix: &str, group: &str) -> Res
     let node = DrainNode::populate(client, prefix, group, 0).await?;
     let app = format!("{}-db", node.node);
     let budget = format!("{app}-budget");
-    create_dynamic(client, &node.namespace, ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets"), json!({
+    create(client, &node.namespace, json!({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": { "name": budget, "namespace": node.namespace },
         "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": app } } },
     })).await?;
-    create_dynamic(client, &node.namespace, ("apps", "v1", "ReplicaSet", "replicasets"), json!({
+    create(client, &node.namespace, json!({
         "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": { "name": app, "namespace": node.namespace },
         "spec": { "replicas": 1, "selector": { "matchLabels": { "app": app } },
             "template": { "metadata": { "labels": { "app": app, ROLE_LABEL: "db" } },

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use ttdp_programs::rollout_watch::{NodeSpan, is_rolled_out, node_spans};
+use ttdp_programs::rollout_watch::{NodeSpan, is_rolled_out, node_spans, status_bytes};
 use ttdp_programs::{ControllerProcess, Memory, RolloutWatch};
 use ttdp_testkit::cluster_setup::{create_operator_namespace, install_crd, set_policy_version};
 use ttdp_testkit::launcher::audit::AuditLog;
@@ -151,7 +151,7 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         adopt,
         memory: bench.controller.memory()?,
         idle,
-        status_bytes: status_bytes(&bench.watch),
+        status_bytes: bench.watch.policy().map_or(0, |p| status_bytes(&p)),
     };
     eprintln!(
         "fleet {n}: steady state {:.1} MiB resident; rolling out {TO}",
@@ -228,13 +228,11 @@ async fn start(args: &FleetArgs) -> Result<Bench> {
         format!("--namespace={}", ttdp_api::names::DEFAULT_NAMESPACE),
         "--default-image=bench.invalid/ttdp-agent:bench".to_owned(),
     ];
-    let log_filter =
-        std::env::var("TTDP_BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "info".to_owned());
     let controller = ControllerProcess::start(
         &args.controller,
         plane.audited_kubeconfig(),
         &flags,
-        &log_filter,
+        "info",
         &log_file,
     )?;
     Ok(Bench {
@@ -287,7 +285,7 @@ fn rollout_figures(
         .collect();
     let per_node_spread = spread(per_node);
     let ideal = ideal_total(n, slots, per_node_spread.p50);
-    let final_status = status_bytes(&bench.watch);
+    let final_status = bench.watch.policy().map_or(0, |p| status_bytes(&p));
     let upgraded = dones.len().max(1);
     let (reads, writes) = rollout.reads_and_writes();
     let (idle_reads, idle_writes) = steady.idle.reads_and_writes();
@@ -336,14 +334,6 @@ async fn finish(args: &FleetArgs, bench: Bench) -> Result<serde_json::Value> {
     };
     eprintln!("fleet {}: timing kubectl tt driver", args.nodes);
     crate::plugin_timing::time_plugin(binary, bench.plane.kubeconfig(), PLUGIN_RUNS).await
-}
-
-fn status_bytes(watch: &RolloutWatch) -> usize {
-    watch
-        .policy()
-        .and_then(|p| p.status)
-        .and_then(|s| serde_json::to_vec(&s).ok())
-        .map_or(0, |v| v.len())
 }
 
 /// Prints what was measured before the `phase` ran out of time (memory, progress), stops the

@@ -54,12 +54,10 @@ fn case_json(reports: &[SwapReport], label: Duration) -> serde_json::Value {
     })
 }
 
-struct Host {
-    _dir: tempfile::TempDir,
-    installer: ModuleInstaller<SimKernel>,
-}
+type Installer = ModuleInstaller<SimKernel>;
 
-fn host(repo: &SimKmdRepo, work: &std::path::Path) -> Result<Host> {
+/// A simulated host in a temporary directory, which lives as long as the returned `TempDir`.
+fn host(repo: &SimKmdRepo, work: &std::path::Path) -> Result<(tempfile::TempDir, Installer)> {
     let dir = tempfile::Builder::new()
         .prefix("ttdp-bench-swap-")
         .tempdir()
@@ -80,10 +78,7 @@ fn host(repo: &SimKmdRepo, work: &std::path::Path) -> Result<Host> {
     };
     let installer = ModuleInstaller::new(sim.host().clone(), sim.kernel(), config)
         .context("cannot open the simulated host")?;
-    Ok(Host {
-        _dir: dir,
-        installer,
-    })
+    Ok((dir, installer))
 }
 
 /// Runs the suite and prints its result line.
@@ -97,29 +92,23 @@ pub fn run(args: &SwapArgs) -> Result<()> {
     let (v1, v2): (KmdVersion, KmdVersion) = (V1.parse()?, V2.parse()?);
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).context("cannot create the build directory")?;
-    let swap = |host: &Host, version: &KmdVersion, failure: &'static str| {
-        host.installer
-            .swap(version, &SwapOptions::default())
-            .context(failure)
+    let swap = |host: &Installer, version: &KmdVersion, failure: &'static str| {
+        host.swap(version, &SwapOptions::default()).context(failure)
     };
     let runs = args.runs.max(1);
     let (mut miss, mut hit_fresh, mut hit_swap) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
         eprintln!("swap: run {} of {runs}", run + 1);
-        let h = host(&repo, &work)?;
+        let (_dir, h) = host(&repo, &work)?;
         // Cache miss, nothing loaded: fetch and build V1, load it.
         miss.push(swap(&h, &v1, "cache-miss swap failed")?);
         // Build V2 into the cache, then swap V1 -> V2: a cache hit with a swap.
-        h.installer
-            .ensure_ko(&v2)
+        h.ensure_ko(&v2)
             .context("cannot build the second version")?;
         hit_swap.push(swap(&h, &v2, "cache-hit swap failed")?);
         // A second host sharing nothing but a pre-filled cache: hit with nothing loaded.
-        let fresh = host(&repo, &work)?;
-        fresh
-            .installer
-            .ensure_ko(&v1)
-            .context("cannot fill the cache")?;
+        let (_fresh_dir, fresh) = host(&repo, &work)?;
+        fresh.ensure_ko(&v1).context("cannot fill the cache")?;
         hit_fresh.push(swap(&fresh, &v1, "cache-hit install failed")?);
     }
     let label = label_time(runs * 4)?;

@@ -19,7 +19,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
@@ -182,18 +181,8 @@ pub async fn delete_policy(client: &Client, names: &DemoNames) -> Option<String>
     Some(format!("policy {name} is still there: {error}"))
 }
 
-/// After the controller is stopped, deletes the operator namespace the demo created on a
-/// shared cluster.
-pub async fn delete_operator_namespace(client: &Client, names: &DemoNames) -> Option<String> {
-    delete(
-        &Api::<Namespace>::all(client.clone()),
-        &names.operator_namespace,
-    )
-    .await
-}
-
 /// Deletes `name`, which may be gone already; a failure is returned as a line to print.
-async fn delete<K>(api: &Api<K>, name: &str) -> Option<String>
+pub async fn delete<K>(api: &Api<K>, name: &str) -> Option<String>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {

@@ -5,14 +5,13 @@
 
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use ttdp_api::names::labels;
-use ttdp_programs::controller_process::log_tail;
 use ttdp_programs::rollout_watch::stragglers;
 
-use crate::cluster_source::{delete_operator_namespace, delete_policy};
+use crate::cluster_source::{delete, delete_policy};
 use crate::final_state::Outcome;
 use crate::hints;
 use crate::live_view::flush;
@@ -163,7 +162,9 @@ impl Demo {
             problems.push(format!("the simulated nodes did not stop cleanly: {e}"));
         }
         if shared {
-            problems.extend(delete_operator_namespace(&self.client, &self.names).await);
+            // The controller is stopped: nothing puts objects in its namespace any more.
+            let namespaces = Api::<Namespace>::all(self.client.clone());
+            problems.extend(delete(&namespaces, &self.names.operator_namespace).await);
         }
         // Blocking: a launched control plane stops its processes as it drops.
         drop(self.source);
@@ -205,10 +206,18 @@ impl Demo {
     }
 }
 
-/// Prints the last `lines` lines of the log at `path`, indented, under a title naming `what`.
+/// Longest log line [`print_log_tail`] shows in full.
+const LINE_LIMIT: usize = 400;
+
+/// Prints the last `lines` lines of the log at `path` (none when unreadable), indented and each
+/// cut at `LINE_LIMIT` characters, under a title naming `what`.
 fn print_log_tail(what: &str, path: &Path, lines: usize) {
     println!("\nlast lines of {what} ({}):", path.display());
-    for line in log_tail(path, lines).lines() {
-        println!("    {line}");
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    for line in ttdp_kmod::log_tail(&text, lines).lines() {
+        match line.char_indices().nth(LINE_LIMIT) {
+            Some((cut, _)) => println!("    {} ...", &line[..cut]),
+            None => println!("    {line}"),
+        }
     }
 }

@@ -70,19 +70,14 @@ impl Demo {
     pub async fn inspect(&self, outcome: &mut Outcome) {
         let Some(policy) = self.watch.as_ref().and_then(|w| w.policy()) else {
             if outcome.problems.is_empty() {
-                let never_seen = format!(
-                    "TenstorrentDriverPolicy {} was never seen",
-                    self.names.policy
-                );
+                let policy = &self.names.policy;
+                let never_seen = format!("TenstorrentDriverPolicy {policy} was never seen");
                 outcome.problems.push(never_seen);
             }
             return;
         };
-        let read = async {
-            let nodes = self.node_outcomes(&policy).await?;
-            Ok::<_, kube::Error>((nodes, self.workload_outcomes().await?))
-        };
-        let (nodes, workloads) = match read.await {
+        let read = tokio::try_join!(self.node_outcomes(&policy), self.workload_outcomes());
+        let (nodes, workloads) = match read {
             Ok(read) => read,
             Err(e) => {
                 let error = format!("cannot read the cluster's final state: {e}");
