@@ -131,6 +131,16 @@ impl ControllerProcess {
     }
 }
 
+/// `dir`, else a new `<temp>/<program>-<pid>`, created: where a program puts its logs and the
+/// controller's.
+pub fn log_dir(dir: Option<&Path>, program: &str) -> Result<PathBuf> {
+    let default = || std::env::temp_dir().join(format!("{program}-{}", std::process::id()));
+    let dir = dir.map_or_else(default, Path::to_path_buf);
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create the log directory {}", dir.display()))?;
+    Ok(dir)
+}
+
 /// `VmRSS` and `VmHWM` of a `/proc/<pid>/status` text.
 fn parse_status(text: &str) -> Memory {
     let field = |name: &str| {

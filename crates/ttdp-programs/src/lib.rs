@@ -19,5 +19,5 @@
 pub mod controller_process;
 pub mod rollout_watch;
 
-pub use controller_process::{ControllerProcess, Memory};
+pub use controller_process::{ControllerProcess, Memory, log_dir};
 pub use rollout_watch::{RolloutWatch, Transition};

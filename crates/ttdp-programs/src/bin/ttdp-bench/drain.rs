@@ -26,11 +26,10 @@ use tokio::process::Command;
 use tokio::task::JoinHandle;
 use ttdp_testkit::cluster_setup;
 use ttdp_testkit::launcher::audit::AuditLog;
-use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
 use ttdp_testkit::sim::cluster::client_for;
 
 use crate::drain_fleet::{self, DrainNode};
-use crate::result_line::{self, ms};
+use crate::figures::{ms, print_result};
 
 /// How long the blocked drains run before their timeout.
 const BLOCKED_FOR: Duration = Duration::from_secs(12);
@@ -95,10 +94,7 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
             );
         }
     }
-    let assets =
-        Assets::locate().context("the drain benchmark needs the control-plane binaries")?;
-    let plane =
-        ControlPlane::start(&assets, &runs_dir()).context("cannot start the real control plane")?;
+    let plane = crate::control_plane(&Default::default())?;
     let client = client_for(plane.kubeconfig()).await?;
     // Its `default` ServiceAccount too: pods cannot be created before it exists.
     cluster_setup::apply_namespace(&client, PREFIX).await?;
@@ -190,7 +186,7 @@ pub async fn run(args: &DrainArgs) -> Result<()> {
             "requests_per_s": (run.reads + run.writes) as f64 / secs,
         });
     }
-    result_line::print(&json!({
+    print_result(&json!({
         "suite": "drain", "server": "real control plane",
         "sizes": sizes, "pdb_blocked": blocked,
     }));

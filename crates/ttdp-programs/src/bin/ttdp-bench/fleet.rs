@@ -18,16 +18,15 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 use ttdp_programs::rollout_watch::{NodeSpan, is_rolled_out, node_spans, status_bytes};
-use ttdp_programs::{ControllerProcess, Memory, RolloutWatch};
+use ttdp_programs::{ControllerProcess, Memory, RolloutWatch, log_dir};
 use ttdp_testkit::cluster_setup::{create_operator_namespace, install_crd, set_policy_version};
 use ttdp_testkit::launcher::audit::AuditLog;
-use ttdp_testkit::launcher::{Assets, ControlPlane, ControlPlaneOptions, runs_dir};
+use ttdp_testkit::launcher::{ControlPlane, ControlPlaneOptions};
 use ttdp_testkit::sim::cluster::client_for;
 
 use crate::agent_stand_in::AgentStandIn;
+use crate::figures::{handoffs, ideal_total, print_result, spread};
 use crate::fleet_setup::{self, POLICY};
-use crate::handoff::{handoffs, ideal_total, spread};
-use crate::result_line;
 
 /// The installed version and the one rolled out.
 const FROM: &str = "2.0.0";
@@ -170,7 +169,7 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     let mut figures = rollout_figures(args, &bench, &steady, &rolled, &rollout, started)?;
     figures["rollout_status_updates_seen"] = json!(bench.watch.events() - events_before);
     figures["plugin"] = finish(args, bench).await?;
-    result_line::print(&figures);
+    print_result(&figures);
     Ok(())
 }
 
@@ -195,17 +194,9 @@ fn tuned_control_plane() -> ControlPlaneOptions {
 /// creates the fleet, and starts the agent stand-in, the watch and the controller.
 async fn start(args: &FleetArgs) -> Result<Bench> {
     let n = args.nodes;
-    let log_dir = match &args.log_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("ttdp-bench-fleet-{}", std::process::id())),
-    };
-    std::fs::create_dir_all(&log_dir)
-        .with_context(|| format!("cannot create {}", log_dir.display()))?;
+    let log_dir = log_dir(args.log_dir.as_deref(), "ttdp-bench-fleet")?;
     eprintln!("fleet {n}: starting the {SERVER_LABEL} and {} nodes", 2 * n);
-    let assets = Assets::locate()
-        .context("the fleet benchmark on the real control plane needs its binaries")?;
-    let plane = ControlPlane::start_with(&assets, &runs_dir(), &tuned_control_plane())
-        .context("cannot start the real control plane")?;
+    let plane = crate::control_plane(&tuned_control_plane())?;
     eprintln!(
         "fleet {n}: control-plane logs in {}",
         plane.dir().join("logs").display()
@@ -351,7 +342,7 @@ async fn give_up(
         .policy()
         .and_then(|p| p.status)
         .and_then(|s| s.summary);
-    result_line::print(&json!({
+    print_result(&json!({
         "suite": "fleet",
         "server": SERVER_LABEL,
         "nodes": args.nodes,

@@ -17,11 +17,10 @@
 mod agent_stand_in;
 mod drain;
 mod drain_fleet;
+mod figures;
 mod fleet;
 mod fleet_setup;
-mod handoff;
 mod plugin_timing;
-mod result_line;
 mod status_write;
 mod swap;
 
@@ -29,6 +28,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use ttdp_testkit::launcher::{Assets, ControlPlane, ControlPlaneOptions, runs_dir};
 
 /// The benchmarks behind `cargo xtask bench`.
 #[derive(Debug, Parser)]
@@ -84,6 +84,14 @@ fn run(cli: Cli) -> Result<()> {
         // Synchronous: the module code has no async runtime.
         Suite::Swap(args) => swap::run(&args),
     }
+}
+
+/// A real control plane started for a suite, with `options`; from the main thread, as
+/// [`block_on`] runs the async suites: it dies with that thread (see `ttdp_programs`).
+fn control_plane(options: &ControlPlaneOptions) -> Result<ControlPlane> {
+    let assets = Assets::locate().context("the benchmarks need the control plane's binaries")?;
+    ControlPlane::start_with(&assets, &runs_dir(), options)
+        .context("cannot start the real control plane")
 }
 
 /// Runs an async suite on the main thread: the controller and the control plane it starts die

@@ -10,9 +10,8 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use tokio::process::Command;
 
+use crate::figures::{ms, spread};
 use crate::fleet_setup::POLICY;
-use crate::handoff::spread;
-use crate::result_line::ms;
 
 /// Runs each view `runs` times; returns `{view: {median_ms, max_ms, lines}}`.
 pub async fn time_plugin(binary: &Path, kubeconfig: &Path, runs: usize) -> Result<Value> {

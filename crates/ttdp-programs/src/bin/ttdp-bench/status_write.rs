@@ -19,11 +19,9 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy};
 use ttdp_testkit::cluster_setup::{create_policy, install_crd};
-use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
 use ttdp_testkit::sim::cluster::client_for;
 
-use crate::handoff::spread;
-use crate::result_line;
+use crate::figures::{print_result, spread};
 
 /// Flags of `ttdp-bench status-write`.
 #[derive(Debug, Args)]
@@ -38,10 +36,7 @@ pub struct StatusWriteArgs {
 
 /// Runs the suite and prints its result line.
 pub async fn run(args: &StatusWriteArgs) -> Result<()> {
-    let assets = Assets::locate()
-        .context("the status-write benchmark on the real control plane needs its binaries")?;
-    let plane =
-        ControlPlane::start(&assets, &runs_dir()).context("cannot start the real control plane")?;
+    let plane = crate::control_plane(&Default::default())?;
     let client = client_for(plane.kubeconfig()).await?;
     install_crd(&client).await?;
     let mut sizes = Vec::new();
@@ -50,7 +45,7 @@ pub async fn run(args: &StatusWriteArgs) -> Result<()> {
         eprintln!("status-write: {n} entries: {size}");
         sizes.push(size);
     }
-    result_line::print(&json!({
+    print_result(&json!({
         "suite": "status_write",
         "server": "real control plane",
         "writes": args.writes,

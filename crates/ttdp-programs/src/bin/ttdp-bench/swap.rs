@@ -17,11 +17,9 @@ use ttdp_kmod::{
     BuildOptions, InstallerConfig, KmdVersion, ModuleInstaller, SimHost, SimKernel, SimKmdRepo,
     SwapOptions, SwapReport,
 };
-use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
 use ttdp_testkit::sim::cluster::client_for;
 
-use crate::handoff::spread;
-use crate::result_line::{self, ms};
+use crate::figures::{ms, print_result, spread};
 
 const RELEASE: &str = "6.8.0-sim";
 const V1: &str = "2.0.0";
@@ -112,7 +110,7 @@ pub fn run(args: &SwapArgs) -> Result<()> {
         hit_fresh.push(swap(&fresh, &v1, "cache-hit install failed")?);
     }
     let label = label_time(runs * 4)?;
-    result_line::print(&json!({
+    print_result(&json!({
         "suite": "swap",
         "runs": runs,
         "kernel": "simulated (ttdp_kmod::SimKernel); real-kernel load/unload: cargo xtask vm-test",
@@ -125,9 +123,7 @@ pub fn run(args: &SwapArgs) -> Result<()> {
 
 /// Median time of the agent's node label merge patch against a real API server.
 fn label_time(samples: usize) -> Result<Duration> {
-    let assets = Assets::locate().context("the label timing needs the control plane's binaries")?;
-    let plane =
-        ControlPlane::start(&assets, &runs_dir()).context("cannot start the real control plane")?;
+    let plane = crate::control_plane(&Default::default())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

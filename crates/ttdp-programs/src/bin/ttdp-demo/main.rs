@@ -62,12 +62,7 @@ fn run(args: DemoArgs) -> Result<Ending> {
             "{REAL_CLUSTER_KUBECONFIG_ENV} is set: the demo joins an existing cluster only when asked with --kubeconfig FILE; unset it and run again"
         );
     }
-    let log_dir = match &args.log_dir {
-        Some(dir) => dir.clone(),
-        None => std::env::temp_dir().join(format!("ttdp-demo-{}", std::process::id())),
-    };
-    std::fs::create_dir_all(&log_dir)
-        .with_context(|| format!("cannot create the log directory {}", log_dir.display()))?;
+    let log_dir = ttdp_programs::log_dir(args.log_dir.as_deref(), "ttdp-demo")?;
     // The demo's own logs (and the simulation's) go to a file: the terminal shows the rollout.
     let log = log_dir.join("demo.log");
     let file =

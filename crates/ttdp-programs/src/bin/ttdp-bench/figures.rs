@@ -1,9 +1,20 @@
-//! The rollout's timing figures, as pure functions of what was observed: when each node entered
+//! The suites' figures: the one machine-readable line each suite prints (`BENCH-RESULT {json}` on
+//! stdout, read by `cargo xtask bench`), durations in milliseconds and their spread, and the
+//! rollout's timing figures, as pure functions of what was observed: when each node entered
 //! Cordoning and Done (from the policy status) and when each agent finished (from the stand-in).
 
 use std::time::{Duration, Instant};
 
-use crate::result_line::ms;
+/// Prints `figures` (a JSON object with at least `suite`) as the suite's result line, with the
+/// prefix `cargo xtask bench` looks for.
+pub fn print_result(figures: &serde_json::Value) {
+    println!("BENCH-RESULT {figures}");
+}
+
+/// Milliseconds with a fraction, for figures measured as durations.
+pub fn ms(duration: Duration) -> f64 {
+    (duration.as_secs_f64() * 1_000_000.0).round() / 1_000.0
+}
 
 /// Median, 95th percentile (nearest rank) and largest of `count` durations.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
