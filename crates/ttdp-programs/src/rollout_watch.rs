@@ -252,14 +252,12 @@ pub fn is_rolled_out(
         NodeState::HostManaged => true,
         _ => false,
     });
-    let summary_settled = status.summary.as_ref().is_none_or(|s| {
+    let summary = status.summary.as_ref();
+    let summary_settled = summary.is_none_or(|s| {
         s.up_to_date + s.host_managed == s.matched && s.in_progress == 0 && s.pending == 0
     });
-    let counted = status.nodes.len()
-        + status
-            .summary
-            .as_ref()
-            .map_or(0, |s| usize::try_from(s.nodes_omitted).unwrap_or(0));
+    let omitted = summary.map_or(0, |s| usize::try_from(s.nodes_omitted).unwrap_or(0));
+    let counted = status.nodes.len() + omitted;
     ready && settled && summary_settled && counted >= expected_nodes
 }
 

@@ -19,9 +19,8 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
-use ttdp_testkit::sim::pod_is_ready;
 use ttdp_testkit::sim::{
-    ImageMap, KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale,
+    ImageMap, KubeletConfig, SCENARIO_LABEL, SimKubelet, SimNodeSpec, TimeScale, pod_is_ready,
 };
 
 /// The image the kubelet runs as `/bin/sleep`: a process with a readiness probe.

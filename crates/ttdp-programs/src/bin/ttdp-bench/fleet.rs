@@ -253,12 +253,8 @@ fn rollout_figures(
     let cordons: Vec<Instant> = spans.values().filter_map(|s| s.started).collect();
     let dones: Vec<Instant> = spans.values().filter_map(|s| s.done).collect();
     // The last node reaching Done as the watch saw it (the wait loop only polls).
-    let total = dones
-        .iter()
-        .max()
-        .copied()
-        .unwrap_or(rolled.done)
-        .duration_since(started);
+    let last_done = dones.iter().max().unwrap_or(&rolled.done);
+    let total = last_done.duration_since(started);
     eprintln!("fleet {n}: rolled out in {:.1} s", total.as_secs_f64());
     let per_node: Vec<Duration> = spans.values().filter_map(NodeSpan::duration).collect();
     let overhead: Vec<Duration> = per_node.iter().map(|d| d.saturating_sub(work)).collect();

@@ -36,9 +36,8 @@ pub async fn create_nodes(
     futures::stream::iter(tenstorrent.chain(plain))
         .map(|(name, driver)| create_node(&nodes, name, driver))
         .buffer_unordered(CREATE_CONCURRENCY)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
+        .try_collect()
+        .await
 }
 
 /// Creates a Ready node, with the capacity a real scheduler needs to place a pod on it, and

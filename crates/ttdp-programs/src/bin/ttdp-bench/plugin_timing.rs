@@ -16,11 +16,7 @@ use crate::fleet_setup::POLICY;
 /// Runs each view `runs` times; returns `{view: {median_ms, max_ms, lines}}`.
 pub async fn time_plugin(binary: &Path, kubeconfig: &Path, runs: usize) -> Result<Value> {
     let mut figures = json!({});
-    for view in [
-        vec!["status"],
-        vec!["nodes", POLICY],
-        vec!["describe", POLICY],
-    ] {
+    for view in [&["status"][..], &["nodes", POLICY], &["describe", POLICY]] {
         let mut times = Vec::new();
         let mut lines = 0;
         for _ in 0..runs.max(1) {
@@ -29,7 +25,7 @@ pub async fn time_plugin(binary: &Path, kubeconfig: &Path, runs: usize) -> Resul
                 Duration::from_secs(120),
                 Command::new(binary)
                     .arg(format!("--kubeconfig={}", kubeconfig.display()))
-                    .args(&view)
+                    .args(view)
                     .env("NO_COLOR", "1")
                     .stdin(Stdio::null())
                     .kill_on_drop(true)

@@ -22,11 +22,10 @@ use anyhow::{Context, Result};
 use kube::api::{Api, DeleteParams};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
-use serde_json::json;
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
 use ttdp_testkit::sim::cluster::random_prefix;
-use ttdp_testkit::sim::{SCENARIO_LABEL, SimCluster, eventually};
+use ttdp_testkit::sim::{SimCluster, eventually};
 
 use crate::fleet::DEMO_PREFIX;
 
@@ -139,25 +138,9 @@ pub struct DemoNames {
     pub policy: String,
     /// Where the controller puts the DaemonSet.
     pub operator_namespace: String,
-    /// Whether the demo has the cluster to itself (names as in the README).
+    /// Whether the demo has the cluster to itself (names as in the README). On a shared cluster
+    /// the policy selects only the demo's nodes, and the controller reconciles only that policy.
     pub own_cluster: bool,
-}
-
-impl DemoNames {
-    /// On a shared cluster the policy selects only the demo's nodes; on its own, every
-    /// Tenstorrent node (`nodeAffinity: {}`, as in the README).
-    pub fn node_affinity(&self) -> serde_json::Value {
-        if self.own_cluster {
-            json!({})
-        } else {
-            json!({ "matchLabels": { SCENARIO_LABEL: self.prefix } })
-        }
-    }
-
-    /// The controller's `--policy-selector` on a shared cluster.
-    pub fn policy_selector(&self) -> Option<String> {
-        (!self.own_cluster).then(|| format!("{SCENARIO_LABEL}={}", self.prefix))
-    }
 }
 
 /// On a shared cluster: deletes the policy (the controller, still running, removes its

@@ -195,8 +195,12 @@ impl Demo {
             format!("--retry-max-seconds={}", scaled_seconds(600.0, speed)),
             format!("--kmd-repository={}", self.cluster.kmd_repo().url()),
         ];
-        let selector = self.names.policy_selector();
-        flags.extend(selector.map(|s| format!("--policy-selector={s}")));
+        if !self.names.own_cluster {
+            flags.push(format!(
+                "--policy-selector={SCENARIO_LABEL}={}",
+                self.names.prefix
+            ));
+        }
         ControllerProcess::start(
             &self.args.controller,
             &self.kubeconfig,
@@ -211,13 +215,19 @@ impl Demo {
             Ok(n) => json!(n),
             Err(_) => json!(self.args.max_unavailable),
         };
+        // On its own cluster the policy selects every Tenstorrent node, as in the README.
+        let affinity = if self.names.own_cluster {
+            json!({})
+        } else {
+            json!({ "matchLabels": { SCENARIO_LABEL: self.names.prefix } })
+        };
         let metadata = json!({
             "name": self.names.policy,
             "labels": { SCENARIO_LABEL: self.names.prefix },
         });
         let spec = json!({
             "version": self.args.from,
-            "nodeAffinity": self.names.node_affinity(),
+            "nodeAffinity": affinity,
             "upgradePolicy": { "maxUnavailable": max_unavailable },
         });
         create_policy(&self.client, metadata, spec).await
