@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use kube::Client;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use ttdp_api::driver::v1alpha1::condition;
@@ -67,8 +67,8 @@ impl RolloutWatch {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (tx, changed) = watch::channel(0u64);
         let api: Api<TenstorrentDriverPolicy> = Api::all(client);
+        // Every server the programs run on (the imitation included) honours the field selector.
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let name = name.to_owned();
         let shared = Arc::clone(&seen);
         let task = tokio::spawn(async move {
             let mut stream = watcher(api, config)
@@ -77,9 +77,6 @@ impl RolloutWatch {
                 .boxed();
             while let Some(item) = stream.next().await {
                 let Ok(policy) = item else { continue };
-                if policy.name_any() != name {
-                    continue;
-                }
                 record(&mut lock(&shared), policy, Instant::now());
                 tx.send_modify(|n| *n += 1);
             }
