@@ -49,9 +49,9 @@ impl ControllerProcess {
         log_filter: &str,
         log_file: &Path,
     ) -> Result<Self> {
+        let shown = binary.display();
         if !binary.is_file() {
-            let binary = binary.display();
-            bail!("{binary} does not exist; build it first (cargo build -p ttdp-controller)");
+            bail!("{shown} does not exist; build it first (cargo build -p ttdp-controller)");
         }
         let log = std::fs::File::create(log_file)
             .with_context(|| format!("cannot create the log {}", log_file.display()))?;
@@ -75,12 +75,7 @@ impl ControllerProcess {
             .process_group(0)
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| {
-                format!(
-                    "cannot start {} under setpriv (util-linux)",
-                    binary.display()
-                )
-            })?;
+            .with_context(|| format!("cannot start {shown} under setpriv (util-linux)"))?;
         let pid = child
             .id()
             .and_then(|p| i32::try_from(p).ok())

@@ -73,14 +73,12 @@ impl AgentStandIn {
                     }
                     continue;
                 }
-                if pod_is_ready(&pod) {
-                    continue;
-                }
-                let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                // Once per pod, when it is bound and not Ready yet.
+                let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+                let Some(node) = node.filter(|_| !pod_is_ready(&pod)) else {
                     continue;
                 };
-                let Some(uid) = pod.uid() else { continue };
-                if !seen.insert(uid) {
+                if !pod.uid().is_some_and(|uid| seen.insert(uid)) {
                     continue;
                 }
                 let client = client.clone();

@@ -34,8 +34,7 @@ use crate::args::DemoArgs;
 use crate::scenario::Ending;
 
 fn main() -> ExitCode {
-    let args = DemoArgs::parse();
-    match run(args) {
+    match run(DemoArgs::parse()) {
         Ok(Ending::Success) => ExitCode::SUCCESS,
         Ok(Ending::Interrupted) => {
             eprintln!("ttdp-demo: interrupted");

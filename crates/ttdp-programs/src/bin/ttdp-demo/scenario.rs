@@ -196,10 +196,8 @@ impl Demo {
             format!("--kmd-repository={}", self.cluster.kmd_repo().url()),
         ];
         if !self.names.own_cluster {
-            flags.push(format!(
-                "--policy-selector={SCENARIO_LABEL}={}",
-                self.names.prefix
-            ));
+            let prefix = &self.names.prefix;
+            flags.push(format!("--policy-selector={SCENARIO_LABEL}={prefix}"));
         }
         ControllerProcess::start(
             &self.args.controller,
