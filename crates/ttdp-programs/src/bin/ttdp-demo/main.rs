@@ -73,9 +73,6 @@ fn run(args: DemoArgs) -> Result<Ending> {
         .with_ansi(false)
         .with_writer(Mutex::new(file))
         .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(scenario::run(args, log_dir))
 }
