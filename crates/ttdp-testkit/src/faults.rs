@@ -148,7 +148,9 @@ impl Fault {
             (&self.subresource, &target.subresource),
             (&self.name, &target.name),
         ];
-        (filters.iter()).all(|(want, got)| want.as_deref().is_none_or(|w| w == *got))
+        filters
+            .iter()
+            .all(|(want, got)| want.as_deref().is_none_or(|w| w == *got))
     }
 }
 

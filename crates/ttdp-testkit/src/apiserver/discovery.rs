@@ -69,7 +69,11 @@ fn entries(rt: &ResourceType) -> Vec<Value> {
 
 /// `/api/v1` or `/apis/<group>/<version>`, None when not served.
 pub fn resource_list(served: &[ResourceType], group: &str, version: &str) -> Option<Value> {
-    let types = || (served.iter()).filter(|t| t.group == group && t.version == version);
+    let types = || {
+        served
+            .iter()
+            .filter(|t| t.group == group && t.version == version)
+    };
     let first = types().next()?;
     let resources: Vec<Value> = types().flat_map(entries).collect();
     Some(json!({

@@ -319,7 +319,10 @@ impl SimCluster {
             }
         };
 
-        let loaded = (options.tenstorrent_nodes.iter()).filter_map(|n| n.loaded_version.clone());
+        let loaded = options
+            .tenstorrent_nodes
+            .iter()
+            .filter_map(|n| n.loaded_version.clone());
         let versions: BTreeSet<String> =
             options.kmd_versions.iter().cloned().chain(loaded).collect();
         let repo_dir = dir.path().join("tt-kmd.git");
@@ -604,7 +607,9 @@ impl SimCluster {
         let kubelets = std::mem::take(&mut self.kubelets);
         if self.is_real() {
             let namespaces: Api<Namespace> = Api::all(self.client.clone());
-            let deleted = (namespaces.delete(&self.prefix, &DeleteParams::default())).await;
+            let deleted = namespaces
+                .delete(&self.prefix, &DeleteParams::default())
+                .await;
             allow_status(deleted, 404, || format!("delete namespace {}", self.prefix))?;
             let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.prefix);
             let _ = eventually("the scenario's pods to go", Duration::from_secs(60), || {

@@ -417,7 +417,8 @@ struct ProcessInstance {
 impl ProcessInstance {
     fn spawn(spec: &ProcessSpec, log_file: Option<&PathBuf>) -> std::io::Result<Self> {
         let mut child = command(spec, Stdio::piped).process_group(0).spawn()?;
-        let pgid = (child.id())
+        let pgid = child
+            .id()
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw);
         let last_line = Arc::new(Mutex::new(None));

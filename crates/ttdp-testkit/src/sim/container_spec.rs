@@ -48,7 +48,8 @@ pub fn container_process(
     env.retain(|(k, _)| !forced.iter().any(|(name, _)| name == k));
     env.extend_from_slice(forced);
     let command = container.command.iter().flatten().skip(1);
-    let args = (command.chain(container.args.iter().flatten()))
+    let args = command
+        .chain(container.args.iter().flatten())
         .map(|a| expand_references(a, &env))
         .collect();
     ProcessSpec {

@@ -95,7 +95,9 @@ pub(crate) fn pod_status(
         condition("PodScheduled", true, None, None),
     ];
     // Conditions the kubelet does not own (e.g. `DisruptionTarget`) are kept as they are.
-    let foreign: Vec<PodCondition> = (previous.and_then(|p| p.conditions.as_ref()).into_iter())
+    let foreign: Vec<PodCondition> = previous
+        .and_then(|p| p.conditions.as_ref())
+        .into_iter()
         .flatten()
         .filter(|c| !conditions.iter().any(|k| k.type_ == c.type_))
         .cloned()

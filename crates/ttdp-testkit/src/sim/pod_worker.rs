@@ -135,7 +135,9 @@ async fn run(
         .spec
         .as_ref()
         .and_then(|s| s.termination_grace_period_seconds);
-    let grace_seconds = (pod.metadata.deletion_grace_period_seconds)
+    let grace_seconds = pod
+        .metadata
+        .deletion_grace_period_seconds
         .or(spec_grace)
         .unwrap_or(30);
     let grace = shared.config.time_scale.seconds(grace_seconds);
@@ -306,7 +308,10 @@ fn pod_uses_device(pod: &Pod) -> bool {
     let Some(spec) = pod.spec.as_ref() else {
         return false;
     };
-    let host_path = (spec.volumes.iter().flatten())
+    let host_path = spec
+        .volumes
+        .iter()
+        .flatten()
         .filter_map(|v| v.host_path.as_ref())
         .any(|h| h.path == DEVICE_PATH || h.path.starts_with(&format!("{DEVICE_PATH}/")));
     let resource = spec.containers.iter().any(|c| {
