@@ -78,8 +78,9 @@ pub struct TenstorrentDriverPolicySpec {
     #[schemars(schema_with = "label_selector_schema")]
     pub node_selector: Option<metav1::LabelSelector>,
 
-    /// Soft stop: no node starts a new upgrade step; steps in flight finish; the DaemonSet keeps
-    /// running.
+    /// Soft stop: no node leaves Pending or Done; nodes already cordoned finish their upgrade
+    /// and are uncordoned; changes to version or module parameters made while paused are staged
+    /// until unpaused; the DaemonSet keeps running.
     #[serde(default)]
     pub paused: bool,
 

@@ -12,6 +12,7 @@ pub(crate) mod daemonset;
 pub(crate) mod drain_plan;
 pub(crate) mod observe;
 pub(crate) mod overlap;
+pub(crate) mod pause;
 pub(crate) mod rollout;
 pub(crate) mod start_guard;
 pub(crate) mod status;

@@ -9,6 +9,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use tracing::{info, instrument, warn};
 use ttdp_api::driver::v1alpha1::{TenstorrentDriverPolicySpec, condition, rollout_phase as phase};
 use ttdp_api::names;
@@ -17,6 +18,7 @@ use ttdp_kmod::KmdVersion;
 
 use crate::error::{Error, error_chain};
 use crate::pure::observe;
+use crate::pure::pause::{self, AppliedTarget};
 use crate::pure::status::{NodeEntries, PolicyFacts, ReconcileFailure};
 use crate::runtime::context::Context;
 use crate::runtime::node_actions;
@@ -225,7 +227,7 @@ async fn apply_policy(
         Ok(target) => target,
         Err(problem) => return invalid_spec(&policy, &ctx, &recorded, problem).await,
     };
-    let rollout_target = policy.spec.version.clone();
+    let (policy, target, rollout_target) = held_while_paused(policy, &ctx, &recorded, target);
     let (policy, target) = rolled_back(policy, &recorded, target);
     let Some(mut pass) = Pass::observe(policy, ctx, recorded, target, &rollout_target).await?
     else {
@@ -233,6 +235,38 @@ async fn apply_policy(
     };
     while pass.round().await? {}
     pass.finish().await
+}
+
+/// A paused policy as the controller acts on it ([`pause::as_applied`]): with the version and
+/// parameters its DaemonSet was last applied with, so that a change staged while paused moves
+/// no node; the canary keeps the rollout it recorded. Returns the policy, its target and the
+/// version whose rollout the canary follows.
+fn held_while_paused(
+    policy: Arc<TenstorrentDriverPolicy>,
+    ctx: &Context,
+    recorded: &RecordedStatus,
+    target: KmdVersion,
+) -> (Arc<TenstorrentDriverPolicy>, KmdVersion, String) {
+    let ds_name = names::daemonset_name(&policy.name_any());
+    let applied = ctx
+        .caches
+        .daemonsets
+        .get(&ObjectRef::<DaemonSet>::new(&ds_name).within(&ctx.settings.namespace))
+        .and_then(|ds| AppliedTarget::of(&ds));
+    let held = pause::as_applied(&policy.spec, applied)
+        .and_then(|spec| Some((spec.version.parse::<KmdVersion>().ok()?, spec)));
+    let Some((held_target, spec)) = held else {
+        let rollout_target = policy.spec.version.clone();
+        return (policy, target, rollout_target);
+    };
+    let rollout_target = recorded
+        .status
+        .rollout
+        .as_ref()
+        .map_or_else(|| spec.version.clone(), |r| r.target_version.clone());
+    let mut held = (*policy).clone();
+    held.spec = spec;
+    (Arc::new(held), held_target, rollout_target)
 }
 
 /// While the canary rolls back (`status.rollout` RollingBack or RolledBack for this

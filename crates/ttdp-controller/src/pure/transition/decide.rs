@@ -360,12 +360,6 @@ impl Deciding<'_> {
         if !(cordoned && gates_closed) {
             return NodeTransition::to(NodeState::Cordoning).doing(Action::Cordon);
         }
-        if self.paused() {
-            return NodeTransition::to(NodeState::Cordoning).because(
-                reasons::PAUSED,
-                "cordoned; the policy is paused before the drain",
-            );
-        }
         NodeTransition::to(NodeState::Draining).doing(Action::Drain)
     }
 
@@ -374,12 +368,6 @@ impl Deciding<'_> {
             return self.finish();
         }
         match &self.obs.drain {
-            DrainProgress::Succeeded { .. } if self.paused() => {
-                NodeTransition::to(NodeState::Draining).because(
-                    reasons::PAUSED,
-                    "drained; the policy is paused before the module swap",
-                )
-            }
             DrainProgress::Succeeded { skipped } if !skipped.is_empty() => self
                 .enter_upgrading()
                 .because(reasons::BARE_PODS_SKIPPED, skipped_message(skipped)),

@@ -13,9 +13,9 @@
 //! never left cordoned. Every action is idempotent ("make it so"), so the reconciler can record
 //! the new state first and act second: a crash in between repeats the action, never skips it.
 //!
-//! Pausing stops nodes from *entering* Cordoning, Draining or Upgrading; steps in flight finish
-//! (a drain runs to its end, a swapping agent completes, Uncordoning proceeds), and a node then
-//! waits at the next step boundary.
+//! Pausing stops nodes from *starting*: no node leaves Pending (or Done, see
+//! [`crate::pure::pause`]). A node already cordoned for its upgrade goes on to Done, drained,
+//! swapped and uncordoned, so a pause never keeps a node out of service.
 //!
 //! The upgrade grant: the agent swaps a loaded module of another version only when the node
 //! carries this policy's grant for the target ([`Action::Grant`], the node annotation

@@ -485,7 +485,7 @@ fn closed_gates_keep_new_nodes_waiting_with_a_reason() {
 }
 
 #[test]
-fn pause_stops_at_step_boundaries_but_lets_steps_in_flight_finish() {
+fn pause_holds_nobody_out_of_service_steps_in_flight_run_to_done() {
     let paused = |f: &dyn Fn(&mut NodeObservation)| {
         let mut o = base();
         o.start = StartGate::Paused;
@@ -499,8 +499,9 @@ fn pause_stops_at_step_boundaries_but_lets_steps_in_flight_finish() {
         old(o)
     });
     assert_eq!(
-        (t.state, t.reason.as_deref()),
-        (Cordoning, Some(reasons::PAUSED))
+        (t.state, t.actions.as_slice()),
+        (Draining, [Action::Drain].as_slice()),
+        "a cordoned node is drained, not held cordoned through the pause"
     );
     let t = paused(&|o| {
         o.recorded = Some(Cordoning);
@@ -531,8 +532,12 @@ fn pause_stops_at_step_boundaries_but_lets_steps_in_flight_finish() {
         o.drain = DrainProgress::Succeeded { skipped: vec![] }
     });
     assert_eq!(
-        (t.state, t.reason.as_deref()),
-        (Draining, Some(reasons::PAUSED))
+        (t.state, t.actions.as_slice()),
+        (
+            Upgrading,
+            [Action::Grant, Action::ReplaceAgent { even_current: true }].as_slice()
+        ),
+        "a drained node swaps and is uncordoned, not held drained through the pause"
     );
     let t = paused(&|o| {
         o.recorded = Some(Upgrading);
@@ -1219,12 +1224,9 @@ fn only_a_node_that_stays_in_its_step_times_out() {
     assert!(stuck_drain.message.unwrap_or_default().contains(
         "no progress in Draining for 1h0m0s, past upgradePolicy.nodeTimeoutSeconds (3600s)"
     ));
-    // A node held at a step boundary by a pause is not stuck.
+    // A pause does not hold a cordoned node: it goes on to its drain, it does not time out.
     let paused = late(Cordoning, &|o| o.start = StartGate::Paused);
-    assert_eq!(
-        (paused.state, paused.reason.as_deref()),
-        (Cordoning, Some(reasons::PAUSED))
-    );
+    assert_eq!(paused.state, Draining);
     // Uncordoning has no deadline: the node already runs the target.
     let uncordoning = late(Uncordoning, &|o| ready_on_target(o));
     assert_eq!(uncordoning.state, Uncordoning);
