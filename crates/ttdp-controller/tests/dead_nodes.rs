@@ -308,3 +308,43 @@ async fn a_node_that_loses_its_nfd_label_leaves_the_status() {
     .await;
     h.shutdown().await;
 }
+
+/// A dead node first in name order, running the old version, is never made the canary: the
+/// canary is the first Ready node behind, it upgrades and soaks, and the healthy fleet follows
+/// while the dead node waits `NodeNotReady`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_is_never_the_canary() {
+    let h = Harness::start(|p| (0..2).map(|_| tt_node(p).loaded("2.7.0")).collect()).await;
+    let dead = dead_nodes(&h, 1).await;
+    h.label_node(&dead[0], labels::KMD_VERSION, Some("2.7.0"))
+        .await;
+    let healthy = h.nodes();
+    let canary = json!({"upgradePolicy": {"canary": {"nodes": 1, "soakSeconds": 1}}});
+    let policy = h.create_policy("fleet", "2.7.0", canary).await;
+    h.wait_policy(&policy, "healthy nodes Done", STEP, |p| {
+        healthy.iter().all(|n| node_state(p, n) == Some(Done))
+    })
+    .await;
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    let p = h
+        .wait_policy(
+            &policy,
+            "healthy nodes upgraded past the canary",
+            STEP * 3,
+            |p| {
+                healthy.iter().all(|n| {
+                    node_entry(p, n).is_some_and(|e| {
+                        e.state == Done && e.current_version.as_deref() == Some("2.8.0")
+                    })
+                })
+            },
+        )
+        .await;
+    let rollout = p.status.as_ref().unwrap().rollout.clone().unwrap();
+    assert_eq!(rollout.canary_nodes, [healthy[0].clone()], "{rollout:?}");
+    let entry = node_entry(&p, &dead[0]).unwrap();
+    assert_eq!(entry.state, Pending, "{entry:?}");
+    assert_eq!(entry.reason.as_deref(), Some("NodeNotReady"), "{entry:?}");
+    remove_dead_nodes(&h, &dead).await;
+    h.shutdown().await;
+}

@@ -271,3 +271,62 @@ async fn nothing_starts_before_the_maintenance_window_opens() {
     }
     h.shutdown().await;
 }
+
+/// Makes the readiness probe of `node`'s agent fail: something else loads 2.6.0 (a version the
+/// agent can still build, so the way back stays open).
+fn break_the_driver(h: &Harness, node: &str) {
+    let root = h
+        .cluster
+        .node(node)
+        .unwrap()
+        .host_root()
+        .unwrap()
+        .to_path_buf();
+    std::fs::write(root.join("sys/module/tenstorrent/version"), "2.6.0\n").unwrap();
+}
+
+/// Two failed canaries in a row: 2.8.0 goes unready during its soak and is rolled back to
+/// 2.7.0; then 2.9.0 fails on the canary (its tag cannot be fetched) and is rolled back to
+/// 2.7.0 again, what the fleet runs, never to 2.8.0, the version that failed before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_failed_canary_rolls_back_to_what_the_fleet_runs() {
+    let h = Harness::start(loaded(2)).await;
+    let canary = json!({"upgradePolicy": {"canary": {"nodes": 1, "soakSeconds": 600, "autoRollback": true}}});
+    let policy = h.create_policy("fleet", "2.7.0", canary).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    h.wait_policy(&policy, "the canary soaking", STEP * 2, |p| {
+        soaking_towards(p, "2.8.0")
+    })
+    .await;
+    break_the_driver(&h, &nodes[0]);
+    for version in ["2.8.0", "2.9.0"] {
+        if version == "2.9.0" {
+            h.patch_spec(&policy, json!({"version": version})).await;
+        }
+        let p = h
+            .wait_policy(&policy, "the canary rolled back", STEP * 3, |p| {
+                let rollout = p.status.as_ref().and_then(|s| s.rollout.as_ref());
+                rollout.is_some_and(|r| r.target_version == version)
+                    && rollout_phase(p) == phase::ROLLED_BACK
+                    && node_state(p, &nodes[0]) == Some(Done)
+            })
+            .await;
+        let rollout = p.status.as_ref().unwrap().rollout.clone().unwrap();
+        assert_eq!(
+            rollout.from_version.as_deref(),
+            Some("2.7.0"),
+            "{rollout:?}"
+        );
+        for node in &nodes {
+            assert_eq!(
+                h.kmd_version(node).await.as_deref(),
+                Some("2.7.0"),
+                "{node} after the {version} canary failed"
+            );
+        }
+    }
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}

@@ -6,7 +6,9 @@
 //! once Done, goes unready; with `autoRollback`, `Halted → RollingBack → RolledBack`.
 //!
 //! The canary nodes are chosen once, when the rollout to a version begins: the first `nodes`
-//! nodes in name order among those running another version. First installs (nothing loaded)
+//! Ready nodes in name order among those running another version (one that goes down before
+//! its turn is replaced, see [`refill`]). `fromVersion`, where a rollback goes, is what those
+//! nodes run, never the target of an earlier rollout. First installs (nothing loaded)
 //! are not upgrades: they never make a canary, and a fleet of them rolls out at once. They are recorded in the status, so a
 //! restart or a node joining does not change them. A canary node that leaves the selection
 //! (deleted, or skipped with the skip label) is no longer waited for.
@@ -46,6 +48,8 @@ pub struct CanaryNode {
     pub loaded: Option<String>,
     /// Its agent pod is on the current template and Ready (the version and devices check out).
     pub agent_ready: bool,
+    /// The node itself is Ready (kubelet up, not unreachable): it can take its turn now.
+    pub node_ready: bool,
     /// An admin asked to retry it.
     pub retry_requested: bool,
     /// The state's reason and message, for saying why it halted the rollout.
@@ -150,33 +154,56 @@ fn begin(
     rules: &CanaryRules,
     nodes: &[CanaryNode],
 ) -> RolloutStatus {
-    let behind: Vec<&CanaryNode> = nodes
-        .iter()
-        .filter(|n| n.loaded.as_deref().is_some_and(|v| v != target))
-        .collect();
-    let from_version = previous
-        .map(|p| p.target_version.clone())
-        .filter(|v| !v.is_empty() && v != target)
-        .or_else(|| most_common_version(&behind));
-    let canary_nodes: Vec<String> = behind
-        .iter()
-        .take(rules.count)
-        .map(|n| n.name.clone())
-        .collect();
-    RolloutStatus {
+    let behind: Vec<&CanaryNode> = nodes.iter().filter(|n| is_behind(n, target)).collect();
+    // What the nodes run, not what the last rollout aimed at: that rollout may have failed and
+    // been rolled back, and a rollback must never go to a version no node ran.
+    let from_version = most_common_version(&behind);
+    let mut status = RolloutStatus {
         target_version: target.to_owned(),
         from_version,
-        phase: if canary_nodes.is_empty() {
+        phase: if behind.is_empty() {
             phase::ROLLING
         } else {
             phase::CANARY
         }
         .to_owned(),
-        canary_nodes,
+        canary_nodes: Vec::new(),
         soak_until: None,
         halted_by: None,
         next_window: previous.and_then(|p| p.next_window.clone()),
-    }
+    };
+    refill(&mut status, rules, nodes);
+    status
+}
+
+/// The node runs another version than `target`: a canary candidate.
+fn is_behind(n: &CanaryNode, target: &str) -> bool {
+    n.loaded.as_deref().is_some_and(|v| v != target)
+}
+
+/// Keeps the canary at `rules.count` nodes that can take their turn: a canary node that is not
+/// Ready and has not started (a dead server chosen, or one that died before its turn) gives its
+/// place to the next Ready node behind, in name order, so a dead node never stalls the fleet. A
+/// canary node that started keeps its place (its failure halts the rollout), and one that left
+/// the selection is not replaced.
+fn refill(status: &mut RolloutStatus, rules: &CanaryRules, nodes: &[CanaryNode]) {
+    let dead_before_start = |name: &String| {
+        nodes
+            .iter()
+            .find(|n| &n.name == name)
+            .is_some_and(|n| !n.node_ready && n.state == NodeState::Pending)
+    };
+    status.canary_nodes.retain(|c| !dead_before_start(c));
+    let wanted = rules.count.saturating_sub(status.canary_nodes.len());
+    let replacements: Vec<String> = nodes
+        .iter()
+        .filter(|n| is_behind(n, &status.target_version) && n.node_ready)
+        .filter(|n| n.state != NodeState::Failed)
+        .filter(|n| !status.canary_nodes.contains(&n.name))
+        .take(wanted)
+        .map(|n| n.name.clone())
+        .collect();
+    status.canary_nodes.extend(replacements);
 }
 
 fn most_common_version(nodes: &[&CanaryNode]) -> Option<String> {
@@ -195,6 +222,9 @@ fn most_common_version(nodes: &[&CanaryNode]) -> Option<String> {
 
 /// One step of the phase machine.
 fn step(status: &mut RolloutStatus, rules: &CanaryRules, nodes: &[CanaryNode], now: Timestamp) {
+    if status.phase == phase::CANARY {
+        refill(status, rules, nodes);
+    }
     let canaries: Vec<&CanaryNode> = nodes
         .iter()
         .filter(|n| status.canary_nodes.contains(&n.name))
@@ -204,6 +234,9 @@ fn step(status: &mut RolloutStatus, rules: &CanaryRules, nodes: &[CanaryNode], n
         n.state == NodeState::Done && n.agent_ready && n.loaded.as_deref() == Some(version)
     };
     match status.phase.as_str() {
+        phase::CANARY if canaries.is_empty() => {
+            // No node behind can be a canary yet (none is Ready): nobody starts until one is.
+        }
         phase::CANARY => {
             if let Some(n) = canaries.iter().find(|n| n.state == NodeState::Failed) {
                 halt(status, format!("canary node {} failed{}", n.name, why(n)));
@@ -309,6 +342,7 @@ mod tests {
             state,
             loaded: Some(loaded.into()),
             agent_ready: ready,
+            node_ready: true,
             retry_requested: false,
             why: None,
         }
@@ -418,10 +452,65 @@ mod tests {
                 .as_deref()
                 .is_some_and(|h| h.starts_with("canary node n0 failed"))
         );
-        // A new version begins a new rollout, from the version the fleet runs.
+        // A new version begins a new rollout, from the version the fleet runs (not from 2.8.0,
+        // the target that just failed).
         let next = advance(Some(&done.status), "2.9.0", &r, &nodes, at(20));
         assert_eq!(next.status.phase, phase::CANARY);
-        assert_eq!(next.status.from_version.as_deref(), Some("2.8.0"));
+        assert_eq!(next.status.from_version.as_deref(), Some("2.7.0"));
+    }
+
+    #[test]
+    fn a_second_failed_canary_rolls_back_to_what_the_fleet_runs() {
+        let r = rules(1, 60, true);
+        let fleet_on = |v: &str| -> Vec<CanaryNode> {
+            (0..3)
+                .map(|i| node(&format!("n{i}"), Done, v, true))
+                .collect()
+        };
+        // 2.9.0 failed on its canary and was rolled back to 2.8.0.
+        let mut nodes = fleet_on("2.8.0");
+        let begun = advance(None, "2.9.0", &r, &nodes, at(0)).status;
+        nodes[0] = node("n0", Failed, "2.9.0", false);
+        let back = advance(Some(&begun), "2.9.0", &r, &nodes, at(1)).status;
+        nodes[0] = node("n0", Done, "2.8.0", true);
+        let rolled_back = advance(Some(&back), "2.9.0", &r, &nodes, at(2)).status;
+        assert_eq!(rolled_back.phase, phase::ROLLED_BACK);
+        // Then 2.9.1 fails on its canary too: back to 2.8.0, never to 2.9.0.
+        let begun = advance(Some(&rolled_back), "2.9.1", &r, &nodes, at(3)).status;
+        nodes[0] = node("n0", Failed, "2.9.1", false);
+        let back = advance(Some(&begun), "2.9.1", &r, &nodes, at(4));
+        assert_eq!(back.status.phase, phase::ROLLING_BACK);
+        assert_eq!(back.effective_target, "2.8.0");
+    }
+
+    #[test]
+    fn a_dead_node_is_never_the_canary_and_one_that_dies_before_its_turn_is_replaced() {
+        let r = rules(1, 0, false);
+        let mut nodes = fleet(3);
+        nodes[0].node_ready = false;
+        let begun = advance(None, "2.8.0", &r, &nodes, at(0));
+        assert_eq!(begun.status.canary_nodes, ["n1"], "n0 is down");
+        // n1 dies before it starts: n2 takes its place.
+        nodes[1].node_ready = false;
+        nodes[1].state = Pending;
+        let replaced = advance(Some(&begun.status), "2.8.0", &r, &nodes, at(1));
+        assert_eq!(replaced.status.canary_nodes, ["n2"]);
+        assert_eq!(replaced.gate, CanaryGate::CanariesOnly);
+        // Every node down: nobody is the canary and nobody starts until one is back.
+        nodes[2].node_ready = false;
+        nodes[2].state = Pending;
+        let none = advance(Some(&replaced.status), "2.8.0", &r, &nodes, at(2));
+        assert!(none.status.canary_nodes.is_empty());
+        assert_eq!(none.status.phase, phase::CANARY);
+        assert_eq!(none.gate, CanaryGate::CanariesOnly);
+        // A canary that started keeps its place even if its node goes down.
+        nodes[0].node_ready = true;
+        let back = advance(Some(&none.status), "2.8.0", &r, &nodes, at(3));
+        assert_eq!(back.status.canary_nodes, ["n0"]);
+        nodes[0].state = Draining;
+        nodes[0].node_ready = false;
+        let kept = advance(Some(&back.status), "2.8.0", &r, &nodes, at(4));
+        assert_eq!(kept.status.canary_nodes, ["n0"]);
     }
 
     #[test]

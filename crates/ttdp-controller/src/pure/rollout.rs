@@ -156,6 +156,11 @@ impl Planner {
             }
         }
         self.verdict = self.guards.judge(nodes, &self.closed);
+        // The next round goes on from this one's rollout, not from the status the reconcile
+        // began with: a rollout begun in this round must not begin again with other canaries.
+        if let Some(v) = &self.verdict {
+            self.guards.previous = Some(v.status.clone());
+        }
         let gated = if self.plan.paused {
             Vec::new()
         } else {

@@ -82,6 +82,7 @@ impl Guards {
                 state: t.state,
                 loaded: obs.loaded_version.clone(),
                 agent_ready: obs.agent == AgentPod::Current(AgentCondition::Ready),
+                node_ready: obs.node_not_ready.is_none(),
                 retry_requested: obs.retry == RetryGate::Requested,
                 why: agent_failure(&obs.agent).or_else(|| why(t)),
             })
