@@ -330,3 +330,72 @@ async fn a_second_failed_canary_rolls_back_to_what_the_fleet_runs() {
     h.assert_nothing_left_behind().await;
     h.shutdown().await;
 }
+
+/// `waitForCompletion.onTimeout: Fail`: the job outlasts its wait, the node fails with
+/// `WaitForCompletionTimeout` and stays cordoned with its gates closed (the job still runs
+/// there and nothing new may land), it keeps its slot so the next node does not start beside
+/// it, and the job is not evicted. Once the job is gone a retry takes the node on to Done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_outlasting_their_wait_fail_the_node_and_keep_it_cordoned() {
+    let h = Harness::start(loaded(2)).await;
+    let wait = json!({"upgradePolicy": {"waitForCompletion": {
+        "podSelector": "job-name", "timeoutSeconds": 2, "onTimeout": "Fail"}}});
+    let policy = h.create_policy("fleet", "2.7.0", wait).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    let pods: Api<Pod> = Api::namespaced(h.client.clone(), h.cluster.namespace());
+    let job: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "train", "labels": {"job-name": "train"}},
+        "spec": {"nodeName": nodes[0], "restartPolicy": "Never",
+                 "containers": [{"name": "main", "image": SLEEP_IMAGE, "args": ["3600"]}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &job).await.unwrap();
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    h.wait_policy(&policy, "the node failed waiting for its job", STEP, |p| {
+        node_entry(p, &nodes[0]).is_some_and(|e| {
+            e.state == Failed && e.reason.as_deref() == Some("WaitForCompletionTimeout")
+        })
+    })
+    .await;
+    // Given time, a released node or a started neighbour would show.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let p = h.policies().get(&policy).await.unwrap();
+    let failed = node_entry(&p, &nodes[0]).unwrap();
+    assert_eq!(failed.state, Failed, "{failed:?}");
+    let node = h.node_api().get(&nodes[0]).await.unwrap();
+    assert_eq!(
+        node.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "the node stays cordoned while its job runs"
+    );
+    assert!(
+        node.metadata.annotations.as_ref().is_some_and(|a| a
+            .contains_key(ttdp_api::names::annotations::CORDONED_BY)
+            && a.contains_key(ttdp_api::names::annotations::DEPLOY_GATES)),
+        "our cordon and closed gates stay"
+    );
+    assert_eq!(
+        node_state(&p, &nodes[1]),
+        Some(Pending),
+        "the failed node keeps its slot"
+    );
+    assert!(!h.monitor.sequence(&policy, &nodes[1]).contains(&Cordoning));
+    let job = pods.get("train").await.unwrap();
+    assert!(
+        job.metadata.deletion_timestamp.is_none(),
+        "the job was not evicted"
+    );
+    // The job ends; a retry takes the node through.
+    pods.delete("train", &Default::default()).await.unwrap();
+    h.annotate_node(&nodes[0], ttdp_api::names::annotations::RETRY, "now")
+        .await;
+    let p = h.wait_ready(&policy, STEP * 3).await;
+    for node in &nodes {
+        assert_eq!(node_state(&p, node), Some(Done), "{node}");
+        assert_eq!(h.kmd_version(node).await.as_deref(), Some("2.8.0"));
+    }
+    assert_eq!(h.monitor.max_cordoned(), 1);
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}

@@ -336,6 +336,11 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         start: StartGate::NoSlot,
         in_state_for: in_state_for(input.recorded, input.now),
         node_not_ready: input.node_not_ready.map(str::to_owned),
+        held_for_jobs: input.recorded.is_some_and(|r| {
+            r.state == NodeState::Failed
+                && r.reason.as_deref()
+                    == Some(crate::pure::transition::reasons::WAIT_FOR_COMPLETION_TIMEOUT)
+        }),
     }
 }
 

@@ -217,15 +217,17 @@ impl Planner {
                 gated.push((i, transition::next(obs, &self.plan.rules)));
                 continue;
             }
+            // A Failed node that still holds a slot (its cordon is not lifted yet) retries in it.
+            let holds_slot = takes_slot(obs, &self.closed[i]);
             obs.start = if halted && obs.retry != RetryGate::Requested {
                 StartGate::Halted
-            } else if slots > 0 || obs.is_fresh_install() {
+            } else if slots > 0 || obs.is_fresh_install() || holds_slot {
                 StartGate::Allowed
             } else {
                 continue;
             };
             let t = transition::next(obs, &self.plan.rules);
-            if takes_slot(obs, &t) {
+            if takes_slot(obs, &t) && !holds_slot {
                 slots = slots.saturating_sub(1);
             }
             gated.push((i, t));
@@ -245,8 +247,12 @@ pub fn node_timeout(spec: &TenstorrentDriverPolicySpec) -> Duration {
 /// Whether a node going to `t` holds one of the `maxUnavailable` slots: every step from
 /// Cordoning until its cordon is lifted (an Uncordoning node that holds nothing of ours is
 /// schedulable again, only its Done is left to record), except a fresh install's (it disrupts
-/// nothing).
+/// nothing), and a Failed node until what it holds of ours is released (a release that failed
+/// leaves it cordoned, and a node whose jobs outlasted their wait stays so on purpose).
 fn takes_slot(obs: &NodeObservation, t: &NodeTransition) -> bool {
+    if t.state == NodeState::Failed {
+        return obs.holds_ours();
+    }
     let released = t.state == NodeState::Uncordoning && !obs.holds_ours();
     t.state.is_in_flight() && !released && !obs.is_fresh_install()
 }
@@ -298,6 +304,7 @@ mod tests {
             start: StartGate::NoSlot,
             in_state_for: None,
             node_not_ready: None,
+            held_for_jobs: false,
         }
     }
 
@@ -637,11 +644,23 @@ mod tests {
             reasons_of(&out)[..2],
             [
                 (Failed, Some(transition::reasons::NODE_TIMEOUT)),
-                (Cordoning, None)
+                (Pending, Some(transition::reasons::WAITING_FOR_SLOT))
             ],
-            "the rollout continues"
+            "the slot is held until the cordon is lifted"
         );
         assert_eq!(out[0].1.actions, vec![Action::Release]);
+        // Released (what the reconcile's lift does before it plans again): the rollout goes on.
+        let released = &mut nodes[0].1;
+        released.recorded = Some(Failed);
+        released.cordoned_by_us = false;
+        released.gates_closed_by_us = false;
+        released.grant = UpgradeGrant::Absent;
+        let out = plan(&p, &mut nodes);
+        assert_eq!(
+            reasons_of(&out)[..2],
+            [(Failed, None), (Cordoning, None)],
+            "the rollout continues"
+        );
         let mut nodes = fleet(&[Failed, Upgrading, Pending]);
         stuck(&mut nodes[1].1);
         let out = plan(&p, &mut nodes);
@@ -653,5 +672,65 @@ mod tests {
             ],
             "two failures with maxUnavailable 1: halted"
         );
+    }
+
+    /// A Failed node whose release did not land (the write failed) is still cordoned by us: it
+    /// keeps its slot, so maxUnavailable holds.
+    #[test]
+    fn a_failed_node_still_cordoned_keeps_its_slot() {
+        let p = policy(1, false);
+        let mut nodes = fleet(&[Failed, Pending, Pending]);
+        nodes[0].1.cordoned_by_us = true;
+        nodes[0].1.gates_closed_by_us = true;
+        let out = plan(&p, &mut nodes);
+        assert_eq!(out[0].1.actions, vec![Action::Release]);
+        assert_eq!(
+            reasons_of(&out)[1..],
+            [
+                (Pending, Some(transition::reasons::WAITING_FOR_SLOT)),
+                (Pending, Some(transition::reasons::WAITING_FOR_SLOT))
+            ]
+        );
+    }
+
+    /// A node whose jobs outlasted their wait (`onTimeout: Fail`) stays Failed and cordoned,
+    /// holding its slot; a retry goes on from its own slot.
+    #[test]
+    fn a_node_failed_waiting_for_its_jobs_stays_cordoned_in_its_slot() {
+        let p = policy(1, false);
+        let mut nodes = fleet(&[Draining, Pending]);
+        let draining = &mut nodes[0].1;
+        draining.cordoned_by_us = true;
+        draining.gates_closed_by_us = true;
+        draining.drain = DrainProgress::Failed {
+            reason: transition::reasons::WAIT_FOR_COMPLETION_TIMEOUT.into(),
+            message: "2 pods still run".into(),
+        };
+        let out = plan(&p, &mut nodes);
+        assert_eq!(
+            reasons_of(&out),
+            [
+                (
+                    Failed,
+                    Some(transition::reasons::WAIT_FOR_COMPLETION_TIMEOUT)
+                ),
+                (Pending, Some(transition::reasons::WAITING_FOR_SLOT))
+            ]
+        );
+        assert!(out[0].1.actions.is_empty(), "the cordon stays");
+        let failed = &mut nodes[0].1;
+        failed.recorded = Some(Failed);
+        failed.held_for_jobs = true;
+        failed.drain = DrainProgress::NotStarted;
+        let out = plan(&p, &mut nodes);
+        assert_eq!(
+            reasons_of(&out)[1],
+            (Pending, Some(transition::reasons::WAITING_FOR_SLOT))
+        );
+        assert!(out[0].1.actions.is_empty(), "still cordoned");
+        nodes[0].1.retry = RetryGate::Requested;
+        let out = plan(&p, &mut nodes);
+        assert_eq!(out[0].1.state, Cordoning, "retried in its own slot");
+        assert_eq!(out[1].1.state, Pending);
     }
 }

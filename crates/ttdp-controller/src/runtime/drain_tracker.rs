@@ -26,12 +26,11 @@ use ttdp_drain::{
 use crate::pure::drain_plan::NodeDrain;
 
 use crate::pure::transition::DrainProgress;
+use crate::pure::transition::reasons::WAIT_FOR_COMPLETION_TIMEOUT;
 use crate::runtime::metrics::Metrics;
 
 /// How long to wait before retrying a drain that hit an API error.
 const API_ERROR_RETRY: Duration = Duration::from_secs(2);
-/// The reason of a node whose jobs outlasted `waitForCompletion.timeoutSeconds` with `onTimeout: Fail`.
-const WAIT_FOR_COMPLETION_TIMEOUT: &str = "WaitForCompletionTimeout";
 /// Drains running at once at most.
 pub const MAX_CONCURRENT_DRAINS: usize = 32;
 

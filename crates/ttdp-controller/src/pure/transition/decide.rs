@@ -372,6 +372,13 @@ impl Deciding<'_> {
                 .enter_upgrading()
                 .because(reasons::BARE_PODS_SKIPPED, skipped_message(skipped)),
             DrainProgress::Succeeded { .. } => self.enter_upgrading(),
+            // The jobs still run there: the node stays cordoned, so nothing new lands on it
+            // and the next node does not start beside it.
+            DrainProgress::Failed { reason, message }
+                if reason == reasons::WAIT_FOR_COMPLETION_TIMEOUT =>
+            {
+                NodeTransition::to(NodeState::Failed).because(reason, message.clone())
+            }
             DrainProgress::Failed { reason, message } => NodeTransition::to(NodeState::Failed)
                 .because(reason, message.clone())
                 .doing(Action::Release),
@@ -529,7 +536,7 @@ impl Deciding<'_> {
         if let AgentPod::Current(AgentCondition::Failed { reason, message }) = &self.obs.agent {
             t = t.because(reason, message.clone());
         }
-        if self.holds_ours {
+        if self.holds_ours && !self.obs.held_for_jobs {
             t.doing(Action::Release)
         } else {
             t

@@ -195,6 +195,9 @@ pub struct NodeObservation {
     /// `Ready=Unknown: NodeStatusUnknown: Kubelet stopped posting node status.`; `None` when
     /// Ready.
     pub node_not_ready: Option<String>,
+    /// The node failed because its jobs outlasted `waitForCompletion` (`onTimeout: Fail`):
+    /// they still run there, so it stays cordoned, and keeps its slot, until it is retried.
+    pub held_for_jobs: bool,
 }
 
 impl NodeObservation {
@@ -326,6 +329,8 @@ pub mod reasons {
     pub const WAITING_FOR_CANARY: &str = "WaitingForCanary";
     /// The canary nodes are Done and soak.
     pub const CANARY_SOAKING: &str = "CanarySoaking";
+    /// The node's jobs outlasted `waitForCompletion.timeoutSeconds` with `onTimeout: Fail`.
+    pub const WAIT_FOR_COMPLETION_TIMEOUT: &str = "WaitForCompletionTimeout";
 }
 
 impl AgentPod {

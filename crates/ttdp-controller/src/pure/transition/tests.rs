@@ -30,6 +30,7 @@ fn base() -> NodeObservation {
         start: StartGate::Allowed,
         in_state_for: None,
         node_not_ready: None,
+        held_for_jobs: false,
     }
 }
 
