@@ -58,6 +58,25 @@ pub fn parse_upgrade_grant(value: &str) -> Option<(&str, &str)> {
         .then_some((policy, version))
 }
 
+/// The value of the [`annotations::DEPLOY_GATES`] annotation when `policy` closes `gates`:
+/// `<policy>:<gate>,<gate>`. The owner keeps another policy's release (an overlapping policy, or
+/// one being deleted) from reopening gates the owner closed while it drains the node.
+pub fn deploy_gates(policy: &str, gates: &[String]) -> String {
+    format!("{policy}:{}", gates.join(","))
+}
+
+/// The policy that closed the gates (`None` for a value written without an owner) and the
+/// gates of an [`annotations::DEPLOY_GATES`] value. Neither a label key nor a policy name may
+/// hold a `:`, so the split is unambiguous.
+pub fn parse_deploy_gates(value: &str) -> (Option<&str>, impl Iterator<Item = &str>) {
+    let (owner, gates) = match value.split_once(':') {
+        Some((owner, gates)) => (Some(owner), gates),
+        None => (None, value),
+    };
+    let gates = gates.split(',').map(str::trim).filter(|g| !g.is_empty());
+    (owner, gates)
+}
+
 /// Node labels.
 pub mod labels {
     /// The running module's version, from `/sys/module/tenstorrent/version`; set by the agent.
@@ -105,7 +124,8 @@ pub mod annotations {
     pub const CORDONED_BY: &str = "driver.tenstorrent.com/cordoned-by";
     /// On nodes: when the cordon in [`CORDONED_BY`] was placed (RFC 3339).
     pub const CORDONED_AT: &str = "driver.tenstorrent.com/cordoned-at";
-    /// On nodes: the deploy gate keys the controller set to `false`, comma-separated.
+    /// On nodes: the policy that closed the deploy gates and the gate keys it set to `false`,
+    /// as `<policy>:<gate>,<gate>` ([`super::deploy_gates`]).
     pub const DEPLOY_GATES: &str = "driver.tenstorrent.com/deploy-gates";
     /// On agent pods: the agent's latest report (JSON of `AgentReport`).
     pub const AGENT_REPORT: &str = "driver.tenstorrent.com/agent-report";

@@ -13,6 +13,7 @@ use harness::{Harness, PodRemovals, STEP, agent_pods, condition, node_entry, nod
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use ttdp_api::NodeState::{self, *};
@@ -1111,5 +1112,78 @@ async fn hand_edits_to_the_status_are_replaced_at_the_next_write() {
         })
         .await;
     assert_eq!(node_entry(&p, &node).unwrap().reason, None);
+    h.shutdown().await;
+}
+
+/// The deploy gate of `node` (`tenstorrent.com/deploy.tt-telemetry`), as its label says.
+async fn deploy_gate(h: &Harness, node: &str) -> Option<String> {
+    let n = h.node_api().get(node).await.unwrap();
+    n.labels()
+        .get("tenstorrent.com/deploy.tt-telemetry")
+        .cloned()
+}
+
+/// A newer policy overlapping the older one's nodes never reopens the gates the older one
+/// closed: not while the older one drains a shared node (the newer one's passes see the node
+/// as its own Conflict), and not when the newer one is deleted mid-drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlapping_policy_never_reopens_the_owners_gates() {
+    let h = Harness::start(|p| {
+        (0..2)
+            .map(|_| tt_node(p).loaded("2.7.0").label("pool", "shared"))
+            .collect()
+    })
+    .await;
+    let shared = h.nodes();
+    let older = h
+        .create_policy_selecting(
+            "older",
+            "2.7.0",
+            json!({"matchLabels": {harness::RUN_LABEL: h.prefix, "pool": "shared"}}),
+            json!({}),
+        )
+        .await;
+    h.wait_ready(&older, STEP).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let newer = h.create_policy("newer", "2.7.0", json!({})).await;
+    h.wait_nodes(&newer, &shared, Conflict, STEP).await;
+    h.device_workload("inference-0", &shared[0]).await;
+    h.blocking_budget().await;
+    h.patch_spec(&older, json!({"version": "2.8.0"})).await;
+    h.wait_policy(&older, "the shared node draining", STEP, |p| {
+        node_state(p, &shared[0]) == Some(Draining)
+    })
+    .await;
+    // The newer policy reconciles on every change of the node; give it several.
+    for _ in 0..10 {
+        h.label_node(&shared[0], "example.com/poke", Some(&h.prefix))
+            .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            deploy_gate(&h, &shared[0]).await.as_deref(),
+            Some("false"),
+            "the owner's gate stays closed while it drains the node"
+        );
+    }
+    h.policies()
+        .delete(&newer, &DeleteParams::default())
+        .await
+        .unwrap();
+    tokio::time::timeout(STEP, async {
+        while h.policies().get_opt(&newer).await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the newer policy deleted (finalizer removed)");
+    assert_eq!(
+        deploy_gate(&h, &shared[0]).await.as_deref(),
+        Some("false"),
+        "deleting the overlapping policy leaves the owner's gate closed"
+    );
+    h.delete_budget().await;
+    h.wait_ready(&older, STEP * 3).await;
+    h.label_node(&shared[0], "example.com/poke", None).await;
+    h.assert_nothing_left_behind().await;
     h.shutdown().await;
 }

@@ -46,9 +46,16 @@ pub fn install_mode_label(meta: &ObjectMeta) -> Option<String> {
 }
 
 /// Whether a node holds something of `policy`'s: its cordon or upgrade grant, or deploy gates
-/// closed while the node was the policy's (`ours_before`).
+/// it closed (gates closed without a recorded owner count when the node was the policy's,
+/// `ours_before`).
 pub fn holds_ours(meta: &ObjectMeta, policy: &str, ours_before: impl FnOnce() -> bool) -> bool {
-    cordoned_by(meta, policy) || granted_by(meta, policy) || (gates_closed(meta) && ours_before())
+    cordoned_by(meta, policy)
+        || granted_by(meta, policy)
+        || match gates_owner(meta) {
+            GatesOwner::Policy(owner) => owner == policy,
+            GatesOwner::Unrecorded => ours_before(),
+            GatesOwner::NoGates => false,
+        }
 }
 
 /// Whether the node carries `policy`'s cordon annotation.
@@ -74,22 +81,46 @@ pub fn granted_by(meta: &ObjectMeta, policy: &str) -> bool {
         .is_some_and(|(p, _)| p == policy)
 }
 
-/// The deploy gates the controller closed on this node (from its annotation).
-pub fn closed_gates(meta: &ObjectMeta) -> Vec<String> {
-    gate_names(meta).map(str::to_owned).collect()
+/// Who closed a node's deploy gates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatesOwner<'a> {
+    /// No gate is closed.
+    NoGates,
+    /// This policy closed them.
+    Policy(&'a str),
+    /// They were closed by a controller that did not record its policy.
+    Unrecorded,
 }
 
-/// Whether the controller closed deploy gates on this node.
-pub fn gates_closed(meta: &ObjectMeta) -> bool {
-    gate_names(meta).next().is_some()
+/// Who closed the node's deploy gates (from its annotation).
+pub fn gates_owner(meta: &ObjectMeta) -> GatesOwner<'_> {
+    let Some(value) = get(&meta.annotations, annotations::DEPLOY_GATES) else {
+        return GatesOwner::NoGates;
+    };
+    let (owner, mut gates) = names::parse_deploy_gates(value);
+    match (owner, gates.next()) {
+        (_, None) => GatesOwner::NoGates,
+        (Some(owner), Some(_)) => GatesOwner::Policy(owner),
+        (None, Some(_)) => GatesOwner::Unrecorded,
+    }
 }
 
-fn gate_names(meta: &ObjectMeta) -> impl Iterator<Item = &str> {
-    get(&meta.annotations, annotations::DEPLOY_GATES)
-        .into_iter()
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
+/// The deploy gates `policy` may reopen on this node: those it closed, or those closed
+/// without a recorded owner; none that another policy closed.
+pub fn closed_gates(meta: &ObjectMeta, policy: &str) -> Vec<String> {
+    let Some(value) = get(&meta.annotations, annotations::DEPLOY_GATES) else {
+        return Vec::new();
+    };
+    match names::parse_deploy_gates(value) {
+        (Some(owner), _) if owner != policy => Vec::new(),
+        (_, gates) => gates.map(str::to_owned).collect(),
+    }
+}
+
+/// Whether `policy` closed deploy gates on this node (or a controller that did not record its
+/// policy did).
+pub fn gates_closed(meta: &ObjectMeta, policy: &str) -> bool {
+    !closed_gates(meta, policy).is_empty()
 }
 
 /// Whether someone asked for a retry of this node.
@@ -329,7 +360,7 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         ),
         cordoned_by_us,
         externally_cordoned: input.unschedulable == Some(true) && !cordoned_by_us,
-        gates_closed_by_us: gates_closed(input.meta),
+        gates_closed_by_us: gates_closed(input.meta, input.policy),
         grant: upgrade_grant(input.meta, input.policy, input.target_version),
         drain: input.drain,
         retry: input.retry,
@@ -655,8 +686,19 @@ mod tests {
         assert!(cordoned_by(&m, "fleet"));
         assert!(!cordoned_by(&m, "other"));
         assert_eq!(
-            closed_gates(&m),
+            closed_gates(&m, "fleet"),
             vec!["a.example/x".to_string(), "b.example/y".to_string()]
+        );
+        let owned = meta(&[], &[(annotations::DEPLOY_GATES, "fleet:a.example/x")]);
+        assert_eq!(
+            closed_gates(&owned, "fleet"),
+            vec!["a.example/x".to_string()]
+        );
+        assert!(closed_gates(&owned, "other").is_empty());
+        assert!(holds_ours(&owned, "fleet", || false));
+        assert!(
+            !holds_ours(&owned, "other", || true),
+            "gates another policy closed are never ours, even on a node we had"
         );
         assert!(retry_requested(&m));
         assert!(!host_managed(&m, None));

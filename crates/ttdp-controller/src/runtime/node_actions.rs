@@ -49,10 +49,11 @@ async fn merge_patch_node(
     }
 }
 
-/// The extras of a cordon for the upgrade: each deploy gate closed (its label set to
-/// [`DEPLOY_GATE_CLOSED`]) and the list of closed gates remembered in
-/// [`annotations::DEPLOY_GATES`], so [`release`] knows what to reopen. Nothing without gates.
-fn closing_gates(gates: &[String]) -> NodePatchExtras {
+/// The extras of a cordon for `policy`'s upgrade: each deploy gate closed (its label set to
+/// [`DEPLOY_GATE_CLOSED`]) and the policy with the list of closed gates remembered in
+/// [`annotations::DEPLOY_GATES`], so [`release`] knows what to reopen and another policy's
+/// release reopens none of them. Nothing without gates.
+fn closing_gates(policy: &str, gates: &[String]) -> NodePatchExtras {
     if gates.is_empty() {
         return NodePatchExtras::new();
     }
@@ -61,13 +62,17 @@ fn closing_gates(gates: &[String]) -> NodePatchExtras {
         .fold(NodePatchExtras::new(), |extras, gate| {
             extras.set_label(gate, DEPLOY_GATE_CLOSED)
         })
-        .set_annotation(annotations::DEPLOY_GATES, gates.join(","))
+        .set_annotation(
+            annotations::DEPLOY_GATES,
+            names::deploy_gates(policy, gates),
+        )
 }
 
-/// The extras of a release of `node`: the deploy gates its annotation lists reopened (labels and
-/// annotation removed) and `policy`'s upgrade grant removed (another policy's stays).
+/// The extras of a release of `node` by `policy`: the deploy gates it closed reopened (labels and
+/// annotation removed; gates another policy closed stay) and its upgrade grant removed (another
+/// policy's stays).
 fn reopening_gates(node: &Node, policy: &str) -> NodePatchExtras {
-    let closed = observe::closed_gates(&node.metadata);
+    let closed = observe::closed_gates(&node.metadata, policy);
     let mut extras = NodePatchExtras::new();
     if !closed.is_empty() {
         extras = closed
@@ -92,15 +97,18 @@ pub async fn cordon_and_close_gates(
     node: &str,
     gates: &[String],
 ) -> Result<CordonOutcome, Error> {
-    ttdp_drain::cordon_with(client, node, &cordon_owner(policy), closing_gates(gates))
-        .await
-        // A refused write is reported as the API error it is (reason `KubeApiError`), as before.
-        .map_err(|e| match e {
-            DrainError::NodeWrite { source, .. } => {
-                Error::kube(format!("cordon node {node}"), source)
-            }
-            other => drain_error("cordon", node, other),
-        })
+    ttdp_drain::cordon_with(
+        client,
+        node,
+        &cordon_owner(policy),
+        closing_gates(policy, gates),
+    )
+    .await
+    // A refused write is reported as the API error it is (reason `KubeApiError`), as before.
+    .map_err(|e| match e {
+        DrainError::NodeWrite { source, .. } => Error::kube(format!("cordon node {node}"), source),
+        other => drain_error("cordon", node, other),
+    })
 }
 
 /// Grants `node` the upgrade of `policy` to `version`: the annotation
@@ -193,7 +201,7 @@ mod tests {
     #[test]
     fn closing_gates_sets_each_label_false_and_remembers_the_list() {
         let gates = vec![GATE.to_owned(), "example.com/other".to_owned()];
-        let extras = closing_gates(&gates);
+        let extras = closing_gates("p", &gates);
         assert_eq!(
             extras,
             NodePatchExtras::new()
@@ -201,10 +209,10 @@ mod tests {
                 .set_label("example.com/other", DEPLOY_GATE_CLOSED)
                 .set_annotation(
                     annotations::DEPLOY_GATES,
-                    "tenstorrent.com/deploy.tt-telemetry,example.com/other"
+                    "p:tenstorrent.com/deploy.tt-telemetry,example.com/other"
                 )
         );
-        assert!(closing_gates(&[]).is_empty());
+        assert!(closing_gates("p", &[]).is_empty());
     }
 
     #[test]
@@ -227,5 +235,23 @@ mod tests {
                 .remove_annotation(annotations::DEPLOY_GATES)
         );
         assert!(reopening_gates(&node(json!({GATE: "false"}), json!({})), "p").is_empty());
+    }
+
+    #[test]
+    fn a_release_reopens_only_the_gates_its_own_policy_closed() {
+        let owned = node(
+            json!({GATE: "false"}),
+            json!({annotations::DEPLOY_GATES: format!("owner:{GATE}")}),
+        );
+        assert!(
+            reopening_gates(&owned, "overlapping").is_empty(),
+            "another policy's release leaves the owner's gates closed"
+        );
+        assert_eq!(
+            reopening_gates(&owned, "owner"),
+            NodePatchExtras::new()
+                .remove_label(GATE)
+                .remove_annotation(annotations::DEPLOY_GATES)
+        );
     }
 }
