@@ -162,3 +162,36 @@ async fn an_agent_pod_the_scheduler_cannot_place_is_reported() {
     h.wait_ready(&policy, STEP * 2).await;
     h.shutdown().await;
 }
+
+/// A failure-budget halt belongs to its version: two nodes fail on 2.9.0 (its tag cannot be
+/// fetched) with one slot, which halts the rollout; a new `spec.version` starts a new rollout
+/// that those failures do not halt, and every node ends on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_version_is_not_halted_by_the_failures_of_the_last() {
+    let h = Harness::start(|p| (0..3).map(|_| tt_node(p).loaded("2.7.0")).collect()).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    h.patch_spec(&policy, json!({"version": "2.9.0"})).await;
+    h.wait_policy(
+        &policy,
+        "the rollout halted by two failures",
+        STEP * 2,
+        |p| condition(p, "Degraded").is_some_and(|c| c.0 == "True" && c.1 == "RolloutHalted"),
+    )
+    .await;
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    let p = h.wait_ready(&policy, STEP * 3).await;
+    for node in &nodes {
+        let entry = node_entry(&p, node).unwrap();
+        assert_eq!(entry.state, NodeState::Done, "{entry:?}");
+        assert_eq!(entry.current_version.as_deref(), Some("2.8.0"), "{entry:?}");
+    }
+    let (degraded, reason, _) = condition(&p, "Degraded").unwrap();
+    assert_eq!(
+        (degraded.as_str(), reason.as_str()),
+        ("False", "NoFailures")
+    );
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}

@@ -367,6 +367,12 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         start: StartGate::NoSlot,
         in_state_for: in_state_for(input.recorded, input.now),
         node_not_ready: input.node_not_ready.map(str::to_owned),
+        failed_for_other_target: input.recorded.is_some_and(|r| {
+            r.state == NodeState::Failed
+                && r.target_version
+                    .as_deref()
+                    .is_some_and(|v| v != input.target_version.as_str())
+        }),
         held_for_jobs: input.recorded.is_some_and(|r| {
             r.state == NodeState::Failed
                 && r.reason.as_deref()

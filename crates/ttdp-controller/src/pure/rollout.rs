@@ -305,6 +305,7 @@ mod tests {
             in_state_for: None,
             node_not_ready: None,
             held_for_jobs: false,
+            failed_for_other_target: false,
         }
     }
 

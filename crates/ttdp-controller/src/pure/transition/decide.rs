@@ -57,6 +57,7 @@ pub(super) fn decide(obs: &NodeObservation, rules: &RolloutRules) -> NodeTransit
         NodeState::Draining => deciding.draining(),
         NodeState::Upgrading => deciding.upgrading(false),
         NodeState::Uncordoning => deciding.uncordoning(),
+        NodeState::Failed if obs.failed_for_other_target => deciding.settled(),
         NodeState::Failed => deciding.failed(),
         NodeState::Pending | NodeState::Done | NodeState::HostManaged | NodeState::Conflict => {
             deciding.settled()

@@ -198,6 +198,10 @@ pub struct NodeObservation {
     /// The node failed because its jobs outlasted `waitForCompletion` (`onTimeout: Fail`):
     /// they still run there, so it stays cordoned, and keeps its slot, until it is retried.
     pub held_for_jobs: bool,
+    /// The node is recorded Failed for another target than today's: a new `spec.version` (or
+    /// a rollback) puts it back in line instead of counting it against the new rollout's
+    /// failure budget.
+    pub failed_for_other_target: bool,
 }
 
 impl NodeObservation {

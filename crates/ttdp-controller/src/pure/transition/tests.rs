@@ -31,6 +31,7 @@ fn base() -> NodeObservation {
         in_state_for: None,
         node_not_ready: None,
         held_for_jobs: false,
+        failed_for_other_target: false,
     }
 }
 
@@ -1270,4 +1271,25 @@ fn other_parameters_at_the_target_version_take_the_drain_path() {
         Upgrading,
         "not done until the parameters are loaded"
     );
+}
+
+#[test]
+fn a_node_failed_for_another_version_is_back_in_line_for_the_new_one() {
+    let failed_before = with(|o| {
+        o.recorded = Some(Failed);
+        o.failed_for_other_target = true;
+        o.start = StartGate::NoSlot;
+        o.agent = AgentPod::Stale;
+        old(o);
+    });
+    assert_eq!(
+        next(&failed_before, &rules()).state,
+        Pending,
+        "waits for a slot like any node behind, not counted as failed"
+    );
+    let failed_now = NodeObservation {
+        failed_for_other_target: false,
+        ..failed_before
+    };
+    assert_eq!(next(&failed_now, &rules()).state, Failed);
 }
