@@ -1123,8 +1123,8 @@ async fn deploy_gate(h: &Harness, node: &str) -> Option<String> {
         .cloned()
 }
 
-/// A newer policy overlapping the older one's nodes never reopens the gates the older one
-/// closed: not while the older one drains a shared node (the newer one's passes see the node
+/// A newer policy whose every node an older one owns is not Ready (it manages nothing), and it
+/// never reopens the gates the older one closed: not while the older one drains a shared node (the newer one's passes see the node
 /// as its own Conflict), and not when the newer one is deleted mid-drain.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overlapping_policy_never_reopens_the_owners_gates() {
@@ -1147,6 +1147,16 @@ async fn an_overlapping_policy_never_reopens_the_owners_gates() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let newer = h.create_policy("newer", "2.7.0", json!({})).await;
     h.wait_nodes(&newer, &shared, Conflict, STEP).await;
+    let p = h
+        .wait_policy(&newer, "Ready with every node in conflict", STEP, |p| {
+            condition(p, "Ready").is_some_and(|c| c.1 == "AllNodesInConflict")
+        })
+        .await;
+    let (ready, _, message) = condition(&p, "Ready").unwrap();
+    assert_eq!(
+        ready, "False",
+        "a policy that manages no node is not Ready: {message}"
+    );
     h.device_workload("inference-0", &shared[0]).await;
     h.blocking_budget().await;
     h.patch_spec(&older, json!({"version": "2.8.0"})).await;

@@ -149,6 +149,8 @@ pub mod reasons {
     pub const ALL_NODES_READY: &str = "AllNodesReady";
     /// Nodes are still being installed or upgraded.
     pub const ROLLING_OUT: &str = "RollingOut";
+    /// Every matched node is owned by an older policy: this one manages none.
+    pub const ALL_NODES_IN_CONFLICT: &str = "AllNodesInConflict";
     /// Nothing left to do.
     pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
     /// Nodes failed.
@@ -461,6 +463,15 @@ impl<'a> Rollup<'a> {
                 false,
                 reasons::ROLLOUT_HALTED,
                 format!("{progress}; halted by the canary: {halt}"),
+            )
+        } else if self.s.conflicts > 0 && self.s.matched == self.s.conflicts {
+            verdict(
+                false,
+                reasons::ALL_NODES_IN_CONFLICT,
+                format!(
+                    "all {} matched nodes are managed by older policies (see status.nodes); this policy manages none: make the selectors disjoint",
+                    self.s.conflicts
+                ),
             )
         } else if self.all_ready {
             verdict(true, reasons::ALL_NODES_READY, progress.clone())
@@ -827,6 +838,26 @@ mod tests {
             40,
         );
         assert_eq!(b5.listed()[0].attempts, None);
+    }
+
+    #[test]
+    fn a_policy_whose_every_node_is_in_conflict_is_not_ready() {
+        let b = build_status(
+            &facts(),
+            &Default::default(),
+            &NodeEntries::new(),
+            vec![
+                report("n1", NodeState::Conflict, Some("2.7.0")),
+                report("n2", NodeState::Conflict, Some("2.7.0")),
+            ],
+            &at(0),
+        );
+        let ready = cond(&b.status, "Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", reasons::ALL_NODES_IN_CONFLICT)
+        );
+        assert!(ready.message.contains("make the selectors disjoint"));
     }
 
     #[test]
