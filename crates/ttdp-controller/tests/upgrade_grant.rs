@@ -337,3 +337,48 @@ async fn a_new_policy_over_loaded_nodes_drains_before_any_swap() {
     h.assert_nothing_left_behind().await;
     h.shutdown().await;
 }
+
+/// A module that declares no version, on a node that opted to replace it without a rollback
+/// path (`allow-no-rollback=true`): the agent waits for a grant, and the controller takes the
+/// node through cordon and drain and grants it, instead of taking it for a first install that
+/// needs none and leaving it waiting for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_without_a_version_is_granted_its_replacement() {
+    let h = Harness::start(|p| {
+        vec![tt_node(p).loaded("2.7.0").label(
+            ttdp_api::names::labels::ALLOW_NO_ROLLBACK,
+            ttdp_api::names::labels::ALLOW_NO_ROLLBACK_ENABLED,
+        )]
+    })
+    .await;
+    let node = h.nodes().remove(0);
+    let root = h
+        .cluster
+        .node(&node)
+        .unwrap()
+        .host_root()
+        .unwrap()
+        .to_path_buf();
+    std::fs::remove_file(root.join("sys/module/tenstorrent/version")).unwrap();
+    let policy = h
+        .create_policy(
+            "fleet",
+            "2.8.0",
+            json!({"upgradePolicy": {"forceUnload": true}}),
+        )
+        .await;
+    let p = h.wait_ready(&policy, STEP * 2).await;
+    assert_eq!(node_state(&p, &node), Some(Done));
+    assert_eq!(h.kmd_version(&node).await.as_deref(), Some("2.8.0"));
+    assert_eq!(
+        h.monitor
+            .sequence(&policy, &node)
+            .into_iter()
+            .skip_while(|s| *s != Cordoning)
+            .collect::<Vec<_>>(),
+        UPGRADE_PATH,
+        "the loaded module is replaced through the drain"
+    );
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}

@@ -101,7 +101,7 @@ impl Deciding<'_> {
     /// A different version, or the target with other parameters, is loaded: the agent reloads
     /// it only with a grant (a parameter change disrupts workloads as a version change does).
     fn needs_grant(&self) -> bool {
-        self.obs.loaded_version.is_some() && !self.at_target()
+        self.obs.module_loaded() && !self.at_target()
     }
 
     /// A different version is loaded: swapping it disrupts workloads, so drain first.

@@ -211,10 +211,18 @@ impl NodeObservation {
         self.cordoned_by_us || self.gates_closed_by_us || self.grant != UpgradeGrant::Absent
     }
 
+    /// A module is loaded: its version is known, or the agent waits for a grant to swap it
+    /// (a module that declares no version, which the node opted to replace without a rollback
+    /// path, shows no version at all).
+    pub fn module_loaded(&self) -> bool {
+        self.loaded_version.is_some()
+            || self.agent == AgentPod::Current(AgentCondition::WaitingForGrant)
+    }
+
     /// A first install: no module known to be loaded and nothing of ours on the node. It
     /// disrupts nothing, so it goes on beside the rollout without holding a slot.
     pub fn is_fresh_install(&self) -> bool {
-        self.loaded_version.is_none() && !self.holds_ours() && !self.host_managed
+        !self.module_loaded() && !self.holds_ours() && !self.host_managed
     }
 }
 

@@ -1293,3 +1293,22 @@ fn a_node_failed_for_another_version_is_back_in_line_for_the_new_one() {
     };
     assert_eq!(next(&failed_now, &rules()).state, Failed);
 }
+
+#[test]
+fn a_loaded_module_without_a_version_goes_through_the_gate_and_is_granted() {
+    // The node opted to replace a module that declares no version: the agent waits for a grant.
+    let waiting = with(|o| {
+        o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+        o.loaded_version = None;
+    });
+    assert!(!waiting.is_fresh_install(), "something is loaded");
+    assert_eq!(next(&waiting, &rules()).state, Cordoning);
+    let drained = with(|o| {
+        o.recorded = Some(Draining);
+        o.agent = AgentPod::Current(AgentCondition::WaitingForGrant);
+        o.loaded_version = None;
+        ours(o);
+        o.drain = DrainProgress::Succeeded { skipped: vec![] };
+    });
+    assert!(next(&drained, &rules()).actions.contains(&Action::Grant));
+}
