@@ -95,3 +95,38 @@ fn bad_validation_settings_are_rejected_with_their_message() {
         assert!(err.contains(expected), "{validation}: {err}");
     }
 }
+
+/// `forceUnload` with the drain off kills the holders of workloads nothing evicted: refused
+/// unless acknowledged.
+#[test]
+fn force_unload_without_drain_needs_its_acknowledgement() {
+    let policy = |upgrade: Value| {
+        json!({
+            "apiVersion": "driver.tenstorrent.com/v1alpha1",
+            "kind": "TenstorrentDriverPolicy",
+            "metadata": {"name": "fleet"},
+            "spec": {"version": "2.8.0", "nodeAffinity": {}, "upgradePolicy": upgrade},
+        })
+    };
+    let err = check(&policy(
+        json!({"forceUnload": true, "drain": {"enable": false}}),
+    ))
+    .expect_err("forceUnload without the drain must be refused");
+    assert!(
+        err.contains("set upgradePolicy.forceUnloadWithoutDrain: true to accept that"),
+        "{err}"
+    );
+    check(&policy(
+        json!({"forceUnload": true, "drain": {"enable": false},
+                         "forceUnloadWithoutDrain": true}),
+    ))
+    .unwrap();
+    check(&policy(
+        json!({"forceUnload": true, "drain": {"enable": true}}),
+    ))
+    .unwrap();
+    check(&policy(
+        json!({"forceUnload": false, "drain": {"enable": false}}),
+    ))
+    .unwrap();
+}

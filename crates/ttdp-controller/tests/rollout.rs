@@ -319,7 +319,8 @@ async fn device_held_without_drain(force_unload: bool) {
         .create_policy(
             "fleet",
             "2.7.0",
-            json!({"upgradePolicy": {"forceUnload": force_unload, "drain": {"enable": false}}}),
+            json!({"upgradePolicy": {"forceUnload": force_unload, "drain": {"enable": false},
+                                     "forceUnloadWithoutDrain": force_unload}}),
         )
         .await;
     h.wait_ready(&policy, STEP).await;

@@ -105,6 +105,11 @@ pub struct TenstorrentDriverPolicySpec {
 /// How a version change is rolled out.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "!self.forceUnload || !has(self.drain) || self.drain.enable || (has(self.forceUnloadWithoutDrain) && self.forceUnloadWithoutDrain)"
+).message(
+    "spec.upgradePolicy.forceUnload with drain.enable: false SIGKILLs the processes of workloads that were never evicted; enable the drain, or set upgradePolicy.forceUnloadWithoutDrain: true to accept that"
+))]
 pub struct UpgradePolicy {
     /// Cordon and drain before swapping the module.
     #[serde(default)]
@@ -114,6 +119,11 @@ pub struct UpgradePolicy {
     /// before unloading the module.
     #[serde(default)]
     pub force_unload: bool,
+
+    /// Accept that `forceUnload` with `drain.enable: false` SIGKILLs the processes of workloads
+    /// nothing evicted first. Without it the API server refuses that combination.
+    #[serde(default)]
+    pub force_unload_without_drain: bool,
 
     /// How many nodes may be cordoned for an upgrade at once, each from its Cordoning until its
     /// cordon is lifted in Uncordoning: an integer >= 1 or a percentage of matched nodes such as
@@ -267,6 +277,7 @@ impl Default for UpgradePolicy {
         Self {
             drain: DrainPolicy::default(),
             force_unload: false,
+            force_unload_without_drain: false,
             max_unavailable: default_max_unavailable(),
             node_timeout_seconds: default_node_timeout_seconds(),
             validation: ValidationPolicy::default(),
