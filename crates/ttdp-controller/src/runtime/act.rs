@@ -215,7 +215,9 @@ async fn replace_agent(ctx: &Context, pod: &CachedPod) -> Result<(), Error> {
 }
 
 /// Releases the nodes that left the policy's selection (skip label, selector change) and still
-/// hold something of ours; the first failure is returned after trying them all.
+/// hold something of ours, or had an action of ours under way: that action (a grant, a cordon)
+/// is waited for first and the node read afresh, so nothing of ours lands after the release.
+/// The first failure is returned after trying them all.
 pub async fn release_unmatched(
     ctx: &Context,
     policy: &str,
@@ -226,7 +228,8 @@ pub async fn release_unmatched(
     for n in unmatched {
         let node = n.name();
         let was_ours = || recorded.nodes.contains_key(node);
-        if observe::holds_ours(&n.metadata, policy, was_ours) {
+        let acted = ctx.node_tasks.settle_node(policy, node).await;
+        if acted || observe::holds_ours(&n.metadata, policy, was_ours) {
             info!(node = %node, "node left the policy's selection; releasing it");
             if let Err(e) = node_actions::release(&ctx.client, policy, node, None).await {
                 first_error.get_or_insert(e);

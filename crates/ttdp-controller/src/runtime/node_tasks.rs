@@ -136,6 +136,20 @@ impl NodeTasks {
             .unwrap_or_default()
     }
 
+    /// Waits for `policy`'s task for `node` to end, if one runs; returns whether one ran. A node
+    /// released after this sees every write its task made (a grant landing after the release
+    /// would leave a released node granted).
+    pub async fn settle_node(&self, policy: &str, node: &str) -> bool {
+        let running = lock(&self.inner.running).remove(&key(policy, node));
+        match running {
+            Some(r) => {
+                let _ = r.task.await;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Waits for `policy`'s running tasks to end (a deleted policy's nodes are released only
     /// after, so no cordon lands behind the release) and forgets its failures.
     pub async fn settle(&self, policy: &str) {
@@ -275,5 +289,41 @@ mod tests {
         tasks.settle("p").await;
         assert!(done.load(Ordering::SeqCst));
         assert!(!tasks.busy("p", "n1"));
+    }
+
+    #[tokio::test]
+    async fn settle_node_waits_for_that_nodes_task_only() {
+        let tasks = NodeTasks::default();
+        let (_, wake) = counter();
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        tasks.spawn(
+            "p",
+            "n1",
+            move || async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                d.store(true, Ordering::SeqCst);
+                Ok(())
+            },
+            wake.clone(),
+        );
+        let (release, wait) = oneshot::channel::<()>();
+        tasks.spawn(
+            "p",
+            "n2",
+            move || async move {
+                let _ = wait.await;
+                Ok(())
+            },
+            wake,
+        );
+        assert!(tasks.settle_node("p", "n1").await, "a task ran");
+        assert!(done.load(Ordering::SeqCst), "its writes are done");
+        assert!(tasks.busy("p", "n2"), "another node's task is left running");
+        assert!(
+            !tasks.settle_node("p", "n3").await,
+            "no task, nothing to wait for"
+        );
+        let _ = release.send(());
     }
 }
