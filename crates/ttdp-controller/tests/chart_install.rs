@@ -1182,6 +1182,36 @@ async fn agent_admission(s: &Scenario, nodes: &[String], pods: &BTreeMap<String,
             message,
         );
     }
+    let refused_pod_changes = [
+        (
+            "add a finalizer to its own pod",
+            json!({"metadata": {"finalizers": ["example.com/chart-test"]}}),
+        ),
+        (
+            "give its own pod another owner",
+            json!({"metadata": {"ownerReferences": [{
+                "apiVersion": "v1", "kind": "Namespace",
+                "name": release_namespace.name_any(),
+                "uid": release_namespace.uid().unwrap(),
+            }]}}),
+        ),
+        (
+            "rename its own pod's generateName",
+            json!({"metadata": {"generateName": "chart-test-"}}),
+        ),
+    ];
+    for (what, change) in refused_pod_changes {
+        expect(
+            &format!("{what} (dry run)"),
+            answer(
+                pod_api
+                    .patch(&own_pod.name_any(), &dry, &merge(change))
+                    .await,
+            ),
+            422,
+            "may only change its pod's driver.tenstorrent.com/agent-report annotation",
+        );
+    }
     expect(
         "write its own node's status",
         answer(
