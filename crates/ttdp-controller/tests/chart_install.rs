@@ -1107,6 +1107,136 @@ async fn agent_admission(s: &Scenario, nodes: &[String], pods: &BTreeMap<String,
         "may only change its pod's driver.tenstorrent.com/agent-report annotation",
     );
 
+    // Everything of its own node but those three labels: dry runs, so the server's answer is
+    // the admission policy's and a change it let through is not kept.
+    let dry = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    for key in [
+        labels::KMD_VERSION,
+        labels::INSTALL_MODE,
+        labels::TT_SMI_VERSION,
+    ] {
+        expect(
+            &format!("change its own node's label {key} (dry run)"),
+            answer(
+                node_api
+                    .patch(
+                        own_node,
+                        &dry,
+                        &merge(json!({"metadata": {"labels": {key: "0.0.0-chart-test"}}})),
+                    )
+                    .await,
+            ),
+            200,
+            "",
+        );
+    }
+    let release_namespace = Api::<Namespace>::all(s.admin.clone())
+        .get(&s.release_namespace)
+        .await
+        .unwrap();
+    let own_node_now = s.nodes().get(own_node).await.unwrap();
+    let refused_changes = [
+        (
+            "add a finalizer to its own node",
+            json!({"metadata": {"finalizers": ["example.com/chart-test"]}}),
+            "may not change a node's finalizers",
+        ),
+        (
+            "give its own node an owner",
+            json!({"metadata": {"ownerReferences": [{
+                "apiVersion": "v1", "kind": "Namespace",
+                "name": release_namespace.name_any(),
+                "uid": release_namespace.uid().unwrap(),
+            }]}}),
+            "may not change a node's owner references",
+        ),
+        (
+            "rename its own node's generateName",
+            json!({"metadata": {"generateName": "chart-test-"}}),
+            "may not change a node's generateName",
+        ),
+        (
+            "taint its own node",
+            json!({"spec": {"taints": [{"key": "example.com/chart-test", "effect": "NoSchedule"}]}}),
+            "may not change a node's spec",
+        ),
+        (
+            "set another label on its own node",
+            json!({"metadata": {"labels": {"example.com/chart-test": "x"}}}),
+            "may only change its node's kmd-version, install-mode and tt-smi version labels",
+        ),
+        (
+            "annotate its own node",
+            json!({"metadata": {"annotations": {"example.com/chart-test": "x"}}}),
+            "may not change a node's annotations",
+        ),
+    ];
+    for (what, change, message) in refused_changes {
+        expect(
+            &format!("{what} (dry run)"),
+            answer(node_api.patch(own_node, &dry, &merge(change)).await),
+            422,
+            message,
+        );
+    }
+    let refused_pod_changes = [
+        (
+            "add a finalizer to its own pod",
+            json!({"metadata": {"finalizers": ["example.com/chart-test"]}}),
+        ),
+        (
+            "give its own pod another owner",
+            json!({"metadata": {"ownerReferences": [{
+                "apiVersion": "v1", "kind": "Namespace",
+                "name": release_namespace.name_any(),
+                "uid": release_namespace.uid().unwrap(),
+            }]}}),
+        ),
+        (
+            "rename its own pod's generateName",
+            json!({"metadata": {"generateName": "chart-test-"}}),
+        ),
+    ];
+    for (what, change) in refused_pod_changes {
+        expect(
+            &format!("{what} (dry run)"),
+            answer(
+                pod_api
+                    .patch(&own_pod.name_any(), &dry, &merge(change))
+                    .await,
+            ),
+            422,
+            "may only change its pod's driver.tenstorrent.com/agent-report annotation",
+        );
+    }
+    expect(
+        "write its own node's status",
+        answer(
+            node_api
+                .patch_status(
+                    own_node,
+                    &dry,
+                    &merge(
+                        json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+                    ),
+                )
+                .await,
+        ),
+        403,
+        "forbidden",
+    );
+    let own_node_after = s.nodes().get(own_node).await.unwrap();
+    assert!(
+        own_node_after.finalizers().is_empty()
+            && own_node_after.owner_references().is_empty()
+            && own_node_after.labels() == own_node_now.labels(),
+        "a dry run changed the node: {:?}",
+        own_node_after.metadata
+    );
+
     // Refused by RBAC (403).
     let forbidden = "forbidden";
     expect(

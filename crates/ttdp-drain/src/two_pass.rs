@@ -12,8 +12,10 @@
 //! passes: with it, pods without a controller (and pods whose DaemonSet is gone) are evicted;
 //! without it they are skipped and the drain goes on ([`PodRules::skip_unmanaged`]), unlike
 //! `kubectl drain`, which refuses them. [`TwoPassReport::skipped_without_force`] names them.
-//! `delete_emptydir_data` applies to pass 2 only: pass 1 removes device users even when they
-//! have `emptyDir` volumes, because the device cannot be freed otherwise.
+//! `delete_emptydir_data` applies to both passes too: without it, a pod with `emptyDir` volumes
+//! is refused in whichever pass finds it (a device user in pass 1), and a refused pass removes
+//! nothing, as `kubectl drain` without `--delete-emptydir-data`. Freeing the device never
+//! outranks the caller's word that such data must not be lost.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -40,7 +42,7 @@ pub struct TwoPassDrain {
     pub pod_selector: Selector,
     /// Evict pods without a controller (both passes); without it they are skipped.
     pub force: bool,
-    /// Remove pods with `emptyDir` volumes in pass 2.
+    /// Remove pods with `emptyDir` volumes (both passes); without it they are refused.
     pub delete_emptydir_data: bool,
     /// Everything else: `timeout` is the deadline for both passes together; `rules.extra` and
     /// `rules.skip_wait_for_delete_timeout` apply to both passes; the other fields of `rules`
@@ -88,7 +90,7 @@ impl TwoPassDrain {
         let rules = match pass {
             Pass::Device => PodRules {
                 ignore_daemonsets: true,
-                delete_emptydir_data: true,
+                delete_emptydir_data: self.delete_emptydir_data,
                 force: self.force,
                 skip_unmanaged: true,
                 selector: Selector::default(),

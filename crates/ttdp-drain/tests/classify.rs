@@ -464,15 +464,16 @@ fn two_pass_options_follow_the_spec() {
     assert!(p1.device.is_some() && p1.selector.is_empty());
     assert!(p1.force && p1.ignore_daemonsets && p1.skip_unmanaged);
     assert!(
-        p1.delete_emptydir_data,
-        "device users go even with emptyDir"
+        !p1.delete_emptydir_data,
+        "deleteEmptyDir off keeps emptyDir data in pass 1 too"
     );
     let p2 = plan.pass_options(Pass::FullNode).rules;
     assert!(p2.device.is_none());
     assert_eq!(p2.selector.to_string(), "team=ml");
     assert!(p2.force && p2.ignore_daemonsets && !p2.delete_emptydir_data && p2.skip_unmanaged);
 
-    // Pass 2 refuses the emptyDir pod pass 1 removes, because deleteEmptyDir is off.
+    // Both passes refuse a device user with emptyDir while deleteEmptyDir is off, and evict it
+    // once it is on.
     let scratch_user = pod(
         "u",
         with(
@@ -486,8 +487,21 @@ fn two_pass_options_follow_the_spec() {
             }),
         ),
     );
-    assert_eq!(decide(&scratch_user, &p1).0, Disposition::Evict);
+    let (disposition, reason, _) = decide(&scratch_user, &p1);
+    assert_eq!(
+        (disposition, reason),
+        (Disposition::Refuse, Reason::LocalStorage)
+    );
     assert_eq!(decide(&scratch_user, &p2).1, Reason::LocalStorage);
+    let deleting = TwoPassDrain {
+        delete_emptydir_data: true,
+        ..two_pass()
+    };
+    for pass in [Pass::Device, Pass::FullNode] {
+        let rules = deleting.pass_options(pass).rules;
+        assert!(rules.delete_emptydir_data, "{pass} pass");
+        assert_eq!(decide(&scratch_user, &rules).0, Disposition::Evict);
+    }
 
     let no_full = TwoPassDrain {
         full_node: false,

@@ -1078,7 +1078,8 @@ async fn two_pass_drain_frees_the_device_first_then_sweeps_selected_pods() {
         full_node: true,
         pod_selector: Selector::parse("team=ml").unwrap(),
         force: false,
-        delete_emptydir_data: false,
+        // llm-scratch's emptyDir may go (without it the device pass refuses it)
+        delete_emptydir_data: true,
         options: fast(PodRules::default()),
     };
     let report = h.drainer().drain_two_pass(&h.n("n1"), &plan).await.unwrap();
@@ -1390,5 +1391,65 @@ async fn without_force_bare_pods_are_skipped_and_named_and_with_force_evicted() 
         4,
         "the other node is untouched"
     );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_device_user_with_empty_dir_blocks_the_device_pass_until_delete_empty_dir_is_on() {
+    let h = Harness::start(&["n1"]).await;
+    let rs = h.owner("ReplicaSet", "llm").await;
+    h.pod("n1", "llm", with(rs.clone(), device_mount())).await;
+    // the device's hostPath and a scratch emptyDir (a merge replaces the list: both here)
+    let scratch = json!({"spec": {"volumes": [
+        {"name": "tt", "hostPath": {"path": "/dev/tenstorrent"}},
+        {"name": "tmp", "emptyDir": {}},
+    ]}});
+    h.pod("n1", "llm-scratch", with(with(rs, device_mount()), scratch))
+        .await;
+    let keep_data = TwoPassDrain {
+        delete_emptydir_data: false,
+        ..spec_plan(false)
+    };
+
+    // deleteEmptyDir off: the device pass refuses, names the pod and the way out, evicts nothing.
+    let err = h
+        .drainer()
+        .drain_two_pass(&h.n("n1"), &keep_data)
+        .await
+        .unwrap_err();
+    let DrainError::Refused { pass, pods, .. } = &err else {
+        panic!("expected a refusal, got {err}");
+    };
+    assert_eq!(*pass, Some(Pass::Device));
+    let refused: Vec<(String, Reason)> = pods
+        .iter()
+        .map(|d| (d.pod.name.clone(), d.reason.clone()))
+        .collect();
+    assert_eq!(refused, [("llm-scratch".to_string(), Reason::LocalStorage)]);
+    let message = err.to_string();
+    for part in [
+        "(device pass)",
+        &h.key("llm-scratch"),
+        "local storage (use --delete-emptydir-data",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message:?}");
+    }
+    assert!(
+        h.proxy
+            .recorder()
+            .filter(|r| r.subresource == "eviction" || r.method == "DELETE")
+            .is_empty(),
+        "a refused pass removes nothing"
+    );
+    assert_eq!(h.pod_names("n1").await, set(&["llm", "llm-scratch"]));
+
+    // deleteEmptyDir on: both are evicted in the device pass.
+    let report = h
+        .drainer()
+        .drain_two_pass(&h.n("n1"), &spec_plan(false))
+        .await
+        .unwrap();
+    assert_eq!(names(&report.device.evicted), set(&["llm", "llm-scratch"]));
+    assert!(h.pod_names("n1").await.is_empty());
     h.shutdown().await;
 }

@@ -1,4 +1,4 @@
-//! `cargo xtask bench [--quick] [--only fleet|drain|swap]`: builds the binaries (profile
+//! `cargo xtask bench [--quick] [--only fleet|drain|swap|agent-vm] [--agent-profile PROFILE]`: builds the binaries (profile
 //! `benchmark`), runs the benchmark suites of `ttdp-bench`
 //! (crates/ttdp-programs/src/bin/ttdp-bench) one after the other, prints every figure with the commit and the machine, writes them to
 //! `<target>/bench/results.json`, and fails naming each target of issue 10 that was missed.
@@ -9,7 +9,9 @@
 //! measured and counts as a missed target); `kubectl tt driver` timed on the 1,000 and 5,000
 //! fleets; one status write of 100, 500 and 1,000 node entries alone on an idle control plane
 //! (what a hand-off waits for at least); drains of 10, 100 and 500 pods with ttdp-drain and kubectl; the module swap steps on
-//! a simulated kernel. `--quick` runs 20/100/200-node fleets and 10/50-pod drains (a smoke run,
+//! a simulated kernel and a real one; the real agent's start to Ready for a cache hit on a real
+//! kernel next to the `rmmod` + `insmod` floor of the same boot (suite `agent-vm`, also run by
+//! `--only swap`). `--quick` runs 20/100/200-node fleets and 10/50-pod drains (a smoke run,
 //! not for the documentation).
 
 use std::path::{Path, PathBuf};
@@ -19,6 +21,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+mod agent_vm;
 mod machine;
 mod targets;
 
@@ -86,18 +89,46 @@ const WORK_MS: &str = "500";
 
 /// Entry point of `cargo xtask bench`.
 pub fn run(args: &[String]) -> Result<()> {
-    let (quick, only) = parse_args(args)?;
+    let BenchArgs {
+        quick,
+        only,
+        agent_profile,
+    } = parse_args(args)?;
     let root = crate::tools::repo_root()?;
     let target = crate::tools::target_dir(&root)?;
-    build(&root)?;
-    let kubectl = kubectl(&root)?;
     let machine = Machine::describe(&root);
-    println!("{}", machine.header());
     let started = Instant::now();
-    let built = target.join(PROFILE);
-    let results = run_suites(&built, &target, &kubectl, quick, only)?;
+    let results = if only == Some("agent-vm") {
+        println!("{}", machine.header());
+        vec![agent_vm::start_to_ready_on_a_real_kernel(
+            &root,
+            &target,
+            agent_profile,
+        )]
+    } else {
+        build(&root)?;
+        let kubectl = kubectl(&root)?;
+        println!("{}", machine.header());
+        let built = target.join(PROFILE);
+        let mut results = run_suites(&built, &target, &kubectl, quick, only)?;
+        if only.is_none_or(|o| o == "swap") {
+            results.push(agent_vm::start_to_ready_on_a_real_kernel(
+                &root,
+                &target,
+                agent_profile,
+            ));
+        }
+        results
+    };
     let elapsed = started.elapsed();
     print!("{}", render(&results, &machine));
+    for result in results.iter().filter(|r| r["suite"] == "agent-vm") {
+        let mut table = String::new();
+        agent_vm::render(&mut table, result, &machine.commit);
+        if result.get("error").is_none() {
+            print!("{table}");
+        }
+    }
     println!(
         "benchmarks ran in {:.1} min{}",
         elapsed.as_secs_f64() / 60.0,
@@ -110,7 +141,8 @@ pub fn run(args: &[String]) -> Result<()> {
     std::fs::write(&file, serde_json::to_string_pretty(&document)?)
         .with_context(|| format!("cannot write {}", file.display()))?;
     println!("figures written to {}", file.display());
-    let missed = check(&results, quick);
+    let mut missed = check(&results, quick);
+    missed.extend(results.iter().filter_map(agent_vm::missed));
     if !missed.is_empty() {
         bail!(
             "{} target(s) missed:\n  {}",
@@ -122,25 +154,44 @@ pub fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// `--quick` and the suite of `--only`, if any.
-fn parse_args(args: &[String]) -> Result<(bool, Option<&str>)> {
-    let quick = args.iter().any(|a| a == "--quick");
-    let only = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str);
-    if let Some(unknown) = args.iter().find(|a| {
-        !matches!(
-            a.as_str(),
-            "--quick" | "--only" | "fleet" | "drain" | "swap"
-        )
-    }) {
-        bail!(
-            "unknown bench argument {unknown:?}; usage: cargo xtask bench [--quick] [--only fleet|drain|swap]"
-        );
+/// What `cargo xtask bench` was asked for.
+struct BenchArgs<'a> {
+    /// `--quick`.
+    quick: bool,
+    /// The suite of `--only`, if any.
+    only: Option<&'a str>,
+    /// The Cargo profile the agent of suite `agent-vm` is built with (`--agent-profile`;
+    /// default the benchmark profile, `dev` for the debug build the VM tests run).
+    agent_profile: &'a str,
+}
+
+const USAGE: &str = "usage: cargo xtask bench [--quick] [--only fleet|drain|swap|agent-vm] [--agent-profile PROFILE]";
+
+fn parse_args(args: &[String]) -> Result<BenchArgs<'_>> {
+    let value_of = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+    };
+    let parsed = BenchArgs {
+        quick: args.iter().any(|a| a == "--quick"),
+        only: value_of("--only"),
+        agent_profile: value_of("--agent-profile").unwrap_or(PROFILE),
+    };
+    let mut rest = args.iter().map(String::as_str);
+    while let Some(arg) = rest.next() {
+        match arg {
+            "--quick" => {}
+            "--only" => match rest.next() {
+                Some("fleet" | "drain" | "swap" | "agent-vm") => {}
+                other => bail!("unknown suite {other:?} after --only; {USAGE}"),
+            },
+            "--agent-profile" if rest.next().is_some() => {}
+            unknown => bail!("unknown bench argument {unknown:?}; {USAGE}"),
+        }
     }
-    Ok((quick, only))
+    Ok(parsed)
 }
 
 /// Runs the suites `only` selects (all by default) one after the other, with the binaries in
@@ -328,4 +379,29 @@ fn kubectl(root: &Path) -> Result<PathBuf> {
         bail!("bash .ci/kube-tools failed ({status}); the drain benchmark needs kubectl v1.35");
     }
     crate::tools::kube_tool("kubectl")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn the_agent_profile_and_the_suite_are_parsed_and_unknown_words_refused() {
+        let given = args(&["--only", "agent-vm", "--agent-profile", "dev"]);
+        let parsed = parse_args(&given).unwrap();
+        assert_eq!(
+            (parsed.quick, parsed.only, parsed.agent_profile),
+            (false, Some("agent-vm"), "dev")
+        );
+        let given = args(&["--quick"]);
+        let parsed = parse_args(&given).unwrap();
+        assert_eq!((parsed.only, parsed.agent_profile), (None, PROFILE));
+        for wrong in [&["--only", "nope"][..], &["dev"], &["--agent-profile"]] {
+            assert!(parse_args(&args(wrong)).is_err(), "{wrong:?}");
+        }
+    }
 }

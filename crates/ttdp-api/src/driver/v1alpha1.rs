@@ -221,7 +221,8 @@ pub struct DrainPolicy {
     #[serde(default)]
     pub force: bool,
 
-    /// Pass 2 evicts pods with `emptyDir` volumes (their data is lost).
+    /// Evict pods with `emptyDir` volumes (their data is lost), in both passes. Off: such a pod,
+    /// one that uses the device included, stops the drain with `DrainRefused`, naming it.
     #[serde(default = "yes")]
     pub delete_empty_dir: bool,
 

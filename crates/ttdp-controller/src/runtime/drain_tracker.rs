@@ -98,7 +98,7 @@ pub fn failure_of(err: &DrainError) -> Option<DrainProgress> {
         ),
         DrainError::Refused { .. } => (
             "DrainRefused",
-            "set upgradePolicy.drain.deleteEmptyDir, or move those pods away",
+            "set upgradePolicy.drain.deleteEmptyDir: true (their emptyDir data is lost), or move those pods away",
         ),
         DrainError::Failed { .. } => (
             "DrainFailed",
