@@ -1,7 +1,8 @@
 //! A rollout through injected faults, on the real control plane: the controller binary talks to
 //! the API server through a [`FaultProxy`] that fails about 5 % of its writes with a 500, 503 or
 //! 409 conflict, cuts its watches mid-rollout and answers their resumption with 410 Expired. The
-//! rollout must still end as a clean one does: every node Done once, nothing left cordoned.
+//! rollout must still end as a clean one does: every node Done once, nothing left cordoned. A
+//! grant held up in flight while its node leaves the policy must not outlive the release.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod harness;
@@ -149,6 +150,52 @@ async fn rollout_completes_under_injected_errors_conflicts_and_dropped_watches()
         "the rollout took {took:?} under faults"
     );
     eprintln!("rollout under faults: {took:?}, {failed} of {writes} writes failed by injection");
+    drop(controller);
+    h.shutdown().await;
+}
+
+/// A node that leaves the selection (the skip label) just as it is granted its upgrade: the
+/// grant's write is held up 3 s by the proxy, and the skip label lands meanwhile. The node must
+/// end released, carrying no grant of ours, although the grant reached the server after the
+/// node left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_skipped_while_its_grant_is_on_the_way_ends_without_it() {
+    let h = Harness::start_idle(|p| vec![tt_node(p).loaded("2.7.0")], |_| {}).await;
+    let proxy = FaultProxy::start(h.client.clone()).await.unwrap();
+    let logs = std::env::temp_dir().join(format!("ttdp-faults-{}", h.prefix));
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut controller =
+        h.spawn_controller_process_via(proxy.kubeconfig(), &logs.join("controller.log"));
+    controller.wait_ready(STEP).await;
+    // Without the drain the grant is the first write to the node the rollout makes.
+    let no_drain = json!({"upgradePolicy": {"drain": {"enable": false}}});
+    let policy = h.create_policy("fleet", "2.7.0", no_drain).await;
+    h.wait_ready(&policy, STEP).await;
+    let node = h.nodes().remove(0);
+    proxy.faults().inject(
+        Fault::latency(Duration::from_secs(3))
+            .verb("patch")
+            .resource("nodes")
+            .name(&node)
+            .times(1),
+    );
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    h.wait_policy(&policy, "the node granted", STEP, |p| {
+        node_state(p, &node) == Some(Upgrading)
+    })
+    .await;
+    h.label_node(&node, ttdp_api::names::labels::SKIP, Some("true"))
+        .await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let n = h.node_api().get(&node).await.unwrap();
+    let grant = n
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ttdp_api::names::annotations::UPGRADE_GRANT));
+    assert_eq!(grant, None, "a node that left the policy carries its grant");
+    h.label_node(&node, ttdp_api::names::labels::SKIP, None)
+        .await;
     drop(controller);
     h.shutdown().await;
 }
