@@ -199,3 +199,60 @@ async fn a_node_skipped_while_its_grant_is_on_the_way_ends_without_it() {
     drop(controller);
     h.shutdown().await;
 }
+
+/// A Failed node whose release the API server refuses keeps our cordon, and so keeps its
+/// slot: the next node does not start beside it until the release goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_node_whose_release_is_refused_keeps_its_slot() {
+    let h = Harness::start_idle(
+        |p| (0..2).map(|_| tt_node(p).loaded("2.7.0")).collect(),
+        |_| {},
+    )
+    .await;
+    let proxy = FaultProxy::start(h.client.clone()).await.unwrap();
+    let logs = std::env::temp_dir().join(format!("ttdp-faults-{}", h.prefix));
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut controller =
+        h.spawn_controller_process_via(proxy.kubeconfig(), &logs.join("controller.log"));
+    controller.wait_ready(STEP).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    // 2.9.0 cannot be fetched: the first node fails once it is granted.
+    h.patch_spec(&policy, json!({"version": "2.9.0"})).await;
+    h.wait_policy(&policy, "the first node granted", STEP, |p| {
+        node_state(p, &nodes[0]) == Some(Upgrading)
+    })
+    .await;
+    proxy.faults().inject(
+        Fault::error(500)
+            .verb("patch")
+            .resource("nodes")
+            .name(&nodes[0]),
+    );
+    h.wait_policy(&policy, "the first node failed", STEP, |p| {
+        node_state(p, &nodes[0]) == Some(Failed)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let cordoned = h.node_api().get(&nodes[0]).await.unwrap();
+    assert_eq!(
+        cordoned.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "the refused release left the node cordoned"
+    );
+    assert!(
+        !h.monitor.sequence(&policy, &nodes[1]).contains(&Cordoning),
+        "the next node started while the failed one still held its cordon: {:?}",
+        h.monitor.sequence(&policy, &nodes[1])
+    );
+    assert!(h.monitor.max_cordoned() <= 1, "maxUnavailable 1");
+    proxy.faults().clear();
+    h.wait_policy(&policy, "the slot handed on once released", STEP * 2, |p| {
+        node_state(p, &nodes[1]).is_some_and(|s| s != Pending)
+    })
+    .await;
+    assert!(h.monitor.max_cordoned() <= 1, "maxUnavailable 1");
+    drop(controller);
+    h.shutdown().await;
+}
