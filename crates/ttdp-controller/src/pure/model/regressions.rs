@@ -217,3 +217,14 @@ fn an_unrecorded_uncordon_is_not_granted_without_a_drain() {
     ];
     holds(&setup(2, 1, true), &events);
 }
+
+/// `paused_nodes_stay_put`. A Done node's kubelet stops and comes back: its agent pod is not
+/// Ready yet but its report still says Ready, which `observe::agent_condition` reads as
+/// Working, and `decide::settled` sends a node with a current Working agent to Upgrading
+/// (Installing), though it runs the target; paused or not (then its step can time out).
+#[test]
+#[ignore = "fails until a Done node whose agent is briefly not Ready stays Done"]
+fn a_done_node_whose_agent_blips_stays_done_while_paused() {
+    let events = [Pause(true), NodeNotReady(0), NodeReady(0), Reconcile];
+    holds(&setup(2, 1, false), &events);
+}
