@@ -29,6 +29,7 @@ mod invariants;
 mod other;
 mod property;
 mod regressions;
+mod scenarios;
 mod writes;
 
 /// The policy under test.
