@@ -3,8 +3,9 @@
 //! selection and overlap ([`overlap`]), the DaemonSet's template hash ([`daemonset`]), each
 //! node's observation ([`observe::observe`]), the [`Planner`] with its guards, the lifting of
 //! cordons before the status write, the status ([`build_status`]), then the actions, and at the
-//! end the drains kept and the nodes that left the selection released. This file is the one
-//! place the model is coupled to the core's signatures.
+//! end the drains kept and the nodes that left the selection released; and what the other
+//! policy's reconcile decides for our nodes. This file is the one place the model is coupled
+//! to the core's signatures.
 //!
 //! One reconcile here is one round of a pass: a reconcile that follows the fleet for several
 //! rounds is, to the nodes, the same as several reconciles one after the other. Actions run at
@@ -32,7 +33,7 @@ use crate::pure::rollout::{Planner, RolloutPlan};
 use crate::pure::start_guard::guards_of;
 use crate::pure::status::{NodeReport, PolicyFacts, build_status};
 use crate::pure::transition::{
-    Action, DrainProgress, NodeObservation, NodeTransition, UpgradeGrant, reasons,
+    self, Action, DrainProgress, NodeObservation, NodeTransition, RetryGate, UpgradeGrant, reasons,
 };
 use crate::settings::Settings;
 
@@ -441,4 +442,70 @@ impl ModelPass {
             }
         }
     }
+}
+
+/// The policy owning node `i`, by the core's overlap rules (None: no policy selects it).
+pub(super) fn owner_of(w: &World, i: usize) -> Option<String> {
+    let all = policies(w, &w.spec);
+    let node = Arc::new(cached_node(&w.nodes[i]));
+    let mut owner = None;
+    for p in &all {
+        let selection = overlap::selection_of(p, false)?;
+        if !selection.matches(node.name(), &w.nodes[i].labels) {
+            continue;
+        }
+        let older = OlderPolicies::of(p, &all, false);
+        if overlap::conflicts_of(std::slice::from_ref(&node), &older).is_empty() {
+            owner = p.metadata.name.clone();
+        }
+    }
+    owner
+}
+
+/// Whether the other policy selects node `i`.
+pub(super) fn other_selects(w: &World, i: usize) -> bool {
+    let all = policies(w, &w.spec);
+    let n = &w.nodes[i];
+    all.get(1)
+        .and_then(|p| overlap::selection_of(p, false))
+        .is_some_and(|s| s.matches(&n.name, &n.labels))
+}
+
+/// Whether the other policy, seeing node `i` as its Conflict (our policy owns it), releases
+/// it: what `transition::next` decides for it there.
+pub(super) fn other_releases_conflict(w: &World, i: usize) -> bool {
+    let all = policies(w, &w.spec);
+    let Some(plan) = (all.get(1))
+        .and_then(|p| Some((p, p.spec.version.parse::<KmdVersion>().ok()?)))
+        .and_then(|(p, target)| RolloutPlan::of(&p.spec, &target, w.nodes.len(), true).ok())
+    else {
+        return false;
+    };
+    let n = cached_node(&w.nodes[i]);
+    let now = Time(w.now);
+    let obs = observe::observe(ObserveInput {
+        policy: OTHER,
+        target_version: &plan.rules.target_version,
+        target_parameters: "",
+        meta: &n.metadata,
+        unschedulable: Some(n.unschedulable),
+        pod: None,
+        current_hash: "",
+        recorded: None,
+        conflict_with: Some(POLICY.to_owned()),
+        drain: DrainProgress::NotStarted,
+        retry: RetryGate::NotYet,
+        node_not_ready: None,
+        not_created: None,
+        now: &now,
+    });
+    let t = transition::next(&obs, &plan.rules);
+    t.actions.contains(&Action::Release)
+}
+
+/// Whether the other policy holds something on node `i` by `observe::holds_ours` (its status
+/// lists every node it selects, so the gates count as its own there).
+pub(super) fn other_holds(w: &World, i: usize) -> bool {
+    let selected = other_selects(w, i);
+    observe::holds_ours(&cached_node(&w.nodes[i]).metadata, OTHER, || selected)
 }

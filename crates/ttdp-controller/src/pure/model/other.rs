@@ -4,39 +4,12 @@
 //! cordons for its own upgrade and releases it after. Deleting it releases what it holds
 //! (`runtime::reconcile::cleanup`).
 
-use std::sync::Arc;
-
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-use super::controller::{cached_node, policies};
+use super::controller::{other_holds, other_releases_conflict, other_selects, owner_of};
 use super::{OTHER, POLICY, World, writes};
-use crate::pure::observe::{self, ObserveInput};
-use crate::pure::overlap::{self, OlderPolicies};
-use crate::pure::rollout::RolloutPlan;
-use crate::pure::transition::{self, Action, DrainProgress, RetryGate};
 
 /// Whether the other policy owns node `i` (selects it, and ours does not own it).
 pub(super) fn owns(w: &World, i: usize) -> bool {
     owner_of(w, i).as_deref() == Some(OTHER)
-}
-
-/// The policy owning node `i`, by the core's overlap rules.
-fn owner_of(w: &World, i: usize) -> Option<String> {
-    w.other.as_ref()?;
-    let all = policies(w, &w.spec);
-    let node = Arc::new(cached_node(&w.nodes[i]));
-    let mut owner = None;
-    for p in &all {
-        let selection = overlap::selection_of(p, false)?;
-        if !selection.matches(&w.nodes[i].name, &w.nodes[i].labels) {
-            continue;
-        }
-        let older = OlderPolicies::of(p, &all, false);
-        if overlap::conflicts_of(std::slice::from_ref(&node), &older).is_empty() {
-            owner = Some(p.metadata.name.clone().unwrap_or_default());
-        }
-    }
-    owner
 }
 
 /// The other policy cordons node `i` it owns for its upgrade (closing the gates).
@@ -53,61 +26,17 @@ pub(super) fn release(w: &mut World, i: usize) {
     }
 }
 
-/// The other policy's reconcile of the nodes it selects that our policy owns: Conflict, with
-/// what the core decides for them.
+/// The other policy's reconcile of the nodes it selects that our (older) policy owns.
 pub(super) fn reconcile(w: &mut World) {
-    let Some(other) = w.other.clone() else {
-        return;
-    };
-    if other.older {
+    if w.other.as_ref().is_none_or(|o| o.older) {
         return;
     }
-    let all = policies(w, &w.spec);
-    let Ok(target) = w.spec.version.parse() else {
-        return;
-    };
-    let Ok(plan) = RolloutPlan::of(&all[1].spec, &target, w.nodes.len(), true) else {
-        return;
-    };
-    let now = Time(w.now);
     for i in 0..w.nodes.len() {
-        if owner_of(w, i).as_deref() != Some(POLICY) || !selected(w, i) {
-            continue;
-        }
-        let n = cached_node(&w.nodes[i]);
-        let obs = observe::observe(ObserveInput {
-            policy: OTHER,
-            target_version: &plan.rules.target_version,
-            target_parameters: "",
-            meta: &n.metadata,
-            unschedulable: Some(n.unschedulable),
-            pod: None,
-            current_hash: "",
-            recorded: None,
-            conflict_with: Some(POLICY.to_owned()),
-            drain: DrainProgress::NotStarted,
-            retry: RetryGate::NotYet,
-            node_not_ready: None,
-            not_created: None,
-            now: &now,
-        });
-        if transition::next(&obs, &plan.rules)
-            .actions
-            .contains(&Action::Release)
-        {
+        let conflict = owner_of(w, i).as_deref() == Some(POLICY) && other_selects(w, i);
+        if conflict && other_releases_conflict(w, i) {
             let _ = writes::release(&mut w.nodes[i], OTHER);
         }
     }
-}
-
-/// Whether the other policy selects node `i`.
-fn selected(w: &World, i: usize) -> bool {
-    let all = policies(w, &w.spec);
-    let Some(p) = all.get(1) else {
-        return false;
-    };
-    let n = &w.nodes[i];
-    overlap::selection_of(p, false).is_some_and(|s| s.matches(&n.name, &n.labels))
 }
 
 /// The other policy is deleted: it releases every node it holds something on.
@@ -116,9 +45,7 @@ pub(super) fn delete(w: &mut World) {
         return;
     }
     for i in 0..w.nodes.len() {
-        let was_ours = selected(w, i);
-        let meta = cached_node(&w.nodes[i]).metadata;
-        if observe::holds_ours(&meta, OTHER, || was_ours) {
+        if other_holds(w, i) {
             let _ = writes::release(&mut w.nodes[i], OTHER);
         }
     }

@@ -1,8 +1,15 @@
 //! The property test: random setups and event sequences, every invariant after every event.
 //!
 //! `PROPTEST_CASES` (default 512) sets how many cases run, `TTDP_MODEL_STEPS` (default 50) the
-//! most events in one; a soak run raises both, e.g.
-//! `PROPTEST_CASES=20000 TTDP_MODEL_STEPS=80 cargo test -p ttdp-controller model -- --ignored`.
+//! most events in one; a soak run raises both:
+//!
+//! ```text
+//! PROPTEST_CASES=20000 TTDP_MODEL_STEPS=80 \
+//!     cargo test -p ttdp-controller --lib model::property -- --ignored
+//! ```
+//!
+//! `TTDP_MODEL_SKIP` leaves out invariants by name (see [`invariants::check`]), to look for
+//! further violations while a known one is being fixed.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
