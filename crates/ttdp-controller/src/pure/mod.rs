@@ -10,6 +10,8 @@ pub(crate) mod cached;
 pub(crate) mod canary;
 pub(crate) mod daemonset;
 pub(crate) mod drain_plan;
+#[cfg(test)]
+mod model;
 pub(crate) mod observe;
 pub(crate) mod overlap;
 pub(crate) mod pause;

@@ -1,0 +1,85 @@
+//! The node writes the controller's actions stand for, as `runtime::node_actions` and
+//! ttdp-drain's cordon make them: a cordon claims the node unless someone else cordoned it and
+//! closes the deploy gates in the same write; a release reopens the gates the node's annotation
+//! lists, removes the policy's grant and lifts the policy's cordon (never someone else's). A
+//! node may be set to refuse its next write (an API error).
+
+use ttdp_api::names::{self, annotations};
+use ttdp_drain::UncordonOutcome;
+
+use super::{GATE, ModelNode};
+
+/// A write the API server refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct WriteFailed;
+
+fn refused(n: &mut ModelNode) -> Result<(), WriteFailed> {
+    if std::mem::take(&mut n.fail_next_write) {
+        Err(WriteFailed)
+    } else {
+        Ok(())
+    }
+}
+
+/// Cordons `n` for `policy` (someone else's cordon stays theirs) and closes its deploy gate.
+pub(super) fn cordon(n: &mut ModelNode, policy: &str) -> Result<(), WriteFailed> {
+    refused(n)?;
+    if !n.unschedulable {
+        n.unschedulable = true;
+        n.annotations
+            .insert(annotations::CORDONED_BY.into(), names::cordon_owner(policy));
+        n.annotations
+            .insert(annotations::CORDONED_AT.into(), "now".into());
+    }
+    n.labels
+        .insert(GATE.into(), names::DEPLOY_GATE_CLOSED.into());
+    n.annotations
+        .insert(annotations::DEPLOY_GATES.into(), GATE.into());
+    Ok(())
+}
+
+/// Grants `n` the upgrade of `policy` to `version`.
+pub(super) fn grant(n: &mut ModelNode, policy: &str, version: &str) -> Result<(), WriteFailed> {
+    refused(n)?;
+    n.annotations.insert(
+        annotations::UPGRADE_GRANT.into(),
+        names::upgrade_grant(policy, version),
+    );
+    Ok(())
+}
+
+/// Reopens the gates `n` lists, removes `policy`'s grant and lifts `policy`'s cordon.
+pub(super) fn release(n: &mut ModelNode, policy: &str) -> Result<UncordonOutcome, WriteFailed> {
+    refused(n)?;
+    if let Some(gates) = n.annotations.remove(annotations::DEPLOY_GATES) {
+        for gate in gates.split(',').map(str::trim) {
+            n.labels.remove(gate);
+        }
+    }
+    if n.grant_of(policy).is_some() {
+        n.annotations.remove(annotations::UPGRADE_GRANT);
+    }
+    let ours = n.cordon_owner() == Some(names::cordon_owner(policy).as_str());
+    if ours {
+        n.annotations.remove(annotations::CORDONED_BY);
+        n.annotations.remove(annotations::CORDONED_AT);
+    }
+    Ok(match (n.unschedulable, ours) {
+        (true, true) => {
+            n.unschedulable = false;
+            n.drained = false;
+            UncordonOutcome::Uncordoned
+        }
+        (true, false) => UncordonOutcome::External {
+            owner: n.cordon_owner().map(str::to_owned),
+        },
+        (false, _) => UncordonOutcome::NotCordoned,
+    })
+}
+
+/// Removes the retry request.
+pub(super) fn clear_retry(n: &mut ModelNode) -> Result<(), WriteFailed> {
+    refused(n)?;
+    n.annotations.remove(annotations::RETRY);
+    Ok(())
+}
