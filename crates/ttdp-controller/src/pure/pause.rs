@@ -9,7 +9,7 @@
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use ttdp_api::TenstorrentDriverPolicySpec;
-use ttdp_api::driver::v1alpha1::ModuleSettings;
+use ttdp_api::driver::v1alpha1::{ModuleSettings, RolloutStatus};
 use ttdp_api::names::env;
 
 /// The version and module parameters an applied agent DaemonSet gives its agents.
@@ -65,6 +65,24 @@ pub fn as_applied(
             .parameters = applied.parameters;
     }
     Some(frozen)
+}
+
+/// The spec a reconcile acts on, and the version whose rollout the canary follows: `spec` as it
+/// is, or while paused [`as_applied`], with the canary kept on the rollout it recorded
+/// (`recorded`) so that no new rollout begins for a staged version.
+pub fn acted_on(
+    spec: &TenstorrentDriverPolicySpec,
+    applied: Option<AppliedTarget>,
+    recorded: Option<&RolloutStatus>,
+) -> (TenstorrentDriverPolicySpec, String) {
+    match as_applied(spec, applied) {
+        Some(held) => {
+            let rollout_target =
+                recorded.map_or_else(|| held.version.clone(), |r| r.target_version.clone());
+            (held, rollout_target)
+        }
+        None => (spec.clone(), spec.version.clone()),
+    }
 }
 
 #[cfg(test)]

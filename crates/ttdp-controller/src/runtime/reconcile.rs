@@ -237,10 +237,9 @@ async fn apply_policy(
     pass.finish().await
 }
 
-/// A paused policy as the controller acts on it ([`pause::as_applied`]): with the version and
+/// A paused policy as the controller acts on it ([`pause::acted_on`]): with the version and
 /// parameters its DaemonSet was last applied with, so that a change staged while paused moves
-/// no node; the canary keeps the rollout it recorded. Returns the policy, its target and the
-/// version whose rollout the canary follows.
+/// no node. Returns the policy, its target and the version whose rollout the canary follows.
 fn held_while_paused(
     policy: Arc<TenstorrentDriverPolicy>,
     ctx: &Context,
@@ -253,17 +252,14 @@ fn held_while_paused(
         .daemonsets
         .get(&ObjectRef::<DaemonSet>::new(&ds_name).within(&ctx.settings.namespace))
         .and_then(|ds| AppliedTarget::of(&ds));
-    let held = pause::as_applied(&policy.spec, applied)
-        .and_then(|spec| Some((spec.version.parse::<KmdVersion>().ok()?, spec)));
-    let Some((held_target, spec)) = held else {
-        let rollout_target = policy.spec.version.clone();
+    let (spec, rollout_target) =
+        pause::acted_on(&policy.spec, applied, recorded.status.rollout.as_ref());
+    if spec == policy.spec {
+        return (policy, target, rollout_target);
+    }
+    let Ok(held_target) = spec.version.parse::<KmdVersion>() else {
         return (policy, target, rollout_target);
     };
-    let rollout_target = recorded
-        .status
-        .rollout
-        .as_ref()
-        .map_or_else(|| spec.version.clone(), |r| r.target_version.clone());
     let mut held = (*policy).clone();
     held.spec = spec;
     (Arc::new(held), held_target, rollout_target)

@@ -29,6 +29,7 @@ use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::daemonset::{daemonset_template_hash, desired_daemonset};
 use crate::pure::observe::{self, ObserveInput};
 use crate::pure::overlap::{self, OlderPolicies};
+use crate::pure::pause::{self, AppliedTarget};
 use crate::pure::rollout::{Planner, RolloutPlan};
 use crate::pure::start_guard::guards_of;
 use crate::pure::status::{NodeReport, PolicyFacts, build_status};
@@ -119,20 +120,30 @@ pub(super) fn cached_pods(n: &ModelNode, now: Timestamp) -> Vec<Arc<CachedPod>> 
     })]
 }
 
-/// While the canary rolls back, the spec as if it asked for the version it rolls back to
-/// (`runtime::reconcile::rolled_back`).
-fn rolled_back(w: &World) -> TenstorrentDriverPolicySpec {
-    let mut spec = w.spec.clone();
+/// The spec as acted on while paused (`runtime::reconcile::held_while_paused`), then while the
+/// canary rolls back as if it asked for the version it rolls back to
+/// (`runtime::reconcile::rolled_back`), and the version whose rollout the canary follows.
+fn rolled_back(w: &World) -> (TenstorrentDriverPolicySpec, String) {
+    let applied = w.daemonset.as_ref().map(|(_, version)| AppliedTarget {
+        version: version.clone(),
+        parameters: w
+            .spec
+            .module
+            .as_ref()
+            .map(|m| m.parameters.clone())
+            .unwrap_or_default(),
+    });
+    let (mut spec, rollout_target) = pause::acted_on(&w.spec, applied, w.status.rollout.as_ref());
     let from = w.status.rollout.as_ref().and_then(|r| {
         let back = matches!(r.phase.as_str(), phase::ROLLING_BACK | phase::ROLLED_BACK);
-        (back && r.target_version == w.spec.version)
+        (back && r.target_version == spec.version)
             .then(|| r.from_version.clone())
             .flatten()
     });
     if let Some(from) = from.filter(|f| f.parse::<KmdVersion>().is_ok()) {
         spec.version = from;
     }
-    spec
+    (spec, rollout_target)
 }
 
 /// One pass in the making: what `runtime::pass::Pass` holds.
@@ -168,8 +179,8 @@ pub(super) fn reconcile(w: &mut World) {
 
 /// Applies the DaemonSet and observes every matched node (`Pass::observe`).
 fn observe_all(w: &mut World) -> Option<ModelPass> {
-    let rollout_target = w.spec.version.clone();
-    let spec = rolled_back(w);
+    w.spec.validate().ok()?;
+    let (spec, rollout_target) = rolled_back(w);
     spec.validate().ok()?;
     let target: KmdVersion = spec.version.parse().ok()?;
     let all = policies(w, &spec);

@@ -66,7 +66,6 @@ fn the_model_rolls_an_upgrade_through_a_canary() {
 /// the Done nodes to `upgrading(true)`, which records Upgrading (WaitingForVersionLabel); past
 /// the node timeout they fail by NodeTimeout, still paused.
 #[test]
-#[ignore = "fails until pausing then changing spec.version leaves Done nodes Done"]
 fn pause_then_version_change_leaves_done_nodes_alone() {
     holds(&setup(2, 1, false), &[Pause(true), Version(1), Reconcile]);
 }
@@ -75,7 +74,6 @@ fn pause_then_version_change_leaves_done_nodes_alone() {
 /// 2.9.0 before any node ran 2.8.0; the canary times out and the rollback goes to 2.8.0:
 /// `canary::begin` takes the previous rollout's target as `fromVersion`.
 #[test]
-#[ignore = "fails until autoRollback returns to a version the nodes ran"]
 fn auto_rollback_returns_to_a_version_the_nodes_ran() {
     let mut s = setup(2, 1, false);
     s.canary = Some((1, 0, true));
@@ -90,7 +88,6 @@ fn auto_rollback_returns_to_a_version_the_nodes_ran() {
 /// any closed gate for ours (`gates_closed_by_us`), so `decide::decide` releases it and the
 /// release reopens the other policy's gates under its cordon.
 #[test]
-#[ignore = "fails until deploy gates are tied to the policy that closed them"]
 fn a_conflict_node_keeps_the_older_policys_gates_closed() {
     let mut s = setup(2, 1, false);
     s.other_older = Some(true);
@@ -100,7 +97,6 @@ fn a_conflict_node_keeps_the_older_policys_gates_closed() {
 /// `cordoned_nodes_have_gates_closed`, the same cause seen from the newer policy: it sees our
 /// cordoned node as its Conflict with gates closed, and releases it.
 #[test]
-#[ignore = "fails until deploy gates are tied to the policy that closed them"]
 fn a_newer_overlapping_policy_leaves_our_gates_closed() {
     let events = [OtherCreated, Version(1), Reconcile, OtherReconciles];
     holds(&setup(2, 1, true), &events);
@@ -109,7 +105,6 @@ fn a_newer_overlapping_policy_leaves_our_gates_closed() {
 /// `cordoned_nodes_have_gates_closed`. Deleting a newer policy that selects our cordoned node
 /// releases what `observe::holds_ours` says it holds there: the gates, which we closed.
 #[test]
-#[ignore = "fails until deploy gates are tied to the policy that closed them"]
 fn deleting_a_newer_overlapping_policy_keeps_our_gates_closed() {
     let events = [OtherCreated, Version(1), Reconcile, OtherDeleted];
     holds(&setup(2, 1, true), &events);
@@ -119,7 +114,6 @@ fn deleting_a_newer_overlapping_policy_keeps_our_gates_closed() {
 /// release write fails: the node keeps our cordon, but `rollout::takes_slot` counts no Failed
 /// node, so the next node is cordoned too.
 #[test]
-#[ignore = "fails until a Failed node keeps its slot while it still holds our cordon"]
 fn a_failed_node_whose_release_fails_keeps_its_slot() {
     let events = [
         Version(1),
@@ -138,7 +132,6 @@ fn a_failed_node_whose_release_fails_keeps_its_slot() {
 /// `no_grant_without_slot_and_drain`, the same cause without drain: a NodeTimeout whose release
 /// fails leaves the node its grant, and the next node is granted too.
 #[test]
-#[ignore = "fails until a Failed node keeps its slot while it still holds our grant"]
 fn a_timed_out_node_whose_release_fails_keeps_its_slot() {
     let events = [
         Version(1),

@@ -29,7 +29,6 @@ fn state_of(w: &World, node: &str) -> Option<(NodeState, Option<String>)> {
 /// `waitForCompletion.onTimeout: Fail` fails the node and leaves its pods alone: the node
 /// stays cordoned until a retry (its jobs would be scheduled back onto it otherwise).
 #[test]
-#[ignore = "fails until onTimeout: Fail keeps the node cordoned"]
 fn a_node_failed_by_its_jobs_timeout_stays_cordoned() {
     let mut s = setup(2, true);
     s.wait_fail = true;
@@ -50,10 +49,9 @@ fn a_node_failed_by_its_jobs_timeout_stays_cordoned() {
 }
 
 /// Two nodes fail the rollout to 2.8.0 and halt it (more Failed than maxUnavailable); a new
-/// spec.version is a new rollout, whose budget the old failures do not use up: the node that
-/// never failed starts.
+/// spec.version is a new rollout, whose budget the old failures do not use up: the nodes that
+/// failed before are back in line, the first one starts, and no node is held by a halt.
 #[test]
-#[ignore = "fails until a new spec.version no longer counts the old rollout's Failed nodes"]
 fn a_new_version_starts_despite_the_old_rollouts_failures() {
     let fail = |node| AgentFails {
         node,
@@ -74,18 +72,20 @@ fn a_new_version_starts_despite_the_old_rollouts_failures() {
         Reconcile,
     ];
     let w = run(&setup(3, false), &events).unwrap_or_else(|why| panic!("{why}"));
-    let (state, reason) = state_of(&w, "n2").unwrap_or((NodeState::Pending, None));
-    assert!(
-        state == NodeState::Upgrading,
-        "n2 did not start ({state:?}, {reason:?}):\n{}",
-        w.brief()
-    );
+    let states: Vec<_> = ["n0", "n1", "n2"]
+        .iter()
+        .map(|n| state_of(&w, n).unwrap_or((NodeState::Pending, None)))
+        .collect();
+    assert_eq!(states[0].0, NodeState::Upgrading, "{}", w.brief());
+    for (state, reason) in &states {
+        assert_ne!(*state, NodeState::Failed, "{}", w.brief());
+        assert_ne!(reason.as_deref(), Some("RolloutHalted"), "{}", w.brief());
+    }
 }
 
 /// The first node in name order is NotReady when a canaried rollout begins: the Ready nodes
 /// still get the new version.
 #[test]
-#[ignore = "fails until a NotReady canary no longer stalls the fleet"]
 fn a_not_ready_canary_does_not_stall_the_fleet() {
     let mut s = setup(3, false);
     s.canary = Some((1, 0, false));

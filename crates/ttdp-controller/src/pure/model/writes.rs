@@ -33,8 +33,10 @@ pub(super) fn cordon(n: &mut ModelNode, policy: &str) -> Result<(), WriteFailed>
     }
     n.labels
         .insert(GATE.into(), names::DEPLOY_GATE_CLOSED.into());
-    n.annotations
-        .insert(annotations::DEPLOY_GATES.into(), GATE.into());
+    n.annotations.insert(
+        annotations::DEPLOY_GATES.into(),
+        names::deploy_gates(policy, &[GATE.to_owned()]),
+    );
     Ok(())
 }
 
@@ -48,11 +50,20 @@ pub(super) fn grant(n: &mut ModelNode, policy: &str, version: &str) -> Result<()
     Ok(())
 }
 
-/// Reopens the gates `n` lists, removes `policy`'s grant and lifts `policy`'s cordon.
+/// Reopens the gates `policy` closed on `n` (another policy's stay), removes `policy`'s grant
+/// and lifts `policy`'s cordon.
 pub(super) fn release(n: &mut ModelNode, policy: &str) -> Result<UncordonOutcome, WriteFailed> {
     refused(n)?;
-    if let Some(gates) = n.annotations.remove(annotations::DEPLOY_GATES) {
-        for gate in gates.split(',').map(str::trim) {
+    let reopen: Vec<String> = match n.annotations.get(annotations::DEPLOY_GATES) {
+        Some(value) => match names::parse_deploy_gates(value) {
+            (Some(owner), _) if owner != policy => Vec::new(),
+            (_, gates) => gates.map(str::to_owned).collect(),
+        },
+        None => Vec::new(),
+    };
+    if !reopen.is_empty() {
+        n.annotations.remove(annotations::DEPLOY_GATES);
+        for gate in &reopen {
             n.labels.remove(gate);
         }
     }
