@@ -367,6 +367,7 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         start: StartGate::NoSlot,
         in_state_for: in_state_for(input.recorded, input.now),
         node_not_ready: input.node_not_ready.map(str::to_owned),
+        lifted_unrecorded: false,
         failed_for_other_target: input.recorded.is_some_and(|r| {
             r.state == NodeState::Failed
                 && r.target_version

@@ -82,6 +82,9 @@ pub struct Planner {
     guards: Guards,
     /// Where the canary stood at the last call.
     verdict: Option<CanaryVerdict>,
+    /// Nodes outside the planned ones (they left the selection) that still hold something of
+    /// ours: each keeps its slot until its release lands.
+    held_outside: usize,
 }
 
 impl Planner {
@@ -94,7 +97,15 @@ impl Planner {
             order: None,
             guards: Guards::default(),
             verdict: None,
+            held_outside: 0,
         }
+    }
+
+    /// The planner with `n` slots held by nodes that left the selection but still carry our
+    /// cordon or grant.
+    pub fn with_held_outside(mut self, n: usize) -> Self {
+        self.held_outside = n;
+        self
     }
 
     /// The planner with maintenance windows and a canary holding nodes back.
@@ -198,7 +209,8 @@ impl Planner {
             .iter()
             .zip(nodes.iter())
             .filter(|(t, (_, obs))| takes_slot(obs, t))
-            .count();
+            .count()
+            + self.held_outside;
         let mut slots = self.plan.max_unavailable.saturating_sub(in_flight);
         let mut gated = Vec::new();
         for k in 0..nodes.len() {
@@ -306,6 +318,7 @@ mod tests {
             node_not_ready: None,
             held_for_jobs: false,
             failed_for_other_target: false,
+            lifted_unrecorded: false,
         }
     }
 

@@ -157,8 +157,17 @@ impl Pass {
             template_hash,
             not_created,
         };
+        let held_outside = unmatched
+            .iter()
+            .filter(|n| {
+                let was_ours = || recorded.nodes.contains_key(n.name());
+                observe::holds_ours(&n.metadata, &name, was_ours)
+            })
+            .count();
         let mut pass = Self {
-            planner: Planner::new(plan).with_guards(guards),
+            planner: Planner::new(plan)
+                .with_guards(guards)
+                .with_held_outside(held_outside),
             planned: vec![(NodeState::Pending, Vec::new()); matched.len()],
             observations: Vec::with_capacity(matched.len()),
             ctx,
@@ -291,8 +300,9 @@ impl Pass {
             now: &self.now,
         });
         // Lifted before a status write that failed: ours until its Uncordoning is recorded.
-        observation.cordoned_by_us |= observation.recorded == Some(NodeState::Upgrading)
+        observation.lifted_unrecorded = observation.recorded == Some(NodeState::Upgrading)
             && self.ctx.lifted_unrecorded(&self.name, node);
+        observation.cordoned_by_us |= observation.lifted_unrecorded;
         let rules = self.planner.rules();
         let deadline = drain_plan::holders_deadline(entry, &self.now, rules.drain_timeout);
         let step_deadline = observe::until_step_deadline(entry, &self.now, rules);
@@ -387,8 +397,13 @@ impl Pass {
     /// The cordons to lift now (see [`Pass::lift_cordons`]).
     fn cordons_to_lift(&mut self) -> Vec<NodeWork> {
         let mut lifting = Vec::new();
-        for ((node, _), (_, actions)) in self.observations.iter().zip(&self.planned) {
-            if actions.as_slice() != [Action::Release] || self.ctx.node_tasks.busy(&self.name, node)
+        for ((node, _), (state, actions)) in self.observations.iter().zip(&self.planned) {
+            // Only a finished upgrade's: a Failed node is released after its Failed is
+            // recorded, so a failed status write never shows a released node without a driver
+            // as still upgrading.
+            if *state != NodeState::Uncordoning
+                || actions.as_slice() != [Action::Release]
+                || self.ctx.node_tasks.busy(&self.name, node)
             {
                 continue;
             }

@@ -227,10 +227,19 @@ fn observe_all(w: &mut World) -> Option<ModelPass> {
         .iter()
         .map(|&i| observe_node(w, i, &plan, &hash, conflicts.get(&w.nodes[i].name).cloned()))
         .collect();
+    let held_outside = unmatched
+        .iter()
+        .filter(|&&i| {
+            let was_ours = || w.entries.contains_key(w.nodes[i].name.as_str());
+            observe::holds_ours(&cached_node(&w.nodes[i]).metadata, POLICY, was_ours)
+        })
+        .count();
     Some(ModelPass {
         taken: vec![Vec::new(); matched.len()],
         planned: vec![(NodeState::Pending, Vec::new()); matched.len()],
-        planner: Planner::new(plan).with_guards(guards),
+        planner: Planner::new(plan)
+            .with_guards(guards)
+            .with_held_outside(held_outside),
         target,
         facts,
         matched,
@@ -310,8 +319,9 @@ fn observe_node(
         not_created: None,
         now: &now,
     });
-    observation.cordoned_by_us |=
+    observation.lifted_unrecorded =
         observation.recorded == Some(NodeState::Upgrading) && w.lifted_unrecorded.contains(&n.name);
+    observation.cordoned_by_us |= observation.lifted_unrecorded;
     (n.name.clone(), observation)
 }
 
@@ -334,7 +344,10 @@ impl ModelPass {
         planned: Vec<(usize, NodeTransition)>,
     ) -> (Vec<(usize, NodeTransition)>, Vec<String>) {
         let lifting: Vec<usize> = (0..self.planned.len())
-            .filter(|&k| self.planned[k].1.as_slice() == [Action::Release])
+            .filter(|&k| {
+                let (state, actions) = &self.planned[k];
+                *state == NodeState::Uncordoning && actions.as_slice() == [Action::Release]
+            })
             .collect();
         let mut tried = Vec::new();
         let mut lifted = Vec::new();

@@ -36,7 +36,6 @@ fn env_or(name: &str, default: u32) -> u32 {
 }
 
 #[test]
-#[ignore = "fails until the known unsafe orders in the core are fixed (see the regression tests)"]
 fn every_order_of_events_keeps_the_invariants() {
     let config = Config {
         cases: env_or("PROPTEST_CASES", 512),

@@ -147,7 +147,6 @@ fn a_timed_out_node_whose_release_fails_keeps_its_slot() {
 /// (`act::release_unmatched`) fails: it keeps its grant (its agent may still swap), but the
 /// planner counts slots over the matched nodes only, so the next node is granted.
 #[test]
-#[ignore = "fails until a node that left the selection keeps its slot until it is released"]
 fn a_node_leaving_the_selection_keeps_its_slot_until_released() {
     let events = [
         Version(1),
@@ -165,7 +164,6 @@ fn a_node_leaving_the_selection_keeps_its_slot_until_released() {
 /// grant. The pod still asks for 2.8.0 and may swap with it, while the slot goes to the next
 /// node.
 #[test]
-#[ignore = "fails until a node sent back to Pending gives up its grant"]
 fn a_node_sent_back_to_pending_gives_up_its_old_grant() {
     let events = [
         Version(1),
@@ -183,7 +181,6 @@ fn a_node_sent_back_to_pending_gives_up_its_old_grant() {
 /// Upgrading to 2.8.0 when spec.version moves to 2.9.0, waits for the new canary in Pending
 /// with its 2.8.0 grant and a 2.8.0 agent pod, while the canary is granted 2.9.0.
 #[test]
-#[ignore = "fails until a node sent back to Pending gives up its grant"]
 fn a_node_waiting_for_a_new_canary_gives_up_its_old_grant() {
     let mut s = setup(2, 1, false);
     s.canary = Some((1, 0, false));
@@ -196,7 +193,6 @@ fn a_node_waiting_for_a_new_canary_gives_up_its_old_grant() {
 /// Upgrading and cordoned for us" as "drained" and grants 2.9.0 to a node that is neither
 /// cordoned nor drained.
 #[test]
-#[ignore = "fails until a lifted but unrecorded cordon is not taken for a drain"]
 fn an_unrecorded_uncordon_is_not_granted_without_a_drain() {
     let events = [
         Version(1),
@@ -216,7 +212,6 @@ fn an_unrecorded_uncordon_is_not_granted_without_a_drain() {
 /// Working, and `decide::settled` sends a node with a current Working agent to Upgrading
 /// (Installing), though it runs the target; paused or not (then its step can time out).
 #[test]
-#[ignore = "fails until a Done node whose agent is briefly not Ready stays Done"]
 fn a_done_node_whose_agent_blips_stays_done_while_paused() {
     let events = [Pause(true), NodeNotReady(0), NodeReady(0), Reconcile];
     holds(&setup(2, 1, false), &events);
@@ -227,7 +222,6 @@ fn a_done_node_whose_agent_blips_stays_done_while_paused() {
 /// every node whose only action is a release before the status write. That write fails: the
 /// node is schedulable with no driver while the status still shows it Upgrading, no reason.
 #[test]
-#[ignore = "fails until a Failed node is released only after its Failed is recorded"]
 fn a_node_whose_swap_failed_is_released_only_once_its_failure_shows() {
     let events = [
         Version(1),
@@ -245,4 +239,21 @@ fn a_node_whose_swap_failed_is_released_only_once_its_failure_shows() {
         Reconcile,
     ];
     holds(&setup(2, 1, true), &events);
+}
+
+/// `paused_nodes_stay_put`. While paused, a node leaves the selection and comes back: its new
+/// agent pod is not Ready yet but the target is loaded, and the node went Pending → Upgrading
+/// (Installing) for an install that was not happening (and, unpaused, held a slot for it).
+#[test]
+fn a_node_rejoining_on_the_target_stays_pending_until_its_agent_is_ready() {
+    let events = [
+        Pause(true),
+        Skip { node: 2, on: true },
+        Progress,
+        Skip { node: 2, on: false },
+        Reconcile,
+        Agent(2),
+        Reconcile,
+    ];
+    holds(&setup(2, 1, false), &events);
 }

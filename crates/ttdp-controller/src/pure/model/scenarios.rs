@@ -50,7 +50,7 @@ fn a_node_failed_by_its_jobs_timeout_stays_cordoned() {
 
 /// Two nodes fail the rollout to 2.8.0 and halt it (more Failed than maxUnavailable); a new
 /// spec.version is a new rollout, whose budget the old failures do not use up: the nodes that
-/// failed before are back in line, the first one starts, and no node is held by a halt.
+/// failed before are back in line, one node starts, and no node is held by a halt.
 #[test]
 fn a_new_version_starts_despite_the_old_rollouts_failures() {
     let fail = |node| AgentFails {
@@ -76,7 +76,11 @@ fn a_new_version_starts_despite_the_old_rollouts_failures() {
         .iter()
         .map(|n| state_of(&w, n).unwrap_or((NodeState::Pending, None)))
         .collect();
-    assert_eq!(states[0].0, NodeState::Upgrading, "{}", w.brief());
+    assert!(
+        states.iter().any(|(s, _)| *s == NodeState::Upgrading),
+        "no node started:\n{}",
+        w.brief()
+    );
     for (state, reason) in &states {
         assert_ne!(*state, NodeState::Failed, "{}", w.brief());
         assert_ne!(reason.as_deref(), Some("RolloutHalted"), "{}", w.brief());

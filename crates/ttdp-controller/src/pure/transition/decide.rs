@@ -127,7 +127,8 @@ impl Deciding<'_> {
     /// With drain enabled, the node went through Cordoning (it carries our cordon, or someone
     /// else's and the gates we closed), so being recorded in Upgrading means it was drained.
     fn cordoned_for_us(&self) -> bool {
-        self.obs.cordoned_by_us || (self.obs.externally_cordoned && self.obs.gates_closed_by_us)
+        (self.obs.cordoned_by_us && !self.obs.lifted_unrecorded)
+            || (self.obs.externally_cordoned && self.obs.gates_closed_by_us)
     }
 
     fn paused(&self) -> bool {
@@ -278,7 +279,12 @@ impl Deciding<'_> {
                 }
             };
         }
-        self.start()
+        let t = self.start();
+        // Back in line: a grant for another version must not stay behind for the old agent.
+        if t.state == NodeState::Pending && self.obs.grant != UpgradeGrant::Absent {
+            return t.doing(Action::Release);
+        }
+        t
     }
 
     fn settled(&self) -> NodeTransition {
@@ -331,6 +337,24 @@ impl Deciding<'_> {
                     reasons::WAITING_FOR_AGENT,
                     "waiting for the agent's first report",
                 )
+            }
+            // A node on the target whose agent is briefly not Ready (its kubelet came back, the
+            // pod restarted, the node rejoined) runs the target: it keeps its state, and takes
+            // no step (nor a slot) for an install that is not happening.
+            AgentPod::Current(AgentCondition::Starting | AgentCondition::Working)
+                if self.at_target() =>
+            {
+                if self.obs.recorded == Some(NodeState::Done) {
+                    NodeTransition::to(NodeState::Done)
+                } else {
+                    NodeTransition::to(NodeState::Pending).because(
+                        reasons::WAITING_FOR_AGENT,
+                        format!(
+                            "tt-kmd {} is loaded; waiting for the agent to report Ready",
+                            self.target()
+                        ),
+                    )
+                }
             }
             AgentPod::Current(_) => self.upgrading(true),
             AgentPod::Stale => self.start(),

@@ -202,6 +202,10 @@ pub struct NodeObservation {
     /// a rollback) puts it back in line instead of counting it against the new rollout's
     /// failure budget.
     pub failed_for_other_target: bool,
+    /// Our cordon was lifted by a reconcile whose status write then failed: the node counts as
+    /// cordoned by us (it keeps its slot) until its Uncordoning is recorded, but it is neither
+    /// cordoned nor drained any more.
+    pub lifted_unrecorded: bool,
 }
 
 impl NodeObservation {

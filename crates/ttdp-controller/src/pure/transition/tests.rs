@@ -32,6 +32,7 @@ fn base() -> NodeObservation {
         node_not_ready: None,
         held_for_jobs: false,
         failed_for_other_target: false,
+        lifted_unrecorded: false,
     }
 }
 
