@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_hostprobe::{detect_host_install, kernel_release};
+use ttdp_kmod::parameters::uninterpreted_values;
 use ttdp_kmod::prebuilt::{PrebuiltFallback, prebuilt_url};
 use ttdp_kmod::{
     CacheLookup, CacheOutcome, InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions,
@@ -328,6 +329,14 @@ where
         );
         if let Some(validated) = &self.validated {
             message = format!("{message}; {}", validated.summary);
+        }
+        let unread = uninterpreted_values(&self.config.parameters, &observation.status.parameters);
+        if !unread.is_empty() {
+            // taken from ttdp's record of the load: reloading would only show the same again
+            message = format!(
+                "{message}; parameters sysfs shows in another form ({}) are taken as loaded: ttdp loaded this module with exactly these values, so it is not reloaded for them",
+                unread.join("; ")
+            );
         }
         if let Some(problem) = self.ensure_tt_smi().await {
             message = format!("{message}; {problem}");

@@ -137,7 +137,10 @@ impl<K: Kernel> ModuleInstaller<K> {
     pub fn status(&self) -> Result<ModuleStatus, KmodError> {
         let mut status =
             ModuleStatus::read(&self.host, &self.config.module, &self.config.device_dir)?;
-        status.applied_parameters = status.loaded.then(|| self.applied_parameters()).flatten();
+        status.applied_parameters = status
+            .loaded
+            .then(|| self.applied_parameters(&status.parameters))
+            .flatten();
         status.source_commit = status
             .loaded_version()
             .and_then(|v| v.parse::<KmdVersion>().ok())
