@@ -18,6 +18,10 @@
 //!    on, prove the loaded module works before the swap returns (devices bound, the command; a
 //!    failure loads the previous version back: `validate`); observe again, label and report.
 //!
+//! Every pass begins by settling a swap a stopped agent left half-way (its journal, see
+//! `resume`): the previous version is loaded back when the target cannot be, and until that is
+//! settled the pass neither labels the node nor treats it as a new one.
+//!
 //! A target found loaded is validated before it is first reported Ready, and a Ready node's
 //! devices are looked at on every pass.
 //!
@@ -51,6 +55,7 @@ use crate::reporting::{EventKind, Reporter};
 use crate::tt_smi::{TtSmiInstaller, TtSmiOutcome};
 
 mod publishing;
+mod resume;
 mod unload_gate;
 mod validate;
 
@@ -179,6 +184,9 @@ where
             self.last_labels = None;
             self.last_report = None;
             self.last_resync = Instant::now();
+        }
+        if !self.resume_interrupted_swap().await {
+            return Ok(());
         }
         let Some(observation) = self.observe().await else {
             return Ok(());

@@ -54,12 +54,14 @@ mod sim_kernel;
 mod sim_source;
 mod source_build;
 mod status;
+mod swap_journal;
+mod swap_resume;
 pub mod test_hook;
 mod timed_command;
 mod validated_swap;
 mod version;
 
-pub use error::KmodError;
+pub use error::{KmodError, ResumeProblems};
 pub use file_lock::FileLock;
 pub use holders::{DeviceHolder, chrdev_major, find_device_holders};
 pub use install_report::{
@@ -74,6 +76,8 @@ pub use sim_kernel::{SIM_STATE_DIR, SimKernel};
 pub use sim_source::SimKmdRepo;
 pub use source_build::{BuildOptions, BuiltModule, DEFAULT_REPOSITORY, build_module, fetch_source};
 pub use status::{ModuleStatus, loaded_version};
+pub use swap_journal::{SwapJournal, SwapPhase};
+pub use swap_resume::{ResumeOutcome, ResumedSwap};
 pub use timed_command::{CommandRun, log_tail, run_logged};
 pub use ttdp_hostprobe::HostRoot;
 pub use validated_swap::PostLoadCheck;
