@@ -13,7 +13,9 @@
 //!    `driver.tenstorrent.com/allow-no-rollback=true`. With another version loaded, wait for the
 //!    controller's upgrade grant (node annotation `driver.tenstorrent.com/upgrade-grant`,
 //!    [`crate::grant`]; `WaitingForGrant` until then, nothing unloaded, no holder touched).
-//!    Then check holders (wait with back-off unless force unload), then swap with rollback
+//!    Then check holders (wait with back-off unless force unload), take the node's module lock
+//!    (another agent may be swapping) and decide again under it, on the module status, grant
+//!    and holders read then (`still_allowed`), then swap with rollback
 //!    (never abandoned half-way: on shutdown it finishes first) and, with post-load validation
 //!    on, prove the loaded module works before the swap returns (devices bound, the command; a
 //!    failure loads the previous version back: `validate`); observe again, label and report.
@@ -69,6 +71,16 @@ enum RollbackPath {
     Refused,
     /// Shutdown arrived while fetching or building it; nothing was changed.
     Abandoned,
+}
+
+/// How taking the module lock ended.
+enum LockTaken {
+    /// Held: no other installer on the node swaps until it is dropped.
+    Held(ttdp_kmod::FileLock),
+    /// Shutdown arrived while waiting for it; nothing was changed.
+    Abandoned,
+    /// It could not be taken (reported).
+    Failed,
 }
 
 /// How an attempt to install the target ended.
@@ -520,6 +532,15 @@ where
             self.wait_for_holders(observation, &status).await;
             return Ok(Attempt::Done);
         }
+        // the lock may take minutes: what was decided above is decided again under it
+        let module_lock = match self.take_module_lock(observation, shutdown).await? {
+            LockTaken::Held(lock) => lock,
+            LockTaken::Abandoned => return Ok(Attempt::Abandoned),
+            LockTaken::Failed => return Ok(Attempt::Done),
+        };
+        let Some(status) = self.still_allowed(observation).await else {
+            return Ok(Attempt::Done);
+        };
 
         let mut report = base_report(AgentPhase::Swapping, &target, observation);
         report.message = Some(match status.loaded_version() {
@@ -546,7 +567,10 @@ where
             source_commit: self.config.source_commit.clone(),
             allow_no_rollback,
         };
-        match self.run_swap(&target, options, shutdown).await? {
+        match self
+            .run_swap(module_lock, &target, options, shutdown)
+            .await?
+        {
             Ok(report) => self.swapped(report).await,
             Err(KmodError::InUse { .. }) => {
                 // a holder appeared between the check and the unload
