@@ -16,7 +16,9 @@ fn a_settled_swap_leaves_no_journal_and_an_unsettled_one_is_resumed_later() {
         ..SwapOptions::default()
     };
     installer.swap(&v("2.0.0"), &with("reset_limit=5")).unwrap();
-    installer.swap(&v("1.0.0"), &SwapOptions::default()).unwrap();
+    installer
+        .swap(&v("1.0.0"), &SwapOptions::default())
+        .unwrap();
     assert!(installer.swap_journal().unwrap().is_none(), "settled");
     installer.swap(&v("2.0.0"), &with("reset_limit=5")).unwrap();
 
@@ -56,5 +58,8 @@ fn a_settled_swap_leaves_no_journal_and_an_unsettled_one_is_resumed_later() {
     assert_eq!(status.loaded_version(), Some("2.0.0"));
     assert_eq!(status.applied_parameters.as_deref(), Some("reset_limit=5"));
     assert!(installer.swap_journal().unwrap().is_none());
-    assert!(installer.resume_swap(None).unwrap().is_none(), "nothing left");
+    assert!(
+        installer.resume_swap(None).unwrap().is_none(),
+        "nothing left"
+    );
 }
