@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::KmodError;
 use crate::error::ResumeProblems;
+use crate::file_lock::FileLock;
 use crate::install_report::UnloadOptions;
 use crate::installer::ModuleInstaller;
 use crate::kernel::Kernel;
@@ -49,9 +50,10 @@ pub enum ResumeOutcome {
 }
 
 impl<K: Kernel> ModuleInstaller<K> {
-    /// Settles a swap a stopped process left: `Ok(None)` without a journal (nothing to do, and
-    /// the module lock is not taken). Otherwise, under the module lock (so a swap still running
-    /// elsewhere finishes first): with the target's `.ko` verified in the cache and nothing
+    /// Settles a swap a stopped process left: `Ok(None)` without a journal (nothing to do), or
+    /// when another process holds the module lock (its swap is running, so the journal is its
+    /// own, not left: whoever takes the lock next finds it settled or settles it). Otherwise,
+    /// under the module lock, taken without waiting: with the target's `.ko` verified in the cache and nothing
     /// loaded, loads it and (with `check`) proves it, as the swap would have; when it cannot be
     /// loaded, or failed its validation, loads the previous version back from its verified cache
     /// entry with its parameters. Fails with [`KmodError::SwapResumeFailed`] when neither loads
@@ -63,7 +65,11 @@ impl<K: Kernel> ModuleInstaller<K> {
         if self.swap_journal()?.is_none() {
             return Ok(None);
         }
-        let _module_lock = self.lock_module()?;
+        let _module_lock = match FileLock::acquire(&self.module_lock_path(), Duration::ZERO) {
+            Ok(lock) => lock,
+            Err(KmodError::LockTimeout { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
         self.resume_swap_locked(check)
     }
 

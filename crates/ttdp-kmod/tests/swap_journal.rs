@@ -4,8 +4,10 @@
 
 mod fixture;
 
+use std::time::{Duration, Instant};
+
 use fixture::{Fixture, v};
-use ttdp_kmod::{KmodError, ResumeOutcome, SwapOptions, SwapPhase};
+use ttdp_kmod::{FileLock, KmodError, ResumeOutcome, SwapOptions, SwapPhase};
 
 #[test]
 fn a_settled_swap_leaves_no_journal_and_an_unsettled_one_is_resumed_later() {
@@ -62,4 +64,43 @@ fn a_settled_swap_leaves_no_journal_and_an_unsettled_one_is_resumed_later() {
         installer.resume_swap(None).unwrap().is_none(),
         "nothing left"
     );
+}
+
+#[test]
+fn a_journal_of_a_swap_still_running_elsewhere_is_left_to_it() {
+    let fx = Fixture::new(&["1.0.0", "2.0.0"]);
+    let installer = fx.installer();
+    installer
+        .swap(&v("1.0.0"), &SwapOptions::default())
+        .unwrap();
+    fx.kernel().fail_load("2.0.0", true).unwrap();
+    fx.kernel().fail_load("1.0.0", true).unwrap();
+    installer
+        .swap(&v("2.0.0"), &SwapOptions::default())
+        .unwrap_err();
+    assert!(installer.swap_journal().unwrap().is_some());
+    fx.kernel().fail_load("1.0.0", false).unwrap();
+    installer.ensure_ko(&v("1.0.0")).unwrap();
+
+    // another process holds the module lock: its swap is running, the journal is its own
+    let running = FileLock::acquire(&installer.module_lock_path(), Duration::from_secs(5)).unwrap();
+    let started = Instant::now();
+    assert!(installer.resume_swap(None).unwrap().is_none());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "no wait for the lock"
+    );
+    assert!(
+        installer.swap_journal().unwrap().is_some(),
+        "left to its owner"
+    );
+    assert_eq!(installer.status().unwrap().loaded_version(), None);
+
+    drop(running);
+    let resumed = installer
+        .resume_swap(None)
+        .unwrap()
+        .expect("settled once the lock is free");
+    assert!(matches!(resumed.outcome, ResumeOutcome::Restored { .. }));
+    assert_eq!(installer.status().unwrap().loaded_version(), Some("1.0.0"));
 }
