@@ -18,6 +18,9 @@
 //!   [`ModuleInstaller::swap`] which does all three with rollback, and
 //!   [`ModuleInstaller::swap_validated`] which also proves the loaded module works (a
 //!   [`PostLoadCheck`]) and rolls back when it does not;
+//! - [`SwapJournal`]: what a swap writes down before it unloads a working module, so a process
+//!   stopped half-way leaves which driver the node had; [`ModuleInstaller::resume_swap`] settles
+//!   it (the target from the cache, else the previous version back);
 //! - the [`Kernel`] trait: [`RealKernel`] (`finit_module`, `delete_module`, `kill` through nix) and
 //!   [`SimKernel`] (a kernel simulated in files, shared by processes), with [`SimHost`] and
 //!   [`SimKmdRepo`] to create simulated hosts and tt-kmd repositories for tests and demos.
