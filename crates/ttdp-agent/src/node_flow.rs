@@ -13,10 +13,16 @@
 //!    `driver.tenstorrent.com/allow-no-rollback=true`. With another version loaded, wait for the
 //!    controller's upgrade grant (node annotation `driver.tenstorrent.com/upgrade-grant`,
 //!    [`crate::grant`]; `WaitingForGrant` until then, nothing unloaded, no holder touched).
-//!    Then check holders (wait with back-off unless force unload), then swap with rollback
+//!    Then check holders (wait with back-off unless force unload), take the node's module lock
+//!    (another agent may be swapping) and decide again under it, on the module status, grant
+//!    and holders read then (`still_allowed`), then swap with rollback
 //!    (never abandoned half-way: on shutdown it finishes first) and, with post-load validation
 //!    on, prove the loaded module works before the swap returns (devices bound, the command; a
 //!    failure loads the previous version back: `validate`); observe again, label and report.
+//!
+//! Every pass begins by settling a swap a stopped agent left half-way (its journal, see
+//! `resume`): the previous version is loaded back when the target cannot be, and until that is
+//! settled the pass neither labels the node nor treats it as a new one.
 //!
 //! A target found loaded is validated before it is first reported Ready, and a Ready node's
 //! devices are looked at on every pass.
@@ -31,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_hostprobe::{detect_host_install, kernel_release};
+use ttdp_kmod::parameters::uninterpreted_values;
 use ttdp_kmod::prebuilt::{PrebuiltFallback, prebuilt_url};
 use ttdp_kmod::{
     CacheLookup, CacheOutcome, InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions,
@@ -50,6 +57,7 @@ use crate::reporting::{EventKind, Reporter};
 use crate::tt_smi::{TtSmiInstaller, TtSmiOutcome};
 
 mod publishing;
+mod resume;
 mod unload_gate;
 mod validate;
 
@@ -63,6 +71,16 @@ enum RollbackPath {
     Refused,
     /// Shutdown arrived while fetching or building it; nothing was changed.
     Abandoned,
+}
+
+/// How taking the module lock ended.
+enum LockTaken {
+    /// Held: no other installer on the node swaps until it is dropped.
+    Held(ttdp_kmod::FileLock),
+    /// Shutdown arrived while waiting for it; nothing was changed.
+    Abandoned,
+    /// It could not be taken (reported).
+    Failed,
 }
 
 /// How an attempt to install the target ended.
@@ -178,6 +196,9 @@ where
             self.last_labels = None;
             self.last_report = None;
             self.last_resync = Instant::now();
+        }
+        if !self.resume_interrupted_swap().await {
+            return Ok(());
         }
         let Some(observation) = self.observe().await else {
             return Ok(());
@@ -328,6 +349,14 @@ where
         );
         if let Some(validated) = &self.validated {
             message = format!("{message}; {}", validated.summary);
+        }
+        let unread = uninterpreted_values(&self.config.parameters, &observation.status.parameters);
+        if !unread.is_empty() {
+            // taken from ttdp's record of the load: reloading would only show the same again
+            message = format!(
+                "{message}; parameters sysfs shows in another form ({}) are taken as loaded: ttdp loaded this module with exactly these values, so it is not reloaded for them",
+                unread.join("; ")
+            );
         }
         if let Some(problem) = self.ensure_tt_smi().await {
             message = format!("{message}; {problem}");
@@ -503,6 +532,15 @@ where
             self.wait_for_holders(observation, &status).await;
             return Ok(Attempt::Done);
         }
+        // the lock may take minutes: what was decided above is decided again under it
+        let module_lock = match self.take_module_lock(observation, shutdown).await? {
+            LockTaken::Held(lock) => lock,
+            LockTaken::Abandoned => return Ok(Attempt::Abandoned),
+            LockTaken::Failed => return Ok(Attempt::Done),
+        };
+        let Some(status) = self.still_allowed(observation).await else {
+            return Ok(Attempt::Done);
+        };
 
         let mut report = base_report(AgentPhase::Swapping, &target, observation);
         report.message = Some(match status.loaded_version() {
@@ -529,7 +567,10 @@ where
             source_commit: self.config.source_commit.clone(),
             allow_no_rollback,
         };
-        match self.run_swap(&target, options, shutdown).await? {
+        match self
+            .run_swap(module_lock, &target, options, shutdown)
+            .await?
+        {
             Ok(report) => self.swapped(report).await,
             Err(KmodError::InUse { .. }) => {
                 // a holder appeared between the check and the unload

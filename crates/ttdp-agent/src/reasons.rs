@@ -30,3 +30,11 @@ pub const NO_ROLLBACK_ALLOWED: &str = "UpgradingWithoutRollback";
 pub const VALIDATION_FAILED: &str = "ValidationFailed";
 /// A validated, Ready module's devices stopped working (unbound, or their nodes gone).
 pub const DEVICES_LOST: &str = "DevicesLost";
+/// A swap a stopped agent left half-way was finished: its target is loaded.
+pub const SWAP_RESUMED: &str = "SwapResumed";
+/// A swap a stopped agent left half-way could not be finished (its target cannot be loaded, or
+/// failed its validation): the version loaded before it was loaded back.
+pub const SWAP_RESUMED_ROLLED_BACK: &str = "SwapResumedRolledBack";
+/// A swap a stopped agent left half-way could not be settled (for a module failure the reason
+/// is `ttdp_kmod::KmodError::reason`'s, `SwapResumeFailed`).
+pub const SWAP_RESUME_FAILED: &str = "SwapResumeFailed";

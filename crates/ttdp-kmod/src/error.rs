@@ -398,6 +398,20 @@ pub enum KmodError {
         /// Whether `version` was loaded again so the node keeps a driver.
         reloaded: bool,
     },
+    /// A swap was interrupted between the unload of the previous module and the load of its
+    /// target (the process doing it stopped), and neither can be loaded now: no version of the
+    /// module is loaded. The swap journal stays, so the next attempt tries again.
+    #[error("a swap of {module} from {} to {target} was interrupted after the old module was unloaded (the process doing it stopped); {target} cannot be loaded ({}) and loading {} back failed ({}); no {module} module is loaded on this node now: make either version's .ko loadable from the cache (or remove the swap journal {} to install {target} as on a new node)", shown(.previous), .problems.target_problem, shown(.previous), .problems.rollback_error, .problems.journal.display())]
+    SwapResumeFailed {
+        /// Module name.
+        module: String,
+        /// The version loaded before the swap, when known.
+        previous: Option<String>,
+        /// The version the swap was installing.
+        target: String,
+        /// Why neither loads, and the journal.
+        problems: Box<ResumeProblems>,
+    },
 }
 
 impl KmodError {
@@ -436,6 +450,7 @@ impl KmodError {
             Self::ValidationFailedRolledBack { .. } => "ValidationFailedRolledBack",
             Self::ValidationFailedKeptLoaded { .. } => "ValidationFailed",
             Self::ValidationFailedRollbackFailed { .. } => "ValidationFailedRollbackFailed",
+            Self::SwapResumeFailed { .. } => "SwapResumeFailed",
         }
     }
 
@@ -450,6 +465,17 @@ impl KmodError {
             source,
         }
     }
+}
+
+/// Why an interrupted swap could not be settled ([`KmodError::SwapResumeFailed`]).
+#[derive(Debug)]
+pub struct ResumeProblems {
+    /// Why the target cannot be loaded.
+    pub target_problem: String,
+    /// Why loading the previous version back failed.
+    pub rollback_error: String,
+    /// The swap journal that said what was loaded.
+    pub journal: PathBuf,
 }
 
 /// What is loaded after a failed validation whose rollback failed.

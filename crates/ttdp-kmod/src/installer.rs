@@ -137,7 +137,10 @@ impl<K: Kernel> ModuleInstaller<K> {
     pub fn status(&self) -> Result<ModuleStatus, KmodError> {
         let mut status =
             ModuleStatus::read(&self.host, &self.config.module, &self.config.device_dir)?;
-        status.applied_parameters = status.loaded.then(|| self.applied_parameters()).flatten();
+        status.applied_parameters = status
+            .loaded
+            .then(|| self.applied_parameters(&status.parameters))
+            .flatten();
         status.source_commit = status
             .loaded_version()
             .and_then(|v| v.parse::<KmdVersion>().ok())
@@ -425,7 +428,58 @@ impl<K: Kernel> ModuleInstaller<K> {
         check: Option<PostLoadCheck<'_>>,
     ) -> Result<SwapReport, KmodError> {
         let started = Instant::now();
-        let _module_lock = self.lock_module()?;
+        let module_lock = self.lock_module()?;
+        self.swap_locked_since(&module_lock, version, options, check, started)
+    }
+
+    /// [`ModuleInstaller::swap`] (with `check`: [`ModuleInstaller::swap_validated`]) for a
+    /// caller that took the module lock itself ([`ModuleInstaller::lock_module`]), so it can
+    /// decide under the lock, on what the node shows then, whether the swap may go ahead at
+    /// all. Fails without touching anything when `lock` is not this module's lock.
+    pub fn swap_locked(
+        &self,
+        lock: &FileLock,
+        version: &KmdVersion,
+        options: &SwapOptions,
+        check: Option<PostLoadCheck<'_>>,
+    ) -> Result<SwapReport, KmodError> {
+        self.swap_locked_since(lock, version, options, check, Instant::now())
+    }
+
+    fn swap_locked_since(
+        &self,
+        lock: &FileLock,
+        version: &KmdVersion,
+        options: &SwapOptions,
+        check: Option<PostLoadCheck<'_>>,
+        started: Instant,
+    ) -> Result<SwapReport, KmodError> {
+        let lock_path = self.module_lock_path();
+        if lock.path() != lock_path {
+            return Err(KmodError::io(
+                "swap under",
+                lock.path(),
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("not the module lock {}", lock_path.display()),
+                ),
+            ));
+        }
+        // a swap a stopped process left comes first: its journal knows what the node had
+        self.resume_swap_locked(check)?;
+        let swapped = self.swap_steps(version, options, check, started);
+        let settled = self.settle_swap_journal();
+        let report = swapped?;
+        settled.map(|()| report)
+    }
+
+    fn swap_steps(
+        &self,
+        version: &KmdVersion,
+        options: &SwapOptions,
+        check: Option<PostLoadCheck<'_>>,
+        started: Instant,
+    ) -> Result<SwapReport, KmodError> {
         let status = self.status()?;
         let probe_ms = millis(started.elapsed());
         let previous = status.loaded_version().map(str::to_string);
@@ -458,6 +512,10 @@ impl<K: Kernel> ModuleInstaller<K> {
         report.rollback = self.rollback_ko_or_allowed(&status, version, options)?;
         report.build_ms = millis(step.elapsed());
 
+        if status.loaded {
+            // written before the unload: a process stopped from here on leaves what the node had
+            self.write_swap_journal(&self.journal_for(&status, version.as_str(), &options.params))?;
+        }
         checkpoint(BEFORE_UNLOAD);
         let step = Instant::now();
         report.outcome = if status.loaded {
@@ -480,7 +538,7 @@ impl<K: Kernel> ModuleInstaller<K> {
         if let Some(check) = check {
             let step = Instant::now();
             let summary =
-                self.validate_loaded(version, &ensured.ko, &status, &options.params, check)?;
+                self.validate_loaded(version, Some(&ensured.ko), &status, &options.params, check)?;
             report.validation = Some(summary);
             report.validate_ms = millis(step.elapsed());
         }

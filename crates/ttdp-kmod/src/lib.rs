@@ -18,6 +18,9 @@
 //!   [`ModuleInstaller::swap`] which does all three with rollback, and
 //!   [`ModuleInstaller::swap_validated`] which also proves the loaded module works (a
 //!   [`PostLoadCheck`]) and rolls back when it does not;
+//! - [`SwapJournal`]: what a swap writes down before it unloads a working module, so a process
+//!   stopped half-way leaves which driver the node had; [`ModuleInstaller::resume_swap`] settles
+//!   it (the target from the cache, else the previous version back);
 //! - the [`Kernel`] trait: [`RealKernel`] (`finit_module`, `delete_module`, `kill` through nix) and
 //!   [`SimKernel`] (a kernel simulated in files, shared by processes), with [`SimHost`] and
 //!   [`SimKmdRepo`] to create simulated hosts and tt-kmd repositories for tests and demos.
@@ -54,12 +57,14 @@ mod sim_kernel;
 mod sim_source;
 mod source_build;
 mod status;
+mod swap_journal;
+mod swap_resume;
 pub mod test_hook;
 mod timed_command;
 mod validated_swap;
 mod version;
 
-pub use error::KmodError;
+pub use error::{KmodError, ResumeProblems};
 pub use file_lock::FileLock;
 pub use holders::{DeviceHolder, chrdev_major, find_device_holders};
 pub use install_report::{
@@ -74,6 +79,8 @@ pub use sim_kernel::{SIM_STATE_DIR, SimKernel};
 pub use sim_source::SimKmdRepo;
 pub use source_build::{BuildOptions, BuiltModule, DEFAULT_REPOSITORY, build_module, fetch_source};
 pub use status::{ModuleStatus, loaded_version};
+pub use swap_journal::{SwapJournal, SwapPhase};
+pub use swap_resume::{ResumeOutcome, ResumedSwap};
 pub use timed_command::{CommandRun, log_tail, run_logged};
 pub use ttdp_hostprobe::HostRoot;
 pub use validated_swap::PostLoadCheck;

@@ -140,6 +140,29 @@ impl SimKernel {
         }
     }
 
+    /// Makes every later load show parameter `key` in sysfs as `shown` whatever value was
+    /// given (a parameter whose kernel type prints it in another form), or as given (`None`).
+    pub fn show_parameter_as(&self, key: &str, shown: Option<&str>) -> io::Result<()> {
+        let marker = self.shown_parameter_marker(key);
+        match shown {
+            Some(shown) => {
+                std::fs::create_dir_all(marker.parent().unwrap_or(Path::new("/")))?;
+                std::fs::write(marker, format!("{shown}\n"))
+            }
+            None => match std::fs::remove_file(marker) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    fn shown_parameter_marker(&self, key: &str) -> PathBuf {
+        self.host
+            .path(SIM_STATE_DIR)
+            .join("shown-parameter")
+            .join(key)
+    }
+
     fn bind_limit_marker(&self, version: &str) -> PathBuf {
         self.host
             .path(SIM_STATE_DIR)
@@ -268,7 +291,9 @@ impl Kernel for SimKernel {
         std::fs::create_dir_all(dir.join("holders"))?;
         std::fs::create_dir_all(dir.join("parameters"))?;
         for (key, value) in params.split_whitespace().filter_map(|p| p.split_once('=')) {
-            write_atomically(&dir.join("parameters").join(key), &format!("{value}\n"))?;
+            let shown = std::fs::read_to_string(self.shown_parameter_marker(key))
+                .unwrap_or_else(|_| format!("{value}\n"));
+            write_atomically(&dir.join("parameters").join(key), &shown)?;
         }
         if !version.is_empty() {
             write_atomically(&dir.join("version"), &format!("{version}\n"))?;

@@ -8,7 +8,8 @@
 //!   its pid to `<path>` and waits (at most [`PAUSE_LIMIT`]) until a test removes the file.
 //!
 //! The points of [`crate::ModuleInstaller::swap`] are [`BEFORE_UNLOAD`], [`AFTER_UNLOAD`] and
-//! [`AFTER_LOAD`] (the new module is loaded and verified; the caller has not labelled the node).
+//! [`AFTER_LOAD`] (the new module is loaded and verified; the caller has not labelled the node);
+//! a failed post-load validation's rollback has [`VALIDATION_ROLLBACK`].
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -28,6 +29,9 @@ pub const BEFORE_UNLOAD: &str = "before-unload";
 pub const AFTER_UNLOAD: &str = "after-unload";
 /// The new module is loaded and verified; the swap has not returned (module lock held).
 pub const AFTER_LOAD: &str = "after-load";
+/// The new module failed its post-load validation and is unloaded; the previous one is not
+/// loaded back yet (module lock held).
+pub const VALIDATION_ROLLBACK: &str = "validation-rollback";
 
 /// Reached `point`: SIGKILLs or pauses the process when a test asked for it, else does nothing.
 pub fn checkpoint(point: &str) {

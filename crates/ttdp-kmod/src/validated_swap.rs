@@ -11,6 +11,7 @@ use crate::installer::ModuleInstaller;
 use crate::kernel::Kernel;
 use crate::ko_cache::{CacheLookup, CachedKo};
 use crate::status::ModuleStatus;
+use crate::test_hook::{VALIDATION_ROLLBACK, checkpoint};
 use crate::version::KmdVersion;
 
 /// How long the module that failed validation may take to drop its last references (a
@@ -22,7 +23,8 @@ const UNLOAD_AFTER_VALIDATION_WAIT: Duration = Duration::from_secs(10);
 pub type PostLoadCheck<'a> = &'a (dyn Fn(&ModuleStatus) -> Result<String, String> + Sync);
 
 impl<K: Kernel> ModuleInstaller<K> {
-    /// Runs `check` on the module just loaded from `new_ko` (`version`), `before` being the
+    /// Runs `check` on the module just loaded from `new_ko` (`version`; `None` when its cache
+    /// entry is no longer usable, so it cannot be loaded again), `before` being the
     /// status before the swap. On failure, the module is replaced by the previous version from
     /// the cache ([`KmodError::ValidationFailedRolledBack`]); when there is nothing to go back
     /// to (a first install, no verified `.ko` of the previous version) or the module cannot be
@@ -32,7 +34,7 @@ impl<K: Kernel> ModuleInstaller<K> {
     pub(crate) fn validate_loaded(
         &self,
         version: &KmdVersion,
-        new_ko: &CachedKo,
+        new_ko: Option<&CachedKo>,
         before: &ModuleStatus,
         params: &str,
         check: PostLoadCheck<'_>,
@@ -57,11 +59,14 @@ impl<K: Kernel> ModuleInstaller<K> {
             force: false,
             wait: UNLOAD_AFTER_VALIDATION_WAIT,
         };
+        // a process stopped from here on leaves a journal that says: load the previous one back
+        self.journal_rolling_back()?;
         if let Err(e) = self.unload(&unload) {
             return Err(kept(format!(
                 "it could not be unloaded to load {previous} back: {e}"
             )));
         }
+        checkpoint(VALIDATION_ROLLBACK);
         // the previous module goes back with the parameters it had
         match self.load(
             &previous_ko,
@@ -75,7 +80,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             }),
             Err(rollback_error) => {
                 // never leave the node without a driver: the one that loaded is better than none
-                let reloaded = self.load(new_ko, params).is_ok();
+                let reloaded = new_ko.is_some_and(|ko| self.load(ko, params).is_ok());
                 Err(KmodError::ValidationFailedRollbackFailed {
                     module,
                     version: version.to_string(),

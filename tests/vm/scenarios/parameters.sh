@@ -9,7 +9,9 @@
 #      sysfs shows 7;
 #   3. auto_reset=0 (shown by the kernel as N): Ready after one reload, and no reload after;
 #   4. no parameters: the module is reloaded with its defaults (the record says ttdp had set
-#      some), sysfs shows reset_limit=10 and auto_reset=Y.
+#      some), sysfs shows reset_limit=10 and auto_reset=Y;
+#   5. reset_limit=0x10 auto_reset=off: one reload, sysfs shows 16 and N, and no reload after;
+#   6. reset_limit=020 auto_reset=no (the same values): no reload at all.
 # Ends with a libtest-style summary line. Arguments are not used.
 set -u
 
@@ -81,6 +83,22 @@ require dropped_parameters_reload_the_defaults wait_until "$STEP_LIMIT" eval \
   'ready_with "auto_reset=Y reset_limit=10"'
 check sysfs_shows_the_defaults eval 'param_is reset_limit 10 && param_is auto_reset Y'
 check the_probe_passes_without_parameters probe_with ""
+stop_agent
+
+# --- 5. values the kernel prints in another form: one reload, then none -------------------------
+start_agent 5-forms "reset_limit=0x10 auto_reset=off"
+require hex_and_off_are_loaded_as_16_and_N wait_until "$STEP_LIMIT" eval \
+  'ready_with "auto_reset=N reset_limit=16"'
+sleep 3
+check hex_and_off_reload_once_and_not_again eval '[ "$(swaps)" = 1 ] && param_is reset_limit 16 && param_is auto_reset N'
+stop_agent
+
+# --- 6. the same values in octal and as "no": already loaded, nothing reloaded ---------------------
+start_agent 6-octal "reset_limit=020 auto_reset=no"
+require octal_and_no_are_taken_as_loaded wait_until "$STEP_LIMIT" eval 'ready_with "auto_reset=N reset_limit=16"'
+sleep 2
+check octal_and_no_need_no_reload eval '[ "$(swaps)" = 0 ]'
+check the_probe_takes_plus_16_for_16 probe_with "reset_limit=+16 auto_reset=N"
 stop_agent
 
 finish

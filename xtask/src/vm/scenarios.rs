@@ -131,6 +131,24 @@ pub const SCENARIOS: &[Scenario] = &[
         timeout: Duration::from_secs(240),
     },
     Scenario {
+        name: "swap-journal",
+        description: "the real ttdp-agent binary SIGKILLed at every point of an upgrade (before \
+                      the unload, between unload and load, after a load that fails validation, \
+                      during the validation rollback), then the target made unobtainable (cache \
+                      entry corrupt, no repository): the restarted agent loads the previous \
+                      version back from the cache every time and settles the swap journal",
+        tests: &[],
+        bins: &[("ttdp-agent", "ttdp-agent")],
+        examples: &[],
+        files: &[],
+        host_usr: false,
+        agent_image: false,
+        prebuilt_tree: false,
+        script: "swap-journal.sh",
+        // no build in the guest; twelve short agent runs
+        timeout: Duration::from_secs(240),
+    },
+    Scenario {
         name: "prebuilt",
         description: "prebuilt modules (TT_KMD_PREBUILT_URL, the DaemonSet's rendering of \
                       spec.source.prebuilt) by the real ttdp-agent binary, from busybox httpd on \

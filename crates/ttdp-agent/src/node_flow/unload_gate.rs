@@ -1,6 +1,7 @@
 //! What must hold before the loaded module is unloaded: a way back (a verified `.ko` of the
 //! loaded version, or the node's opt-in), the controller's upgrade grant, and no holders (or
-//! force unload).
+//! force unload); the grant and the holders are checked again under the module lock, on what
+//! the node shows then.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,10 +13,10 @@ use ttdp_api::names::labels;
 use ttdp_kmod::Kernel;
 
 use super::publishing::bounded_read;
-use super::{NodeAgent, RollbackPath, millis};
+use super::{LockTaken, NodeAgent, RollbackPath, millis};
 use crate::convergence::{
-    Observation, allows_no_rollback, base_report, holders_message, no_rollback_message,
-    report_holders,
+    Observation, UnloadGate, allows_no_rollback, base_report, holders_message, no_rollback_message,
+    report_holders, unload_gate,
 };
 use crate::error::AgentError;
 use crate::grant::{self, GrantDecision};
@@ -121,6 +122,73 @@ where
         )
         .await;
         false
+    }
+
+    /// Takes the node's module lock on a blocking thread (another agent on the node may hold it
+    /// for minutes while it swaps); abandoned on shutdown, nothing changed yet.
+    pub(super) async fn take_module_lock(
+        &mut self,
+        observation: &Observation,
+        shutdown: &CancellationToken,
+    ) -> Result<LockTaken, AgentError> {
+        let installer = Arc::clone(&self.installer);
+        let lock = tokio::task::spawn_blocking(move || installer.lock_module());
+        let taken = tokio::select! {
+            joined = lock => joined.map_err(|source| AgentError::Task { task: "module lock", source })?,
+            () = shutdown.cancelled() => {
+                info!(step = "lock", "shutdown while waiting for the module lock: abandoned, the loaded module was not touched");
+                return Ok(LockTaken::Abandoned);
+            }
+        };
+        match taken {
+            Ok(lock) => Ok(LockTaken::Held(lock)),
+            Err(e) => {
+                let message = format!("{e}; the loaded module was left as it is");
+                self.fail(e.reason(), "Lock", message, Some(observation))
+                    .await;
+                Ok(LockTaken::Failed)
+            }
+        }
+    }
+
+    /// Under the module lock, decides again on what the node shows now, since the checks
+    /// before the lock may be minutes old (another agent swapped meanwhile, the grant was
+    /// revoked, a workload started): the status is read again; a journal of a stopped swap
+    /// waits for the next pass to settle it; a loaded module other than the target needs the
+    /// grant, read again; holders wait unless force unload. `Some(status)` when the swap may go.
+    pub(super) async fn still_allowed(
+        &mut self,
+        observation: &Observation,
+    ) -> Option<ttdp_kmod::ModuleStatus> {
+        let target = self.config.target_version.clone();
+        let status = match self.installer.status() {
+            Ok(status) => status,
+            Err(e) => {
+                let message = format!("cannot read the module status: {e}");
+                self.fail(e.reason(), "Probe", message, Some(observation))
+                    .await;
+                return None;
+            }
+        };
+        if !matches!(self.installer.swap_journal(), Ok(None)) {
+            info!(
+                step = "lock",
+                "a stopped swap's journal appeared; settling it first on the next pass"
+            );
+            self.next_attempt = None;
+            return None;
+        }
+        if status.loaded
+            && !status.at_target(target.as_str(), &self.config.parameters)
+            && !self.granted(observation, &status).await
+        {
+            return None;
+        }
+        if unload_gate(&status, self.config.force_unload) == UnloadGate::WaitForHolders {
+            self.wait_for_holders(observation, &status).await;
+            return None;
+        }
+        Some(status)
     }
 
     /// Not forced and held: report the holders, retry with back-off.

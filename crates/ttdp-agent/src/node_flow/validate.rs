@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-use ttdp_kmod::{Kernel, KmdVersion, KmodError, SwapOptions, SwapReport};
+use ttdp_kmod::{FileLock, Kernel, KmdVersion, KmodError, SwapOptions, SwapReport};
 
 use super::NodeAgent;
 use crate::convergence::Observation;
@@ -39,10 +39,12 @@ where
     K: Kernel + Send + Sync + 'static,
     R: Reporter,
 {
-    /// Swaps `target` in on a blocking thread, validated when validation is on; on shutdown the
-    /// swap (and its validation) finishes first.
+    /// Swaps `target` in on a blocking thread under `module_lock` (taken by the caller, who
+    /// decided under it that the swap may go), validated when validation is on; on shutdown
+    /// the swap (and its validation) finishes first.
     pub(super) async fn run_swap(
         &mut self,
+        module_lock: FileLock,
         target: &KmdVersion,
         options: SwapOptions,
         shutdown: &CancellationToken,
@@ -53,12 +55,12 @@ where
         let (host, lock_dir) = (self.config.host.clone(), self.config.lock_dir.clone());
         let mut swap = tokio::task::spawn_blocking(move || {
             if !validation.enabled {
-                return installer.swap(&version, &options);
+                return installer.swap_locked(&module_lock, &version, &options, None);
             }
             let check = |status: &ttdp_kmod::ModuleStatus| {
                 validate_loaded(&validation, &host, &lock_dir, status, true)
             };
-            installer.swap_validated(&version, &options, &check)
+            installer.swap_locked(&module_lock, &version, &options, Some(&check))
         });
         let swapped = tokio::select! {
             joined = &mut swap => joined,

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ttdp_agent::grant::GrantView;
 use ttdp_agent::labels::NodeLabels;
 use ttdp_agent::reporting::{NodeEvent, ReportError, Reporter};
 use ttdp_agent::{AgentConfig, HostRoot, KernelKind, KmdVersion, RetryPolicy, TtSmiSource};
@@ -141,6 +142,10 @@ pub struct Published {
     pub reports: Vec<AgentReport>,
     /// Every Event.
     pub events: Vec<NodeEvent>,
+    /// The grant the backend shows; `None` is no controller (`GrantView::NotEnforced`).
+    pub grant: Option<GrantView>,
+    /// How many times the agent read the grant.
+    pub grant_reads: usize,
 }
 
 /// A reporter that records everything (cheap to clone; clones share the record).
@@ -186,6 +191,12 @@ impl Reporter for Recording {
     async fn record_event(&self, event: &NodeEvent) -> Result<(), ReportError> {
         self.get().events.push(event.clone());
         Ok(())
+    }
+
+    async fn upgrade_grant(&self) -> Result<GrantView, ReportError> {
+        let mut published = self.get();
+        published.grant_reads += 1;
+        Ok(published.grant.clone().unwrap_or(GrantView::NotEnforced))
     }
 }
 

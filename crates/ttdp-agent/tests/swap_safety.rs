@@ -1,0 +1,199 @@
+//! The promise "a node is never left without the driver it had", over every point where an
+//! agent can be killed mid-swap: the real binary on a simulated node (`TTDP_KERNEL=sim`) is
+//! SIGKILLed at each test-hook point of an upgrade, the target then becomes unobtainable (its
+//! cache entry corrupt, the repository gone), and the restarted agent must load the previous
+//! version back from the cache, never treating the node as a new one.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Node, RELEASE};
+use ttdp_agent::reporting::ReportFile;
+use ttdp_api::agent_report::AgentPhase;
+use ttdp_api::names::labels;
+use ttdp_kmod::test_hook::{
+    AFTER_LOAD, AFTER_UNLOAD, BEFORE_UNLOAD, KILL_AT_ENV, VALIDATION_ROLLBACK,
+};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_ttdp-agent");
+const WAIT: Duration = Duration::from_secs(60);
+const FAILING_VALIDATION: &str = r#"["sh","-c","echo no chips answered; exit 3"]"#;
+
+fn report_path(node: &Node) -> PathBuf {
+    node.dir.path().join("report.json")
+}
+
+/// The agent for target `version`, with the extra environment `env`, logging to `log`.
+fn spawn_agent(node: &Node, version: &str, env: &[(&str, &str)], log: &str) -> Child {
+    let mut cmd = Command::new(AGENT);
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .args(["run", "--report"])
+        .arg(format!("file:{}", report_path(node).display()))
+        .env("TT_KMD_VERSION", version)
+        .env("NODE_NAME", "node-1")
+        .env("TTDP_HOST_ROOT", node.host().dir())
+        .env("TTDP_KERNEL", "sim")
+        .env("TT_KMD_REPOSITORY", node.repo.url())
+        .env("TTDP_TT_SMI_PATH", "none")
+        .env("TTDP_PROBE_PERIOD", "100ms")
+        .env("TTDP_RETRY_INITIAL", "50ms")
+        .env("TTDP_RETRY_MAX", "500ms")
+        .env("TTDP_BUILD_JOBS", "2")
+        .env("TTDP_BUILD_DIR", node.dir.path().join("work"))
+        .env("TTDP_LOG_FORMAT", "json")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null());
+    let out = std::fs::File::create(node.dir.path().join(log)).unwrap();
+    cmd.stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until the report file satisfies `done`; panics with the file and the log after [`WAIT`].
+fn wait_for(node: &Node, log: &str, what: &str, done: impl Fn(&ReportFile) -> bool) -> ReportFile {
+    let started = Instant::now();
+    loop {
+        if let Ok(file) = ReportFile::read(&report_path(node))
+            && done(&file)
+        {
+            return file;
+        }
+        if started.elapsed() > WAIT {
+            let report = std::fs::read_to_string(report_path(node)).unwrap_or_default();
+            let log = std::fs::read_to_string(node.dir.path().join(log)).unwrap_or_default();
+            panic!(
+                "timed out waiting for {what}; loaded {:?}\n--- report:\n{report}\n--- log:\n{log}",
+                node.loaded()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits for `child` to die of SIGKILL (the test hook) within [`WAIT`].
+fn killed(mut child: Child, point: &str) {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert_eq!(status.signal(), Some(9), "killed at {point}: {status:?}");
+            return;
+        }
+        if started.elapsed() > WAIT {
+            child.kill().unwrap();
+            panic!("the agent never reached {point}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Makes `version` unobtainable: its cache entry corrupt, the repository gone.
+fn make_unobtainable(node: &Node, version: &str) {
+    let ko = node.host().path(format!(
+        "/var/cache/tt-kmd/{RELEASE}/{version}/tenstorrent.ko"
+    ));
+    std::fs::write(&ko, b"not a module any more").unwrap();
+    std::fs::remove_dir_all(node.repo.dir()).unwrap();
+}
+
+/// One point of the kill matrix: 1.0.0 loaded and cached, the agent for 2.0.0 SIGKILLed at
+/// `point` (with a validation that fails when `failing_validation`), 2.0.0 made unobtainable,
+/// the agent restarted: 1.0.0 must be loaded again, reported and labelled, with `reason`.
+fn killed_then_unobtainable(point: &str, failing_validation: bool, reason: &str) {
+    let node = Node::new(&["1.0.0", "2.0.0"]);
+    node.preinstall("1.0.0");
+    let mut env = vec![(KILL_AT_ENV, point)];
+    if failing_validation {
+        env.push(("TTDP_VALIDATION_COMMAND", FAILING_VALIDATION));
+    }
+    killed(spawn_agent(&node, "2.0.0", &env, "killed.log"), point);
+    let left = node.loaded();
+    make_unobtainable(&node, "2.0.0");
+
+    let env: &[(&str, &str)] = if failing_validation {
+        &[("TTDP_VALIDATION_COMMAND", FAILING_VALIDATION)]
+    } else {
+        &[]
+    };
+    let mut agent = spawn_agent(&node, "2.0.0", env, "restarted.log");
+    let file = wait_for(&node, "restarted.log", reason, |f| {
+        f.report
+            .as_ref()
+            .is_some_and(|r| r.phase == AgentPhase::Failed && r.reason.as_deref() == Some(reason))
+    });
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    eprintln!(
+        "killed at {point}: left {left:?}; restarted: {:?}",
+        node.loaded()
+    );
+    assert_eq!(node.loaded().as_deref(), Some("1.0.0"), "killed at {point}");
+    let report = file.report.unwrap();
+    assert_eq!(report.loaded_version.as_deref(), Some("1.0.0"));
+    assert_eq!(
+        file.labels.get(labels::KMD_VERSION).map(String::as_str),
+        Some("1.0.0")
+    );
+    assert!(
+        !node.host().path("/run/ttdp/tenstorrent.swap").exists(),
+        "the journal is settled"
+    );
+    let log = std::fs::read_to_string(node.dir.path().join("restarted.log")).unwrap();
+    assert!(
+        !log.contains("\"outcome\":\"Installed\""),
+        "the restarted agent never installed on the node as on a new one:\n{log}"
+    );
+}
+
+#[test]
+fn killed_before_the_unload_keeps_the_previous_version() {
+    killed_then_unobtainable(BEFORE_UNLOAD, false, "FetchFailed");
+}
+
+#[test]
+fn killed_between_unload_and_load_loads_the_previous_version_back() {
+    killed_then_unobtainable(AFTER_UNLOAD, false, "SwapResumedRolledBack");
+}
+
+#[test]
+fn killed_after_a_load_that_fails_validation_loads_the_previous_version_back() {
+    killed_then_unobtainable(AFTER_LOAD, true, "SwapResumedRolledBack");
+}
+
+#[test]
+fn killed_during_a_validation_rollback_finishes_the_rollback() {
+    killed_then_unobtainable(VALIDATION_ROLLBACK, true, "SwapResumedRolledBack");
+}
+
+/// When the target is still loadable from the cache, the restarted agent finishes the swap.
+#[test]
+fn killed_between_unload_and_load_finishes_the_swap_when_the_target_loads() {
+    let node = Node::new(&["1.0.0", "2.0.0"]);
+    node.preinstall("1.0.0");
+    killed(
+        spawn_agent(&node, "2.0.0", &[(KILL_AT_ENV, AFTER_UNLOAD)], "killed.log"),
+        AFTER_UNLOAD,
+    );
+    assert_eq!(node.loaded(), None);
+    std::fs::remove_dir_all(node.repo.dir()).unwrap();
+    let mut agent = spawn_agent(&node, "2.0.0", &[], "restarted.log");
+    let file = wait_for(&node, "restarted.log", "Ready for 2.0.0", |f| {
+        f.report
+            .as_ref()
+            .is_some_and(|r| r.phase == AgentPhase::Ready)
+    });
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    assert_eq!(node.loaded().as_deref(), Some("2.0.0"));
+    assert!(
+        file.events.iter().any(|e| e.reason == "SwapResumed"),
+        "{:?}",
+        file.events
+    );
+}
