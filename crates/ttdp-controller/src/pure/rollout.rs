@@ -742,6 +742,12 @@ mod tests {
             (Pending, Some(transition::reasons::WAITING_FOR_SLOT))
         );
         assert!(out[0].1.actions.is_empty(), "still cordoned");
+        nodes[0].1.retry = RetryGate::Due;
+        let out = plan(&p, &mut nodes);
+        assert_eq!(
+            out[0].1.state, Failed,
+            "no retry by back-off: it would only wait again"
+        );
         nodes[0].1.retry = RetryGate::Requested;
         let out = plan(&p, &mut nodes);
         assert_eq!(out[0].1.state, Cordoning, "retried in its own slot");

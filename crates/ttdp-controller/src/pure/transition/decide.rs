@@ -543,9 +543,11 @@ impl Deciding<'_> {
         // The back-off does not retry a node that is not Ready: it stays Failed and keeps
         // counting against the failure budget (the upgrade may be what took it down). A retry
         // asked for by hand puts it back in line (Pending, NodeNotReady).
+        // A node whose jobs outlasted their wait is retried only when asked: the admin chose
+        // to fail rather than drain them, and a retry by back-off would only wait again.
         let may_retry = match self.obs.retry {
             RetryGate::Requested => true,
-            RetryGate::Due => self.obs.node_not_ready.is_none(),
+            RetryGate::Due => self.obs.node_not_ready.is_none() && !self.obs.held_for_jobs,
             RetryGate::NotYet => false,
         };
         if may_retry && self.obs.start == StartGate::Allowed {
