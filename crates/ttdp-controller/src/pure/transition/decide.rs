@@ -63,7 +63,13 @@ pub(super) fn decide(obs: &NodeObservation, rules: &RolloutRules) -> NodeTransit
             deciding.settled()
         }
     };
-    deciding.within_deadline(t)
+    let t = deciding.within_deadline(t);
+    // Back in line (no slot, not Ready, a new version or canary): a grant left from before
+    // must not stay behind, or an agent that still asks for it could swap out of turn.
+    if t.state == NodeState::Pending && holds_ours && !t.actions.contains(&Action::Release) {
+        return t.doing(Action::Release);
+    }
+    t
 }
 
 /// `d` as people read it: `45s`, `30m0s`, `2h5m0s`.
@@ -279,12 +285,7 @@ impl Deciding<'_> {
                 }
             };
         }
-        let t = self.start();
-        // Back in line: a grant for another version must not stay behind for the old agent.
-        if t.state == NodeState::Pending && self.obs.grant != UpgradeGrant::Absent {
-            return t.doing(Action::Release);
-        }
-        t
+        self.start()
     }
 
     fn settled(&self) -> NodeTransition {

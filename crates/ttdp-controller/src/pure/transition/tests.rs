@@ -1313,3 +1313,19 @@ fn a_loaded_module_without_a_version_goes_through_the_gate_and_is_granted() {
     });
     assert!(next(&drained, &rules()).actions.contains(&Action::Grant));
 }
+
+#[test]
+fn a_node_back_in_line_gives_its_old_grant_back() {
+    // Granted 2.7.x before spec.version moved on: waiting for a slot with a stale agent.
+    let waiting = with(|o| {
+        o.agent = AgentPod::Stale;
+        o.grant = UpgradeGrant::OtherVersion;
+        o.start = StartGate::NoSlot;
+        old(o);
+    });
+    let mut r = rules();
+    r.drain_enabled = false;
+    let t = next(&waiting, &r);
+    assert_eq!(t.state, Pending);
+    assert_eq!(t.actions, vec![Action::Release]);
+}
