@@ -388,6 +388,43 @@ fn prebuilt(policy: &TenstorrentDriverPolicy) -> Option<&PrebuiltSettings> {
     policy.spec.source.as_ref()?.prebuilt.as_ref()
 }
 
+/// The agent's prebuilt settings, every one spelled out (the trust switches too, so an image's
+/// environment cannot turn them on).
+fn prebuilt_env(prebuilt: &PrebuiltSettings) -> Vec<(&'static str, String)> {
+    let mut vars = vec![
+        (env::TT_KMD_PREBUILT_URL, prebuilt.url.clone()),
+        (env::TT_KMD_PREBUILT_FALLBACK, prebuilt.fallback.clone()),
+        (
+            env::TT_KMD_PREBUILT_TRUST_SERVER_CHECKSUM,
+            prebuilt.trust_server_checksum.to_string(),
+        ),
+        (
+            env::TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP,
+            prebuilt.allow_insecure_http.to_string(),
+        ),
+        (
+            env::TT_KMD_PREBUILT_ALLOW_CROSS_HOST_REDIRECTS,
+            prebuilt.allow_cross_host_redirects.to_string(),
+        ),
+    ];
+    if !prebuilt.checksums.is_empty() {
+        // the agent's form: one JSON object of "<version>/<kernelRelease>" to the sha256
+        let pins: serde_json::Map<String, serde_json::Value> = prebuilt
+            .checksums
+            .iter()
+            .map(|c| {
+                let key = format!("{}/{}", c.version, c.kernel_release);
+                (key, serde_json::Value::from(c.sha256.clone()))
+            })
+            .collect();
+        vars.push((
+            env::TT_KMD_PREBUILT_SHA256,
+            serde_json::Value::from(pins).to_string(),
+        ));
+    }
+    vars
+}
+
 /// Tolerate every NoSchedule and NoExecute taint (a cordoned node keeps its agent; the agent
 /// is what upgrades it), naming the unschedulable taint explicitly for readers.
 fn tolerations() -> Vec<Toleration> {
@@ -446,11 +483,7 @@ fn agent_env(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Vec<EnvVa
         vars.push(value(env::TT_KMD_COMMIT, commit.clone()));
     }
     if let Some(prebuilt) = prebuilt(policy) {
-        vars.push(value(env::TT_KMD_PREBUILT_URL, prebuilt.url.clone()));
-        vars.push(value(
-            env::TT_KMD_PREBUILT_FALLBACK,
-            prebuilt.fallback.clone(),
-        ));
+        vars.extend(prebuilt_env(prebuilt).into_iter().map(|(n, v)| value(n, v)));
     }
     if ca_bundle(policy).is_some() {
         vars.push(value(
@@ -744,7 +777,9 @@ mod tests {
     /// ConfigMap or Secret the policy names, under one file name whatever its key.
     #[test]
     fn the_prebuilt_server_and_its_ca_bundle_reach_the_agent() {
-        use ttdp_api::driver::v1alpha1::{CaBundleSource, PrebuiltSettings, SourceSettings};
+        use ttdp_api::driver::v1alpha1::{
+            CaBundleSource, PinnedChecksum, PrebuiltSettings, SourceSettings,
+        };
         let plain = policy("fleet", "2.8.0");
         let e = env_of(&render(&plain));
         assert!(!e.contains_key(env::TT_KMD_PREBUILT_URL));
@@ -757,6 +792,14 @@ mod tests {
                     url: url.into(),
                     fallback: "Fail".into(),
                     ca_bundle: Some(bundle),
+                    checksums: vec![PinnedChecksum {
+                        version: "2.8.0".into(),
+                        kernel_release: "6.8.0-sim".into(),
+                        sha256: "ab".repeat(32),
+                    }],
+                    trust_server_checksum: false,
+                    allow_insecure_http: false,
+                    allow_cross_host_redirects: true,
                 }),
                 ..SourceSettings::default()
             });
@@ -773,6 +816,20 @@ mod tests {
             e[env::TT_KMD_PREBUILT_FALLBACK].value.as_deref(),
             Some("Fail")
         );
+        let pins: BTreeMap<String, String> =
+            serde_json::from_str(e[env::TT_KMD_PREBUILT_SHA256].value.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            pins,
+            BTreeMap::from([("2.8.0/6.8.0-sim".to_owned(), "ab".repeat(32))])
+        );
+        // the trust switches are always spelled out, false included
+        for (name, want) in [
+            (env::TT_KMD_PREBUILT_TRUST_SERVER_CHECKSUM, "false"),
+            (env::TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP, "false"),
+            (env::TT_KMD_PREBUILT_ALLOW_CROSS_HOST_REDIRECTS, "true"),
+        ] {
+            assert_eq!(e[name].value.as_deref(), Some(want), "{name}");
+        }
         let ca_file = e[env::TT_KMD_PREBUILT_CA_FILE].value.clone().unwrap();
         assert_eq!(ca_file, format!("{CA_BUNDLE_DIR}/ca.crt"));
         let volume = |ds: &DaemonSet| {
