@@ -12,7 +12,8 @@ use anyhow::Context;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ttdp_agent::config::{
-    parse_duration, parse_label_value, parse_object_name, parse_validation_command,
+    SERVICE_ACCOUNT_TOKEN, check_grant_enforced, parse_duration, parse_label_value,
+    parse_object_name, parse_validation_command, runs_in_pod,
 };
 use ttdp_agent::prebuilt_fetch::PrebuiltConfig;
 use ttdp_agent::probe::ProbeChecks;
@@ -200,7 +201,7 @@ struct RunArgs {
     #[arg(long, env = env::KERNEL, value_name = "TTDP_KERNEL", default_value = "real")]
     kernel: KernelKind,
     /// `kube` (node labels, pod annotation, node Events), `file:PATH` (the same in a JSON file)
-    /// or `none`.
+    /// or `none`; in a pod only `kube`, which waits for the controller's upgrade grant.
     #[arg(
         long,
         env = env::REPORT,
@@ -358,6 +359,11 @@ impl RunArgs {
         config.resync_period = self.resync_period;
         config.validation = self.validation.config();
         config.validate()?;
+        let in_pod = runs_in_pod(
+            |name| std::env::var(name).ok(),
+            std::path::Path::new(SERVICE_ACCOUNT_TOKEN).exists(),
+        );
+        check_grant_enforced(&self.report, in_pod)?;
         Ok(config)
     }
 

@@ -171,7 +171,8 @@ pub mod env {
     pub const KERNEL: &str = "TTDP_KERNEL";
     /// `json` or `text`.
     pub const LOG_FORMAT: &str = "TTDP_LOG_FORMAT";
-    /// Where the agent reports: `kube` (the default), `file:PATH` or `none`.
+    /// Where the agent reports: `kube` (the default), `file:PATH` or `none`. In a pod only `kube`
+    /// is accepted (the others enforce no upgrade grant); the DaemonSet always sets it.
     pub const REPORT: &str = "TTDP_REPORT";
     /// The bundled tt-smi binary in the builder image (`none` skips tt-smi).
     pub const TT_SMI_PATH: &str = "TTDP_TT_SMI_PATH";

@@ -467,6 +467,10 @@ fn agent_env(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Vec<EnvVa
         // No TT_SMI_VERSION: the image's own ENV names the tt-smi it carries, so the node
         // label cannot name one the node does not have when installer.image is overridden.
         value(env::LOG_FORMAT, "json".to_owned()),
+        // Set here, never left to the image's environment: `none` or `file:` reporting and the
+        // simulated kernel would swap drivers without the controller's grant.
+        value(env::REPORT, "kube".to_owned()),
+        value(env::KERNEL, "real".to_owned()),
         field(env::NODE_NAME, "spec.nodeName"),
         field(env::POD_NAME, "metadata.name"),
         field(env::POD_NAMESPACE, "metadata.namespace"),
@@ -870,6 +874,16 @@ mod tests {
         let v = volume(&ds);
         assert!(v.config_map.is_none());
         assert_eq!(v.secret.unwrap().secret_name.as_deref(), Some("ko-tls"));
+    }
+
+    /// The image's environment cannot choose where the agent reports or which kernel it
+    /// loads into: both are set on every agent, so a swap always waits for the grant.
+    #[test]
+    fn reporting_and_kernel_are_set_explicitly_on_every_agent() {
+        let e = env_of(&render(&policy("fleet", "2.8.0")));
+        assert_eq!(e[env::REPORT].value.as_deref(), Some("kube"));
+        assert_eq!(e[env::KERNEL].value.as_deref(), Some("real"));
+        assert!(e[env::REPORT].value_from.is_none() && e[env::KERNEL].value_from.is_none());
     }
 
     #[test]
