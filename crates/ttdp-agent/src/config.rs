@@ -23,7 +23,9 @@ pub const RELEASE_PLACEHOLDER: &str = "{release}";
 pub enum KernelKind {
     /// The real kernel (`finit_module`, `delete_module`), the default.
     Real,
-    /// The file-backed simulated kernel under the host root (tests and the demo).
+    /// The file-backed simulated kernel under the host root (tests and the demo; only in builds
+    /// with the `sim` feature, never in a release image).
+    #[cfg(feature = "sim")]
     Sim,
 }
 
@@ -33,7 +35,12 @@ impl FromStr for KernelKind {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "real" => Ok(Self::Real),
+            #[cfg(feature = "sim")]
             "sim" => Ok(Self::Sim),
+            #[cfg(not(feature = "sim"))]
+            "sim" => Err(
+                "this ttdp-agent is a release build and loads modules into the real kernel only; the simulated kernel exists only in builds with the `sim` feature (tests and the demo). Remove TTDP_KERNEL from the image's environment or set it to real".into(),
+            ),
             other => Err(format!("unknown kernel {other:?}; expected real or sim")),
         }
     }
@@ -371,18 +378,6 @@ mod tests {
     }
 
     #[test]
-    fn kernels_parse() {
-        assert_eq!("real".parse(), Ok(KernelKind::Real));
-        assert_eq!("sim".parse(), Ok(KernelKind::Sim));
-        assert!(
-            "qemu"
-                .parse::<KernelKind>()
-                .unwrap_err()
-                .contains("real or sim")
-        );
-    }
-
-    #[test]
     fn a_pod_runs_the_agent_only_with_the_upgrade_grant_enforced() {
         let none = |_: &str| None::<String>;
         assert!(!runs_in_pod(none, false));
@@ -408,6 +403,18 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn kernels_parse() {
+        assert_eq!("real".parse(), Ok(KernelKind::Real));
+        assert_eq!("sim".parse(), Ok(KernelKind::Sim));
+        assert!(
+            "qemu"
+                .parse::<KernelKind>()
+                .unwrap_err()
+                .contains("real or sim")
+        );
     }
 
     #[test]

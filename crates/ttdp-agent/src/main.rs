@@ -197,7 +197,8 @@ struct RunArgs {
     /// Git repository tt-kmd is fetched from (URL or local path).
     #[arg(long, env = env::TT_KMD_REPOSITORY, value_name = "TT_KMD_REPOSITORY", default_value = DEFAULT_KMD_REPOSITORY)]
     kmd_repository: String,
-    /// `real`, or `sim` for the file-backed simulated kernel under the host root.
+    /// `real`, or `sim` for the file-backed simulated kernel under the host root (builds with
+    /// the `sim` feature only: tests and the demo).
     #[arg(long, env = env::KERNEL, value_name = "TTDP_KERNEL", default_value = "real")]
     kernel: KernelKind,
     /// `kube` (node labels, pod annotation, node Events), `file:PATH` (the same in a JSON file)
