@@ -93,7 +93,8 @@ impl Built {
 }
 
 const USAGE: &str = "usage: cargo xtask image agent|controller [--engine docker|podman|buildah]
-       cargo xtask image inputs|binaries";
+       cargo xtask image inputs|binaries
+       cargo xtask image check-agent PATH   (PATH has no test hooks and refuses TTDP_KERNEL=sim)";
 
 /// Entry point of `cargo xtask image`.
 pub fn run(args: &[String]) -> Result<()> {
@@ -105,6 +106,17 @@ pub fn run(args: &[String]) -> Result<()> {
             "controller" => which = Some(Which::Controller),
             "inputs" if args.len() == 1 => return prepare_inputs().map(|_| ()),
             "binaries" if args.len() == 1 => return binaries::build(&repo_root()?).map(|_| ()),
+            "check-agent" if args.len() == 2 => {
+                let path = PathBuf::from(it.next().context(USAGE)?);
+                let bytes =
+                    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+                binaries::check_release_agent(&path, &bytes)?;
+                println!(
+                    "{}: a release agent (no test hooks, no simulated kernel)",
+                    path.display()
+                );
+                return Ok(());
+            }
             "--engine" => engine = Some(it.next().context(USAGE)?.clone()),
             _ => bail!("{USAGE}"),
         }

@@ -294,6 +294,10 @@ fn describe_shows_parameters_and_commits_when_set() {
             url: "https://ko.example.com/{version}/{kernelRelease}/tenstorrent.ko".into(),
             fallback: "Fail".into(),
             ca_bundle: None,
+            checksums: Vec::new(),
+            trust_server_checksum: true,
+            allow_insecure_http: false,
+            allow_cross_host_redirects: false,
         }),
     });
     let mut rows: Vec<_> = fleet

@@ -23,7 +23,9 @@ pub const RELEASE_PLACEHOLDER: &str = "{release}";
 pub enum KernelKind {
     /// The real kernel (`finit_module`, `delete_module`), the default.
     Real,
-    /// The file-backed simulated kernel under the host root (tests and the demo).
+    /// The file-backed simulated kernel under the host root (tests and the demo; only in builds
+    /// with the `sim` feature, never in a release image).
+    #[cfg(feature = "sim")]
     Sim,
 }
 
@@ -33,7 +35,12 @@ impl FromStr for KernelKind {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "real" => Ok(Self::Real),
+            #[cfg(feature = "sim")]
             "sim" => Ok(Self::Sim),
+            #[cfg(not(feature = "sim"))]
+            "sim" => Err(
+                "this ttdp-agent is a release build and loads modules into the real kernel only; the simulated kernel exists only in builds with the `sim` feature (tests and the demo). Remove TTDP_KERNEL from the image's environment or set it to real".into(),
+            ),
             other => Err(format!("unknown kernel {other:?}; expected real or sim")),
         }
     }
@@ -65,6 +72,37 @@ impl FromStr for ReportTarget {
             },
         }
     }
+}
+
+/// The service-account token every pod gets (unless its automount is off).
+pub const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+/// Whether the agent runs in a Kubernetes pod: the kubelet sets `KUBERNETES_SERVICE_HOST` in
+/// every container, the DaemonSet sets `POD_NAME` and `POD_NAMESPACE` from the downward API,
+/// and the service-account token is mounted. Any one is enough: an image cannot unset them.
+/// `var` reads an environment variable.
+pub fn runs_in_pod(var: impl Fn(&str) -> Option<String>, token_mounted: bool) -> bool {
+    token_mounted
+        || ["KUBERNETES_SERVICE_HOST", env::POD_NAME, env::POD_NAMESPACE]
+            .iter()
+            .any(|name| var(name).is_some_and(|v| !v.is_empty()))
+}
+
+/// In a pod, only the Kubernetes backend, the one that reads the controller's upgrade grant,
+/// may run the agent: `file:` and `none` swap without a grant (they stand for a VM or a host run
+/// by hand), so an image whose environment names them must not start.
+pub fn check_grant_enforced(report: &ReportTarget, in_pod: bool) -> Result<(), ConfigError> {
+    let value = match report {
+        ReportTarget::Kube => return Ok(()),
+        _ if !in_pod => return Ok(()),
+        ReportTarget::File(path) => format!("file:{}", path.display()),
+        ReportTarget::Disabled => "none".to_owned(),
+    };
+    Err(ConfigError::Invalid {
+        variable: env::REPORT,
+        value,
+        problem: "in a pod the agent must report to the Kubernetes API (kube), the only backend that waits for the controller's upgrade grant; file: and none would swap the driver without one and are for VMs and hosts run by hand. Remove TTDP_REPORT from the image's environment (the DaemonSet sets kube)".into(),
+    })
 }
 
 /// The bundled tt-smi binary and the version it is labelled with.
@@ -337,6 +375,34 @@ mod tests {
                 .unwrap_err()
                 .contains("program")
         );
+    }
+
+    #[test]
+    fn a_pod_runs_the_agent_only_with_the_upgrade_grant_enforced() {
+        let none = |_: &str| None::<String>;
+        assert!(!runs_in_pod(none, false));
+        assert!(runs_in_pod(none, true));
+        for name in ["KUBERNETES_SERVICE_HOST", "POD_NAME", "POD_NAMESPACE"] {
+            let set = |n: &str| (n == name).then(|| "x".to_owned());
+            assert!(runs_in_pod(set, false), "{name}");
+        }
+        assert!(
+            !runs_in_pod(|_| Some(String::new()), false),
+            "empty is unset"
+        );
+
+        let file = ReportTarget::File("/tmp/r.json".into());
+        for report in [&ReportTarget::Kube, &file, &ReportTarget::Disabled] {
+            assert!(check_grant_enforced(report, false).is_ok(), "{report:?}");
+        }
+        assert!(check_grant_enforced(&ReportTarget::Kube, true).is_ok());
+        for report in [&file, &ReportTarget::Disabled] {
+            let err = check_grant_enforced(report, true).unwrap_err().to_string();
+            assert!(
+                err.contains("TTDP_REPORT") && err.contains("upgrade grant"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

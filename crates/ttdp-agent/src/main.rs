@@ -2,6 +2,7 @@
 //! logs, signals and the reporting backend, and runs [`ttdp_agent::run`]; `ttdp-agent probe` is
 //! the exec readiness probe.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,7 +12,8 @@ use anyhow::Context;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ttdp_agent::config::{
-    parse_duration, parse_label_value, parse_object_name, parse_validation_command,
+    SERVICE_ACCOUNT_TOKEN, check_grant_enforced, parse_duration, parse_label_value,
+    parse_object_name, parse_validation_command, runs_in_pod,
 };
 use ttdp_agent::prebuilt_fetch::PrebuiltConfig;
 use ttdp_agent::probe::ProbeChecks;
@@ -20,7 +22,10 @@ use ttdp_agent::{
     NoReporter, PodRef, ReportTarget, RetryPolicy, TtSmiSource, ValidationConfig,
 };
 use ttdp_api::names::{DEFAULT_KMD_REPOSITORY, env};
-use ttdp_kmod::prebuilt::{KERNEL_RELEASE_PLACEHOLDER, PrebuiltFallback, VERSION_PLACEHOLDER};
+use ttdp_kmod::prebuilt::{
+    KERNEL_RELEASE_PLACEHOLDER, PrebuiltFallback, PrebuiltPins, VERSION_PLACEHOLDER,
+    parse_pinned_checksums,
+};
 
 /// How long, after the agent returned, threads still running an abandoned build may delay exit.
 const EXIT_GRACE: Duration = Duration::from_secs(1);
@@ -69,6 +74,10 @@ struct ProbeArgs {
     #[arg(long, env = env::LOCK_DIR, value_name = "TTDP_LOCK_DIR")]
     lock_dir: Option<PathBuf>,
 }
+
+/// The parsed `TT_KMD_PREBUILT_SHA256`.
+#[derive(Debug, Clone)]
+struct PinnedChecksums(BTreeMap<String, String>);
 
 /// The parsed `TTDP_VALIDATION_COMMAND` (`None`: an empty text or `[]`).
 #[derive(Debug, Clone)]
@@ -167,14 +176,33 @@ struct RunArgs {
     /// PEM CA certificates trusted for the prebuilt server, besides the system's.
     #[arg(long, env = env::TT_KMD_PREBUILT_CA_FILE, value_name = "TT_KMD_PREBUILT_CA_FILE")]
     prebuilt_ca_file: Option<PathBuf>,
+    /// The sha256 each prebuilt module must have, a JSON object keyed
+    /// "<version>/<kernelRelease>"; a module without one is downloaded only with
+    /// --prebuilt-trust-server-checksum.
+    #[arg(long, env = env::TT_KMD_PREBUILT_SHA256, value_name = "TT_KMD_PREBUILT_SHA256",
+          value_parser = |s: &str| parse_pinned_checksums(s).map(PinnedChecksums))]
+    prebuilt_sha256: Option<PinnedChecksums>,
+    /// Trust the server's .sha256 file for a prebuilt module without a pinned checksum.
+    #[arg(long, env = env::TT_KMD_PREBUILT_TRUST_SERVER_CHECKSUM, value_name = "TT_KMD_PREBUILT_TRUST_SERVER_CHECKSUM",
+          default_value = "false", num_args = 0..=1, default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    prebuilt_trust_server_checksum: bool,
+    /// Allow plain http for prebuilt downloads and their redirects.
+    #[arg(long, env = env::TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP, value_name = "TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP",
+          default_value = "false", num_args = 0..=1, default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    prebuilt_allow_insecure_http: bool,
+    /// Follow redirects of prebuilt downloads to another host.
+    #[arg(long, env = env::TT_KMD_PREBUILT_ALLOW_CROSS_HOST_REDIRECTS, value_name = "TT_KMD_PREBUILT_ALLOW_CROSS_HOST_REDIRECTS",
+          default_value = "false", num_args = 0..=1, default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    prebuilt_allow_cross_host_redirects: bool,
     /// Git repository tt-kmd is fetched from (URL or local path).
     #[arg(long, env = env::TT_KMD_REPOSITORY, value_name = "TT_KMD_REPOSITORY", default_value = DEFAULT_KMD_REPOSITORY)]
     kmd_repository: String,
-    /// `real`, or `sim` for the file-backed simulated kernel under the host root.
+    /// `real`, or `sim` for the file-backed simulated kernel under the host root (builds with
+    /// the `sim` feature only: tests and the demo).
     #[arg(long, env = env::KERNEL, value_name = "TTDP_KERNEL", default_value = "real")]
     kernel: KernelKind,
     /// `kube` (node labels, pod annotation, node Events), `file:PATH` (the same in a JSON file)
-    /// or `none`.
+    /// or `none`; in a pod only `kube`, which waits for the controller's upgrade grant.
     #[arg(
         long,
         env = env::REPORT,
@@ -270,6 +298,16 @@ impl RunArgs {
                 FallbackArg::Fail => PrebuiltFallback::Fail,
             },
             ca_file: self.prebuilt_ca_file.clone(),
+            pins: PrebuiltPins {
+                sha256: self
+                    .prebuilt_sha256
+                    .clone()
+                    .map(|p| p.0)
+                    .unwrap_or_default(),
+                trust_server_checksum: self.prebuilt_trust_server_checksum,
+            },
+            allow_insecure_http: self.prebuilt_allow_insecure_http,
+            allow_cross_host_redirects: self.prebuilt_allow_cross_host_redirects,
         });
         config.tt_smi = match (self.tt_smi_path.as_str(), &self.tt_smi_version) {
             ("none", _) => None,
@@ -322,6 +360,11 @@ impl RunArgs {
         config.resync_period = self.resync_period;
         config.validation = self.validation.config();
         config.validate()?;
+        let in_pod = runs_in_pod(
+            |name| std::env::var(name).ok(),
+            std::path::Path::new(SERVICE_ACCOUNT_TOKEN).exists(),
+        );
+        check_grant_enforced(&self.report, in_pod)?;
         Ok(config)
     }
 

@@ -1,11 +1,13 @@
 //! [`NodeKernel`]: the kernel chosen at startup (`TTDP_KERNEL`): real, or simulated in files
-//! under the host root.
+//! under the host root (builds with the `sim` feature only).
 
 use std::io;
 use std::path::Path;
 
 use ttdp_hostprobe::HostRoot;
-use ttdp_kmod::{Kernel, RealKernel, SimKernel};
+#[cfg(feature = "sim")]
+use ttdp_kmod::SimKernel;
+use ttdp_kmod::{Kernel, RealKernel};
 
 use crate::config::KernelKind;
 
@@ -15,6 +17,7 @@ pub enum NodeKernel {
     /// `finit_module` / `delete_module` / `kill` for real.
     Real(RealKernel),
     /// The simulated kernel under the host root.
+    #[cfg(feature = "sim")]
     Sim(SimKernel),
 }
 
@@ -23,6 +26,7 @@ impl NodeKernel {
     pub fn new(kind: KernelKind, host: &HostRoot) -> Self {
         match kind {
             KernelKind::Real => Self::Real(RealKernel::new(host.clone())),
+            #[cfg(feature = "sim")]
             KernelKind::Sim => Self::Sim(SimKernel::new(host.clone())),
         }
     }
@@ -32,6 +36,7 @@ impl Kernel for NodeKernel {
     fn load(&self, ko: &Path, params: &str) -> io::Result<()> {
         match self {
             Self::Real(k) => k.load(ko, params),
+            #[cfg(feature = "sim")]
             Self::Sim(k) => k.load(ko, params),
         }
     }
@@ -39,6 +44,7 @@ impl Kernel for NodeKernel {
     fn unload(&self, name: &str) -> io::Result<()> {
         match self {
             Self::Real(k) => k.unload(name),
+            #[cfg(feature = "sim")]
             Self::Sim(k) => k.unload(name),
         }
     }
@@ -46,6 +52,7 @@ impl Kernel for NodeKernel {
     fn kill(&self, pid: i32) -> io::Result<()> {
         match self {
             Self::Real(k) => k.kill(pid),
+            #[cfg(feature = "sim")]
             Self::Sim(k) => k.kill(pid),
         }
     }

@@ -1,7 +1,9 @@
-//! [`HttpPrebuiltSource`]: downloads ready-built modules (`spec.source.prebuilt`) over plain
-//! HTTP(S) for `ttdp_kmod`, which checks them before they enter the cache. HTTPS trusts the
-//! system's CA certificates plus an optional bundle (the policy's `caBundle`, mounted by the
-//! DaemonSet). The client is hyper's, the one kube already runs on.
+//! [`HttpPrebuiltSource`]: downloads ready-built modules (`spec.source.prebuilt`) over HTTPS
+//! for `ttdp_kmod`, which checks them (against the checksums the policy pins) before they enter
+//! the cache. HTTPS trusts the system's CA certificates plus an optional bundle (the policy's
+//! `caBundle`, mounted by the DaemonSet). Plain http, and redirects to another host, only when
+//! the policy allows them: whoever answers the download chooses code for the kernel. The client
+//! is hyper's, the one kube already runs on.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use tokio::runtime::Handle;
 use ttdp_api::names::env;
 use ttdp_kmod::KmdVersion;
 use ttdp_kmod::prebuilt::{
-    CHECKSUM_SUFFIX, FetchedKo, PrebuiltFallback, PrebuiltFetchError, PrebuiltSource,
+    CHECKSUM_SUFFIX, FetchedKo, PrebuiltFallback, PrebuiltFetchError, PrebuiltPins, PrebuiltSource,
     parse_checksum_file, prebuilt_url,
 };
 
@@ -42,6 +44,27 @@ pub struct PrebuiltConfig {
     pub fallback: PrebuiltFallback,
     /// Extra CA certificates (PEM) for HTTPS.
     pub ca_file: Option<PathBuf>,
+    /// The checksums the policy pins, and whether the server's own may stand in.
+    pub pins: PrebuiltPins,
+    /// Plain http allowed, for the URL and redirects (`TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP`).
+    pub allow_insecure_http: bool,
+    /// Redirects to another host followed (`TT_KMD_PREBUILT_ALLOW_CROSS_HOST_REDIRECTS`).
+    pub allow_cross_host_redirects: bool,
+}
+
+impl PrebuiltConfig {
+    /// A configuration for `url_template` that trusts nothing beyond the defaults: https only,
+    /// redirects on the same host, no checksum pinned and the server's not trusted.
+    pub fn new(url_template: impl Into<String>, fallback: PrebuiltFallback) -> Self {
+        Self {
+            url_template: url_template.into(),
+            fallback,
+            ca_file: None,
+            pins: PrebuiltPins::default(),
+            allow_insecure_http: false,
+            allow_cross_host_redirects: false,
+        }
+    }
 }
 
 /// Downloads `.ko` files and their checksums with hyper, blocking on the agent's runtime (it is
@@ -64,6 +87,16 @@ impl HttpPrebuiltSource {
             value: config.url_template.clone(),
             problem: format!("prebuilt downloads need the agent's tokio runtime: {e}"),
         })?;
+        if config.url_template.starts_with("http://") && !config.allow_insecure_http {
+            return Err(ConfigError::Invalid {
+                variable: env::TT_KMD_PREBUILT_URL,
+                value: config.url_template.clone(),
+                problem: format!(
+                    "plain http lets anyone on the network choose the module loaded into the kernel; use https, or allow http explicitly (spec.source.prebuilt.allowInsecureHttp, {})",
+                    env::TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP
+                ),
+            });
+        }
         let roots = trusted_roots(config.ca_file.as_deref())?;
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
@@ -76,11 +109,14 @@ impl HttpPrebuiltSource {
         })?
         .with_root_certificates(roots)
         .with_no_client_auth();
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .build();
+        let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
+        // without the opt-in, the connector itself refuses http, whatever URL reaches it
+        let builder = if config.allow_insecure_http {
+            builder.https_or_http()
+        } else {
+            builder.https_only()
+        };
+        let https = builder.enable_http1().build();
         let client = Client::builder(TokioExecutor::new()).build(https);
         Ok(Self {
             config,
@@ -107,8 +143,10 @@ impl HttpPrebuiltSource {
                 .map_err(|e| failed(error_chain(&e)))?;
             let status = response.status();
             if status.is_redirection() {
-                uri = redirect_target(&uri, response.headers().get(header::LOCATION))
+                let target = redirect_target(&uri, response.headers().get(header::LOCATION))
                     .ok_or_else(|| failed(format!("{status} without a usable Location")))?;
+                check_redirect(url, &target, &self.config).map_err(failed)?;
+                uri = target;
                 continue;
             }
             if matches!(status, StatusCode::NOT_FOUND | StatusCode::GONE) {
@@ -175,6 +213,41 @@ impl PrebuiltSource for HttpPrebuiltSource {
     fn fallback(&self) -> PrebuiltFallback {
         self.config.fallback
     }
+
+    fn pins(&self) -> &PrebuiltPins {
+        &self.config.pins
+    }
+}
+
+/// Whether a redirect from the download of `url` to `target` may be followed: never from https
+/// to http, nor to http at all, without `allow_insecure_http`; never to another host or port
+/// than `url`'s without `allow_cross_host_redirects`. The message says which setting allows it.
+pub fn check_redirect(url: &str, target: &Uri, config: &PrebuiltConfig) -> Result<(), String> {
+    let insecure = target.scheme_str() != Some("https");
+    if insecure && !config.allow_insecure_http {
+        return Err(format!(
+            "the server redirects to {target}, which is not https; refused (allow it with spec.source.prebuilt.allowInsecureHttp)"
+        ));
+    }
+    // the same host name, on the same port unless the scheme changed (an allowed move to http)
+    let port = |u: &Uri| u.port_u16().or(default_port(u));
+    let same_host = url.parse::<Uri>().is_ok_and(|o| {
+        o.host() == target.host() && (o.scheme() != target.scheme() || port(&o) == port(target))
+    });
+    if !same_host && !config.allow_cross_host_redirects {
+        return Err(format!(
+            "the server redirects to {target}, on another host than {url}; refused (allow it with spec.source.prebuilt.allowCrossHostRedirects)"
+        ));
+    }
+    Ok(())
+}
+
+fn default_port(uri: &Uri) -> Option<u16> {
+    match uri.scheme_str() {
+        Some("https") => Some(443),
+        Some("http") => Some(80),
+        _ => None,
+    }
 }
 
 /// The system's CA certificates plus those of `ca_file`.
@@ -240,4 +313,52 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         cause = e.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(insecure: bool, cross_host: bool) -> PrebuiltConfig {
+        PrebuiltConfig {
+            allow_insecure_http: insecure,
+            allow_cross_host_redirects: cross_host,
+            ..PrebuiltConfig::new("unused", PrebuiltFallback::Build)
+        }
+    }
+
+    fn check(url: &str, target: &str, config: &PrebuiltConfig) -> Result<(), String> {
+        check_redirect(url, &target.parse().unwrap(), config)
+    }
+
+    #[test]
+    fn redirects_stay_on_https_and_on_the_same_host_unless_allowed() {
+        let url = "https://ko.example.com/tt-kmd/2.8.0/tenstorrent.ko";
+        let strict = config(false, false);
+        assert_eq!(
+            check(url, "https://ko.example.com/store/a.ko", &strict),
+            Ok(())
+        );
+        assert_eq!(
+            check(url, "https://ko.example.com:443/a.ko", &strict),
+            Ok(())
+        );
+        let downgrade = check(url, "http://ko.example.com/a.ko", &strict).unwrap_err();
+        assert!(downgrade.contains("allowInsecureHttp"), "{downgrade}");
+        let other = check(url, "https://cdn.example.net/a.ko", &strict).unwrap_err();
+        assert!(other.contains("allowCrossHostRedirects"), "{other}");
+        let port = check(url, "https://ko.example.com:8443/a.ko", &strict).unwrap_err();
+        assert!(port.contains("another host"), "{port}");
+
+        assert_eq!(
+            check(url, "https://cdn.example.net/a.ko", &config(false, true)),
+            Ok(())
+        );
+        assert!(check(url, "http://cdn.example.net/a.ko", &config(false, true)).is_err());
+        assert_eq!(
+            check(url, "http://ko.example.com/a.ko", &config(true, false)),
+            Ok(())
+        );
+        assert!(check(url, "http://cdn.example.net/a.ko", &config(true, false)).is_err());
+    }
 }

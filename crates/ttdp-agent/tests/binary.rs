@@ -403,3 +403,58 @@ fn an_image_without_tt_smi_runs_without_copying_or_labelling_it() {
     sigterm(&child);
     assert!(wait_exit(child, Duration::from_secs(10)).success());
 }
+
+/// An image whose environment says `TTDP_REPORT=none` (or `file:`) must not run in a pod: those
+/// backends swap the driver without the controller's upgrade grant. Each sign of a pod (the
+/// kubelet's `KUBERNETES_SERVICE_HOST`, the DaemonSet's downward-API `POD_NAME`) is enough.
+#[test]
+fn in_a_pod_the_agent_refuses_to_run_without_the_upgrade_grant() {
+    let node = Node::new(&["1.0.0"]);
+    let file_report = format!("file:{}", report_path(&node).display());
+    for (pod_var, pod_value) in [
+        ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+        ("POD_NAME", "ttdrv-fleet-abcde"),
+    ] {
+        for report in ["none", file_report.as_str()] {
+            let mut cmd = agent_command(&["run"]);
+            node_env(&mut cmd, &node, "1.0.0");
+            cmd.env("TTDP_REPORT", report)
+                .env(pod_var, pod_value)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            let child = cmd.spawn().unwrap();
+            // before the check existed the agent ran on: bounded, so the test fails, not hangs
+            let (status, stderr) = wait_exit_or_kill(child, Duration::from_secs(20));
+            assert!(!status.success(), "{pod_var} {report}: {status:?}");
+            assert!(
+                stderr.contains("TTDP_REPORT")
+                    && stderr.contains("upgrade grant")
+                    && stderr.contains("the DaemonSet sets kube"),
+                "{pod_var} {report}: {stderr}"
+            );
+        }
+    }
+    assert_eq!(node.loaded(), None, "nothing was loaded");
+}
+
+/// Waits at most `limit` for `child` to exit (killing it after), and returns its status and
+/// stderr.
+fn wait_exit_or_kill(mut child: Child, limit: Duration) -> (ExitStatus, String) {
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        use std::io::Read;
+        pipe.read_to_string(&mut stderr).unwrap();
+    }
+    (status, stderr)
+}

@@ -20,7 +20,9 @@ use tokio_util::sync::CancellationToken;
 use ttdp_agent::prebuilt_fetch::{HttpPrebuiltSource, PrebuiltConfig};
 use ttdp_agent::{NodeAgent, NodeKernel};
 use ttdp_api::agent_report::AgentPhase;
-use ttdp_kmod::prebuilt::{FetchedKo, PrebuiltFallback, PrebuiltFetchError, PrebuiltSource};
+use ttdp_kmod::prebuilt::{
+    FetchedKo, PrebuiltFallback, PrebuiltFetchError, PrebuiltPins, PrebuiltSource,
+};
 use ttdp_kmod::{CacheLookup, KoCache, SimHost, build_module};
 
 /// One answer of the test server: status, extra header lines, body.
@@ -119,12 +121,27 @@ fn published(node: &Node, version: &str, release: &str) -> (Vec<u8>, HashMap<Str
     (ko, paths)
 }
 
+/// A configuration for the test server at `template`: plain http allowed (most tests serve
+/// http) and the server's checksums trusted; redirects stay on its host.
+fn lenient(template: String) -> PrebuiltConfig {
+    PrebuiltConfig {
+        allow_insecure_http: true,
+        pins: PrebuiltPins {
+            trust_server_checksum: true,
+            ..PrebuiltPins::default()
+        },
+        ..PrebuiltConfig::new(template, PrebuiltFallback::Fail)
+    }
+}
+
 fn source(template: String, ca_file: Option<PathBuf>) -> Arc<HttpPrebuiltSource> {
-    let config = PrebuiltConfig {
-        url_template: template,
-        fallback: PrebuiltFallback::Fail,
+    source_with(PrebuiltConfig {
         ca_file,
-    };
+        ..lenient(template)
+    })
+}
+
+fn source_with(config: PrebuiltConfig) -> Arc<HttpPrebuiltSource> {
     Arc::new(HttpPrebuiltSource::new(config, Duration::from_secs(20)).unwrap())
 }
 
@@ -261,15 +278,112 @@ async fn https_is_trusted_through_the_policy_ca_bundle_only() {
     let garbage = node.dir.path().join("garbage.pem");
     std::fs::write(&garbage, "not a certificate").unwrap();
     let config = PrebuiltConfig {
-        url_template: server.template(),
-        fallback: PrebuiltFallback::Build,
         ca_file: Some(garbage),
+        ..PrebuiltConfig::new(server.template(), PrebuiltFallback::Build)
     };
     let err = HttpPrebuiltSource::new(config, Duration::from_secs(5)).unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.contains("TT_KMD_PREBUILT_CA_FILE") && msg.contains("no PEM certificate"),
         "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn plain_http_is_refused_unless_the_policy_allows_it() {
+    let node = Node::new(&["2.0.0"]);
+    let (ko, paths) = published(&node, "2.0.0", RELEASE);
+    let server = Server::start(paths, None).await;
+    assert!(server.base.starts_with("http://"));
+
+    let strict = PrebuiltConfig::new(server.template(), PrebuiltFallback::Build);
+    let err = HttpPrebuiltSource::new(strict, Duration::from_secs(5)).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("TT_KMD_PREBUILT_URL")
+            && msg.contains("allowInsecureHttp")
+            && msg.contains("TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP"),
+        "{msg}"
+    );
+
+    let allowed = fetch(&source(server.template(), None), "2.0.0")
+        .await
+        .unwrap();
+    assert_eq!(allowed.bytes, ko);
+}
+
+/// An HTTPS server on loopback serving `paths`, and the CA that signed it (in `node`'s
+/// directory `name`).
+async fn https_server(
+    node: &Node,
+    name: &str,
+    paths: HashMap<String, Answer>,
+) -> (Server, PathBuf) {
+    let dir = node.dir.path().join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (tls, ca_file) = tls_server(&dir);
+    (Server::start(paths, Some(tls)).await, ca_file)
+}
+
+#[tokio::test]
+async fn an_https_download_is_not_redirected_to_http_or_to_another_host() {
+    let node = Node::new(&["2.0.0"]);
+    let (ko, paths) = published(&node, "2.0.0", RELEASE);
+    // what answers the redirect: plain http on loopback, with the real files
+    let plain = Server::start(paths.clone(), None).await;
+    let moved = |to: String| Answer(302, format!("location: {to}\r\n"), Vec::new());
+    let mut redirects = paths.clone();
+    redirects.insert(
+        ko_path("2.0.0"),
+        moved(format!("{}{}", plain.base, ko_path("2.0.0"))),
+    );
+    let (tls_server, ca_file) = https_server(&node, "downgrading", redirects).await;
+    let https_port = tls_server.base.rsplit(':').next().unwrap().to_owned();
+    // the same https server under another name: another host for the redirect rule
+    redirects = paths.clone();
+    redirects.insert(
+        ko_path("2.0.0"),
+        moved(format!(
+            "https://127.0.0.1:{https_port}{}",
+            ko_path("2.0.0")
+        )),
+    );
+    let (cross, cross_ca) = https_server(&node, "cross-host", redirects).await;
+    let strict = |server: &Server, ca: &PathBuf| PrebuiltConfig {
+        ca_file: Some(ca.clone()),
+        pins: PrebuiltPins {
+            trust_server_checksum: true,
+            ..PrebuiltPins::default()
+        },
+        ..PrebuiltConfig::new(server.template(), PrebuiltFallback::Fail)
+    };
+
+    let downgrade = fetch(&source_with(strict(&tls_server, &ca_file)), "2.0.0")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&downgrade, PrebuiltFetchError::Failed { message, .. }
+            if message.contains("not https") && message.contains("allowInsecureHttp")),
+        "{downgrade}"
+    );
+    let elsewhere = fetch(&source_with(strict(&cross, &cross_ca)), "2.0.0")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&elsewhere, PrebuiltFetchError::Failed { message, .. }
+            if message.contains("another host") && message.contains("allowCrossHostRedirects")),
+        "{elsewhere}"
+    );
+
+    // each allowed explicitly: followed
+    let insecure = PrebuiltConfig {
+        allow_insecure_http: true,
+        allow_cross_host_redirects: true,
+        ..strict(&tls_server, &ca_file)
+    };
+    assert_eq!(
+        fetch(&source_with(insecure), "2.0.0").await.unwrap().bytes,
+        ko
     );
 }
 
@@ -280,9 +394,8 @@ fn prebuilt_agent(
 ) -> NodeAgent<NodeKernel, Recording> {
     let mut config = node.config("2.0.0");
     config.prebuilt = Some(PrebuiltConfig {
-        url_template: template,
         fallback: PrebuiltFallback::Build,
-        ca_file: None,
+        ..lenient(template)
     });
     let kernel = NodeKernel::new(config.kernel, &config.host);
     NodeAgent::new(config, kernel, reporter.clone()).unwrap()

@@ -171,13 +171,28 @@ pub mod env {
     /// A PEM file of CA certificates trusted for the prebuilt server in addition to the
     /// system's (`spec.source.prebuilt.caBundle`, mounted by the DaemonSet).
     pub const TT_KMD_PREBUILT_CA_FILE: &str = "TT_KMD_PREBUILT_CA_FILE";
+    /// The pinned checksums of prebuilt modules, a JSON object of `<version>/<kernelRelease>` to
+    /// hex sha256 (`spec.source.prebuilt.checksums`); unset or empty: none.
+    pub const TT_KMD_PREBUILT_SHA256: &str = "TT_KMD_PREBUILT_SHA256";
+    /// `true`: a prebuilt module without a pinned checksum is trusted on the server's `.sha256`
+    /// file (`spec.source.prebuilt.trustServerChecksum`); default false.
+    pub const TT_KMD_PREBUILT_TRUST_SERVER_CHECKSUM: &str = "TT_KMD_PREBUILT_TRUST_SERVER_CHECKSUM";
+    /// `true`: prebuilt downloads may use plain http (`spec.source.prebuilt.allowInsecureHttp`);
+    /// default false.
+    pub const TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP: &str = "TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP";
+    /// `true`: prebuilt downloads follow redirects to other hosts
+    /// (`spec.source.prebuilt.allowCrossHostRedirects`); default false.
+    pub const TT_KMD_PREBUILT_ALLOW_CROSS_HOST_REDIRECTS: &str =
+        "TT_KMD_PREBUILT_ALLOW_CROSS_HOST_REDIRECTS";
     /// Where the host's root filesystem is mounted in the agent container.
     pub const HOST_ROOT: &str = "TTDP_HOST_ROOT";
-    /// `real` (the default) or `sim`: which kernel the agent talks to.
+    /// `real` (the default) or `sim`: which kernel the agent talks to (`sim` only in builds
+    /// with the agent's `sim` feature; the DaemonSet always sets `real`).
     pub const KERNEL: &str = "TTDP_KERNEL";
     /// `json` or `text`.
     pub const LOG_FORMAT: &str = "TTDP_LOG_FORMAT";
-    /// Where the agent reports: `kube` (the default), `file:PATH` or `none`.
+    /// Where the agent reports: `kube` (the default), `file:PATH` or `none`. In a pod only `kube`
+    /// is accepted (the others enforce no upgrade grant); the DaemonSet always sets it.
     pub const REPORT: &str = "TTDP_REPORT";
     /// The bundled tt-smi binary in the builder image (`none` skips tt-smi).
     pub const TT_SMI_PATH: &str = "TTDP_TT_SMI_PATH";

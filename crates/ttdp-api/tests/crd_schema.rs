@@ -571,17 +571,58 @@ fn source_repository_and_commit_are_checked_with_clear_messages() {
 fn prebuilt_modules_are_checked_with_clear_messages() {
     let spec = |prebuilt: Value| json!({"version": "2.8.0", "nodeAffinity": {}, "source": {"prebuilt": prebuilt}});
     let url = "https://ko.example.com/tt-kmd/{version}/{kernelRelease}/tenstorrent.ko";
+    let sum = "0123456789abcdef".repeat(4);
+    let pin = |version: &str, release: &str, sha256: &str| json!({"version": version, "kernelRelease": release, "sha256": sha256});
+    let pins = |version: &str, release: &str, sha256: &str| json!({"url": url, "checksums": [pin(version, release, sha256)]});
     for prebuilt in [
-        json!({"url": url}),
-        json!({"url": url.replace("https", "http"), "fallback": "Fail"}),
-        json!({"url": url, "caBundle": {"configMapName": "ko-ca"}}),
-        json!({"url": url, "caBundle": {"secretName": "ko-tls", "key": "ca.pem"}}),
+        json!({"url": url, "trustServerChecksum": true}),
+        json!({"url": url, "checksums": [pin("2.8.0", "6.8.0-111-generic", &sum), pin("2.7.0", "6.1.0-31-amd64+x~1", &sum)]}),
+        json!({"url": url.replace("https", "http"), "fallback": "Fail", "allowInsecureHttp": true, "trustServerChecksum": true}),
+        json!({"url": url, "trustServerChecksum": true, "allowCrossHostRedirects": true, "caBundle": {"configMapName": "ko-ca"}}),
+        json!({"url": url, "trustServerChecksum": true, "caBundle": {"secretName": "ko-tls", "key": "ca.pem"}}),
     ] {
         check(&policy("default", spec(prebuilt.clone())))
             .unwrap_or_else(|e| panic!("{prebuilt}: {e}"));
     }
     let url_message = "spec.source.prebuilt.url must be an http:// or https:// URL";
+    let trusted = |mut prebuilt: Value| {
+        prebuilt["trustServerChecksum"] = json!(true);
+        prebuilt
+    };
     let cases = [
+        (
+            json!({"url": url}),
+            "needs the checksum of each module in checksums (version, kernelRelease, sha256), or trustServerChecksum: true",
+        ),
+        (
+            json!({"url": url, "checksums": [], "trustServerChecksum": false}),
+            "needs the checksum of each module in checksums",
+        ),
+        (
+            json!({"url": url.replace("https", "http"), "trustServerChecksum": true}),
+            "must be https://; set spec.source.prebuilt.allowInsecureHttp: true",
+        ),
+        (
+            json!({"url": url.replace("https", "http"), "allowInsecureHttp": false, "checksums": [pin("2.8.0", "6.8.0", &sum)]}),
+            "must be https://",
+        ),
+        (
+            pins("2.8", "6.8.0", &sum),
+            "checksums[].version must be MAJOR.MINOR.PATCH",
+        ),
+        (
+            pins("2.8.0", "6.8.0 x", &sum),
+            "checksums[].kernelRelease must be a kernel release",
+        ),
+        (pins("2.8.0", "6.8.0/x", &sum), "checksums[].kernelRelease"),
+        (
+            pins("2.8.0", "6.8.0", &sum.to_uppercase()),
+            "checksums[].sha256 must be 64 lowercase hex",
+        ),
+        (
+            pins("2.8.0", "6.8.0", &format!("{}g", &sum[1..])),
+            "checksums[].sha256 must be 64 lowercase hex",
+        ),
         (
             json!({"url": "ftp://ko.example.com/{version}/{kernelRelease}.ko"}),
             url_message,
@@ -608,6 +649,10 @@ fn prebuilt_modules_are_checked_with_clear_messages() {
             "needs exactly one of configMapName and secretName",
         ),
     ];
+    let cases = cases.into_iter().enumerate().map(|(i, (prebuilt, want))| {
+        // the first cases are about trust; the rest must fail on their own point alone
+        (if i < 4 { prebuilt } else { trusted(prebuilt) }, want)
+    });
     for (prebuilt, want) in cases {
         let err = check(&policy("default", spec(prebuilt.clone())))
             .err()
@@ -620,6 +665,13 @@ fn prebuilt_modules_are_checked_with_clear_messages() {
     ))
     .unwrap();
     let prebuilt = p.spec.source.unwrap().prebuilt.unwrap();
+    assert!(
+        !prebuilt.trust_server_checksum
+            && !prebuilt.allow_insecure_http
+            && !prebuilt.allow_cross_host_redirects
+            && prebuilt.checksums.is_empty(),
+        "nothing is trusted by default: {prebuilt:?}"
+    );
     assert_eq!(
         prebuilt.fallback, "Build",
         "a missing file is built by default"

@@ -1,7 +1,8 @@
 //! `spec.source.prebuilt` end to end: the real controller, the real agent binary on simulated
 //! nodes and a real control plane, with the modules served over HTTP on loopback. The fleet
 //! upgrades from the server alone (the policy's repository does not exist, so nothing can be
-//! built); a file with a wrong checksum fails the node and leaves its driver loaded.
+//! built), loading only files whose checksums the policy pins; a file the server vouches for
+//! but that is not the pinned one fails the node and leaves its driver loaded.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod harness;
@@ -82,8 +83,14 @@ fn ko_path(version: &str) -> String {
 }
 
 /// `version` built from the cluster's tt-kmd repository for the simulated nodes' kernel, with
-/// its checksum file (`sha256` overrides the right checksum).
-fn publish(files: &mut HashMap<String, Vec<u8>>, h: &Harness, version: &str, sha256: Option<&str>) {
+/// its checksum file; `tampered` publishes another file in its place, with that file's own
+/// checksum (what whoever controls the server can do). Returns the sha256 of the genuine file.
+fn publish(
+    files: &mut HashMap<String, Vec<u8>>,
+    h: &Harness,
+    version: &str,
+    tampered: bool,
+) -> String {
     let dir = tempfile::tempdir().unwrap();
     let host = SimHost::create(dir.path().join("host"), DEFAULT_KERNEL_RELEASE).unwrap();
     let options = BuildOptions {
@@ -98,13 +105,19 @@ fn publish(files: &mut HashMap<String, Vec<u8>>, h: &Harness, version: &str, sha
         &options,
     )
     .unwrap();
-    let ko = std::fs::read(&built.ko_path).unwrap();
-    let sum = sha256.map_or_else(|| format!("{:x}", Sha256::digest(&ko)), str::to_owned);
+    let mut ko = std::fs::read(&built.ko_path).unwrap();
+    let genuine = format!("{:x}", Sha256::digest(&ko));
+    if tampered {
+        // still a module of this version for this kernel: only the pin tells it apart
+        ko.extend_from_slice(b"\0tampered");
+    }
+    let sum = format!("{:x}", Sha256::digest(&ko));
     files.insert(ko_path(version), ko);
     files.insert(
         format!("{}.sha256", ko_path(version)),
         format!("{sum}  tenstorrent.ko\n").into_bytes(),
     );
+    genuine
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,15 +125,23 @@ async fn the_fleet_upgrades_from_prebuilt_modules_without_building() {
     let h = Harness::start(|p| vec![tt_node(p).loaded("2.7.0"), tt_node(p).loaded("2.7.0")]).await;
     h.cluster.kmd_repo().add_version("2.9.0").unwrap();
     let mut files = HashMap::new();
-    for version in ["2.7.0", "2.8.0"] {
-        publish(&mut files, &h, version, None);
+    let mut pins = Vec::new();
+    for (version, tampered) in [("2.7.0", false), ("2.8.0", false), ("2.9.0", true)] {
+        let sum = publish(&mut files, &h, version, tampered);
+        pins.push(
+            json!({"version": version, "kernelRelease": DEFAULT_KERNEL_RELEASE, "sha256": sum}),
+        );
     }
-    publish(&mut files, &h, "2.9.0", Some(&"0".repeat(64)));
     let server = FileServer::start(files);
     let source = |fallback: &str| {
         json!({
             "repository": "https://git.invalid/no/such/tt-kmd.git",
-            "prebuilt": {"url": server.template(), "fallback": fallback},
+            "prebuilt": {
+                "url": server.template(),
+                "fallback": fallback,
+                "allowInsecureHttp": true,
+                "checksums": pins,
+            },
         })
     };
     let policy = h
@@ -145,7 +166,7 @@ async fn the_fleet_upgrades_from_prebuilt_modules_without_building() {
     }
     assert_eq!(server.downloads_of("2.8.0"), 2, "one download per node");
 
-    // a file whose checksum does not match: the node fails and keeps 2.8.0
+    // a file the server vouches for that is not the pinned one: the node fails and keeps 2.8.0
     h.patch_spec(&policy, json!({"version": "2.9.0"})).await;
     let first = h.nodes()[0].clone();
     let p = h
@@ -162,7 +183,7 @@ async fn the_fleet_upgrades_from_prebuilt_modules_without_building() {
         .await;
     let message = node_entry(&p, &first).unwrap().message.clone().unwrap();
     assert!(
-        message.contains("checksum mismatch") && message.contains("2.9.0"),
+        message.contains("spec.source.prebuilt.checksums pins") && message.contains("2.9.0"),
         "{message}"
     );
     assert_eq!(

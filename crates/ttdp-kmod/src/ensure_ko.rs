@@ -9,7 +9,7 @@ use crate::install_report::{CacheOutcome, EnsuredKo};
 use crate::installer::ModuleInstaller;
 use crate::kernel::Kernel;
 use crate::ko_cache::{CacheLookup, CachedKo, KoRecord};
-use crate::prebuilt::{PrebuiltFallback, PrebuiltFetchError};
+use crate::prebuilt::{PrebuiltFallback, PrebuiltFetchError, pin_key};
 use crate::source_build::{BuildOptions, build_module, millis};
 use crate::version::KmdVersion;
 
@@ -28,10 +28,12 @@ impl<K: Kernel> ModuleInstaller<K> {
     /// this version only: the rollback `.ko` of the loaded version is built unpinned).
     ///
     /// With a prebuilt server ([`ModuleInstaller::with_prebuilt`]), a miss downloads the `.ko`
-    /// first; a file the server does not have is built or refused as its
-    /// [`PrebuiltFallback`] says, and a file failing its checks is refused
-    /// ([`KmodError::PrebuiltRejected`]), never built around. The pin concerns builds: a
-    /// prebuilt module is trusted by its published checksum.
+    /// first when it is trusted (its checksum pinned, or the server's checksum trusted and no
+    /// commit pinned); a file the server does not have, or one that is not trusted, is built or
+    /// refused as its [`PrebuiltFallback`] says, and a file failing its checks is refused
+    /// ([`KmodError::PrebuiltRejected`]), never built around. A pinned checksum binds the cache
+    /// entry whatever its origin, and a commit pin refuses an entry naming no commit unless its
+    /// checksum is pinned: an entry failing its pin is evicted and fetched or built again.
     pub fn ensure_pinned_ko(
         &self,
         version: &KmdVersion,
@@ -40,17 +42,19 @@ impl<K: Kernel> ModuleInstaller<K> {
         let started = Instant::now();
         let (cache, release) = (self.cache(), self.release());
         let _lock = cache.lock(self.config().cache_lock_timeout)?;
+        let pinned_sha256 = self
+            .prebuilt()
+            .and_then(|source| source.pins().sha256_for(version, release))
+            .map(str::to_owned);
+        let pins = EntryPins {
+            commit,
+            sha256: pinned_sha256.as_deref(),
+        };
         let outcome = match cache.lookup(release, version)? {
-            CacheLookup::Hit(ko) if built_from_another_commit(&ko.record, commit) => {
-                // built before the pin (or from a tag since moved): only the pinned commit may load
+            CacheLookup::Hit(ko) if let Some(reason) = pins.refusal(&ko.record) => {
+                // cached before the pin (or from a tag since moved): only what is pinned may load
                 cache.evict(release, version)?;
-                CacheOutcome::Rebuilt {
-                    reason: format!(
-                        "it was built from commit {}, not the pinned {}",
-                        ko.record.source_commit.as_deref().unwrap_or_default(),
-                        commit.unwrap_or_default()
-                    ),
-                }
+                CacheOutcome::Rebuilt { reason }
             }
             CacheLookup::Hit(ko) => {
                 return Ok(EnsuredKo {
@@ -67,7 +71,7 @@ impl<K: Kernel> ModuleInstaller<K> {
                 CacheOutcome::Rebuilt { reason }
             }
         };
-        if let Some(ko) = self.download_prebuilt(version)? {
+        if let Some(ko) = self.download_prebuilt(version, &pins)? {
             let url = ko.record.source_repository.clone();
             return Ok(EnsuredKo {
                 ko,
@@ -93,19 +97,38 @@ impl<K: Kernel> ModuleInstaller<K> {
     }
 
     /// The prebuilt `.ko` of `version`, downloaded, checked and cached; `None` when there is no
-    /// prebuilt server, or it lacks the file and the fallback is to build.
-    fn download_prebuilt(&self, version: &KmdVersion) -> Result<Option<CachedKo>, KmodError> {
+    /// prebuilt server, or it lacks the file (or the file is not trusted) and the fallback is to
+    /// build. A pinned file the server lacks is an error whatever the fallback: a build could
+    /// not match its checksum.
+    fn download_prebuilt(
+        &self,
+        version: &KmdVersion,
+        pins: &EntryPins<'_>,
+    ) -> Result<Option<CachedKo>, KmodError> {
         let Some(source) = self.prebuilt() else {
             return Ok(None);
         };
         let release = self.release();
+        let trusted =
+            pins.sha256.is_some() || (pins.commit.is_none() && source.pins().trust_server_checksum);
+        if !trusted {
+            return match source.fallback() {
+                PrebuiltFallback::Build => Ok(None),
+                PrebuiltFallback::Fail => Err(KmodError::PrebuiltUnpinned {
+                    version: version.to_string(),
+                    release: release.to_string(),
+                    key: pin_key(version, release),
+                    commit_pinned: pins.commit.is_some(),
+                }),
+            };
+        }
         match source.fetch(version, release) {
             Ok(fetched) => self
                 .cache()
-                .store_prebuilt(&fetched, release, version)
+                .store_prebuilt(&fetched, release, version, pins.sha256)
                 .map(Some),
             Err(PrebuiltFetchError::NotFound { .. })
-                if source.fallback() == PrebuiltFallback::Build =>
+                if pins.sha256.is_none() && source.fallback() == PrebuiltFallback::Build =>
             {
                 Ok(None)
             }
@@ -123,11 +146,37 @@ impl<K: Kernel> ModuleInstaller<K> {
     }
 }
 
-/// Whether a cached `.ko` was built from a commit other than the pinned one (a prebuilt module
-/// names no commit and is kept).
-fn built_from_another_commit(record: &KoRecord, pin: Option<&str>) -> bool {
-    match (pin, record.source_commit.as_deref()) {
-        (Some(pin), Some(built)) => !pin.eq_ignore_ascii_case(built),
-        _ => false,
+/// What a cache entry of one version and kernel must match: the commit its tag is pinned to and
+/// the checksum the administrator pinned, either or both.
+#[derive(Debug, Clone, Copy)]
+struct EntryPins<'a> {
+    commit: Option<&'a str>,
+    sha256: Option<&'a str>,
+}
+
+impl EntryPins<'_> {
+    /// Why the entry `record` must not be loaded under these pins; `None` when it may. A pinned
+    /// checksum decides alone (it names the very file); without one, a commit pin wants an
+    /// entry built from that commit, which a download naming no commit cannot show.
+    fn refusal(&self, record: &KoRecord) -> Option<String> {
+        if let Some(pinned) = self.sha256 {
+            return (!pinned.eq_ignore_ascii_case(&record.sha256)).then(|| {
+                format!(
+                    "its sha256 {} is not the {pinned} pinned in spec.source.prebuilt.checksums",
+                    record.sha256
+                )
+            });
+        }
+        let pin = self.commit?;
+        match record.source_commit.as_deref() {
+            Some(built) if pin.eq_ignore_ascii_case(built) => None,
+            Some(built) => Some(format!(
+                "it was built from commit {built}, not the pinned {pin}"
+            )),
+            None => Some(format!(
+                "it was downloaded from {} and names no commit, so it cannot show it comes from the pinned {pin}, and no checksum is pinned for it",
+                record.source_repository
+            )),
+        }
     }
 }

@@ -179,9 +179,9 @@ pub enum KmodError {
         found: String,
     },
     /// The prebuilt server has no `.ko` for this version and kernel, and the policy's fallback is
-    /// `Fail`.
+    /// `Fail` or the file's checksum is pinned.
     #[error(
-        "no prebuilt tt-kmd {version} for kernel {release}: {url} was not found, and spec.source.prebuilt.fallback is Fail; nothing was built, loaded or unloaded. Publish the module there (cargo xtask prebuild) or set the fallback to Build"
+        "no prebuilt tt-kmd {version} for kernel {release}: {url} was not found, and spec.source.prebuilt.fallback is Fail or its checksum is pinned in spec.source.prebuilt.checksums (a build would not match it); nothing was built, loaded or unloaded. Publish the module there (cargo xtask prebuild), or set the fallback to Build and remove its pin"
     )]
     PrebuiltMissing {
         /// Version requested.
@@ -190,6 +190,22 @@ pub enum KmodError {
         release: String,
         /// The URL asked for.
         url: String,
+    },
+    /// The prebuilt `.ko` would be trusted on the server's word alone, which the policy does not
+    /// allow, and the policy's fallback is `Fail`.
+    #[error(
+        "prebuilt tt-kmd {version} for kernel {release} was not downloaded: no checksum is pinned for {key} in spec.source.prebuilt.checksums{}, and spec.source.prebuilt.fallback is Fail; nothing was built, loaded or unloaded. Add {{version: \"{version}\", kernelRelease: {release}, sha256: <the file's sha256>}} to spec.source.prebuilt.checksums (check the checksum against the file you published), or set the fallback to Build",
+        if *commit_pinned { " and spec.source.commit is pinned (a download cannot show its commit)" } else { " and trustServerChecksum is off" }
+    )]
+    PrebuiltUnpinned {
+        /// Version requested.
+        version: String,
+        /// The node's kernel release.
+        release: String,
+        /// The version and kernel, as `<version>/<kernelRelease>`.
+        key: String,
+        /// Whether a commit pin is what ruled out the server's checksum.
+        commit_pinned: bool,
     },
     /// The prebuilt `.ko` or its checksum could not be downloaded.
     #[error(
@@ -434,6 +450,7 @@ impl KmodError {
             Self::Fetch { .. } => "FetchFailed",
             Self::SourceCommitMoved { .. } => "SourceCommitMoved",
             Self::PrebuiltMissing { .. } => "PrebuiltMissing",
+            Self::PrebuiltUnpinned { .. } => "PrebuiltUnpinned",
             Self::PrebuiltFetch { .. } => "PrebuiltFetchFailed",
             Self::PrebuiltRejected { .. } => "PrebuiltRejected",
             Self::Build { .. } => "BuildFailed",

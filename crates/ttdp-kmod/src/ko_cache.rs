@@ -11,7 +11,7 @@ use ttdp_hostprobe::HostRoot;
 
 use crate::file_lock::FileLock;
 use crate::modinfo::ModInfo;
-use crate::prebuilt::{CHECKSUM_SUFFIX, FetchedKo};
+use crate::prebuilt::{CHECKSUM_SUFFIX, FetchedKo, pin_key};
 use crate::source_build::BuiltModule;
 use crate::version::KmdVersion;
 use crate::{KO_FILE_NAME, KmodError};
@@ -210,15 +210,16 @@ impl KoCache {
     }
 
     /// Stores a prebuilt module downloaded from a server, after the checks a module built here
-    /// passes: the checksum its server published, the version its `.modinfo` declares, and its
-    /// vermagic against `release`, the running kernel. A file failing any of them is refused
-    /// with [`KmodError::PrebuiltRejected`] and nothing is written. Callers hold
-    /// [`KoCache::lock`].
+    /// passes: the checksum its server published, the checksum the administrator pinned
+    /// (`pinned_sha256`, when given), the version its `.modinfo` declares, and its vermagic
+    /// against `release`, the running kernel. A file failing any of them is refused with
+    /// [`KmodError::PrebuiltRejected`] and nothing is written. Callers hold [`KoCache::lock`].
     pub fn store_prebuilt(
         &self,
         fetched: &FetchedKo,
         release: &str,
         version: &KmdVersion,
+        pinned_sha256: Option<&str>,
     ) -> Result<CachedKo, KmodError> {
         let rejected = |reason: String| KmodError::PrebuiltRejected {
             version: version.to_string(),
@@ -231,6 +232,12 @@ impl KoCache {
             return Err(rejected(format!(
                 "checksum mismatch: the file has sha256 {sha256}, the server's {CHECKSUM_SUFFIX} file says {}",
                 fetched.sha256
+            )));
+        }
+        if let Some(pinned) = pinned_sha256.filter(|p| !p.eq_ignore_ascii_case(&sha256)) {
+            return Err(rejected(format!(
+                "the file has sha256 {sha256}, but spec.source.prebuilt.checksums pins {pinned} for {}; if the new file is trusted, pin its checksum instead",
+                pin_key(version, release)
             )));
         }
         let info = ModInfo::parse(&fetched.bytes)

@@ -21,9 +21,11 @@
 //! - [`SwapJournal`]: what a swap writes down before it unloads a working module, so a process
 //!   stopped half-way leaves which driver the node had; [`ModuleInstaller::resume_swap`] settles
 //!   it (the target from the cache, else the previous version back);
-//! - the [`Kernel`] trait: [`RealKernel`] (`finit_module`, `delete_module`, `kill` through nix) and
-//!   [`SimKernel`] (a kernel simulated in files, shared by processes), with [`SimHost`] and
-//!   [`SimKmdRepo`] to create simulated hosts and tt-kmd repositories for tests and demos.
+//! - the [`Kernel`] trait: [`RealKernel`] (`finit_module`, `delete_module`, `kill` through nix) and,
+//!   with the `sim` feature only (tests and demos, never a release build), `SimKernel` (a kernel
+//!   simulated in files, shared by processes), with `SimHost` and `SimKmdRepo` to create
+//!   simulated hosts and tt-kmd repositories. The [`test_hook`] kill and pause points act only
+//!   with the `test-hooks` feature.
 //!
 //! What it must not do: depend on Kubernetes or an async runtime; touch a host path outside the
 //! host root; unload a working module before the replacement `.ko` is built and verified; load an
@@ -52,8 +54,11 @@ mod ko_cache;
 mod modinfo;
 pub mod parameters;
 pub mod prebuilt;
+#[cfg(feature = "sim")]
 mod sim_host;
+#[cfg(feature = "sim")]
 mod sim_kernel;
+#[cfg(feature = "sim")]
 mod sim_source;
 mod source_build;
 mod status;
@@ -74,8 +79,11 @@ pub use installer::{InstallerConfig, MODULE_LOCK_DIR, ModuleInstaller};
 pub use kernel::{Kernel, RealKernel};
 pub use ko_cache::{CACHE_DIR, CacheLookup, CachedKo, KoCache, KoRecord, RECORD_FILE_NAME};
 pub use modinfo::{ModInfo, is_signed};
+#[cfg(feature = "sim")]
 pub use sim_host::SimHost;
+#[cfg(feature = "sim")]
 pub use sim_kernel::{SIM_STATE_DIR, SimKernel};
+#[cfg(feature = "sim")]
 pub use sim_source::SimKmdRepo;
 pub use source_build::{BuildOptions, BuiltModule, DEFAULT_REPOSITORY, build_module, fetch_source};
 pub use status::{ModuleStatus, loaded_version};

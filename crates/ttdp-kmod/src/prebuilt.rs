@@ -4,6 +4,7 @@
 //! async runtime); the agent implements the fetch with its HTTP client. What a fetched file must
 //! pass before it enters the cache is [`crate::KoCache::store_prebuilt`].
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 
 use crate::version::KmdVersion;
@@ -47,6 +48,59 @@ pub enum PrebuiltFallback {
     Fail,
 }
 
+/// What the administrator vouches for, beyond the server: the sha256 of each prebuilt `.ko`
+/// (`spec.source.prebuilt.checksums`), and whether a file without one may be trusted on the
+/// server's own `.sha256` file (`trustServerChecksum`). A pinned checksum binds every cache entry
+/// of its version and kernel, downloaded or built.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrebuiltPins {
+    /// Lowercase hex sha256 by [`pin_key`] (`<version>/<kernelRelease>`), one entry of the
+    /// policy's `checksums` each.
+    pub sha256: BTreeMap<String, String>,
+    /// Download a file without a pinned checksum, trusting the server's checksum file. Never
+    /// under a commit pin: a download cannot show which commit it was built from.
+    pub trust_server_checksum: bool,
+}
+
+impl PrebuiltPins {
+    /// The pinned sha256 of the `.ko` of `version` for kernel `release`, if any.
+    pub fn sha256_for(&self, version: &KmdVersion, release: &str) -> Option<&str> {
+        self.sha256
+            .get(&pin_key(version, release))
+            .map(String::as_str)
+    }
+}
+
+/// The key of a pinned checksum: `<version>/<kernelRelease>`, e.g. `2.8.0/6.8.0-111-generic`.
+pub fn pin_key(version: &KmdVersion, release: &str) -> String {
+    format!("{version}/{release}")
+}
+
+/// Pinned checksums from their JSON form (`{"2.8.0/6.8.0-111-generic": "<64 hex>"}`), hex
+/// lowercased. The error says which entry is wrong.
+pub fn parse_pinned_checksums(text: &str) -> Result<BTreeMap<String, String>, String> {
+    if text.trim().is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let map: BTreeMap<String, String> = serde_json::from_str(text).map_err(|e| {
+        format!("expected a JSON object of \"<version>/<kernelRelease>\": \"<sha256>\": {e}")
+    })?;
+    map.into_iter()
+        .map(|(key, hex)| {
+            let valid_key = key
+                .split_once('/')
+                .is_some_and(|(v, r)| v.parse::<KmdVersion>().is_ok() && !r.is_empty());
+            if !valid_key {
+                return Err(format!(
+                    "{key:?} is not <version>/<kernelRelease>, e.g. 2.8.0/6.8.0-111-generic"
+                ));
+            }
+            let sum = parse_checksum_file(&hex).map_err(|e| format!("{key}: {e}"))?;
+            Ok((key, sum))
+        })
+        .collect()
+}
+
 /// A `.ko` and its checksum as downloaded, not yet verified.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FetchedKo {
@@ -85,6 +139,9 @@ pub trait PrebuiltSource: Send + Sync + Debug {
 
     /// What a missing file means.
     fn fallback(&self) -> PrebuiltFallback;
+
+    /// The checksums the administrator pinned, and whether the server's word suffices without.
+    fn pins(&self) -> &PrebuiltPins;
 }
 
 #[cfg(test)]
@@ -115,5 +172,29 @@ mod tests {
         let err = parse_checksum_file("<html>not found</html>").unwrap_err();
         assert!(err.contains("64 hex digits"), "{err}");
         assert!(parse_checksum_file("").is_err());
+    }
+
+    #[test]
+    fn pinned_checksums_are_keyed_by_version_and_kernel_release() {
+        let hex = "AB".repeat(32);
+        let pins = PrebuiltPins {
+            sha256: parse_pinned_checksums(&format!(r#"{{"2.8.0/6.8.0-sim": "{hex}"}}"#)).unwrap(),
+            trust_server_checksum: false,
+        };
+        let version: KmdVersion = "2.8.0".parse().unwrap();
+        assert_eq!(
+            pins.sha256_for(&version, "6.8.0-sim"),
+            Some(hex.to_ascii_lowercase().as_str())
+        );
+        assert_eq!(pins.sha256_for(&version, "6.9.0-other"), None);
+        assert_eq!(parse_pinned_checksums(""), Ok(BTreeMap::new()));
+        for bad in [
+            r#"{"2.8.0": "ab"}"#,
+            r#"{"2.8/6.8.0": "ab"}"#,
+            r#"{"2.8.0/6.8.0": "abc"}"#,
+            "2.8.0/6.8.0=ab",
+        ] {
+            assert!(parse_pinned_checksums(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! prove that an agent killed at any point converges when it starts again, and that two installers
 //! on one node never swap at the same time.
 //!
-//! Honoured only when the test variables are set; production pods never set them:
+//! Honoured only in builds with the `test-hooks` feature (tests, the VM tests; never a release
+//! build or image, where [`checkpoint`] does nothing) and when the test variables are set:
 //! - [`KILL_AT_ENV`]`=<point>`: the process sends itself SIGKILL when it reaches `<point>`;
 //! - [`PAUSE_AT_ENV`]`=<point>` with [`PAUSE_FILE_ENV`]`=<path>`: at `<point>` the process writes
 //!   its pid to `<path>` and waits (at most [`PAUSE_LIMIT`]) until a test removes the file.
@@ -11,8 +12,11 @@
 //! [`AFTER_LOAD`] (the new module is loaded and verified; the caller has not labelled the node);
 //! a failed post-load validation's rollback has [`VALIDATION_ROLLBACK`].
 
+#[cfg(feature = "test-hooks")]
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(feature = "test-hooks")]
+use std::time::Instant;
 
 /// Test hook: SIGKILL this process at the named point.
 pub const KILL_AT_ENV: &str = "TTDP_TEST_KILL_AT";
@@ -35,6 +39,16 @@ pub const VALIDATION_ROLLBACK: &str = "validation-rollback";
 
 /// Reached `point`: SIGKILLs or pauses the process when a test asked for it, else does nothing.
 pub fn checkpoint(point: &str) {
+    #[cfg(feature = "test-hooks")]
+    honour(point);
+    // a release build: the hooks are compiled out, so no environment can kill or pause a swap
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = point;
+}
+
+/// What [`checkpoint`] does in a build with the `test-hooks` feature.
+#[cfg(feature = "test-hooks")]
+fn honour(point: &str) {
     if std::env::var(KILL_AT_ENV).is_ok_and(|p| p == point) {
         // SIGKILL cannot be handled: exactly what a node losing the agent pod looks like
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
@@ -47,6 +61,7 @@ pub fn checkpoint(point: &str) {
 }
 
 /// Writes the pid to `file` and waits until it is removed (or [`PAUSE_LIMIT`] passed).
+#[cfg(feature = "test-hooks")]
 fn pause(file: &Path) {
     if std::fs::write(file, std::process::id().to_string()).is_err() {
         return;
@@ -69,6 +84,7 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(1));
     }
 
+    #[cfg(feature = "test-hooks")]
     #[test]
     fn a_pause_ends_when_the_file_is_removed() {
         let dir = tempfile::tempdir().unwrap();

@@ -39,6 +39,7 @@ fn agent_binary() -> PathBuf {
             std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()),
         )
         .args(["build", "-p", "ttdp-agent", "--bin", "ttdp-agent"])
+        .args(["--features", "sim,test-hooks"])
         .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap())
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .status()

@@ -36,9 +36,48 @@ pub fn build(root: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
                     path.display()
                 );
             }
+            if *bin == "ttdp-agent" {
+                check_release_agent(&path, &bytes)?;
+            }
             Ok((*bin, path))
         })
         .collect()
+}
+
+/// Fails unless the agent at `path` (its contents `bytes`) is a release build: the test hooks'
+/// variables appear nowhere in it (they are compiled out, not merely unset), and it refuses
+/// `TTDP_KERNEL=sim` at startup. A workspace-wide feature (the demo's or the tests') leaking into
+/// the image build would let an image's environment kill a swap half-way or fake the kernel.
+pub fn check_release_agent(path: &Path, bytes: &[u8]) -> Result<()> {
+    for hook in ["TTDP_TEST_KILL_AT", "TTDP_TEST_PAUSE_AT"] {
+        if bytes.windows(hook.len()).any(|w| w == hook.as_bytes()) {
+            bail!(
+                "{} honours the test hook {hook}: it was built with the `test-hooks` feature, which release images leave off",
+                path.display()
+            );
+        }
+    }
+    // a host root that does not exist: whatever the build, the agent changes nothing
+    let output = Command::new(path)
+        .arg("run")
+        .env_clear()
+        .env("TT_KMD_VERSION", "2.8.0")
+        .env("TTDP_KERNEL", "sim")
+        .env("TTDP_REPORT", "none")
+        .env("TTDP_TT_SMI_PATH", "none")
+        .env("TTDP_HOST_ROOT", "/nonexistent/ttdp-release-check")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", path.display()))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if output.status.success() || !stderr.contains("release build") {
+        bail!(
+            "{} accepts TTDP_KERNEL=sim: it was built with the `sim` feature, which release images leave off ({}; {stderr})",
+            path.display(),
+            output.status
+        );
+    }
+    Ok(())
 }
 
 /// Copies `binary` to `dest` without its symbol table (an image needs none).

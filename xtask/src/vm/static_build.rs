@@ -57,7 +57,17 @@ pub fn build(root: &Path, scenario: &Scenario) -> Result<Vec<Executable>> {
         .chain(scenario.examples.iter().map(|t| ("example", t)));
     for (kind, (package, name)) in programs {
         let flag = format!("--{kind}");
-        let host = cargo_build(root, &["build", "-p", package, &flag, name], kind, name)?;
+        // the scenarios kill and pause the agent at the swap's test hooks
+        let args = [
+            "build",
+            "-p",
+            package,
+            "--features",
+            "test-hooks",
+            &flag,
+            name,
+        ];
+        let host = cargo_build(root, &args, kind, name)?;
         executables.push(Executable {
             host,
             guest: format!("/opt/ttdp/bin/{name}"),

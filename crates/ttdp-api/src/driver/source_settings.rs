@@ -37,18 +37,54 @@ pub struct SourceSettings {
 }
 
 /// A server of ready-built `.ko` files, one per version and kernel release, each with a
-/// `.sha256` file next to it (what `cargo xtask prebuild` writes).
+/// `.sha256` file next to it (what `cargo xtask prebuild` writes). What the agents load is
+/// vouched for by the policy, not by the server: the checksums pinned in `checksums`, or, only
+/// when `trustServerChecksum` says so, the server's own checksum files.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.url.startsWith('https://') || (has(self.allowInsecureHttp) && self.allowInsecureHttp)").message(
+    "spec.source.prebuilt.url must be https://; set spec.source.prebuilt.allowInsecureHttp: true to download over plain http"
+))]
+#[x_kube(validation = Rule::new("(has(self.checksums) && size(self.checksums) > 0) || (has(self.trustServerChecksum) && self.trustServerChecksum)").message(
+    "spec.source.prebuilt needs the checksum of each module in checksums (version, kernelRelease, sha256), or trustServerChecksum: true to trust the server's .sha256 files"
+))]
 pub struct PrebuiltSettings {
     /// URL template of the `.ko`, with `{version}` and `{kernelRelease}` (the node's `uname -r`),
     /// e.g. `https://ko.example.com/tt-kmd/{version}/{kernelRelease}/tenstorrent.ko`. Its
-    /// checksum is read from the same URL plus `.sha256`.
+    /// checksum is read from the same URL plus `.sha256`. `http://` only with
+    /// `allowInsecureHttp`.
     #[schemars(length(min = 1, max = 2048))]
     #[x_kube(validation = Rule::new("(self.startsWith('https://') || self.startsWith('http://')) && self.contains('{version}') && self.contains('{kernelRelease}') && !self.contains(' ')").message(
         "spec.source.prebuilt.url must be an http:// or https:// URL without spaces that contains {version} and {kernelRelease}"
     ))]
     pub url: String,
+
+    /// The sha256 of each `.ko` the agents may load, one entry per version and kernel release
+    /// (the `.sha256` files `cargo xtask prebuild` wrote, checked by you). A download that does
+    /// not match is refused (`PrebuiltRejected`), a cached module that does not match is
+    /// replaced by the download, and a pinned file the server lacks fails the node
+    /// (`PrebuiltMissing`) rather than being built. A version and kernel without an entry is not
+    /// downloaded: it is built, or refused with `PrebuiltUnpinned` when the fallback is `Fail`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["version", "kernelRelease"]))]
+    pub checksums: Vec<PinnedChecksum>,
+
+    /// Trust the server's `.sha256` file for a module whose checksum is not in `checksums`: whoever
+    /// controls the server (or, with `allowInsecureHttp`, the network) then chooses the code the
+    /// nodes load. Never applies to a version whose commit is pinned (`spec.source.commit`): a
+    /// download cannot show its commit. Default false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub trust_server_checksum: bool,
+
+    /// Allow `http://` for `url` and for redirects. Default false: only https.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_insecure_http: bool,
+
+    /// Follow redirects to another host (an artifact store behind the server). Default false:
+    /// redirects stay on the URL's host and port.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_cross_host_redirects: bool,
 
     /// What a missing file (HTTP 404) means: `Build` (build it from the source, as without a
     /// prebuilt server) or `Fail` (fail the node with `PrebuiltMissing`; nothing is built). A
@@ -63,6 +99,34 @@ pub struct PrebuiltSettings {
     /// system's, from a ConfigMap or a Secret in the namespace the agents run in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_bundle: Option<CaBundleSource>,
+}
+
+/// The checksum of one ready-built `.ko`: the one version for the one kernel release.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PinnedChecksum {
+    /// The tt-kmd version, e.g. `2.8.0`.
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+[.][0-9]+[.][0-9]+$')").message(
+        "spec.source.prebuilt.checksums[].version must be MAJOR.MINOR.PATCH, e.g. 2.8.0"
+    ))]
+    pub version: String,
+    /// The kernel release (`uname -r` on the node), e.g. `6.8.0-111-generic`.
+    #[schemars(length(min = 1, max = 128))]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9._+~-]+$')").message(
+        "spec.source.prebuilt.checksums[].kernelRelease must be a kernel release as uname -r prints it, e.g. 6.8.0-111-generic"
+    ))]
+    pub kernel_release: String,
+    /// The `.ko`'s sha256: 64 lowercase hex digits.
+    #[schemars(length(min = 64, max = 64))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9a-f]{64}$')").message(
+        "spec.source.prebuilt.checksums[].sha256 must be 64 lowercase hex digits"
+    ))]
+    pub sha256: String,
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
 }
 
 fn default_fallback() -> String {

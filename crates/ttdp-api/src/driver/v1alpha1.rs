@@ -18,7 +18,9 @@ pub use super::rollout_guards::{
     CanaryPolicy, MaintenanceSchedule, MaintenanceWindow, ScheduleError, WaitForCompletion,
     WindowState,
 };
-pub use super::source_settings::{CaBundleSource, PrebuiltSettings, SourceSettings};
+pub use super::source_settings::{
+    CaBundleSource, PinnedChecksum, PrebuiltSettings, SourceSettings,
+};
 use crate::selector::{Selector, SelectorError};
 
 /// Regular expression (RE2, as used in the CEL rules) for a label key.

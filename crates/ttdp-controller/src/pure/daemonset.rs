@@ -388,6 +388,43 @@ fn prebuilt(policy: &TenstorrentDriverPolicy) -> Option<&PrebuiltSettings> {
     policy.spec.source.as_ref()?.prebuilt.as_ref()
 }
 
+/// The agent's prebuilt settings, every one spelled out (the trust switches too, so an image's
+/// environment cannot turn them on).
+fn prebuilt_env(prebuilt: &PrebuiltSettings) -> Vec<(&'static str, String)> {
+    let mut vars = vec![
+        (env::TT_KMD_PREBUILT_URL, prebuilt.url.clone()),
+        (env::TT_KMD_PREBUILT_FALLBACK, prebuilt.fallback.clone()),
+        (
+            env::TT_KMD_PREBUILT_TRUST_SERVER_CHECKSUM,
+            prebuilt.trust_server_checksum.to_string(),
+        ),
+        (
+            env::TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP,
+            prebuilt.allow_insecure_http.to_string(),
+        ),
+        (
+            env::TT_KMD_PREBUILT_ALLOW_CROSS_HOST_REDIRECTS,
+            prebuilt.allow_cross_host_redirects.to_string(),
+        ),
+    ];
+    if !prebuilt.checksums.is_empty() {
+        // the agent's form: one JSON object of "<version>/<kernelRelease>" to the sha256
+        let pins: serde_json::Map<String, serde_json::Value> = prebuilt
+            .checksums
+            .iter()
+            .map(|c| {
+                let key = format!("{}/{}", c.version, c.kernel_release);
+                (key, serde_json::Value::from(c.sha256.clone()))
+            })
+            .collect();
+        vars.push((
+            env::TT_KMD_PREBUILT_SHA256,
+            serde_json::Value::from(pins).to_string(),
+        ));
+    }
+    vars
+}
+
 /// Tolerate every NoSchedule and NoExecute taint (a cordoned node keeps its agent; the agent
 /// is what upgrades it), naming the unschedulable taint explicitly for readers.
 fn tolerations() -> Vec<Toleration> {
@@ -430,6 +467,10 @@ fn agent_env(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Vec<EnvVa
         // No TT_SMI_VERSION: the image's own ENV names the tt-smi it carries, so the node
         // label cannot name one the node does not have when installer.image is overridden.
         value(env::LOG_FORMAT, "json".to_owned()),
+        // Set here, never left to the image's environment: `none` or `file:` reporting and the
+        // simulated kernel would swap drivers without the controller's grant.
+        value(env::REPORT, "kube".to_owned()),
+        value(env::KERNEL, "real".to_owned()),
         field(env::NODE_NAME, "spec.nodeName"),
         field(env::POD_NAME, "metadata.name"),
         field(env::POD_NAMESPACE, "metadata.namespace"),
@@ -446,11 +487,7 @@ fn agent_env(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Vec<EnvVa
         vars.push(value(env::TT_KMD_COMMIT, commit.clone()));
     }
     if let Some(prebuilt) = prebuilt(policy) {
-        vars.push(value(env::TT_KMD_PREBUILT_URL, prebuilt.url.clone()));
-        vars.push(value(
-            env::TT_KMD_PREBUILT_FALLBACK,
-            prebuilt.fallback.clone(),
-        ));
+        vars.extend(prebuilt_env(prebuilt).into_iter().map(|(n, v)| value(n, v)));
     }
     if ca_bundle(policy).is_some() {
         vars.push(value(
@@ -744,7 +781,9 @@ mod tests {
     /// ConfigMap or Secret the policy names, under one file name whatever its key.
     #[test]
     fn the_prebuilt_server_and_its_ca_bundle_reach_the_agent() {
-        use ttdp_api::driver::v1alpha1::{CaBundleSource, PrebuiltSettings, SourceSettings};
+        use ttdp_api::driver::v1alpha1::{
+            CaBundleSource, PinnedChecksum, PrebuiltSettings, SourceSettings,
+        };
         let plain = policy("fleet", "2.8.0");
         let e = env_of(&render(&plain));
         assert!(!e.contains_key(env::TT_KMD_PREBUILT_URL));
@@ -757,6 +796,14 @@ mod tests {
                     url: url.into(),
                     fallback: "Fail".into(),
                     ca_bundle: Some(bundle),
+                    checksums: vec![PinnedChecksum {
+                        version: "2.8.0".into(),
+                        kernel_release: "6.8.0-sim".into(),
+                        sha256: "ab".repeat(32),
+                    }],
+                    trust_server_checksum: false,
+                    allow_insecure_http: false,
+                    allow_cross_host_redirects: true,
                 }),
                 ..SourceSettings::default()
             });
@@ -773,6 +820,20 @@ mod tests {
             e[env::TT_KMD_PREBUILT_FALLBACK].value.as_deref(),
             Some("Fail")
         );
+        let pins: BTreeMap<String, String> =
+            serde_json::from_str(e[env::TT_KMD_PREBUILT_SHA256].value.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            pins,
+            BTreeMap::from([("2.8.0/6.8.0-sim".to_owned(), "ab".repeat(32))])
+        );
+        // the trust switches are always spelled out, false included
+        for (name, want) in [
+            (env::TT_KMD_PREBUILT_TRUST_SERVER_CHECKSUM, "false"),
+            (env::TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP, "false"),
+            (env::TT_KMD_PREBUILT_ALLOW_CROSS_HOST_REDIRECTS, "true"),
+        ] {
+            assert_eq!(e[name].value.as_deref(), Some(want), "{name}");
+        }
         let ca_file = e[env::TT_KMD_PREBUILT_CA_FILE].value.clone().unwrap();
         assert_eq!(ca_file, format!("{CA_BUNDLE_DIR}/ca.crt"));
         let volume = |ds: &DaemonSet| {
@@ -813,6 +874,16 @@ mod tests {
         let v = volume(&ds);
         assert!(v.config_map.is_none());
         assert_eq!(v.secret.unwrap().secret_name.as_deref(), Some("ko-tls"));
+    }
+
+    /// The image's environment cannot choose where the agent reports or which kernel it
+    /// loads into: both are set on every agent, so a swap always waits for the grant.
+    #[test]
+    fn reporting_and_kernel_are_set_explicitly_on_every_agent() {
+        let e = env_of(&render(&policy("fleet", "2.8.0")));
+        assert_eq!(e[env::REPORT].value.as_deref(), Some("kube"));
+        assert_eq!(e[env::KERNEL].value.as_deref(), Some("real"));
+        assert!(e[env::REPORT].value_from.is_none() && e[env::KERNEL].value_from.is_none());
     }
 
     #[test]

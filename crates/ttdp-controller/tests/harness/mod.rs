@@ -80,6 +80,7 @@ pub fn agent_binary() -> PathBuf {
                 let status =
                     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
                         .args(["build", "-p", "ttdp-agent", "--bin", "ttdp-agent"])
+                        .args(["--features", "sim,test-hooks"])
                         .env("CARGO_TARGET_DIR", target)
                         .current_dir(env!("CARGO_MANIFEST_DIR"))
                         .status()
