@@ -58,6 +58,20 @@ pub fn holds_ours(meta: &ObjectMeta, policy: &str, ours_before: impl FnOnce() ->
         }
 }
 
+/// How many of `unmatched` (nodes that left `policy`'s selection) still hold something of
+/// `policy`'s (`was_ours`: the node had an entry in its status): each keeps a slot until its
+/// release lands.
+pub fn held_outside(
+    unmatched: &[std::sync::Arc<crate::pure::cached::CachedNode>],
+    policy: &str,
+    was_ours: impl Fn(&str) -> bool,
+) -> usize {
+    unmatched
+        .iter()
+        .filter(|n| holds_ours(&n.metadata, policy, || was_ours(n.name())))
+        .count()
+}
+
 /// Whether the node carries `policy`'s cordon annotation.
 pub fn cordoned_by(meta: &ObjectMeta, policy: &str) -> bool {
     get(&meta.annotations, annotations::CORDONED_BY)

@@ -157,17 +157,11 @@ impl Pass {
             template_hash,
             not_created,
         };
-        let held_outside = unmatched
-            .iter()
-            .filter(|n| {
-                let was_ours = || recorded.nodes.contains_key(n.name());
-                observe::holds_ours(&n.metadata, &name, was_ours)
-            })
-            .count();
+        let outside = observe::held_outside(&unmatched, &name, |n| recorded.nodes.contains_key(n));
         let mut pass = Self {
             planner: Planner::new(plan)
                 .with_guards(guards)
-                .with_held_outside(held_outside),
+                .with_held_outside(outside),
             planned: vec![(NodeState::Pending, Vec::new()); matched.len()],
             observations: Vec::with_capacity(matched.len()),
             ctx,
@@ -398,9 +392,7 @@ impl Pass {
     fn cordons_to_lift(&mut self) -> Vec<NodeWork> {
         let mut lifting = Vec::new();
         for ((node, _), (state, actions)) in self.observations.iter().zip(&self.planned) {
-            // Only a finished upgrade's: a Failed node is released after its Failed is
-            // recorded, so a failed status write never shows a released node without a driver
-            // as still upgrading.
+            // A Failed node's release waits for its Failed to be recorded.
             if *state != NodeState::Uncordoning
                 || actions.as_slice() != [Action::Release]
                 || self.ctx.node_tasks.busy(&self.name, node)

@@ -324,6 +324,11 @@ impl Deciding<'_> {
                 }
             };
         }
+        self.by_agent()
+    }
+
+    /// A settled node that holds nothing of ours and is Ready: what its agent pod says.
+    fn by_agent(&self) -> NodeTransition {
         match &self.obs.agent {
             AgentPod::Current(AgentCondition::Failed { reason, message }) => {
                 NodeTransition::to(NodeState::Failed).because(reason, message.clone())
