@@ -30,8 +30,9 @@ impl Demo {
         self.print_verdict(&outcome, interrupted).await;
         self.write_report(&outcome);
         if outcome.success && !self.args.exit_after_rollout {
+            let interrupt = shutdown_signal();
             self.print_hints();
-            shutdown_signal().await;
+            interrupt.await;
         }
         let mut problems = outcome.problems;
         problems.extend(self.stop_everything().await);

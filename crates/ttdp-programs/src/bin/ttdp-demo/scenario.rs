@@ -418,17 +418,22 @@ pub fn print_step(what: &str) {
     flush();
 }
 
-/// Resolves on Ctrl-C or SIGTERM (never, if their handlers cannot be installed).
-pub async fn shutdown_signal() {
+/// Resolves on Ctrl-C or SIGTERM (never, if their handlers cannot be installed). It listens
+/// from the call on, not from the first poll: a Ctrl-C that comes between the call and the
+/// await (while the hints are printed, on a loaded machine) is not lost.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
+    let listeners = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = terminate.recv() => {}
+    );
+    async move {
+        let (Ok(mut interrupt), Ok(mut terminate)) = listeners else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
     }
 }
