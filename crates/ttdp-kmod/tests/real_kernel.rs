@@ -69,6 +69,13 @@ fn fresh_installer_with(config: InstallerConfig) -> ModuleInstaller<RealKernel> 
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => panic!("cannot clear the cache: {e}"),
     }
+    // A test whose swap could load neither version leaves its journal for the next swap to
+    // settle; each test starts from a node with no swap behind it.
+    match std::fs::remove_file(installer.swap_journal_path()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("cannot clear the swap journal: {e}"),
+    }
     installer
 }
 
