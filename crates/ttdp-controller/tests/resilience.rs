@@ -9,7 +9,7 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use harness::{Harness, PodRemovals, STEP, node_state, tt_node};
+use harness::{ControllerProcess, Harness, PodRemovals, STEP, node_state, tt_node};
 use serde_json::json;
 use ttdp_api::NodeState::{self, *};
 use ttdp_testkit::fault_proxy::FaultProxy;
@@ -45,6 +45,18 @@ fn inject_write_faults(proxy: &FaultProxy) {
     }
 }
 
+/// A fault proxy in front of the API server, and the controller binary talking through it,
+/// ready.
+async fn controller_through_a_proxy(h: &Harness) -> (FaultProxy, ControllerProcess) {
+    let proxy = FaultProxy::start(h.client.clone()).await.unwrap();
+    let logs = std::env::temp_dir().join(format!("ttdp-faults-{}", h.prefix));
+    std::fs::create_dir_all(&logs).unwrap();
+    let mut controller =
+        h.spawn_controller_process_via(proxy.kubeconfig(), &logs.join("controller.log"));
+    controller.wait_ready(STEP).await;
+    (proxy, controller)
+}
+
 /// The watches of nodes and of policies started through the proxy so far.
 fn watches_of(proxy: &FaultProxy) -> (usize, usize) {
     let requests = proxy.recorder().requests();
@@ -64,12 +76,7 @@ async fn rollout_completes_under_injected_errors_conflicts_and_dropped_watches()
         |_| {},
     )
     .await;
-    let proxy = FaultProxy::start(h.client.clone()).await.unwrap();
-    let logs = std::env::temp_dir().join(format!("ttdp-faults-{}", h.prefix));
-    std::fs::create_dir_all(&logs).unwrap();
-    let mut controller =
-        h.spawn_controller_process_via(proxy.kubeconfig(), &logs.join("controller.log"));
-    controller.wait_ready(STEP).await;
+    let (proxy, mut controller) = controller_through_a_proxy(&h).await;
     let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
     h.wait_ready(&policy, STEP).await;
     let nodes = h.nodes();
@@ -161,12 +168,7 @@ async fn rollout_completes_under_injected_errors_conflicts_and_dropped_watches()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_skipped_while_its_grant_is_on_the_way_ends_without_it() {
     let h = Harness::start_idle(|p| vec![tt_node(p).loaded("2.7.0")], |_| {}).await;
-    let proxy = FaultProxy::start(h.client.clone()).await.unwrap();
-    let logs = std::env::temp_dir().join(format!("ttdp-faults-{}", h.prefix));
-    std::fs::create_dir_all(&logs).unwrap();
-    let mut controller =
-        h.spawn_controller_process_via(proxy.kubeconfig(), &logs.join("controller.log"));
-    controller.wait_ready(STEP).await;
+    let (proxy, controller) = controller_through_a_proxy(&h).await;
     // Without the drain the grant is the first write to the node the rollout makes.
     let no_drain = json!({"upgradePolicy": {"drain": {"enable": false}}});
     let policy = h.create_policy("fleet", "2.7.0", no_drain).await;
@@ -209,12 +211,7 @@ async fn a_failed_node_whose_release_is_refused_keeps_its_slot() {
         |_| {},
     )
     .await;
-    let proxy = FaultProxy::start(h.client.clone()).await.unwrap();
-    let logs = std::env::temp_dir().join(format!("ttdp-faults-{}", h.prefix));
-    std::fs::create_dir_all(&logs).unwrap();
-    let mut controller =
-        h.spawn_controller_process_via(proxy.kubeconfig(), &logs.join("controller.log"));
-    controller.wait_ready(STEP).await;
+    let (proxy, controller) = controller_through_a_proxy(&h).await;
     let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
     h.wait_ready(&policy, STEP).await;
     let nodes = h.nodes();
