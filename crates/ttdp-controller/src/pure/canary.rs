@@ -142,6 +142,16 @@ pub fn advance(
     }
 }
 
+/// The version a rollout to `target` is rolling back to (`fromVersion` while the recorded
+/// `rollout` is RollingBack or RolledBack for that target), else `None`.
+pub fn rolling_back_to<'a>(rollout: Option<&'a RolloutStatus>, target: &str) -> Option<&'a str> {
+    let r = rollout?;
+    let back = matches!(r.phase.as_str(), phase::ROLLING_BACK | phase::ROLLED_BACK);
+    (back && r.target_version == target)
+        .then_some(r.from_version.as_deref())
+        .flatten()
+}
+
 /// Whether a phase stops the rollout (Halted, RollingBack, RolledBack).
 pub fn is_halted(p: &str) -> bool {
     matches!(p, phase::HALTED | phase::ROLLING_BACK | phase::ROLLED_BACK)

@@ -11,12 +11,13 @@ use kube::runtime::controller::Action as Requeue;
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use tracing::{info, instrument, warn};
-use ttdp_api::driver::v1alpha1::{TenstorrentDriverPolicySpec, condition, rollout_phase as phase};
+use ttdp_api::driver::v1alpha1::{TenstorrentDriverPolicySpec, condition};
 use ttdp_api::names;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_kmod::KmdVersion;
 
 use crate::error::{Error, error_chain};
+use crate::pure::canary;
 use crate::pure::observe;
 use crate::pure::pause::{self, AppliedTarget};
 use crate::pure::status::{NodeEntries, PolicyFacts, ReconcileFailure};
@@ -274,18 +275,12 @@ fn rolled_back(
     recorded: &RecordedStatus,
     target: KmdVersion,
 ) -> (Arc<TenstorrentDriverPolicy>, KmdVersion) {
-    let from = recorded.status.rollout.as_ref().and_then(|r| {
-        let back = matches!(r.phase.as_str(), phase::ROLLING_BACK | phase::ROLLED_BACK);
-        (back && r.target_version == policy.spec.version)
-            .then(|| r.from_version.clone())
-            .flatten()
-    });
-    let Some((from, version)) = from.and_then(|f| Some((f.clone(), f.parse::<KmdVersion>().ok()?)))
-    else {
+    let from = canary::rolling_back_to(recorded.status.rollout.as_ref(), &policy.spec.version);
+    let Some((from, version)) = from.and_then(|f| Some((f, f.parse::<KmdVersion>().ok()?))) else {
         return (policy, target);
     };
     let mut back = (*policy).clone();
-    back.spec.version = from;
+    back.spec.version = from.to_owned();
     (Arc::new(back), version)
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use ttdp_api::driver::v1alpha1::{WindowState, rollout_phase as phase};
+use ttdp_api::driver::v1alpha1::WindowState;
 use ttdp_api::names::{annotations, labels};
 use ttdp_api::{NodeState, TenstorrentDriverPolicy, TenstorrentDriverPolicySpec};
 use ttdp_drain::UncordonOutcome;
@@ -26,6 +26,7 @@ use ttdp_kmod::KmdVersion;
 
 use super::{ModelNode, OTHER, POLICY, POOL, World, writes};
 use crate::pure::cached::{CachedNode, CachedPod};
+use crate::pure::canary;
 use crate::pure::daemonset::{daemonset_template_hash, desired_daemonset};
 use crate::pure::observe::{self, ObserveInput};
 use crate::pure::overlap::{self, OlderPolicies};
@@ -134,14 +135,9 @@ fn rolled_back(w: &World) -> (TenstorrentDriverPolicySpec, String) {
             .unwrap_or_default(),
     });
     let (mut spec, rollout_target) = pause::acted_on(&w.spec, applied, w.status.rollout.as_ref());
-    let from = w.status.rollout.as_ref().and_then(|r| {
-        let back = matches!(r.phase.as_str(), phase::ROLLING_BACK | phase::ROLLED_BACK);
-        (back && r.target_version == spec.version)
-            .then(|| r.from_version.clone())
-            .flatten()
-    });
+    let from = canary::rolling_back_to(w.status.rollout.as_ref(), &spec.version);
     if let Some(from) = from.filter(|f| f.parse::<KmdVersion>().is_ok()) {
-        spec.version = from;
+        spec.version = from.to_owned();
     }
     (spec, rollout_target)
 }

@@ -4,10 +4,12 @@
 //! lists, removes the policy's grant and lifts the policy's cordon (never someone else's). A
 //! node may be set to refuse its next write (an API error).
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use ttdp_api::names::{self, annotations};
 use ttdp_drain::UncordonOutcome;
 
 use super::{GATE, ModelNode};
+use crate::pure::observe;
 
 /// A write the API server refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,13 +56,11 @@ pub(super) fn grant(n: &mut ModelNode, policy: &str, version: &str) -> Result<()
 /// and lifts `policy`'s cordon.
 pub(super) fn release(n: &mut ModelNode, policy: &str) -> Result<UncordonOutcome, WriteFailed> {
     refused(n)?;
-    let reopen: Vec<String> = match n.annotations.get(annotations::DEPLOY_GATES) {
-        Some(value) => match names::parse_deploy_gates(value) {
-            (Some(owner), _) if owner != policy => Vec::new(),
-            (_, gates) => gates.map(str::to_owned).collect(),
-        },
-        None => Vec::new(),
+    let meta = ObjectMeta {
+        annotations: Some(n.annotations.clone()),
+        ..ObjectMeta::default()
     };
+    let reopen = observe::closed_gates(&meta, policy);
     if !reopen.is_empty() {
         n.annotations.remove(annotations::DEPLOY_GATES);
         for gate in &reopen {
