@@ -451,7 +451,9 @@ fn init_tracing(format: LogFormat) {
 fn run(args: &RunArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format);
     let config = args.config()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // one thread is plenty for one node's flow (blocking work has threads of its own), and
+    // starts sooner: the agent's start delays the node's return to service
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

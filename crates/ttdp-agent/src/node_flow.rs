@@ -40,8 +40,8 @@ use ttdp_hostprobe::{detect_host_install, kernel_release};
 use ttdp_kmod::parameters::uninterpreted_values;
 use ttdp_kmod::prebuilt::{PrebuiltFallback, prebuilt_url};
 use ttdp_kmod::{
-    CacheLookup, CacheOutcome, InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions,
-    SwapOutcome, SwapReport, UnloadOptions,
+    CacheOutcome, EnsuredKo, InstallerConfig, Kernel, KmdVersion, KmodError, ModuleInstaller,
+    SwapOptions, SwapOutcome, SwapReport, UnloadOptions,
 };
 
 use crate::backoff::Backoff;
@@ -412,46 +412,49 @@ where
         }
     }
 
-    /// Makes sure the target `.ko` is in the cache (fetch and build on a miss; abandoned on
-    /// shutdown, nothing changed yet). `Some(attempt)` when the attempt ends here.
+    /// Makes sure the target `.ko` is in the cache, and returns the module status to decide on
+    /// after that; `Err(attempt)` when the attempt ends here.
+    async fn target_ko_in_cache(
+        &mut self,
+        observation: &Observation,
+        shutdown: &CancellationToken,
+    ) -> Result<Result<ttdp_kmod::ModuleStatus, Attempt>, AgentError> {
+        let target = &self.config.target_version;
+        // a verified hit needs no thread, no cache lock and no new look at the node: the
+        // common case, kept fast
+        if let Some(ensured) = self
+            .installer
+            .cached_ko(target, self.config.source_commit.as_deref())
+        {
+            log_ensured(target, &ensured);
+            return Ok(Ok(observation.status.clone()));
+        }
+        if let Some(ended) = self.ensure_target_ko(observation, shutdown).await? {
+            return Ok(Err(ended));
+        }
+        // a fetch or a build takes minutes: the node may have changed meanwhile
+        match self.installer.status() {
+            Ok(status) => Ok(Ok(status)),
+            Err(e) => {
+                let message = format!("cannot read the module status: {e}");
+                self.fail(e.reason(), "Probe", message, Some(observation))
+                    .await;
+                Ok(Err(Attempt::Done))
+            }
+        }
+    }
+
+    /// Puts the target `.ko` in the cache on a miss (fetch or download, and build; abandoned
+    /// on shutdown, nothing changed yet). `Some(attempt)` when the attempt ends here.
     async fn ensure_target_ko(
         &mut self,
         observation: &Observation,
         shutdown: &CancellationToken,
     ) -> Result<Option<Attempt>, AgentError> {
         let target = self.config.target_version.clone();
-        let cached = matches!(
-            self.installer
-                .cache()
-                .lookup(self.installer.release(), &target),
-            Ok(CacheLookup::Hit(_))
-        );
-        if !cached {
-            let mut report = base_report(AgentPhase::Building, &target, observation);
-            let pin = self
-                .config
-                .source_commit
-                .as_deref()
-                .map_or(String::new(), |c| format!(" (pinned to commit {c})"));
-            let build = format!(
-                "fetching tag ttkmd-{target}{pin} from {} and building it for kernel {}",
-                self.config.build.repository,
-                self.installer.release()
-            );
-            report.message = Some(match &self.config.prebuilt {
-                Some(prebuilt) => format!(
-                    "downloading prebuilt tt-kmd {target} for kernel {} from {} ({})",
-                    self.installer.release(),
-                    prebuilt_url(&prebuilt.url_template, &target, self.installer.release()),
-                    match prebuilt.fallback {
-                        PrebuiltFallback::Build => format!("if it is missing: {build}"),
-                        PrebuiltFallback::Fail => "no build if it is missing".to_owned(),
-                    }
-                ),
-                None => build,
-            });
-            self.publish_report(report).await;
-        }
+        let mut report = base_report(AgentPhase::Building, &target, observation);
+        report.message = Some(self.building_message());
+        self.publish_report(report).await;
 
         let installer = Arc::clone(&self.installer);
         let version = target.clone();
@@ -478,22 +481,33 @@ where
                 return Ok(Some(Attempt::Done));
             }
         };
-        let cache = match &ensured.cache {
-            CacheOutcome::Hit => "hit".to_string(),
-            CacheOutcome::Miss => "miss".to_string(),
-            CacheOutcome::Rebuilt { reason } => format!("rebuilt ({reason})"),
-            CacheOutcome::Downloaded { url } => format!("downloaded from {url}"),
-        };
-        info!(
-            step = "ensure-ko",
-            version = %target,
-            cache = %cache,
-            fetch_ms = ensured.fetch_ms,
-            build_ms = ensured.build_ms,
-            elapsed_ms = ensured.elapsed_ms,
-            "module file ready"
-        );
+        log_ensured(&target, &ensured);
         Ok(None)
+    }
+
+    /// What the agent does on a cache miss of the target: downloads it or builds it.
+    fn building_message(&self) -> String {
+        let (target, release) = (&self.config.target_version, self.installer.release());
+        let pin = self
+            .config
+            .source_commit
+            .as_deref()
+            .map_or(String::new(), |c| format!(" (pinned to commit {c})"));
+        let build = format!(
+            "fetching tag ttkmd-{target}{pin} from {} and building it for kernel {release}",
+            self.config.build.repository,
+        );
+        match &self.config.prebuilt {
+            Some(prebuilt) => format!(
+                "downloading prebuilt tt-kmd {target} for kernel {release} from {} ({})",
+                prebuilt_url(&prebuilt.url_template, target, release),
+                match prebuilt.fallback {
+                    PrebuiltFallback::Build => format!("if it is missing: {build}"),
+                    PrebuiltFallback::Fail => "no build if it is missing".to_owned(),
+                }
+            ),
+            None => build,
+        }
     }
 
     /// Ensure the `.ko`, check holders, swap. See the module docs for what shutdown does.
@@ -503,18 +517,9 @@ where
         shutdown: &CancellationToken,
     ) -> Result<Attempt, AgentError> {
         let target = self.config.target_version.clone();
-        if let Some(ended) = self.ensure_target_ko(observation, shutdown).await? {
-            return Ok(ended);
-        }
-
-        let status = match self.installer.status() {
+        let status = match self.target_ko_in_cache(observation, shutdown).await? {
             Ok(status) => status,
-            Err(e) => {
-                let message = format!("cannot read the module status: {e}");
-                self.fail(e.reason(), "Probe", message, Some(observation))
-                    .await;
-                return Ok(Attempt::Done);
-            }
+            Err(ended) => return Ok(ended),
         };
         let allow_no_rollback = match self.secure_rollback(observation, &status, shutdown).await? {
             RollbackPath::Secured => false,
@@ -652,6 +657,25 @@ where
         self.last_event = None;
         self.event(EventKind::Normal, reason, "Load", note).await;
     }
+}
+
+/// Logs how the target `.ko` came to be in the cache.
+fn log_ensured(target: &KmdVersion, ensured: &EnsuredKo) {
+    let cache = match &ensured.cache {
+        CacheOutcome::Hit => "hit".to_string(),
+        CacheOutcome::Miss => "miss".to_string(),
+        CacheOutcome::Rebuilt { reason } => format!("rebuilt ({reason})"),
+        CacheOutcome::Downloaded { url } => format!("downloaded from {url}"),
+    };
+    info!(
+        step = "ensure-ko",
+        version = %target,
+        cache = %cache,
+        fetch_ms = ensured.fetch_ms,
+        build_ms = ensured.build_ms,
+        elapsed_ms = ensured.elapsed_ms,
+        "module file ready"
+    );
 }
 
 /// Whole milliseconds, saturating.

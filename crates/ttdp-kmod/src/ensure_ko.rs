@@ -42,14 +42,7 @@ impl<K: Kernel> ModuleInstaller<K> {
         let started = Instant::now();
         let (cache, release) = (self.cache(), self.release());
         let _lock = cache.lock(self.config().cache_lock_timeout)?;
-        let pinned_sha256 = self
-            .prebuilt()
-            .and_then(|source| source.pins().sha256_for(version, release))
-            .map(str::to_owned);
-        let pins = EntryPins {
-            commit,
-            sha256: pinned_sha256.as_deref(),
-        };
+        let pins = self.entry_pins(version, commit);
         let outcome = match cache.lookup(release, version)? {
             CacheLookup::Hit(ko) if let Some(reason) = pins.refusal(&ko.record) => {
                 // cached before the pin (or from a tag since moved): only what is pinned may load
@@ -94,6 +87,37 @@ impl<K: Kernel> ModuleInstaller<K> {
             build_ms: built.build_ms,
             elapsed_ms: millis(started.elapsed()),
         })
+    }
+
+    /// What [`ModuleInstaller::ensure_pinned_ko`] returns when the cache alone answers: the
+    /// verified entry of `version`, accepted by its pins. Read without the cache lock, which a
+    /// build elsewhere on the node may hold for minutes: entries are written whole (the record
+    /// last), so one caught half-written fails verification and gives `None`, as does anything
+    /// `ensure_pinned_ko` would fetch, build or evict. Never touches the loaded module.
+    pub fn cached_ko(&self, version: &KmdVersion, commit: Option<&str>) -> Option<EnsuredKo> {
+        let started = Instant::now();
+        let pins = self.entry_pins(version, commit);
+        match self.cache().lookup(self.release(), version) {
+            Ok(CacheLookup::Hit(ko)) if pins.refusal(&ko.record).is_none() => Some(EnsuredKo {
+                ko,
+                cache: CacheOutcome::Hit,
+                fetch_ms: 0,
+                build_ms: 0,
+                elapsed_ms: millis(started.elapsed()),
+            }),
+            _ => None,
+        }
+    }
+
+    /// The pins a cache entry of `version` must match: `commit`, and the checksum pinned for
+    /// this kernel, if any.
+    fn entry_pins<'a>(&'a self, version: &KmdVersion, commit: Option<&'a str>) -> EntryPins<'a> {
+        EntryPins {
+            commit,
+            sha256: self
+                .prebuilt()
+                .and_then(|source| source.pins().sha256_for(version, self.release())),
+        }
     }
 
     /// The prebuilt `.ko` of `version`, downloaded, checked and cached; `None` when there is no

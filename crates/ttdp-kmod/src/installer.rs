@@ -17,7 +17,7 @@ use crate::ko_cache::{CacheLookup, CachedKo, KoCache};
 use crate::modinfo::{ModInfo, is_signed};
 use crate::prebuilt::PrebuiltSource;
 use crate::source_build::{BuildOptions, millis};
-use crate::status::ModuleStatus;
+use crate::status::{ModuleStatus, loaded_version};
 use crate::test_hook::{AFTER_LOAD, AFTER_UNLOAD, BEFORE_UNLOAD, checkpoint};
 use crate::validated_swap::PostLoadCheck;
 use crate::version::KmdVersion;
@@ -321,7 +321,8 @@ impl<K: Kernel> ModuleInstaller<K> {
                 },
             });
         }
-        let found = self.status()?.loaded_version().map(str::to_string);
+        // sysfs alone: the holders' walk of every process's open files tells nothing here
+        let found = loaded_version(&self.host, &self.config.module)?;
         if found.as_deref() != Some(version.as_str()) {
             return Err(KmodError::VersionAfterLoad {
                 module,
@@ -349,6 +350,15 @@ impl<K: Kernel> ModuleInstaller<K> {
         FileLock::acquire(&self.module_lock_path(), self.config.cache_lock_timeout)
     }
 
+    /// [`ModuleInstaller::lock_module`] without waiting: `None` when another holds it.
+    pub fn try_lock_module(&self) -> Result<Option<FileLock>, KmodError> {
+        match FileLock::acquire(&self.module_lock_path(), Duration::ZERO) {
+            Ok(lock) => Ok(Some(lock)),
+            Err(KmodError::LockTimeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Makes sure the module loaded now (in `status`) can be loaded back if `target` fails to
     /// load: its verified cache entry, or its tag built into the cache first (as
     /// [`ModuleInstaller::ensure_ko`]). `Ok(None)` when nothing is loaded or `target` is.
@@ -360,34 +370,75 @@ impl<K: Kernel> ModuleInstaller<K> {
         status: &ModuleStatus,
         target: &KmdVersion,
     ) -> Result<Option<EnsuredKo>, KmodError> {
+        let Some(loaded) = self.rollback_version(status, target)? else {
+            return Ok(None);
+        };
+        self.ensure_ko(&loaded).map(Some).map_err(|e| {
+            self.no_rollback_path(status, target, format!("{}: {e}", e.reason()), Some(e))
+        })
+    }
+
+    /// What [`ModuleInstaller::ensure_rollback_ko`] returns when the cache alone answers
+    /// (see [`ModuleInstaller::cached_ko`]): `Some(None)` when nothing needs a way back,
+    /// `Some(Some(entry))` for a verified entry of the loaded version, `None` when
+    /// `ensure_rollback_ko` has more to do or to explain.
+    pub fn cached_rollback_ko(
+        &self,
+        status: &ModuleStatus,
+        target: &KmdVersion,
+    ) -> Option<Option<EnsuredKo>> {
+        match self.rollback_version(status, target) {
+            Ok(None) => Some(None),
+            Ok(Some(loaded)) => self.cached_ko(&loaded, None).map(Some),
+            Err(_) => None,
+        }
+    }
+
+    /// The loaded version a rollback would load back: `None` when nothing is loaded or `target`
+    /// is; [`KmodError::NoRollbackPath`] when the loaded module declares no release version.
+    fn rollback_version(
+        &self,
+        status: &ModuleStatus,
+        target: &KmdVersion,
+    ) -> Result<Option<KmdVersion>, KmodError> {
         if !status.loaded || status.loaded_version() == Some(target.as_str()) {
             return Ok(None);
         }
-        let no_path = |why: String, source: Option<KmodError>| KmodError::NoRollbackPath {
-            module: self.config.module.clone(),
-            loaded: status.version.clone(),
-            target: target.to_string(),
-            why,
-            source: source.map(Box::new),
-        };
         let Some(loaded) = status.version.as_deref() else {
-            return Err(no_path(
+            return Err(self.no_rollback_path(
+                status,
+                target,
                 "it declares no version, so which tag to build is unknown".into(),
                 None,
             ));
         };
         // sysfs says what the module declares: a release version only if it parses as one
-        let Ok(loaded) = loaded.parse::<KmdVersion>() else {
-            return Err(no_path(
+        loaded.parse::<KmdVersion>().map(Some).map_err(|_| {
+            self.no_rollback_path(
+                status,
+                target,
                 format!(
                     "its version {loaded:?} is not a tt-kmd release (a custom build?), so there is no tag to build"
                 ),
                 None,
-            ));
-        };
-        self.ensure_ko(&loaded)
-            .map(Some)
-            .map_err(|e| no_path(format!("{}: {e}", e.reason()), Some(e)))
+            )
+        })
+    }
+
+    fn no_rollback_path(
+        &self,
+        status: &ModuleStatus,
+        target: &KmdVersion,
+        why: String,
+        source: Option<KmodError>,
+    ) -> KmodError {
+        KmodError::NoRollbackPath {
+            module: self.config.module.clone(),
+            loaded: status.version.clone(),
+            target: target.to_string(),
+            why,
+            source: source.map(Box::new),
+        }
     }
 
     /// Makes `version` the loaded module: ensures its `.ko` first (so a failed build never unloads

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use crate::KmodError;
 use crate::error::ResumeProblems;
-use crate::file_lock::FileLock;
 use crate::install_report::UnloadOptions;
 use crate::installer::ModuleInstaller;
 use crate::kernel::Kernel;
@@ -65,10 +64,8 @@ impl<K: Kernel> ModuleInstaller<K> {
         if self.swap_journal()?.is_none() {
             return Ok(None);
         }
-        let _module_lock = match FileLock::acquire(&self.module_lock_path(), Duration::ZERO) {
-            Ok(lock) => lock,
-            Err(KmodError::LockTimeout { .. }) => return Ok(None),
-            Err(e) => return Err(e),
+        let Some(_module_lock) = self.try_lock_module()? else {
+            return Ok(None);
         };
         self.resume_swap_locked(check)
     }

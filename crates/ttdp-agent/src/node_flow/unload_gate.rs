@@ -37,15 +37,23 @@ where
         status: &ttdp_kmod::ModuleStatus,
         shutdown: &CancellationToken,
     ) -> Result<RollbackPath, AgentError> {
-        let installer = Arc::clone(&self.installer);
-        let (status, target) = (status.clone(), self.config.target_version.clone());
-        let ensure =
-            tokio::task::spawn_blocking(move || installer.ensure_rollback_ko(&status, &target));
-        let ensured = tokio::select! {
-            joined = ensure => joined.map_err(|source| AgentError::Task { task: "ensure rollback .ko", source })?,
-            () = shutdown.cancelled() => {
-                info!(step = "rollback-ko", "shutdown while securing the rollback .ko: abandoned, the loaded module was not touched");
-                return Ok(RollbackPath::Abandoned);
+        let target = self.config.target_version.clone();
+        // the cache alone usually answers: no thread, no cache lock
+        let ensured = match self.installer.cached_rollback_ko(status, &target) {
+            Some(cached) => Ok(cached),
+            None => {
+                let installer = Arc::clone(&self.installer);
+                let status = status.clone();
+                let ensure = tokio::task::spawn_blocking(move || {
+                    installer.ensure_rollback_ko(&status, &target)
+                });
+                tokio::select! {
+                    joined = ensure => joined.map_err(|source| AgentError::Task { task: "ensure rollback .ko", source })?,
+                    () = shutdown.cancelled() => {
+                        info!(step = "rollback-ko", "shutdown while securing the rollback .ko: abandoned, the loaded module was not touched");
+                        return Ok(RollbackPath::Abandoned);
+                    }
+                }
             }
         };
         let cause = match ensured {
@@ -124,21 +132,29 @@ where
         false
     }
 
-    /// Takes the node's module lock on a blocking thread (another agent on the node may hold it
-    /// for minutes while it swaps); abandoned on shutdown, nothing changed yet.
+    /// Takes the node's module lock, waiting on a blocking thread when it is held (another
+    /// agent on the node may hold it for minutes while it swaps); abandoned on shutdown,
+    /// nothing changed yet.
     pub(super) async fn take_module_lock(
         &mut self,
         observation: &Observation,
         shutdown: &CancellationToken,
     ) -> Result<LockTaken, AgentError> {
-        let installer = Arc::clone(&self.installer);
-        let lock = tokio::task::spawn_blocking(move || installer.lock_module());
-        let taken = tokio::select! {
-            joined = lock => joined.map_err(|source| AgentError::Task { task: "module lock", source })?,
-            () = shutdown.cancelled() => {
-                info!(step = "lock", "shutdown while waiting for the module lock: abandoned, the loaded module was not touched");
-                return Ok(LockTaken::Abandoned);
+        // free is the common case: taken at once, without a thread to wait on
+        let taken = match self.installer.try_lock_module() {
+            Ok(Some(lock)) => Ok(lock),
+            Ok(None) => {
+                let installer = Arc::clone(&self.installer);
+                let lock = tokio::task::spawn_blocking(move || installer.lock_module());
+                tokio::select! {
+                    joined = lock => joined.map_err(|source| AgentError::Task { task: "module lock", source })?,
+                    () = shutdown.cancelled() => {
+                        info!(step = "lock", "shutdown while waiting for the module lock: abandoned, the loaded module was not touched");
+                        return Ok(LockTaken::Abandoned);
+                    }
+                }
             }
+            Err(e) => Err(e),
         };
         match taken {
             Ok(lock) => Ok(LockTaken::Held(lock)),

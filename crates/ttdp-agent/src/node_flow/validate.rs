@@ -3,7 +3,7 @@
 //! found loaded is validated before it is first reported Ready; once Ready, its devices are
 //! looked at on every pass, so a node whose cards vanish fails and stops being Ready.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -55,14 +55,26 @@ where
         let (host, lock_dir) = (self.config.host.clone(), self.config.lock_dir.clone());
         let mut swap = tokio::task::spawn_blocking(move || {
             if !validation.enabled {
-                return installer.swap_locked(&module_lock, &version, &options, None);
+                return (
+                    installer.swap_locked(&module_lock, &version, &options, None),
+                    None,
+                );
             }
+            // the srcversion of the module proven to work, as the check saw it
+            let proven = Mutex::new(None);
             let check = |status: &ttdp_kmod::ModuleStatus| {
-                validate_loaded(&validation, &host, &lock_dir, status, true)
+                let checked = validate_loaded(&validation, &host, &lock_dir, status, true);
+                if checked.is_ok()
+                    && let Ok(mut proven) = proven.lock()
+                {
+                    *proven = Some(status.srcversion.clone());
+                }
+                checked
             };
-            installer.swap_locked(&module_lock, &version, &options, Some(&check))
+            let swapped = installer.swap_locked(&module_lock, &version, &options, Some(&check));
+            (swapped, proven.into_inner().ok().flatten())
         });
-        let swapped = tokio::select! {
+        let (swapped, proven) = tokio::select! {
             joined = &mut swap => joined,
             () = shutdown.cancelled() => {
                 info!(step = "swap", version = %target, "shutdown requested during the swap: finishing it first");
@@ -76,9 +88,9 @@ where
         if let Ok(report) = &swapped
             && let Some(summary) = &report.validation
         {
-            self.validated = self.installer.status().ok().map(|status| ValidatedModule {
+            self.validated = proven.map(|srcversion| ValidatedModule {
                 version: report.version.to_string(),
-                srcversion: status.srcversion,
+                srcversion,
                 summary: summary.clone(),
             });
         }
