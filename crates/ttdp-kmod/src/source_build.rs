@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use ttdp_hostprobe::{HostRoot, build_tree};
 
+use crate::KmdVersion;
 use crate::modinfo::ModInfo;
 use crate::timed_command::{log_tail, run_logged};
-use crate::version::KmdVersion;
 use crate::{KO_FILE_NAME, KmodError};
 
 /// The public tt-kmd repository.
