@@ -52,7 +52,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo xtask crd --check"
 xtask crd --check
 
-step "cargo xtask shape (controller: files <= 600 lines, functions <= 80)"
+step "cargo xtask shape (shipped crates: files <= 600 lines, functions <= 80)"
 xtask shape
 
 step "a real control plane (kube-apiserver, kube-controller-manager, kube-scheduler v1.36, etcd)"

@@ -13,7 +13,14 @@ use crate::image::{self, Built, Which, oci::is_digest};
 use crate::{chart::CHART_DIR, crd, tools};
 
 /// The library crates published to crates.io.
-const LIBRARIES: [&str; 4] = ["ttdp-api", "ttdp-hostprobe", "ttdp-kmod", "ttdp-drain"];
+const LIBRARIES: [&str; 6] = [
+    "ttdp-selector",
+    "ttdp-api",
+    "ttdp-hostprobe",
+    "ttdp-kmd-types",
+    "ttdp-kmod",
+    "ttdp-drain",
+];
 
 pub fn run(args: &[String]) -> Result<()> {
     let [version] = args else {

@@ -75,40 +75,7 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
             };
             show(&conn, request, args.watch, palette, out, err).await
         }
-        Command::Describe { policy } => {
-            let fetched = conn
-                .fleet(
-                    Some(&policy),
-                    Extras {
-                        nodes: true,
-                        daemonsets: true,
-                    },
-                )
-                .await?;
-            let mut warnings = fetched.warnings;
-            let events = match conn.events(&policy).await {
-                Ok(events) => events,
-                Err(e) => {
-                    warnings.push(format!("cannot read events: {e}"));
-                    Vec::new()
-                }
-            };
-            let Some(view) = fetched.fleet.policies.first() else {
-                return Err(Error::PolicyNotFound { name: policy });
-            };
-            let namespace = view.daemonset.as_ref().map(|d| d.namespace.as_str());
-            let pods = match conn.agent_pods(&policy, namespace).await {
-                Ok(pods) => pods,
-                Err(e) => {
-                    warnings.push(format!("cannot read agent pods: {e}"));
-                    Vec::new()
-                }
-            };
-            warn(err, &warnings);
-            let rows = fetched.fleet.node_rows();
-            let text = describe::render(view, &rows, &pods, &events, &options(palette));
-            write(out, &text)
-        }
+        Command::Describe { policy } => describe(&conn, policy, palette, out, err).await,
         Command::Pause { policy } => {
             let line = mutate::set_paused(&conn, &policy, true).await?;
             write(out, &format!("{line}\n"))
@@ -127,6 +94,49 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
         }
         Command::Completion { .. } => Ok(()),
     }
+}
+
+/// `describe POLICY`: the policy with its nodes, DaemonSet, Events and agent pods. Events and
+/// pods that cannot be read are warnings, not failures: the rest of the page still helps.
+async fn describe(
+    conn: &Connection,
+    policy: String,
+    palette: Palette,
+    out: &mut impl Write,
+    err: &mut impl Write,
+) -> Result<(), Error> {
+    let fetched = conn
+        .fleet(
+            Some(&policy),
+            Extras {
+                nodes: true,
+                daemonsets: true,
+            },
+        )
+        .await?;
+    let mut warnings = fetched.warnings;
+    let events = match conn.events(&policy).await {
+        Ok(events) => events,
+        Err(e) => {
+            warnings.push(format!("cannot read events: {e}"));
+            Vec::new()
+        }
+    };
+    let Some(view) = fetched.fleet.policies.first() else {
+        return Err(Error::PolicyNotFound { name: policy });
+    };
+    let namespace = view.daemonset.as_ref().map(|d| d.namespace.as_str());
+    let pods = match conn.agent_pods(&policy, namespace).await {
+        Ok(pods) => pods,
+        Err(e) => {
+            warnings.push(format!("cannot read agent pods: {e}"));
+            Vec::new()
+        }
+    };
+    warn(err, &warnings);
+    let rows = fetched.fleet.node_rows();
+    let text = describe::render(view, &rows, &pods, &events, &options(palette));
+    write(out, &text)
 }
 
 /// Writes the answer. A reader that went away (`| head`) is not an error, as with kubectl.

@@ -274,63 +274,15 @@ const LOCAL_NODE: &str = "local";
 impl RunArgs {
     /// The agent configuration these arguments describe.
     fn config(&self) -> Result<AgentConfig, ConfigError> {
-        let node = match (&self.node_name, &self.report) {
-            (Some(node), _) => node.clone(),
-            (None, ReportTarget::Kube) => {
-                return Err(ConfigError::Missing {
-                    variable: env::NODE_NAME,
-                    flag: "--node-name",
-                    why: "to the node's name (downward API spec.nodeName) so the agent labels its own node",
-                });
-            }
-            (None, _) => LOCAL_NODE.to_string(),
-        };
+        let node = self.node()?;
         let host = HostRoot::new(&self.target.host_root);
         let mut config = AgentConfig::new(self.target.kmd_version.clone(), &node, host);
         config.kernel = self.kernel;
         config.force_unload = self.force_unload;
         config.parameters = self.target.kmd_parameters.clone();
         config.source_commit = self.kmd_commit.clone();
-        config.prebuilt = self.prebuilt_url.as_ref().map(|url| PrebuiltConfig {
-            url_template: url.clone(),
-            fallback: match self.prebuilt_fallback {
-                FallbackArg::Build => PrebuiltFallback::Build,
-                FallbackArg::Fail => PrebuiltFallback::Fail,
-            },
-            ca_file: self.prebuilt_ca_file.clone(),
-            pins: PrebuiltPins {
-                sha256: self
-                    .prebuilt_sha256
-                    .clone()
-                    .map(|p| p.0)
-                    .unwrap_or_default(),
-                trust_server_checksum: self.prebuilt_trust_server_checksum,
-            },
-            allow_insecure_http: self.prebuilt_allow_insecure_http,
-            allow_cross_host_redirects: self.prebuilt_allow_cross_host_redirects,
-        });
-        config.tt_smi = match (self.tt_smi_path.as_str(), &self.tt_smi_version) {
-            ("none", _) => None,
-            (path, Some(version)) => Some(TtSmiSource {
-                path: PathBuf::from(path),
-                version: version.clone(),
-            }),
-            (path, None) if !std::path::Path::new(path).exists() => {
-                // an image without tt-smi (the simulator, the VM tests): nothing to copy or label
-                tracing::warn!(
-                    tt_smi_path = path,
-                    "no bundled tt-smi and TT_SMI_VERSION is not set: tt-smi is not installed on the host"
-                );
-                None
-            }
-            (_, None) => {
-                return Err(ConfigError::Missing {
-                    variable: env::TT_SMI_VERSION,
-                    flag: "--tt-smi-version",
-                    why: "to the version of the bundled tt-smi found at TTDP_TT_SMI_PATH (the node label value), or set TTDP_TT_SMI_PATH=none to skip tt-smi",
-                });
-            }
-        };
+        config.prebuilt = self.prebuilt();
+        config.tt_smi = self.tt_smi()?;
         config.build.repository = self.kmd_repository.clone();
         if let Some(jobs) = self.build_jobs {
             config.build.jobs = usize::from(jobs);
@@ -366,6 +318,70 @@ impl RunArgs {
         );
         check_grant_enforced(&self.report, in_pod)?;
         Ok(config)
+    }
+
+    /// The node the agent runs on: `--node-name`, required with `--report kube`, else
+    /// [`LOCAL_NODE`].
+    fn node(&self) -> Result<String, ConfigError> {
+        match (&self.node_name, &self.report) {
+            (Some(node), _) => Ok(node.clone()),
+            (None, ReportTarget::Kube) => Err(ConfigError::Missing {
+                variable: env::NODE_NAME,
+                flag: "--node-name",
+                why: "to the node's name (downward API spec.nodeName) so the agent labels its own node",
+            }),
+            (None, _) => Ok(LOCAL_NODE.to_string()),
+        }
+    }
+
+    /// Where prebuilt modules come from, with `--prebuilt-url`.
+    fn prebuilt(&self) -> Option<PrebuiltConfig> {
+        self.prebuilt_url.as_ref().map(|url| PrebuiltConfig {
+            url_template: url.clone(),
+            fallback: match self.prebuilt_fallback {
+                FallbackArg::Build => PrebuiltFallback::Build,
+                FallbackArg::Fail => PrebuiltFallback::Fail,
+            },
+            ca_file: self.prebuilt_ca_file.clone(),
+            pins: PrebuiltPins {
+                sha256: self
+                    .prebuilt_sha256
+                    .clone()
+                    .map(|p| p.0)
+                    .unwrap_or_default(),
+                trust_server_checksum: self.prebuilt_trust_server_checksum,
+            },
+            allow_insecure_http: self.prebuilt_allow_insecure_http,
+            allow_cross_host_redirects: self.prebuilt_allow_cross_host_redirects,
+        })
+    }
+
+    /// The bundled tt-smi to install: none with `TTDP_TT_SMI_PATH=none` or when the image has
+    /// none; its version is required when it has one.
+    fn tt_smi(&self) -> Result<Option<TtSmiSource>, ConfigError> {
+        let source = match (self.tt_smi_path.as_str(), &self.tt_smi_version) {
+            ("none", _) => None,
+            (path, Some(version)) => Some(TtSmiSource {
+                path: PathBuf::from(path),
+                version: version.clone(),
+            }),
+            (path, None) if !std::path::Path::new(path).exists() => {
+                // an image without tt-smi (the simulator, the VM tests): nothing to copy or label
+                tracing::warn!(
+                    tt_smi_path = path,
+                    "no bundled tt-smi and TT_SMI_VERSION is not set: tt-smi is not installed on the host"
+                );
+                None
+            }
+            (_, None) => {
+                return Err(ConfigError::Missing {
+                    variable: env::TT_SMI_VERSION,
+                    flag: "--tt-smi-version",
+                    why: "to the version of the bundled tt-smi found at TTDP_TT_SMI_PATH (the node label value), or set TTDP_TT_SMI_PATH=none to skip tt-smi",
+                });
+            }
+        };
+        Ok(source)
     }
 
     /// The agent pod, required with `--report kube`.

@@ -14,7 +14,8 @@ pub mod driver;
 pub mod duration;
 pub mod names;
 pub mod node_selection;
-pub mod selector;
+/// The label-selector grammar, shared with `ttdp-drain` from the `ttdp-selector` crate.
+pub use ttdp_selector as selector;
 
 pub use driver::v1alpha1::{
     NodeState, NodeStatus, TenstorrentDriverPolicy, TenstorrentDriverPolicySpec,

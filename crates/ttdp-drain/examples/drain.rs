@@ -20,11 +20,11 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use ttdp_api::selector::Selector;
 use ttdp_drain::{
     CordonOutcome, CordonOwner, Disposition, DrainError, DrainEvent, DrainEventKind, DrainOptions,
     Drainer, EventSink, PodDecision, PodRules, UncordonOutcome,
 };
+use ttdp_selector::Selector;
 
 /// Drain a node the way `kubectl drain` does.
 #[derive(Debug, Parser)]

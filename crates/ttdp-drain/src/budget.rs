@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Client;
 use kube::api::{Api, ListParams};
-use ttdp_api::selector::Selector;
+use ttdp_selector::Selector;
 
 use crate::event::Removal;
 use crate::pod_ref::ObjectKey;

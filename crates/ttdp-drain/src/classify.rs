@@ -35,7 +35,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use ttdp_api::selector::Selector;
+use ttdp_selector::Selector;
 
 use crate::device::DevicePredicate;
 use crate::pod_ref::{ObjectKey, PodRef};

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::time::Instant;
-use ttdp_api::selector::Selector;
+use ttdp_selector::Selector;
 
 use crate::classify::{controller_of, has_finished};
 use crate::drainer::Drainer;

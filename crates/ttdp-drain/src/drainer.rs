@@ -273,65 +273,12 @@ impl Drainer {
         listing: &mut Option<Listing>,
     ) -> Result<DrainReport, DrainError> {
         let started = Instant::now();
-        let mut removals = Removals::default();
-        let mut decisions = Vec::new();
+        let mut work = PassWork::default();
         let budgets = BudgetWatches::new(self.client.clone());
-        let work = async {
-            let (planned, daemonsets) =
-                self.plan_pods(node, &options.rules, listing.take()).await?;
-            decisions = planned.iter().map(|(_, d)| d.clone()).collect();
-            self.emit(
-                node,
-                DrainEventKind::Planned {
-                    decisions: decisions.clone(),
-                },
-            );
-            let refused: Vec<PodDecision> = decisions
-                .iter()
-                .filter(|d| d.disposition == Disposition::Refuse)
-                .cloned()
-                .collect();
-            if !refused.is_empty() && options.on_refused == OnRefused::Fail {
-                return Err(DrainError::Refused {
-                    node: node.to_owned(),
-                    pass,
-                    pods: refused,
-                });
-            }
-            if options.dry_run
-                || !planned
-                    .iter()
-                    .any(|(_, d)| removal_of(d, options).is_some())
-            {
-                *listing = Some(Listing {
-                    pods: planned.into_iter().map(|(pod, _)| pod).collect(),
-                    daemonsets,
-                });
-                return Ok(());
-            }
-            let removing: Vec<(Pod, Removal)> = planned
-                .into_iter()
-                .filter_map(|(pod, d)| removal_of(&d, options).map(|how| (pod, how)))
-                .collect();
-            let guards = budgets_of_evicted(&self.client, &removing).await;
-            removals = Removals::new(guarded_first(removing, &guards));
-            let settings = Settings {
-                client: &self.client,
-                counters: &self.counters,
-                events: self.events.as_ref(),
-                node,
-                grace_period: options.grace_period,
-                concurrency: options.concurrency,
-                backoff: options.backoff,
-                poll_interval: options.poll_interval,
-                budgets: &budgets,
-            };
-            removals.run(&settings).await;
-            Ok(())
-        };
+        let doing = self.plan_and_remove(node, options, pass, listing, &mut work, &budgets);
         let outcome = match deadline {
-            Some((at, _)) => tokio::time::timeout_at(at, work).await.ok(),
-            None => Some(work.await),
+            Some((at, _)) => tokio::time::timeout_at(at, doing).await.ok(),
+            None => Some(doing.await),
         };
         let finished = match (outcome, deadline) {
             (Some(result), _) => result,
@@ -339,11 +286,88 @@ impl Drainer {
                 node: node.to_owned(),
                 pass,
                 timeout: timeout.map(|(_, t)| t).unwrap_or_default(),
-                remaining: removals.remaining(),
+                remaining: work.removals.remaining(),
             }),
         };
         finished?;
-        let failed = removals.failed();
+        self.report(node, options, pass, work, started)
+    }
+
+    /// Plans the pass from the node's pods (or `listing`), then removes what the plan removes
+    /// and waits until those pods are gone. A dry run, or a plan that removes nothing, leaves
+    /// its listing in `listing` for the next pass.
+    async fn plan_and_remove(
+        &self,
+        node: &str,
+        options: &DrainOptions,
+        pass: Option<Pass>,
+        listing: &mut Option<Listing>,
+        work: &mut PassWork,
+        budgets: &BudgetWatches,
+    ) -> Result<(), DrainError> {
+        let (planned, daemonsets) = self.plan_pods(node, &options.rules, listing.take()).await?;
+        work.decisions = planned.iter().map(|(_, d)| d.clone()).collect();
+        self.emit(
+            node,
+            DrainEventKind::Planned {
+                decisions: work.decisions.clone(),
+            },
+        );
+        let refused: Vec<PodDecision> = work
+            .decisions
+            .iter()
+            .filter(|d| d.disposition == Disposition::Refuse)
+            .cloned()
+            .collect();
+        if !refused.is_empty() && options.on_refused == OnRefused::Fail {
+            return Err(DrainError::Refused {
+                node: node.to_owned(),
+                pass,
+                pods: refused,
+            });
+        }
+        if options.dry_run
+            || !planned
+                .iter()
+                .any(|(_, d)| removal_of(d, options).is_some())
+        {
+            *listing = Some(Listing {
+                pods: planned.into_iter().map(|(pod, _)| pod).collect(),
+                daemonsets,
+            });
+            return Ok(());
+        }
+        let removing: Vec<(Pod, Removal)> = planned
+            .into_iter()
+            .filter_map(|(pod, d)| removal_of(&d, options).map(|how| (pod, how)))
+            .collect();
+        let guards = budgets_of_evicted(&self.client, &removing).await;
+        work.removals = Removals::new(guarded_first(removing, &guards));
+        let settings = Settings {
+            client: &self.client,
+            counters: &self.counters,
+            events: self.events.as_ref(),
+            node,
+            grace_period: options.grace_period,
+            concurrency: options.concurrency,
+            backoff: options.backoff,
+            poll_interval: options.poll_interval,
+            budgets,
+        };
+        work.removals.run(&settings).await;
+        Ok(())
+    }
+
+    /// The report of a pass that ended in time: an error when a removal failed for good.
+    fn report(
+        &self,
+        node: &str,
+        options: &DrainOptions,
+        pass: Option<Pass>,
+        work: PassWork,
+        started: Instant,
+    ) -> Result<DrainReport, DrainError> {
+        let failed = work.removals.failed();
         if !failed.is_empty() {
             return Err(DrainError::Failed {
                 node: node.to_owned(),
@@ -351,7 +375,7 @@ impl Drainer {
                 failed,
             });
         }
-        let (evicted, deleted) = removals.gone();
+        let (evicted, deleted) = work.removals.gone();
         if !options.dry_run {
             self.emit(
                 node,
@@ -363,14 +387,22 @@ impl Drainer {
         }
         Ok(DrainReport {
             node: node.to_owned(),
-            skipped_without_force: skipped_without_force(&decisions),
-            decisions,
+            skipped_without_force: skipped_without_force(&work.decisions),
+            decisions: work.decisions,
             evicted,
             deleted,
             dry_run: options.dry_run,
             elapsed: started.elapsed(),
         })
     }
+}
+
+/// What one pass planned and is removing, kept outside the future that does the work: when a
+/// timeout drops that future, the pass can still say what each pod was waiting for.
+#[derive(Debug, Default)]
+struct PassWork {
+    decisions: Vec<PodDecision>,
+    removals: Removals,
 }
 
 /// The DaemonSets looked up for a node's pods: whether each exists.

@@ -151,6 +151,9 @@ pub use node_patch::{ExtrasFor, NodePatchExtras};
 pub use node_pods::list_node_pods;
 pub use pod_ref::{ObjectKey, PodRef};
 pub use report::{DrainReport, StuckPod, StuckReason};
+/// The label selector classification, completion waits and two-pass drains take (from
+/// `ttdp-selector`, re-exported so callers need not depend on it).
+pub use ttdp_selector::Selector;
 pub use two_pass::{TwoPassDrain, TwoPassReport};
 
 /// The README's example, compiled as a doctest so it cannot go stale.

@@ -5,6 +5,8 @@
 //! All state lives in [`Removals`], outside the future that does the work, so that when a
 //! timeout drops the future the caller can still say what each pod was waiting for.
 
+mod request;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -12,43 +14,20 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::future::{self, Either};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::policy::v1::Eviction;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{self as metav1, DeleteOptions, ObjectMeta};
 use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::backoff::Backoff;
-use crate::budget::{
-    BudgetFound, HeldDisruption, disruption_already_granted, find_budget_object, held_disruptions,
-};
-use crate::budget_watch::{BudgetTurn, BudgetWatches};
+use crate::budget::HeldDisruption;
+use crate::budget_watch::BudgetWatches;
 use crate::counters::{Counter, DrainCounters};
 use crate::event::{DrainEvent, DrainEventKind, EventSink, Removal};
 use crate::node_pods::list_node_pods;
 use crate::pod_ref::PodRef;
 use crate::report::{StuckPod, StuckReason};
-
-/// Marks a pod's request as out until dropped: also when a timeout drops the request's future.
-struct InFlight<'a> {
-    removals: &'a Removals,
-    index: usize,
-}
-
-impl<'a> InFlight<'a> {
-    fn mark(removals: &'a Removals, index: usize) -> Self {
-        removals.set_in_flight(index, true);
-        Self { removals, index }
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.removals.set_in_flight(self.index, false);
-    }
-}
 
 /// How removal requests are made.
 #[derive(Clone, Copy)]
@@ -103,59 +82,6 @@ struct Tracked {
 pub(crate) struct Removals {
     tracked: Mutex<Vec<Tracked>>,
     settled: Notify,
-}
-
-/// What an API error means for a removal.
-enum ErrorKind {
-    /// 404: the pod is gone.
-    NotFound,
-    /// 409: the UID precondition failed (a new pod has the name) or another conflict.
-    Conflict,
-    /// 429: a PodDisruptionBudget (or API priority and fairness) refuses it for now.
-    TooManyRequests,
-    /// 403 with cause `NamespaceTerminating`: the namespace is being deleted with the pod.
-    NamespaceTerminating,
-    /// 5xx, 408 or a connection problem: may pass.
-    Transient,
-    /// Anything else: retrying does not help.
-    Fatal,
-}
-
-fn error_kind(error: &kube::Error) -> ErrorKind {
-    match error {
-        kube::Error::Api(status) => {
-            let has_cause = |reason: &str| {
-                status
-                    .details
-                    .as_ref()
-                    .is_some_and(|d| d.causes.iter().any(|c| c.reason == reason))
-            };
-            match status.code {
-                404 => ErrorKind::NotFound,
-                409 => ErrorKind::Conflict,
-                429 => ErrorKind::TooManyRequests,
-                403 if has_cause("NamespaceTerminating") => ErrorKind::NamespaceTerminating,
-                // The real API server answers 500 when several budgets select one pod; that
-                // does not pass by itself.
-                500 if status.message.contains("more than one PodDisruptionBudget") => {
-                    ErrorKind::Fatal
-                }
-                408 | 500..=599 => ErrorKind::Transient,
-                _ => ErrorKind::Fatal,
-            }
-        }
-        kube::Error::HyperError(_) | kube::Error::Service(_) | kube::Error::ReadEvents(_) => {
-            ErrorKind::Transient
-        }
-        _ => ErrorKind::Fatal,
-    }
-}
-
-fn api_message(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
-        other => other.to_string(),
-    }
 }
 
 impl Removals {
@@ -261,175 +187,6 @@ impl Removals {
         // back-off then have nothing left to do.
         if let Either::Left((_, waiting)) = future::select(requests, waiting).await {
             waiting.await;
-        }
-    }
-
-    async fn request_until_accepted(&self, index: usize, s: &Settings<'_>, slots: &Semaphore) {
-        let Some((pod, pod_ref, method)) = self
-            .lock()
-            .get(index)
-            .map(|t| (t.pod.clone(), t.pod_ref.clone(), t.method))
-        else {
-            return;
-        };
-        let pods: Api<Pod> = Api::namespaced(s.client.clone(), &pod_ref.namespace);
-        let mut attempt: u32 = 0;
-        // The state of the blocking budget that last let this pod retry.
-        let mut last_turn: u64 = 0;
-        // Held while the retry a budget let through is made.
-        let mut turn: Option<BudgetTurn> = None;
-        loop {
-            let mut blocked_by = None;
-            if self.is_gone(index) {
-                return;
-            }
-            let result = {
-                let Ok(_slot) = slots.acquire().await else {
-                    return;
-                };
-                let _out = InFlight::mark(self, index);
-                request(&pods, &pod_ref, method, attempt, s).await
-            };
-            let held = turn.take();
-            let error = match result {
-                Ok(()) => {
-                    if let Some(turn) = held {
-                        turn.accepted();
-                    }
-                    self.set_state(index, PodState::Accepted(Instant::now()));
-                    return;
-                }
-                Err(error) => error,
-            };
-            drop(held);
-            let retry_in = s.backoff.delay(attempt);
-            match error_kind(&error) {
-                ErrorKind::NotFound => {
-                    self.mark_gone(index, s);
-                    return;
-                }
-                ErrorKind::NamespaceTerminating => {
-                    self.set_state(index, PodState::Accepted(Instant::now()));
-                    return;
-                }
-                ErrorKind::Conflict => match pods.get_opt(&pod_ref.name).await {
-                    Ok(current)
-                        if current
-                            .as_ref()
-                            .is_none_or(|p| PodRef::of(p).uid != pod_ref.uid) =>
-                    {
-                        self.mark_gone(index, s);
-                        return;
-                    }
-                    _ => {
-                        s.counters.bump(Counter::RequestError);
-                        let error = api_message(&error);
-                        self.set_state(index, PodState::Retrying(error.clone()));
-                        s.emit(DrainEventKind::RequestFailed {
-                            pod: pod_ref.clone(),
-                            error,
-                            retry_in,
-                        });
-                    }
-                },
-                ErrorKind::TooManyRequests => {
-                    s.counters.bump(Counter::BudgetBlock);
-                    let watched = s.budgets.watched_budget_of(&pod);
-                    let looked_up = match watched {
-                        Some(pdb) => Ok(Some(pdb)),
-                        None => find_budget_object(s.client, &pod).await,
-                    };
-                    let pdb = match looked_up {
-                        Ok(pdb) => pdb,
-                        Err(e) => {
-                            s.counters.bump(Counter::RequestError);
-                            tracing::debug!(pod = %pod_ref, error = %e, "cannot look up the pod's disruption budget");
-                            None
-                        }
-                    };
-                    let now = jiff::Timestamp::now();
-                    if let Some(pdb) = &pdb
-                        && method == Removal::Evicted
-                        && disruption_already_granted(pdb, &pod, now)
-                    {
-                        // An earlier eviction of this very pod was granted and cut off before
-                        // the pod was deleted: the budget already counts it as disrupted.
-                        tracing::info!(node = s.node, pod = %pod_ref, "budget already granted this pod's eviction; deleting it");
-                        match request(&pods, &pod_ref, Removal::Deleted, 1, s).await {
-                            Ok(()) => {
-                                self.set_state(index, PodState::Accepted(Instant::now()));
-                                return;
-                            }
-                            Err(e) if matches!(error_kind(&e), ErrorKind::NotFound) => {
-                                self.mark_gone(index, s);
-                                return;
-                            }
-                            Err(e) => {
-                                s.counters.bump(Counter::RequestError);
-                                tracing::debug!(pod = %pod_ref, error = %api_message(&e), "deleting a pod whose eviction was granted failed");
-                            }
-                        }
-                    }
-                    let found = pdb.as_ref().map(BudgetFound::of);
-                    let (budget, disruptions_allowed) = match found {
-                        Some(f) => (Some(f.budget), f.disruptions_allowed),
-                        None => (None, None),
-                    };
-                    let message = api_message(&error);
-                    let mut held = pdb
-                        .as_ref()
-                        .map(|pdb| held_disruptions(pdb, now))
-                        .unwrap_or_default();
-                    self.drop_removed_here(&pod_ref.namespace, &mut held);
-                    blocked_by = budget.clone();
-                    tracing::debug!(node = s.node, pod = %pod_ref, ?budget, retry_in_ms = retry_in.as_millis() as u64, "eviction blocked by a disruption budget");
-                    self.set_state(
-                        index,
-                        PodState::Blocked(StuckReason::Blocked {
-                            budget: budget.clone(),
-                            disruptions_allowed,
-                            message: message.clone(),
-                            held: held.clone(),
-                        }),
-                    );
-                    s.emit(DrainEventKind::EvictionBlocked {
-                        pod: pod_ref.clone(),
-                        budget,
-                        disruptions_allowed,
-                        message,
-                        held,
-                        retry_in,
-                    });
-                }
-                ErrorKind::Transient => {
-                    s.counters.bump(Counter::RequestError);
-                    let error = api_message(&error);
-                    tracing::warn!(node = s.node, pod = %pod_ref, %error, "removal request failed, retrying");
-                    self.set_state(index, PodState::Retrying(error.clone()));
-                    s.emit(DrainEventKind::RequestFailed {
-                        pod: pod_ref.clone(),
-                        error,
-                        retry_in,
-                    });
-                }
-                ErrorKind::Fatal => {
-                    s.counters.bump(Counter::RequestError);
-                    let error = api_message(&error);
-                    tracing::warn!(node = s.node, pod = %pod_ref, %error, "removal request failed");
-                    self.fail(index, error);
-                    return;
-                }
-            }
-            attempt = attempt.saturating_add(1);
-            match blocked_by {
-                Some(budget) => {
-                    turn = s
-                        .budgets
-                        .wait_until_allows(&budget, &pod_ref.name, &mut last_turn, retry_in)
-                        .await;
-                }
-                None => tokio::time::sleep(retry_in).await,
-            }
         }
     }
 
@@ -597,65 +354,4 @@ fn stuck_reason(t: &Tracked) -> StuckReason {
         }
         PodState::Gone => StuckReason::Accepted,
     }
-}
-
-/// One eviction or deletion request.
-///
-/// The eviction is posted as a complete `policy/v1` Eviction: kube's own `Api::evict` (5.0)
-/// sends its delete options as `delete_options`, which the API server ignores, so the UID
-/// precondition and grace period would be lost.
-async fn request(
-    pods: &Api<Pod>,
-    pod: &PodRef,
-    method: Removal,
-    attempt: u32,
-    s: &Settings<'_>,
-) -> Result<(), kube::Error> {
-    let preconditions = Some(pod.uid.clone())
-        .filter(|u| !u.is_empty())
-        .map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        });
-    match method {
-        Removal::Evicted => {
-            if attempt == 0 {
-                s.emit(DrainEventKind::Evicting { pod: pod.clone() });
-            }
-            s.counters.bump(Counter::EvictionRequest);
-            let eviction = Eviction {
-                metadata: ObjectMeta {
-                    name: Some(pod.name.clone()),
-                    namespace: Some(pod.namespace.clone()),
-                    ..ObjectMeta::default()
-                },
-                delete_options: Some(DeleteOptions {
-                    grace_period_seconds: s.grace_period.map(i64::from),
-                    preconditions: preconditions.map(|p| metav1::Preconditions {
-                        uid: p.uid,
-                        resource_version: None,
-                    }),
-                    ..DeleteOptions::default()
-                }),
-            };
-            let _: serde_json::Value = pods
-                .create_subresource("eviction", &pod.name, &PostParams::default(), &eviction)
-                .await?;
-            s.counters.bump(Counter::Eviction);
-        }
-        Removal::Deleted => {
-            if attempt == 0 {
-                s.emit(DrainEventKind::Deleting { pod: pod.clone() });
-            }
-            s.counters.bump(Counter::DeletionRequest);
-            let params = DeleteParams {
-                grace_period_seconds: s.grace_period,
-                preconditions,
-                ..DeleteParams::default()
-            };
-            pods.delete(&pod.name, &params).await?;
-            s.counters.bump(Counter::Deletion);
-        }
-    }
-    Ok(())
 }

@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use ttdp_api::selector::Selector;
+use ttdp_selector::Selector;
 
 use crate::classify::PodRules;
 use crate::device::DevicePredicate;

@@ -7,12 +7,12 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
-use ttdp_api::selector::Selector;
 use ttdp_drain::{
     CallerVerdict, ClassifyContext, DaemonSetLookup, DevicePredicate, Disposition, DrainError,
     ObjectKey, Pass, PodDecision, PodPredicate, PodRef, PodRules, Reason, StuckPod, StuckReason,
     TwoPassDrain, TwoPassReport, classify, classify_all,
 };
+use ttdp_selector::Selector;
 
 /// A running pod `ns/name` with one container; `patch` is merged into it.
 fn pod(name: &str, patch: Value) -> Pod {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::{Harness, SLEEP_IMAGE, labels, with};
-use ttdp_api::selector::Selector;
 use ttdp_drain::{CompletionWait, DrainError, DrainEventKind, OnCompletionTimeout};
+use ttdp_selector::Selector;
 
 fn wait(timeout: Option<Duration>, on_timeout: OnCompletionTimeout) -> CompletionWait {
     CompletionWait {

@@ -14,12 +14,12 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use support::{Harness, fast, labels, with};
-use ttdp_api::selector::Selector;
 use ttdp_drain::{
     CordonOutcome, CordonOwner, DevicePredicate, Disposition, DrainError, DrainEventKind,
     DrainOptions, Drainer, EventSink, NodePatchExtras, ObjectKey, Pass, PodRules, Reason, Removal,
     StuckReason, TwoPassDrain, UncordonOutcome,
 };
+use ttdp_selector::Selector;
 use ttdp_testkit::faults::Fault;
 
 fn all_flags() -> PodRules {

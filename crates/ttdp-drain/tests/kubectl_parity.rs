@@ -18,8 +18,8 @@ use std::path::PathBuf;
 
 use serde_json::json;
 use support::{Harness, fast, labels, with};
-use ttdp_api::selector::Selector;
 use ttdp_drain::{Disposition, DrainError, PodRef, PodRules, Reason};
+use ttdp_selector::Selector;
 
 /// `$TTDP_KUBECTL`, then `$HOME/.local/ttdp-tools/bin/kubectl`; panics with instructions.
 fn kubectl() -> PathBuf {

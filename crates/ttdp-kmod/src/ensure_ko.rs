@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use crate::KmdVersion;
 use crate::KmodError;
 use crate::install_report::{CacheOutcome, EnsuredKo};
 use crate::installer::ModuleInstaller;
@@ -11,7 +12,6 @@ use crate::kernel::Kernel;
 use crate::ko_cache::{CacheLookup, CachedKo, KoRecord};
 use crate::prebuilt::{PrebuiltFallback, PrebuiltFetchError, pin_key};
 use crate::source_build::{BuildOptions, build_module, millis};
-use crate::version::KmdVersion;
 
 impl<K: Kernel> ModuleInstaller<K> {
     /// Makes sure a verified `.ko` for `version` is in the cache: a verified hit is used as is; a

@@ -9,13 +9,8 @@ use crate::holders::DeviceHolder;
 #[derive(Debug, thiserror::Error)]
 pub enum KmodError {
     /// The requested version is not `MAJOR.MINOR.PATCH`.
-    #[error(
-        "invalid tt-kmd version {version:?}: expected MAJOR.MINOR.PATCH such as 2.8.0 (the release tag without its ttkmd- prefix)"
-    )]
-    InvalidVersion {
-        /// The rejected version text.
-        version: String,
-    },
+    #[error(transparent)]
+    InvalidVersion(#[from] ttdp_kmd_types::InvalidVersion),
     /// The host's kernel release could not be read.
     #[error(transparent)]
     Probe(#[from] ttdp_hostprobe::ProbeError),
@@ -434,7 +429,7 @@ impl KmodError {
     /// A short stable name for the error kind (for logs, metrics and condition reasons).
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::InvalidVersion { .. } => "InvalidVersion",
+            Self::InvalidVersion(_) => "InvalidVersion",
             Self::Probe(_) => "HostProbeFailed",
             Self::InUse { .. } => "ModuleInUse",
             Self::NotLoaded { .. } => "ModuleNotLoaded",

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use crate::KmdVersion;
 use crate::holders::DeviceHolder;
 use crate::ko_cache::CachedKo;
-use crate::version::KmdVersion;
 
 /// Options for unloading.
 #[derive(Debug, Clone, PartialEq, Eq)]

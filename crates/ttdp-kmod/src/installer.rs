@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use ttdp_hostprobe::{HostRoot, kernel_release, signing_facts};
 
+use crate::KmdVersion;
 use crate::file_lock::FileLock;
 use crate::install_report::{
     CacheOutcome, EnsuredKo, SwapOptions, SwapOutcome, SwapReport, UnloadOptions, UnloadReport,
@@ -20,7 +21,6 @@ use crate::source_build::{BuildOptions, millis};
 use crate::status::{ModuleStatus, loaded_version};
 use crate::test_hook::{AFTER_LOAD, AFTER_UNLOAD, BEFORE_UNLOAD, checkpoint};
 use crate::validated_swap::PostLoadCheck;
-use crate::version::KmdVersion;
 use crate::{DEVICE_DIR, KmodError, MODULE_NAME};
 
 /// Host directory of the node-wide module lock (the default of [`InstallerConfig::lock_dir`]).
@@ -657,6 +657,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             // sysfs said it: a release version only if it parses as one
             Some(previous_version) => previous_version
                 .parse::<KmdVersion>()
+                .map_err(KmodError::from)
                 .and_then(|v| self.cache.lookup(&self.release, &v))
                 .and_then(|lookup| match lookup {
                     CacheLookup::Hit(ko) => self

@@ -9,11 +9,11 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use ttdp_hostprobe::HostRoot;
 
+use crate::KmdVersion;
 use crate::file_lock::FileLock;
 use crate::modinfo::ModInfo;
 use crate::prebuilt::{CHECKSUM_SUFFIX, FetchedKo, pin_key};
 use crate::source_build::BuiltModule;
-use crate::version::KmdVersion;
 use crate::{KO_FILE_NAME, KmodError};
 
 /// Host path of the cache.

@@ -7,7 +7,8 @@
 //!   processes holding `/dev/tenstorrent` ([`find_device_holders`], a `/proc/*/fd` walk) and the
 //!   loaded module [`parameters`];
 //! - [`KmdVersion`]: a tt-kmd release version (`MAJOR.MINOR.PATCH`), checked once where it
-//!   enters the program; every operation below takes one and checks nothing again;
+//!   enters the program; every operation below takes one and checks nothing again (defined in
+//!   `ttdp-kmd-types`, which the controller shares without linking this crate);
 //! - [`build_module`]: fetch tag `ttkmd-<version>` from a git repository ([`BuildOptions`]) and
 //!   `make -C /lib/modules/<release>/build M=<src> modules` with a job count and a timeout;
 //! - [`KoCache`]: `/var/cache/tt-kmd/<release>/<version>/tenstorrent.ko`, atomic writes, verified
@@ -67,7 +68,6 @@ mod swap_resume;
 pub mod test_hook;
 mod timed_command;
 mod validated_swap;
-mod version;
 
 pub use error::{KmodError, ResumeProblems};
 pub use file_lock::FileLock;
@@ -91,8 +91,8 @@ pub use swap_journal::{SwapJournal, SwapPhase};
 pub use swap_resume::{ResumeOutcome, ResumedSwap};
 pub use timed_command::{CommandRun, log_tail, run_logged};
 pub use ttdp_hostprobe::HostRoot;
+pub use ttdp_kmd_types::{KmdVersion, RELEASE_TAG_PREFIX};
 pub use validated_swap::PostLoadCheck;
-pub use version::{KmdVersion, RELEASE_TAG_PREFIX};
 
 /// The README's example, compiled as a doctest so it cannot rot.
 #[cfg(doctest)]

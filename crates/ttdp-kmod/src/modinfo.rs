@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
+use crate::KmdVersion;
 use crate::KmodError;
-use crate::version::KmdVersion;
 
 /// The fields of a module's `.modinfo` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 
-use crate::version::KmdVersion;
+use crate::KmdVersion;
 
 /// Stands for the tt-kmd version in a URL template.
 pub const VERSION_PLACEHOLDER: &str = "{version}";

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use ttdp_hostprobe::{HostRoot, build_tree};
 
+use crate::KmdVersion;
 use crate::modinfo::ModInfo;
 use crate::timed_command::{log_tail, run_logged};
-use crate::version::KmdVersion;
 use crate::{KO_FILE_NAME, KmodError};
 
 /// The public tt-kmd repository.
@@ -146,37 +146,8 @@ pub fn build_module(
     version: &KmdVersion,
     options: &BuildOptions,
 ) -> Result<BuiltModule, KmodError> {
-    let missing = |host_path: PathBuf| KmodError::HeadersMissing {
-        release: release.to_string(),
-        host_path,
-    };
-    let tree_dir = match &options.build_dir {
-        Some(dir) if dir.join("Makefile").is_file() => dir.clone(),
-        Some(dir) => return Err(missing(dir.clone())),
-        None => {
-            let tree = build_tree(host, release);
-            match tree.usable_dir() {
-                Some(dir) => dir.to_path_buf(),
-                None => return Err(missing(tree.host_path)),
-            }
-        }
-    };
-    let work = match &options.work_dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|e| KmodError::io("create", dir, e))?;
-            tempfile::Builder::new()
-                .prefix("tt-kmd-build-")
-                .tempdir_in(dir)
-        }
-        None => tempfile::Builder::new().prefix("tt-kmd-build-").tempdir(),
-    }
-    .map_err(|e| {
-        KmodError::io(
-            "create a temporary directory in",
-            options.work_dir.clone().unwrap_or_default(),
-            e,
-        )
-    })?;
+    let tree_dir = kernel_build_dir(host, release, options)?;
+    let work = work_dir(options)?;
     let src = work.path().join("tt-kmd");
     let started = std::time::Instant::now();
     let (commit, fetch_log) =
@@ -227,6 +198,50 @@ pub fn build_module(
         fetch_ms,
         build_ms: millis(run.elapsed),
         _work: work,
+    })
+}
+
+/// The kernel build tree `make -C` runs in: `options.build_dir` when given, else the host's for
+/// `release`; [`KmodError::HeadersMissing`] when it has no Makefile.
+fn kernel_build_dir(
+    host: &HostRoot,
+    release: &str,
+    options: &BuildOptions,
+) -> Result<PathBuf, KmodError> {
+    let missing = |host_path: PathBuf| KmodError::HeadersMissing {
+        release: release.to_string(),
+        host_path,
+    };
+    match &options.build_dir {
+        Some(dir) if dir.join("Makefile").is_file() => Ok(dir.clone()),
+        Some(dir) => Err(missing(dir.clone())),
+        None => {
+            let tree = build_tree(host, release);
+            match tree.usable_dir() {
+                Some(dir) => Ok(dir.to_path_buf()),
+                None => Err(missing(tree.host_path)),
+            }
+        }
+    }
+}
+
+/// A fresh temporary directory for the source and build, in `options.work_dir` when given.
+fn work_dir(options: &BuildOptions) -> Result<tempfile::TempDir, KmodError> {
+    match &options.work_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| KmodError::io("create", dir, e))?;
+            tempfile::Builder::new()
+                .prefix("tt-kmd-build-")
+                .tempdir_in(dir)
+        }
+        None => tempfile::Builder::new().prefix("tt-kmd-build-").tempdir(),
+    }
+    .map_err(|e| {
+        KmodError::io(
+            "create a temporary directory in",
+            options.work_dir.clone().unwrap_or_default(),
+            e,
+        )
     })
 }
 

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::KmdVersion;
 use crate::KmodError;
 use crate::error::ResumeProblems;
 use crate::install_report::UnloadOptions;
@@ -12,7 +13,6 @@ use crate::kernel::Kernel;
 use crate::ko_cache::{CacheLookup, CachedKo};
 use crate::swap_journal::{SwapJournal, SwapPhase};
 use crate::validated_swap::PostLoadCheck;
-use crate::version::KmdVersion;
 
 /// How long the target may take to drop its last references before a resumed rollback unloads
 /// it (as after a failed validation).

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::KmdVersion;
 use crate::KmodError;
 use crate::install_report::UnloadOptions;
 use crate::installer::ModuleInstaller;
@@ -12,7 +13,6 @@ use crate::kernel::Kernel;
 use crate::ko_cache::{CacheLookup, CachedKo};
 use crate::status::ModuleStatus;
 use crate::test_hook::{VALIDATION_ROLLBACK, checkpoint};
-use crate::version::KmdVersion;
 
 /// How long the module that failed validation may take to drop its last references (a
 /// validation command that was just killed) before it is unloaded.
@@ -106,6 +106,7 @@ impl<K: Kernel> ModuleInstaller<K> {
         };
         let lookup = previous
             .parse::<KmdVersion>()
+            .map_err(KmodError::from)
             .and_then(|v| self.cache().lookup(self.release(), &v));
         match lookup {
             Ok(CacheLookup::Hit(ko)) => Ok(ko),

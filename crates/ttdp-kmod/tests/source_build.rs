@@ -178,7 +178,7 @@ fn what_could_become_a_path_or_a_git_option_is_no_version() {
         "1.0.0 --upload-pack=x",
         "-1.0.0",
     ] {
-        let err = bad.parse::<ttdp_kmod::KmdVersion>().unwrap_err();
+        let err = ttdp_kmod::KmodError::from(bad.parse::<ttdp_kmod::KmdVersion>().unwrap_err());
         assert_eq!(err.reason(), "InvalidVersion", "{bad}");
     }
 }

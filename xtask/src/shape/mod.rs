@@ -1,7 +1,7 @@
 //! `cargo xtask shape [--dir DIR]... [--max-file-lines N] [--max-fn-lines N]`: keeps source files
-//! and functions small. Every `.rs` file under each `DIR` (recursively; default
-//! `crates/ttdp-controller/src`, relative to the repository root) may have at most N lines of code
-//! (default 600) and every function at most N lines (default 80).
+//! and functions small. Every `.rs` file under each `DIR` (recursively; default: the `src` folder
+//! of every crate that ships, [`PRODUCT_SRC_DIRS`], relative to the repository root) may have at
+//! most N lines of code (default 600) and every function at most N lines (default 80).
 //!
 //! Tests are aside: the lines of `#[cfg(test)]` modules are not code and their functions are not
 //! measured, and files named `tests.rs` or declared as `#[cfg(test)] mod NAME;` are skipped. Every
@@ -20,10 +20,24 @@ use anyhow::{Context, Result, bail};
 use crate::tools::repo_root;
 use measure::{FnSpan, Shape, measure};
 
+/// The source folders of the crates that ship (binaries, images, published libraries): what is
+/// checked when no `--dir` is given. Tests, the test kit, the demo programs and xtask are aside.
+const PRODUCT_SRC_DIRS: [&str; 9] = [
+    "crates/ttdp-api/src",
+    "crates/ttdp-selector/src",
+    "crates/ttdp-kmd-types/src",
+    "crates/ttdp-drain/src",
+    "crates/ttdp-kmod/src",
+    "crates/ttdp-hostprobe/src",
+    "crates/ttdp-agent/src",
+    "crates/kubectl-tt-driver/src",
+    "crates/ttdp-controller/src",
+];
+
 const USAGE: &str =
     "usage: cargo xtask shape [--dir DIR]... [--max-file-lines N] [--max-fn-lines N]
   --dir DIR             a source folder to check, recursively, relative to the repository root
-                        (repeatable; default: crates/ttdp-controller/src)
+                        (repeatable; default: the src folder of every crate that ships)
   --max-file-lines N    lines of code per file, test modules aside (default: 600)
   --max-fn-lines N      lines per function, from `fn` to its closing brace (default: 80)";
 
@@ -60,7 +74,7 @@ fn parse_args(args: &[String]) -> Result<Args> {
         }
     }
     if dirs.is_empty() {
-        dirs.push("crates/ttdp-controller/src".into());
+        dirs = PRODUCT_SRC_DIRS.map(String::from).to_vec();
     }
     Ok(Args {
         dirs,
@@ -226,9 +240,20 @@ mod tests {
     }
 
     #[test]
-    fn defaults_cover_the_controller_and_flags_override_them() {
+    fn defaults_cover_every_shipped_crate_and_flags_override_them() {
         let defaults = parse_args(&[]).unwrap();
-        assert_eq!(defaults.dirs, vec!["crates/ttdp-controller/src"]);
+        assert_eq!(defaults.dirs, PRODUCT_SRC_DIRS);
+        for krate in [
+            "ttdp-controller",
+            "ttdp-agent",
+            "kubectl-tt-driver",
+            "ttdp-drain",
+        ] {
+            assert!(
+                defaults.dirs.contains(&format!("crates/{krate}/src")),
+                "{krate}"
+            );
+        }
         assert_eq!((defaults.max_file_lines, defaults.max_fn_lines), (600, 80));
         let args = parse_args(&strings(&[
             "--dir",
@@ -246,6 +271,23 @@ mod tests {
         assert!(parse_args(&strings(&["--max-fn-lines", "many"])).is_err());
         assert!(parse_args(&strings(&["--dir"])).is_err());
         assert!(parse_args(&strings(&["--frobnicate"])).is_err());
+    }
+
+    /// The crates that do not ship, and so are not checked: the test kit and the demo programs.
+    const UNSHIPPED_CRATES: [&str; 2] = ["ttdp-testkit", "ttdp-programs"];
+
+    #[test]
+    fn every_crate_is_checked_or_named_as_unshipped() {
+        let crates = repo_root().unwrap().join("crates");
+        for entry in std::fs::read_dir(crates).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            let src = format!("crates/{name}/src");
+            assert!(
+                PRODUCT_SRC_DIRS.contains(&src.as_str())
+                    || UNSHIPPED_CRATES.contains(&name.as_str()),
+                "crate {name} is neither checked nor named unshipped"
+            );
+        }
     }
 
     #[test]

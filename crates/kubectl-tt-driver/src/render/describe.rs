@@ -3,6 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use ttdp_api::{TenstorrentDriverPolicy, TenstorrentDriverPolicySpec};
 
 use super::RenderOptions;
 use super::nodes::{cordoned_by, message, node_cells};
@@ -108,13 +109,23 @@ pub fn render(
     events: &[EventFacts],
     opts: &RenderOptions,
 ) -> String {
-    let policy = &view.policy;
-    let spec = &policy.spec;
-    let drain = &spec.upgrade_policy.drain;
     let mut out = String::new();
-    field(&mut out, 0, "Name", policy_name(policy));
+    identity_fields(&mut out, &view.policy, opts);
+    spec_fields(&mut out, &view.policy.spec, opts);
+    field(&mut out, 0, "DaemonSet", &daemonset_text(view));
+    field(&mut out, 0, "Summary", &summary_text(&view.policy));
+    conditions_section(&mut out, &view.policy, opts);
+    nodes_section(&mut out, &view.policy, rows, opts);
+    agent_pods_section(&mut out, pods, opts);
+    events_section(&mut out, events, opts);
+    out
+}
+
+/// Name, Age and Generation (with the generation the status last observed).
+fn identity_fields(out: &mut String, policy: &TenstorrentDriverPolicy, opts: &RenderOptions) {
+    field(out, 0, "Name", policy_name(policy));
     field(
-        &mut out,
+        out,
         0,
         "Age",
         &age(
@@ -132,25 +143,54 @@ pub fn render(
         .generation
         .map_or_else(|| "-".to_owned(), |g| g.to_string());
     field(
-        &mut out,
+        out,
         0,
         "Generation",
         &format!("{generation} (status observed {observed})"),
     );
+}
+
+/// The `Spec:` block: the policy's settings in words.
+fn spec_fields(out: &mut String, spec: &TenstorrentDriverPolicySpec, opts: &RenderOptions) {
     out.push_str("Spec:\n");
-    field(&mut out, 2, "Version", &spec.version);
+    field(out, 2, "Version", &spec.version);
     let mut affinity = selector_text(&spec.user_selector());
     if spec.node_selector.is_some() && spec.node_affinity.is_none() {
         affinity.push_str(" (from the deprecated spec.nodeSelector)");
     }
-    field(&mut out, 2, "Node affinity", &affinity);
+    field(out, 2, "Node affinity", &affinity);
     let paused = if spec.paused {
         opts.palette
             .paint("true (no node starts a new step)", Some(Colour::Yellow))
     } else {
         "false".to_owned()
     };
-    field(&mut out, 2, "Paused", &paused);
+    field(out, 2, "Paused", &paused);
+    drain_fields(out, spec);
+    let max_unavailable = match &spec.upgrade_policy.max_unavailable {
+        IntOrString::Int(n) => n.to_string(),
+        IntOrString::String(s) => s.clone(),
+    };
+    field(out, 2, "Max unavailable", &max_unavailable);
+    field(
+        out,
+        2,
+        "Installer image",
+        &format!(
+            "{} (pull {})",
+            spec.installer.image.as_deref().unwrap_or("<chart default>"),
+            spec.installer.image_pull_policy
+        ),
+    );
+    source_fields(out, spec);
+    if let Some(module) = spec.module.as_ref().filter(|m| !m.is_empty()) {
+        field(out, 2, "Module parameters", &module.parameters.join(" "));
+    }
+}
+
+/// Drain, its second pass when it has one, bare pods and force unload.
+fn drain_fields(out: &mut String, spec: &TenstorrentDriverPolicySpec) {
+    let drain = &spec.upgrade_policy.drain;
     let drain_text = if drain.enable {
         format!(
             "cordon + evict device pods{}, timeout {}s",
@@ -164,126 +204,110 @@ pub fn render(
     } else {
         "disabled (no cordon, no drain)".to_owned()
     };
-    field(&mut out, 2, "Drain", &drain_text);
+    field(out, 2, "Drain", &drain_text);
     if drain.enable && drain.full_node {
         let pods = if drain.pod_selector_label.is_empty() {
             "every pod".to_owned()
         } else {
             drain.pod_selector_label.clone()
         };
-        field(&mut out, 2, "Pass 2 pods", &pods);
-        field(
-            &mut out,
-            2,
-            "Delete emptyDir",
-            yes_no(drain.delete_empty_dir),
-        );
+        field(out, 2, "Pass 2 pods", &pods);
+        field(out, 2, "Delete emptyDir", yes_no(drain.delete_empty_dir));
     }
-    field(&mut out, 2, "Evict bare pods", yes_no(drain.force));
+    field(out, 2, "Evict bare pods", yes_no(drain.force));
     field(
-        &mut out,
+        out,
         2,
         "Force unload",
         yes_no(spec.upgrade_policy.force_unload),
     );
-    let max_unavailable = match &spec.upgrade_policy.max_unavailable {
-        IntOrString::Int(n) => n.to_string(),
-        IntOrString::String(s) => s.clone(),
+}
+
+/// Where the module comes from, when the policy says: the repository and pin, prebuilt modules.
+fn source_fields(out: &mut String, spec: &TenstorrentDriverPolicySpec) {
+    let Some(source) = &spec.source else {
+        return;
     };
-    field(&mut out, 2, "Max unavailable", &max_unavailable);
-    field(
-        &mut out,
-        2,
-        "Installer image",
-        &format!(
-            "{} (pull {})",
-            spec.installer.image.as_deref().unwrap_or("<chart default>"),
-            spec.installer.image_pull_policy
-        ),
-    );
-    if let Some(source) = &spec.source {
-        let repository = source.repository.as_deref().unwrap_or("<chart default>");
-        let pin = source.commit.as_deref().unwrap_or("any commit");
-        field(&mut out, 2, "Source", &format!("{repository} ({pin})"));
-        if let Some(prebuilt) = &source.prebuilt {
-            let on_missing = if prebuilt.fallback == "Fail" {
-                "fail if missing"
-            } else {
-                "build if missing"
-            };
-            field(
-                &mut out,
-                2,
-                "Prebuilt",
-                &format!("{} ({on_missing})", prebuilt.url),
-            );
-        }
-    }
-    if let Some(module) = spec.module.as_ref().filter(|m| !m.is_empty()) {
+    let repository = source.repository.as_deref().unwrap_or("<chart default>");
+    let pin = source.commit.as_deref().unwrap_or("any commit");
+    field(out, 2, "Source", &format!("{repository} ({pin})"));
+    if let Some(prebuilt) = &source.prebuilt {
+        let on_missing = if prebuilt.fallback == "Fail" {
+            "fail if missing"
+        } else {
+            "build if missing"
+        };
         field(
-            &mut out,
+            out,
             2,
-            "Module parameters",
-            &module.parameters.join(" "),
+            "Prebuilt",
+            &format!("{} ({on_missing})", prebuilt.url),
         );
     }
-    let ds = match &view.daemonset {
+}
+
+fn daemonset_text(view: &PolicyView) -> String {
+    match &view.daemonset {
         Some(ds) => format!(
             "{}/{} (desired {}, ready {}, up-to-date {})",
             ds.namespace, ds.name, ds.desired, ds.ready, ds.updated
         ),
         None => "<not found>".to_owned(),
-    };
-    field(&mut out, 0, "DaemonSet", &ds);
+    }
+}
 
-    let status = policy.status.as_ref();
-    let summary = match status.and_then(|s| s.summary.as_ref()) {
-        Some(s) => {
-            let mut text = format!(
-                "matched {}, up-to-date {}, in-progress {}, pending {}, failed {}, host-managed {}, conflicts {}",
-                s.matched,
-                s.up_to_date,
-                s.in_progress,
-                s.pending,
-                s.failed,
-                s.host_managed,
-                s.conflicts
-            );
-            if s.nodes_omitted > 0 {
-                text.push_str(&format!(
-                    " ({} Done and waiting nodes omitted from status.nodes, listed below from node labels)",
-                    s.nodes_omitted
-                ));
-            }
-            text
-        }
-        None => "<no status yet: is ttdp-controller running?>".to_owned(),
+fn summary_text(policy: &TenstorrentDriverPolicy) -> String {
+    let Some(s) = policy.status.as_ref().and_then(|s| s.summary.as_ref()) else {
+        return "<no status yet: is ttdp-controller running?>".to_owned();
     };
-    field(&mut out, 0, "Summary", &summary);
+    let mut text = format!(
+        "matched {}, up-to-date {}, in-progress {}, pending {}, failed {}, host-managed {}, conflicts {}",
+        s.matched, s.up_to_date, s.in_progress, s.pending, s.failed, s.host_managed, s.conflicts
+    );
+    if s.nodes_omitted > 0 {
+        text.push_str(&format!(
+            " ({} Done and waiting nodes omitted from status.nodes, listed below from node labels)",
+            s.nodes_omitted
+        ));
+    }
+    text
+}
 
+fn conditions_section(out: &mut String, policy: &TenstorrentDriverPolicy, opts: &RenderOptions) {
     out.push_str("Conditions:\n");
-    let conditions = status.map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+    let conditions = policy
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or(&[]);
     if conditions.is_empty() {
         out.push_str("  <none>\n");
-    } else {
-        let mut table = Table::new(["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"]);
-        for c in conditions {
-            let status_cell = if condition_needs_attention(c, conditions) {
-                Cell::coloured(c.status.clone(), Colour::Red)
-            } else {
-                Cell::plain(c.status.clone())
-            };
-            table.push(vec![
-                Cell::plain(c.type_.clone()),
-                status_cell,
-                Cell::plain(c.reason.clone()),
-                Cell::plain(age(Some(c.last_transition_time.0), opts.now)),
-                Cell::plain(c.message.clone()),
-            ]);
-        }
-        out.push_str(&indented(&table, opts));
+        return;
     }
+    let mut table = Table::new(["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"]);
+    for c in conditions {
+        let status_cell = if condition_needs_attention(c, conditions) {
+            Cell::coloured(c.status.clone(), Colour::Red)
+        } else {
+            Cell::plain(c.status.clone())
+        };
+        table.push(vec![
+            Cell::plain(c.type_.clone()),
+            status_cell,
+            Cell::plain(c.reason.clone()),
+            Cell::plain(age(Some(c.last_transition_time.0), opts.now)),
+            Cell::plain(c.message.clone()),
+        ]);
+    }
+    out.push_str(&indented(&table, opts));
+}
 
+fn nodes_section(
+    out: &mut String,
+    policy: &TenstorrentDriverPolicy,
+    rows: &[NodeRow],
+    opts: &RenderOptions,
+) {
     out.push_str("Nodes:\n");
     if rows.is_empty() {
         let note = if nodes_omitted(policy) > 0 {
@@ -295,66 +319,70 @@ pub fn render(
     } else {
         out.push_str(&indented(&node_table(rows, opts), opts));
     }
+}
 
+fn agent_pods_section(out: &mut String, pods: &[PodFacts], opts: &RenderOptions) {
     out.push_str("Agent pods:\n");
     if pods.is_empty() {
         out.push_str("  <none>\n");
-    } else {
-        let mut table = Table::new(["NODE", "POD", "READY", "STATUS", "RESTARTS", "AGE"]);
-        for p in pods {
-            let ready = format!("{}/{}", p.ready.0, p.ready.1);
-            let ready_cell = if p.ready.0 < p.ready.1 {
-                Cell::coloured(ready, Colour::Yellow)
-            } else {
-                Cell::plain(ready)
-            };
-            table.push(vec![
-                Cell::plain(if p.node.is_empty() {
-                    "<unscheduled>"
-                } else {
-                    &p.node
-                }),
-                Cell::plain(p.name.clone()),
-                ready_cell,
-                Cell::plain(p.status.clone()),
-                Cell::plain(p.restarts.to_string()),
-                Cell::plain(age(p.created, opts.now)),
-            ]);
-        }
-        out.push_str(&indented(&table, opts));
+        return;
     }
+    let mut table = Table::new(["NODE", "POD", "READY", "STATUS", "RESTARTS", "AGE"]);
+    for p in pods {
+        let ready = format!("{}/{}", p.ready.0, p.ready.1);
+        let ready_cell = if p.ready.0 < p.ready.1 {
+            Cell::coloured(ready, Colour::Yellow)
+        } else {
+            Cell::plain(ready)
+        };
+        table.push(vec![
+            Cell::plain(if p.node.is_empty() {
+                "<unscheduled>"
+            } else {
+                &p.node
+            }),
+            Cell::plain(p.name.clone()),
+            ready_cell,
+            Cell::plain(p.status.clone()),
+            Cell::plain(p.restarts.to_string()),
+            Cell::plain(age(p.created, opts.now)),
+        ]);
+    }
+    out.push_str(&indented(&table, opts));
+}
 
+/// The most recent [`MAX_EVENTS`] Events, oldest first.
+fn events_section(out: &mut String, events: &[EventFacts], opts: &RenderOptions) {
     out.push_str("Events:\n");
     if events.is_empty() {
         out.push_str("  <none>\n");
-    } else {
-        let mut recent: Vec<&EventFacts> = events.iter().collect();
-        recent.sort_by_key(|e| e.last_seen);
-        let skip = recent.len().saturating_sub(MAX_EVENTS);
-        let mut table = Table::new(["TYPE", "REASON", "AGE", "FROM", "MESSAGE"]);
-        for e in &recent[skip..] {
-            let type_cell = if e.type_ == "Warning" {
-                Cell::coloured(e.type_.clone(), Colour::Red)
-            } else {
-                Cell::plain(e.type_.clone())
-            };
-            let seen = age(e.last_seen, opts.now);
-            let when = if e.count > 1 {
-                format!("{seen} (x{})", e.count)
-            } else {
-                seen
-            };
-            table.push(vec![
-                type_cell,
-                Cell::plain(e.reason.clone()),
-                Cell::plain(when),
-                Cell::plain(e.from.clone()),
-                Cell::plain(e.message.clone()),
-            ]);
-        }
-        out.push_str(&indented(&table, opts));
+        return;
     }
-    out
+    let mut recent: Vec<&EventFacts> = events.iter().collect();
+    recent.sort_by_key(|e| e.last_seen);
+    let skip = recent.len().saturating_sub(MAX_EVENTS);
+    let mut table = Table::new(["TYPE", "REASON", "AGE", "FROM", "MESSAGE"]);
+    for e in &recent[skip..] {
+        let type_cell = if e.type_ == "Warning" {
+            Cell::coloured(e.type_.clone(), Colour::Red)
+        } else {
+            Cell::plain(e.type_.clone())
+        };
+        let seen = age(e.last_seen, opts.now);
+        let when = if e.count > 1 {
+            format!("{seen} (x{})", e.count)
+        } else {
+            seen
+        };
+        table.push(vec![
+            type_cell,
+            Cell::plain(e.reason.clone()),
+            Cell::plain(when),
+            Cell::plain(e.from.clone()),
+            Cell::plain(e.message.clone()),
+        ]);
+    }
+    out.push_str(&indented(&table, opts));
 }
 
 #[cfg(test)]

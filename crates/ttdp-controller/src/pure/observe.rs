@@ -20,8 +20,8 @@ use crate::pure::transition::{
     Action, AgentCondition, AgentPod, DrainProgress, NodeObservation, RetryGate, RolloutRules,
     StartGate, UpgradeGrant,
 };
-use ttdp_kmod::KmdVersion;
-use ttdp_kmod::parameters::{parameter_pairs, parameters_at_target};
+use ttdp_kmd_types::KmdVersion;
+use ttdp_kmd_types::parameters::{parameter_pairs, parameters_at_target};
 
 /// Container waiting reasons that mean the image cannot be pulled.
 const IMAGE_PULL_REASONS: [&str; 4] = [

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use ttdp_api::driver::v1alpha1::SpecError;
 use ttdp_api::{NodeState, TenstorrentDriverPolicySpec};
-use ttdp_kmod::KmdVersion;
+use ttdp_kmd_types::KmdVersion;
 
 use crate::pure::canary::CanaryVerdict;
 use crate::pure::drain_plan;

@@ -12,7 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 use tracing::{info, warn};
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_drain::UncordonOutcome;
-use ttdp_kmod::KmdVersion;
+use ttdp_kmd_types::KmdVersion;
 
 use crate::error::{Error, error_chain};
 use crate::pure::cached::{CachedNode, CachedPod};

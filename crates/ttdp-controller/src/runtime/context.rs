@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use ttdp_api::TenstorrentDriverPolicy;
-use ttdp_kmod::KmdVersion;
+use ttdp_kmd_types::KmdVersion;
 
 use crate::error::Error;
 use crate::pure::cached::{CachedNode, CachedPod};

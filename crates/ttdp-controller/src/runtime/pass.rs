@@ -22,7 +22,7 @@ use tracing::{info, warn};
 use ttdp_api::node_selection::NodeSelection;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_drain::UncordonOutcome;
-use ttdp_kmod::KmdVersion;
+use ttdp_kmd_types::KmdVersion;
 
 use crate::error::Error;
 use crate::pure::agent_blocker::Blocker;

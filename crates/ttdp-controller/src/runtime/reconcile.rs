@@ -14,7 +14,7 @@ use tracing::{info, instrument, warn};
 use ttdp_api::driver::v1alpha1::{TenstorrentDriverPolicySpec, condition};
 use ttdp_api::names;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
-use ttdp_kmod::KmdVersion;
+use ttdp_kmd_types::KmdVersion;
 
 use crate::error::{Error, error_chain};
 use crate::pure::canary;
@@ -290,7 +290,7 @@ fn validated_target(spec: &TenstorrentDriverPolicySpec) -> Result<KmdVersion, St
     spec.validate().map_err(|e| e.to_string())?;
     spec.version
         .parse()
-        .map_err(|e: ttdp_kmod::KmodError| format!("spec.version: {e}"))
+        .map_err(|e: ttdp_kmd_types::InvalidVersion| format!("spec.version: {e}"))
 }
 
 /// The spec cannot be acted on: say so in the status and touch nothing else.

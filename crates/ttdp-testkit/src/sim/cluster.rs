@@ -39,8 +39,7 @@ use serde_json::json;
 use tracing::info;
 use ttdp_api::names::{env, labels};
 use ttdp_kmod::{
-    BuildOptions, Kernel, KmdVersion, KmodError, MODULE_NAME, SimHost, SimKernel, SimKmdRepo,
-    build_module,
+    BuildOptions, Kernel, KmdVersion, MODULE_NAME, SimHost, SimKernel, SimKmdRepo, build_module,
 };
 
 use super::daemonset::DaemonSetStandIn;
@@ -782,8 +781,8 @@ fn create_host(
         jobs: 1,
         ..BuildOptions::default()
     };
-    let kmd_version: KmdVersion =
-        (version.parse()).map_err(|e: KmodError| kernel_error("build", e.to_string()))?;
+    let kmd_version =
+        (version.parse::<KmdVersion>()).map_err(|e| kernel_error("build", e.to_string()))?;
     let built = build_module(host.host(), host.release(), &kmd_version, &options)
         .map_err(|e| kernel_error("build", e.to_string()))?;
     (host.kernel().load(&built.ko_path, "")).map_err(|e| kernel_error("load", e.to_string()))?;

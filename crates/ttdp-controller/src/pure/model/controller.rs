@@ -22,7 +22,7 @@ use ttdp_api::driver::v1alpha1::WindowState;
 use ttdp_api::names::{annotations, labels};
 use ttdp_api::{NodeState, TenstorrentDriverPolicy, TenstorrentDriverPolicySpec};
 use ttdp_drain::UncordonOutcome;
-use ttdp_kmod::KmdVersion;
+use ttdp_kmd_types::KmdVersion;
 
 use super::{ModelNode, OTHER, POLICY, POOL, World, writes};
 use crate::pure::cached::{CachedNode, CachedPod};

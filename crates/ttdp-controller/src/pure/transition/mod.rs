@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use ttdp_api::NodeState;
-use ttdp_kmod::KmdVersion;
+use ttdp_kmd_types::KmdVersion;
 
 use crate::pure::agent_blocker::Blocker;
 

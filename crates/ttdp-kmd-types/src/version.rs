@@ -14,7 +14,15 @@ use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::KmodError;
+/// A version text that is not `MAJOR.MINOR.PATCH` digits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid tt-kmd version {version:?}: expected MAJOR.MINOR.PATCH such as 2.8.0 (the release tag without its ttkmd- prefix)"
+)]
+pub struct InvalidVersion {
+    /// The rejected version text.
+    pub version: String,
+}
 
 /// Prefix of tt-kmd release tags: version `2.8.0` is tag `ttkmd-2.8.0`.
 pub const RELEASE_TAG_PREFIX: &str = "ttkmd-";
@@ -27,13 +35,13 @@ pub const RELEASE_TAG_PREFIX: &str = "ttkmd-";
 /// name different tags) are ordered by their text, so they are never equal.
 ///
 /// ```
-/// use ttdp_kmod::KmdVersion;
+/// use ttdp_kmd_types::KmdVersion;
 /// let v: KmdVersion = "2.10.0".parse()?;
 /// assert_eq!(v.as_str(), "2.10.0");
 /// assert_eq!(v.release_tag(), "ttkmd-2.10.0");
 /// assert!(v > "2.9.0".parse()?);
 /// assert!("v2.10.0".parse::<KmdVersion>().is_err());
-/// # Ok::<(), ttdp_kmod::KmodError>(())
+/// # Ok::<(), ttdp_kmd_types::InvalidVersion>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -59,7 +67,7 @@ impl KmdVersion {
     }
 
     /// Checks `text` and takes it.
-    fn checked(text: String) -> Result<Self, KmodError> {
+    fn checked(text: String) -> Result<Self, InvalidVersion> {
         let parts: Vec<&str> = text.split('.').collect();
         let valid = parts.len() == 3
             && parts
@@ -68,7 +76,7 @@ impl KmdVersion {
         if valid {
             Ok(Self { text })
         } else {
-            Err(KmodError::InvalidVersion { version: text })
+            Err(InvalidVersion { version: text })
         }
     }
 }
@@ -98,16 +106,16 @@ impl PartialOrd for KmdVersion {
 }
 
 impl FromStr for KmdVersion {
-    type Err = KmodError;
+    type Err = InvalidVersion;
 
-    /// Parses `MAJOR.MINOR.PATCH`; anything else is [`KmodError::InvalidVersion`].
+    /// Parses `MAJOR.MINOR.PATCH`; anything else is [`InvalidVersion`].
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::checked(s.to_string())
     }
 }
 
 impl TryFrom<&str> for KmdVersion {
-    type Error = KmodError;
+    type Error = InvalidVersion;
 
     fn try_from(s: &str) -> Result<Self, Self::Error> {
         s.parse()
@@ -115,7 +123,7 @@ impl TryFrom<&str> for KmdVersion {
 }
 
 impl TryFrom<String> for KmdVersion {
-    type Error = KmodError;
+    type Error = InvalidVersion;
 
     fn try_from(s: String) -> Result<Self, Self::Error> {
         Self::checked(s)
@@ -199,11 +207,7 @@ mod tests {
             "２.8.0",
         ] {
             let err = bad.parse::<KmdVersion>().unwrap_err();
-            assert_eq!(err.reason(), "InvalidVersion", "{bad:?}");
-            let KmodError::InvalidVersion { version } = &err else {
-                panic!("{err}");
-            };
-            assert_eq!(version, bad);
+            assert_eq!(err.version, bad);
         }
     }
 

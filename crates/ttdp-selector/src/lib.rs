@@ -4,6 +4,11 @@
 //! The string grammar is Kubernetes' (`k8s.io/apimachinery/pkg/labels.Parse`): comma-joined
 //! requirements, each one of `key=value`, `key==value`, `key!=value`, `key`, `!key`,
 //! `key in (a,b)`, `key notin (a,b)`, `key>N`, `key<N`. The empty string selects everything.
+//!
+//! What it must not do: depend on the TenstorrentDriverPolicy API or on a cluster client. Both
+//! `ttdp-api` (policies' pod and node selectors) and `ttdp-drain` (which pods a drain waits for,
+//! reusable without ttdp's CRD) parse selectors; this crate is what they share.
+#![deny(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::fmt;
