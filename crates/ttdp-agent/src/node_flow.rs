@@ -38,11 +38,7 @@ use tracing::{debug, error, info, warn};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_hostprobe::{detect_host_install, kernel_release};
 use ttdp_kmod::parameters::uninterpreted_values;
-use ttdp_kmod::prebuilt::{PrebuiltFallback, prebuilt_url};
-use ttdp_kmod::{
-    CacheOutcome, EnsuredKo, InstallerConfig, Kernel, KmdVersion, KmodError, ModuleInstaller,
-    SwapOptions, SwapOutcome, SwapReport, UnloadOptions,
-};
+use ttdp_kmod::{InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions, UnloadOptions};
 
 use crate::backoff::Backoff;
 use crate::config::AgentConfig;
@@ -58,6 +54,7 @@ use crate::tt_smi::{TtSmiInstaller, TtSmiOutcome};
 
 mod publishing;
 mod resume;
+mod target_ko;
 mod unload_gate;
 mod validate;
 
@@ -412,104 +409,6 @@ where
         }
     }
 
-    /// Makes sure the target `.ko` is in the cache, and returns the module status to decide on
-    /// after that; `Err(attempt)` when the attempt ends here.
-    async fn target_ko_in_cache(
-        &mut self,
-        observation: &Observation,
-        shutdown: &CancellationToken,
-    ) -> Result<Result<ttdp_kmod::ModuleStatus, Attempt>, AgentError> {
-        let target = &self.config.target_version;
-        // a verified hit needs no thread, no cache lock and no new look at the node: the
-        // common case, kept fast
-        if let Some(ensured) = self
-            .installer
-            .cached_ko(target, self.config.source_commit.as_deref())
-        {
-            log_ensured(target, &ensured);
-            return Ok(Ok(observation.status.clone()));
-        }
-        if let Some(ended) = self.ensure_target_ko(observation, shutdown).await? {
-            return Ok(Err(ended));
-        }
-        // a fetch or a build takes minutes: the node may have changed meanwhile
-        match self.installer.status() {
-            Ok(status) => Ok(Ok(status)),
-            Err(e) => {
-                let message = format!("cannot read the module status: {e}");
-                self.fail(e.reason(), "Probe", message, Some(observation))
-                    .await;
-                Ok(Err(Attempt::Done))
-            }
-        }
-    }
-
-    /// Puts the target `.ko` in the cache on a miss (fetch or download, and build; abandoned
-    /// on shutdown, nothing changed yet). `Some(attempt)` when the attempt ends here.
-    async fn ensure_target_ko(
-        &mut self,
-        observation: &Observation,
-        shutdown: &CancellationToken,
-    ) -> Result<Option<Attempt>, AgentError> {
-        let target = self.config.target_version.clone();
-        let mut report = base_report(AgentPhase::Building, &target, observation);
-        report.message = Some(self.building_message());
-        self.publish_report(report).await;
-
-        let installer = Arc::clone(&self.installer);
-        let version = target.clone();
-        let pin = self.config.source_commit.clone();
-        let build = tokio::task::spawn_blocking(move || {
-            installer.ensure_pinned_ko(&version, pin.as_deref())
-        });
-        let ensured = tokio::select! {
-            joined = build => joined.map_err(|source| AgentError::Task { task: "ensure .ko", source })?,
-            () = shutdown.cancelled() => {
-                info!(step = "ensure-ko", version = %target, "shutdown during fetch/build: abandoned, the loaded module was not touched");
-                return Ok(Some(Attempt::Abandoned));
-            }
-        };
-        let ensured = match ensured {
-            Ok(ensured) => ensured,
-            Err(e) => {
-                let message = format!(
-                    "{e}; the loaded module ({}) was left as it is",
-                    observation.loaded_version().unwrap_or("none")
-                );
-                self.fail(e.reason(), "Build", message, Some(observation))
-                    .await;
-                return Ok(Some(Attempt::Done));
-            }
-        };
-        log_ensured(&target, &ensured);
-        Ok(None)
-    }
-
-    /// What the agent does on a cache miss of the target: downloads it or builds it.
-    fn building_message(&self) -> String {
-        let (target, release) = (&self.config.target_version, self.installer.release());
-        let pin = self
-            .config
-            .source_commit
-            .as_deref()
-            .map_or(String::new(), |c| format!(" (pinned to commit {c})"));
-        let build = format!(
-            "fetching tag ttkmd-{target}{pin} from {} and building it for kernel {release}",
-            self.config.build.repository,
-        );
-        match &self.config.prebuilt {
-            Some(prebuilt) => format!(
-                "downloading prebuilt tt-kmd {target} for kernel {release} from {} ({})",
-                prebuilt_url(&prebuilt.url_template, target, release),
-                match prebuilt.fallback {
-                    PrebuiltFallback::Build => format!("if it is missing: {build}"),
-                    PrebuiltFallback::Fail => "no build if it is missing".to_owned(),
-                }
-            ),
-            None => build,
-        }
-    }
-
     /// Ensure the `.ko`, check holders, swap. See the module docs for what shutdown does.
     async fn attempt_install(
         &mut self,
@@ -591,91 +490,6 @@ where
         }
         Ok(Attempt::Done)
     }
-
-    /// Logs and announces a successful swap.
-    async fn swapped(&mut self, report: SwapReport) {
-        info!(
-            step = "swap",
-            version = %report.version,
-            previous = report.previous.as_deref().unwrap_or("none"),
-            outcome = ?report.outcome,
-            killed = report.killed.len(),
-            probe_ms = report.probe_ms,
-            build_ms = report.build_ms,
-            unload_ms = report.unload_ms,
-            load_ms = report.load_ms,
-            validate_ms = report.validate_ms,
-            validation = report.validation.as_deref().unwrap_or("off"),
-            total_ms = report.total_ms,
-            "module swapped"
-        );
-        if !report.killed.is_empty() {
-            let killed: Vec<String> = report
-                .killed
-                .iter()
-                .map(|h| format!("pid {} ({})", h.pid, h.comm))
-                .collect();
-            let note = format!(
-                "force unload killed {} holding /dev/tenstorrent before unloading",
-                killed.join(", ")
-            );
-            warn!(step = "unload", %note);
-            self.event(EventKind::Warning, reasons::HOLDERS_KILLED, "Unload", note)
-                .await;
-        }
-        if report.outcome == SwapOutcome::AlreadyLoaded {
-            // another agent on the node loaded the target while this one waited for the lock
-            return;
-        }
-        let (reason, note) = match (report.outcome, &report.previous) {
-            (SwapOutcome::Replaced, Some(previous)) if *previous == report.version.as_str() => (
-                reasons::MODULE_REPLACED,
-                format!(
-                    "reloaded tt-kmd {previous} with parameters \"{}\" (unload {} ms, load {} ms)",
-                    self.config.parameters, report.unload_ms, report.load_ms
-                ),
-            ),
-            (SwapOutcome::Replaced, Some(previous)) => (
-                reasons::MODULE_REPLACED,
-                format!(
-                    "replaced tt-kmd {previous} with {} (unload {} ms, load {} ms, total {} ms)",
-                    report.version, report.unload_ms, report.load_ms, report.total_ms
-                ),
-            ),
-            _ => (
-                reasons::MODULE_INSTALLED,
-                format!(
-                    "loaded tt-kmd {} (load {} ms, total {} ms)",
-                    report.version, report.load_ms, report.total_ms
-                ),
-            ),
-        };
-        let note = match &report.validation {
-            Some(proven) => format!("{note}; validated: {proven}"),
-            None => note,
-        };
-        self.last_event = None;
-        self.event(EventKind::Normal, reason, "Load", note).await;
-    }
-}
-
-/// Logs how the target `.ko` came to be in the cache.
-fn log_ensured(target: &KmdVersion, ensured: &EnsuredKo) {
-    let cache = match &ensured.cache {
-        CacheOutcome::Hit => "hit".to_string(),
-        CacheOutcome::Miss => "miss".to_string(),
-        CacheOutcome::Rebuilt { reason } => format!("rebuilt ({reason})"),
-        CacheOutcome::Downloaded { url } => format!("downloaded from {url}"),
-    };
-    info!(
-        step = "ensure-ko",
-        version = %target,
-        cache = %cache,
-        fetch_ms = ensured.fetch_ms,
-        build_ms = ensured.build_ms,
-        elapsed_ms = ensured.elapsed_ms,
-        "module file ready"
-    );
 }
 
 /// Whole milliseconds, saturating.

@@ -10,11 +10,10 @@ use ttdp_hostprobe::{HostRoot, kernel_release, signing_facts};
 
 use crate::KmdVersion;
 use crate::file_lock::FileLock;
-use crate::install_report::{
-    CacheOutcome, EnsuredKo, SwapOptions, SwapOutcome, SwapReport, UnloadOptions, UnloadReport,
-};
+use crate::holders::DeviceHolder;
+use crate::install_report::{SwapOptions, SwapOutcome, SwapReport, UnloadOptions, UnloadReport};
 use crate::kernel::Kernel;
-use crate::ko_cache::{CacheLookup, CachedKo, KoCache};
+use crate::ko_cache::{CachedKo, KoCache};
 use crate::modinfo::{ModInfo, is_signed};
 use crate::prebuilt::PrebuiltSource;
 use crate::source_build::{BuildOptions, millis};
@@ -161,27 +160,12 @@ impl<K: Kernel> ModuleInstaller<K> {
             return Err(KmodError::NotLoaded { module });
         }
         let version = status.version.clone();
-        let mut killed = Vec::new();
-        let mut kill_error = None;
         let started = Instant::now();
-        if status.in_use() && options.force {
-            let own_pid = i32::try_from(std::process::id()).unwrap_or(0);
-            // never init (killing it panics the host) and never ourselves: those stay as holders
-            for holder in status
-                .device_holders
-                .iter()
-                .filter(|h| h.pid > 1 && h.pid != own_pid)
-            {
-                match self.kernel.kill(holder.pid) {
-                    Ok(()) => killed.push(holder.clone()),
-                    Err(e) if errno(&e) == Some(Errno::ESRCH) => {} // already gone
-                    Err(e) => {
-                        // keep killing the others; this error matters only if the module stays in use
-                        kill_error.get_or_insert(e);
-                    }
-                }
-            }
-        }
+        let (killed, kill_error) = if status.in_use() && options.force {
+            self.kill_holders(&status)
+        } else {
+            (Vec::new(), None)
+        };
         let mut status = status;
         while status.in_use() && started.elapsed() < options.wait {
             std::thread::sleep(REFCNT_POLL.min(options.wait.saturating_sub(started.elapsed())));
@@ -190,42 +174,10 @@ impl<K: Kernel> ModuleInstaller<K> {
         if status.in_use()
             && let Some(e) = kill_error
         {
-            return Err(
-                if errno(&e) == Some(Errno::EPERM) || e.kind() == io::ErrorKind::PermissionDenied {
-                    KmodError::PermissionDenied {
-                        action: "kill holders of",
-                        module,
-                        version,
-                    }
-                } else {
-                    KmodError::Syscall {
-                        action: "kill holders",
-                        module,
-                        version,
-                        source: e,
-                    }
-                },
-            );
+            return Err(kill_failed(e, module, version));
         }
         let killed_pids: Vec<i32> = killed.iter().map(|h| h.pid).collect();
-        let in_use_error = |status: ModuleStatus| {
-            if options.force {
-                KmodError::HoldersRemain {
-                    module: status.name,
-                    version: status.version,
-                    refcnt: status.refcnt.unwrap_or(0),
-                    killed: killed_pids.clone(),
-                    left: status.device_holders,
-                }
-            } else {
-                KmodError::InUse {
-                    module: status.name,
-                    version: status.version,
-                    refcnt: status.refcnt.unwrap_or(0),
-                    holders: status.device_holders,
-                }
-            }
-        };
+        let in_use_error = |status: ModuleStatus| in_use(status, options.force, &killed_pids);
         if status.in_use() {
             return Err(in_use_error(status));
         }
@@ -252,6 +204,28 @@ impl<K: Kernel> ModuleInstaller<K> {
                 },
             }),
         }
+    }
+
+    /// Sends SIGKILL to every process holding the device in `status`: the ones killed, and the
+    /// first error, which matters only if the module stays in use.
+    fn kill_holders(&self, status: &ModuleStatus) -> (Vec<DeviceHolder>, Option<io::Error>) {
+        let own_pid = i32::try_from(std::process::id()).unwrap_or(0);
+        let (mut killed, mut kill_error) = (Vec::new(), None);
+        // never init (killing it panics the host) and never ourselves: those stay as holders
+        for holder in status
+            .device_holders
+            .iter()
+            .filter(|h| h.pid > 1 && h.pid != own_pid)
+        {
+            match self.kernel.kill(holder.pid) {
+                Ok(()) => killed.push(holder.clone()),
+                Err(e) if errno(&e) == Some(Errno::ESRCH) => {} // already gone
+                Err(e) => {
+                    kill_error.get_or_insert(e);
+                }
+            }
+        }
+        (killed, kill_error)
     }
 
     /// Loads a cached `.ko` with `params` and checks that sysfs then reports its version. A `.ko`
@@ -356,88 +330,6 @@ impl<K: Kernel> ModuleInstaller<K> {
             Ok(lock) => Ok(Some(lock)),
             Err(KmodError::LockTimeout { .. }) => Ok(None),
             Err(e) => Err(e),
-        }
-    }
-
-    /// Makes sure the module loaded now (in `status`) can be loaded back if `target` fails to
-    /// load: its verified cache entry, or its tag built into the cache first (as
-    /// [`ModuleInstaller::ensure_ko`]). `Ok(None)` when nothing is loaded or `target` is.
-    /// Fails with [`KmodError::NoRollbackPath`] when the loaded module declares no release
-    /// version (none, or one that is not a [`KmdVersion`]: a custom build) or its `.ko` cannot be
-    /// fetched, built or cached. Never touches the loaded module.
-    pub fn ensure_rollback_ko(
-        &self,
-        status: &ModuleStatus,
-        target: &KmdVersion,
-    ) -> Result<Option<EnsuredKo>, KmodError> {
-        let Some(loaded) = self.rollback_version(status, target)? else {
-            return Ok(None);
-        };
-        self.ensure_ko(&loaded).map(Some).map_err(|e| {
-            self.no_rollback_path(status, target, format!("{}: {e}", e.reason()), Some(e))
-        })
-    }
-
-    /// What [`ModuleInstaller::ensure_rollback_ko`] returns when the cache alone answers
-    /// (see [`ModuleInstaller::cached_ko`]): `Some(None)` when nothing needs a way back,
-    /// `Some(Some(entry))` for a verified entry of the loaded version, `None` when
-    /// `ensure_rollback_ko` has more to do or to explain.
-    pub fn cached_rollback_ko(
-        &self,
-        status: &ModuleStatus,
-        target: &KmdVersion,
-    ) -> Option<Option<EnsuredKo>> {
-        match self.rollback_version(status, target) {
-            Ok(None) => Some(None),
-            Ok(Some(loaded)) => self.cached_ko(&loaded, None).map(Some),
-            Err(_) => None,
-        }
-    }
-
-    /// The loaded version a rollback would load back: `None` when nothing is loaded or `target`
-    /// is; [`KmodError::NoRollbackPath`] when the loaded module declares no release version.
-    fn rollback_version(
-        &self,
-        status: &ModuleStatus,
-        target: &KmdVersion,
-    ) -> Result<Option<KmdVersion>, KmodError> {
-        if !status.loaded || status.loaded_version() == Some(target.as_str()) {
-            return Ok(None);
-        }
-        let Some(loaded) = status.version.as_deref() else {
-            return Err(self.no_rollback_path(
-                status,
-                target,
-                "it declares no version, so which tag to build is unknown".into(),
-                None,
-            ));
-        };
-        // sysfs says what the module declares: a release version only if it parses as one
-        loaded.parse::<KmdVersion>().map(Some).map_err(|_| {
-            self.no_rollback_path(
-                status,
-                target,
-                format!(
-                    "its version {loaded:?} is not a tt-kmd release (a custom build?), so there is no tag to build"
-                ),
-                None,
-            )
-        })
-    }
-
-    fn no_rollback_path(
-        &self,
-        status: &ModuleStatus,
-        target: &KmdVersion,
-        why: String,
-        source: Option<KmodError>,
-    ) -> KmodError {
-        KmodError::NoRollbackPath {
-            module: self.config.module.clone(),
-            loaded: status.version.clone(),
-            target: target.to_string(),
-            why,
-            source: source.map(Box::new),
         }
     }
 
@@ -597,20 +489,6 @@ impl<K: Kernel> ModuleInstaller<K> {
         Ok(report)
     }
 
-    /// The rollback `.ko`'s cache outcome; without one, `None` when the options allow it.
-    fn rollback_ko_or_allowed(
-        &self,
-        status: &ModuleStatus,
-        version: &KmdVersion,
-        options: &SwapOptions,
-    ) -> Result<Option<CacheOutcome>, KmodError> {
-        match self.ensure_rollback_ko(status, version) {
-            Ok(ensured) => Ok(ensured.map(|e| e.cache)),
-            Err(KmodError::NoRollbackPath { .. }) if options.allow_no_rollback => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Fails with [`KmodError::SignatureRequired`] when the host only loads signed modules and
     /// `ko` is not signed: loading it could only fail, after the working module was unloaded.
     pub fn check_signature_policy(&self, ko: &CachedKo) -> Result<(), KmodError> {
@@ -630,56 +508,43 @@ impl<K: Kernel> ModuleInstaller<K> {
             enforcement,
         })
     }
+}
 
-    /// After `version` failed to load: loads `previous` back from the cache (when a module was
-    /// loaded before), and says what happened.
-    fn roll_back(
-        &self,
-        version: &KmdVersion,
-        was_loaded: bool,
-        previous: Option<String>,
-        load_error: KmodError,
-        params: &str,
-    ) -> KmodError {
-        if !was_loaded {
-            // nothing was loaded before: there is nothing to roll back to
-            return load_error;
+/// The error of a module still in use: its holders when not forced, what was killed and what
+/// is left when forced.
+fn in_use(status: ModuleStatus, forced: bool, killed: &[i32]) -> KmodError {
+    if forced {
+        KmodError::HoldersRemain {
+            module: status.name,
+            version: status.version,
+            refcnt: status.refcnt.unwrap_or(0),
+            killed: killed.to_vec(),
+            left: status.device_holders,
         }
-        let module = self.config.module.clone();
-        let load_error = Box::new(load_error);
-        let not_cached = |v: &str| KmodError::NotCached {
-            version: v.to_string(),
-            release: self.release.clone(),
-        };
-        let rollback = match previous.as_deref() {
-            // the old module declared no version: we cannot know which .ko to load back
-            None => Err(not_cached("(unknown version)")),
-            // sysfs said it: a release version only if it parses as one
-            Some(previous_version) => previous_version
-                .parse::<KmdVersion>()
-                .map_err(KmodError::from)
-                .and_then(|v| self.cache.lookup(&self.release, &v))
-                .and_then(|lookup| match lookup {
-                    CacheLookup::Hit(ko) => self
-                        .load(&ko, params)
-                        .map(|()| previous_version.to_string()),
-                    _ => Err(not_cached(previous_version)),
-                }),
-        };
-        match rollback {
-            Ok(previous) => KmodError::RolledBack {
-                module,
-                version: version.to_string(),
-                previous,
-                load_error,
-            },
-            Err(rollback_error) => KmodError::RollbackFailed {
-                module,
-                version: version.to_string(),
-                previous,
-                load_error,
-                rollback_error: Box::new(rollback_error),
-            },
+    } else {
+        KmodError::InUse {
+            module: status.name,
+            version: status.version,
+            refcnt: status.refcnt.unwrap_or(0),
+            holders: status.device_holders,
+        }
+    }
+}
+
+/// The error of holders that could not be killed.
+fn kill_failed(e: io::Error, module: String, version: Option<String>) -> KmodError {
+    if errno(&e) == Some(Errno::EPERM) || e.kind() == io::ErrorKind::PermissionDenied {
+        KmodError::PermissionDenied {
+            action: "kill holders of",
+            module,
+            version,
+        }
+    } else {
+        KmodError::Syscall {
+            action: "kill holders",
+            module,
+            version,
+            source: e,
         }
     }
 }

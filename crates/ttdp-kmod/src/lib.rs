@@ -55,6 +55,7 @@ mod ko_cache;
 mod modinfo;
 pub mod parameters;
 pub mod prebuilt;
+mod rollback;
 #[cfg(feature = "sim")]
 mod sim_host;
 #[cfg(feature = "sim")]

@@ -24,7 +24,11 @@ fn the_cache_answers_for_the_target_only_with_a_verified_entry_its_pin_accepts()
         (&ensured.ko, &CacheOutcome::Hit)
     );
     let built_from = ensured.ko.record.source_commit.clone().unwrap();
-    assert!(installer.cached_ko(&v("1.0.0"), Some(&built_from)).is_some());
+    assert!(
+        installer
+            .cached_ko(&v("1.0.0"), Some(&built_from))
+            .is_some()
+    );
     assert!(
         installer
             .cached_ko(&v("1.0.0"), Some(&"0".repeat(40)))

@@ -5,11 +5,12 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
-use ttdp_kmod::Kernel;
+use ttdp_kmod::{Kernel, SwapOutcome, SwapReport};
 
 use super::{NodeAgent, millis};
 use crate::convergence::{Observation, base_report};
 use crate::labels::{InstallMode, NodeLabels};
+use crate::reasons;
 use crate::reporting::{EventKind, NodeEvent, ReportError, Reporter};
 
 impl<K, R> NodeAgent<K, R>
@@ -132,6 +133,72 @@ where
             Ok(()) => self.last_event = Some(key),
             Err(e) => warn!(step = "event", reason, error = %e, "cannot record an event"),
         }
+    }
+
+    /// Logs and announces a successful swap.
+    pub(super) async fn swapped(&mut self, report: SwapReport) {
+        info!(
+            step = "swap",
+            version = %report.version,
+            previous = report.previous.as_deref().unwrap_or("none"),
+            outcome = ?report.outcome,
+            killed = report.killed.len(),
+            probe_ms = report.probe_ms,
+            build_ms = report.build_ms,
+            unload_ms = report.unload_ms,
+            load_ms = report.load_ms,
+            validate_ms = report.validate_ms,
+            validation = report.validation.as_deref().unwrap_or("off"),
+            total_ms = report.total_ms,
+            "module swapped"
+        );
+        if !report.killed.is_empty() {
+            let killed: Vec<String> = report
+                .killed
+                .iter()
+                .map(|h| format!("pid {} ({})", h.pid, h.comm))
+                .collect();
+            let note = format!(
+                "force unload killed {} holding /dev/tenstorrent before unloading",
+                killed.join(", ")
+            );
+            warn!(step = "unload", %note);
+            self.event(EventKind::Warning, reasons::HOLDERS_KILLED, "Unload", note)
+                .await;
+        }
+        if report.outcome == SwapOutcome::AlreadyLoaded {
+            // another agent on the node loaded the target while this one waited for the lock
+            return;
+        }
+        let (reason, note) = match (report.outcome, &report.previous) {
+            (SwapOutcome::Replaced, Some(previous)) if *previous == report.version.as_str() => (
+                reasons::MODULE_REPLACED,
+                format!(
+                    "reloaded tt-kmd {previous} with parameters \"{}\" (unload {} ms, load {} ms)",
+                    self.config.parameters, report.unload_ms, report.load_ms
+                ),
+            ),
+            (SwapOutcome::Replaced, Some(previous)) => (
+                reasons::MODULE_REPLACED,
+                format!(
+                    "replaced tt-kmd {previous} with {} (unload {} ms, load {} ms, total {} ms)",
+                    report.version, report.unload_ms, report.load_ms, report.total_ms
+                ),
+            ),
+            _ => (
+                reasons::MODULE_INSTALLED,
+                format!(
+                    "loaded tt-kmd {} (load {} ms, total {} ms)",
+                    report.version, report.load_ms, report.total_ms
+                ),
+            ),
+        };
+        let note = match &report.validation {
+            Some(proven) => format!("{note}; validated: {proven}"),
+            None => note,
+        };
+        self.last_event = None;
+        self.event(EventKind::Normal, reason, "Load", note).await;
     }
 }
 
