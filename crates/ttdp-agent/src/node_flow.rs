@@ -472,7 +472,7 @@ where
             allow_no_rollback,
         };
         match self
-            .run_swap(module_lock, &target, options, shutdown)
+            .run_swap(module_lock, status, &target, options, shutdown)
             .await?
         {
             Ok(report) => self.swapped(report).await,

@@ -372,26 +372,38 @@ impl<K: Kernel> ModuleInstaller<K> {
     ) -> Result<SwapReport, KmodError> {
         let started = Instant::now();
         let module_lock = self.lock_module()?;
-        self.swap_locked_since(&module_lock, version, options, check, started)
+        self.swap_locked_since(&module_lock, None, version, options, check, started)
     }
 
     /// [`ModuleInstaller::swap`] (with `check`: [`ModuleInstaller::swap_validated`]) for a
     /// caller that took the module lock itself ([`ModuleInstaller::lock_module`]), so it can
     /// decide under the lock, on what the node shows then, whether the swap may go ahead at
-    /// all. Fails without touching anything when `lock` is not this module's lock.
+    /// all. `observed` is the module status the caller read under the lock and decided on: the
+    /// swap goes on from it (the unload still looks at the holders again), and reads it anew
+    /// only when a stopped swap's journal had to be settled first. Fails without touching
+    /// anything when `lock` is not this module's lock.
     pub fn swap_locked(
         &self,
         lock: &FileLock,
+        observed: ModuleStatus,
         version: &KmdVersion,
         options: &SwapOptions,
         check: Option<PostLoadCheck<'_>>,
     ) -> Result<SwapReport, KmodError> {
-        self.swap_locked_since(lock, version, options, check, Instant::now())
+        self.swap_locked_since(
+            lock,
+            Some(observed),
+            version,
+            options,
+            check,
+            Instant::now(),
+        )
     }
 
     fn swap_locked_since(
         &self,
         lock: &FileLock,
+        observed: Option<ModuleStatus>,
         version: &KmdVersion,
         options: &SwapOptions,
         check: Option<PostLoadCheck<'_>>,
@@ -409,8 +421,15 @@ impl<K: Kernel> ModuleInstaller<K> {
             ));
         }
         // a swap a stopped process left comes first: its journal knows what the node had
-        self.resume_swap_locked(check)?;
-        let swapped = self.swap_steps(version, options, check, started);
+        let observed = match self.resume_swap_locked(check)? {
+            None => observed,
+            Some(_) => None,
+        };
+        let status = match observed {
+            Some(status) => status,
+            None => self.status()?,
+        };
+        let swapped = self.swap_steps(status, version, options, check, started);
         let settled = self.settle_swap_journal();
         let report = swapped?;
         settled.map(|()| report)
@@ -418,12 +437,12 @@ impl<K: Kernel> ModuleInstaller<K> {
 
     fn swap_steps(
         &self,
+        status: ModuleStatus,
         version: &KmdVersion,
         options: &SwapOptions,
         check: Option<PostLoadCheck<'_>>,
         started: Instant,
     ) -> Result<SwapReport, KmodError> {
-        let status = self.status()?;
         let probe_ms = millis(started.elapsed());
         let previous = status.loaded_version().map(str::to_string);
         let mut report = SwapReport {

@@ -87,7 +87,7 @@ pub use sim_kernel::{SIM_STATE_DIR, SimKernel};
 #[cfg(feature = "sim")]
 pub use sim_source::SimKmdRepo;
 pub use source_build::{BuildOptions, BuiltModule, DEFAULT_REPOSITORY, build_module, fetch_source};
-pub use status::{ModuleStatus, loaded_version};
+pub use status::{ModuleStatus, is_loaded, loaded_version};
 pub use swap_journal::{SwapJournal, SwapPhase};
 pub use swap_resume::{ResumeOutcome, ResumedSwap};
 pub use timed_command::{CommandRun, log_tail, run_logged};

@@ -114,6 +114,12 @@ pub fn loaded_version(host: &HostRoot, name: &str) -> Result<Option<String>, Kmo
     read_field(&dir.join("version"))
 }
 
+/// Whether module `name` is loaded, from sysfs alone (no `/proc` walk).
+pub fn is_loaded(host: &HostRoot, name: &str) -> Result<bool, KmodError> {
+    let initstate = host.path(format!("/sys/module/{name}/initstate"));
+    Ok(read_field(&initstate)?.is_some())
+}
+
 /// A trimmed sysfs attribute, `None` when the file does not exist.
 fn read_field(path: &Path) -> Result<Option<String>, KmodError> {
     match std::fs::read_to_string(path) {
@@ -159,6 +165,7 @@ mod tests {
             loaded_version(&root, "tenstorrent").unwrap().as_deref(),
             Some("2.8.0")
         );
+        assert!(is_loaded(&root, "tenstorrent").unwrap());
         assert_eq!(
             (
                 status.device_holders[0].pid,
@@ -183,6 +190,7 @@ mod tests {
             loaded_version(&HostRoot::new(dir.path()), "tenstorrent").unwrap(),
             None
         );
+        assert!(!is_loaded(&HostRoot::new(dir.path()), "tenstorrent").unwrap());
     }
 
     #[test]

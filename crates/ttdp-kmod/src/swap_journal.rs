@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::KmodError;
 use crate::installer::ModuleInstaller;
 use crate::kernel::Kernel;
-use crate::status::ModuleStatus;
+use crate::status::{ModuleStatus, is_loaded};
 
 /// Where an interrupted swap was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -158,7 +158,7 @@ impl<K: Kernel> ModuleInstaller<K> {
     /// Removes the journal once a module is loaded again: the swap is settled whatever its
     /// outcome. With no module loaded it stays, for the next attempt to find.
     pub(crate) fn settle_swap_journal(&self) -> Result<(), KmodError> {
-        if !self.status()?.loaded {
+        if !is_loaded(self.host(), &self.config().module)? {
             return Ok(());
         }
         let path = self.swap_journal_path();

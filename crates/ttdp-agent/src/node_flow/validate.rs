@@ -40,11 +40,12 @@ where
     R: Reporter,
 {
     /// Swaps `target` in on a blocking thread under `module_lock` (taken by the caller, who
-    /// decided under it that the swap may go), validated when validation is on; on shutdown
+    /// decided under it, on `observed`, that the swap may go), validated when validation is on; on shutdown
     /// the swap (and its validation) finishes first.
     pub(super) async fn run_swap(
         &mut self,
         module_lock: FileLock,
+        observed: ttdp_kmod::ModuleStatus,
         target: &KmdVersion,
         options: SwapOptions,
         shutdown: &CancellationToken,
@@ -56,7 +57,7 @@ where
         let mut swap = tokio::task::spawn_blocking(move || {
             if !validation.enabled {
                 return (
-                    installer.swap_locked(&module_lock, &version, &options, None),
+                    installer.swap_locked(&module_lock, observed, &version, &options, None),
                     None,
                 );
             }
@@ -71,7 +72,8 @@ where
                 }
                 checked
             };
-            let swapped = installer.swap_locked(&module_lock, &version, &options, Some(&check));
+            let swapped =
+                installer.swap_locked(&module_lock, observed, &version, &options, Some(&check));
             (swapped, proven.into_inner().ok().flatten())
         });
         let (swapped, proven) = tokio::select! {
