@@ -4,7 +4,8 @@
 # stub modules and every safety step on (cache verification, rollback .ko, module lock, device
 # validation), next to the floor measured in the same boot: `rmmod` + `insmod` of the same .ko
 # files. RUNS runs of each (the argument after `--`, default 5). Prints each run's steps, taken
-# from the agent's own log timestamps, then the medians as one BENCH-RESULT line.
+# from the agent's own log timestamps from its start as exec_stamped stamps it (right before the
+# agent's execve), then the medians as one BENCH-RESULT line.
 set -u
 
 AGENT=/opt/ttdp/bin/ttdp-agent
@@ -110,8 +111,8 @@ for run in $(seq "$RUNS"); do
   load "$OLD" || { echo "cannot load $OLD"; exit 1; }
   rm -f "$REPORT"
   AGENT_LOG=$WORK/agent-$run.log
-  start=$(now_us)
-  env TT_KMD_VERSION="$NEW" "$AGENT" run >"$AGENT_LOG" 2>&1 &
+  # the start is stamped by exec_stamped right before the agent's execve (same process)
+  env TT_KMD_VERSION="$NEW" /opt/ttdp/bin/exec_stamped "$WORK/start-$run" "$AGENT" run >"$AGENT_LOG" 2>&1 &
   AGENT_PID=$!
   if ! wait_until 60 grep -q '"node is ready"' "$AGENT_LOG"; then
     echo "run $run: the agent did not get Ready"
@@ -120,6 +121,7 @@ for run in $(seq "$RUNS"); do
   fi
   stop_agent
   loaded_is "$NEW" || { echo "run $run: $NEW is not loaded"; exit 1; }
+  start=$(cat "$WORK/start-$run")
   line=$(steps "$AGENT_LOG" "$start")
   echo "agent run $run: $line"
   results="$results
