@@ -278,6 +278,48 @@ fn status_of_a_thousand_nodes() {
     );
 }
 
+/// What a downloaded module must pass shows as the policy sets it: pins, the server's checksum,
+/// plain http, redirects and the CA.
+#[test]
+fn describe_shows_how_prebuilt_modules_are_trusted() {
+    use ttdp_api::driver::v1alpha1::{CaBundleSource, PinnedChecksum, PrebuiltSettings};
+    let fleet = fixture::every_state();
+    let mut view = fleet.policy("fleet").unwrap().clone();
+    let pin = |release: &str| PinnedChecksum {
+        version: "2.8.0".into(),
+        kernel_release: release.into(),
+        sha256: "0".repeat(64),
+    };
+    view.policy.spec.source = Some(ttdp_api::driver::v1alpha1::SourceSettings {
+        repository: None,
+        commit: None,
+        prebuilt: Some(PrebuiltSettings {
+            url: "http://mirror.lan/{version}/{kernelRelease}/tenstorrent.ko".into(),
+            fallback: "Build".into(),
+            ca_bundle: Some(CaBundleSource {
+                config_map_name: Some("mirror-ca".into()),
+                secret_name: None,
+                key: "ca.crt".into(),
+            }),
+            checksums: vec![pin("6.8.0-111-generic"), pin("5.15.0-140-generic")],
+            trust_server_checksum: false,
+            allow_insecure_http: true,
+            allow_cross_host_redirects: true,
+        }),
+    });
+    let text = describe::render(&view, &[], &[], &[], &opts(false, 200));
+    let trust = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("Prebuilt trust:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        trust.ends_with(
+            "2 pinned checksums, unpinned modules refused; plain http allowed, redirects to other hosts followed; CA from ConfigMap mirror-ca key ca.crt"
+        ),
+        "{trust}"
+    );
+}
+
 /// The policy's source and module parameters, and each node's loaded parameters and the commit
 /// its module was built from, appear only when set (the goldens above have none).
 #[test]
@@ -313,6 +355,13 @@ fn describe_shows_parameters_and_commits_when_set() {
         text.lines().any(|l| l.trim_start().starts_with("Prebuilt:")
             && l.ends_with(
                 "https://ko.example.com/{version}/{kernelRelease}/tenstorrent.ko (fail if missing)"
+            )),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.trim_start().starts_with("Prebuilt trust:")
+            && l.ends_with(
+                "no pinned checksum, the server's .sha256 trusted for the rest; https only, no redirect to another host"
             )),
         "{text}"
     );

@@ -3,6 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use ttdp_api::driver::v1alpha1::{CaBundleSource, PrebuiltSettings};
 use ttdp_api::{TenstorrentDriverPolicy, TenstorrentDriverPolicySpec};
 
 use super::RenderOptions;
@@ -243,7 +244,47 @@ fn source_fields(out: &mut String, spec: &TenstorrentDriverPolicySpec) {
             "Prebuilt",
             &format!("{} ({on_missing})", prebuilt.url),
         );
+        field(out, 2, "Prebuilt trust", &prebuilt_trust_text(prebuilt));
     }
+}
+
+/// What a downloaded module must pass before it is cached: the pins, the server's own
+/// checksum, the transport and the CA.
+fn prebuilt_trust_text(prebuilt: &PrebuiltSettings) -> String {
+    let pinned = match prebuilt.checksums.len() {
+        0 => "no pinned checksum".to_owned(),
+        1 => "1 pinned checksum".to_owned(),
+        n => format!("{n} pinned checksums"),
+    };
+    let unpinned = if prebuilt.trust_server_checksum {
+        "the server's .sha256 trusted for the rest"
+    } else {
+        "unpinned modules refused"
+    };
+    let transport = if prebuilt.allow_insecure_http {
+        "plain http allowed"
+    } else {
+        "https only"
+    };
+    let redirects = if prebuilt.allow_cross_host_redirects {
+        "redirects to other hosts followed"
+    } else {
+        "no redirect to another host"
+    };
+    let ca = match &prebuilt.ca_bundle {
+        Some(CaBundleSource {
+            config_map_name: Some(name),
+            key,
+            ..
+        }) => format!("; CA from ConfigMap {name} key {key}"),
+        Some(CaBundleSource {
+            secret_name: Some(name),
+            key,
+            ..
+        }) => format!("; CA from Secret {name} key {key}"),
+        _ => String::new(),
+    };
+    format!("{pinned}, {unpinned}; {transport}, {redirects}{ca}")
 }
 
 fn daemonset_text(view: &PolicyView) -> String {
