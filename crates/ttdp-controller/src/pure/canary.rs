@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use ttdp_api::NodeState;
 use ttdp_api::driver::v1alpha1::{RolloutStatus, rollout_phase as phase};
+use ttdp_api::{NodeState, TenstorrentDriverPolicySpec};
 
 /// `upgradePolicy.canary`, resolved against the fleet.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,12 +142,18 @@ pub fn advance(
     }
 }
 
-/// The version a rollout to `target` is rolling back to (`fromVersion` while the recorded
-/// `rollout` is RollingBack or RolledBack for that target), else `None`.
-pub fn rolling_back_to<'a>(rollout: Option<&'a RolloutStatus>, target: &str) -> Option<&'a str> {
-    let r = rollout?;
+/// The version the nodes of a policy acted on with `spec` go back to: `fromVersion` while the
+/// recorded `rollout` is RollingBack or RolledBack for `spec.version`, else `None`. Never
+/// while paused: the DaemonSet keeps the version it was applied with until the pause ends, and
+/// the nodes must aim where their agents do, so a rollback decided during a pause waits for
+/// its end like any other change.
+pub fn rolling_back_to<'a>(
+    rollout: Option<&'a RolloutStatus>,
+    spec: &TenstorrentDriverPolicySpec,
+) -> Option<&'a str> {
+    let r = rollout.filter(|_| !spec.paused)?;
     let back = matches!(r.phase.as_str(), phase::ROLLING_BACK | phase::ROLLED_BACK);
-    (back && r.target_version == target)
+    (back && r.target_version == spec.version)
         .then_some(r.from_version.as_deref())
         .flatten()
 }

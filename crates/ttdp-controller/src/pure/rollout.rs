@@ -230,7 +230,8 @@ impl Planner {
                 continue;
             }
             // A Failed node that still holds a slot (its cordon is not lifted yet) retries in it.
-            let holds_slot = takes_slot(obs, &self.closed[i]);
+            let holds_slot =
+                self.closed[i].state == NodeState::Failed && takes_slot(obs, &self.closed[i]);
             obs.start = if halted && obs.retry != RetryGate::Requested {
                 StartGate::Halted
             } else if slots > 0 || obs.is_fresh_install() || holds_slot {
@@ -259,14 +260,15 @@ pub fn node_timeout(spec: &TenstorrentDriverPolicySpec) -> Duration {
 /// Whether a node going to `t` holds one of the `maxUnavailable` slots: every step from
 /// Cordoning until its cordon is lifted (an Uncordoning node that holds nothing of ours is
 /// schedulable again, only its Done is left to record), except a fresh install's (it disrupts
-/// nothing), and a Failed node until what it holds of ours is released (a release that failed
-/// leaves it cordoned, and a node whose jobs outlasted their wait stays so on purpose).
+/// nothing); and whatever it goes to, a node that still carries our cordon, gates or grant,
+/// until they are released: the release runs after this plan and may fail (it leaves the node
+/// cordoned, or granted a swap its agent may still make), and a node whose jobs outlasted
+/// their wait stays cordoned on purpose.
 fn takes_slot(obs: &NodeObservation, t: &NodeTransition) -> bool {
-    if t.state == NodeState::Failed {
+    if !t.state.is_in_flight() || t.state == NodeState::Uncordoning {
         return obs.holds_ours();
     }
-    let released = t.state == NodeState::Uncordoning && !obs.holds_ours();
-    t.state.is_in_flight() && !released && !obs.is_fresh_install()
+    !obs.is_fresh_install()
 }
 
 #[cfg(test)]

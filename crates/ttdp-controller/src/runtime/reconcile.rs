@@ -275,7 +275,7 @@ fn rolled_back(
     recorded: &RecordedStatus,
     target: KmdVersion,
 ) -> (Arc<TenstorrentDriverPolicy>, KmdVersion) {
-    let from = canary::rolling_back_to(recorded.status.rollout.as_ref(), &policy.spec.version);
+    let from = canary::rolling_back_to(recorded.status.rollout.as_ref(), &policy.spec);
     let Some((from, version)) = from.and_then(|f| Some((f, f.parse::<KmdVersion>().ok()?))) else {
         return (policy, target);
     };

@@ -135,7 +135,7 @@ fn rolled_back(w: &World) -> (TenstorrentDriverPolicySpec, String) {
             .unwrap_or_default(),
     });
     let (mut spec, rollout_target) = pause::acted_on(&w.spec, applied, w.status.rollout.as_ref());
-    let from = canary::rolling_back_to(w.status.rollout.as_ref(), &spec.version);
+    let from = canary::rolling_back_to(w.status.rollout.as_ref(), &spec);
     if let Some(from) = from.filter(|f| f.parse::<KmdVersion>().is_ok()) {
         spec.version = from.to_owned();
     }

@@ -102,8 +102,9 @@ pub(super) fn no_grant_without_slot_and_drain(w: &World) -> Result<(), String> {
     Ok(())
 }
 
-/// While paused (before and after a reconcile), no node leaves Done or Pending for a step, and
-/// none fails for waiting. A first install (nothing loaded) is the agent's own business and may
+/// While paused (before and after a reconcile), no node is newly cordoned or granted, none
+/// leaves Done or Pending for a step (as the status shows it, which may lag the nodes by a
+/// failed write), and none fails for waiting. A first install (nothing loaded) is the agent's own business and may
 /// move on; a node whose agent fails may be Failed. "Failing for waiting" is a `NodeTimeout`
 /// of a node that was Pending, Done, or held at a step boundary by the pause (reason Paused).
 pub(super) fn paused_nodes_stay_put(
@@ -129,14 +130,33 @@ pub(super) fn paused_nodes_stay_put(
             ));
         }
         let first_install = before.node(name).is_some_and(|n| n.loaded.is_none());
-        if held && now.state.is_in_flight() && !first_install {
+        // the status lags the nodes by a write that failed: a node that carried our cordon or
+        // grant already was started before the pause
+        let started = before.node(name).is_some_and(started_by_us);
+        if held && now.state.is_in_flight() && !first_install && !started {
             return Err(format!(
                 "paused_nodes_stay_put: {name} went from {:?} to {:?} ({:?}) while paused",
                 was.state, now.state, now.reason
             ));
         }
     }
+    for (n, was) in after.nodes.iter().zip(&before.nodes) {
+        // a node the status showed in flight had begun: its cordon may be written only now
+        let in_flight =
+            (before.entries.get(n.name.as_str())).is_some_and(|e| e.state.is_in_flight());
+        if started_by_us(n) && !started_by_us(was) && was.loaded.is_some() && !in_flight {
+            return Err(format!(
+                "paused_nodes_stay_put: {} was cordoned or granted while paused",
+                n.name
+            ));
+        }
+    }
     Ok(())
+}
+
+/// The node carries our cordon or our grant: its upgrade has begun.
+fn started_by_us(n: &ModelNode) -> bool {
+    n.cordoned_by(POLICY) || n.grant_of(POLICY).is_some()
 }
 
 /// No node of ours has our cordon lifted while no driver is loaded on it, unless it is

@@ -257,3 +257,73 @@ fn a_node_rejoining_on_the_target_stays_pending_until_its_agent_is_ready() {
     ];
     holds(&setup(2, 1, false), &events);
 }
+
+/// The canary's nodes time out while the policy is paused and the canary rolls back: the
+/// DaemonSet keeps the version it was applied with until the pause ends, so the rollback must
+/// wait for it too. It used to aim the nodes at the version rolled back to while their agents
+/// still asked for the new one, and took the waiting nodes out of Pending while paused.
+#[test]
+fn a_rollback_decided_while_paused_waits_for_the_unpause() {
+    let mut s = setup(2, 2, false);
+    s.canary = Some((2, 0, true));
+    let paused = [
+        Version(1),
+        Reconcile,
+        Pause(true),
+        Tick(700),
+        Progress,
+        Reconcile,
+    ];
+    let w = holds(&s, &paused);
+    for n in &w.nodes {
+        let state = w.entries.get(n.name.as_str()).map(|e| e.state);
+        assert_ne!(state, Some(NodeState::Upgrading), "{}", w.brief());
+    }
+    let mut all = paused.to_vec();
+    all.extend([
+        Pause(false),
+        Progress,
+        Progress,
+        Progress,
+        Progress,
+        Progress,
+    ]);
+    all_done_at(&holds(&s, &all), "2.7.0");
+}
+
+/// A restart loses the status while a node we cordoned is at the target but its agent is not
+/// Ready (its node went down): the node was taken up again in Upgrading without a drain, and
+/// when the version then changed it was granted the swap at once, undrained.
+#[test]
+fn a_node_taken_up_again_after_a_lost_status_is_drained_before_its_grant() {
+    let events = [
+        Version(1),
+        Reconcile,
+        NodeNotReady(0),
+        Restart { status: true },
+        Version(0),
+        Reconcile,
+        Version(1),
+        Reconcile,
+    ];
+    holds(&setup(3, 2, true), &events);
+}
+
+/// A node whose agent stopped with it is sent back to Pending with its release, and the
+/// release fails: its grant stays, and its agent may swap once the node is back. It used to
+/// give that slot away in the same plan, so three nodes held a slot with maxUnavailable 2.
+#[test]
+fn a_release_that_fails_keeps_its_slot_whatever_the_node_goes_to() {
+    let events = [
+        Version(2),
+        Reconcile,
+        NodeNotReady(1),
+        Progress,
+        NodeWriteFails(1),
+        Reconcile,
+        Progress,
+        Version(1),
+        Reconcile,
+    ];
+    holds(&setup(3, 2, false), &events);
+}

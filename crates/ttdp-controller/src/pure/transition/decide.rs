@@ -293,9 +293,12 @@ impl Deciding<'_> {
             // We cordoned it but the recorded state was lost: resume, never cordon twice.
             return if self.up_to_date() {
                 self.finish()
-            } else if matches!(self.obs.agent, AgentPod::Current(_)) || !self.rules.drain_enabled {
+            } else if !self.rules.drain_enabled || self.obs.grant == UpgradeGrant::Target {
+                // with drain, a grant is given only after the drain: it says it was drained
                 self.upgrading(true)
             } else {
+                // recorded Upgrading stands for drained, and nothing here says it was: drain
+                // again (it evicts nothing new) before any grant
                 NodeTransition::to(NodeState::Draining).doing(Action::Drain)
             };
         }
