@@ -27,8 +27,10 @@ pub struct TenstorrentDriverPolicyStatus {
     pub summary: Option<Summary>,
 
     /// Per-node state. Past 1,000 matched nodes, Done nodes and Pending nodes waiting for a slot
-    /// (reason `WaitingForSlot`) are left out to keep the object small; `summary` counts them
-    /// and `summary.nodesOmitted` says how many. `kubectl tt driver nodes` lists every node.
+    /// (reason `WaitingForSlot`) are left out to keep the object small; at any size the entries
+    /// take at most 224 KiB (Failed nodes first, then those in flight). `summary` counts every
+    /// node and `summary.nodesOmitted` says how many are left out. `kubectl tt driver nodes`
+    /// lists every node.
     //
     // Atomic, not a list map keyed by name: the controller is the status's only writer, and the
     // API server then tracks the list as one field instead of one per entry, which more than
@@ -112,8 +114,8 @@ pub struct Summary {
     /// Nodes also selected by an older policy, left to it.
     #[serde(default)]
     pub conflicts: i32,
-    /// Done nodes and Pending nodes waiting for a slot left out of `status.nodes` to keep the
-    /// object small (past 1,000 matched nodes only).
+    /// Nodes left out of `status.nodes` to keep the object small: past 1,000 matched nodes the
+    /// Done ones and those waiting for a slot, and at any size what passes its byte cap.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub nodes_omitted: i32,
 }
@@ -121,6 +123,9 @@ pub struct Summary {
 fn is_zero(n: &i32) -> bool {
     *n == 0
 }
+
+/// The most characters of a node entry's `message` (the CRD's `maxLength`).
+pub const MAX_NODE_MESSAGE_CHARS: usize = 1024;
 
 /// The reason of a Pending node waiting for a free `maxUnavailable` slot.
 pub const WAITING_FOR_SLOT: &str = "WaitingForSlot";
@@ -146,8 +151,10 @@ pub struct NodeStatus {
     /// UpperCamelCase reason for the state (e.g. `DrainTimeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// What is happening or what went wrong, and what to do.
+    /// What is happening or what went wrong, and what to do (at most
+    /// [`MAX_NODE_MESSAGE_CHARS`] characters; a longer one is cut, with an ellipsis).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_NODE_MESSAGE_CHARS))]
     pub message: Option<String>,
     /// When the node entered `state`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 pub use super::module_settings::{ModuleParameterError, ModuleSettings};
 pub use super::policy_status::{
-    NodeState, NodeStatus, RolloutStatus, Summary, TenstorrentDriverPolicyStatus, WAITING_FOR_SLOT,
-    condition, rollout_phase,
+    MAX_NODE_MESSAGE_CHARS, NodeState, NodeStatus, RolloutStatus, Summary,
+    TenstorrentDriverPolicyStatus, WAITING_FOR_SLOT, condition, rollout_phase,
 };
 pub use super::rollout_guards::{
     CanaryPolicy, MaintenanceSchedule, MaintenanceWindow, ScheduleError, WaitForCompletion,

@@ -3,13 +3,15 @@
 //!
 //! Size at fleet scale: node entries carry no defaults and nothing the state already says
 //! (`installMode` only when `host`; `targetVersion` only while a node is in flight or Failed;
-//! Pending nodes waiting for a slot carry only that reason). Up to [`COMPACT_THRESHOLD`] matched
-//! nodes every node is listed. Past it, Done nodes and Pending nodes waiting for a slot are left
-//! out: what is listed is what is happening or needs attention (in flight, Failed, paused or
-//! halted, host-managed, conflicting), at most [`MAX_NODE_ENTRIES`] entries (Failed first, then
-//! in flight, then the rest). `summary` still counts every node and `summary.nodesOmitted` says
-//! how many are not listed. `kubectl tt driver nodes` shows every node, from the node labels
-//! (`driver.tenstorrent.com/kmd-version`).
+//! Pending nodes waiting for a slot carry only that reason). Up to
+//! [`listing::COMPACT_THRESHOLD`] matched nodes every node is listed. Past it, Done nodes and
+//! Pending nodes waiting for a slot are left out: what is listed is what is happening or needs
+//! attention (in flight, Failed, paused or halted, host-managed, conflicting). At any size the
+//! entries listed take at most [`listing::NODE_ENTRIES_BYTES`] (a message is at most
+//! [`ttdp_api::driver::v1alpha1::MAX_NODE_MESSAGE_CHARS`] characters): past that, Failed nodes
+//! come first, then those in flight, then the rest. `summary` still counts every node and
+//! `summary.nodesOmitted` says how many are not listed. `kubectl tt driver nodes` shows every
+//! node, from the node labels (`driver.tenstorrent.com/kmd-version`).
 //!
 //! Why a limit: every write stores the whole object in etcd and sends it to every watcher, and
 //! the controller spaces its writes by the entries listed (`WRITE_SPACING_PER_ENTRY` in the
@@ -29,10 +31,9 @@ use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicyStatus};
 
 use crate::pure::transition::NodeTransition;
 
-/// Matched nodes up to which every node has an entry in `status.nodes`.
-pub const COMPACT_THRESHOLD: usize = 1_000;
-/// The most entries `status.nodes` holds.
-pub const MAX_NODE_ENTRIES: usize = 5_000;
+mod listing;
+
+use listing::{bounded_message, compact, listed_entries};
 
 /// One matched node's outcome of this reconcile.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,7 +130,7 @@ pub struct BuiltStatus {
 }
 
 impl BuiltStatus {
-    /// The node entries `status.nodes` lists (see [`COMPACT_THRESHOLD`]).
+    /// The node entries `status.nodes` lists (see [`listing::COMPACT_THRESHOLD`]).
     pub fn listed(&self) -> Vec<NodeStatus> {
         compact(&self.all_nodes)
     }
@@ -295,7 +296,7 @@ fn node_entry(
             .install_mode
             .filter(|m| m.as_str() != install_mode::CONTAINER),
         reason,
-        message,
+        message: message.map(bounded_message),
         last_transition_time,
         phase_start_time,
         attempts,
@@ -325,9 +326,7 @@ fn summarize(nodes: &NodeEntries) -> Summary {
         matched: count(nodes.len()),
         ..Summary::default()
     };
-    let mut listed = 0;
     for n in nodes.values() {
-        listed += usize::from(listed_past_threshold(n));
         match n.state {
             NodeState::Done => s.up_to_date += 1,
             NodeState::Pending => s.pending += 1,
@@ -340,9 +339,7 @@ fn summarize(nodes: &NodeEntries) -> Summary {
             | NodeState::Uncordoning => s.in_progress += 1,
         }
     }
-    if nodes.len() > COMPACT_THRESHOLD {
-        s.nodes_omitted = count(nodes.len() - listed.min(MAX_NODE_ENTRIES));
-    }
+    s.nodes_omitted = count(nodes.len() - listed_entries(nodes).len());
     s
 }
 
@@ -545,34 +542,6 @@ impl<'a> Rollup<'a> {
     }
 }
 
-/// Whether a large fleet's status lists this node: not Done and not just waiting for a slot.
-fn listed_past_threshold(n: &NodeStatus) -> bool {
-    n.state != NodeState::Done && !n.is_waiting_for_slot()
-}
-
-/// The entries to write: every node up to [`COMPACT_THRESHOLD`], else the nodes
-/// [`listed_past_threshold`], at most [`MAX_NODE_ENTRIES`] of them (Failed first, then in
-/// flight, then the rest).
-fn compact(all: &NodeEntries) -> Vec<NodeStatus> {
-    if all.len() <= COMPACT_THRESHOLD {
-        return all.values().map(|e| NodeStatus::clone(e)).collect();
-    }
-    let rank = |s: NodeState| match s {
-        NodeState::Failed => 0,
-        s if s.is_in_flight() => 1,
-        _ => 2,
-    };
-    let mut kept: Vec<&NodeStatus> = all
-        .values()
-        .map(|e| &**e)
-        .filter(|n| listed_past_threshold(n))
-        .collect();
-    kept.sort_by_key(|n| rank(n.state));
-    kept.truncate(MAX_NODE_ENTRIES);
-    kept.sort_by(|a, b| a.name.cmp(&b.name));
-    kept.into_iter().cloned().collect()
-}
-
 /// How many node entries are in each state at each loaded version ("none" when none is), for
 /// the `ttdp_nodes` gauge.
 pub fn node_counts(all: &NodeEntries) -> BTreeMap<(NodeState, String), i64> {
@@ -586,6 +555,7 @@ pub fn node_counts(all: &NodeEntries) -> BTreeMap<(NodeState, String), i64> {
 
 #[cfg(test)]
 mod tests {
+    use super::listing::{COMPACT_THRESHOLD, entry_bytes};
     use super::*;
     use crate::pure::transition::reasons as tr;
     use k8s_openapi::jiff::Timestamp;
@@ -994,12 +964,67 @@ mod tests {
         }
         reports[40_000] = report("tt-node-40000", NodeState::Failed, Some("2.7.0"));
         let b = build(reports, None, 0);
-        assert_eq!(b.listed().len(), MAX_NODE_ENTRIES);
-        assert!(b.listed().iter().any(|n| n.state == NodeState::Failed));
-        assert!(b.listed().iter().all(|n| n.state != NodeState::Pending));
-        assert_eq!(b.status.summary.as_ref().unwrap().nodes_omitted, 45_000);
+        let listed = b.listed();
+        assert!(listed.iter().any(|n| n.state == NodeState::Failed));
+        assert!(listed.iter().all(|n| n.state != NodeState::Pending));
+        assert!(
+            listed.len() > 500 && listed.len() < 6_000,
+            "{}",
+            listed.len()
+        );
+        assert_eq!(
+            b.status.summary.as_ref().unwrap().nodes_omitted,
+            count(50_000 - listed.len())
+        );
         let bytes = serde_json::to_vec(&b.whole()).unwrap().len();
-        assert!(bytes < 1024 * 1024, "{bytes} bytes");
+        assert!(bytes <= 256 * 1024, "{bytes} bytes");
+    }
+
+    #[test]
+    fn long_messages_never_take_the_status_past_its_byte_cap() {
+        // a small fleet in trouble, every message as long as allowed
+        let long = "x".repeat(ttdp_api::driver::v1alpha1::MAX_NODE_MESSAGE_CHARS * 2);
+        let mut reports = fleet(600, 0);
+        for (i, r) in reports.iter_mut().enumerate() {
+            let state = if i % 6 == 0 {
+                NodeState::Failed
+            } else {
+                NodeState::Draining
+            };
+            *r = report(&r.name, state, Some("2.7.0"));
+            r.transition.message = Some(long.clone());
+        }
+        let b = build(reports, None, 0);
+        let whole = b.whole();
+        let bytes = serde_json::to_vec(&whole).unwrap().len();
+        assert!(bytes <= 256 * 1024, "{bytes} bytes");
+        assert!(whole.nodes.iter().all(|n| {
+            n.message.as_ref().is_some_and(|m| {
+                m.chars().count() <= ttdp_api::driver::v1alpha1::MAX_NODE_MESSAGE_CHARS
+                    && m.ends_with('…')
+            })
+        }));
+        let failed_listed = whole
+            .nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Failed)
+            .count();
+        assert_eq!(
+            failed_listed, 100,
+            "every Failed node is listed before any in flight"
+        );
+        let s = whole.summary.unwrap();
+        assert_eq!(s.nodes_omitted, count(600 - whole.nodes.len()));
+        assert!(s.nodes_omitted > 0);
+        for n in &whole.nodes {
+            let real = serde_json::to_vec(n).unwrap().len();
+            assert_eq!(entry_bytes(n), real + 1);
+            assert!(
+                entry_bytes(n) >= real,
+                "{real} bytes estimated as {}",
+                entry_bytes(n)
+            );
+        }
     }
 
     #[test]
