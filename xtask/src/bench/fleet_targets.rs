@@ -71,6 +71,7 @@ pub fn summarize(results: &[Value], sizes: &[u64]) -> Value {
                 "overhead_p95_ms": med("overhead_p95_ms"),
                 "status_freshness_p95_ms": median(runs.iter().map(|r| num(&r["status_freshness_ms"]["p95"])).collect()),
                 "status_max_bytes": max("status_max_bytes"),
+                "status_max_bytes_rollout": max("status_max_bytes_rollout"),
                 "status_bytes_per_s": med("status_bytes_per_s"),
                 "ratio_to_floor": med("ratio_to_floor"),
                 "rss_peak_mib": max("rss_peak_mib"),

@@ -34,7 +34,8 @@ pub struct Observed {
     pub finished: Instant,
     pub node_events: Vec<NodeEvent>,
     pub transitions: Vec<Transition>,
-    /// Every status write of the run, adoption included.
+    /// Every status write of the run, adoption included (the largest status is the run's;
+    /// the bytes a second and `status_max_bytes_rollout` are the rollout's).
     pub writes: Vec<StatusWrite>,
     /// The agents that swapped to the new version.
     pub agents: Vec<AgentReady>,
@@ -100,6 +101,7 @@ pub fn timing_figures(o: &Observed) -> Value {
         "status_writes_audited": o.server.status_writes,
         "status_bytes_per_s": per_second(written, total),
         "status_max_bytes": o.writes.iter().map(|w| w.bytes).max().unwrap_or(0),
+        "status_max_bytes_rollout": rollout_writes.iter().map(|w| w.bytes).max().unwrap_or(0),
     })
 }
 
@@ -158,6 +160,11 @@ mod tests {
                 shown("c", NodeState::Done, 1_600),
             ],
             writes: vec![
+                // Adoption's write, before the rollout: the largest of the run.
+                StatusWrite {
+                    at: t0 - Duration::from_millis(100),
+                    bytes: 3_000,
+                },
                 StatusWrite {
                     at: at(5),
                     bytes: 1_000,
@@ -183,7 +190,8 @@ mod tests {
         // Freshness: cordons shown before they happened (0); releases 300, 200 and 100 ms late.
         assert_eq!(f["status_freshness_ms"]["p95"], 300.0);
         assert_eq!(f["status_freshness_ms"]["count"], 6);
-        assert_eq!(f["status_max_bytes"], 2_000);
+        assert_eq!(f["status_max_bytes"], 3_000);
+        assert_eq!(f["status_max_bytes_rollout"], 2_000);
         assert_eq!(f["status_bytes_per_s"], 3_000.0 / 1.5);
     }
 }
