@@ -31,3 +31,11 @@ pub use error::Error;
 pub use runtime::run::{RunOptions, run};
 pub use runtime::{leader, metrics, node_actions, server};
 pub use settings::Settings;
+
+/// The status builder on its own, for the benchmarks: the size of the status a fleet of any
+/// size gets, computed without a cluster. Not a stable interface.
+#[doc(hidden)]
+pub mod status_builder {
+    pub use crate::pure::status::{NodeEntries, NodeReport, PolicyFacts, build_status};
+    pub use crate::pure::transition::NodeTransition;
+}

@@ -1,18 +1,22 @@
-//! `cargo xtask bench [--quick] [--only fleet|drain|swap|agent-vm] [--agent-profile PROFILE]`: builds the binaries (profile
-//! `benchmark`), runs the benchmark suites of `ttdp-bench`
-//! (crates/ttdp-programs/src/bin/ttdp-bench) one after the other, prints every figure with the commit and the machine, writes them to
-//! `<target>/bench/results.json`, and fails naming each target of issue 10 that was missed.
+//! `cargo xtask bench [--quick] [--only fleet|drain|swap|agent-vm] [--runs N] [--sizes N,N]
+//! [--json FILE] [--agent-profile PROFILE]`: builds the binaries (profile `benchmark`), runs the
+//! benchmark suites of `ttdp-bench` (crates/ttdp-programs/src/bin/ttdp-bench) one after the
+//! other, prints every figure with the commit and the machine, writes them to
+//! `<target>/bench/results.json` (and the fleet's figures by size to `--json FILE`), and fails
+//! naming each target that was missed.
 //!
-//! Plan: fleets of 100 (maxUnavailable 1), 1,000 (maxUnavailable 100) and 5,000 (maxUnavailable
-//! 500) Tenstorrent nodes plus as many plain nodes, 500 ms of simulated agent work per node, each
-//! on a real control plane started for the run, each phase (adoption, rollout) time-boxed (a fleet that runs out of time reports what it
-//! measured and counts as a missed target); `kubectl tt driver` timed on the 1,000 and 5,000
-//! fleets; one status write of 100, 500 and 1,000 node entries alone on an idle control plane
-//! (what a hand-off waits for at least); drains of 10, 100 and 500 pods with ttdp-drain and kubectl; the module swap steps on
-//! a simulated kernel and a real one; the real agent's start to Ready for a cache hit on a real
-//! kernel next to the `rmmod` + `insmod` floor of the same boot (suite `agent-vm`, also run by
-//! `--only swap`). `--quick` runs 20/100/200-node fleets and 10/50-pod drains (a smoke run,
-//! not for the documentation).
+//! Plan: fleets of 100, 1,000 and 5,000 Tenstorrent nodes (plus as many plain nodes), all with
+//! maxUnavailable 50 so that only the fleet's size varies, `--runs` runs of each (3 by
+//! default), 500 ms of simulated agent work per node, each run on a real control plane started
+//! for it, each phase (adoption, rollout) time-boxed (a fleet that runs out of time reports what
+//! it measured and misses its targets); `kubectl tt driver` timed on the first run of the 1,000
+//! and 5,000 fleets; the status the controller's builder makes for 50,000 nodes; one status
+//! write of 100, 500 and 1,000 node entries alone on an idle control plane; drains of 10, 100
+//! and 500 pods with ttdp-drain and kubectl; the module swap steps on a simulated kernel and a
+//! real one; the real agent's start to Ready for a cache hit on a real kernel next to the
+//! `rmmod` + `insmod` floor of the same boot (suite `agent-vm`, also run by `--only swap`).
+//! `--quick` runs one run each of 20- and 100-node fleets with maxUnavailable 5 and 10/50-pod
+//! drains (a smoke run, not for the documentation).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -22,6 +26,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 mod agent_vm;
+mod fleet_targets;
 mod machine;
 mod targets;
 
@@ -31,12 +36,11 @@ use targets::{check, render};
 
 const RESULT_PREFIX: &str = "BENCH-RESULT ";
 
-/// One fleet run: Tenstorrent nodes, maxUnavailable, whether the plugin is timed on it, and how
-/// long the adoption and the rollout may each take (the real DaemonSet controller and scheduler
-/// have thousands of pods to create and bind).
+/// One fleet size: Tenstorrent nodes, whether the plugin is timed on it, and how long the
+/// adoption and the rollout may each take (the real DaemonSet controller and scheduler have
+/// thousands of pods to create and bind).
 struct FleetPlan {
     nodes: usize,
-    max_unavailable: usize,
     plugin: bool,
     timeout_seconds: u64,
 }
@@ -44,43 +48,40 @@ struct FleetPlan {
 const FULL_FLEETS: [FleetPlan; 3] = [
     FleetPlan {
         nodes: 100,
-        max_unavailable: 1,
         plugin: false,
-        timeout_seconds: 900,
+        timeout_seconds: 600,
     },
     FleetPlan {
         nodes: 1_000,
-        max_unavailable: 100,
         plugin: true,
-        timeout_seconds: 720,
+        timeout_seconds: 900,
     },
     FleetPlan {
         nodes: 5_000,
-        max_unavailable: 500,
         plugin: true,
-        timeout_seconds: 540,
+        timeout_seconds: 3_600,
     },
 ];
-const QUICK_FLEETS: [FleetPlan; 3] = [
+const QUICK_FLEETS: [FleetPlan; 2] = [
     FleetPlan {
         nodes: 20,
-        max_unavailable: 1,
         plugin: false,
         timeout_seconds: 360,
     },
     FleetPlan {
         nodes: 100,
-        max_unavailable: 10,
-        plugin: true,
-        timeout_seconds: 360,
-    },
-    FleetPlan {
-        nodes: 200,
-        max_unavailable: 20,
         plugin: true,
         timeout_seconds: 360,
     },
 ];
+/// maxUnavailable of every fleet, the same at every size: with 100 nodes it still makes two
+/// waves, at 5,000 a hundred.
+const MAX_UNAVAILABLE: usize = 50;
+const QUICK_MAX_UNAVAILABLE: usize = 5;
+/// Runs of each fleet size without `--runs`.
+const RUNS: usize = 3;
+/// The fleet whose status the controller's builder makes without a cluster.
+const STATUS_SIZE_NODES: usize = 50_000;
 /// The Cargo profile the benchmarks are built with (see the workspace `Cargo.toml`): release
 /// optimisation without its thin LTO, which would double the build of a clean clone.
 const PROFILE: &str = "benchmark";
@@ -89,33 +90,29 @@ const WORK_MS: &str = "500";
 
 /// Entry point of `cargo xtask bench`.
 pub fn run(args: &[String]) -> Result<()> {
-    let BenchArgs {
-        quick,
-        only,
-        agent_profile,
-    } = parse_args(args)?;
+    let bench = parse_args(args)?;
     let root = crate::tools::repo_root()?;
     let target = crate::tools::target_dir(&root)?;
     let machine = Machine::describe(&root);
     let started = Instant::now();
-    let results = if only == Some("agent-vm") {
+    let results = if bench.only == Some("agent-vm") {
         println!("{}", machine.header());
         vec![agent_vm::start_to_ready_on_a_real_kernel(
             &root,
             &target,
-            agent_profile,
+            bench.agent_profile,
         )]
     } else {
         build(&root)?;
         let kubectl = kubectl(&root)?;
         println!("{}", machine.header());
         let built = target.join(PROFILE);
-        let mut results = run_suites(&built, &target, &kubectl, quick, only)?;
-        if only.is_none_or(|o| o == "swap") {
+        let mut results = run_suites(&built, &target, &kubectl, &bench)?;
+        if bench.wants("swap") {
             results.push(agent_vm::start_to_ready_on_a_real_kernel(
                 &root,
                 &target,
-                agent_profile,
+                bench.agent_profile,
             ));
         }
         results
@@ -129,20 +126,31 @@ pub fn run(args: &[String]) -> Result<()> {
             print!("{table}");
         }
     }
+    let fleet = bench.wants("fleet").then(|| {
+        let sizes: Vec<u64> = bench.fleets().iter().map(|p| p.nodes as u64).collect();
+        fleet_targets::summarize(&results, &sizes)
+    });
+    if let Some(summary) = &fleet {
+        print!("{}", fleet_targets::render_summary(summary, &machine));
+    }
     println!(
         "benchmarks ran in {:.1} min{}",
         elapsed.as_secs_f64() / 60.0,
-        if quick { " (--quick)" } else { "" }
+        if bench.quick { " (--quick)" } else { "" }
     );
-    let out = target.join("bench");
-    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    let document = serde_json::json!({ "machine": machine.json(), "quick": quick, "seconds": elapsed.as_secs_f64(), "results": results });
-    let file = out.join("results.json");
-    std::fs::write(&file, serde_json::to_string_pretty(&document)?)
-        .with_context(|| format!("cannot write {}", file.display()))?;
-    println!("figures written to {}", file.display());
-    let mut missed = check(&results, quick);
-    missed.extend(results.iter().filter_map(agent_vm::missed));
+    write_results(&bench, &target, &machine, &results, fleet.as_ref(), elapsed)?;
+    let mut missed = check(&results);
+    // Only the agent-vm suite's result has its start-to-Ready figure.
+    let agent_vm = results.iter().filter(|r| r["suite"] == "agent-vm");
+    missed.extend(agent_vm.filter_map(agent_vm::missed));
+    let fleet_verdicts = fleet.as_ref().map(fleet_targets::verdicts);
+    missed.extend(
+        fleet_verdicts
+            .into_iter()
+            .flatten()
+            .filter(|v| !v.met)
+            .map(|v| v.what),
+    );
     if !missed.is_empty() {
         bail!(
             "{} target(s) missed:\n  {}",
@@ -151,6 +159,31 @@ pub fn run(args: &[String]) -> Result<()> {
         );
     }
     println!("every target met");
+    Ok(())
+}
+
+/// Writes every result to `<target>/bench/results.json`, and the fleet's figures by size to
+/// the file of `--json`.
+fn write_results(
+    bench: &BenchArgs<'_>,
+    target: &Path,
+    machine: &Machine,
+    results: &[Value],
+    fleet: Option<&Value>,
+    elapsed: std::time::Duration,
+) -> Result<()> {
+    let out = target.join("bench");
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let document = serde_json::json!({ "machine": machine.json(), "quick": bench.quick, "seconds": elapsed.as_secs_f64(), "fleet": fleet, "results": results });
+    let file = out.join("results.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&document)?)
+        .with_context(|| format!("cannot write {}", file.display()))?;
+    println!("figures written to {}", file.display());
+    if let (Some(path), Some(fleet)) = (bench.json, fleet) {
+        std::fs::write(path, serde_json::to_string_pretty(fleet)?)
+            .with_context(|| format!("cannot write {path}"))?;
+        println!("fleet figures written to {path}");
+    }
     Ok(())
 }
 
@@ -163,9 +196,42 @@ struct BenchArgs<'a> {
     /// The Cargo profile the agent of suite `agent-vm` is built with (`--agent-profile`;
     /// default the benchmark profile, `dev` for the debug build the VM tests run).
     agent_profile: &'a str,
+    /// Runs of each fleet size (`--runs`; 3, or 1 with `--quick`).
+    runs: usize,
+    /// The fleet sizes of `--sizes`, if given (each one of the plan's).
+    sizes: Option<Vec<usize>>,
+    /// Where `--json` writes the fleet's figures by size.
+    json: Option<&'a str>,
 }
 
-const USAGE: &str = "usage: cargo xtask bench [--quick] [--only fleet|drain|swap|agent-vm] [--agent-profile PROFILE]";
+impl BenchArgs<'_> {
+    /// Whether `suite` runs.
+    fn wants(&self, suite: &str) -> bool {
+        self.only.is_none_or(|o| o == suite)
+    }
+
+    /// The fleet sizes to run.
+    fn fleets(&self) -> Vec<&'static FleetPlan> {
+        let plan: &'static [FleetPlan] = if self.quick {
+            &QUICK_FLEETS
+        } else {
+            &FULL_FLEETS
+        };
+        plan.iter()
+            .filter(|p| self.sizes.as_ref().is_none_or(|s| s.contains(&p.nodes)))
+            .collect()
+    }
+
+    fn max_unavailable(&self) -> usize {
+        if self.quick {
+            QUICK_MAX_UNAVAILABLE
+        } else {
+            MAX_UNAVAILABLE
+        }
+    }
+}
+
+const USAGE: &str = "usage: cargo xtask bench [--quick] [--only fleet|drain|swap|agent-vm] [--runs N] [--sizes N,N] [--json FILE] [--agent-profile PROFILE]";
 
 fn parse_args(args: &[String]) -> Result<BenchArgs<'_>> {
     let value_of = |flag: &str| {
@@ -174,10 +240,31 @@ fn parse_args(args: &[String]) -> Result<BenchArgs<'_>> {
             .and_then(|i| args.get(i + 1))
             .map(String::as_str)
     };
+    let quick = args.iter().any(|a| a == "--quick");
+    let runs = match value_of("--runs") {
+        Some(n) => n
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .with_context(|| format!("--runs {n}: not a positive number; {USAGE}"))?,
+        None if quick => 1,
+        None => RUNS,
+    };
+    let sizes = value_of("--sizes")
+        .map(|list| {
+            list.split(',')
+                .map(str::parse)
+                .collect::<Result<Vec<usize>, _>>()
+        })
+        .transpose()
+        .with_context(|| format!("--sizes takes node counts separated by commas; {USAGE}"))?;
     let parsed = BenchArgs {
-        quick: args.iter().any(|a| a == "--quick"),
+        quick,
         only: value_of("--only"),
         agent_profile: value_of("--agent-profile").unwrap_or(PROFILE),
+        runs,
+        sizes,
+        json: value_of("--json"),
     };
     let mut rest = args.iter().map(String::as_str);
     while let Some(arg) = rest.next() {
@@ -187,28 +274,88 @@ fn parse_args(args: &[String]) -> Result<BenchArgs<'_>> {
                 Some("fleet" | "drain" | "swap" | "agent-vm") => {}
                 other => bail!("unknown suite {other:?} after --only; {USAGE}"),
             },
-            "--agent-profile" if rest.next().is_some() => {}
+            "--agent-profile" | "--runs" | "--sizes" | "--json" if rest.next().is_some() => {}
             unknown => bail!("unknown bench argument {unknown:?}; {USAGE}"),
         }
+    }
+    if let Some(sizes) = &parsed.sizes
+        && parsed.fleets().len() != sizes.len()
+    {
+        bail!("--sizes {sizes:?}: each size must be one of the plan's; {USAGE}");
     }
     Ok(parsed)
 }
 
-/// Runs the suites `only` selects (all by default) one after the other, with the binaries in
+/// Runs the suites `bench` selects (all by default) one after the other, with the binaries in
 /// `built`; returns their result lines.
 fn run_suites(
     built: &Path,
     target: &Path,
     kubectl: &Path,
-    quick: bool,
-    only: Option<&str>,
+    bench: &BenchArgs<'_>,
 ) -> Result<Vec<Value>> {
-    let bench = built.join("ttdp-bench");
+    let program = built.join("ttdp-bench");
     let mut results: Vec<Value> = Vec::new();
-    let wants = |suite: &str| only.is_none_or(|o| o == suite);
-    if wants("fleet") {
-        for plan in if quick { &QUICK_FLEETS } else { &FULL_FLEETS } {
-            let mut command = fleet_command(&bench, built, target, plan);
+    if bench.wants("fleet") {
+        results.extend(run_fleets(&program, built, target, bench)?);
+        let mut command = Command::new(&program);
+        command
+            .arg("status-size")
+            .arg(format!("--nodes={STATUS_SIZE_NODES}"))
+            .arg(format!("--max-unavailable={}", bench.max_unavailable()));
+        results.push(suite(&mut command)?);
+        // One status write of the sizes the fleets write, alone.
+        let mut command = Command::new(&program);
+        command.arg("status-write").arg("--entries=100,500,1000");
+        results.push(suite(&mut command)?);
+    }
+    if bench.wants("drain") {
+        let mut command = Command::new(&program);
+        command
+            .arg("drain")
+            .arg(format!(
+                "--ttdp-drain={}",
+                built.join("examples").join("drain").display()
+            ))
+            .arg(format!("--kubectl={}", kubectl.display()));
+        if bench.quick {
+            command.arg("--pods=10,50");
+        }
+        results.push(suite(&mut command)?);
+    }
+    if bench.wants("swap") {
+        results.push(suite(Command::new(&program).arg("swap"))?);
+        results.push(swap_on_a_real_kernel());
+    }
+    Ok(results)
+}
+
+/// Every run of every fleet size, one after the other.
+fn run_fleets(
+    program: &Path,
+    built: &Path,
+    target: &Path,
+    bench: &BenchArgs<'_>,
+) -> Result<Vec<Value>> {
+    let mut results = Vec::new();
+    for plan in bench.fleets() {
+        for run in 0..bench.runs {
+            println!(
+                "bench: fleet of {}, run {} of {}",
+                plan.nodes,
+                run + 1,
+                bench.runs
+            );
+            // The plugin's timing needs one run only.
+            let plugin = plan.plugin && run == 0;
+            let mut command = fleet_command(
+                program,
+                built,
+                target,
+                plan,
+                bench.max_unavailable(),
+                plugin,
+            );
             let mut result = suite(&mut command)?;
             // A run that failed before printing its line still says where it ran.
             if result.get("server").is_none() {
@@ -217,39 +364,24 @@ fn run_suites(
             }
             results.push(result);
         }
-        // The floor under the hand-off: one status write of the sizes the fleets write, alone.
-        let mut command = Command::new(&bench);
-        command.arg("status-write").arg("--entries=100,500,1000");
-        results.push(suite(&mut command)?);
-    }
-    if wants("drain") {
-        let mut command = Command::new(&bench);
-        command
-            .arg("drain")
-            .arg(format!(
-                "--ttdp-drain={}",
-                built.join("examples").join("drain").display()
-            ))
-            .arg(format!("--kubectl={}", kubectl.display()));
-        if quick {
-            command.arg("--pods=10,50");
-        }
-        results.push(suite(&mut command)?);
-    }
-    if wants("swap") {
-        results.push(suite(Command::new(&bench).arg("swap"))?);
-        results.push(swap_on_a_real_kernel());
     }
     Ok(results)
 }
 
-/// `ttdp-bench fleet` for one fleet of the plan.
-fn fleet_command(bench: &Path, built: &Path, target: &Path, plan: &FleetPlan) -> Command {
-    let mut command = Command::new(bench);
+/// `ttdp-bench fleet` for one run of one fleet of the plan.
+fn fleet_command(
+    program: &Path,
+    built: &Path,
+    target: &Path,
+    plan: &FleetPlan,
+    max_unavailable: usize,
+    plugin: bool,
+) -> Command {
+    let mut command = Command::new(program);
     command
         .arg("fleet")
         .arg(format!("--nodes={}", plan.nodes))
-        .arg(format!("--max-unavailable={}", plan.max_unavailable))
+        .arg(format!("--max-unavailable={max_unavailable}"))
         .arg(format!("--work-ms={WORK_MS}"))
         .arg(format!("--timeout-seconds={}", plan.timeout_seconds))
         .arg(format!(
@@ -257,7 +389,7 @@ fn fleet_command(bench: &Path, built: &Path, target: &Path, plan: &FleetPlan) ->
             built.join("ttdp-controller").display()
         ))
         .arg(format!("--log-dir={}", target.join("bench").display()));
-    if plan.plugin {
+    if plugin {
         command.arg(format!(
             "--plugin={}",
             built.join("kubectl-tt-driver").display()
@@ -399,8 +531,23 @@ mod tests {
         );
         let given = args(&["--quick"]);
         let parsed = parse_args(&given).unwrap();
-        assert_eq!((parsed.only, parsed.agent_profile), (None, PROFILE));
-        for wrong in [&["--only", "nope"][..], &["dev"], &["--agent-profile"]] {
+        assert_eq!(
+            (parsed.only, parsed.agent_profile, parsed.runs),
+            (None, PROFILE, 1)
+        );
+        let given = args(&["--runs", "2", "--sizes", "100,1000", "--json", "f.json"]);
+        let parsed = parse_args(&given).unwrap();
+        assert_eq!((parsed.runs, parsed.json), (2, Some("f.json")));
+        let sizes: Vec<usize> = parsed.fleets().iter().map(|p| p.nodes).collect();
+        assert_eq!(sizes, [100, 1_000]);
+        for wrong in [
+            &["--only", "nope"][..],
+            &["dev"],
+            &["--agent-profile"],
+            &["--runs", "0"],
+            &["--sizes", "100,7"],
+            &["--sizes", "many"],
+        ] {
             assert!(parse_args(&args(wrong)).is_err(), "{wrong:?}");
         }
     }

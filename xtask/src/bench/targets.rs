@@ -1,6 +1,6 @@
-//! Issue 10's and 22's targets checked against the suites' figures, and the figures as Markdown tables
-//! (the format of docs/benchmarks.md). Fleet targets are checked on the real control plane's
-//! runs (issue 22); a run labelled otherwise (an older results file) is tabulated, not checked.
+//! The targets of the drain suite checked against its figures, every suite's failure named, and
+//! the figures as Markdown tables (the format of docs/benchmarks.md). The fleet's own targets
+//! and table are in [`super::fleet_targets`].
 
 use std::fmt::Write as _;
 
@@ -8,14 +8,6 @@ use serde_json::Value;
 
 use super::machine::Machine;
 
-/// Controller resident memory at 5,000 nodes, MiB.
-const MEMORY_LIMIT_MIB: f64 = 64.0;
-/// p95 of the hand-off from a node's agent Ready to the next node's Cordoning, ms. (Checked on
-/// that figure, the controller's whole reaction: from Done to Cordoning is 0 by construction,
-/// both are recorded in one status write.)
-const HANDOFF_P95_LIMIT_MS: f64 = 100.0;
-/// Total rollout time over the ideal.
-const TOTAL_OVER_IDEAL_LIMIT: f64 = 1.05;
 /// ttdp-drain's wall time over `kubectl drain`'s, by pods on the drained node (issue 22).
 const DRAIN_RATIO_LIMITS: [(u64, f64); 2] = [(100, 0.15), (500, 0.05)];
 /// How `ttdp-bench fleet` names the real control plane in its results.
@@ -26,22 +18,25 @@ fn on_real_server(result: &Value) -> bool {
     result["server"] == REAL_SERVER
 }
 
-fn suites<'a>(results: &'a [Value], name: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+pub(super) fn suites<'a>(
+    results: &'a [Value],
+    name: &'a str,
+) -> impl Iterator<Item = &'a Value> + 'a {
     results.iter().filter(move |r| r["suite"] == name)
 }
 
 /// `value < limit`; false for a missing figure (NaN).
-fn below(value: f64, limit: f64) -> bool {
+pub(super) fn below(value: f64, limit: f64) -> bool {
     value < limit
 }
 
-fn num(v: &Value) -> f64 {
+pub(super) fn num(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
 
-/// Every missed target, named (empty when all are met). Fleet targets apply to the real control
-/// plane's runs; the memory target to the 5,000-node fleet, which `--quick` does not run.
-pub fn check(results: &[Value], quick: bool) -> Vec<String> {
+/// Every suite that did not finish and every missed drain target, named (empty when all are
+/// met).
+pub fn check(results: &[Value]) -> Vec<String> {
     let mut missed: Vec<String> = results
         .iter()
         .filter_map(|r| {
@@ -56,47 +51,8 @@ pub fn check(results: &[Value], quick: bool) -> Vec<String> {
             ))
         })
         .collect();
-    let fleets: Vec<&Value> = completed_fleets(results)
-        .into_iter()
-        .filter(|f| on_real_server(f))
-        .collect();
-    for f in &fleets {
-        let n = f["nodes"].as_u64().unwrap_or(0);
-        let upgraded = f["nodes_upgraded"].as_u64().unwrap_or(0);
-        if upgraded != n {
-            missed.push(format!(
-                "fleet {n}: {upgraded} of {n} nodes were seen reaching Done"
-            ));
-        }
-        let p95 = num(&f["handoff_agent_ready_to_cordoning_ms"]["p95"]);
-        if !below(p95, HANDOFF_P95_LIMIT_MS) {
-            missed.push(format!(
-                "fleet {n}: hand-off (agent Ready to next Cordoning) p95 {p95:.1} ms (target < {HANDOFF_P95_LIMIT_MS} ms)"
-            ));
-        }
-        let ratio = num(&f["total_over_ideal"]);
-        if !below(ratio, TOTAL_OVER_IDEAL_LIMIT + f64::EPSILON) {
-            missed.push(format!(
-                "fleet {n}: rollout took {:.1} s, {ratio:.3} × the ideal {:.1} s (target ≤ {TOTAL_OVER_IDEAL_LIMIT})",
-                num(&f["total_seconds"]),
-                num(&f["ideal_seconds"])
-            ));
-        }
-        if n == 5_000 {
-            let peak = num(&f["rss_peak_mib"]);
-            if !below(peak, MEMORY_LIMIT_MIB) {
-                missed.push(format!("fleet 5000: controller peak resident memory {peak:.1} MiB (target < {MEMORY_LIMIT_MIB} MiB)"));
-            }
-        }
-    }
     for d in suites(results, "drain") {
         missed.extend(missed_drain_targets(d));
-    }
-    if !quick
-        && suites(results, "fleet").next().is_some()
-        && !fleets.iter().any(|f| f["nodes"] == 5_000)
-    {
-        missed.push("fleet 5000: no complete run on the real control plane".into());
     }
     missed
 }
@@ -135,7 +91,7 @@ pub fn render(results: &[Value], machine: &Machine) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "\n## Results\n\n{}\n", machine.header());
     if suites(results, "fleet").next().is_some() {
-        render_fleets(&mut out, results, machine);
+        out.push_str(&super::fleet_targets::render_runs(results, machine));
         render_plugin(&mut out, results, machine);
     }
     for w in suites(results, "status_write").filter(|w| w.get("error").is_none()) {
@@ -154,7 +110,7 @@ pub fn render(results: &[Value], machine: &Machine) -> String {
 }
 
 /// Completed fleet runs, by size, the real control plane's before any other.
-fn completed_fleets(results: &[Value]) -> Vec<&Value> {
+pub(super) fn completed_fleets(results: &[Value]) -> Vec<&Value> {
     let mut fleets: Vec<&Value> = suites(results, "fleet")
         .filter(|f| f["completed"] == true)
         .collect();
@@ -163,69 +119,8 @@ fn completed_fleets(results: &[Value]) -> Vec<&Value> {
 }
 
 /// The server column.
-fn server_cell(f: &Value) -> &str {
+pub(super) fn server_cell(f: &Value) -> &str {
     f["server"].as_str().unwrap_or("imitation")
-}
-
-/// The fleet table, then a note for each fleet that did not finish.
-fn render_fleets(out: &mut String, results: &[Value], machine: &Machine) {
-    let fleets = completed_fleets(results);
-    let _ = writeln!(
-        out,
-        "### Controller at fleet scale (commit {})\n",
-        machine.commit
-    );
-    let _ = writeln!(
-        out,
-        "| TT nodes (+plain) | server | maxUnavailable | RSS steady | RSS rollout max | RSS peak (VmHWM) | reads/node | writes/node | hand-off Done→Cordoning p50/p95/max | agent Ready→Cordoning p50/p95/max | per node p50 (agent work) | status steady / max | total vs ideal |"
-    );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for f in &fleets {
-        let spread = |key: &str| {
-            format!(
-                "{:.0} / {:.0} / {:.0} ms",
-                num(&f[key]["p50"]),
-                num(&f[key]["p95"]),
-                num(&f[key]["max"])
-            )
-        };
-        let _ = writeln!(
-            out,
-            "| {} (+{}) | {} | {} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} | {:.1} | {} | {} | {:.0} ms ({} ms) | {:.1} / {:.1} KiB | {:.1} s vs {:.1} s = {:.3} |",
-            f["nodes"],
-            f["plain_nodes"],
-            server_cell(f),
-            f["max_unavailable"],
-            num(&f["rss_steady_mib"]),
-            num(&f["rss_rollout_max_mib"]),
-            num(&f["rss_peak_mib"]),
-            num(&f["reads_per_node"]),
-            num(&f["writes_per_node"]),
-            spread("handoff_done_to_cordoning_ms"),
-            spread("handoff_agent_ready_to_cordoning_ms"),
-            num(&f["per_node_ms"]["p50"]),
-            f["work_ms"],
-            num(&f["status_bytes_steady"]) / 1024.0,
-            num(&f["status_bytes_rollout_max"]) / 1024.0,
-            num(&f["total_seconds"]),
-            num(&f["ideal_seconds"]),
-            num(&f["total_over_ideal"]),
-        );
-    }
-    for f in suites(results, "fleet").filter(|f| f["completed"] != true) {
-        let _ = writeln!(
-            out,
-            "\n**Fleet of {} on the {} did not finish** ({}): stopped in {} after {:.0} s with {} nodes up to date; controller resident {:.1} MiB, peak {:.1} MiB.",
-            f["nodes"],
-            server_cell(f),
-            f["error"].as_str().unwrap_or("unknown error"),
-            f["stopped_in"].as_str().unwrap_or("?"),
-            num(&f["seconds_in_phase"]),
-            f["up_to_date"],
-            num(&f["rss_now_mib"]),
-            num(&f["rss_peak_mib"]),
-        );
-    }
 }
 
 /// The `kubectl tt driver` table of the fleets that timed the plugin.
@@ -460,65 +355,17 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn fleet(nodes: u64, p95: f64, ratio: f64, peak: f64) -> Value {
-        json!({ "suite": "fleet", "server": REAL_SERVER, "completed": true, "nodes": nodes, "nodes_upgraded": nodes, "total_over_ideal": ratio,
-            "total_seconds": 10.0, "ideal_seconds": 10.0, "rss_peak_mib": peak,
-            "handoff_done_to_cordoning_ms": { "p95": 0.0 },
-            "handoff_agent_ready_to_cordoning_ms": { "p95": p95 } })
-    }
-
     #[test]
-    fn each_missed_target_is_named() {
-        let results = [fleet(100, 20.0, 1.01, 80.0), fleet(5_000, 150.0, 1.2, 70.0)];
-        let missed = check(&results, false);
-        assert_eq!(missed.len(), 3, "{missed:?}");
-        assert!(
-            missed[0].contains("fleet 5000: hand-off (agent Ready to next Cordoning) p95 150.0 ms"),
-            "{missed:?}"
-        );
-        assert!(missed[1].contains("1.200 × the ideal"), "{missed:?}");
-        assert!(
-            missed[2].contains("peak resident memory 70.0 MiB"),
-            "{missed:?}"
-        );
-    }
-
-    #[test]
-    fn met_targets_pass_and_a_missing_large_fleet_is_reported() {
-        assert!(check(&[fleet(5_000, 50.0, 1.03, 40.0)], false).is_empty());
+    fn a_suite_that_did_not_finish_is_named() {
+        let failed =
+            json!({ "suite": "fleet", "server": REAL_SERVER, "error": "ttdp-bench fleet failed" });
         assert_eq!(
-            check(&[fleet(100, 50.0, 1.03, 40.0)], false),
-            vec!["fleet 5000: no complete run on the real control plane".to_string()]
-        );
-        let mut slow = fleet(5_000, 50.0, 1.03, 40.0);
-        slow["completed"] = json!(false);
-        slow["error"] = json!("ttdp-bench fleet failed");
-        assert_eq!(
-            check(&[slow], false),
+            check(&[failed]),
             vec![
                 "fleet suite on the real control plane did not finish: ttdp-bench fleet failed"
-                    .to_string(),
-                "fleet 5000: no complete run on the real control plane".to_string()
+                    .to_string()
             ]
         );
-        assert!(check(&[fleet(100, 50.0, 1.03, 40.0)], true).is_empty());
-    }
-
-    #[test]
-    fn the_imitation_is_reported_but_the_targets_are_the_real_servers() {
-        let mut imitation = fleet(5_000, 150.0, 1.2, 70.0);
-        imitation["server"] = json!("imitation");
-        assert_eq!(
-            check(&[imitation.clone()], false),
-            vec!["fleet 5000: no complete run on the real control plane".to_string()]
-        );
-        assert!(check(&[imitation.clone(), fleet(5_000, 50.0, 1.03, 40.0)], false).is_empty());
-        let both = [imitation, fleet(5_000, 50.0, 1.03, 40.0)];
-        let order: Vec<&str> = completed_fleets(&both)
-            .into_iter()
-            .map(server_cell)
-            .collect();
-        assert_eq!(order, [REAL_SERVER, "imitation"]);
     }
 
     fn drain_size(pods: u64, ratio: f64, same: bool, violated: bool) -> Value {
@@ -531,11 +378,11 @@ mod tests {
         let met = json!({ "suite": "drain", "sizes": [
             drain_size(10, 0.9, true, false), drain_size(100, 0.15, true, false),
             drain_size(500, 0.049, true, false)] });
-        assert!(check(&[met], true).is_empty());
+        assert!(check(&[met]).is_empty());
         let missed = json!({ "suite": "drain", "sizes": [
             drain_size(100, 0.2, true, false), drain_size(500, 0.04, false, true)] });
         assert_eq!(
-            check(&[missed], true),
+            check(&[missed]),
             [
                 "drain 100: ttdp-drain took 0.200 × kubectl's time (target ≤ 0.15)",
                 "drain 500: the tools removed different pods",
@@ -548,7 +395,7 @@ mod tests {
     fn a_swap_vm_that_did_not_run_is_named_as_missed() {
         let failed = json!({ "suite": "swap-vm", "error": "the VM did not run: qemu-system-x86_64 not found" });
         assert_eq!(
-            check(&[failed], true),
+            check(&[failed]),
             vec![
                 "swap-vm suite did not finish: the VM did not run: qemu-system-x86_64 not found"
                     .to_string()
@@ -606,6 +453,6 @@ mod tests {
             "{table}"
         );
         let failed = json!({ "suite": "status_write", "error": "ttdp-bench status-write failed" });
-        assert_eq!(check(&[failed], true).len(), 1);
+        assert_eq!(check(&[failed]).len(), 1);
     }
 }

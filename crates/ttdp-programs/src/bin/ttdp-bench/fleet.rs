@@ -3,6 +3,12 @@
 //! (from the assets the test suites use; missing assets are an error, never a fallback). The
 //! fleet is installed at tt-kmd `from`, settles, then rolls out to `to`.
 //!
+//! Three watches see the rollout from outside the controller: a node watch (when each node is
+//! really cordoned, granted and released), a policy watch (what the status says, and how large
+//! each write is) and the agent stand-in (when each agent is Ready). The API server's audit log
+//! gives its own time for each of the controller's node writes. [`crate::fleet_figures`] turns
+//! them into the figures.
+//!
 //! The real DaemonSet controller creates the agent pods and the real scheduler binds them. No
 //! kubelet runs: the benchmark creates the Node objects Ready, and renews no Lease. The
 //! controller runs as an identity of its own, whose requests the API server records in its
@@ -17,16 +23,20 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
-use ttdp_programs::rollout_watch::{NodeSpan, is_rolled_out, node_spans, status_bytes};
-use ttdp_programs::{ControllerProcess, Memory, RolloutWatch, log_dir};
+use ttdp_programs::rollout_watch::{is_rolled_out, status_bytes};
+use ttdp_programs::{ControllerProcess, Memory, log_dir};
 use ttdp_testkit::cluster_setup::{create_operator_namespace, install_crd, set_policy_version};
 use ttdp_testkit::launcher::audit::AuditLog;
 use ttdp_testkit::launcher::{ControlPlane, ControlPlaneOptions};
 use ttdp_testkit::sim::cluster::client_for;
 
 use crate::agent_stand_in::AgentStandIn;
-use crate::figures::{handoffs, ideal_total, print_result, spread};
+use crate::audit_times::{audit_log_path, log_end, read_from, server_times};
+use crate::figures::print_result;
+use crate::fleet_figures::{Observed, timing_figures};
 use crate::fleet_setup::{self, POLICY};
+use crate::node_watch::NodeWatch;
+use crate::status_watch::StatusWatch;
 
 /// The installed version and the one rolled out.
 const FROM: &str = "2.0.0";
@@ -107,7 +117,8 @@ impl Tally {
 /// after what talks to it.
 struct Bench {
     agents: AgentStandIn,
-    watch: RolloutWatch,
+    watch: StatusWatch,
+    nodes: NodeWatch,
     controller: ControllerProcess,
     log_file: PathBuf,
     /// The controller's requests.
@@ -156,9 +167,9 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         "fleet {n}: steady state {:.1} MiB resident; rolling out {TO}",
         mib(steady.memory.rss_kib)
     );
-    bench.watch.reset_max_status();
     let mut rollout = Tally::default();
-    let events_before = bench.watch.events();
+    let audit_path = audit_log_path(bench.plane.dir());
+    let audit_offset = log_end(&audit_path);
     let started = Instant::now();
     set_policy_version(&setup, POLICY, TO).await?;
     let rolled = match wait_sampling(&mut bench, &mut rollout, n, TO, started + timeout).await {
@@ -166,8 +177,30 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         Err(e) => return Err(give_up(args, "rollout", started, &bench, e).await),
     };
     rollout.drain(&mut bench.audit)?;
-    let mut figures = rollout_figures(args, &bench, &steady, &rolled, &rollout, started)?;
-    figures["rollout_status_updates_seen"] = json!(bench.watch.events() - events_before);
+    let audited = read_from(&audit_path, audit_offset)
+        .with_context(|| format!("cannot read {}", audit_path.display()))?;
+    let observed = Observed {
+        nodes: n,
+        slots: args.max_unavailable.max(1),
+        started,
+        finished: rolled.done,
+        node_events: bench.nodes.events(),
+        transitions: bench.watch.transitions(),
+        writes: bench.watch.writes(),
+        agents: bench
+            .agents
+            .finished()
+            .into_iter()
+            .filter(|a| a.worked && a.version == TO && a.at >= started)
+            .collect(),
+        server: server_times(&audited),
+    };
+    let mut figures = rollout_figures(args, &bench, &steady, &rolled, &rollout)?;
+    merge(&mut figures, timing_figures(&observed));
+    eprintln!(
+        "fleet {n}: rolled out in {:.1} s; hand-off p95 {} ms",
+        figures["total_seconds"], figures["handoff_p95_ms"]
+    );
     figures["plugin"] = finish(args, bench).await?;
     print_result(&figures);
     Ok(())
@@ -213,7 +246,8 @@ async fn start(args: &FleetArgs) -> Result<Bench> {
     );
     let work = Duration::from_millis(args.work_ms);
     let agents = AgentStandIn::start(setup.clone(), work);
-    let watch = RolloutWatch::start(setup, POLICY);
+    let watch = StatusWatch::start(setup.clone(), POLICY);
+    let nodes = NodeWatch::start(setup, POLICY, TO);
     let log_file = log_dir.join(format!("controller-{n}.log"));
     let flags = [
         format!("--namespace={}", ttdp_api::names::DEFAULT_NAMESPACE),
@@ -229,6 +263,7 @@ async fn start(args: &FleetArgs) -> Result<Bench> {
     Ok(Bench {
         agents,
         watch,
+        nodes,
         controller,
         log_file,
         audit: plane.audit_log(),
@@ -236,80 +271,48 @@ async fn start(args: &FleetArgs) -> Result<Bench> {
     })
 }
 
-/// The rollout's figures, as the result line reports them.
+/// The rollout's figures other than its timing, as the result line reports them.
 fn rollout_figures(
     args: &FleetArgs,
     bench: &Bench,
     steady: &Steady,
     rolled: &Waited,
     rollout: &Tally,
-    started: Instant,
 ) -> Result<serde_json::Value> {
-    let n = args.nodes;
-    let slots = args.max_unavailable.max(1);
-    let work = Duration::from_millis(args.work_ms);
     let end_memory = bench.controller.memory()?;
-    let spans = node_spans(&bench.watch.transitions(), started);
-    let cordons: Vec<Instant> = spans.values().filter_map(|s| s.started).collect();
-    let dones: Vec<Instant> = spans.values().filter_map(|s| s.done).collect();
-    // The last node reaching Done as the watch saw it (the wait loop only polls).
-    let last_done = dones.iter().max().unwrap_or(&rolled.done);
-    let total = last_done.duration_since(started);
-    eprintln!("fleet {n}: rolled out in {:.1} s", total.as_secs_f64());
-    let per_node: Vec<Duration> = spans.values().filter_map(NodeSpan::duration).collect();
-    let overhead: Vec<Duration> = per_node.iter().map(|d| d.saturating_sub(work)).collect();
-    let finished: Vec<_> = bench
-        .agents
-        .finished()
-        .into_iter()
-        .filter(|a| a.worked && a.version == TO && a.at >= started)
-        .collect();
-    let ready: Vec<Instant> = finished.iter().map(|a| a.at).collect();
-    // The controller's finishing latency per node: agent Ready -> uncordoned and recorded Done.
-    let ready_to_done: Vec<Duration> = finished
-        .iter()
-        .filter_map(|a| Some(spans.get(&a.node)?.done?.saturating_duration_since(a.at)))
-        .collect();
-    let per_node_spread = spread(per_node);
-    let ideal = ideal_total(n, slots, per_node_spread.p50);
     let final_status = bench.watch.policy().map_or(0, |p| status_bytes(&p));
-    let upgraded = dones.len().max(1);
+    let upgraded = args.nodes.max(1);
     let (reads, writes) = rollout.reads_and_writes();
     let (idle_reads, idle_writes) = steady.idle.reads_and_writes();
     Ok(json!({
         "suite": "fleet",
         "server": SERVER_LABEL,
         "completed": true,
-        "nodes": n,
-        "plain_nodes": n,
-        "max_unavailable": slots,
+        "nodes": args.nodes,
+        "plain_nodes": args.nodes,
+        "max_unavailable": args.max_unavailable.max(1),
         "work_ms": args.work_ms,
         "adopt_seconds": steady.adopt.as_secs_f64(),
         "rss_steady_mib": mib(steady.memory.rss_kib),
         "rss_rollout_max_mib": mib(rolled.max_rss_kib.max(end_memory.rss_kib)),
         "rss_peak_mib": mib(end_memory.hwm_kib),
         "idle_requests_per_s": (idle_reads + idle_writes) as f64 / IDLE_WINDOW.as_secs_f64(),
-        "nodes_upgraded": upgraded,
-        "cordoned": cordons.len(),
-        "agents_finished": ready.len(),
         "reads_per_node": reads as f64 / upgraded as f64,
         "writes_per_node": writes as f64 / upgraded as f64,
         "writes_by_kind": rollout.writes,
         "reads_by_kind": rollout.reads,
         "idle_requests_by_kind": steady.idle.writes.iter().chain(&steady.idle.reads).collect::<BTreeMap<_, _>>(),
-        "handoff_done_to_cordoning_ms": spread(handoffs(dones, cordons.clone(), slots)).json(),
-        "handoff_agent_ready_to_cordoning_ms": spread(handoffs(ready, cordons, slots)).json(),
-        "agent_ready_to_done_ms": spread(ready_to_done).json(),
-        "per_node_ms": per_node_spread.json(),
-        "controller_overhead_per_node_ms": spread(overhead).json(),
         "status_bytes_steady": steady.status_bytes,
-        "status_bytes_rollout_max": rolled.max_status_bytes.max(final_status),
         "status_bytes_final": final_status,
-        "total_seconds": total.as_secs_f64(),
-        "ideal_seconds": ideal.as_secs_f64(),
-        "total_over_ideal": if ideal.is_zero() { 0.0 } else { total.as_secs_f64() / ideal.as_secs_f64() },
         "controller_log": bench.log_file,
     }))
+}
+
+/// Adds the fields of `more` to `figures` (both JSON objects).
+fn merge(figures: &mut serde_json::Value, more: serde_json::Value) {
+    if let (Some(into), serde_json::Value::Object(from)) = (figures.as_object_mut(), more) {
+        into.extend(from);
+    }
 }
 
 /// Stops the controller, times the plugin on the rolled-out fleet when asked, and stops the
@@ -365,7 +368,6 @@ fn mib(kib: u64) -> f64 {
 struct Waited {
     done: Instant,
     max_rss_kib: u64,
-    max_status_bytes: usize,
 }
 
 /// Waits for the rollout to `version`, sampling the controller's memory and counting the
@@ -389,7 +391,6 @@ async fn wait_sampling(
             return Ok(Waited {
                 done: Instant::now(),
                 max_rss_kib,
-                max_status_bytes: bench.watch.max_status_bytes(),
             });
         }
         let summary = policy.and_then(|p| p.status).and_then(|s| s.summary);

@@ -2,8 +2,12 @@
 //! suite.
 //!
 //! - `fleet`: the real `ttdp-controller` binary against simulated fleets with a cheap agent
-//!   stand-in, on a real control plane started for the run, measuring memory, API requests, hand-off latency, status size and rollout time (with `--plugin`, also
-//!   `kubectl tt driver`'s wall time on the same fleet);
+//!   stand-in, on a real control plane started for the run, measuring memory, API requests,
+//!   the hand-off from one node to the next as the nodes show it, the controller's part of it,
+//!   how fresh and how large the status is, and the rollout time against its floor (with
+//!   `--plugin`, also `kubectl tt driver`'s wall time on the same fleet);
+//! - `status-size`: the status the controller's builder makes for a fleet too large to
+//!   simulate, without a cluster;
 //! - `drain`: the `ttdp-drain` example program side by side with the real `kubectl drain`, on
 //!   the real control plane;
 //! - `status-write`: one status write alone on an idle real control plane, the floor under the
@@ -15,12 +19,17 @@
 //! talks to servers it starts itself, and refuses to run when `TTDP_TEST_KUBECONFIG` is set.
 
 mod agent_stand_in;
+mod audit_times;
 mod drain;
 mod drain_fleet;
 mod figures;
 mod fleet;
+mod fleet_figures;
 mod fleet_setup;
+mod node_watch;
 mod plugin_timing;
+mod status_size;
+mod status_watch;
 mod status_write;
 mod swap;
 
@@ -46,6 +55,8 @@ enum Suite {
     Drain(drain::DrainArgs),
     /// One status write alone on an idle real control plane.
     StatusWrite(status_write::StatusWriteArgs),
+    /// The status the controller builds for a fleet too large to simulate.
+    StatusSize(status_size::StatusSizeArgs),
     /// Module swap steps on a simulated kernel.
     Swap(swap::SwapArgs),
 }
@@ -82,6 +93,7 @@ fn run(cli: Cli) -> Result<()> {
         Suite::StatusWrite(args) => block_on(status_write::run(&args)),
         // Synchronous: the module code has no async runtime.
         Suite::Swap(args) => swap::run(&args),
+        Suite::StatusSize(args) => status_size::run(&args),
     }
 }
 
