@@ -13,6 +13,7 @@ pub mod condition;
 pub mod driver;
 pub mod duration;
 pub mod names;
+pub mod node_record;
 pub mod node_selection;
 /// The label-selector grammar, shared with `ttdp-drain` from the `ttdp-selector` crate.
 pub use ttdp_selector as selector;

@@ -106,6 +106,10 @@ pub mod labels {
     pub const APP_NAME_AGENT: &str = "ttdp-agent";
     /// `app.kubernetes.io/managed-by` on objects the controller creates.
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    /// On nodes in flight or Failed: the node's state in its policy's rollout (`Draining`,
+    /// `Failed`, ...), for `kubectl get nodes -L`; written by the controller with
+    /// [`super::annotations::UPGRADE_RECORD`], absent on settled nodes.
+    pub const UPGRADE_STATE: &str = "driver.tenstorrent.com/upgrade-state";
 }
 
 /// Values of the [`labels::INSTALL_MODE`] label.
@@ -138,6 +142,11 @@ pub mod annotations {
     /// drained; removed when the node is released. The agent reads it and never unloads a loaded
     /// module or kills a holder without it; the agent may not write it (admission policy).
     pub const UPGRADE_GRANT: &str = "driver.tenstorrent.com/upgrade-grant";
+    /// On nodes in flight or Failed: the node's durable upgrade record (JSON of
+    /// [`crate::node_record::NodeRecord`]: policy, state, target, since, attempts, reason),
+    /// written by the controller before it acts on the node; what a restarted controller
+    /// resumes from when the policy's status lost the node.
+    pub const UPGRADE_RECORD: &str = "driver.tenstorrent.com/upgrade-record";
 }
 
 /// Environment variables of the agent container.

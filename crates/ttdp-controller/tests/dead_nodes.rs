@@ -348,3 +348,84 @@ async fn a_dead_node_is_never_the_canary() {
     remove_dead_nodes(&h, &dead).await;
     h.shutdown().await;
 }
+
+/// A node that failed (`NodeTimeout`, decided by the controller, so no agent reports it) stays
+/// Failed when the controller restarts and finds the policy's status wiped: its record on the
+/// node says so, with its attempts, reason and message, and its back-off is honoured (it is not
+/// retried at once, the device still held). `kubectl get nodes -L` shows the state label. A
+/// requested retry then finishes the rollout and leaves no record behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_node_stays_failed_after_a_restart_with_the_status_wiped() {
+    let mut h = Harness::start_with(
+        |p| (0..2).map(|_| tt_node(p).loaded("2.7.0")).collect(),
+        |s| {
+            s.retry_base = Duration::from_secs(600);
+            s.retry_max = Duration::from_secs(600);
+        },
+    )
+    .await;
+    let nodes = h.nodes();
+    let policy = h
+        .create_policy(
+            "fleet",
+            "2.7.0",
+            json!({"upgradePolicy": {"drain": {"enable": false}, "nodeTimeoutSeconds": 5}}),
+        )
+        .await;
+    h.wait_ready(&policy, STEP).await;
+    let holder = h
+        .cluster
+        .add_workload(&Workload::new("holder", &nodes[0]).device(DeviceUse::HostPath))
+        .await
+        .unwrap();
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    let failed = |p: &ttdp_api::TenstorrentDriverPolicy| {
+        node_entry(p, &nodes[0])
+            .is_some_and(|e| e.state == Failed && e.reason.as_deref() == Some("NodeTimeout"))
+    };
+    let before = h
+        .wait_policy(&policy, "n0 Failed, n1 Done", STEP * 2, |p| {
+            failed(p) && node_state(p, &nodes[1]) == Some(Done)
+        })
+        .await;
+    let before = node_entry(&before, &nodes[0]).unwrap().clone();
+    let n0 = h.node_api().get(&nodes[0]).await.unwrap();
+    assert_eq!(
+        n0.labels().get(labels::UPGRADE_STATE).map(String::as_str),
+        Some("Failed"),
+        "the state label for kubectl get nodes -L"
+    );
+    assert!(n0.annotations().contains_key(annotations::UPGRADE_RECORD));
+
+    h.stop_controller().await;
+    h.wipe_status(&policy).await;
+    h.monitor.reset();
+    h.start_controller();
+    let after = h
+        .wait_policy(&policy, "n0 Failed again from its record", STEP, |p| {
+            failed(p) && node_state(p, &nodes[1]) == Some(Done)
+        })
+        .await;
+    let after = node_entry(&after, &nodes[0]).unwrap().clone();
+    assert_eq!(after.attempts, before.attempts, "attempts survive");
+    assert_eq!(after.message, before.message, "so does what went wrong");
+    assert_eq!(after.last_transition_time, before.last_transition_time);
+    // Its back-off (600 s) still runs: no new attempt starts.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let seen = h.monitor.sequence(&policy, &nodes[0]);
+    assert!(
+        seen.iter().all(|s| *s == Failed),
+        "n0 retried before its back-off after the restart: {seen:?}"
+    );
+    assert_eq!(h.kmd_version(&nodes[0]).await.as_deref(), Some("2.7.0"));
+
+    let pods: Api<Pod> = Api::namespaced(h.client.clone(), h.cluster.namespace());
+    pods.delete(&holder.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    h.annotate_node(&nodes[0], annotations::RETRY, "now").await;
+    h.wait_ready(&policy, STEP * 2).await;
+    assert_eq!(h.kmd_version(&nodes[0]).await.as_deref(), Some("2.8.0"));
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}

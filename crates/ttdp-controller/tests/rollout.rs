@@ -505,6 +505,18 @@ async fn pause_mid_rollout_then_resume() {
 /// [`KILLED_ROLLOUT_BOUND`] (a resume stalled for two minutes fails it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_killed_at_every_state_resumes_without_losing_a_cordon() {
+    kill_matrix(false).await;
+}
+
+/// The kill matrix again, with the policy's whole status wiped while the controller is down each
+/// time: the new process knows only what the nodes carry (their upgrade records, cordons, gates
+/// and grants), and every promise above holds the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_killed_at_every_state_with_the_status_wiped_resumes_from_the_nodes() {
+    kill_matrix(true).await;
+}
+
+async fn kill_matrix(wipe_status: bool) {
     let mut h = Harness::start_idle(loaded("2.7.0", 3), |_| {}).await;
     // Uncordoning is one node patch, over in a few milliseconds: every controller process talks
     // through a proxy that holds its node patches for a while, so that each state lasts long
@@ -612,6 +624,9 @@ async fn controller_killed_at_every_state_resumes_without_losing_a_cordon() {
             }
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
+        if wipe_status {
+            h.wipe_status(&policy).await;
+        }
         controller = h.spawn_controller_process_via(proxy.kubeconfig(), &log(started));
         started += 1;
         if left == Some(state) {

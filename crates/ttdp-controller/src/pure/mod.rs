@@ -12,6 +12,7 @@ pub(crate) mod daemonset;
 pub(crate) mod drain_plan;
 #[cfg(test)]
 mod model;
+pub(crate) mod node_record;
 pub(crate) mod observe;
 pub(crate) mod overlap;
 pub(crate) mod pause;

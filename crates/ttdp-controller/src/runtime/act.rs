@@ -17,7 +17,7 @@ use ttdp_kmd_types::KmdVersion;
 use crate::error::{Error, error_chain};
 use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::transition::Action;
-use crate::pure::{drain_plan, observe};
+use crate::pure::{drain_plan, node_record, observe};
 use crate::runtime::context::Context;
 use crate::runtime::node_actions;
 use crate::runtime::node_tasks::Wake;
@@ -229,9 +229,10 @@ pub async fn release_unmatched(
         let node = n.name();
         let was_ours = || recorded.nodes.contains_key(node);
         let acted = ctx.node_tasks.settle_node(policy, node).await;
-        if acted || observe::holds_ours(&n.metadata, policy, was_ours) {
+        let recorded_on_node = node_record::current(&n.metadata, policy).is_some();
+        if acted || recorded_on_node || observe::holds_ours(&n.metadata, policy, was_ours) {
             info!(node = %node, "node left the policy's selection; releasing it");
-            if let Err(e) = node_actions::release(&ctx.client, policy, node, None).await {
+            if let Err(e) = node_actions::let_go(&ctx.client, policy, node).await {
                 first_error.get_or_insert(e);
             }
         }

@@ -6,12 +6,12 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::pure::cached::CachedPod;
-use crate::pure::observe;
+use crate::pure::{node_record, observe};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tracing::info;
-use ttdp_api::names::{self, DEPLOY_GATE_CLOSED, annotations};
+use ttdp_api::names::{self, DEPLOY_GATE_CLOSED, annotations, labels};
 use ttdp_drain::{CordonOutcome, CordonOwner, DrainError, NodePatchExtras, UncordonOutcome};
 
 use crate::error::Error;
@@ -32,7 +32,7 @@ fn drain_error(action: &str, node: &str, err: DrainError) -> Error {
     }
 }
 
-async fn merge_patch_node(
+pub(crate) async fn merge_patch_node(
     client: &Client,
     node: &str,
     patch: Value,
@@ -71,7 +71,7 @@ fn closing_gates(policy: &str, gates: &[String]) -> NodePatchExtras {
 /// The extras of a release of `node` by `policy`: the deploy gates it closed reopened (labels and
 /// annotation removed; gates another policy closed stay) and its upgrade grant removed (another
 /// policy's stays).
-fn reopening_gates(node: &Node, policy: &str) -> NodePatchExtras {
+fn reopening_gates(node: &Node, policy: &str, forget: bool) -> NodePatchExtras {
     let closed = observe::closed_gates(&node.metadata, policy);
     let mut extras = NodePatchExtras::new();
     if !closed.is_empty() {
@@ -82,6 +82,11 @@ fn reopening_gates(node: &Node, policy: &str) -> NodePatchExtras {
     }
     if observe::granted_by(&node.metadata, policy) {
         extras = extras.remove_annotation(annotations::UPGRADE_GRANT);
+    }
+    if forget && node_record::current(&node.metadata, policy).is_some() {
+        extras = extras
+            .remove_annotation(annotations::UPGRADE_RECORD)
+            .remove_label(labels::UPGRADE_STATE);
     }
     extras
 }
@@ -140,7 +145,24 @@ pub async fn release(
     node: &str,
     cached: Option<Node>,
 ) -> Result<UncordonOutcome, Error> {
-    let reopen = |n: &Node| reopening_gates(n, policy);
+    release_with(client, policy, node, cached, false).await
+}
+
+/// [`release`], and the node's upgrade record of `policy` removed in the same write: for a node
+/// that leaves the policy (it left the selection, or the policy is being deleted), whose place
+/// in the rollout is over. A Failed node of the policy keeps its record through its release.
+pub async fn let_go(client: &Client, policy: &str, node: &str) -> Result<UncordonOutcome, Error> {
+    release_with(client, policy, node, None, true).await
+}
+
+async fn release_with(
+    client: &Client,
+    policy: &str,
+    node: &str,
+    cached: Option<Node>,
+    forget: bool,
+) -> Result<UncordonOutcome, Error> {
+    let reopen = |n: &Node| reopening_gates(n, policy, forget);
     match ttdp_drain::uncordon_with(client, node, &cordon_owner(policy), reopen, cached).await {
         Ok(UncordonOutcome::NodeMissing) => Ok(UncordonOutcome::NotCordoned),
         Ok(outcome) => Ok(outcome),
@@ -222,19 +244,19 @@ mod tests {
             json!({annotations::DEPLOY_GATES: GATE, annotations::UPGRADE_GRANT: "p/2.8.0"}),
         );
         assert_eq!(
-            reopening_gates(&closed, "p"),
+            reopening_gates(&closed, "p", false),
             NodePatchExtras::new()
                 .remove_label(GATE)
                 .remove_annotation(annotations::DEPLOY_GATES)
                 .remove_annotation(annotations::UPGRADE_GRANT)
         );
         assert_eq!(
-            reopening_gates(&closed, "q"),
+            reopening_gates(&closed, "q", false),
             NodePatchExtras::new()
                 .remove_label(GATE)
                 .remove_annotation(annotations::DEPLOY_GATES)
         );
-        assert!(reopening_gates(&node(json!({GATE: "false"}), json!({})), "p").is_empty());
+        assert!(reopening_gates(&node(json!({GATE: "false"}), json!({})), "p", false).is_empty());
     }
 
     #[test]
@@ -244,14 +266,36 @@ mod tests {
             json!({annotations::DEPLOY_GATES: format!("owner:{GATE}")}),
         );
         assert!(
-            reopening_gates(&owned, "overlapping").is_empty(),
+            reopening_gates(&owned, "overlapping", false).is_empty(),
             "another policy's release leaves the owner's gates closed"
         );
         assert_eq!(
-            reopening_gates(&owned, "owner"),
+            reopening_gates(&owned, "owner", false),
             NodePatchExtras::new()
                 .remove_label(GATE)
                 .remove_annotation(annotations::DEPLOY_GATES)
         );
+    }
+
+    #[test]
+    fn letting_go_removes_only_this_policys_record() {
+        let record = |policy: &str| {
+            format!(
+                r#"{{"policy":"{policy}","state":"Failed","target":"2.8.0","since":"2026-12-07T05:00:00Z"}}"#
+            )
+        };
+        let ours = node(json!({}), json!({annotations::UPGRADE_RECORD: record("p")}));
+        assert_eq!(
+            reopening_gates(&ours, "p", true),
+            NodePatchExtras::new()
+                .remove_annotation(annotations::UPGRADE_RECORD)
+                .remove_label(labels::UPGRADE_STATE)
+        );
+        assert!(
+            reopening_gates(&ours, "p", false).is_empty(),
+            "a Failed node's release keeps its record"
+        );
+        let theirs = node(json!({}), json!({annotations::UPGRADE_RECORD: record("q")}));
+        assert!(reopening_gates(&theirs, "p", true).is_empty());
     }
 }

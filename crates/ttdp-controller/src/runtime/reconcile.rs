@@ -18,9 +18,9 @@ use ttdp_kmd_types::KmdVersion;
 
 use crate::error::{Error, error_chain};
 use crate::pure::canary;
-use crate::pure::observe;
 use crate::pure::pause::{self, AppliedTarget};
 use crate::pure::status::{NodeEntries, PolicyFacts, ReconcileFailure};
+use crate::pure::{node_record, observe};
 use crate::runtime::context::Context;
 use crate::runtime::node_actions;
 use crate::runtime::pass::Pass;
@@ -337,8 +337,9 @@ pub async fn cleanup(
         let in_flight = recorded
             .get(node.as_str())
             .is_some_and(|r| r.state.is_in_flight() || r.state == NodeState::Failed);
-        if observe::holds_ours(&n.metadata, &name, || was_ours) || in_flight {
-            node_actions::release(&ctx.client, &name, &node, None).await?;
+        let recorded_on_node = node_record::current(&n.metadata, &name).is_some();
+        if observe::holds_ours(&n.metadata, &name, || was_ours) || in_flight || recorded_on_node {
+            node_actions::let_go(&ctx.client, &name, &node).await?;
             released += 1;
         }
     }

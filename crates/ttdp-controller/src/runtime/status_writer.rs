@@ -13,6 +13,7 @@ use kube::{Resource, ResourceExt};
 use ttdp_api::{TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 
 use crate::error::Error;
+use crate::pure::node_record;
 use crate::pure::status::{BuiltStatus, NodeEntries, NodeReport, PolicyFacts, build_status};
 use crate::pure::transition::NodeTransition;
 use crate::runtime::context::Context;
@@ -40,7 +41,8 @@ pub struct RecordedStatus {
 }
 
 /// The previous status and node entries: what this controller last wrote, else the API's copy
-/// (read once: the cached policy carries no node entries, see [`crate::pure::cached::WatchedPolicy`]).
+/// (read once: the cached policy carries no node entries, see [`crate::pure::cached::WatchedPolicy`]),
+/// with the upgrade records on the nodes laid over it.
 /// Shared, not copied: with thousands of nodes a copy costs megabytes.
 pub async fn last_recorded(
     policy: &TenstorrentDriverPolicy,
@@ -59,10 +61,15 @@ pub async fn last_recorded(
         Ok(_) => (policy.status.clone().unwrap_or_default(), None),
         Err(e) => return Err(Error::kube(format!("get policy {name}"), e)),
     };
-    let nodes = std::mem::take(&mut status.nodes)
+    let mut nodes = std::mem::take(&mut status.nodes)
         .into_iter()
         .map(|n| (Arc::from(n.name.as_str()), Arc::new(n)))
         .collect();
+    // The status may have lost nodes (wiped, or left out past its size bound); their records
+    // on the nodes say where they were.
+    let cached = ctx.caches.nodes.state();
+    let on_nodes = cached.iter().map(|n| (n.name(), &n.metadata));
+    node_record::overlay(&mut nodes, on_nodes, &name);
     Ok(Arc::new(RecordedStatus {
         status,
         nodes,

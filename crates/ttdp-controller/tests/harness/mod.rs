@@ -415,6 +415,21 @@ impl Harness {
         }
     }
 
+    /// Wipes the policy's whole status, as a restore from a backup without status (or an
+    /// admin's mistake) would: what the controller knew is then only on the nodes.
+    pub async fn wipe_status(&self, policy: &str) {
+        self.policies()
+            .patch_status(
+                policy,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": null})),
+            )
+            .await
+            .unwrap();
+        let p = self.policies().get(policy).await.unwrap();
+        assert!(p.status.is_none(), "the status of {policy} is wiped");
+    }
+
     /// Creates a policy selecting this scenario's nodes (plus `extra` spec fields).
     pub async fn create_policy(&self, short: &str, version: &str, extra: Value) -> String {
         self.create_policy_selecting(
@@ -601,6 +616,11 @@ impl Harness {
                 !n.labels()
                     .contains_key("tenstorrent.com/deploy.tt-telemetry"),
                 "node {node} keeps a closed deploy gate"
+            );
+            assert!(
+                !n.annotations().contains_key(annotations::UPGRADE_RECORD)
+                    && !n.labels().contains_key(labels::UPGRADE_STATE),
+                "node {node} keeps an upgrade record of a finished rollout"
             );
         }
     }

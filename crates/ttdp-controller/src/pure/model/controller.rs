@@ -28,12 +28,13 @@ use super::{ModelNode, OTHER, POLICY, POOL, World, writes};
 use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::canary;
 use crate::pure::daemonset::{daemonset_template_hash, desired_daemonset};
+use crate::pure::node_record;
 use crate::pure::observe::{self, ObserveInput};
 use crate::pure::overlap::{self, OlderPolicies};
 use crate::pure::pause::{self, AppliedTarget};
 use crate::pure::rollout::{Planner, RolloutPlan};
 use crate::pure::start_guard::guards_of;
-use crate::pure::status::{NodeReport, PolicyFacts, build_status};
+use crate::pure::status::{BuiltStatus, NodeReport, PolicyFacts, build_status};
 use crate::pure::transition::{
     self, Action, DrainProgress, NodeObservation, NodeTransition, RetryGate, UpgradeGrant, reasons,
 };
@@ -394,12 +395,48 @@ impl ModelPass {
         let now = Time(w.now);
         let mut built = build_status(&self.facts, &w.status, &w.entries, reports, &now);
         built.status.rollout = self.planner.guards().rollout_status(self.planner.verdict());
-        if std::mem::take(&mut w.fail_next_status_write) {
+        if !self.write_records(w, &built) || std::mem::take(&mut w.fail_next_status_write) {
             return false;
         }
         w.status = built.status;
         w.entries = built.all_nodes;
         true
+    }
+
+    /// Writes the upgrade records of the nodes whose entry changed or that have actions
+    /// (`Pass::record_patches`, `node_records::write`), before the status; false when one
+    /// failed (the round ends there).
+    fn write_records(&self, w: &mut World, built: &BuiltStatus) -> bool {
+        let mut written = true;
+        let target = self.facts.target_version.clone();
+        for k in 0..self.matched.len() {
+            let node = &mut w.nodes[self.matched[k]];
+            let has_actions = !self.planned[k].1.is_empty();
+            if !(has_actions || built.changed.iter().any(|c| **c == *node.name)) {
+                continue;
+            }
+            let Some(entry) = built.all_nodes.get(node.name.as_str()) else {
+                continue;
+            };
+            let want = node_record::desired(POLICY, &target, entry);
+            let meta = cached_node(node).metadata;
+            let on_node = match node_record::patch(&meta, POLICY, want.as_ref()) {
+                Some(patch) => writes::record(node, &patch).is_ok(),
+                None => true,
+            };
+            written &= on_node;
+            if on_node {
+                let failures = want.and_then(|r| {
+                    let k = r.attempts.unwrap_or(0);
+                    (k > 0).then_some((k, r.state == NodeState::Failed))
+                });
+                match failures {
+                    Some(f) => w.decided_failures.insert(node.name.clone(), f),
+                    None => w.decided_failures.remove(&node.name),
+                };
+            }
+        }
+        written
     }
 
     /// Carries out each node's actions not taken yet, in order (`Pass::start_actions`,
@@ -457,8 +494,11 @@ impl ModelPass {
         for &i in &self.unmatched {
             let meta = cached_node(&w.nodes[i]).metadata;
             let was_ours = || w.entries.contains_key(w.nodes[i].name.as_str());
-            if observe::holds_ours(&meta, POLICY, was_ours) {
-                let _ = writes::release(&mut w.nodes[i], POLICY);
+            let recorded = node_record::current(&meta, POLICY).is_some();
+            if (recorded || observe::holds_ours(&meta, POLICY, was_ours))
+                && writes::let_go(&mut w.nodes[i], POLICY).is_ok()
+            {
+                w.decided_failures.remove(&w.nodes[i].name);
             }
         }
     }

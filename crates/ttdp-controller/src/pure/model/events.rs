@@ -9,7 +9,8 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use ttdp_api::names::{annotations, labels};
 
-use super::{OtherPolicy, Setup, VERSIONS, World, agent, controller, other};
+use super::{OtherPolicy, POLICY, Setup, VERSIONS, World, agent, controller, other};
+use crate::pure::node_record;
 use crate::pure::transition::DrainProgress;
 
 /// Something that happens.
@@ -166,6 +167,18 @@ impl World {
             self.status = Default::default();
             self.entries.clear();
         }
+        // What `status_writer::last_recorded` reads: the status, with the nodes' records over it.
+        let metas: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|n| controller::cached_node(n).metadata)
+            .collect();
+        let on_nodes = self
+            .nodes
+            .iter()
+            .zip(&metas)
+            .map(|(n, m)| (n.name.as_str(), m));
+        node_record::overlay(&mut self.entries, on_nodes, POLICY);
     }
 
     fn skip(&mut self, i: usize, on: bool) {

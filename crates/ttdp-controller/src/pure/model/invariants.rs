@@ -24,6 +24,7 @@ pub(super) fn check(before: &World, event: &Event, after: &World) -> Result<(), 
         released_only_with_a_driver(before, after),
         rollback_target_ran_somewhere(after),
         cordoned_nodes_have_gates_closed(after),
+        failures_are_never_forgotten(before, event, after),
     ];
     for result in checks {
         if result
@@ -177,6 +178,31 @@ pub(super) fn released_only_with_a_driver(before: &World, after: &World) -> Resu
                 "released_only_with_a_driver: {} was released with no driver loaded, recorded {:?}",
                 n.name,
                 entry.map(|e| (e.state, e.reason.clone()))
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A restart forgets no failure the controller decided before acting on the node, even one
+/// that lost the status: the node keeps its failed attempts, and a Failed node stays Failed (its
+/// back-off and the failure budget count from them).
+pub(super) fn failures_are_never_forgotten(
+    before: &World,
+    event: &Event,
+    after: &World,
+) -> Result<(), String> {
+    if !matches!(event, Event::Restart { .. }) {
+        return Ok(());
+    }
+    for (name, &(k, failed)) in &before.decided_failures {
+        let a = after.entries.get(name.as_str());
+        let kept =
+            a.is_some_and(|a| a.attempts >= Some(k) && (!failed || a.state == NodeState::Failed));
+        if !kept {
+            return Err(format!(
+                "failures_are_never_forgotten: {name} had {k} failed attempts (Failed: {failed}), now {:?}",
+                a.map(|a| (a.state, a.attempts))
             ));
         }
     }

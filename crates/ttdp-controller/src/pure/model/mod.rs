@@ -169,6 +169,10 @@ pub(super) struct World {
     pub lifted_unrecorded: BTreeSet<String>,
     /// The next status write fails.
     pub fail_next_status_write: bool,
+    /// Each node's failed attempts and whether it was Failed, as the controller last decided
+    /// before acting on the node (a record written, or found already there); a node let go is
+    /// removed. What a restart must not forget.
+    pub decided_failures: BTreeMap<String, (i32, bool)>,
     /// The maintenance window is open (only with a schedule).
     pub window_open: bool,
     /// The other policy, if it exists.
@@ -241,6 +245,7 @@ impl World {
             drains: BTreeMap::new(),
             lifted_unrecorded: BTreeSet::new(),
             fail_next_status_write: false,
+            decided_failures: BTreeMap::new(),
             window_open: true,
             other: setup.other_older.map(|older| OtherPolicy { older }),
             now: epoch(),

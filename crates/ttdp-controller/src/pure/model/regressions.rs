@@ -327,3 +327,34 @@ fn a_release_that_fails_keeps_its_slot_whatever_the_node_goes_to() {
     ];
     holds(&setup(3, 2, false), &events);
 }
+
+/// A node that failed its upgrade stays Failed, with its attempts, when the controller restarts
+/// with the policy's status lost: the record on the node carries them, so its back-off and the
+/// failure budget go on counting.
+#[test]
+fn a_failure_survives_a_restart_that_lost_the_status() {
+    let failing = [
+        Version(1),
+        Reconcile,
+        Agent(0),
+        Agent(0),
+        Reconcile,
+        Agent(0),
+        AgentFails {
+            node: 0,
+            unloaded: false,
+        },
+        Reconcile,
+    ];
+    let failed = holds(&setup(2, 1, false), &failing);
+    let before = failed.entries.get("n0").expect("n0 has an entry");
+    assert_eq!(before.state, NodeState::Failed, "{}", failed.brief());
+    let restarted = holds(
+        &setup(2, 1, false),
+        &[&failing[..], &[Restart { status: true }, Reconcile]].concat(),
+    );
+    let after = restarted.entries.get("n0").expect("n0 keeps its entry");
+    assert_eq!(after.state, NodeState::Failed, "{}", restarted.brief());
+    assert_eq!(after.attempts, before.attempts);
+    assert_eq!(after.reason, before.reason);
+}

@@ -5,11 +5,12 @@
 //! node may be set to refuse its next write (an API error).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use ttdp_api::names::{self, annotations};
+use serde_json::Value;
+use ttdp_api::names::{self, annotations, labels};
 use ttdp_drain::UncordonOutcome;
 
 use super::{GATE, ModelNode};
-use crate::pure::observe;
+use crate::pure::{node_record, observe};
 
 /// A write the API server refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,4 +94,37 @@ pub(super) fn clear_retry(n: &mut ModelNode) -> Result<(), WriteFailed> {
     refused(n)?;
     n.annotations.remove(annotations::RETRY);
     Ok(())
+}
+
+/// Applies an upgrade-record patch (`pure::node_record::patch`): the record annotation and the
+/// state label set, or removed when the patch says null.
+pub(super) fn record(n: &mut ModelNode, patch: &Value) -> Result<(), WriteFailed> {
+    refused(n)?;
+    let meta = &patch["metadata"];
+    match meta["annotations"][annotations::UPGRADE_RECORD].as_str() {
+        Some(r) => n
+            .annotations
+            .insert(annotations::UPGRADE_RECORD.into(), r.into()),
+        None => n.annotations.remove(annotations::UPGRADE_RECORD),
+    };
+    match meta["labels"][labels::UPGRADE_STATE].as_str() {
+        Some(state) => n.labels.insert(labels::UPGRADE_STATE.into(), state.into()),
+        None => n.labels.remove(labels::UPGRADE_STATE),
+    };
+    Ok(())
+}
+
+/// A release that also removes `policy`'s upgrade record, in the same write
+/// (`node_actions::let_go`).
+pub(super) fn let_go(n: &mut ModelNode, policy: &str) -> Result<UncordonOutcome, WriteFailed> {
+    let outcome = release(n, policy)?;
+    let meta = ObjectMeta {
+        annotations: Some(n.annotations.clone()),
+        ..ObjectMeta::default()
+    };
+    if node_record::current(&meta, policy).is_some() {
+        n.annotations.remove(annotations::UPGRADE_RECORD);
+        n.labels.remove(labels::UPGRADE_STATE);
+    }
+    Ok(outcome)
 }

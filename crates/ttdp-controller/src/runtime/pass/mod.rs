@@ -6,7 +6,9 @@
 //! left the selection and says when to look again.
 //!
 //! The new state is recorded before the action, so a crash in between repeats the action on the
-//! next reconcile instead of skipping it. Lifting a cordon, harmless to repeat, runs before its
+//! next reconcile instead of skipping it: first on each node it changed for (its upgrade record,
+//! see [`crate::pure::node_record`]), then in the policy's status, which never runs ahead of the
+//! nodes. Lifting a cordon, harmless to repeat, runs before its
 //! Uncordoning is written, so that the slot it frees goes to the next node in the same write;
 //! when that write fails, the node counts as cordoned by us until its Uncordoning is recorded.
 
@@ -18,7 +20,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action as Requeue;
-use tracing::{info, warn};
 use ttdp_api::node_selection::NodeSelection;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_drain::UncordonOutcome;
@@ -32,9 +33,7 @@ use crate::pure::observe::{self, ObserveInput};
 use crate::pure::overlap::{self, OlderPolicies, selection_of};
 use crate::pure::rollout::Planner;
 use crate::pure::start_guard::guards_of;
-use crate::pure::status::{
-    BuiltStatus, NodeReport, PolicyFacts, StateChange, build_status, node_counts, update_status,
-};
+use crate::pure::status::{PolicyFacts, node_counts};
 use crate::pure::transition::{
     Action, AgentPod, DrainProgress, NodeObservation, NodeTransition, UpgradeGrant, reasons,
 };
@@ -42,8 +41,11 @@ use crate::runtime::act::{self, NodeOutcome, NodeWork};
 use crate::runtime::agent_daemonset;
 use crate::runtime::context::Context;
 use crate::runtime::follow::{self, FollowBasis, PolicyKey};
+use crate::runtime::node_records;
 use crate::runtime::status_writer::{self, RecordedStatus};
 use crate::runtime::watch_changes::ChangeSubscription;
+
+mod record;
 
 /// How long one reconcile follows the fleet round after round before it ends and the next one
 /// observes everything again.
@@ -102,14 +104,6 @@ pub struct Pass {
     following_since: Instant,
     /// The canary's halt was announced (an Event) in this pass.
     halt_reported: bool,
-}
-
-/// What one round planned and recorded, for following the fleet after it.
-struct Planned {
-    built: BuiltStatus,
-    /// The matched nodes whose entry changed.
-    changed_entries: Vec<usize>,
-    changes: Vec<StateChange>,
 }
 
 impl Pass {
@@ -204,6 +198,9 @@ impl Pass {
             .recorded
             .written_at
             .is_some_and(|at| at >= self.following_since);
+        // The nodes' records first: the status never runs ahead of them, so a restart that
+        // finds the two apart resumes from the record.
+        node_records::write(&self.ctx, self.record_patches(&planned)).await?;
         self.recorded = status_writer::record(
             &self.ctx,
             &self.policy,
@@ -351,43 +348,6 @@ impl Pass {
         (planned, released, lifted)
     }
 
-    /// Builds the status entries of the planned nodes.
-    fn build(&mut self, transitions: Vec<(usize, NodeTransition)>) -> Planned {
-        let reports: Vec<NodeReport> = transitions
-            .into_iter()
-            .map(|(i, t)| {
-                let (node, obs) = &self.observations[i];
-                let pod = observe::pick_agent_pod(self.agent_pods[i].iter().map(|p| p.as_ref()));
-                NodeReport {
-                    current_version: obs.loaded_version.clone(),
-                    loaded_parameters: observe::loaded_parameters(pod),
-                    source_commit: observe::loaded_commit(pod),
-                    install_mode: observe::install_mode_label(&self.matched[i].metadata),
-                    name: node.clone(),
-                    transition: t,
-                }
-            })
-            .collect();
-        self.note_canary();
-        let (facts, last) = (&self.facts, &self.recorded);
-        let mut built = if std::mem::take(&mut self.first_round) {
-            build_status(facts, &last.status, &last.nodes, reports, &self.now)
-        } else {
-            update_status(facts, &last.status, &last.nodes, reports, &self.now)
-        };
-        let changed_entries = built
-            .changed
-            .iter()
-            .filter_map(|name| follow::position(&self.matched, name))
-            .collect();
-        built.status.rollout = self.planner.guards().rollout_status(self.planner.verdict());
-        Planned {
-            changes: std::mem::take(&mut built.changes),
-            built,
-            changed_entries,
-        }
-    }
-
     /// The cordons to lift now (see [`Pass::lift_cordons`]).
     fn cordons_to_lift(&mut self) -> Vec<NodeWork> {
         let mut lifting = Vec::new();
@@ -474,31 +434,6 @@ impl Pass {
     }
 
     /// Logs the state changes, queues their Events and counts them.
-    /// Puts the canary's halt into the conditions' facts and, the first time, announces it.
-    fn note_canary(&mut self) {
-        let Some(verdict) = self.planner.verdict() else {
-            return;
-        };
-        self.facts.canary_halt = verdict.halt();
-        if let Some(note) = verdict.halt_news()
-            && !self.halt_reported
-        {
-            self.halt_reported = true;
-            warn!(policy = %self.name, %note, "rollout halted by its canary");
-            self.ctx
-                .events
-                .policy_event(&self.policy, true, reasons::ROLLOUT_HALTED, note);
-        }
-    }
-
-    fn report(&self, changes: &[StateChange]) {
-        for c in changes {
-            info!(node = %c.node, from = ?c.from, to = %c.to, reason = ?c.reason, message = ?c.message, "node state changed");
-        }
-        self.ctx.events.nodes_changed(&self.policy, changes);
-        self.ctx.metrics.record_changes(&self.name, changes);
-    }
-
     /// Waits for the next write's turn, then observes again the nodes whose inputs changed.
     /// Returns false when nothing changed or the fleet changed too much to follow.
     async fn follow(&mut self, changed_entries: Vec<usize>, released: usize) -> bool {

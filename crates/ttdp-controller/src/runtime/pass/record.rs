@@ -1,0 +1,110 @@
+//! What a round records: the status entries it builds from the planned nodes, the nodes'
+//! upgrade records brought to them, the canary's verdict and the state changes reported.
+
+use std::collections::BTreeSet;
+
+use tracing::{info, warn};
+
+use super::Pass;
+use crate::pure::node_record;
+use crate::pure::observe;
+use crate::pure::status::{BuiltStatus, NodeReport, StateChange, build_status, update_status};
+use crate::pure::transition::{NodeTransition, reasons};
+use crate::runtime::follow;
+
+/// What one round planned and recorded, for following the fleet after it.
+pub(super) struct Planned {
+    pub built: BuiltStatus,
+    /// The matched nodes whose entry changed.
+    pub changed_entries: Vec<usize>,
+    pub changes: Vec<StateChange>,
+}
+
+impl Pass {
+    /// Builds the status entries of the planned nodes.
+    pub(super) fn build(&mut self, transitions: Vec<(usize, NodeTransition)>) -> Planned {
+        let reports: Vec<NodeReport> = transitions
+            .into_iter()
+            .map(|(i, t)| {
+                let (node, obs) = &self.observations[i];
+                let pod = observe::pick_agent_pod(self.agent_pods[i].iter().map(|p| p.as_ref()));
+                NodeReport {
+                    current_version: obs.loaded_version.clone(),
+                    loaded_parameters: observe::loaded_parameters(pod),
+                    source_commit: observe::loaded_commit(pod),
+                    install_mode: observe::install_mode_label(&self.matched[i].metadata),
+                    name: node.clone(),
+                    transition: t,
+                }
+            })
+            .collect();
+        self.note_canary();
+        let (facts, last) = (&self.facts, &self.recorded);
+        let mut built = if std::mem::take(&mut self.first_round) {
+            build_status(facts, &last.status, &last.nodes, reports, &self.now)
+        } else {
+            update_status(facts, &last.status, &last.nodes, reports, &self.now)
+        };
+        let changed_entries = built
+            .changed
+            .iter()
+            .filter_map(|name| follow::position(&self.matched, name))
+            .collect();
+        built.status.rollout = self.planner.guards().rollout_status(self.planner.verdict());
+        Planned {
+            changes: std::mem::take(&mut built.changes),
+            built,
+            changed_entries,
+        }
+    }
+
+    /// The node patches that bring the upgrade records of the nodes whose entry changed, or
+    /// that have actions to take, to their new entries.
+    pub(super) fn record_patches(&self, planned: &Planned) -> Vec<(String, serde_json::Value)> {
+        let with_actions = (self.planned.iter().enumerate())
+            .filter(|(_, (_, actions))| !actions.is_empty())
+            .map(|(i, _)| i);
+        let nodes: BTreeSet<usize> = planned
+            .changed_entries
+            .iter()
+            .copied()
+            .chain(with_actions)
+            .collect();
+        let target = self.facts.target_version.as_str();
+        nodes
+            .into_iter()
+            .filter_map(|i| {
+                let n = &self.matched[i];
+                let entry = planned.built.all_nodes.get(n.name())?;
+                let want = node_record::desired(&self.name, target, entry);
+                let patch = node_record::patch(&n.metadata, &self.name, want.as_ref())?;
+                Some((n.name().to_owned(), patch))
+            })
+            .collect()
+    }
+
+    /// Puts the canary's halt into the conditions' facts and, the first time, announces it.
+    fn note_canary(&mut self) {
+        let Some(verdict) = self.planner.verdict() else {
+            return;
+        };
+        self.facts.canary_halt = verdict.halt();
+        if let Some(note) = verdict.halt_news()
+            && !self.halt_reported
+        {
+            self.halt_reported = true;
+            warn!(policy = %self.name, %note, "rollout halted by its canary");
+            self.ctx
+                .events
+                .policy_event(&self.policy, true, reasons::ROLLOUT_HALTED, note);
+        }
+    }
+
+    pub(super) fn report(&self, changes: &[StateChange]) {
+        for c in changes {
+            info!(node = %c.node, from = ?c.from, to = %c.to, reason = ?c.reason, message = ?c.message, "node state changed");
+        }
+        self.ctx.events.nodes_changed(&self.policy, changes);
+        self.ctx.metrics.record_changes(&self.name, changes);
+    }
+}
