@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use ttdp_api::driver::v1alpha1::WAITING_FOR_SLOT;
 use ttdp_api::names::{annotations, labels};
+use ttdp_api::node_record::NodeRecord;
 use ttdp_api::node_selection::NodeSelection;
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy};
 
@@ -44,6 +45,18 @@ pub struct NodeFacts {
     pub cordoned_by: Option<String>,
     /// The `driver.tenstorrent.com/retry` annotation: a retry was asked for and not yet taken.
     pub retry_requested: Option<String>,
+    /// The `driver.tenstorrent.com/upgrade-record` annotation: the node's place in a policy's
+    /// rollout, as the controller wrote it before acting on the node.
+    pub upgrade_record: Option<String>,
+}
+
+impl NodeFacts {
+    /// The node's upgrade record of `policy`, if it carries one.
+    pub fn record_of(&self, policy: &str) -> Option<NodeRecord> {
+        let value = self.upgrade_record.as_ref()?;
+        let annotation = (annotations::UPGRADE_RECORD.to_owned(), value.clone());
+        NodeRecord::of_policy([(&annotation.0, &annotation.1)], policy)
+    }
 }
 
 impl From<&Node> for NodeFacts {
@@ -59,6 +72,8 @@ impl From<&Node> for NodeFacts {
                 .unwrap_or(false),
             cordoned_by: annotations_of.and_then(|a| a.get(annotations::CORDONED_BY).cloned()),
             retry_requested: annotations_of.and_then(|a| a.get(annotations::RETRY).cloned()),
+            upgrade_record: annotations_of
+                .and_then(|a| a.get(annotations::UPGRADE_RECORD).cloned()),
         }
     }
 }
@@ -98,6 +113,9 @@ pub enum RowSource {
     Status,
     /// Node labels: a Done node the controller left out of `status.nodes` on a large fleet.
     NodeLabels,
+    /// The node's upgrade record: written before each step, so newer than the status (a view
+    /// the controller writes about once a second), and there for nodes the status leaves out.
+    NodeRecord,
 }
 
 /// One node of one policy, as the `nodes` command lists it.
@@ -138,6 +156,25 @@ pub struct NodeRow {
 }
 
 impl NodeRow {
+    /// The row as the node's upgrade `record` says, where it differs from what the row shows:
+    /// the record is written before each step, the status after.
+    fn take_record(&mut self, r: NodeRecord) {
+        let since = Some(r.since.0);
+        if self.state == r.state && self.since == since && self.attempts == r.attempts {
+            return;
+        }
+        if self.state != r.state {
+            self.message = None;
+        }
+        self.state = r.state;
+        self.target_version = r.target;
+        self.since = since;
+        self.attempts = r.attempts;
+        self.reason = r.reason;
+        self.message = r.message.or(self.message.take());
+        self.source = RowSource::NodeRecord;
+    }
+
     /// `message` prefixed by `reason`, the "why" column.
     pub fn why(&self) -> String {
         match (&self.reason, &self.message) {
@@ -231,7 +268,8 @@ impl Fleet {
     /// One row per node of each policy, sorted by policy then node ([`natural_cmp`]): the nodes in
     /// `status.nodes`, plus (when a large fleet's status omits nodes) the Nodes whose labels the
     /// policy selects that the status does not list: Done when their `kmd-version` is
-    /// `spec.version`, else Pending waiting for a slot (the only nodes the controller omits).
+    /// `spec.version`, else Pending waiting to start (the only nodes the controller omits, besides
+    /// those past its byte bound); a node carrying its upgrade record shows what the record says.
     pub fn node_rows(&self) -> Vec<NodeRow> {
         let mut rows = Vec::new();
         for view in &self.policies {
@@ -265,6 +303,17 @@ impl Fleet {
             }
             if nodes_omitted(policy) > 0 {
                 rows.extend(self.omitted_rows(view, &listed));
+            } else {
+                rows.extend(self.unlisted_records(name, &listed));
+            }
+        }
+        for row in &mut rows {
+            let record = self
+                .nodes
+                .get(&row.node)
+                .and_then(|f| f.record_of(&row.policy));
+            if let Some(r) = record {
+                row.take_record(r);
             }
         }
         rows.sort_by(|a, b| {
@@ -273,6 +322,23 @@ impl Fleet {
                 .then_with(|| natural_cmp(&a.node, &b.node))
         });
         rows
+    }
+
+    /// The nodes carrying an upgrade record of `policy` that its status does not list (yet, or
+    /// any more: a status written moments ago, or wiped).
+    fn unlisted_records(&self, policy: &str, listed: &BTreeSet<&str>) -> Vec<NodeRow> {
+        self.nodes
+            .values()
+            .filter(|n| !listed.contains(n.name.as_str()))
+            .filter_map(|n| {
+                let r = n.record_of(policy)?;
+                let row = labelled_row(policy, n, r.state, r.target.clone(), None);
+                Some(NodeRow {
+                    source: RowSource::NodeRecord,
+                    ..row
+                })
+            })
+            .collect()
     }
 
     /// The nodes of a large-fleet policy that its status leaves out, found by labels.
@@ -285,32 +351,50 @@ impl Fleet {
             .values()
             .filter(|n| !listed.contains(n.name.as_str()) && selection.matches(&n.name, &n.labels))
             .map(|n| {
-                let current_version = n.labels.get(labels::KMD_VERSION).cloned();
-                let done = current_version.as_ref() == Some(&policy.spec.version);
-                NodeRow {
-                    policy: policy_name(policy).to_owned(),
-                    node: n.name.clone(),
-                    state: if done {
-                        NodeState::Done
-                    } else {
-                        NodeState::Pending
-                    },
-                    current_version,
-                    target_version: policy.spec.version.clone(),
-                    install_mode: n.labels.get(labels::INSTALL_MODE).cloned(),
-                    loaded_parameters: None,
-                    source_commit: None,
-                    cordoned_by: n.cordoned_by.clone(),
-                    unschedulable: Some(n.unschedulable),
-                    since: None,
-                    reason: (!done).then(|| WAITING_FOR_SLOT.to_owned()),
-                    message: None,
-                    attempts: None,
-                    retry_requested: n.retry_requested.is_some(),
-                    source: RowSource::NodeLabels,
-                }
+                let done = n.labels.get(labels::KMD_VERSION) == Some(&policy.spec.version);
+                let state = if done {
+                    NodeState::Done
+                } else {
+                    NodeState::Pending
+                };
+                // The omitted Pending nodes wait for the rollout's sake: for the pause when
+                // there is one, else (most of them) for a slot.
+                let reason = (!done).then(|| {
+                    let paused = policy.spec.paused;
+                    (if paused { "Paused" } else { WAITING_FOR_SLOT }).to_owned()
+                });
+                let name = policy_name(policy);
+                labelled_row(name, n, state, policy.spec.version.clone(), reason)
             })
             .collect()
+    }
+}
+
+/// A row of `policy` for node `n` from what the node's labels and annotations say.
+fn labelled_row(
+    policy: &str,
+    n: &NodeFacts,
+    state: NodeState,
+    target_version: String,
+    reason: Option<String>,
+) -> NodeRow {
+    NodeRow {
+        policy: policy.to_owned(),
+        node: n.name.clone(),
+        state,
+        current_version: n.labels.get(labels::KMD_VERSION).cloned(),
+        target_version,
+        install_mode: n.labels.get(labels::INSTALL_MODE).cloned(),
+        loaded_parameters: None,
+        source_commit: None,
+        cordoned_by: n.cordoned_by.clone(),
+        unschedulable: Some(n.unschedulable),
+        since: None,
+        reason,
+        message: None,
+        attempts: None,
+        retry_requested: n.retry_requested.is_some(),
+        source: RowSource::NodeLabels,
     }
 }
 
@@ -397,5 +481,70 @@ mod tests {
                 "gpu", "node", "node-1", "node-1a", "node-02", "node-2", "node-10"
             ]
         );
+    }
+
+    fn policy_with(nodes: serde_json::Value) -> TenstorrentDriverPolicy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "driver.tenstorrent.com/v1alpha1",
+            "kind": "TenstorrentDriverPolicy",
+            "metadata": {"name": "fleet"},
+            "spec": {"version": "2.8.0"},
+            "status": {"nodes": nodes},
+        }))
+        .unwrap()
+    }
+
+    fn carrying(name: &str, record: &str) -> NodeFacts {
+        NodeFacts {
+            name: name.to_owned(),
+            unschedulable: true,
+            upgrade_record: Some(record.to_owned()),
+            ..NodeFacts::default()
+        }
+    }
+
+    #[test]
+    fn the_nodes_record_is_newer_than_a_status_that_lags() {
+        let policy = policy_with(serde_json::json!([
+            {"name": "n1", "state": "Pending", "reason": "WaitingForSlot"},
+            {"name": "n2", "state": "Done", "currentVersion": "2.8.0"},
+        ]));
+        let record = r#"{"policy":"fleet","state":"Draining","target":"2.8.0","since":"2026-12-07T06:00:00Z"}"#;
+        let fleet = Fleet {
+            policies: vec![PolicyView {
+                policy,
+                daemonset: None,
+            }],
+            nodes: BTreeMap::from([("n1".to_owned(), carrying("n1", record))]),
+        };
+        let rows = fleet.node_rows();
+        assert_eq!(rows[0].state, NodeState::Draining);
+        assert_eq!(rows[0].reason, None, "the old state's reason is gone");
+        assert_eq!(rows[0].source, RowSource::NodeRecord);
+        assert_eq!(
+            (rows[1].state, rows[1].source),
+            (NodeState::Done, RowSource::Status)
+        );
+    }
+
+    #[test]
+    fn a_failed_node_the_status_lost_is_shown_from_its_record() {
+        let record = r#"{"policy":"fleet","state":"Failed","target":"2.8.0","since":"2026-12-07T06:00:00Z","attempts":2,"reason":"NodeTimeout","message":"no progress in Upgrading"}"#;
+        let other = r#"{"policy":"other","state":"Failed","target":"2.8.0","since":"2026-12-07T06:00:00Z"}"#;
+        let fleet = Fleet {
+            policies: vec![PolicyView {
+                policy: policy_with(serde_json::json!([])),
+                daemonset: None,
+            }],
+            nodes: BTreeMap::from([
+                ("n1".to_owned(), carrying("n1", record)),
+                ("n2".to_owned(), carrying("n2", other)),
+            ]),
+        };
+        let rows = fleet.node_rows();
+        assert_eq!(rows.len(), 1, "another policy's record is not this one's");
+        let r = &rows[0];
+        assert_eq!((r.state, r.attempts), (NodeState::Failed, Some(2)));
+        assert_eq!(r.why(), "NodeTimeout: no progress in Upgrading");
     }
 }

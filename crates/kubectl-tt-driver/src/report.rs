@@ -160,7 +160,8 @@ pub struct NodeReport {
     pub attempts: Option<i32>,
     /// A `retry` was asked for and not yet taken.
     pub retry_requested: bool,
-    /// `status` (the policy's status) or `nodeLabels` (an omitted Done node found by labels).
+    /// `status` (the policy's status), `nodeLabels` (an omitted Done node found by labels) or
+    /// `nodeRecord` (the node's upgrade record, newer than the status).
     pub source: &'static str,
 }
 
@@ -253,6 +254,7 @@ pub fn nodes_report(rows: &[NodeRow]) -> NodesReport {
                 source: match r.source {
                     RowSource::Status => "status",
                     RowSource::NodeLabels => "nodeLabels",
+                    RowSource::NodeRecord => "nodeRecord",
                 },
             })
             .collect(),

@@ -44,6 +44,16 @@ pub enum Error {
         #[source]
         source: Box<ttdp_drain::DrainError>,
     },
+    /// The policy's status, which had to be written before acting, was not.
+    #[error(
+        "cannot write the status of policy {policy}: {message}; the controller retries with back-off"
+    )]
+    StatusNotWritten {
+        /// The policy.
+        policy: String,
+        /// Why the write failed.
+        message: String,
+    },
     /// The spec cannot be acted on.
     #[error("policy {policy} has an invalid spec: {source}")]
     InvalidSpec {
@@ -101,6 +111,7 @@ impl Error {
             Error::Kube { .. } => "KubeApiError",
             Error::ApplyDaemonSet { .. } => "DaemonSetApplyFailed",
             Error::NodeAction { .. } => "NodeActionFailed",
+            Error::StatusNotWritten { .. } => "StatusWriteFailed",
             Error::InvalidSpec { .. } => "InvalidSpec",
             Error::NotSynced { .. } => "NotSynced",
             Error::Finalizer { .. } => "FinalizerFailed",

@@ -9,7 +9,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use ttdp_api::names::annotations;
-use ttdp_controller::node_actions::{cordon_and_close_gates, release};
+use ttdp_controller::node_actions::{RecordOnRelease, cordon_and_close_gates, release};
 use ttdp_drain::UncordonOutcome;
 use ttdp_testkit::sim::{SimCluster, SimClusterOptions};
 
@@ -44,14 +44,16 @@ async fn a_stale_cached_copy_still_lifts_the_cordon_and_reopens_the_gates() {
 
     // A copy from before the cordon says there is nothing to lift: a fresh read decides.
     let before = nodes.get(&name).await.unwrap();
-    cordon_and_close_gates(&client, "p", &name, &gates)
+    cordon_and_close_gates(&client, "p", &name, &gates, None, None)
         .await
         .unwrap();
     assert_eq!(
         held(&nodes.get(&name).await.unwrap()),
         (true, Some("false"), Some("ttdp/p"))
     );
-    let outcome = release(&client, "p", &name, Some(before)).await.unwrap();
+    let outcome = release(&client, "p", &name, Some(before), RecordOnRelease::Keep)
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, UncordonOutcome::Uncordoned),
         "{outcome:?}"
@@ -60,7 +62,7 @@ async fn a_stale_cached_copy_still_lifts_the_cordon_and_reopens_the_gates() {
 
     // A copy of the cordoned node whose resourceVersion someone else's write has moved on:
     // the patch's precondition fails and the release is decided again, keeping their write.
-    cordon_and_close_gates(&client, "p", &name, &gates)
+    cordon_and_close_gates(&client, "p", &name, &gates, None, None)
         .await
         .unwrap();
     let cordoned = nodes.get(&name).await.unwrap();
@@ -72,7 +74,9 @@ async fn a_stale_cached_copy_still_lifts_the_cordon_and_reopens_the_gates() {
         )
         .await
         .unwrap();
-    let outcome = release(&client, "p", &name, Some(cordoned)).await.unwrap();
+    let outcome = release(&client, "p", &name, Some(cordoned), RecordOnRelease::Keep)
+        .await
+        .unwrap();
     assert!(
         matches!(outcome, UncordonOutcome::Uncordoned),
         "{outcome:?}"

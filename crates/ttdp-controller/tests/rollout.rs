@@ -576,20 +576,23 @@ async fn kill_matrix(wipe_status: bool) {
         let node = loop {
             controller.assert_running();
             controller.signal("STOP");
-            let p = h.policies().get(&policy).await.unwrap();
+            // Each step is on its node before the status, a coalesced view, may show it.
+            let states = h.node_states(&policy).await;
             // Pending: waiting for the slot another node holds. Done: on the new version.
-            let slot_taken = nodes
-                .iter()
-                .any(|n| node_state(&p, n).is_some_and(NodeState::is_in_flight));
+            let slot_taken = states.values().any(|s| s.is_in_flight());
             let removed = removals.per_node();
-            let hit = nodes.iter().find(|n| {
-                node_entry(&p, n).is_some_and(|e| {
-                    e.state == state
-                        && (state != Pending || slot_taken)
-                        && (!evicted || removed.get(*n).is_some_and(|r| *r > 0))
-                        && (state != Done || e.current_version.as_deref() == Some("2.8.0"))
-                })
-            });
+            let mut hit = None;
+            for n in &nodes {
+                let on_target = h.kmd_version(n).await.as_deref() == Some("2.8.0");
+                if states.get(n) == Some(&state)
+                    && (state != Pending || slot_taken)
+                    && (!evicted || removed.get(n).is_some_and(|r| *r > 0))
+                    && (state != Done || on_target)
+                {
+                    hit = Some(n);
+                    break;
+                }
+            }
             if let Some(n) = hit {
                 break Some(n.clone());
             }
@@ -612,7 +615,7 @@ async fn kill_matrix(wipe_status: bool) {
         // What the next process finds: the killed one may have moved the node on between the
         // read above and its death (a request already sent); then the kill did not land in
         // `state` and is tried again on a later node.
-        let left = node_state(&h.policies().get(&policy).await.unwrap(), &node);
+        let left = h.node_states(&policy).await.get(&node).copied();
         eprintln!(
             "SIGKILLed controller pid {pid} at {:?} with {node} {state}{}{}",
             start.elapsed(),

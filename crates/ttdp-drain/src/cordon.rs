@@ -230,15 +230,35 @@ pub async fn cordon_with(
     owner: &CordonOwner,
     extras: impl ExtrasFor,
 ) -> Result<CordonOutcome, DrainError> {
+    cordon_with_cached(client, node, owner, extras, None).await
+}
+
+/// [`cordon_with`], the first decision made from `cached`, a copy of the node the caller already
+/// has (from a watch, say), saving a read. As with [`uncordon_with`], a stale copy is safe: a
+/// patch made from it carries its `resourceVersion`, fails that precondition and is decided
+/// again from a fresh read, and a copy that shows nothing to do is confirmed by a fresh read.
+pub async fn cordon_with_cached(
+    client: &Client,
+    node: &str,
+    owner: &CordonOwner,
+    extras: impl ExtrasFor,
+    cached: Option<Node>,
+) -> Result<CordonOutcome, DrainError> {
     let nodes: Api<Node> = Api::all(client.clone());
+    let mut first = cached;
     for _ in 0..CONFLICT_RETRIES {
-        let current = get_node(&nodes, node).await?;
+        let from_cache = first.is_some();
+        let current = match first.take() {
+            Some(current) => current,
+            None => get_node(&nodes, node).await?,
+        };
         let extras = extras.extras_for(&current);
         let now = Timestamp::now()
             .round(jiff::Unit::Second)
             .unwrap_or_else(|_| Timestamp::now())
             .to_string();
         let (outcome, patch) = match cordon_step(&current, owner, &extras, &now) {
+            Step::Done(_) if from_cache => continue,
             Step::Done(outcome) => return Ok(outcome),
             Step::Write(outcome, patch) => (outcome, patch),
         };

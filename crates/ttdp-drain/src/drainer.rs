@@ -20,7 +20,8 @@ use crate::classify::{
     daemonset_to_look_up,
 };
 use crate::cordon::{
-    CordonOutcome, CordonOwner, UncordonOutcome, cordon, cordon_with, uncordon, uncordon_with,
+    CordonOutcome, CordonOwner, UncordonOutcome, cordon, cordon_with, cordon_with_cached, uncordon,
+    uncordon_with,
 };
 use crate::counters::{Counter, CounterSnapshot, DrainCounters};
 use crate::error::DrainError;
@@ -156,6 +157,17 @@ impl Drainer {
         extras: impl ExtrasFor,
     ) -> Result<CordonOutcome, DrainError> {
         cordon_with(&self.client, node, owner, extras).await
+    }
+
+    /// [`cordon_with_cached()`](crate::cordon_with_cached()) with this drainer's client.
+    pub async fn cordon_with_cached(
+        &self,
+        node: &str,
+        owner: &CordonOwner,
+        extras: impl ExtrasFor,
+        cached: Option<Node>,
+    ) -> Result<CordonOutcome, DrainError> {
+        cordon_with_cached(&self.client, node, owner, extras, cached).await
     }
 
     /// [`uncordon_with()`](crate::uncordon_with()) with this drainer's client.

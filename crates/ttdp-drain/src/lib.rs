@@ -140,7 +140,8 @@ pub use classify::{
 };
 pub use completion::{CompletionWait, OnCompletionTimeout, unfinished};
 pub use cordon::{
-    CordonOutcome, CordonOwner, UncordonOutcome, cordon, cordon_with, uncordon, uncordon_with,
+    CordonOutcome, CordonOwner, UncordonOutcome, cordon, cordon_with, cordon_with_cached, uncordon,
+    uncordon_with,
 };
 pub use counters::{CounterSnapshot, DrainCounters};
 pub use device::DevicePredicate;

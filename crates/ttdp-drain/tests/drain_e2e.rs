@@ -868,6 +868,49 @@ async fn extras_beside_someone_elses_cordon_never_touch_that_cordon() {
 }
 
 #[tokio::test]
+async fn cordon_from_a_cached_copy_saves_the_read_and_a_stale_one_is_decided_again() {
+    let h = Harness::start(&["n1"]).await;
+    let a = owner("ttdp/policy-a");
+    let d = h.drainer();
+
+    // A fresh copy: one patch, no read.
+    let fresh = h.get_node("n1").await;
+    h.proxy.recorder().clear();
+    assert_eq!(
+        d.cordon_with_cached(&h.n("n1"), &a, closing_gate(), Some(fresh))
+            .await
+            .unwrap(),
+        CordonOutcome::Cordoned
+    );
+    let calls: Vec<String> = h
+        .proxy
+        .recorder()
+        .filter(|r| r.resource == "nodes")
+        .iter()
+        .map(|r| r.verb.clone())
+        .collect();
+    assert_eq!(calls, ["patch"], "no read before the cordon");
+    assert!(unschedulable(&h.get_node("n1").await));
+
+    // A copy showing the cordon, taken before someone lifted it: the copy says nothing to do,
+    // a fresh read says otherwise, and the node is cordoned again.
+    let cordoned = h.get_node("n1").await;
+    d.uncordon_with(&h.n("n1"), &a, reopening_listed_gates, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        d.cordon_with_cached(&h.n("n1"), &a, closing_gate(), Some(cordoned))
+            .await
+            .unwrap(),
+        CordonOutcome::Cordoned
+    );
+    let n1 = h.get_node("n1").await;
+    assert!(unschedulable(&n1));
+    assert_eq!(node_labels(&n1)[GATE], "false");
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn uncordon_with_a_stale_cached_copy_decides_again_from_a_fresh_read() {
     let h = Harness::start(&["n1"]).await;
     let a = owner("ttdp/policy-a");

@@ -78,7 +78,7 @@ pub fn render(fleet: &Fleet, rows: &[NodeRow], opts: &RenderOptions) -> String {
         }
         let found = rows
             .iter()
-            .filter(|r| r.policy == name && r.source == RowSource::NodeLabels)
+            .filter(|r| r.policy == name && r.source != RowSource::Status)
             .count();
         if found < omitted as usize {
             out.push_str(&format!(

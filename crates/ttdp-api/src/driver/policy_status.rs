@@ -26,11 +26,12 @@ pub struct TenstorrentDriverPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<Summary>,
 
-    /// Per-node state. Past 1,000 matched nodes, Done nodes and Pending nodes waiting for a slot
-    /// (reason `WaitingForSlot`) are left out to keep the object small; at any size the entries
-    /// take at most 224 KiB (Failed nodes first, then those in flight). `summary` counts every
-    /// node and `summary.nodesOmitted` says how many are left out. `kubectl tt driver nodes`
-    /// lists every node.
+    /// Per-node state. Past 1,000 matched nodes, Done nodes and Pending nodes waiting for the
+    /// rollout's sake (a slot, the pause, a maintenance window, the canary, a halt) are left out
+    /// to keep the object small; at any size the entries take at most 224 KiB (Failed nodes
+    /// first, then those in flight). `summary` counts every node and `summary.nodesOmitted` says
+    /// how many are left out. `kubectl tt driver nodes` lists every node, each node in flight or
+    /// Failed from its own upgrade record.
     //
     // Atomic, not a list map keyed by name: the controller is the status's only writer, and the
     // API server then tracks the list as one field instead of one per entry, which more than
@@ -130,6 +131,19 @@ pub const MAX_NODE_MESSAGE_CHARS: usize = 1024;
 /// The reason of a Pending node waiting for a free `maxUnavailable` slot.
 pub const WAITING_FOR_SLOT: &str = "WaitingForSlot";
 
+/// The reasons of a Pending node that waits to start for the rollout's sake, not its own: for a
+/// slot, for the pause to end, for a maintenance window, for the canary (or its soak), or
+/// behind a halt. On a large fleet these are the many nodes `status.nodes` counts in the
+/// summary instead of listing.
+pub const WAITING_TO_START: [&str; 6] = [
+    WAITING_FOR_SLOT,
+    "Paused",
+    "OutsideMaintenanceWindow",
+    "WaitingForCanary",
+    "CanarySoaking",
+    "RolloutHalted",
+];
+
 /// One node's place in the rollout. Optional fields are omitted when empty to keep the status
 /// small at fleet scale.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -180,6 +194,16 @@ impl NodeStatus {
     /// rollout, left out of `status.nodes` past 1,000 nodes.
     pub fn is_waiting_for_slot(&self) -> bool {
         self.state == NodeState::Pending && self.reason.as_deref() == Some(WAITING_FOR_SLOT)
+    }
+
+    /// Whether the node is Pending for the rollout's sake ([`WAITING_TO_START`]): a slot, the
+    /// pause, a window, the canary or a halt.
+    pub fn is_waiting_to_start(&self) -> bool {
+        self.state == NodeState::Pending
+            && self
+                .reason
+                .as_deref()
+                .is_some_and(|r| WAITING_TO_START.contains(&r))
     }
 }
 

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub use super::module_settings::{ModuleParameterError, ModuleSettings};
 pub use super::policy_status::{
     MAX_NODE_MESSAGE_CHARS, NodeState, NodeStatus, RolloutStatus, Summary,
-    TenstorrentDriverPolicyStatus, WAITING_FOR_SLOT, condition, rollout_phase,
+    TenstorrentDriverPolicyStatus, WAITING_FOR_SLOT, WAITING_TO_START, condition, rollout_phase,
 };
 pub use super::rollout_guards::{
     CanaryPolicy, MaintenanceSchedule, MaintenanceWindow, ScheduleError, WaitForCompletion,

@@ -3,13 +3,15 @@
 //! again from the nodes' records when the policy's status lost them (a restart with the status
 //! wiped, or a node left out of a status bounded in size).
 //!
-//! The record is written before any action on the node, as the status entry was: a crash in
-//! between repeats the action. When the two disagree, the node's record is the one that was
-//! written last before an action, so it wins.
+//! The record is written before any action on the node, and before the status: a crash in
+//! between repeats the action. When the two disagree, the record wins, unless the status entry
+//! entered its state later (a whole second later, the times' precision): the status runs ahead
+//! of a node's record only when that record could not be written, and nothing was done on the
+//! node then.
 
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde_json::{Value, json};
 use ttdp_api::names::{annotations, labels};
 use ttdp_api::node_record::NodeRecord;
@@ -47,8 +49,12 @@ pub fn current(meta: &ObjectMeta, policy: &str) -> Option<NodeRecord> {
 /// The merge patch that takes the node's record (`meta`) to `desired`; None when it already
 /// says that (compared as written: times keep whole seconds).
 pub fn patch(meta: &ObjectMeta, policy: &str, desired: Option<&NodeRecord>) -> Option<Value> {
-    let now = current(meta, policy);
-    if now.as_ref().map(NodeRecord::to_annotation) == desired.map(NodeRecord::to_annotation) {
+    patch_from(current(meta, policy).as_ref(), desired)
+}
+
+/// The merge patch that takes a node carrying `now` to `desired`; None when they say the same.
+pub fn patch_from(now: Option<&NodeRecord>, desired: Option<&NodeRecord>) -> Option<Value> {
+    if now.map(NodeRecord::to_annotation) == desired.map(NodeRecord::to_annotation) {
         return None;
     }
     let (record, state) = match desired {
@@ -66,6 +72,13 @@ pub fn patch(meta: &ObjectMeta, policy: &str, desired: Option<&NodeRecord>) -> O
 fn entry_of(record: &NodeRecord, name: &str, entry: Option<&NodeStatus>) -> Option<NodeStatus> {
     let agrees = entry.and_then(|e| desired(&record.policy, &record.target, e));
     if agrees.map(|r| r.to_annotation()) == Some(record.to_annotation()) {
+        return None;
+    }
+    let entered = |t: &Time| t.0.as_second();
+    let status_newer = entry
+        .and_then(|e| e.last_transition_time.as_ref())
+        .is_some_and(|t| entered(t) > entered(&record.since));
+    if status_newer {
         return None;
     }
     let same_state = entry.is_some_and(|e| e.state == record.state);
@@ -90,6 +103,11 @@ fn entry_of(record: &NodeRecord, name: &str, entry: Option<&NodeStatus>) -> Opti
     })
 }
 
+/// Whether any of `nodes` carries an upgrade record of `policy`.
+pub fn any_on(nodes: &[Arc<crate::pure::cached::CachedNode>], policy: &str) -> bool {
+    nodes.iter().any(|n| current(&n.metadata, policy).is_some())
+}
+
 /// `entries` (read from the policy's status) with each node's record of `policy` laid over:
 /// a node whose entry was lost, or says otherwise, gets the record's state, target, times,
 /// attempts and reason.
@@ -112,7 +130,6 @@ pub fn overlay<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use std::collections::BTreeMap;
 
     fn at(s: i64) -> Time {
@@ -212,6 +229,17 @@ mod tests {
             Some("abc"),
             "kept from the status"
         );
+    }
+
+    #[test]
+    fn a_status_newer_than_a_record_that_could_not_be_written_is_kept() {
+        let draining = desired("fleet", "2.8.0", &entry(NodeState::Draining, None)).unwrap();
+        let mut failed = entry(NodeState::Failed, Some(1));
+        failed.last_transition_time = Some(at(12));
+        let meta = meta_with(Some(&draining));
+        let mut entries = NodeEntries::from([(Arc::from("n1"), Arc::new(failed))]);
+        overlay(&mut entries, [("n1", &meta)], "fleet");
+        assert_eq!(entries.get("n1").unwrap().state, NodeState::Failed);
     }
 
     #[test]

@@ -358,7 +358,10 @@ mod tests {
             states(&policy(2, false), &nodes),
             [Cordoning, Cordoning, Pending, Pending, Pending]
         );
-        let busy = fleet(&[Draining, Pending, Pending]);
+        let mut busy = fleet(&[Draining, Pending, Pending]);
+        // Draining, as Cordoning left it: cordoned with its gates closed.
+        busy[0].1.cordoned_by_us = true;
+        busy[0].1.gates_closed_by_us = true;
         assert_eq!(
             states(&policy(1, false), &busy),
             [Draining, Pending, Pending]

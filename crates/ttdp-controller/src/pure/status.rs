@@ -928,13 +928,29 @@ mod tests {
 
     #[test]
     fn past_the_threshold_done_and_waiting_nodes_are_omitted_but_counted() {
+        for reason in [
+            tr::WAITING_FOR_SLOT,
+            tr::PAUSED,
+            tr::OUTSIDE_WINDOW,
+            tr::WAITING_FOR_CANARY,
+            tr::CANARY_SOAKING,
+            tr::ROLLOUT_HALTED,
+        ] {
+            assert!(
+                ttdp_api::driver::v1alpha1::WAITING_TO_START.contains(&reason),
+                "{reason} is a reason to wait for the rollout's sake"
+            );
+        }
         let mut reports = fleet(5_000, 2_500);
         let mut failed = report("tt-node-04000", NodeState::Failed, Some("2.7.0"));
         failed.transition.reason = Some(tr::DEVICE_HELD.into());
         let mut paused = report("tt-node-04001", NodeState::Pending, Some("2.7.0"));
         paused.transition.reason = Some(tr::PAUSED.into());
+        let mut down = report("tt-node-04002", NodeState::Pending, Some("2.7.0"));
+        down.transition.reason = Some(tr::NODE_NOT_READY.into());
         reports[4_000] = failed;
         reports[4_001] = paused;
+        reports[4_002] = down;
         let b = build(reports, None, 0);
         let s = b.status.summary.clone().unwrap();
         assert_eq!(s.matched, 5_000);
@@ -947,9 +963,10 @@ mod tests {
             [
                 ("tt-node-02500".to_owned(), NodeState::Upgrading),
                 ("tt-node-04000".to_owned(), NodeState::Failed),
-                ("tt-node-04001".to_owned(), NodeState::Pending),
+                ("tt-node-04002".to_owned(), NodeState::Pending),
             ],
-            "in flight, failed and paused nodes are listed; Done and waiting ones are not"
+            "in flight, failed and not-Ready nodes are listed; Done nodes and nodes waiting \
+             for a slot or for the pause are not"
         );
         assert_eq!(s.nodes_omitted, 4_997);
         assert_eq!(

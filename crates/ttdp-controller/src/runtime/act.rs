@@ -19,9 +19,10 @@ use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::transition::Action;
 use crate::pure::{drain_plan, node_record, observe};
 use crate::runtime::context::Context;
-use crate::runtime::node_actions;
+use crate::runtime::node_actions::{self, RecordOnRelease};
 use crate::runtime::node_tasks::Wake;
 use crate::runtime::status_writer::RecordedStatus;
+use ttdp_api::node_record::NodeRecord;
 
 /// How many nodes' actions a reconcile waits for at once.
 const NODE_ACTIONS_AT_ONCE: usize = 16;
@@ -39,17 +40,24 @@ pub struct NodeWork {
     pub grant: Option<KmdVersion>,
     /// When the node entered its state (a drain's timeout counts from there).
     pub entered: Option<Time>,
+    /// The node's upgrade record, written with a `Cordon` or a `Grant` in the same patch.
+    pub record: Option<NodeRecord>,
+    /// What a `Release` does with the node's upgrade record.
+    pub on_release: RecordOnRelease,
 }
 
 impl NodeWork {
-    /// Lifting `node`'s cordon and reopening its gates, which needs nothing else.
-    pub fn release(node: &str) -> Self {
+    /// Lifting the cordon of `node`, whose upgrade reached its target, and reopening its
+    /// gates, with its Uncordoning `record` in the same write.
+    pub fn lift(node: &str, record: Option<NodeRecord>) -> Self {
         Self {
             node: node.to_owned(),
             actions: vec![Action::Release],
             stale_agent: None,
             grant: None,
             entered: None,
+            record: None,
+            on_release: record.map_or(RecordOnRelease::Keep, RecordOnRelease::Set),
         }
     }
 }
@@ -149,13 +157,17 @@ async fn act(
                 &name,
                 node,
                 &ctx.settings.deploy_gates,
+                work.record.as_ref(),
+                cached_node(ctx, node),
             )
             .await?;
         }
         Action::Drain => start_drain(ctx, policy, work, now)?,
         Action::Grant => {
             if let Some(version) = &work.grant {
-                node_actions::grant_upgrade(&ctx.client, &name, node, version.as_str()).await?;
+                let record = work.record.as_ref();
+                node_actions::grant_upgrade(&ctx.client, &name, node, version.as_str(), record)
+                    .await?;
             }
         }
         Action::ReplaceAgent { .. } => {
@@ -164,18 +176,25 @@ async fn act(
             }
         }
         Action::Release => {
-            let cached = ctx
-                .caches
-                .nodes
-                .get(&ObjectRef::new(node))
-                .and_then(|n| n.to_node());
-            return node_actions::release(&ctx.client, &name, node, cached)
-                .await
-                .map(Some);
+            let cached = cached_node(ctx, node);
+            let released =
+                node_actions::release(&ctx.client, &name, node, cached, work.on_release.clone())
+                    .await?;
+            // Pods may land on it from now on: a drain before this says nothing any more.
+            ctx.drains.retain(&name, |n| n != node);
+            return Ok(Some(released));
         }
         Action::ClearRetry => node_actions::clear_retry(&ctx.client, node).await?,
     }
     Ok(None)
+}
+
+/// The controller's copy of `node`, for a write that can start from it.
+fn cached_node(ctx: &Context, node: &str) -> Option<k8s_openapi::api::core::v1::Node> {
+    ctx.caches
+        .nodes
+        .get(&ObjectRef::new(node))
+        .and_then(|n| n.to_node())
 }
 
 /// Starts the node's drain in the background (once; a drain already running goes on).
@@ -232,7 +251,8 @@ pub async fn release_unmatched(
         let recorded_on_node = node_record::current(&n.metadata, policy).is_some();
         if acted || recorded_on_node || observe::holds_ours(&n.metadata, policy, was_ours) {
             info!(node = %node, "node left the policy's selection; releasing it");
-            if let Err(e) = node_actions::let_go(&ctx.client, policy, node).await {
+            let removed = RecordOnRelease::Remove;
+            if let Err(e) = node_actions::release(&ctx.client, policy, node, None, removed).await {
                 first_error.get_or_insert(e);
             }
         }
@@ -240,11 +260,14 @@ pub async fn release_unmatched(
     first_error.map_or(Ok(()), Err)
 }
 
-/// Wakes the policy's reconcile.
+/// Wakes the policy's reconcile, or the pass following its fleet.
 pub fn waker(ctx: &Context, policy: &str) -> Wake {
     let tx = ctx.wake.clone();
+    let changes = ctx.caches.changes.clone();
     let policy = ObjectRef::<TenstorrentDriverPolicy>::new(policy);
     Arc::new(move || {
+        // A pass following the fleet looks again; else a reconcile starts.
+        changes.poke();
         let _ = tx.unbounded_send(policy.clone());
     })
 }

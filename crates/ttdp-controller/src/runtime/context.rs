@@ -19,6 +19,7 @@ use crate::pure::rollout::RolloutPlan;
 use crate::pure::status::{PolicyFacts, ReconcileFailure};
 use crate::runtime::agent_daemonset::AppliedDaemonSet;
 use crate::runtime::initial_lists::InitialLists;
+use crate::runtime::status_view::StatusViews;
 use crate::runtime::status_writer::RecordedStatus;
 use crate::runtime::watch_changes::WatchChanges;
 
@@ -73,6 +74,8 @@ pub struct Context {
     pub backoff: ErrorBackoff,
     /// Wakes a policy's reconcile (drain finished).
     pub wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
+    /// The policies' status writers.
+    pub status_views: StatusViews,
     recorded: Mutex<HashMap<String, Arc<RecordedStatus>>>,
     failures: Mutex<HashMap<String, ReconcileFailure>>,
     applied: Mutex<HashMap<String, AppliedDaemonSet>>,
@@ -113,6 +116,7 @@ impl Context {
             node_tasks: NodeTasks::default(),
             backoff: ErrorBackoff::default(),
             wake,
+            status_views: StatusViews::default(),
             recorded: Mutex::default(),
             failures: Mutex::default(),
             applied: Mutex::default(),
@@ -264,6 +268,7 @@ impl Context {
 
     /// Forgets a deleted policy.
     pub fn forget(&self, uid: &str) {
+        self.status_views.forget(uid);
         self.recorded
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

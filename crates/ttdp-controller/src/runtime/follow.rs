@@ -92,6 +92,8 @@ pub enum Restart {
     Membership,
     /// A watch listed its objects again.
     Relisted,
+    /// The policy's agent DaemonSet changed (a hand edit is reverted by the next apply).
+    DaemonSet,
 }
 
 /// Brings `matched` and `by_node` (see [`agent_pods_by_node`]) up to date with what the watches
@@ -113,6 +115,9 @@ pub fn changed_nodes(
     let changes = watched.take();
     if changes.relisted {
         return Err(Restart::Relisted);
+    }
+    if changes.daemonsets.contains(basis.policy) {
+        return Err(Restart::DaemonSet);
     }
     let mut changed = Vec::new();
     for name in &changes.nodes {

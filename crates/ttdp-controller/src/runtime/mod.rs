@@ -19,5 +19,6 @@ pub(crate) mod pass;
 pub(crate) mod reconcile;
 pub mod run;
 pub mod server;
+pub(crate) mod status_view;
 pub(crate) mod status_writer;
 pub(crate) mod watch_changes;

@@ -12,6 +12,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tracing::info;
 use ttdp_api::names::{self, DEPLOY_GATE_CLOSED, annotations, labels};
+use ttdp_api::node_record::NodeRecord;
 use ttdp_drain::{CordonOutcome, CordonOwner, DrainError, NodePatchExtras, UncordonOutcome};
 
 use crate::error::Error;
@@ -96,17 +97,22 @@ fn reopening_gates(node: &Node, policy: &str, forget: bool) -> NodePatchExtras {
 /// write: [`ttdp_drain::cordon_with`] with the owner of [`cordon_owner`] and the gates as its
 /// extras, so the ownership protocol, the `resourceVersion` precondition and the re-decision
 /// after a conflict are ttdp-drain's. The gates are closed beside someone else's cordon too.
+/// The first decision may come from `cached` (the controller's copy of the node), saving a read
+/// on the hand-off; ttdp-drain decides again from a fresh read whenever the copy was stale.
 pub async fn cordon_and_close_gates(
     client: &Client,
     policy: &str,
     node: &str,
     gates: &[String],
+    record: Option<&NodeRecord>,
+    cached: Option<Node>,
 ) -> Result<CordonOutcome, Error> {
-    ttdp_drain::cordon_with(
+    ttdp_drain::cordon_with_cached(
         client,
         node,
         &cordon_owner(policy),
-        closing_gates(policy, gates),
+        with_record(closing_gates(policy, gates), record),
+        cached,
     )
     .await
     // A refused write is reported as the API error it is (reason `KubeApiError`), as before.
@@ -116,17 +122,34 @@ pub async fn cordon_and_close_gates(
     })
 }
 
+/// `extras` with the node's upgrade `record` (annotation and state label) riding along: the
+/// step is on the node in the same write that takes it.
+fn with_record(extras: NodePatchExtras, record: Option<&NodeRecord>) -> NodePatchExtras {
+    match record {
+        Some(r) => extras
+            .set_annotation(annotations::UPGRADE_RECORD, r.to_annotation())
+            .set_label(labels::UPGRADE_STATE, r.state_label()),
+        None => extras,
+    }
+}
+
 /// Grants `node` the upgrade of `policy` to `version`: the annotation
 /// [`annotations::UPGRADE_GRANT`] (`<policy>/<version>`), which the node's agent waits for before
-/// it swaps a loaded module. One JSON merge patch; a node gone is nothing to grant.
+/// it swaps a loaded module, with the node's upgrade `record` in the same JSON merge patch; a
+/// node gone is nothing to grant.
 pub async fn grant_upgrade(
     client: &Client,
     policy: &str,
     node: &str,
     version: &str,
+    record: Option<&NodeRecord>,
 ) -> Result<(), Error> {
     let grant = names::upgrade_grant(policy, version);
-    let patch = json!({"metadata": {"annotations": {annotations::UPGRADE_GRANT: grant}}});
+    let mut patch = json!({"metadata": {"annotations": {annotations::UPGRADE_GRANT: grant}}});
+    if let Some(r) = record {
+        patch["metadata"]["annotations"][annotations::UPGRADE_RECORD] = json!(r.to_annotation());
+        patch["metadata"]["labels"] = json!({labels::UPGRADE_STATE: r.state_label()});
+    }
     merge_patch_node(client, node, patch, "grant the upgrade").await?;
     info!(node, policy, version, "node granted its upgrade");
     Ok(())
@@ -134,7 +157,8 @@ pub async fn grant_upgrade(
 
 /// Reopens the deploy gates the node's annotation lists (removing the labels and the
 /// annotation), removes `policy`'s upgrade grant and lifts `policy`'s cordon (never someone
-/// else's) in one write: [`ttdp_drain::uncordon_with`] with those as its extras. The first
+/// else's) in one write: [`ttdp_drain::uncordon_with`] with those as its extras, and the
+/// node's upgrade record as `record` says. The first
 /// decision may come from `cached` (the controller's copy of the node, saving a read on the
 /// hand-off from one node to the next); ttdp-drain re-reads whenever a stale copy could mislead
 /// it, so a stale cache never leaves a gate closed or a cordon in place. A node that is gone is
@@ -144,25 +168,13 @@ pub async fn release(
     policy: &str,
     node: &str,
     cached: Option<Node>,
+    record: RecordOnRelease,
 ) -> Result<UncordonOutcome, Error> {
-    release_with(client, policy, node, cached, false).await
-}
-
-/// [`release`], and the node's upgrade record of `policy` removed in the same write: for a node
-/// that leaves the policy (it left the selection, or the policy is being deleted), whose place
-/// in the rollout is over. A Failed node of the policy keeps its record through its release.
-pub async fn let_go(client: &Client, policy: &str, node: &str) -> Result<UncordonOutcome, Error> {
-    release_with(client, policy, node, None, true).await
-}
-
-async fn release_with(
-    client: &Client,
-    policy: &str,
-    node: &str,
-    cached: Option<Node>,
-    forget: bool,
-) -> Result<UncordonOutcome, Error> {
-    let reopen = |n: &Node| reopening_gates(n, policy, forget);
+    let forget = record == RecordOnRelease::Remove;
+    let reopen = |n: &Node| match &record {
+        RecordOnRelease::Set(r) => with_record(reopening_gates(n, policy, false), Some(r)),
+        _ => reopening_gates(n, policy, forget),
+    };
     match ttdp_drain::uncordon_with(client, node, &cordon_owner(policy), reopen, cached).await {
         Ok(UncordonOutcome::NodeMissing) => Ok(UncordonOutcome::NotCordoned),
         Ok(outcome) => Ok(outcome),
@@ -174,6 +186,18 @@ async fn release_with(
         }
         Err(other) => Err(drain_error("uncordon", node, other)),
     }
+}
+
+/// What a release does with the node's upgrade record of its policy.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RecordOnRelease {
+    /// Kept: a Failed node keeps its record (attempts, reason) through its release.
+    Keep,
+    /// Set to this one in the same write: a lifted cordon records the node's Uncordoning.
+    Set(NodeRecord),
+    /// Removed in the same write: the node's upgrade is over (it reached its target, left the
+    /// policy, or the policy is being deleted).
+    Remove,
 }
 
 /// Removes the retry annotation.

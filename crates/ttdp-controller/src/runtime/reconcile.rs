@@ -117,8 +117,8 @@ async fn ensure_finalizer(
 /// observed anew: nodes released in a pass (their upgrade finished) are recorded Done and their
 /// slots handed to the next nodes in the next pass, and an agent's Ready, a finished cordon or
 /// drain is acted on in the pass after it arrives, instead of in a new reconcile that observes
-/// the whole fleet. It stops when a pass finds nothing changed, after [`FOLLOW_FOR`], when a
-/// retry gate opens, when an action fails, or when a policy, the selection or the set of nodes
+/// the whole fleet; between rounds it waits for the next change. It stops after [`FOLLOW_FOR`],
+/// when a retry gate opens, when an action fails, or when a policy, the selection or the set of nodes
 /// changed ([`refresh::Restart`]); the next reconcile observes everything again.
 ///
 /// A failure reaches the user: the policy's `Reconciled` condition turns False with the API
@@ -228,13 +228,22 @@ async fn apply_policy(
         Ok(target) => target,
         Err(problem) => return invalid_spec(&policy, &ctx, &recorded, problem).await,
     };
+    let (as_read, ctx_kept) = (policy.clone(), ctx.clone());
     let (policy, target, rollout_target) = held_while_paused(policy, &ctx, &recorded, target);
     let (policy, target) = rolled_back(policy, &recorded, target);
     let Some(mut pass) = Pass::observe(policy, ctx, recorded, target, &rollout_target).await?
     else {
         return Ok(Requeue::await_change());
     };
-    while pass.round().await? {}
+    let mut going_on = pass.round().await?;
+    if pass.went_through() {
+        // A pass may follow the fleet for minutes: a failure shown before is over now.
+        pass.forget_failure();
+        clear_failure(&as_read, &ctx_kept).await;
+    }
+    while going_on {
+        going_on = pass.round().await?;
+    }
     pass.finish().await
 }
 
@@ -339,7 +348,8 @@ pub async fn cleanup(
             .is_some_and(|r| r.state.is_in_flight() || r.state == NodeState::Failed);
         let recorded_on_node = node_record::current(&n.metadata, &name).is_some();
         if observe::holds_ours(&n.metadata, &name, || was_ours) || in_flight || recorded_on_node {
-            node_actions::let_go(&ctx.client, &name, &node).await?;
+            let removed = node_actions::RecordOnRelease::Remove;
+            node_actions::release(&ctx.client, &name, &node, None, removed).await?;
             released += 1;
         }
     }

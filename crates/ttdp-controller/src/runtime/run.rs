@@ -240,10 +240,12 @@ async fn watch_and_reconcile(
     let require_nfd = settings.require_nfd;
     let initial_lists = InitialLists::default();
     let changes = Arc::new(WatchChanges::default());
-    let (policies, policy_stream) = watch_policies(&client, &settings, &initial_lists);
+    let (policies, policy_stream) =
+        watch_policies(&client, &settings, &initial_lists, changes.clone());
+    let changes_for_stop = changes.clone();
     let (nodes, node_stream) = watch_nodes(&client, require_nfd, &initial_lists, changes.clone());
     let (agent_pods, pod_stream) = watch_agent_pods(&client, &ns, &initial_lists, changes.clone());
-    let (daemonsets, ds_stream) = watch_daemonsets(&client, &ns, &initial_lists);
+    let (daemonsets, ds_stream) = watch_daemonsets(&client, &ns, &initial_lists, changes.clone());
     let caches = Caches {
         policies: policies.clone(),
         nodes,
@@ -273,6 +275,11 @@ async fn watch_and_reconcile(
             readiness.set(true);
         }
     });
+    let closing = (changes_for_stop, stop.clone());
+    tokio::spawn(async move {
+        closing.1.cancelled().await;
+        closing.0.close();
+    });
     let node_ctx = ctx.clone();
     // Owned DaemonSets, mapped by label: `owns` would give the cluster-scoped policy the
     // DaemonSet's namespace.
@@ -300,11 +307,12 @@ fn policy_label_of(object: &impl ResourceExt) -> Option<ObjectRef<TenstorrentDri
 }
 
 /// The policies (with `policy_selector`, the selected ones), cached without their node entries,
-/// triggering on spec, finalizer and deletion changes.
+/// triggering on spec, finalizer and deletion changes (each wakes the passes following a fleet).
 fn watch_policies(
     client: &Client,
     settings: &Settings,
     lists: &InitialLists,
+    changes: Arc<WatchChanges>,
 ) -> (
     Store<TenstorrentDriverPolicy>,
     impl Stream<Item = Result<TenstorrentDriverPolicy, watcher::Error>> + use<>,
@@ -320,7 +328,9 @@ fn watch_policies(
         .inspect(lists.recorder(Watched::Policies))
         .reflect(writer)
         .touched_objects()
-        .predicate_filter(policy_trigger, PredicateConfig::default());
+        .predicate_filter(policy_trigger, PredicateConfig::default())
+        // A pass following a fleet ends on a policy change it has not seen.
+        .inspect(move |_| changes.poke());
     (store, stream)
 }
 
@@ -382,6 +392,7 @@ fn watch_daemonsets(
     client: &Client,
     ns: &str,
     lists: &InitialLists,
+    changes: Arc<WatchChanges>,
 ) -> (
     Store<DaemonSet>,
     impl Stream<Item = Result<DaemonSet, watcher::Error>> + use<>,
@@ -398,6 +409,15 @@ fn watch_daemonsets(
         .modify(cached::daemonset)
         .inspect(lists.recorder(Watched::DaemonSets))
         .reflect(writer)
-        .filter_map(move |event| futures::future::ready(daemonset_trigger(&mut seen, event)));
+        .filter_map(move |event| futures::future::ready(daemonset_trigger(&mut seen, event)))
+        .inspect(move |ds| {
+            if let Some(policy) = ds
+                .as_ref()
+                .ok()
+                .and_then(|d| d.labels().get(labels::POLICY))
+            {
+                changes.daemonset_changed(policy);
+            }
+        });
     (store, stream)
 }

@@ -1,16 +1,18 @@
-//! The status writer: what the controller last recorded for each policy, and the one JSON patch
-//! per write that records a new status: only what changed while the policy is still at the
-//! version of the last write, else the whole status. The controller is the status's only writer.
-//! Writes are spaced by the size of the status ([`WRITE_SPACING_PER_ENTRY`]).
+//! The status the controller decided for each policy (handed to the policy's writer in
+//! [`crate::runtime::status_view`]), and the one JSON patch per write that records it: only what
+//! changed while the policy is still at the version of the last write, else the whole status.
+//! The controller is the status's only writer. Writes are spaced by the size of the status
+//! ([`WRITE_SPACING_PER_ENTRY`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::Client;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
-use ttdp_api::{TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
+use ttdp_api::{NodeState, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 
 use crate::error::Error;
 use crate::pure::node_record;
@@ -79,7 +81,7 @@ pub async fn last_recorded(
 }
 
 /// Whether two statuses are equal but for `nodes` (the cached policy's status has none).
-fn same_apart_from_nodes(
+pub(crate) fn same_apart_from_nodes(
     a: &TenstorrentDriverPolicyStatus,
     b: &TenstorrentDriverPolicyStatus,
 ) -> bool {
@@ -107,8 +109,8 @@ fn same_apart_from_nodes(
 /// server a plain write, where a server-side apply of thousands of node entries makes it merge
 /// every entry's managed fields. The reply is asked for as `PartialObjectMetadata`: the watch
 /// delivers the object, and the whole object back at every write would cost as much again.
-async fn write_status(
-    ctx: &Context,
+pub(crate) async fn write_status(
+    client: &Client,
     policy: &TenstorrentDriverPolicy,
     built: &BuiltStatus,
     last: &RecordedStatus,
@@ -117,7 +119,7 @@ async fn write_status(
     let failed = |e: kube::Error| Error::kube(format!("write status of policy {name}"), e);
     if let Some(ops) = status_delta(last, built) {
         let body = serde_json::to_vec(&ops).map_err(Error::Serialize)?;
-        match patch_status(ctx, &name, body).await {
+        match patch_status(client, &name, body).await {
             Ok(version) => return Ok(version),
             // The policy moved on since (or the server refused the patch): replace it whole.
             Err(kube::Error::Api(e)) => {
@@ -138,12 +140,12 @@ async fn write_status(
         value: built.whole(),
     }])
     .map_err(Error::Serialize)?;
-    patch_status(ctx, &name, body).await.map_err(failed)
+    patch_status(client, &name, body).await.map_err(failed)
 }
 
 /// Sends a JSON patch to the policy's status; returns the new `resourceVersion`.
 async fn patch_status(
-    ctx: &Context,
+    client: &Client,
     name: &str,
     body: Vec<u8>,
 ) -> Result<Option<String>, kube::Error> {
@@ -159,7 +161,7 @@ async fn patch_status(
         )
         .body(body)
         .map_err(|e| kube::Error::BuildRequest(kube::core::request::Error::BuildRequest(e)))?;
-    let reply = ctx.client.request_text(request).await?;
+    let reply = client.request_text(request).await?;
     let meta: kube::core::PartialObjectMeta<TenstorrentDriverPolicy> =
         serde_json::from_str(&reply).map_err(kube::Error::SerdeError)?;
     Ok(meta.metadata.resource_version)
@@ -221,62 +223,59 @@ fn status_delta(last: &RecordedStatus, built: &BuiltStatus) -> Option<Vec<serde_
     Some(ops)
 }
 
-/// Writes `built` unless it is what was last written (and the API's copy agrees), and
-/// remembers it, the node entries once (in `nodes`, not again in `status`).
-///
-/// `policy_outdated`: `policy` was read before `last` was written (the caller wrote since), so
-/// its status is older than `last` and says nothing about the API's copy now.
+/// Remembers `built` as the policy's decided status and hands it to the policy's status writer
+/// ([`crate::runtime::status_view`]), which writes it soon; returns at once, except when the
+/// rollout's state (`status.rollout`: canary, soak, applied target) changed, which reconciles
+/// read back before acting and so is written first.
 pub async fn record(
     ctx: &Context,
-    policy: &TenstorrentDriverPolicy,
+    policy: &Arc<TenstorrentDriverPolicy>,
     built: BuiltStatus,
     last: &RecordedStatus,
-    policy_outdated: bool,
 ) -> Result<Arc<RecordedStatus>, Error> {
-    let unchanged = built.changed.is_empty()
-        && built.same_nodes
-        && same_apart_from_nodes(&built.status, &last.status);
-    // Writes are spaced by the status's size (see WRITE_SPACING_PER_ENTRY).
-    if let Some(due) = next_write_at(last).filter(|_| !unchanged) {
-        tokio::time::sleep_until(due.into()).await;
-    }
-    let started = Instant::now();
-    let version = if unchanged && api_agrees(policy, policy_outdated, last, &built.status) {
-        None
-    } else {
-        write_status(ctx, policy, &built, last).await?
-    };
-    let written_at = if version.is_some() {
-        Some(started)
-    } else {
-        last.written_at
-    };
-    let written = Arc::new(RecordedStatus {
+    hand_over(ctx, policy, built, last, false).await
+}
+
+/// [`record`], waiting for the write when `wait` or when the rollout's state changed.
+async fn hand_over(
+    ctx: &Context,
+    policy: &Arc<TenstorrentDriverPolicy>,
+    built: BuiltStatus,
+    last: &RecordedStatus,
+    wait: bool,
+) -> Result<Arc<RecordedStatus>, Error> {
+    let rollout_changed = built.status.rollout != last.status.rollout;
+    let urgent = wait
+        || rollout_changed
+        || built.status.conditions != last.status.conditions
+        || built.changed.iter().any(|n| {
+            built
+                .all_nodes
+                .get(n)
+                .is_some_and(|e| e.state == NodeState::Failed)
+                && last
+                    .nodes
+                    .get(n)
+                    .is_none_or(|e| e.state != NodeState::Failed)
+        });
+    let decided = Arc::new(RecordedStatus {
         status: built.status,
         nodes: built.all_nodes,
-        resource_version: version.or_else(|| last.resource_version.clone()),
-        written_at,
+        resource_version: None,
+        written_at: None,
     });
-    ctx.remember_recorded(&policy.uid().unwrap_or_default(), written.clone());
-    Ok(written)
+    ctx.remember_recorded(&policy.uid().unwrap_or_default(), decided.clone());
+    let ticket = ctx
+        .status_views
+        .submit(&ctx.client, policy, decided.clone(), urgent);
+    if wait || rollout_changed {
+        ticket.written().await?;
+    }
+    Ok(decided)
 }
 
-/// Whether the API's copy of the status is `last` (so an unchanged status needs no write): the
-/// policy is at the version of that write, or was read before it (`policy_outdated`), or its
-/// status says the same. Otherwise someone else wrote it, and the write puts it right.
-fn api_agrees(
-    policy: &TenstorrentDriverPolicy,
-    policy_outdated: bool,
-    last: &RecordedStatus,
-    status: &TenstorrentDriverPolicyStatus,
-) -> bool {
-    policy_outdated
-        || (last.resource_version.is_some()
-            && policy.metadata.resource_version == last.resource_version)
-        || (policy.status.as_ref()).is_some_and(|s| same_apart_from_nodes(s, status))
-}
-
-/// Writes the status with every node entry as recorded and the conditions of `facts`.
+/// Writes the status with every node entry as recorded and the conditions of `facts`, and
+/// waits for the write.
 pub async fn record_nodes_as_they_are(
     ctx: &Context,
     policy: &TenstorrentDriverPolicy,
@@ -302,7 +301,7 @@ pub async fn record_nodes_as_they_are(
         .collect();
     let now = Time(Timestamp::now());
     let built = build_status(facts, &last.status, &last.nodes, reports, &now);
-    record(ctx, policy, built, last, false).await
+    hand_over(ctx, &Arc::new(policy.clone()), built, last, true).await
 }
 
 /// When the status write after `w` may start: [`WRITE_SPACING_PER_ENTRY`] per node entry `w`
@@ -447,39 +446,6 @@ mod tests {
         // Nothing changed: only the guard (record() skips the write before it gets here).
         let same = recorded(now.clone(), 0, Some("41"));
         assert_eq!(delta(&same, now, 0).map(|ops| ops.len()), Some(1));
-    }
-
-    #[test]
-    fn an_unchanged_status_is_rewritten_only_when_someone_else_wrote_it() {
-        use NodeState::*;
-        let last = recorded(fleet([Done, Done, Pending, Pending]), 0, Some("42"));
-        let ours = status(Vec::new(), 0);
-        let policy = |version: &str, status: TenstorrentDriverPolicyStatus| {
-            let spec = serde_json::from_value(json!({"version": "2.8.0", "nodeAffinity": {}}));
-            let mut p = TenstorrentDriverPolicy::new("default", spec.unwrap());
-            p.metadata.resource_version = Some(version.into());
-            p.status = Some(status);
-            p
-        };
-        let mut theirs = ours.clone();
-        theirs.conditions.clear();
-        // At the version of our last write, or read before it in the same pass: no write.
-        assert!(api_agrees(
-            &policy("42", theirs.clone()),
-            false,
-            &last,
-            &ours
-        ));
-        assert!(api_agrees(
-            &policy("41", theirs.clone()),
-            true,
-            &last,
-            &ours
-        ));
-        // Another version whose status says the same: no write either.
-        assert!(api_agrees(&policy("43", ours.clone()), false, &last, &ours));
-        // Another version with another status: someone else wrote it, so it is put right.
-        assert!(!api_agrees(&policy("43", theirs), false, &last, &ours));
     }
 
     #[test]

@@ -3,8 +3,11 @@
 //! changed, so a round costs what changed, not the fleet.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -20,6 +23,22 @@ pub struct ChangesSince {
     pub pods: Vec<(String, ObjectRef<CachedPod>)>,
     /// A watch listed its objects again: anything may have changed.
     pub relisted: bool,
+    /// Something besides the watches asks to look again: a drain or a node task ended, or a
+    /// policy changed.
+    pub poked: bool,
+    /// The policies whose agent DaemonSet's spec changed (someone edited it, or it was
+    /// applied): a reconcile of theirs applies it again.
+    pub daemonsets: HashSet<String>,
+}
+
+impl ChangesSince {
+    fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+            && self.pods.is_empty()
+            && !self.relisted
+            && !self.poked
+            && self.daemonsets.is_empty()
+    }
 }
 
 /// Where the node and agent-pod watches record their changes, for every open [`ChangeSubscription`].
@@ -27,14 +46,40 @@ pub struct ChangesSince {
 pub struct WatchChanges {
     open: Mutex<HashMap<u64, ChangesSince>>,
     next: AtomicU64,
+    /// Wakes the reconciles waiting for a change.
+    recorded: Notify,
+    /// The controller is stopping: no reconcile waits any more.
+    closed: AtomicBool,
 }
 
 impl WatchChanges {
     fn record(&self, f: impl Fn(&mut ChangesSince)) {
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        for changed in open.values_mut() {
-            f(changed);
+        {
+            let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+            for changed in open.values_mut() {
+                f(changed);
+            }
         }
+        self.recorded.notify_waiters();
+    }
+
+    /// Records that `policy`'s agent DaemonSet changed.
+    pub fn daemonset_changed(&self, policy: &str) {
+        self.record(|c| {
+            c.daemonsets.insert(policy.to_owned());
+        });
+    }
+
+    /// Asks every reconcile following the fleet to look again.
+    pub fn poke(&self) {
+        self.record(|c| c.poked = true);
+    }
+
+    /// The controller stops (shutdown, or leadership lost): every reconcile following the fleet
+    /// ends now, so the shutdown does not wait for it.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.recorded.notify_waiters();
     }
 
     /// Records a node watch event.
@@ -87,6 +132,28 @@ pub struct ChangeSubscription {
 }
 
 impl ChangeSubscription {
+    /// Waits until something changed since the last [`ChangeSubscription::take`], at most
+    /// `limit`; whether something did (or the controller is stopping).
+    pub async fn changed_within(&self, limit: Duration) -> bool {
+        let notified = self.changes.recorded.notified();
+        tokio::pin!(notified);
+        // Registered before looking: a change in between wakes it.
+        notified.as_mut().enable();
+        let pending = (self
+            .changes
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner))
+        .get(&self.id)
+        .is_some_and(|c| !c.is_empty());
+        pending || self.closed() || tokio::time::timeout(limit, notified).await.is_ok()
+    }
+
+    /// Whether the controller is stopping.
+    pub fn closed(&self) -> bool {
+        self.changes.closed.load(Ordering::Relaxed)
+    }
+
     /// What changed since the last call (or since the subscription).
     pub fn take(&self) -> ChangesSince {
         self.changes

@@ -415,6 +415,30 @@ impl Harness {
         }
     }
 
+    /// Each node's state in `policy`'s rollout: its upgrade record when it carries one (written
+    /// before each step), else its entry in the policy's status.
+    pub async fn node_states(&self, policy: &str) -> BTreeMap<String, NodeState> {
+        let p = self.policies().get(policy).await.unwrap();
+        let mut states: BTreeMap<String, NodeState> = p
+            .status
+            .iter()
+            .flat_map(|s| s.nodes.iter())
+            .map(|n| (n.name.clone(), n.state))
+            .collect();
+        let nodes = self
+            .node_api()
+            .list(&ListParams::default().labels(&format!("{RUN_LABEL}={}", self.prefix)))
+            .await
+            .unwrap();
+        for n in nodes.items {
+            let record = ttdp_api::node_record::NodeRecord::of_policy(n.annotations(), policy);
+            if let Some(r) = record {
+                states.insert(n.name_any(), r.state);
+            }
+        }
+        states
+    }
+
     /// Wipes the policy's whole status, as a restore from a backup without status (or an
     /// admin's mistake) would: what the controller knew is then only on the nodes.
     pub async fn wipe_status(&self, policy: &str) {
@@ -771,6 +795,10 @@ impl Monitor {
         let states = Arc::new(Mutex::new(BTreeMap::new()));
         let nodes: Api<Node> = Api::all(client.clone());
         let (max, now) = (max_cordoned.clone(), cordoned_now.clone());
+        let timeline = Arc::new(Mutex::new(Vec::new()));
+        // The nodes' upgrade records, by node: (policy, state) as each node carries it now.
+        let records: Arc<Mutex<BTreeMap<String, (String, NodeState)>>> = Arc::default();
+        let (s1, t1_log, r1) = (states.clone(), timeline.clone(), records.clone());
         let config = watcher::Config::default().labels(&format!("{RUN_LABEL}={prefix}"));
         let t1 = tokio::spawn(async move {
             // With back-off, a watch error waits before the retry: without it, a watch whose
@@ -797,11 +825,39 @@ impl Monitor {
                 }
                 let mut m = max.lock().unwrap();
                 *m = (*m).max(now.len());
+                // Every step is on the node before it is acted on; the status, a coalesced
+                // view, may skip a short one.
+                let record = n
+                    .annotations()
+                    .get(annotations::UPGRADE_RECORD)
+                    .and_then(|r| serde_json::from_str::<Value>(r).ok())
+                    .and_then(|r| {
+                        let state = serde_json::from_value(r["state"].clone()).ok()?;
+                        Some((r["policy"].as_str()?.to_owned(), state))
+                    });
+                let mut r = r1.lock().unwrap();
+                match record {
+                    Some((policy, state)) => {
+                        let mut s = s1.lock().unwrap();
+                        let seq: &mut Vec<NodeState> =
+                            s.entry((policy.clone(), n.name_any())).or_default();
+                        if seq.last() != Some(&state) {
+                            seq.push(state);
+                            t1_log
+                                .lock()
+                                .unwrap()
+                                .push((n.name_any(), state, Instant::now()));
+                        }
+                        r.insert(n.name_any(), (policy, state));
+                    }
+                    None => {
+                        r.remove(&n.name_any());
+                    }
+                }
             }
         });
         let policies: Api<TenstorrentDriverPolicy> = Api::all(client);
         let s = states.clone();
-        let timeline = Arc::new(Mutex::new(Vec::new()));
         let t = timeline.clone();
         let prefix = prefix.to_owned();
         let t2 = tokio::spawn(async move {
@@ -815,10 +871,19 @@ impl Monitor {
                     if !p.name_any().starts_with(&prefix) {
                         continue;
                     }
+                    // Locked in the node watch's order: records, then states.
+                    let records = records.lock().unwrap();
                     let mut s = s.lock().unwrap();
                     // One status is one moment: every change it carries gets the same instant.
                     let at = Instant::now();
                     for n in p.status.iter().flat_map(|st| st.nodes.iter()) {
+                        // A node carrying its record says where it is; the status may lag.
+                        if records
+                            .get(&n.name)
+                            .is_some_and(|(policy, _)| *policy == p.name_any())
+                        {
+                            continue;
+                        }
                         let seq: &mut Vec<NodeState> =
                             s.entry((p.name_any(), n.name.clone())).or_default();
                         if seq.last() != Some(&n.state) {

@@ -39,6 +39,7 @@ use crate::pure::transition::{
     self, Action, DrainProgress, NodeObservation, NodeTransition, RetryGate, UpgradeGrant, reasons,
 };
 use crate::settings::Settings;
+use ttdp_api::node_record::NodeRecord;
 
 /// Why a node is not Ready, as the node cache says it.
 const NOT_READY: &str = "Ready=Unknown: NodeStatusUnknown: Kubelet stopped posting node status.";
@@ -154,6 +155,8 @@ struct ModelPass {
     planned: Vec<(NodeState, Vec<Action>)>,
     /// The actions already taken per matched node (the lifted cordons).
     taken: Vec<Vec<Action>>,
+    /// The matched nodes whose record was not written this round: not acted on.
+    unrecorded: Vec<usize>,
     planner: Planner,
 }
 
@@ -164,7 +167,7 @@ pub(super) fn reconcile(w: &mut World) {
     };
     let first = pass.plan(&[]);
     let (transitions, lifted) = pass.lift_cordons(w, first);
-    if !pass.record(w, transitions) {
+    if !pass.record(w, transitions, &lifted) {
         return;
     }
     for name in &lifted {
@@ -233,6 +236,7 @@ fn observe_all(w: &mut World) -> Option<ModelPass> {
         .count();
     Some(ModelPass {
         taken: vec![Vec::new(); matched.len()],
+        unrecorded: Vec::new(),
         planned: vec![(NodeState::Pending, Vec::new()); matched.len()],
         planner: Planner::new(plan)
             .with_guards(guards)
@@ -353,7 +357,21 @@ impl ModelPass {
             tried.push(node.name.clone());
             w.lifted_unrecorded.insert(node.name.clone());
             self.taken[k].push(Action::Release);
+            // The lift writes the node's Uncordoning record (`Pass::uncordoning_record`).
+            let record = w.entries.get(node.name.as_str()).and_then(|e| {
+                let mut e = e.as_ref().clone();
+                e.state = NodeState::Uncordoning;
+                e.last_transition_time = Some(Time(w.now));
+                (e.reason, e.message) = (None, None);
+                node_record::desired(POLICY, &self.facts.target_version, &e)
+            });
             if let Ok(outcome) = writes::release(node, POLICY) {
+                writes::put_record(node, record.as_ref());
+                let name = node.name.clone();
+                w.drains.remove(&name);
+                if let Some(r) = &record {
+                    note_failures(w, &name, r);
+                }
                 lifted.push((k, outcome));
             }
         }
@@ -372,9 +390,15 @@ impl ModelPass {
         (by_node.into_iter().collect(), tried)
     }
 
-    /// Builds the status and writes it (`Pass::build`, `status_writer::record`); false when
-    /// the write failed (the round ends there).
-    fn record(&mut self, w: &mut World, transitions: Vec<(usize, NodeTransition)>) -> bool {
+    /// Builds the status, writes the nodes' records, then hands the status over
+    /// (`Pass::build`, `status_writer::record`); false when a write that must land before the
+    /// actions failed (the round ends there).
+    fn record(
+        &mut self,
+        w: &mut World,
+        transitions: Vec<(usize, NodeTransition)>,
+        lifted: &[String],
+    ) -> bool {
         let reports: Vec<NodeReport> = transitions
             .into_iter()
             .map(|(k, t)| {
@@ -395,24 +419,35 @@ impl ModelPass {
         let now = Time(w.now);
         let mut built = build_status(&self.facts, &w.status, &w.entries, reports, &now);
         built.status.rollout = self.planner.guards().rollout_status(self.planner.verdict());
-        if !self.write_records(w, &built) || std::mem::take(&mut w.fail_next_status_write) {
+        self.unrecorded = self.write_records(w, &built, lifted);
+        // The status is a view written after the records, without holding up the actions
+        // (`status_view`); only a changed rollout state is written before acting on it.
+        let written = !std::mem::take(&mut w.fail_next_status_write);
+        if built.status.rollout != w.status.rollout && !written {
             return false;
         }
         w.status = built.status;
         w.entries = built.all_nodes;
+        if written {
+            w.view = (w.status.clone(), w.entries.clone());
+        }
         true
     }
 
     /// Writes the upgrade records of the nodes whose entry changed or that have actions
-    /// (`Pass::record_patches`, `node_records::write`), before the status; false when one
-    /// failed (the round ends there).
-    fn write_records(&self, w: &mut World, built: &BuiltStatus) -> bool {
-        let mut written = true;
+    /// (`Pass::record_patches`, `node_records::write`), before the status; returns the nodes
+    /// whose record was not written (not acted on this round).
+    fn write_records(&self, w: &mut World, built: &BuiltStatus, lifted: &[String]) -> Vec<usize> {
+        let mut unwritten = Vec::new();
         let target = self.facts.target_version.clone();
         for k in 0..self.matched.len() {
             let node = &mut w.nodes[self.matched[k]];
             let has_actions = !self.planned[k].1.is_empty();
             if !(has_actions || built.changed.iter().any(|c| **c == *node.name)) {
+                continue;
+            }
+            // A cordon or a grant carries the record; a lifted cordon took it with it.
+            if rides_along(&self.todo(k)) || lifted.contains(&node.name) {
                 continue;
             }
             let Some(entry) = built.all_nodes.get(node.name.as_str()) else {
@@ -424,45 +459,79 @@ impl ModelPass {
                 Some(patch) => writes::record(node, &patch).is_ok(),
                 None => true,
             };
-            written &= on_node;
-            if on_node {
-                let failures = want.and_then(|r| {
-                    let k = r.attempts.unwrap_or(0);
-                    (k > 0).then_some((k, r.state == NodeState::Failed))
-                });
-                match failures {
-                    Some(f) => w.decided_failures.insert(node.name.clone(), f),
-                    None => w.decided_failures.remove(&node.name),
-                };
+            if !on_node {
+                unwritten.push(k);
+            } else {
+                let name = node.name.clone();
+                match want {
+                    Some(r) => note_failures(w, &name, &r),
+                    None => {
+                        w.decided_failures.remove(&name);
+                    }
+                }
             }
         }
-        written
+        unwritten
     }
 
     /// Carries out each node's actions not taken yet, in order (`Pass::start_actions`,
     /// `act::on_nodes`); a failed write does not stop the node's next action.
+    /// Node `k`'s actions not taken yet.
+    fn todo(&self, k: usize) -> Vec<Action> {
+        (self.planned[k].1.iter())
+            .filter(|a| !self.taken[k].contains(a))
+            .copied()
+            .collect()
+    }
+
     fn act(&mut self, w: &mut World) {
         for k in 0..self.planned.len() {
-            let todo: Vec<Action> = (self.planned[k].1.iter())
-                .filter(|a| !self.taken[k].contains(a))
-                .copied()
-                .collect();
+            if self.unrecorded.contains(&k) {
+                continue;
+            }
+            let todo = self.todo(k);
             let i = self.matched[k];
             let pods = cached_pods(&w.nodes[i], w.now);
             let replace = observe::agent_to_replace(&todo, &self.observations[k].1.agent, &pods);
+            let entry = w.entries.get(w.nodes[i].name.as_str()).cloned();
+            let record = entry
+                .filter(|_| rides_along(&todo))
+                .and_then(|e| node_record::desired(POLICY, &self.facts.target_version, &e));
             for action in todo {
-                self.act_on(w, i, action, replace.as_ref());
+                self.act_on(w, i, action, replace.as_ref(), record.as_ref());
             }
         }
     }
 
-    fn act_on(&self, w: &mut World, i: usize, action: Action, replace: Option<&CachedPod>) {
+    fn act_on(
+        &self,
+        w: &mut World,
+        i: usize,
+        action: Action,
+        replace: Option<&CachedPod>,
+        record: Option<&NodeRecord>,
+    ) {
         let node = &mut w.nodes[i];
+        let carried = |w: &mut World, ok: bool| {
+            if let Some(r) = record.filter(|_| ok) {
+                note_failures(w, &w.nodes[i].name.clone(), r);
+            }
+        };
         // A refused write fails the reconcile, which backs off; nothing else follows from it.
         let _ = match action {
-            Action::Cordon => writes::cordon(node, POLICY),
-            Action::Grant => writes::grant(node, POLICY, self.target.as_str()),
-            Action::Release => writes::release(node, POLICY).map(|_| ()),
+            Action::Cordon => {
+                let ok = writes::cordon(node, POLICY, record).is_ok();
+                carried(w, ok);
+                Ok(())
+            }
+            Action::Grant => {
+                let ok = writes::grant(node, POLICY, self.target.as_str(), record).is_ok();
+                carried(w, ok);
+                Ok(())
+            }
+            Action::Release => writes::release(node, POLICY).map(|_| {
+                w.drains.remove(&node.name);
+            }),
             Action::ClearRetry => writes::clear_retry(node),
             Action::Drain => {
                 let running = DrainProgress::Running {
@@ -502,6 +571,23 @@ impl ModelPass {
             }
         }
     }
+}
+
+/// Notes the failures `record` (now on the node) carries, for the restart invariant.
+fn note_failures(w: &mut World, node: &str, record: &NodeRecord) {
+    let k = record.attempts.unwrap_or(0);
+    if k > 0 {
+        let failed = record.state == NodeState::Failed;
+        w.decided_failures.insert(node.to_owned(), (k, failed));
+    } else {
+        w.decided_failures.remove(node);
+    }
+}
+
+/// Whether `todo` writes the node's record itself (`pass::record::rides_along`).
+fn rides_along(todo: &[Action]) -> bool {
+    todo.iter()
+        .any(|a| matches!(a, Action::Cordon | Action::Grant))
 }
 
 /// The policy owning node `i`, by the core's overlap rules (None: no policy selects it).

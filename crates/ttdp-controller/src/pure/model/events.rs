@@ -43,7 +43,8 @@ pub(super) enum Event {
     Window(bool),
     /// Time passes.
     Tick(u64),
-    /// The controller restarts: its drains and notes are gone; `status`: the status too.
+    /// The controller restarts: its memory (drains, notes, the status it decided) is gone and
+    /// it reads the status the API server has; `status`: that is gone too.
     Restart { status: bool },
     /// The skip label is put on or taken off the node.
     Skip { node: usize, on: bool },
@@ -164,9 +165,9 @@ impl World {
         self.drains.clear();
         self.lifted_unrecorded.clear();
         if status {
-            self.status = Default::default();
-            self.entries.clear();
+            self.view = Default::default();
         }
+        (self.status, self.entries) = self.view.clone();
         // What `status_writer::last_recorded` reads: the status, with the nodes' records over it.
         let metas: Vec<_> = self
             .nodes

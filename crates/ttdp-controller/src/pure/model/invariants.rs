@@ -5,9 +5,9 @@
 //! a live grant of ours: for a version it does not run yet, which its agent pod (or the next
 //! one the DaemonSet makes) asks for, so it may swap the module any moment.
 
-use ttdp_api::NodeState;
 use ttdp_api::driver::v1alpha1::rollout_phase as phase;
 use ttdp_api::names::CORDON_OWNER_PREFIX;
+use ttdp_api::{NodeState, NodeStatus};
 
 use super::events::Event;
 use super::{ModelNode, POLICY, World, other};
@@ -160,8 +160,8 @@ fn started_by_us(n: &ModelNode) -> bool {
     n.cordoned_by(POLICY) || n.grant_of(POLICY).is_some()
 }
 
-/// No node of ours has our cordon lifted while no driver is loaded on it, unless it is
-/// recorded Failed with the reason shown. A node that left our selection (skip label, owned by
+/// No node of ours has our cordon lifted while no driver is loaded on it, unless its record on
+/// the node shows it Failed with the reason and message. A node that left our selection (skip label, owned by
 /// an older policy) is the admin's: it is not checked.
 pub(super) fn released_only_with_a_driver(before: &World, after: &World) -> Result<(), String> {
     for (i, n) in after.nodes.iter().enumerate() {
@@ -170,8 +170,11 @@ pub(super) fn released_only_with_a_driver(before: &World, after: &World) -> Resu
             continue;
         }
         let entry = after.entries.get(n.name.as_str());
-        let shown = entry.is_some_and(|e| {
-            e.state == NodeState::Failed && e.reason.is_some() && e.message.is_some()
+        // Shown on the node itself, whose record was written before the release: the status
+        // is a view that may lag.
+        let record = ttdp_api::node_record::NodeRecord::of_policy(&n.annotations, POLICY);
+        let shown = record.is_some_and(|r| {
+            r.state == NodeState::Failed && r.reason.is_some() && r.message.is_some()
         });
         if !shown {
             return Err(format!(
@@ -185,8 +188,9 @@ pub(super) fn released_only_with_a_driver(before: &World, after: &World) -> Resu
 }
 
 /// A restart forgets no failure the controller decided before acting on the node, even one
-/// that lost the status: the node keeps its failed attempts, and a Failed node stays Failed (its
-/// back-off and the failure budget count from them).
+/// that lost the status: the node keeps its failed attempts (its back-off and the failure
+/// budget count from them) and a Failed node stays Failed, unless the status it reads shows a
+/// later decision (a retry, or Done, that could not be written on the node).
 pub(super) fn failures_are_never_forgotten(
     before: &World,
     event: &Event,
@@ -197,8 +201,11 @@ pub(super) fn failures_are_never_forgotten(
     }
     for (name, &(k, failed)) in &before.decided_failures {
         let a = after.entries.get(name.as_str());
-        let kept =
-            a.is_some_and(|a| a.attempts >= Some(k) && (!failed || a.state == NodeState::Failed));
+        // What the restarted controller read: the view, where it is newer than the record.
+        let from_view = |a: &NodeStatus| after.view.1.get(name.as_str()).is_some_and(|v| **v == *a);
+        let kept = a.is_some_and(|a| {
+            from_view(a) || (a.attempts >= Some(k) && (!failed || a.state == NodeState::Failed))
+        });
         if !kept {
             return Err(format!(
                 "failures_are_never_forgotten: {name} had {k} failed attempts (Failed: {failed}), now {:?}",

@@ -153,9 +153,12 @@ pub(super) struct World {
     pub setup: Setup,
     /// Our policy's spec.
     pub spec: TenstorrentDriverPolicySpec,
-    /// Our policy's recorded status, without node entries.
+    /// The status as the API server has it (written by the status writer, which may lag or
+    /// have failed): what a restarted controller reads.
+    pub view: (TenstorrentDriverPolicyStatus, NodeEntries),
+    /// Our policy's status as the controller decided it, without node entries.
     pub status: TenstorrentDriverPolicyStatus,
-    /// Our policy's node entries.
+    /// Our policy's node entries as the controller decided them.
     pub entries: NodeEntries,
     /// The nodes, in name order.
     pub nodes: Vec<ModelNode>,
@@ -239,6 +242,7 @@ impl World {
             spec: spec_of(setup, VERSIONS[0]),
             status: TenstorrentDriverPolicyStatus::default(),
             entries: NodeEntries::new(),
+            view: Default::default(),
             nodes,
             daemonset: None,
             daemonset_nodes: BTreeSet::new(),

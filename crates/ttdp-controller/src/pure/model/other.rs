@@ -15,7 +15,7 @@ pub(super) fn owns(w: &World, i: usize) -> bool {
 /// The other policy cordons node `i` it owns for its upgrade (closing the gates).
 pub(super) fn cordon(w: &mut World, i: usize) {
     if owns(w, i) {
-        let _ = writes::cordon(&mut w.nodes[i], OTHER);
+        let _ = writes::cordon(&mut w.nodes[i], OTHER, None);
     }
 }
 

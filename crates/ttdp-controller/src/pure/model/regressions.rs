@@ -358,3 +358,28 @@ fn a_failure_survives_a_restart_that_lost_the_status() {
     assert_eq!(after.attempts, before.attempts);
     assert_eq!(after.reason, before.reason);
 }
+
+/// A round lifted a node's cordon (the version went back while it drained) and could not
+/// write the rollout's new state, so it ended there; the version came back and the old drain
+/// finished. The node was granted the swap uncordoned, its old drain taken for a new one. Now
+/// a lifted cordon forgets the node's drain, and a Draining node that lost its cordon is
+/// cordoned again first.
+#[test]
+fn a_drain_from_before_a_lifted_cordon_grants_nothing() {
+    let mut s = setup(2, 1, true);
+    s.schedule = true;
+    let events = [
+        Version(1),
+        Reconcile,
+        Reconcile,
+        StatusWriteFails,
+        Version(0),
+        Reconcile,
+        Version(1),
+        DrainDone(0),
+        Reconcile,
+    ];
+    let w = holds(&s, &events);
+    let n0 = &w.nodes[0];
+    assert!(n0.grant_of(super::POLICY).is_none(), "{}", w.brief());
+}

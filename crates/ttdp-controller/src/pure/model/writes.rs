@@ -11,6 +11,7 @@ use ttdp_drain::UncordonOutcome;
 
 use super::{GATE, ModelNode};
 use crate::pure::{node_record, observe};
+use ttdp_api::node_record::NodeRecord;
 
 /// A write the API server refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,8 +26,13 @@ fn refused(n: &mut ModelNode) -> Result<(), WriteFailed> {
 }
 
 /// Cordons `n` for `policy` (someone else's cordon stays theirs) and closes its deploy gate.
-pub(super) fn cordon(n: &mut ModelNode, policy: &str) -> Result<(), WriteFailed> {
+pub(super) fn cordon(
+    n: &mut ModelNode,
+    policy: &str,
+    record: Option<&NodeRecord>,
+) -> Result<(), WriteFailed> {
     refused(n)?;
+    put_record(n, record);
     if !n.unschedulable {
         n.unschedulable = true;
         n.annotations
@@ -44,8 +50,14 @@ pub(super) fn cordon(n: &mut ModelNode, policy: &str) -> Result<(), WriteFailed>
 }
 
 /// Grants `n` the upgrade of `policy` to `version`.
-pub(super) fn grant(n: &mut ModelNode, policy: &str, version: &str) -> Result<(), WriteFailed> {
+pub(super) fn grant(
+    n: &mut ModelNode,
+    policy: &str,
+    version: &str,
+    record: Option<&NodeRecord>,
+) -> Result<(), WriteFailed> {
     refused(n)?;
+    put_record(n, record);
     n.annotations.insert(
         annotations::UPGRADE_GRANT.into(),
         names::upgrade_grant(policy, version),
@@ -127,4 +139,14 @@ pub(super) fn let_go(n: &mut ModelNode, policy: &str) -> Result<UncordonOutcome,
         n.labels.remove(labels::UPGRADE_STATE);
     }
     Ok(outcome)
+}
+
+/// The record riding on a cordon, a grant or a lifted cordon (`node_actions::with_record`).
+pub(super) fn put_record(n: &mut ModelNode, record: Option<&NodeRecord>) {
+    if let Some(r) = record {
+        n.annotations
+            .insert(annotations::UPGRADE_RECORD.into(), r.to_annotation());
+        n.labels
+            .insert(labels::UPGRADE_STATE.into(), r.state_label());
+    }
 }

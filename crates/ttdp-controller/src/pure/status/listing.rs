@@ -25,9 +25,10 @@ pub(super) fn bounded_message(message: String) -> String {
     }
 }
 
-/// Whether a large fleet's status lists this node: not Done and not just waiting for a slot.
+/// Whether a large fleet's status lists this node: not Done, and not waiting to start for the
+/// rollout's sake (a slot, the pause, a window, the canary, a halt); those are counted.
 fn listed_past_threshold(n: &NodeStatus) -> bool {
-    n.state != NodeState::Done && !n.is_waiting_for_slot()
+    n.state != NodeState::Done && !n.is_waiting_to_start()
 }
 
 /// The entries to write, in name order: every node up to [`COMPACT_THRESHOLD`], else the nodes

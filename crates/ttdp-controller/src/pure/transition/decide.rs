@@ -137,6 +137,14 @@ impl Deciding<'_> {
             || (self.obs.externally_cordoned && self.obs.gates_closed_by_us)
     }
 
+    /// The node is cordoned (by us, or by someone else) with its gates closed, as Cordoning
+    /// leaves it for the drain.
+    fn held_for_drain(&self) -> bool {
+        let cordoned = (self.obs.cordoned_by_us && !self.obs.lifted_unrecorded)
+            || self.obs.externally_cordoned;
+        cordoned && (self.obs.gates_closed_by_us || !self.rules.gates_configured)
+    }
+
     fn paused(&self) -> bool {
         self.obs.start == StartGate::Paused
     }
@@ -400,6 +408,11 @@ impl Deciding<'_> {
     fn draining(&self) -> NodeTransition {
         if self.up_to_date() {
             return self.finish();
+        }
+        // The cordon was lifted meanwhile (a round that lifted it could not record that): what
+        // was drained may be back, so the node is cordoned and drained again.
+        if !self.held_for_drain() {
+            return NodeTransition::to(NodeState::Cordoning).doing(Action::Cordon);
         }
         match &self.obs.drain {
             DrainProgress::Succeeded { skipped } if !skipped.is_empty() => self

@@ -99,7 +99,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
             "no agent pod, no module",
             base(),
             [
-                Pending, Cordoning, Draining, Upgrading, Done, Pending, Failed, Pending, Pending,
+                Pending, Cordoning, Cordoning, Upgrading, Done, Pending, Failed, Pending, Pending,
             ],
         ),
         (
@@ -111,7 +111,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
                 old(o)
             }),
             [
-                Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
+                Cordoning, Cordoning, Cordoning, Cordoning, Done, Cordoning, Failed, Cordoning,
                 Cordoning,
             ],
         ),
@@ -119,7 +119,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
             "stale agent, no module loaded",
             with(|o| o.agent = AgentPod::Stale),
             [
-                Upgrading, Cordoning, Draining, Upgrading, Done, Upgrading, Failed, Upgrading,
+                Upgrading, Cordoning, Cordoning, Upgrading, Done, Upgrading, Failed, Upgrading,
                 Upgrading,
             ],
         ),
@@ -130,7 +130,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
                 o.loaded_version = Some("2.8.0".into())
             }),
             [
-                Upgrading, Cordoning, Draining, Upgrading, Done, Upgrading, Failed, Upgrading,
+                Upgrading, Cordoning, Cordoning, Upgrading, Done, Upgrading, Failed, Upgrading,
                 Upgrading,
             ],
         ),
@@ -143,7 +143,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
                 old(o)
             }),
             [
-                Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
+                Cordoning, Cordoning, Cordoning, Cordoning, Done, Cordoning, Failed, Cordoning,
                 Cordoning,
             ],
         ),
@@ -154,7 +154,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
                 old(o)
             }),
             [
-                Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
+                Cordoning, Cordoning, Cordoning, Cordoning, Done, Cordoning, Failed, Cordoning,
                 Cordoning,
             ],
         ),
@@ -162,7 +162,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
             "current agent working, no module (fresh install)",
             with(|o| o.agent = AgentPod::Current(AgentCondition::Working)),
             [
-                Upgrading, Cordoning, Draining, Upgrading, Done, Upgrading, Failed, Upgrading,
+                Upgrading, Cordoning, Cordoning, Upgrading, Done, Upgrading, Failed, Upgrading,
                 Upgrading,
             ],
         ),
@@ -217,7 +217,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
                 old(o)
             }),
             [
-                Upgrading, Cordoning, Draining, Upgrading, Done, Upgrading, Failed, Upgrading,
+                Upgrading, Cordoning, Cordoning, Upgrading, Done, Upgrading, Failed, Upgrading,
                 Upgrading,
             ],
         ),
@@ -230,7 +230,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
                 old(o)
             }),
             [
-                Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Failed, Cordoning,
+                Cordoning, Cordoning, Cordoning, Cordoning, Done, Cordoning, Failed, Cordoning,
                 Cordoning,
             ],
         ),
@@ -244,7 +244,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
                 old(o)
             }),
             [
-                Failed, Cordoning, Draining, Failed, Done, Failed, Failed, Failed, Failed,
+                Failed, Cordoning, Cordoning, Failed, Done, Failed, Failed, Failed, Failed,
             ],
         ),
         (
@@ -254,7 +254,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
                 old(o)
             }),
             [
-                Pending, Cordoning, Draining, Upgrading, Done, Pending, Failed, Pending, Pending,
+                Pending, Cordoning, Cordoning, Upgrading, Done, Pending, Failed, Pending, Pending,
             ],
         ),
         (
@@ -359,7 +359,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
                 old(o)
             }),
             [
-                Cordoning, Cordoning, Draining, Cordoning, Done, Cordoning, Cordoning, Cordoning,
+                Cordoning, Cordoning, Cordoning, Cordoning, Done, Cordoning, Cordoning, Cordoning,
                 Cordoning,
             ],
         ),
@@ -370,7 +370,7 @@ fn table() -> Vec<(&'static str, NodeObservation, [NodeState; 9])> {
                 o.agent = AgentPod::Stale
             }),
             [
-                Upgrading, Cordoning, Draining, Upgrading, Done, Upgrading, Upgrading, Upgrading,
+                Upgrading, Cordoning, Cordoning, Upgrading, Done, Upgrading, Upgrading, Upgrading,
                 Upgrading,
             ],
         ),
@@ -1328,4 +1328,23 @@ fn a_node_back_in_line_gives_its_old_grant_back() {
     let t = next(&waiting, &r);
     assert_eq!(t.state, Pending);
     assert_eq!(t.actions, vec![Action::Release]);
+}
+
+/// A drain that finished before the node's cordon was lifted says nothing about the node now:
+/// it is cordoned (and drained) again before any grant.
+#[test]
+fn a_draining_node_that_lost_its_cordon_is_cordoned_again_not_granted() {
+    let t = next(
+        &with(|o| {
+            o.recorded = Some(Draining);
+            old(o);
+            o.agent = AgentPod::Stale;
+            o.drain = DrainProgress::Succeeded {
+                skipped: Vec::new(),
+            };
+        }),
+        &rules(),
+    );
+    assert_eq!(t.state, Cordoning);
+    assert_eq!(t.actions, vec![Action::Cordon]);
 }

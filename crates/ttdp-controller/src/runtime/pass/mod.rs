@@ -1,16 +1,17 @@
 //! One reconcile of one policy as a value that owns what it knows. [`Pass::observe`] reads the
-//! caches and observes every matched node; each [`Pass::round`] plans, records the status and
-//! acts, then follows the fleet: it observes again only the nodes whose node, agent pods, drain
-//! or entry changed, so an agent's Ready or a finished drain is acted on in the next round, not
-//! in a new reconcile that observes the whole fleet. [`Pass::finish`] releases the nodes that
-//! left the selection and says when to look again.
+//! caches and observes every matched node; each [`Pass::round`] plans, records and acts, then
+//! follows the fleet: it waits for the next change and observes again only the nodes whose
+//! node, agent pods, drain or entry changed, so an agent's Ready or a finished drain is acted
+//! on in the next round, not in a new reconcile that observes the whole fleet.
+//! [`Pass::finish`] releases the nodes that left the selection and says when to look again.
 //!
 //! The new state is recorded before the action, so a crash in between repeats the action on the
-//! next reconcile instead of skipping it: first on each node it changed for (its upgrade record,
-//! see [`crate::pure::node_record`]), then in the policy's status, which never runs ahead of the
-//! nodes. Lifting a cordon, harmless to repeat, runs before its
-//! Uncordoning is written, so that the slot it frees goes to the next node in the same write;
-//! when that write fails, the node counts as cordoned by us until its Uncordoning is recorded.
+//! next reconcile instead of skipping it: on each node it changed for (its upgrade record, see
+//! [`crate::pure::node_record`], riding on the cordon or the grant where the step takes one),
+//! then handed to the policy's status writer, which never runs ahead of the nodes. Lifting a
+//! cordon, harmless to repeat, runs first and writes the node's Uncordoning record in the same
+//! patch, so that the slot it frees goes to the next node in the same round: a hand-off is two
+//! node patches, the lift and the next node's cordon.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -28,28 +29,34 @@ use ttdp_kmd_types::KmdVersion;
 use crate::error::Error;
 use crate::pure::agent_blocker::Blocker;
 use crate::pure::cached::{CachedNode, CachedPod};
-use crate::pure::drain_plan;
 use crate::pure::observe::{self, ObserveInput};
 use crate::pure::overlap::{self, OlderPolicies, selection_of};
 use crate::pure::rollout::Planner;
 use crate::pure::start_guard::guards_of;
 use crate::pure::status::{PolicyFacts, node_counts};
 use crate::pure::transition::{
-    Action, AgentPod, DrainProgress, NodeObservation, NodeTransition, UpgradeGrant, reasons,
+    Action, DrainProgress, NodeObservation, NodeTransition, UpgradeGrant, reasons,
 };
+use crate::pure::{drain_plan, node_record};
 use crate::runtime::act::{self, NodeOutcome, NodeWork};
 use crate::runtime::agent_daemonset;
 use crate::runtime::context::Context;
-use crate::runtime::follow::{self, FollowBasis, PolicyKey};
+use crate::runtime::follow::{self, PolicyKey};
+use crate::runtime::node_actions::RecordOnRelease;
 use crate::runtime::node_records;
 use crate::runtime::status_writer::{self, RecordedStatus};
 use crate::runtime::watch_changes::ChangeSubscription;
 
+mod following;
 mod record;
 
-/// How long one reconcile follows the fleet round after round before it ends and the next one
-/// observes everything again.
-pub const FOLLOW_FOR: Duration = Duration::from_secs(5);
+use record::rides_along;
+
+/// How long one reconcile follows the fleet, round after round and waiting for changes between
+/// them, before it ends and the next one observes everything again: a safety net, since a
+/// change of the spec, of the selection or of the set of nodes, or a watch listing again, ends
+/// it at once.
+pub const FOLLOW_FOR: Duration = Duration::from_secs(120);
 /// Requeue while nodes are in flight (a safety net; watches drive progress).
 const IN_FLIGHT_RESYNC: Duration = Duration::from_secs(30);
 /// Requeue while a managed node has no agent pod (to read the DaemonSet's Events again).
@@ -82,6 +89,10 @@ pub struct Pass {
     /// the same index.
     matched: Vec<Arc<CachedNode>>,
     unmatched: Vec<Arc<CachedNode>>,
+    /// Some of `unmatched` carry something of ours (see [`Pass::finish`]).
+    to_release: bool,
+    /// The pass ended for something the next one must take up at once.
+    again_now: bool,
     agent_pods: Vec<Vec<Arc<CachedPod>>>,
     observations: Vec<(String, NodeObservation)>,
     planned: Vec<(NodeState, Vec<Action>)>,
@@ -152,6 +163,11 @@ impl Pass {
             not_created,
         };
         let outside = observe::held_outside(&unmatched, &name, |n| recorded.nodes.contains_key(n));
+        // Released (once any write of ours on the way has landed) when this pass ends, which
+        // is then after its first round.
+        let to_release = outside > 0
+            || node_record::any_on(&unmatched, &name)
+            || (unmatched.iter()).any(|n| ctx.node_tasks.busy(&name, n.name()));
         let mut pass = Self {
             planner: Planner::new(plan)
                 .with_guards(guards)
@@ -166,6 +182,8 @@ impl Pass {
             facts,
             matched,
             unmatched,
+            to_release,
+            again_now: false,
             agent_pods,
             reobserved: Vec::new(),
             first_round: true,
@@ -178,13 +196,18 @@ impl Pass {
             halt_reported: false,
             following_since: Instant::now(),
         };
-        let mut drains = pass.ctx.drains.progress_of(&pass.name);
-        for i in 0..pass.matched.len() {
-            let drain = drains.remove(pass.matched[i].name());
-            let observation = pass.observe_node(i, drain);
-            pass.observations.push(observation);
-        }
+        pass.observe_all();
         Ok(Some(pass))
+    }
+
+    /// Observes every matched node.
+    fn observe_all(&mut self) {
+        let mut drains = self.ctx.drains.progress_of(&self.name);
+        for i in 0..self.matched.len() {
+            let drain = drains.remove(self.matched[i].name());
+            let observation = self.observe_node(i, drain);
+            self.observations.push(observation);
+        }
     }
 
     /// Plans, records the status and acts; then follows the fleet. Returns whether to go on with
@@ -193,34 +216,47 @@ impl Pass {
         let first = self.plan_nodes();
         let (transitions, released, lifted) = self.lift_cordons(first).await;
         let planned = self.build(transitions);
-        // Written since this pass began: `policy`, read before, no longer shows the API's copy.
-        let wrote = self
-            .recorded
-            .written_at
-            .is_some_and(|at| at >= self.following_since);
-        // The nodes' records first: the status never runs ahead of them, so a restart that
-        // finds the two apart resumes from the record.
-        node_records::write(&self.ctx, self.record_patches(&planned)).await?;
-        self.recorded = status_writer::record(
-            &self.ctx,
-            &self.policy,
-            planned.built,
-            &self.recorded,
-            wrote,
-        )
-        .await?;
+        // The nodes' records first: the status runs ahead of a node's record only where that
+        // record could not be written, and that node is not acted on.
+        let unwritten =
+            node_records::write(&self.ctx, self.record_patches(&planned, &lifted)).await;
+        if let Some(e) = unwritten.first_error {
+            self.first_error.get_or_insert(e);
+        }
+        self.recorded =
+            status_writer::record(&self.ctx, &self.policy, planned.built, &self.recorded).await?;
         self.ctx.note_lifted(&self.name, &lifted, false);
-        let foreground = self.start_actions();
+        let foreground = self.start_actions(&unwritten.nodes);
         let outcomes = act::on_nodes(&self.ctx, &self.policy, foreground, &self.now).await;
         let released = released + self.take_outcomes(outcomes);
         self.report(&planned.changes);
+        if !planned.changes.is_empty() {
+            let counts = node_counts(&self.recorded.nodes);
+            self.ctx.metrics.set_nodes(&self.name, &counts);
+        }
         let retry_due = self
             .next_retry
             .is_some_and(|w| self.following_since.elapsed() >= w);
-        if self.first_error.is_some() || retry_due || self.following_since.elapsed() >= FOLLOW_FOR {
+        // The canary's and the soak's times count from the rollout's state and the clock this
+        // pass started with: a new state of the rollout is taken up by a new pass.
+        let rollout_moved = self.recorded.status.rollout != self.planner.guards().previous;
+        // Ended for what the next pass must take up at once: it reconciles right after.
+        self.again_now =
+            self.to_release || rollout_moved || self.following_since.elapsed() >= FOLLOW_FOR;
+        if self.again_now || self.first_error.is_some() || retry_due {
             return Ok(false);
         }
         Ok(self.follow(planned.changed_entries, released).await)
+    }
+
+    /// Whether every action so far went through.
+    pub fn went_through(&self) -> bool {
+        self.first_error.is_none()
+    }
+
+    /// The reconcile failure shown before this pass is over: the rounds to come say so.
+    pub fn forget_failure(&mut self) {
+        self.facts.failure = None;
     }
 
     /// Keeps the drains still needed, releases the nodes that left the selection, and says when
@@ -247,7 +283,12 @@ impl Pass {
         if let Some(e) = self.first_error.take() {
             return Err(e);
         }
-        Ok(Requeue::requeue(self.requeue_after()))
+        let after = if self.again_now {
+            Duration::ZERO
+        } else {
+            self.requeue_after()
+        };
+        Ok(Requeue::requeue(after))
     }
 
     /// Node `i`'s observation, and how long until its retry gate opens, its wait on the
@@ -362,16 +403,17 @@ impl Pass {
             let taken = self.actions_taken.entry(node.clone()).or_default();
             if !taken.contains(&Action::Release) {
                 taken.push(Action::Release);
-                lifting.push(NodeWork::release(node));
+                let record = self.uncordoning_record(node);
+                lifting.push(NodeWork::lift(node, record));
             }
         }
         lifting
     }
 
-    /// Starts each node's actions not yet taken: background ones in the background, the others
-    /// are returned for the round to wait on. A node whose background task still runs waits for
+    /// Starts each node's actions not yet taken, but on the nodes whose record was not written:
+    /// background ones in the background, the others are returned for the round to wait on. A node whose background task still runs waits for
     /// it (which then wakes the policy).
-    fn start_actions(&mut self) -> Vec<NodeWork> {
+    fn start_actions(&mut self, unrecorded: &HashSet<String>) -> Vec<NodeWork> {
         let mut foreground = Vec::new();
         let planned = self
             .observations
@@ -389,7 +431,10 @@ impl Pass {
                 .filter(|a| !taken.contains(a))
                 .copied()
                 .collect();
-            if todo.is_empty() || self.ctx.node_tasks.busy(&self.name, node) {
+            if todo.is_empty()
+                || unrecorded.contains(node)
+                || self.ctx.node_tasks.busy(&self.name, node)
+            {
                 continue;
             }
             taken.extend(&todo);
@@ -401,6 +446,8 @@ impl Pass {
                     .then(|| self.planner.rules().target_version.clone()),
                 entered: (self.recorded.nodes.get(node.as_str()))
                     .and_then(|e| e.last_transition_time.clone()),
+                record: rides_along(&todo).then(|| self.record_of(node)).flatten(),
+                on_release: RecordOnRelease::Keep,
                 actions: todo,
             };
             if work.actions.iter().all(act::in_background) {
@@ -433,59 +480,6 @@ impl Pass {
         released
     }
 
-    /// Logs the state changes, queues their Events and counts them.
-    /// Waits for the next write's turn, then observes again the nodes whose inputs changed.
-    /// Returns false when nothing changed or the fleet changed too much to follow.
-    async fn follow(&mut self, changed_entries: Vec<usize>, released: usize) -> bool {
-        if let Some(due) = status_writer::next_write_at(&self.recorded) {
-            tokio::time::sleep_until(due.into()).await;
-        }
-        let basis = FollowBasis {
-            policy: &self.name,
-            selection: &self.basis.selection,
-            older: &self.basis.older,
-            conflicts: &self.basis.conflicts,
-            policies: &self.basis.policies,
-        };
-        let found = follow::changed_nodes(
-            &self.ctx,
-            &basis,
-            &self.watched,
-            &mut self.matched,
-            &mut self.agent_pods,
-        );
-        let mut changed = match found {
-            Ok(changed) => changed,
-            Err(restart) => {
-                tracing::debug!(
-                    ?restart,
-                    "the fleet changed; the next reconcile observes it whole"
-                );
-                return false;
-            }
-        };
-        let mut drains = self.ctx.drains.progress_of(&self.name);
-        for (i, (node, obs)) in self.observations.iter().enumerate() {
-            if drains.get(node).unwrap_or(&DrainProgress::NotStarted) != &obs.drain {
-                changed.push(i);
-            }
-        }
-        changed.extend(changed_entries);
-        if changed.is_empty() && released == 0 {
-            return false;
-        }
-        changed.sort_unstable();
-        changed.dedup();
-        self.now = Time(Timestamp::now());
-        for &i in &changed {
-            let drain = drains.remove(self.matched[i].name());
-            self.observations[i] = self.observe_node(i, drain);
-        }
-        self.reobserved = changed;
-        self.apply_uncordoned();
-        true
-    }
-
     /// Until the cache shows a lifted cordon, the observation says what the lifting did.
     fn apply_uncordoned(&mut self) {
         let (matched, observations, reobserved) =
@@ -505,31 +499,5 @@ impl Pass {
             obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
             true
         });
-    }
-
-    /// When to reconcile again: soon while nodes are in flight, a retry gate is about to open or
-    /// an agent pod is missing (no watch says why it does not appear), else after a while.
-    fn requeue_after(&self) -> Duration {
-        let in_flight = self.planned.iter().any(|(state, _)| state.is_in_flight());
-        let mut after = if in_flight {
-            IN_FLIGHT_RESYNC
-        } else {
-            IDLE_RESYNC
-        };
-        if let Some(w) = self.next_retry {
-            after = after.min(w.saturating_add(Duration::from_millis(50)));
-        }
-        let waiting_for_pods = self.observations.iter().any(|(_, o)| {
-            o.conflict_with.is_none()
-                && matches!(o.agent, AgentPod::Missing | AgentPod::NotCreated(_))
-        });
-        if waiting_for_pods {
-            after = after.min(MISSING_AGENT_RESYNC);
-        }
-        let guards = self.planner.guards();
-        if let Some(change) = guards.changes_in(self.planner.verdict()) {
-            after = after.min(change.saturating_add(Duration::from_millis(50)));
-        }
-        after
     }
 }

@@ -9,8 +9,11 @@ use super::Pass;
 use crate::pure::node_record;
 use crate::pure::observe;
 use crate::pure::status::{BuiltStatus, NodeReport, StateChange, build_status, update_status};
+use crate::pure::transition::Action;
 use crate::pure::transition::{NodeTransition, reasons};
 use crate::runtime::follow;
+use ttdp_api::NodeState;
+use ttdp_api::node_record::NodeRecord;
 
 /// What one round planned and recorded, for following the fleet after it.
 pub(super) struct Planned {
@@ -59,8 +62,14 @@ impl Pass {
     }
 
     /// The node patches that bring the upgrade records of the nodes whose entry changed, or
-    /// that have actions to take, to their new entries.
-    pub(super) fn record_patches(&self, planned: &Planned) -> Vec<(String, serde_json::Value)> {
+    /// that have actions to take, to their new entries; but for the nodes whose record rides on
+    /// a cordon or a grant they are about to take, went with a cordon `lifted` this round, or
+    /// that a background write of ours is still busy with.
+    pub(super) fn record_patches(
+        &self,
+        planned: &Planned,
+        lifted: &[String],
+    ) -> Vec<(String, serde_json::Value)> {
         let with_actions = (self.planned.iter().enumerate())
             .filter(|(_, (_, actions))| !actions.is_empty())
             .map(|(i, _)| i);
@@ -75,12 +84,46 @@ impl Pass {
             .into_iter()
             .filter_map(|i| {
                 let n = &self.matched[i];
+                // A lifted cordon took the record with it; a cordon or a grant carries it.
+                let (_, actions) = &self.planned[i];
+                let taken = self.actions_taken.get(n.name());
+                let todo = actions
+                    .iter()
+                    .filter(|a| taken.is_none_or(|t| !t.contains(a)))
+                    .copied()
+                    .collect::<Vec<_>>();
+                // Nor while a write of ours to the node is under way (a cordon retried after a
+                // conflict would put its older record back): the next round writes it.
+                let busy = self.ctx.node_tasks.busy(&self.name, n.name());
+                if busy || rides_along(&todo) || lifted.iter().any(|l| l == n.name()) {
+                    return None;
+                }
                 let entry = planned.built.all_nodes.get(n.name())?;
                 let want = node_record::desired(&self.name, target, entry);
-                let patch = node_record::patch(&n.metadata, &self.name, want.as_ref())?;
+                // The node cache may not show a record written moments ago: what the last
+                // round decided says what the node carries as well.
+                let before = (self.recorded.nodes.get(n.name()))
+                    .and_then(|e| node_record::desired(&self.name, target, e));
+                let patch = node_record::patch(&n.metadata, &self.name, want.as_ref())
+                    .or_else(|| node_record::patch_from(before.as_ref(), want.as_ref()))?;
                 Some((n.name().to_owned(), patch))
             })
             .collect()
+    }
+
+    /// The record of `node` entering Uncordoning now, which its lifted cordon writes.
+    pub(super) fn uncordoning_record(&self, node: &str) -> Option<NodeRecord> {
+        let mut entry = self.recorded.nodes.get(node)?.as_ref().clone();
+        entry.state = NodeState::Uncordoning;
+        entry.last_transition_time = Some(self.now.clone());
+        (entry.reason, entry.message) = (None, None);
+        node_record::desired(&self.name, &self.facts.target_version, &entry)
+    }
+
+    /// The upgrade record `node` carries after this round's status.
+    pub(super) fn record_of(&self, node: &str) -> Option<NodeRecord> {
+        let entry = self.recorded.nodes.get(node)?;
+        node_record::desired(&self.name, &self.facts.target_version, entry)
     }
 
     /// Puts the canary's halt into the conditions' facts and, the first time, announces it.
@@ -107,4 +150,10 @@ impl Pass {
         self.ctx.events.nodes_changed(&self.policy, changes);
         self.ctx.metrics.record_changes(&self.name, changes);
     }
+}
+
+/// Whether `todo` writes the node's record itself: a cordon or a grant carries it.
+pub(super) fn rides_along(todo: &[Action]) -> bool {
+    todo.iter()
+        .any(|a| matches!(a, Action::Cordon | Action::Grant))
 }
