@@ -21,6 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action as Requeue;
+use ttdp_api::driver::v1alpha1::RolloutStatus;
 use ttdp_api::node_selection::NodeSelection;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_drain::UncordonOutcome;
@@ -93,6 +94,9 @@ pub struct Pass {
     to_release: bool,
     /// The pass ended for something the next one must take up at once.
     again_now: bool,
+    /// `status.rollout` when the pass began: a rollback, a halt, a soak's start are taken up
+    /// by the next pass, which begins from them.
+    rollout_at_start: Option<RolloutStatus>,
     agent_pods: Vec<Vec<Arc<CachedPod>>>,
     observations: Vec<(String, NodeObservation)>,
     planned: Vec<(NodeState, Vec<Action>)>,
@@ -184,6 +188,7 @@ impl Pass {
             unmatched,
             to_release,
             again_now: false,
+            rollout_at_start: recorded.status.rollout.clone(),
             agent_pods,
             reobserved: Vec::new(),
             first_round: true,
@@ -239,7 +244,7 @@ impl Pass {
             .is_some_and(|w| self.following_since.elapsed() >= w);
         // The canary's and the soak's times count from the rollout's state and the clock this
         // pass started with: a new state of the rollout is taken up by a new pass.
-        let rollout_moved = self.recorded.status.rollout != self.planner.guards().previous;
+        let rollout_moved = self.recorded.status.rollout != self.rollout_at_start;
         // Ended for what the next pass must take up at once: it reconciles right after.
         self.again_now =
             self.to_release || rollout_moved || self.following_since.elapsed() >= FOLLOW_FOR;
