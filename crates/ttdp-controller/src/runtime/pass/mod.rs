@@ -121,6 +121,16 @@ pub struct Pass {
     halt_reported: bool,
 }
 
+/// Whether a node that left the selection carries an upgrade record of `policy`, or a write of
+/// ours to it is on the way: it is released (once that write has landed) when the pass ends,
+/// which is then after its first round.
+fn leaving_with_ours(ctx: &Context, policy: &str, unmatched: &[Arc<CachedNode>]) -> bool {
+    node_record::any_on(unmatched, policy)
+        || unmatched
+            .iter()
+            .any(|n| ctx.node_tasks.busy(policy, n.name()))
+}
+
 impl Pass {
     /// Applies the DaemonSet and observes every matched node (None: the policy selects none).
     pub async fn observe(
@@ -167,11 +177,7 @@ impl Pass {
             not_created,
         };
         let outside = observe::held_outside(&unmatched, &name, |n| recorded.nodes.contains_key(n));
-        // Released (once any write of ours on the way has landed) when this pass ends, which
-        // is then after its first round.
-        let to_release = outside > 0
-            || node_record::any_on(&unmatched, &name)
-            || (unmatched.iter()).any(|n| ctx.node_tasks.busy(&name, n.name()));
+        let to_release = outside > 0 || leaving_with_ours(&ctx, &name, &unmatched);
         let mut pass = Self {
             planner: Planner::new(plan)
                 .with_guards(guards)
