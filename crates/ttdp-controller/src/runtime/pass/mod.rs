@@ -436,19 +436,14 @@ impl Pass {
             if actions.is_empty() {
                 continue;
             }
-            let taken = self.actions_taken.entry(node.clone()).or_default();
-            let todo: Vec<Action> = actions
-                .iter()
-                .filter(|a| !taken.contains(a))
-                .copied()
-                .collect();
+            let todo = self.not_taken(node, actions);
             if todo.is_empty()
                 || unrecorded.contains(node)
                 || self.ctx.node_tasks.busy(&self.name, node)
             {
                 continue;
             }
-            taken.extend(&todo);
+            (self.actions_taken.entry(node.clone()).or_default()).extend(&todo);
             let work = NodeWork {
                 node: node.clone(),
                 stale_agent: observe::agent_to_replace(&todo, &obs.agent, pods),

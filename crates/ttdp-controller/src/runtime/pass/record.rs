@@ -86,12 +86,7 @@ impl Pass {
                 let n = &self.matched[i];
                 // A lifted cordon took the record with it; a cordon or a grant carries it.
                 let (_, actions) = &self.planned[i];
-                let taken = self.actions_taken.get(n.name());
-                let todo = actions
-                    .iter()
-                    .filter(|a| taken.is_none_or(|t| !t.contains(a)))
-                    .copied()
-                    .collect::<Vec<_>>();
+                let todo = self.not_taken(n.name(), actions);
                 // Nor while a write of ours to the node is under way (a cordon retried after a
                 // conflict would put its older record back): the next round writes it.
                 let busy = self.ctx.node_tasks.busy(&self.name, n.name());
@@ -108,6 +103,15 @@ impl Pass {
                     .or_else(|| node_record::patch_from(before.as_ref(), want.as_ref()))?;
                 Some((n.name().to_owned(), patch))
             })
+            .collect()
+    }
+
+    /// Those of `actions` not taken yet on `node` in its current state.
+    pub(super) fn not_taken(&self, node: &str, actions: &[Action]) -> Vec<Action> {
+        let taken = self.actions_taken.get(node);
+        (actions.iter())
+            .filter(|a| taken.is_none_or(|t| !t.contains(a)))
+            .copied()
             .collect()
     }
 
