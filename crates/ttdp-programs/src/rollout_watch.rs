@@ -1,26 +1,30 @@
-//! Follows one policy through a watch and keeps what the demo shows and the benchmark measures:
-//! the latest policy, every per-node state change with the time it was seen, how many policy
+//! Follows one policy, and the upgrade records on the nodes, through watches and keeps what the
+//! demo shows: the latest policy, every per-node state change with the time it was seen, how many
 //! events arrived and the largest serialized status seen; [`node_spans`], when each node's
 //! upgrade began and ended; and [`is_rolled_out`], when a rollout counts as finished.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kube::Client;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use ttdp_api::driver::v1alpha1::condition;
-use ttdp_api::{NodeState, TenstorrentDriverPolicy};
+use ttdp_api::node_record::NodeRecord;
+use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy};
 
 /// How often the status size is measured (serializing a fleet's status on every event would cost
 /// the benchmark more CPU than the controller it measures).
 const SIZE_SAMPLE_EVERY: Duration = Duration::from_millis(500);
 
-/// One node entering a state, as seen in the policy's status.
+/// One node entering a state, as seen in the policy's status or the node's upgrade record.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transition {
     /// When the watch saw it.
@@ -33,62 +37,178 @@ pub struct Transition {
     pub to: NodeState,
     /// The version it reported loaded at that moment.
     pub version: Option<String>,
-    /// Reason and message, when the status gives them.
+    /// Reason and message, when the status or the record gives them.
     pub why: Option<String>,
+}
+
+/// What the watch knows of one node: its entry in the status and its upgrade record.
+///
+/// The controller writes a node's record before each step and the status as a view some time
+/// later, so while a node carries a record the record is its state. Once the record is gone, the
+/// entry counts when it is newer than the last record, or as recent (times are whole seconds) and
+/// both settled and changed since the record went: an entry from before is the view lagging.
+#[derive(Debug, Default)]
+struct NodeSeen {
+    entry: Option<Entry>,
+    /// The last record seen, kept after it is removed.
+    record: Option<NodeRecord>,
+    /// Whether the node still carries `record`.
+    carries_record: bool,
+    /// Whether the entry changed since the node last lost its record.
+    entry_moved: bool,
+    /// The state last reported as a transition.
+    shown: Option<NodeState>,
+}
+
+/// What the watch keeps of a node's entry in the status.
+#[derive(Debug, PartialEq)]
+struct Entry {
+    state: NodeState,
+    since: Option<Time>,
+    version: Option<String>,
+    reason: Option<String>,
+    message: Option<String>,
+}
+
+impl From<&NodeStatus> for Entry {
+    fn from(n: &NodeStatus) -> Self {
+        Self {
+            state: n.state,
+            since: n.last_transition_time.clone(),
+            version: n.current_version.clone(),
+            reason: n.reason.clone(),
+            message: n.message.clone(),
+        }
+    }
+}
+
+impl NodeSeen {
+    fn state(&self) -> Option<NodeState> {
+        let entry_state = self.entry.as_ref().map(|e| e.state);
+        let Some(record) = &self.record else {
+            return entry_state;
+        };
+        let entry_counts = self.entry.as_ref().is_some_and(|e| {
+            let Some(since) = &e.since else { return false };
+            let settled = !e.state.is_in_flight() && self.entry_moved;
+            since.0 > record.since.0 || (since.0 == record.since.0 && settled)
+        });
+        if self.carries_record || !entry_counts {
+            Some(record.state)
+        } else {
+            entry_state
+        }
+    }
+
+    fn why(&self) -> Option<String> {
+        let (reason, message) = match (&self.record, &self.entry) {
+            (Some(r), _) if self.carries_record => (&r.reason, &r.message),
+            (_, Some(e)) => (&e.reason, &e.message),
+            _ => return None,
+        };
+        let why: Vec<&str> = [reason, message]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        (!why.is_empty()).then(|| why.join(": "))
+    }
 }
 
 #[derive(Debug, Default)]
 struct Seen {
     policy: Option<TenstorrentDriverPolicy>,
-    states: HashMap<String, NodeState>,
+    nodes: BTreeMap<String, NodeSeen>,
     transitions: Vec<Transition>,
     max_status_bytes: usize,
     sized_at: Option<Instant>,
 }
 
-/// The watch on the policy, running in the background until dropped.
+impl Seen {
+    /// Adds a transition for each node in `names` whose state changed.
+    fn note_changes<'a>(&mut self, names: impl IntoIterator<Item = &'a str>, at: Instant) {
+        for name in names {
+            let Some(node) = self.nodes.get_mut(name) else {
+                continue;
+            };
+            let Some(state) = node.state() else { continue };
+            if node.shown == Some(state) {
+                continue;
+            }
+            self.transitions.push(Transition {
+                at,
+                node: name.to_owned(),
+                from: node.shown,
+                to: state,
+                version: node.entry.as_ref().and_then(|e| e.version.clone()),
+                why: node.why(),
+            });
+            node.shown = Some(state);
+        }
+    }
+}
+
+/// The watch on the policy and on the nodes' upgrade records, running in the background until
+/// dropped.
 #[derive(Debug)]
 pub struct RolloutWatch {
     seen: Arc<Mutex<Seen>>,
-    /// Counts the policy events received.
+    /// Counts the events received.
     changed: watch::Receiver<u64>,
-    task: JoinHandle<()>,
+    tasks: [JoinHandle<()>; 2],
 }
 
 impl Drop for RolloutWatch {
     fn drop(&mut self) {
-        self.task.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
 impl RolloutWatch {
-    /// Starts watching the policy `name`.
+    /// Starts watching the policy `name` and the nodes.
     pub fn start(client: Client, name: &str) -> Self {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let (tx, changed) = watch::channel(0u64);
-        let api: Api<TenstorrentDriverPolicy> = Api::all(client);
+        let tx = Arc::new(tx);
+        let policies: Api<TenstorrentDriverPolicy> = Api::all(client.clone());
         // Every server the programs run on (the imitation included) honours the field selector.
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let shared = Arc::clone(&seen);
-        let task = tokio::spawn(async move {
-            let mut stream = watcher(api, config)
+        let (shared, sender) = (Arc::clone(&seen), Arc::clone(&tx));
+        let policy_task = tokio::spawn(async move {
+            let mut stream = watcher(policies, config)
                 .default_backoff()
                 .applied_objects()
                 .boxed();
             while let Some(item) = stream.next().await {
                 let Ok(policy) = item else { continue };
                 record(&mut lock(&shared), policy, Instant::now());
+                sender.send_modify(|n| *n += 1);
+            }
+        });
+        let nodes: Api<Node> = Api::all(client);
+        let (shared, policy) = (Arc::clone(&seen), name.to_owned());
+        let node_task = tokio::spawn(async move {
+            let mut stream = watcher(nodes, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(item) = stream.next().await {
+                let Ok(node) = item else { continue };
+                let record = NodeRecord::of_policy(node.annotations(), &policy);
+                record_node(&mut lock(&shared), &node.name_any(), record, Instant::now());
                 tx.send_modify(|n| *n += 1);
             }
         });
         Self {
             seen,
             changed,
-            task,
+            tasks: [policy_task, node_task],
         }
     }
 
-    /// A receiver that changes whenever the policy does.
+    /// A receiver that changes whenever the policy or a node does.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changed.clone()
     }
@@ -109,7 +229,7 @@ impl RolloutWatch {
         lock(&self.seen).max_status_bytes
     }
 
-    /// Policy events received.
+    /// Policy and node events received.
     pub fn events(&self) -> u64 {
         *self.changed.borrow()
     }
@@ -124,49 +244,58 @@ fn lock(seen: &Mutex<Seen>) -> MutexGuard<'_, Seen> {
     seen.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Takes node `name`'s record for the policy (`None`: it carries none).
+fn record_node(seen: &mut Seen, name: &str, record: Option<NodeRecord>, at: Instant) {
+    let known = seen.nodes.contains_key(name);
+    if !known && record.is_none() {
+        // A node the rollout never touched.
+        return;
+    }
+    let node = seen.nodes.entry(name.to_owned()).or_default();
+    if node.carries_record && record.is_none() {
+        node.entry_moved = false;
+    }
+    node.carries_record = record.is_some();
+    if record.is_some() {
+        node.record = record;
+    }
+    seen.note_changes([name], at);
+}
+
 fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Instant) {
     let mut listed = HashSet::new();
-    for node in policy.status.iter().flat_map(|s| s.nodes.iter()) {
-        listed.insert(node.name.as_str());
-        let previous = seen.states.insert(node.name.clone(), node.state);
-        if previous != Some(node.state) {
-            let why: Vec<&str> = [&node.reason, &node.message]
-                .into_iter()
-                .flatten()
-                .map(String::as_str)
-                .collect();
-            seen.transitions.push(Transition {
-                at,
-                node: node.name.clone(),
-                from: previous,
-                to: node.state,
-                version: node.current_version.clone(),
-                why: (!why.is_empty()).then(|| why.join(": ")),
-            });
-        }
+    for entry in policy.status.iter().flat_map(|s| s.nodes.iter()) {
+        listed.insert(entry.name.clone());
+        let node = seen.nodes.entry(entry.name.clone()).or_default();
+        let entry = Entry::from(entry);
+        node.entry_moved |= node.entry.as_ref() != Some(&entry);
+        node.entry = Some(entry);
     }
     // Past 1,000 nodes the status leaves Done nodes (and ones waiting for a slot) out: a node
-    // in flight that leaves the list has reached Done.
+    // in flight that leaves the list, and carries no record, has reached Done.
     let omits = policy
         .status
         .as_ref()
         .and_then(|s| s.summary.as_ref())
         .is_some_and(|s| s.nodes_omitted > 0);
     if omits {
-        for (name, state) in seen.states.iter_mut() {
-            if state.is_in_flight() && !listed.contains(name.as_str()) {
-                seen.transitions.push(Transition {
-                    at,
-                    node: name.clone(),
-                    from: Some(*state),
-                    to: NodeState::Done,
+        let now = Time(Timestamp::now());
+        for (name, node) in &mut seen.nodes {
+            let left = !listed.contains(name) && !node.carries_record;
+            if left && node.state().is_some_and(NodeState::is_in_flight) {
+                node.entry_moved = true;
+                node.entry = Some(Entry {
+                    state: NodeState::Done,
+                    since: Some(now.clone()),
                     version: None,
-                    why: None,
+                    reason: None,
+                    message: None,
                 });
-                *state = NodeState::Done;
             }
         }
     }
+    let names: Vec<String> = seen.nodes.keys().cloned().collect();
+    seen.note_changes(names.iter().map(String::as_str), at);
     if seen
         .sized_at
         .is_none_or(|t| at.duration_since(t) >= SIZE_SAMPLE_EVERY)
@@ -372,6 +501,100 @@ mod tests {
         );
         record(&mut seen, policy(serde_json::json!([]), 0), at);
         assert_eq!(states(&seen), [("a", NodeState::Upgrading)]);
+    }
+
+    fn upgrade_record(state: NodeState, since: &str) -> Option<NodeRecord> {
+        Some(NodeRecord {
+            policy: "bench".into(),
+            state,
+            target: "2.8.0".into(),
+            since: Time(since.parse().unwrap()),
+            started: None,
+            attempts: None,
+            reason: None,
+            message: None,
+        })
+    }
+
+    #[test]
+    fn the_record_on_the_node_shows_each_step_the_lagging_status_skips() {
+        let mut seen = Seen::default();
+        let at = Instant::now();
+        let entry = |state: &str, ltt: &str| {
+            serde_json::json!([{ "name": "a", "state": state, "lastTransitionTime": ltt,
+                "currentVersion": "2.7.0" }])
+        };
+        record(
+            &mut seen,
+            policy(entry("Done", "2026-12-07T05:00:00Z"), 0),
+            at,
+        );
+        for (state, since) in [
+            (NodeState::Cordoning, "2026-12-07T05:00:10Z"),
+            (NodeState::Draining, "2026-12-07T05:00:10Z"),
+            (NodeState::Upgrading, "2026-12-07T05:00:11Z"),
+        ] {
+            record_node(&mut seen, "a", upgrade_record(state, since), at);
+        }
+        // The view catches up with Cordoning only: the record still says Upgrading.
+        record(
+            &mut seen,
+            policy(entry("Cordoning", "2026-12-07T05:00:10Z"), 0),
+            at,
+        );
+        // The record is removed at Done before the view says so: the node stays Upgrading
+        // until an entry at least as recent as the record arrives.
+        record_node(&mut seen, "a", None, at);
+        record(
+            &mut seen,
+            policy(entry("Done", "2026-12-07T05:00:12Z"), 0),
+            at,
+        );
+        assert_eq!(
+            states(&seen),
+            [
+                ("a", NodeState::Done),
+                ("a", NodeState::Cordoning),
+                ("a", NodeState::Draining),
+                ("a", NodeState::Upgrading),
+                ("a", NodeState::Done),
+            ],
+            "every step once, in order, never back to one the view lagged at"
+        );
+        assert_eq!(seen.transitions[4].version.as_deref(), Some("2.7.0"));
+    }
+
+    #[test]
+    fn within_one_second_only_a_changed_settled_entry_ends_the_record() {
+        let mut seen = Seen::default();
+        let at = Instant::now();
+        let entry = |state: &str| {
+            serde_json::json!([{ "name": "a", "state": state,
+                "lastTransitionTime": "2026-12-07T05:00:00Z" }])
+        };
+        record(&mut seen, policy(entry("Pending"), 0), at);
+        let upgrading = upgrade_record(NodeState::Upgrading, "2026-12-07T05:00:00Z");
+        record_node(&mut seen, "a", upgrading, at);
+        record_node(&mut seen, "a", None, at);
+        // The view still says Pending, in the same second: it has not caught up.
+        record(&mut seen, policy(entry("Pending"), 0), at);
+        record(&mut seen, policy(entry("Done"), 0), at);
+        assert_eq!(
+            states(&seen),
+            [
+                ("a", NodeState::Pending),
+                ("a", NodeState::Upgrading),
+                ("a", NodeState::Done),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_node_the_rollout_never_touched_is_not_followed() {
+        let mut seen = Seen::default();
+        let at = Instant::now();
+        record_node(&mut seen, "plain", None, at);
+        assert!(seen.nodes.is_empty() && seen.transitions.is_empty());
     }
 
     #[test]
