@@ -2,7 +2,9 @@
 //! the API server through a [`FaultProxy`] that fails about 5 % of its writes with a 500, 503 or
 //! 409 conflict, cuts its watches mid-rollout and answers their resumption with 410 Expired. The
 //! rollout must still end as a clean one does: every node Done once, nothing left cordoned. A
-//! grant held up in flight while its node leaves the policy must not outlive the release.
+//! grant held up in flight while its node leaves the policy must not outlive the release. A
+//! rollout whose status cannot be written goes on from the nodes' records, and a controller
+//! killed then loses nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod harness;
@@ -253,6 +255,124 @@ async fn a_failed_node_whose_release_is_refused_keeps_its_slot() {
     })
     .await;
     assert!(h.monitor.max_cordoned() <= 1, "maxUnavailable 1");
+    drop(controller);
+    h.shutdown().await;
+}
+
+/// Every write of the policy's status fails (500) from the moment a node is in flight: the
+/// rollout goes on from the nodes' records, and a controller SIGKILLed then, its status writes
+/// still pending, is replaced by one that takes up every node where its record says, losing
+/// nothing: each node drained and upgraded once, in order, never two cordoned at once, and the
+/// status written in full once the API server takes it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_failed_status_writes_resumes_from_the_nodes() {
+    let h = Harness::start_idle(
+        |p| (0..3).map(|_| tt_node(p).loaded("2.7.0")).collect(),
+        |_| {},
+    )
+    .await;
+    let (proxy, mut controller) = controller_through_a_proxy(&h).await;
+    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
+    h.wait_ready(&policy, STEP).await;
+    let nodes = h.nodes();
+    for (i, node) in nodes.iter().enumerate() {
+        h.device_workload(&format!("inference-{i}"), node).await;
+    }
+    let removals =
+        PodRemovals::start(h.client.clone(), h.cluster.namespace(), "app=inference").await;
+    h.monitor.reset();
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    let in_flight = |states: &std::collections::BTreeMap<String, NodeState>| {
+        states.values().filter(|s| s.is_in_flight()).count()
+    };
+    let deadline = Instant::now() + STEP;
+    while in_flight(&h.node_states(&policy).await) == 0 {
+        assert!(Instant::now() < deadline, "no node started within {STEP:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.faults().inject(
+        Fault::error(500)
+            .verb("patch")
+            .resource("tenstorrentdriverpolicies")
+            .subresource("status"),
+    );
+    let failing_since = h.policies().get(&policy).await.unwrap().status;
+    // The first node finishes and the second starts on the records alone.
+    let deadline = Instant::now() + STEP * 2;
+    let (done, second) = loop {
+        let states = h.node_states(&policy).await;
+        let mut done = Vec::new();
+        for n in &nodes {
+            if h.kmd_version(n).await.as_deref() == Some("2.8.0") && !states[n].is_in_flight() {
+                done.push(n.clone());
+            }
+        }
+        let second = states
+            .iter()
+            .find(|(n, s)| s.is_in_flight() && !done.contains(n));
+        if let (false, Some((n, _))) = (done.is_empty(), second) {
+            break (done, n.clone());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rollout did not go on without its status: {states:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let p = h.policies().get(&policy).await.unwrap();
+    assert_eq!(
+        p.status, failing_since,
+        "no status write went through while they failed"
+    );
+    let refused = proxy
+        .recorder()
+        .requests()
+        .iter()
+        .filter(|r| r.status == 500 && r.subresource == "status")
+        .count();
+    assert!(
+        refused > 0,
+        "the controller never tried to write its status"
+    );
+    controller.kill();
+    eprintln!(
+        "SIGKILLed with {done:?} done and {second} in flight; {refused} status writes refused"
+    );
+    proxy.faults().clear();
+    let logs = std::env::temp_dir().join(format!("ttdp-faults-{}", h.prefix));
+    let mut controller =
+        h.spawn_controller_process_via(proxy.kubeconfig(), &logs.join("controller-2.log"));
+    controller.wait_ready(STEP).await;
+    let p = h.wait_ready(&policy, STEP * 3).await;
+    controller.assert_running();
+    for node in &nodes {
+        assert_eq!(node_state(&p, node), Some(Done), "{node}");
+        assert_eq!(
+            h.kmd_version(node).await.as_deref(),
+            Some("2.8.0"),
+            "{node}"
+        );
+        let path: Vec<NodeState> = h
+            .monitor
+            .sequence(&policy, node)
+            .into_iter()
+            .skip_while(|s| *s != Cordoning)
+            .collect();
+        assert_eq!(path, UPGRADE_PATH, "{node} went another way");
+    }
+    assert_eq!(
+        h.monitor.max_cordoned(),
+        1,
+        "never two nodes cordoned at once"
+    );
+    h.assert_nothing_left_behind().await;
+    for node in &nodes {
+        assert_eq!(
+            removals.per_node().get(node).copied(),
+            Some(1),
+            "{node}: its one device pod evicted once"
+        );
+    }
     drop(controller);
     h.shutdown().await;
 }
