@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use ttdp_api::driver::v1alpha1::condition;
 use ttdp_api::node_record::NodeRecord;
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicy};
+use ttdp_testkit::node_view::NodeView;
 
 /// How often the status size is measured (serializing a fleet's status on every event would cost
 /// the benchmark more CPU than the controller it measures).
@@ -41,70 +42,43 @@ pub struct Transition {
     pub why: Option<String>,
 }
 
-/// What the watch knows of one node: its entry in the status and its upgrade record.
-///
-/// The controller writes a node's record before each step and the status as a view some time
-/// later, so while a node carries a record the record is its state. Once the record is gone, the
-/// entry counts when it is newer than the last record, or as recent (times are whole seconds) and
-/// both settled and changed since the record went: an entry from before is the view lagging.
+/// What the watch knows of one node: its state as the record and the status say
+/// ([`NodeView`]), and what its status entry adds for the demo's lines.
 #[derive(Debug, Default)]
 struct NodeSeen {
+    view: NodeView,
     entry: Option<Entry>,
-    /// The last record seen, kept after it is removed.
-    record: Option<NodeRecord>,
-    /// Whether the node still carries `record`.
-    carries_record: bool,
-    /// Whether the entry changed since the node last lost its record.
-    entry_moved: bool,
     /// The state last reported as a transition.
     shown: Option<NodeState>,
 }
 
 /// What the watch keeps of a node's entry in the status.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 struct Entry {
-    state: NodeState,
-    since: Option<Time>,
     version: Option<String>,
     reason: Option<String>,
     message: Option<String>,
 }
 
-impl From<&NodeStatus> for Entry {
-    fn from(n: &NodeStatus) -> Self {
-        Self {
-            state: n.state,
-            since: n.last_transition_time.clone(),
+impl NodeSeen {
+    fn see_entry(&mut self, n: &NodeStatus) {
+        (self.view).see_entry(
+            n.state,
+            n.last_transition_time.clone(),
+            n.current_version.clone(),
+        );
+        self.entry = Some(Entry {
             version: n.current_version.clone(),
             reason: n.reason.clone(),
             message: n.message.clone(),
-        }
-    }
-}
-
-impl NodeSeen {
-    fn state(&self) -> Option<NodeState> {
-        let entry_state = self.entry.as_ref().map(|e| e.state);
-        let Some(record) = &self.record else {
-            return entry_state;
-        };
-        let entry_counts = self.entry.as_ref().is_some_and(|e| {
-            let Some(since) = &e.since else { return false };
-            let settled = !e.state.is_in_flight() && self.entry_moved;
-            since.0 > record.since.0 || (since.0 == record.since.0 && settled)
         });
-        if self.carries_record || !entry_counts {
-            Some(record.state)
-        } else {
-            entry_state
-        }
     }
 
     fn why(&self) -> Option<String> {
-        let (reason, message) = match (&self.record, &self.entry) {
-            (Some(r), _) if self.carries_record => (&r.reason, &r.message),
-            (_, Some(e)) => (&e.reason, &e.message),
-            _ => return None,
+        let (reason, message) = match (self.view.carried(), &self.entry) {
+            (Some(r), _) => (&r.reason, &r.message),
+            (None, Some(e)) => (&e.reason, &e.message),
+            (None, None) => return None,
         };
         let why: Vec<&str> = [reason, message]
             .into_iter()
@@ -131,7 +105,9 @@ impl Seen {
             let Some(node) = self.nodes.get_mut(name) else {
                 continue;
             };
-            let Some(state) = node.state() else { continue };
+            let Some(state) = node.view.state() else {
+                continue;
+            };
             if node.shown == Some(state) {
                 continue;
             }
@@ -251,14 +227,11 @@ fn record_node(seen: &mut Seen, name: &str, record: Option<NodeRecord>, at: Inst
         // A node the rollout never touched.
         return;
     }
-    let node = seen.nodes.entry(name.to_owned()).or_default();
-    if node.carries_record && record.is_none() {
-        node.entry_moved = false;
-    }
-    node.carries_record = record.is_some();
-    if record.is_some() {
-        node.record = record;
-    }
+    seen.nodes
+        .entry(name.to_owned())
+        .or_default()
+        .view
+        .see_record(record);
     seen.note_changes([name], at);
 }
 
@@ -266,10 +239,10 @@ fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Instant) {
     let mut listed = HashSet::new();
     for entry in policy.status.iter().flat_map(|s| s.nodes.iter()) {
         listed.insert(entry.name.clone());
-        let node = seen.nodes.entry(entry.name.clone()).or_default();
-        let entry = Entry::from(entry);
-        node.entry_moved |= node.entry.as_ref() != Some(&entry);
-        node.entry = Some(entry);
+        seen.nodes
+            .entry(entry.name.clone())
+            .or_default()
+            .see_entry(entry);
     }
     // Past 1,000 nodes the status leaves Done nodes (and ones waiting for a slot) out: a node
     // in flight that leaves the list, and carries no record, has reached Done.
@@ -281,16 +254,11 @@ fn record(seen: &mut Seen, policy: TenstorrentDriverPolicy, at: Instant) {
     if omits {
         let now = Time(Timestamp::now());
         for (name, node) in &mut seen.nodes {
-            let left = !listed.contains(name) && !node.carries_record;
-            if left && node.state().is_some_and(NodeState::is_in_flight) {
-                node.entry_moved = true;
-                node.entry = Some(Entry {
-                    state: NodeState::Done,
-                    since: Some(now.clone()),
-                    version: None,
-                    reason: None,
-                    message: None,
-                });
+            let left = !listed.contains(name) && node.view.carried().is_none();
+            if left && node.view.state().is_some_and(NodeState::is_in_flight) {
+                node.view
+                    .see_entry(NodeState::Done, Some(now.clone()), None);
+                node.entry = None;
             }
         }
     }
@@ -562,31 +530,6 @@ mod tests {
             "every step once, in order, never back to one the view lagged at"
         );
         assert_eq!(seen.transitions[4].version.as_deref(), Some("2.7.0"));
-    }
-
-    #[test]
-    fn within_one_second_only_a_changed_settled_entry_ends_the_record() {
-        let mut seen = Seen::default();
-        let at = Instant::now();
-        let entry = |state: &str| {
-            serde_json::json!([{ "name": "a", "state": state,
-                "lastTransitionTime": "2026-12-07T05:00:00Z" }])
-        };
-        record(&mut seen, policy(entry("Pending"), 0), at);
-        let upgrading = upgrade_record(NodeState::Upgrading, "2026-12-07T05:00:00Z");
-        record_node(&mut seen, "a", upgrading, at);
-        record_node(&mut seen, "a", None, at);
-        // The view still says Pending, in the same second: it has not caught up.
-        record(&mut seen, policy(entry("Pending"), 0), at);
-        record(&mut seen, policy(entry("Done"), 0), at);
-        assert_eq!(
-            states(&seen),
-            [
-                ("a", NodeState::Pending),
-                ("a", NodeState::Upgrading),
-                ("a", NodeState::Done),
-            ]
-        );
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! - [`fault_proxy`]: a recording, fault-injecting HTTP proxy in front of a real API server, for
 //!   the faults a real server cannot produce on demand; [`faults`] are its rules.
 //! - [`recorder`]: the fault proxy's request log.
+//! - [`node_view`]: a node's state in a rollout as an observer sees it, from its upgrade record
+//!   and the policy's status.
 //! - [`apiserver`]: a small in-process imitation of a Kubernetes API server, kept only for the
 //!   demo (crate `ttdp-programs`) when no control-plane assets are at hand. It serves what the
 //!   demo uses, in JSON only, without validation, field ownership or garbage collection; it
@@ -23,6 +25,7 @@ pub mod cluster_setup;
 pub mod fault_proxy;
 pub mod faults;
 pub mod launcher;
+pub mod node_view;
 pub mod procs;
 pub mod recorder;
 pub mod scratch;

@@ -37,9 +37,11 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use ttdp_api::names::{annotations, labels};
+use ttdp_api::node_record::NodeRecord;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_controller::{RunOptions, Settings};
 use ttdp_testkit::cluster_setup::{create_operator_namespace, install_crd};
+use ttdp_testkit::node_view::NodeView;
 use ttdp_testkit::sim::{
     DeviceUse, DisruptionLimit, SimCluster, SimClusterOptions, TenstorrentNode, Workload,
     WorkloadOwner,
@@ -774,6 +776,23 @@ pub fn condition(p: &TenstorrentDriverPolicy, type_: &str) -> Option<(String, St
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
+/// Adds `view`'s state to (policy, node)'s sequence and the timeline when it changed.
+fn note_state(
+    states: &Mutex<StateLog>,
+    timeline: &Mutex<Vec<(String, NodeState, Instant)>>,
+    (policy, node): (&String, &String),
+    view: &NodeView,
+    at: Instant,
+) {
+    let Some(state) = view.state() else { return };
+    let mut states = states.lock().unwrap();
+    let seq = states.entry((policy.clone(), node.clone())).or_default();
+    if seq.last() != Some(&state) {
+        seq.push(state);
+        timeline.lock().unwrap().push((node.clone(), state, at));
+    }
+}
+
 /// Every (policy, node)'s sequence of states.
 pub type StateLog = BTreeMap<(String, String), Vec<NodeState>>;
 
@@ -796,9 +815,9 @@ impl Monitor {
         let nodes: Api<Node> = Api::all(client.clone());
         let (max, now) = (max_cordoned.clone(), cordoned_now.clone());
         let timeline = Arc::new(Mutex::new(Vec::new()));
-        // The nodes' upgrade records, by node: (policy, state) as each node carries it now.
-        let records: Arc<Mutex<BTreeMap<String, (String, NodeState)>>> = Arc::default();
-        let (s1, t1_log, r1) = (states.clone(), timeline.clone(), records.clone());
+        // Each (policy, node)'s state as its record and the status say.
+        let views: Arc<Mutex<BTreeMap<(String, String), NodeView>>> = Arc::default();
+        let (s1, t1_log, v1) = (states.clone(), timeline.clone(), views.clone());
         let config = watcher::Config::default().labels(&format!("{RUN_LABEL}={prefix}"));
         let t1 = tokio::spawn(async move {
             // With back-off, a watch error waits before the retry: without it, a watch whose
@@ -827,31 +846,19 @@ impl Monitor {
                 *m = (*m).max(now.len());
                 // Every step is on the node before it is acted on; the status, a coalesced
                 // view, may skip a short one.
-                let record = n
+                let record: Option<NodeRecord> = n
                     .annotations()
                     .get(annotations::UPGRADE_RECORD)
-                    .and_then(|r| serde_json::from_str::<Value>(r).ok())
-                    .and_then(|r| {
-                        let state = serde_json::from_value(r["state"].clone()).ok()?;
-                        Some((r["policy"].as_str()?.to_owned(), state))
-                    });
-                let mut r = r1.lock().unwrap();
-                match record {
-                    Some((policy, state)) => {
-                        let mut s = s1.lock().unwrap();
-                        let seq: &mut Vec<NodeState> =
-                            s.entry((policy.clone(), n.name_any())).or_default();
-                        if seq.last() != Some(&state) {
-                            seq.push(state);
-                            t1_log
-                                .lock()
-                                .unwrap()
-                                .push((n.name_any(), state, Instant::now()));
-                        }
-                        r.insert(n.name_any(), (policy, state));
-                    }
-                    None => {
-                        r.remove(&n.name_any());
+                    .and_then(|r| serde_json::from_str(r).ok());
+                let mut views = v1.lock().unwrap();
+                if let Some(r) = &record {
+                    views.entry((r.policy.clone(), n.name_any())).or_default();
+                }
+                let at = Instant::now();
+                for ((policy, node), view) in views.iter_mut() {
+                    if *node == n.name_any() {
+                        view.see_record(record.clone().filter(|r| r.policy == *policy));
+                        note_state(&s1, &t1_log, (policy, node), view, at);
                     }
                 }
             }
@@ -867,30 +874,21 @@ impl Monitor {
                 .boxed();
             while let Some(p) = stream.next().await {
                 let Ok(p) = p else { continue };
-                {
-                    if !p.name_any().starts_with(&prefix) {
-                        continue;
-                    }
-                    // Locked in the node watch's order: records, then states.
-                    let records = records.lock().unwrap();
-                    let mut s = s.lock().unwrap();
-                    // One status is one moment: every change it carries gets the same instant.
-                    let at = Instant::now();
-                    for n in p.status.iter().flat_map(|st| st.nodes.iter()) {
-                        // A node carrying its record says where it is; the status may lag.
-                        if records
-                            .get(&n.name)
-                            .is_some_and(|(policy, _)| *policy == p.name_any())
-                        {
-                            continue;
-                        }
-                        let seq: &mut Vec<NodeState> =
-                            s.entry((p.name_any(), n.name.clone())).or_default();
-                        if seq.last() != Some(&n.state) {
-                            seq.push(n.state);
-                            t.lock().unwrap().push((n.name.clone(), n.state, at));
-                        }
-                    }
+                if !p.name_any().starts_with(&prefix) {
+                    continue;
+                }
+                let mut views = views.lock().unwrap();
+                // One status is one moment: every change it carries gets the same instant.
+                let at = Instant::now();
+                for n in p.status.iter().flat_map(|st| st.nodes.iter()) {
+                    let key = (p.name_any(), n.name.clone());
+                    let view = views.entry(key.clone()).or_default();
+                    view.see_entry(
+                        n.state,
+                        n.last_transition_time.clone(),
+                        n.current_version.clone(),
+                    );
+                    note_state(&s, &t, (&key.0, &key.1), view, at);
                 }
             }
         });
