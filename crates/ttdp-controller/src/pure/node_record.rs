@@ -18,14 +18,25 @@ use ttdp_api::node_record::NodeRecord;
 use ttdp_api::{NodeState, NodeStatus};
 
 use crate::pure::status::NodeEntries;
+use crate::pure::transition::reasons;
+
+/// The reasons of a node in flight that a restart decides from (the wait on the device's
+/// holders counts towards the drain timeout). The others change as the agent pod comes and goes,
+/// and writing each to the node would cost a node write apiece for nothing a restart needs.
+const REASONS_KEPT_IN_FLIGHT: [&str; 1] = [reasons::DEVICE_HELD];
 
 /// The record a node with status `entry` in `policy`'s rollout to `target` carries: one while
 /// it is in flight, Failed, or waiting for a retry (its attempts count); none when settled.
 pub fn desired(policy: &str, target: &str, entry: &NodeStatus) -> Option<NodeRecord> {
     let failed = entry.state == NodeState::Failed;
-    if !(entry.state.is_in_flight() || failed || entry.attempts.is_some()) {
+    let in_flight = entry.state.is_in_flight();
+    if !(in_flight || failed || entry.attempts.is_some()) {
         return None;
     }
+    let reason = entry
+        .reason
+        .clone()
+        .filter(|r| !in_flight || REASONS_KEPT_IN_FLIGHT.contains(&r.as_str()));
     Some(NodeRecord {
         policy: policy.to_owned(),
         state: entry.state,
@@ -36,7 +47,7 @@ pub fn desired(policy: &str, target: &str, entry: &NodeStatus) -> Option<NodeRec
         since: entry.last_transition_time.clone()?,
         started: entry.phase_start_time.clone(),
         attempts: entry.attempts,
-        reason: entry.reason.clone(),
+        reason,
         message: entry.message.clone().filter(|_| failed),
     })
 }
@@ -90,7 +101,8 @@ fn entry_of(record: &NodeRecord, name: &str, entry: Option<&NodeStatus>) -> Opti
         target_version: (record.state.is_in_flight() || record.state == NodeState::Failed)
             .then(|| record.target.clone()),
         install_mode: kept(|e| e.install_mode.clone()),
-        reason: record.reason.clone(),
+        reason: (record.reason.clone())
+            .or_else(|| kept(|e| e.reason.clone()).filter(|_| same_state)),
         message: record
             .message
             .clone()
@@ -174,6 +186,25 @@ mod tests {
         );
         assert!(!carries(Pending, None));
         assert!(!carries(Done, None));
+    }
+
+    #[test]
+    fn a_node_in_flight_is_not_rewritten_for_its_agents_passing_reasons() {
+        let mut upgrading = entry(NodeState::Upgrading, None);
+        let quiet = desired("fleet", "2.8.0", &upgrading).unwrap();
+        upgrading.reason = Some("Installing".into());
+        let installing = desired("fleet", "2.8.0", &upgrading).unwrap();
+        assert_eq!(
+            patch(&meta_with(Some(&quiet)), "fleet", Some(&installing)),
+            None
+        );
+        upgrading.reason = Some(reasons::DEVICE_HELD.into());
+        let held = desired("fleet", "2.8.0", &upgrading).unwrap();
+        assert_eq!(
+            held.reason.as_deref(),
+            Some(reasons::DEVICE_HELD),
+            "the holders' wait is kept"
+        );
     }
 
     #[test]

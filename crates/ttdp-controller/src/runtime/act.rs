@@ -1,7 +1,8 @@
 //! Carrying out a node's [`Action`]s: each node's in order (a failure does not stop the next),
-//! several nodes at once. Cordons, grants, agent replacements and retry clearing run in the
-//! background ([`crate::runtime::node_tasks`]); a reconcile waits for the others (starting a
-//! drain, lifting a cordon), whose outcome its next round needs.
+//! several nodes at once. A node's work runs in the background
+//! ([`crate::runtime::node_tasks`]): its upgrade record first, when no action carries it, then
+//! its actions, so that no node waits for another node's writes. A reconcile waits only for the
+//! lifts of its cordons, whose freed slots it hands on in the same round.
 
 use std::sync::Arc;
 
@@ -9,6 +10,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
+use serde_json::Value;
 use tracing::{info, warn};
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_drain::UncordonOutcome;
@@ -42,6 +44,9 @@ pub struct NodeWork {
     pub entered: Option<Time>,
     /// The node's upgrade record, written with a `Cordon` or a `Grant` in the same patch.
     pub record: Option<NodeRecord>,
+    /// The merge patch that writes the node's upgrade record before its actions, when none of
+    /// them carries it.
+    pub record_patch: Option<Value>,
     /// What a `Release` does with the node's upgrade record.
     pub on_release: RecordOnRelease,
 }
@@ -57,6 +62,7 @@ impl NodeWork {
             grant: None,
             entered: None,
             record: None,
+            record_patch: None,
             on_release: record.map_or(RecordOnRelease::Keep, RecordOnRelease::Set),
         }
     }
@@ -68,25 +74,26 @@ pub type NodeOutcome = (
     Vec<(Action, Result<Option<UncordonOutcome>, Error>)>,
 );
 
-/// Whether an action runs in the background.
-pub fn in_background(action: &Action) -> bool {
-    matches!(
-        action,
-        Action::Cordon | Action::Grant | Action::ReplaceAgent { .. } | Action::ClearRetry
-    )
-}
-
-/// Runs `work` in the background; its first failure fails the policy's next reconcile.
+/// Runs `work` in the background: the node's record, then its actions, none if the record could
+/// not be written. Its first failure fails the policy's next reconcile.
 pub fn spawn_in_background(
     ctx: &Arc<Context>,
     policy: &Arc<TenstorrentDriverPolicy>,
-    work: NodeWork,
+    mut work: NodeWork,
     now: &Time,
 ) {
     let (task_ctx, task_policy, now) = (ctx.clone(), policy.clone(), now.clone());
     let name = policy.name_any();
     let node = work.node.clone();
     let task = move || async move {
+        if let Some(patch) = work.record_patch.take() {
+            let what = "record the upgrade";
+            node_actions::merge_patch_node(&task_ctx.client, &work.node, patch, what)
+                .await
+                .inspect_err(|e| {
+                    warn!(node = %work.node, error = %error_chain(e), "upgrade record not written; the node waits");
+                })?;
+        }
         let (node, results) = on_node(&task_ctx, &task_policy, work, &now).await;
         let mut first_error = None;
         for (action, result) in results {

@@ -105,6 +105,7 @@ impl Context {
         metrics: Arc<Metrics>,
         wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
     ) -> Self {
+        let node_tasks = NodeTasks::default();
         Self {
             client,
             drain_client,
@@ -113,10 +114,10 @@ impl Context {
             events,
             metrics,
             drains: DrainTracker::default(),
-            node_tasks: NodeTasks::default(),
+            status_views: StatusViews::new(node_tasks.clone()),
+            node_tasks,
             backoff: ErrorBackoff::default(),
             wake,
-            status_views: StatusViews::default(),
             recorded: Mutex::default(),
             failures: Mutex::default(),
             applied: Mutex::default(),

@@ -13,7 +13,6 @@ pub(crate) mod initial_lists;
 pub mod leader;
 pub mod metrics;
 pub mod node_actions;
-pub(crate) mod node_records;
 pub(crate) mod node_tasks;
 pub(crate) mod pass;
 pub(crate) mod reconcile;

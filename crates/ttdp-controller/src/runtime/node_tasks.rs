@@ -86,6 +86,11 @@ impl NodeTasks {
         }
     }
 
+    /// Whether a task of `policy` for `node` is running (without asking it to wake anyone).
+    pub fn running(&self, policy: &str, node: &str) -> bool {
+        lock(&self.inner.running).contains_key(&key(policy, node))
+    }
+
     /// Runs the future `work` makes, once a slot is free, for `node` unless a task for it is
     /// running. `wake` is called when it fails, or ends after a reconcile found it busy. (The
     /// future is made, and boxed, only in its slot: a wave's hundreds of waiting tasks then hold

@@ -7,8 +7,10 @@
 //! whatever is newest by then.
 //!
 //! What makes this safe: each node's upgrade record is written before any action on it
-//! ([`crate::runtime::node_records`]), so a view that lags, or a write that was lost, loses
-//! nothing a restart needs. Only `status.rollout` (the canary, the soak, the applied target),
+//! ([`crate::runtime::act`]), so a view that lags, or a write that was lost, loses
+//! nothing a restart needs. The view does not run ahead of the records either: a write waits
+//! (briefly, [`RECORDS_WAIT`] at most) for the tasks of the nodes whose entries it changes, which
+//! write each node's record first, so a policy shown Ready has no node left carrying its record. Only `status.rollout` (the canary, the soak, the applied target),
 //! which reconciles read back before acting, is written before its round acts
 //! ([`Ticket::written`]).
 
@@ -20,10 +22,11 @@ use std::time::{Duration, Instant};
 use kube::{Client, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tracing::{debug, warn};
-use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_api::{NodeStatus, TenstorrentDriverPolicy};
 
 use crate::error::{Error, error_chain};
-use crate::pure::status::BuiltStatus;
+use crate::pure::status::{BuiltStatus, NodeEntries};
+use crate::runtime::node_tasks::NodeTasks;
 use crate::runtime::status_writer::{self, RecordedStatus};
 
 /// The least time between two writes of a policy's status that are not urgent.
@@ -31,14 +34,19 @@ pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 /// The first wait after a failed write; it doubles up to [`RETRY_MAX`].
 const RETRY_BASE: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(10);
+/// The longest a write waits for the node tasks of the entries it changes.
+const RECORDS_WAIT: Duration = Duration::from_millis(500);
+/// How often it looks whether they are done.
+const RECORDS_POLL: Duration = Duration::from_millis(5);
 /// How many of its own writes' `resourceVersion`s a writer remembers: a policy read at one of
 /// them shows what the writer wrote, not someone else's change.
 const OWN_VERSIONS: usize = 64;
 
 /// The status writers, one per policy (by uid).
-#[derive(Default)]
 pub struct StatusViews {
     writers: Mutex<HashMap<String, Arc<Writer>>>,
+    /// The node tasks, which write each node's record before its actions.
+    tasks: NodeTasks,
 }
 
 impl std::fmt::Debug for StatusViews {
@@ -92,6 +100,14 @@ impl Ticket {
 }
 
 impl StatusViews {
+    /// No writer yet; each write waits for the records `tasks` are writing.
+    pub fn new(tasks: NodeTasks) -> Self {
+        Self {
+            writers: Mutex::default(),
+            tasks,
+        }
+    }
+
     /// Hands `decided` over to `policy`'s writer (started on first use); `urgent`: written
     /// without waiting for the interval.
     pub fn submit(
@@ -106,7 +122,7 @@ impl StatusViews {
             let mut writers = lock(&self.writers);
             writers
                 .entry(uid)
-                .or_insert_with(|| Writer::start(client.clone()))
+                .or_insert_with(|| Writer::start(client.clone(), self.tasks.clone()))
                 .clone()
         };
         let seq = {
@@ -146,7 +162,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Writer {
-    fn start(client: Client) -> Arc<Self> {
+    fn start(client: Client, tasks: NodeTasks) -> Arc<Self> {
         let writer = Arc::new(Self {
             next: Mutex::new(None),
             seq: Mutex::new(0),
@@ -154,7 +170,7 @@ impl Writer {
             done: watch::Sender::new((0, Ok(()))),
             closed: AtomicBool::new(false),
         });
-        tokio::spawn(run(writer.clone(), client));
+        tokio::spawn(run(writer.clone(), client, tasks));
         writer
     }
 }
@@ -167,7 +183,7 @@ struct Memory {
     failures: u32,
 }
 
-async fn run(w: Arc<Writer>, client: Client) {
+async fn run(w: Arc<Writer>, client: Client, tasks: NodeTasks) {
     let mut memory = Memory::default();
     loop {
         // Made before looking, so a hand-over in between is not missed.
@@ -183,6 +199,7 @@ async fn run(w: Arc<Writer>, client: Client) {
         if let Some(due) = memory.next_write_at(urgent) {
             tokio::time::sleep_until(due.into()).await;
         }
+        records_landed(&w, &tasks, &memory).await;
         write_latest(&w, &client, &mut memory).await;
     }
 }
@@ -203,6 +220,28 @@ impl Memory {
             spaced.max(last.written_at? + STATUS_INTERVAL)
         };
         (at > Instant::now()).then_some(at)
+    }
+}
+
+/// Waits, [`RECORDS_WAIT`] at most, until no node whose entry the next write changes has a task
+/// still running: the task writes the node's record before anything else.
+async fn records_landed(w: &Writer, tasks: &NodeTasks, memory: &Memory) {
+    let started = Instant::now();
+    while started.elapsed() < RECORDS_WAIT {
+        let waiting = {
+            let next = lock(&w.next);
+            let Some(next) = next.as_ref() else {
+                return;
+            };
+            let policy = next.policy.name_any();
+            let before = memory.last.as_ref().map(|l| &l.nodes);
+            (next.decided.nodes.iter())
+                .any(|(name, e)| entry_changed(before, name, e) && tasks.running(&policy, name))
+        };
+        if !waiting {
+            return;
+        }
+        tokio::time::sleep(RECORDS_POLL).await;
     }
 }
 
@@ -270,14 +309,8 @@ async fn write_latest(w: &Writer, client: &Client, memory: &mut Memory) {
 /// The status `decided`, with what changed since `last` was written.
 fn as_built(last: Option<&RecordedStatus>, decided: &RecordedStatus) -> BuiltStatus {
     let before = last.map(|l| &l.nodes);
-    let changed = decided
-        .nodes
-        .iter()
-        .filter(|(name, entry)| {
-            before
-                .and_then(|b| b.get(&***name))
-                .is_none_or(|e| !Arc::ptr_eq(e, entry) && e != *entry)
-        })
+    let changed = (decided.nodes.iter())
+        .filter(|(name, entry)| entry_changed(before, name, entry))
         .map(|(name, _)| name.clone())
         .collect();
     BuiltStatus {
@@ -287,6 +320,13 @@ fn as_built(last: Option<&RecordedStatus>, decided: &RecordedStatus) -> BuiltSta
         changed,
         same_nodes: before.is_some_and(|b| b.keys().eq(decided.nodes.keys())),
     }
+}
+
+/// Whether node `name`'s `entry` differs from the one in `before` (the entries last written).
+fn entry_changed(before: Option<&NodeEntries>, name: &str, entry: &Arc<NodeStatus>) -> bool {
+    before
+        .and_then(|b| b.get(name))
+        .is_none_or(|e| !Arc::ptr_eq(e, entry) && e != entry)
 }
 
 /// Whether the policy as handed over shows what was last written: it is at the version of one

@@ -223,30 +223,27 @@ fn status_delta(last: &RecordedStatus, built: &BuiltStatus) -> Option<Vec<serde_
     Some(ops)
 }
 
-/// Remembers `built` as the policy's decided status and hands it to the policy's status writer
-/// ([`crate::runtime::status_view`]), which writes it soon; returns at once, except when the
-/// rollout's state (`status.rollout`: canary, soak, applied target) changed, which reconciles
-/// read back before acting and so is written first.
-pub async fn record(
-    ctx: &Context,
-    policy: &Arc<TenstorrentDriverPolicy>,
-    built: BuiltStatus,
-    last: &RecordedStatus,
-) -> Result<Arc<RecordedStatus>, Error> {
-    hand_over(ctx, policy, built, last, false).await
+/// A status decided, not handed over yet. Handed over, the policy's status writer
+/// ([`crate::runtime::status_view`]) writes it soon and the round goes on at once, except when
+/// the rollout's state (`status.rollout`: canary, soak, applied target) changed, which
+/// reconciles read back before acting and so is written first.
+pub struct Decided {
+    policy: Arc<TenstorrentDriverPolicy>,
+    decided: Arc<RecordedStatus>,
+    urgent: bool,
+    write_first: bool,
 }
 
-/// [`record`], waiting for the write when `wait` or when the rollout's state changed.
-async fn hand_over(
-    ctx: &Context,
+/// `built` as the policy's decided status, written first (before the round acts) when `wait` or
+/// when the rollout's state changed; urgent when a node failed or the conditions changed.
+pub fn decide(
     policy: &Arc<TenstorrentDriverPolicy>,
     built: BuiltStatus,
     last: &RecordedStatus,
     wait: bool,
-) -> Result<Arc<RecordedStatus>, Error> {
-    let rollout_changed = built.status.rollout != last.status.rollout;
-    let urgent = wait
-        || rollout_changed
+) -> Decided {
+    let write_first = wait || built.status.rollout != last.status.rollout;
+    let urgent = write_first
         || built.status.conditions != last.status.conditions
         || built.changed.iter().any(|n| {
             built
@@ -264,14 +261,37 @@ async fn hand_over(
         resource_version: None,
         written_at: None,
     });
-    ctx.remember_recorded(&policy.uid().unwrap_or_default(), decided.clone());
-    let ticket = ctx
-        .status_views
-        .submit(&ctx.client, policy, decided.clone(), urgent);
-    if wait || rollout_changed {
-        ticket.written().await?;
+    Decided {
+        policy: policy.clone(),
+        decided,
+        urgent,
+        write_first,
     }
-    Ok(decided)
+}
+
+impl Decided {
+    /// The status decided.
+    pub fn recorded(&self) -> Arc<RecordedStatus> {
+        self.decided.clone()
+    }
+
+    /// Whether it must be written before the round acts.
+    pub fn write_first(&self) -> bool {
+        self.write_first
+    }
+
+    /// Remembers it and hands it to the writer; waits for the write when it must be written
+    /// first.
+    pub async fn hand_over(self, ctx: &Context) -> Result<Arc<RecordedStatus>, Error> {
+        let uid = self.policy.uid().unwrap_or_default();
+        ctx.remember_recorded(&uid, self.decided.clone());
+        let ticket =
+            (ctx.status_views).submit(&ctx.client, &self.policy, self.decided.clone(), self.urgent);
+        if self.write_first {
+            ticket.written().await?;
+        }
+        Ok(self.decided)
+    }
 }
 
 /// Writes the status with every node entry as recorded and the conditions of `facts`, and
@@ -301,7 +321,9 @@ pub async fn record_nodes_as_they_are(
         .collect();
     let now = Time(Timestamp::now());
     let built = build_status(facts, &last.status, &last.nodes, reports, &now);
-    hand_over(ctx, &Arc::new(policy.clone()), built, last, true).await
+    (decide(&Arc::new(policy.clone()), built, last, true))
+        .hand_over(ctx)
+        .await
 }
 
 /// When the status write after `w` may start: [`WRITE_SPACING_PER_ENTRY`] per node entry `w`

@@ -391,7 +391,7 @@ impl ModelPass {
     }
 
     /// Builds the status, writes the nodes' records, then hands the status over
-    /// (`Pass::build`, `status_writer::record`); false when a write that must land before the
+    /// (`Pass::build`, `status_writer::decide`); false when a write that must land before the
     /// actions failed (the round ends there).
     fn record(
         &mut self,
@@ -435,17 +435,16 @@ impl ModelPass {
     }
 
     /// Writes the upgrade records of the nodes whose entry changed or that have actions
-    /// (`Pass::record_patches`, `node_records::write`), before the status; returns the nodes
-    /// whose record was not written (not acted on this round).
+    /// (`Pass::record_patches`, each written by its node's task before its actions); returns the
+    /// nodes whose record was not written (not acted on). The runtime hands the status over
+    /// while the records are on their way: the view may run ahead of a record, as it does here
+    /// where one could not be written.
     fn write_records(&self, w: &mut World, built: &BuiltStatus, lifted: &[String]) -> Vec<usize> {
         let mut unwritten = Vec::new();
         let target = self.facts.target_version.clone();
+        // Each reconcile here is a pass's first round, which looks at every node's record.
         for k in 0..self.matched.len() {
             let node = &mut w.nodes[self.matched[k]];
-            let has_actions = !self.planned[k].1.is_empty();
-            if !(has_actions || built.changed.iter().any(|c| **c == *node.name)) {
-                continue;
-            }
             // A cordon or a grant carries the record; a lifted cordon took it with it.
             if rides_along(&self.todo(k)) || lifted.contains(&node.name) {
                 continue;
@@ -474,8 +473,8 @@ impl ModelPass {
         unwritten
     }
 
-    /// Carries out each node's actions not taken yet, in order (`Pass::start_actions`,
-    /// `act::on_nodes`); a failed write does not stop the node's next action.
+    /// Carries out each node's actions not taken yet, in order (`Pass::start_work`); a failed
+    /// write does not stop the node's next action.
     /// Node `k`'s actions not taken yet.
     fn todo(&self, k: usize) -> Vec<Action> {
         (self.planned[k].1.iter())

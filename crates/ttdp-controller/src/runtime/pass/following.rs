@@ -22,6 +22,7 @@ impl Pass {
         changed.extend(changed_entries);
         // Nothing to do: wait for the next change here, rather than end the pass and observe
         // the whole fleet again in the next reconcile.
+        let waiting_since = std::time::Instant::now();
         while changed.is_empty() && released == 0 {
             let Some(left) = self.time_to_follow() else {
                 return false;
@@ -39,6 +40,11 @@ impl Pass {
         }
         changed.sort_unstable();
         changed.dedup();
+        tracing::debug!(
+            waited_ms = waiting_since.elapsed().as_millis(),
+            changed = changed.len(),
+            "following"
+        );
         self.now = Time(Timestamp::now());
         let mut drains = self.ctx.drains.progress_of(&self.name);
         for &i in &changed {
@@ -59,8 +65,9 @@ impl Pass {
         (!left.is_zero()).then_some(left)
     }
 
-    /// The matched nodes whose node, agent pods or drain changed since the last look; None when
-    /// the fleet changed too much to follow (the next reconcile observes it whole).
+    /// The matched nodes whose node, agent pods or drain changed since the last look, or whose
+    /// deferred work may start; None when the fleet changed too much to follow (the next
+    /// reconcile observes it whole).
     fn changed_since(&mut self) -> Option<Vec<usize>> {
         let basis = FollowBasis {
             policy: &self.name,
@@ -92,6 +99,11 @@ impl Pass {
                 changed.push(i);
             }
         }
+        // A node left waiting for its last task: that task woke the pass when it ended.
+        let tasks = &self.ctx.node_tasks;
+        let free = (self.deferred.iter().copied())
+            .filter(|&i| !tasks.busy(&self.name, self.matched[i].name()));
+        changed.extend(free);
         Some(changed)
     }
 

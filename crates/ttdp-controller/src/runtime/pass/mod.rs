@@ -7,13 +7,14 @@
 //!
 //! The new state is recorded before the action, so a crash in between repeats the action on the
 //! next reconcile instead of skipping it: on each node it changed for (its upgrade record, see
-//! [`crate::pure::node_record`], riding on the cordon or the grant where the step takes one),
-//! then handed to the policy's status writer, which never runs ahead of the nodes. Lifting a
+//! [`crate::pure::node_record`], riding on the cordon or the grant where the step takes one, else
+//! written by the node's task before its actions), and handed to the policy's status writer, a
+//! view written later. No round waits for a node's writes but the lifts of cordons: lifting a
 //! cordon, harmless to repeat, runs first and writes the node's Uncordoning record in the same
 //! patch, so that the slot it frees goes to the next node in the same round: a hand-off is two
 //! node patches, the lift and the next node's cordon.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,7 +45,6 @@ use crate::runtime::agent_daemonset;
 use crate::runtime::context::Context;
 use crate::runtime::follow::{self, PolicyKey};
 use crate::runtime::node_actions::RecordOnRelease;
-use crate::runtime::node_records;
 use crate::runtime::status_writer::{self, RecordedStatus};
 use crate::runtime::watch_changes::ChangeSubscription;
 
@@ -104,6 +104,9 @@ pub struct Pass {
     /// The nodes observed again since the last round (the first round plans every node).
     reobserved: Vec<usize>,
     first_round: bool,
+    /// The nodes with work left undone because a task of theirs was still running: taken up
+    /// again when it ends.
+    deferred: BTreeSet<usize>,
     /// Actions already taken per node in its current state (a later round does not repeat them).
     actions_taken: HashMap<String, Vec<Action>>,
     /// Nodes whose cordon this reconcile lifted, with the node as the cache showed it then: until
@@ -198,6 +201,7 @@ impl Pass {
             agent_pods,
             reobserved: Vec::new(),
             first_round: true,
+            deferred: BTreeSet::new(),
             actions_taken: HashMap::new(),
             uncordoned: HashMap::new(),
             recorded,
@@ -224,22 +228,34 @@ impl Pass {
     /// Plans, records the status and acts; then follows the fleet. Returns whether to go on with
     /// another round.
     pub async fn round(&mut self) -> Result<bool, Error> {
+        let began = Instant::now();
+        let deferred = std::mem::take(&mut self.deferred);
         let first = self.plan_nodes();
         let (transitions, released, lifted) = self.lift_cordons(first).await;
+        let lifts_took = began.elapsed();
+        let whole = self.first_round;
         let planned = self.build(transitions);
-        // The nodes' records first: the status runs ahead of a node's record only where that
-        // record could not be written, and that node is not acted on.
-        let unwritten =
-            node_records::write(&self.ctx, self.record_patches(&planned, &lifted)).await;
-        if let Some(e) = unwritten.first_error {
-            self.first_error.get_or_insert(e);
+        let records = self.record_patches(&planned, &lifted, whole, &deferred);
+        let decided = status_writer::decide(&self.policy, planned.built, &self.recorded, false);
+        if decided.write_first() {
+            // The rollout's state, which reconciles read back before acting, is written first.
+            self.recorded = decided.hand_over(&self.ctx).await?;
+            self.start_work(records);
+        } else {
+            // The nodes' tasks first: the status writer waits for the records they write.
+            self.recorded = decided.recorded();
+            self.start_work(records);
+            self.recorded = decided.hand_over(&self.ctx).await?;
         }
-        self.recorded =
-            status_writer::record(&self.ctx, &self.policy, planned.built, &self.recorded).await?;
         self.ctx.note_lifted(&self.name, &lifted, false);
-        let foreground = self.start_actions(&unwritten.nodes);
-        let outcomes = act::on_nodes(&self.ctx, &self.policy, foreground, &self.now).await;
-        let released = released + self.take_outcomes(outcomes);
+        tracing::debug!(
+            reobserved = self.reobserved.len(),
+            changes = planned.changes.len(),
+            lifted = lifted.len(),
+            lifts_ms = lifts_took.as_millis(),
+            round_ms = began.elapsed().as_millis(),
+            "round"
+        );
         self.report(&planned.changes);
         if !planned.changes.is_empty() {
             let counts = node_counts(&self.recorded.nodes);
@@ -403,12 +419,14 @@ impl Pass {
     /// The cordons to lift now (see [`Pass::lift_cordons`]).
     fn cordons_to_lift(&mut self) -> Vec<NodeWork> {
         let mut lifting = Vec::new();
-        for ((node, _), (state, actions)) in self.observations.iter().zip(&self.planned) {
+        let planned = self.observations.iter().zip(&self.planned).enumerate();
+        for (i, ((node, _), (state, actions))) in planned {
             // A Failed node's release waits for its Failed to be recorded.
-            if *state != NodeState::Uncordoning
-                || actions.as_slice() != [Action::Release]
-                || self.ctx.node_tasks.busy(&self.name, node)
-            {
+            if *state != NodeState::Uncordoning || actions.as_slice() != [Action::Release] {
+                continue;
+            }
+            if self.ctx.node_tasks.busy(&self.name, node) {
+                self.deferred.insert(i);
                 continue;
             }
             let taken = self.actions_taken.entry(node.clone()).or_default();
@@ -421,29 +439,28 @@ impl Pass {
         lifting
     }
 
-    /// Starts each node's actions not yet taken, but on the nodes whose record was not written:
-    /// background ones in the background, the others are returned for the round to wait on. A node whose background task still runs waits for
-    /// it (which then wakes the policy).
-    fn start_actions(&mut self, unrecorded: &HashSet<String>) -> Vec<NodeWork> {
-        let mut foreground = Vec::new();
-        let planned = self
-            .observations
-            .iter()
-            .zip(&self.planned)
-            .zip(&self.agent_pods);
-        for (((node, obs), (_, actions)), pods) in planned {
+    /// Starts each node's work in the background: its record (`records`, by index) and its
+    /// actions not taken yet. A node whose last task still runs waits for it, and is taken up
+    /// again when it ends ([`Pass::deferred`]).
+    fn start_work(&mut self, mut records: BTreeMap<usize, serde_json::Value>) {
+        for i in 0..self.observations.len() {
+            let record_patch = records.remove(&i);
+            let (node, obs) = &self.observations[i];
+            let actions = &self.planned[i].1;
             // Most nodes have nothing to do: no entry (a String and a Vec) for them.
-            if actions.is_empty() {
+            if actions.is_empty() && record_patch.is_none() {
                 continue;
             }
             let todo = self.not_taken(node, actions);
-            if todo.is_empty()
-                || unrecorded.contains(node)
-                || self.ctx.node_tasks.busy(&self.name, node)
-            {
+            if todo.is_empty() && record_patch.is_none() {
+                continue;
+            }
+            if self.ctx.node_tasks.busy(&self.name, node) {
+                self.deferred.insert(i);
                 continue;
             }
             (self.actions_taken.entry(node.clone()).or_default()).extend(&todo);
+            let pods = &self.agent_pods[i];
             let work = NodeWork {
                 node: node.clone(),
                 stale_agent: observe::agent_to_replace(&todo, &obs.agent, pods),
@@ -453,16 +470,12 @@ impl Pass {
                 entered: (self.recorded.nodes.get(node.as_str()))
                     .and_then(|e| e.last_transition_time.clone()),
                 record: rides_along(&todo).then(|| self.record_of(node)).flatten(),
+                record_patch,
                 on_release: RecordOnRelease::Keep,
                 actions: todo,
             };
-            if work.actions.iter().all(act::in_background) {
-                act::spawn_in_background(&self.ctx, &self.policy, work, &self.now);
-            } else {
-                foreground.push(work);
-            }
+            act::spawn_in_background(&self.ctx, &self.policy, work, &self.now);
         }
-        foreground
     }
 
     /// Keeps the first failure and the cordons lifted; returns how many were lifted.

@@ -1,7 +1,7 @@
 //! What a round records: the status entries it builds from the planned nodes, the nodes'
 //! upgrade records brought to them, the canary's verdict and the state changes reported.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tracing::{info, warn};
 
@@ -61,47 +61,51 @@ impl Pass {
         }
     }
 
-    /// The node patches that bring the upgrade records of the nodes whose entry changed, or
-    /// that have actions to take, to their new entries; but for the nodes whose record rides on
-    /// a cordon or a grant they are about to take, went with a cordon `lifted` this round, or
-    /// that a background write of ours is still busy with.
+    /// The node patches (by index) that bring the upgrade records of the nodes whose entry
+    /// changed, that have actions to take or were `deferred` (in a pass's `whole` first round:
+    /// of every node) to their new entries; but for the nodes whose record rides on a cordon or
+    /// a grant they are about to take, or went with a cordon `lifted` this round.
+    ///
+    /// A node carries the record the last round decided (written by then, or the pass has
+    /// ended); in the first round, and for a node whose work was deferred, the node's copy in
+    /// the cache says what it carries: a process killed after its status said Done, before the
+    /// node's record was removed, left that record for the next one to remove.
     pub(super) fn record_patches(
         &self,
         planned: &Planned,
         lifted: &[String],
-    ) -> Vec<(String, serde_json::Value)> {
+        whole: bool,
+        deferred: &BTreeSet<usize>,
+    ) -> BTreeMap<usize, serde_json::Value> {
         let with_actions = (self.planned.iter().enumerate())
             .filter(|(_, (_, actions))| !actions.is_empty())
             .map(|(i, _)| i);
-        let nodes: BTreeSet<usize> = planned
-            .changed_entries
-            .iter()
-            .copied()
+        let every = whole.then_some(0..self.matched.len()).into_iter().flatten();
+        let nodes: BTreeSet<usize> = (planned.changed_entries.iter().copied())
             .chain(with_actions)
+            .chain(deferred.iter().copied())
+            .chain(every)
             .collect();
         let target = self.facts.target_version.as_str();
         nodes
             .into_iter()
             .filter_map(|i| {
                 let n = &self.matched[i];
-                // A lifted cordon took the record with it; a cordon or a grant carries it.
                 let (_, actions) = &self.planned[i];
                 let todo = self.not_taken(n.name(), actions);
-                // Nor while a write of ours to the node is under way (a cordon retried after a
-                // conflict would put its older record back): the next round writes it.
-                let busy = self.ctx.node_tasks.busy(&self.name, n.name());
-                if busy || rides_along(&todo) || lifted.iter().any(|l| l == n.name()) {
+                if rides_along(&todo) || lifted.iter().any(|l| l == n.name()) {
                     return None;
                 }
                 let entry = planned.built.all_nodes.get(n.name())?;
                 let want = node_record::desired(&self.name, target, entry);
-                // The node cache may not show a record written moments ago: what the last
-                // round decided says what the node carries as well.
-                let before = (self.recorded.nodes.get(n.name()))
-                    .and_then(|e| node_record::desired(&self.name, target, e));
-                let patch = node_record::patch(&n.metadata, &self.name, want.as_ref())
-                    .or_else(|| node_record::patch_from(before.as_ref(), want.as_ref()))?;
-                Some((n.name().to_owned(), patch))
+                let patch = if whole || deferred.contains(&i) {
+                    node_record::patch(&n.metadata, &self.name, want.as_ref())
+                } else {
+                    let decided = (self.recorded.nodes.get(n.name()))
+                        .and_then(|e| node_record::desired(&self.name, target, e));
+                    node_record::patch_from(decided.as_ref(), want.as_ref())
+                };
+                Some((i, patch?))
             })
             .collect()
     }

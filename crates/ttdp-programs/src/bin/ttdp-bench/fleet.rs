@@ -39,6 +39,8 @@ use crate::node_watch::NodeWatch;
 use crate::status_watch::StatusWatch;
 
 /// The installed version and the one rolled out.
+/// Overrides the controller's log filter (`info`) in the fleet benchmark.
+const CONTROLLER_LOG_ENV: &str = "TTDP_BENCH_CONTROLLER_LOG";
 const FROM: &str = "2.0.0";
 const TO: &str = "2.1.0";
 /// How long the fleet is left alone before steady-state figures are taken.
@@ -253,11 +255,13 @@ async fn start(args: &FleetArgs) -> Result<Bench> {
         format!("--namespace={}", ttdp_api::names::DEFAULT_NAMESPACE),
         "--default-image=bench.invalid/ttdp-agent:bench".to_owned(),
     ];
+    // More detail on request, e.g. the rounds' timings (`info,ttdp_controller::runtime=debug`).
+    let log_filter = std::env::var(CONTROLLER_LOG_ENV).unwrap_or_else(|_| "info".to_owned());
     let controller = ControllerProcess::start(
         &args.controller,
         plane.audited_kubeconfig(),
         &flags,
-        "info",
+        &log_filter,
         &log_file,
     )?;
     Ok(Bench {
