@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args};
 
-use crate::runtime::leader::LeaderElection;
-use crate::runtime::run::RunOptions;
+use crate::runtime::process::leader::LeaderElection;
+use crate::runtime::process::run::RunOptions;
 use crate::settings::{self, Settings};
 
 /// Flags of the controller.

@@ -28,8 +28,9 @@ pub mod settings;
 
 pub use args::ControllerArgs;
 pub use error::Error;
-pub use runtime::run::{RunOptions, run};
-pub use runtime::{leader, metrics, node_actions, server};
+pub use runtime::node_work::node_actions;
+pub use runtime::process::run::{RunOptions, run};
+pub use runtime::process::{leader, metrics, server};
 pub use settings::Settings;
 
 /// The status builder on its own, for the benchmarks: the size of the status a fleet of any

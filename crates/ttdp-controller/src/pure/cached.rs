@@ -6,7 +6,7 @@
 //! ([`WatchedPolicy`]); DaemonSets are few and are only trimmed ([`daemonset`]).
 //!
 //! Anything the reconciler, [`observe`](crate::pure::observe) or
-//! [`node_actions`](crate::runtime::node_actions) reads must be kept here; the unit tests pin each field.
+//! [`node_actions`](crate::runtime::node_work::node_actions) reads must be kept here; the unit tests pin each field.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -365,7 +365,7 @@ pub fn agent_pod_event(event: watcher::Event<Pod>) -> watcher::Event<CachedPod> 
 /// A policy as watched: decoded without `status.nodes`, which would be thousands of entries
 /// to decode at every status write and to hold in every cached version of the policy. The
 /// controller keeps the node entries it last wrote itself
-/// ([`Context::written`](crate::runtime::context::Context::written)) and reads them from the API only
+/// ([`Context::written`](crate::runtime::process::context::Context::written)) and reads them from the API only
 /// when it has none. Converted to a [`TenstorrentDriverPolicy`] (with no node entries and no
 /// managed fields) by [`policy_event`].
 #[derive(Clone, Debug, Deserialize)]

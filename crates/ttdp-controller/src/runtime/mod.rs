@@ -1,23 +1,15 @@
-//! The runtime around the pure core ([`crate::pure`]): watches and caches ([`run`],
-//! [`context`]), one reconcile as a [`pass::Pass`], node actions and the background tasks that
-//! run them, drains, the status writer, Events, metrics, the admin server and leader election.
+//! The runtime around the pure core ([`crate::pure`]), in four parts, each owning its state:
+//!
+//! - [`process`]: the controller process: watches and caches ([`process::run`],
+//!   [`process::context`]), leader election, the admin server and metrics;
+//! - [`reconcile`]: one reconcile of a policy, a [`reconcile::pass::Pass`] that follows the
+//!   fleet round after round;
+//! - [`writes`]: what the controller writes besides nodes: the policy's status (one writer per
+//!   policy), the agent DaemonSet and Events, each keeping its own memory;
+//! - [`node_work`]: the writes to nodes and pods: each node's task (its record, then its
+//!   actions), the node patches themselves and the drains.
 
-pub(crate) mod act;
-pub(crate) mod agent_daemonset;
-pub(crate) mod backoff;
-pub(crate) mod context;
-pub(crate) mod drain_tracker;
-pub(crate) mod events;
-pub(crate) mod follow;
-pub(crate) mod initial_lists;
-pub mod leader;
-pub mod metrics;
-pub mod node_actions;
-pub(crate) mod node_tasks;
-pub(crate) mod pass;
+pub mod node_work;
+pub mod process;
 pub(crate) mod reconcile;
-pub mod run;
-pub mod server;
-pub(crate) mod status_view;
-pub(crate) mod status_writer;
-pub(crate) mod watch_changes;
+pub(crate) mod writes;

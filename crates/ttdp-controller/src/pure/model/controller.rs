@@ -1,5 +1,5 @@
 //! The controller's reconcile of our policy on the [`World`], as `runtime::reconcile` and
-//! `runtime::pass` run it, through the same pure entry points: the rolled-back target, the
+//! `runtime::reconcile::pass` run it, through the same pure entry points: the rolled-back target, the
 //! selection and overlap ([`overlap`]), the DaemonSet's template hash ([`daemonset`]), each
 //! node's observation ([`observe::observe`]), the [`Planner`] with its guards, the lifting of
 //! cordons before the status write, the status ([`build_status`]), then the actions, and at the
@@ -144,7 +144,7 @@ fn rolled_back(w: &World) -> (TenstorrentDriverPolicySpec, String) {
     (spec, rollout_target)
 }
 
-/// One pass in the making: what `runtime::pass::Pass` holds.
+/// One pass in the making: what `runtime::reconcile::pass::Pass` holds.
 struct ModelPass {
     target: KmdVersion,
     facts: PolicyFacts,
@@ -250,7 +250,7 @@ fn observe_all(w: &mut World) -> Option<ModelPass> {
 }
 
 /// The DaemonSet's template and node affinity; a paused policy keeps the template it has
-/// (`runtime::agent_daemonset::ensure`).
+/// (`runtime::writes::agent_daemonset::ensure`).
 fn apply_daemonset(
     w: &mut World,
     policy: &TenstorrentDriverPolicy,

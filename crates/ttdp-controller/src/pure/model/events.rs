@@ -168,7 +168,7 @@ impl World {
             self.view = Default::default();
         }
         (self.status, self.entries) = self.view.clone();
-        // What `status_writer::last_recorded` reads: the status, with the nodes' records over it.
+        // What `reconcile::last_recorded` reads: the status, with the nodes' records over it.
         let metas: Vec<_> = self
             .nodes
             .iter()

@@ -1,4 +1,4 @@
-//! The node writes the controller's actions stand for, as `runtime::node_actions` and
+//! The node writes the controller's actions stand for, as `runtime::node_work::node_actions` and
 //! ttdp-drain's cordon make them: a cordon claims the node unless someone else cordoned it and
 //! closes the deploy gates in the same write; a release reopens the gates the node's annotation
 //! lists, removes the policy's grant and lifts the policy's cordon (never someone else's). A

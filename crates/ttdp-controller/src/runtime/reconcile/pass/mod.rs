@@ -40,13 +40,12 @@ use crate::pure::transition::{
     Action, DrainProgress, NodeObservation, NodeTransition, UpgradeGrant, reasons,
 };
 use crate::pure::{drain_plan, node_record};
-use crate::runtime::act::{self, NodeOutcome, NodeWork};
-use crate::runtime::agent_daemonset;
-use crate::runtime::context::Context;
-use crate::runtime::follow::{self, PolicyKey};
-use crate::runtime::node_actions::RecordOnRelease;
-use crate::runtime::status_writer::{self, RecordedStatus};
-use crate::runtime::watch_changes::ChangeSubscription;
+use crate::runtime::node_work::act::{self, NodeOutcome, NodeWork};
+use crate::runtime::node_work::node_actions::RecordOnRelease;
+use crate::runtime::process::context::Context;
+use crate::runtime::process::watch_changes::ChangeSubscription;
+use crate::runtime::reconcile::follow::{self, PolicyKey};
+use crate::runtime::writes::status_writer::{self, RecordedStatus};
 
 mod following;
 mod record;
@@ -157,10 +156,10 @@ impl Pass {
         let conflicts = overlap::conflicts_of(&matched, &older);
         let mut selection = selection;
         selection.excluded = conflicts.keys().cloned().collect();
-        let template_hash = agent_daemonset::ensure(&ctx, &policy, &selection).await?;
+        let daemonset = ctx.agent_daemonset(&name);
+        let template_hash = daemonset.ensure(&policy, &selection).await?;
         let agent_pods = follow::agent_pods_by_node(ctx.caches.agent_pods.state(), &name, &matched);
-        let not_created =
-            agent_daemonset::blocker(&ctx, &name, &matched, &agent_pods, &conflicts).await;
+        let not_created = daemonset.blocker(&matched, &agent_pods, &conflicts).await;
         let managed = matched.len().saturating_sub(conflicts.len());
         let (facts, plan) = ctx.plan_of(&policy, &target, managed)?;
         let now = Timestamp::now();
@@ -239,13 +238,17 @@ impl Pass {
         let decided = status_writer::decide(&self.policy, planned.built, &self.recorded, false);
         if decided.write_first() {
             // The rollout's state, which reconciles read back before acting, is written first.
-            self.recorded = decided.hand_over(&self.ctx).await?;
+            self.recorded = decided
+                .hand_over(&self.ctx.status_views, &self.ctx.client)
+                .await?;
             self.start_work(records);
         } else {
             // The nodes' tasks first: the status writer waits for the records they write.
             self.recorded = decided.recorded();
             self.start_work(records);
-            self.recorded = decided.hand_over(&self.ctx).await?;
+            self.recorded = decided
+                .hand_over(&self.ctx.status_views, &self.ctx.client)
+                .await?;
         }
         self.ctx.note_lifted(&self.name, &lifted, false);
         tracing::debug!(

@@ -7,7 +7,7 @@
 //! whatever is newest by then.
 //!
 //! What makes this safe: each node's upgrade record is written before any action on it
-//! ([`crate::runtime::act`]), so a view that lags, or a write that was lost, loses
+//! ([`crate::runtime::node_work::act`]), so a view that lags, or a write that was lost, loses
 //! nothing a restart needs. The view does not run ahead of the records either: a write waits
 //! (briefly, [`RECORDS_WAIT`] at most) for the tasks of the nodes whose entries it changes, which
 //! write each node's record first, so a policy shown Ready has no node left carrying its record. Only `status.rollout` (the canary, the soak, the applied target),
@@ -26,8 +26,8 @@ use ttdp_api::{NodeStatus, TenstorrentDriverPolicy};
 
 use crate::error::{Error, error_chain};
 use crate::pure::status::{BuiltStatus, NodeEntries};
-use crate::runtime::node_tasks::NodeTasks;
-use crate::runtime::status_writer::{self, RecordedStatus};
+use crate::runtime::node_work::node_tasks::NodeTasks;
+use crate::runtime::writes::status_writer::{self, RecordedStatus};
 
 /// The least time between two writes of a policy's status that are not urgent.
 pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
@@ -45,6 +45,8 @@ const OWN_VERSIONS: usize = 64;
 /// The status writers, one per policy (by uid).
 pub struct StatusViews {
     writers: Mutex<HashMap<String, Arc<Writer>>>,
+    /// The status each policy last decided (by uid), written or on its way.
+    decided: Mutex<HashMap<String, Arc<RecordedStatus>>>,
     /// The node tasks, which write each node's record before its actions.
     tasks: NodeTasks,
 }
@@ -104,8 +106,14 @@ impl StatusViews {
     pub fn new(tasks: NodeTasks) -> Self {
         Self {
             writers: Mutex::default(),
+            decided: Mutex::default(),
             tasks,
         }
+    }
+
+    /// The status last decided for the policy with this uid.
+    pub fn decided(&self, uid: &str) -> Option<Arc<RecordedStatus>> {
+        lock(&self.decided).get(uid).cloned()
     }
 
     /// Hands `decided` over to `policy`'s writer (started on first use); `urgent`: written
@@ -118,6 +126,7 @@ impl StatusViews {
         urgent: bool,
     ) -> Ticket {
         let uid = policy.uid().unwrap_or_default();
+        lock(&self.decided).insert(uid.clone(), decided.clone());
         let writer = {
             let mut writers = lock(&self.writers);
             writers
@@ -150,6 +159,7 @@ impl StatusViews {
 
     /// Stops the writer of a deleted policy.
     pub fn forget(&self, uid: &str) {
+        lock(&self.decided).remove(uid);
         if let Some(w) = lock(&self.writers).remove(uid) {
             w.closed.store(true, Ordering::Relaxed);
             w.wake.notify_one();

@@ -1,6 +1,6 @@
 //! Between the rounds of one reconcile: which matched nodes' inputs changed in the caches
-//! ([`crate::runtime::watch_changes`]), so that only those are observed again. A reconcile
-//! follows the fleet this way while it changes ([`crate::runtime::pass`]), instead of observing
+//! ([`crate::runtime::process::watch_changes`]), so that only those are observed again. A reconcile
+//! follows the fleet this way while it changes ([`crate::runtime::reconcile::pass`]), instead of observing
 //! every node again in a new reconcile.
 
 use std::collections::BTreeMap;
@@ -14,8 +14,8 @@ use ttdp_api::node_selection::NodeSelection;
 
 use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::overlap::OlderPolicies;
-use crate::runtime::context::Context;
-use crate::runtime::watch_changes::ChangeSubscription;
+use crate::runtime::process::context::Context;
+use crate::runtime::process::watch_changes::ChangeSubscription;
 
 /// The index of the node `name` in `matched` (in name order).
 pub fn position(matched: &[Arc<CachedNode>], name: &str) -> Option<usize> {

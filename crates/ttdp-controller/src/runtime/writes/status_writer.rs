@@ -1,5 +1,5 @@
 //! The status the controller decided for each policy (handed to the policy's writer in
-//! [`crate::runtime::status_view`]), and the one JSON patch per write that records it: only what
+//! [`crate::runtime::writes::status_view`]), and the one JSON patch per write that records it: only what
 //! changed while the policy is still at the version of the last write, else the whole status.
 //! The controller is the status's only writer. Writes are spaced by the size of the status
 //! ([`WRITE_SPACING_PER_ENTRY`]).
@@ -10,15 +10,13 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use ttdp_api::{NodeState, TenstorrentDriverPolicy, TenstorrentDriverPolicyStatus};
 
 use crate::error::Error;
-use crate::pure::node_record;
 use crate::pure::status::{BuiltStatus, NodeEntries, NodeReport, PolicyFacts, build_status};
 use crate::pure::transition::NodeTransition;
-use crate::runtime::context::Context;
+use crate::runtime::writes::status_view::StatusViews;
 
 /// The least time between the starts of two status writes of a policy, per node entry listed in
 /// `status.nodes`. At each write the API server stores the whole object (etcd keeps every
@@ -40,44 +38,6 @@ pub struct RecordedStatus {
     pub resource_version: Option<String>,
     /// When that write started (None: not written by this process).
     pub written_at: Option<Instant>,
-}
-
-/// The previous status and node entries: what this controller last wrote, else the API's copy
-/// (read once: the cached policy carries no node entries, see [`crate::pure::cached::WatchedPolicy`]),
-/// with the upgrade records on the nodes laid over it.
-/// Shared, not copied: with thousands of nodes a copy costs megabytes.
-pub async fn last_recorded(
-    policy: &TenstorrentDriverPolicy,
-    ctx: &Context,
-) -> Result<Arc<RecordedStatus>, Error> {
-    let uid = policy.uid().unwrap_or_default();
-    if let Some(written) = ctx.recorded(&uid) {
-        return Ok(written);
-    }
-    let name = policy.name_any();
-    let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
-    let (mut status, resource_version) = match api.get_opt(&name).await {
-        Ok(Some(p)) if p.uid() == policy.uid() => {
-            (p.status.unwrap_or_default(), p.metadata.resource_version)
-        }
-        Ok(_) => (policy.status.clone().unwrap_or_default(), None),
-        Err(e) => return Err(Error::kube(format!("get policy {name}"), e)),
-    };
-    let mut nodes = std::mem::take(&mut status.nodes)
-        .into_iter()
-        .map(|n| (Arc::from(n.name.as_str()), Arc::new(n)))
-        .collect();
-    // The status may have lost nodes (wiped, or left out past its size bound); their records
-    // on the nodes say where they were.
-    let cached = ctx.caches.nodes.state();
-    let on_nodes = cached.iter().map(|n| (n.name(), &n.metadata));
-    node_record::overlay(&mut nodes, on_nodes, &name);
-    Ok(Arc::new(RecordedStatus {
-        status,
-        nodes,
-        resource_version,
-        written_at: None,
-    }))
 }
 
 /// Whether two statuses are equal but for `nodes` (the cached policy's status has none).
@@ -224,7 +184,7 @@ fn status_delta(last: &RecordedStatus, built: &BuiltStatus) -> Option<Vec<serde_
 }
 
 /// A status decided, not handed over yet. Handed over, the policy's status writer
-/// ([`crate::runtime::status_view`]) writes it soon and the round goes on at once, except when
+/// ([`crate::runtime::writes::status_view`]) writes it soon and the round goes on at once, except when
 /// the rollout's state (`status.rollout`: canary, soak, applied target) changed, which
 /// reconciles read back before acting and so is written first.
 pub struct Decided {
@@ -282,11 +242,12 @@ impl Decided {
 
     /// Remembers it and hands it to the writer; waits for the write when it must be written
     /// first.
-    pub async fn hand_over(self, ctx: &Context) -> Result<Arc<RecordedStatus>, Error> {
-        let uid = self.policy.uid().unwrap_or_default();
-        ctx.remember_recorded(&uid, self.decided.clone());
-        let ticket =
-            (ctx.status_views).submit(&ctx.client, &self.policy, self.decided.clone(), self.urgent);
+    pub async fn hand_over(
+        self,
+        views: &StatusViews,
+        client: &Client,
+    ) -> Result<Arc<RecordedStatus>, Error> {
+        let ticket = views.submit(client, &self.policy, self.decided.clone(), self.urgent);
         if self.write_first {
             ticket.written().await?;
         }
@@ -297,7 +258,7 @@ impl Decided {
 /// Writes the status with every node entry as recorded and the conditions of `facts`, and
 /// waits for the write.
 pub async fn record_nodes_as_they_are(
-    ctx: &Context,
+    (views, client): (&StatusViews, &Client),
     policy: &TenstorrentDriverPolicy,
     last: &RecordedStatus,
     facts: &PolicyFacts,
@@ -322,7 +283,7 @@ pub async fn record_nodes_as_they_are(
     let now = Time(Timestamp::now());
     let built = build_status(facts, &last.status, &last.nodes, reports, &now);
     (decide(&Arc::new(policy.clone()), built, last, true))
-        .hand_over(ctx)
+        .hand_over(views, client)
         .await
 }
 

@@ -1,4 +1,4 @@
-//! Prometheus metrics (prometheus-client), served on `/metrics` by [`crate::runtime::server`].
+//! Prometheus metrics (prometheus-client), served on `/metrics` by [`crate::runtime::process::server`].
 //!
 //! - `ttdp_nodes{policy,state,version}`: matched nodes by state and loaded version
 //! - `ttdp_node_transitions_total{policy,from,to}`: state changes

@@ -1,5 +1,10 @@
 //! The reconciler: waits for the caches, adds the finalizer, dispatches to [`apply`] (one
-//! [`Pass`]) and [`cleanup`], and shows a failed reconcile on the policy.
+//! [`Pass`]) and [`cleanup`], and shows a failed reconcile on the policy. A pass follows the
+//! fleet ([`follow`]) between its rounds; [`backoff`] spaces a policy's failed reconciles.
+
+pub(crate) mod backoff;
+pub(crate) mod follow;
+pub(crate) mod pass;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,10 +26,10 @@ use crate::pure::canary;
 use crate::pure::pause::{self, AppliedTarget};
 use crate::pure::status::{NodeEntries, PolicyFacts, ReconcileFailure};
 use crate::pure::{node_record, observe};
-use crate::runtime::context::Context;
-use crate::runtime::node_actions;
-use crate::runtime::pass::Pass;
-use crate::runtime::status_writer::{self, RecordedStatus};
+use crate::runtime::node_work::node_actions;
+use crate::runtime::process::context::Context;
+use crate::runtime::reconcile::pass::Pass;
+use crate::runtime::writes::status_writer::{self, RecordedStatus};
 
 /// How long a reconcile waits for the watches' first lists.
 const INITIAL_LIST_WAIT: Duration = Duration::from_secs(30);
@@ -195,10 +200,16 @@ async fn record_failure(
     ctx: &Context,
     failure: Option<ReconcileFailure>,
 ) {
-    let written = match status_writer::last_recorded(policy, ctx).await {
+    let written = match last_recorded(policy, ctx).await {
         Ok(last) => {
             let facts = facts_as_recorded(policy, &last.nodes, None, failure);
-            status_writer::record_nodes_as_they_are(ctx, policy, &last, &facts).await
+            status_writer::record_nodes_as_they_are(
+                (&ctx.status_views, &ctx.client),
+                policy,
+                &last,
+                &facts,
+            )
+            .await
         }
         Err(e) => Err(e),
     };
@@ -223,7 +234,7 @@ async fn apply_policy(
     {
         return Err(e);
     }
-    let recorded = status_writer::last_recorded(&policy, &ctx).await?;
+    let recorded = last_recorded(&policy, &ctx).await?;
     let target = match validated_target(&policy.spec) {
         Ok(target) => target,
         Err(problem) => return invalid_spec(&policy, &ctx, &recorded, problem).await,
@@ -315,7 +326,8 @@ async fn invalid_spec(
         .conditions
         .iter()
         .any(|c| c.type_ == condition::INVALID_SPEC && c.status == "True");
-    status_writer::record_nodes_as_they_are(ctx, policy, last, &facts).await?;
+    status_writer::record_nodes_as_they_are((&ctx.status_views, &ctx.client), policy, last, &facts)
+        .await?;
     if !was_invalid {
         warn!(policy = %policy.name_any(), error = %err, "invalid spec");
         ctx.events.policy_event(
@@ -337,7 +349,7 @@ pub async fn cleanup(
     let name = policy.name_any();
     ctx.drains.retain(&name, |_| false);
     ctx.node_tasks.settle(&name).await;
-    let last = status_writer::last_recorded(&policy, &ctx).await?;
+    let last = last_recorded(&policy, &ctx).await?;
     let recorded = &last.nodes;
     let mut released = 0;
     for n in ctx.caches.nodes.state() {
@@ -368,8 +380,46 @@ pub async fn cleanup(
         "Cleanup",
         format!("released {released} nodes and deleted daemonset {ds_name}; loaded modules are left as they are"),
     );
-    ctx.remember_applied(&ds_name, None);
+    ctx.daemonsets.remember(&ds_name, None);
     ctx.forget(&policy.uid().unwrap_or_default());
     ctx.metrics.forget_policy(&name);
     Ok(Requeue::await_change())
+}
+
+/// The previous status and node entries: what this controller last wrote, else the API's copy
+/// (read once: the cached policy carries no node entries, see [`crate::pure::cached::WatchedPolicy`]),
+/// with the upgrade records on the nodes laid over it.
+/// Shared, not copied: with thousands of nodes a copy costs megabytes.
+async fn last_recorded(
+    policy: &TenstorrentDriverPolicy,
+    ctx: &Context,
+) -> Result<Arc<RecordedStatus>, Error> {
+    let uid = policy.uid().unwrap_or_default();
+    if let Some(written) = ctx.status_views.decided(&uid) {
+        return Ok(written);
+    }
+    let name = policy.name_any();
+    let api: Api<TenstorrentDriverPolicy> = Api::all(ctx.client.clone());
+    let (mut status, resource_version) = match api.get_opt(&name).await {
+        Ok(Some(p)) if p.uid() == policy.uid() => {
+            (p.status.unwrap_or_default(), p.metadata.resource_version)
+        }
+        Ok(_) => (policy.status.clone().unwrap_or_default(), None),
+        Err(e) => return Err(Error::kube(format!("get policy {name}"), e)),
+    };
+    let mut nodes = std::mem::take(&mut status.nodes)
+        .into_iter()
+        .map(|n| (Arc::from(n.name.as_str()), Arc::new(n)))
+        .collect();
+    // The status may have lost nodes (wiped, or left out past its size bound); their records
+    // on the nodes say where they were.
+    let cached = ctx.caches.nodes.state();
+    let on_nodes = cached.iter().map(|n| (n.name(), &n.metadata));
+    node_record::overlay(&mut nodes, on_nodes, &name);
+    Ok(Arc::new(RecordedStatus {
+        status,
+        nodes,
+        resource_version,
+        written_at: None,
+    }))
 }

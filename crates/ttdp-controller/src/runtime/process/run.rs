@@ -45,14 +45,14 @@ use crate::pure::cached::{self, CachedNode, CachedPod};
 use crate::pure::daemonset::all_agent_pods_selector;
 use crate::pure::observe;
 use crate::pure::overlap::selection_of;
-use crate::runtime::context::{Caches, Context};
-use crate::runtime::events::EventPublisher;
-use crate::runtime::initial_lists::{InitialLists, Watched};
-use crate::runtime::leader::{self, LeaderElection};
-use crate::runtime::metrics::Metrics;
+use crate::runtime::process::context::{Caches, Context};
+use crate::runtime::process::initial_lists::{InitialLists, Watched};
+use crate::runtime::process::leader::{self, LeaderElection};
+use crate::runtime::process::metrics::Metrics;
+use crate::runtime::process::server::{self, Readiness};
+use crate::runtime::process::watch_changes::WatchChanges;
 use crate::runtime::reconcile::{error_policy, reconcile};
-use crate::runtime::server::{self, Readiness};
-use crate::runtime::watch_changes::WatchChanges;
+use crate::runtime::writes::events::EventPublisher;
 use crate::settings::Settings;
 
 /// Objects per page of the initial lists (bounds the memory a large fleet's list takes).
@@ -161,7 +161,8 @@ fn policies_for_node(
             observe::cordoned_by(&node.metadata, &p.name_any())
                 || selection_of(p, require_nfd).is_some_and(|s| s.matches(name, node_labels))
                 || ctx
-                    .recorded(&p.uid().unwrap_or_default())
+                    .status_views
+                    .decided(&p.uid().unwrap_or_default())
                     .is_some_and(|r| r.nodes.contains_key(name))
         })
         .map(|p| ObjectRef::from_obj(&*p))

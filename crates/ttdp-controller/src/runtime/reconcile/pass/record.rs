@@ -11,7 +11,7 @@ use crate::pure::observe;
 use crate::pure::status::{BuiltStatus, NodeReport, StateChange, build_status, update_status};
 use crate::pure::transition::Action;
 use crate::pure::transition::{NodeTransition, reasons};
-use crate::runtime::follow;
+use crate::runtime::reconcile::follow;
 use ttdp_api::NodeState;
 use ttdp_api::node_record::NodeRecord;
 

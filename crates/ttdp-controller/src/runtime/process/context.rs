@@ -1,6 +1,5 @@
 //! What every reconcile shares: the client, settings, reflector stores, Events, metrics, the
-//! background drains, the memory of recorded statuses and applied DaemonSets, and the error
-//! back-off.
+//! background drains and node tasks, the writers (each with its memory), and the error back-off.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,24 +9,23 @@ use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
-use ttdp_api::TenstorrentDriverPolicy;
+use ttdp_api::{TenstorrentDriverPolicy, names};
 use ttdp_kmd_types::KmdVersion;
 
 use crate::error::Error;
 use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::rollout::RolloutPlan;
 use crate::pure::status::{PolicyFacts, ReconcileFailure};
-use crate::runtime::agent_daemonset::AppliedDaemonSet;
-use crate::runtime::initial_lists::InitialLists;
-use crate::runtime::status_view::StatusViews;
-use crate::runtime::status_writer::RecordedStatus;
-use crate::runtime::watch_changes::WatchChanges;
+use crate::runtime::process::initial_lists::InitialLists;
+use crate::runtime::process::watch_changes::WatchChanges;
+use crate::runtime::writes::agent_daemonset::{AgentDaemonSet, AppliedDaemonSets};
+use crate::runtime::writes::status_view::StatusViews;
 
-use crate::runtime::backoff::ErrorBackoff;
-use crate::runtime::drain_tracker::DrainTracker;
-use crate::runtime::events::EventPublisher;
-use crate::runtime::metrics::Metrics;
-use crate::runtime::node_tasks::NodeTasks;
+use crate::runtime::node_work::drain_tracker::DrainTracker;
+use crate::runtime::node_work::node_tasks::NodeTasks;
+use crate::runtime::process::metrics::Metrics;
+use crate::runtime::reconcile::backoff::ErrorBackoff;
+use crate::runtime::writes::events::EventPublisher;
 use crate::settings::Settings;
 
 /// What the watches keep: reflector stores, which watches have listed once, and what they
@@ -74,11 +72,11 @@ pub struct Context {
     pub backoff: ErrorBackoff,
     /// Wakes a policy's reconcile (drain finished).
     pub wake: UnboundedSender<ObjectRef<TenstorrentDriverPolicy>>,
-    /// The policies' status writers.
+    /// The policies' status writers, with the status each policy last decided.
     pub status_views: StatusViews,
-    recorded: Mutex<HashMap<String, Arc<RecordedStatus>>>,
+    /// What was last applied of each agent DaemonSet.
+    pub daemonsets: AppliedDaemonSets,
     failures: Mutex<HashMap<String, ReconcileFailure>>,
-    applied: Mutex<HashMap<String, AppliedDaemonSet>>,
     deleted_pods: Mutex<HashMap<String, Instant>>,
     /// By policy, the nodes whose cordon a reconcile lifted before the status write that
     /// records their Uncordoning, while that write has not succeeded.
@@ -118,29 +116,11 @@ impl Context {
             node_tasks,
             backoff: ErrorBackoff::default(),
             wake,
-            recorded: Mutex::default(),
             failures: Mutex::default(),
-            applied: Mutex::default(),
+            daemonsets: AppliedDaemonSets::default(),
             deleted_pods: Mutex::default(),
             lifted_unrecorded: Mutex::default(),
         }
-    }
-
-    /// The status last recorded for the policy with this uid.
-    pub fn recorded(&self, uid: &str) -> Option<Arc<RecordedStatus>> {
-        self.recorded
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(uid)
-            .cloned()
-    }
-
-    /// Remembers the status recorded for the policy with this uid.
-    pub fn remember_recorded(&self, uid: &str, recorded: Arc<RecordedStatus>) {
-        self.recorded
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(uid.to_owned(), recorded);
     }
 
     /// The policy-wide facts of the status and the planner's inputs, under these settings.
@@ -193,22 +173,22 @@ impl Context {
         }
     }
 
-    /// What was last applied as DaemonSet `name`.
-    pub fn applied(&self, name: &str) -> Option<AppliedDaemonSet> {
-        self.applied
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(name)
-            .cloned()
-    }
-
-    /// Remembers what was applied as DaemonSet `name` (`None`: forget it).
-    pub fn remember_applied(&self, name: &str, applied: Option<AppliedDaemonSet>) {
-        let mut map = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
-        match applied {
-            Some(a) => map.insert(name.to_owned(), a),
-            None => map.remove(name),
-        };
+    /// `policy`'s agent DaemonSet as the caches show it, with what applying it needs.
+    pub fn agent_daemonset(&self, policy: &str) -> AgentDaemonSet<'_> {
+        let name = names::daemonset_name(policy);
+        let key = ObjectRef::<DaemonSet>::new(&name).within(&self.settings.namespace);
+        let newest_pod = (self.caches.agent_pods.state().iter())
+            .filter(|p| p.labels().get(names::labels::POLICY).map(String::as_str) == Some(policy))
+            .filter_map(|p| p.metadata.creation_timestamp.clone())
+            .max_by_key(|t| t.0);
+        AgentDaemonSet {
+            client: &self.client,
+            settings: &self.settings,
+            applied: &self.daemonsets,
+            cached: self.caches.daemonsets.get(&key),
+            name,
+            newest_pod,
+        }
     }
 
     /// Whether the agent pod with this uid is to be deleted now: false when it was deleted in
@@ -270,10 +250,6 @@ impl Context {
     /// Forgets a deleted policy.
     pub fn forget(&self, uid: &str) {
         self.status_views.forget(uid);
-        self.recorded
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(uid);
         self.failures
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -27,7 +27,7 @@ use crate::pure::drain_plan::NodeDrain;
 
 use crate::pure::transition::DrainProgress;
 use crate::pure::transition::reasons::WAIT_FOR_COMPLETION_TIMEOUT;
-use crate::runtime::metrics::Metrics;
+use crate::runtime::process::metrics::Metrics;
 
 /// How long to wait before retrying a drain that hit an API error.
 const API_ERROR_RETRY: Duration = Duration::from_secs(2);

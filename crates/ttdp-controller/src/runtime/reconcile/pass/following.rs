@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::{FOLLOW_FOR, IDLE_RESYNC, IN_FLIGHT_RESYNC, MISSING_AGENT_RESYNC, Pass};
 use crate::pure::transition::{AgentPod, DrainProgress};
-use crate::runtime::follow::{self, FollowBasis};
+use crate::runtime::reconcile::follow::{self, FollowBasis};
 
 impl Pass {
     /// Logs the state changes, queues their Events and counts them.

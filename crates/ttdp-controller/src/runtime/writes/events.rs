@@ -11,12 +11,13 @@
 //! first in-flight step), its end and failures, which is what `kubectl describe node` readers
 //! need.
 //!
-//! Unlike kube-runtime's `Recorder`, nothing is cached: each Event is created once (the
-//! controller emits one per state change, so there is nothing to aggregate), and memory does
-//! not grow with the number of Events sent.
+//! At fleet scale a policy's routine steps are counted rather than told one by one past a share
+//! per window ([`super::event_tally`]). Unlike kube-runtime's `Recorder`, no Event is cached:
+//! each is created once, and memory does not grow with the number of Events sent.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
@@ -30,6 +31,10 @@ use tracing::warn;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 
 use crate::pure::status::StateChange;
+use crate::runtime::writes::event_tally::{self, NODES_PROGRESSED, StepTally};
+
+/// Each policy's steps in the current window (by policy name and uid), with its reference.
+type Tallies = Mutex<HashMap<(String, String), (Arc<ObjectReference>, StepTally)>>;
 
 /// The reporting controller name on Events.
 pub const REPORTING_CONTROLLER: &str = "ttdp-controller";
@@ -49,6 +54,7 @@ pub struct EventPublisher {
     queue: mpsc::Sender<Queued>,
     instance: Arc<str>,
     dropped: Arc<AtomicU64>,
+    tallies: Arc<Tallies>,
 }
 
 /// An Event waiting in the queue. It holds only what differs between Events and builds the
@@ -230,6 +236,13 @@ impl EventPublisher {
         let pending = futures::stream::unfold(pending, |mut pending| async move {
             pending.recv().await.map(|queued| (queued, pending))
         });
+        let publisher = Self {
+            queue,
+            instance,
+            dropped: Arc::default(),
+            tallies: Arc::default(),
+        };
+        tokio::spawn(end_windows(publisher.weak()));
         tokio::spawn(
             pending.for_each_concurrent(CONCURRENT_WRITES, move |queued| {
                 let client = client.clone();
@@ -243,10 +256,16 @@ impl EventPublisher {
                 }
             }),
         );
-        Self {
-            queue,
-            instance,
-            dropped: Arc::default(),
+        publisher
+    }
+
+    /// The publisher, without keeping its queue open.
+    fn weak(&self) -> WeakPublisher {
+        WeakPublisher {
+            queue: self.queue.downgrade(),
+            instance: self.instance.clone(),
+            dropped: self.dropped.clone(),
+            tallies: self.tallies.clone(),
         }
     }
 
@@ -256,7 +275,8 @@ impl EventPublisher {
         let policy = Arc::new(policy.object_ref(&()));
         for c in changes {
             let change = Arc::new(NodeChange::of(c));
-            let told = [(false, on_policy(c)), (true, on_node(c))];
+            let on_policy = on_policy(c) && self.told_on_its_own(&policy, c);
+            let told = [(false, on_policy), (true, on_node(c))];
             for (on_node, _) in told.into_iter().filter(|(_, told)| *told) {
                 self.send(About::NodeChange {
                     change: Arc::clone(&change),
@@ -283,6 +303,42 @@ impl EventPublisher {
         });
     }
 
+    /// Whether a step told on the policy goes out on its own: a failure always does, a routine
+    /// step while the policy's share of the window lasts.
+    fn told_on_its_own(&self, policy: &Arc<ObjectReference>, c: &StateChange) -> bool {
+        if c.to == NodeState::Failed {
+            return true;
+        }
+        let key = (
+            policy.name.clone().unwrap_or_default(),
+            policy.uid.clone().unwrap_or_default(),
+        );
+        let mut tallies = self.tallies.lock().unwrap_or_else(PoisonError::into_inner);
+        let (_, tally) = tallies
+            .entry(key)
+            .or_insert_with(|| (policy.clone(), StepTally::default()));
+        tally.admit(&c.node, c.to)
+    }
+
+    /// Ends every policy's window: one summary Event for the steps each counted.
+    fn end_windows(&self) {
+        let summaries: Vec<(Arc<ObjectReference>, String)> = {
+            let mut tallies = self.tallies.lock().unwrap_or_else(PoisonError::into_inner);
+            tallies.retain(|_, (_, tally)| !tally.is_idle());
+            (tallies.values_mut())
+                .filter_map(|(policy, tally)| Some((policy.clone(), tally.end_window()?)))
+                .collect()
+        };
+        for (policy, note) in summaries {
+            self.send(About::Policy {
+                policy,
+                warning: false,
+                reason: NODES_PROGRESSED.to_owned(),
+                note,
+            });
+        }
+    }
+
     fn send(&self, about: About) {
         let queued = Queued {
             at: Timestamp::now(),
@@ -306,6 +362,33 @@ impl EventPublisher {
                 );
             }
         }
+    }
+}
+
+/// An [`EventPublisher`] that does not keep the queue, and so the writer, alive.
+struct WeakPublisher {
+    queue: mpsc::WeakSender<Queued>,
+    instance: Arc<str>,
+    dropped: Arc<AtomicU64>,
+    tallies: Arc<Tallies>,
+}
+
+/// Ends the tallies' windows every [`event_tally::WINDOW`], while the publisher lives.
+async fn end_windows(weak: WeakPublisher) {
+    let mut every = tokio::time::interval(event_tally::WINDOW);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        let Some(queue) = weak.queue.upgrade() else {
+            return;
+        };
+        let publisher = EventPublisher {
+            queue,
+            instance: weak.instance.clone(),
+            dropped: weak.dropped.clone(),
+            tallies: weak.tallies.clone(),
+        };
+        publisher.end_windows();
     }
 }
 
@@ -402,6 +485,7 @@ mod tests {
             queue,
             instance: "ctl-0".into(),
             dropped: Arc::default(),
+            tallies: Arc::default(),
         };
         let spec = serde_json::from_value(serde_json::json!({"version": "2.8.0"})).unwrap();
         (
@@ -451,6 +535,39 @@ mod tests {
                 "RolloutHalted"
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn past_its_share_a_policy_hears_of_its_routine_steps_in_one_summary() {
+        let (queue, mut pending) = mpsc::channel(QUEUE_CAPACITY);
+        let publisher = EventPublisher {
+            queue,
+            instance: "ctl-0".into(),
+            dropped: Arc::default(),
+            tallies: Arc::default(),
+        };
+        let spec = serde_json::from_value(serde_json::json!({"version": "2.8.0"})).unwrap();
+        let policy = TenstorrentDriverPolicy::new("fleet", spec);
+        // Draining -> Upgrading is told on the policy only.
+        let routine = vec![change(Some(Draining), Upgrading); 25];
+        publisher.nodes_changed(&policy, &routine);
+        publisher.nodes_changed(&policy, &[change(Some(Upgrading), Failed)]);
+        publisher.end_windows();
+        let mut reasons = Vec::new();
+        while let Ok(queued) = pending.try_recv() {
+            let e = queued.event("ctl-0");
+            reasons.push((e.reason.unwrap_or_default(), e.note.unwrap_or_default()));
+        }
+        let told = reasons.iter().filter(|(r, _)| r == "NodeUpgrading").count();
+        assert_eq!(told, event_tally::TOLD_PER_WINDOW as usize);
+        let failed = reasons.iter().filter(|(r, _)| r == "NodeFailed").count();
+        assert_eq!(
+            failed, 2,
+            "a failure is told on the policy and the node, always"
+        );
+        let summary = &reasons.last().unwrap();
+        assert_eq!(summary.0, NODES_PROGRESSED);
+        assert!(summary.1.starts_with("5 more node steps"), "{}", summary.1);
     }
 
     #[test]

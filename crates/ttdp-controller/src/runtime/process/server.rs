@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::error::Error;
-use crate::runtime::metrics::Metrics;
+use crate::runtime::process::metrics::Metrics;
 
 /// Whether the controller is ready (shared with the server).
 #[derive(Clone, Debug, Default)]

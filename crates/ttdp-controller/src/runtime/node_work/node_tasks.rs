@@ -1,17 +1,18 @@
-//! Node actions that need not hold up a reconcile (cordon, replacing the agent pod, clearing the
-//! retry annotation) run here, in the background: with hundreds of nodes in flight, a reconcile
-//! that waited for each wave's requests would make every other node's next step (and the
-//! hand-off of a freed slot) wait as long. A reconcile records the step first, then hands its
-//! actions to [`NodeTasks::spawn`]; a lift of our cordon stays in the reconcile, whose second
-//! pass needs its outcome.
+//! Each node's writes run here, in the background: its upgrade record, then its actions (cordon,
+//! grant, starting its drain, replacing the agent pod, clearing the retry annotation). With
+//! hundreds of nodes in flight, a reconcile that waited for each wave's requests would make every
+//! other node's next step (and the hand-off of a freed slot) wait as long. A reconcile decides
+//! the step, then hands the node's work to [`NodeTasks::spawn`]; a lift of our cordon stays in
+//! the reconcile, whose round hands the freed slot on.
 //!
-//! One task per (policy, node) at a time, so a node's actions keep their order; at most
-//! [`AT_ONCE`] run at once. A reconcile that finds a node's task still running leaves the node
-//! alone ([`NodeTasks::busy`]), and the task wakes the policy when it ends. A failure is kept for
-//! the policy's next reconcile ([`NodeTasks::take_failures`]), which fails with it and so backs
-//! off as it would have had the action run inline. Nothing here is durable, and nothing needs
-//! to be: the step was recorded before its action started, and the next reconcile repeats an
-//! action whose effect it does not see.
+//! One task per (policy, node) at a time, so a node's writes keep their order; at most
+//! [`AT_ONCE`] run at once in each [`Lane`], the cordons of hand-offs in their own. A reconcile
+//! that finds a node's task still running leaves the node alone ([`NodeTasks::busy`]), and the
+//! task wakes the policy when it ends. A failure is kept for the policy's next reconcile
+//! ([`NodeTasks::take_failures`]), which fails with it and so backs off as it would have had the
+//! action run inline. Nothing here is durable, and nothing needs to be: the step's record is
+//! written before its actions, and the next reconcile repeats an action whose effect it does not
+//! see.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,8 +24,19 @@ use tokio::task::JoinHandle;
 
 use crate::error::Error;
 
-/// Node tasks running at once at most.
+/// Node tasks running at once at most, in each [`Lane`].
 pub const AT_ONCE: usize = 16;
+
+/// Which slots a task waits for. A wave of hundreds of nodes queues hundreds of writes (records,
+/// grants, agent pods replaced); the cordon that starts the next node after a hand-off waits in
+/// a lane of its own, not behind them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    /// A cordon: a node taking a freed slot.
+    HandOff,
+    /// Everything else.
+    Other,
+}
 
 type Key = (String, String);
 
@@ -48,6 +60,7 @@ struct Inner {
 pub struct NodeTasks {
     inner: Arc<Inner>,
     slots: Arc<Semaphore>,
+    hand_off_slots: Arc<Semaphore>,
 }
 
 impl Default for NodeTasks {
@@ -55,6 +68,7 @@ impl Default for NodeTasks {
         Self {
             inner: Arc::default(),
             slots: Arc::new(Semaphore::new(AT_ONCE)),
+            hand_off_slots: Arc::new(Semaphore::new(AT_ONCE)),
         }
     }
 }
@@ -91,11 +105,11 @@ impl NodeTasks {
         lock(&self.inner.running).contains_key(&key(policy, node))
     }
 
-    /// Runs the future `work` makes, once a slot is free, for `node` unless a task for it is
-    /// running. `wake` is called when it fails, or ends after a reconcile found it busy. (The
-    /// future is made, and boxed, only in its slot: a wave's hundreds of waiting tasks then hold
-    /// only what `work` captured, not request futures of kilobytes each.)
-    pub fn spawn<W, F>(&self, policy: &str, node: &str, work: W, wake: Wake)
+    /// Runs the future `work` makes, once a slot of `lane` is free, for `node` unless a task for
+    /// it is running. `wake` is called when it fails, or ends after a reconcile found it busy.
+    /// (The future is made, and boxed, only in its slot: a wave's hundreds of waiting tasks then
+    /// hold only what `work` captured, not request futures of kilobytes each.)
+    pub fn spawn<W, F>(&self, lane: Lane, policy: &str, node: &str, work: W, wake: Wake)
     where
         W: FnOnce() -> F + Send + 'static,
         F: Future<Output = Result<(), Error>> + Send + 'static,
@@ -108,7 +122,10 @@ impl NodeTasks {
         let asked_again = Arc::new(AtomicBool::new(false));
         let asked = asked_again.clone();
         let inner = self.inner.clone();
-        let slots = self.slots.clone();
+        let slots = match lane {
+            Lane::HandOff => self.hand_off_slots.clone(),
+            Lane::Other => self.slots.clone(),
+        };
         let task_key = k.clone();
         let task = tokio::spawn(async move {
             let result = match slots.acquire_owned().await {
@@ -206,6 +223,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_cordon_does_not_wait_behind_a_full_lane_of_other_writes() {
+        let tasks = NodeTasks::default();
+        let (_, wake) = counter();
+        let (hold, held) = tokio::sync::watch::channel(false);
+        for i in 0..AT_ONCE + 4 {
+            let mut held = held.clone();
+            let work = move || async move {
+                let _ = held.wait_for(|released| *released).await;
+                Ok(())
+            };
+            tasks.spawn(Lane::Other, "p", &format!("busy-{i}"), work, wake.clone());
+        }
+        let cordoned = Arc::new(AtomicUsize::new(0));
+        let c = cordoned.clone();
+        let cordon = move || async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        };
+        tasks.spawn(Lane::HandOff, "p", "next", cordon, wake.clone());
+        until(|| cordoned.load(Ordering::SeqCst) == 1).await;
+        assert!(tasks.running("p", "busy-0"), "the other lane is still full");
+        let _ = hold.send(true);
+        until(|| !tasks.running("p", &format!("busy-{}", AT_ONCE + 3))).await;
+    }
+
+    #[tokio::test]
     async fn one_task_per_node_and_a_skipped_reconcile_is_woken_at_its_end() {
         let tasks = NodeTasks::default();
         let (wakes, wake) = counter();
@@ -213,6 +256,7 @@ mod tests {
         let ran = Arc::new(AtomicUsize::new(0));
         let r = ran.clone();
         tasks.spawn(
+            Lane::Other,
             "p",
             "n1",
             move || async move {
@@ -224,6 +268,7 @@ mod tests {
         );
         let r = ran.clone();
         tasks.spawn(
+            Lane::Other,
             "p",
             "n1",
             move || async move {
@@ -250,6 +295,7 @@ mod tests {
         let tasks = NodeTasks::default();
         let (wakes, wake) = counter();
         tasks.spawn(
+            Lane::Other,
             "p",
             "n1",
             || async { Err(Error::NotSynced { policy: "p".into() }) },
@@ -262,6 +308,7 @@ mod tests {
         let ran = Arc::new(AtomicBool::new(false));
         let r = ran.clone();
         tasks.spawn(
+            Lane::Other,
             "p",
             "n2",
             move || async move {
@@ -282,6 +329,7 @@ mod tests {
         let done = Arc::new(AtomicBool::new(false));
         let d = done.clone();
         tasks.spawn(
+            Lane::Other,
             "p",
             "n1",
             move || async move {
@@ -303,6 +351,7 @@ mod tests {
         let done = Arc::new(AtomicBool::new(false));
         let d = done.clone();
         tasks.spawn(
+            Lane::Other,
             "p",
             "n1",
             move || async move {
@@ -314,6 +363,7 @@ mod tests {
         );
         let (release, wait) = oneshot::channel::<()>();
         tasks.spawn(
+            Lane::Other,
             "p",
             "n2",
             move || async move {

@@ -1,6 +1,6 @@
 //! Carrying out a node's [`Action`]s: each node's in order (a failure does not stop the next),
 //! several nodes at once. A node's work runs in the background
-//! ([`crate::runtime::node_tasks`]): its upgrade record first, when no action carries it, then
+//! ([`crate::runtime::node_work::node_tasks`]): its upgrade record first, when no action carries it, then
 //! its actions, so that no node waits for another node's writes. A reconcile waits only for the
 //! lifts of its cordons, whose freed slots it hands on in the same round.
 
@@ -20,10 +20,10 @@ use crate::error::{Error, error_chain};
 use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::transition::Action;
 use crate::pure::{drain_plan, node_record, observe};
-use crate::runtime::context::Context;
-use crate::runtime::node_actions::{self, RecordOnRelease};
-use crate::runtime::node_tasks::Wake;
-use crate::runtime::status_writer::RecordedStatus;
+use crate::runtime::node_work::node_actions::{self, RecordOnRelease};
+use crate::runtime::node_work::node_tasks::{Lane, Wake};
+use crate::runtime::process::context::Context;
+use crate::runtime::writes::status_writer::RecordedStatus;
 use ttdp_api::node_record::NodeRecord;
 
 /// How many nodes' actions a reconcile waits for at once.
@@ -85,6 +85,11 @@ pub fn spawn_in_background(
     let (task_ctx, task_policy, now) = (ctx.clone(), policy.clone(), now.clone());
     let name = policy.name_any();
     let node = work.node.clone();
+    let lane = if work.actions.contains(&Action::Cordon) {
+        Lane::HandOff
+    } else {
+        Lane::Other
+    };
     let task = move || async move {
         if let Some(patch) = work.record_patch.take() {
             let what = "record the upgrade";
@@ -103,7 +108,8 @@ pub fn spawn_in_background(
         }
         first_error.map_or(Ok(()), Err)
     };
-    ctx.node_tasks.spawn(&name, &node, task, waker(ctx, &name));
+    ctx.node_tasks
+        .spawn(lane, &name, &node, task, waker(ctx, &name));
 }
 
 /// Runs the nodes' work, up to [`NODE_ACTIONS_AT_ONCE`] nodes at a time. The futures are made

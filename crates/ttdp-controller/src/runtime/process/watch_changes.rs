@@ -1,5 +1,5 @@
 //! What the node and agent-pod watches changed in the caches, recorded for every reconcile that
-//! follows the fleet ([`crate::runtime::follow`]): between its rounds a reconcile takes what
+//! follows the fleet ([`crate::runtime::reconcile::follow`]): between its rounds a reconcile takes what
 //! changed, so a round costs what changed, not the fleet.
 
 use std::collections::{HashMap, HashSet};
