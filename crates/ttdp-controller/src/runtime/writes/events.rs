@@ -473,14 +473,16 @@ mod tests {
         assert_eq!(on_policy.related.unwrap().name.as_deref(), Some("n1"));
     }
 
-    /// A publisher whose queue has room for two routine Events beyond the Warnings' reserve,
-    /// its queue's receiving end, and a policy.
-    fn publisher_with_room_for_two() -> (
+    /// A publisher whose queue holds `capacity` Events, its queue's receiving end, and a
+    /// policy.
+    fn publisher(
+        capacity: usize,
+    ) -> (
         EventPublisher,
         mpsc::Receiver<Queued>,
         TenstorrentDriverPolicy,
     ) {
-        let (queue, pending) = mpsc::channel(WARNING_RESERVE + 2);
+        let (queue, pending) = mpsc::channel(capacity);
         let publisher = EventPublisher {
             queue,
             instance: "ctl-0".into(),
@@ -493,6 +495,15 @@ mod tests {
             pending,
             TenstorrentDriverPolicy::new("fleet", spec),
         )
+    }
+
+    /// A publisher whose queue has room for two routine Events beyond the Warnings' reserve.
+    fn publisher_with_room_for_two() -> (
+        EventPublisher,
+        mpsc::Receiver<Queued>,
+        TenstorrentDriverPolicy,
+    ) {
+        publisher(WARNING_RESERVE + 2)
     }
 
     #[tokio::test]
@@ -539,15 +550,7 @@ mod tests {
 
     #[tokio::test]
     async fn past_its_share_a_policy_hears_of_its_routine_steps_in_one_summary() {
-        let (queue, mut pending) = mpsc::channel(QUEUE_CAPACITY);
-        let publisher = EventPublisher {
-            queue,
-            instance: "ctl-0".into(),
-            dropped: Arc::default(),
-            tallies: Arc::default(),
-        };
-        let spec = serde_json::from_value(serde_json::json!({"version": "2.8.0"})).unwrap();
-        let policy = TenstorrentDriverPolicy::new("fleet", spec);
+        let (publisher, mut pending, policy) = publisher(QUEUE_CAPACITY);
         // Draining -> Upgrading is told on the policy only.
         let routine = vec![change(Some(Draining), Upgrading); 25];
         publisher.nodes_changed(&policy, &routine);
