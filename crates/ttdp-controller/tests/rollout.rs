@@ -175,6 +175,63 @@ async fn upgrade_five_nodes_two_at_a_time() {
     upgrade_five_nodes(2).await;
 }
 
+/// Twelve nodes upgraded at once: more node steps than a policy's share of Events in a window
+/// (20 in 10 s). Past the share they are counted into `NodesProgressed` summaries, and every
+/// step of the upgrade is either told on its own or counted in one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wide_wave_counts_its_steps_into_summary_events() {
+    const NODES: usize = 12;
+    let h = Harness::start(loaded("2.7.0", NODES)).await;
+    let all_at_once = json!({"upgradePolicy": {"maxUnavailable": NODES}});
+    let policy = h.create_policy("fleet", "2.7.0", all_at_once).await;
+    h.wait_ready(&policy, STEP).await;
+    // The install's window ends first, so the summaries after the bump count only the upgrade.
+    tokio::time::sleep(Duration::from_millis(10_500)).await;
+    let bumped = k8s_openapi::jiff::Timestamp::now();
+    h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
+    h.wait_ready(&policy, STEP * 2).await;
+    let steps = [
+        "NodeCordoning",
+        "NodeDraining",
+        "NodeUpgrading",
+        "NodeUncordoning",
+        "NodeDone",
+    ];
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(h.client.clone());
+    // A window's summary is written when the window ends.
+    let deadline = Instant::now() + Duration::from_secs(25);
+    let (told, counted) = loop {
+        let list = events.list(&Default::default()).await.unwrap();
+        let since_bump = list.items.iter().filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(policy.as_str())
+                && e.event_time.as_ref().is_some_and(|t| t.0 >= bumped)
+        });
+        let (mut told, mut counted) = (0, 0);
+        for e in since_bump {
+            let reason = e.reason.as_deref().unwrap_or_default();
+            if steps.contains(&reason) {
+                told += 1;
+            } else if reason == "NodesProgressed" {
+                let note = e.note.as_deref().unwrap_or_default();
+                let n = note.split(' ').next().and_then(|n| n.parse::<usize>().ok());
+                counted += n.expect("a summary starts with how many steps it counts");
+            }
+        }
+        if told + counted >= NODES * steps.len() || Instant::now() > deadline {
+            break (told, counted);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(counted > 0, "no step counted into a summary ({told} told)");
+    assert_eq!(
+        told + counted,
+        NODES * steps.len(),
+        "every node's five steps, told ({told}) or counted ({counted})"
+    );
+    h.assert_nothing_left_behind().await;
+    h.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn downgrade_takes_the_same_path() {
     let h = Harness::start(loaded("2.8.0", 2)).await;
