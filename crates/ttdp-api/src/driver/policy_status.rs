@@ -190,6 +190,24 @@ pub struct NodeStatus {
 }
 
 impl NodeStatus {
+    /// Node `name` in `state`, with nothing else known about it yet.
+    pub fn new(name: &str, state: NodeState) -> Self {
+        Self {
+            name: name.to_owned(),
+            state,
+            current_version: None,
+            target_version: None,
+            install_mode: None,
+            reason: None,
+            message: None,
+            last_transition_time: None,
+            phase_start_time: None,
+            attempts: None,
+            loaded_parameters: None,
+            source_commit: None,
+        }
+    }
+
     /// Whether the node is Pending only because no slot is free: the commonest entry of a large
     /// rollout, left out of `status.nodes` past 1,000 nodes.
     pub fn is_waiting_for_slot(&self) -> bool {

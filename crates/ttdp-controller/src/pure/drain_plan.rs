@@ -186,18 +186,9 @@ mod tests {
     #[test]
     fn only_a_node_held_in_upgrading_has_a_holders_deadline() {
         let held = NodeStatus {
-            name: "n".into(),
-            state: NodeState::Upgrading,
             reason: Some(reasons::DEVICE_HELD.into()),
             last_transition_time: Some(at(100)),
-            current_version: None,
-            target_version: None,
-            install_mode: None,
-            message: None,
-            phase_start_time: None,
-            attempts: None,
-            loaded_parameters: None,
-            source_commit: None,
+            ..NodeStatus::new("n", NodeState::Upgrading)
         };
         let timeout = Some(Duration::from_secs(60));
         assert_eq!(

@@ -857,18 +857,8 @@ mod tests {
             completion_wait: None,
         };
         let entry = |state| NodeStatus {
-            name: "n1".into(),
-            state,
-            current_version: None,
-            target_version: None,
-            install_mode: None,
-            reason: None,
-            message: None,
             last_transition_time: Some(t(0)),
-            phase_start_time: None,
-            attempts: None,
-            loaded_parameters: None,
-            source_commit: None,
+            ..NodeStatus::new("n1", state)
         };
         let upgrading = entry(NodeState::Upgrading);
         assert_eq!(

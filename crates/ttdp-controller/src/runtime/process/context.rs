@@ -177,17 +177,14 @@ impl Context {
     pub fn agent_daemonset(&self, policy: &str) -> AgentDaemonSet<'_> {
         let name = names::daemonset_name(policy);
         let key = ObjectRef::<DaemonSet>::new(&name).within(&self.settings.namespace);
-        let newest_pod = (self.caches.agent_pods.state().iter())
-            .filter(|p| p.labels().get(names::labels::POLICY).map(String::as_str) == Some(policy))
-            .filter_map(|p| p.metadata.creation_timestamp.clone())
-            .max_by_key(|t| t.0);
         AgentDaemonSet {
             client: &self.client,
             settings: &self.settings,
             applied: &self.daemonsets,
             cached: self.caches.daemonsets.get(&key),
+            agent_pods: &self.caches.agent_pods,
+            policy: policy.to_owned(),
             name,
-            newest_pod,
         }
     }
 

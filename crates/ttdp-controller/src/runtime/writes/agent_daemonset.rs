@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use sha2::{Digest, Sha256};
 use ttdp_api::TenstorrentDriverPolicy;
@@ -100,8 +101,10 @@ pub struct AgentDaemonSet<'a> {
     pub name: String,
     /// The DaemonSet in the cache.
     pub cached: Option<Arc<DaemonSet>>,
-    /// When the policy's newest agent pod was created.
-    pub newest_pod: Option<Time>,
+    /// The agent pods in the cache (every policy's).
+    pub agent_pods: &'a Store<CachedPod>,
+    /// The policy.
+    pub policy: String,
 }
 
 impl AgentDaemonSet<'_> {
@@ -189,8 +192,17 @@ impl AgentDaemonSet<'_> {
             &events,
             &format!("{ns}/{ds_name}"),
             uid.as_deref(),
-            self.newest_pod.as_ref(),
+            self.newest_pod().as_ref(),
             &Time(Timestamp::now()),
         )
+    }
+
+    /// When the policy's newest agent pod was created.
+    fn newest_pod(&self) -> Option<Time> {
+        let policy = Some(self.policy.as_str());
+        (self.agent_pods.state().iter())
+            .filter(|p| p.labels().get(names::labels::POLICY).map(String::as_str) == policy)
+            .filter_map(|p| p.metadata.creation_timestamp.clone())
+            .max_by_key(|t| t.0)
     }
 }

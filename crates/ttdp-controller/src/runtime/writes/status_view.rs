@@ -435,22 +435,7 @@ mod tests {
     #[test]
     fn what_changed_is_found_against_what_was_written() {
         use ttdp_api::{NodeState, NodeStatus};
-        let entry = |name: &str, state| {
-            Arc::new(NodeStatus {
-                name: name.into(),
-                state,
-                current_version: None,
-                target_version: None,
-                install_mode: None,
-                reason: None,
-                message: None,
-                last_transition_time: None,
-                phase_start_time: None,
-                attempts: None,
-                loaded_parameters: None,
-                source_commit: None,
-            })
-        };
+        let entry = |name: &str, state| Arc::new(NodeStatus::new(name, state));
         let written = RecordedStatus {
             nodes: [("a", NodeState::Done), ("b", NodeState::Pending)]
                 .into_iter()

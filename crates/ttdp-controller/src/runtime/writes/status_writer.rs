@@ -306,18 +306,8 @@ mod tests {
 
     fn entry(name: &str, state: NodeState) -> NodeStatus {
         NodeStatus {
-            name: name.into(),
-            state,
             current_version: Some("2.7.0".into()),
-            target_version: None,
-            install_mode: None,
-            reason: None,
-            message: None,
-            last_transition_time: None,
-            phase_start_time: None,
-            attempts: None,
-            loaded_parameters: None,
-            source_commit: None,
+            ..NodeStatus::new(name, state)
         }
     }
 

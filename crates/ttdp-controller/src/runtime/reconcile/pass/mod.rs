@@ -236,19 +236,17 @@ impl Pass {
         let planned = self.build(transitions);
         let records = self.record_patches(&planned, &lifted, whole, &deferred);
         let decided = status_writer::decide(&self.policy, planned.built, &self.recorded, false);
+        self.recorded = decided.recorded();
+        let ctx = self.ctx.clone();
+        let (views, client) = (&ctx.status_views, &ctx.client);
         if decided.write_first() {
             // The rollout's state, which reconciles read back before acting, is written first.
-            self.recorded = decided
-                .hand_over(&self.ctx.status_views, &self.ctx.client)
-                .await?;
+            decided.hand_over(views, client).await?;
             self.start_work(records);
         } else {
             // The nodes' tasks first: the status writer waits for the records they write.
-            self.recorded = decided.recorded();
             self.start_work(records);
-            self.recorded = decided
-                .hand_over(&self.ctx.status_views, &self.ctx.client)
-                .await?;
+            decided.hand_over(views, client).await?;
         }
         self.ctx.note_lifted(&self.name, &lifted, false);
         tracing::debug!(
