@@ -193,6 +193,38 @@ pub fn render_summary(summary: &Value, machine: &Machine) -> String {
     out
 }
 
+/// Where each run's hand-offs spent their time, cut at the server's timestamps of the two
+/// node patches (p50 / p95 of each part).
+fn render_handoff_paths(results: &[Value]) -> String {
+    let mut out = String::from(
+        "\nWhere the hand-off's time goes (p50 / p95; the server's timestamps from its audit log):\n\n\
+         | TT nodes | Ready → release sent | (of which: Ready → seen by a pod watch) | release at the server | release answered → cordon sent | cordon at the server | cordon answered → seen by a watch |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for f in suites(results, "fleet").filter(|f| f["completed"] == true) {
+        let path = &f["handoff_path_ms"];
+        let part = |name: &str| {
+            format!(
+                "{:.0} / {:.0} ms",
+                num(&path[name]["p50"]),
+                num(&path[name]["p95"])
+            )
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            f["nodes"],
+            part("ready_to_release_sent"),
+            part("ready_seen_by_a_watch"),
+            part("release_at_server"),
+            part("release_to_cordon_sent"),
+            part("cordon_at_server"),
+            part("cordon_to_seen"),
+        );
+    }
+    out
+}
+
 /// One row per run, with the spreads behind the summary.
 pub fn render_runs(results: &[Value], machine: &Machine) -> String {
     let mut out = String::new();
@@ -232,6 +264,7 @@ pub fn render_runs(results: &[Value], machine: &Machine) -> String {
             num(&f["rss_peak_mib"]),
         );
     }
+    out.push_str(&render_handoff_paths(results));
     for f in suites(results, "fleet").filter(|f| f["completed"] != true) {
         let _ = writeln!(
             out,

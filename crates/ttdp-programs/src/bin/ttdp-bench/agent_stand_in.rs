@@ -9,7 +9,7 @@
 //! marked for deletion it deletes it for good (grace period 0), as a kubelet does once the
 //! containers have stopped.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,9 @@ pub struct AgentReady {
 #[derive(Debug)]
 pub struct AgentStandIn {
     ready: Arc<Mutex<Vec<AgentReady>>>,
+    /// When the watch saw each pod Ready (by node): how long the server takes to tell a
+    /// watcher, the controller's pod watch included, of an agent's Ready.
+    ready_seen: Arc<Mutex<Vec<(String, Instant)>>>,
     task: JoinHandle<()>,
 }
 
@@ -54,11 +57,14 @@ impl AgentStandIn {
     /// [`POD_TERMINATION`] (a real server waits for a kubelet to do that).
     pub fn start(client: Client, work: Duration) -> Self {
         let ready = Arc::new(Mutex::new(Vec::new()));
+        let ready_seen = Arc::new(Mutex::new(Vec::new()));
         let shared = Arc::clone(&ready);
+        let seen_ready = Arc::clone(&ready_seen);
         let task = tokio::spawn(async move {
             let pods: Api<Pod> = Api::namespaced(client.clone(), names::DEFAULT_NAMESPACE);
             let mut seen = HashSet::new();
             let mut terminating = HashSet::new();
+            let mut ready_pods = HashSet::new();
             let mut stream = watcher(pods.clone(), watcher::Config::default())
                 .default_backoff()
                 .applied_objects()
@@ -75,7 +81,18 @@ impl AgentStandIn {
                 }
                 // Once per pod, when it is bound and not Ready yet.
                 let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-                let Some(node) = node.filter(|_| !pod_is_ready(&pod)) else {
+                if pod_is_ready(&pod) {
+                    // The first Ready of a pod this stand-in made Ready.
+                    let uid = pod.uid().unwrap_or_default();
+                    if let Some(node) = node
+                        && seen.contains(&uid)
+                        && ready_pods.insert(uid)
+                    {
+                        lock(&seen_ready).push((node, Instant::now()));
+                    }
+                    continue;
+                }
+                let Some(node) = node else {
                     continue;
                 };
                 if !pod.uid().is_some_and(|uid| seen.insert(uid)) {
@@ -93,7 +110,20 @@ impl AgentStandIn {
                 });
             }
         });
-        Self { ready, task }
+        Self {
+            ready,
+            ready_seen,
+            task,
+        }
+    }
+
+    /// When the watch first saw each node's agent Ready at or after `since`.
+    pub fn ready_seen(&self, since: Instant) -> BTreeMap<String, Instant> {
+        let mut first = BTreeMap::new();
+        for (node, at) in lock(&self.ready_seen).iter().filter(|(_, at)| *at >= since) {
+            first.entry(node.clone()).or_insert(*at);
+        }
+        first
     }
 
     /// Every agent that finished so far, oldest first.
@@ -120,7 +150,7 @@ async fn finish_deletion(pods: Api<Pod>, name: String, uid: String) {
     }
 }
 
-fn lock(m: &Mutex<Vec<AgentReady>>) -> std::sync::MutexGuard<'_, Vec<AgentReady>> {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 

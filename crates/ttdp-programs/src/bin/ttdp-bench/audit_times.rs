@@ -32,11 +32,21 @@ pub fn read_from(path: &Path, offset: u64) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// One node patch as the server saw it: when it was received and when answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PatchSpan {
+    pub node: String,
+    pub received: Timestamp,
+    pub answered: Timestamp,
+}
+
 /// What a phase's records say about the controller's requests.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct ServerTimes {
     /// The server's time for each node patch (cordon, grant, uncordon).
     pub node_patches: Vec<Duration>,
+    /// Each node patch, in the log's order.
+    pub node_patch_spans: Vec<PatchSpan>,
     /// Status writes to the policy.
     pub status_writes: usize,
 }
@@ -54,7 +64,13 @@ pub fn server_times(log: &str) -> ServerTimes {
         let object = &record["objectRef"];
         let subresource = object["subresource"].as_str().unwrap_or_default();
         match (object["resource"].as_str(), subresource) {
-            (Some("nodes"), "") => times.node_patches.extend(server_time(&record)),
+            (Some("nodes"), "") => {
+                let Some(span) = patch_span(&record) else {
+                    continue;
+                };
+                times.node_patches.extend(server_time(&span));
+                times.node_patch_spans.push(span);
+            }
             (Some("tenstorrentdriverpolicies"), "status") => times.status_writes += 1,
             _ => {}
         }
@@ -62,11 +78,19 @@ pub fn server_times(log: &str) -> ServerTimes {
     times
 }
 
-/// `stageTimestamp − requestReceivedTimestamp` of one record.
-fn server_time(record: &Value) -> Option<Duration> {
+/// The node and the server's two timestamps of one record.
+fn patch_span(record: &Value) -> Option<PatchSpan> {
     let at = |key: &str| record[key].as_str()?.parse::<Timestamp>().ok();
-    let took = at("stageTimestamp")?.duration_since(at("requestReceivedTimestamp")?);
-    Duration::try_from(took).ok()
+    Some(PatchSpan {
+        node: record["objectRef"]["name"].as_str()?.to_owned(),
+        received: at("requestReceivedTimestamp")?,
+        answered: at("stageTimestamp")?,
+    })
+}
+
+/// `stageTimestamp − requestReceivedTimestamp` of one patch.
+fn server_time(span: &PatchSpan) -> Option<Duration> {
+    Duration::try_from(span.answered.duration_since(span.received)).ok()
 }
 
 #[cfg(test)]
@@ -143,6 +167,12 @@ mod tests {
             [Duration::from_micros(4_500), Duration::from_millis(12)]
         );
         assert_eq!(times.status_writes, 1);
+        let nodes: Vec<_> = times.node_patch_spans.iter().map(|s| &s.node).collect();
+        assert_eq!(nodes, ["tt-00001", "tt-00001"]);
+        assert_eq!(
+            times.node_patch_spans[1].received,
+            "2026-12-07T03:00:01.999Z".parse::<Timestamp>().unwrap()
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ use crate::audit_times::{audit_log_path, log_end, read_from, server_times};
 use crate::figures::print_result;
 use crate::fleet_figures::{Observed, timing_figures};
 use crate::fleet_setup::{self, POLICY};
+use crate::handoff_path::WallClock;
 use crate::node_watch::NodeWatch;
 use crate::status_watch::StatusWatch;
 
@@ -172,7 +173,8 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     let mut rollout = Tally::default();
     let audit_path = audit_log_path(bench.plane.dir());
     let audit_offset = log_end(&audit_path);
-    let started = Instant::now();
+    let clock = WallClock::now();
+    let started = clock.instant;
     set_policy_version(&setup, POLICY, TO).await?;
     let rolled = match wait_sampling(&mut bench, &mut rollout, n, TO, started + timeout).await {
         Ok(w) => w,
@@ -195,7 +197,9 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
             .into_iter()
             .filter(|a| a.worked && a.version == TO && a.at >= started)
             .collect(),
+        agents_seen_ready: bench.agents.ready_seen(started),
         server: server_times(&audited),
+        clock,
     };
     let mut figures = rollout_figures(args, &bench, &steady, &rolled, &rollout)?;
     merge(&mut figures, timing_figures(&observed));

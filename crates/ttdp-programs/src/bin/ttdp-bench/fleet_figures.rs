@@ -20,6 +20,7 @@ use crate::audit_times::ServerTimes;
 use crate::figures::{
     freshness, grant_to_ready, handoffs, ms, overhead_ms, per_second, ratio_to_floor, spread,
 };
+use crate::handoff_path::{Seen, WallClock, handoff_path};
 use crate::node_watch::{NodeChange, NodeEvent};
 use crate::status_watch::StatusWrite;
 
@@ -39,8 +40,12 @@ pub struct Observed {
     pub writes: Vec<StatusWrite>,
     /// The agents that swapped to the new version.
     pub agents: Vec<AgentReady>,
+    /// When a pod watch saw each node's agent Ready.
+    pub agents_seen_ready: BTreeMap<String, Instant>,
     /// The server's times for the rollout's requests.
     pub server: ServerTimes,
+    /// `started` on the audit log's clock.
+    pub clock: WallClock,
 }
 
 /// The first time at or after `since` each node made `change`.
@@ -67,6 +72,12 @@ pub fn timing_figures(o: &Observed) -> Value {
         cordoned.values().copied().collect(),
         o.slots,
     ));
+    let seen = Seen {
+        ready: &ready,
+        ready_seen: &o.agents_seen_ready,
+        released: &released,
+        cordoned: &cordoned,
+    };
     let spans = node_spans(&o.transitions, o.started);
     let shown_started: BTreeMap<String, Instant> = spans
         .iter()
@@ -90,6 +101,7 @@ pub fn timing_figures(o: &Observed) -> Value {
         "agents_finished": ready.len(),
         "handoff_ms": handoff.json(),
         "handoff_p95_ms": ms(handoff.p95),
+        "handoff_path_ms": handoff_path(&seen, &o.server.node_patch_spans, &o.clock, o.slots),
         "node_patch_server_ms": patch.json(),
         "overhead_p95_ms": overhead_ms(handoff.p95, patch.p95),
         "status_freshness_ms": spread(fresh).json(),
@@ -175,10 +187,13 @@ mod tests {
                 },
             ],
             agents: vec![agent("a", 600), agent("b", 620), agent("c", 1_260)],
+            agents_seen_ready: BTreeMap::new(),
             server: ServerTimes {
                 node_patches: vec![Duration::from_millis(20); 3],
+                node_patch_spans: Vec::new(),
                 status_writes: 2,
             },
+            clock: WallClock::now(),
         };
         let f = timing_figures(&o);
         assert_eq!(f["handoff_p95_ms"], 150.0);

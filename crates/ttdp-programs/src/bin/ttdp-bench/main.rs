@@ -26,6 +26,7 @@ mod figures;
 mod fleet;
 mod fleet_figures;
 mod fleet_setup;
+mod handoff_path;
 mod node_watch;
 mod plugin_timing;
 mod status_size;
