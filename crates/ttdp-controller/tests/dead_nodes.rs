@@ -244,7 +244,10 @@ async fn nodes_without_progress_fail_at_the_node_timeout_and_count_against_the_b
             .map(|(_, _, at)| *at)
             .unwrap()
     };
-    assert!(at(&nodes[0], Failed) <= at(&nodes[1], Upgrading));
+    assert!(
+        at(&nodes[0], Failed) <= at(&nodes[1], Upgrading),
+        "the second node started before the first failed: {timeline:?}"
+    );
     let summary = p.status.as_ref().unwrap().summary.clone().unwrap();
     assert_eq!((summary.failed, summary.in_progress), (2, 0), "slots freed");
     let (degraded, reason, message) = condition(&p, "Degraded").unwrap();
