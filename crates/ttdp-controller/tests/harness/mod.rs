@@ -394,8 +394,22 @@ impl Harness {
             &self.settings,
             self.cluster.kubeconfig_path(),
             &format!("{}-controller", self.prefix),
+            "",
             log,
         )
+    }
+
+    /// Starts one replica of the controller binary, as a Deployment's pod would run: its own
+    /// `identity` for the Lease, and `/metrics`, `/healthz` and `/readyz` served on
+    /// `admin_address`.
+    pub fn spawn_controller_replica(
+        &self,
+        identity: &str,
+        admin_address: std::net::SocketAddr,
+        log: &Path,
+    ) -> ControllerProcess {
+        let (kubeconfig, address) = (self.cluster.kubeconfig_path(), admin_address.to_string());
+        ControllerProcess::spawn(&self.settings, kubeconfig, identity, &address, log)
     }
 
     /// Starts the controller binary talking to the API server through `kubeconfig` (a fault
@@ -405,6 +419,7 @@ impl Harness {
             &self.settings,
             kubeconfig,
             &format!("{}-controller", self.prefix),
+            "",
             log,
         )
     }
@@ -952,7 +967,13 @@ pub struct ControllerProcess {
 }
 
 impl ControllerProcess {
-    fn spawn(settings: &Settings, kubeconfig: &Path, identity: &str, log: &Path) -> Self {
+    fn spawn(
+        settings: &Settings,
+        kubeconfig: &Path,
+        identity: &str,
+        admin_address: &str,
+        log: &Path,
+    ) -> Self {
         let file = std::fs::File::create(log).unwrap();
         let mut args: Vec<String> = vec![
             format!("--namespace={}", settings.namespace),
@@ -962,7 +983,7 @@ impl ControllerProcess {
             format!("--agent-service-account={}", settings.agent_service_account),
             format!("--retry-base-seconds={}", settings.retry_base.as_secs()),
             format!("--retry-max-seconds={}", settings.retry_max.as_secs()),
-            "--metrics-address=".into(),
+            format!("--metrics-address={admin_address}"),
             "--leader-election=true".into(),
             format!("--pod-name={identity}"),
             "--log-format=text".into(),
@@ -1042,6 +1063,11 @@ impl ControllerProcess {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Panics (with the end of its log) if the process has exited.

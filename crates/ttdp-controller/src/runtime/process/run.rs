@@ -191,7 +191,7 @@ pub async fn run(
         None => None,
     };
     let leadership = match &options.leader_election {
-        Some(le) => match leader::acquire(client.clone(), le, &shutdown).await? {
+        Some(le) => match leader::acquire(client.clone(), le, &readiness, &shutdown).await? {
             Some(l) => Some(l),
             None => return Ok(()),
         },
@@ -202,7 +202,7 @@ pub async fn run(
     readiness.set(false);
     info!("controller stopped");
     if let Some(l) = leadership {
-        l.stop();
+        l.stop().await;
     }
     if let Some((_, task)) = admin {
         shutdown.cancel();

@@ -1,10 +1,13 @@
 //! The admin server: `/metrics` (Prometheus text format), `/healthz` (the process is serving)
-//! and `/readyz` (the initial watches of policies, nodes and agent pods have synced and, with
-//! leader election, this replica leads).
+//! and `/readyz`: ready once the replica can do its work, that is the initial watches of
+//! policies, nodes and agent pods have synced or, with leader election, the replica stands by
+//! for the Lease (it reaches the API server and takes over when the leader goes). A standby that
+//! were not Ready would stall a rolling update: the new pod would wait for a Lease the old one
+//! keeps, and the old one stays until the new one is Ready.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use axum::Router;
 use axum::extract::State;
@@ -18,19 +21,42 @@ use tracing::info;
 use crate::error::Error;
 use crate::runtime::process::metrics::Metrics;
 
-/// Whether the controller is ready (shared with the server).
+/// What the replica is doing, for `/readyz` (shared with the server).
 #[derive(Clone, Debug, Default)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness(Arc<AtomicU8>);
+
+const STARTING: u8 = 0;
+const STANDING_BY: u8 = 1;
+const SYNCING: u8 = 2;
+const SYNCED: u8 = 3;
 
 impl Readiness {
-    /// Marks the controller ready or not.
+    /// Marks the initial watches synced (ready) or the controller stopped (not ready).
     pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::SeqCst);
+        self.0
+            .store(if ready { SYNCED } else { STARTING }, Ordering::SeqCst);
     }
 
-    /// Whether the controller is ready.
+    /// Marks the replica waiting for the leader Lease: ready, since it can take over.
+    pub fn standing_by(&self) {
+        self.0.store(STANDING_BY, Ordering::SeqCst);
+    }
+
+    /// Marks the replica leading, its watches not synced yet: still ready if it stood by, so
+    /// that a hand-over does not make the Deployment unavailable for a moment.
+    pub fn leading(&self) {
+        let _ = (self.0).compare_exchange(STARTING, SYNCING, Ordering::SeqCst, Ordering::SeqCst);
+        let _ = (self.0).compare_exchange(STANDING_BY, SYNCED, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Whether the replica is ready: synced, or standing by for the Lease.
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        matches!(self.0.load(Ordering::SeqCst), STANDING_BY | SYNCED)
+    }
+
+    /// Whether the replica is standing by for the Lease (another replica leads).
+    pub fn is_standing_by(&self) -> bool {
+        self.0.load(Ordering::SeqCst) == STANDING_BY
     }
 }
 
@@ -55,12 +81,14 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(s): State<AdminState>) -> (StatusCode, &'static str) {
-    if s.ready.get() {
+    if s.ready.is_standing_by() {
+        (StatusCode::OK, "ready: standing by for the leader lease")
+    } else if s.ready.get() {
         (StatusCode::OK, "ready")
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: waiting for the initial watches or the leader lease",
+            "not ready: waiting for the initial watches (or for the API server, to stand by for the leader lease)",
         )
     }
 }
@@ -140,6 +168,8 @@ mod tests {
         assert!(get(address, "/readyz").await.starts_with("HTTP/1.1 503"));
         ready.set(true);
         assert!(get(address, "/readyz").await.starts_with("HTTP/1.1 200"));
+        ready.set(false);
+        assert!(get(address, "/readyz").await.starts_with("HTTP/1.1 503"));
         let body = get(address, "/metrics").await;
         assert!(
             body.contains("ttdp_reconciles_total{result=\"ok\"} 1"),
@@ -150,5 +180,29 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    #[test]
+    fn a_standby_is_ready_and_stays_ready_through_its_take_over() {
+        let ready = Readiness::default();
+        assert!(!ready.get(), "not ready before it reaches the API server");
+        ready.standing_by();
+        assert!(ready.get() && ready.is_standing_by());
+        ready.leading();
+        assert!(
+            ready.get() && !ready.is_standing_by(),
+            "ready while it syncs"
+        );
+        ready.set(true);
+        assert!(ready.get());
+    }
+
+    #[test]
+    fn a_replica_leading_from_the_start_is_ready_only_once_synced() {
+        let ready = Readiness::default();
+        ready.leading();
+        assert!(!ready.get() && !ready.is_standing_by());
+        ready.set(true);
+        assert!(ready.get());
     }
 }
