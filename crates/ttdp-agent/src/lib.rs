@@ -37,6 +37,7 @@ mod node_flow;
 mod node_kernel;
 pub mod prebuilt_fetch;
 pub mod probe;
+pub mod proxy;
 pub mod reasons;
 pub mod reporting;
 pub mod signals;

@@ -17,6 +17,7 @@ use ttdp_agent::config::{
 };
 use ttdp_agent::prebuilt_fetch::PrebuiltConfig;
 use ttdp_agent::probe::ProbeChecks;
+use ttdp_agent::proxy::ProxySettings;
 use ttdp_agent::{
     AgentConfig, ConfigError, FileReporter, HostRoot, KernelKind, KmdVersion, KubeReporter,
     NoReporter, PodRef, ReportTarget, RetryPolicy, TtSmiSource, ValidationConfig,
@@ -353,6 +354,7 @@ impl RunArgs {
             },
             allow_insecure_http: self.prebuilt_allow_insecure_http,
             allow_cross_host_redirects: self.prebuilt_allow_cross_host_redirects,
+            proxies: ProxySettings::from_env(),
         })
     }
 

@@ -14,7 +14,6 @@ use http::{StatusCode, Uri, header};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rustls::RootCertStore;
 use rustls::pki_types::CertificateDer;
@@ -28,6 +27,7 @@ use ttdp_kmod::prebuilt::{
 };
 
 use crate::error::ConfigError;
+use crate::proxy::{ProxyConnector, ProxySettings};
 
 /// The largest file accepted: a tt-kmd `.ko` is well under a megabyte, so anything near this is
 /// not one.
@@ -50,6 +50,8 @@ pub struct PrebuiltConfig {
     pub allow_insecure_http: bool,
     /// Redirects to another host followed (`TT_KMD_PREBUILT_ALLOW_CROSS_HOST_REDIRECTS`).
     pub allow_cross_host_redirects: bool,
+    /// The proxies downloads go through (`HTTPS_PROXY`, `NO_PROXY`, ...).
+    pub proxies: ProxySettings,
 }
 
 impl PrebuiltConfig {
@@ -63,6 +65,7 @@ impl PrebuiltConfig {
             pins: PrebuiltPins::default(),
             allow_insecure_http: false,
             allow_cross_host_redirects: false,
+            proxies: ProxySettings::default(),
         }
     }
 }
@@ -72,7 +75,7 @@ impl PrebuiltConfig {
 #[derive(Debug)]
 pub struct HttpPrebuiltSource {
     config: PrebuiltConfig,
-    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    client: Client<HttpsConnector<ProxyConnector>, Empty<Bytes>>,
     runtime: Handle,
     timeout: Duration,
 }
@@ -116,7 +119,8 @@ impl HttpPrebuiltSource {
         } else {
             builder.https_only()
         };
-        let https = builder.enable_http1().build();
+        let connector = ProxyConnector::new(&config.proxies);
+        let https = builder.enable_http1().wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new()).build(https);
         Ok(Self {
             config,

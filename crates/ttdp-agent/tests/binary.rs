@@ -458,3 +458,56 @@ fn wait_exit_or_kill(mut child: Child, limit: Duration) -> (ExitStatus, String) 
     }
     (status, stderr)
 }
+
+/// A proxy on loopback that answers every request with 403 and records its first line.
+fn refusing_proxy() -> (String, std::sync::mpsc::Receiver<String>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (seen, requests) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(&stream);
+            let mut first = String::new();
+            if reader.read_line(&mut first).is_ok() {
+                let _ = seen.send(first.trim().to_owned());
+            }
+            let _ = (&stream).write_all(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    (url, requests)
+}
+
+#[test]
+fn the_source_clone_goes_through_the_proxy_the_pod_is_given() {
+    let node = Node::new(&["1.0.0", "2.0.0"]);
+    node.preinstall("1.0.0");
+    let (proxy, requests) = refusing_proxy();
+    let mut cmd = agent_command(&["run", "--report"]);
+    cmd.arg(format!("file:{}", report_path(&node).display()));
+    node_env(&mut cmd, &node, "2.0.0");
+    // A host nobody resolves: only the proxy can reach it, as on a network behind one.
+    cmd.env(
+        "TT_KMD_REPOSITORY",
+        "https://git.example.internal/tenstorrent/tt-kmd.git",
+    )
+    .env("HTTPS_PROXY", &proxy)
+    .env("https_proxy", &proxy)
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let child = cmd.spawn().unwrap();
+    let request = requests.recv_timeout(WAIT);
+    sigterm(&child);
+    let status = wait_exit(child, Duration::from_secs(10));
+    assert_eq!(
+        request.as_deref(),
+        Ok("CONNECT git.example.internal:443 HTTP/1.1"),
+        "git asked the proxy for the repository"
+    );
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        node.loaded().as_deref(),
+        Some("1.0.0"),
+        "the working driver stays"
+    );
+}

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Node, RELEASE, Recording, v};
@@ -18,6 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use ttdp_agent::prebuilt_fetch::{HttpPrebuiltSource, PrebuiltConfig};
+use ttdp_agent::proxy::ProxySettings;
 use ttdp_agent::{NodeAgent, NodeKernel};
 use ttdp_api::agent_report::AgentPhase;
 use ttdp_kmod::prebuilt::{
@@ -310,6 +311,103 @@ async fn plain_http_is_refused_unless_the_policy_allows_it() {
         .await
         .unwrap();
     assert_eq!(allowed.bytes, ko);
+}
+
+/// An HTTP proxy on loopback that tunnels CONNECT requests (or refuses them with 403),
+/// recording each target.
+struct ConnectProxy {
+    url: String,
+    targets: Arc<Mutex<Vec<String>>>,
+}
+
+impl ConnectProxy {
+    async fn start(refuse: bool) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let targets = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&targets);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(tunnel(client, Arc::clone(&seen), refuse));
+            }
+        });
+        Self { url, targets }
+    }
+
+    fn targets(&self) -> Vec<String> {
+        std::mem::take(&mut *self.targets.lock().unwrap())
+    }
+}
+
+/// Reads one `CONNECT host:port` request, then relays bytes both ways (or refuses).
+async fn tunnel(mut client: tokio::net::TcpStream, seen: Arc<Mutex<Vec<String>>>, refuse: bool) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && client.read_exact(&mut byte).await.is_ok() {
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let mut words = head.split_whitespace();
+    let (Some("CONNECT"), Some(target)) = (words.next(), words.next()) else {
+        return;
+    };
+    seen.lock().unwrap().push(target.to_owned());
+    if refuse {
+        let _ = client.write_all(b"HTTP/1.1 403 Forbidden\r\n\r\n").await;
+        return;
+    }
+    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
+        return;
+    };
+    let _ = client
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await;
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+}
+
+#[tokio::test]
+async fn downloads_go_through_the_https_proxy_unless_no_proxy_names_the_host() {
+    let node = Node::new(&["2.0.0"]);
+    let (ko, paths) = published(&node, "2.0.0", RELEASE);
+    let (server, ca_file) = https_server(&node, "proxied", paths).await;
+    let host_port = server.base.trim_start_matches("https://").to_owned();
+    let proxy = ConnectProxy::start(false).await;
+    let through = |proxy: &ConnectProxy, no: Option<&str>| PrebuiltConfig {
+        ca_file: Some(ca_file.clone()),
+        proxies: ProxySettings {
+            https: Some(proxy.url.clone()),
+            no: no.map(str::to_owned),
+            ..ProxySettings::default()
+        },
+        ..lenient(server.template())
+    };
+
+    let fetched = fetch(&source_with(through(&proxy, None)), "2.0.0")
+        .await
+        .unwrap();
+    assert_eq!(fetched.bytes, ko, "TLS ran end to end through the tunnel");
+    let targets = proxy.targets();
+    assert!(
+        !targets.is_empty() && targets.iter().all(|t| *t == host_port),
+        "every connection went through the proxy to {host_port}: {targets:?}"
+    );
+
+    let direct = fetch(&source_with(through(&proxy, Some("localhost"))), "2.0.0")
+        .await
+        .unwrap();
+    assert_eq!(direct.bytes, ko);
+    assert_eq!(proxy.targets(), Vec::<String>::new(), "NO_PROXY: direct");
+
+    let refusing = ConnectProxy::start(true).await;
+    let err = fetch(&source_with(through(&refusing, None)), "2.0.0")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(refusing.targets(), [host_port]);
+    assert!(
+        err.contains(&refusing.url) && err.contains("HTTPS_PROXY"),
+        "{err}"
+    );
 }
 
 /// An HTTPS server on loopback serving `paths`, and the CA that signed it (in `node`'s

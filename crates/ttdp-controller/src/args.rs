@@ -8,7 +8,7 @@ use clap::{ArgAction, Args};
 
 use crate::runtime::process::leader::LeaderElection;
 use crate::runtime::process::run::RunOptions;
-use crate::settings::{self, Settings};
+use crate::settings::{self, AgentPodSettings, Settings};
 
 /// Flags of the controller.
 #[derive(Args, Clone, Debug, PartialEq, Eq)]
@@ -65,6 +65,11 @@ pub struct ControllerArgs {
     #[arg(long, env = "TTDP_LEASE_DURATION_SECONDS", default_value_t = 15)]
     pub lease_duration_seconds: u64,
 
+    /// What to add to every agent pod, as JSON: `imagePullSecrets` (names), `resources`,
+    /// `tolerations`, `nodeSelector` and `proxy` (`httpProxy`, `httpsProxy`, `noProxy`).
+    #[arg(long, env = "TTDP_AGENT_POD", default_value = "", value_parser = AgentPodSettings::parse)]
+    pub agent_pod: AgentPodSettings,
+
     /// This replica's identity (the pod name; the hostname by default).
     #[arg(long, env = "TTDP_POD_NAME")]
     pub pod_name: Option<String>,
@@ -102,6 +107,7 @@ impl ControllerArgs {
                 .policy_selector
                 .clone()
                 .filter(|s| !s.trim().is_empty()),
+            agent_pod: self.agent_pod.clone(),
         }
     }
 

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+pub use crate::pure::agent_pod::{AgentPodSettings, AgentProxy};
+
 /// Everything the reconciler needs to know that is not in a policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
@@ -26,6 +28,9 @@ pub struct Settings {
     /// controllers sharing a cluster (tests, a canary controller), never for two controllers
     /// managing overlapping nodes.
     pub policy_selector: Option<String>,
+    /// What the admin adds to every agent pod: pull secrets, proxy, resources, tolerations and
+    /// a node selector.
+    pub agent_pod: AgentPodSettings,
 }
 
 impl Default for Settings {
@@ -40,6 +45,7 @@ impl Default for Settings {
             retry_base: Duration::from_secs(30),
             retry_max: Duration::from_secs(600),
             policy_selector: None,
+            agent_pod: AgentPodSettings::default(),
         }
     }
 }

@@ -166,6 +166,9 @@ pub fn desired_daemonset(
             policy: name.clone(),
         })?;
     let mut template = pod_template(policy, settings, selection);
+    if let Some(spec) = template.spec.as_mut() {
+        settings.agent_pod.apply(spec);
+    }
     let hash = template_hash(&template)?;
     template
         .metadata
@@ -216,13 +219,14 @@ pub fn daemonset_template_hash(ds: &DaemonSet) -> Option<&str> {
 }
 
 /// sha256 (hex) of the template's JSON, computed before the hash annotation is added and
-/// without the node affinity: which nodes run an agent (the selector, nodes excluded for
-/// another policy) is the DaemonSet controller's business and must not restart the agents
-/// elsewhere.
+/// without the node affinity and selector: which nodes run an agent (the selector, nodes
+/// excluded for another policy) is the DaemonSet controller's business and must not restart
+/// the agents elsewhere.
 fn template_hash(template: &PodTemplateSpec) -> Result<String, Error> {
     let mut hashed = template.clone();
     if let Some(spec) = hashed.spec.as_mut() {
         spec.affinity = None;
+        spec.node_selector = None;
     }
     let json = serde_json::to_vec(&hashed).map_err(Error::Serialize)?;
     Ok(hex::encode(Sha256::digest(&json)))
@@ -529,6 +533,8 @@ mod tests {
     use ttdp_api::TenstorrentDriverPolicySpec;
     use ttdp_api::node_selection::affinity_matches;
 
+    use crate::settings::AgentPodSettings;
+
     fn policy(name: &str, version: &str) -> TenstorrentDriverPolicy {
         let spec: TenstorrentDriverPolicySpec =
             serde_json::from_value(serde_json::json!({"version": version, "nodeAffinity": {}}))
@@ -555,6 +561,39 @@ mod tests {
             .into_iter()
             .map(|e| (e.name.clone(), e))
             .collect()
+    }
+
+    #[test]
+    fn the_admins_agent_pod_settings_reach_the_daemonset_and_restart_agents_only_when_they_run_differently()
+     {
+        let p = policy("fleet", "2.8.0");
+        let sel = NodeSelection::new(&p.spec.user_selector()).unwrap();
+        let with = |json: &str| {
+            let settings = Settings {
+                agent_pod: AgentPodSettings::parse(json).unwrap(),
+                ..Settings::default()
+            };
+            desired_daemonset(&p, &settings, &sel).unwrap()
+        };
+        let plain = with("");
+        let secrets = with(r#"{"imagePullSecrets":["mirror-creds"]}"#);
+        let pulled = pod_spec(&secrets).image_pull_secrets.clone().unwrap();
+        assert_eq!(pulled[0].name, "mirror-creds");
+        assert_ne!(
+            daemonset_template_hash(&secrets),
+            daemonset_template_hash(&plain),
+            "a pod that pulls differently is a new agent"
+        );
+        let selected = with(r#"{"nodeSelector":{"kubernetes.io/arch":"amd64"}}"#);
+        assert_eq!(
+            pod_spec(&selected).node_selector.as_ref().unwrap()["kubernetes.io/arch"],
+            "amd64"
+        );
+        assert_eq!(
+            daemonset_template_hash(&selected),
+            daemonset_template_hash(&plain),
+            "which nodes run an agent restarts none"
+        );
     }
 
     #[test]

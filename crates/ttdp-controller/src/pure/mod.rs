@@ -6,6 +6,7 @@
 //! ([`agent_blocker`]). [`crate::runtime`] feeds it from the caches and carries its decisions out.
 
 pub(crate) mod agent_blocker;
+pub mod agent_pod;
 pub(crate) mod cached;
 pub(crate) mod canary;
 pub(crate) mod daemonset;

@@ -331,6 +331,7 @@ impl Harness {
             retry_base: Duration::from_secs(2),
             retry_max: Duration::from_secs(10),
             policy_selector: Some(format!("{RUN_LABEL}={prefix}")),
+            agent_pod: Default::default(),
         };
         adjust(&mut settings);
         let monitor = Monitor::start(client.clone(), &prefix).await;
