@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use ttdp_api::NodeState;
 
 const AFTER_HELP: &str = "\
 States and colours: Done (green); Cordoning, Draining, Upgrading, Uncordoning (cyan);
@@ -18,6 +19,7 @@ Examples:
   kubectl tt driver                      # every policy, one column per node
   kubectl tt driver -o wide              # one row per node instead
   kubectl tt driver nodes default        # why is a node stuck?
+  kubectl tt driver nodes default --state Failed,Draining
   kubectl tt driver describe default     # spec, conditions, nodes, recent Events
   kubectl tt driver watch                # redraw on every change
   kubectl tt driver pause default        # stop starting new upgrade steps
@@ -120,6 +122,22 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// Parses a node state name, in any case (`failed`, `Failed`, `FAILED`); an unknown name is
+/// an error listing the valid ones.
+pub fn parse_state(text: &str) -> Result<NodeState, String> {
+    let wanted = text.trim();
+    NodeState::ALL
+        .into_iter()
+        .find(|s| s.as_str().eq_ignore_ascii_case(wanted))
+        .ok_or_else(|| {
+            let valid: Vec<&str> = NodeState::ALL.iter().map(|s| s.as_str()).collect();
+            format!(
+                "unknown node state {text:?}; valid states: {}",
+                valid.join(", ")
+            )
+        })
+}
+
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum Output {
@@ -160,6 +178,11 @@ pub struct NodesArgs {
     /// After printing, keep watching and redraw on every change (Ctrl-C to stop).
     #[arg(short = 'w', long)]
     pub watch: bool,
+
+    /// Only nodes in these states (case-insensitive; repeat the flag or separate with commas),
+    /// e.g. `--state Failed` or `--state draining,upgrading`.
+    #[arg(long = "state", value_name = "STATE", value_delimiter = ',', value_parser = parse_state)]
+    pub states: Vec<NodeState>,
 }
 
 /// The subcommands.
@@ -295,6 +318,39 @@ mod tests {
             .expect_err("ambiguous");
         assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
         assert!(Cli::try_parse_args(["kubectl-tt-driver", "nodes", "-o", "json"]).is_ok());
+    }
+
+    #[test]
+    fn node_states_parse_in_any_case_repeated_or_comma_separated() {
+        let cli = Cli::try_parse_args([
+            "kubectl-tt-driver",
+            "nodes",
+            "fleet",
+            "--state",
+            "failed,DRAINING",
+            "--state",
+            "HostManaged",
+        ])
+        .expect("parses");
+        let Some(Command::Nodes(args)) = cli.command else {
+            panic!("nodes expected");
+        };
+        assert_eq!(
+            args.states,
+            [
+                NodeState::Failed,
+                NodeState::Draining,
+                NodeState::HostManaged
+            ]
+        );
+        let err = Cli::try_parse_args(["kubectl-tt-driver", "nodes", "--state", "Broken"])
+            .expect_err("unknown state");
+        let text = err.to_string();
+        assert!(text.contains("unknown node state \"Broken\""), "{text}");
+        assert!(
+            text.contains("Pending, Cordoning, Draining, Upgrading, Uncordoning, Done, Failed, HostManaged, Conflict"),
+            "{text}"
+        );
     }
 
     #[test]

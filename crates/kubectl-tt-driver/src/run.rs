@@ -56,6 +56,7 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
                 view: View::Status,
                 only: None,
                 output: args.output,
+                states: &[],
             };
             show(&conn, request, args.watch, palette, out, err).await
         }
@@ -64,6 +65,7 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
                 view: View::Status,
                 only: None,
                 output,
+                states: &[],
             };
             show(&conn, request, true, palette, out, err).await
         }
@@ -72,6 +74,7 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
                 view: View::Nodes,
                 only: args.policy.as_deref(),
                 output: args.output,
+                states: &args.states,
             };
             show(&conn, request, args.watch, palette, out, err).await
         }
@@ -179,11 +182,6 @@ async fn show(
         let _ = writeln!(err, "{NO_POLICIES}");
         return Ok(());
     }
-    let text = view::render(
-        &fetched.fleet,
-        request.view,
-        request.output,
-        &options(palette),
-    )?;
+    let text = view::render_request(&fetched.fleet, &request, &options(palette))?;
     write(out, &text)
 }

@@ -854,3 +854,52 @@ async fn unreadable_extras_become_warnings_and_server_errors_are_named() {
         run.stderr
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_state_filters_rows_and_names_the_valid_states() {
+    let h = Harness::populated().await;
+    let fleet = h.n("fleet");
+    let all = h
+        .kubectl(&["tt", "driver", "nodes", &fleet, "-o", "json"])
+        .await
+        .ok();
+    let all: serde_json::Value = serde_json::from_str(&all.stdout).unwrap();
+    let wanted = ["Failed", "Draining", "HostManaged"];
+    let expected: Vec<serde_json::Value> = h
+        .own(&all["nodes"])
+        .into_iter()
+        .filter(|n| wanted.contains(&n["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(expected.len(), 3, "{all:#}");
+    let args = [
+        "tt",
+        "driver",
+        "nodes",
+        &fleet,
+        "--state",
+        "failed,DRAINING",
+        "--state",
+        "hostmanaged",
+    ];
+    let mut json_args = args.to_vec();
+    json_args.extend(["-o", "json"]);
+    let filtered = h.kubectl(&json_args).await.ok();
+    let filtered: serde_json::Value = serde_json::from_str(&filtered.stdout).unwrap();
+    assert_eq!(h.own(&filtered["nodes"]), expected);
+    let table = h.kubectl(&args).await.ok();
+    let rows: Vec<&str> = table.stdout.lines().skip(1).collect();
+    assert_eq!(rows.len(), 3, "{}", table.stdout);
+    for (row, node) in rows.iter().zip(["node-3", "node-7", "node-8"]) {
+        assert!(row.contains(&format!("{} ", h.n(node))), "{}", table.stdout);
+    }
+
+    let unknown = h
+        .kubectl(&["tt", "driver", "nodes", &fleet, "--state", "Broken"])
+        .await;
+    assert_eq!(unknown.code, Some(2), "a usage error: {unknown:#?}");
+    assert!(
+        unknown.stderr.contains("unknown node state \"Broken\"; valid states: Pending, Cordoning, Draining, Upgrading, Uncordoning, Done, Failed, HostManaged, Conflict"),
+        "{}",
+        unknown.stderr
+    );
+}

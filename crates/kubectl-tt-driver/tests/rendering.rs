@@ -13,7 +13,7 @@ use kubectl_tt_driver::cli::Output;
 use kubectl_tt_driver::fleet::Fleet;
 use kubectl_tt_driver::palette::Palette;
 use kubectl_tt_driver::render::{RenderOptions, describe};
-use kubectl_tt_driver::view::{self, View};
+use kubectl_tt_driver::view::{self, Request, View};
 use ttdp_api::NodeState;
 
 /// The environment variable that rewrites the golden files instead of comparing.
@@ -387,5 +387,49 @@ fn describe_shows_parameters_and_commits_when_set() {
     assert!(
         first.contains(" 0123456789ab "),
         "abbreviated commit: {first}"
+    );
+}
+
+#[test]
+fn nodes_state_filter_keeps_only_those_states() {
+    let fleet = fixture::every_state();
+    let states = [NodeState::Failed, NodeState::Conflict];
+    let request = |output| Request {
+        view: View::Nodes,
+        only: None,
+        output,
+        states: &states,
+    };
+    let plain = view::render_request(&fleet, &request(Output::Table), &opts(false, 80)).unwrap();
+    golden("nodes_state_failed_conflict_plain", &plain);
+    let json = view::render_request(&fleet, &request(Output::Json), &opts(false, 80)).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let shown: Vec<&str> = doc["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["state"].as_str().unwrap())
+        .collect();
+    let expected: Vec<&str> = fleet
+        .node_rows()
+        .iter()
+        .filter(|r| states.contains(&r.state))
+        .map(|r| r.state.as_str())
+        .collect();
+    assert!(!expected.is_empty());
+    assert_eq!(shown, expected);
+    let every = view::render_request(
+        &fleet,
+        &Request {
+            states: &[],
+            ..request(Output::Table)
+        },
+        &opts(false, 80),
+    )
+    .unwrap();
+    assert_eq!(
+        every,
+        text(&fleet, View::Nodes, Output::Table, &opts(false, 80)),
+        "no filter: every node"
     );
 }
