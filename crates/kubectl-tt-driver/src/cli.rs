@@ -204,6 +204,10 @@ pub enum Command {
         /// The policy.
         #[arg(value_name = "POLICY")]
         policy: String,
+        /// Output format (`wide` is the same as `table`); json and yaml are documents with
+        /// stable field names.
+        #[arg(short = 'o', long, value_enum, default_value_t)]
+        output: Output,
     },
 
     /// `status --watch`: redraw on every change, from a watch on the API server (no polling).

@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::fetch::Extras;
 use crate::palette::Palette;
 use crate::render::{DEFAULT_WIDTH, RenderOptions, describe};
+use crate::report::describe_report;
 use crate::view::{self, Request, View};
 use crate::watch::{self, Screen};
 use crate::{completion, mutate};
@@ -78,7 +79,9 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
             };
             show(&conn, request, args.watch, palette, out, err).await
         }
-        Command::Describe { policy } => describe(&conn, policy, palette, out, err).await,
+        Command::Describe { policy, output } => {
+            describe(&conn, policy, output, palette, out, err).await
+        }
         Command::Pause { policy } => {
             let line = mutate::set_paused(&conn, &policy, true).await?;
             write(out, &format!("{line}\n"))
@@ -99,11 +102,13 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
     }
 }
 
-/// `describe POLICY`: the policy with its nodes, DaemonSet, Events and agent pods. Events and
-/// pods that cannot be read are warnings, not failures: the rest of the page still helps.
+/// `describe POLICY`: the policy with its nodes, DaemonSet, Events and agent pods, as a page or
+/// (`-o json|yaml`) a document of the same facts. Events and pods that cannot be read are
+/// warnings, not failures: the rest of the page still helps.
 async fn describe(
     conn: &Connection,
     policy: String,
+    output: Output,
     palette: Palette,
     out: &mut impl Write,
     err: &mut impl Write,
@@ -138,7 +143,13 @@ async fn describe(
     };
     warn(err, &warnings);
     let rows = fetched.fleet.node_rows();
-    let text = describe::render(view, &rows, &pods, &events, &options(palette));
+    let text = match output {
+        Output::Table | Output::Wide => {
+            describe::render(view, &rows, &pods, &events, &options(palette))
+        }
+        Output::Json => view::json(&describe_report(view, &rows, &pods, &events))?,
+        Output::Yaml => view::yaml(&describe_report(view, &rows, &pods, &events))?,
+    };
     write(out, &text)
 }
 

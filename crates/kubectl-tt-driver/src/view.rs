@@ -83,7 +83,8 @@ pub fn render_request(
     }
 }
 
-fn json<T: serde::Serialize>(doc: &T) -> Result<String, Error> {
+/// `value` as pretty JSON, newline-terminated.
+pub fn json<T: serde::Serialize>(doc: &T) -> Result<String, Error> {
     serde_json::to_string_pretty(doc)
         .map(|s| s + "\n")
         .map_err(|e| Error::Encode {
@@ -92,7 +93,8 @@ fn json<T: serde::Serialize>(doc: &T) -> Result<String, Error> {
         })
 }
 
-fn yaml<T: serde::Serialize>(doc: &T) -> Result<String, Error> {
+/// `value` as YAML.
+pub fn yaml<T: serde::Serialize>(doc: &T) -> Result<String, Error> {
     serde_saphyr::to_string(doc).map_err(|e| Error::Encode {
         format: "yaml",
         message: e.to_string(),

@@ -903,3 +903,98 @@ async fn nodes_state_filters_rows_and_names_the_valid_states() {
         unknown.stderr
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_json_and_yaml_carry_the_pages_facts() {
+    let h = Harness::populated_with_agents().await;
+    let fleet = h.n("fleet");
+    // The node's own record is newer than the status (Draining there): describe shows it.
+    let record = ttdp_api::node_record::NodeRecord {
+        policy: fleet.clone(),
+        state: NodeState::Upgrading,
+        target: "2.8.0".to_owned(),
+        since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+        started: None,
+        attempts: None,
+        reason: None,
+        message: None,
+    };
+    h.set_record("node-3", &record).await;
+    let run = h
+        .kubectl(&["tt", "driver", "describe", &fleet, "-o", "json"])
+        .await
+        .ok();
+    assert_eq!(run.stderr, "");
+    let doc: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(doc["apiVersion"], "tt-driver.kubectl.tenstorrent.com/v1");
+    assert_eq!(doc["kind"], "PolicyDescription");
+    assert_eq!(doc["name"], fleet);
+    assert_eq!(doc["spec"]["version"], "2.8.0");
+    assert_eq!(doc["observedGeneration"], 1);
+    assert_eq!(doc["summary"]["failed"], 1);
+    assert_eq!(doc["daemonSet"]["name"], format!("ttdrv-{fleet}"));
+    assert_eq!(doc["daemonSet"]["ready"], 1);
+    let degraded = doc["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .expect("Degraded condition");
+    assert_eq!(degraded["status"], "True");
+    let nodes = doc["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 9, "{nodes:#?}");
+    let node = |short: &str| {
+        nodes
+            .iter()
+            .find(|n| n["name"] == h.n(short))
+            .unwrap_or_else(|| panic!("{short} missing"))
+    };
+    assert_eq!(node("node-3")["state"], "Upgrading");
+    assert_eq!(node("node-3")["source"], "nodeRecord");
+    assert_eq!(node("node-7")["state"], "Failed");
+    assert_eq!(node("node-7")["cordonedBy"], format!("ttdp/{fleet}"));
+    assert_eq!(node("node-7")["reason"], "DrainTimeout");
+    let pods = doc["agentPods"].as_array().unwrap();
+    assert_eq!(pods.len(), 2, "{pods:#?}");
+    assert_eq!(pods[0]["node"], h.n("node-6"));
+    assert_eq!(
+        (&pods[0]["readyContainers"], &pods[0]["containers"]),
+        (&json!(1), &json!(1))
+    );
+    assert_eq!(pods[1]["node"], h.n("node-7"));
+    let warning = doc["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["reason"] == "DrainTimeout")
+        .expect("the DrainTimeout Event");
+    assert_eq!(warning["type"], "Warning");
+    assert_eq!(warning["from"], "ttdp-controller");
+
+    let yaml = h
+        .kubectl(&["tt", "driver", "describe", &fleet, "-o", "yaml"])
+        .await
+        .ok();
+    let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml.stdout).unwrap();
+    for field in [
+        "kind",
+        "name",
+        "spec",
+        "summary",
+        "conditions",
+        "nodes",
+        "events",
+    ] {
+        assert_eq!(
+            from_yaml[field], doc[field],
+            "yaml and json differ in {field}"
+        );
+    }
+    let page = h.kubectl(&["tt", "driver", "describe", &fleet]).await.ok();
+    assert!(
+        page.stdout
+            .starts_with(&format!("Name:                {fleet}\n")),
+        "the page is unchanged without -o:\n{}",
+        page.stdout
+    );
+}

@@ -200,6 +200,23 @@ impl Harness {
         h
     }
 
+    /// Writes `record` as node `short`'s upgrade record (annotation and state label), as the
+    /// controller does before acting on the node.
+    pub async fn set_record(&self, short: &str, record: &ttdp_api::node_record::NodeRecord) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let patch = json!({"metadata": {
+            "annotations": {ttdp_api::names::annotations::UPGRADE_RECORD: record.to_annotation()},
+            "labels": {ttdp_api::names::labels::UPGRADE_STATE: record.state_label()},
+        }});
+        api.patch(
+            &self.n(short),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("record on node {}: {e}", self.n(short)));
+    }
+
     /// The test's prefix.
     pub fn prefix(&self) -> &str {
         self.scratch.prefix()
