@@ -1,4 +1,5 @@
-//! The command line: `kubectl tt driver [status|nodes|describe|watch|pause|resume|retry|completion]`.
+//! The command line: `kubectl tt driver
+//! [status|nodes|describe|logs|watch|pause|resume|retry|skip|completion]`.
 //!
 //! The connection flags are kubectl's (`--kubeconfig`, `--context`, `--cluster`, `--user`,
 //! `-n/--namespace`, `--request-timeout`) and `KUBECONFIG` is honoured the same way, so the plugin
@@ -20,6 +21,7 @@ Examples:
   kubectl tt driver -o wide              # one row per node instead
   kubectl tt driver nodes default        # why is a node stuck?
   kubectl tt driver nodes default --state Failed,Draining
+  kubectl tt driver logs node-3          # the agent's log on node-3
   kubectl tt driver describe default     # spec, conditions, nodes, recent Events
   kubectl tt driver watch                # redraw on every change
   kubectl tt driver pause default        # stop starting new upgrade steps
@@ -185,6 +187,31 @@ pub struct NodesArgs {
     pub states: Vec<NodeState>,
 }
 
+/// Options of `logs`.
+#[derive(Debug, Clone, Args)]
+pub struct LogsArgs {
+    /// The node whose agent's log to print.
+    #[arg(value_name = "NODE")]
+    pub node: String,
+
+    /// The policy whose agent to read (needed only when agents of several policies run on the
+    /// node).
+    #[arg(long, value_name = "POLICY")]
+    pub policy: Option<String>,
+
+    /// Keep streaming new lines (Ctrl-C to stop).
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+
+    /// Only the last N lines.
+    #[arg(long, value_name = "N")]
+    pub tail: Option<i64>,
+
+    /// The log of the previous, terminated run of the agent container (after a crash).
+    #[arg(short = 'p', long)]
+    pub previous: bool,
+}
+
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -209,6 +236,10 @@ pub enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t)]
         output: Output,
     },
+
+    /// The log of the agent on a node: finds the policy's agent pod there (label
+    /// driver.tenstorrent.com/policy) and prints its log, like `kubectl logs`.
+    Logs(LogsArgs),
 
     /// `status --watch`: redraw on every change, from a watch on the API server (no polling).
     Watch {

@@ -14,7 +14,7 @@ use crate::render::{DEFAULT_WIDTH, RenderOptions, describe};
 use crate::report::describe_report;
 use crate::view::{self, Request, View};
 use crate::watch::{self, Screen};
-use crate::{completion, mutate};
+use crate::{completion, logs, mutate};
 
 /// What `status` and `nodes` say when there are no policies (like kubectl's "No resources found").
 pub const NO_POLICIES: &str = "No TenstorrentDriverPolicy resources found. Create one with spec.version and spec.nodeAffinity: {} (see: kubectl explain ttdp.spec).";
@@ -82,6 +82,7 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
         Command::Describe { policy, output } => {
             describe(&conn, policy, output, palette, out, err).await
         }
+        Command::Logs(args) => logs::run(&conn, &args, out).await,
         Command::Pause { policy } => {
             let line = mutate::set_paused(&conn, &policy, true).await?;
             write(out, &format!("{line}\n"))

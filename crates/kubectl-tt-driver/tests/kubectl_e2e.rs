@@ -998,3 +998,83 @@ async fn describe_json_and_yaml_carry_the_pages_facts() {
         page.stdout
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_finds_the_agent_pod_of_the_node_and_explains_a_missing_one() {
+    let h = Harness::populated_with_agents().await;
+    let (fleet, node1, node6) = (h.n("fleet"), h.n("node-1"), h.n("node-6"));
+    let pods = h.agent_pods("fleet").await;
+    let (_, pod6) = pods
+        .iter()
+        .find(|(n, _)| *n == node6)
+        .expect("node-6 runs an agent");
+
+    // node-6 runs the agent pod; the control plane has no kubelet to serve its log (the
+    // server cannot even resolve the node's name), so the request ends in the server's error,
+    // naming the pod it asked for.
+    let run = h
+        .kubectl(&[
+            "tt",
+            "driver",
+            "logs",
+            &node6,
+            "--tail",
+            "5",
+            "--request-timeout",
+            "5s",
+        ])
+        .await
+        .failed();
+    assert!(
+        run.stderr.starts_with(&format!(
+            "error: cannot read the log of agent pod {}/{pod6}: ",
+            h.ns()
+        )),
+        "{}",
+        run.stderr
+    );
+    // The server's own error names the kubelet request it made for the plugin.
+    assert!(
+        run.stderr.contains(&format!(
+            "/containerLogs/{}/{pod6}/agent?tailLines=5",
+            h.ns()
+        )),
+        "{}",
+        run.stderr
+    );
+
+    let missing = h
+        .kubectl(&["tt", "driver", "logs", &node1, "--policy", &fleet])
+        .await
+        .failed();
+    assert!(
+        missing.stderr.starts_with(&format!(
+            "error: no agent pod of policy {fleet} on node {node1}: the DaemonSet ttdrv-{fleet} runs none there;"
+        )),
+        "{}",
+        missing.stderr
+    );
+    let any = h.kubectl(&["tt", "driver", "logs", &node1]).await.failed();
+    assert!(
+        any.stderr
+            .starts_with(&format!("error: no agent pod on node {node1}: ")),
+        "{}",
+        any.stderr
+    );
+    let node99 = h.n("node-99");
+    let unknown = h.kubectl(&["tt", "driver", "logs", &node99]).await.failed();
+    assert_eq!(
+        unknown.stderr,
+        format!("error: nodes \"{node99}\" not found; list nodes with: kubectl get nodes\n")
+    );
+    let nope = h.n("nope");
+    let no_policy = h
+        .kubectl(&["tt", "driver", "logs", &node6, "--policy", &nope])
+        .await
+        .failed();
+    assert!(
+        no_policy.stderr.contains(&format!("\"{nope}\" not found")),
+        "{}",
+        no_policy.stderr
+    );
+}

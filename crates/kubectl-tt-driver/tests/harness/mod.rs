@@ -217,6 +217,25 @@ impl Harness {
         .unwrap_or_else(|e| panic!("record on node {}: {e}", self.n(short)));
     }
 
+    /// The agent pods of policy `policy` (short name) in the test's namespace: (node, pod).
+    pub async fn agent_pods(&self, policy: &str) -> Vec<(String, String)> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
+        let selector = format!("{}={}", ttdp_api::names::labels::POLICY, self.n(policy));
+        pods.list(&ListParams::default().labels(&selector))
+            .await
+            .expect("list agent pods")
+            .items
+            .iter()
+            .map(|p| {
+                let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+                (
+                    node.unwrap_or_default(),
+                    p.metadata.name.clone().unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
     /// The test's prefix.
     pub fn prefix(&self) -> &str {
         self.scratch.prefix()
