@@ -78,7 +78,7 @@ impl Cli {
 }
 
 /// kubectl's connection flags.
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
 pub struct ConnectionArgs {
     /// Path to the kubeconfig file (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, global = true, value_name = "PATH")]

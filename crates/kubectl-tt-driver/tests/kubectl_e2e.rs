@@ -1078,3 +1078,79 @@ async fn logs_finds_the_agent_pod_of_the_node_and_explains_a_missing_one() {
         no_policy.stderr
     );
 }
+
+/// The candidates of a `kubectl __complete ...` answer and its directive line.
+fn completions(run: &harness::Run) -> (Vec<String>, String) {
+    let mut lines: Vec<String> = run.stdout.lines().map(str::to_owned).collect();
+    let directive = lines.pop().unwrap_or_default();
+    (lines, directive)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_completes_policy_and_node_names_from_the_cluster() {
+    let h = Harness::populated().await;
+    let (fleet, canary) = (h.n("fleet"), h.n("canary"));
+    let prefix = format!("{}-", h.prefix());
+    let run = h
+        .kubectl(&["__complete", "tt", "driver", "describe", &prefix])
+        .await
+        .ok();
+    let (names, directive) = completions(&run);
+    assert_eq!(names, [canary.clone(), fleet.clone()], "{run:#?}");
+    assert_eq!(directive, ":4", "no file names: {run:#?}");
+
+    let node1 = h.n("node-1");
+    let run = h
+        .kubectl(&["__complete", "tt", "driver", "retry", &fleet, &node1])
+        .await
+        .ok();
+    let (names, _) = completions(&run);
+    assert_eq!(names, [h.n("node-1"), h.n("node-10"), h.n("node-11")]);
+    let run = h
+        .kubectl(&[
+            "__complete",
+            "tt",
+            "driver",
+            "logs",
+            "--policy",
+            &fleet,
+            &node1,
+        ])
+        .await
+        .ok();
+    assert_eq!(completions(&run).0.len(), 3, "{run:#?}");
+
+    let run = h
+        .kubectl(&[
+            "__complete",
+            "tt",
+            "driver",
+            "nodes",
+            &fleet,
+            "--state",
+            "fa",
+        ])
+        .await
+        .ok();
+    assert_eq!(completions(&run).0, ["Failed"]);
+    let run = h.kubectl(&["__complete", "tt", "driver", "lo"]).await.ok();
+    assert_eq!(completions(&run).0, ["logs"]);
+
+    // krew's names: `kubectl tt-driver`, completed by kubectl_complete-tt_driver.
+    h.link_as_krew();
+    let run = h
+        .kubectl(&["__complete", "tt-driver", "pause", &prefix])
+        .await
+        .ok();
+    assert_eq!(completions(&run).0, [canary, fleet], "{run:#?}");
+
+    // The static scripts still work.
+    let script = h
+        .kubectl(&["tt", "driver", "completion", "bash"])
+        .await
+        .ok();
+    assert!(
+        script.stdout.contains("logs"),
+        "bash completes the new subcommand"
+    );
+}

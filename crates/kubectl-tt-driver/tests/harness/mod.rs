@@ -140,6 +140,11 @@ impl Harness {
             bin.path().join("kubectl-tt-driver"),
         )
         .expect("symlink the plugin");
+        std::os::unix::fs::symlink(
+            env!("CARGO_BIN_EXE_kubectl_complete-tt-driver"),
+            bin.path().join("kubectl_complete-tt-driver"),
+        )
+        .expect("symlink the completion helper");
         Harness {
             scratch,
             client,
@@ -198,6 +203,20 @@ impl Harness {
             h.create_agent_daemonset("fleet").await;
         }
         h
+    }
+
+    /// Links the plugin as a krew install does (`kubectl-tt_driver`, run as `kubectl
+    /// tt-driver`) and, as the krew manifest's caveat says, as `kubectl_complete-tt_driver`
+    /// (a link to the plugin itself).
+    pub fn link_as_krew(&self) {
+        let plugin = self.bin.path().join("kubectl-tt_driver");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kubectl-tt-driver"), &plugin)
+            .expect("link the plugin as krew does");
+        std::os::unix::fs::symlink(
+            "kubectl-tt_driver",
+            self.bin.path().join("kubectl_complete-tt_driver"),
+        )
+        .expect("link the completion name to the plugin");
     }
 
     /// Writes `record` as node `short`'s upgrade record (annotation and state label), as the
