@@ -1,10 +1,12 @@
 //! `cargo xtask krew DIR`: fills the krew manifest (`deploy/krew/tt-driver.yaml`) for this
 //! workspace's version: the release URIs and the sha256 of each platform's archive, read from
 //! the archives (named as in the URIs) that the release build left in DIR. Fails, changing
-//! nothing, when an archive is missing.
+//! nothing, when an archive is missing or lacks one of the executables it must ship: the plugin
+//! and its completion helper (what kubectl runs to complete policy and node names).
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
@@ -12,6 +14,9 @@ use crate::{crd, tools};
 
 /// The manifest, relative to the workspace root.
 const MANIFEST: &str = "deploy/krew/tt-driver.yaml";
+
+/// The executables every release archive holds at its root.
+const EXECUTABLES: [&str; 2] = ["kubectl-tt-driver", "kubectl_complete-tt-driver"];
 
 pub fn run(args: &[String]) -> Result<()> {
     let [dir] = args else {
@@ -28,6 +33,10 @@ pub fn run(args: &[String]) -> Result<()> {
         let archive = Path::new(dir).join(&file);
         match std::fs::read(&archive) {
             Ok(bytes) => {
+                let lacking = lacking_executables(&listing(&archive)?);
+                if !lacking.is_empty() {
+                    bail!("{} lacks {}", archive.display(), lacking.join(" and "));
+                }
                 sums.insert(file, tools::sha256_hex(&bytes));
             }
             Err(_) => missing.push(archive.display().to_string()),
@@ -35,7 +44,8 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if !missing.is_empty() {
         bail!(
-            "missing release archives (build each platform's kubectl-tt-driver and pack it as named): {}",
+            "missing release archives (build each platform's {} and pack them at the archive's root, named as in the manifest): {}",
+            EXECUTABLES.join(" and "),
             missing.join(", ")
         );
     }
@@ -43,6 +53,31 @@ pub fn run(args: &[String]) -> Result<()> {
         .with_context(|| format!("writing {MANIFEST}"))?;
     println!("{MANIFEST}: version and {} checksums filled", sums.len());
     Ok(())
+}
+
+/// The file names in a `.tar.gz` archive, one a line (`tar -tzf`).
+fn listing(archive: &Path) -> Result<String> {
+    let out = Command::new("tar")
+        .arg("-tzf")
+        .arg(archive)
+        .output()
+        .with_context(|| format!("running tar -tzf {}", archive.display()))?;
+    if !out.status.success() {
+        bail!(
+            "cannot list {}: {}",
+            archive.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The [`EXECUTABLES`] not at the root of an archive listed as `listing`.
+fn lacking_executables(listing: &str) -> Vec<&'static str> {
+    EXECUTABLES
+        .into_iter()
+        .filter(|exe| !listing.lines().any(|l| l.trim_start_matches("./") == *exe))
+        .collect()
 }
 
 /// `spec.version` and the release URIs set to `version`.
@@ -129,5 +164,31 @@ mod tests {
         }
         assert!(!filled.contains(&"0".repeat(64)), "no placeholder left");
         assert_eq!(filled.lines().count(), text.lines().count());
+    }
+
+    #[test]
+    fn an_archive_must_ship_the_plugin_and_its_completion_helper() {
+        assert_eq!(
+            lacking_executables("kubectl-tt-driver\nLICENSE\n"),
+            ["kubectl_complete-tt-driver"]
+        );
+        assert!(
+            lacking_executables("./kubectl-tt-driver\n./kubectl_complete-tt-driver\n").is_empty()
+        );
+        assert_eq!(
+            lacking_executables("bin/kubectl-tt-driver\n").len(),
+            2,
+            "at the root only"
+        );
+    }
+
+    #[test]
+    fn the_manifest_installs_every_executable_on_every_platform() {
+        let text = std::fs::read_to_string(crd::workspace_root().join(MANIFEST)).unwrap();
+        let platforms = archive_names(&text).len();
+        for exe in EXECUTABLES {
+            let copied = text.matches(&format!("- from: {exe}\n")).count();
+            assert_eq!(copied, platforms, "{exe} is not in every platform's files");
+        }
     }
 }

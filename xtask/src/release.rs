@@ -100,7 +100,8 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     println!(
         "released {old} -> {version}: push the images (docs/images.md), review `git diff`, \
-         commit, tag v{version}"
+         commit, tag v{version}; pack each platform's kubectl-tt-driver and \
+         kubectl_complete-tt-driver into the plugin archives and run `cargo xtask krew DIR`"
     );
     Ok(())
 }

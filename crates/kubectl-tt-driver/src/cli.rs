@@ -1,4 +1,5 @@
-//! The command line: `kubectl tt driver [status|nodes|describe|watch|pause|resume|retry|completion]`.
+//! The command line: `kubectl tt driver
+//! [status|nodes|describe|logs|watch|pause|resume|retry|skip|completion]`.
 //!
 //! The connection flags are kubectl's (`--kubeconfig`, `--context`, `--cluster`, `--user`,
 //! `-n/--namespace`, `--request-timeout`) and `KUBECONFIG` is honoured the same way, so the plugin
@@ -8,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use ttdp_api::NodeState;
 
 const AFTER_HELP: &str = "\
 States and colours: Done (green); Cordoning, Draining, Upgrading, Uncordoning (cyan);
@@ -18,6 +20,8 @@ Examples:
   kubectl tt driver                      # every policy, one column per node
   kubectl tt driver -o wide              # one row per node instead
   kubectl tt driver nodes default        # why is a node stuck?
+  kubectl tt driver nodes default --state Failed,Draining
+  kubectl tt driver logs node-3          # the agent's log on node-3
   kubectl tt driver describe default     # spec, conditions, nodes, recent Events
   kubectl tt driver watch                # redraw on every change
   kubectl tt driver pause default        # stop starting new upgrade steps
@@ -74,7 +78,7 @@ impl Cli {
 }
 
 /// kubectl's connection flags.
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
 pub struct ConnectionArgs {
     /// Path to the kubeconfig file (default: KUBECONFIG, then ~/.kube/config, then in-cluster).
     #[arg(long, global = true, value_name = "PATH")]
@@ -120,6 +124,22 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// Parses a node state name, in any case (`failed`, `Failed`, `FAILED`); an unknown name is
+/// an error listing the valid ones.
+pub fn parse_state(text: &str) -> Result<NodeState, String> {
+    let wanted = text.trim();
+    NodeState::ALL
+        .into_iter()
+        .find(|s| s.as_str().eq_ignore_ascii_case(wanted))
+        .ok_or_else(|| {
+            let valid: Vec<&str> = NodeState::ALL.iter().map(|s| s.as_str()).collect();
+            format!(
+                "unknown node state {text:?}; valid states: {}",
+                valid.join(", ")
+            )
+        })
+}
+
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum Output {
@@ -160,6 +180,36 @@ pub struct NodesArgs {
     /// After printing, keep watching and redraw on every change (Ctrl-C to stop).
     #[arg(short = 'w', long)]
     pub watch: bool,
+
+    /// Only nodes in these states (case-insensitive; repeat the flag or separate with commas),
+    /// e.g. `--state Failed` or `--state draining,upgrading`.
+    #[arg(long = "state", value_name = "STATE", value_delimiter = ',', value_parser = parse_state)]
+    pub states: Vec<NodeState>,
+}
+
+/// Options of `logs`.
+#[derive(Debug, Clone, Args)]
+pub struct LogsArgs {
+    /// The node whose agent's log to print.
+    #[arg(value_name = "NODE")]
+    pub node: String,
+
+    /// The policy whose agent to read (needed only when agents of several policies run on the
+    /// node).
+    #[arg(long, value_name = "POLICY")]
+    pub policy: Option<String>,
+
+    /// Keep streaming new lines (Ctrl-C to stop).
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+
+    /// Only the last N lines.
+    #[arg(long, value_name = "N")]
+    pub tail: Option<i64>,
+
+    /// The log of the previous, terminated run of the agent container (after a crash).
+    #[arg(short = 'p', long)]
+    pub previous: bool,
 }
 
 /// The subcommands.
@@ -181,7 +231,15 @@ pub enum Command {
         /// The policy.
         #[arg(value_name = "POLICY")]
         policy: String,
+        /// Output format (`wide` is the same as `table`); json and yaml are documents with
+        /// stable field names.
+        #[arg(short = 'o', long, value_enum, default_value_t)]
+        output: Output,
     },
+
+    /// The log of the agent on a node: finds the policy's agent pod there (label
+    /// driver.tenstorrent.com/policy) and prints its log, like `kubectl logs`.
+    Logs(LogsArgs),
 
     /// `status --watch`: redraw on every change, from a watch on the API server (no polling).
     Watch {
@@ -295,6 +353,39 @@ mod tests {
             .expect_err("ambiguous");
         assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
         assert!(Cli::try_parse_args(["kubectl-tt-driver", "nodes", "-o", "json"]).is_ok());
+    }
+
+    #[test]
+    fn node_states_parse_in_any_case_repeated_or_comma_separated() {
+        let cli = Cli::try_parse_args([
+            "kubectl-tt-driver",
+            "nodes",
+            "fleet",
+            "--state",
+            "failed,DRAINING",
+            "--state",
+            "HostManaged",
+        ])
+        .expect("parses");
+        let Some(Command::Nodes(args)) = cli.command else {
+            panic!("nodes expected");
+        };
+        assert_eq!(
+            args.states,
+            [
+                NodeState::Failed,
+                NodeState::Draining,
+                NodeState::HostManaged
+            ]
+        );
+        let err = Cli::try_parse_args(["kubectl-tt-driver", "nodes", "--state", "Broken"])
+            .expect_err("unknown state");
+        let text = err.to_string();
+        assert!(text.contains("unknown node state \"Broken\""), "{text}");
+        assert!(
+            text.contains("Pending, Cordoning, Draining, Upgrading, Uncordoning, Done, Failed, HostManaged, Conflict"),
+            "{text}"
+        );
     }
 
     #[test]

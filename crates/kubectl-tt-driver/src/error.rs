@@ -97,6 +97,34 @@ pub enum Error {
         /// Its state.
         state: String,
     },
+    /// No agent pod runs on the node (of the policy, when one was named).
+    #[error("{}", no_agent_pod_text(node, policy.as_deref(), daemonset.as_deref()))]
+    NoAgentPod {
+        /// The node.
+        node: String,
+        /// The policy asked for.
+        policy: Option<String>,
+        /// Its DaemonSet's name.
+        daemonset: Option<String>,
+    },
+    /// Agents of several policies run on the node and none was named.
+    #[error(
+        "node {node} runs agent pods of several policies ({policies}); choose one with --policy"
+    )]
+    SeveralAgentPods {
+        /// The node.
+        node: String,
+        /// The policies, comma-separated.
+        policies: String,
+    },
+    /// The server could not give a pod's log (no kubelet reachable, container not started, ...).
+    #[error("cannot read the log of agent pod {pod}: {cause}")]
+    LogUnavailable {
+        /// `namespace/name`.
+        pod: String,
+        /// Why, as the server or the connection said.
+        cause: String,
+    },
     /// RBAC denied a request.
     #[error("{message}; ask your cluster administrator for permission to {verb} {resource}")]
     Forbidden {
@@ -146,6 +174,19 @@ pub enum Error {
         /// Why.
         message: String,
     },
+}
+
+/// Why a node has no agent pod and where to look: the DaemonSet schedules one on every node
+/// the policy selects, so its absence points at the selection, the node or the DaemonSet.
+fn no_agent_pod_text(node: &str, policy: Option<&str>, daemonset: Option<&str>) -> String {
+    match (policy, daemonset) {
+        (Some(policy), Some(ds)) => format!(
+            "no agent pod of policy {policy} on node {node}: the DaemonSet {ds} runs none there; check that the policy selects the node (kubectl tt driver nodes {policy}) and the DaemonSet (kubectl get ds -A | grep {ds}; kubectl describe ds -n <namespace> {ds})"
+        ),
+        _ => format!(
+            "no agent pod on node {node}: no policy's DaemonSet (ttdrv-<policy>) runs one there; check which policy selects the node (kubectl tt driver nodes) and its DaemonSet (kubectl get ds -A | grep ttdrv-)"
+        ),
+    }
 }
 
 /// The innermost cause of an error chain, which usually names the real problem.

@@ -5,11 +5,11 @@
 //! What it is for: reading policies (`status.nodes`, conditions, summary), Nodes, DaemonSets, agent
 //! pods and Events, and rendering them for people ([`render`]) and scripts ([`report`]). The layers are
 //! kept apart: [`cli`] parses, [`connection`] picks the cluster like kubectl, [`fetch`] and
-//! [`watch`] read, [`fleet`] is the plain data in between, [`render`] and [`report`] are pure,
-//! [`mod@run`] wires them together.
+//! [`watch`] read, [`logs`] streams an agent's log, [`fleet`] is the plain data in between,
+//! [`render`] and [`report`] are pure, [`mod@run`] wires them together.
 //!
 //! What it must not do: change anything in the cluster except through the explicit `pause`,
-//! `resume` and `retry` subcommands ([`mutate`]), each a minimal patch.
+//! `resume`, `retry` and `skip` subcommands ([`mutate`]), each a minimal patch.
 #![deny(missing_docs)]
 
 pub mod age;
@@ -19,6 +19,7 @@ pub mod connection;
 pub mod error;
 pub mod fetch;
 pub mod fleet;
+pub mod logs;
 pub mod mutate;
 pub mod palette;
 pub mod render;

@@ -11,9 +11,10 @@ use crate::error::Error;
 use crate::fetch::Extras;
 use crate::palette::Palette;
 use crate::render::{DEFAULT_WIDTH, RenderOptions, describe};
+use crate::report::describe_report;
 use crate::view::{self, Request, View};
 use crate::watch::{self, Screen};
-use crate::{completion, mutate};
+use crate::{completion, logs, mutate};
 
 /// What `status` and `nodes` say when there are no policies (like kubectl's "No resources found").
 pub const NO_POLICIES: &str = "No TenstorrentDriverPolicy resources found. Create one with spec.version and spec.nodeAffinity: {} (see: kubectl explain ttdp.spec).";
@@ -56,6 +57,7 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
                 view: View::Status,
                 only: None,
                 output: args.output,
+                states: &[],
             };
             show(&conn, request, args.watch, palette, out, err).await
         }
@@ -64,6 +66,7 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
                 view: View::Status,
                 only: None,
                 output,
+                states: &[],
             };
             show(&conn, request, true, palette, out, err).await
         }
@@ -72,10 +75,14 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
                 view: View::Nodes,
                 only: args.policy.as_deref(),
                 output: args.output,
+                states: &args.states,
             };
             show(&conn, request, args.watch, palette, out, err).await
         }
-        Command::Describe { policy } => describe(&conn, policy, palette, out, err).await,
+        Command::Describe { policy, output } => {
+            describe(&conn, policy, output, palette, out, err).await
+        }
+        Command::Logs(args) => logs::run(&conn, &args, out).await,
         Command::Pause { policy } => {
             let line = mutate::set_paused(&conn, &policy, true).await?;
             write(out, &format!("{line}\n"))
@@ -96,11 +103,13 @@ pub async fn run(cli: Cli, out: &mut impl Write, err: &mut impl Write) -> Result
     }
 }
 
-/// `describe POLICY`: the policy with its nodes, DaemonSet, Events and agent pods. Events and
-/// pods that cannot be read are warnings, not failures: the rest of the page still helps.
+/// `describe POLICY`: the policy with its nodes, DaemonSet, Events and agent pods, as a page or
+/// (`-o json|yaml`) a document of the same facts. Events and pods that cannot be read are
+/// warnings, not failures: the rest of the page still helps.
 async fn describe(
     conn: &Connection,
     policy: String,
+    output: Output,
     palette: Palette,
     out: &mut impl Write,
     err: &mut impl Write,
@@ -135,7 +144,13 @@ async fn describe(
     };
     warn(err, &warnings);
     let rows = fetched.fleet.node_rows();
-    let text = describe::render(view, &rows, &pods, &events, &options(palette));
+    let text = match output {
+        Output::Table | Output::Wide => {
+            describe::render(view, &rows, &pods, &events, &options(palette))
+        }
+        Output::Json => view::json(&describe_report(view, &rows, &pods, &events))?,
+        Output::Yaml => view::yaml(&describe_report(view, &rows, &pods, &events))?,
+    };
     write(out, &text)
 }
 
@@ -179,11 +194,6 @@ async fn show(
         let _ = writeln!(err, "{NO_POLICIES}");
         return Ok(());
     }
-    let text = view::render(
-        &fetched.fleet,
-        request.view,
-        request.output,
-        &options(palette),
-    )?;
+    let text = view::render_request(&fetched.fleet, &request, &options(palette))?;
     write(out, &text)
 }

@@ -77,7 +77,9 @@ pub async fn run(
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> Result<(), Error> {
-    let Request { view, only, output } = request;
+    let Request {
+        view, only, output, ..
+    } = request;
     // Fail fast, with the usual messages, if the CRD is missing, the policy does not exist or
     // RBAC denies the list; the watches below would only retry these forever.
     match only {
@@ -128,7 +130,7 @@ pub async fn run(
         let text = if fleet.policies.is_empty() && matches!(output, Output::Table | Output::Wide) {
             format!("{NO_POLICIES}\n")
         } else {
-            view::render(&fleet, view, output, &opts_at())?
+            view::render_request(&fleet, &request, &opts_at())?
         };
         if text == last {
             continue;

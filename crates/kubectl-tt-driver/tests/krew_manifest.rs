@@ -1,5 +1,6 @@
 //! The krew manifest (`deploy/krew/tt-driver.yaml`) stays installable: the fields krew
-//! requires, the crate's version, the binary's name on every platform.
+//! requires, the crate's version, the binary's name on every platform, and the completion
+//! helper shipped beside it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -40,12 +41,15 @@ fn krew_manifest_matches_the_crate() {
             "sha256 {sha:?}"
         );
         assert!(p["selector"]["matchLabels"]["os"].is_string());
-        assert!(
-            p["files"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|f| f["from"] == "kubectl-tt-driver")
-        );
+        for exe in ["kubectl-tt-driver", "kubectl_complete-tt-driver"] {
+            assert!(
+                p["files"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|f| f["from"] == exe),
+                "{exe} not installed from {uri}"
+            );
+        }
     }
 }

@@ -854,3 +854,303 @@ async fn unreadable_extras_become_warnings_and_server_errors_are_named() {
         run.stderr
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_state_filters_rows_and_names_the_valid_states() {
+    let h = Harness::populated().await;
+    let fleet = h.n("fleet");
+    let all = h
+        .kubectl(&["tt", "driver", "nodes", &fleet, "-o", "json"])
+        .await
+        .ok();
+    let all: serde_json::Value = serde_json::from_str(&all.stdout).unwrap();
+    let wanted = ["Failed", "Draining", "HostManaged"];
+    let expected: Vec<serde_json::Value> = h
+        .own(&all["nodes"])
+        .into_iter()
+        .filter(|n| wanted.contains(&n["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(expected.len(), 3, "{all:#}");
+    let args = [
+        "tt",
+        "driver",
+        "nodes",
+        &fleet,
+        "--state",
+        "failed,DRAINING",
+        "--state",
+        "hostmanaged",
+    ];
+    let mut json_args = args.to_vec();
+    json_args.extend(["-o", "json"]);
+    let filtered = h.kubectl(&json_args).await.ok();
+    let filtered: serde_json::Value = serde_json::from_str(&filtered.stdout).unwrap();
+    assert_eq!(h.own(&filtered["nodes"]), expected);
+    let table = h.kubectl(&args).await.ok();
+    let rows: Vec<&str> = table.stdout.lines().skip(1).collect();
+    assert_eq!(rows.len(), 3, "{}", table.stdout);
+    for (row, node) in rows.iter().zip(["node-3", "node-7", "node-8"]) {
+        assert!(row.contains(&format!("{} ", h.n(node))), "{}", table.stdout);
+    }
+
+    let unknown = h
+        .kubectl(&["tt", "driver", "nodes", &fleet, "--state", "Broken"])
+        .await;
+    assert_eq!(unknown.code, Some(2), "a usage error: {unknown:#?}");
+    assert!(
+        unknown.stderr.contains("unknown node state \"Broken\"; valid states: Pending, Cordoning, Draining, Upgrading, Uncordoning, Done, Failed, HostManaged, Conflict"),
+        "{}",
+        unknown.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_json_and_yaml_carry_the_pages_facts() {
+    let h = Harness::populated_with_agents().await;
+    let fleet = h.n("fleet");
+    // The node's own record is newer than the status (Draining there): describe shows it.
+    let record = ttdp_api::node_record::NodeRecord {
+        policy: fleet.clone(),
+        state: NodeState::Upgrading,
+        target: "2.8.0".to_owned(),
+        since: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+        started: None,
+        attempts: None,
+        reason: None,
+        message: None,
+    };
+    h.set_record("node-3", &record).await;
+    let run = h
+        .kubectl(&["tt", "driver", "describe", &fleet, "-o", "json"])
+        .await
+        .ok();
+    assert_eq!(run.stderr, "");
+    let doc: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(doc["apiVersion"], "tt-driver.kubectl.tenstorrent.com/v1");
+    assert_eq!(doc["kind"], "PolicyDescription");
+    assert_eq!(doc["name"], fleet);
+    assert_eq!(doc["spec"]["version"], "2.8.0");
+    assert_eq!(doc["observedGeneration"], 1);
+    assert_eq!(doc["summary"]["failed"], 1);
+    assert_eq!(doc["daemonSet"]["name"], format!("ttdrv-{fleet}"));
+    assert_eq!(doc["daemonSet"]["ready"], 1);
+    let degraded = doc["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .expect("Degraded condition");
+    assert_eq!(degraded["status"], "True");
+    let nodes = doc["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 9, "{nodes:#?}");
+    let node = |short: &str| {
+        nodes
+            .iter()
+            .find(|n| n["name"] == h.n(short))
+            .unwrap_or_else(|| panic!("{short} missing"))
+    };
+    assert_eq!(node("node-3")["state"], "Upgrading");
+    assert_eq!(node("node-3")["source"], "nodeRecord");
+    assert_eq!(node("node-7")["state"], "Failed");
+    assert_eq!(node("node-7")["cordonedBy"], format!("ttdp/{fleet}"));
+    assert_eq!(node("node-7")["reason"], "DrainTimeout");
+    let pods = doc["agentPods"].as_array().unwrap();
+    assert_eq!(pods.len(), 2, "{pods:#?}");
+    assert_eq!(pods[0]["node"], h.n("node-6"));
+    assert_eq!(
+        (&pods[0]["readyContainers"], &pods[0]["containers"]),
+        (&json!(1), &json!(1))
+    );
+    assert_eq!(pods[1]["node"], h.n("node-7"));
+    let warning = doc["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["reason"] == "DrainTimeout")
+        .expect("the DrainTimeout Event");
+    assert_eq!(warning["type"], "Warning");
+    assert_eq!(warning["from"], "ttdp-controller");
+
+    let yaml = h
+        .kubectl(&["tt", "driver", "describe", &fleet, "-o", "yaml"])
+        .await
+        .ok();
+    let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml.stdout).unwrap();
+    for field in [
+        "kind",
+        "name",
+        "spec",
+        "summary",
+        "conditions",
+        "nodes",
+        "events",
+    ] {
+        assert_eq!(
+            from_yaml[field], doc[field],
+            "yaml and json differ in {field}"
+        );
+    }
+    let page = h.kubectl(&["tt", "driver", "describe", &fleet]).await.ok();
+    assert!(
+        page.stdout
+            .starts_with(&format!("Name:                {fleet}\n")),
+        "the page is unchanged without -o:\n{}",
+        page.stdout
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_finds_the_agent_pod_of_the_node_and_explains_a_missing_one() {
+    let h = Harness::populated_with_agents().await;
+    let (fleet, node1, node6) = (h.n("fleet"), h.n("node-1"), h.n("node-6"));
+    let pods = h.agent_pods("fleet").await;
+    let (_, pod6) = pods
+        .iter()
+        .find(|(n, _)| *n == node6)
+        .expect("node-6 runs an agent");
+
+    // node-6 runs the agent pod; the control plane has no kubelet to serve its log (the
+    // server cannot even resolve the node's name), so the request ends in the server's error,
+    // naming the pod it asked for.
+    let run = h
+        .kubectl(&[
+            "tt",
+            "driver",
+            "logs",
+            &node6,
+            "--tail",
+            "5",
+            "--request-timeout",
+            "5s",
+        ])
+        .await
+        .failed();
+    assert!(
+        run.stderr.starts_with(&format!(
+            "error: cannot read the log of agent pod {}/{pod6}: ",
+            h.ns()
+        )),
+        "{}",
+        run.stderr
+    );
+    // The server's own error names the kubelet request it made for the plugin.
+    assert!(
+        run.stderr.contains(&format!(
+            "/containerLogs/{}/{pod6}/agent?tailLines=5",
+            h.ns()
+        )),
+        "{}",
+        run.stderr
+    );
+
+    let missing = h
+        .kubectl(&["tt", "driver", "logs", &node1, "--policy", &fleet])
+        .await
+        .failed();
+    assert!(
+        missing.stderr.starts_with(&format!(
+            "error: no agent pod of policy {fleet} on node {node1}: the DaemonSet ttdrv-{fleet} runs none there;"
+        )),
+        "{}",
+        missing.stderr
+    );
+    let any = h.kubectl(&["tt", "driver", "logs", &node1]).await.failed();
+    assert!(
+        any.stderr
+            .starts_with(&format!("error: no agent pod on node {node1}: ")),
+        "{}",
+        any.stderr
+    );
+    let node99 = h.n("node-99");
+    let unknown = h.kubectl(&["tt", "driver", "logs", &node99]).await.failed();
+    assert_eq!(
+        unknown.stderr,
+        format!("error: nodes \"{node99}\" not found; list nodes with: kubectl get nodes\n")
+    );
+    let nope = h.n("nope");
+    let no_policy = h
+        .kubectl(&["tt", "driver", "logs", &node6, "--policy", &nope])
+        .await
+        .failed();
+    assert!(
+        no_policy.stderr.contains(&format!("\"{nope}\" not found")),
+        "{}",
+        no_policy.stderr
+    );
+}
+
+/// The candidates of a `kubectl __complete ...` answer and its directive line.
+fn completions(run: &harness::Run) -> (Vec<String>, String) {
+    let mut lines: Vec<String> = run.stdout.lines().map(str::to_owned).collect();
+    let directive = lines.pop().unwrap_or_default();
+    (lines, directive)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_completes_policy_and_node_names_from_the_cluster() {
+    let h = Harness::populated().await;
+    let (fleet, canary) = (h.n("fleet"), h.n("canary"));
+    let prefix = format!("{}-", h.prefix());
+    let run = h
+        .kubectl(&["__complete", "tt", "driver", "describe", &prefix])
+        .await
+        .ok();
+    let (names, directive) = completions(&run);
+    assert_eq!(names, [canary.clone(), fleet.clone()], "{run:#?}");
+    assert_eq!(directive, ":4", "no file names: {run:#?}");
+
+    let node1 = h.n("node-1");
+    let run = h
+        .kubectl(&["__complete", "tt", "driver", "retry", &fleet, &node1])
+        .await
+        .ok();
+    let (names, _) = completions(&run);
+    assert_eq!(names, [h.n("node-1"), h.n("node-10"), h.n("node-11")]);
+    let run = h
+        .kubectl(&[
+            "__complete",
+            "tt",
+            "driver",
+            "logs",
+            "--policy",
+            &fleet,
+            &node1,
+        ])
+        .await
+        .ok();
+    assert_eq!(completions(&run).0.len(), 3, "{run:#?}");
+
+    let run = h
+        .kubectl(&[
+            "__complete",
+            "tt",
+            "driver",
+            "nodes",
+            &fleet,
+            "--state",
+            "fa",
+        ])
+        .await
+        .ok();
+    assert_eq!(completions(&run).0, ["Failed"]);
+    let run = h.kubectl(&["__complete", "tt", "driver", "lo"]).await.ok();
+    assert_eq!(completions(&run).0, ["logs"]);
+
+    // krew's names: `kubectl tt-driver`, completed by kubectl_complete-tt_driver.
+    h.link_as_krew();
+    let run = h
+        .kubectl(&["__complete", "tt-driver", "pause", &prefix])
+        .await
+        .ok();
+    assert_eq!(completions(&run).0, [canary, fleet], "{run:#?}");
+
+    // The static scripts still work.
+    let script = h
+        .kubectl(&["tt", "driver", "completion", "bash"])
+        .await
+        .ok();
+    assert!(
+        script.stdout.contains("logs"),
+        "bash completes the new subcommand"
+    );
+}

@@ -13,7 +13,8 @@ use kubectl_tt_driver::cli::Output;
 use kubectl_tt_driver::fleet::Fleet;
 use kubectl_tt_driver::palette::Palette;
 use kubectl_tt_driver::render::{RenderOptions, describe};
-use kubectl_tt_driver::view::{self, View};
+use kubectl_tt_driver::report;
+use kubectl_tt_driver::view::{self, Request, View};
 use ttdp_api::NodeState;
 
 /// The environment variable that rewrites the golden files instead of comparing.
@@ -387,5 +388,89 @@ fn describe_shows_parameters_and_commits_when_set() {
     assert!(
         first.contains(" 0123456789ab "),
         "abbreviated commit: {first}"
+    );
+}
+
+#[test]
+fn describe_document_carries_the_pages_facts() {
+    let fleet = fixture::every_state();
+    let view = fleet.policy("fleet").unwrap();
+    let rows: Vec<_> = fleet
+        .node_rows()
+        .into_iter()
+        .filter(|r| r.policy == "fleet")
+        .collect();
+    let (pods, events) = (fixture::pods(), fixture::events());
+    let doc = report::describe_report(view, &rows, &pods, &events);
+    let json = view::json(&doc).unwrap();
+    golden("describe_json", &json);
+    let yaml = view::yaml(&doc).unwrap();
+    golden("describe_yaml", &yaml);
+    let from_json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let from_yaml: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+    assert_eq!(from_json, from_yaml, "one document, two encodings");
+    assert_eq!(from_json["kind"], "PolicyDescription");
+    assert_eq!(from_json["nodes"].as_array().unwrap().len(), rows.len());
+    assert_eq!(
+        from_json["nodes"],
+        serde_json::to_value(report::nodes_report(&rows)).unwrap()["nodes"],
+        "the nodes as `nodes -o json` lists them"
+    );
+    assert_eq!(from_json["agentPods"].as_array().unwrap().len(), pods.len());
+    let page = describe::render(view, &rows, &pods, &events, &opts(false, 400));
+    for e in from_json["events"].as_array().unwrap() {
+        assert!(
+            page.contains(e["message"].as_str().unwrap()),
+            "an Event the page does not show: {e}"
+        );
+    }
+    let fresh = fixture::attention();
+    let empty = report::describe_report(fresh.policy("fresh").unwrap(), &[], &[], &[]);
+    let empty = serde_json::to_value(empty).unwrap();
+    assert_eq!(empty["summary"], serde_json::Value::Null);
+    assert_eq!(empty["conditions"], serde_json::json!([]));
+}
+
+#[test]
+fn nodes_state_filter_keeps_only_those_states() {
+    let fleet = fixture::every_state();
+    let states = [NodeState::Failed, NodeState::Conflict];
+    let request = |output| Request {
+        view: View::Nodes,
+        only: None,
+        output,
+        states: &states,
+    };
+    let plain = view::render_request(&fleet, &request(Output::Table), &opts(false, 80)).unwrap();
+    golden("nodes_state_failed_conflict_plain", &plain);
+    let json = view::render_request(&fleet, &request(Output::Json), &opts(false, 80)).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let shown: Vec<&str> = doc["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["state"].as_str().unwrap())
+        .collect();
+    let expected: Vec<&str> = fleet
+        .node_rows()
+        .iter()
+        .filter(|r| states.contains(&r.state))
+        .map(|r| r.state.as_str())
+        .collect();
+    assert!(!expected.is_empty());
+    assert_eq!(shown, expected);
+    let every = view::render_request(
+        &fleet,
+        &Request {
+            states: &[],
+            ..request(Output::Table)
+        },
+        &opts(false, 80),
+    )
+    .unwrap();
+    assert_eq!(
+        every,
+        text(&fleet, View::Nodes, Output::Table, &opts(false, 80)),
+        "no filter: every node"
     );
 }

@@ -392,6 +392,14 @@ fn agent_pods_section(out: &mut String, pods: &[PodFacts], opts: &RenderOptions)
     out.push_str(&indented(&table, opts));
 }
 
+/// The most recent [`MAX_EVENTS`] of `events`, oldest first.
+pub fn recent_events(events: &[EventFacts]) -> Vec<&EventFacts> {
+    let mut recent: Vec<&EventFacts> = events.iter().collect();
+    recent.sort_by_key(|e| e.last_seen);
+    let skip = recent.len().saturating_sub(MAX_EVENTS);
+    recent.split_off(skip)
+}
+
 /// The most recent [`MAX_EVENTS`] Events, oldest first.
 fn events_section(out: &mut String, events: &[EventFacts], opts: &RenderOptions) {
     out.push_str("Events:\n");
@@ -399,11 +407,8 @@ fn events_section(out: &mut String, events: &[EventFacts], opts: &RenderOptions)
         out.push_str("  <none>\n");
         return;
     }
-    let mut recent: Vec<&EventFacts> = events.iter().collect();
-    recent.sort_by_key(|e| e.last_seen);
-    let skip = recent.len().saturating_sub(MAX_EVENTS);
     let mut table = Table::new(["TYPE", "REASON", "AGE", "FROM", "MESSAGE"]);
-    for e in &recent[skip..] {
+    for e in recent_events(events) {
         let type_cell = if e.type_ == "Warning" {
             Cell::coloured(e.type_.clone(), Colour::Red)
         } else {

@@ -2,6 +2,8 @@
 //! current → target version, install mode, who cordoned it, how long it has been in its state,
 //! and the controller's reason and message (blocking pods, holders, build errors).
 
+use ttdp_api::NodeState;
+
 use super::{RenderOptions, version_change};
 use crate::age::age;
 use crate::fleet::{Fleet, NodeRow, RowSource, nodes_omitted, policy_name};
@@ -55,11 +57,16 @@ pub fn node_cells(row: &NodeRow) -> [Cell; 4] {
     ]
 }
 
-/// The table for these rows, and a note for each policy whose omitted nodes could not all be
-/// found by their labels.
-pub fn render(fleet: &Fleet, rows: &[NodeRow], opts: &RenderOptions) -> String {
+/// The table of those of `rows` in `states` (every row when `states` is empty), and a note for
+/// each policy whose omitted nodes could not all be found by their labels.
+pub fn render(
+    fleet: &Fleet,
+    rows: &[NodeRow],
+    states: &[NodeState],
+    opts: &RenderOptions,
+) -> String {
     let mut table = Table::new(HEADER);
-    for row in rows {
+    for row in rows.iter().filter(|r| crate::view::shows(states, r)) {
         let mut cells = vec![Cell::plain(row.policy.clone())];
         cells.extend(node_cells(row));
         cells.extend([

@@ -140,6 +140,11 @@ impl Harness {
             bin.path().join("kubectl-tt-driver"),
         )
         .expect("symlink the plugin");
+        std::os::unix::fs::symlink(
+            env!("CARGO_BIN_EXE_kubectl_complete-tt-driver"),
+            bin.path().join("kubectl_complete-tt-driver"),
+        )
+        .expect("symlink the completion helper");
         Harness {
             scratch,
             client,
@@ -198,6 +203,56 @@ impl Harness {
             h.create_agent_daemonset("fleet").await;
         }
         h
+    }
+
+    /// Links the plugin as a krew install does (`kubectl-tt_driver`, run as `kubectl
+    /// tt-driver`) and, as the krew manifest's caveat says, as `kubectl_complete-tt_driver`
+    /// (a link to the plugin itself).
+    pub fn link_as_krew(&self) {
+        let plugin = self.bin.path().join("kubectl-tt_driver");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kubectl-tt-driver"), &plugin)
+            .expect("link the plugin as krew does");
+        std::os::unix::fs::symlink(
+            "kubectl-tt_driver",
+            self.bin.path().join("kubectl_complete-tt_driver"),
+        )
+        .expect("link the completion name to the plugin");
+    }
+
+    /// Writes `record` as node `short`'s upgrade record (annotation and state label), as the
+    /// controller does before acting on the node.
+    pub async fn set_record(&self, short: &str, record: &ttdp_api::node_record::NodeRecord) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let patch = json!({"metadata": {
+            "annotations": {ttdp_api::names::annotations::UPGRADE_RECORD: record.to_annotation()},
+            "labels": {ttdp_api::names::labels::UPGRADE_STATE: record.state_label()},
+        }});
+        api.patch(
+            &self.n(short),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("record on node {}: {e}", self.n(short)));
+    }
+
+    /// The agent pods of policy `policy` (short name) in the test's namespace: (node, pod).
+    pub async fn agent_pods(&self, policy: &str) -> Vec<(String, String)> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
+        let selector = format!("{}={}", ttdp_api::names::labels::POLICY, self.n(policy));
+        pods.list(&ListParams::default().labels(&selector))
+            .await
+            .expect("list agent pods")
+            .items
+            .iter()
+            .map(|p| {
+                let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+                (
+                    node.unwrap_or_default(),
+                    p.metadata.name.clone().unwrap_or_default(),
+                )
+            })
+            .collect()
     }
 
     /// The test's prefix.
