@@ -31,6 +31,8 @@ const RELEASE: &str = "ttdm";
 const NAMESPACE: &str = "tt-k8s-driver-manager-system";
 /// No kubelet runs the controller image here: its pod is pinned to a node that does not exist.
 const NO_NODE: &str = "controller.nodeSelector.kubernetes\\.io/hostname=no-such-node";
+/// What the chart's notes say after `helm upgrade`.
+const CRD_REMINDER: &str = "Helm does not upgrade CRDs.";
 const SHA256: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
 fn repo_root() -> PathBuf {
@@ -229,7 +231,11 @@ async fn upgrade_scenario(kubeconfig: &Path, home: &Path) {
         &["apply", "--server-side", "--force-conflicts", "-f", "-"],
         &crd_yaml,
     );
-    helm(&["upgrade", RELEASE, CHART, "-n", NAMESPACE, "--set", NO_NODE]);
+    let upgraded = helm(&["upgrade", RELEASE, CHART, "-n", NAMESPACE, "--set", NO_NODE]);
+    assert!(
+        upgraded.contains(CRD_REMINDER),
+        "helm upgrade does not remind of the CRD step:\n{upgraded}"
+    );
     let history = helm(&["history", RELEASE, "-n", NAMESPACE, "-o", "json"]);
     let history: Vec<Value> = serde_json::from_str(&history).unwrap();
     assert_eq!(history.len(), 2, "{history:?}");
