@@ -1,5 +1,6 @@
 //! `cargo xtask chart`: checks the generated CRD is current, lints the chart strictly and
-//! packages it (chart version and appVersion from the workspace version) into `target/chart/`.
+//! packages it into `target/chart/`: the chart's version from `Chart.yaml` (the chart may change
+//! between releases of the images), its appVersion from the workspace version.
 
 use std::process::Command;
 
@@ -23,7 +24,7 @@ pub fn run(args: &[String]) -> Result<()> {
         Command::new(&helm)
             .arg("package")
             .arg(&chart)
-            .args(["--version", version, "--app-version", version, "-d"])
+            .args(["--app-version", version, "-d"])
             .arg(root.join("target/chart")),
     )?;
     Ok(())

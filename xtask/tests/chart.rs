@@ -361,3 +361,95 @@ fn every_controller_env_var_in_the_chart_is_a_controller_flag() {
         );
     }
 }
+
+/// A fresh folder under cargo's temporary directory for integration tests.
+fn scratch(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("chart-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs helm with its caches and repository list in `home`, so nothing of the user's is used.
+fn helm_in(home: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(helm())
+        .args(args)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn values_accept_global() {
+    // An umbrella chart hands its `global` values to every dependency; the schema must let
+    // them through, whatever they hold.
+    let docs = template(&["global.foo=bar", "global.imageRegistry.nested=x"]);
+    assert!(docs.iter().any(|d| d["kind"] == "Deployment"));
+    // Everything else stays strict.
+    let out = Command::new(helm())
+        .args(["template", "x"])
+        .arg(chart())
+        .args(["--set", "notAValue=1"])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "an unknown top-level value was accepted"
+    );
+}
+
+#[test]
+fn works_as_a_dependency_of_an_umbrella_chart() {
+    let home = scratch("umbrella");
+    let umbrella = home.join("umbrella");
+    std::fs::create_dir_all(&umbrella).unwrap();
+    let chart_dir = chart().canonicalize().unwrap();
+    std::fs::write(
+        umbrella.join("Chart.yaml"),
+        format!(
+            "apiVersion: v2\nname: umbrella\nversion: 1.0.0\ndependencies:\n\
+             - name: tt-k8s-driver-manager\n  version: \">=0.0.0\"\n  repository: file://{}\n",
+            chart_dir.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        umbrella.join("values.yaml"),
+        "global:\n  imageRegistry: registry.example\n  labels: {team: ml}\n\
+         tt-k8s-driver-manager:\n  controller:\n    replicas: 2\n",
+    )
+    .unwrap();
+    let umbrella_path = umbrella.to_str().unwrap();
+    helm_in(&home, &["dependency", "update", umbrella_path]);
+    let rendered = helm_in(
+        &home,
+        &[
+            "template",
+            "stack",
+            umbrella_path,
+            "-n",
+            "tt-k8s-driver-manager-system",
+            "--include-crds",
+        ],
+    );
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&rendered).unwrap();
+    let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+    let deploy: apps::Deployment = typed(find(&docs, "Deployment", "-controller"));
+    assert_eq!(
+        deploy.spec.unwrap().replicas,
+        Some(2),
+        "the umbrella's values reach the chart"
+    );
+    let crd: CustomResourceDefinition = typed(find(&docs, "CustomResourceDefinition", ".com"));
+    assert_eq!(crd, ttdp_api::crd(), "the dependency brings its CRD");
+    std::fs::remove_dir_all(&home).unwrap();
+}
