@@ -453,3 +453,47 @@ fn works_as_a_dependency_of_an_umbrella_chart() {
     assert_eq!(crd, ttdp_api::crd(), "the dependency brings its CRD");
     std::fs::remove_dir_all(&home).unwrap();
 }
+
+/// The value of the controller container's environment variable `name`.
+fn controller_env(docs: &[Value], name: &str) -> Option<String> {
+    let d: apps::Deployment = typed(find(docs, "Deployment", "-controller"));
+    let pod = d.spec?.template.spec?;
+    let var = pod.containers[0].env.iter().flatten().find(|e| e.name == name)?;
+    var.value.clone()
+}
+
+#[test]
+fn agent_pod_values_reach_the_controller_and_the_agents_service_account() {
+    let docs = template(&[
+        "imagePullSecrets[0].name=regcred",
+        "agent.imagePullSecrets[0].name=agents-only",
+        "agent.resources.limits.memory=1Gi",
+        "agent.tolerations[0].key=dedicated",
+        "agent.tolerations[0].operator=Exists",
+        "agent.nodeSelector.pool=tt",
+        "proxy.httpsProxy=http://proxy.internal:3128",
+        "proxy.noProxy=10.0.0.0/8",
+    ]);
+    let json = controller_env(&docs, "TTDP_AGENT_POD").expect("TTDP_AGENT_POD is set");
+    let pod: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(pod["imagePullSecrets"], serde_json::json!(["regcred", "agents-only"]));
+    assert_eq!(pod["resources"]["limits"]["memory"], "1Gi");
+    assert_eq!(pod["tolerations"][0]["key"], "dedicated");
+    assert_eq!(pod["nodeSelector"]["pool"], "tt");
+    assert_eq!(pod["proxy"]["httpsProxy"], "http://proxy.internal:3128");
+    assert_eq!(pod["proxy"]["noProxy"], "10.0.0.0/8");
+    let agent_sa: core::ServiceAccount = typed(find(&docs, "ServiceAccount", "-agent"));
+    let names: Vec<String> = (agent_sa.image_pull_secrets.into_iter().flatten())
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["regcred", "agents-only"]);
+
+    let defaults = template(&[]);
+    let none: Value =
+        serde_json::from_str(&controller_env(&defaults, "TTDP_AGENT_POD").unwrap()).unwrap();
+    assert_eq!(none["imagePullSecrets"], serde_json::json!([]));
+    assert!(none.get("resources").is_none(), "the agent's own requests stay");
+    let d: apps::Deployment = typed(find(&defaults, "Deployment", "-controller"));
+    let selector = d.spec.unwrap().template.spec.unwrap().node_selector.unwrap();
+    assert_eq!(selector["kubernetes.io/arch"], "amd64", "the image is built for amd64");
+}

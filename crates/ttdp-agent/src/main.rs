@@ -422,6 +422,14 @@ fn args_with_default_command() -> Vec<OsString> {
     args
 }
 
+/// The client for the API server, reached directly: the pod's proxy settings are for its
+/// downloads, and in a cluster the API server's Service is always reachable without one.
+async fn api_client() -> anyhow::Result<kube::Client> {
+    let mut config = kube::Config::infer().await?;
+    config.proxy_url = None;
+    Ok(kube::Client::try_from(config)?)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse_from(args_with_default_command());
     match cli.command {
@@ -481,7 +489,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         match &args.report {
             ReportTarget::Kube => {
                 let pod = args.pod()?;
-                let client = kube::Client::try_default().await.context(
+                let client = api_client().await.context(
                     "cannot build a kubernetes client (in-cluster service account or KUBECONFIG)",
                 )?;
                 let reporter = KubeReporter::new(client, &config.node_name, pod);

@@ -471,6 +471,15 @@ async fn chart_installs_and_its_identities_run_a_rollout_on_a_real_control_plane
             // one replica: its pod is pinned to a node that does not exist and stays Pending.
             "--set",
             &format!("controller.nodeSelector.kubernetes\\.io/hostname={prefix}-no-node"),
+            // What an admin adds to the agent pods reaches them through the controller.
+            "--set",
+            "imagePullSecrets[0].name=registry-creds",
+            "--set",
+            "agent.resources.limits.memory=512Mi",
+            "--set",
+            "proxy.httpsProxy=http://proxy.invalid:3128",
+            "--set",
+            "proxy.noProxy=127.0.0.1\\,localhost",
             "--timeout",
             "2m",
         ],
@@ -774,6 +783,26 @@ async fn run_scenario(
     shutdown.expect("shutting the simulated cluster down");
 }
 
+/// The chart's `imagePullSecrets`, `agent.resources` and `proxy` values, on an agent pod the
+/// controller's DaemonSet made.
+fn assert_admins_additions(pod: &Pod) {
+    let spec = pod.spec.as_ref().unwrap();
+    let secrets: Vec<&str> = (spec.image_pull_secrets.iter().flatten())
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(secrets, ["registry-creds"]);
+    let agent = &spec.containers[0];
+    let limits = agent.resources.as_ref().and_then(|r| r.limits.as_ref());
+    assert_eq!(limits.unwrap()["memory"].0, "512Mi");
+    let env: BTreeMap<&str, &str> = (agent.env.iter().flatten())
+        .filter_map(|e| Some((e.name.as_str(), e.value.as_deref()?)))
+        .collect();
+    for name in ["HTTPS_PROXY", "https_proxy"] {
+        assert_eq!(env.get(name), Some(&"http://proxy.invalid:3128"), "{name}");
+    }
+    assert_eq!(env.get("no_proxy"), Some(&"127.0.0.1,localhost"));
+}
+
 async fn rollout_and_admission(s: &Scenario, mark: &mut impl FnMut(&'static str)) {
     // Fresh install on both nodes: no drain, the agents label their nodes and report.
     let policy: TenstorrentDriverPolicy = serde_json::from_value(json!({
@@ -795,6 +824,9 @@ async fn rollout_and_admission(s: &Scenario, mark: &mut impl FnMut(&'static str)
         "one agent pod per node: {:?}",
         before.keys()
     );
+    for pod in before.values() {
+        assert_admins_additions(pod);
+    }
     mark("fresh install of 2.7.0 on 2 nodes");
 
     // Upgrade with a device-holding workload: cordon, drain by eviction, agent pod

@@ -45,3 +45,17 @@ app.kubernetes.io/component: controller
 {{ include "ttdm.imageRef" (dict "image" .Values.driver "appVersion" .Chart.AppVersion) }}
 {{- end -}}
 {{- end -}}
+
+{{/*
+What the controller adds to every agent pod (TTDP_AGENT_POD): the pull secrets (the chart's and
+the agents' own, by name), resources, tolerations, node selector and proxy.
+*/}}
+{{- define "ttdm.agentPod" -}}
+{{- $secrets := list -}}
+{{- range (concat .Values.imagePullSecrets .Values.agent.imagePullSecrets) }}
+{{- $secrets = append $secrets .name -}}
+{{- end -}}
+{{- $pod := dict "imagePullSecrets" $secrets "tolerations" .Values.agent.tolerations "nodeSelector" .Values.agent.nodeSelector "proxy" .Values.proxy -}}
+{{- with .Values.agent.resources }}{{- $_ := set $pod "resources" . -}}{{- end -}}
+{{- toJson $pod -}}
+{{- end -}}
