@@ -1,14 +1,15 @@
 //! The chart's alerts and Grafana dashboard, checked against the controller's own metrics.
 //!
-//! - The chart renders its PrometheusRule and dashboard ConfigMap only when asked to.
+//! - The chart renders its PrometheusRule and dashboard ConfigMap only when asked to, lints with
+//!   both, and its schema rejects malformed alert and dashboard values.
 //! - `promtool` (Debian's prometheus package) checks the rules as the chart renders them and
 //!   runs their unit tests (`tests/data/alerts.test.yaml`): each alert fires once its condition
 //!   has held long enough, and not before.
 //! - The dashboard parses, its panel ids are unique, its data source is templated, and every
 //!   expression of a panel or a rule names only metrics the controller exports.
 //! - On a real control plane, a real Prometheus scrapes the controller every second with the
-//!   chart's rules (`for: 1s`): a rollout halted by failures fires `TtdpRolloutHalted`, and a new
-//!   version that completes clears it.
+//!   chart's rules (`for: 1s`): a rollout halted by failures fires `TtdpRolloutHalted` (and no
+//!   controller alert), and a new version that completes clears it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod harness;
@@ -167,6 +168,44 @@ fn chart_renders_the_rule_and_the_dashboard_only_when_enabled() {
     ]);
     assert!(of_kind(&metrics_off, "PrometheusRule").is_empty());
     assert!(dashboards(&metrics_off).is_empty());
+}
+
+#[test]
+fn chart_lints_with_both_enabled_and_rejects_bad_alert_values() {
+    let enabled = [
+        "metrics.prometheusRule.enabled=true",
+        "metrics.grafanaDashboard.enabled=true",
+    ];
+    let mut lint = Command::new(helm_binary());
+    lint.args(["lint", "--strict"]).arg(chart());
+    for s in enabled {
+        lint.args(["--set", s]);
+    }
+    let out = lint.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    for bad in [
+        "metrics.prometheusRule.stepStuckMinutes=0",
+        "metrics.prometheusRule.for=5 minutes",
+        "metrics.prometheusRule.severity=page",
+        "metrics.grafanaDashboard.folder=ttdp",
+    ] {
+        let out = Command::new(helm_binary())
+            .args(["template", "x"])
+            .arg(chart())
+            .args(["--set", enabled[0], "--set", enabled[1], "--set", bad])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad} accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("values don't meet the specifications"),
+            "{bad}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]
@@ -542,6 +581,13 @@ async fn a_halted_rollout_fires_its_alert_in_a_real_prometheus() {
         "TtdpRolloutHalted firing {:?} after the halt",
         halted_at.elapsed()
     );
+    let firing: Vec<Value> = prometheus.alerts();
+    for quiet in ["TtdpControllerDown", "TtdpControllerNotLeading"] {
+        assert!(
+            !firing.iter().any(|a| a["labels"]["alertname"] == quiet),
+            "{quiet} while the controller leads: {firing:?}"
+        );
+    }
     for (title, expr) in panel_exprs(&serde_json::from_str(&dashboard_file()).unwrap()) {
         let expr = expr
             .replace("$policy", ".*")
