@@ -7,6 +7,10 @@
 //! - `ttdp_drain_evictions_total`, `ttdp_drain_pdb_blocks_total`: from ttdp-drain
 //! - `ttdp_reconciles_total{result}`, `ttdp_reconcile_errors_total{reason}`,
 //!   `ttdp_reconcile_duration_seconds`
+//! - `ttdp_leader`: 1 while this replica runs the controller (holds the lease), else 0
+//! - `ttdp_rollout_halted{policy}`: 1 while the policy's rollout is halted
+//! - `ttdp_step_oldest_start_timestamp_seconds{policy,state}`: when the longest-waiting node in
+//!   each in-flight state entered it, so an alert can tell a node stuck in a step
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -14,14 +18,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
-use ttdp_api::NodeState;
+use prometheus_client::registry::{Metric, Registry};
+use ttdp_api::{NodeState, TenstorrentDriverPolicyStatus};
 
-use crate::pure::status::StateChange;
+use crate::pure::status::{NodeEntries, StateChange, node_counts, reasons};
 
 /// Labels of `ttdp_nodes`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -43,6 +48,83 @@ pub struct TransitionLabels {
     pub from: String,
     /// The new state.
     pub to: String,
+}
+
+/// Labels with one `policy`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabels {
+    /// The policy.
+    pub policy: String,
+}
+
+/// Labels of `ttdp_step_oldest_start_timestamp_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    /// The policy.
+    pub policy: String,
+    /// An in-flight state: Cordoning, Draining, Upgrading or Uncordoning.
+    pub state: String,
+}
+
+/// The series a policy owns, dropped when its counts change or it is deleted.
+#[derive(Debug, Default)]
+struct PolicySeries {
+    nodes: Vec<NodeLabels>,
+    steps: Vec<StepLabels>,
+}
+
+/// The registry, and the name of every series it can expose.
+#[derive(Debug)]
+struct NamedRegistry {
+    registry: Registry,
+    series_names: Vec<String>,
+}
+
+impl NamedRegistry {
+    /// Registers `metric` as `ttdp_<name>`, noting the series names its type exposes.
+    fn register(&mut self, name: &str, help: &str, metric: impl Metric) {
+        let suffixes: &[&str] = match metric.metric_type() {
+            MetricType::Counter => &["_total"],
+            MetricType::Histogram => &["_bucket", "_count", "_sum"],
+            _ => &[""],
+        };
+        (self.series_names).extend(suffixes.iter().map(|s| format!("ttdp_{name}{s}")));
+        self.registry.register(name, help, metric);
+    }
+}
+
+/// The gauges alerts read: who leads, halted rollouts, nodes stuck in a step.
+#[derive(Debug)]
+struct RolloutGauges {
+    leader: Gauge,
+    rollout_halted: Family<PolicyLabels, Gauge>,
+    step_started: Family<StepLabels, Gauge<f64, AtomicU64>>,
+}
+
+impl RolloutGauges {
+    fn register(registry: &mut NamedRegistry) -> Self {
+        let gauges = Self {
+            leader: Gauge::default(),
+            rollout_halted: Family::default(),
+            step_started: Family::default(),
+        };
+        registry.register(
+            "leader",
+            "1 while this replica runs the controller (holds the leader lease), else 0",
+            gauges.leader.clone(),
+        );
+        registry.register(
+            "rollout_halted",
+            "1 while the policy's rollout is halted (by its canary or by more failures than maxUnavailable)",
+            gauges.rollout_halted.clone(),
+        );
+        registry.register(
+            "step_oldest_start_timestamp_seconds",
+            "When the longest-waiting node in each in-flight state entered it (Unix seconds)",
+            gauges.step_started.clone(),
+        );
+        gauges
+    }
 }
 
 /// Labels with one `phase`.
@@ -79,9 +161,10 @@ fn reconcile_histogram() -> Histogram {
 /// Every metric of the controller.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Registry,
+    registry: NamedRegistry,
     nodes: Family<NodeLabels, Gauge>,
-    node_series: Mutex<BTreeMap<String, Vec<NodeLabels>>>,
+    policy_series: Mutex<BTreeMap<String, PolicySeries>>,
+    rollout: RolloutGauges,
     transitions: Family<TransitionLabels, Counter>,
     phase_duration: HistogramFamily<PhaseLabels>,
     drain_evictions: Counter<u64, AtomicU64>,
@@ -93,7 +176,10 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("ttdp");
+        let mut registry = NamedRegistry {
+            registry: Registry::with_prefix("ttdp"),
+            series_names: Vec::new(),
+        };
         let nodes = Family::<NodeLabels, Gauge>::default();
         let transitions = Family::<TransitionLabels, Counter>::default();
         let phase_duration = HistogramFamily::<PhaseLabels>::new_with_constructor(
@@ -104,6 +190,7 @@ impl Default for Metrics {
         let reconciles = Family::<ResultLabels, Counter>::default();
         let reconcile_errors = Family::<ReasonLabels, Counter>::default();
         let reconcile_duration = reconcile_histogram();
+        let rollout = RolloutGauges::register(&mut registry);
         registry.register(
             "nodes",
             "Matched nodes by policy, state and loaded version",
@@ -147,7 +234,8 @@ impl Default for Metrics {
         Self {
             registry,
             nodes,
-            node_series: Mutex::default(),
+            policy_series: Mutex::default(),
+            rollout,
             transitions,
             phase_duration,
             drain_evictions,
@@ -165,43 +253,85 @@ impl Metrics {
         Arc::new(Self::default())
     }
 
+    /// The name of every series the controller can expose (`ttdp_nodes`,
+    /// `ttdp_reconciles_total`, `ttdp_phase_duration_seconds_bucket`, ...), whether or not it has
+    /// a sample yet: what dashboards and alerts may read.
+    pub fn series_names(&self) -> &[String] {
+        &self.registry.series_names
+    }
+
     /// The text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry.registry);
         out
     }
 
-    /// Replaces the node gauges of `policy` with these counts.
-    pub fn set_nodes(&self, policy: &str, counts: &BTreeMap<(NodeState, String), i64>) {
+    /// Says whether this replica runs the controller.
+    pub fn set_leading(&self, leading: bool) {
+        self.rollout.leader.set(i64::from(leading));
+    }
+
+    /// Replaces the gauges of `policy` (nodes by state, halted, oldest step starts) with what
+    /// its written status and node entries say.
+    pub fn set_policy(
+        &self,
+        policy: &str,
+        status: &TenstorrentDriverPolicyStatus,
+        entries: &NodeEntries,
+    ) {
         self.forget_policy(policy);
-        let mut series = Vec::new();
-        for ((state, version), n) in counts {
+        let mut series = PolicySeries::default();
+        for ((state, version), n) in node_counts(entries) {
             let labels = NodeLabels {
                 policy: policy.to_owned(),
                 state: state.as_str().to_owned(),
-                version: version.clone(),
+                version,
             };
-            self.nodes.get_or_create(&labels).set(*n);
-            series.push(labels);
+            self.nodes.get_or_create(&labels).set(n);
+            series.nodes.push(labels);
         }
-        self.node_series
+        for (state, started) in oldest_step_starts(entries) {
+            let labels = StepLabels {
+                policy: policy.to_owned(),
+                state: state.as_str().to_owned(),
+            };
+            self.rollout
+                .step_started
+                .get_or_create(&labels)
+                .set(started);
+            series.steps.push(labels);
+        }
+        self.rollout
+            .rollout_halted
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_owned(),
+            })
+            .set(i64::from(is_rollout_halted(status)));
+        self.policy_series
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(policy.to_owned(), series);
     }
 
-    /// Forgets every node gauge of a deleted policy.
+    /// Forgets every gauge of a deleted policy.
     pub fn forget_policy(&self, policy: &str) {
         let old = self
-            .node_series
+            .policy_series
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(policy);
-        for labels in old.into_iter().flatten() {
-            self.nodes.remove(&labels);
+            .remove(policy)
+            .unwrap_or_default();
+        for labels in &old.nodes {
+            self.nodes.remove(labels);
         }
+        for labels in &old.steps {
+            self.rollout.step_started.remove(labels);
+        }
+        self.rollout.rollout_halted.remove(&PolicyLabels {
+            policy: policy.to_owned(),
+        });
     }
 
     /// Records state changes: transition counts and phase durations.
@@ -258,18 +388,166 @@ impl Metrics {
     }
 }
 
+/// Whether the status says the rollout is halted: its Degraded condition is True with reason
+/// `RolloutHalted`, for a canary halt and a failure-budget halt alike.
+fn is_rollout_halted(status: &TenstorrentDriverPolicyStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Degraded" && c.status == "True" && c.reason == reasons::ROLLOUT_HALTED)
+}
+
+/// For each in-flight state, when its longest-waiting node entered it (Unix seconds). A
+/// timestamp rather than an age: it stays right between reconciles, while nothing changes.
+fn oldest_step_starts(entries: &NodeEntries) -> BTreeMap<NodeState, f64> {
+    let mut oldest = BTreeMap::new();
+    for n in entries.values().filter(|n| n.state.is_in_flight()) {
+        let Some(entered) = &n.last_transition_time else {
+            continue;
+        };
+        // Exact to the millisecond for the next 285,000 years.
+        let seconds = entered.0.as_millisecond() as f64 / 1000.0;
+        oldest
+            .entry(n.state)
+            .and_modify(|t: &mut f64| *t = t.min(seconds))
+            .or_insert(seconds);
+    }
+    oldest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::jiff::SignedDuration;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    use ttdp_api::NodeStatus;
+
+    /// Node `name` in `state`, on 2.8.0 when Done, entered at `entered` (Unix milliseconds).
+    fn node(name: &str, state: NodeState, entered: Option<i64>) -> NodeStatus {
+        let mut n = NodeStatus::new(name, state);
+        n.current_version = (state == NodeState::Done).then(|| "2.8.0".to_owned());
+        n.last_transition_time = entered.map(|ms| Time(Timestamp::from_millisecond(ms).unwrap()));
+        n
+    }
+
+    fn entries(nodes: impl IntoIterator<Item = NodeStatus>) -> NodeEntries {
+        nodes
+            .into_iter()
+            .map(|n| (n.name.as_str().into(), Arc::new(n)))
+            .collect()
+    }
+
+    /// A status whose Degraded condition is True with `reason`, or False without one.
+    fn status(reason: Option<&str>) -> TenstorrentDriverPolicyStatus {
+        TenstorrentDriverPolicyStatus {
+            conditions: vec![Condition {
+                type_: "Degraded".into(),
+                status: if reason.is_some() { "True" } else { "False" }.into(),
+                reason: reason.unwrap_or("NoFailures").into(),
+                message: String::new(),
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            }],
+            ..TenstorrentDriverPolicyStatus::default()
+        }
+    }
+
+    #[test]
+    fn series_names_are_exactly_what_the_exposition_shows_once_every_metric_has_a_sample() {
+        let m = Metrics::default();
+        let draining = node("a", NodeState::Draining, Some(1_000));
+        m.set_policy(
+            "fleet",
+            &status(Some("RolloutHalted")),
+            &entries([draining]),
+        );
+        m.set_leading(true);
+        m.record_changes(
+            "fleet",
+            &[StateChange {
+                node: "a".into(),
+                from: Some(NodeState::Cordoning),
+                to: NodeState::Draining,
+                reason: None,
+                message: None,
+                time_in_previous: Some(SignedDuration::from_secs(1)),
+                upgrade_total: None,
+            }],
+        );
+        m.record_drain(1, 1);
+        m.record_reconcile(Duration::from_millis(1), Some("KubeApiError"));
+        let text = m.encode();
+        let shown: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        let named: std::collections::BTreeSet<&str> =
+            m.series_names().iter().map(String::as_str).collect();
+        assert_eq!(shown, named, "{text}");
+    }
+
+    #[test]
+    fn leader_gauge_follows_leadership() {
+        let m = Metrics::default();
+        assert!(m.encode().contains("\nttdp_leader 0\n"), "{}", m.encode());
+        m.set_leading(true);
+        assert!(m.encode().contains("\nttdp_leader 1\n"), "{}", m.encode());
+        m.set_leading(false);
+        assert!(m.encode().contains("\nttdp_leader 0\n"), "{}", m.encode());
+    }
+
+    #[test]
+    fn halted_rollouts_and_oldest_step_starts_are_exposed_then_forgotten() {
+        let m = Metrics::default();
+        let nodes = entries([
+            node("a", NodeState::Draining, Some(100_500)),
+            node("b", NodeState::Draining, Some(40_250)),
+            node("c", NodeState::Upgrading, Some(70_000)),
+            // No time known: it cannot say how long the step has taken.
+            node("d", NodeState::Cordoning, None),
+            node("e", NodeState::Failed, Some(1_000)),
+            node("f", NodeState::Done, Some(2_000)),
+        ]);
+        m.set_policy("fleet", &status(Some("RolloutHalted")), &nodes);
+        let text = m.encode();
+        let step = |state: &str, at: &str| {
+            format!(
+                r#"ttdp_step_oldest_start_timestamp_seconds{{policy="fleet",state="{state}"}} {at}"#
+            )
+        };
+        assert!(text.contains(&step("Draining", "40.25")), "{text}");
+        assert!(text.contains(&step("Upgrading", "70.0")), "{text}");
+        let steps = text
+            .lines()
+            .filter(|l| l.starts_with("ttdp_step_oldest_start_timestamp_seconds{"))
+            .count();
+        assert_eq!(steps, 2, "only in-flight states with a known time: {text}");
+        assert!(
+            text.contains(r#"ttdp_rollout_halted{policy="fleet"} 1"#),
+            "{text}"
+        );
+        m.set_policy("fleet", &status(Some("NodesFailed")), &entries([]));
+        let text = m.encode();
+        assert!(
+            text.contains(r#"ttdp_rollout_halted{policy="fleet"} 0"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("ttdp_step_oldest_start_timestamp_seconds{"),
+            "{text}"
+        );
+        m.set_policy("fleet", &status(Some("RolloutHalted")), &nodes);
+        m.forget_policy("fleet");
+        let text = m.encode();
+        assert!(!text.contains(r#"policy="fleet""#), "{text}");
+    }
 
     #[test]
     fn exposes_nodes_transitions_and_phase_durations() {
         let m = Metrics::default();
-        m.set_nodes(
-            "fleet",
-            &BTreeMap::from([((NodeState::Done, "2.8.0".to_owned()), 3)]),
-        );
+        let done = (0..3).map(|i| node(&format!("n{i}"), NodeState::Done, None));
+        m.set_policy("fleet", &status(None), &entries(done));
         m.record_changes(
             "fleet",
             &[StateChange {
@@ -305,10 +583,8 @@ mod tests {
             text.contains(r#"ttdp_reconcile_errors_total{reason="KubeApiError"} 1"#),
             "{text}"
         );
-        m.set_nodes(
-            "fleet",
-            &BTreeMap::from([((NodeState::Pending, "2.7.0".to_owned()), 1)]),
-        );
+        let pending = node("n1", NodeState::Pending, None);
+        m.set_policy("fleet", &status(None), &entries([pending]));
         let text = m.encode();
         assert!(
             !text.contains(r#"state="Done""#),

@@ -198,7 +198,11 @@ pub async fn run(
         None => None,
     };
     let stop = stop_on(&shutdown, leadership.as_ref().map(|l| l.lost.clone()));
+    // This replica acts from here until `stop`: it holds the lease, or runs without election.
+    metrics.set_leading(true);
+    let leading = metrics.clone();
     watch_and_reconcile(client, settings, &options, metrics, readiness.clone(), stop).await;
+    leading.set_leading(false);
     readiness.set(false);
     info!("controller stopped");
     if let Some(l) = leadership {

@@ -35,7 +35,7 @@ use crate::pure::observe::{self, ObserveInput};
 use crate::pure::overlap::{self, OlderPolicies, selection_of};
 use crate::pure::rollout::Planner;
 use crate::pure::start_guard::guards_of;
-use crate::pure::status::{PolicyFacts, node_counts};
+use crate::pure::status::PolicyFacts;
 use crate::pure::transition::{
     Action, DrainProgress, NodeObservation, NodeTransition, UpgradeGrant, reasons,
 };
@@ -261,8 +261,10 @@ impl Pass {
         );
         self.report(&planned.changes);
         if !planned.changes.is_empty() {
-            let counts = node_counts(&self.recorded.nodes);
-            self.ctx.metrics.set_nodes(&self.name, &counts);
+            let recorded = &self.recorded;
+            self.ctx
+                .metrics
+                .set_policy(&self.name, &recorded.status, &recorded.nodes);
         }
         let retry_due = self
             .next_retry
@@ -292,8 +294,10 @@ impl Pass {
     /// Keeps the drains still needed, releases the nodes that left the selection, and says when
     /// to reconcile again.
     pub async fn finish(mut self) -> Result<Requeue, Error> {
-        let counts = node_counts(&self.recorded.nodes);
-        self.ctx.metrics.set_nodes(&self.name, &counts);
+        let recorded = &self.recorded;
+        self.ctx
+            .metrics
+            .set_policy(&self.name, &recorded.status, &recorded.nodes);
         // Kept through Upgrading: the pods a drain skipped name the device's holders there.
         let keep_drain: HashSet<&str> = self
             .observations
