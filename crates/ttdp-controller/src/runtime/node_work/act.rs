@@ -1,13 +1,12 @@
 //! Carrying out a node's [`Action`]s: each node's in order (a failure does not stop the next),
 //! several nodes at once. A node's work runs in the background
-//! ([`crate::runtime::node_work::node_tasks`]): its upgrade record first, when no action carries
-//! it, then its actions, so that no node waits for another node's writes. A lifted cordon is
-//! reported in [`LandedLifts`] before its task wakes the policy, whose next round hands the freed
-//! slot on: no lift waits for another.
+//! ([`crate::runtime::node_work::node_tasks`]): its upgrade record first, when no action carries it, then
+//! its actions, so that no node waits for another node's writes. A reconcile waits only for the
+//! lifts of its cordons, whose freed slots it hands on in the same round.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
+use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
@@ -26,6 +25,9 @@ use crate::runtime::node_work::node_tasks::{Lane, Wake};
 use crate::runtime::process::context::Context;
 use crate::runtime::writes::status_writer::RecordedStatus;
 use ttdp_api::node_record::NodeRecord;
+
+/// How many nodes' actions a reconcile waits for at once.
+const NODE_ACTIONS_AT_ONCE: usize = 16;
 
 /// One node's actions with what they need.
 #[derive(Clone, Debug)]
@@ -67,34 +69,13 @@ impl NodeWork {
 }
 
 /// What one node's actions returned; a lifted cordon says how it was lifted.
-type NodeOutcome = (
+pub type NodeOutcome = (
     String,
     Vec<(Action, Result<Option<UncordonOutcome>, Error>)>,
 );
 
-/// By policy, the cordons lifted in the background that its pass has not taken up yet, with
-/// how each was lifted: until the cache shows a lift, the pass observes the node as the lift
-/// left it, and its freed slot goes to the next node at once.
-#[derive(Debug, Default)]
-pub struct LandedLifts(Mutex<HashMap<String, Vec<(String, UncordonOutcome)>>>);
-
-impl LandedLifts {
-    fn land(&self, policy: &str, node: &str, outcome: UncordonOutcome) {
-        let mut landed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let of_policy = landed.entry(policy.to_owned()).or_default();
-        of_policy.push((node.to_owned(), outcome));
-    }
-
-    /// The lifts of `policy` landed since the last call.
-    pub fn take(&self, policy: &str) -> Vec<(String, UncordonOutcome)> {
-        let mut landed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        landed.remove(policy).unwrap_or_default()
-    }
-}
-
 /// Runs `work` in the background: the node's record, then its actions, none if the record could
-/// not be written. Its first failure fails the policy's next reconcile; a cordon it lifted is
-/// reported in [`Context::lifts`] before it wakes the policy.
+/// not be written. Its first failure fails the policy's next reconcile.
 pub fn spawn_in_background(
     ctx: &Arc<Context>,
     policy: &Arc<TenstorrentDriverPolicy>,
@@ -104,9 +85,7 @@ pub fn spawn_in_background(
     let (task_ctx, task_policy, now) = (ctx.clone(), policy.clone(), now.clone());
     let name = policy.name_any();
     let node = work.node.clone();
-    // A hand-off is a lift and the next node's cordon: neither waits behind a wave's other writes.
-    let hand_off = |a: &Action| matches!(a, Action::Cordon | Action::Release);
-    let lane = if work.actions.iter().any(hand_off) {
+    let lane = if work.actions.contains(&Action::Cordon) {
         Lane::HandOff
     } else {
         Lane::Other
@@ -123,16 +102,41 @@ pub fn spawn_in_background(
         let (node, results) = on_node(&task_ctx, &task_policy, work, &now).await;
         let mut first_error = None;
         for (action, result) in results {
-            match result {
-                Ok(Some(lifted)) => task_ctx.lifts.land(&task_policy.name_any(), &node, lifted),
-                Ok(None) => {}
-                Err(e) => keep_failure(&node, action, e, &mut first_error),
+            if let Err(e) = result {
+                keep_failure(&node, action, e, &mut first_error);
             }
         }
         first_error.map_or(Ok(()), Err)
     };
     ctx.node_tasks
         .spawn(lane, &name, &node, task, waker(ctx, &name));
+}
+
+/// Runs the nodes' work, up to [`NODE_ACTIONS_AT_ONCE`] nodes at a time. The futures are made
+/// as slots free up: a wave of hundreds of nodes starting their drains would otherwise hold
+/// hundreds of request futures at once.
+pub async fn on_nodes(
+    ctx: &Arc<Context>,
+    policy: &TenstorrentDriverPolicy,
+    work: Vec<NodeWork>,
+    now: &Time,
+) -> Vec<NodeOutcome> {
+    let mut outcomes = Vec::new();
+    let mut work = work.into_iter();
+    let mut running = futures::stream::FuturesUnordered::new();
+    loop {
+        while running.len() < NODE_ACTIONS_AT_ONCE {
+            let Some(next) = work.next() else {
+                break;
+            };
+            running.push(on_node(ctx, policy, next, now));
+        }
+        match running.next().await {
+            Some(outcome) => outcomes.push(outcome),
+            None => break,
+        }
+    }
+    outcomes
 }
 
 /// One node's actions, in order (a failure does not stop the next); every result is returned.

@@ -21,7 +21,6 @@ use crate::runtime::process::watch_changes::WatchChanges;
 use crate::runtime::writes::agent_daemonset::{AgentDaemonSet, AppliedDaemonSets};
 use crate::runtime::writes::status_view::StatusViews;
 
-use crate::runtime::node_work::act::LandedLifts;
 use crate::runtime::node_work::drain_tracker::DrainTracker;
 use crate::runtime::node_work::node_tasks::NodeTasks;
 use crate::runtime::process::metrics::Metrics;
@@ -69,8 +68,6 @@ pub struct Context {
     pub drains: DrainTracker,
     /// Background node actions.
     pub node_tasks: NodeTasks,
-    /// The cordons lifted in the background, until their policy's pass takes them up.
-    pub lifts: LandedLifts,
     /// Per-object error back-off.
     pub backoff: ErrorBackoff,
     /// Wakes a policy's reconcile (drain finished).
@@ -117,7 +114,6 @@ impl Context {
             drains: DrainTracker::default(),
             status_views: StatusViews::new(node_tasks.clone()),
             node_tasks,
-            lifts: LandedLifts::default(),
             backoff: ErrorBackoff::default(),
             wake,
             failures: Mutex::default(),

@@ -15,7 +15,7 @@ impl Pass {
     /// Logs the state changes, queues their Events and counts them.
     /// Waits for the next write's turn, then observes again the nodes whose inputs changed.
     /// Returns false when nothing changed or the fleet changed too much to follow.
-    pub(super) async fn follow(&mut self, changed_entries: Vec<usize>) -> bool {
+    pub(super) async fn follow(&mut self, changed_entries: Vec<usize>, released: usize) -> bool {
         let Some(mut changed) = self.changed_since() else {
             return false;
         };
@@ -23,7 +23,7 @@ impl Pass {
         // Nothing to do: wait for the next change here, rather than end the pass and observe
         // the whole fleet again in the next reconcile.
         let waiting_since = std::time::Instant::now();
-        while changed.is_empty() {
+        while changed.is_empty() && released == 0 {
             let Some(left) = self.time_to_follow() else {
                 return false;
             };
@@ -65,8 +65,8 @@ impl Pass {
         (!left.is_zero()).then_some(left)
     }
 
-    /// The matched nodes whose node, agent pods or drain changed since the last look, whose
-    /// deferred work may start or whose cordon was lifted; None when the fleet changed too much to follow (the next
+    /// The matched nodes whose node, agent pods or drain changed since the last look, or whose
+    /// deferred work may start; None when the fleet changed too much to follow (the next
     /// reconcile observes it whole).
     fn changed_since(&mut self) -> Option<Vec<usize>> {
         let basis = FollowBasis {
@@ -104,7 +104,6 @@ impl Pass {
         let free = (self.deferred.iter().copied())
             .filter(|&i| !tasks.busy(&self.name, self.matched[i].name()));
         changed.extend(free);
-        changed.extend(self.take_landed_lifts());
         Some(changed)
     }
 

@@ -9,10 +9,10 @@
 //! next reconcile instead of skipping it: on each node it changed for (its upgrade record, see
 //! [`crate::pure::node_record`], riding on the cordon or the grant where the step takes one, else
 //! written by the node's task before its actions), and handed to the policy's status writer, a
-//! view written later. No round waits for a node's writes: lifting a cordon, harmless to repeat,
-//! writes the node's Uncordoning record in the same patch, and when it lands its task wakes the
-//! pass, whose next round hands the freed slot to the next node: a hand-off is two node patches,
-//! the lift and the next node's cordon, with no other node's write between them.
+//! view written later. No round waits for a node's writes but the lifts of cordons: lifting a
+//! cordon, harmless to repeat, runs first and writes the node's Uncordoning record in the same
+//! patch, so that the slot it frees goes to the next node in the same round: a hand-off is two
+//! node patches, the lift and the next node's cordon.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -40,7 +40,7 @@ use crate::pure::transition::{
     Action, DrainProgress, NodeObservation, NodeTransition, UpgradeGrant, reasons,
 };
 use crate::pure::{drain_plan, node_record};
-use crate::runtime::node_work::act::{self, NodeWork};
+use crate::runtime::node_work::act::{self, NodeOutcome, NodeWork};
 use crate::runtime::node_work::node_actions::RecordOnRelease;
 use crate::runtime::process::context::Context;
 use crate::runtime::process::watch_changes::ChangeSubscription;
@@ -108,11 +108,8 @@ pub struct Pass {
     deferred: BTreeSet<usize>,
     /// Actions already taken per node in its current state (a later round does not repeat them).
     actions_taken: HashMap<String, Vec<Action>>,
-    /// Nodes whose cordon is being lifted, with the node as the cache showed it when the lift
-    /// started.
-    lifting: HashMap<String, Arc<CachedNode>>,
-    /// Nodes whose cordon this reconcile lifted, with the node as the cache showed it when the
-    /// lift started: until the cache shows a change, the observation says what the lifting did.
+    /// Nodes whose cordon this reconcile lifted, with the node as the cache showed it then: until
+    /// the cache shows the change, the observation says what the lifting did.
     uncordoned: HashMap<String, (Arc<CachedNode>, UncordonOutcome)>,
     recorded: Arc<RecordedStatus>,
     now: Time,
@@ -205,7 +202,6 @@ impl Pass {
             first_round: true,
             deferred: BTreeSet::new(),
             actions_taken: HashMap::new(),
-            lifting: HashMap::new(),
             uncordoned: HashMap::new(),
             recorded,
             now: Time(now),
@@ -233,8 +229,9 @@ impl Pass {
     pub async fn round(&mut self) -> Result<bool, Error> {
         let began = Instant::now();
         let deferred = std::mem::take(&mut self.deferred);
-        let transitions = self.plan_nodes();
-        let lifted = self.start_lifts();
+        let first = self.plan_nodes();
+        let (transitions, released, lifted) = self.lift_cordons(first).await;
+        let lifts_took = began.elapsed();
         let whole = self.first_round;
         let planned = self.build(transitions);
         let records = self.record_patches(&planned, &lifted, whole, &deferred);
@@ -256,6 +253,7 @@ impl Pass {
             reobserved = self.reobserved.len(),
             changes = planned.changes.len(),
             lifted = lifted.len(),
+            lifts_ms = lifts_took.as_millis(),
             round_ms = began.elapsed().as_millis(),
             "round"
         );
@@ -278,7 +276,7 @@ impl Pass {
         if self.again_now || self.first_error.is_some() || retry_due {
             return Ok(false);
         }
-        Ok(self.follow(planned.changed_entries).await)
+        Ok(self.follow(planned.changed_entries, released).await)
     }
 
     /// Whether every action so far went through.
@@ -397,44 +395,33 @@ impl Pass {
         transitions
     }
 
-    /// Starts lifting the cordons of the nodes planned Uncordoning, each in the background with
-    /// its Uncordoning record in the same patch (lifting is harmless to repeat, and after a
-    /// crash the node, seen uncordoned with its agent Ready, goes the same way to Done). A lift
-    /// that lands frees its node's slot in the round after it ([`Pass::take_landed_lifts`]); a
-    /// failed one keeps it. Returns the nodes tried, noted in the context until the status that
-    /// records them is handed over.
-    fn start_lifts(&mut self) -> Vec<String> {
+    /// Lifts the cordons of the nodes planned Uncordoning before their Uncordoning is recorded
+    /// (lifting is harmless to repeat, and after a crash in between the node, seen uncordoned
+    /// with its agent Ready, goes the same way to Done). A lifted cordon frees its node's slot,
+    /// so the next nodes' Cordoning goes into the same status write: one write per hand-off, not
+    /// two. Returns the planned nodes, how many were lifted (a failed lift keeps its slot) and
+    /// the nodes tried, noted in the context until the write that records them succeeds.
+    async fn lift_cordons(
+        &mut self,
+        mut planned: Vec<(usize, NodeTransition)>,
+    ) -> (Vec<(usize, NodeTransition)>, usize, Vec<String>) {
         let lifting = self.cordons_to_lift();
         let lifted: Vec<String> = lifting.iter().map(|w| w.node.clone()).collect();
         self.ctx.note_lifted(&self.name, &lifted, true);
-        for work in lifting {
-            if let Some(i) = follow::position(&self.matched, &work.node) {
-                self.lifting
-                    .insert(work.node.clone(), self.matched[i].clone());
-            }
-            act::spawn_in_background(&self.ctx, &self.policy, work, &self.now);
+        let outcomes = act::on_nodes(&self.ctx, &self.policy, lifting, &self.now).await;
+        let released = self.take_outcomes(outcomes);
+        if released > 0 {
+            // The slots are handed out again with the lifted nodes' observations. Those nodes
+            // are not planned again: they would go to Done before their Uncordoning is written.
+            self.apply_uncordoned();
+            self.reobserved.clear();
+            let by_node: BTreeMap<_, _> = planned.into_iter().chain(self.plan_nodes()).collect();
+            planned = by_node.into_iter().collect();
         }
-        lifted
+        (planned, released, lifted)
     }
 
-    /// Takes up the lifts that landed since the last look: their nodes are observed again as
-    /// the lift left them, until the cache shows a change. A lift started by an earlier pass is
-    /// left to the cache. Returns the nodes' indices.
-    fn take_landed_lifts(&mut self) -> Vec<usize> {
-        let mut landed = Vec::new();
-        for (node, outcome) in self.ctx.lifts.take(&self.name) {
-            let Some(before) = self.lifting.remove(&node) else {
-                continue;
-            };
-            if let Some(i) = follow::position(&self.matched, &node) {
-                self.uncordoned.insert(node, (before, outcome));
-                landed.push(i);
-            }
-        }
-        landed
-    }
-
-    /// The cordons to lift now (see [`Pass::start_lifts`]).
+    /// The cordons to lift now (see [`Pass::lift_cordons`]).
     fn cordons_to_lift(&mut self) -> Vec<NodeWork> {
         let mut lifting = Vec::new();
         let planned = self.observations.iter().zip(&self.planned).enumerate();
@@ -494,6 +481,27 @@ impl Pass {
             };
             act::spawn_in_background(&self.ctx, &self.policy, work, &self.now);
         }
+    }
+
+    /// Keeps the first failure and the cordons lifted; returns how many were lifted.
+    fn take_outcomes(&mut self, outcomes: Vec<NodeOutcome>) -> usize {
+        let mut released = 0;
+        for (node, results) in outcomes {
+            for (action, result) in results {
+                match result {
+                    Ok(Some(outcome)) => {
+                        released += 1;
+                        if let Some(i) = follow::position(&self.matched, &node) {
+                            self.uncordoned
+                                .insert(node.clone(), (self.matched[i].clone(), outcome));
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => act::keep_failure(&node, action, e, &mut self.first_error),
+                }
+            }
+        }
+        released
     }
 
     /// Until the cache shows a lifted cordon, the observation says what the lifting did.
