@@ -458,7 +458,11 @@ fn works_as_a_dependency_of_an_umbrella_chart() {
 fn controller_env(docs: &[Value], name: &str) -> Option<String> {
     let d: apps::Deployment = typed(find(docs, "Deployment", "-controller"));
     let pod = d.spec?.template.spec?;
-    let var = pod.containers[0].env.iter().flatten().find(|e| e.name == name)?;
+    let var = pod.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)?;
     var.value.clone()
 }
 
@@ -476,7 +480,10 @@ fn agent_pod_values_reach_the_controller_and_the_agents_service_account() {
     ]);
     let json = controller_env(&docs, "TTDP_AGENT_POD").expect("TTDP_AGENT_POD is set");
     let pod: Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(pod["imagePullSecrets"], serde_json::json!(["regcred", "agents-only"]));
+    assert_eq!(
+        pod["imagePullSecrets"],
+        serde_json::json!(["regcred", "agents-only"])
+    );
     assert_eq!(pod["resources"]["limits"]["memory"], "1Gi");
     assert_eq!(pod["tolerations"][0]["key"], "dedicated");
     assert_eq!(pod["nodeSelector"]["pool"], "tt");
@@ -492,8 +499,21 @@ fn agent_pod_values_reach_the_controller_and_the_agents_service_account() {
     let none: Value =
         serde_json::from_str(&controller_env(&defaults, "TTDP_AGENT_POD").unwrap()).unwrap();
     assert_eq!(none["imagePullSecrets"], serde_json::json!([]));
-    assert!(none.get("resources").is_none(), "the agent's own requests stay");
+    assert!(
+        none.get("resources").is_none(),
+        "the agent's own requests stay"
+    );
     let d: apps::Deployment = typed(find(&defaults, "Deployment", "-controller"));
-    let selector = d.spec.unwrap().template.spec.unwrap().node_selector.unwrap();
-    assert_eq!(selector["kubernetes.io/arch"], "amd64", "the image is built for amd64");
+    let selector = d
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .node_selector
+        .unwrap();
+    assert_eq!(
+        selector["kubernetes.io/arch"], "amd64",
+        "the image is built for amd64"
+    );
 }
