@@ -67,6 +67,17 @@ fn snapshot(
     }
 }
 
+/// One redraw of `text` after `last`: the screen cleared first, a YAML document separator, or
+/// a blank line between two tables.
+fn frame(screen: Screen, output: Output, last: &str, text: &str) -> String {
+    match (screen.clear, output) {
+        (true, Output::Table | Output::Wide) => format!("{CLEAR}{text}"),
+        (_, Output::Yaml) => format!("---\n{text}"),
+        (false, Output::Table | Output::Wide) if !last.is_empty() => format!("\n{text}"),
+        _ => text.to_owned(),
+    }
+}
+
 /// Watches until interrupted or stdout closes, writing a redraw to `out` on every change.
 /// `opts_at` gives the render options of each redraw (the clock moves).
 pub async fn run(
@@ -135,12 +146,7 @@ pub async fn run(
         if text == last {
             continue;
         }
-        let frame = match (screen.clear, output) {
-            (true, Output::Table | Output::Wide) => format!("{CLEAR}{text}"),
-            (_, Output::Yaml) => format!("---\n{text}"),
-            (false, Output::Table | Output::Wide) if !last.is_empty() => format!("\n{text}"),
-            _ => text.clone(),
-        };
+        let frame = frame(screen, output, &last, &text);
         match out.write_all(frame.as_bytes()).and_then(|()| out.flush()) {
             Ok(()) => {}
             // The reader went away (`| head`, a closed terminal): stop quietly, as kubectl does.

@@ -18,6 +18,8 @@
 
 mod harness;
 
+use harness::helm_binary;
+
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -62,20 +64,6 @@ fn scaled(seconds: f64) -> String {
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn helm_binary() -> PathBuf {
-    if let Ok(p) = std::env::var("TTDP_HELM") {
-        return p.into();
-    }
-    let p =
-        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".local/ttdp-tools/bin/helm");
-    assert!(
-        p.is_file(),
-        "helm not found at {}: run `bash .ci/kube-tools` first (or set TTDP_HELM)",
-        p.display()
-    );
-    p
 }
 
 /// Runs helm against the cluster of `kubeconfig`; the output on success, a panic otherwise.

@@ -8,13 +8,13 @@ mod harness;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use harness::{Harness, PodRemovals, STEP, node_state, tt_node};
+use harness::{Harness, STEP, tt_node};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-use ttdp_api::NodeState::{self, *};
+use ttdp_api::NodeState::Cordoning;
 use ttdp_controller::leader::LeaderElection;
 use ttdp_controller::server::Readiness;
 use ttdp_controller::{RunOptions, run};
@@ -144,8 +144,6 @@ async fn wait_readyz(address: SocketAddr, says: &str, timeout: Duration) -> Dura
     }
 }
 
-const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordoning, Done];
-
 /// What a rolling update of the controller's Deployment does, with the real binary: a second
 /// process stands by and answers `/readyz` 200 while the first leads; the leader, stopped with
 /// SIGTERM in the middle of a rollout, hands the Lease over within the lease duration; the new
@@ -161,14 +159,7 @@ async fn a_standby_process_is_ready_and_takes_over_a_rollout_when_the_leader_sto
     let (at_a, at_b) = (free_address(), free_address());
     let mut a = h.spawn_controller_replica("replica-a", at_a, &logs.path().join("a.log"));
     a.wait_ready(STEP).await;
-    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
-    h.wait_ready(&policy, STEP).await;
-    let nodes = h.nodes();
-    for (i, node) in nodes.iter().enumerate() {
-        h.device_workload(&format!("inference-{i}"), node).await;
-    }
-    let removals =
-        PodRemovals::start(h.client.clone(), h.cluster.namespace(), "app=inference").await;
+    let (policy, nodes, removals) = h.nodes_holding_their_devices().await;
 
     let mut b = h.spawn_controller_replica("replica-b", at_b, &logs.path().join("b.log"));
     wait_readyz(at_b, STANDING_BY, STEP).await;
@@ -203,19 +194,7 @@ async fn a_standby_process_is_ready_and_takes_over_a_rollout_when_the_leader_sto
     b.assert_running();
 
     let p = h.wait_ready(&policy, STEP * 2).await;
-    for node in &nodes {
-        assert_eq!(node_state(&p, node), Some(Done), "{node}");
-        assert_eq!(h.kmd_version(node).await.as_deref(), Some("2.8.0"));
-        let path: Vec<NodeState> = (h.monitor.sequence(&policy, node).into_iter())
-            .skip_while(|s| *s != Cordoning)
-            .collect();
-        assert_eq!(path, UPGRADE_PATH, "{node} went another way");
-    }
-    let removed = removals.per_node();
-    for node in &nodes {
-        assert_eq!(removed.get(node).copied(), Some(1), "{node}: drained once");
-    }
-    h.assert_nothing_left_behind().await;
+    h.assert_upgraded_once(&p, &nodes, &removals).await;
     drop(b);
     h.shutdown().await;
 }

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{Harness, STEP, condition, tt_node};
+use harness::{Harness, STEP, condition, helm_binary, tt_node};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use ttdp_controller::metrics::Metrics;
@@ -29,20 +29,6 @@ use ttdp_controller::server::{self, Readiness};
 
 fn chart() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/helm/tt-k8s-driver-manager")
-}
-
-fn helm_binary() -> PathBuf {
-    if let Ok(p) = std::env::var("TTDP_HELM") {
-        return p.into();
-    }
-    let p =
-        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".local/ttdp-tools/bin/helm");
-    assert!(
-        p.is_file(),
-        "helm not found at {}: run `bash .ci/kube-tools` first (or set TTDP_HELM)",
-        p.display()
-    );
-    p
 }
 
 /// A binary of Debian's prometheus package; the test fails, not skips, without it.

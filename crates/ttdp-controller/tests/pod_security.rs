@@ -9,11 +9,11 @@
 
 mod harness;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use harness::{Harness, STEP, tt_node};
+use harness::{Harness, STEP, helm_binary, tt_node};
 use k8s_openapi::api::core::v1::{Event, Namespace};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -22,20 +22,6 @@ use ttdp_api::names::daemonset_name;
 
 const ENFORCE: &str = "pod-security.kubernetes.io/enforce";
 const WARNING: &str = "WARNING: namespace";
-
-fn helm_binary() -> PathBuf {
-    if let Ok(p) = std::env::var("TTDP_HELM") {
-        return p.into();
-    }
-    let p =
-        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".local/ttdp-tools/bin/helm");
-    assert!(
-        p.is_file(),
-        "helm not found at {}: run `bash .ci/kube-tools` first (or set TTDP_HELM)",
-        p.display()
-    );
-    p
-}
 
 /// What `helm install --dry-run=server` of the chart into the operator namespace prints (its
 /// notes read the namespace from the cluster).

@@ -11,16 +11,14 @@ mod harness;
 
 use std::time::{Duration, Instant};
 
-use harness::{ControllerProcess, Harness, PodRemovals, STEP, node_state, tt_node};
+use harness::{ControllerProcess, Harness, STEP, node_state, tt_node};
 use kube::ResourceExt;
 use serde_json::json;
 use ttdp_api::NodeState::{self, *};
-use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_api::names::annotations;
 use ttdp_testkit::fault_proxy::FaultProxy;
 use ttdp_testkit::faults::Fault;
 
-const UPGRADE_PATH: [NodeState; 5] = [Cordoning, Draining, Upgrading, Uncordoning, Done];
 const WRITES: [&str; 4] = ["create", "update", "patch", "delete"];
 
 /// About 5 % of the controller's writes fail: 2 % with 500, 2 % with 503, 1 % with a conflict.
@@ -62,55 +60,6 @@ async fn controller_through_a_proxy(h: &Harness) -> (FaultProxy, ControllerProce
     (proxy, controller)
 }
 
-/// Three nodes at 2.7.0 under policy "fleet", Ready, each running a pod that holds its device;
-/// the policy, the nodes, and the removals of those pods watched from now on.
-async fn three_nodes_holding_their_devices(h: &Harness) -> (String, Vec<String>, PodRemovals) {
-    let policy = h.create_policy("fleet", "2.7.0", json!({})).await;
-    h.wait_ready(&policy, STEP).await;
-    let nodes = h.nodes();
-    for (i, node) in nodes.iter().enumerate() {
-        h.device_workload(&format!("inference-{i}"), node).await;
-    }
-    let removals =
-        PodRemovals::start(h.client.clone(), h.cluster.namespace(), "app=inference").await;
-    (policy, nodes, removals)
-}
-
-/// Every node of `p` (the policy, Ready) is Done at 2.8.0 after one clean upgrade: Cordoning to
-/// Done in order, its device pod evicted once, nothing of ours left on it.
-async fn assert_upgraded_once(
-    h: &Harness,
-    p: &TenstorrentDriverPolicy,
-    nodes: &[String],
-    removals: &PodRemovals,
-) {
-    let policy = p.name_any();
-    for node in nodes {
-        assert_eq!(node_state(p, node), Some(Done), "{node}");
-        assert_eq!(
-            h.kmd_version(node).await.as_deref(),
-            Some("2.8.0"),
-            "{node}"
-        );
-        let path: Vec<NodeState> = h
-            .monitor
-            .sequence(&policy, node)
-            .into_iter()
-            .skip_while(|s| *s != Cordoning)
-            .collect();
-        assert_eq!(path, UPGRADE_PATH, "{node} went another way");
-    }
-    h.assert_nothing_left_behind().await;
-    let removed = removals.per_node();
-    for node in nodes {
-        assert_eq!(
-            removed.get(node).copied(),
-            Some(1),
-            "{node}: its one device pod evicted once"
-        );
-    }
-}
-
 /// The watches of nodes and of policies started through the proxy so far.
 fn watches_of(proxy: &FaultProxy) -> (usize, usize) {
     let requests = proxy.recorder().requests();
@@ -131,7 +80,7 @@ async fn rollout_completes_under_injected_errors_conflicts_and_dropped_watches()
     )
     .await;
     let (proxy, mut controller) = controller_through_a_proxy(&h).await;
-    let (policy, nodes, removals) = three_nodes_holding_their_devices(&h).await;
+    let (policy, nodes, removals) = h.nodes_holding_their_devices().await;
     inject_write_faults(&proxy);
     h.monitor.reset();
     let started = Instant::now();
@@ -156,7 +105,7 @@ async fn rollout_completes_under_injected_errors_conflicts_and_dropped_watches()
     let p = h.wait_ready(&policy, STEP * 3).await;
     let took = started.elapsed();
     controller.assert_running();
-    assert_upgraded_once(&h, &p, &nodes, &removals).await;
+    h.assert_upgraded_once(&p, &nodes, &removals).await;
     // The faults did reach the controller.
     let requests = proxy.recorder().requests();
     let failed = requests
@@ -293,7 +242,7 @@ async fn a_restart_after_failed_status_writes_resumes_from_the_nodes() {
     )
     .await;
     let (proxy, mut controller) = controller_through_a_proxy(&h).await;
-    let (policy, nodes, removals) = three_nodes_holding_their_devices(&h).await;
+    let (policy, nodes, removals) = h.nodes_holding_their_devices().await;
     h.monitor.reset();
     h.patch_spec(&policy, json!({"version": "2.8.0"})).await;
     let in_flight = |states: &std::collections::BTreeMap<String, NodeState>| {
@@ -364,7 +313,7 @@ async fn a_restart_after_failed_status_writes_resumes_from_the_nodes() {
         1,
         "never two nodes cordoned at once"
     );
-    assert_upgraded_once(&h, &p, &nodes, &removals).await;
+    h.assert_upgraded_once(&p, &nodes, &removals).await;
     drop(controller);
     h.shutdown().await;
 }

@@ -71,6 +71,21 @@ fn bin_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// The `helm` binary: `$TTDP_HELM`, else the one `.ci/kube-tools` installs.
+pub fn helm_binary() -> PathBuf {
+    if let Ok(p) = std::env::var("TTDP_HELM") {
+        return p.into();
+    }
+    let p =
+        PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".local/ttdp-tools/bin/helm");
+    assert!(
+        p.is_file(),
+        "helm not found at {}: run `bash .ci/kube-tools` first (or set TTDP_HELM)",
+        p.display()
+    );
+    p
+}
+
 /// The ttdp-agent binary, built once if missing.
 pub fn agent_binary() -> PathBuf {
     static AGENT: OnceLock<PathBuf> = OnceLock::new();
@@ -1159,5 +1174,56 @@ impl PodRemovals {
 impl Drop for PodRemovals {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The states of one clean upgrade, from Cordoning.
+pub const UPGRADE_PATH: [NodeState; 5] = [
+    NodeState::Cordoning,
+    NodeState::Draining,
+    NodeState::Upgrading,
+    NodeState::Uncordoning,
+    NodeState::Done,
+];
+
+impl Harness {
+    /// The scenario's nodes at 2.7.0 under policy "fleet", Ready, each running a pod that holds
+    /// its device; the policy, the nodes, and the removals of those pods watched from now on.
+    pub async fn nodes_holding_their_devices(&self) -> (String, Vec<String>, PodRemovals) {
+        let policy = self.create_policy("fleet", "2.7.0", json!({})).await;
+        self.wait_ready(&policy, STEP).await;
+        let nodes = self.nodes();
+        for (i, node) in nodes.iter().enumerate() {
+            self.device_workload(&format!("inference-{i}"), node).await;
+        }
+        let namespace = self.cluster.namespace();
+        let removals = PodRemovals::start(self.client.clone(), namespace, "app=inference").await;
+        (policy, nodes, removals)
+    }
+
+    /// Every node of `p` (the policy, Ready) is Done at 2.8.0 after one clean upgrade:
+    /// Cordoning to Done in order, its device pod evicted once, nothing of ours left on it.
+    pub async fn assert_upgraded_once(
+        &self,
+        p: &TenstorrentDriverPolicy,
+        nodes: &[String],
+        removals: &PodRemovals,
+    ) {
+        let policy = p.name_any();
+        for node in nodes {
+            assert_eq!(node_state(p, node), Some(NodeState::Done), "{node}");
+            let loaded = self.kmd_version(node).await;
+            assert_eq!(loaded.as_deref(), Some("2.8.0"), "{node}");
+            let path: Vec<NodeState> = (self.monitor.sequence(&policy, node).into_iter())
+                .skip_while(|s| *s != NodeState::Cordoning)
+                .collect();
+            assert_eq!(path, UPGRADE_PATH, "{node} went another way");
+        }
+        self.assert_nothing_left_behind().await;
+        let removed = removals.per_node();
+        for node in nodes {
+            let once = removed.get(node).copied();
+            assert_eq!(once, Some(1), "{node}: its one device pod evicted once");
+        }
     }
 }
