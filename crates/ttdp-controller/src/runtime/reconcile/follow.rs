@@ -51,18 +51,36 @@ pub type PolicyKey = (Option<String>, Option<i64>, bool);
 
 /// Every policy's [`PolicyKey`], sorted.
 pub fn policy_keys(policies: &[Arc<TenstorrentDriverPolicy>]) -> Vec<PolicyKey> {
+    let mut keys: Vec<_> = policies.iter().map(|p| key_of(p)).collect();
+    keys.sort_unstable();
+    keys
+}
+
+/// [`policy_keys`], with `held`'s own key as the reconcile holds it: a reconcile triggered
+/// before the cache took a newer spec (a new leader's first one, while its watches sync) then
+/// differs from the cache at its first look and ends, and the next one starts from the newer
+/// spec, instead of following the older one until its time bound.
+pub fn policy_keys_as_held(
+    policies: &[Arc<TenstorrentDriverPolicy>],
+    held: &TenstorrentDriverPolicy,
+) -> Vec<PolicyKey> {
     let mut keys: Vec<_> = policies
         .iter()
-        .map(|p| {
-            (
-                p.metadata.uid.clone(),
-                p.metadata.generation,
-                p.metadata.deletion_timestamp.is_some(),
-            )
+        .map(|p| match p.metadata.uid == held.metadata.uid {
+            true => key_of(held),
+            false => key_of(p),
         })
         .collect();
     keys.sort_unstable();
     keys
+}
+
+fn key_of(p: &TenstorrentDriverPolicy) -> PolicyKey {
+    (
+        p.metadata.uid.clone(),
+        p.metadata.generation,
+        p.metadata.deletion_timestamp.is_some(),
+    )
 }
 
 /// What a reconcile decided from when it started (selection, conflicts, policies): a change to
@@ -174,6 +192,23 @@ mod tests {
             not_ready: None,
             deleted: false,
         }
+    }
+
+    fn policy(uid: &str, generation: i64) -> Arc<TenstorrentDriverPolicy> {
+        let spec = serde_json::from_value(serde_json::json!({"version": "2.8.0"})).unwrap();
+        let mut p = TenstorrentDriverPolicy::new(uid, spec);
+        p.metadata.uid = Some(uid.into());
+        p.metadata.generation = Some(generation);
+        Arc::new(p)
+    }
+
+    #[test]
+    fn a_reconcile_holding_an_older_spec_than_the_cache_sees_a_change_at_once() {
+        let cache = [policy("a", 2), policy("b", 1)];
+        let held = policy("a", 1);
+        let basis = policy_keys_as_held(&cache, &held);
+        assert_ne!(policy_keys(&cache), basis, "the next look ends the pass");
+        assert_eq!(policy_keys(&cache), policy_keys_as_held(&cache, &cache[0]));
     }
 
     #[test]

@@ -174,7 +174,7 @@ impl Pass {
             selection,
             older,
             conflicts,
-            policies: follow::policy_keys(&all_policies),
+            policies: follow::policy_keys_as_held(&all_policies, &policy),
             template_hash,
             not_created,
         };
