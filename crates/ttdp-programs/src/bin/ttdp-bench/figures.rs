@@ -52,16 +52,27 @@ pub fn spread(mut values: Vec<Duration>) -> Spread {
     }
 }
 
-/// Hand-offs with `slots` nodes in flight at most: the `i`-th freed slot (the `i`-th of
-/// `freed`, sorted) is taken by the `slots + i`-th node entering Cordoning. Returns the delays.
-pub fn handoffs(mut freed: Vec<Instant>, mut cordons: Vec<Instant>, slots: usize) -> Vec<Duration> {
-    freed.sort();
-    cordons.sort();
-    cordons
-        .iter()
-        .skip(slots)
-        .zip(freed.iter())
-        .map(|(cordon, free)| cordon.saturating_duration_since(*free))
+/// How hand-offs pair up with `slots` nodes in flight at most: the `i`-th freed slot (by time)
+/// is taken by the `slots + i`-th node entering Cordoning. Each side is (what, when).
+pub fn slot_pairs<T>(
+    mut freed: Vec<(T, Instant)>,
+    mut taken: Vec<(T, Instant)>,
+    slots: usize,
+) -> Vec<((T, Instant), (T, Instant))> {
+    freed.sort_by_key(|(_, at)| *at);
+    taken.sort_by_key(|(_, at)| *at);
+    freed
+        .into_iter()
+        .zip(taken.into_iter().skip(slots))
+        .collect()
+}
+
+/// The hand-offs' delays, paired as [`slot_pairs`] pairs them.
+pub fn handoffs(freed: Vec<Instant>, cordons: Vec<Instant>, slots: usize) -> Vec<Duration> {
+    let untagged = |times: Vec<Instant>| times.into_iter().map(|at| ((), at)).collect();
+    slot_pairs(untagged(freed), untagged(cordons), slots)
+        .into_iter()
+        .map(|((_, free), (_, cordon))| cordon.saturating_duration_since(free))
         .collect()
 }
 

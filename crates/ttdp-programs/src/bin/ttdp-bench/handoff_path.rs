@@ -1,6 +1,6 @@
 //! Where a hand-off's time goes, from the same run's observations and the API server's audit
 //! log: each hand-off (the `i`-th agent Ready paired with the `slots + i`-th cordon, as
-//! [`crate::figures::handoffs`] pairs them) cut at the server's timestamps of the two node
+//! [`crate::figures::slot_pairs`] pairs them) cut at the server's timestamps of the two node
 //! patches it takes, the release of the finished node and the cordon of the next:
 //!
 //! - `ready_to_release_sent`: the agent's Ready to the release received by the server (the
@@ -25,7 +25,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
 use crate::audit_times::PatchSpan;
-use crate::figures::{freshness, spread};
+use crate::figures::{freshness, slot_pairs, spread};
 
 /// An instant of the benchmark's monotonic clock and the wall-clock time then, to put the
 /// benchmark's observations on the audit log's clock.
@@ -93,17 +93,13 @@ pub fn handoff_path(seen: &Seen, spans: &[PatchSpan], clock: &WallClock, slots: 
     json!(figures)
 }
 
-/// Each freed slot's node paired with the node that took it (both by time).
+/// Each freed slot's node paired with the node that took it ([`slot_pairs`]).
 fn pairs<'a>(seen: &'a Seen, slots: usize) -> Vec<(&'a str, &'a str)> {
-    let by_time = |m: &'a BTreeMap<String, Instant>| {
-        let mut v: Vec<(&'a str, Instant)> = m.iter().map(|(n, t)| (n.as_str(), *t)).collect();
-        v.sort_by_key(|(_, t)| *t);
-        v
-    };
-    let freed = by_time(seen.ready);
-    let taken = by_time(seen.cordoned);
-    (freed.iter().map(|(n, _)| *n))
-        .zip(taken.iter().skip(slots).map(|(n, _)| *n))
+    let named =
+        |m: &'a BTreeMap<String, Instant>| m.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+    slot_pairs(named(seen.ready), named(seen.cordoned), slots)
+        .into_iter()
+        .map(|((freed, _), (taken, _))| (freed, taken))
         .collect()
 }
 
