@@ -68,14 +68,20 @@ pub fn patch_from(now: Option<&NodeRecord>, desired: Option<&NodeRecord>) -> Opt
     if now.map(NodeRecord::to_annotation) == desired.map(NodeRecord::to_annotation) {
         return None;
     }
+    Some(overwrite(desired))
+}
+
+/// The merge patch that takes the node's record to `desired` whatever it carries now (removing
+/// a record it does not carry changes nothing).
+pub fn overwrite(desired: Option<&NodeRecord>) -> Value {
     let (record, state) = match desired {
         Some(r) => (json!(r.to_annotation()), json!(r.state_label())),
         None => (Value::Null, Value::Null),
     };
-    Some(json!({"metadata": {
+    json!({"metadata": {
         "annotations": {annotations::UPGRADE_RECORD: record},
         "labels": {labels::UPGRADE_STATE: state},
-    }}))
+    }})
 }
 
 /// The node's status entry as its record says, keeping what the record does not carry (the

@@ -67,9 +67,10 @@ impl Pass {
     /// a grant they are about to take, or went with a cordon `lifted` this round.
     ///
     /// A node carries the record the last round decided (written by then, or the pass has
-    /// ended); in the first round, and for a node whose work was deferred, the node's copy in
-    /// the cache says what it carries: a process killed after its status said Done, before the
-    /// node's record was removed, left that record for the next one to remove.
+    /// ended); in the first round the node's copy in the cache says what it carries: a process
+    /// killed after its status said Done, before the node's record was removed, left that
+    /// record for the next one to remove. A node whose work was deferred gets its record
+    /// written whatever it carries.
     pub(super) fn record_patches(
         &self,
         planned: &Planned,
@@ -98,7 +99,12 @@ impl Pass {
                 }
                 let entry = planned.built.all_nodes.get(n.name())?;
                 let want = node_record::desired(&self.name, target, entry);
-                let patch = if whole || deferred.contains(&i) {
+                let patch = if deferred.contains(&i) {
+                    // The task this node waited for has just ended, and the record it wrote
+                    // may not be in the cache yet: compared with the cache, a record the node
+                    // already left would stay. So the record decided is written as it is.
+                    Some(node_record::overwrite(want.as_ref()))
+                } else if whole {
                     node_record::patch(&n.metadata, &self.name, want.as_ref())
                 } else {
                     let decided = (self.recorded.nodes.get(n.name()))
