@@ -3,8 +3,9 @@
 # lint, docs and the CRD staleness check, starts one real Kubernetes control plane (or uses the
 # cluster TTDP_TEST_KUBECONFIG names), runs every unit and end-to-end test against it, checks
 # that the tests left nothing behind on it, builds and tests the container images (the
-# controller image against the same control plane), and runs the real-kernel VM tests (scenario
-# agent-image reuses the agent image built before).
+# controller image against the same control plane), runs the real-kernel VM tests (scenario
+# agent-image reuses the agent image built before) and, beside them, the chart's controller on a
+# real node (kubelet and containerd, with a control plane of its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -76,6 +77,20 @@ step "nothing left behind on the control plane"
 control_plane_leftovers "$run_dir"
 control_plane_down
 
+# The chart's controller on a real node (containerd, kubelet, kube-proxy beside a control plane
+# of its own): mostly waiting on pods and probes, so it runs beside the VM tests; its output is
+# printed once they are done.
+step "cargo xtask node-test (the chart's controller on a real node), in the background"
+node_log="$bin/../node-test.log"
+xtask node-test >"$node_log" 2>&1 &
+node_pid=$!
+
 step "cargo xtask vm-test (real Linux kernel under QEMU)"
 xtask vm-test
+
+step "cargo xtask node-test: its result"
+node_status=0
+wait "$node_pid" || node_status=$?
+cat "$node_log"
+[ "$node_status" -eq 0 ]
 step "done"

@@ -89,14 +89,19 @@ impl Report {
     }
 
     fn finish(self, started: Instant) -> Result<()> {
+        self.finish_as("image-test", started)
+    }
+
+    /// Prints the totals under `command`'s name; fails if a check failed.
+    pub fn finish_as(self, command: &str, started: Instant) -> Result<()> {
         println!(
-            "\nimage-test: {} passed; {} failed; finished in {:.0} s",
+            "\n{command}: {} passed; {} failed; finished in {:.0} s",
             self.passed,
             self.failed.len(),
             started.elapsed().as_secs_f64()
         );
         if !self.failed.is_empty() {
-            bail!("image checks failed: {}", self.failed.join(", "));
+            bail!("{command} checks failed: {}", self.failed.join(", "));
         }
         Ok(())
     }

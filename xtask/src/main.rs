@@ -8,6 +8,7 @@ mod demo;
 mod image;
 mod image_test;
 mod krew;
+mod node_test;
 mod prebuild;
 mod reference;
 mod release;
@@ -30,6 +31,9 @@ commands:
   image-test      build both images and test them: commands inside them (buildah), the stub
                   module built by the agent image's toolchain, sizes against their budgets, the
                   controller image against the control plane TTDP_TEST_KUBECONFIG names
+  node-test       the chart's controller on a real node (containerd, kubelet, kube-proxy beside a
+                  control plane of its own, as root): helm install and helm upgrade --wait with
+                  its readiness probe really running; nothing of the node left on the host
   release VERSION bump versions, regenerate, build both images, pin their digests in the
                   chart's values, package and check the chart, dry-run publishing the libraries
   krew DIR        fill the krew manifest's URIs and checksums from the release archives in DIR
@@ -59,6 +63,7 @@ fn run() -> Result<()> {
         "demo" => demo::run(&rest),
         "image" => image::run(&rest),
         "image-test" => image_test::run(&rest),
+        "node-test" => node_test::run(&rest),
         "release" => release::run(&rest),
         "krew" => krew::run(&rest),
         "prebuild" => prebuild::run(&rest),

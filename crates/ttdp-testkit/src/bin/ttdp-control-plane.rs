@@ -1,12 +1,17 @@
 //! Starts a real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
 //! on loopback for a test run, prints its admin kubeconfig's path, and keeps it up until
 //! SIGTERM or SIGINT. Its processes die with it, even on SIGKILL.
+//!
+//! `--with-node` also runs one real node (containerd, kubelet, kube-proxy; the API server then
+//! listens on the host's address too) and prints containerd's socket on a second line, for
+//! `ctr --address SOCKET -n k8s.io images import`. On SIGTERM or SIGINT the node's containers,
+//! mounts, iptables chains, bridge and cgroups are removed; after a SIGKILL they stay.
 
 use std::path::PathBuf;
 
 use clap::Parser;
 use nix::sys::signal::{SigSet, Signal};
-use ttdp_testkit::launcher::{Assets, ControlPlane, runs_dir};
+use ttdp_testkit::launcher::{Assets, ControlPlane, ControlPlaneOptions, runs_dir};
 
 /// Run a real Kubernetes control plane for tests.
 #[derive(Debug, Parser)]
@@ -19,13 +24,21 @@ struct Args {
     /// `<target>/ttdp-kube/runs`).
     #[arg(long)]
     runs: Option<PathBuf>,
+    /// Also run one real node: containerd, the kubelet and kube-proxy (as root; needs
+    /// containerd, runc, iptables, buildah and busybox-static).
+    #[arg(long)]
+    with_node: bool,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let assets = Assets::locate()?;
     let runs = args.runs.unwrap_or_else(runs_dir);
-    let plane = ControlPlane::start(&assets, &runs)?;
+    let options = ControlPlaneOptions {
+        real_node: args.with_node,
+        ..ControlPlaneOptions::default()
+    };
+    let plane = ControlPlane::start_with(&assets, &runs, &options)?;
     if let Some(copy) = &args.kubeconfig {
         std::fs::copy(plane.kubeconfig(), copy)?;
     }
@@ -36,6 +49,14 @@ fn main() -> anyhow::Result<()> {
         plane.dir().join("logs").display()
     );
     println!("{}", path.display());
+    if let Some(node) = plane.real_node() {
+        eprintln!(
+            "real node {} up at {}",
+            ttdp_testkit::launcher::node::NODE_NAME,
+            node.address()
+        );
+        println!("{}", node.containerd_socket().display());
+    }
     let signals = SigSet::from_iter([Signal::SIGTERM, Signal::SIGINT]);
     signals.thread_block()?;
     signals.wait()?;

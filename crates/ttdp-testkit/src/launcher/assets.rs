@@ -9,6 +9,13 @@ use super::LaunchError;
 /// one.
 pub const ASSETS_ENV: &str = "TTDP_KUBE_ASSETS";
 
+/// A folder holding `bin/kubelet` and `bin/kube-proxy`, or a `node-*.tar.xz` archive of one:
+/// the real node's binaries.
+pub const NODE_ASSETS_ENV: &str = "TTDP_KUBE_NODE_ASSETS";
+
+/// The binaries a real node runs.
+const NODE_BINARIES: [&str; 2] = ["kubelet", "kube-proxy"];
+
 /// The binaries the launcher runs.
 const BINARIES: [&str; 4] = [
     "etcd",
@@ -28,15 +35,25 @@ impl Assets {
     /// `TTDP_KUBE_ASSETS`, else the archive in `../shared/kube` beside the repository; an
     /// archive is unpacked once under the target directory.
     pub fn locate() -> Result<Assets, LaunchError> {
-        let source = match std::env::var_os(ASSETS_ENV) {
+        Assets::locate_set(ASSETS_ENV, "control-plane-", &BINARIES)
+    }
+
+    /// The real node's kubelet and kube-proxy: `TTDP_KUBE_NODE_ASSETS`, else the
+    /// `node-*.tar.xz` archive in `../shared/kube`, unpacked once like [`Assets::locate`]'s.
+    pub fn locate_node() -> Result<Assets, LaunchError> {
+        Assets::locate_set(NODE_ASSETS_ENV, "node-", &NODE_BINARIES)
+    }
+
+    fn locate_set(env: &str, prefix: &str, names: &[&str]) -> Result<Assets, LaunchError> {
+        let source = match std::env::var_os(env) {
             Some(path) => PathBuf::from(path),
-            None => shared_archive()?,
+            None => shared_archive(env, prefix)?,
         };
         if source.is_dir() {
-            return Assets::in_folder(&source);
+            return Assets::holding(&source, names);
         }
         if source.is_file() {
-            return Assets::unpacked(&source);
+            return Assets::unpacked(&source, names);
         }
         Err(LaunchError::MissingAssets(format!(
             "{} does not exist",
@@ -46,8 +63,13 @@ impl Assets {
 
     /// The binaries in `folder/bin`.
     pub fn in_folder(folder: &Path) -> Result<Assets, LaunchError> {
+        Assets::holding(folder, &BINARIES)
+    }
+
+    /// `folder/bin`, if it holds every one of `names`.
+    fn holding(folder: &Path, names: &[&str]) -> Result<Assets, LaunchError> {
         let bin = folder.join("bin");
-        let mut missing = BINARIES.to_vec();
+        let mut missing = names.to_vec();
         missing.retain(|name| !bin.join(name).is_file());
         if missing.is_empty() {
             return Ok(Assets { bin });
@@ -58,7 +80,7 @@ impl Assets {
 
     /// The binaries of `archive`, unpacked under the target directory on first use (into a
     /// temporary folder renamed into place, so concurrent test processes never see half of it).
-    fn unpacked(archive: &Path) -> Result<Assets, LaunchError> {
+    fn unpacked(archive: &Path, names: &[&str]) -> Result<Assets, LaunchError> {
         let stem = archive
             .file_name()
             .and_then(|n| n.to_str())
@@ -66,7 +88,7 @@ impl Assets {
             .unwrap_or_else(|| "control-plane".to_string());
         let parent = kube_dir();
         let folder = parent.join(stem);
-        if let Ok(assets) = Assets::in_folder(&folder) {
+        if let Ok(assets) = Assets::holding(&folder, names) {
             return Ok(assets);
         }
         std::fs::create_dir_all(&parent).map_err(LaunchError::io(parent.display()))?;
@@ -86,7 +108,7 @@ impl Assets {
         }
         // Another process may have won the race: its copy is as good as ours.
         let _ = std::fs::rename(staging.keep(), &folder);
-        Assets::in_folder(&folder)
+        Assets::holding(&folder, names)
     }
 
     /// The path of one binary.
@@ -95,26 +117,24 @@ impl Assets {
     }
 }
 
-/// `../shared/kube/control-plane-*-linux-amd64.tar.xz` beside the repository.
-fn shared_archive() -> Result<PathBuf, LaunchError> {
+/// `../shared/kube/<prefix>*.tar.xz` beside the repository (`env` names the variable that would
+/// have said otherwise).
+fn shared_archive(env: &str, prefix: &str) -> Result<PathBuf, LaunchError> {
     let folder = repo_root().join("../shared/kube");
     let entries = std::fs::read_dir(&folder).map_err(|e| {
-        LaunchError::MissingAssets(format!(
-            "{ASSETS_ENV} is not set and {}: {e}",
-            folder.display()
-        ))
+        LaunchError::MissingAssets(format!("{env} is not set and {}: {e}", folder.display()))
     })?;
     entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| {
             path.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("control-plane-") && n.ends_with(".tar.xz"))
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".tar.xz"))
         })
         .max()
         .ok_or_else(|| {
             LaunchError::MissingAssets(format!(
-                "{ASSETS_ENV} is not set and {} holds no control-plane-*.tar.xz",
+                "{env} is not set and {} holds no {prefix}*.tar.xz",
                 folder.display()
             ))
         })
@@ -126,7 +146,7 @@ fn repo_root() -> PathBuf {
 }
 
 /// `<target>/ttdp-kube`, the target being `CARGO_TARGET_DIR`, else the repository's `target/`.
-fn kube_dir() -> PathBuf {
+pub(super) fn kube_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from);
     target
         .unwrap_or_else(|| repo_root().join("target"))

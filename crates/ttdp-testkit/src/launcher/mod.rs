@@ -13,9 +13,13 @@
 //!   started it, so no process is left behind even when the test process is killed.
 //! - [`test_kubeconfig`] is what end-to-end suites call: the cluster `TTDP_TEST_KUBECONFIG`
 //!   names, else one control plane shared by the whole test process.
+//! - With [`ControlPlaneOptions::real_node`], the API server also listens on the host's
+//!   non-loopback address and one real node ([`node::RealNode`]: containerd, kubelet,
+//!   kube-proxy) joins, so pods really run. Without it nothing of the node is started.
 
 mod assets;
 pub mod audit;
+pub mod node;
 pub(crate) mod pki;
 mod process;
 pub mod tokens;
@@ -23,7 +27,7 @@ pub mod tokens;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-pub use assets::{ASSETS_ENV, Assets, runs_dir};
+pub use assets::{ASSETS_ENV, Assets, NODE_ASSETS_ENV, runs_dir};
 use process::{default_service_account, readyz};
 
 /// A kubeconfig naming an existing cluster to run the end-to-end suites against; nothing is
@@ -84,6 +88,7 @@ pub struct ControlPlane {
     audit_log: PathBuf,
     server: String,
     processes: process::Processes,
+    node: Option<node::RealNode>,
 }
 
 /// Extra flags for one control plane, for a run that needs the components tuned (the fleet
@@ -97,6 +102,9 @@ pub struct ControlPlaneOptions {
     pub controller_manager_flags: Vec<String>,
     /// Appended to kube-scheduler's flags.
     pub scheduler_flags: Vec<String>,
+    /// Also run one real node (see [`node`]); the API server then listens on every address and
+    /// advertises the host's (`TTDP_NODE_IP`, else the default route's).
+    pub real_node: bool,
 }
 
 impl ControlPlane {
@@ -116,7 +124,12 @@ impl ControlPlane {
         options: &ControlPlaneOptions,
     ) -> Result<ControlPlane, LaunchError> {
         let dir = process::fresh_run_dir(runs)?;
-        let pki = pki::Pki::write(&dir.join("pki"))?;
+        let address = if options.real_node {
+            Some(node::host_address()?)
+        } else {
+            None
+        };
+        let pki = pki::Pki::write(&dir.join("pki"), &node_server_names(address))?;
         let ports = process::Ports::pick()?;
         let server = format!("https://127.0.0.1:{}", ports.apiserver);
         let kubeconfig = pki.write_kubeconfig(&dir, &server, pki::Identity::Admin)?;
@@ -125,6 +138,11 @@ impl ControlPlane {
         processes.start_etcd(assets, &dir, &ports)?;
         let audit_log = dir.join("logs").join("audit.log");
         let mut apiserver_flags = audit::apiserver_flags(&dir, &audit_log)?;
+        apiserver_flags.extend(
+            address
+                .map(|a| node_apiserver_flags(&pki, a))
+                .unwrap_or_default(),
+        );
         apiserver_flags.extend_from_slice(&options.apiserver_flags);
         processes.start_apiserver(assets, &pki, &ports, &apiserver_flags)?;
         processes.wait_for("kube-apiserver", "/readyz is not ok", readyz)?;
@@ -134,6 +152,10 @@ impl ControlPlane {
         }
         let problem = "made no default ServiceAccount";
         processes.wait_for("kube-controller-manager", problem, default_service_account)?;
+        let logs = dir.join("logs");
+        let node = address
+            .map(|a| node::RealNode::start(&logs, &kubeconfig, a))
+            .transpose()?;
         Ok(ControlPlane {
             dir,
             kubeconfig,
@@ -141,7 +163,13 @@ impl ControlPlane {
             audit_log,
             server,
             processes,
+            node,
         })
+    }
+
+    /// The real node, when [`ControlPlaneOptions::real_node`] asked for one.
+    pub fn real_node(&self) -> Option<&node::RealNode> {
+        self.node.as_ref()
     }
 
     /// The admin (`system:masters`) kubeconfig.
@@ -173,9 +201,47 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
+        // The node first: its kubelet still reports to the API server while it stops.
+        drop(self.node.take());
         self.processes.stop();
         let _ = std::fs::remove_dir_all(self.dir.join("etcd"));
     }
+}
+
+/// The serving certificate's extra names for a real node: the host's address (the API server
+/// is advertised there) and the `kubernetes` Service's address and names (in-cluster clients).
+fn node_server_names(address: Option<std::net::IpAddr>) -> Vec<String> {
+    let Some(address) = address else {
+        return Vec::new();
+    };
+    // The first address of the service range: the `kubernetes` Service's.
+    let service = [
+        "10.0.0.1",
+        "kubernetes.default",
+        "kubernetes.default.svc.cluster.local",
+    ];
+    let mut names = vec![address.to_string()];
+    names.extend(service.map(String::from));
+    names
+}
+
+/// The API server's flags for a real node: on every address, advertised on the host's (the
+/// `kubernetes` Service's endpoint), reaching the kubelet by its InternalIP with a client
+/// certificate (`kubectl logs`, `exec`).
+fn node_apiserver_flags(pki: &pki::Pki, address: std::net::IpAddr) -> Vec<String> {
+    vec![
+        "--bind-address=0.0.0.0".into(),
+        format!("--advertise-address={address}"),
+        format!(
+            "--kubelet-client-certificate={}",
+            pki.path("kubelet-client.crt").display()
+        ),
+        format!(
+            "--kubelet-client-key={}",
+            pki.path("kubelet-client.key").display()
+        ),
+        "--kubelet-preferred-address-types=InternalIP".into(),
+    ]
 }
 
 /// The kubeconfig an end-to-end test runs against: `TTDP_TEST_KUBECONFIG` when set, else the

@@ -51,8 +51,10 @@ pub(super) struct Pki {
 }
 
 impl Pki {
-    /// Makes every certificate and key under `dir`.
-    pub(super) fn write(dir: &Path) -> Result<Pki, LaunchError> {
+    /// Makes every certificate and key under `dir`; the serving certificate also names
+    /// `extra_names` (addresses or DNS names), and `kubelet-client.crt` is what the API server
+    /// shows a kubelet.
+    pub(super) fn write(dir: &Path, extra_names: &[String]) -> Result<Pki, LaunchError> {
         std::fs::create_dir_all(dir).map_err(LaunchError::io(dir.display()))?;
         let pki = Pki {
             dir: dir.to_path_buf(),
@@ -76,9 +78,18 @@ impl Pki {
             "kubernetes",
             "kubernetes.default.svc",
         ];
-        let mut serving = params(names.map(String::from).to_vec(), "kube-apiserver")?;
+        let mut names = names.map(String::from).to_vec();
+        names.extend_from_slice(extra_names);
+        let mut serving = params(names, "kube-apiserver")?;
         serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         pki.signed("serving", &serving, &issuer)?;
+
+        let mut kubelet_client = params(Vec::new(), "kube-apiserver-kubelet-client")?;
+        kubelet_client
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:masters");
+        kubelet_client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        pki.signed("kubelet-client", &kubelet_client, &issuer)?;
 
         for identity in [
             Identity::Admin,

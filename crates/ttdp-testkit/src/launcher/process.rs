@@ -224,13 +224,23 @@ impl Processes {
         assets: &Assets,
         args: &[String],
     ) -> Result<(), LaunchError> {
+        self.spawn_program(name, &assets.binary(name), args)
+    }
+
+    /// [`Processes::spawn`] of `program`, logged and reported as `name`.
+    pub(super) fn spawn_program(
+        &mut self,
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+    ) -> Result<(), LaunchError> {
         let log = self.log(name);
         let out = std::fs::File::create(&log).map_err(LaunchError::io(log.display()))?;
         let err = out.try_clone().map_err(LaunchError::io(log.display()))?;
         let starting = format!("starting {name} under setpriv (util-linux)");
         let child = Command::new("setpriv")
             .args(["--pdeathsig", "KILL", "--"])
-            .arg(assets.binary(name))
+            .arg(program)
             .args(args)
             .stdin(Stdio::null())
             .stdout(out)
@@ -242,12 +252,12 @@ impl Processes {
         Ok(())
     }
 
-    fn log(&self, name: &str) -> PathBuf {
+    pub(super) fn log(&self, name: &str) -> PathBuf {
         self.logs.join(format!("{name}.log"))
     }
 
     /// The first component that has exited, as an error.
-    fn check_running(&mut self) -> Result<(), LaunchError> {
+    pub(super) fn check_running(&mut self) -> Result<(), LaunchError> {
         for (name, child) in &mut self.running {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(LaunchError::Component {
