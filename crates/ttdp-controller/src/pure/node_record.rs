@@ -71,9 +71,8 @@ pub fn patch_from(now: Option<&NodeRecord>, desired: Option<&NodeRecord>) -> Opt
     Some(overwrite(desired))
 }
 
-/// The merge patch that takes the node's record to `desired` whatever it carries now (removing
-/// a record it does not carry changes nothing).
-pub fn overwrite(desired: Option<&NodeRecord>) -> Value {
+/// The merge patch that takes the node's record to `desired` whatever it carries now.
+fn overwrite(desired: Option<&NodeRecord>) -> Value {
     let (record, state) = match desired {
         Some(r) => (json!(r.to_annotation()), json!(r.state_label())),
         None => (Value::Null, Value::Null),

@@ -96,6 +96,9 @@ impl Pass {
             if !taken.contains(&Action::Release) {
                 taken.push(Action::Release);
                 let record = self.uncordoning_record(node);
+                if record.is_some() {
+                    self.written.insert(node.clone(), record.clone());
+                }
                 lifting.push(NodeWork::lift(node, record));
             }
         }

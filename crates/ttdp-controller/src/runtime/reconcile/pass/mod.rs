@@ -25,6 +25,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action as Requeue;
 use ttdp_api::driver::v1alpha1::RolloutStatus;
+use ttdp_api::node_record::NodeRecord;
 use ttdp_api::node_selection::NodeSelection;
 use ttdp_api::{NodeState, TenstorrentDriverPolicy};
 use ttdp_drain::UncordonOutcome;
@@ -109,6 +110,8 @@ pub struct Pass {
     deferred: BTreeSet<usize>,
     /// Actions already taken per node in its current state (a later round does not repeat them).
     actions_taken: HashMap<String, Vec<Action>>,
+    /// The record each node's last task of this pass writes (None: it removes the record).
+    written: HashMap<String, Option<NodeRecord>>,
     /// Nodes whose cordon this reconcile lifted, with the node as the cache showed it then: until
     /// the cache shows the change, the observation says what the lifting did.
     uncordoned: HashMap<String, (Arc<CachedNode>, UncordonOutcome)>,
@@ -203,6 +206,7 @@ impl Pass {
             first_round: true,
             deferred: BTreeSet::new(),
             actions_taken: HashMap::new(),
+            written: HashMap::new(),
             uncordoned: HashMap::new(),
             recorded,
             now: Time(now),
@@ -489,6 +493,10 @@ impl Pass {
                 on_release: RecordOnRelease::Keep,
                 actions: todo,
             };
+            if work.record.is_some() || work.record_patch.is_some() {
+                let record = self.record_of(node);
+                self.written.insert(node.clone(), record);
+            }
             act::spawn_in_background(&self.ctx, &self.policy, work, &self.now);
         }
     }

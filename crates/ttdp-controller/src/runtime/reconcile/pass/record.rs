@@ -67,10 +67,10 @@ impl Pass {
     /// a grant they are about to take, or that a cordon `lifted` this round carries.
     ///
     /// A node carries the record the last round decided (written by then, or the pass has
-    /// ended); in the first round the node's copy in the cache says what it carries: a process
-    /// killed after its status said Done, before the node's record was removed, left that
-    /// record for the next one to remove. A node whose work was deferred gets its record
-    /// written whatever it carries.
+    /// ended); in the first round, and for a node whose work was deferred, the node's copy in
+    /// the cache says what it carries (a process killed after its status said Done, before the
+    /// node's record was removed, left that record for the next one to remove), unless a task
+    /// of this pass wrote the node's record ([`Pass::written_by_task`]).
     pub(super) fn record_patches(
         &self,
         planned: &Planned,
@@ -103,12 +103,9 @@ impl Pass {
                 }
                 let entry = planned.built.all_nodes.get(n.name())?;
                 let want = node_record::desired(&self.name, target, entry);
-                let patch = if deferred.contains(&i) {
-                    // The task this node waited for has just ended, and the record it wrote
-                    // may not be in the cache yet: compared with the cache, a record the node
-                    // already left would stay. So the record decided is written as it is.
-                    Some(node_record::overwrite(want.as_ref()))
-                } else if whole {
+                let patch = if let Some(written) = self.written_by_task(i, deferred) {
+                    node_record::patch_from(written, want.as_ref())
+                } else if whole || deferred.contains(&i) {
                     node_record::patch(&n.metadata, &self.name, want.as_ref())
                 } else {
                     let decided = (self.recorded.nodes.get(n.name()))
@@ -118,6 +115,17 @@ impl Pass {
                 Some((i, patch?))
             })
             .collect()
+    }
+
+    /// For a `deferred` node, the record its last task of this pass wrote, if it wrote one:
+    /// that task has just ended, and the cache may not show its write yet (compared with the
+    /// cache, a record the node already left would stay on it).
+    fn written_by_task(&self, i: usize, deferred: &BTreeSet<usize>) -> Option<Option<&NodeRecord>> {
+        if !deferred.contains(&i) {
+            return None;
+        }
+        let written = self.written.get(self.matched[i].name())?;
+        Some(written.as_ref())
     }
 
     /// Those of `actions` not taken yet on `node` in its current state.
