@@ -511,6 +511,7 @@ mod tests {
             holders: vec![],
             reason: None,
             message: None,
+            kernel_compiler: None,
         }
     }
 
