@@ -179,6 +179,9 @@ pub struct AgentConfig {
     pub host: HostRoot,
     /// Real or simulated kernel (`TTDP_KERNEL`).
     pub kernel: KernelKind,
+    /// The GCC major version the image builds with (`TTDP_BUILDER_GCC`); `None`: not declared,
+    /// builds are not checked against the kernel's compiler.
+    pub builder_gcc: Option<u32>,
     /// SIGKILL device holders before unloading (`TT_FORCE_UNLOAD`).
     pub force_unload: bool,
     /// Module parameters passed at load, space-separated `name=value` (`TT_KMD_PARAMETERS`;
@@ -223,6 +226,7 @@ impl AgentConfig {
             node_name: node_name.to_string(),
             host,
             kernel: KernelKind::Real,
+            builder_gcc: None,
             force_unload: false,
             parameters: String::new(),
             source_commit: None,

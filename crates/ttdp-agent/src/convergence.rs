@@ -104,6 +104,7 @@ pub fn base_report(
         holders: Vec::new(),
         reason: None,
         message: None,
+        kernel_compiler: None,
     }
 }
 
@@ -123,6 +124,7 @@ pub fn holders_message(status: &ModuleStatus, target: &KmdVersion) -> String {
             holders: report_holders(&status.device_holders),
             reason: None,
             message: None,
+            kernel_compiler: None,
         };
         report.holders_text().unwrap_or_default()
     } else if !status.module_holders.is_empty() {

@@ -7,6 +7,9 @@
 //! - `tt-smi.driver.tenstorrent.com/version`: set once tt-smi is on the host (container mode only;
 //!   a host-managed node's tt-smi label is left alone).
 //!
+//! - `driver.tenstorrent.com/kernel-compiler`: the family of the compiler that built the
+//!   running kernel (`gcc-13`), every pass.
+//!
 //! Labels the agent does not manage are never part of the patch.
 
 use std::collections::BTreeMap;
@@ -64,6 +67,16 @@ impl NodeLabels {
             );
         }
         Self(map)
+    }
+
+    /// Adds the kernel-compiler label (`gcc-13`): set on every pass, the kernel cannot change
+    /// while the agent runs.
+    pub fn with_kernel_compiler(mut self, family: &str) -> Self {
+        self.0.insert(
+            ttdp_api::names::compiler::KERNEL_COMPILER_LABEL.to_string(),
+            Some(family.to_string()),
+        );
+        self
     }
 
     /// The value for `key`: `Some(Some(v))` set, `Some(None)` removed, `None` left alone.
@@ -145,6 +158,16 @@ mod tests {
                 (labels::INSTALL_MODE.to_string(), "host".to_string()),
                 ("other".to_string(), "x".to_string()),
             ])
+        );
+    }
+
+    #[test]
+    fn the_kernel_compiler_is_labelled() {
+        let l =
+            NodeLabels::desired(InstallMode::Container, None, None).with_kernel_compiler("gcc-13");
+        assert_eq!(
+            l.get(ttdp_api::names::compiler::KERNEL_COMPILER_LABEL),
+            Some(Some("gcc-13"))
         );
     }
 

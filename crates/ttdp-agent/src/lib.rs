@@ -27,6 +27,7 @@
 #![deny(missing_docs)]
 
 pub mod backoff;
+pub mod builder_compiler;
 pub mod config;
 pub mod convergence;
 pub mod device_check;

@@ -198,6 +198,10 @@ struct RunArgs {
     /// Git repository tt-kmd is fetched from (URL or local path).
     #[arg(long, env = env::TT_KMD_REPOSITORY, value_name = "TT_KMD_REPOSITORY", default_value = DEFAULT_KMD_REPOSITORY)]
     kmd_repository: String,
+    /// The GCC major version this image builds modules with (set by the builder image); unset:
+    /// the image does not say, and the agent builds without checking the kernel's compiler.
+    #[arg(long, env = ttdp_api::names::compiler::BUILDER_GCC_ENV, value_name = "TTDP_BUILDER_GCC", value_parser = clap::value_parser!(u32).range(1..))]
+    builder_gcc: Option<u32>,
     /// `real`, or `sim` for the file-backed simulated kernel under the host root (builds with
     /// the `sim` feature only: tests and the demo).
     #[arg(long, env = env::KERNEL, value_name = "TTDP_KERNEL", default_value = "real")]
@@ -279,6 +283,7 @@ impl RunArgs {
         let host = HostRoot::new(&self.target.host_root);
         let mut config = AgentConfig::new(self.target.kmd_version.clone(), &node, host);
         config.kernel = self.kernel;
+        config.builder_gcc = self.builder_gcc;
         config.force_unload = self.force_unload;
         config.parameters = self.target.kmd_parameters.clone();
         config.source_commit = self.kmd_commit.clone();

@@ -36,11 +36,13 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
-use ttdp_hostprobe::{detect_host_install, kernel_release};
+use ttdp_hostprobe::{CompilerFamily, detect_host_install, kernel_compiler, kernel_release};
 use ttdp_kmod::parameters::uninterpreted_values;
+use ttdp_kmod::prebuilt::PrebuiltFallback;
 use ttdp_kmod::{InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions, UnloadOptions};
 
 use crate::backoff::Backoff;
+use crate::builder_compiler::BuilderCompiler;
 use crate::config::AgentConfig;
 use crate::convergence::{
     Observation, Step, UnloadGate, base_report, host_managed_message, next_step, unload_gate,
@@ -105,6 +107,7 @@ pub struct NodeAgent<K, R> {
     last_event: Option<(String, String)>,
     ready_version: Option<String>,
     validated: Option<validate::ValidatedModule>,
+    compiler: BuilderCompiler,
 }
 
 impl<K, R> NodeAgent<K, R>
@@ -131,8 +134,23 @@ where
                 host: config.host.to_string(),
                 source: Box::new(source),
             })?;
+        let compiler = BuilderCompiler {
+            kernel: kernel_compiler(&config.host)
+                .map_err(|source| AgentError::Installer {
+                    host: config.host.to_string(),
+                    source: Box::new(source.into()),
+                })?
+                .map_or(CompilerFamily::Unknown, |c| c.family()),
+            image_gcc: config.builder_gcc,
+        };
         if let Some(prebuilt) = &config.prebuilt {
-            let source = HttpPrebuiltSource::new(prebuilt.clone(), config.build.fetch_timeout)?;
+            let mut prebuilt = prebuilt.clone();
+            if let Some(why) = compiler.mismatch() {
+                // downloads need no compiler; a module the server lacks must not be built here
+                warn!(%why, "a prebuilt module the server lacks is not built");
+                prebuilt.fallback = PrebuiltFallback::Fail;
+            }
+            let source = HttpPrebuiltSource::new(prebuilt, config.build.fetch_timeout)?;
             installer = installer.with_prebuilt(Arc::new(source));
         }
         let tt_smi = config
@@ -154,6 +172,7 @@ where
             last_event: None,
             ready_version: None,
             validated: None,
+            compiler,
             config,
         })
     }
@@ -407,6 +426,34 @@ where
                 Some(problem)
             }
         }
+    }
+
+    /// This image's compiler is not the kernel's and the target or rollback `.ko` may have to be
+    /// built (no prebuilt source): report it, build nothing, look again after a probe period
+    /// (the node is about to run another image, or needs the admin). Whether it waits.
+    async fn waits_for_builder(&mut self, observation: &Observation) -> bool {
+        let Some(why) = self
+            .compiler
+            .mismatch()
+            .filter(|_| self.config.prebuilt.is_none())
+        else {
+            return false;
+        };
+        if self.last_report.as_ref().map(|r| r.phase) != Some(AgentPhase::WaitingForBuilder) {
+            warn!(node = %self.config.node_name, %why, "not building with another compiler than the kernel's");
+        }
+        let mut report = base_report(
+            AgentPhase::WaitingForBuilder,
+            &self.config.target_version,
+            observation,
+        );
+        report.reason = Some(reasons::COMPILER_MISMATCH.to_string());
+        report.message = Some(why.clone());
+        self.publish_report(report).await;
+        self.next_attempt = Some(Instant::now() + self.config.probe_period);
+        self.event(EventKind::Warning, reasons::COMPILER_MISMATCH, "Build", why)
+            .await;
+        true
     }
 
     /// Ensure the `.ko`, check holders, swap. See the module docs for what shutdown does.

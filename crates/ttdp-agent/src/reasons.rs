@@ -19,6 +19,8 @@ pub const HOST_PROBE_FAILED: &str = "HostProbeFailed";
 pub const TT_SMI_INSTALLED: &str = "TtSmiInstalled";
 /// tt-smi could not be copied to the host.
 pub const TT_SMI_COPY_FAILED: &str = "TtSmiCopyFailed";
+/// The target must be built and this image's compiler is not the kernel's: nothing is built.
+pub const COMPILER_MISMATCH: &str = "CompilerMismatch";
 /// The node is host-managed (DKMS); the agent stands down.
 pub const HOST_MANAGED: &str = "HostManaged";
 /// The loaded module was unloaded without a `.ko` to roll back to, because the node opted in

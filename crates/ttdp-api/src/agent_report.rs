@@ -24,6 +24,9 @@ pub enum AgentPhase {
     HostManaged,
     /// The last attempt failed; the agent retries with back-off.
     Failed,
+    /// The target must be built, and this image's compiler is not the one that built the
+    /// kernel: nothing is built until the node runs its compiler family's builder image.
+    WaitingForBuilder,
 }
 
 /// A process holding the device open.
@@ -69,6 +72,10 @@ pub struct AgentReport {
     /// A human-readable account: what happened and what to do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The family of the compiler that built the kernel (`gcc-13`), as in the node's
+    /// `driver.tenstorrent.com/kernel-compiler` label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_compiler: Option<String>,
 }
 
 impl AgentReport {
@@ -111,6 +118,7 @@ mod tests {
             ],
             reason: Some("DeviceHeld".into()),
             message: None,
+            kernel_compiler: None,
         };
         assert_eq!(
             r.holders_text().unwrap(),

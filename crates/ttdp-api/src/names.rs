@@ -247,6 +247,32 @@ pub mod env {
     pub const VALIDATION_DEVICE_WAIT: &str = "TTDP_VALIDATION_DEVICE_WAIT";
 }
 
+/// Which compiler built a node's kernel, and the builder images that match it.
+pub mod compiler {
+    /// On nodes: the family of the compiler that built the running kernel, as the agent read it
+    /// from `/proc/version` (`gcc-13`, `clang-18`, `unknown`). The controller runs each node's
+    /// agent from the builder image of that family.
+    pub const KERNEL_COMPILER_LABEL: &str = "driver.tenstorrent.com/kernel-compiler";
+    /// On family DaemonSets and their pods: the GCC major version their builder image carries.
+    pub const BUILDER_GCC_LABEL: &str = "driver.tenstorrent.com/builder-gcc";
+    /// In builder images: the GCC major version the image builds modules with. An agent whose
+    /// image names another major than the kernel's does not build.
+    pub const BUILDER_GCC_ENV: &str = "TTDP_BUILDER_GCC";
+    /// Prefix of the DaemonSets that run one compiler family's builder image: never the
+    /// default DaemonSet's prefix, so no policy name can make the two collide.
+    pub const FAMILY_DAEMONSET_PREFIX: &str = "ttkmd-gcc";
+
+    /// The kernel-compiler label value of GCC `major`: `gcc-<major>`.
+    pub fn gcc_label_value(major: u32) -> String {
+        format!("gcc-{major}")
+    }
+
+    /// The DaemonSet running GCC `major`'s builder image for `policy`: `ttkmd-gcc<major>-<policy>`.
+    pub fn family_daemonset_name(policy: &str, major: u32) -> String {
+        format!("{FAMILY_DAEMONSET_PREFIX}{major}-{policy}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,7 @@
 //! The controller's command-line flags (each also an environment variable `TTDP_*`), reusable by
 //! any binary that embeds the controller (flatten [`ControllerArgs`] into its own clap parser).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -70,6 +71,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "TTDP_AGENT_POD", default_value = "", value_parser = AgentPodSettings::parse)]
     pub agent_pod: AgentPodSettings,
 
+    /// The builder image of each GCC major, as a JSON object (`{"11": "repo:tag-gcc11", ...}`,
+    /// the chart's driver.builderImages): each node's agent runs the image of the compiler that
+    /// built its kernel. Empty: `<default image>-gcc<N>` for 11 to 14.
+    #[arg(long, env = "TTDP_BUILDER_IMAGES", default_value = "", value_parser = parse_builder_images)]
+    pub builder_images: BTreeMap<u32, String>,
+
     /// This replica's identity (the pod name; the hostname by default).
     #[arg(long, env = "TTDP_POD_NAME")]
     pub pod_name: Option<String>,
@@ -108,6 +115,7 @@ impl ControllerArgs {
                 .clone()
                 .filter(|s| !s.trim().is_empty()),
             agent_pod: self.agent_pod.clone(),
+            builder_images: self.builder_images.clone(),
         }
     }
 
@@ -139,6 +147,28 @@ impl ControllerArgs {
             readiness: None,
         })
     }
+}
+
+/// `{"13": "image", ...}` (empty text: none): GCC majors to builder images.
+fn parse_builder_images(s: &str) -> Result<BTreeMap<u32, String>, String> {
+    if s.trim().is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let named: BTreeMap<String, String> = serde_json::from_str(s).map_err(|e| {
+        format!("expected a JSON object such as {{\"13\": \"repo:tag-gcc13\"}}: {e}")
+    })?;
+    named
+        .into_iter()
+        .map(|(major, image)| {
+            let parsed = major
+                .parse::<u32>()
+                .map_err(|_| format!("{major:?} is not a GCC major version such as \"13\""))?;
+            if image.trim().is_empty() {
+                return Err(format!("the image of gcc {major} is empty"));
+            }
+            Ok((parsed, image))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -193,5 +223,26 @@ mod tests {
         assert!(cli.args.settings().deploy_gates.is_empty());
         let bad = Cli::try_parse_from(["ttdp-controller", "--metrics-address=nope"]).unwrap();
         assert!(bad.args.run_options().is_err());
+    }
+
+    #[test]
+    fn builder_images_are_a_json_map_of_gcc_majors() {
+        let cli = Cli::try_parse_from(["ttdp-controller"]).unwrap();
+        assert!(cli.args.settings().builder_images.is_empty());
+        let cli = Cli::try_parse_from([
+            "ttdp-controller",
+            r#"--builder-images={"11":"m/b:1-gcc11","13":"m/b:1-gcc13"}"#,
+        ])
+        .unwrap();
+        let images = cli.args.settings().builder_images;
+        assert_eq!(images.get(&13).map(String::as_str), Some("m/b:1-gcc13"));
+        assert_eq!(images.len(), 2);
+        for bad in [r#"{"gcc13":"x"}"#, r#"{"13":""}"#, "[1]"] {
+            let arg = format!("--builder-images={bad}");
+            assert!(
+                Cli::try_parse_from(["ttdp-controller", arg.as_str()]).is_err(),
+                "{bad}"
+            );
+        }
     }
 }

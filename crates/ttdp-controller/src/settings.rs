@@ -1,5 +1,6 @@
 //! The controller's configuration, as resolved from flags and environment (see `args`).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use crate::pure::agent_pod::{AgentPodSettings, AgentProxy};
@@ -31,6 +32,16 @@ pub struct Settings {
     /// What the admin adds to every agent pod: pull secrets, proxy, resources, tolerations and
     /// a node selector.
     pub agent_pod: AgentPodSettings,
+    /// The builder image of each GCC major the admin named (`driver.builderImages`); empty:
+    /// derived from the default image (see [`Settings::served_builder_images`]).
+    pub builder_images: BTreeMap<u32, String>,
+}
+
+impl Settings {
+    /// The builder image of each GCC major a node's kernel may be built by.
+    pub fn served_builder_images(&self) -> BTreeMap<u32, String> {
+        crate::pure::builder_images::builder_images(&self.builder_images, &self.default_image)
+    }
 }
 
 impl Default for Settings {
@@ -46,6 +57,7 @@ impl Default for Settings {
             retry_max: Duration::from_secs(600),
             policy_selector: None,
             agent_pod: AgentPodSettings::default(),
+            builder_images: BTreeMap::new(),
         }
     }
 }

@@ -931,7 +931,7 @@ async fn rollout_and_admission(s: &Scenario, mark: &mut impl FnMut(&'static str)
     );
 }
 
-/// One agent's bound token may change only its own node's three ttdp labels and its own pod's
+/// One agent's bound token may change only its own node's four ttdp labels and its own pod's
 /// report annotation; the chart's policies and RBAC refuse everything else.
 async fn agent_admission(s: &Scenario, nodes: &[String], pods: &BTreeMap<String, Pod>) {
     let (own_node, other_node) = (&nodes[0], &nodes[1]);
@@ -970,6 +970,17 @@ async fn agent_admission(s: &Scenario, nodes: &[String], pods: &BTreeMap<String,
     expect(
         "put its own node's tt-smi label back",
         answer(node_api.patch(own_node, &pp, &label(TT_SMI)).await),
+        200,
+        "",
+    );
+    let compiler = |value: &str| {
+        merge(json!({"metadata": {"labels": {
+            ttdp_api::names::compiler::KERNEL_COMPILER_LABEL: value,
+        }}}))
+    };
+    expect(
+        "label its own node's kernel compiler",
+        answer(node_api.patch(own_node, &pp, &compiler("gcc-12")).await),
         200,
         "",
     );
@@ -1023,7 +1034,7 @@ async fn agent_admission(s: &Scenario, nodes: &[String], pods: &BTreeMap<String,
                     .await,
             ),
             422,
-            "may only change its node's kmd-version, install-mode and tt-smi version labels",
+            "may only change its node's kmd-version, install-mode, tt-smi version and kernel-compiler labels",
         );
     }
     expect(
@@ -1127,7 +1138,7 @@ async fn agent_admission(s: &Scenario, nodes: &[String], pods: &BTreeMap<String,
         "may only change its pod's driver.tenstorrent.com/agent-report annotation",
     );
 
-    // Everything of its own node but those three labels: dry runs, so the server's answer is
+    // Everything of its own node but those four labels: dry runs, so the server's answer is
     // the admission policy's and a change it let through is not kept.
     let dry = PatchParams {
         dry_run: true,
@@ -1137,6 +1148,7 @@ async fn agent_admission(s: &Scenario, nodes: &[String], pods: &BTreeMap<String,
         labels::KMD_VERSION,
         labels::INSTALL_MODE,
         labels::TT_SMI_VERSION,
+        ttdp_api::names::compiler::KERNEL_COMPILER_LABEL,
     ] {
         expect(
             &format!("change its own node's label {key} (dry run)"),
@@ -1186,7 +1198,7 @@ async fn agent_admission(s: &Scenario, nodes: &[String], pods: &BTreeMap<String,
         (
             "set another label on its own node",
             json!({"metadata": {"labels": {"example.com/chart-test": "x"}}}),
-            "may only change its node's kmd-version, install-mode and tt-smi version labels",
+            "may only change its node's kmd-version, install-mode, tt-smi version and kernel-compiler labels",
         ),
         (
             "annotate its own node",

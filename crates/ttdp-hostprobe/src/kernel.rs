@@ -50,6 +50,93 @@ pub struct KernelCompiler {
     pub command: String,
 }
 
+impl KernelCompiler {
+    /// The compiler family: GCC or clang with its major version, or [`CompilerFamily::Unknown`].
+    pub fn family(&self) -> CompilerFamily {
+        family_of(&self.description)
+    }
+}
+
+/// Which compiler built the kernel, as far as out-of-tree modules care: kbuild wants the same
+/// compiler and major version for modules as for the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CompilerFamily {
+    /// GCC of this major version (`gcc-13`).
+    Gcc(u32),
+    /// clang of this major version (`clang-18`).
+    Clang(u32),
+    /// Neither could be told from the banner.
+    Unknown,
+}
+
+impl CompilerFamily {
+    /// The major version when it is GCC.
+    pub fn gcc_major(self) -> Option<u32> {
+        match self {
+            Self::Gcc(major) => Some(major),
+            Self::Clang(_) | Self::Unknown => None,
+        }
+    }
+
+    /// The form used in node labels: `gcc-13`, `clang-18`, `unknown`.
+    pub fn label_value(self) -> String {
+        match self {
+            Self::Gcc(major) => format!("gcc-{major}"),
+            Self::Clang(major) => format!("clang-{major}"),
+            Self::Unknown => "unknown".to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for CompilerFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label_value())
+    }
+}
+
+/// The family in a compiler description such as `gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0`,
+/// `x86_64-linux-gnu-gcc-13 (Ubuntu 13.2.0-23ubuntu4) 13.2.0`, `cc (GCC) 12.2.0` or
+/// `Ubuntu clang version 18.1.3 (1ubuntu1)`. The version is the first word that starts with
+/// `<major>.`, after the vendor's parenthesised note (which holds a package version too).
+fn family_of(description: &str) -> CompilerFamily {
+    let lower = description.to_ascii_lowercase();
+    let is_clang = lower.contains("clang");
+    let is_gcc =
+        !is_clang && (lower.contains("gcc") || lower.split_whitespace().next() == Some("cc"));
+    if !is_clang && !is_gcc {
+        return CompilerFamily::Unknown;
+    }
+    let outside_notes = strip_parenthesised(&lower);
+    let major = outside_notes.split_whitespace().find_map(|word| {
+        let (major, rest) = word.split_once('.')?;
+        let minor_is_number = rest.chars().next().is_some_and(|c| c.is_ascii_digit());
+        major.parse::<u32>().ok().filter(|_| minor_is_number)
+    });
+    match (major, is_gcc) {
+        (Some(major), true) => CompilerFamily::Gcc(major),
+        (Some(major), false) => CompilerFamily::Clang(major),
+        (None, _) => CompilerFamily::Unknown,
+    }
+}
+
+/// `text` without its parenthesised parts (nested ones included).
+fn strip_parenthesised(text: &str) -> String {
+    let mut depth = 0usize;
+    let mut kept = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth = depth.saturating_sub(1);
+                kept.push(' ');
+            }
+            _ if depth == 0 => kept.push(c),
+            _ => {}
+        }
+    }
+    kept
+}
+
 /// The compiler named in the host's `/proc/version`, `None` when the file or the field is missing.
 pub fn kernel_compiler(host: &HostRoot) -> Result<Option<KernelCompiler>, ProbeError> {
     Ok(read_optional(&host.path(PROC_VERSION_PATH))?
@@ -193,6 +280,59 @@ mod tests {
         assert_eq!(compiler_from_banner("Linux version 1.0"), None);
         let (_d, empty) = root_with(&[]);
         assert_eq!(kernel_compiler(&empty).unwrap(), None);
+    }
+
+    /// `/proc/version` of the hosts ttdp serves, and the family each must give.
+    const BANNERS: [(&str, CompilerFamily); 5] = [
+        (
+            "Linux version 5.15.0-131-generic (buildd@lcy02-amd64-057) (gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0, GNU ld (GNU Binutils for Ubuntu) 2.38) #141-Ubuntu SMP Fri Jan 10 21:18:28 UTC 2025\n",
+            CompilerFamily::Gcc(11),
+        ),
+        (
+            "Linux version 6.8.0-51-generic (buildd@lcy02-amd64-091) (x86_64-linux-gnu-gcc-13 (Ubuntu 13.2.0-23ubuntu4) 13.2.0, GNU ld (GNU Binutils for Ubuntu) 2.42) #52-Ubuntu SMP PREEMPT_DYNAMIC Thu Dec  5 13:09:44 UTC 2024\n",
+            CompilerFamily::Gcc(13),
+        ),
+        (
+            "Linux version 6.1.0-31-amd64 (debian-kernel@lists.debian.org) (gcc-12 (Debian 12.2.0-14) 12.2.0, GNU ld (GNU Binutils for Debian) 2.40) #1 SMP PREEMPT_DYNAMIC Debian 6.1.128-1 (2025-02-07)\n",
+            CompilerFamily::Gcc(12),
+        ),
+        (
+            "Linux version 6.12.12-amd64 (debian-kernel@lists.debian.org) (x86_64-linux-gnu-gcc-14 (Debian 14.2.0-19) 14.2.0, GNU ld (GNU Binutils for Debian) 2.44) #1 SMP PREEMPT_DYNAMIC Debian 6.12.12-1 (2025-02-02)\n",
+            CompilerFamily::Gcc(14),
+        ),
+        (
+            "Linux version 6.8.0-sim (sim@ttdp) (cc (GCC) 12.2.0, GNU ld (GNU Binutils) 2.40) #1 SMP\n",
+            CompilerFamily::Gcc(12),
+        ),
+    ];
+
+    #[test]
+    fn the_family_is_the_gcc_major_of_each_served_host() {
+        for (banner, family) in BANNERS {
+            let compiler = compiler_from_banner(banner).unwrap();
+            assert_eq!(compiler.family(), family, "{banner}");
+        }
+        assert_eq!(CompilerFamily::Gcc(13).label_value(), "gcc-13");
+        assert_eq!(CompilerFamily::Gcc(13).gcc_major(), Some(13));
+    }
+
+    #[test]
+    fn clang_and_garbage_are_not_gcc() {
+        let clang = compiler_from_banner(CLANG).unwrap().family();
+        assert_eq!(clang, CompilerFamily::Clang(18));
+        assert_eq!(clang.gcc_major(), None);
+        assert_eq!(clang.label_value(), "clang-18");
+        for garbage in [
+            "",
+            "gcc",
+            "gcc (GCC)",
+            "tcc 0.9.27",
+            "gcc (Debian 12.2.0-14) x.y",
+            "zig cc 0.13",
+        ] {
+            assert_eq!(family_of(garbage), CompilerFamily::Unknown, "{garbage:?}");
+        }
+        assert_eq!(CompilerFamily::Unknown.label_value(), "unknown");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! tests, `/` on a bare host), the facts a tt-kmd installer needs before it touches a node:
 //!
 //! - the running kernel release and the compiler it was built with ([`kernel_release`],
-//!   [`kernel_compiler`]), and the kernel's build tree ([`build_tree`]);
+//!   [`kernel_compiler`], its [`CompilerFamily`]), and the kernel's build tree ([`build_tree`]);
 //! - whether the host manages tt-kmd itself through DKMS ([`detect_host_install`], the spec's
 //!   "Mixed mode" signals);
 //! - the Tenstorrent PCI devices ([`tenstorrent_devices`]), the driver bound to each and the
@@ -40,8 +40,8 @@ pub use error::ProbeError;
 pub use facts::HostFacts;
 pub use host_root::HostRoot;
 pub use kernel::{
-    BuildTree, KernelCompiler, OSRELEASE_PATH, PROC_VERSION_PATH, build_tree, kernel_compiler,
-    kernel_release,
+    BuildTree, CompilerFamily, KernelCompiler, OSRELEASE_PATH, PROC_VERSION_PATH, build_tree,
+    kernel_compiler, kernel_release,
 };
 pub use pci::{PCI_DEVICES_DIR, PciDevice, TENSTORRENT_VENDOR_ID, tenstorrent_devices};
 pub use signing::{LOCKDOWN_PATH, Lockdown, SIG_ENFORCE_PATH, SigningFacts, signing_facts};

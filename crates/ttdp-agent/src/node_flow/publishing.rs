@@ -54,6 +54,7 @@ where
                 holders: Vec::new(),
                 reason: None,
                 message: None,
+                kernel_compiler: None,
             },
         };
         report.reason = Some(reason.to_string());
@@ -71,7 +72,8 @@ where
             .as_ref()
             .filter(|_| self.tt_smi_installed)
             .map(|s| s.version.as_str());
-        let labels = NodeLabels::desired(observation.mode(), observation.loaded_version(), tt_smi);
+        let labels = NodeLabels::desired(observation.mode(), observation.loaded_version(), tt_smi)
+            .with_kernel_compiler(&self.compiler.kernel.label_value());
         if self.last_labels.as_ref() == Some(&labels) {
             return;
         }
@@ -95,7 +97,8 @@ where
     }
 
     /// Publishes `report` when it changed (or a resync is due).
-    pub(super) async fn publish_report(&mut self, report: AgentReport) {
+    pub(super) async fn publish_report(&mut self, mut report: AgentReport) {
+        report.kernel_compiler = Some(self.compiler.kernel.label_value());
         if self.last_report.as_ref() == Some(&report) {
             return;
         }

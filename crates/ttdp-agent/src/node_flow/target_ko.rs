@@ -21,12 +21,16 @@ where
     R: Reporter,
 {
     /// Makes sure the target `.ko` is in the cache, and returns the module status to decide on
-    /// after that; `Err(attempt)` when the attempt ends here.
+    /// after that; `Err(attempt)` when the attempt ends here (also when this image must not
+    /// build for the kernel: see `waits_for_builder`).
     pub(super) async fn target_ko_in_cache(
         &mut self,
         observation: &Observation,
         shutdown: &CancellationToken,
     ) -> Result<Result<ttdp_kmod::ModuleStatus, Attempt>, AgentError> {
+        if self.waits_for_builder(observation).await {
+            return Ok(Err(Attempt::Done));
+        }
         let target = &self.config.target_version;
         // a verified hit needs no thread, no cache lock and no new look at the node: the
         // common case, kept fast

@@ -187,6 +187,7 @@ mod tests {
             holders: vec![],
             reason: None,
             message: None,
+            kernel_compiler: None,
         };
         reporter.publish_report(&report).await.unwrap();
         for i in 0..(MAX_EVENTS + 5) {

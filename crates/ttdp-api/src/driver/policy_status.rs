@@ -162,7 +162,7 @@ pub struct NodeStatus {
     /// `container` or `host`, as the node's agent reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub install_mode: Option<String>,
-    /// UpperCamelCase reason for the state (e.g. `DrainTimeout`).
+    /// UpperCamelCase reason for the state (e.g. `DrainTimeout`, `UnsupportedCompiler`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// What is happening or what went wrong, and what to do (at most

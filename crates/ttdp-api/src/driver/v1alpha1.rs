@@ -241,7 +241,9 @@ pub struct DrainPolicy {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Installer {
-    /// The builder image; the chart's `driver.image` when unset.
+    /// The builder image, run on every node of the policy. Unset: each node runs the chart's
+    /// builder image of the gcc that built its kernel (`driver.builderImages`, else
+    /// `driver.image`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,

@@ -44,6 +44,7 @@ use ttdp_api::names::{self, annotations, env, labels};
 use ttdp_api::node_selection::NodeSelection;
 
 use crate::error::Error;
+use crate::pure::builder_images::hashed_images;
 use crate::settings::Settings;
 
 /// Where the host's root filesystem appears in the agent container.
@@ -169,7 +170,7 @@ pub fn desired_daemonset(
     if let Some(spec) = template.spec.as_mut() {
         settings.agent_pod.apply(spec);
     }
-    let hash = template_hash(&template)?;
+    let hash = template_hash(&template, &hashed_images(policy, settings))?;
     template
         .metadata
         .get_or_insert_with(ObjectMeta::default)
@@ -220,13 +221,21 @@ pub fn daemonset_template_hash(ds: &DaemonSet) -> Option<&str> {
 
 /// sha256 (hex) of the template's JSON, computed before the hash annotation is added and
 /// without the node affinity and selector: which nodes run an agent (the selector, nodes
-/// excluded for another policy) is the DaemonSet controller's business and must not restart
-/// the agents elsewhere.
-fn template_hash(template: &PodTemplateSpec) -> Result<String, Error> {
+/// excluded for another policy, the node's compiler family) is the DaemonSet controller's
+/// business and must not restart the agents elsewhere. The image is `images`, every image the
+/// policy's DaemonSets run, so all of them carry one hash and a node moving between them is
+/// not a node to upgrade.
+fn template_hash(template: &PodTemplateSpec, images: &str) -> Result<String, Error> {
     let mut hashed = template.clone();
     if let Some(spec) = hashed.spec.as_mut() {
         spec.affinity = None;
         spec.node_selector = None;
+        for container in &mut spec.containers {
+            container.image = Some(images.to_owned());
+        }
+    }
+    if let Some(labels) = hashed.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
+        labels.remove(ttdp_api::names::compiler::BUILDER_GCC_LABEL);
     }
     let json = serde_json::to_vec(&hashed).map_err(Error::Serialize)?;
     Ok(hex::encode(Sha256::digest(&json)))

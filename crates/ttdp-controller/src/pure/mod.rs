@@ -7,6 +7,7 @@
 
 pub(crate) mod agent_blocker;
 pub mod agent_pod;
+pub(crate) mod builder_images;
 pub(crate) mod cached;
 pub(crate) mod canary;
 pub(crate) mod daemonset;

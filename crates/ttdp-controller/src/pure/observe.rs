@@ -382,6 +382,7 @@ pub fn observe(input: ObserveInput<'_>) -> NodeObservation {
         in_state_for: in_state_for(input.recorded, input.now),
         node_not_ready: input.node_not_ready.map(str::to_owned),
         lifted_unrecorded: false,
+        unsupported_compiler: None,
         failed_for_other_target: input.recorded.is_some_and(|r| {
             r.state == NodeState::Failed
                 && r.target_version
@@ -511,6 +512,7 @@ mod tests {
             holders: vec![],
             reason: None,
             message: None,
+            kernel_compiler: None,
         }
     }
 

@@ -321,6 +321,7 @@ mod tests {
             held_for_jobs: false,
             failed_for_other_target: false,
             lifted_unrecorded: false,
+            unsupported_compiler: None,
         }
     }
 

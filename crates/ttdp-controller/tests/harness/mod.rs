@@ -347,6 +347,9 @@ impl Harness {
             retry_max: Duration::from_secs(10),
             policy_selector: Some(format!("{RUN_LABEL}={prefix}")),
             agent_pod: Default::default(),
+            // The simulated kernels are built by gcc 12, whose image is the default one: their
+            // agents stay in the default DaemonSet (the compiler tests name other families).
+            builder_images: [(12, format!("{IMAGE_REPOSITORY}:test"))].into(),
         };
         adjust(&mut settings);
         let monitor = Monitor::start(client.clone(), &prefix).await;
@@ -1009,6 +1012,16 @@ impl ControllerProcess {
         }
         if let Some(selector) = &settings.policy_selector {
             args.push(format!("--policy-selector={selector}"));
+        }
+        if !settings.builder_images.is_empty() {
+            let images: std::collections::BTreeMap<String, &String> =
+                (settings.builder_images.iter())
+                    .map(|(major, image)| (major.to_string(), image))
+                    .collect();
+            args.push(format!(
+                "--builder-images={}",
+                serde_json::to_string(&images).unwrap()
+            ));
         }
         let child = {
             use std::os::unix::process::CommandExt;

@@ -47,6 +47,23 @@ app.kubernetes.io/component: controller
 {{- end -}}
 
 {{/*
+The builder image of each GCC major (TTDP_BUILDER_IMAGES), as JSON: driver.builderImages when
+set; with a full driver.image, empty (the controller derives <driver.image>-gcc<N>); else
+repository:tag-gcc<N> for 11 to 14 (tag defaults to appVersion; a digest names one image only).
+*/}}
+{{- define "ttdm.builderImages" -}}
+{{- if .Values.driver.builderImages -}}
+{{- toJson .Values.driver.builderImages -}}
+{{- else if not .Values.driver.image -}}
+{{- $images := dict -}}
+{{- range list "11" "12" "13" "14" -}}
+{{- $_ := set $images . (printf "%s:%s-gcc%s" $.Values.driver.repository ($.Values.driver.tag | default $.Chart.AppVersion) .) -}}
+{{- end -}}
+{{- toJson $images -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 What the controller adds to every agent pod (TTDP_AGENT_POD): the pull secrets (the chart's and
 the agents' own, by name), resources, tolerations, node selector and proxy.
 */}}

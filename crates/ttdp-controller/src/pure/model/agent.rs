@@ -101,6 +101,7 @@ fn report(phase: AgentPhase, target: &str, loaded: Option<String>) -> AgentRepor
         holders: Vec::new(),
         reason: None,
         message: None,
+        kernel_compiler: None,
     }
 }
 

@@ -166,6 +166,11 @@ impl Deciding<'_> {
     /// A node that may start an upgrade: Cordoning when a loaded module must be swapped,
     /// straight to Upgrading otherwise; Pending while the gate is closed.
     fn start(&self) -> NodeTransition {
+        if let Some(why) = &self.obs.unsupported_compiler {
+            // cordoning a node for a build that cannot happen would only disrupt it
+            return NodeTransition::to(NodeState::Pending)
+                .because(reasons::UNSUPPORTED_COMPILER, why.clone());
+        }
         match self.obs.start {
             StartGate::Allowed | StartGate::NoSlot if self.obs.node_not_ready.is_some() => {
                 self.not_ready()

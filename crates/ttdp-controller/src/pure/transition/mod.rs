@@ -206,6 +206,9 @@ pub struct NodeObservation {
     /// cordoned by us (it keeps its slot) until its Uncordoning is recorded, but it is neither
     /// cordoned nor drained any more.
     pub lifted_unrecorded: bool,
+    /// No builder image serves the compiler that built the node's kernel (and the policy needs
+    /// one): what to do about it. Such a node never starts an upgrade.
+    pub unsupported_compiler: Option<String>,
 }
 
 impl NodeObservation {
@@ -322,6 +325,8 @@ pub mod reasons {
     pub const OWNED_BY_OLDER_POLICY: &str = "OwnedByOlderPolicy";
     /// DKMS on the host manages the module.
     pub const HOST_MANAGED: &str = "HostManaged";
+    /// No builder image carries the compiler that built the node's kernel.
+    pub const UNSUPPORTED_COMPILER: &str = "UnsupportedCompiler";
     /// The device is held by processes (agent report).
     pub const DEVICE_HELD: &str = "DeviceHeld";
     /// Someone else cordoned the node; it stays cordoned.

@@ -33,6 +33,7 @@ fn base() -> NodeObservation {
         held_for_jobs: false,
         failed_for_other_target: false,
         lifted_unrecorded: false,
+        unsupported_compiler: None,
     }
 }
 
@@ -1347,4 +1348,41 @@ fn a_draining_node_that_lost_its_cordon_is_cordoned_again_not_granted() {
     );
     assert_eq!(t.state, Cordoning);
     assert_eq!(t.actions, vec![Action::Cordon]);
+}
+
+/// A node no builder image serves is never cordoned nor given a fresh install's agent restart:
+/// it waits, saying why; a node already running the target stays Done.
+#[test]
+fn a_node_whose_compiler_no_image_serves_waits_and_is_never_cordoned() {
+    let unsupported = |o: &mut NodeObservation| {
+        o.unsupported_compiler = Some("the node's kernel was built by clang-18".into());
+    };
+    for fresh in [false, true] {
+        let t = next(
+            &with(|o| {
+                unsupported(o);
+                o.agent = AgentPod::Stale;
+                if !fresh {
+                    old(o);
+                }
+            }),
+            &rules(),
+        );
+        assert_eq!(
+            (t.state, t.reason.as_deref()),
+            (Pending, Some(reasons::UNSUPPORTED_COMPILER)),
+            "fresh: {fresh}"
+        );
+        assert!(t.actions.is_empty(), "{:?}", t.actions);
+        assert!(t.message.unwrap_or_default().contains("clang-18"));
+    }
+    let done = next(
+        &with(|o| {
+            unsupported(o);
+            ready_on_target(o);
+            o.recorded = Some(Done);
+        }),
+        &rules(),
+    );
+    assert_eq!(done.state, Done);
 }

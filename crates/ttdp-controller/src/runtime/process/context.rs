@@ -182,6 +182,7 @@ impl Context {
             settings: &self.settings,
             applied: &self.daemonsets,
             cached: self.caches.daemonsets.get(&key),
+            all_cached: &self.caches.daemonsets,
             agent_pods: &self.caches.agent_pods,
             policy: policy.to_owned(),
             name,

@@ -381,6 +381,9 @@ pub async fn cleanup(
         format!("released {released} nodes and deleted daemonset {ds_name}; loaded modules are left as they are"),
     );
     ctx.daemonsets.remember(&ds_name, None);
+    ctx.agent_daemonset(&name)
+        .delete_unwanted_families(&[])
+        .await?;
     ctx.forget(&policy.uid().unwrap_or_default());
     ctx.metrics.forget_policy(&name);
     Ok(Requeue::await_change())

@@ -1,6 +1,8 @@
-//! The policy's agent DaemonSet: applied when the desired one ([`crate::pure::daemonset`])
+//! The policy's agent DaemonSets: applied when the desired one ([`crate::pure::daemonset`])
 //! changed or the cached one drifted from what was applied, and, when a node it should run on
 //! has no agent pod, why the DaemonSet controller cannot create it (its `FailedCreate` Events).
+//! Besides the default DaemonSet, one per compiler family an image serves
+//! ([`crate::pure::builder_images`]); a family DaemonSet no longer wanted is deleted.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -9,16 +11,18 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::reflector::Store;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use sha2::{Digest, Sha256};
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_api::names;
+use ttdp_api::names::compiler::BUILDER_GCC_LABEL;
 use ttdp_api::node_selection::NodeSelection;
 
 use crate::error::Error;
 use crate::pure::agent_blocker::{self, Blocker};
+use crate::pure::builder_images;
 use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::daemonset::{daemonset_template_hash, desired_daemonset};
 use crate::settings::Settings;
@@ -101,6 +105,8 @@ pub struct AgentDaemonSet<'a> {
     pub name: String,
     /// The DaemonSet in the cache.
     pub cached: Option<Arc<DaemonSet>>,
+    /// Every agent DaemonSet in the cache (the family DaemonSets are looked up here).
+    pub all_cached: &'a Store<DaemonSet>,
     /// The agent pods in the cache (every policy's).
     pub agent_pods: &'a Store<CachedPod>,
     /// The policy.
@@ -117,28 +123,53 @@ impl AgentDaemonSet<'_> {
         selection: &NodeSelection,
     ) -> Result<String, Error> {
         let desired = desired_daemonset(policy, self.settings, selection)?;
-        let (ds_name, ns) = (&self.name, &self.settings.namespace);
-        let existing = self.cached.as_deref();
         if policy.spec.paused
-            && let Some(hash) = existing.and_then(daemonset_template_hash)
+            && let Some(hash) = self.cached.as_deref().and_then(daemonset_template_hash)
         {
             return Ok(hash.to_owned());
         }
         let hash = daemonset_template_hash(&desired)
             .unwrap_or_default()
             .to_owned();
-        let digest = digest_of(&desired)?;
+        // families first: a node the default DaemonSet lets go has its family's waiting
+        let families = builder_images::family_images(policy, self.settings);
+        let mut wanted = Vec::with_capacity(families.len());
+        for (major, image) in &families {
+            let family = builder_images::for_family(desired.clone(), &self.policy, *major, image);
+            let name = family.metadata.name.clone().unwrap_or_default();
+            let key = ObjectRef::<DaemonSet>::new(&name).within(&self.settings.namespace);
+            self.apply(&name, self.all_cached.get(&key).as_deref(), &family)
+                .await?;
+            wanted.push(name);
+        }
+        let default = builder_images::leave_families(desired, &families);
+        self.apply(&self.name, self.cached.as_deref(), &default)
+            .await?;
+        self.delete_unwanted_families(&wanted).await?;
+        Ok(hash)
+    }
+
+    /// Applies `desired` as DaemonSet `ds_name` unless the cached `existing` one is what was
+    /// last applied and `desired` has not changed.
+    async fn apply(
+        &self,
+        ds_name: &str,
+        existing: Option<&DaemonSet>,
+        desired: &DaemonSet,
+    ) -> Result<(), Error> {
+        let ns = &self.settings.namespace;
+        let digest = digest_of(desired)?;
         if let (Some(existing), Some(applied)) = (existing, self.applied.get(ds_name))
-            && up_to_date(existing, &desired, &applied, &digest)
+            && up_to_date(existing, desired, &applied, &digest)
         {
-            return Ok(hash);
+            return Ok(());
         }
         let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), ns);
         let result = api
             .patch(
                 ds_name,
                 &PatchParams::apply(names::CONTROLLER_MANAGER).force(),
-                &Patch::Apply(&desired),
+                &Patch::Apply(desired),
             )
             .await
             .map_err(|source| Error::ApplyDaemonSet {
@@ -153,7 +184,38 @@ impl AgentDaemonSet<'_> {
                 generation: result.metadata.generation,
             }),
         );
-        Ok(hash)
+        Ok(())
+    }
+
+    /// The policy's family DaemonSets in the cache, by name.
+    pub fn cached_families(&self) -> Vec<String> {
+        let policy = Some(self.policy.as_str());
+        (self.all_cached.state().iter())
+            .filter(|d| d.labels().get(names::labels::POLICY).map(String::as_str) == policy)
+            .filter(|d| d.labels().contains_key(BUILDER_GCC_LABEL))
+            .map(|d| d.name_any())
+            .collect()
+    }
+
+    /// Deletes the policy's family DaemonSets not in `wanted` (an image no longer named, or
+    /// `installer.image` set): their nodes go back to the default DaemonSet.
+    pub async fn delete_unwanted_families(&self, wanted: &[String]) -> Result<(), Error> {
+        let ns = &self.settings.namespace;
+        let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), ns);
+        for name in self.cached_families() {
+            if wanted.contains(&name) {
+                continue;
+            }
+            match api.delete(&name, &DeleteParams::background()).await {
+                Ok(_) => {
+                    tracing::info!(daemonset = %name, "family daemonset no longer wanted: deleted")
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(Error::kube(format!("delete daemonset {ns}/{name}"), e)),
+            }
+            self.applied.remember(&name, None);
+        }
+        Ok(())
     }
 
     /// Why the DaemonSet cannot create agent pods, when a node it manages has none and the

@@ -33,6 +33,7 @@ use ttdp_kmd_types::KmdVersion;
 
 use crate::error::Error;
 use crate::pure::agent_blocker::Blocker;
+use crate::pure::builder_images;
 use crate::pure::cached::{CachedNode, CachedPod};
 use crate::pure::observe::{self, ObserveInput};
 use crate::pure::overlap::{self, OlderPolicies, selection_of};
@@ -430,6 +431,11 @@ impl Pass {
         observation.lifted_unrecorded = observation.recorded == Some(NodeState::Upgrading)
             && self.ctx.lifted_unrecorded(&self.name, node);
         observation.cordoned_by_us |= observation.lifted_unrecorded;
+        observation.unsupported_compiler = builder_images::unsupported_compiler(
+            &self.policy,
+            settings,
+            n.metadata.labels.as_ref(),
+        );
         let rules = self.planner.rules();
         let deadline = drain_plan::holders_deadline(entry, &self.now, rules.drain_timeout);
         let step_deadline = observe::until_step_deadline(entry, &self.now, rules);
