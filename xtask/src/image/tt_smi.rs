@@ -30,16 +30,17 @@ pub fn build(root: &Path, cache: &Path, pins: &Pins) -> Result<PathBuf> {
     let script_text =
         std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
     let t = &pins.tt_smi;
+    let root_pins = &pins.debian.tt_smi_build;
     let key = cache_key(
         [
             script_text.as_slice(),
-            pins.debian.suite.as_bytes(),
+            root_pins.suite.as_bytes(),
             t.version.as_bytes(),
             t.pyinstaller.as_bytes(),
         ]
         .into_iter()
-        .chain(pins.debian.sources.iter().map(|s| s.as_bytes()))
-        .chain(pins.debian.tt_smi_build.iter().map(|s| s.as_bytes()))
+        .chain(pins.sources(&root_pins.suite)?.iter().map(|s| s.as_bytes()))
+        .chain(root_pins.packages.iter().map(|s| s.as_bytes()))
         .chain(t.constraints.iter().map(|s| s.as_bytes())),
     );
     let dir = cache.join(format!("tt-smi-{}-{key}", t.version));
@@ -107,7 +108,7 @@ fn run_build(pins: &Pins, inputs: &Path, out: &Path) -> Result<()> {
         &pins.debian.tt_smi_build,
         "null",
         Path::new("/dev/null"),
-    );
+    )?;
     cmd.arg(format!("--customize-hook=mkdir -p \"$1{GUEST_DIR}\""))
         .arg(format!(
             "--customize-hook=copy-in {0}/build-tt-smi.sh {0}/constraints.txt {0}/ca.crt {GUEST_DIR}",
