@@ -12,11 +12,14 @@
 //!   --version` runs inside it; its binary, run from the unpacked image as its non-root user
 //!   with the chart's controller ServiceAccount token, drives a policy on the control plane
 //!   `TTDP_TEST_KUBECONFIG` names ([`controller`]);
-//! - both: sizes within their budgets.
+//! - builders, one per compiler family (`agent-gcc11` to `agent-gcc14`): the family's gcc and
+//!   the stub module built against Debian kernel headers ([`builders`]);
+//! - every image: size within its budget.
 //!
 //! That the image's module loads in a real kernel, and that the agent run from the image's
 //! unpacked root filesystem installs it, is `cargo xtask vm-test --scenario agent-image`.
 
+pub mod builders;
 pub mod container;
 mod controller;
 
@@ -46,7 +49,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut report = Report::default();
     agent_checks(&root, &work, &agent, &mut report)?;
     controller::checks(&root, &work, &agent, &controller, &mut report)?;
-    for built in [&agent, &controller] {
+    let builders = builders::checks(&root, &work, &mut report)?;
+    for built in [&agent, &controller].into_iter().chain(&builders) {
         report.check(
             &format!("{} size within budget", built.which.name()),
             || size_within_budget(built),

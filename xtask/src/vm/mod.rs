@@ -69,6 +69,7 @@
 
 mod agent_image;
 mod boot;
+pub mod debian_kernel;
 mod elf;
 mod headers;
 mod host_tools;
