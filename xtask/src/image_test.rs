@@ -22,6 +22,7 @@
 pub mod builders;
 pub mod container;
 mod controller;
+mod tt_smi_glibc;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -147,6 +148,17 @@ fn agent_checks(root: &Path, work: &Path, agent: &Built, report: &mut Report) ->
         }
         Ok(())
     });
+    report.check(
+        "agent: its tt-smi runs in a Debian 11 root (glibc 2.31)",
+        || {
+            let dir = scratch(work, "tt-smi")?;
+            let mounts: [Mount<'_>; 1] = [(&dir, "/out", false)];
+            let out = ctr.run(&mounts, &[], &["cp", "/opt/ttdp/tt-smi", "/out/tt-smi"])?;
+            expect_success(&out, "")?;
+            let version = &pins.tt_smi.version;
+            tt_smi_glibc::runs_in(&pins, "bullseye", "2.31", &dir.join("tt-smi"), version)
+        },
+    );
     report.check(
         "agent: toolchain builds the stub module (DaemonSet mounts)",
         || {

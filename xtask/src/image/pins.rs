@@ -71,8 +71,20 @@ pub struct TtSmiPins {
     pub version: String,
     /// PyInstaller's version.
     pub pyinstaller: String,
+    /// The CPython source built in the build root.
+    pub python: PythonSource,
     /// `name==version` for every other Python package of the build.
     pub constraints: Vec<String>,
+}
+
+/// A CPython source tarball and its sha256.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PythonSource {
+    /// Its URL.
+    pub source: String,
+    /// Its sha256, hex.
+    pub sha256: String,
 }
 
 impl Pins {
@@ -136,9 +148,14 @@ impl Pins {
                 _ => bail!("Python pin {pin:?} is not package==version"),
             }
         }
+        let python = &self.tt_smi.python;
+        if !python.source.starts_with("http") || python.sha256.len() != 64 {
+            bail!("ttSmi.python needs an http(s) source and a hex sha256");
+        }
         for (what, value) in [
             ("ttSmi.version", &self.tt_smi.version),
             ("ttSmi.pyinstaller", &self.tt_smi.pyinstaller),
+            ("ttSmi.python.sha256", &python.sha256),
         ] {
             if !plain(value) {
                 bail!("{what} {value:?} is empty or has characters other than [A-Za-z0-9.+~:_-]");
