@@ -103,6 +103,12 @@ impl PinnedKernel {
         Ok(HeadersTree { release, root })
     }
 
+    /// The kernel image package `linux-image-<release>` (downloaded once).
+    pub fn image_deb(&self) -> Result<PathBuf> {
+        let debs = self.download(&[format!("linux-image-{}", self.release())])?;
+        debs.into_iter().next().context("no kernel image package")
+    }
+
     /// `apt-get download NAME=VERSION...` into `<dir>/debs/` (skipped for those already there);
     /// returns the `.deb` files in the order of `names`.
     fn download(&self, names: &[String]) -> Result<Vec<PathBuf>> {
