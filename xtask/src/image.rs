@@ -1,12 +1,14 @@
 //! `cargo xtask image agent|controller [--engine docker|podman|buildah]`: builds a container
 //! image from `deploy/docker/<name>.Dockerfile` and writes it as an OCI archive
-//! `<target>/image/<name>.oci.tar`, printing its digest and sizes.
+//! `<target>/image/<name>.oci.tar`, printing its digest and sizes. `cargo xtask image agent
+//! --gcc N` builds the builder image of compiler family N instead (`agent-gccN`: that family's
+//! root filesystem, `TTDP_BUILDER_GCC=N`); plain `agent` is the gcc 12 builder.
 //!
 //! Both Dockerfiles are `FROM scratch` plus files; this prepares their build context
 //! (`<target>/image/<name>/context/`), so docker, podman and the daemonless buildah build the
 //! same definition:
 //! 1. the static release binaries ([`binaries`]);
-//! 2. for the agent: the Debian root filesystem made by mmdebstrap from
+//! 2. for the agent: the family's Debian root filesystem made by mmdebstrap from
 //!    `deploy/docker/image-pins.yaml` ([`rootfs`]) and the PyInstaller tt-smi ([`tt_smi`]), both
 //!    cached by a key of their pins; for the controller: the CA bundle of that root filesystem;
 //! 3. the engine build ([`engine`]), skipped when the context, Dockerfile and build arguments
