@@ -12,13 +12,17 @@
 //!   --version` runs inside it; its binary, run from the unpacked image as its non-root user
 //!   with the chart's controller ServiceAccount token, drives a policy on the control plane
 //!   `TTDP_TEST_KUBECONFIG` names ([`controller`]);
-//! - both: sizes within their budgets.
+//! - builders, one per compiler family (`agent-gcc11` to `agent-gcc14`): the family's gcc and
+//!   the stub module built against Debian kernel headers ([`builders`]);
+//! - every image: size within its budget.
 //!
 //! That the image's module loads in a real kernel, and that the agent run from the image's
 //! unpacked root filesystem installs it, is `cargo xtask vm-test --scenario agent-image`.
 
+pub mod builders;
 pub mod container;
 mod controller;
+mod tt_smi_glibc;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -46,7 +50,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let mut report = Report::default();
     agent_checks(&root, &work, &agent, &mut report)?;
     controller::checks(&root, &work, &agent, &controller, &mut report)?;
-    for built in [&agent, &controller] {
+    let builders = builders::checks(&root, &work, &mut report)?;
+    for built in [&agent, &controller].into_iter().chain(&builders) {
         report.check(
             &format!("{} size within budget", built.which.name()),
             || size_within_budget(built),
@@ -148,6 +153,17 @@ fn agent_checks(root: &Path, work: &Path, agent: &Built, report: &mut Report) ->
         }
         Ok(())
     });
+    report.check(
+        "agent: its tt-smi runs in a Debian 11 root (glibc 2.31)",
+        || {
+            let dir = scratch(work, "tt-smi")?;
+            let mounts: [Mount<'_>; 1] = [(&dir, "/out", false)];
+            let out = ctr.run(&mounts, &[], &["cp", "/opt/ttdp/tt-smi", "/out/tt-smi"])?;
+            expect_success(&out, "")?;
+            let version = &pins.tt_smi.version;
+            tt_smi_glibc::runs_in(&pins, "bullseye", "2.31", &dir.join("tt-smi"), version)
+        },
+    );
     report.check(
         "agent: toolchain builds the stub module (DaemonSet mounts)",
         || {

@@ -119,7 +119,7 @@ fn pin_digests(root: &Path, built: &[Built]) -> Result<()> {
 /// The top-level values.yaml section holding an image's repository and digest.
 fn values_section(which: Which) -> &'static str {
     match which {
-        Which::Agent => "driver",
+        Which::Agent | Which::Builder(_) => "driver",
         Which::Controller => "image",
     }
 }

@@ -19,6 +19,7 @@
 #include <linux/fs.h>
 #include <linux/module.h>
 #include <linux/slab.h>
+#include <linux/version.h>
 
 static unsigned int reset_limit = 10;
 module_param(reset_limit, uint, 0444);
@@ -43,7 +44,12 @@ static const struct file_operations tt_stub_fops = {
 	.llseek = noop_llseek,
 };
 
+/* Linux 6.2 made the device const and 6.4 dropped class_create()'s owner (Debian 13's 6.12). */
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 2, 0)
+static char *tt_stub_devnode(const struct device *dev, umode_t *mode)
+#else
 static char *tt_stub_devnode(struct device *dev, umode_t *mode)
+#endif
 {
 	if (mode)
 		*mode = 0666;
@@ -67,7 +73,11 @@ static int __init tt_stub_init(void)
 	err = cdev_add(&tt_stub_cdev, tt_stub_devt, 1);
 	if (err)
 		goto unregister_region;
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 4, 0)
+	tt_stub_class = class_create("tenstorrent");
+#else
 	tt_stub_class = class_create(THIS_MODULE, "tenstorrent");
+#endif
 	if (IS_ERR(tt_stub_class)) {
 		err = PTR_ERR(tt_stub_class);
 		goto delete_cdev;

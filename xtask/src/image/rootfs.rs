@@ -7,7 +7,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use super::pins::{Pins, cache_key};
+use super::pins::{Pins, RootPins, cache_key};
 use crate::tools;
 
 /// Timestamps inside the root filesystem (mmdebstrap honours `SOURCE_DATE_EPOCH`), fixed so the
@@ -22,20 +22,23 @@ const PATH_EXCLUDES: [&str; 4] = [
     "/usr/share/locale/*",
 ];
 
-/// `mmdebstrap --variant=minbase` of the pinned suite with `include` on top, writing `target` in
-/// `format`; hooks and the like are added by the caller.
-pub fn mmdebstrap(pins: &Pins, include: &[String], format: &str, target: &Path) -> Command {
+/// `mmdebstrap --variant=minbase` of `root`'s suite with its packages on top, writing `target`
+/// in `format`; hooks and the like are added by the caller.
+pub fn mmdebstrap(pins: &Pins, root: &RootPins, format: &str, target: &Path) -> Result<Command> {
+    let sources = pins.sources(&root.suite)?;
     let mut cmd = Command::new("mmdebstrap");
     cmd.args(["--variant=minbase", "--quiet"])
         .arg(format!("--format={format}"))
-        .arg(format!("--include={}", include.join(",")))
         .env("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH);
+    if !root.packages.is_empty() {
+        cmd.arg(format!("--include={}", root.packages.join(",")));
+    }
     for exclude in PATH_EXCLUDES {
         cmd.arg(format!("--dpkgopt=path-exclude={exclude}"));
     }
-    cmd.arg(&pins.debian.suite).arg(target);
-    cmd.args(&pins.debian.sources);
-    cmd
+    cmd.arg(&root.suite).arg(target);
+    cmd.args(sources);
+    Ok(cmd)
 }
 
 /// Fails with the install command when mmdebstrap is missing.
@@ -49,36 +52,58 @@ pub fn require_mmdebstrap() -> Result<()> {
     Ok(())
 }
 
-/// The agent image's root filesystem as a tar archive, built once per set of pins.
-pub fn agent_rootfs(cache: &Path, pins: &Pins) -> Result<PathBuf> {
+/// The hook giving a builder root the plain `gcc` name of its family, when the pinned packages
+/// do not (Debian's `gcc` package names the suite's default compiler, which is another family
+/// for gcc 11 on bookworm and gcc 13 on trixie). `gcc-<N>` and `x86_64-linux-gnu-gcc-<N>` come
+/// with the `gcc-<N>` package itself.
+fn gcc_name_hook(builder: &RootPins) -> Option<String> {
+    let gcc = builder.gcc?;
+    builder
+        .version_of("gcc")
+        .is_none()
+        .then(|| format!("--customize-hook=ln -sf gcc-{gcc} \"$1/usr/bin/gcc\""))
+}
+
+/// The root filesystem of the builder image for compiler family `gcc` as a tar archive, built
+/// once per set of pins.
+pub fn builder_rootfs(cache: &Path, pins: &Pins, gcc: u8) -> Result<PathBuf> {
+    let builder = pins.builder(gcc)?;
+    let hook = gcc_name_hook(builder);
     let key = cache_key(
-        [pins.debian.suite.as_bytes()]
+        [builder.suite.as_bytes()]
             .into_iter()
-            .chain(pins.debian.sources.iter().map(|s| s.as_bytes()))
-            .chain(pins.debian.agent.iter().map(|s| s.as_bytes()))
-            .chain(PATH_EXCLUDES.iter().map(|s| s.as_bytes())),
+            .chain(pins.sources(&builder.suite)?.iter().map(|s| s.as_bytes()))
+            .chain(builder.packages.iter().map(|s| s.as_bytes()))
+            .chain(PATH_EXCLUDES.iter().map(|s| s.as_bytes()))
+            .chain(hook.iter().map(|s| s.as_bytes())),
     );
     let tar = cache.join(format!("agent-rootfs-{key}.tar"));
     if tar.is_file() {
-        println!("image: agent root filesystem {} (cached)", tar.display());
+        println!(
+            "image: gcc {gcc} builder root filesystem {} (cached)",
+            tar.display()
+        );
         return Ok(tar);
     }
     require_mmdebstrap()?;
     std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
     let partial = cache.join(format!("agent-rootfs-{key}.tar.partial"));
-    let status = mmdebstrap(pins, &pins.debian.agent, "tar", &partial)
-        .status()
-        .context("running mmdebstrap")?;
+    let mut cmd = mmdebstrap(pins, builder, "tar", &partial)?;
+    cmd.args(&hook);
+    let status = cmd.status().context("running mmdebstrap")?;
     if !status.success() {
         let _ = std::fs::remove_file(&partial);
         bail!(
-            "mmdebstrap failed ({status}) building the agent root filesystem. If apt said a \
-             version \"was not found\", the mirror moved on: update that pin in \
+            "mmdebstrap failed ({status}) building the gcc {gcc} builder root filesystem. If apt \
+             said a version \"was not found\", the mirror moved on: update that pin in \
              deploy/docker/image-pins.yaml to what `apt-cache policy <package>` offers"
         );
     }
     std::fs::rename(&partial, &tar).with_context(|| format!("renaming to {}", tar.display()))?;
-    println!("image: built the agent root filesystem {}", tar.display());
+    println!(
+        "image: built the gcc {gcc} builder root filesystem {}",
+        tar.display()
+    );
     Ok(tar)
 }
 

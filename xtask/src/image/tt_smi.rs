@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
+use super::oci;
 use super::pins::{Pins, cache_key};
 use super::rootfs;
 
@@ -30,16 +31,19 @@ pub fn build(root: &Path, cache: &Path, pins: &Pins) -> Result<PathBuf> {
     let script_text =
         std::fs::read(&script).with_context(|| format!("reading {}", script.display()))?;
     let t = &pins.tt_smi;
+    let root_pins = &pins.debian.tt_smi_build;
     let key = cache_key(
         [
             script_text.as_slice(),
-            pins.debian.suite.as_bytes(),
+            root_pins.suite.as_bytes(),
             t.version.as_bytes(),
             t.pyinstaller.as_bytes(),
+            t.python.source.as_bytes(),
+            t.python.sha256.as_bytes(),
         ]
         .into_iter()
-        .chain(pins.debian.sources.iter().map(|s| s.as_bytes()))
-        .chain(pins.debian.tt_smi_build.iter().map(|s| s.as_bytes()))
+        .chain(pins.sources(&root_pins.suite)?.iter().map(|s| s.as_bytes()))
+        .chain(root_pins.packages.iter().map(|s| s.as_bytes()))
         .chain(t.constraints.iter().map(|s| s.as_bytes())),
     );
     let dir = cache.join(format!("tt-smi-{}-{key}", t.version));
@@ -61,6 +65,9 @@ pub fn build(root: &Path, cache: &Path, pins: &Pins) -> Result<PathBuf> {
     let ca = host_ca_bundle()?;
     std::fs::copy(&ca, inputs.join("ca.crt"))
         .with_context(|| format!("copying {}", ca.display()))?;
+    let python = python_source(cache, pins)?;
+    std::fs::copy(&python, inputs.join("python.tar.gz"))
+        .with_context(|| format!("copying {}", python.display()))?;
     run_build(pins, &inputs, &dir)?;
     if !binary.is_file() {
         bail!("the tt-smi build left no {}", binary.display());
@@ -68,6 +75,44 @@ pub fn build(root: &Path, cache: &Path, pins: &Pins) -> Result<PathBuf> {
     report_unpinned(&dir.join("freeze.txt"), pins);
     println!("image: built tt-smi {} {}", t.version, binary.display());
     Ok(binary)
+}
+
+/// The pinned CPython source tarball, downloaded once into `cache` and checked against its
+/// sha256.
+fn python_source(cache: &Path, pins: &Pins) -> Result<PathBuf> {
+    let python = &pins.tt_smi.python;
+    let file = cache.join(format!("python-src-{}.tar.gz", &python.sha256[..16]));
+    if !file.is_file() {
+        let partial = file.with_extension("partial");
+        let status = std::process::Command::new("curl")
+            .args([
+                "--fail",
+                "--silent",
+                "--show-error",
+                "--location",
+                "--retry",
+                "3",
+            ])
+            .arg("--output")
+            .arg(&partial)
+            .arg(&python.source)
+            .status()
+            .context("running curl")?;
+        if !status.success() {
+            bail!("downloading {} failed ({status})", python.source);
+        }
+        std::fs::rename(&partial, &file)?;
+    }
+    let sum = oci::sha256_file(&file)?;
+    if sum.strip_prefix("sha256:") != Some(python.sha256.as_str()) {
+        let _ = std::fs::remove_file(&file);
+        bail!(
+            "{} has sha256 {sum}, not the pinned {}",
+            python.source,
+            python.sha256
+        );
+    }
+    Ok(file)
 }
 
 /// The CA bundle the host's pip trusts (PyPI may be reached through a TLS-inspecting proxy
@@ -107,10 +152,10 @@ fn run_build(pins: &Pins, inputs: &Path, out: &Path) -> Result<()> {
         &pins.debian.tt_smi_build,
         "null",
         Path::new("/dev/null"),
-    );
+    )?;
     cmd.arg(format!("--customize-hook=mkdir -p \"$1{GUEST_DIR}\""))
         .arg(format!(
-            "--customize-hook=copy-in {0}/build-tt-smi.sh {0}/constraints.txt {0}/ca.crt {GUEST_DIR}",
+            "--customize-hook=copy-in {0}/build-tt-smi.sh {0}/constraints.txt {0}/ca.crt {0}/python.tar.gz {GUEST_DIR}",
             inputs.display()
         ))
         .arg(format!(

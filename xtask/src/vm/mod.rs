@@ -69,6 +69,8 @@
 
 mod agent_image;
 mod boot;
+mod builder_kernel;
+pub mod debian_kernel;
 mod elf;
 mod headers;
 mod host_tools;
@@ -277,6 +279,21 @@ impl Vm {
             ),
             None => (Vec::new(), Vec::new()),
         };
+        let builder = match builder_kernel::family_of(scenario.name) {
+            Some(gcc) => Some(step(
+                &format!(
+                    "[{}] the gcc {gcc} builder's kernel and module",
+                    scenario.name
+                ),
+                || builder_kernel::prepare(&self.root, &self.cache, gcc),
+            )?),
+            None => None,
+        };
+        if let Some(b) = &builder {
+            extra_files.push((b.ko.clone(), "/image-ko/tenstorrent.ko".to_owned()));
+            extra_env.extend(b.guest_env.iter().cloned());
+        }
+        let kernel = builder.as_ref().map_or(&self.kernel, |b| &b.kernel);
         if scenario.prebuilt_tree {
             let tree = step(
                 &format!("[{}] prebuilding the served modules", scenario.name),
@@ -293,7 +310,7 @@ impl Vm {
                     cache: &self.cache,
                     scenario,
                     busybox: &self.host.busybox,
-                    kernel: &self.kernel,
+                    kernel,
                     modules: &self.modules,
                     executables: &executables,
                     guest_args,
@@ -312,7 +329,7 @@ impl Vm {
             ),
             || {
                 boot::boot(&boot::Machine {
-                    vmlinuz: &self.kernel.vmlinuz,
+                    vmlinuz: &kernel.vmlinuz,
                     initrd: &initrd,
                     run_dir: &run_dir,
                     limit: timeout,

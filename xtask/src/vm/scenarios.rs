@@ -187,6 +187,23 @@ pub const SCENARIOS: &[Scenario] = &[
         // one in-VM build, as in scenario agent
         timeout: Duration::from_secs(600),
     },
+    Scenario {
+        name: "trixie-kernel",
+        description: "Debian 13's kernel (6.12, the one the gcc 14 builder image's kbuild \
+                      serves) boots instead of Debian 12's, and the stub module the gcc 14 \
+                      image built against that kernel's downloaded headers loads in it, reports \
+                      its version and unloads",
+        tests: &[],
+        bins: &[],
+        examples: &[],
+        files: &[],
+        host_usr: false,
+        agent_image: false,
+        prebuilt_tree: false,
+        script: "trixie-kernel.sh",
+        // no build in the guest: a boot, an insmod and an rmmod
+        timeout: Duration::from_secs(240),
+    },
 ];
 
 /// Not a test: `cargo xtask bench` boots it for the real-kernel load and unload times
