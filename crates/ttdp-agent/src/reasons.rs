@@ -19,6 +19,8 @@ pub const HOST_PROBE_FAILED: &str = "HostProbeFailed";
 pub const TT_SMI_INSTALLED: &str = "TtSmiInstalled";
 /// tt-smi could not be copied to the host.
 pub const TT_SMI_COPY_FAILED: &str = "TtSmiCopyFailed";
+/// tt-kmd's udev rule could not be put in place, or udev could not be told to reload it.
+pub const UDEV_RULE_NOT_APPLIED: &str = "UdevRuleNotApplied";
 /// The node is host-managed (DKMS); the agent stands down.
 pub const HOST_MANAGED: &str = "HostManaged";
 /// The loaded module was unloaded without a `.ko` to roll back to, because the node opted in
