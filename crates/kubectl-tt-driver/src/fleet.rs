@@ -137,6 +137,8 @@ pub struct NodeRow {
     pub loaded_parameters: Option<String>,
     /// The commit the loaded module was built from, as the node's status entry says.
     pub source_commit: Option<String>,
+    /// tt-kmd's udev rule file on the node and whose it is, as the node's status entry says.
+    pub udev_rule: Option<String>,
     /// Who cordoned the node, from its annotation.
     pub cordoned_by: Option<String>,
     /// Whether the node is unschedulable (only known when Nodes were read).
@@ -291,6 +293,7 @@ impl Fleet {
                     install_mode: n.install_mode.clone(),
                     loaded_parameters: n.loaded_parameters.clone(),
                     source_commit: n.source_commit.clone(),
+                    udev_rule: n.udev_rule.clone(),
                     cordoned_by: facts.and_then(|f| f.cordoned_by.clone()),
                     unschedulable: facts.map(|f| f.unschedulable),
                     since: n.last_transition_time.as_ref().map(|t| t.0),
@@ -387,6 +390,7 @@ fn labelled_row(
         install_mode: n.labels.get(labels::INSTALL_MODE).cloned(),
         loaded_parameters: None,
         source_commit: None,
+        udev_rule: None,
         cordoned_by: n.cordoned_by.clone(),
         unschedulable: Some(n.unschedulable),
         since: None,

@@ -391,6 +391,40 @@ fn describe_shows_parameters_and_commits_when_set() {
     );
 }
 
+/// Whose udev rule each node has shows in a UDEV-RULE column, only when a node reports one.
+#[test]
+fn describe_shows_whose_udev_rule_a_node_has() {
+    let fleet = fixture::every_state();
+    let view = fleet.policy("fleet").unwrap().clone();
+    let mut rows: Vec<_> = fleet
+        .node_rows()
+        .into_iter()
+        .filter(|r| r.policy == "fleet")
+        .collect();
+    let plain = describe::render(&view, &rows, &[], &[], &opts(false, 200));
+    assert!(!plain.contains("UDEV-RULE"), "{plain}");
+    rows[0].udev_rule = Some("/etc/udev/rules.d/50-tenstorrent.rules (tt-kmd 2.8.0)".into());
+    rows[1].udev_rule =
+        Some("/etc/udev/rules.d/50-tenstorrent.rules (not ttdp's, left as is)".into());
+    let text = describe::render(&view, &rows, &[], &[], &opts(false, 200));
+    let header = text
+        .lines()
+        .find(|l| l.contains("NODE") && l.contains("STATE"))
+        .unwrap();
+    assert!(header.contains("UDEV-RULE"), "{header}");
+    let row = |node: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(node))
+            .unwrap_or_else(|| panic!("no row for {node}: {text}"))
+            .to_owned()
+    };
+    assert!(row(&rows[0].node).contains("tt-kmd 2.8.0"), "{text}");
+    assert!(
+        row(&rows[1].node).contains("not ttdp's, left as is"),
+        "{text}"
+    );
+}
+
 #[test]
 fn describe_document_carries_the_pages_facts() {
     let fleet = fixture::every_state();

@@ -214,6 +214,9 @@ pub struct AgentConfig {
     pub resync_period: Duration,
     /// The post-load validation.
     pub validation: ValidationConfig,
+    /// The `udevadm` run after the udev rule changed (`TTDP_UDEVADM`); `None`: never run.
+    /// Never run with a simulated kernel.
+    pub udevadm: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -246,6 +249,7 @@ impl AgentConfig {
             unload_wait: Duration::from_secs(30),
             resync_period: Duration::from_secs(600),
             validation: ValidationConfig::default(),
+            udevadm: Some(PathBuf::from("udevadm")),
         }
     }
 

@@ -100,6 +100,7 @@ pub fn base_report(
             .then(|| parameters_text(&observation.status.parameters)),
         applied_parameters: observation.status.applied_parameters.clone(),
         loaded_commit: observation.status.source_commit.clone(),
+        udev_rule: observation.status.udev_rule.as_ref().map(|r| r.summary()),
         install_mode: observation.mode().as_str().to_string(),
         holders: Vec::new(),
         reason: None,
@@ -120,6 +121,7 @@ pub fn holders_message(status: &ModuleStatus, target: &KmdVersion) -> String {
             loaded_parameters: None,
             applied_parameters: None,
             loaded_commit: None,
+            udev_rule: None,
             install_mode: InstallMode::Container.as_str().to_string(),
             holders: report_holders(&status.device_holders),
             reason: None,
@@ -199,6 +201,7 @@ mod tests {
             parameters: Default::default(),
             applied_parameters: None,
             source_commit: None,
+            udev_rule: None,
         }
     }
 

@@ -163,6 +163,10 @@ struct RunArgs {
         default_value = "/opt/ttdp/tt-smi"
     )]
     tt_smi_path: String,
+    /// The udevadm run to reload udev's rules after tt-kmd's rule was put in place; `none`
+    /// writes the rule without telling udev.
+    #[arg(long, env = env::UDEVADM, value_name = "TTDP_UDEVADM", default_value = "udevadm")]
+    udevadm: String,
     /// The commit tag ttkmd-<version> must point at when the target is built (full hex); a tag
     /// that moved fails the build and nothing is unloaded.
     #[arg(long, env = env::TT_KMD_COMMIT, value_name = "TT_KMD_COMMIT", value_parser = parse_commit)]
@@ -309,6 +313,7 @@ impl RunArgs {
         if let Some(dir) = &self.lock_dir {
             config.lock_dir = dir.clone();
         }
+        config.udevadm = (self.udevadm != "none").then(|| PathBuf::from(&self.udevadm));
         config.probe_period = self.probe_period;
         config.retry = RetryPolicy {
             initial: self.retry_initial,

@@ -4,7 +4,8 @@
 //! 1. observe the host (DKMS signals, module status) and publish the labels for what is true now;
 //! 2. host-managed: report and stand down (never rmmod/insmod, never copy tt-smi, never write
 //!    the cache);
-//! 3. container mode, target loaded: copy tt-smi if it differs, label, report Ready;
+//! 3. container mode, target loaded: copy tt-smi if it differs, put the version's udev rule in
+//!    place if it is not (`udev_rule`), label, report Ready;
 //! 4. otherwise, when a retry is due: ensure the target `.ko` (cache hit, or fetch + build: this
 //!    step may be abandoned on shutdown, nothing has been changed yet), then secure the rollback
 //!    path: a verified `.ko` of the loaded version (cache hit, or built from its tag; also
@@ -39,11 +40,13 @@ use ttdp_api::agent_report::{AgentPhase, AgentReport};
 use ttdp_hostprobe::{CompilerFamily, detect_host_install, kernel_compiler, kernel_release};
 use ttdp_kmod::parameters::uninterpreted_values;
 use ttdp_kmod::prebuilt::PrebuiltFallback;
-use ttdp_kmod::{InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions, UnloadOptions};
+use ttdp_kmod::{
+    InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions, UdevConfig, UnloadOptions,
+};
 
 use crate::backoff::Backoff;
 use crate::builder_compiler::BuilderCompiler;
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, KernelKind};
 use crate::convergence::{
     Observation, Step, UnloadGate, base_report, host_managed_message, next_step, unload_gate,
 };
@@ -57,6 +60,7 @@ use crate::tt_smi::{TtSmiInstaller, TtSmiOutcome};
 mod publishing;
 mod resume;
 mod target_ko;
+mod udev_rule;
 mod unload_gate;
 mod validate;
 
@@ -98,6 +102,9 @@ pub struct NodeAgent<K, R> {
     reporter: R,
     tt_smi: Option<TtSmiInstaller>,
     tt_smi_installed: bool,
+    /// The loaded version whose udev rule was checked since it became Ready, and the problem
+    /// found then, shown in the Ready message while it lasts.
+    udev_checked: Option<(String, Option<String>)>,
     failure_backoff: Backoff,
     holder_backoff: Backoff,
     next_attempt: Option<Instant>,
@@ -127,6 +134,14 @@ where
             build: config.build_options(&release),
             cache_dir: Some(config.cache_dir.clone()),
             lock_dir: Some(config.lock_dir.clone()),
+            udev: UdevConfig {
+                rules_dir: None,
+                // a simulated kernel has no udev: never tell the real one
+                udevadm: config
+                    .udevadm
+                    .clone()
+                    .filter(|_| config.kernel == KernelKind::Real),
+            },
             ..InstallerConfig::default()
         };
         let mut installer = ModuleInstaller::new(config.host.clone(), kernel, installer_config)
@@ -165,6 +180,7 @@ where
             reporter,
             tt_smi,
             tt_smi_installed: false,
+            udev_checked: None,
             next_attempt: None,
             last_labels: None,
             last_report: None,
@@ -375,6 +391,9 @@ where
             );
         }
         if let Some(problem) = self.ensure_tt_smi().await {
+            message = format!("{message}; {problem}");
+        }
+        if let Some(problem) = self.ensure_udev_rule(observation).await {
             message = format!("{message}; {problem}");
         }
         self.publish_labels(observation).await;

@@ -21,6 +21,8 @@ pub const TT_SMI_INSTALLED: &str = "TtSmiInstalled";
 pub const TT_SMI_COPY_FAILED: &str = "TtSmiCopyFailed";
 /// The target must be built and this image's compiler is not the kernel's: nothing is built.
 pub const COMPILER_MISMATCH: &str = "CompilerMismatch";
+/// tt-kmd's udev rule could not be put in place, or udev could not be told to reload it.
+pub const UDEV_RULE_NOT_APPLIED: &str = "UdevRuleNotApplied";
 /// The node is host-managed (DKMS); the agent stands down.
 pub const HOST_MANAGED: &str = "HostManaged";
 /// The loaded module was unloaded without a `.ko` to roll back to, because the node opted in

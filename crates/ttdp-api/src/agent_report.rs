@@ -61,6 +61,10 @@ pub struct AgentReport {
     /// when its srcversion matches), absent when unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loaded_commit: Option<String>,
+    /// The udev rule file on the host and whose it is, e.g.
+    /// `/etc/udev/rules.d/50-tenstorrent.rules (tt-kmd 2.0.0)`; absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udev_rule: Option<String>,
     /// `container` or `host`.
     pub install_mode: String,
     /// Processes holding `/dev/tenstorrent` (while `WaitingForHolders`).
@@ -105,6 +109,7 @@ mod tests {
             loaded_parameters: None,
             applied_parameters: None,
             loaded_commit: None,
+            udev_rule: None,
             install_mode: "container".into(),
             holders: vec![
                 Holder {

@@ -245,6 +245,9 @@ pub mod env {
     pub const VALIDATION_TIMEOUT: &str = "TTDP_VALIDATION_TIMEOUT";
     /// How long, after a load, the devices may take to be bound and get their nodes.
     pub const VALIDATION_DEVICE_WAIT: &str = "TTDP_VALIDATION_DEVICE_WAIT";
+    /// The `udevadm` the agent runs to reload udev's rules after putting tt-kmd's rule in place
+    /// (default `udevadm` on `PATH`; `none`: write the rule, never run udevadm).
+    pub const UDEVADM: &str = "TTDP_UDEVADM";
 }
 
 /// Which compiler built a node's kernel, and the builder images that match it.

@@ -2,7 +2,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -19,6 +19,7 @@ use crate::prebuilt::PrebuiltSource;
 use crate::source_build::{BuildOptions, millis};
 use crate::status::{ModuleStatus, loaded_version};
 use crate::test_hook::{AFTER_LOAD, AFTER_UNLOAD, BEFORE_UNLOAD, checkpoint};
+use crate::udev_rule::UdevConfig;
 use crate::validated_swap::PostLoadCheck;
 use crate::{DEVICE_DIR, KmodError, MODULE_NAME};
 
@@ -48,6 +49,8 @@ pub struct InstallerConfig {
     /// [`MODULE_LOCK_DIR`] under the host root. Every installer on a node must use the same host
     /// directory, or two of them can swap at the same time.
     pub lock_dir: Option<PathBuf>,
+    /// Where the version's udev rule goes and how udev is told (see [`crate::udev_rule`]).
+    pub udev: UdevConfig,
 }
 
 impl Default for InstallerConfig {
@@ -59,6 +62,7 @@ impl Default for InstallerConfig {
             cache_lock_timeout: Duration::from_secs(20 * 60),
             cache_dir: None,
             lock_dir: None,
+            udev: UdevConfig::default(),
         }
     }
 }
@@ -75,6 +79,8 @@ pub struct ModuleInstaller<K> {
     cache: KoCache,
     config: InstallerConfig,
     prebuilt: Option<Arc<dyn PrebuiltSource>>,
+    /// The last problem putting the udev rule in place or telling udev, for the caller to show.
+    pub(crate) udev_problem: Mutex<Option<String>>,
 }
 
 impl<K: Kernel> ModuleInstaller<K> {
@@ -92,6 +98,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             cache,
             config,
             prebuilt: None,
+            udev_problem: Mutex::new(None),
         })
     }
 
@@ -147,6 +154,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             // a module loaded from elsewhere at the same version is not that build
             .filter(|r| r.srcversion.is_none() || r.srcversion == status.srcversion)
             .and_then(|r| r.source_commit);
+        status.udev_rule = self.installed_udev_rule();
         Ok(status)
     }
 
@@ -230,13 +238,41 @@ impl<K: Kernel> ModuleInstaller<K> {
 
     /// Loads a cached `.ko` with `params` and checks that sysfs then reports its version. A `.ko`
     /// the kernel rejects as invalid is removed from the cache so the next attempt rebuilds it.
+    /// The version's udev rule is put in place first ([`crate::udev_rule`]), so the device nodes
+    /// the load creates get its mode.
     pub fn load(&self, ko: &CachedKo, params: &str) -> Result<(), KmodError> {
+        self.load_with_rule(ko, params, None)
+    }
+
+    /// [`ModuleInstaller::load`] of the version a swap replaced, loaded back: when the rule it
+    /// ships is unknown, the rule file the swap found goes back as it was.
+    pub(crate) fn load_back(&self, ko: &CachedKo, params: &str) -> Result<(), KmodError> {
+        let before = self
+            .swap_journal()
+            .ok()
+            .flatten()
+            .map(|journal| journal.previous_udev_rule);
+        self.load_with_rule(ko, params, before.as_ref())
+    }
+
+    fn load_with_rule(
+        &self,
+        ko: &CachedKo,
+        params: &str,
+        restore: Option<&Option<String>>,
+    ) -> Result<(), KmodError> {
+        let rule_changed = self.place_udev_rule(ko, restore);
         self.load_file(&ko.path, &ko.record.version, params)
             .inspect_err(|e| {
                 if matches!(e, KmodError::BadModule { .. }) {
                     let _ = self.cache.evict(&self.release, &ko.record.version);
                 }
-            })
+            })?;
+        if rule_changed {
+            // nodes udev handled before it read the new rule get it now
+            self.retrigger_devices();
+        }
+        Ok(())
     }
 
     /// Loads the module file at `path`, expected to be `version`, and verifies the loaded version.

@@ -14,6 +14,7 @@ use crate::file_lock::FileLock;
 use crate::modinfo::ModInfo;
 use crate::prebuilt::{CHECKSUM_SUFFIX, FetchedKo, pin_key};
 use crate::source_build::BuiltModule;
+use crate::udev_rule::ShippedUdevRule;
 use crate::{KO_FILE_NAME, KmodError};
 
 /// Host path of the cache.
@@ -45,6 +46,11 @@ pub struct KoRecord {
     pub source_commit: Option<String>,
     /// When it was built.
     pub built_at: jiff::Timestamp,
+    /// The udev rule its version ships, read from the source tree it was built from;
+    /// [`ShippedUdevRule::Unknown`] for a prebuilt module and a record written before ttdp kept
+    /// rules.
+    #[serde(default)]
+    pub udev_rule: ShippedUdevRule,
 }
 
 /// A verified cache entry.
@@ -58,6 +64,8 @@ pub struct CachedKo {
 }
 
 /// The result of a cache lookup.
+// a lookup answers once per swap and is matched at once: boxing the hit would buy nothing
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CacheLookup {
     /// A verified entry: checksum, version and vermagic all match.
@@ -173,13 +181,28 @@ impl KoCache {
     /// Stores a freshly built module atomically (temporary file, fsync, rename; the record last)
     /// and returns the new entry. Callers hold [`KoCache::lock`].
     pub fn store(&self, built: &BuiltModule) -> Result<CachedKo, KmodError> {
-        self.store_file(
+        self.store_built(
             &built.ko_path,
             &built.release,
             &built.version,
             &built.repository,
             &built.source_commit,
+            built.udev_rule.clone(),
         )
+    }
+
+    /// Rewrites the record of an entry atomically, e.g. to add the rule its version ships.
+    /// Callers hold [`KoCache::lock`].
+    pub fn write_record(&self, record: &KoRecord) -> Result<(), KmodError> {
+        let dir = self.entry_dir(&record.kernel_release, &record.version);
+        let json = serde_json::to_vec_pretty(record).map_err(|e| {
+            KmodError::io(
+                "encode",
+                dir.join(RECORD_FILE_NAME),
+                std::io::Error::other(e),
+            )
+        })?;
+        write_atomically(&dir, RECORD_FILE_NAME, &json)
     }
 
     /// Stores the module file `ko`, built elsewhere from `source_commit` of `repository`, as
@@ -193,20 +216,37 @@ impl KoCache {
         repository: &str,
         source_commit: &str,
     ) -> Result<CachedKo, KmodError> {
+        self.store_built(
+            ko,
+            release,
+            version,
+            repository,
+            source_commit,
+            ShippedUdevRule::Unknown,
+        )
+    }
+
+    fn store_built(
+        &self,
+        ko: &Path,
+        release: &str,
+        version: &KmdVersion,
+        repository: &str,
+        source_commit: &str,
+        udev_rule: ShippedUdevRule,
+    ) -> Result<CachedKo, KmodError> {
         let bytes = std::fs::read(ko).map_err(|e| KmodError::io("read", ko, e))?;
         let info = ModInfo::parse(&bytes).map_err(|reason| KmodError::Modinfo {
             path: ko.to_path_buf(),
             reason,
         })?;
         info.check_built_for(version, release)?;
-        self.write_entry(
-            &bytes,
-            &info,
-            release,
-            version,
+        let source = EntrySource {
             repository,
-            Some(source_commit),
-        )
+            commit: Some(source_commit),
+            udev_rule,
+        };
+        self.write_entry(&bytes, &info, release, version, source)
     }
 
     /// Stores a prebuilt module downloaded from a server, after the checks a module built here
@@ -249,7 +289,12 @@ impl KoCache {
                 info.vermagic().unwrap_or("(none)"),
             )));
         }
-        self.write_entry(&fetched.bytes, &info, release, version, &fetched.url, None)
+        let source = EntrySource {
+            repository: &fetched.url,
+            commit: None,
+            udev_rule: ShippedUdevRule::Unknown,
+        };
+        self.write_entry(&fetched.bytes, &info, release, version, source)
     }
 
     /// Writes the `.ko` and its record for `version` and `release` atomically.
@@ -259,8 +304,7 @@ impl KoCache {
         info: &ModInfo,
         release: &str,
         version: &KmdVersion,
-        source: &str,
-        source_commit: Option<&str>,
+        source: EntrySource<'_>,
     ) -> Result<CachedKo, KmodError> {
         let record = KoRecord {
             version: version.clone(),
@@ -268,9 +312,10 @@ impl KoCache {
             sha256: hex::encode(Sha256::digest(bytes)),
             vermagic: info.vermagic().unwrap_or_default().to_string(),
             srcversion: info.srcversion().map(str::to_string),
-            source_repository: source.to_string(),
-            source_commit: source_commit.map(str::to_string),
+            source_repository: source.repository.to_string(),
+            source_commit: source.commit.map(str::to_string),
             built_at: jiff::Timestamp::now(),
+            udev_rule: source.udev_rule,
         };
         let dir = self.entry_dir(release, version);
         std::fs::create_dir_all(&dir).map_err(|e| KmodError::io("create", &dir, e))?;
@@ -315,6 +360,13 @@ impl KoCache {
         versions.sort();
         versions
     }
+}
+
+/// Where a cache entry came from: its record's provenance fields.
+struct EntrySource<'a> {
+    repository: &'a str,
+    commit: Option<&'a str>,
+    udev_rule: ShippedUdevRule,
 }
 
 /// Writes `dir/name` through a temporary file in `dir`, fsynced, then renamed over the target.

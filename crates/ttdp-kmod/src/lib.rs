@@ -22,6 +22,8 @@
 //! - [`SwapJournal`]: what a swap writes down before it unloads a working module, so a process
 //!   stopped half-way leaves which driver the node had; [`ModuleInstaller::resume_swap`] settles
 //!   it (the target from the cache, else the previous version back);
+//! - [`udev_rule`]: the udev rule a version ships, kept in its cache record and put in place
+//!   on the host before every load of that version (the previous one's on a rollback);
 //! - the [`Kernel`] trait: [`RealKernel`] (`finit_module`, `delete_module`, `kill` through nix) and,
 //!   with the `sim` feature only (tests and demos, never a release build), `SimKernel` (a kernel
 //!   simulated in files, shared by processes), with `SimHost` and `SimKmdRepo` to create
@@ -68,6 +70,7 @@ mod swap_journal;
 mod swap_resume;
 pub mod test_hook;
 mod timed_command;
+pub mod udev_rule;
 mod validated_swap;
 
 pub use error::{KmodError, ResumeProblems};
@@ -93,6 +96,7 @@ pub use swap_resume::{ResumeOutcome, ResumedSwap};
 pub use timed_command::{CommandRun, log_tail, run_logged};
 pub use ttdp_hostprobe::HostRoot;
 pub use ttdp_kmd_types::{KmdVersion, RELEASE_TAG_PREFIX};
+pub use udev_rule::{InstalledUdevRule, ShippedUdevRule, UdevConfig};
 pub use validated_swap::PostLoadCheck;
 
 /// The README's example, compiled as a doctest so it cannot rot.

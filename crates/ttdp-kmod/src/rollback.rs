@@ -137,7 +137,7 @@ impl<K: Kernel> ModuleInstaller<K> {
                 .and_then(|v| self.cache().lookup(self.release(), &v))
                 .and_then(|lookup| match lookup {
                     CacheLookup::Hit(ko) => self
-                        .load(&ko, params)
+                        .load_back(&ko, params)
                         .map(|()| previous_version.to_string()),
                     _ => Err(not_cached(previous_version)),
                 }),

@@ -59,6 +59,20 @@ impl SimKmdRepo {
         self.commit_tag(version, &SIM_MODULE_C.replace("@VERSION@", version))
     }
 
+    /// Tags `version`, its tree shipping `rule` as tt-kmd's `udev-50-tenstorrent.rules`
+    /// (`None`: no rule file); later tags keep the file as it is left.
+    pub fn add_version_with_udev_rule(&self, version: &str, rule: Option<&str>) -> io::Result<()> {
+        let path = self.dir.join(crate::udev_rule::UDEV_RULE_SOURCE);
+        match rule {
+            Some(text) => std::fs::write(&path, text)?,
+            None => match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            },
+        }
+        self.add_version(version)
+    }
+
     /// Commits sources for `version` that do not compile, and tags them `ttkmd-<version>`.
     pub fn add_broken_version(&self, version: &str) -> io::Result<()> {
         let source = SIM_MODULE_C.replace("@VERSION@", version)

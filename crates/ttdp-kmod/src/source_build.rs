@@ -9,6 +9,7 @@ use ttdp_hostprobe::{HostRoot, build_tree};
 use crate::KmdVersion;
 use crate::modinfo::ModInfo;
 use crate::timed_command::{log_tail, run_logged};
+use crate::udev_rule::ShippedUdevRule;
 use crate::{KO_FILE_NAME, KmodError};
 
 /// The public tt-kmd repository.
@@ -79,6 +80,8 @@ pub struct BuiltModule {
     pub fetch_ms: u64,
     /// Time spent building, in milliseconds.
     pub build_ms: u64,
+    /// The udev rule the source tree ships.
+    pub udev_rule: ShippedUdevRule,
     _work: tempfile::TempDir,
 }
 
@@ -187,6 +190,7 @@ pub fn build_module(
     }
     let modinfo = ModInfo::from_file(&ko_path)?;
     modinfo.check_built_for(version, release)?;
+    let udev_rule = ShippedUdevRule::from_source_tree(&src)?;
     Ok(BuiltModule {
         version: version.clone(),
         release: release.to_string(),
@@ -197,6 +201,7 @@ pub fn build_module(
         log,
         fetch_ms,
         build_ms: millis(run.elapsed),
+        udev_rule,
         _work: work,
     })
 }
@@ -226,7 +231,7 @@ fn kernel_build_dir(
 }
 
 /// A fresh temporary directory for the source and build, in `options.work_dir` when given.
-fn work_dir(options: &BuildOptions) -> Result<tempfile::TempDir, KmodError> {
+pub(crate) fn work_dir(options: &BuildOptions) -> Result<tempfile::TempDir, KmodError> {
     match &options.work_dir {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| KmodError::io("create", dir, e))?;

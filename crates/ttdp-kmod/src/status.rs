@@ -37,6 +37,9 @@ pub struct ModuleStatus {
     /// The commit the loaded module was built from: the cache record of the loaded version,
     /// when its srcversion is the loaded one's. Filled by [`crate::ModuleInstaller::status`].
     pub source_commit: Option<String>,
+    /// The udev rule file on the host (see [`crate::udev_rule`]); `None` when there is none.
+    /// Filled by [`crate::ModuleInstaller::status`].
+    pub udev_rule: Option<crate::udev_rule::InstalledUdevRule>,
 }
 
 impl ModuleStatus {
@@ -77,6 +80,7 @@ impl ModuleStatus {
             parameters: read_parameters(host, name),
             applied_parameters: None,
             source_commit: None,
+            udev_rule: None,
         })
     }
 

@@ -45,6 +45,10 @@ pub struct SwapJournal {
     pub pid: u32,
     /// When the swap began to unload.
     pub started_at: jiff::Timestamp,
+    /// ttdp's udev rule file as the swap found it (`None`: there was none), put back when the
+    /// swap rolls back to a version whose rule is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_udev_rule: Option<String>,
 }
 
 impl SwapJournal {
@@ -63,6 +67,7 @@ impl SwapJournal {
             parameters: Default::default(),
             applied_parameters: Some(self.previous_parameters.clone()),
             source_commit: None,
+            udev_rule: None,
         }
     }
 }
@@ -141,6 +146,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             phase: SwapPhase::Replacing,
             pid: std::process::id(),
             started_at: jiff::Timestamp::now(),
+            previous_udev_rule: self.udev_rule_before_swap(),
         }
     }
 

@@ -176,7 +176,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             ))
         })?;
         let ko = self.verified_ko(&version).map_err(failed)?;
-        self.load(&ko, &journal.previous_parameters)
+        self.load_back(&ko, &journal.previous_parameters)
             .map_err(|e| failed(e.to_string()))?;
         Ok(ResumeOutcome::Restored { why })
     }

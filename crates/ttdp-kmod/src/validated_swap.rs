@@ -68,7 +68,7 @@ impl<K: Kernel> ModuleInstaller<K> {
         }
         checkpoint(VALIDATION_ROLLBACK);
         // the previous module goes back with the parameters it had
-        match self.load(
+        match self.load_back(
             &previous_ko,
             before.applied_parameters.as_deref().unwrap_or_default(),
         ) {

@@ -19,6 +19,8 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("apt-get", "apt"),
     ("dpkg-deb", "dpkg"),
     ("git", "git"),
+    // scenario udev runs the host's udevadm and systemd-udevd in the guest
+    ("udevadm", "udev"),
 ];
 
 /// Where busybox-static puts its binary.

@@ -204,6 +204,28 @@ pub const SCENARIOS: &[Scenario] = &[
         // no build in the guest: a boot, an insmod and an rmmod
         timeout: Duration::from_secs(240),
     },
+    Scenario {
+        name: "udev",
+        description: "tt-kmd's udev rule by the real ttdp-agent binary (report in a file) with \
+                      the host's udevd running in the guest: each install puts the rule its \
+                      version ships (read from the stub repository's tag) in \
+                      /etc/udev/rules.d/50-tenstorrent.rules, `udevadm test` reads it without \
+                      complaint, and the stub's device node gets the rule's mode; an upgrade \
+                      replaces the rule, a version whose load fails is rolled back with the \
+                      previous rule, a rollback after a SIGKILL between unload and load puts the \
+                      previous rule back, and a version whose rule is unknown leaves the file",
+        tests: &[],
+        bins: &[("ttdp-agent", "ttdp-agent")],
+        examples: &[],
+        files: &[],
+        // udevadm and systemd-udevd (the host's, from Debian's udev package) and git
+        host_usr: true,
+        agent_image: false,
+        prebuilt_tree: false,
+        script: "udev.sh",
+        // no build in the guest (the cache is seeded); five short agent runs
+        timeout: Duration::from_secs(300),
+    },
 ];
 
 /// Not a test: `cargo xtask bench` boots it for the real-kernel load and unload times
@@ -230,6 +252,10 @@ pub struct StubModule {
     pub version: &'static str,
     /// Built with `TT_STUB_FAIL_INIT=1`: its init returns -EINVAL, so loading it fails.
     pub fail_init: bool,
+    /// The `MODE` of the udev rule its tag ships (`udev-50-tenstorrent.rules`, shaped like
+    /// tt-kmd's): one per version, none the kernel's own 0666, so a node's mode tells which
+    /// version's rule udev applied.
+    pub udev_mode: &'static str,
 }
 
 /// The stub module versions every scenario gets.
@@ -237,14 +263,17 @@ pub const STUB_MODULES: &[StubModule] = &[
     StubModule {
         version: "1.0.0",
         fail_init: false,
+        udev_mode: "0660",
     },
     StubModule {
         version: "2.0.0",
         fail_init: false,
+        udev_mode: "0640",
     },
     StubModule {
         version: "3.0.0",
         fail_init: true,
+        udev_mode: "0600",
     },
 ];
 
@@ -292,6 +321,18 @@ mod tests {
             );
         }
         assert_eq!(STUB_MODULES.iter().filter(|m| m.fail_init).count(), 1);
+        for (i, module) in STUB_MODULES.iter().enumerate() {
+            assert!(
+                module.udev_mode != "0666",
+                "the stub's devnode already gives 0666"
+            );
+            assert!(
+                STUB_MODULES[..i]
+                    .iter()
+                    .all(|m| m.udev_mode != module.udev_mode),
+                "each version's rule gives its own mode"
+            );
+        }
         assert!(STUB_MODULES.iter().filter(|m| !m.fail_init).count() >= 2);
     }
 }

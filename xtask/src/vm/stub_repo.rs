@@ -1,6 +1,7 @@
 //! A bare git repository of the stub module shaped like tt-kmd's: one commit and one tag
 //! `ttkmd-<version>` per [`STUB_MODULES`] entry, each carrying its version in a
-//! `VERSION` file (and a `FAIL_INIT` marker for the broken one), so a plain
+//! `VERSION` file (and a `FAIL_INIT` marker for the broken one) and a udev rule
+//! `udev-50-tenstorrent.rules` like tt-kmd's with a mode of its own, so a plain
 //! `make -C <build tree> M=<src> modules` builds it. Guests that build modules (with the host's
 //! `/usr`) fetch from it the way the agent fetches tt-kmd.
 
@@ -28,6 +29,14 @@ pub fn build(root: &Path, work: &Path, dest: &Path) -> Result<()> {
         }
         std::fs::write(work.join("VERSION"), format!("{}\n", module.version))
             .context("writing VERSION")?;
+        std::fs::write(
+            work.join("udev-50-tenstorrent.rules"),
+            format!(
+                "KERNEL==\"tenstorrent*\", MODE=\"{}\", SYMLINK+=\"tenstorrent-%n\"\n",
+                module.udev_mode
+            ),
+        )
+        .context("writing udev-50-tenstorrent.rules")?;
         let marker = work.join("FAIL_INIT");
         if module.fail_init {
             std::fs::write(&marker, "init returns -EINVAL on purpose\n")

@@ -42,18 +42,23 @@ pub fn selector_text(selector: &LabelSelector) -> String {
     }
 }
 
-/// The Nodes table; a PARAMETERS column (the loaded module parameters) and a COMMIT column
-/// (the commit the loaded module was built from, abbreviated as git does) only when a node
-/// reports some, so a policy without them reads as before.
+/// The Nodes table; a PARAMETERS column (the loaded module parameters), a COMMIT column
+/// (the commit the loaded module was built from, abbreviated as git does) and a UDEV-RULE column
+/// (whose udev rule the node has) only when a node reports some, so a policy without them reads
+/// as before.
 fn node_table(rows: &[NodeRow], opts: &RenderOptions) -> Table {
     let with_parameters = rows.iter().any(|r| r.loaded_parameters.is_some());
     let with_commit = rows.iter().any(|r| r.source_commit.is_some());
+    let with_rule = rows.iter().any(|r| r.udev_rule.is_some());
     let mut header = vec!["NODE", "STATE", "VERSION", "MODE"];
     if with_parameters {
         header.push("PARAMETERS");
     }
     if with_commit {
         header.push("COMMIT");
+    }
+    if with_rule {
+        header.push("UDEV-RULE");
     }
     header.extend(["CORDONED-BY", "AGE", "ATTEMPTS", "MESSAGE"]);
     let mut table = Table::new(header);
@@ -70,6 +75,9 @@ fn node_table(rows: &[NodeRow], opts: &RenderOptions) -> Table {
             let commit = row.source_commit.as_deref().unwrap_or("-");
             cells.push(Cell::plain(commit.get(..12).unwrap_or(commit)));
         }
+        if with_rule {
+            cells.push(Cell::plain(udev_rule_cell(row.udev_rule.as_deref())));
+        }
         cells.extend([
             Cell::plain(cordoned_by(row)),
             Cell::plain(age(row.since, opts.now)),
@@ -82,6 +90,18 @@ fn node_table(rows: &[NodeRow], opts: &RenderOptions) -> Table {
         table.push(cells);
     }
     table
+}
+
+/// Whose rule the node has, short: the agent reports `<path> (tt-kmd 2.8.0)` or `<path> (not
+/// ttdp's, left as is)`, and the path is always tt-kmd's; `-` for none.
+fn udev_rule_cell(reported: Option<&str>) -> String {
+    let Some(text) = reported else {
+        return "-".to_owned();
+    };
+    match text.split_once(" (") {
+        Some((_, whose)) => whose.trim_end_matches(')').to_owned(),
+        None => text.to_owned(),
+    }
 }
 
 fn yes_no(b: bool) -> &'static str {

@@ -45,6 +45,7 @@ where
                 loaded_parameters: None,
                 applied_parameters: None,
                 loaded_commit: None,
+                udev_rule: None,
                 install_mode: self
                     .last_report
                     .as_ref()

@@ -183,6 +183,7 @@ mod tests {
             loaded_parameters: None,
             applied_parameters: None,
             loaded_commit: None,
+            udev_rule: None,
             install_mode: "container".into(),
             holders: vec![],
             reason: None,

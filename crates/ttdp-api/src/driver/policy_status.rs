@@ -187,6 +187,10 @@ pub struct NodeStatus {
     /// (not built by ttdp, or host-managed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_commit: Option<String>,
+    /// tt-kmd's udev rule file on the node and whose it is, as its agent reports, e.g.
+    /// `/etc/udev/rules.d/50-tenstorrent.rules (tt-kmd 2.8.0)`; absent when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udev_rule: Option<String>,
 }
 
 impl NodeStatus {
@@ -205,6 +209,7 @@ impl NodeStatus {
             attempts: None,
             loaded_parameters: None,
             source_commit: None,
+            udev_rule: None,
         }
     }
 

@@ -18,8 +18,11 @@
 //! | `/usr/local/bin` | rw | where tt-smi is installed |
 //! | `/run/ttdp` | rw | the node-wide module lock, shared by every agent pod on the node, and the post-load validation record the readiness probe reads |
 //! | `/dev` | ro | `/dev/tenstorrent/*` device presence |
+//! | `/etc/udev/rules.d` | rw | tt-kmd's udev rule (`50-tenstorrent.rules`), put in place before each load so device nodes get the version's mode |
+//! | `/run/udev` | ro | udevd's control socket, for `udevadm control --reload-rules` (at its own path, where udevadm looks; a socket on a read-only mount still accepts connections) |
 //!
-//! `/lib/modules` and `/usr/src` are also mounted read-only at their own paths: Debian and Ubuntu
+//! `/run/udev` is mounted only at its own path. `/lib/modules` and `/usr/src` are also mounted
+//! read-only at their own paths: Debian and Ubuntu
 //! kernel header trees refer to each other by absolute path, so the agent builds against
 //! `/lib/modules/<release>/build` as the host sees it.
 //!
@@ -69,6 +72,8 @@ pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
 
 /// Host paths also mounted at their own path in the container (read-only), for kernel builds.
 const BUILD_TREE_PATHS: [&str; 2] = ["/lib/modules", "/usr/src"];
+/// Host paths mounted only at their own path: udevadm finds udevd's socket nowhere else.
+const OWN_PATH_ONLY: [&str; 1] = ["/run/udev"];
 
 /// One host path the agent mounts: volume name, host path, whether read-only, hostPath type.
 struct HostMount {
@@ -78,7 +83,7 @@ struct HostMount {
     kind: &'static str,
 }
 
-const HOST_MOUNTS: [HostMount; 9] = [
+const HOST_MOUNTS: [HostMount; 11] = [
     HostMount {
         name: "host-sys",
         path: "/sys",
@@ -134,6 +139,19 @@ const HOST_MOUNTS: [HostMount; 9] = [
         path: "/dev",
         read_only: true,
         kind: "Directory",
+    },
+    // tt-kmd's udev rule, written before each load, and udevd's socket to have it reloaded
+    HostMount {
+        name: "host-udev-rules",
+        path: "/etc/udev/rules.d",
+        read_only: false,
+        kind: "DirectoryOrCreate",
+    },
+    HostMount {
+        name: "host-run-udev",
+        path: "/run/udev",
+        read_only: true,
+        kind: "DirectoryOrCreate",
     },
 ];
 
@@ -323,15 +341,18 @@ fn agent_container(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Con
 /// and Ubuntu header trees refer to each other by absolute path, so `make` must run against the
 /// host's paths.
 fn host_mounts() -> Vec<VolumeMount> {
-    let under_root = HOST_MOUNTS.iter().map(|m| VolumeMount {
-        name: m.name.to_owned(),
-        mount_path: format!("{HOST_ROOT}{}", m.path),
-        read_only: Some(m.read_only),
-        ..Default::default()
-    });
+    let under_root = HOST_MOUNTS
+        .iter()
+        .filter(|m| !OWN_PATH_ONLY.contains(&m.path))
+        .map(|m| VolumeMount {
+            name: m.name.to_owned(),
+            mount_path: format!("{HOST_ROOT}{}", m.path),
+            read_only: Some(m.read_only),
+            ..Default::default()
+        });
     let build_tree = HOST_MOUNTS
         .iter()
-        .filter(|m| BUILD_TREE_PATHS.contains(&m.path))
+        .filter(|m| BUILD_TREE_PATHS.contains(&m.path) || OWN_PATH_ONLY.contains(&m.path))
         .map(|m| VolumeMount {
             name: m.name.to_owned(),
             mount_path: m.path.to_owned(),
@@ -709,7 +730,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_documented_host_paths_with_write_access_only_to_cache_bin_and_lock() {
+    fn only_the_documented_host_paths_with_write_access_only_to_cache_bin_lock_and_rules() {
         let ds = render(&policy("fleet", "2.8.0"));
         let spec = pod_spec(&ds);
         let host_paths: BTreeSet<&str> = spec
@@ -730,7 +751,9 @@ mod tests {
                 "/var/cache/tt-kmd",
                 "/usr/local/bin",
                 "/run/ttdp",
-                "/dev"
+                "/dev",
+                "/etc/udev/rules.d",
+                "/run/udev"
             ])
         );
         assert!(!host_paths.contains("/"), "never the whole host root");
@@ -747,7 +770,8 @@ mod tests {
             BTreeSet::from([
                 "/host/var/cache/tt-kmd",
                 "/host/usr/local/bin",
-                "/host/run/ttdp"
+                "/host/run/ttdp",
+                "/host/etc/udev/rules.d"
             ])
         );
         let own_paths: BTreeSet<&str> = spec.containers[0]
@@ -760,8 +784,8 @@ mod tests {
             .collect();
         assert_eq!(
             own_paths,
-            BTreeSet::from(["/lib/modules", "/usr/src"]),
-            "kernel headers also at their own paths, for builds"
+            BTreeSet::from(["/lib/modules", "/usr/src", "/run/udev"]),
+            "kernel headers also at their own paths, for builds; udevd's socket only there"
         );
     }
 

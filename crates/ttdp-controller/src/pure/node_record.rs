@@ -117,6 +117,7 @@ fn entry_of(record: &NodeRecord, name: &str, entry: Option<&NodeStatus>) -> Opti
         attempts: record.attempts,
         loaded_parameters: kept(|e| e.loaded_parameters.clone()),
         source_commit: kept(|e| e.source_commit.clone()),
+        udev_rule: kept(|e| e.udev_rule.clone()),
     })
 }
 
@@ -167,6 +168,7 @@ mod tests {
             attempts,
             loaded_parameters: None,
             source_commit: Some("abc".into()),
+            udev_rule: None,
         }
     }
 

@@ -162,6 +162,11 @@ pub fn loaded_parameters(pod: Option<&CachedPod>) -> Option<String> {
         .filter(|p| !p.is_empty())
 }
 
+/// tt-kmd's udev rule file on the node, as its agent reports, if any.
+pub fn udev_rule(pod: Option<&CachedPod>) -> Option<String> {
+    pod.and_then(agent_report).and_then(|r| r.udev_rule.clone())
+}
+
 /// The commit the loaded module was built from, as the node's agent reports, if known.
 pub fn loaded_commit(pod: Option<&CachedPod>) -> Option<String> {
     pod.and_then(agent_report)
@@ -508,6 +513,7 @@ mod tests {
             loaded_parameters: None,
             applied_parameters: None,
             loaded_commit: None,
+            udev_rule: None,
             install_mode: "container".into(),
             holders: vec![],
             reason: None,
@@ -827,6 +833,7 @@ mod tests {
             attempts: Some(2),
             loaded_parameters: None,
             source_commit: None,
+            udev_rule: None,
         };
         let plain = meta(&[], &[]);
         assert_eq!(

@@ -48,6 +48,8 @@ pub struct NodeReport {
     pub loaded_parameters: Option<String>,
     /// The commit the loaded module was built from, as its agent reports, if known.
     pub source_commit: Option<String>,
+    /// The udev rule file on the node, as its agent reports, if any.
+    pub udev_rule: Option<String>,
     /// `container` or `host`, as the node's agent labelled it.
     pub install_mode: Option<String>,
 }
@@ -302,6 +304,7 @@ fn node_entry(
         attempts,
         loaded_parameters: report.loaded_parameters,
         source_commit: report.source_commit,
+        udev_rule: report.udev_rule,
     };
     let change = changed.then(|| StateChange {
         node: entry.name.clone(),
@@ -589,6 +592,7 @@ mod tests {
             install_mode: Some("container".into()),
             loaded_parameters: None,
             source_commit: None,
+            udev_rule: None,
         }
     }
 

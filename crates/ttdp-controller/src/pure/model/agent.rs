@@ -97,6 +97,7 @@ fn report(phase: AgentPhase, target: &str, loaded: Option<String>) -> AgentRepor
         loaded_parameters: None,
         applied_parameters: None,
         loaded_commit: None,
+        udev_rule: None,
         install_mode: "container".into(),
         holders: Vec::new(),
         reason: None,

@@ -434,6 +434,7 @@ impl ModelPass {
                     current_version: obs.loaded_version.clone(),
                     loaded_parameters: None,
                     source_commit: None,
+                    udev_rule: None,
                     install_mode: observe::install_mode_label(
                         &cached_node(&w.nodes[self.matched[k]]).metadata,
                     ),

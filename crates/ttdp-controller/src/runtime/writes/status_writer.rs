@@ -277,6 +277,7 @@ pub async fn record_nodes_as_they_are(
             current_version: e.current_version.clone(),
             loaded_parameters: e.loaded_parameters.clone(),
             source_commit: e.source_commit.clone(),
+            udev_rule: e.udev_rule.clone(),
             install_mode: e.install_mode.clone(),
         })
         .collect();

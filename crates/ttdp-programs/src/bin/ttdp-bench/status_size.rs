@@ -135,6 +135,7 @@ fn report(i: usize, nodes: usize, in_flight: usize, shape: Shape) -> NodeReport 
         current_version: Some(if upgraded { TO } else { FROM }.to_owned()),
         loaded_parameters: None,
         source_commit: None,
+        udev_rule: None,
         install_mode: Some(
             if shape == Shape::HostManaged {
                 "host"

@@ -107,6 +107,7 @@ fn entry(i: usize, draining: bool) -> Result<Value> {
         attempts: None,
         loaded_parameters: None,
         source_commit: None,
+        udev_rule: None,
     };
     if draining {
         entry.state = NodeState::Draining;

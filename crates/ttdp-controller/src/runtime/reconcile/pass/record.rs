@@ -35,6 +35,7 @@ impl Pass {
                     current_version: obs.loaded_version.clone(),
                     loaded_parameters: observe::loaded_parameters(pod),
                     source_commit: observe::loaded_commit(pod),
+                    udev_rule: observe::udev_rule(pod),
                     install_mode: observe::install_mode_label(&self.matched[i].metadata),
                     name: node.clone(),
                     transition: t,
