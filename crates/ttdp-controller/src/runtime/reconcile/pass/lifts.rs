@@ -25,19 +25,18 @@ impl Pass {
     }
 
     /// The next lifts landed, or None when the fleet changed first. With no lift on its way,
-    /// nothing has landed.
+    /// nothing has landed; after a wait as long as a pass follows the fleet, nothing either.
     pub(super) async fn landed_or_changed(
         &self,
         lifts: &mut act::LiftsInFlight,
     ) -> Option<Vec<NodeOutcome>> {
-        if lifts.is_empty() {
-            return Some(Vec::new());
+        // A stopping controller keeps saying something changed: only the lifts are awaited.
+        if lifts.is_empty() || self.watched.closed() {
+            return Some(act::landed(lifts).await);
         }
         tokio::select! {
             landed = act::landed(lifts) => Some(landed),
-            woken = self.watched.changed_within(FOLLOW_FOR) => {
-                (!woken || self.watched.closed()).then(Vec::new)
-            }
+            woken = self.watched.changed_within(FOLLOW_FOR) => (!woken).then(Vec::new),
         }
     }
 
@@ -54,11 +53,8 @@ impl Pass {
         };
         deferred.append(&mut self.deferred);
         self.observe_again(changed);
-        let by_node: BTreeMap<_, _> = std::mem::take(transitions)
-            .into_iter()
-            .chain(self.plan_nodes())
-            .collect();
-        *transitions = by_node.into_iter().collect();
+        let planned = self.plan_nodes();
+        merge(transitions, planned);
         true
     }
 
@@ -72,11 +68,8 @@ impl Pass {
         // The lifted nodes are not planned again: they would go to Done before their
         // Uncordoning is written.
         self.reobserved.clear();
-        let by_node: BTreeMap<_, _> = std::mem::take(transitions)
-            .into_iter()
-            .chain(self.plan_nodes())
-            .collect();
-        *transitions = by_node.into_iter().collect();
+        let planned = self.plan_nodes();
+        merge(transitions, planned);
     }
 
     /// The cordons to lift now, noted as taken (see [`Pass::hand_on_slots`]).
@@ -146,4 +139,13 @@ impl Pass {
             true
         });
     }
+}
+
+/// `transitions` with `later` ones laid over, a node's later transition winning, in node order.
+fn merge(transitions: &mut Vec<(usize, NodeTransition)>, later: Vec<(usize, NodeTransition)>) {
+    let by_node: BTreeMap<_, _> = std::mem::take(transitions)
+        .into_iter()
+        .chain(later)
+        .collect();
+    *transitions = by_node.into_iter().collect();
 }
