@@ -27,7 +27,7 @@ use serde_json::Value;
 use crate::chart::CHART_DIR;
 use crate::image::{self, Which};
 use crate::image_test::{Report, scratch};
-use crate::tools::{self, repo_root};
+use crate::tools::{self, output, repo_root};
 use launcher::NodeCluster;
 
 const NAMESPACE: &str = "ttdp-node-test";
@@ -319,18 +319,6 @@ fn settle_problem(
             "the Lease is held by {other:?}, not by one of the pods"
         )),
     }
-}
-
-/// `cmd`'s stdout, or an error with its stderr.
-fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn kube_command(tool: &str, kubeconfig: &Path) -> Result<Command> {

@@ -59,6 +59,18 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// `cmd`'s stdout, or an error with its stderr.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// The lowercase hex sha256 of `bytes`, as `sha256sum` prints it.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     format!("{:x}", Sha256::digest(bytes))

@@ -21,7 +21,7 @@ use super::container::Container;
 use super::{Report, expect_success, scratch};
 use crate::chart::CHART_DIR;
 use crate::image::{self, Built};
-use crate::tools;
+use crate::tools::{self, output};
 
 pub fn checks(
     root: &Path,
@@ -336,17 +336,6 @@ impl Drop for Cluster {
         ]);
         let _ = self.kubectl(&["delete", "namespace", &self.namespace, "--timeout=60s"]);
     }
-}
-
-fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn free_port() -> Result<u16> {
