@@ -11,8 +11,8 @@
 //! - Owners are real objects that the real controllers cannot act on: their pod templates name a
 //!   ServiceAccount that does not exist, so the ReplicaSet/StatefulSet/Job/DaemonSet
 //!   controllers fail to create pods of their own; ReplicaSets are scaled up with each pod the
-//!   test gives them, so the controller never deletes one, and the disruption controller finds
-//!   the real scale.
+//!   test gives them (waiting until the controller has seen the new scale), so the controller
+//!   never deletes one, and the disruption controller finds the real scale.
 //! - PodDisruptionBudgets get their status from the real disruption controller;
 //!   [`Harness::pdb`] waits until it has been computed.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
@@ -245,13 +245,31 @@ impl Harness {
         let api: Api<DynamicObject> = Api::namespaced_with(self.admin.clone(), self.ns(), &ar);
         let rs = api.get(name).await.unwrap();
         let replicas = rs.data["spec"]["replicas"].as_i64().unwrap_or(0);
-        api.patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": replicas + 1}})),
-        )
-        .await
-        .unwrap();
+        let scaled = api
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas + 1}})),
+            )
+            .await
+            .unwrap();
+        // The ReplicaSet controller watches pods and ReplicaSets apart, so it may see the new
+        // pod before the new scale and delete the pod as one too many. Once it has written
+        // this generation as observed, its cache holds the new scale.
+        let generation = scaled.metadata.generation.unwrap();
+        let started = std::time::Instant::now();
+        loop {
+            let rs = api.get(name).await.unwrap();
+            if rs.data["status"]["observedGeneration"].as_i64() >= Some(generation) {
+                return;
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "ReplicaSet {name} never observed replicas {}",
+                replicas + 1
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Pods through the proxy (recorded).
