@@ -106,6 +106,9 @@ pub fn base_report(
         reason: None,
         message: None,
         kernel_compiler: None,
+        installed_kernels: Vec::new(),
+        start_load: None,
+        module_signer: None,
     }
 }
 
@@ -127,6 +130,9 @@ pub fn holders_message(status: &ModuleStatus, target: &KmdVersion) -> String {
             reason: None,
             message: None,
             kernel_compiler: None,
+            installed_kernels: Vec::new(),
+            start_load: None,
+            module_signer: None,
         };
         report.holders_text().unwrap_or_default()
     } else if !status.module_holders.is_empty() {

@@ -80,6 +80,55 @@ pub struct AgentReport {
     /// `driver.tenstorrent.com/kernel-compiler` label.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_compiler: Option<String>,
+    /// Every kernel installed on the host other than the running one, and whether the target
+    /// version's module waits verified in the cache for it: what the node would boot into.
+    /// Empty until the agent has looked, and on a host with one kernel.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub installed_kernels: Vec<KernelReadiness>,
+    /// How the module came up when this agent started, when it loaded one then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_load: Option<StartLoad>,
+    /// Who signed the loaded module (its `signer`, as `modinfo` shows it); absent when the
+    /// module is unsigned or nothing is loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_signer: Option<String>,
+}
+
+/// Whether the target version's module is ready for one installed kernel.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelModuleState {
+    /// A verified `.ko` of the target version is in the cache for this kernel.
+    Ready,
+    /// Not looked at yet, or being built or downloaded now.
+    Pending,
+    /// It could not be made (no headers, build failed, download refused); the agent retries.
+    Failed,
+}
+
+/// One installed kernel that is not running, as the agent prepared it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct KernelReadiness {
+    /// Its release (`uname -r` once booted), e.g. `6.1.0-58-amd64`.
+    pub release: String,
+    /// Whether its module is ready.
+    pub state: KernelModuleState,
+    /// UpperCamelCase reason when not ready, e.g. `HeadersMissing`, `BuildFailed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What went wrong and what to do, when not ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The module load at an agent's start (after a reboot, or a new agent pod).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StartLoad {
+    /// Whether a verified `.ko` was waiting in the cache (nothing built or downloaded).
+    pub cache_hit: bool,
+    /// Milliseconds from the agent's start to the module loaded and the agent Ready.
+    pub ready_after_ms: u64,
 }
 
 impl AgentReport {
@@ -124,6 +173,17 @@ mod tests {
             reason: Some("DeviceHeld".into()),
             message: None,
             kernel_compiler: None,
+            installed_kernels: vec![KernelReadiness {
+                release: "6.1.0-58-amd64".into(),
+                state: KernelModuleState::Failed,
+                reason: Some("BuildFailed".into()),
+                message: Some("make failed".into()),
+            }],
+            start_load: Some(StartLoad {
+                cache_hit: true,
+                ready_after_ms: 2300,
+            }),
+            module_signer: None,
         };
         assert_eq!(
             r.holders_text().unwrap(),

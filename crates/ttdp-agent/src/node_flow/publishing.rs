@@ -56,6 +56,9 @@ where
                 reason: None,
                 message: None,
                 kernel_compiler: None,
+                installed_kernels: Vec::new(),
+                start_load: None,
+                module_signer: None,
             },
         };
         report.reason = Some(reason.to_string());

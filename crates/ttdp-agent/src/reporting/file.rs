@@ -189,6 +189,9 @@ mod tests {
             reason: None,
             message: None,
             kernel_compiler: None,
+            installed_kernels: Vec::new(),
+            start_load: None,
+            module_signer: None,
         };
         reporter.publish_report(&report).await.unwrap();
         for i in 0..(MAX_EVENTS + 5) {

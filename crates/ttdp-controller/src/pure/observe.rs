@@ -519,6 +519,9 @@ mod tests {
             reason: None,
             message: None,
             kernel_compiler: None,
+            installed_kernels: Vec::new(),
+            start_load: None,
+            module_signer: None,
         }
     }
 

@@ -103,6 +103,9 @@ fn report(phase: AgentPhase, target: &str, loaded: Option<String>) -> AgentRepor
         reason: None,
         message: None,
         kernel_compiler: None,
+        installed_kernels: Vec::new(),
+        start_load: None,
+        module_signer: None,
     }
 }
 
