@@ -165,15 +165,40 @@ pub(super) fn reconcile(w: &mut World) {
     let Some(mut pass) = observe_all(w) else {
         return;
     };
-    let first = pass.plan(&[]);
-    let (transitions, lifted) = pass.lift_cordons(w, first);
-    if !pass.record(w, transitions, &lifted) {
-        return;
+    let mut transitions = pass.plan(&[]);
+    let lifting = pass.cordons_to_lift(w);
+    let tried: Vec<String> = (lifting.iter())
+        .map(|&k| w.nodes[pass.matched[k]].name.clone())
+        .collect();
+    // As `Pass::round`: each landed lift hands its slot on at once; the first part, after the
+    // first lift, records everything else planned. The model lands the lifts in name order.
+    let mut lifts = lifting.into_iter();
+    let mut first_part = true;
+    loop {
+        let next = lifts.next();
+        if let Some(k) = next
+            && pass.lift(w, k)
+        {
+            pass.hand_on_slots(&mut transitions);
+        }
+        if first_part || !transitions.is_empty() {
+            if !pass.record(w, std::mem::take(&mut transitions), &tried) {
+                // The lifts on their way land before the reconcile ends.
+                lifts.for_each(|k| {
+                    pass.lift(w, k);
+                });
+                return;
+            }
+            pass.act(w);
+            first_part = false;
+        }
+        if next.is_none() {
+            break;
+        }
     }
-    for name in &lifted {
+    for name in &tried {
         w.lifted_unrecorded.remove(name);
     }
-    pass.act(w);
     pass.finish(w);
 }
 
@@ -336,58 +361,60 @@ impl ModelPass {
         transitions
     }
 
-    /// Lifts the cordons of the nodes whose only action is a release before the status write,
-    /// and hands the freed slots out again (`Pass::lift_cordons`). Returns the transitions and
-    /// the nodes tried.
-    fn lift_cordons(
-        &mut self,
-        w: &mut World,
-        planned: Vec<(usize, NodeTransition)>,
-    ) -> (Vec<(usize, NodeTransition)>, Vec<String>) {
+    /// The nodes whose only action is a release, noted as lifted before their Uncordoning is
+    /// recorded (`Pass::cordons_to_lift`).
+    fn cordons_to_lift(&mut self, w: &mut World) -> Vec<usize> {
         let lifting: Vec<usize> = (0..self.planned.len())
             .filter(|&k| {
                 let (state, actions) = &self.planned[k];
                 *state == NodeState::Uncordoning && actions.as_slice() == [Action::Release]
             })
             .collect();
-        let mut tried = Vec::new();
-        let mut lifted = Vec::new();
         for &k in &lifting {
-            let node = &mut w.nodes[self.matched[k]];
-            tried.push(node.name.clone());
-            w.lifted_unrecorded.insert(node.name.clone());
+            w.lifted_unrecorded
+                .insert(w.nodes[self.matched[k]].name.clone());
             self.taken[k].push(Action::Release);
-            // The lift writes the node's Uncordoning record (`Pass::uncordoning_record`).
-            let record = w.entries.get(node.name.as_str()).and_then(|e| {
-                let mut e = e.as_ref().clone();
-                e.state = NodeState::Uncordoning;
-                e.last_transition_time = Some(Time(w.now));
-                (e.reason, e.message) = (None, None);
-                node_record::desired(POLICY, &self.facts.target_version, &e)
-            });
-            if let Ok(outcome) = writes::release(node, POLICY) {
-                writes::put_record(node, record.as_ref());
-                let name = node.name.clone();
-                w.drains.remove(&name);
-                if let Some(r) = &record {
-                    note_failures(w, &name, r);
-                }
-                lifted.push((k, outcome));
-            }
         }
-        if lifted.is_empty() {
-            return (planned, tried);
+        lifting
+    }
+
+    /// Lifts node `k`'s cordon with its Uncordoning record; true when it was lifted, with the
+    /// node's observation saying so.
+    fn lift(&mut self, w: &mut World, k: usize) -> bool {
+        let node = &mut w.nodes[self.matched[k]];
+        // The lift writes the node's Uncordoning record (`Pass::uncordoning_record`).
+        let record = w.entries.get(node.name.as_str()).and_then(|e| {
+            let mut e = e.as_ref().clone();
+            e.state = NodeState::Uncordoning;
+            e.last_transition_time = Some(Time(w.now));
+            (e.reason, e.message) = (None, None);
+            node_record::desired(POLICY, &self.facts.target_version, &e)
+        });
+        let Ok(outcome) = writes::release(node, POLICY) else {
+            return false;
+        };
+        writes::put_record(node, record.as_ref());
+        let name = node.name.clone();
+        w.drains.remove(&name);
+        if let Some(r) = &record {
+            note_failures(w, &name, r);
         }
-        for (k, outcome) in lifted {
-            let obs = &mut self.observations[k].1;
-            obs.cordoned_by_us = false;
-            obs.gates_closed_by_us = false;
-            obs.grant = UpgradeGrant::Absent;
-            obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
-        }
+        let obs = &mut self.observations[k].1;
+        obs.cordoned_by_us = false;
+        obs.gates_closed_by_us = false;
+        obs.grant = UpgradeGrant::Absent;
+        obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
+        true
+    }
+
+    /// Hands out again the slots the landed lifts freed (`Pass::hand_on_slots`).
+    fn hand_on_slots(&mut self, transitions: &mut Vec<(usize, NodeTransition)>) {
         let again = self.plan(&[]);
-        let by_node: BTreeMap<_, _> = planned.into_iter().chain(again).collect();
-        (by_node.into_iter().collect(), tried)
+        let by_node: BTreeMap<_, _> = std::mem::take(transitions)
+            .into_iter()
+            .chain(again)
+            .collect();
+        *transitions = by_node.into_iter().collect();
     }
 
     /// Builds the status, writes the nodes' records, then hands the status over
@@ -486,10 +513,13 @@ impl ModelPass {
 
     fn act(&mut self, w: &mut World) {
         for k in 0..self.planned.len() {
+            let todo = self.todo(k);
+            // Taken once started, as `Pass::start_work` notes them: a later part of the round
+            // does not start them again, even where the record before them failed.
+            self.taken[k].extend(todo.iter().copied());
             if self.unrecorded.contains(&k) {
                 continue;
             }
-            let todo = self.todo(k);
             let i = self.matched[k];
             let pods = cached_pods(&w.nodes[i], w.now);
             let replace = observe::agent_to_replace(&todo, &self.observations[k].1.agent, &pods);

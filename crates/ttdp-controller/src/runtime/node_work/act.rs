@@ -2,11 +2,13 @@
 //! several nodes at once. A node's work runs in the background
 //! ([`crate::runtime::node_work::node_tasks`]): its upgrade record first, when no action carries it, then
 //! its actions, so that no node waits for another node's writes. A reconcile waits only for the
-//! lifts of its cordons, whose freed slots it hands on in the same round.
+//! lifts of its cordons, and hands each freed slot on as soon as its lift lands.
 
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
@@ -25,9 +27,6 @@ use crate::runtime::node_work::node_tasks::{Lane, Wake};
 use crate::runtime::process::context::Context;
 use crate::runtime::writes::status_writer::RecordedStatus;
 use ttdp_api::node_record::NodeRecord;
-
-/// How many nodes' actions a reconcile waits for at once.
-const NODE_ACTIONS_AT_ONCE: usize = 16;
 
 /// One node's actions with what they need.
 #[derive(Clone, Debug)]
@@ -112,31 +111,35 @@ pub fn spawn_in_background(
         .spawn(lane, &name, &node, task, waker(ctx, &name));
 }
 
-/// Runs the nodes' work, up to [`NODE_ACTIONS_AT_ONCE`] nodes at a time. The futures are made
-/// as slots free up: a wave of hundreds of nodes starting their drains would otherwise hold
-/// hundreds of request futures at once.
-pub async fn on_nodes(
+/// Lifts on their way, each yielding its outcome as it lands.
+pub type LiftsInFlight = FuturesUnordered<BoxFuture<'static, NodeOutcome>>;
+
+/// Sends `work`'s lifts on their way beside those already in `lifts`.
+pub fn send_lifts(
+    lifts: &mut LiftsInFlight,
     ctx: &Arc<Context>,
-    policy: &TenstorrentDriverPolicy,
+    policy: &Arc<TenstorrentDriverPolicy>,
     work: Vec<NodeWork>,
     now: &Time,
-) -> Vec<NodeOutcome> {
-    let mut outcomes = Vec::new();
-    let mut work = work.into_iter();
-    let mut running = futures::stream::FuturesUnordered::new();
-    loop {
-        while running.len() < NODE_ACTIONS_AT_ONCE {
-            let Some(next) = work.next() else {
-                break;
-            };
-            running.push(on_node(ctx, policy, next, now));
-        }
-        match running.next().await {
-            Some(outcome) => outcomes.push(outcome),
-            None => break,
-        }
+) {
+    for w in work {
+        let (ctx, policy, now) = (ctx.clone(), policy.clone(), now.clone());
+        lifts.push(Box::pin(
+            async move { on_node(&ctx, &policy, w, &now).await },
+        ));
     }
-    outcomes
+}
+
+/// The next lift to land, with every other one landed by then; empty when none is on its way.
+pub async fn landed(lifts: &mut LiftsInFlight) -> Vec<NodeOutcome> {
+    let Some(first) = lifts.next().await else {
+        return Vec::new();
+    };
+    let mut landed = vec![first];
+    while let Some(Some(more)) = lifts.next().now_or_never() {
+        landed.push(more);
+    }
+    landed
 }
 
 /// One node's actions, in order (a failure does not stop the next); every result is returned.

@@ -38,13 +38,19 @@ impl Pass {
             };
             changed = now_changed;
         }
-        changed.sort_unstable();
-        changed.dedup();
         tracing::debug!(
             waited_ms = waiting_since.elapsed().as_millis(),
             changed = changed.len(),
             "following"
         );
+        self.observe_again(changed);
+        true
+    }
+
+    /// Observes the `changed` nodes (indexes) again, now.
+    pub(super) fn observe_again(&mut self, mut changed: Vec<usize>) {
+        changed.sort_unstable();
+        changed.dedup();
         self.now = Time(Timestamp::now());
         let mut drains = self.ctx.drains.progress_of(&self.name);
         for &i in &changed {
@@ -53,7 +59,6 @@ impl Pass {
         }
         self.reobserved = changed;
         self.apply_uncordoned();
-        true
     }
 
     /// How long this pass may still wait for a change: until it has followed the fleet for
@@ -68,7 +73,7 @@ impl Pass {
     /// The matched nodes whose node, agent pods or drain changed since the last look, or whose
     /// deferred work may start; None when the fleet changed too much to follow (the next
     /// reconcile observes it whole).
-    fn changed_since(&mut self) -> Option<Vec<usize>> {
+    pub(super) fn changed_since(&mut self) -> Option<Vec<usize>> {
         let basis = FollowBasis {
             policy: &self.name,
             selection: &self.basis.selection,

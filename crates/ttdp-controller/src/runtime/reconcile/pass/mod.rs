@@ -11,8 +11,10 @@
 //! written by the node's task before its actions), and handed to the policy's status writer, a
 //! view written later. No round waits for a node's writes but the lifts of cordons: lifting a
 //! cordon, harmless to repeat, runs first and writes the node's Uncordoning record in the same
-//! patch, so that the slot it frees goes to the next node in the same round: a hand-off is two
-//! node patches, the lift and the next node's cordon.
+//! patch, so that the slot it frees goes to the next node in the same round, as soon as that
+//! lift lands: a hand-off is two node patches, the lift and the next node's cordon. While lifts
+//! are on their way the round takes up the nodes that change, so an agent turning Ready does
+//! not wait for another node's lift ([`lifts`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -37,12 +39,10 @@ use crate::pure::observe::{self, ObserveInput};
 use crate::pure::overlap::{self, OlderPolicies, selection_of};
 use crate::pure::rollout::Planner;
 use crate::pure::start_guard::guards_of;
-use crate::pure::status::PolicyFacts;
-use crate::pure::transition::{
-    Action, DrainProgress, NodeObservation, NodeTransition, UpgradeGrant, reasons,
-};
+use crate::pure::status::{PolicyFacts, StateChange};
+use crate::pure::transition::{Action, DrainProgress, NodeObservation, NodeTransition, reasons};
 use crate::pure::{drain_plan, node_record};
-use crate::runtime::node_work::act::{self, NodeOutcome, NodeWork};
+use crate::runtime::node_work::act::{self, NodeWork};
 use crate::runtime::node_work::node_actions::RecordOnRelease;
 use crate::runtime::process::context::Context;
 use crate::runtime::process::watch_changes::ChangeSubscription;
@@ -50,9 +50,10 @@ use crate::runtime::reconcile::follow::{self, PolicyKey};
 use crate::runtime::writes::status_writer::{self, RecordedStatus};
 
 mod following;
+mod lifts;
 mod record;
 
-use record::rides_along;
+use record::{Planned, rides_along};
 
 /// How long one reconcile follows the fleet, round after round and waiting for changes between
 /// them, before it ends and the next one observes everything again: a safety net, since a
@@ -233,37 +234,61 @@ impl Pass {
     /// another round.
     pub async fn round(&mut self) -> Result<bool, Error> {
         let began = Instant::now();
-        let deferred = std::mem::take(&mut self.deferred);
-        let first = self.plan_nodes();
-        let (transitions, released, lifted) = self.lift_cordons(first).await;
-        let lifts_took = began.elapsed();
-        let whole = self.first_round;
-        let planned = self.build(transitions);
-        let records = self.record_patches(&planned, &lifted, whole, &deferred);
-        let decided = status_writer::decide(&self.policy, planned.built, &self.recorded, false);
-        self.recorded = decided.recorded();
-        let ctx = self.ctx.clone();
-        let (views, client) = (&ctx.status_views, &ctx.client);
-        if decided.write_first() {
-            // The rollout's state, which reconciles read back before acting, is written first.
-            decided.hand_over(views, client).await?;
-            self.start_work(records);
-        } else {
-            // The nodes' tasks first: the status writer waits for the records they write.
-            self.start_work(records);
-            decided.hand_over(views, client).await?;
+        let mut deferred = std::mem::take(&mut self.deferred);
+        let mut transitions = self.plan_nodes();
+        let mut lifts = act::LiftsInFlight::new();
+        let mut lifted = Vec::new();
+        self.send_lifts(&mut lifts, &mut lifted);
+        let (mut changes, mut changed_entries, mut released) = (Vec::new(), Vec::new(), 0);
+        // Each lift's freed slot goes on as soon as that lift lands, not with the slowest lift
+        // of the round; the first part, after the first lift, records all else planned. Nodes
+        // changing meanwhile (an agent turning Ready) are taken up while the lifts are on their
+        // way, not after them.
+        let (mut first_part, mut following) = (true, true);
+        loop {
+            let landed = if first_part || !following {
+                act::landed(&mut lifts).await
+            } else {
+                match self.landed_or_changed(&mut lifts).await {
+                    Some(landed) => landed,
+                    None => {
+                        following = self.take_up_changes(&mut transitions, &mut deferred);
+                        self.send_lifts(&mut lifts, &mut lifted);
+                        vec![]
+                    }
+                }
+            };
+            let done = landed.is_empty() && lifts.is_empty();
+            let freed = self.take_outcomes(landed);
+            if freed > 0 {
+                released += freed;
+                self.hand_on_slots(&mut transitions);
+            }
+            if first_part || !transitions.is_empty() {
+                let part = std::mem::take(&mut transitions);
+                match self.record_and_act(part, &lifted, &deferred).await {
+                    Ok((c, e)) => (changes.extend(c), changed_entries.extend(e)),
+                    Err(e) => {
+                        // The lifts on their way land before the pass ends, as before a failure.
+                        while !act::landed(&mut lifts).await.is_empty() {}
+                        return Err(e);
+                    }
+                };
+                (first_part, deferred) = (false, BTreeSet::new());
+            }
+            if done {
+                break;
+            }
         }
         self.ctx.note_lifted(&self.name, &lifted, false);
         tracing::debug!(
-            reobserved = self.reobserved.len(),
-            changes = planned.changes.len(),
+            changes = changes.len(),
             lifted = lifted.len(),
-            lifts_ms = lifts_took.as_millis(),
             round_ms = began.elapsed().as_millis(),
             "round"
         );
-        self.report(&planned.changes);
-        if !planned.changes.is_empty() {
+        self.report(&changes);
+        if !changes.is_empty() {
             let recorded = &self.recorded;
             self.ctx
                 .metrics
@@ -275,15 +300,49 @@ impl Pass {
         // The canary's and the soak's times count from the rollout's state and the clock this
         // pass started with: a new state of the rollout is taken up by a new pass.
         let rollout_moved = self.recorded.status.rollout != self.rollout_at_start;
-        // Ended for what the next pass must take up at once: it reconciles right after.
-        self.again_now =
-            self.to_release || rollout_moved || self.following_since.elapsed() >= FOLLOW_FOR;
+        // Ended for what the next pass must take up at once: it reconciles right after. So
+        // does a change taken up during the lifts that this pass cannot follow node by node.
+        self.again_now = self.to_release
+            || rollout_moved
+            || !following
+            || self.following_since.elapsed() >= FOLLOW_FOR;
         if self.again_now || self.first_error.is_some() || retry_due {
             return Ok(false);
         }
-        Ok(self.follow(planned.changed_entries, released).await)
+        Ok(self.follow(changed_entries, released).await)
     }
 
+    /// Builds the status entries of `transitions`, hands the status to the writer and starts
+    /// the nodes' work: the records first where the rollout's state must be written before
+    /// acting on it, else the work first (the status writer waits for the records it carries).
+    async fn record_and_act(
+        &mut self,
+        transitions: Vec<(usize, NodeTransition)>,
+        lifted: &[String],
+        deferred: &BTreeSet<usize>,
+    ) -> Result<(Vec<StateChange>, Vec<usize>), Error> {
+        let whole = self.first_round;
+        let planned = self.build(transitions);
+        let records = self.record_patches(&planned, lifted, whole, deferred);
+        let Planned {
+            built,
+            changes,
+            changed_entries,
+        } = planned;
+        let decided = status_writer::decide(&self.policy, built, &self.recorded, false);
+        self.recorded = decided.recorded();
+        let ctx = self.ctx.clone();
+        let (views, client) = (&ctx.status_views, &ctx.client);
+        if decided.write_first() {
+            // The rollout's state, which reconciles read back before acting, is written first.
+            decided.hand_over(views, client).await?;
+            self.start_work(records);
+        } else {
+            self.start_work(records);
+            decided.hand_over(views, client).await?;
+        }
+        Ok((changes, changed_entries))
+    }
     /// Whether every action so far went through.
     pub fn went_through(&self) -> bool {
         self.first_error.is_none()
@@ -405,58 +464,6 @@ impl Pass {
         transitions
     }
 
-    /// Lifts the cordons of the nodes planned Uncordoning before their Uncordoning is recorded
-    /// (lifting is harmless to repeat, and after a crash in between the node, seen uncordoned
-    /// with its agent Ready, goes the same way to Done). A lifted cordon frees its node's slot,
-    /// so the next nodes' Cordoning goes into the same status write: one write per hand-off, not
-    /// two. Returns the planned nodes, how many were lifted (a failed lift keeps its slot) and
-    /// the nodes tried, noted in the context until the write that records them succeeds.
-    async fn lift_cordons(
-        &mut self,
-        mut planned: Vec<(usize, NodeTransition)>,
-    ) -> (Vec<(usize, NodeTransition)>, usize, Vec<String>) {
-        let lifting = self.cordons_to_lift();
-        let lifted: Vec<String> = lifting.iter().map(|w| w.node.clone()).collect();
-        self.ctx.note_lifted(&self.name, &lifted, true);
-        let outcomes = act::on_nodes(&self.ctx, &self.policy, lifting, &self.now).await;
-        let released = self.take_outcomes(outcomes);
-        if released > 0 {
-            // The slots are handed out again with the lifted nodes' observations. Those nodes
-            // are not planned again: they would go to Done before their Uncordoning is written.
-            self.apply_uncordoned();
-            self.reobserved.clear();
-            let by_node: BTreeMap<_, _> = planned.into_iter().chain(self.plan_nodes()).collect();
-            planned = by_node.into_iter().collect();
-        }
-        (planned, released, lifted)
-    }
-
-    /// The cordons to lift now (see [`Pass::lift_cordons`]).
-    fn cordons_to_lift(&mut self) -> Vec<NodeWork> {
-        let mut lifting = Vec::new();
-        let planned = self.observations.iter().zip(&self.planned).enumerate();
-        for (i, ((node, _), (state, actions))) in planned {
-            // A Failed node's release waits for its Failed to be recorded.
-            if *state != NodeState::Uncordoning || actions.as_slice() != [Action::Release] {
-                continue;
-            }
-            if self.ctx.node_tasks.busy(&self.name, node) {
-                self.deferred.insert(i);
-                continue;
-            }
-            let taken = self.actions_taken.entry(node.clone()).or_default();
-            if !taken.contains(&Action::Release) {
-                taken.push(Action::Release);
-                let record = self.uncordoning_record(node);
-                if record.is_some() {
-                    self.written.insert(node.clone(), record.clone());
-                }
-                lifting.push(NodeWork::lift(node, record));
-            }
-        }
-        lifting
-    }
-
     /// Starts each node's work in the background: its record (`records`, by index) and its
     /// actions not taken yet. A node whose last task still runs waits for it, and is taken up
     /// again when it ends ([`Pass::deferred`]).
@@ -498,47 +505,5 @@ impl Pass {
             }
             act::spawn_in_background(&self.ctx, &self.policy, work, &self.now);
         }
-    }
-
-    /// Keeps the first failure and the cordons lifted; returns how many were lifted.
-    fn take_outcomes(&mut self, outcomes: Vec<NodeOutcome>) -> usize {
-        let mut released = 0;
-        for (node, results) in outcomes {
-            for (action, result) in results {
-                match result {
-                    Ok(Some(outcome)) => {
-                        released += 1;
-                        if let Some(i) = follow::position(&self.matched, &node) {
-                            self.uncordoned
-                                .insert(node.clone(), (self.matched[i].clone(), outcome));
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => act::keep_failure(&node, action, e, &mut self.first_error),
-                }
-            }
-        }
-        released
-    }
-
-    /// Until the cache shows a lifted cordon, the observation says what the lifting did.
-    fn apply_uncordoned(&mut self) {
-        let (matched, observations, reobserved) =
-            (&self.matched, &mut self.observations, &mut self.reobserved);
-        self.uncordoned.retain(|node, (before, outcome)| {
-            let Some(i) = follow::position(matched, node) else {
-                return false;
-            };
-            if !Arc::ptr_eq(before, &matched[i]) {
-                return false;
-            }
-            reobserved.push(i);
-            let obs = &mut observations[i].1;
-            obs.cordoned_by_us = false;
-            obs.gates_closed_by_us = false;
-            obs.grant = UpgradeGrant::Absent;
-            obs.externally_cordoned = matches!(outcome, UncordonOutcome::External { .. });
-            true
-        });
     }
 }

@@ -65,7 +65,7 @@ impl Pass {
     /// The node patches (by index) that bring the upgrade records of the nodes whose entry
     /// changed, that have actions to take or were `deferred` (in a pass's `whole` first round:
     /// of every node) to their new entries; but for the nodes whose record rides on a cordon or
-    /// a grant they are about to take, or went with a cordon `lifted` this round.
+    /// a grant they are about to take, or that a cordon `lifted` this round carries.
     ///
     /// A node carries the record the last round decided (written by then, or the pass has
     /// ended); in the first round, and for a node whose work was deferred, the node's copy in
@@ -93,9 +93,13 @@ impl Pass {
             .into_iter()
             .filter_map(|i| {
                 let n = &self.matched[i];
-                let (_, actions) = &self.planned[i];
+                let (state, actions) = &self.planned[i];
                 let todo = self.not_taken(n.name(), actions);
-                if rides_along(&todo) || lifted.iter().any(|l| l == n.name()) {
+                // A lift carries the Uncordoning record; a lifted node that went on from there
+                // (to Done, later in the round) needs its record brought along as any other.
+                let lift_carries =
+                    *state == NodeState::Uncordoning && lifted.iter().any(|l| l == n.name());
+                if rides_along(&todo) || lift_carries {
                     return None;
                 }
                 let entry = planned.built.all_nodes.get(n.name())?;
