@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use ttdp_api::driver::v1alpha1::WAITING_FOR_SLOT;
+use ttdp_api::driver::v1alpha1::{NextKernels, WAITING_FOR_SLOT};
 use ttdp_api::names::{annotations, labels};
 use ttdp_api::node_record::NodeRecord;
 use ttdp_api::node_selection::NodeSelection;
@@ -139,6 +139,11 @@ pub struct NodeRow {
     pub source_commit: Option<String>,
     /// tt-kmd's udev rule file on the node and whose it is, as the node's status entry says.
     pub udev_rule: Option<String>,
+    /// The node's other installed kernels and whether their module is ready, as the node's
+    /// status entry says.
+    pub next_kernels: Option<NextKernels>,
+    /// Who signed the loaded module, as the node's status entry says.
+    pub module_signer: Option<String>,
     /// Who cordoned the node, from its annotation.
     pub cordoned_by: Option<String>,
     /// Whether the node is unschedulable (only known when Nodes were read).
@@ -294,6 +299,8 @@ impl Fleet {
                     loaded_parameters: n.loaded_parameters.clone(),
                     source_commit: n.source_commit.clone(),
                     udev_rule: n.udev_rule.clone(),
+                    next_kernels: n.next_kernels.clone(),
+                    module_signer: n.module_signer.clone(),
                     cordoned_by: facts.and_then(|f| f.cordoned_by.clone()),
                     unschedulable: facts.map(|f| f.unschedulable),
                     since: n.last_transition_time.as_ref().map(|t| t.0),
@@ -391,6 +398,8 @@ fn labelled_row(
         loaded_parameters: None,
         source_commit: None,
         udev_rule: None,
+        next_kernels: None,
+        module_signer: None,
         cordoned_by: n.cordoned_by.clone(),
         unschedulable: Some(n.unschedulable),
         since: None,

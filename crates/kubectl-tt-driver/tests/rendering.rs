@@ -508,3 +508,101 @@ fn nodes_state_filter_keeps_only_those_states() {
         "no filter: every node"
     );
 }
+
+/// The kernels a node would boot into without a ready module and its module's signer show in
+/// describe (NEXT-KERNELS and SIGNER columns, and why each kernel is not ready) and in nodes (a
+/// NEXT-KERNELS column), and the status summary shows `KernelsReady=False`; a fleet whose nodes
+/// report none of it reads as before.
+#[test]
+fn kernels_without_a_module_and_signers_show_in_every_view() {
+    use ttdp_api::driver::v1alpha1::{KernelNotReady, NextKernelState, NextKernels, condition};
+    let mut fleet = fixture::every_state();
+    let before = text(&fleet, View::Nodes, Output::Table, &opts(false, 200));
+    assert!(!before.contains("NEXT-KERNELS"), "{before}");
+    let summary_before = text(&fleet, View::Status, Output::Table, &opts(false, 200));
+    assert!(!summary_before.contains("KernelsReady"), "{summary_before}");
+    let fleet_view = fleet
+        .policies
+        .iter_mut()
+        .find(|p| p.policy.metadata.name.as_deref() == Some("fleet"))
+        .unwrap();
+    let status = fleet_view.policy.status.as_mut().unwrap();
+    let failed = NextKernels {
+        ready: 1,
+        not_ready: vec![KernelNotReady {
+            release: "6.1.0-58-amd64".into(),
+            state: NextKernelState::Failed,
+            reason: Some("BuildFailed".into()),
+            message: Some("make modules failed: missing linux-headers-6.1.0-58-amd64".into()),
+        }],
+        not_ready_omitted: 0,
+    };
+    status.nodes[0].next_kernels = Some(failed);
+    status.nodes[0].module_signer = Some("ttdp module signing".into());
+    status.nodes[1].next_kernels = Some(NextKernels {
+        ready: 2,
+        ..NextKernels::default()
+    });
+    status.conditions.push(fixture::cond(
+        condition::KERNELS_READY,
+        false,
+        "NextKernelWithoutDriver",
+        "1 node would boot without tt-kmd 2.8.0: kernel 6.1.0-58-amd64 on node-1 (make modules failed)",
+    ));
+    let (first, second) = (status.nodes[0].name.clone(), status.nodes[1].name.clone());
+
+    let summary = text(&fleet, View::Status, Output::Table, &opts(false, 200));
+    assert!(
+        summary.contains(
+            "  KernelsReady=False (NextKernelWithoutDriver): 1 node would boot without tt-kmd 2.8.0: kernel 6.1.0-58-amd64 on node-1"
+        ),
+        "{summary}"
+    );
+    // A table row: the node's name in its first or second column (after the policy).
+    let row_of = |text: &str, node: &str| {
+        text.lines()
+            .find(|l| l.split_whitespace().take(2).any(|w| w == node))
+            .unwrap_or_else(|| panic!("no row for {node}: {text}"))
+            .to_owned()
+    };
+    let nodes = text(&fleet, View::Nodes, Output::Table, &opts(false, 200));
+    let header: Vec<&str> = nodes.lines().next().unwrap().split_whitespace().collect();
+    assert!(
+        header
+            .windows(3)
+            .any(|w| w == ["MODE", "NEXT-KERNELS", "CORDONED-BY"]),
+        "{nodes}"
+    );
+    assert!(
+        row_of(&nodes, &first).contains("6.1.0-58-amd64 BuildFailed; 1 ready"),
+        "{nodes}"
+    );
+    assert!(row_of(&nodes, &second).contains("2 ready"), "{nodes}");
+
+    let view = fleet.policy("fleet").unwrap().clone();
+    let rows: Vec<_> = fleet
+        .node_rows()
+        .into_iter()
+        .filter(|r| r.policy == "fleet")
+        .collect();
+    let page = describe::render(&view, &rows, &[], &[], &opts(false, 250));
+    let header = page
+        .lines()
+        .find(|l| l.contains("NODE") && l.contains("STATE"))
+        .unwrap();
+    assert!(
+        header.contains("NEXT-KERNELS") && header.contains("SIGNER"),
+        "{header}"
+    );
+    assert!(
+        row_of(&page, &first).contains("ttdp module signing"),
+        "{page}"
+    );
+    assert!(
+        page.contains(
+            "Kernels without a ready module (the node would boot into them without the driver):\n  node-1: kernel 6.1.0-58-amd64 Failed (BuildFailed): make modules failed: missing linux-headers-6.1.0-58-amd64\n"
+        ),
+        "{page}"
+    );
+    assert!(page.contains("KernelsReady"), "{page}");
+}

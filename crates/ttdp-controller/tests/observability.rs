@@ -125,7 +125,8 @@ fn chart_renders_the_rule_and_the_dashboard_only_when_enabled() {
             "TtdpNodeFailed",
             "TtdpStepStuck",
             "TtdpControllerDown",
-            "TtdpControllerNotLeading"
+            "TtdpControllerNotLeading",
+            "TtdpNodesWouldBootWithoutDriver"
         ]
     );
     let dashboard = dashboards(&on)[0];

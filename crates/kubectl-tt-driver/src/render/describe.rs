@@ -7,6 +7,7 @@ use ttdp_api::driver::v1alpha1::{CaBundleSource, PrebuiltSettings};
 use ttdp_api::{TenstorrentDriverPolicy, TenstorrentDriverPolicySpec};
 
 use super::RenderOptions;
+use super::kernels::{next_kernels_cell, not_ready_lines, signer_cell};
 use super::nodes::{cordoned_by, message, node_cells};
 use super::policy_summary::condition_needs_attention;
 use crate::age::age;
@@ -43,13 +44,16 @@ pub fn selector_text(selector: &LabelSelector) -> String {
 }
 
 /// The Nodes table; a PARAMETERS column (the loaded module parameters), a COMMIT column
-/// (the commit the loaded module was built from, abbreviated as git does) and a UDEV-RULE column
-/// (whose udev rule the node has) only when a node reports some, so a policy without them reads
-/// as before.
+/// (the commit the loaded module was built from, abbreviated as git does), a UDEV-RULE column
+/// (whose udev rule the node has), a NEXT-KERNELS column (the other installed kernels without a
+/// ready module) and a SIGNER column (who signed the loaded module) only when a node reports
+/// some, so a policy without them reads as before.
 fn node_table(rows: &[NodeRow], opts: &RenderOptions) -> Table {
     let with_parameters = rows.iter().any(|r| r.loaded_parameters.is_some());
     let with_commit = rows.iter().any(|r| r.source_commit.is_some());
     let with_rule = rows.iter().any(|r| r.udev_rule.is_some());
+    let with_kernels = rows.iter().any(|r| r.next_kernels.is_some());
+    let with_signer = rows.iter().any(|r| r.module_signer.is_some());
     let mut header = vec!["NODE", "STATE", "VERSION", "MODE"];
     if with_parameters {
         header.push("PARAMETERS");
@@ -59,6 +63,12 @@ fn node_table(rows: &[NodeRow], opts: &RenderOptions) -> Table {
     }
     if with_rule {
         header.push("UDEV-RULE");
+    }
+    if with_kernels {
+        header.push("NEXT-KERNELS");
+    }
+    if with_signer {
+        header.push("SIGNER");
     }
     header.extend(["CORDONED-BY", "AGE", "ATTEMPTS", "MESSAGE"]);
     let mut table = Table::new(header);
@@ -77,6 +87,12 @@ fn node_table(rows: &[NodeRow], opts: &RenderOptions) -> Table {
         }
         if with_rule {
             cells.push(Cell::plain(udev_rule_cell(row.udev_rule.as_deref())));
+        }
+        if with_kernels {
+            cells.push(Cell::plain(next_kernels_cell(row.next_kernels.as_ref())));
+        }
+        if with_signer {
+            cells.push(Cell::plain(signer_cell(row)));
         }
         cells.extend([
             Cell::plain(cordoned_by(row)),
@@ -379,6 +395,15 @@ fn nodes_section(
         out.push_str(note);
     } else {
         out.push_str(&indented(&node_table(rows, opts), opts));
+    }
+    let not_ready = not_ready_lines(rows);
+    if !not_ready.is_empty() {
+        out.push_str(
+            "Kernels without a ready module (the node would boot into them without the driver):\n",
+        );
+        for line in not_ready {
+            out.push_str(&format!("  {line}\n"));
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! reproducible and golden-tested.
 
 pub mod describe;
+pub mod kernels;
 pub mod nodes;
 pub mod policy_summary;
 pub mod status;

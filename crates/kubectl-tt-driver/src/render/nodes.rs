@@ -4,6 +4,7 @@
 
 use ttdp_api::NodeState;
 
+use super::kernels::next_kernels_cell;
 use super::{RenderOptions, version_change};
 use crate::age::age;
 use crate::fleet::{Fleet, NodeRow, RowSource, nodes_omitted, policy_name};
@@ -58,17 +59,31 @@ pub fn node_cells(row: &NodeRow) -> [Cell; 4] {
 }
 
 /// The table of those of `rows` in `states` (every row when `states` is empty), and a note for
-/// each policy whose omitted nodes could not all be found by their labels.
+/// each policy whose omitted nodes could not all be found by their labels. A NEXT-KERNELS
+/// column (the node's other installed kernels without a ready module) comes after MODE when a
+/// node reports other kernels.
 pub fn render(
     fleet: &Fleet,
     rows: &[NodeRow],
     states: &[NodeState],
     opts: &RenderOptions,
 ) -> String {
-    let mut table = Table::new(HEADER);
-    for row in rows.iter().filter(|r| crate::view::shows(states, r)) {
+    let shown: Vec<&NodeRow> = rows
+        .iter()
+        .filter(|r| crate::view::shows(states, r))
+        .collect();
+    let with_kernels = shown.iter().any(|r| r.next_kernels.is_some());
+    let mut header = Vec::from(HEADER);
+    if with_kernels {
+        header.insert(5, "NEXT-KERNELS");
+    }
+    let mut table = Table::new(header);
+    for row in shown {
         let mut cells = vec![Cell::plain(row.policy.clone())];
         cells.extend(node_cells(row));
+        if with_kernels {
+            cells.push(Cell::plain(next_kernels_cell(row.next_kernels.as_ref())));
+        }
         cells.extend([
             Cell::plain(cordoned_by(row)),
             Cell::plain(age(row.since, opts.now)),

@@ -13,7 +13,8 @@ use crate::fleet::{PolicyView, nodes_omitted, policy_name};
 use crate::palette::{Colour, Palette};
 
 /// Whether a condition is one the user should look at. `Progressing` and `Paused` are
-/// informational; `Ready=False` during a rollout (`Progressing=True`) is expected.
+/// informational; `Ready=False` during a rollout (`Progressing=True`) is expected;
+/// `KernelsReady=False` says which nodes would reboot without the driver.
 pub fn condition_needs_attention(c: &Condition, all: &[Condition]) -> bool {
     match c.type_.as_str() {
         condition::READY => {
@@ -23,6 +24,8 @@ pub fn condition_needs_attention(c: &Condition, all: &[Condition]) -> bool {
             c.status != "True" && !progressing
         }
         condition::DEGRADED | condition::INVALID_SPEC => c.status != "False",
+        // False: some node would boot into a kernel without the driver.
+        condition::KERNELS_READY => c.status == "False",
         _ => false,
     }
 }

@@ -8,6 +8,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1 as metav1;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::node_kernels::{NextKernels, NodeStartLoad};
+
 /// Observed state, written by the controller.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -16,8 +18,8 @@ pub struct TenstorrentDriverPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// `Ready`, `Progressing`, `Degraded`, `Paused`, `InvalidSpec` and `Reconciled`, merged by
-    /// type.
+    /// `Ready`, `Progressing`, `Degraded`, `Paused`, `InvalidSpec`, `Reconciled` and
+    /// `KernelsReady`, merged by type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<metav1::Condition>,
@@ -191,6 +193,19 @@ pub struct NodeStatus {
     /// `/etc/udev/rules.d/50-tenstorrent.rules (tt-kmd 2.8.0)`; absent when there is none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub udev_rule: Option<String>,
+    /// The kernels installed on the node other than the running one, as its agent prepared
+    /// them: how many have the module ready, and those that do not, with why. Absent when the
+    /// agent reports none (one kernel installed, or not looked yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_kernels: Option<NextKernels>,
+    /// Who signed the loaded module (its `signer`, as `modinfo` shows it); absent when the
+    /// module is unsigned or nothing is loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module_signer: Option<String>,
+    /// How the module came up when the node's agent last started: from the cache (a hit) or
+    /// built or downloaded, and how long until the agent was Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_load: Option<NodeStartLoad>,
 }
 
 impl NodeStatus {
@@ -210,6 +225,9 @@ impl NodeStatus {
             loaded_parameters: None,
             source_commit: None,
             udev_rule: None,
+            next_kernels: None,
+            module_signer: None,
+            start_load: None,
         }
     }
 
@@ -319,4 +337,7 @@ pub mod condition {
     /// The controller could apply the policy's DaemonSet and reach every object it needs;
     /// False carries what failed in the API server's words.
     pub const RECONCILED: &str = "Reconciled";
+    /// Every kernel installed on the nodes (other than the running one) has the module ready,
+    /// so a reboot into it finds the driver; False names the nodes that would boot without it.
+    pub const KERNELS_READY: &str = "KernelsReady";
 }

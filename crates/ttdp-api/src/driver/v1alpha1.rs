@@ -11,6 +11,10 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 pub use super::module_settings::{ModuleParameterError, ModuleSettings};
+pub use super::node_kernels::{
+    KernelNotReady, MAX_KERNEL_MESSAGE_CHARS, MAX_KERNELS_LISTED, NextKernelState, NextKernels,
+    NodeStartLoad,
+};
 pub use super::policy_status::{
     MAX_NODE_MESSAGE_CHARS, NodeState, NodeStatus, RolloutStatus, Summary,
     TenstorrentDriverPolicyStatus, WAITING_FOR_SLOT, WAITING_TO_START, condition, rollout_phase,

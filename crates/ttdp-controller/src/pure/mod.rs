@@ -14,6 +14,7 @@ pub(crate) mod daemonset;
 pub(crate) mod drain_plan;
 #[cfg(test)]
 mod model;
+pub(crate) mod next_kernels;
 pub(crate) mod node_record;
 pub(crate) mod observe;
 pub(crate) mod overlap;

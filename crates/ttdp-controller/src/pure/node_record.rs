@@ -118,6 +118,9 @@ fn entry_of(record: &NodeRecord, name: &str, entry: Option<&NodeStatus>) -> Opti
         loaded_parameters: kept(|e| e.loaded_parameters.clone()),
         source_commit: kept(|e| e.source_commit.clone()),
         udev_rule: kept(|e| e.udev_rule.clone()),
+        next_kernels: entry.and_then(|e| e.next_kernels.clone()),
+        module_signer: kept(|e| e.module_signer.clone()),
+        start_load: entry.and_then(|e| e.start_load),
     })
 }
 
@@ -169,6 +172,9 @@ mod tests {
             loaded_parameters: None,
             source_commit: Some("abc".into()),
             udev_rule: None,
+            next_kernels: None,
+            module_signer: None,
+            start_load: None,
         }
     }
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use ttdp_api::agent_report::{AgentPhase, AgentReport};
+use ttdp_api::driver::v1alpha1::{NextKernels, NodeStartLoad};
 use ttdp_api::names::{self, annotations, install_mode, labels};
 use ttdp_api::{NodeState, NodeStatus};
 
@@ -165,6 +166,25 @@ pub fn loaded_parameters(pod: Option<&CachedPod>) -> Option<String> {
 /// tt-kmd's udev rule file on the node, as its agent reports, if any.
 pub fn udev_rule(pod: Option<&CachedPod>) -> Option<String> {
     pod.and_then(agent_report).and_then(|r| r.udev_rule.clone())
+}
+
+/// The node's other installed kernels and their modules, as its agent reports, if any.
+pub fn next_kernels(pod: Option<&CachedPod>) -> Option<NextKernels> {
+    pod.and_then(agent_report)
+        .and_then(|r| NextKernels::of_report(&r.installed_kernels))
+}
+
+/// Who signed the loaded module, as the node's agent reports, if signed.
+pub fn module_signer(pod: Option<&CachedPod>) -> Option<String> {
+    pod.and_then(agent_report)
+        .and_then(|r| r.module_signer.clone())
+}
+
+/// How the module came up at the agent's start, as it reports, if it says.
+pub fn start_load(pod: Option<&CachedPod>) -> Option<NodeStartLoad> {
+    pod.and_then(agent_report)
+        .and_then(|r| r.start_load)
+        .map(NodeStartLoad::from)
 }
 
 /// The commit the loaded module was built from, as the node's agent reports, if known.
@@ -837,6 +857,9 @@ mod tests {
             loaded_parameters: None,
             source_commit: None,
             udev_rule: None,
+            next_kernels: None,
+            module_signer: None,
+            start_load: None,
         };
         let plain = meta(&[], &[]);
         assert_eq!(

@@ -25,10 +25,11 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::SignedDuration;
 use ttdp_api::condition::{condition, set_condition};
-use ttdp_api::driver::v1alpha1::{Summary, condition as cond};
+use ttdp_api::driver::v1alpha1::{NextKernels, NodeStartLoad, Summary, condition as cond};
 use ttdp_api::names::install_mode;
 use ttdp_api::{NodeState, NodeStatus, TenstorrentDriverPolicyStatus};
 
+use crate::pure::next_kernels::kernels_ready;
 use crate::pure::transition::NodeTransition;
 
 mod listing;
@@ -50,6 +51,12 @@ pub struct NodeReport {
     pub source_commit: Option<String>,
     /// The udev rule file on the node, as its agent reports, if any.
     pub udev_rule: Option<String>,
+    /// The node's other installed kernels, as its agent prepared them, if it reports any.
+    pub next_kernels: Option<NextKernels>,
+    /// Who signed the loaded module, as its agent reports, if signed.
+    pub module_signer: Option<String>,
+    /// How the module came up at the agent's start, as it reports, if it says.
+    pub start_load: Option<NodeStartLoad>,
     /// `container` or `host`, as the node's agent labelled it.
     pub install_mode: Option<String>,
 }
@@ -305,6 +312,9 @@ fn node_entry(
         loaded_parameters: report.loaded_parameters,
         source_commit: report.source_commit,
         udev_rule: report.udev_rule,
+        next_kernels: report.next_kernels,
+        module_signer: report.module_signer,
+        start_load: report.start_load,
     };
     let change = changed.then(|| StateChange {
         node: entry.name.clone(),
@@ -366,6 +376,10 @@ fn conditions_for(
         (cond::PROGRESSING, rollup.progressing()),
         (cond::DEGRADED, rollup.degraded()),
         (cond::PAUSED, rollup.paused()),
+        (cond::KERNELS_READY, {
+            let (status, reason, message) = kernels_ready(&facts.target_version, nodes);
+            verdict(status, reason, message)
+        }),
     ]
     .into_iter()
     .map(|(type_, (status, reason, message))| {
@@ -593,6 +607,9 @@ mod tests {
             loaded_parameters: None,
             source_commit: None,
             udev_rule: None,
+            next_kernels: None,
+            module_signer: None,
+            start_load: None,
         }
     }
 
@@ -612,6 +629,52 @@ mod tests {
 
     fn cond<'a>(s: &'a TenstorrentDriverPolicyStatus, t: &str) -> &'a Condition {
         s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    /// What the agents report of their other kernels, start loads and signers lands in the
+    /// node entries, and `KernelsReady` follows the kernels: False naming the one without a
+    /// module, True once it has one (the move a status transition, with its time).
+    #[test]
+    fn node_kernels_reach_the_entries_and_the_kernels_ready_condition() {
+        use ttdp_api::agent_report::{KernelModuleState, KernelReadiness};
+        let kernels = |state| {
+            NextKernels::of_report(&[KernelReadiness {
+                release: "6.1.0-58-amd64".into(),
+                state,
+                reason: Some("HeadersMissing".into()),
+                message: None,
+            }])
+        };
+        let mut failing = report("n1", NodeState::Done, Some("2.8.0"));
+        failing.next_kernels = kernels(KernelModuleState::Failed);
+        failing.module_signer = Some("ttdp signing key".into());
+        failing.start_load = Some(NodeStartLoad {
+            cache_hit: true,
+            ready_after_ms: 2300,
+        });
+        let b1 = build(vec![failing.clone()], None, 0);
+        let c = cond(&b1.status, "KernelsReady");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "NextKernelWithoutDriver")
+        );
+        assert_eq!(
+            c.message,
+            "1 node would boot without tt-kmd 2.8.0: kernel 6.1.0-58-amd64 on n1 (HeadersMissing)"
+        );
+        let n1 = &b1.listed()[0];
+        assert_eq!(n1.next_kernels, kernels(KernelModuleState::Failed));
+        assert_eq!(n1.module_signer.as_deref(), Some("ttdp signing key"));
+        assert_eq!(n1.start_load.map(|l| l.ready_after_ms), Some(2300));
+        failing.next_kernels = kernels(KernelModuleState::Ready);
+        let b2 = build(vec![failing], Some(&b1), 60);
+        let c = cond(&b2.status, "KernelsReady");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "NextKernelsReady")
+        );
+        assert_eq!(c.last_transition_time, at(60));
+        assert_eq!(b2.changed.len(), 1, "the entry changed with its kernels");
     }
 
     #[test]

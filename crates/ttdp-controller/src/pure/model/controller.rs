@@ -435,6 +435,9 @@ impl ModelPass {
                     loaded_parameters: None,
                     source_commit: None,
                     udev_rule: None,
+                    next_kernels: None,
+                    module_signer: None,
+                    start_load: None,
                     install_mode: observe::install_mode_label(
                         &cached_node(&w.nodes[self.matched[k]]).metadata,
                     ),

@@ -11,6 +11,11 @@
 //! - `ttdp_rollout_halted{policy}`: 1 while the policy's rollout is halted
 //! - `ttdp_step_oldest_start_timestamp_seconds{policy,state}`: when the longest-waiting node in
 //!   each in-flight state entered it, so an alert can tell a node stuck in a step
+//! - `ttdp_nodes_kernel_not_ready{policy,state}`: nodes with an installed kernel whose module
+//!   is not ready (would boot without the driver): `Failed` when one of its kernels failed,
+//!   else `Pending`
+//! - `ttdp_agent_start_ready_seconds{cache}`: time from an agent's start to Ready, by whether
+//!   its module was in the cache (`hit`) or not (`miss`), each start observed once
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -26,6 +31,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry};
 use ttdp_api::{NodeState, TenstorrentDriverPolicyStatus};
 
+use ttdp_api::driver::v1alpha1::{NextKernelState, NodeStartLoad};
+
+use crate::pure::next_kernels::nodes_not_ready;
 use crate::pure::status::{NodeEntries, StateChange, node_counts, reasons};
 
 /// Labels of `ttdp_nodes`.
@@ -64,6 +72,77 @@ pub struct StepLabels {
     pub policy: String,
     /// An in-flight state: Cordoning, Draining, Upgrading or Uncordoning.
     pub state: String,
+}
+
+/// Labels of `ttdp_nodes_kernel_not_ready`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KernelLabels {
+    /// The policy.
+    pub policy: String,
+    /// `Failed` (a kernel's module could not be made) or `Pending` (being prepared).
+    pub state: String,
+}
+
+/// Labels of `ttdp_agent_start_ready_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    /// `hit`: the module waited in the cache; `miss`: it was built or downloaded.
+    pub cache: String,
+}
+
+/// What the agents report about the kernels they prepare and the loads at their start.
+#[derive(Debug)]
+struct KernelMetrics {
+    not_ready: Family<KernelLabels, Gauge>,
+    start_ready: HistogramFamily<CacheLabels>,
+}
+
+impl KernelMetrics {
+    fn register(registry: &mut NamedRegistry) -> Self {
+        let metrics = Self {
+            not_ready: Family::default(),
+            start_ready: HistogramFamily::<CacheLabels>::new_with_constructor(
+                phase_histogram as fn() -> Histogram,
+            ),
+        };
+        registry.register(
+            "nodes_kernel_not_ready",
+            "Nodes with an installed kernel whose module is not ready (they would boot without the driver): state Failed when one of its kernels failed, else Pending",
+            metrics.not_ready.clone(),
+        );
+        registry.register(
+            "agent_start_ready_seconds",
+            "Time from an agent's start to Ready, by whether its module was in the cache (cache=hit) or built or downloaded (cache=miss)",
+            metrics.start_ready.clone(),
+        );
+        metrics
+    }
+
+    /// The gauge's series of `policy` for its node `entries`: both states, zero when none.
+    fn set(&self, policy: &str, entries: &NodeEntries) {
+        let (failed, pending) = nodes_not_ready(entries);
+        for (state, n) in [
+            (NextKernelState::Failed, failed),
+            (NextKernelState::Pending, pending),
+        ] {
+            self.not_ready
+                .get_or_create(&kernel_labels(policy, state))
+                .set(n);
+        }
+    }
+
+    fn forget(&self, policy: &str) {
+        for state in [NextKernelState::Failed, NextKernelState::Pending] {
+            self.not_ready.remove(&kernel_labels(policy, state));
+        }
+    }
+}
+
+fn kernel_labels(policy: &str, state: NextKernelState) -> KernelLabels {
+    KernelLabels {
+        policy: policy.to_owned(),
+        state: state.as_str().to_owned(),
+    }
 }
 
 /// The series a policy owns, dropped when its counts change or it is deleted.
@@ -165,6 +244,7 @@ pub struct Metrics {
     nodes: Family<NodeLabels, Gauge>,
     policy_series: Mutex<BTreeMap<String, PolicySeries>>,
     rollout: RolloutGauges,
+    kernels: KernelMetrics,
     transitions: Family<TransitionLabels, Counter>,
     phase_duration: HistogramFamily<PhaseLabels>,
     drain_evictions: Counter<u64, AtomicU64>,
@@ -191,6 +271,7 @@ impl Default for Metrics {
         let reconcile_errors = Family::<ReasonLabels, Counter>::default();
         let reconcile_duration = reconcile_histogram();
         let rollout = RolloutGauges::register(&mut registry);
+        let kernels = KernelMetrics::register(&mut registry);
         registry.register(
             "nodes",
             "Matched nodes by policy, state and loaded version",
@@ -236,6 +317,7 @@ impl Default for Metrics {
             nodes,
             policy_series: Mutex::default(),
             rollout,
+            kernels,
             transitions,
             phase_duration,
             drain_evictions,
@@ -309,6 +391,7 @@ impl Metrics {
                 policy: policy.to_owned(),
             })
             .set(i64::from(is_rollout_halted(status)));
+        self.kernels.set(policy, entries);
         self.policy_series
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -332,6 +415,26 @@ impl Metrics {
         self.rollout.rollout_halted.remove(&PolicyLabels {
             policy: policy.to_owned(),
         });
+        self.kernels.forget(policy);
+    }
+
+    /// Sets `policy`'s gauge of nodes with a kernel not ready from its node `entries` (also set
+    /// by [`Metrics::set_policy`]).
+    pub fn set_kernels_not_ready(&self, policy: &str, entries: &NodeEntries) {
+        self.kernels.set(policy, entries);
+    }
+
+    /// Observes one agent's start load (the reconcile passes each start once, when its node's
+    /// entry first shows it).
+    pub fn observe_start_load(&self, load: NodeStartLoad) {
+        let cache = if load.cache_hit { "hit" } else { "miss" };
+        let seconds = load.ready_after_ms.max(0) as f64 / 1000.0;
+        self.kernels
+            .start_ready
+            .get_or_create(&CacheLabels {
+                cache: cache.to_owned(),
+            })
+            .observe(seconds);
     }
 
     /// Records state changes: transition counts and phase durations.
@@ -476,6 +579,10 @@ mod tests {
         );
         m.record_drain(1, 1);
         m.record_reconcile(Duration::from_millis(1), Some("KubeApiError"));
+        m.observe_start_load(NodeStartLoad {
+            cache_hit: true,
+            ready_after_ms: 2300,
+        });
         let text = m.encode();
         let shown: std::collections::BTreeSet<&str> = text
             .lines()
@@ -589,6 +696,62 @@ mod tests {
         assert!(
             !text.contains(r#"state="Done""#),
             "old series dropped: {text}"
+        );
+    }
+
+    #[test]
+    fn nodes_with_a_kernel_not_ready_and_start_loads_are_exposed() {
+        use ttdp_api::agent_report::{KernelModuleState, KernelReadiness};
+        use ttdp_api::driver::v1alpha1::NextKernels;
+        let with_kernel = |name: &str, state| NodeStatus {
+            next_kernels: NextKernels::of_report(&[KernelReadiness {
+                release: "6.1.0-58-amd64".into(),
+                state,
+                reason: None,
+                message: None,
+            }]),
+            ..node(name, NodeState::Done, None)
+        };
+        let m = Metrics::default();
+        let nodes = entries([
+            with_kernel("a", KernelModuleState::Failed),
+            with_kernel("b", KernelModuleState::Failed),
+            with_kernel("c", KernelModuleState::Pending),
+            with_kernel("d", KernelModuleState::Ready),
+            node("e", NodeState::Done, None),
+        ]);
+        m.set_policy("fleet", &status(None), &nodes);
+        for (load, ms) in [(true, 2300), (true, 1700), (false, 95_000)] {
+            m.observe_start_load(NodeStartLoad {
+                cache_hit: load,
+                ready_after_ms: ms,
+            });
+        }
+        let text = m.encode();
+        for line in [
+            r#"ttdp_nodes_kernel_not_ready{policy="fleet",state="Failed"} 2"#,
+            r#"ttdp_nodes_kernel_not_ready{policy="fleet",state="Pending"} 1"#,
+            r#"ttdp_agent_start_ready_seconds_count{cache="hit"} 2"#,
+            r#"ttdp_agent_start_ready_seconds_sum{cache="hit"} 4.0"#,
+            r#"ttdp_agent_start_ready_seconds_count{cache="miss"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in {text}");
+        }
+        m.set_policy(
+            "fleet",
+            &status(None),
+            &entries([node("e", NodeState::Done, None)]),
+        );
+        let text = m.encode();
+        assert!(
+            text.contains(r#"ttdp_nodes_kernel_not_ready{policy="fleet",state="Failed"} 0"#),
+            "{text}"
+        );
+        m.forget_policy("fleet");
+        assert!(
+            !m.encode().contains("ttdp_nodes_kernel_not_ready{"),
+            "{}",
+            m.encode()
         );
     }
 }

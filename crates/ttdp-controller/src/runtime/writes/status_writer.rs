@@ -278,6 +278,9 @@ pub async fn record_nodes_as_they_are(
             loaded_parameters: e.loaded_parameters.clone(),
             source_commit: e.source_commit.clone(),
             udev_rule: e.udev_rule.clone(),
+            next_kernels: e.next_kernels.clone(),
+            module_signer: e.module_signer.clone(),
+            start_load: e.start_load,
             install_mode: e.install_mode.clone(),
         })
         .collect();

@@ -136,6 +136,9 @@ fn report(i: usize, nodes: usize, in_flight: usize, shape: Shape) -> NodeReport 
         loaded_parameters: None,
         source_commit: None,
         udev_rule: None,
+        next_kernels: None,
+        module_signer: None,
+        start_load: None,
         install_mode: Some(
             if shape == Shape::HostManaged {
                 "host"

@@ -108,6 +108,9 @@ fn entry(i: usize, draining: bool) -> Result<Value> {
         loaded_parameters: None,
         source_commit: None,
         udev_rule: None,
+        next_kernels: None,
+        module_signer: None,
+        start_load: None,
     };
     if draining {
         entry.state = NodeState::Draining;

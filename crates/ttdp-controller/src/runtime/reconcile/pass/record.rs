@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tracing::{info, warn};
 
 use super::Pass;
+use crate::pure::next_kernels;
 use crate::pure::node_record;
 use crate::pure::observe;
 use crate::pure::status::{BuiltStatus, NodeReport, StateChange, build_status, update_status};
@@ -36,6 +37,9 @@ impl Pass {
                     loaded_parameters: observe::loaded_parameters(pod),
                     source_commit: observe::loaded_commit(pod),
                     udev_rule: observe::udev_rule(pod),
+                    next_kernels: observe::next_kernels(pod),
+                    module_signer: observe::module_signer(pod),
+                    start_load: observe::start_load(pod),
                     install_mode: observe::install_mode_label(&self.matched[i].metadata),
                     name: node.clone(),
                     transition: t,
@@ -49,6 +53,7 @@ impl Pass {
         } else {
             update_status(facts, &last.status, &last.nodes, reports, &self.now)
         };
+        self.note_agent_reports(&built);
         let changed_entries = built
             .changed
             .iter()
@@ -59,6 +64,27 @@ impl Pass {
             changes: std::mem::take(&mut built.changes),
             built,
             changed_entries,
+        }
+    }
+
+    /// Brings the metrics of what the agents report up to the entries of `built`: observes
+    /// the start loads the recorded entries did not have (so each start counts once however
+    /// often its entry is rebuilt), and counts the nodes with a kernel not ready again when a
+    /// node's kernels changed (a pass follows the fleet for minutes between its gauge updates).
+    fn note_agent_reports(&self, built: &BuiltStatus) {
+        let mut kernels_changed = false;
+        for name in &built.changed {
+            let Some(entry) = built.all_nodes.get(name) else {
+                continue;
+            };
+            let before = self.recorded.nodes.get(name).map(|e| &**e);
+            if let Some(load) = next_kernels::new_start_load(before, entry) {
+                self.ctx.metrics.observe_start_load(load);
+            }
+            kernels_changed |= before.map(|b| &b.next_kernels) != Some(&entry.next_kernels);
+        }
+        if kernels_changed {
+            (self.ctx.metrics).set_kernels_not_ready(&self.name, &built.all_nodes);
         }
     }
 
