@@ -805,6 +805,7 @@ mod tests {
         let mut set = plain.clone();
         set.spec.module = Some(ttdp_api::driver::v1alpha1::ModuleSettings {
             parameters: vec!["reset_limit=5".into(), "debug=1".into()],
+            signing: None,
         });
         let ds = render(&set);
         assert_eq!(
