@@ -208,6 +208,7 @@ mod tests {
             applied_parameters: None,
             source_commit: None,
             udev_rule: None,
+            signer: None,
         }
     }
 
