@@ -30,7 +30,7 @@
 //! device needs the host's PID namespace; reading `/proc` through the mount above does not.
 //!
 //! With `module.signing`, the Secret it names (in the agents' namespace) is mounted read-only at
-//! [`SIGNING_DIR`] (`tls.key`, `tls.crt`, mode 0400): a Secret volume is a tmpfs, so the key
+//! `/etc/ttdp/module-signing` (`tls.key`, `tls.crt`, mode 0400): a Secret volume is a tmpfs, so the key
 //! reaches no disk. The controller never reads the Secret; the kubelet mounts it.
 
 use std::collections::BTreeMap;
@@ -55,8 +55,7 @@ use crate::pure::builder_images::hashed_images;
 use crate::settings::Settings;
 
 mod module_signing;
-pub use module_signing::SIGNING_DIR;
-use module_signing::{signing, signing_mount, signing_volume};
+use module_signing::{signing_env, signing_mount, signing_volume};
 
 /// Where the host's root filesystem appears in the agent container.
 pub const HOST_ROOT: &str = "/host";
@@ -539,13 +538,7 @@ fn agent_env(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Vec<EnvVa
             format!("{CA_BUNDLE_DIR}/{CA_BUNDLE_FILE}"),
         ));
     }
-    if let Some(signing) = signing(policy) {
-        vars.push(value(env::MODULE_SIGNING_DIR, SIGNING_DIR.to_owned()));
-        vars.push(value(
-            env::MODULE_SIGNING_SECRET,
-            format!("{}/{}", settings.namespace, signing.secret_name),
-        ));
-    }
+    vars.extend(signing_env(policy, &settings.namespace));
     // Only when set, like the settings below: a policy without parameters keeps its template
     // hash. The readiness probe reads it too (ready only with the parameters loaded).
     let parameters = policy.spec.kernel_parameters();
@@ -1180,7 +1173,7 @@ mod tests {
 
     #[test]
     fn the_signing_secret_is_mounted_read_only_and_named_to_the_agent() {
-        use super::module_signing::SIGNING_VOLUME;
+        use super::module_signing::{SIGNING_DIR, SIGNING_VOLUME};
         use ttdp_api::driver::module_settings::ModuleSigning;
         let plain = policy("fleet", "2.8.0");
         let mut signed = plain.clone();

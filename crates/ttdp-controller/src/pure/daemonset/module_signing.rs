@@ -1,9 +1,10 @@
 //! The module signing Secret of `spec.module.signing` in the agent's pod: a read-only Secret
 //! volume (a tmpfs the kubelet fills) holding only the key and the certificate.
 
-use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{EnvVar, KeyToPath, SecretVolumeSource, Volume, VolumeMount};
 use ttdp_api::TenstorrentDriverPolicy;
 use ttdp_api::driver::module_settings::{ModuleSigning, SIGNING_CERT_FILE, SIGNING_KEY_FILE};
+use ttdp_api::names::env;
 
 /// Where the agent finds the module signing key and certificate (`spec.module.signing`).
 pub const SIGNING_DIR: &str = "/etc/ttdp/module-signing";
@@ -41,6 +42,26 @@ pub(super) fn signing_mount(policy: &TenstorrentDriverPolicy) -> Option<VolumeMo
     })
 }
 
-pub(super) fn signing(policy: &TenstorrentDriverPolicy) -> Option<&ModuleSigning> {
+fn signing(policy: &TenstorrentDriverPolicy) -> Option<&ModuleSigning> {
     policy.spec.module.as_ref()?.signing.as_ref()
+}
+
+/// The agent's signing variables: where the Secret is mounted, and `<namespace>/<name>` of the
+/// Secret for its messages; none without signing.
+pub(super) fn signing_env(policy: &TenstorrentDriverPolicy, namespace: &str) -> Vec<EnvVar> {
+    let Some(signing) = signing(policy) else {
+        return Vec::new();
+    };
+    let value = |name: &str, value: String| EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        value_from: None,
+    };
+    vec![
+        value(env::MODULE_SIGNING_DIR, SIGNING_DIR.to_owned()),
+        value(
+            env::MODULE_SIGNING_SECRET,
+            format!("{namespace}/{}", signing.secret_name),
+        ),
+    ]
 }
