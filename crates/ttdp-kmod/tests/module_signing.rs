@@ -277,3 +277,127 @@ fn an_enforcing_kernel_that_does_not_list_the_key_keeps_the_loaded_module() {
         .unwrap();
     assert_eq!(installer.status().unwrap().loaded_version(), Some("2.0.0"));
 }
+
+/// A prebuilt server in memory holding one file per version, its checksum pinned by the policy.
+#[derive(Debug)]
+struct PinnedServer {
+    files: std::collections::HashMap<String, Vec<u8>>,
+    pins: ttdp_kmod::prebuilt::PrebuiltPins,
+    fetches: std::sync::atomic::AtomicUsize,
+}
+
+const TEMPLATE: &str = "http://ko.test/{version}/{kernelRelease}/tenstorrent.ko";
+
+impl PinnedServer {
+    fn new(files: &[(&str, Vec<u8>)]) -> Self {
+        let pins = ttdp_kmod::prebuilt::PrebuiltPins {
+            sha256: files
+                .iter()
+                .map(|(version, ko)| {
+                    let key = ttdp_kmod::prebuilt::pin_key(&v(version), RELEASE);
+                    (key, hex_sha256(ko))
+                })
+                .collect(),
+            trust_server_checksum: false,
+        };
+        let files = files
+            .iter()
+            .map(|(version, ko)| {
+                let url = ttdp_kmod::prebuilt::prebuilt_url(TEMPLATE, &v(version), RELEASE);
+                (url, ko.clone())
+            })
+            .collect();
+        Self {
+            files,
+            pins,
+            fetches: Default::default(),
+        }
+    }
+}
+
+impl ttdp_kmod::prebuilt::PrebuiltSource for PinnedServer {
+    fn fetch(
+        &self,
+        version: &ttdp_kmod::KmdVersion,
+        release: &str,
+    ) -> Result<ttdp_kmod::prebuilt::FetchedKo, ttdp_kmod::prebuilt::PrebuiltFetchError> {
+        let url = ttdp_kmod::prebuilt::prebuilt_url(TEMPLATE, version, release);
+        self.fetches
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let bytes = self
+            .files
+            .get(&url)
+            .cloned()
+            .ok_or(ttdp_kmod::prebuilt::PrebuiltFetchError::NotFound { url: url.clone() })?;
+        let sha256 = hex_sha256(&bytes);
+        Ok(ttdp_kmod::prebuilt::FetchedKo { url, bytes, sha256 })
+    }
+
+    fn fallback(&self) -> ttdp_kmod::prebuilt::PrebuiltFallback {
+        ttdp_kmod::prebuilt::PrebuiltFallback::Fail
+    }
+
+    fn pins(&self) -> &ttdp_kmod::prebuilt::PrebuiltPins {
+        &self.pins
+    }
+}
+
+#[test]
+fn prebuilt_modules_signed_by_the_key_are_kept_and_others_re_signed_under_their_pin() {
+    let fx = Fixture::new(&["1.0.0", "2.0.0"]);
+    let key = make_key(&fx.dir.path().join("key"), "tt-kmd fleet key");
+    let build = |version: &str| {
+        let other = tempfile::tempdir().unwrap();
+        let host = ttdp_kmod::SimHost::create(other.path().join("host"), RELEASE).unwrap();
+        let built = ttdp_kmod::build_module(host.host(), RELEASE, &v(version), &fx.build_options())
+            .unwrap();
+        (std::fs::read(&built.ko_path).unwrap(), other)
+    };
+    let (unsigned, _a) = build("1.0.0");
+    let (to_sign, _b) = build("2.0.0");
+    let signed_path = fx.dir.path().join("published-2.0.0.ko");
+    std::fs::write(&signed_path, &to_sign).unwrap();
+    let sign_file =
+        ttdp_kmod::module_signing::find_sign_file(fx.sim.host(), None, RELEASE).unwrap();
+    ttdp_kmod::SigningKey::open(&key)
+        .unwrap()
+        .sign(&sign_file, &signed_path)
+        .unwrap();
+    let signed = std::fs::read(&signed_path).unwrap();
+    let server = std::sync::Arc::new(PinnedServer::new(&[
+        ("1.0.0", unsigned.clone()),
+        ("2.0.0", signed.clone()),
+    ]));
+    let installer = fx
+        .installer()
+        .with_prebuilt(server.clone())
+        .with_signing(key.clone());
+
+    let ensured = installer.ensure_ko(&v("2.0.0")).unwrap();
+    assert!(matches!(ensured.cache, CacheOutcome::Downloaded { .. }));
+    assert_eq!(
+        std::fs::read(cached_ko(&fx, "2.0.0")).unwrap(),
+        signed,
+        "a download signed by the key is kept as published"
+    );
+
+    let ensured = installer.ensure_ko(&v("1.0.0")).unwrap();
+    assert!(matches!(ensured.cache, CacheOutcome::Downloaded { .. }));
+    let cached = std::fs::read(cached_ko(&fx, "1.0.0")).unwrap();
+    assert!(
+        appended_signature(&cached)
+            .unwrap()
+            .unwrap()
+            .signer
+            .is(&cert_of(&key))
+    );
+    assert_eq!(unsigned_content(&cached), &unsigned[..]);
+    assert_eq!(server.fetches.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // the pinned checksum still names the re-signed entry: a hit, not a new download
+    assert_eq!(
+        installer.ensure_ko(&v("1.0.0")).unwrap().cache,
+        CacheOutcome::Hit
+    );
+    assert!(installer.cached_ko(&v("1.0.0"), None).is_some());
+    assert_eq!(server.fetches.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
