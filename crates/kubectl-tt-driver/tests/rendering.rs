@@ -329,6 +329,7 @@ fn describe_shows_parameters_and_commits_when_set() {
     let mut view = fleet.policy("fleet").unwrap().clone();
     view.policy.spec.module = Some(ttdp_api::driver::v1alpha1::ModuleSettings {
         parameters: vec!["reset_limit=5".into()],
+        signing: None,
     });
     view.policy.spec.source = Some(ttdp_api::driver::v1alpha1::SourceSettings {
         repository: Some("https://git.example.com/mirrors/tt-kmd.git".into()),

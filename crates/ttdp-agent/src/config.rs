@@ -193,6 +193,9 @@ pub struct AgentConfig {
     /// A server of ready-built modules tried on a cache miss before building
     /// (`TT_KMD_PREBUILT_URL`, `spec.source.prebuilt`); `None`: every miss is built.
     pub prebuilt: Option<PrebuiltConfig>,
+    /// The key every module is signed with before it is cached (`TTDP_MODULE_SIGNING_DIR`,
+    /// `spec.module.signing`); `None`: modules are not signed.
+    pub signing: Option<ttdp_kmod::SigningConfig>,
     /// tt-smi to copy to the host, `None` to skip.
     pub tt_smi: Option<TtSmiSource>,
     /// Where to fetch tt-kmd from and how to build it. `{release}` in `build.build_dir` stands for
@@ -234,6 +237,7 @@ impl AgentConfig {
             parameters: String::new(),
             source_commit: None,
             prebuilt: None,
+            signing: None,
             tt_smi: None,
             build: BuildOptions {
                 repository: ttdp_api::names::DEFAULT_KMD_REPOSITORY.to_string(),

@@ -108,7 +108,7 @@ pub fn base_report(
         kernel_compiler: None,
         installed_kernels: Vec::new(),
         start_load: None,
-        module_signer: None,
+        module_signer: observation.status.signer.clone(),
     }
 }
 
@@ -208,6 +208,7 @@ mod tests {
             applied_parameters: None,
             source_commit: None,
             udev_rule: None,
+            signer: None,
         }
     }
 

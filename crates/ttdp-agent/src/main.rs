@@ -167,6 +167,14 @@ struct RunArgs {
     /// writes the rule without telling udev.
     #[arg(long, env = env::UDEVADM, value_name = "TTDP_UDEVADM", default_value = "udevadm")]
     udevadm: String,
+    /// A directory holding tls.key (the module signing key, PEM) and tls.crt (its certificate):
+    /// every module is signed with it (the kernel's sign-file) before it is cached and loaded.
+    #[arg(long, env = env::MODULE_SIGNING_DIR, value_name = "TTDP_MODULE_SIGNING_DIR")]
+    module_signing_dir: Option<PathBuf>,
+    /// Where the signing key comes from, named in messages (the DaemonSet sets
+    /// <namespace>/<Secret>).
+    #[arg(long, env = env::MODULE_SIGNING_SECRET, value_name = "TTDP_MODULE_SIGNING_SECRET")]
+    module_signing_secret: Option<String>,
     /// The commit tag ttkmd-<version> must point at when the target is built (full hex); a tag
     /// that moved fails the build and nothing is unloaded.
     #[arg(long, env = env::TT_KMD_COMMIT, value_name = "TT_KMD_COMMIT", value_parser = parse_commit)]
@@ -277,6 +285,23 @@ struct RunArgs {
     resync_period: Duration,
 }
 
+/// The signing key and certificate in `dir` (the Secret's volume), named after the Secret
+/// `secret` (`<namespace>/<name>`) in messages, else after the directory.
+fn module_signing(dir: &std::path::Path, secret: Option<&str>) -> ttdp_kmod::SigningConfig {
+    use ttdp_api::driver::module_settings::{SIGNING_CERT_FILE, SIGNING_KEY_FILE};
+    ttdp_kmod::SigningConfig {
+        key: dir.join(SIGNING_KEY_FILE),
+        cert: dir.join(SIGNING_CERT_FILE),
+        source: match secret {
+            Some(secret) => format!(
+                "Secret {secret} (spec.module.signing, mounted at {})",
+                dir.display()
+            ),
+            None => format!("the signing directory {}", dir.display()),
+        },
+    }
+}
+
 /// The node name used in file/none report modes when NODE_NAME is not set.
 const LOCAL_NODE: &str = "local";
 
@@ -291,6 +316,10 @@ impl RunArgs {
         config.force_unload = self.force_unload;
         config.parameters = self.target.kmd_parameters.clone();
         config.source_commit = self.kmd_commit.clone();
+        config.signing = self
+            .module_signing_dir
+            .as_deref()
+            .map(|dir| module_signing(dir, self.module_signing_secret.as_deref()));
         config.prebuilt = self.prebuilt();
         config.tt_smi = self.tt_smi()?;
         config.build.repository = self.kmd_repository.clone();

@@ -168,6 +168,9 @@ where
             let source = HttpPrebuiltSource::new(prebuilt, config.build.fetch_timeout)?;
             installer = installer.with_prebuilt(Arc::new(source));
         }
+        if let Some(signing) = &config.signing {
+            installer = installer.with_signing(signing.clone());
+        }
         let tt_smi = config
             .tt_smi
             .as_ref()

@@ -248,6 +248,12 @@ pub mod env {
     /// The `udevadm` the agent runs to reload udev's rules after putting tt-kmd's rule in place
     /// (default `udevadm` on `PATH`; `none`: write the rule, never run udevadm).
     pub const UDEVADM: &str = "TTDP_UDEVADM";
+    /// The directory holding the module signing key (`tls.key`) and its certificate
+    /// (`tls.crt`), the Secret of `spec.module.signing` mounted read-only; unset: modules are not
+    /// signed.
+    pub const MODULE_SIGNING_DIR: &str = "TTDP_MODULE_SIGNING_DIR";
+    /// `<namespace>/<name>` of the Secret mounted at [`MODULE_SIGNING_DIR`], for messages.
+    pub const MODULE_SIGNING_SECRET: &str = "TTDP_MODULE_SIGNING_SECRET";
 }
 
 /// Which compiler built a node's kernel, and the builder images that match it.

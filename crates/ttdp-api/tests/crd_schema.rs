@@ -678,3 +678,44 @@ fn prebuilt_modules_are_checked_with_clear_messages() {
     );
     assert_eq!(prebuilt.ca_bundle.unwrap().key, "ca.crt");
 }
+
+/// `spec.module.signing`: a Secret name passes and reads back; a missing, empty or malformed
+/// name is refused by the schema with a message naming the field.
+#[test]
+fn module_signing_names_a_secret_with_clear_messages() {
+    let spec = |module: Value| json!({"version": "2.8.0", "nodeAffinity": {}, "module": module});
+    let good = spec(json!({"signing": {"secretName": "tt-kmd-signing"}}));
+    check(&policy("default", good.clone())).unwrap();
+    let p: TenstorrentDriverPolicy = serde_json::from_value(policy("d", good)).unwrap();
+    p.spec.validate().unwrap();
+    let module = p.spec.module.unwrap();
+    assert_eq!(
+        module.signing.as_ref().unwrap().secret_name,
+        "tt-kmd-signing"
+    );
+    assert!(module.parameters.is_empty() && module.is_empty());
+    for bad in ["Signing", "-x", "x_y", "a b", "x."] {
+        let err = check(&policy(
+            "default",
+            spec(json!({"signing": {"secretName": bad}})),
+        ))
+        .err()
+        .unwrap_or_else(|| panic!("{bad:?} was accepted by the schema"));
+        assert!(
+            err.contains("spec.module.signing.secretName must be a Secret name"),
+            "{bad:?}: {err}"
+        );
+    }
+    let signing = &schema()["properties"]["spec"]["properties"]["module"]["properties"]["signing"];
+    assert_eq!(
+        signing["required"],
+        json!(["secretName"]),
+        "the API server refuses a signing section without secretName"
+    );
+    let err = check(&policy(
+        "default",
+        spec(json!({"signing": {"secretName": ""}})),
+    ))
+    .expect_err("an empty name is refused");
+    assert!(err.contains("secretName"), "{err}");
+}

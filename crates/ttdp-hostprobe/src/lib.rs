@@ -44,4 +44,7 @@ pub use kernel::{
     kernel_compiler, kernel_release,
 };
 pub use pci::{PCI_DEVICES_DIR, PciDevice, TENSTORRENT_VENDOR_ID, tenstorrent_devices};
-pub use signing::{LOCKDOWN_PATH, Lockdown, SIG_ENFORCE_PATH, SigningFacts, signing_facts};
+pub use signing::{
+    KEYS_PATH, KernelKeys, LOCKDOWN_PATH, Lockdown, SIG_ENFORCE_PATH, SigningFacts,
+    TRUSTED_KEYRINGS, kernel_keys, signing_facts,
+};

@@ -42,6 +42,8 @@ impl<K: Kernel> ModuleInstaller<K> {
         let started = Instant::now();
         let (cache, release) = (self.cache(), self.release());
         let _lock = cache.lock(self.config().cache_lock_timeout)?;
+        // a key that cannot sign fails before anything is built or downloaded
+        self.require_signing_key()?;
         let pins = self.entry_pins(version, commit);
         let outcome = match cache.lookup(release, version)? {
             CacheLookup::Hit(ko) if let Some(reason) = pins.refusal(&ko.record) => {
@@ -50,9 +52,12 @@ impl<K: Kernel> ModuleInstaller<K> {
                 CacheOutcome::Rebuilt { reason }
             }
             CacheLookup::Hit(ko) => {
+                let (ko, resigned) = self.signed_entry(ko)?;
                 return Ok(EnsuredKo {
                     ko,
-                    cache: CacheOutcome::Hit,
+                    cache: resigned.map_or(CacheOutcome::Hit, |reason| CacheOutcome::Resigned {
+                        reason,
+                    }),
                     fetch_ms: 0,
                     build_ms: 0,
                     elapsed_ms: millis(started.elapsed()),
@@ -65,6 +70,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             }
         };
         if let Some(ko) = self.download_prebuilt(version, &pins)? {
+            let (ko, _) = self.signed_entry(ko)?;
             let url = ko.record.source_repository.clone();
             return Ok(EnsuredKo {
                 ko,
@@ -79,6 +85,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             ..self.config().build.clone()
         };
         let built = build_module(self.host(), release, version, &options)?;
+        self.sign_built(&built)?;
         let ko = cache.store(&built)?;
         Ok(EnsuredKo {
             ko,
@@ -98,13 +105,17 @@ impl<K: Kernel> ModuleInstaller<K> {
         let started = Instant::now();
         let pins = self.entry_pins(version, commit);
         match self.cache().lookup(self.release(), version) {
-            Ok(CacheLookup::Hit(ko)) if pins.refusal(&ko.record).is_none() => Some(EnsuredKo {
-                ko,
-                cache: CacheOutcome::Hit,
-                fetch_ms: 0,
-                build_ms: 0,
-                elapsed_ms: millis(started.elapsed()),
-            }),
+            Ok(CacheLookup::Hit(ko))
+                if pins.refusal(&ko.record).is_none() && self.signed_as_wanted(&ko) =>
+            {
+                Some(EnsuredKo {
+                    ko,
+                    cache: CacheOutcome::Hit,
+                    fetch_ms: 0,
+                    build_ms: 0,
+                    elapsed_ms: millis(started.elapsed()),
+                })
+            }
             _ => None,
         }
     }
@@ -184,7 +195,14 @@ impl EntryPins<'_> {
     /// entry built from that commit, which a download naming no commit cannot show.
     fn refusal(&self, record: &KoRecord) -> Option<String> {
         if let Some(pinned) = self.sha256 {
-            return (!pinned.eq_ignore_ascii_case(&record.sha256)).then(|| {
+            // a download ttdp re-signed is still the pinned file, with another signature
+            let before_signing = record.signature.as_ref();
+            let before_signing = before_signing.and_then(|s| s.signed_from_sha256.as_deref());
+            let pinned_file = [Some(record.sha256.as_str()), before_signing]
+                .into_iter()
+                .flatten()
+                .any(|sha| pinned.eq_ignore_ascii_case(sha));
+            return (!pinned_file).then(|| {
                 format!(
                     "its sha256 {} is not the {pinned} pinned in spec.source.prebuilt.checksums",
                     record.sha256

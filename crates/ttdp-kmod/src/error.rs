@@ -72,7 +72,7 @@ pub enum KmodError {
     },
     /// The kernel only loads signed modules and ours is not signed; nothing was unloaded.
     #[error(
-        "module {module} {version} is not signed and kernel {release} only loads signed modules ({enforcement}); nothing was unloaded: sign the module with a key the host trusts or turn enforcement off"
+        "module {module} {version} is not signed and kernel {release} only loads signed modules ({enforcement}); nothing was unloaded: set spec.module.signing to a Secret with a signing key and certificate, and enroll the certificate on the node (mokutil --import cert.der, reboot, confirm the enrollment in the MOK manager), or turn enforcement off"
     )]
     SignatureRequired {
         /// Module name.
@@ -83,6 +83,55 @@ pub enum KmodError {
         release: String,
         /// What enforces signing, e.g. `sig_enforce=Y` or `lockdown=integrity`.
         enforcement: String,
+    },
+    /// The kernel only loads signed modules and ours is signed by a certificate its key list
+    /// (`/proc/keys`) does not hold; nothing was unloaded.
+    #[error(
+        "module {module} {version} is signed by {signer}, which {distrust}; nothing was unloaded: enroll the certificate on the node (openssl x509 -in tls.crt -outform DER -out cert.der; mokutil --import cert.der; reboot and confirm the enrollment in the MOK manager), or sign with a key the node already trusts"
+    )]
+    SignerNotTrusted {
+        /// Module name.
+        module: String,
+        /// Version concerned.
+        version: String,
+        /// The signer as `modinfo` shows it, and its key (serial number).
+        signer: String,
+        /// Why the kernel is known not to trust it: its release, what enforces signing and the
+        /// key id missing from its key list.
+        distrust: String,
+    },
+    /// The module signing key or its certificate cannot be used (missing, unreadable, not a
+    /// certificate); nothing was built, loaded or unloaded.
+    #[error(
+        "cannot sign modules with the key of {source_name}: {problem}; nothing was loaded or unloaded. Check that it exists and holds tls.key (the private key, PEM) and tls.crt (its certificate, PEM)"
+    )]
+    SigningKeyUnusable {
+        /// Where the key comes from, e.g. `Secret ttdp-system/tt-kmd-signing`.
+        source_name: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The kernel's `sign-file` could not be found for the running kernel.
+    #[error(
+        "no sign-file for kernel {release} (looked at {looked_at}); install linux-headers-{release} (and its linux-kbuild package) on the node, or use a builder image that carries the kernel's kbuild scripts"
+    )]
+    SignFileMissing {
+        /// Running kernel release.
+        release: String,
+        /// The paths tried.
+        looked_at: String,
+    },
+    /// `sign-file` failed, or its output is not signed by the key's certificate.
+    #[error(
+        "signing {} with the key of {source_name} failed: {problem}; nothing was cached, loaded or unloaded. Check that tls.key is the private key of tls.crt", .ko.display()
+    )]
+    SigningFailed {
+        /// The module file.
+        ko: PathBuf,
+        /// Where the key comes from.
+        source_name: String,
+        /// What went wrong.
+        problem: String,
     },
     /// The kernel refused the module (ENOEXEC: not a module for this kernel; EINVAL: invalid, or
     /// the module's own init failed with it).
@@ -437,6 +486,10 @@ impl KmodError {
             Self::PermissionDenied { .. } => "PermissionDenied",
             Self::SignatureRejected { .. } => "SignatureRejected",
             Self::SignatureRequired { .. } => "SignatureRequired",
+            Self::SignerNotTrusted { .. } => "SignerNotTrusted",
+            Self::SigningKeyUnusable { .. } => "SigningKeyUnusable",
+            Self::SignFileMissing { .. } => "SignFileMissing",
+            Self::SigningFailed { .. } => "SigningFailed",
             Self::BadModule { .. } => "BadModule",
             Self::Syscall { .. } => "SyscallFailed",
             Self::HoldersRemain { .. } => "HoldersRemain",

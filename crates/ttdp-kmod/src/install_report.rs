@@ -59,6 +59,11 @@ pub enum CacheOutcome {
         /// Why the old entry was rejected.
         reason: String,
     },
+    /// A verified cache entry was not signed by the signing key: it was signed again in place.
+    Resigned {
+        /// How it was signed before.
+        reason: String,
+    },
 }
 
 /// A `.ko` ready to load, and how it was obtained.

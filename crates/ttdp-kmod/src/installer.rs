@@ -13,7 +13,9 @@ use crate::file_lock::FileLock;
 use crate::install_report::{SwapOptions, SwapOutcome, SwapReport};
 use crate::kernel::Kernel;
 use crate::ko_cache::{CachedKo, KoCache};
-use crate::modinfo::{ModInfo, is_signed};
+use crate::modinfo::ModInfo;
+use crate::module_signature::{SIGNATURE_MARKER, appended_signature};
+use crate::module_signing::SigningConfig;
 use crate::prebuilt::PrebuiltSource;
 use crate::source_build::{BuildOptions, millis};
 use crate::status::{ModuleStatus, loaded_version};
@@ -80,6 +82,8 @@ pub struct ModuleInstaller<K> {
     cache: KoCache,
     config: InstallerConfig,
     prebuilt: Option<Arc<dyn PrebuiltSource>>,
+    /// Where the key every cached module is signed with is, when modules are signed.
+    pub(crate) signing: Option<SigningConfig>,
     /// The last problem putting the udev rule in place or telling udev, for the caller to show.
     pub(crate) udev_problem: Mutex<Option<String>>,
 }
@@ -99,6 +103,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             cache,
             config,
             prebuilt: None,
+            signing: None,
             udev_problem: Mutex::new(None),
         })
     }
@@ -155,6 +160,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             // a module loaded from elsewhere at the same version is not that build
             .filter(|r| r.srcversion.is_none() || r.srcversion == status.srcversion)
             .and_then(|r| r.source_commit);
+        status.signer = self.loaded_signer(&status);
         status.udev_rule = self.installed_udev_rule();
         Ok(status)
     }
@@ -468,17 +474,27 @@ impl<K: Kernel> ModuleInstaller<K> {
     }
 
     /// Fails with [`KmodError::SignatureRequired`] when the host only loads signed modules and
-    /// `ko` is not signed: loading it could only fail, after the working module was unloaded.
+    /// `ko` is not signed, and with [`KmodError::SignerNotTrusted`] when it is signed by the
+    /// policy's key and the kernel's key list shows it does not hold that key: loading it could
+    /// only fail, after the working module was unloaded.
     pub fn check_signature_policy(&self, ko: &CachedKo) -> Result<(), KmodError> {
         let signing = signing_facts(&self.host)?;
-        if signing.unsigned_modules_load() || is_signed(&ko.path)? {
+        if signing.unsigned_modules_load() {
             return Ok(());
         }
+        let bytes = std::fs::read(&ko.path).map_err(|e| KmodError::io("read", &ko.path, e))?;
         let enforcement = match (signing.sig_enforce, signing.lockdown) {
             (Some(true), _) => "sig_enforce=Y".to_string(),
             (_, Some(level)) => format!("lockdown={level:?}").to_lowercase(),
             _ => "signature enforcement".to_string(),
         };
+        if let Ok(Some(signature)) = appended_signature(&bytes) {
+            return self.check_signer_trusted(ko, &signature.signer, &signing, &enforcement);
+        }
+        if bytes.ends_with(SIGNATURE_MARKER) {
+            // a signature this reader cannot follow: the kernel decides
+            return Ok(());
+        }
         Err(KmodError::SignatureRequired {
             module: self.config.module.clone(),
             version: ko.record.version.to_string(),

@@ -12,6 +12,7 @@ use ttdp_hostprobe::HostRoot;
 use crate::KmdVersion;
 use crate::file_lock::FileLock;
 use crate::modinfo::ModInfo;
+use crate::module_signing::RecordedSignature;
 use crate::prebuilt::{CHECKSUM_SUFFIX, FetchedKo, pin_key};
 use crate::source_build::BuiltModule;
 use crate::udev_rule::ShippedUdevRule;
@@ -51,6 +52,9 @@ pub struct KoRecord {
     /// rules.
     #[serde(default)]
     pub udev_rule: ShippedUdevRule,
+    /// Who signed the `.ko`, when it is signed (see [`crate::RecordedSignature`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<RecordedSignature>,
 }
 
 /// A verified cache entry.
@@ -108,7 +112,7 @@ impl KoCache {
         self.entry_dir(release, version).join(KO_FILE_NAME)
     }
 
-    fn entry_dir(&self, release: &str, version: &KmdVersion) -> PathBuf {
+    pub(crate) fn entry_dir(&self, release: &str, version: &KmdVersion) -> PathBuf {
         self.dir.join(release).join(version.as_str())
     }
 
@@ -316,6 +320,7 @@ impl KoCache {
             source_commit: source.commit.map(str::to_string),
             built_at: jiff::Timestamp::now(),
             udev_rule: source.udev_rule,
+            signature: RecordedSignature::of(bytes),
         };
         let dir = self.entry_dir(release, version);
         std::fs::create_dir_all(&dir).map_err(|e| KmodError::io("create", &dir, e))?;
@@ -370,7 +375,7 @@ struct EntrySource<'a> {
 }
 
 /// Writes `dir/name` through a temporary file in `dir`, fsynced, then renamed over the target.
-fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), KmodError> {
+pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), KmodError> {
     let target = dir.join(name);
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
@@ -384,7 +389,7 @@ fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), KmodErro
     Ok(())
 }
 
-fn remove_if_present(path: &Path) -> Result<(), KmodError> {
+pub(crate) fn remove_if_present(path: &Path) -> Result<(), KmodError> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(KmodError::io("remove", path, e)),
         _ => Ok(()),

@@ -22,6 +22,10 @@
 //! - [`SwapJournal`]: what a swap writes down before it unloads a working module, so a process
 //!   stopped half-way leaves which driver the node had; [`ModuleInstaller::resume_swap`] settles
 //!   it (the target from the cache, else the previous version back);
+//! - [`module_signing`]: modules signed with a key the caller names (the kernel's `sign-file`)
+//!   before they are cached, entries signed by another key re-signed, and, where the kernel only
+//!   loads signed modules, a signer it does not list refused before anything is unloaded
+//!   ([`module_signature`] reads who signed a module);
 //! - [`udev_rule`]: the udev rule a version ships, kept in its cache record and put in place
 //!   on the host before every load of that version (the previous one's on a rollback);
 //! - the [`Kernel`] trait: [`RealKernel`] (`finit_module`, `delete_module`, `kill` through nix) and,
@@ -54,7 +58,10 @@ mod install_report;
 mod installer;
 mod kernel;
 mod ko_cache;
+mod ko_signing;
 mod modinfo;
+pub mod module_signature;
+pub mod module_signing;
 pub mod parameters;
 pub mod prebuilt;
 mod rollback;
@@ -83,6 +90,7 @@ pub use installer::{InstallerConfig, MODULE_LOCK_DIR, ModuleInstaller};
 pub use kernel::{Kernel, RealKernel};
 pub use ko_cache::{CACHE_DIR, CacheLookup, CachedKo, KoCache, KoRecord, RECORD_FILE_NAME};
 pub use modinfo::{ModInfo, is_signed};
+pub use module_signing::{RecordedSignature, SigningConfig, SigningKey};
 #[cfg(feature = "sim")]
 pub use sim_host::SimHost;
 #[cfg(feature = "sim")]

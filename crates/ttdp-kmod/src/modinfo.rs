@@ -7,6 +7,7 @@ use std::path::Path;
 
 use crate::KmdVersion;
 use crate::KmodError;
+use crate::module_signature::SIGNATURE_MARKER;
 
 /// The fields of a module's `.modinfo` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -95,9 +96,6 @@ impl ModInfo {
         })
     }
 }
-
-/// The marker the kernel's `sign-file` appends to a signed module.
-const SIGNATURE_MARKER: &[u8] = b"~Module signature appended~\n";
 
 /// Whether the module file at `path` carries an appended signature.
 pub fn is_signed(path: &Path) -> Result<bool, KmodError> {

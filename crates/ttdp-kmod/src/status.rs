@@ -40,6 +40,10 @@ pub struct ModuleStatus {
     /// The udev rule file on the host (see [`crate::udev_rule`]); `None` when there is none.
     /// Filled by [`crate::ModuleInstaller::status`].
     pub udev_rule: Option<crate::udev_rule::InstalledUdevRule>,
+    /// Who signed the loaded module, as `modinfo` shows `signer`: the cache record of the loaded
+    /// version, when its srcversion is the loaded one's. Filled by
+    /// [`crate::ModuleInstaller::status`].
+    pub signer: Option<String>,
 }
 
 impl ModuleStatus {
@@ -81,6 +85,7 @@ impl ModuleStatus {
             applied_parameters: None,
             source_commit: None,
             udev_rule: None,
+            signer: None,
         })
     }
 

@@ -68,6 +68,7 @@ impl SwapJournal {
             applied_parameters: Some(self.previous_parameters.clone()),
             source_commit: None,
             udev_rule: None,
+            signer: None,
         }
     }
 }

@@ -226,6 +226,27 @@ pub const SCENARIOS: &[Scenario] = &[
         // no build in the guest (the cache is seeded); five short agent runs
         timeout: Duration::from_secs(300),
     },
+    Scenario {
+        name: "signing",
+        description: "signed modules by the real ttdp-agent binary (report in a file) with a key \
+                      made in the guest: the seeded stub is signed with the kernel's sign-file, \
+                      modinfo shows the signer, the appended PKCS#7 verifies against the \
+                      certificate (openssl smime), the report names the signer; with \
+                      sig_enforce on, an unsigned module and one signed by a key the kernel does \
+                      not list are refused before anything is unloaded, with the MOK steps, and \
+                      the kernel's own refusal leaves the old module loaded",
+        tests: &[],
+        bins: &[("ttdp-agent", "ttdp-agent")],
+        examples: &[],
+        files: &[],
+        // openssl, kmod's modinfo and the kernel's sign-file (the host's) over 9p
+        host_usr: true,
+        agent_image: false,
+        prebuilt_tree: false,
+        script: "signing.sh",
+        // no build in the guest (the cache is seeded); two key pairs and three short agent runs
+        timeout: Duration::from_secs(300),
+    },
 ];
 
 /// Not a test: `cargo xtask bench` boots it for the real-kernel load and unload times

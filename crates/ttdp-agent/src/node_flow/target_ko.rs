@@ -129,6 +129,7 @@ fn log_ensured(target: &KmdVersion, ensured: &EnsuredKo) {
         CacheOutcome::Hit => "hit".to_string(),
         CacheOutcome::Miss => "miss".to_string(),
         CacheOutcome::Rebuilt { reason } => format!("rebuilt ({reason})"),
+        CacheOutcome::Resigned { reason } => format!("re-signed ({reason})"),
         CacheOutcome::Downloaded { url } => format!("downloaded from {url}"),
     };
     info!(

@@ -1,5 +1,6 @@
-//! `spec.module`: how the tt-kmd module is loaded, today its parameters
-//! (`module.parameters: ["name=value", ...]`, passed to `finit_module`).
+//! `spec.module`: how the tt-kmd module is loaded: its parameters
+//! (`module.parameters: ["name=value", ...]`, passed to `finit_module`) and the key it is signed
+//! with (`module.signing`, for Secure Boot).
 //!
 //! The schema (CEL) checks each entry's shape; [`ModuleSettings::validate`] also refuses a name
 //! given twice, which CEL cannot say cheaply. Values are limited to characters that cannot reach
@@ -24,7 +25,34 @@ pub struct ModuleSettings {
         "spec.module.parameters entries must be name=value: the name an identifier ([A-Za-z_][A-Za-z0-9_]*), the value non-empty with only letters, digits and -_.,:/+@% (no whitespace or shell characters)"
     ))]
     pub parameters: Vec<String>,
+
+    /// Sign every module the agents build or download with this key before it is cached and
+    /// loaded, for nodes whose kernel only loads signed modules (Secure Boot). Unset: modules are
+    /// loaded as built or downloaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing: Option<ModuleSigning>,
 }
+
+/// The key the agents sign modules with: a Secret in the namespace the agents run in (the
+/// operator's), of type `kubernetes.io/tls`, holding the private key as `tls.key` (PEM) and its
+/// X.509 certificate as `tls.crt` (PEM), e.g. made with
+/// `kubectl create secret tls <name> -n <namespace> --key signing.key --cert signing.crt`.
+/// The certificate must be enrolled on the nodes (MOK) for their kernel to trust it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModuleSigning {
+    /// The Secret's name, in the agents' namespace.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')").message(
+        "spec.module.signing.secretName must be a Secret name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+    ))]
+    pub secret_name: String,
+}
+
+/// The key of the private key (PEM) in the signing Secret.
+pub const SIGNING_KEY_FILE: &str = "tls.key";
+/// The key of the certificate (PEM) in the signing Secret.
+pub const SIGNING_CERT_FILE: &str = "tls.crt";
 
 /// A module parameter the schema did not catch.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,7 +68,7 @@ pub enum ModuleParameterError {
 }
 
 impl ModuleSettings {
-    /// Whether nothing is set (the module's defaults).
+    /// Whether no parameters are set (the module's defaults).
     pub fn is_empty(&self) -> bool {
         self.parameters.is_empty()
     }
@@ -97,6 +125,7 @@ mod tests {
     fn settings(params: &[&str]) -> ModuleSettings {
         ModuleSettings {
             parameters: params.iter().map(|p| p.to_string()).collect(),
+            signing: None,
         }
     }
 

@@ -99,7 +99,8 @@ pub struct TenstorrentDriverPolicySpec {
     #[serde(default)]
     pub installer: Installer,
 
-    /// How the module is loaded (its parameters). Unset: the module's defaults.
+    /// How the module is loaded (its parameters) and signed (for Secure Boot). Unset: the
+    /// module's defaults, unsigned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub module: Option<ModuleSettings>,
 

@@ -28,6 +28,10 @@
 //!
 //! `hostPID` is set only with `upgradePolicy.forceUnload`: signalling the processes that hold the
 //! device needs the host's PID namespace; reading `/proc` through the mount above does not.
+//!
+//! With `module.signing`, the Secret it names (in the agents' namespace) is mounted read-only at
+//! `/etc/ttdp/module-signing` (`tls.key`, `tls.crt`, mode 0400): a Secret volume is a tmpfs, so the key
+//! reaches no disk. The controller never reads the Secret; the kubelet mounts it.
 
 use std::collections::BTreeMap;
 
@@ -49,6 +53,9 @@ use ttdp_api::node_selection::NodeSelection;
 use crate::error::Error;
 use crate::pure::builder_images::hashed_images;
 use crate::settings::Settings;
+
+mod module_signing;
+use module_signing::{signing_env, signing_mount, signing_volume};
 
 /// Where the host's root filesystem appears in the agent container.
 pub const HOST_ROOT: &str = "/host";
@@ -284,6 +291,7 @@ fn pod_template(
                 host_volumes()
                     .into_iter()
                     .chain(ca_bundle_volume(policy))
+                    .chain(signing_volume(policy))
                     .collect(),
             ),
             ..Default::default()
@@ -330,6 +338,7 @@ fn agent_container(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Con
             host_mounts()
                 .into_iter()
                 .chain(ca_bundle_mount(policy))
+                .chain(signing_mount(policy))
                 .collect(),
         ),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
@@ -529,6 +538,7 @@ fn agent_env(policy: &TenstorrentDriverPolicy, settings: &Settings) -> Vec<EnvVa
             format!("{CA_BUNDLE_DIR}/{CA_BUNDLE_FILE}"),
         ));
     }
+    vars.extend(signing_env(policy, &settings.namespace));
     // Only when set, like the settings below: a policy without parameters keeps its template
     // hash. The readiness probe reads it too (ready only with the parameters loaded).
     let parameters = policy.spec.kernel_parameters();
@@ -805,6 +815,7 @@ mod tests {
         let mut set = plain.clone();
         set.spec.module = Some(ttdp_api::driver::v1alpha1::ModuleSettings {
             parameters: vec!["reset_limit=5".into(), "debug=1".into()],
+            signing: None,
         });
         let ds = render(&set);
         assert_eq!(
@@ -1157,6 +1168,82 @@ mod tests {
             ha,
             daemonset_template_hash(&render(&paused)).unwrap(),
             "pausing does not"
+        );
+    }
+
+    #[test]
+    fn the_signing_secret_is_mounted_read_only_and_named_to_the_agent() {
+        use super::module_signing::{SIGNING_DIR, SIGNING_VOLUME};
+        use ttdp_api::driver::module_settings::ModuleSigning;
+        let plain = policy("fleet", "2.8.0");
+        let mut signed = plain.clone();
+        signed.spec.module = Some(ttdp_api::driver::v1alpha1::ModuleSettings {
+            parameters: Vec::new(),
+            signing: Some(ModuleSigning {
+                secret_name: "tt-kmd-signing".into(),
+            }),
+        });
+        let ds = render(&signed);
+        let env = env_of(&ds);
+        assert_eq!(
+            env[env::MODULE_SIGNING_DIR].value.as_deref(),
+            Some(SIGNING_DIR)
+        );
+        assert_eq!(
+            env[env::MODULE_SIGNING_SECRET].value.as_deref(),
+            Some(format!("{}/tt-kmd-signing", names::DEFAULT_NAMESPACE).as_str())
+        );
+        let volume = pod_spec(&ds)
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == SIGNING_VOLUME)
+            .expect("the signing volume");
+        let secret = volume.secret.as_ref().expect("a Secret volume");
+        assert_eq!(secret.secret_name.as_deref(), Some("tt-kmd-signing"));
+        assert_eq!(secret.default_mode, Some(0o400), "root alone reads the key");
+        assert_eq!(
+            secret.optional,
+            Some(true),
+            "a missing Secret lets the agent start and say so"
+        );
+        let keys: Vec<&str> = secret
+            .items
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|i| i.key.as_str())
+            .collect();
+        assert_eq!(keys, ["tls.key", "tls.crt"]);
+        assert!(volume.host_path.is_none());
+        let mount = pod_spec(&ds).containers[0]
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.name == SIGNING_VOLUME)
+            .expect("the signing mount");
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            (SIGNING_DIR, Some(true))
+        );
+
+        let unsigned = render(&plain);
+        assert!(!env_of(&unsigned).contains_key(env::MODULE_SIGNING_DIR));
+        assert!(
+            pod_spec(&unsigned)
+                .volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .all(|v| v.name != SIGNING_VOLUME),
+            "no signing, no Secret volume"
+        );
+        assert_ne!(
+            daemonset_template_hash(&ds),
+            daemonset_template_hash(&unsigned),
+            "turning signing on restarts the agents with the key"
         );
     }
 }

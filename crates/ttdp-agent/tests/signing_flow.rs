@@ -1,0 +1,119 @@
+//! The agent with `spec.module.signing` on simulated nodes: a missing Secret fails the node with
+//! `SigningKeyUnusable` naming it and leaves the loaded module alone; with the key, the module
+//! it builds is signed and the report names the signer; where signatures are enforced and the
+//! module is unsigned, nothing is unloaded and the message says how to enroll the key.
+//!
+//! Needs `openssl` and a kernel `sign-file` (installed by `.ci/deps` and `.ci/vm-deps`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Node, Recording};
+use tokio_util::sync::CancellationToken;
+use ttdp_agent::{NodeAgent, NodeKernel};
+use ttdp_api::agent_report::AgentPhase;
+use ttdp_kmod::SigningConfig;
+
+const SECRET: &str = "Secret ttdp-system/tt-kmd-signing (spec.module.signing)";
+
+fn signing_in(dir: &Path) -> SigningConfig {
+    SigningConfig {
+        key: dir.join("tls.key"),
+        cert: dir.join("tls.crt"),
+        source: SECRET.into(),
+    }
+}
+
+fn make_key(dir: &Path, name: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let out = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .arg("-subj")
+        .arg(format!("/CN={name}"))
+        .arg("-keyout")
+        .arg(dir.join("tls.key"))
+        .arg("-out")
+        .arg(dir.join("tls.crt"))
+        .output()
+        .expect("openssl must be installed (.ci/deps)");
+    assert!(out.status.success(), "{out:?}");
+}
+
+fn agent(node: &Node, version: &str, reporter: &Recording) -> NodeAgent<NodeKernel, Recording> {
+    let mut config = node.config(version);
+    config.retry.initial = Duration::from_secs(3600);
+    config.signing = Some(signing_in(&node.dir.path().join("secret")));
+    let kernel = NodeKernel::new(config.kernel, &config.host);
+    NodeAgent::new(config, kernel, reporter.clone()).unwrap()
+}
+
+#[tokio::test]
+async fn a_missing_signing_secret_fails_the_node_naming_it_and_keeps_the_module() {
+    let node = Node::new(&["1.0.0", "2.0.0"]);
+    node.preinstall("1.0.0");
+    let reporter = Recording::default();
+    let mut agent = agent(&node, "2.0.0", &reporter);
+
+    agent.pass(&CancellationToken::new()).await.unwrap();
+
+    assert_eq!(node.loaded().as_deref(), Some("1.0.0"));
+    let failed = reporter.last_report().unwrap();
+    assert_eq!(failed.phase, AgentPhase::Failed);
+    assert_eq!(failed.reason.as_deref(), Some("SigningKeyUnusable"));
+    let message = failed.message.unwrap();
+    assert!(
+        message.contains(SECRET) && message.contains("tls.crt"),
+        "{message}"
+    );
+    assert!(
+        !node.cached().contains(&"2.0.0".to_string()),
+        "nothing unsigned was cached"
+    );
+}
+
+#[tokio::test]
+async fn the_module_built_is_signed_and_the_report_names_the_signer() {
+    let node = Node::new(&["1.0.0"]);
+    make_key(&node.dir.path().join("secret"), "tt-kmd fleet key");
+    let reporter = Recording::default();
+    let mut agent = agent(&node, "1.0.0", &reporter);
+
+    agent.pass(&CancellationToken::new()).await.unwrap();
+
+    assert_eq!(node.loaded().as_deref(), Some("1.0.0"));
+    let ready = reporter.last_report().unwrap();
+    assert_eq!(ready.phase, AgentPhase::Ready, "{ready:?}");
+    assert_eq!(ready.module_signer.as_deref(), Some("tt-kmd fleet key"));
+}
+
+#[tokio::test]
+async fn enforcement_refuses_an_unsigned_module_before_unloading_and_says_how_to_enroll() {
+    let node = Node::new(&["1.0.0", "2.0.0"]);
+    node.preinstall("1.0.0");
+    node.sim.enforce_signatures(true).unwrap();
+    let reporter = Recording::default();
+    let mut config = node.config("2.0.0");
+    config.retry.initial = Duration::from_secs(3600);
+    let kernel = NodeKernel::new(config.kernel, &config.host);
+    let mut agent = NodeAgent::new(config, kernel, reporter.clone()).unwrap();
+
+    agent.pass(&CancellationToken::new()).await.unwrap();
+
+    assert_eq!(node.loaded().as_deref(), Some("1.0.0"));
+    let failed = reporter.last_report().unwrap();
+    assert_eq!(failed.reason.as_deref(), Some("SignatureRequired"));
+    let message = failed.message.unwrap();
+    assert!(
+        message.contains("nothing was unloaded")
+            && message.contains("mokutil --import")
+            && message.contains("spec.module.signing"),
+        "{message}"
+    );
+    assert_eq!(failed.module_signer, None, "the loaded module is unsigned");
+}
