@@ -248,6 +248,12 @@ pub mod env {
     /// The `udevadm` the agent runs to reload udev's rules after putting tt-kmd's rule in place
     /// (default `udevadm` on `PATH`; `none`: write the rule, never run udevadm).
     pub const UDEVADM: &str = "TTDP_UDEVADM";
+    /// How often the agent looks for installed kernels to prepare the target module for and
+    /// prunes the `.ko` cache (default `60s`).
+    pub const KERNEL_SCAN_PERIOD: &str = "TTDP_KERNEL_SCAN_PERIOD";
+    /// The most the `.ko` cache may hold, in bytes, or with a `Ki`, `Mi` or `Gi` suffix
+    /// (default `2Gi`).
+    pub const CACHE_SIZE_LIMIT: &str = "TTDP_CACHE_SIZE_LIMIT";
 }
 
 /// Which compiler built a node's kernel, and the builder images that match it.
