@@ -35,10 +35,11 @@ export TERM=dumb
 
 # Scenarios that build modules get the host's /usr (gcc, make, git, kernel headers) read-only
 # over 9p; /lib and /lib64 already lead into it. Host tools then come before busybox's.
+# A scenario sharing other host folders gets the 9p modules too, and mounts them itself.
+for module in $TTDP_VM_9P_MODULES; do
+  insmod "$TTDP_VM_9P_MODULE_DIR/$module" || echo "ttdp-vm: insmod $module failed"
+done
 if [ "$TTDP_VM_HOST_USR" = 1 ]; then
-  for module in $TTDP_VM_9P_MODULES; do
-    insmod "$TTDP_VM_9P_MODULE_DIR/$module" || echo "ttdp-vm: insmod $module failed"
-  done
   if mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose hostusr /usr; then
     export PATH=/opt/ttdp/bin:/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin
   else

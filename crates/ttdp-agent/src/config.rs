@@ -220,6 +220,41 @@ pub struct AgentConfig {
     /// The `udevadm` run after the udev rule changed (`TTDP_UDEVADM`); `None`: never run.
     /// Never run with a simulated kernel.
     pub udevadm: Option<PathBuf>,
+    /// How often, once the node is Ready, the agent looks again for installed kernels to
+    /// prepare the target's module for, and prunes the cache (`TTDP_KERNEL_SCAN_PERIOD`).
+    pub kernel_scan_period: Duration,
+    /// The most the `.ko` cache may hold, in bytes (`TTDP_CACHE_SIZE_LIMIT`); the running
+    /// kernel's target and loaded versions and each installed kernel's target stay even over it.
+    pub cache_size_limit: u64,
+}
+
+/// The default of [`AgentConfig::cache_size_limit`]: 2 GiB, room for a few versions of a
+/// module for each of a handful of kernels.
+pub const DEFAULT_CACHE_SIZE_LIMIT: u64 = 2 << 30;
+
+/// A size in bytes: a number, optionally followed by `Ki`, `Mi` or `Gi` (`512Mi`, `2Gi`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => s.split_at(at),
+        None => (s, ""),
+    };
+    let shift = match unit {
+        "" => 0,
+        "Ki" => 10,
+        "Mi" => 20,
+        "Gi" => 30,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?}; expected a number of bytes, or Ki, Mi or Gi after it (e.g. 2Gi)"
+            ));
+        }
+    };
+    let number: u64 = digits.parse().map_err(|_| {
+        "expected a number of bytes, or Ki, Mi or Gi after it (e.g. 2Gi)".to_string()
+    })?;
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s} is too large"))
 }
 
 impl AgentConfig {
@@ -254,6 +289,8 @@ impl AgentConfig {
             resync_period: Duration::from_secs(600),
             validation: ValidationConfig::default(),
             udevadm: Some(PathBuf::from("udevadm")),
+            kernel_scan_period: Duration::from_secs(60),
+            cache_size_limit: DEFAULT_CACHE_SIZE_LIMIT,
         }
     }
 
@@ -355,6 +392,17 @@ pub use ttdp_api::duration::parse_duration;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_size("2Gi"), Ok(2 << 30));
+        assert_eq!(parse_size("3Ki"), Ok(3 << 10));
+        for bad in ["", "Gi", "2GB", "-1", "1.5Gi", "99999999999999999999Gi"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn report_targets_parse() {

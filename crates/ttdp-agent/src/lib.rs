@@ -7,6 +7,8 @@
 //! node Events. It is generic over the kernel ([`NodeKernel`]: real or simulated) and over where
 //! it reports ([`Reporter`]: [`KubeReporter`], [`FileReporter`], [`NoReporter`]), so every flow
 //! runs in tests on a temporary host root. [`probe::readiness`] is the exec readiness probe.
+//! Once Ready, [`next_kernels`] prepares the target's module for every other installed kernel in
+//! the background, so a boot into one of them loads it from the cache at once.
 //!
 //! What it must not do: cordon or drain (the controller does), touch any node but its own, change
 //! anything on a host-managed (DKMS) node, unload a working module before the replacement is
@@ -34,6 +36,7 @@ pub mod device_check;
 mod error;
 pub mod grant;
 pub mod labels;
+pub mod next_kernels;
 mod node_flow;
 mod node_kernel;
 pub mod prebuilt_fetch;

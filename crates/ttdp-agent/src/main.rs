@@ -13,7 +13,7 @@ use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use ttdp_agent::config::{
     SERVICE_ACCOUNT_TOKEN, check_grant_enforced, parse_duration, parse_label_value,
-    parse_object_name, parse_validation_command, runs_in_pod,
+    parse_object_name, parse_size, parse_validation_command, runs_in_pod,
 };
 use ttdp_agent::prebuilt_fetch::PrebuiltConfig;
 use ttdp_agent::probe::ProbeChecks;
@@ -280,6 +280,14 @@ struct RunArgs {
     unload_wait: Duration,
     #[command(flatten)]
     validation: ValidationArgs,
+    /// How often, once Ready, installed kernels are looked for again (to build the target
+    /// module for each before the node boots into it) and the .ko cache is pruned.
+    #[arg(long, env = env::KERNEL_SCAN_PERIOD, value_name = "TTDP_KERNEL_SCAN_PERIOD", default_value = "60s", value_parser = parse_duration)]
+    kernel_scan_period: Duration,
+    /// The most the .ko cache may hold (bytes, or with Ki, Mi or Gi); the oldest entries that
+    /// no kernel needs go first.
+    #[arg(long, env = env::CACHE_SIZE_LIMIT, value_name = "TTDP_CACHE_SIZE_LIMIT", default_value = "2Gi", value_parser = parse_size)]
+    cache_size_limit: u64,
     /// How often labels and the report are rewritten even when unchanged.
     #[arg(long, env = env::RESYNC_PERIOD, value_name = "TTDP_RESYNC_PERIOD", default_value = "10m", value_parser = parse_duration)]
     resync_period: Duration,
@@ -350,6 +358,8 @@ impl RunArgs {
         };
         config.unload_wait = self.unload_wait;
         config.resync_period = self.resync_period;
+        config.kernel_scan_period = self.kernel_scan_period;
+        config.cache_size_limit = self.cache_size_limit;
         config.validation = self.validation.config();
         config.validate()?;
         let in_pod = runs_in_pod(

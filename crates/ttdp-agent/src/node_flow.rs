@@ -26,7 +26,9 @@
 //! settled the pass neither labels the node nor treats it as a new one.
 //!
 //! A target found loaded is validated before it is first reported Ready, and a Ready node's
-//! devices are looked at on every pass.
+//! devices are looked at on every pass. Once Ready, the other installed kernels get the
+//! target's module in the background ([`crate::next_kernels`]); the first load of this agent
+//! is recorded in the report's `startLoad` (`start_load`).
 //!
 //! Failures and holders are reported (pod annotation, node Event) and retried with back-off; the
 //! agent never exits on them. It never unloads the module on exit.
@@ -52,6 +54,7 @@ use crate::convergence::{
 };
 use crate::error::AgentError;
 use crate::labels::NodeLabels;
+use crate::next_kernels::NextKernels;
 use crate::prebuilt_fetch::HttpPrebuiltSource;
 use crate::reasons;
 use crate::reporting::{EventKind, Reporter};
@@ -59,6 +62,7 @@ use crate::tt_smi::{TtSmiInstaller, TtSmiOutcome};
 
 mod publishing;
 mod resume;
+mod start_load;
 mod target_ko;
 mod udev_rule;
 mod unload_gate;
@@ -115,6 +119,10 @@ pub struct NodeAgent<K, R> {
     ready_version: Option<String>,
     validated: Option<validate::ValidatedModule>,
     compiler: BuilderCompiler,
+    /// The other installed kernels, prepared in the background once Ready.
+    next_kernels: NextKernels,
+    /// How the module came up at this agent's start (see `start_load`).
+    start: start_load::StartTracker,
 }
 
 impl<K, R> NodeAgent<K, R>
@@ -192,6 +200,8 @@ where
             ready_version: None,
             validated: None,
             compiler,
+            next_kernels: NextKernels::default(),
+            start: start_load::StartTracker::new(),
             config,
         })
     }
@@ -377,7 +387,10 @@ where
         if newly_ready {
             // problems announced before are over: announce them again if they come back
             self.last_event = None;
+            self.settle_start_load();
         }
+        // the node runs its driver: now the kernels it may boot next get theirs
+        self.next_kernels.poll(&self.installer, &self.config);
         let mut message = format!(
             "tt-kmd {} is loaded",
             observation.loaded_version().unwrap_or_default()
@@ -544,7 +557,10 @@ where
             .run_swap(module_lock, status, &target, options, shutdown)
             .await?
         {
-            Ok(report) => self.swapped(report).await,
+            Ok(report) => {
+                self.start.note_swap(&report);
+                self.swapped(report).await;
+            }
             Err(KmodError::InUse { .. }) => {
                 // a holder appeared between the check and the unload
                 if let Ok(status) = self.installer.status() {

@@ -72,3 +72,28 @@ async fn an_image_of_the_kernels_gcc_or_one_that_does_not_say_builds() {
         assert_eq!(report.kernel_compiler.as_deref(), Some("gcc-13"));
     }
 }
+
+#[tokio::test]
+async fn a_verified_cache_hit_loads_whatever_compiler_the_image_has() {
+    let node = Node::new(&["1.0.0", "2.0.0"]);
+    let reporter = Recording::default();
+    let mut builder = agent_on_gcc13(&node, Some(13), &reporter);
+    builder.pass(&CancellationToken::new()).await.unwrap();
+    assert_eq!(node.loaded().as_deref(), Some("2.0.0"));
+    drop(builder);
+    // a reboot: the module is gone, its verified .ko stays in the cache
+    ttdp_kmod::Kernel::unload(&node.kernel(), "tenstorrent").unwrap();
+
+    let reporter = Recording::default();
+    let mut agent = agent_on_gcc13(&node, Some(12), &reporter);
+    agent.pass(&CancellationToken::new()).await.unwrap();
+
+    assert_eq!(
+        node.loaded().as_deref(),
+        Some("2.0.0"),
+        "nothing to build: loaded"
+    );
+    let report = reporter.last_report().unwrap();
+    assert_eq!(report.phase, AgentPhase::Ready, "{report:?}");
+    assert!(reporter.events_with(reasons::COMPILER_MISMATCH).is_empty());
+}

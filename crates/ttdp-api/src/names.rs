@@ -254,6 +254,12 @@ pub mod env {
     pub const MODULE_SIGNING_DIR: &str = "TTDP_MODULE_SIGNING_DIR";
     /// `<namespace>/<name>` of the Secret mounted at [`MODULE_SIGNING_DIR`], for messages.
     pub const MODULE_SIGNING_SECRET: &str = "TTDP_MODULE_SIGNING_SECRET";
+    /// How often the agent looks for installed kernels to prepare the target module for and
+    /// prunes the `.ko` cache (default `60s`).
+    pub const KERNEL_SCAN_PERIOD: &str = "TTDP_KERNEL_SCAN_PERIOD";
+    /// The most the `.ko` cache may hold, in bytes, or with a `Ki`, `Mi` or `Gi` suffix
+    /// (default `2Gi`).
+    pub const CACHE_SIZE_LIMIT: &str = "TTDP_CACHE_SIZE_LIMIT";
 }
 
 /// Which compiler built a node's kernel, and the builder images that match it.

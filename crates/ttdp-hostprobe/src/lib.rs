@@ -5,6 +5,8 @@
 //!
 //! - the running kernel release and the compiler it was built with ([`kernel_release`],
 //!   [`kernel_compiler`], its [`CompilerFamily`]), and the kernel's build tree ([`build_tree`]);
+//! - every kernel installed on the host, the running one and those it may boot next
+//!   ([`installed_kernels`]);
 //! - whether the host manages tt-kmd itself through DKMS ([`detect_host_install`], the spec's
 //!   "Mixed mode" signals);
 //! - the Tenstorrent PCI devices ([`tenstorrent_devices`]), the driver bound to each and the
@@ -30,6 +32,7 @@ mod dkms;
 mod error;
 mod facts;
 mod host_root;
+mod installed_kernels;
 mod kernel;
 mod pci;
 mod signing;
@@ -39,6 +42,9 @@ pub use dkms::{DKMS_SOURCE_PARENT, DKMS_STATE_DIR, DkmsSignal, HostInstall, dete
 pub use error::ProbeError;
 pub use facts::HostFacts;
 pub use host_root::HostRoot;
+pub use installed_kernels::{
+    BOOT_DIR, InstalledKernel, MODULES_DIR, installed_kernels, is_release_name,
+};
 pub use kernel::{
     BuildTree, CompilerFamily, KernelCompiler, OSRELEASE_PATH, PROC_VERSION_PATH, build_tree,
     kernel_compiler, kernel_release,

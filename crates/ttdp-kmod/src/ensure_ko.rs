@@ -16,7 +16,8 @@ use crate::source_build::{BuildOptions, build_module, millis};
 impl<K: Kernel> ModuleInstaller<K> {
     /// Makes sure a verified `.ko` for `version` is in the cache: a verified hit is used as is; a
     /// missing entry is fetched and built; an entry failing verification is removed and rebuilt.
-    /// Holds the cache lock throughout, so two agents on one node never build over each other.
+    /// Holds the entry's lock throughout, so two agents on one node never build it over each
+    /// other.
     /// Never touches the loaded module.
     pub fn ensure_ko(&self, version: &KmdVersion) -> Result<EnsuredKo, KmodError> {
         self.ensure_pinned_ko(version, None)
@@ -39,12 +40,41 @@ impl<K: Kernel> ModuleInstaller<K> {
         version: &KmdVersion,
         commit: Option<&str>,
     ) -> Result<EnsuredKo, KmodError> {
+        self.ensure_entry(self.release(), version, commit, &self.config().build)
+    }
+
+    /// [`ModuleInstaller::ensure_pinned_ko`] for the installed kernel `release`, which need not
+    /// be the running one: a node's next kernel gets its verified `.ko` before it boots into it.
+    /// Built against that kernel's build tree (`build`, whose `build_dir` names it when the host
+    /// root's tree is not used) or downloaded with `release` in the URL, and verified against
+    /// `release` (vermagic) and `version`. Holds only this entry's lock
+    /// ([`KoCache::lock_entry`]), so a build here never delays work on another entry, and never
+    /// touches the loaded module.
+    ///
+    /// [`KoCache::lock_entry`]: crate::KoCache::lock_entry
+    pub fn ensure_ko_for(
+        &self,
+        release: &str,
+        version: &KmdVersion,
+        commit: Option<&str>,
+        build: &BuildOptions,
+    ) -> Result<EnsuredKo, KmodError> {
+        self.ensure_entry(release, version, commit, build)
+    }
+
+    fn ensure_entry(
+        &self,
+        release: &str,
+        version: &KmdVersion,
+        commit: Option<&str>,
+        build: &BuildOptions,
+    ) -> Result<EnsuredKo, KmodError> {
         let started = Instant::now();
-        let (cache, release) = (self.cache(), self.release());
-        let _lock = cache.lock(self.config().cache_lock_timeout)?;
+        let cache = self.cache();
+        let _lock = cache.lock_entry(release, version, self.config().cache_lock_timeout)?;
         // a key that cannot sign fails before anything is built or downloaded
         self.require_signing_key()?;
-        let pins = self.entry_pins(version, commit);
+        let pins = self.entry_pins(release, version, commit);
         let outcome = match cache.lookup(release, version)? {
             CacheLookup::Hit(ko) if let Some(reason) = pins.refusal(&ko.record) => {
                 // cached before the pin (or from a tag since moved): only what is pinned may load
@@ -69,7 +99,7 @@ impl<K: Kernel> ModuleInstaller<K> {
                 CacheOutcome::Rebuilt { reason }
             }
         };
-        if let Some(ko) = self.download_prebuilt(version, &pins)? {
+        if let Some(ko) = self.download_prebuilt(release, version, &pins)? {
             let (ko, _) = self.signed_entry(ko)?;
             let url = ko.record.source_repository.clone();
             return Ok(EnsuredKo {
@@ -82,7 +112,7 @@ impl<K: Kernel> ModuleInstaller<K> {
         }
         let options = BuildOptions {
             commit: commit.map(str::to_string),
-            ..self.config().build.clone()
+            ..build.clone()
         };
         let built = build_module(self.host(), release, version, &options)?;
         self.sign_built(&built)?;
@@ -102,9 +132,19 @@ impl<K: Kernel> ModuleInstaller<K> {
     /// last), so one caught half-written fails verification and gives `None`, as does anything
     /// `ensure_pinned_ko` would fetch, build or evict. Never touches the loaded module.
     pub fn cached_ko(&self, version: &KmdVersion, commit: Option<&str>) -> Option<EnsuredKo> {
+        self.cached_ko_for(self.release(), version, commit)
+    }
+
+    /// [`ModuleInstaller::cached_ko`] for the installed kernel `release`.
+    pub fn cached_ko_for(
+        &self,
+        release: &str,
+        version: &KmdVersion,
+        commit: Option<&str>,
+    ) -> Option<EnsuredKo> {
         let started = Instant::now();
-        let pins = self.entry_pins(version, commit);
-        match self.cache().lookup(self.release(), version) {
+        let pins = self.entry_pins(release, version, commit);
+        match self.cache().lookup(release, version) {
             Ok(CacheLookup::Hit(ko))
                 if pins.refusal(&ko.record).is_none() && self.signed_as_wanted(&ko) =>
             {
@@ -120,14 +160,19 @@ impl<K: Kernel> ModuleInstaller<K> {
         }
     }
 
-    /// The pins a cache entry of `version` must match: `commit`, and the checksum pinned for
-    /// this kernel, if any.
-    fn entry_pins<'a>(&'a self, version: &KmdVersion, commit: Option<&'a str>) -> EntryPins<'a> {
+    /// The pins a cache entry of `version` for `release` must match: `commit`, and the
+    /// checksum pinned for that kernel, if any.
+    fn entry_pins<'a>(
+        &'a self,
+        release: &str,
+        version: &KmdVersion,
+        commit: Option<&'a str>,
+    ) -> EntryPins<'a> {
         EntryPins {
             commit,
             sha256: self
                 .prebuilt()
-                .and_then(|source| source.pins().sha256_for(version, self.release())),
+                .and_then(|source| source.pins().sha256_for(version, release)),
         }
     }
 
@@ -137,13 +182,13 @@ impl<K: Kernel> ModuleInstaller<K> {
     /// not match its checksum.
     fn download_prebuilt(
         &self,
+        release: &str,
         version: &KmdVersion,
         pins: &EntryPins<'_>,
     ) -> Result<Option<CachedKo>, KmodError> {
         let Some(source) = self.prebuilt() else {
             return Ok(None);
         };
-        let release = self.release();
         let trusted =
             pins.sha256.is_some() || (pins.commit.is_none() && source.pins().trust_server_checksum);
         if !trusted {

@@ -24,6 +24,9 @@ pub const CACHE_DIR: &str = "/var/cache/tt-kmd";
 pub const RECORD_FILE_NAME: &str = "tenstorrent.ko.json";
 /// Lock file name, at the top of the cache.
 const LOCK_FILE_NAME: &str = ".lock";
+/// Directory of the per-entry lock files, at the top of the cache: apart from the entries, so
+/// removing an entry never removes a lock another process waits on.
+const ENTRY_LOCK_DIR: &str = ".locks";
 
 /// What the cache knows about one `.ko`: its checksum and where it came from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -119,6 +122,19 @@ impl KoCache {
     /// Takes the cache's exclusive lock, waiting at most `timeout` (another agent may be building).
     pub fn lock(&self, timeout: Duration) -> Result<FileLock, KmodError> {
         FileLock::acquire(&self.dir.join(LOCK_FILE_NAME), timeout)
+    }
+
+    /// Takes the exclusive lock of the entry for `release` and `version`, waiting at most
+    /// `timeout`: whoever builds, stores or removes that entry holds it, so work on one kernel's
+    /// entry never waits for a build of another's.
+    pub fn lock_entry(
+        &self,
+        release: &str,
+        version: &KmdVersion,
+        timeout: Duration,
+    ) -> Result<FileLock, KmodError> {
+        let name = format!("{release}_{}.lock", version.as_str());
+        FileLock::acquire(&self.dir.join(ENTRY_LOCK_DIR).join(name), timeout)
     }
 
     /// Looks up and verifies the entry for `release` and `version`.
@@ -256,7 +272,7 @@ impl KoCache {
     /// Stores a prebuilt module downloaded from a server, after the checks a module built here
     /// passes: the checksum its server published, the checksum the administrator pinned
     /// (`pinned_sha256`, when given), the version its `.modinfo` declares, and its vermagic
-    /// against `release`, the running kernel. A file failing any of them is refused with
+    /// against `release`, the kernel it is for. A file failing any of them is refused with
     /// [`KmodError::PrebuiltRejected`] and nothing is written. Callers hold [`KoCache::lock`].
     pub fn store_prebuilt(
         &self,
@@ -288,7 +304,7 @@ impl KoCache {
             .map_err(|reason| rejected(format!("not a kernel module: {reason}")))?;
         if !info.is_for(version, release) {
             return Err(rejected(format!(
-                "it declares version {} and vermagic {}, expected version {version} for the running kernel {release}",
+                "it declares version {} and vermagic {}, expected version {version} for kernel {release}",
                 info.version().unwrap_or("(none)"),
                 info.vermagic().unwrap_or("(none)"),
             )));
@@ -349,6 +365,63 @@ impl KoCache {
         let dir = self.entry_dir(release, version);
         remove_if_present(&dir.join(RECORD_FILE_NAME))?;
         remove_if_present(&dir.join(KO_FILE_NAME))
+    }
+
+    /// Removes the entry for `release` and `version` whole (its directory, and the release's
+    /// when no entry is left). Callers hold its [`KoCache::lock_entry`].
+    pub fn remove_entry(&self, release: &str, version: &KmdVersion) -> Result<(), KmodError> {
+        let dir = self.entry_dir(release, version);
+        // the record first: what is left of an entry caught half-removed fails verification
+        remove_if_present(&dir.join(RECORD_FILE_NAME))?;
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(KmodError::io("remove", &dir, e));
+            }
+            _ => {}
+        }
+        // fails while other entries remain: that is the point
+        let _ = std::fs::remove_dir(self.dir.join(release));
+        Ok(())
+    }
+
+    /// Kernel releases with a directory in the cache, sorted.
+    pub fn releases(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut releases: Vec<String> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|name| ttdp_hostprobe::is_release_name(name))
+            .collect();
+        releases.sort();
+        releases
+    }
+
+    /// Bytes of the entry for `release` and `version` (its files together).
+    pub fn entry_bytes(&self, release: &str, version: &KmdVersion) -> u64 {
+        std::fs::read_dir(self.entry_dir(release, version))
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter_map(|e| e.metadata().ok())
+                    .filter(std::fs::Metadata::is_file)
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
+    /// When the `.ko` of the entry for `release` and `version` was last written.
+    pub fn entry_written(
+        &self,
+        release: &str,
+        version: &KmdVersion,
+    ) -> Option<std::time::SystemTime> {
+        std::fs::metadata(self.ko_path(release, version))
+            .and_then(|m| m.modified())
+            .ok()
     }
 
     /// Versions with a `.ko` cached for `release` (verified or not), oldest first. A directory

@@ -12,7 +12,9 @@
 //! - [`build_module`]: fetch tag `ttkmd-<version>` from a git repository ([`BuildOptions`]) and
 //!   `make -C /lib/modules/<release>/build M=<src> modules` with a job count and a timeout;
 //! - [`KoCache`]: `/var/cache/tt-kmd/<release>/<version>/tenstorrent.ko`, atomic writes, verified
-//!   hits, a lock serialising agents;
+//!   hits, a lock per entry serialising agents; entries for every installed kernel, not only the
+//!   running one ([`ModuleInstaller::ensure_ko_for`]), and [`prune_plan`] keeping it to the
+//!   installed kernels and under a size limit ([`ModuleInstaller::prune_cache`]);
 //! - [`prebuilt`]: ready-built modules from a server, checked (checksum, version, vermagic)
 //!   before they enter the cache; the caller supplies the download ([`prebuilt::PrebuiltSource`]);
 //! - [`ModuleInstaller`]: ensure the `.ko`, unload (optionally killing holders), load, and
@@ -50,6 +52,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod cache_prune;
 mod ensure_ko;
 mod error;
 mod file_lock;
@@ -80,6 +83,7 @@ mod timed_command;
 pub mod udev_rule;
 mod validated_swap;
 
+pub use cache_prune::{CacheEntry, PruneReason, PruneRules, PrunedEntry, prune_plan};
 pub use error::{KmodError, ResumeProblems};
 pub use file_lock::FileLock;
 pub use holders::{DeviceHolder, chrdev_major, find_device_holders};

@@ -25,6 +25,8 @@ if [ -e "$TREE/.sim-fail-build" ]; then
   exit 2
 fi
 cd "$M"
+# what the priority of a background build is, for the tests to read in the build log
+echo "sim-kbuild: niceness $(nice)"
 srcs=$(ls *.c | grep -v '^tenstorrent\.mod\.c$')
 srcversion=$(cat $srcs | md5sum | cut -c1-24 | tr a-f A-F)
 cat > tenstorrent.mod.c <<MODC
@@ -109,20 +111,73 @@ impl SimHost {
 
     /// Installs (again) the kernel headers: the fake build tree and its `/lib/modules` link.
     pub fn install_headers(&self) -> io::Result<()> {
-        let headers = format!("/usr/src/linux-headers-{}", self.release);
+        self.install_headers_of(&self.release)
+    }
+
+    /// Installs another kernel beside the running one, as a package upgrade does before the
+    /// reboot: its `/lib/modules/<release>` directory, its headers (a fake build tree that
+    /// builds for `release`) when `headers`, and its image `/boot/vmlinuz-<release>` when
+    /// `image`.
+    pub fn add_kernel(&self, release: &str, headers: bool, image: bool) -> io::Result<()> {
+        std::fs::create_dir_all(self.host.path(format!("/lib/modules/{release}/kernel")))?;
+        if headers {
+            self.install_headers_of(release)?;
+        }
+        if image {
+            self.write(
+                &format!("/boot/vmlinuz-{release}"),
+                "simulated kernel image\n",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Removes another kernel: its `/lib/modules/<release>`, its headers and its image.
+    pub fn remove_kernel(&self, release: &str) -> io::Result<()> {
+        for dir in [
+            format!("/lib/modules/{release}"),
+            format!("/usr/src/linux-headers-{release}"),
+        ] {
+            match std::fs::remove_dir_all(self.host.path(dir)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        match std::fs::remove_file(self.host.path(format!("/boot/vmlinuz-{release}"))) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    fn install_headers_of(&self, release: &str) -> io::Result<()> {
+        let headers = format!("/usr/src/linux-headers-{release}");
         self.write(
             &format!("{headers}/Makefile"),
-            &SIM_MAKEFILE.replace("@RELEASE@", &self.release),
+            &SIM_MAKEFILE.replace("@RELEASE@", release),
         )?;
         self.write(&format!("{headers}/scripts/sim-kbuild.sh"), SIM_KBUILD)?;
-        let link = self
-            .host
-            .path(format!("/lib/modules/{}/build", self.release));
+        let link = self.host.path(format!("/lib/modules/{release}/build"));
         std::fs::create_dir_all(link.parent().unwrap_or(Path::new("/")))?;
         if std::fs::symlink_metadata(&link).is_err() {
             std::os::unix::fs::symlink(&headers, &link)?;
         }
         Ok(())
+    }
+
+    /// Makes every later `make modules` against kernel `release`'s build tree fail
+    /// (`fail = true`) or not.
+    pub fn fail_builds_of(&self, release: &str, fail: bool) -> io::Result<()> {
+        let marker = self
+            .host
+            .path(format!("/usr/src/linux-headers-{release}/.sim-fail-build"));
+        if fail {
+            std::fs::write(marker, "")
+        } else {
+            match std::fs::remove_file(marker) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            }
+        }
     }
 
     /// Removes the kernel headers, as on a node without `linux-headers-<release>`.
@@ -139,18 +194,7 @@ impl SimHost {
 
     /// Makes every later `make modules` against this host's build tree fail (`fail = true`) or not.
     pub fn fail_builds(&self, fail: bool) -> io::Result<()> {
-        let marker = self.host.path(format!(
-            "/usr/src/linux-headers-{}/.sim-fail-build",
-            self.release
-        ));
-        if fail {
-            std::fs::write(marker, "")
-        } else {
-            match std::fs::remove_file(marker) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-                _ => Ok(()),
-            }
-        }
+        self.fail_builds_of(&self.release, fail)
     }
 
     /// Makes the simulated kernel enforce module signatures (`sig_enforce=Y`) or not.

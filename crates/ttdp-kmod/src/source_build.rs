@@ -40,6 +40,9 @@ pub struct BuildOptions {
     /// paths, so a pod that mounts the host's `/lib/modules` and `/usr/src` at their own paths
     /// sets this to `/lib/modules/<release>/build`.
     pub build_dir: Option<PathBuf>,
+    /// Run `make` (and the compilers it starts) under `nice -n <niceness>`: a background build
+    /// for a kernel the node does not run yet must not slow what runs now. `None`: as is.
+    pub niceness: Option<u8>,
 }
 
 impl Default for BuildOptions {
@@ -55,6 +58,7 @@ impl Default for BuildOptions {
             make_args: Vec::new(),
             work_dir: None,
             build_dir: None,
+            niceness: None,
         }
     }
 }
@@ -158,7 +162,14 @@ pub fn build_module(
     let fetch_ms = millis(started.elapsed());
     check_pin(options, version, &commit)?;
 
-    let mut make = Command::new("make");
+    let mut make = match options.niceness {
+        Some(niceness) => {
+            let mut nice = Command::new("nice");
+            nice.arg("-n").arg(niceness.to_string()).arg("make");
+            nice
+        }
+        None => Command::new("make"),
+    };
     make.arg("-C")
         .arg(&tree_dir)
         .arg(format!("M={}", src.display()))

@@ -256,7 +256,7 @@ impl<K: Kernel> ModuleInstaller<K> {
     /// module.
     pub fn learn_udev_rule(&self, version: &KmdVersion) -> Result<bool, KmodError> {
         let cache = self.cache();
-        let _lock = cache.lock(self.config().cache_lock_timeout)?;
+        let _lock = cache.lock_entry(self.release(), version, self.config().cache_lock_timeout)?;
         let CacheLookup::Hit(ko) = cache.lookup(self.release(), version)? else {
             return Ok(false);
         };

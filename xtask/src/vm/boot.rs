@@ -46,6 +46,20 @@ pub struct Machine<'a> {
     /// Share this directory (the agent image's root filesystem) read-only over 9p (mount tag
     /// [`AGENT_IMAGE_TAG`]).
     pub agent_image: Option<&'a Path>,
+    /// More host folders shared over 9p.
+    pub shares: &'a [Share],
+}
+
+/// A host folder shared with the guest over 9p.
+#[derive(Debug, Clone)]
+pub struct Share {
+    /// The host folder.
+    pub path: PathBuf,
+    /// Its 9p mount tag.
+    pub tag: &'static str,
+    /// Whether the guest may only read it (else what it writes stays in the host folder, for
+    /// the next boot to see).
+    pub read_only: bool,
 }
 
 /// The 9p mount tag of the agent image's root filesystem (scenario `agent-image` mounts it).
@@ -107,6 +121,7 @@ fn qemu(machine: &Machine<'_>, serial_files: [&Path; 3]) -> Command {
         limit,
         host_usr,
         agent_image,
+        shares,
         ..
     } = *machine;
     let mut qemu = Command::new("timeout");
@@ -138,6 +153,14 @@ fn qemu(machine: &Machine<'_>, serial_files: [&Path; 3]) -> Command {
             "-virtfs",
             &format!("local,path=/usr,mount_tag={HOST_USR_TAG},security_model=none,readonly=on"),
         ]);
+    }
+    for share in shares {
+        let access = if share.read_only { ",readonly=on" } else { "" };
+        qemu.arg("-virtfs").arg(format!(
+            "local,path={},mount_tag={},security_model=none{access}",
+            share.path.display(),
+            share.tag
+        ));
     }
     if let Some(dir) = agent_image {
         // The image's tt-smi bundles native code built for the CPUs of real hosts; TCG's default

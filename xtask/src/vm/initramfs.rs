@@ -45,6 +45,10 @@ pub struct Contents<'a> {
     pub extra_files: &'a [(PathBuf, String)],
     /// More variables for `/etc/ttdp-vm.env`, exported to the scenario.
     pub extra_env: &'a [(String, String)],
+    /// The guest mounts the host's `/usr` (usually the scenario's `host_usr`).
+    pub host_usr: bool,
+    /// The guest mounts a host folder over 9p: its kernel's virtio and 9p modules go in.
+    pub ninep: bool,
 }
 
 /// Builds the initramfs and returns its path.
@@ -77,11 +81,14 @@ pub fn pack(contents: &Contents<'_>) -> Result<PathBuf> {
         &dir.join("stub-repo-work"),
         &stage.join(GUEST_STUB_REPO.trim_start_matches('/')),
     )?;
-    let ninep_names = if contents.scenario.host_usr {
-        prepare_host_usr(contents.kernel, &stage)?
+    let ninep_names = if contents.ninep || contents.host_usr {
+        copy_9p_modules(contents.kernel, &stage)?
     } else {
         Vec::new()
     };
+    if contents.host_usr {
+        link_lib_into_usr(&stage)?;
+    }
     let env = guest_env(contents, &ninep_names);
     std::fs::write(stage.join("etc/ttdp-vm.env"), env).context("writing /etc/ttdp-vm.env")?;
 
@@ -132,9 +139,9 @@ fn copy_files(contents: &Contents<'_>, stage: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Copies the kernel's virtio and 9p modules into `stage` and links `/lib` and `/lib64` into the
-/// `/usr` the guest will mount from the host; returns the modules' file names in load order.
-fn prepare_host_usr(kernel: &Kernel, stage: &Path) -> Result<Vec<String>> {
+/// Copies the kernel's virtio and 9p modules into `stage`; returns their file names in load
+/// order.
+fn copy_9p_modules(kernel: &Kernel, stage: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
     for module in &kernel.ninep_modules {
         let name = module
@@ -149,11 +156,16 @@ fn prepare_host_usr(kernel: &Kernel, stage: &Path) -> Result<Vec<String>> {
         )?;
         names.push(name.to_string());
     }
+    Ok(names)
+}
+
+/// Links `/lib` and `/lib64` into the `/usr` the guest will mount from the host.
+fn link_lib_into_usr(stage: &Path) -> Result<()> {
     // Debian's merged /usr: once the host's /usr is mounted, /lib and /lib64 lead into it.
     std::os::unix::fs::symlink("usr/lib", stage.join("lib")).context("linking /lib to usr/lib")?;
     std::os::unix::fs::symlink("usr/lib64", stage.join("lib64"))
         .context("linking /lib64 to usr/lib64")?;
-    Ok(names)
+    Ok(())
 }
 
 /// Archives `stage` into the gzip cpio `initrd`.
@@ -204,7 +216,7 @@ fn guest_env(contents: &Contents<'_>, ninep_modules: &[String]) -> String {
         ("TTDP_VM_STUB_REPO", GUEST_STUB_REPO.to_string()),
         (
             "TTDP_VM_HOST_USR",
-            if contents.scenario.host_usr { "1" } else { "0" }.to_string(),
+            if contents.host_usr { "1" } else { "0" }.to_string(),
         ),
         ("TTDP_VM_9P_MODULE_DIR", GUEST_9P_MODULE_DIR.to_string()),
         ("TTDP_VM_9P_MODULES", ninep_modules.join(" ")),

@@ -61,8 +61,35 @@ pub fn ensure(cache: &Path, headers: &Headers) -> Result<Kernel> {
     std::fs::create_dir_all(&download)
         .with_context(|| format!("creating {}", download.display()))?;
     let deb = download_image(&download, &release)?;
-    let unpacked = download.join("unpacked");
-    unpack(&deb, &unpacked, &release)?;
+    let kernel = from_image_deb(&deb, &release, &dir)?;
+    std::fs::remove_dir_all(&download)
+        .with_context(|| format!("removing {}", download.display()))?;
+    Ok(kernel)
+}
+
+/// The kernel `release` of the image package `deb` (`linux-image-<release>`), unpacked into
+/// `dir` (`vmlinuz-<release>` and `9p/`) unless it already is.
+pub fn from_image_deb(deb: &Path, release: &str, dir: &Path) -> Result<Kernel> {
+    let vmlinuz = dir.join(format!("vmlinuz-{release}"));
+    let ninep_dir = dir.join("9p");
+    let ninep_modules: Vec<PathBuf> = NINEP_MODULES
+        .iter()
+        .map(|m| ninep_dir.join(module_file_name(m)))
+        .collect();
+    let kernel = Kernel {
+        release: release.to_owned(),
+        vmlinuz: vmlinuz.clone(),
+        ninep_modules: ninep_modules.clone(),
+    };
+    if vmlinuz.is_file() && ninep_modules.iter().all(|m| m.is_file()) {
+        return Ok(kernel);
+    }
+    let unpacked = dir.join("unpacked");
+    if unpacked.exists() {
+        std::fs::remove_dir_all(&unpacked)
+            .with_context(|| format!("removing {}", unpacked.display()))?;
+    }
+    unpack(deb, &unpacked, release)?;
     std::fs::create_dir_all(&ninep_dir)
         .with_context(|| format!("creating {}", ninep_dir.display()))?;
     for (member, module) in NINEP_MODULES.iter().zip(&ninep_modules) {
@@ -73,13 +100,9 @@ pub fn ensure(cache: &Path, headers: &Headers) -> Result<Kernel> {
     let from = unpacked.join(format!("boot/vmlinuz-{release}"));
     std::fs::rename(&from, &vmlinuz)
         .with_context(|| format!("moving {} to {}", from.display(), vmlinuz.display()))?;
-    std::fs::remove_dir_all(&download)
-        .with_context(|| format!("removing {}", download.display()))?;
-    Ok(Kernel {
-        release,
-        vmlinuz,
-        ninep_modules,
-    })
+    std::fs::remove_dir_all(&unpacked)
+        .with_context(|| format!("removing {}", unpacked.display()))?;
+    Ok(kernel)
 }
 
 /// `apt-get download linux-image-<release>` into `download`; returns the `.deb`.

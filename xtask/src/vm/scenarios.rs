@@ -247,6 +247,30 @@ pub const SCENARIOS: &[Scenario] = &[
         // no build in the guest (the cache is seeded); two key pairs and three short agent runs
         timeout: Duration::from_secs(300),
     },
+    Scenario {
+        name: "next-kernel",
+        description: "a node's next kernel prepared before the reboot, by the real ttdp-agent \
+                      binary (report in a file), in two boots sharing the .ko cache over 9p: \
+                      on Debian 12's kernel, with a second 6.1 ABI's headers unpacked beside it, \
+                      the agent loads the stub module it built for the running kernel, then \
+                      builds it in the background for the second kernel (Ready in the report), \
+                      and reports a third kernel without headers Failed/HeadersMissing, the \
+                      loaded module untouched; booted into the second kernel without any \
+                      toolchain, the agent loads the cached module at once (the cache-hit log \
+                      line, startLoad.cacheHit, the time from its start to Ready), and prunes \
+                      the first kernel's entry once that kernel is removed",
+        tests: &[],
+        bins: &[("ttdp-agent", "ttdp-agent")],
+        examples: &[],
+        files: &[],
+        // the first boot builds (the second boots without it: see next_kernel.rs)
+        host_usr: true,
+        agent_image: false,
+        prebuilt_tree: false,
+        script: "next-kernel.sh",
+        // per boot: two in-VM builds in the first (~35 s each on an idle machine)
+        timeout: Duration::from_secs(600),
+    },
 ];
 
 /// Not a test: `cargo xtask bench` boots it for the real-kernel load and unload times

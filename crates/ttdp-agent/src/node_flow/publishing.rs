@@ -103,6 +103,8 @@ where
     /// Publishes `report` when it changed (or a resync is due).
     pub(super) async fn publish_report(&mut self, mut report: AgentReport) {
         report.kernel_compiler = Some(self.compiler.kernel.label_value());
+        report.installed_kernels = self.next_kernels.readiness();
+        report.start_load = self.start.start_load();
         if self.last_report.as_ref() == Some(&report) {
             return;
         }

@@ -28,18 +28,27 @@ where
         observation: &Observation,
         shutdown: &CancellationToken,
     ) -> Result<Result<ttdp_kmod::ModuleStatus, Attempt>, AgentError> {
-        if self.waits_for_builder(observation).await {
-            return Ok(Err(Attempt::Done));
-        }
-        let target = &self.config.target_version;
+        let target = self.config.target_version.clone();
         // a verified hit needs no thread, no cache lock and no new look at the node: the
-        // common case, kept fast
+        // common case, kept fast (the boot into a prepared kernel). It needs no compiler
+        // either: only a rollback `.ko` still to build would.
         if let Some(ensured) = self
             .installer
-            .cached_ko(target, self.config.source_commit.as_deref())
+            .cached_ko(&target, self.config.source_commit.as_deref())
         {
-            log_ensured(target, &ensured);
+            let rollback_to_build = self
+                .installer
+                .cached_rollback_ko(&observation.status, &target)
+                .is_none();
+            if rollback_to_build && self.waits_for_builder(observation).await {
+                return Ok(Err(Attempt::Done));
+            }
+            log_ensured(&target, &ensured);
+            self.start.note_target_ko(true);
             return Ok(Ok(observation.status.clone()));
+        }
+        if self.waits_for_builder(observation).await {
+            return Ok(Err(Attempt::Done));
         }
         if let Some(ended) = self.ensure_target_ko(observation, shutdown).await? {
             return Ok(Err(ended));
@@ -94,6 +103,8 @@ where
             }
         };
         log_ensured(&target, &ensured);
+        self.start
+            .note_target_ko(ensured.cache == CacheOutcome::Hit);
         Ok(None)
     }
 
