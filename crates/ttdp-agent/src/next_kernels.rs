@@ -205,6 +205,7 @@ fn prepare<K: Kernel>(
                 CacheOutcome::Hit => "hit".to_string(),
                 CacheOutcome::Downloaded { url } => format!("downloaded from {url}"),
                 CacheOutcome::Miss | CacheOutcome::Rebuilt { .. } => "built".to_string(),
+                CacheOutcome::Resigned { .. } => "re-signed".to_string(),
             };
             info!(
                 step = "next-kernels",
