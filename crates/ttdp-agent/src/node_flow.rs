@@ -43,7 +43,8 @@ use ttdp_hostprobe::{CompilerFamily, detect_host_install, kernel_compiler, kerne
 use ttdp_kmod::parameters::uninterpreted_values;
 use ttdp_kmod::prebuilt::PrebuiltFallback;
 use ttdp_kmod::{
-    InstallerConfig, Kernel, KmodError, ModuleInstaller, SwapOptions, UdevConfig, UnloadOptions,
+    InstallerConfig, Kernel, KmodError, ModuleInstaller, ModuleStatus, SwapOptions, UdevConfig,
+    UnloadOptions,
 };
 
 use crate::backoff::Backoff;
@@ -529,30 +530,9 @@ where
         };
 
         let mut report = base_report(AgentPhase::Swapping, &target, observation);
-        report.message = Some(match status.loaded_version() {
-            Some(old) if old == target.as_str() => {
-                format!(
-                    "reloading tt-kmd {target} with parameters \"{}\"",
-                    self.config.parameters
-                )
-            }
-            Some(old) => format!("replacing tt-kmd {old} with {target}"),
-            None => format!("loading tt-kmd {target}"),
-        });
+        report.message = Some(self.swap_message(&status, target.as_str()));
         self.publish_report(report).await;
-        let options = SwapOptions {
-            unload: UnloadOptions {
-                force: self.config.force_unload,
-                wait: if self.config.force_unload {
-                    self.config.unload_wait
-                } else {
-                    Duration::ZERO
-                },
-            },
-            params: self.config.parameters.clone(),
-            source_commit: self.config.source_commit.clone(),
-            allow_no_rollback,
-        };
+        let options = self.swap_options(allow_no_rollback);
         match self
             .run_swap(module_lock, status, &target, options, shutdown)
             .await?
@@ -574,6 +554,36 @@ where
             }
         }
         Ok(Attempt::Done)
+    }
+
+    /// What the Swapping report says the swap does.
+    fn swap_message(&self, status: &ModuleStatus, target: &str) -> String {
+        match status.loaded_version() {
+            Some(old) if old == target => format!(
+                "reloading tt-kmd {target} with parameters \"{}\"",
+                self.config.parameters
+            ),
+            Some(old) => format!("replacing tt-kmd {old} with {target}"),
+            None => format!("loading tt-kmd {target}"),
+        }
+    }
+
+    /// The swap's settings from the agent's configuration.
+    fn swap_options(&self, allow_no_rollback: bool) -> SwapOptions {
+        let force = self.config.force_unload;
+        SwapOptions {
+            unload: UnloadOptions {
+                force,
+                wait: if force {
+                    self.config.unload_wait
+                } else {
+                    Duration::ZERO
+                },
+            },
+            params: self.config.parameters.clone(),
+            source_commit: self.config.source_commit.clone(),
+            allow_no_rollback,
+        }
     }
 }
 
