@@ -13,13 +13,12 @@
 
 mod harness;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use harness::{Harness, STEP, agent_pods, condition, node_entry, tt_node};
+use harness::{Harness, STEP, agent_pods, condition, http_get_body, node_entry, tt_node};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -130,17 +129,7 @@ fn kernels_condition(p: &TenstorrentDriverPolicy) -> (String, String, String) {
 
 /// The controller's `/metrics` text.
 fn scrape(address: SocketAddr) -> String {
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2)).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default()
+    http_get_body(address, "/metrics").expect("the metrics endpoint answers")
 }
 
 /// Waits until the metrics text has every line of `lines`.

@@ -15,13 +15,12 @@
 mod harness;
 
 use std::collections::{BTreeSet, HashSet};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{Harness, STEP, condition, helm_binary, tt_node};
+use harness::{Harness, STEP, condition, helm_binary, http_get_body, tt_node};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use ttdp_controller::metrics::Metrics;
@@ -392,19 +391,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A GET on `address` (HTTP/1.0, so the server closes when done); the JSON body.
+/// A GET on `address`; the JSON body.
 fn get_json(address: SocketAddr, path_and_query: &str) -> Option<Value> {
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path_and_query} HTTP/1.0\r\nHost: {address}\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (_, body) = response.split_once("\r\n\r\n")?;
-    serde_json::from_str(body).ok()
+    serde_json::from_str(&http_get_body(address, path_and_query)?).ok()
 }
 
 fn url_encoded(s: &str) -> String {

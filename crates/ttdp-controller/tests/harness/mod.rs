@@ -1240,3 +1240,20 @@ impl Harness {
         }
     }
 }
+
+/// A GET of `path_and_query` on `address` over real HTTP (1.0, so the server closes when done):
+/// the body, or `None` when nothing answers.
+pub fn http_get_body(address: std::net::SocketAddr, path_and_query: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path_and_query} HTTP/1.0\r\nHost: {address}\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (_, body) = response.split_once("\r\n\r\n")?;
+    Some(body.to_owned())
+}
