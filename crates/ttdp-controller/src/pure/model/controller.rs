@@ -170,12 +170,14 @@ pub(super) fn reconcile(w: &mut World) {
     let tried: Vec<String> = (lifting.iter())
         .map(|&k| w.nodes[pass.matched[k]].name.clone())
         .collect();
-    // As `Pass::round`: each landed lift hands its slot on at once; the first part, after the
-    // first lift, records everything else planned. The model lands the lifts in name order.
+    // As `Pass::round`: the first part records everything planned while the lifts are on their
+    // way; then each landed lift hands its slot on at once. The model lands the lifts in name
+    // order.
     let mut lifts = lifting.into_iter();
     let mut first_part = true;
     loop {
-        let next = lifts.next();
+        let next = if first_part { None } else { lifts.next() };
+        let last = !first_part && next.is_none();
         if let Some(k) = next
             && pass.lift(w, k)
         {
@@ -192,7 +194,7 @@ pub(super) fn reconcile(w: &mut World) {
             pass.act(w);
             first_part = false;
         }
-        if next.is_none() {
+        if last {
             break;
         }
     }

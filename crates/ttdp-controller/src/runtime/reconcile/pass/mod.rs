@@ -240,13 +240,16 @@ impl Pass {
         let mut lifted = Vec::new();
         self.send_lifts(&mut lifts, &mut lifted);
         let (mut changes, mut changed_entries, mut released) = (Vec::new(), Vec::new(), 0);
-        // Each lift's freed slot goes on as soon as that lift lands, not with the slowest lift
-        // of the round; the first part, after the first lift, records all else planned. Nodes
-        // changing meanwhile (an agent turning Ready) are taken up while the lifts are on their
-        // way, not after them.
+        // The first part records and starts all else planned while the lifts are on their way;
+        // each lift's freed slot then goes on as soon as that lift lands, not with the slowest
+        // lift of the round. Nodes changing meanwhile (an agent turning Ready) are taken up
+        // while the lifts are on their way, not after them: waiting for even one lift held
+        // every Ready agent's release for that lift's round trip.
         let (mut first_part, mut following) = (true, true);
         loop {
-            let landed = if first_part || !following {
+            let landed = if first_part {
+                Vec::new()
+            } else if !following {
                 act::landed(&mut lifts).await
             } else {
                 match self.landed_or_changed(&mut lifts).await {
