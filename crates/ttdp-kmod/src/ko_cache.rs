@@ -15,6 +15,7 @@ use crate::modinfo::ModInfo;
 use crate::module_signing::RecordedSignature;
 use crate::prebuilt::{CHECKSUM_SUFFIX, FetchedKo, pin_key};
 use crate::source_build::BuiltModule;
+use crate::test_hook::{ENTRY_KO_STORED, RECORD_WRITING, checkpoint};
 use crate::udev_rule::ShippedUdevRule;
 use crate::{KO_FILE_NAME, KmodError};
 
@@ -343,6 +344,7 @@ impl KoCache {
         // a stale record must never describe the new file, even for a moment
         remove_if_present(&dir.join(RECORD_FILE_NAME))?;
         write_atomically(&dir, KO_FILE_NAME, bytes)?;
+        checkpoint(ENTRY_KO_STORED);
         let json = serde_json::to_vec_pretty(&record).map_err(|e| {
             KmodError::io(
                 "encode",
@@ -457,6 +459,9 @@ pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(
     tmp.write_all(bytes)
         .and_then(|()| tmp.as_file().sync_all())
         .map_err(|e| KmodError::io("write", tmp.path(), e))?;
+    if name == RECORD_FILE_NAME {
+        checkpoint(RECORD_WRITING);
+    }
     tmp.persist(&target)
         .map_err(|e| KmodError::io("rename into", &target, e.error))?;
     Ok(())

@@ -17,6 +17,7 @@ use crate::module_signature::ModuleSigner;
 use crate::module_signing::{RecordedSignature, SigningConfig, SigningKey, find_sign_file};
 use crate::source_build::BuiltModule;
 use crate::status::ModuleStatus;
+use crate::test_hook::{RESIGN_COPY_SIGNED, RESIGN_KO_REPLACED, RESIGN_RECORD_REMOVED, checkpoint};
 use crate::{KO_FILE_NAME, RECORD_FILE_NAME};
 
 impl<K: Kernel> ModuleInstaller<K> {
@@ -105,8 +106,11 @@ impl<K: Kernel> ModuleInstaller<K> {
         let bytes =
             std::fs::read(copy.path()).map_err(|e| KmodError::io("read", copy.path(), e))?;
         let record = resigned_record(&ko.record, &bytes, signer);
+        checkpoint(RESIGN_COPY_SIGNED);
         remove_if_present(&dir.join(RECORD_FILE_NAME))?;
+        checkpoint(RESIGN_RECORD_REMOVED);
         write_atomically(&dir, KO_FILE_NAME, &bytes)?;
+        checkpoint(RESIGN_KO_REPLACED);
         self.cache().write_record(&record)?;
         Ok(CachedKo {
             path: dir.join(KO_FILE_NAME),
