@@ -73,6 +73,8 @@ impl<K: Kernel> ModuleInstaller<K> {
         let started = Instant::now();
         let cache = self.cache();
         let _lock = cache.lock_entry(release, version, self.config().cache_lock_timeout)?;
+        // what an agent killed (or a node rebooted) mid-write left; the entry itself is verified below
+        cache.remove_temporaries(release, version)?;
         // a key that cannot sign fails before anything is built or downloaded
         self.require_signing_key()?;
         let pins = self.entry_pins(release, version, commit);

@@ -12,7 +12,7 @@ use crate::KmdVersion;
 use crate::KmodError;
 use crate::installer::ModuleInstaller;
 use crate::kernel::Kernel;
-use crate::ko_cache::{CachedKo, KoRecord, remove_if_present, write_atomically};
+use crate::ko_cache::{CachedKo, KoRecord, TEMPORARY_PREFIX, remove_if_present, write_atomically};
 use crate::module_signature::ModuleSigner;
 use crate::module_signing::{RecordedSignature, SigningConfig, SigningKey, find_sign_file};
 use crate::source_build::BuiltModule;
@@ -98,7 +98,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             .ok_or_else(|| KmodError::io("re-sign", &ko.path, std::io::ErrorKind::NotFound.into()))?
             .to_path_buf();
         let copy = tempfile::Builder::new()
-            .prefix(".resign.")
+            .prefix(&format!("{TEMPORARY_PREFIX}resign."))
             .tempfile_in(&dir)
             .map_err(|e| KmodError::io("create a temporary file in", &dir, e))?;
         std::fs::copy(&ko.path, copy.path()).map_err(|e| KmodError::io("copy", &ko.path, e))?;
