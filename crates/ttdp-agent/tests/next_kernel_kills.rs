@@ -2,7 +2,8 @@
 //! the real binary on a simulated node (`TTDP_KERNEL=sim`) prepares the target's module for a
 //! second installed kernel in the background and is SIGKILLed before the build, in the middle of
 //! `make`, after the `.ko` is stored and while the record is written, or at each step of
-//! re-signing an entry signed by no key. Right after the kill the entry must be absent, whole
+//! re-signing an entry signed by no key (built here, or a prebuilt download whose checksum is
+//! pinned, which must still hold). Right after the kill the entry must be absent, whole
 //! or failing verification (never a file taken as good that is not); the restarted agent must
 //! make it again and report the kernel Ready, with nothing stray left in the entry, no lock
 //! left held, and the loaded module untouched throughout. A node rebooted into that kernel
@@ -444,4 +445,110 @@ fn killed_after_the_signed_ko_replaces_the_old_the_entry_is_invalid_then_remade(
 #[test]
 fn killed_while_the_resigned_record_is_written_the_entry_is_invalid_then_remade() {
     killed_while_resigning(RECORD_WRITING, "invalid");
+}
+
+/// A loopback HTTP server answering `files` (path to body) and 404 otherwise, for as long as
+/// the test runs; returns its base URL.
+fn serve(files: Vec<(String, Vec<u8>)>) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut request = String::new();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            // the headers, up to the blank line
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let path = request.split_whitespace().nth(1).unwrap_or_default();
+            let (status, body) = match files.iter().find(|(p, _)| p == path) {
+                Some((_, body)) => ("200 OK", body.clone()),
+                None => ("404 Not Found", Vec::new()),
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(&body);
+        }
+    });
+    base
+}
+
+/// The re-sign's kill matrix for a prebuilt module whose checksum is pinned: the unsigned
+/// download is re-signed with the node's key; killed at `point`, the entry is left `left`; the
+/// restarted agent makes it whole, signed by the key, still the pinned file before signing,
+/// and reports the kernel Ready.
+fn killed_while_resigning_a_pinned_download(point: &str, left: &str) {
+    let node = node_with_next_kernel(true);
+    let built = ttdp_kmod::build_module(
+        node.host(),
+        NEXT,
+        &v(TARGET),
+        &node.config(TARGET).build_options(NEXT),
+    )
+    .unwrap();
+    let bytes = std::fs::read(&built.ko_path).unwrap();
+    let pinned = hex::encode(Sha256::digest(&bytes));
+    let path = format!("/{TARGET}/{NEXT}/tenstorrent.ko");
+    let base = serve(vec![
+        (path.clone(), bytes),
+        (
+            format!("{path}.sha256"),
+            format!("{pinned}  tenstorrent.ko\n").into_bytes(),
+        ),
+    ]);
+    let url = format!("{base}/{{version}}/{{kernelRelease}}/tenstorrent.ko");
+    let pins = format!(r#"{{"{TARGET}/{NEXT}": "{pinned}"}}"#);
+    let secret = secret_dir(&node);
+    let env = [
+        ("TTDP_MODULE_SIGNING_DIR", secret.to_str().unwrap()),
+        ("TTDP_MODULE_SIGNING_SECRET", "ttdp-system/tt-kmd-signing"),
+        ("TT_KMD_PREBUILT_URL", url.as_str()),
+        ("TT_KMD_PREBUILT_SHA256", pins.as_str()),
+        ("TT_KMD_PREBUILT_ALLOW_INSECURE_HTTP", "true"),
+    ];
+    let loaded = load_identity(&node);
+    let mut killing = env.to_vec();
+    killing.push((KILL_AT_ENV, point));
+    killed(spawn_agent(&node, &killing, "killed.log"), point);
+    assert_eq!(entry_state(&node, NEXT), left, "killed at {point}");
+
+    restart_until_next_ready(&node, &env);
+    let signed = assert_whole_entry(&node, NEXT);
+    assert_eq!(RecordedSignature::of(&signed).unwrap().signer, SIGNER);
+    let record = KoCache::new(node.host()).record(NEXT, &v(TARGET)).unwrap();
+    assert!(record.source_repository.starts_with(&base), "{record:?}");
+    assert_eq!(
+        record.signature.and_then(|s| s.signed_from_sha256),
+        Some(pinned),
+        "the entry is the pinned file, re-signed"
+    );
+    assert_eq!(
+        load_identity(&node),
+        loaded,
+        "the loaded module was touched"
+    );
+}
+
+#[test]
+fn a_pinned_download_killed_after_signing_the_copy_is_resigned_and_still_pinned() {
+    killed_while_resigning_a_pinned_download(RESIGN_COPY_SIGNED, "hit");
+}
+
+#[test]
+fn a_pinned_download_killed_with_its_record_removed_is_fetched_again_and_still_pinned() {
+    killed_while_resigning_a_pinned_download(RESIGN_RECORD_REMOVED, "invalid");
+}
+
+#[test]
+fn a_pinned_download_killed_with_the_signed_ko_in_place_is_fetched_again_and_still_pinned() {
+    killed_while_resigning_a_pinned_download(RESIGN_KO_REPLACED, "invalid");
 }
