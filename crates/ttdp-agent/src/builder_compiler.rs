@@ -41,6 +41,33 @@ impl BuilderCompiler {
     }
 }
 
+/// Why this agent's image (GCC `image_gcc`, `None` when it does not say) must not build ahead
+/// of the reboot for the installed kernel `release` built by `kernel` (`None`: not known, as
+/// for a kernel older than 5.8): `None` when it may. Unlike the running kernel's, a next
+/// kernel's unknown compiler is no mismatch: it is built as before, and a build that fails says
+/// why.
+pub fn next_kernel_mismatch(
+    release: &str,
+    kernel: Option<CompilerFamily>,
+    image_gcc: Option<u32>,
+) -> Option<String> {
+    let (kernel, image) = (kernel?, image_gcc?);
+    if kernel == CompilerFamily::Unknown || kernel.gcc_major() == Some(image) {
+        return None;
+    }
+    let at_boot = match kernel {
+        CompilerFamily::Gcc(major) => format!(
+            "after a boot into it the node's agent runs the gcc {major} builder image (driver.builderImages[\"{major}\"] in the chart) and builds it then, while the node waits"
+        ),
+        CompilerFamily::Clang(_) | CompilerFamily::Unknown => {
+            "no builder image serves this kernel".to_owned()
+        }
+    };
+    Some(format!(
+        "kernel {release} was built by {kernel} and this agent image builds with gcc {image} (the running kernel's), so its module is not built before the reboot; {at_boot}; or use spec.source.prebuilt to have it ready"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,5 +89,24 @@ mod tests {
             "{clang}"
         );
         assert!(check(CompilerFamily::Unknown, Some(12)).is_some());
+    }
+
+    #[test]
+    fn a_next_kernel_mismatches_only_for_a_known_other_compiler() {
+        let release = "6.1.0-58-amd64";
+        let gcc = |major| Some(CompilerFamily::Gcc(major));
+        assert_eq!(next_kernel_mismatch(release, gcc(12), Some(12)), None);
+        assert_eq!(next_kernel_mismatch(release, gcc(13), None), None);
+        assert_eq!(next_kernel_mismatch(release, None, Some(12)), None);
+        let unknown = Some(CompilerFamily::Unknown);
+        assert_eq!(next_kernel_mismatch(release, unknown, Some(12)), None);
+        let other = next_kernel_mismatch(release, gcc(13), Some(12)).unwrap();
+        assert!(
+            other.contains(release)
+                && other.contains("gcc-13")
+                && other.contains("gcc 12")
+                && other.contains("\"13\""),
+            "{other}"
+        );
     }
 }

@@ -19,10 +19,12 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 use ttdp_api::agent_report::{KernelModuleState, KernelReadiness};
-use ttdp_hostprobe::{InstalledKernel, installed_kernels};
+use ttdp_hostprobe::{InstalledKernel, build_tree_compiler, installed_kernels};
 use ttdp_kmod::{CacheOutcome, Kernel, KmdVersion, ModuleInstaller, PruneReason};
 
+use crate::builder_compiler::next_kernel_mismatch;
 use crate::config::AgentConfig;
+use crate::reasons;
 
 /// The `nice` value of background builds: the lowest priority.
 pub const BACKGROUND_NICENESS: u8 = 19;
@@ -198,6 +200,11 @@ fn prepare<K: Kernel>(
     let release = &kernel.release;
     let mut build = config.build_options(release);
     build.niceness = Some(BACKGROUND_NICENESS);
+    if let Some(why) = compiler_mismatch(config, kernel) {
+        warn!(step = "next-kernels", %release, version = %target, %why, "not building for an installed kernel with another compiler than its own");
+        let failure = (reasons::COMPILER_MISMATCH, why);
+        return tracked_as(kernel, KernelModuleState::Failed, Some(failure));
+    }
     info!(step = "next-kernels", %release, version = %target, "preparing the module for an installed kernel");
     match installer.ensure_ko_for(release, target, config.source_commit.as_deref(), &build) {
         Ok(ensured) => {
@@ -227,6 +234,21 @@ fn prepare<K: Kernel>(
             )
         }
     }
+}
+
+/// Why this image must not build for `kernel` (its build tree names another compiler family
+/// than the image's), as the main flow decides for the running kernel; `None` with a prebuilt
+/// server, which needs no compiler.
+fn compiler_mismatch(config: &AgentConfig, kernel: &InstalledKernel) -> Option<String> {
+    if config.prebuilt.is_some() {
+        return None;
+    }
+    let family = kernel
+        .build_tree
+        .usable_dir()
+        .and_then(build_tree_compiler)
+        .map(|c| c.family());
+    next_kernel_mismatch(&kernel.release, family, config.builder_gcc)
 }
 
 /// Prunes the cache to the installed kernels and the size limit, logging what went.

@@ -192,6 +192,53 @@ async fn a_kernel_without_headers_is_reported_with_what_to_install() {
     assert_eq!(node.loaded().as_deref(), Some("2.0.0"));
 }
 
+/// A next kernel built by another GCC than the image's is not built ahead of the reboot: it is
+/// reported as the main flow reports the running kernel, naming both compilers.
+#[tokio::test]
+async fn a_kernel_built_by_another_gcc_is_a_compiler_mismatch_naming_both() {
+    let node = Node::new(&["2.0.0"]);
+    node.sim.add_kernel(NEXT, true, true).unwrap();
+    std::fs::write(
+        node.host()
+            .path(format!("/usr/src/linux-headers-{NEXT}/.config")),
+        "CONFIG_CC_IS_GCC=y\nCONFIG_CC_VERSION_TEXT=\"gcc-13 (Debian 13.2.0-25) 13.2.0\"\n",
+    )
+    .unwrap();
+    let reporter = Recording::default();
+    let mut config = config(&node);
+    // the running kernel's banner names GCC 12: the main flow builds
+    config.builder_gcc = Some(12);
+    let mut agent = agent(config, &reporter);
+
+    passes_until(
+        &mut agent,
+        &reporter,
+        Duration::from_secs(60),
+        "the next kernel Failed",
+        |r| {
+            r.phase == AgentPhase::Ready
+                && r.installed_kernels
+                    .iter()
+                    .any(|k| k.state == KernelModuleState::Failed)
+        },
+    )
+    .await;
+    let failed = kernels(&reporter).pop().unwrap();
+    assert_eq!(failed.release, NEXT);
+    assert_eq!(failed.reason.as_deref(), Some("CompilerMismatch"));
+    let message = failed.message.unwrap_or_default();
+    assert!(
+        message.contains("gcc-13") && message.contains("gcc 12") && message.contains(NEXT),
+        "{message}"
+    );
+    assert_eq!(
+        KoCache::new(node.host()).lookup(NEXT, &v("2.0.0")).unwrap(),
+        ttdp_kmod::CacheLookup::Miss,
+        "nothing was built for it"
+    );
+    assert_eq!(node.loaded().as_deref(), Some("2.0.0"));
+}
+
 #[tokio::test]
 async fn the_main_flow_never_waits_for_a_background_build() {
     let node = Node::new(&["2.0.0"]);

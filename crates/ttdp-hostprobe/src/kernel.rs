@@ -137,6 +137,27 @@ fn strip_parenthesised(text: &str) -> String {
     kept
 }
 
+/// The compiler an installed kernel was built with, from the `.config` of its build tree
+/// `tree_dir` (a local path): its `CONFIG_CC_VERSION_TEXT` line, which kernels since 5.8 write.
+/// `None` when the file or the line is missing (the compiler is then not known, not another).
+pub fn build_tree_compiler(tree_dir: &std::path::Path) -> Option<KernelCompiler> {
+    let config = std::fs::read_to_string(tree_dir.join(".config")).ok()?;
+    compiler_from_config(&config)
+}
+
+/// Parses `CONFIG_CC_VERSION_TEXT="gcc-12 (Debian 12.2.0-14) 12.2.0"` out of a kernel `.config`.
+fn compiler_from_config(config: &str) -> Option<KernelCompiler> {
+    let value = config
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("CONFIG_CC_VERSION_TEXT="))?;
+    let description = value.trim().trim_matches('"').trim().to_string();
+    let command = description.split_whitespace().next()?.to_string();
+    Some(KernelCompiler {
+        description,
+        command,
+    })
+}
+
 /// The compiler named in the host's `/proc/version`, `None` when the file or the field is missing.
 pub fn kernel_compiler(host: &HostRoot) -> Result<Option<KernelCompiler>, ProbeError> {
     Ok(read_optional(&host.path(PROC_VERSION_PATH))?
@@ -261,6 +282,23 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("host root is mounted"), "{err}");
+    }
+
+    #[test]
+    fn an_installed_kernels_compiler_is_read_from_its_config() {
+        let config = "CONFIG_CC_IS_GCC=y\nCONFIG_CC_VERSION_TEXT=\"gcc-13 (Debian 13.2.0-25) 13.2.0\"\nCONFIG_GCC_VERSION=130200\n";
+        let compiler = compiler_from_config(config).unwrap();
+        assert_eq!(compiler.description, "gcc-13 (Debian 13.2.0-25) 13.2.0");
+        assert_eq!(compiler.command, "gcc-13");
+        assert_eq!(compiler.family(), CompilerFamily::Gcc(13));
+        assert_eq!(compiler_from_config("CONFIG_CC_IS_GCC=y\n"), None);
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(build_tree_compiler(dir.path()), None);
+        std::fs::write(dir.path().join(".config"), config).unwrap();
+        assert_eq!(
+            build_tree_compiler(dir.path()).map(|c| c.family()),
+            Some(CompilerFamily::Gcc(13))
+        );
     }
 
     #[test]

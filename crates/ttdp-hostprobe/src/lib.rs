@@ -47,7 +47,7 @@ pub use installed_kernels::{
 };
 pub use kernel::{
     BuildTree, CompilerFamily, KernelCompiler, OSRELEASE_PATH, PROC_VERSION_PATH, build_tree,
-    kernel_compiler, kernel_release,
+    build_tree_compiler, kernel_compiler, kernel_release,
 };
 pub use pci::{PCI_DEVICES_DIR, PciDevice, TENSTORRENT_VENDOR_ID, tenstorrent_devices};
 pub use signing::{

@@ -12,6 +12,7 @@ use crate::kernel::Kernel;
 use crate::ko_cache::{CacheLookup, CachedKo, KoRecord};
 use crate::prebuilt::{PrebuiltFallback, PrebuiltFetchError, pin_key};
 use crate::source_build::{BuildOptions, build_module, millis};
+use crate::test_hook::{ENTRY_BEFORE_BUILD, checkpoint};
 
 impl<K: Kernel> ModuleInstaller<K> {
     /// Makes sure a verified `.ko` for `version` is in the cache: a verified hit is used as is; a
@@ -72,6 +73,8 @@ impl<K: Kernel> ModuleInstaller<K> {
         let started = Instant::now();
         let cache = self.cache();
         let _lock = cache.lock_entry(release, version, self.config().cache_lock_timeout)?;
+        // what an agent killed (or a node rebooted) mid-write left; the entry itself is verified below
+        cache.remove_temporaries(release, version)?;
         // a key that cannot sign fails before anything is built or downloaded
         self.require_signing_key()?;
         let pins = self.entry_pins(release, version, commit);
@@ -99,6 +102,7 @@ impl<K: Kernel> ModuleInstaller<K> {
                 CacheOutcome::Rebuilt { reason }
             }
         };
+        checkpoint(ENTRY_BEFORE_BUILD);
         if let Some(ko) = self.download_prebuilt(release, version, &pins)? {
             let (ko, _) = self.signed_entry(ko)?;
             let url = ko.record.source_repository.clone();

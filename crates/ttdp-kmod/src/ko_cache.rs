@@ -15,6 +15,7 @@ use crate::modinfo::ModInfo;
 use crate::module_signing::RecordedSignature;
 use crate::prebuilt::{CHECKSUM_SUFFIX, FetchedKo, pin_key};
 use crate::source_build::BuiltModule;
+use crate::test_hook::{ENTRY_KO_STORED, RECORD_WRITING, checkpoint};
 use crate::udev_rule::ShippedUdevRule;
 use crate::{KO_FILE_NAME, KmodError};
 
@@ -22,6 +23,9 @@ use crate::{KO_FILE_NAME, KmodError};
 pub const CACHE_DIR: &str = "/var/cache/tt-kmd";
 /// Sidecar file name, next to the `.ko`.
 pub const RECORD_FILE_NAME: &str = "tenstorrent.ko.json";
+/// How the name of every temporary file written in a cache entry starts: a `.ko` or record
+/// before its rename, a copy being re-signed. No file of a whole entry starts so.
+pub const TEMPORARY_PREFIX: &str = ".";
 /// Lock file name, at the top of the cache.
 const LOCK_FILE_NAME: &str = ".lock";
 /// Directory of the per-entry lock files, at the top of the cache: apart from the entries, so
@@ -135,6 +139,35 @@ impl KoCache {
     ) -> Result<FileLock, KmodError> {
         let name = format!("{release}_{}.lock", version.as_str());
         FileLock::acquire(&self.dir.join(ENTRY_LOCK_DIR).join(name), timeout)
+    }
+
+    /// Removes the temporary files left in the entry for `release` and `version` by a process
+    /// killed before it renamed them into place (a `.ko` or record on its way in, a copy being
+    /// re-signed; each named with a leading [`TEMPORARY_PREFIX`]), and returns how many went.
+    /// The cache is on the host and outlives the agent: without this every kill or reboot in
+    /// the middle of a write would leave a module-sized file for good. Callers hold the entry's
+    /// [`KoCache::lock_entry`], so no live writer owns one of them.
+    pub fn remove_temporaries(
+        &self,
+        release: &str,
+        version: &KmdVersion,
+    ) -> Result<usize, KmodError> {
+        let dir = self.entry_dir(release, version);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(0);
+        };
+        let mut removed = 0;
+        for entry in entries.filter_map(Result::ok) {
+            let is_temporary = entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.starts_with(TEMPORARY_PREFIX));
+            if is_temporary && entry.file_type().is_ok_and(|t| t.is_file()) {
+                remove_if_present(&entry.path())?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// Looks up and verifies the entry for `release` and `version`.
@@ -343,6 +376,7 @@ impl KoCache {
         // a stale record must never describe the new file, even for a moment
         remove_if_present(&dir.join(RECORD_FILE_NAME))?;
         write_atomically(&dir, KO_FILE_NAME, bytes)?;
+        checkpoint(ENTRY_KO_STORED);
         let json = serde_json::to_vec_pretty(&record).map_err(|e| {
             KmodError::io(
                 "encode",
@@ -451,12 +485,15 @@ struct EntrySource<'a> {
 pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), KmodError> {
     let target = dir.join(name);
     let mut tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
+        .prefix(&format!("{TEMPORARY_PREFIX}{name}."))
         .tempfile_in(dir)
         .map_err(|e| KmodError::io("create a temporary file in", dir, e))?;
     tmp.write_all(bytes)
         .and_then(|()| tmp.as_file().sync_all())
         .map_err(|e| KmodError::io("write", tmp.path(), e))?;
+    if name == RECORD_FILE_NAME {
+        checkpoint(RECORD_WRITING);
+    }
     tmp.persist(&target)
         .map_err(|e| KmodError::io("rename into", &target, e.error))?;
     Ok(())

@@ -12,11 +12,12 @@ use crate::KmdVersion;
 use crate::KmodError;
 use crate::installer::ModuleInstaller;
 use crate::kernel::Kernel;
-use crate::ko_cache::{CachedKo, KoRecord, remove_if_present, write_atomically};
+use crate::ko_cache::{CachedKo, KoRecord, TEMPORARY_PREFIX, remove_if_present, write_atomically};
 use crate::module_signature::ModuleSigner;
 use crate::module_signing::{RecordedSignature, SigningConfig, SigningKey, find_sign_file};
 use crate::source_build::BuiltModule;
 use crate::status::ModuleStatus;
+use crate::test_hook::{RESIGN_COPY_SIGNED, RESIGN_KO_REPLACED, RESIGN_RECORD_REMOVED, checkpoint};
 use crate::{KO_FILE_NAME, RECORD_FILE_NAME};
 
 impl<K: Kernel> ModuleInstaller<K> {
@@ -97,7 +98,7 @@ impl<K: Kernel> ModuleInstaller<K> {
             .ok_or_else(|| KmodError::io("re-sign", &ko.path, std::io::ErrorKind::NotFound.into()))?
             .to_path_buf();
         let copy = tempfile::Builder::new()
-            .prefix(".resign.")
+            .prefix(&format!("{TEMPORARY_PREFIX}resign."))
             .tempfile_in(&dir)
             .map_err(|e| KmodError::io("create a temporary file in", &dir, e))?;
         std::fs::copy(&ko.path, copy.path()).map_err(|e| KmodError::io("copy", &ko.path, e))?;
@@ -105,8 +106,11 @@ impl<K: Kernel> ModuleInstaller<K> {
         let bytes =
             std::fs::read(copy.path()).map_err(|e| KmodError::io("read", copy.path(), e))?;
         let record = resigned_record(&ko.record, &bytes, signer);
+        checkpoint(RESIGN_COPY_SIGNED);
         remove_if_present(&dir.join(RECORD_FILE_NAME))?;
+        checkpoint(RESIGN_RECORD_REMOVED);
         write_atomically(&dir, KO_FILE_NAME, &bytes)?;
+        checkpoint(RESIGN_KO_REPLACED);
         self.cache().write_record(&record)?;
         Ok(CachedKo {
             path: dir.join(KO_FILE_NAME),

@@ -92,7 +92,9 @@ pub use install_report::{
 };
 pub use installer::{InstallerConfig, MODULE_LOCK_DIR, ModuleInstaller};
 pub use kernel::{Kernel, RealKernel};
-pub use ko_cache::{CACHE_DIR, CacheLookup, CachedKo, KoCache, KoRecord, RECORD_FILE_NAME};
+pub use ko_cache::{
+    CACHE_DIR, CacheLookup, CachedKo, KoCache, KoRecord, RECORD_FILE_NAME, TEMPORARY_PREFIX,
+};
 pub use modinfo::{ModInfo, is_signed};
 pub use module_signing::{RecordedSignature, SigningConfig, SigningKey};
 #[cfg(feature = "sim")]

@@ -11,6 +11,13 @@
 //! The points of [`crate::ModuleInstaller::swap`] are [`BEFORE_UNLOAD`], [`AFTER_UNLOAD`] and
 //! [`AFTER_LOAD`] (the new module is loaded and verified; the caller has not labelled the node);
 //! a failed post-load validation's rollback has [`VALIDATION_ROLLBACK`].
+//!
+//! The points of a cache entry being made (under the entry's own lock, by the main flow or the
+//! background task preparing a next kernel's module) are [`ENTRY_BEFORE_BUILD`],
+//! [`ENTRY_KO_STORED`] and [`RECORD_WRITING`]; those of a cache entry being re-signed are
+//! [`RESIGN_COPY_SIGNED`], [`RESIGN_RECORD_REMOVED`], [`RESIGN_KO_REPLACED`] and
+//! [`RECORD_WRITING`]. A process killed at any of them leaves an entry that is absent, whole, or
+//! fails verification (and is made again), never one taken as good that is not.
 
 #[cfg(feature = "test-hooks")]
 use std::path::Path;
@@ -36,6 +43,23 @@ pub const AFTER_LOAD: &str = "after-load";
 /// The new module failed its post-load validation and is unloaded; the previous one is not
 /// loaded back yet (module lock held).
 pub const VALIDATION_ROLLBACK: &str = "validation-rollback";
+
+/// A cache entry is to be fetched or built: its lock is held, what was there is verified
+/// missing or evicted, nothing is downloaded or built yet.
+pub const ENTRY_BEFORE_BUILD: &str = "entry-before-build";
+/// A new `.ko` is renamed into its cache entry; its record is not written yet (the old one was
+/// removed first).
+pub const ENTRY_KO_STORED: &str = "entry-ko-stored";
+/// A cache entry's record is written to a temporary file in the entry and synced, not yet
+/// renamed into place (a new entry, a re-signed one, or a record rewritten).
+pub const RECORD_WRITING: &str = "record-writing";
+/// A cache entry's re-signed copy is written and signed as a temporary file in the entry; the
+/// entry itself is untouched.
+pub const RESIGN_COPY_SIGNED: &str = "resign-copy-signed";
+/// A cache entry being re-signed has lost its old record; its old `.ko` is still in place.
+pub const RESIGN_RECORD_REMOVED: &str = "resign-record-removed";
+/// A cache entry's re-signed `.ko` is renamed into place; its new record is not written yet.
+pub const RESIGN_KO_REPLACED: &str = "resign-ko-replaced";
 
 /// Reached `point`: SIGKILLs or pauses the process when a test asked for it, else does nothing.
 pub fn checkpoint(point: &str) {
