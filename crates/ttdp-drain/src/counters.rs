@@ -13,6 +13,7 @@ pub struct DrainCounters {
     budget_blocks: AtomicU64,
     request_errors: AtomicU64,
     pods_gone: AtomicU64,
+    daemonset_lookups: AtomicU64,
 }
 
 /// The values of [`DrainCounters`] at one moment.
@@ -32,6 +33,8 @@ pub struct CounterSnapshot {
     pub request_errors: u64,
     /// Removed pods seen gone.
     pub pods_gone: u64,
+    /// DaemonSets looked up on the API server (see [`crate::DaemonSetsSeen`]).
+    pub daemonset_lookups: u64,
 }
 
 /// Which counter to bump.
@@ -44,6 +47,7 @@ pub(crate) enum Counter {
     BudgetBlock,
     RequestError,
     PodGone,
+    DaemonSetLookup,
 }
 
 impl DrainCounters {
@@ -56,6 +60,7 @@ impl DrainCounters {
             Counter::BudgetBlock => &self.budget_blocks,
             Counter::RequestError => &self.request_errors,
             Counter::PodGone => &self.pods_gone,
+            Counter::DaemonSetLookup => &self.daemonset_lookups,
         };
         cell.fetch_add(1, Ordering::Relaxed);
     }
@@ -71,6 +76,7 @@ impl DrainCounters {
             budget_blocks: get(&self.budget_blocks),
             request_errors: get(&self.request_errors),
             pods_gone: get(&self.pods_gone),
+            daemonset_lookups: get(&self.daemonset_lookups),
         }
     }
 }

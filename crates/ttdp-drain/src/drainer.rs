@@ -24,6 +24,7 @@ use crate::cordon::{
     uncordon_with,
 };
 use crate::counters::{Counter, CounterSnapshot, DrainCounters};
+use crate::daemonsets_seen::DaemonSetsSeen;
 use crate::error::DrainError;
 use crate::event::{DrainEvent, DrainEventKind, EventSink, Pass, Removal};
 use crate::node_patch::ExtrasFor;
@@ -94,6 +95,7 @@ pub struct Drainer {
     client: Client,
     events: Option<EventSink>,
     counters: Arc<DrainCounters>,
+    daemonsets_seen: DaemonSetsSeen,
 }
 
 impl fmt::Debug for Drainer {
@@ -112,12 +114,21 @@ impl Drainer {
             client,
             events: None,
             counters: Arc::default(),
+            daemonsets_seen: DaemonSetsSeen::fresh_for(Duration::ZERO),
         }
     }
 
     /// Deliver progress events to `sink`.
     pub fn with_events(mut self, sink: EventSink) -> Self {
         self.events = Some(sink);
+        self
+    }
+
+    /// Share with other drainers the DaemonSets their drains found, so that a fleet's drains
+    /// look each one up once in a while, not once per node. Without it every drain looks up
+    /// the DaemonSets of its node's pods.
+    pub fn with_daemonsets_seen(mut self, seen: DaemonSetsSeen) -> Self {
+        self.daemonsets_seen = seen;
         self
     }
 
@@ -221,9 +232,17 @@ impl Drainer {
             .collect();
         let mut failed = BTreeMap::new();
         for key in wanted {
+            if self.daemonsets_seen.known(&key) {
+                daemonsets.insert(key, true);
+                continue;
+            }
             let api: Api<DaemonSet> = Api::namespaced(self.client.clone(), &key.namespace);
+            self.counters.bump(Counter::DaemonSetLookup);
             match api.get_opt(&key.name).await {
                 Ok(found) => {
+                    if found.is_some() {
+                        self.daemonsets_seen.found(&key);
+                    }
                     daemonsets.insert(key, found.is_some());
                 }
                 Err(e) => {

@@ -118,6 +118,7 @@ pub mod classify;
 mod completion;
 mod cordon;
 mod counters;
+mod daemonsets_seen;
 mod device;
 mod drainer;
 mod error;
@@ -144,6 +145,7 @@ pub use cordon::{
     uncordon_with,
 };
 pub use counters::{CounterSnapshot, DrainCounters};
+pub use daemonsets_seen::DaemonSetsSeen;
 pub use device::DevicePredicate;
 pub use drainer::{DrainOptions, Drainer, OnRefused};
 pub use error::DrainError;

@@ -15,9 +15,9 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use support::{Harness, fast, labels, with};
 use ttdp_drain::{
-    CordonOutcome, CordonOwner, DevicePredicate, Disposition, DrainError, DrainEventKind,
-    DrainOptions, Drainer, EventSink, NodePatchExtras, ObjectKey, Pass, PodRules, Reason, Removal,
-    StuckReason, TwoPassDrain, UncordonOutcome,
+    CordonOutcome, CordonOwner, DaemonSetsSeen, DevicePredicate, Disposition, DrainError,
+    DrainEventKind, DrainOptions, Drainer, EventSink, NodePatchExtras, ObjectKey, Pass, PodRules,
+    Reason, Removal, StuckReason, TwoPassDrain, UncordonOutcome,
 };
 use ttdp_selector::Selector;
 use ttdp_testkit::faults::Fault;
@@ -1204,6 +1204,41 @@ async fn a_device_pass_that_removes_nothing_hands_its_reads_to_the_full_node_pas
     assert!(report.device.evicted.is_empty());
     assert_eq!(names(&report.full_node.unwrap().evicted), set(&["n2-ml"]));
     assert_eq!(h.pod_names("n2").await, set(&["n2-agent"]));
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn drains_that_share_what_they_found_read_a_daemonset_once() {
+    let h = Harness::start(&["n1", "n2", "n3"]).await;
+    let ds = h.owner("DaemonSet", "ttdrv-default").await;
+    for node in ["n1", "n2", "n3"] {
+        h.pod(node, &format!("{node}-agent"), ds.clone()).await;
+    }
+    let drain = |drainer: Drainer, node: &'static str| {
+        let node = h.n(node);
+        async move {
+            let report = drainer.drain(&node, &fast(all_flags())).await.unwrap();
+            assert!(report.evicted.is_empty() && report.deleted.is_empty());
+            drainer.counters().daemonset_lookups
+        }
+    };
+
+    // Each drain on its own reads the DaemonSet of its node's agent pod.
+    h.proxy.recorder().clear();
+    assert_eq!(drain(h.drainer(), "n1").await, 1);
+    assert_eq!(drain(h.drainer(), "n2").await, 1);
+    assert_eq!(reads(&h), (2, 2));
+
+    // Drains sharing what they found read it once, and skip its pods all the same.
+    let seen = DaemonSetsSeen::default();
+    h.proxy.recorder().clear();
+    for node in ["n1", "n2", "n3"] {
+        drain(h.drainer().with_daemonsets_seen(seen.clone()), node).await;
+    }
+    assert_eq!(reads(&h), (3, 1));
+    for node in ["n1", "n2", "n3"] {
+        assert_eq!(h.pod_names(node).await, set(&[&format!("{node}-agent")]));
+    }
     h.shutdown().await;
 }
 

@@ -20,7 +20,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 use ttdp_drain::{
-    CompletionWait, DrainError, DrainEventKind, Drainer, EventSink, TwoPassDrain, TwoPassReport,
+    CompletionWait, DaemonSetsSeen, DrainError, DrainEventKind, Drainer, EventSink, TwoPassDrain,
+    TwoPassReport,
 };
 
 use crate::pure::drain_plan::NodeDrain;
@@ -46,6 +47,9 @@ struct Entry {
 pub struct DrainTracker {
     entries: Arc<Mutex<HashMap<Key, Entry>>>,
     slots: Arc<Semaphore>,
+    /// The DaemonSets the drains found: a rollout's nodes run the same few, looked up once in
+    /// a while rather than once per node.
+    daemonsets_seen: DaemonSetsSeen,
 }
 
 impl Default for DrainTracker {
@@ -53,6 +57,7 @@ impl Default for DrainTracker {
         Self {
             entries: Arc::default(),
             slots: Arc::new(Semaphore::new(MAX_CONCURRENT_DRAINS)),
+            daemonsets_seen: DaemonSetsSeen::default(),
         }
     }
 }
@@ -262,7 +267,9 @@ impl DrainTracker {
             message: "draining".into(),
         }));
         let sink = progress_sink(progress.clone(), wake.clone());
-        let drainer = Drainer::new(client.clone()).with_events(sink);
+        let drainer = Drainer::new(client.clone())
+            .with_events(sink)
+            .with_daemonsets_seen(self.daemonsets_seen.clone());
         let node_name = node.to_owned();
         let task_progress = progress.clone();
         let slots = self.slots.clone();
