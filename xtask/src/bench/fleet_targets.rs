@@ -225,6 +225,30 @@ fn render_handoff_paths(results: &[Value]) -> String {
     out
 }
 
+/// What the API server handled per node upgraded in each run, every client's requests: the
+/// kinds that took the most of its time, with their count and time per node.
+fn render_server_mix(results: &[Value]) -> String {
+    let mut out = String::from(
+        "\nWhat the API server handled per node upgraded (every client; requests, server time):\n\n\
+         | TT nodes | the eight kinds with the most server time |\n|---|---|\n",
+    );
+    for f in suites(results, "fleet").filter(|f| f["completed"] == true) {
+        let Some(mix) = f["server_requests_per_node"].as_object() else {
+            continue;
+        };
+        let mut kinds: Vec<(&String, f64, f64)> = mix
+            .iter()
+            .map(|(k, v)| (k, num(&v["per_node"]), num(&v["server_ms_per_node"])))
+            .collect();
+        kinds.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let cells: Vec<String> = (kinds.iter().take(8))
+            .map(|(k, n, ms)| format!("{k} {n:.1} ({ms:.0} ms)"))
+            .collect();
+        let _ = writeln!(out, "| {} | {} |", f["nodes"], cells.join(", "));
+    }
+    out
+}
+
 /// One row per run, with the spreads behind the summary.
 pub fn render_runs(results: &[Value], machine: &Machine) -> String {
     let mut out = String::new();
@@ -265,6 +289,7 @@ pub fn render_runs(results: &[Value], machine: &Machine) -> String {
         );
     }
     out.push_str(&render_handoff_paths(results));
+    out.push_str(&render_server_mix(results));
     for f in suites(results, "fleet").filter(|f| f["completed"] != true) {
         let _ = writeln!(
             out,

@@ -37,6 +37,7 @@ use crate::fleet_figures::{Observed, timing_figures};
 use crate::fleet_setup::{self, POLICY};
 use crate::handoff_path::WallClock;
 use crate::node_watch::NodeWatch;
+use crate::server_mix::ServerCounts;
 use crate::status_watch::StatusWatch;
 
 /// The installed version and the one rolled out.
@@ -173,6 +174,7 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     let mut rollout = Tally::default();
     let audit_path = audit_log_path(bench.plane.dir());
     let audit_offset = log_end(&audit_path);
+    let server_before = ServerCounts::read(&setup).await?;
     let clock = WallClock::now();
     let started = clock.instant;
     set_policy_version(&setup, POLICY, TO).await?;
@@ -181,6 +183,7 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
         Err(e) => return Err(give_up(args, "rollout", started, &bench, e).await),
     };
     rollout.drain(&mut bench.audit)?;
+    let server_after = ServerCounts::read(&setup).await?;
     let audited = read_from(&audit_path, audit_offset)
         .with_context(|| format!("cannot read {}", audit_path.display()))?;
     let observed = Observed {
@@ -203,6 +206,7 @@ pub async fn run(args: &FleetArgs) -> Result<()> {
     };
     let mut figures = rollout_figures(args, &bench, &steady, &rolled, &rollout)?;
     merge(&mut figures, timing_figures(&observed));
+    figures["server_requests_per_node"] = server_after.per_node_since(&server_before, n);
     eprintln!(
         "fleet {n}: rolled out in {:.1} s; hand-off p95 {} ms",
         figures["total_seconds"], figures["handoff_p95_ms"]

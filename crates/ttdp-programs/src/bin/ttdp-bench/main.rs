@@ -29,6 +29,7 @@ mod fleet_setup;
 mod handoff_path;
 mod node_watch;
 mod plugin_timing;
+mod server_mix;
 mod status_size;
 mod status_watch;
 mod status_write;
