@@ -232,30 +232,7 @@ pub struct AgentConfig {
 /// module for each of a handful of kernels.
 pub const DEFAULT_CACHE_SIZE_LIMIT: u64 = 2 << 30;
 
-/// A size in bytes: a number, optionally followed by `Ki`, `Mi` or `Gi` (`512Mi`, `2Gi`).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(at) => s.split_at(at),
-        None => (s, ""),
-    };
-    let shift = match unit {
-        "" => 0,
-        "Ki" => 10,
-        "Mi" => 20,
-        "Gi" => 30,
-        _ => {
-            return Err(format!(
-                "unknown unit {unit:?}; expected a number of bytes, or Ki, Mi or Gi after it (e.g. 2Gi)"
-            ));
-        }
-    };
-    let number: u64 = digits.parse().map_err(|_| {
-        "expected a number of bytes, or Ki, Mi or Gi after it (e.g. 2Gi)".to_string()
-    })?;
-    number
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("{s} is too large"))
-}
+pub use ttdp_api::size::parse_size;
 
 impl AgentConfig {
     /// A configuration with the defaults for everything but the target version, node and host.

@@ -15,6 +15,7 @@ pub mod duration;
 pub mod names;
 pub mod node_record;
 pub mod node_selection;
+pub mod size;
 /// The label-selector grammar, shared with `ttdp-drain` from the `ttdp-selector` crate.
 pub use ttdp_selector as selector;
 

@@ -468,6 +468,10 @@ async fn chart_installs_and_its_identities_run_a_rollout_on_a_real_control_plane
             "proxy.httpsProxy=http://proxy.invalid:3128",
             "--set",
             "proxy.noProxy=127.0.0.1\\,localhost",
+            "--set",
+            "agent.cacheSizeLimit=4Gi",
+            "--set",
+            "agent.kernelScanPeriod=10m",
             "--timeout",
             "2m",
         ],
@@ -771,8 +775,8 @@ async fn run_scenario(
     shutdown.expect("shutting the simulated cluster down");
 }
 
-/// The chart's `imagePullSecrets`, `agent.resources` and `proxy` values, on an agent pod the
-/// controller's DaemonSet made.
+/// The chart's `imagePullSecrets`, `agent.resources`, `agent.cacheSizeLimit`,
+/// `agent.kernelScanPeriod` and `proxy` values, on an agent pod the controller's DaemonSet made.
 fn assert_admins_additions(pod: &Pod) {
     let spec = pod.spec.as_ref().unwrap();
     let secrets: Vec<&str> = (spec.image_pull_secrets.iter().flatten())
@@ -789,6 +793,8 @@ fn assert_admins_additions(pod: &Pod) {
         assert_eq!(env.get(name), Some(&"http://proxy.invalid:3128"), "{name}");
     }
     assert_eq!(env.get("no_proxy"), Some(&"127.0.0.1,localhost"));
+    assert_eq!(env.get("TTDP_CACHE_SIZE_LIMIT"), Some(&"4Gi"));
+    assert_eq!(env.get("TTDP_KERNEL_SCAN_PERIOD"), Some(&"10m"));
 }
 
 async fn rollout_and_admission(s: &Scenario, mark: &mut impl FnMut(&'static str)) {

@@ -269,7 +269,8 @@ impl<K: Kernel> ModuleInstaller<K> {
                 found,
             });
         }
-        self.record_parameters(params)
+        self.record_parameters(params)?;
+        self.record_loaded_signer(path)
     }
 
     /// The node-wide module lock file: `<lock dir>/<module>.lock`.

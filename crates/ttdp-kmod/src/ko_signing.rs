@@ -159,8 +159,9 @@ impl<K: Kernel> ModuleInstaller<K> {
 
 impl<K: Kernel> ModuleInstaller<K> {
     /// The signer of the loaded module's cache entry (its record, when its srcversion is the
-    /// loaded one's), `None` when unsigned or unknown.
-    pub(crate) fn loaded_signer(&self, status: &ModuleStatus) -> Option<String> {
+    /// loaded one's), `None` when unsigned or unknown. The entry may have been re-signed since
+    /// the load: [`ModuleInstaller::loaded_signer`] prefers what was recorded at the load.
+    pub(crate) fn cache_entry_signer(&self, status: &ModuleStatus) -> Option<String> {
         let version: KmdVersion = status.loaded_version()?.parse().ok()?;
         self.cache()
             .record(self.release(), &version)

@@ -62,6 +62,7 @@ mod installer;
 mod kernel;
 mod ko_cache;
 mod ko_signing;
+mod loaded_signer;
 mod modinfo;
 pub mod module_signature;
 pub mod module_signing;

@@ -86,8 +86,8 @@ pub struct TenstorrentDriverPolicySpec {
     pub node_selector: Option<metav1::LabelSelector>,
 
     /// Soft stop: no node leaves Pending or Done; nodes already cordoned finish their upgrade
-    /// and are uncordoned; changes to version or module parameters made while paused are staged
-    /// until unpaused; the DaemonSet keeps running.
+    /// and are uncordoned; changes to version, module parameters or module signing made while
+    /// paused are staged until unpaused; the DaemonSet keeps running.
     #[serde(default)]
     pub paused: bool,
 

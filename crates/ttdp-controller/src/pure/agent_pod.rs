@@ -1,6 +1,7 @@
 //! What a cluster admin adds to every agent pod, beside what the policy says: pull secrets for a
-//! private registry, the HTTP proxy, resources, tolerations and a node selector (the chart's
-//! `agent.*` and `proxy.*` values, given to the controller as one JSON document).
+//! private registry, the HTTP proxy, resources, tolerations, a node selector, and the agent's
+//! `.ko` cache limit and kernel scan period (the chart's `agent.*` and `proxy.*` values, given
+//! to the controller as one JSON document).
 
 use std::collections::BTreeMap;
 
@@ -8,6 +9,9 @@ use k8s_openapi::api::core::v1::{
     Container, EnvVar, LocalObjectReference, PodSpec, ResourceRequirements, Toleration,
 };
 use serde::{Deserialize, Serialize};
+use ttdp_api::duration::parse_duration;
+use ttdp_api::names::env;
+use ttdp_api::size::parse_size;
 
 /// The proxy for the agent's downloads: the git clone of the source and the prebuilt module.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -43,6 +47,14 @@ pub struct AgentPodSettings {
     /// The proxy.
     #[serde(default)]
     pub proxy: AgentProxy,
+    /// The most the agent's `.ko` cache may hold (`TTDP_CACHE_SIZE_LIMIT`: bytes, or with a
+    /// `Ki`, `Mi` or `Gi` suffix); unset: the agent's default, `2Gi`.
+    #[serde(default)]
+    pub cache_size_limit: Option<String>,
+    /// How often the agent looks for installed kernels and prunes its cache
+    /// (`TTDP_KERNEL_SCAN_PERIOD`, such as `60s` or `10m`); unset: the agent's default, `60s`.
+    #[serde(default)]
+    pub kernel_scan_period: Option<String>,
 }
 
 // Its fields hold no floating-point value: equality is reflexive.
@@ -55,11 +67,23 @@ impl AgentPodSettings {
         if json.trim().is_empty() {
             return Ok(Self::default());
         }
-        serde_json::from_str(json).map_err(|e| {
+        let mut settings: Self = serde_json::from_str(json).map_err(|e| {
             format!(
-                "not the agent pod settings (imagePullSecrets, resources, tolerations, nodeSelector, proxy): {e}"
+                "not the agent pod settings (imagePullSecrets, resources, tolerations, nodeSelector, proxy, cacheSizeLimit, kernelScanPeriod): {e}"
             )
-        })
+        })?;
+        settings.cache_size_limit = checked(settings.cache_size_limit, "cacheSizeLimit", |v| {
+            parse_size(v).map(|_| ())
+        })?;
+        settings.kernel_scan_period = checked(
+            settings.kernel_scan_period,
+            "kernelScanPeriod",
+            |v| match parse_duration(v)? {
+                d if d.is_zero() => Err("a scan period must be longer than 0".to_owned()),
+                _ => Ok(()),
+            },
+        )?;
+        Ok(settings)
     }
 
     /// Adds the settings to an agent pod's `spec`, whose first container is the agent.
@@ -87,27 +111,52 @@ impl AgentPodSettings {
         if let Some(resources) = &self.resources {
             agent.resources = Some(resources.clone());
         }
+        let vars = agent.env.get_or_insert_with(Vec::new);
+        let var = |name: String, value: &String| EnvVar {
+            name,
+            value: Some(value.clone()),
+            value_from: None,
+        };
+        // only what the admin set: the agent's own defaults stay its own
+        let tuning = [
+            (env::CACHE_SIZE_LIMIT, &self.cache_size_limit),
+            (env::KERNEL_SCAN_PERIOD, &self.kernel_scan_period),
+        ];
+        for (name, value) in tuning {
+            if let Some(value) = value {
+                vars.push(var(name.to_owned(), value));
+            }
+        }
         let proxy = &self.proxy;
-        let vars = [
+        let proxies = [
             ("HTTP_PROXY", &proxy.http_proxy),
             ("HTTPS_PROXY", &proxy.https_proxy),
             ("NO_PROXY", &proxy.no_proxy),
         ];
-        let env = agent.env.get_or_insert_with(Vec::new);
-        for (name, value) in vars {
+        for (name, value) in proxies {
             let Some(value) = value.as_ref().filter(|v| !v.trim().is_empty()) else {
                 continue;
             };
             // Both cases: libcurl (git) reads `http_proxy` in lower case only.
             for name in [name.to_owned(), name.to_lowercase()] {
-                env.push(EnvVar {
-                    name,
-                    value: Some(value.clone()),
-                    value_from: None,
-                });
+                vars.push(var(name, value));
             }
         }
     }
+}
+
+/// `value` trimmed, `None` when blank (the chart's empty default), or the error `check` finds
+/// in it, naming the setting and the value.
+fn checked(
+    value: Option<String>,
+    setting: &str,
+    check: impl Fn(&str) -> Result<(), String>,
+) -> Result<Option<String>, String> {
+    let Some(value) = value.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    check(&value).map_err(|e| format!("agent {setting} {value:?}: {e}"))?;
+    Ok(Some(value))
 }
 
 #[cfg(test)]
@@ -157,6 +206,54 @@ mod tests {
         assert_eq!(env["https_proxy"], "http://proxy:3128");
         assert_eq!(env["no_proxy"], "10.0.0.0/8,.svc");
         assert!(!env.contains_key("HTTP_PROXY"), "unset stays unset");
+    }
+
+    #[test]
+    fn the_cache_limit_and_scan_period_reach_the_agent_only_when_set() {
+        let settings =
+            AgentPodSettings::parse(r#"{"cacheSizeLimit":"4Gi","kernelScanPeriod":"10m"}"#)
+                .unwrap();
+        let mut spec = agent_spec();
+        settings.apply(&mut spec);
+        let env: BTreeMap<_, _> = (spec.containers[0].env.iter().flatten())
+            .map(|e| (e.name.as_str(), e.value.as_deref().unwrap()))
+            .collect();
+        assert_eq!(env[env::CACHE_SIZE_LIMIT], "4Gi");
+        assert_eq!(env[env::KERNEL_SCAN_PERIOD], "10m");
+        for unset in [
+            r#"{}"#,
+            r#"{"cacheSizeLimit":"","kernelScanPeriod":" "}"#,
+            r#"{"cacheSizeLimit":null}"#,
+        ] {
+            let mut spec = agent_spec();
+            AgentPodSettings::parse(unset).unwrap().apply(&mut spec);
+            assert_eq!(spec, agent_spec(), "{unset}: the agent keeps its defaults");
+        }
+    }
+
+    #[test]
+    fn a_bad_cache_limit_or_scan_period_is_an_error_naming_it() {
+        for (json, named) in [
+            (
+                r#"{"cacheSizeLimit":"2GB"}"#,
+                r#"agent cacheSizeLimit "2GB""#,
+            ),
+            (
+                r#"{"cacheSizeLimit":"lots"}"#,
+                r#"agent cacheSizeLimit "lots""#,
+            ),
+            (
+                r#"{"kernelScanPeriod":"1 minute"}"#,
+                r#"agent kernelScanPeriod "1 minute""#,
+            ),
+            (
+                r#"{"kernelScanPeriod":"0s"}"#,
+                r#"agent kernelScanPeriod "0s""#,
+            ),
+        ] {
+            let err = AgentPodSettings::parse(json).unwrap_err();
+            assert!(err.contains(named), "{json}: {err}");
+        }
     }
 
     #[test]

@@ -637,6 +637,31 @@ mod tests {
     }
 
     #[test]
+    fn the_agents_cache_limit_and_scan_period_are_in_its_env_only_when_set() {
+        let p = policy("fleet", "2.8.0");
+        let sel = NodeSelection::new(&p.spec.user_selector()).unwrap();
+        let with = |json: &str| {
+            let settings = Settings {
+                agent_pod: AgentPodSettings::parse(json).unwrap(),
+                ..Settings::default()
+            };
+            desired_daemonset(&p, &settings, &sel).unwrap()
+        };
+        let plain = env_of(&with(""));
+        assert!(!plain.contains_key(env::CACHE_SIZE_LIMIT));
+        assert!(!plain.contains_key(env::KERNEL_SCAN_PERIOD));
+        let tuned = with(r#"{"cacheSizeLimit":"8Gi","kernelScanPeriod":"5m"}"#);
+        let vars = env_of(&tuned);
+        assert_eq!(vars[env::CACHE_SIZE_LIMIT].value.as_deref(), Some("8Gi"));
+        assert_eq!(vars[env::KERNEL_SCAN_PERIOD].value.as_deref(), Some("5m"));
+        assert_ne!(
+            daemonset_template_hash(&tuned),
+            daemonset_template_hash(&with("")),
+            "agents given another limit are new agents"
+        );
+    }
+
+    #[test]
     fn named_owned_and_updated_on_delete() {
         let ds = render(&policy("fleet", "2.8.0"));
         assert_eq!(ds.metadata.name.as_deref(), Some("ttdrv-fleet"));

@@ -1,24 +1,30 @@
 //! What a paused policy asks for. A pause freezes the rollout where it stands: the agent
-//! DaemonSet is not re-applied, so the agents keep the version and module parameters they were
-//! given, and the state machine must aim at the same ones. Otherwise a version staged while
+//! DaemonSet is not re-applied, so the agents keep the version, module parameters and signing
+//! Secret they were given, and the state machine must aim at the same ones. Otherwise a version staged while
 //! paused ("change it now, unpause in the window") would turn every Done node into one that is
 //! behind, start it with no slot and fail it at the step deadline. So while paused the
-//! controller acts on the spec with the DaemonSet's version and parameters; nodes in flight
+//! controller acts on the spec with the DaemonSet's version, parameters and signing Secret
+//! (whatever it derives from the spec then matches what the agents run); nodes in flight
 //! finish towards them (a pause holds nobody out of service), every other node keeps its state,
 //! and the staged change starts when the pause ends.
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use ttdp_api::TenstorrentDriverPolicySpec;
+use ttdp_api::driver::module_settings::ModuleSigning;
 use ttdp_api::driver::v1alpha1::{ModuleSettings, RolloutStatus};
 use ttdp_api::names::env;
 
-/// The version and module parameters an applied agent DaemonSet gives its agents.
+/// The version, module parameters and signing Secret an applied agent DaemonSet gives its
+/// agents.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppliedTarget {
     /// `TT_KMD_VERSION` of the agent container.
     pub version: String,
     /// `TT_KMD_PARAMETERS` of the agent container, split (empty when unset).
     pub parameters: Vec<String>,
+    /// The name of the signing Secret (`spec.module.signing.secretName`), from the agent
+    /// container's `TTDP_MODULE_SIGNING_SECRET` (`<namespace>/<name>`); `None` without signing.
+    pub signing_secret: Option<String>,
 }
 
 impl AppliedTarget {
@@ -36,33 +42,42 @@ impl AppliedTarget {
             parameters: var(env::TT_KMD_PARAMETERS)
                 .map(|p| p.split_whitespace().map(str::to_owned).collect())
                 .unwrap_or_default(),
+            signing_secret: var(env::MODULE_SIGNING_SECRET).map(|s| match s.split_once('/') {
+                Some((_namespace, name)) => name.to_owned(),
+                None => s,
+            }),
         })
     }
 }
 
-/// The spec a paused policy is acted on with: `spec` with the applied DaemonSet's version and
-/// parameters. `None` when the policy is not paused, nothing was applied yet, or the applied
-/// target already is the spec's (nothing is staged).
+/// The spec a paused policy is acted on with: `spec` with the applied DaemonSet's version,
+/// parameters and signing Secret. `None` when the policy is not paused, nothing was applied
+/// yet, or the applied target already is the spec's (nothing is staged).
 pub fn as_applied(
     spec: &TenstorrentDriverPolicySpec,
     applied: Option<AppliedTarget>,
 ) -> Option<TenstorrentDriverPolicySpec> {
     let applied = applied.filter(|_| spec.paused)?;
-    let parameters = spec
-        .module
-        .as_ref()
-        .map(|m| m.parameters.clone())
-        .unwrap_or_default();
-    if applied.version == spec.version && applied.parameters == parameters {
+    let module = spec.module.as_ref();
+    let parameters = module.map(|m| m.parameters.clone()).unwrap_or_default();
+    let signing_secret = module
+        .and_then(|m| m.signing.as_ref())
+        .map(|s| s.secret_name.clone());
+    if applied.version == spec.version
+        && applied.parameters == parameters
+        && applied.signing_secret == signing_secret
+    {
         return None;
     }
     let mut frozen = spec.clone();
     frozen.version = applied.version;
-    if !applied.parameters.is_empty() || frozen.module.is_some() {
-        frozen
-            .module
-            .get_or_insert_with(ModuleSettings::default)
-            .parameters = applied.parameters;
+    let signing = applied
+        .signing_secret
+        .map(|secret_name| ModuleSigning { secret_name });
+    if !applied.parameters.is_empty() || signing.is_some() || frozen.module.is_some() {
+        let module = frozen.module.get_or_insert_with(ModuleSettings::default);
+        module.parameters = applied.parameters;
+        module.signing = signing;
     }
     Some(frozen)
 }
@@ -104,7 +119,72 @@ mod tests {
         Some(AppliedTarget {
             version: version.to_owned(),
             parameters: parameters.iter().map(|p| (*p).to_owned()).collect(),
+            signing_secret: None,
         })
+    }
+
+    fn signed_by(applied: Option<AppliedTarget>, secret: &str) -> Option<AppliedTarget> {
+        applied.map(|a| AppliedTarget {
+            signing_secret: Some(secret.to_owned()),
+            ..a
+        })
+    }
+
+    fn with_signing(
+        mut spec: TenstorrentDriverPolicySpec,
+        secret: &str,
+    ) -> TenstorrentDriverPolicySpec {
+        spec.module
+            .get_or_insert_with(ModuleSettings::default)
+            .signing = Some(ModuleSigning {
+            secret_name: secret.to_owned(),
+        });
+        spec
+    }
+
+    fn signing_secret(spec: &TenstorrentDriverPolicySpec) -> Option<&str> {
+        spec.module
+            .as_ref()
+            .and_then(|m| m.signing.as_ref())
+            .map(|s| s.secret_name.as_str())
+    }
+
+    #[test]
+    fn a_signing_secret_set_while_paused_is_held_at_none() {
+        let staged = with_signing(spec("2.7.0", true, &[]), "tt-kmd-signing");
+        let frozen = as_applied(&staged, applied("2.7.0", &[])).unwrap();
+        assert_eq!(signing_secret(&frozen), None);
+        assert_eq!(frozen.version, "2.7.0");
+    }
+
+    #[test]
+    fn a_signing_secret_changed_or_removed_while_paused_is_held_at_the_applied_one() {
+        let given = signed_by(applied("2.7.0", &["a=1"]), "old-key");
+        let changed = with_signing(spec("2.7.0", true, &["a=1"]), "new-key");
+        let frozen = as_applied(&changed, given.clone()).unwrap();
+        assert_eq!(signing_secret(&frozen), Some("old-key"));
+        assert_eq!(frozen.kernel_parameters(), "a=1");
+        let mut removed = spec("2.7.0", true, &[]);
+        removed.module = None;
+        let frozen = as_applied(&removed, signed_by(applied("2.7.0", &[]), "old-key")).unwrap();
+        assert_eq!(signing_secret(&frozen), Some("old-key"));
+        let unchanged = with_signing(spec("2.7.0", true, &["a=1"]), "old-key");
+        assert_eq!(as_applied(&unchanged, given), None);
+    }
+
+    #[test]
+    fn a_signing_secret_staged_with_a_version_is_held_with_it() {
+        let staged = with_signing(spec("2.8.0", true, &[]), "tt-kmd-signing");
+        let frozen = as_applied(&staged, applied("2.7.0", &[])).unwrap();
+        assert_eq!(
+            (frozen.version.as_str(), signing_secret(&frozen)),
+            ("2.7.0", None)
+        );
+        let unpaused = TenstorrentDriverPolicySpec {
+            paused: false,
+            ..staged
+        };
+        assert_eq!(as_applied(&unpaused, applied("2.7.0", &[])), None);
     }
 
     #[test]
@@ -145,11 +225,15 @@ mod tests {
                     "env": [
                         {"name": env::TT_KMD_VERSION, "value": "2.7.0"},
                         {"name": env::TT_KMD_PARAMETERS, "value": "a=1 b=2"},
+                        {"name": env::MODULE_SIGNING_SECRET, "value": "ttdp-system/tt-kmd-signing"},
                     ],
                 }]}},
             },
         }))
         .unwrap();
-        assert_eq!(AppliedTarget::of(&ds), applied("2.7.0", &["a=1", "b=2"]));
+        assert_eq!(
+            AppliedTarget::of(&ds),
+            signed_by(applied("2.7.0", &["a=1", "b=2"]), "tt-kmd-signing")
+        );
     }
 }

@@ -74,5 +74,7 @@ the agents' own, by name), resources, tolerations, node selector and proxy.
 {{- end -}}
 {{- $pod := dict "imagePullSecrets" $secrets "tolerations" .Values.agent.tolerations "nodeSelector" .Values.agent.nodeSelector "proxy" .Values.proxy -}}
 {{- with .Values.agent.resources }}{{- $_ := set $pod "resources" . -}}{{- end -}}
+{{- with .Values.agent.cacheSizeLimit }}{{- $_ := set $pod "cacheSizeLimit" . -}}{{- end -}}
+{{- with .Values.agent.kernelScanPeriod }}{{- $_ := set $pod "kernelScanPeriod" . -}}{{- end -}}
 {{- toJson $pod -}}
 {{- end -}}

@@ -135,6 +135,7 @@ fn rolled_back(w: &World) -> (TenstorrentDriverPolicySpec, String) {
             .as_ref()
             .map(|m| m.parameters.clone())
             .unwrap_or_default(),
+        signing_secret: w.daemonset_signing.clone(),
     });
     let (mut spec, rollout_target) = pause::acted_on(&w.spec, applied, w.status.rollout.as_ref());
     let from = canary::rolling_back_to(w.status.rollout.as_ref(), &spec);
@@ -292,6 +293,9 @@ fn apply_daemonset(
         .to_owned();
     if !(policy.spec.paused && w.daemonset.is_some()) {
         w.daemonset = Some((hash, policy.spec.version.clone()));
+        w.daemonset_signing = (policy.spec.module.as_ref())
+            .and_then(|m| m.signing.as_ref())
+            .map(|s| s.secret_name.clone());
     }
     w.daemonset_nodes = w
         .nodes

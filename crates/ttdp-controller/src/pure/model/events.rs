@@ -7,9 +7,12 @@ use std::time::Duration;
 use k8s_openapi::jiff::SignedDuration;
 use proptest::prelude::*;
 use proptest::sample::select;
+use ttdp_api::driver::module_settings::{ModuleSettings, ModuleSigning};
 use ttdp_api::names::{annotations, labels};
 
-use super::{OtherPolicy, POLICY, Setup, VERSIONS, World, agent, controller, other};
+use super::{
+    OtherPolicy, POLICY, SIGNING_SECRETS, Setup, VERSIONS, World, agent, controller, other,
+};
 use crate::pure::node_record;
 use crate::pure::transition::DrainProgress;
 
@@ -37,6 +40,8 @@ pub(super) enum Event {
     DrainFails { node: usize, jobs: bool },
     /// `spec.version` changes to `VERSIONS[i]`.
     Version(usize),
+    /// `spec.module.signing` names `SIGNING_SECRETS[i]`, or is removed (`None`).
+    Signing(Option<usize>),
     /// `spec.paused` is set.
     Pause(bool),
     /// The maintenance window opens or closes.
@@ -94,6 +99,7 @@ impl World {
                 self.drain_ends(node % n, Some(reason));
             }
             Event::Version(v) => self.spec.version = VERSIONS[v % VERSIONS.len()].to_owned(),
+            Event::Signing(secret) => self.sign_with(secret),
             Event::Pause(on) => self.spec.paused = on,
             Event::Window(open) => self.window_open = open,
             Event::Tick(secs) => {
@@ -115,6 +121,23 @@ impl World {
             Event::OtherReconciles => other::reconcile(self),
             Event::OtherCordons(i) => other::cordon(self, i % n),
             Event::OtherReleases(i) => other::release(self, i % n),
+        }
+    }
+
+    /// `spec.module.signing` names `SIGNING_SECRETS[i]`, or none.
+    fn sign_with(&mut self, secret: Option<usize>) {
+        let signing = secret.map(|i| ModuleSigning {
+            secret_name: SIGNING_SECRETS[i % SIGNING_SECRETS.len()].to_owned(),
+        });
+        match (self.spec.module.as_mut(), signing) {
+            (Some(module), signing) => module.signing = signing,
+            (None, None) => {}
+            (None, signing) => {
+                self.spec.module = Some(ModuleSettings {
+                    signing,
+                    ..ModuleSettings::default()
+                });
+            }
         }
     }
 
@@ -232,6 +255,7 @@ pub(super) fn event() -> impl Strategy<Value = Event> {
         1 => node.clone().prop_map(Event::DrainBlocked),
         1 => (node.clone(), any::<bool>()).prop_map(|(node, jobs)| Event::DrainFails { node, jobs }),
         3 => prop_oneof![3 => 1usize..3, 1 => Just(0)].prop_map(Event::Version),
+        1 => prop_oneof![Just(None), (0usize..2).prop_map(Some)].prop_map(Event::Signing),
         1 => any::<bool>().prop_map(Event::Pause),
         1 => any::<bool>().prop_map(Event::Window),
         3 => select(vec![30u64, 30, 300, 700]).prop_map(Event::Tick),

@@ -42,6 +42,8 @@ pub(super) const GATE: &str = names::DEFAULT_DEPLOY_GATE;
 pub(super) const POOL: (&str, &str) = ("pool", "shared");
 /// The versions a policy may ask for.
 pub(super) const VERSIONS: [&str; 3] = ["2.7.0", "2.8.0", "2.9.0"];
+/// The signing Secrets `spec.module.signing` may name.
+pub(super) const SIGNING_SECRETS: [&str; 2] = ["tt-kmd-signing", "tt-kmd-signing-rotated"];
 /// `upgradePolicy.nodeTimeoutSeconds` in the model.
 pub(super) const NODE_TIMEOUT_SECS: i64 = 600;
 
@@ -164,6 +166,8 @@ pub(super) struct World {
     pub nodes: Vec<ModelNode>,
     /// The agent DaemonSet: its template hash and the version it asks for.
     pub daemonset: Option<(String, String)>,
+    /// The signing Secret the agent DaemonSet names (`None`: no signing).
+    pub daemonset_signing: Option<String>,
     /// The nodes the DaemonSet runs on (its node affinity).
     pub daemonset_nodes: BTreeSet<String>,
     /// The controller's drain tracker (lost on restart).
@@ -245,6 +249,7 @@ impl World {
             view: Default::default(),
             nodes,
             daemonset: None,
+            daemonset_signing: None,
             daemonset_nodes: BTreeSet::new(),
             drains: BTreeMap::new(),
             lifted_unrecorded: BTreeSet::new(),

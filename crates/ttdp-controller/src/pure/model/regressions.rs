@@ -70,6 +70,55 @@ fn pause_then_version_change_leaves_done_nodes_alone() {
     holds(&setup(2, 1, false), &[Pause(true), Version(1), Reconcile]);
 }
 
+/// `paused_nodes_stay_put` with a signing Secret staged, alone and with a version: nothing
+/// moves while paused, the DaemonSet keeps the Secret it had, and once unpaused both go out
+/// (the agents restart with the Secret and the version rolls through).
+#[test]
+fn a_signing_change_staged_while_paused_goes_out_after_the_pause() {
+    let s = setup(2, 1, true);
+    let paused = holds(
+        &s,
+        &[
+            Progress,
+            Pause(true),
+            Signing(Some(0)),
+            Reconcile,
+            Progress,
+            Signing(Some(1)),
+            Version(1),
+            Progress,
+            Tick(700),
+            Progress,
+        ],
+    );
+    all_done_at(&paused, "2.7.0");
+    assert_eq!(paused.daemonset_signing, None, "{}", paused.brief());
+    let mut events = vec![
+        Progress,
+        Pause(true),
+        Signing(Some(0)),
+        Version(1),
+        Progress,
+    ];
+    events.extend([
+        Pause(false),
+        Progress,
+        Progress,
+        Progress,
+        Progress,
+        Progress,
+        Progress,
+    ]);
+    let unpaused = holds(&s, &events);
+    all_done_at(&unpaused, "2.8.0");
+    assert_eq!(
+        unpaused.daemonset_signing.as_deref(),
+        Some("tt-kmd-signing"),
+        "{}",
+        unpaused.brief()
+    );
+}
+
 /// `rollback_target_ran_somewhere`. A rollout to 2.8.0 begins, then spec.version moves to
 /// 2.9.0 before any node ran 2.8.0; the canary times out and the rollback goes to 2.8.0:
 /// `canary::begin` takes the previous rollout's target as `fromVersion`.
