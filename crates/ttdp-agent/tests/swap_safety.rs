@@ -122,10 +122,13 @@ fn killed_then_unobtainable(point: &str, failing_validation: bool, reason: &str)
         &[]
     };
     let mut agent = spawn_agent(&node, "2.0.0", env, "restarted.log");
+    // The failure's report lasts only until the next attempt's replaces it (a few hundred ms,
+    // which a loaded machine's polling can miss); its Event stays.
     let file = wait_for(&node, "restarted.log", reason, |f| {
-        f.report
-            .as_ref()
-            .is_some_and(|r| r.phase == AgentPhase::Failed && r.reason.as_deref() == Some(reason))
+        f.events.iter().any(|e| e.reason == reason)
+            || f.report.as_ref().is_some_and(|r| {
+                r.phase == AgentPhase::Failed && r.reason.as_deref() == Some(reason)
+            })
     });
     agent.kill().unwrap();
     agent.wait().unwrap();
