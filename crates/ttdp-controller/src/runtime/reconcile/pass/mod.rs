@@ -241,10 +241,8 @@ impl Pass {
         self.send_lifts(&mut lifts, &mut lifted);
         let (mut changes, mut changed_entries, mut released) = (Vec::new(), Vec::new(), 0);
         // The first part records and starts all else planned while the lifts are on their way;
-        // each lift's freed slot then goes on as soon as that lift lands, not with the slowest
-        // lift of the round. Nodes changing meanwhile (an agent turning Ready) are taken up
-        // while the lifts are on their way, not after them: waiting for even one lift held
-        // every Ready agent's release for that lift's round trip.
+        // each freed slot goes on as soon as its lift lands. Nodes changing meanwhile (an agent
+        // turning Ready) are taken up at once, not after even one lift's round trip.
         let (mut first_part, mut following) = (true, true);
         loop {
             let landed = if first_part {
