@@ -2,13 +2,13 @@
 //! again only what changed, until a change it cannot follow node by node, a timer or its time
 //! bound ends it; and when the next reconcile is due after it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{FOLLOW_FOR, IDLE_RESYNC, IN_FLIGHT_RESYNC, MISSING_AGENT_RESYNC, Pass};
-use crate::pure::transition::{AgentPod, DrainProgress};
+use crate::pure::transition::{AgentPod, DrainProgress, NodeObservation};
 use crate::runtime::reconcile::follow::{self, FollowBasis};
 
 impl Pass {
@@ -112,6 +112,20 @@ impl Pass {
         Some(changed)
     }
 
+    /// Notes whether `node`'s agent pod is missing (none, or the DaemonSet cannot make it), and
+    /// since when this pass saw it so.
+    pub(super) fn note_agent_missing(&mut self, (node, o): &(String, NodeObservation)) {
+        let missing = o.conflict_with.is_none()
+            && matches!(o.agent, AgentPod::Missing | AgentPod::NotCreated(_));
+        if missing {
+            (self.agents_missing_since)
+                .entry(node.clone())
+                .or_insert_with(Instant::now);
+        } else {
+            self.agents_missing_since.remove(node);
+        }
+    }
+
     /// When to reconcile again: soon while nodes are in flight, a retry gate is about to open or
     /// an agent pod is missing (no watch says why it does not appear), else after a while.
     pub(super) fn requeue_after(&self) -> Duration {
@@ -134,11 +148,12 @@ impl Pass {
     /// Counted from the start of the pass, so that changes arriving all the time (nodes'
     /// heartbeats) do not put the timer off.
     fn look_again_within(&self) -> Option<Duration> {
-        let waiting_for_pods = self.observations.iter().any(|(_, o)| {
-            o.conflict_with.is_none()
-                && matches!(o.agent, AgentPod::Missing | AgentPod::NotCreated(_))
-        });
-        let pods = waiting_for_pods.then_some(MISSING_AGENT_RESYNC);
+        // Counted from when each pod went missing: the DaemonSet replaces a deleted agent pod
+        // within a second or so, and a rollout always has one on its way, so a timer counted
+        // from the pass would end it every few seconds and observe the whole fleet again.
+        let pods = (self.agents_missing_since.values().min())
+            .map(|since| since.saturating_duration_since(self.following_since))
+            .map(|missing_from| missing_from + MISSING_AGENT_RESYNC);
         let guards = self.planner.guards().changes_in(self.planner.verdict());
         let soonest = [self.next_retry, pods, guards]
             .into_iter()

@@ -62,7 +62,8 @@ use record::{Planned, rides_along};
 pub const FOLLOW_FOR: Duration = Duration::from_secs(120);
 /// Requeue while nodes are in flight (a safety net; watches drive progress).
 const IN_FLIGHT_RESYNC: Duration = Duration::from_secs(30);
-/// Requeue while a managed node has no agent pod (to read the DaemonSet's Events again).
+/// Look again once a managed node's agent pod has been missing this long (to read the
+/// DaemonSet's Events again).
 const MISSING_AGENT_RESYNC: Duration = Duration::from_secs(5);
 /// Requeue when nothing is happening.
 const IDLE_RESYNC: Duration = Duration::from_secs(300);
@@ -124,6 +125,8 @@ pub struct Pass {
     first_error: Option<Error>,
     /// When this pass began, after its `policy` was read.
     following_since: Instant,
+    /// The matched nodes without an agent pod, with when this pass first saw them so.
+    agents_missing_since: HashMap<String, Instant>,
     /// The canary's halt was announced (an Event) in this pass.
     halt_reported: bool,
 }
@@ -215,6 +218,7 @@ impl Pass {
             first_error: None,
             halt_reported: false,
             following_since: Instant::now(),
+            agents_missing_since: HashMap::new(),
         };
         pass.observe_all();
         Ok(Some(pass))
@@ -448,6 +452,7 @@ impl Pass {
             .min();
         let observed = (node.to_owned(), observation);
         self.next_retry = soonest;
+        self.note_agent_missing(&observed);
         observed
     }
 
