@@ -15,12 +15,12 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant, SystemTime};
 
+use common::agent_process::{self, WAIT, killed, report_path, wait_for};
 use common::{Node, RELEASE, v};
 use sha2::{Digest, Sha256};
-use ttdp_agent::reporting::ReportFile;
 use ttdp_api::agent_report::{AgentPhase, KernelModuleState};
 use ttdp_kmod::test_hook::{
     ENTRY_BEFORE_BUILD, ENTRY_KO_STORED, KILL_AT_ENV, RECORD_WRITING, RESIGN_COPY_SIGNED,
@@ -31,16 +31,10 @@ use ttdp_kmod::{
     SwapOptions,
 };
 
-const AGENT: &str = env!("CARGO_BIN_EXE_ttdp-agent");
-const WAIT: Duration = Duration::from_secs(60);
 /// The second installed kernel, the one the node may boot next.
 const NEXT: &str = "6.9.0-next";
 const TARGET: &str = "2.0.0";
 const SIGNER: &str = "tt-kmd fleet key";
-
-fn report_path(node: &Node) -> PathBuf {
-    node.dir.path().join("report.json")
-}
 
 fn secret_dir(node: &Node) -> PathBuf {
     node.dir.path().join("secret")
@@ -49,65 +43,9 @@ fn secret_dir(node: &Node) -> PathBuf {
 /// The agent for [`TARGET`], scanning the installed kernels often, with the extra environment
 /// `env`, logging to `log`.
 fn spawn_agent(node: &Node, env: &[(&str, &str)], log: &str) -> Child {
-    let mut cmd = Command::new(AGENT);
-    cmd.env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .args(["run", "--report"])
-        .arg(format!("file:{}", report_path(node).display()))
-        .env("TT_KMD_VERSION", TARGET)
-        .env("NODE_NAME", "node-1")
-        .env("TTDP_HOST_ROOT", node.host().dir())
-        .env("TTDP_KERNEL", "sim")
-        .env("TT_KMD_REPOSITORY", node.repo.url())
-        .env("TTDP_TT_SMI_PATH", "none")
-        .env("TTDP_PROBE_PERIOD", "100ms")
-        .env("TTDP_RETRY_INITIAL", "50ms")
-        .env("TTDP_RETRY_MAX", "500ms")
-        .env("TTDP_BUILD_JOBS", "2")
-        .env("TTDP_BUILD_DIR", node.dir.path().join("work"))
-        .env("TTDP_KERNEL_SCAN_PERIOD", "100ms")
-        .env("TTDP_LOG_FORMAT", "json")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null());
-    let out = std::fs::File::create(node.dir.path().join(log)).unwrap();
-    cmd.stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap()
-}
-
-/// Waits until the report file satisfies `done`; panics with the file and the log after [`WAIT`].
-fn wait_for(node: &Node, log: &str, what: &str, done: impl Fn(&ReportFile) -> bool) -> ReportFile {
-    let started = Instant::now();
-    loop {
-        if let Ok(file) = ReportFile::read(&report_path(node))
-            && done(&file)
-        {
-            return file;
-        }
-        if started.elapsed() > WAIT {
-            let report = std::fs::read_to_string(report_path(node)).unwrap_or_default();
-            let log = std::fs::read_to_string(node.dir.path().join(log)).unwrap_or_default();
-            panic!("timed out waiting for {what}\n--- report:\n{report}\n--- log:\n{log}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Waits for `child` to die of SIGKILL (the test hook) within [`WAIT`].
-fn killed(mut child: Child, point: &str) {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert_eq!(status.signal(), Some(9), "killed at {point}: {status:?}");
-            return;
-        }
-        if started.elapsed() > WAIT {
-            child.kill().unwrap();
-            panic!("the agent never reached {point}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut all = vec![("TTDP_KERNEL_SCAN_PERIOD", "100ms")];
+    all.extend_from_slice(env);
+    agent_process::spawn_agent(node, TARGET, &all, log)
 }
 
 fn make_key(dir: &Path, name: &str) {
