@@ -15,11 +15,11 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant, SystemTime};
 
 use common::agent_process::{self, WAIT, killed, report_path, wait_for};
-use common::{Node, RELEASE, v};
+use common::{Node, RELEASE, make_signing_key, v};
 use sha2::{Digest, Sha256};
 use ttdp_api::agent_report::{AgentPhase, KernelModuleState};
 use ttdp_kmod::test_hook::{
@@ -46,23 +46,6 @@ fn spawn_agent(node: &Node, env: &[(&str, &str)], log: &str) -> Child {
     let mut all = vec![("TTDP_KERNEL_SCAN_PERIOD", "100ms")];
     all.extend_from_slice(env);
     agent_process::spawn_agent(node, TARGET, &all, log)
-}
-
-fn make_key(dir: &Path, name: &str) {
-    std::fs::create_dir_all(dir).unwrap();
-    let out = Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        ])
-        .arg("-subj")
-        .arg(format!("/CN={name}"))
-        .arg("-keyout")
-        .arg(dir.join("tls.key"))
-        .arg("-out")
-        .arg(dir.join("tls.crt"))
-        .output()
-        .expect("openssl must be installed (.ci/deps)");
-    assert!(out.status.success(), "{out:?}");
 }
 
 fn signing(node: &Node) -> SigningConfig {
@@ -92,7 +75,7 @@ fn installer(node: &Node, signed: bool) -> ModuleInstaller<ttdp_kmod::SimKernel>
 fn node_with_next_kernel(signed: bool) -> Node {
     let node = Node::new(&[TARGET]);
     if signed {
-        make_key(&secret_dir(&node), SIGNER);
+        make_signing_key(&secret_dir(&node), SIGNER);
     }
     installer(&node, signed)
         .swap(&v(TARGET), &SwapOptions::default())

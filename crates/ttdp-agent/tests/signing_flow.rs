@@ -11,10 +11,9 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use common::{Node, Recording, v};
+use common::{Node, Recording, make_signing_key, v};
 use tokio_util::sync::CancellationToken;
 use ttdp_agent::{NodeAgent, NodeKernel};
 use ttdp_api::agent_report::AgentPhase;
@@ -28,23 +27,6 @@ fn signing_in(dir: &Path) -> SigningConfig {
         cert: dir.join("tls.crt"),
         source: SECRET.into(),
     }
-}
-
-fn make_key(dir: &Path, name: &str) {
-    std::fs::create_dir_all(dir).unwrap();
-    let out = Command::new("openssl")
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        ])
-        .arg("-subj")
-        .arg(format!("/CN={name}"))
-        .arg("-keyout")
-        .arg(dir.join("tls.key"))
-        .arg("-out")
-        .arg(dir.join("tls.crt"))
-        .output()
-        .expect("openssl must be installed (.ci/deps)");
-    assert!(out.status.success(), "{out:?}");
 }
 
 fn agent(node: &Node, version: &str, reporter: &Recording) -> NodeAgent<NodeKernel, Recording> {
@@ -82,7 +64,7 @@ async fn a_missing_signing_secret_fails_the_node_naming_it_and_keeps_the_module(
 #[tokio::test]
 async fn the_module_built_is_signed_and_the_report_names_the_signer() {
     let node = Node::new(&["1.0.0"]);
-    make_key(&node.dir.path().join("secret"), "tt-kmd fleet key");
+    make_signing_key(&node.dir.path().join("secret"), "tt-kmd fleet key");
     let reporter = Recording::default();
     let mut agent = agent(&node, "1.0.0", &reporter);
 
@@ -127,7 +109,7 @@ async fn enforcement_refuses_an_unsigned_module_before_unloading_and_says_how_to
 async fn the_report_names_the_signer_of_the_load_not_of_the_re_signed_entry() {
     let node = Node::new(&["1.0.0"]);
     let secret = node.dir.path().join("secret");
-    make_key(&secret, "tt-kmd key A");
+    make_signing_key(&secret, "tt-kmd key A");
     let reporter = Recording::default();
     let mut first = agent(&node, "1.0.0", &reporter);
     first.pass(&CancellationToken::new()).await.unwrap();
@@ -135,7 +117,7 @@ async fn the_report_names_the_signer_of_the_load_not_of_the_re_signed_entry() {
     assert_eq!(ready.phase, AgentPhase::Ready, "{ready:?}");
     assert_eq!(ready.module_signer.as_deref(), Some("tt-kmd key A"));
 
-    make_key(&secret, "tt-kmd key B");
+    make_signing_key(&secret, "tt-kmd key B");
     let installer = ModuleInstaller::new(
         node.host().clone(),
         node.kernel(),

@@ -213,3 +213,22 @@ pub async fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A self-signed signing key and certificate for `CN=name` in `dir`, as a Secret of type
+/// `kubernetes.io/tls` holds them (`tls.key`, `tls.crt`).
+pub fn make_signing_key(dir: &std::path::Path, name: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .arg("-subj")
+        .arg(format!("/CN={name}"))
+        .arg("-keyout")
+        .arg(dir.join("tls.key"))
+        .arg("-out")
+        .arg(dir.join("tls.crt"))
+        .output()
+        .expect("openssl must be installed (.ci/deps)");
+    assert!(out.status.success(), "{out:?}");
+}
