@@ -603,18 +603,21 @@ mod tests {
             .collect()
     }
 
+    /// `p`'s DaemonSet with the chart's agent pod settings `json`.
+    fn with_agent_pod(p: &TenstorrentDriverPolicy, json: &str) -> DaemonSet {
+        let sel = NodeSelection::new(&p.spec.user_selector()).unwrap();
+        let settings = Settings {
+            agent_pod: AgentPodSettings::parse(json).unwrap(),
+            ..Settings::default()
+        };
+        desired_daemonset(p, &settings, &sel).unwrap()
+    }
+
     #[test]
     fn the_admins_agent_pod_settings_reach_the_daemonset_and_restart_agents_only_when_they_run_differently()
      {
         let p = policy("fleet", "2.8.0");
-        let sel = NodeSelection::new(&p.spec.user_selector()).unwrap();
-        let with = |json: &str| {
-            let settings = Settings {
-                agent_pod: AgentPodSettings::parse(json).unwrap(),
-                ..Settings::default()
-            };
-            desired_daemonset(&p, &settings, &sel).unwrap()
-        };
+        let with = |json: &str| with_agent_pod(&p, json);
         let plain = with("");
         let secrets = with(r#"{"imagePullSecrets":["mirror-creds"]}"#);
         let pulled = pod_spec(&secrets).image_pull_secrets.clone().unwrap();
@@ -639,14 +642,7 @@ mod tests {
     #[test]
     fn the_agents_cache_limit_and_scan_period_are_in_its_env_only_when_set() {
         let p = policy("fleet", "2.8.0");
-        let sel = NodeSelection::new(&p.spec.user_selector()).unwrap();
-        let with = |json: &str| {
-            let settings = Settings {
-                agent_pod: AgentPodSettings::parse(json).unwrap(),
-                ..Settings::default()
-            };
-            desired_daemonset(&p, &settings, &sel).unwrap()
-        };
+        let with = |json: &str| with_agent_pod(&p, json);
         let plain = env_of(&with(""));
         assert!(!plain.contains_key(env::CACHE_SIZE_LIMIT));
         assert!(!plain.contains_key(env::KERNEL_SCAN_PERIOD));
