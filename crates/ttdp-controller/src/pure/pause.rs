@@ -1,8 +1,8 @@
 //! What a paused policy asks for. A pause freezes the rollout where it stands: the agent
 //! DaemonSet is not re-applied, so the agents keep the version, module parameters and signing
-//! Secret they were given, and the state machine must aim at the same ones. Otherwise a version staged while
-//! paused ("change it now, unpause in the window") would turn every Done node into one that is
-//! behind, start it with no slot and fail it at the step deadline. So while paused the
+//! Secret they were given, and the state machine must aim at the same ones. Otherwise a
+//! version staged while paused ("change it now, unpause in the window") would turn every Done
+//! node into one that is behind, start it with no slot and fail it at the step deadline. So while paused the
 //! controller acts on the spec with the DaemonSet's version, parameters and signing Secret
 //! (whatever it derives from the spec then matches what the agents run); nodes in flight
 //! finish towards them (a pause holds nobody out of service), every other node keeps its state,
